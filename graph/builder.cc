@@ -1,0 +1,213 @@
+// GraphBuilder: appends one node per call, infers its output type, and keeps the first
+// error so that model code can be written without checking every call.
+#include <cctype>
+#include <cmath>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "stepgraph/builder.h"
+#include "stepgraph/status.h"
+
+namespace sg {
+
+GraphBuilder::GraphBuilder() : owner_(NewGraphOwnerTag()) {}
+
+TensorId GraphBuilder::Fail(absl::Status status) {
+  if (status_.ok()) status_ = std::move(status);
+  return TensorId{};
+}
+
+bool GraphBuilder::CheckUsable(absl::string_view what) {
+  if (built_) {
+    Fail(absl::FailedPreconditionError(
+        absl::StrCat("GraphBuilder used after Build(): ", what, " was called on a spent builder")));
+    return false;
+  }
+  return status_.ok();
+}
+
+TensorId GraphBuilder::Declare(absl::string_view name, TensorKind kind, DType dtype,
+                               Shape shape) {
+  if (!CheckUsable(absl::StrCat(TensorKindName(kind), "('", name, "')"))) return TensorId{};
+  if (name.empty()) {
+    return Fail(absl::InvalidArgumentError(
+        absl::StrCat(TensorKindName(kind), " declared with an empty name")));
+  }
+  if (!shape.valid() || shape.rank() == 0) {
+    return Fail(absl::InvalidArgumentError(absl::StrCat(
+        TensorKindName(kind), " '", name, "' has an invalid shape ", shape.ToString(),
+        ": rank 1 to ", Shape::kMaxRank, " with every dim > 0")));
+  }
+  if (!tensor_names_.emplace(name).second) {
+    return Fail(absl::InvalidArgumentError(
+        absl::StrCat("duplicate name: ", TensorKindName(kind), " '", name,
+                     "' is already a tensor or node of this graph")));
+  }
+  tensors_.push_back(Tensor{std::string(name), kind, dtype, shape});
+  writer_of_.push_back(-1);
+  return TensorId{static_cast<int32_t>(tensors_.size() - 1), owner_};
+}
+
+TensorId GraphBuilder::Input(absl::string_view name, DType dtype, Shape shape) {
+  return Declare(name, TensorKind::kInput, dtype, shape);
+}
+TensorId GraphBuilder::Weight(absl::string_view name, DType dtype, Shape shape) {
+  return Declare(name, TensorKind::kWeight, dtype, shape);
+}
+TensorId GraphBuilder::State(absl::string_view name, DType dtype, Shape shape) {
+  return Declare(name, TensorKind::kState, dtype, shape);
+}
+
+TensorId GraphBuilder::AddNode(Op op, absl::string_view name,
+                               std::initializer_list<TensorId> inputs) {
+  if (!CheckUsable(absl::StrCat(OpName(op), "('", name, "')"))) return TensorId{};
+  std::string node_name(name);
+  if (node_name.empty()) {
+    std::string base(OpName(op));
+    for (char& ch : base) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+    do {
+      node_name = absl::StrCat(base, "_", auto_name_counter_++);
+    } while (tensor_names_.contains(node_name));
+  } else if (tensor_names_.contains(node_name)) {
+    return Fail(absl::InvalidArgumentError(absl::StrCat(
+        "duplicate name: ", OpName(op), " node '", node_name,
+        "' is already a tensor or node of this graph")));
+  }
+
+  std::vector<const Tensor*> input_tensors;
+  input_tensors.reserve(inputs.size());
+  int arg = 0;
+  for (const TensorId id : inputs) {
+    if (id.owner != owner_ || id.index < 0 ||
+        id.index >= static_cast<int32_t>(tensors_.size())) {
+      return Fail(absl::InvalidArgumentError(absl::StrCat(
+          OpName(op), " node '", node_name, "': input ", arg, " is ",
+          id.valid() ? "a TensorId of another builder" : "an invalid TensorId",
+          " (index ", id.index, ")")));
+    }
+    input_tensors.push_back(&tensors_[id.index]);
+    ++arg;
+  }
+  absl::StatusOr<TensorType> type = InferOutputType(op, node_name, input_tensors);
+  if (!type.ok()) return Fail(type.status());
+
+  const int32_t node_index = static_cast<int32_t>(nodes_.size());
+  TensorId output;
+  if (IsInPlace(op)) {
+    output = *(inputs.end() - 1);
+    const Tensor& target = tensors_[output.index];
+    if (writer_of_[output.index] >= 0) {
+      return Fail(absl::InvalidArgumentError(absl::StrCat(
+          OpName(op), " node '", node_name, "': ", TensorKindName(target.kind), " '",
+          target.name, "' is already written by node '", nodes_[writer_of_[output.index]].name,
+          "'; a State or Input may be written by one node only")));
+    }
+  } else {
+    tensors_.push_back(Tensor{node_name, TensorKind::kIntermediate, type->dtype, type->shape});
+    writer_of_.push_back(-1);
+    output = TensorId{static_cast<int32_t>(tensors_.size() - 1), owner_};
+  }
+  writer_of_[output.index] = node_index;
+  tensor_names_.insert(node_name);
+  nodes_.push_back(Node{std::move(node_name), std::move(op), {inputs.begin(), inputs.end()},
+                        output});
+  return output;
+}
+
+TensorId GraphBuilder::Embedding(TensorId table, TensorId ids, absl::string_view name) {
+  return AddNode(ops::Embedding{}, name, {table, ids});
+}
+TensorId GraphBuilder::MatMul(TensorId x, TensorId w, absl::string_view name) {
+  return AddNode(ops::MatMul{}, name, {x, w});
+}
+TensorId GraphBuilder::MatMul(TensorId x, TensorId w, TensorId bias, absl::string_view name) {
+  return AddNode(ops::MatMul{.has_bias = true}, name, {x, w, bias});
+}
+TensorId GraphBuilder::RmsNorm(TensorId x, TensorId w, float eps, absl::string_view name) {
+  return AddNode(ops::RmsNorm{.eps = eps}, name, {x, w});
+}
+TensorId GraphBuilder::Add(TensorId a, TensorId b, absl::string_view name) {
+  return AddNode(ops::Add{}, name, {a, b});
+}
+TensorId GraphBuilder::Mul(TensorId a, TensorId b, absl::string_view name) {
+  return AddNode(ops::Mul{}, name, {a, b});
+}
+TensorId GraphBuilder::Silu(TensorId x, absl::string_view name) {
+  return AddNode(ops::Silu{}, name, {x});
+}
+TensorId GraphBuilder::SiluMul(TensorId gate, TensorId up, absl::string_view name) {
+  return AddNode(ops::SiluMul{}, name, {gate, up});
+}
+TensorId GraphBuilder::Rope(TensorId x, TensorId pos, const ops::Rope& params,
+                            absl::string_view name) {
+  return AddNode(params, name, {x, pos});
+}
+TensorId GraphBuilder::KvWrite(TensorId kv, TensorId pos, TensorId cache,
+                               absl::string_view name) {
+  return AddNode(ops::KvWrite{}, name, {kv, pos, cache});
+}
+TensorId GraphBuilder::Attention(TensorId q, TensorId k_cache, TensorId v_cache, TensorId pos,
+                                 absl::string_view name) {
+  // The default scale needs head_dim, the last dim of the cache; when the cache id is bad,
+  // any positive value lets inference report the real problem.
+  float scale = 1.0f;
+  if (k_cache.owner == owner_ && k_cache.index >= 0 &&
+      k_cache.index < static_cast<int32_t>(tensors_.size()) &&
+      tensors_[k_cache.index].shape.rank() == 4) {
+    scale = 1.0f / std::sqrt(static_cast<float>(tensors_[k_cache.index].shape[3]));
+  }
+  return Attention(q, k_cache, v_cache, pos, scale, name);
+}
+TensorId GraphBuilder::Attention(TensorId q, TensorId k_cache, TensorId v_cache, TensorId pos,
+                                 float scale, absl::string_view name) {
+  return AddNode(ops::Attention{.scale = scale}, name, {q, k_cache, v_cache, pos});
+}
+TensorId GraphBuilder::Softmax(TensorId x, absl::string_view name) {
+  return AddNode(ops::Softmax{}, name, {x});
+}
+TensorId GraphBuilder::Argmax(TensorId x, absl::string_view name) {
+  return AddNode(ops::Argmax{}, name, {x});
+}
+TensorId GraphBuilder::Sample(TensorId logits, TensorId seeds, TensorId pos,
+                              const ops::Sample& params, absl::string_view name) {
+  return AddNode(params, name, {logits, seeds, pos});
+}
+TensorId GraphBuilder::Copy(TensorId src, TensorId dst, absl::string_view name) {
+  return AddNode(ops::Copy{}, name, {src, dst});
+}
+TensorId GraphBuilder::Advance(TensorId pos, absl::string_view name) {
+  return AddNode(ops::Advance{}, name, {pos});
+}
+
+void GraphBuilder::Output(absl::string_view name, TensorId t) {
+  if (!CheckUsable(absl::StrCat("Output('", name, "')"))) return;
+  if (name.empty()) {
+    Fail(absl::InvalidArgumentError("Output declared with an empty name"));
+    return;
+  }
+  if (t.owner != owner_ || t.index < 0 || t.index >= static_cast<int32_t>(tensors_.size())) {
+    Fail(absl::InvalidArgumentError(absl::StrCat(
+        "Output '", name, "' names ",
+        t.valid() ? "a TensorId of another builder" : "an invalid TensorId")));
+    return;
+  }
+  if (!output_names_.emplace(name).second) {
+    Fail(absl::InvalidArgumentError(absl::StrCat("duplicate output name '", name, "'")));
+    return;
+  }
+  outputs_.push_back(GraphOutput{std::string(name), t});
+}
+
+absl::StatusOr<Graph> GraphBuilder::Build() && {
+  if (built_) {
+    return absl::FailedPreconditionError("GraphBuilder::Build() called twice");
+  }
+  built_ = true;
+  if (!status_.ok()) return status_;
+  if (nodes_.empty()) {
+    return absl::InvalidArgumentError("graph is empty: the builder made no nodes");
+  }
+  return Graph(owner_, std::move(tensors_), std::move(nodes_), std::move(outputs_));
+}
+
+}  // namespace sg

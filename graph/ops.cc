@@ -1,0 +1,335 @@
+// Op names, parameter printing and shape/dtype inference: one function per op, chosen by
+// overload resolution inside std::visit.
+#include <cmath>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "stepgraph/graph.h"
+#include "stepgraph/ops.h"
+#include "stepgraph/status.h"
+
+namespace sg {
+namespace {
+
+constexpr absl::string_view kOpNames[] = {
+#define SG_OP_NAME(Name) #Name,
+    SG_OP_LIST(SG_OP_NAME)
+#undef SG_OP_NAME
+};
+static_assert(sizeof(kOpNames) / sizeof(kOpNames[0]) == kNumOps);
+
+std::string Params(const ops::MatMul& op) { return op.has_bias ? "bias" : ""; }
+std::string Params(const ops::RmsNorm& op) { return absl::StrFormat("eps=%g", op.eps); }
+std::string Params(const ops::Rope& op) {
+  std::string s = absl::StrFormat("head_dim=%d theta=%g", op.head_dim, op.theta);
+  if (op.interleaved) absl::StrAppend(&s, " interleaved");
+  if (op.scaling.type == ops::RopeScaling::Type::kLlama3) {
+    absl::StrAppendFormat(&s, " llama3(factor=%g low=%g high=%g original_max=%d)",
+                          op.scaling.factor, op.scaling.low_freq_factor,
+                          op.scaling.high_freq_factor, op.scaling.original_max_position);
+  }
+  return s;
+}
+std::string Params(const ops::Attention& op) { return absl::StrFormat("scale=%g", op.scale); }
+std::string Params(const ops::Sample& op) {
+  return absl::StrFormat("temperature=%g top_k=%d top_p=%g", op.temperature, op.top_k,
+                         op.top_p);
+}
+template <typename T>
+std::string Params(const T&) {
+  return "";
+}
+
+// Describes a tensor for an error message: "'q' [1,2048] bf16".
+std::string Describe(const Tensor& t) {
+  return absl::StrCat("'", t.name, "' ", t.shape.ToString(), " ", DTypeName(t.dtype));
+}
+
+// The checks shared by the per-op inference functions; every error names the op, the
+// node and the offending tensor.
+class Checker {
+ public:
+  Checker(absl::string_view op_name, absl::string_view node,
+          absl::Span<const Tensor* const> in)
+      : op_name_(op_name), node_(node), in_(in) {}
+
+  absl::Status Error(absl::string_view what) const {
+    return absl::InvalidArgumentError(absl::StrCat(op_name_, " node '", node_, "': ", what));
+  }
+  absl::Status Arity(size_t n) const {
+    if (in_.size() == n) return absl::OkStatus();
+    return Error(absl::StrCat("takes ", n, " inputs, got ", in_.size()));
+  }
+  absl::Status Rank(int i, int rank, absl::string_view role) const {
+    if (in_[i]->shape.rank() == rank) return absl::OkStatus();
+    return Error(absl::StrCat(role, " ", Describe(*in_[i]), " must have rank ", rank));
+  }
+  absl::Status Float(int i, absl::string_view role) const {
+    if (IsFloat(in_[i]->dtype)) return absl::OkStatus();
+    return Error(absl::StrCat(role, " ", Describe(*in_[i]), " must be f32, bf16 or f16"));
+  }
+  absl::Status Int(int i, absl::string_view role) const {
+    if (in_[i]->dtype == DType::kI32) return absl::OkStatus();
+    return Error(absl::StrCat(role, " ", Describe(*in_[i]), " must be i32"));
+  }
+  absl::Status SameDType(int i, int j) const {
+    if (in_[i]->dtype == in_[j]->dtype) return absl::OkStatus();
+    return Error(
+        absl::StrCat("dtype mismatch: ", Describe(*in_[i]), " vs ", Describe(*in_[j])));
+  }
+  absl::Status SameShape(int i, int j) const {
+    if (in_[i]->shape == in_[j]->shape) return absl::OkStatus();
+    return Error(
+        absl::StrCat("shape mismatch: ", Describe(*in_[i]), " vs ", Describe(*in_[j])));
+  }
+  // An i32 vector with one entry per row (ids, positions, seeds).
+  absl::Status PerRow(int i, int64_t rows, absl::string_view role) const {
+    SG_RETURN_IF_ERROR(Rank(i, 1, role));
+    SG_RETURN_IF_ERROR(Int(i, role));
+    if (in_[i]->shape[0] == rows) return absl::OkStatus();
+    return Error(absl::StrCat(role, " ", Describe(*in_[i]), " must have ", rows,
+                              " entries, one per row"));
+  }
+  // The written tensor of an in-place op must be bound memory that may change.
+  absl::Status Writable(int i, absl::string_view role) const {
+    const TensorKind k = in_[i]->kind;
+    if (k == TensorKind::kState || k == TensorKind::kInput) return absl::OkStatus();
+    return Error(absl::StrCat(role, " ", Describe(*in_[i]), " is ", TensorKindName(k),
+                              "; only a State or Input can be written in place"));
+  }
+  const Tensor& operator[](int i) const { return *in_[i]; }
+
+ private:
+  absl::string_view op_name_;
+  absl::string_view node_;
+  absl::Span<const Tensor* const> in_;
+};
+
+using Result = absl::StatusOr<TensorType>;
+
+Result Infer(const ops::Embedding&, const Checker& c) {
+  SG_RETURN_IF_ERROR(c.Arity(2));
+  SG_RETURN_IF_ERROR(c.Rank(0, 2, "table"));
+  SG_RETURN_IF_ERROR(c.Float(0, "table"));
+  SG_RETURN_IF_ERROR(c.Rank(1, 1, "ids"));
+  SG_RETURN_IF_ERROR(c.Int(1, "ids"));
+  return TensorType{c[0].dtype, Shape{c[1].shape[0], c[0].shape[1]}};
+}
+
+Result Infer(const ops::MatMul& op, const Checker& c) {
+  SG_RETURN_IF_ERROR(c.Arity(op.has_bias ? 3 : 2));
+  SG_RETURN_IF_ERROR(c.Rank(0, 2, "x"));
+  SG_RETURN_IF_ERROR(c.Rank(1, 2, "w"));
+  SG_RETURN_IF_ERROR(c.Float(0, "x"));
+  SG_RETURN_IF_ERROR(c.SameDType(0, 1));
+  if (c[0].shape[1] != c[1].shape[1]) {
+    return c.Error(absl::StrCat("shape mismatch: x ", Describe(c[0]), " has K=",
+                                c[0].shape[1], " but w ", Describe(c[1]), " [N,K] has K=",
+                                c[1].shape[1]));
+  }
+  if (op.has_bias) {
+    SG_RETURN_IF_ERROR(c.Rank(2, 1, "bias"));
+    SG_RETURN_IF_ERROR(c.SameDType(0, 2));
+    if (c[2].shape[0] != c[1].shape[0]) {
+      return c.Error(absl::StrCat("bias ", Describe(c[2]), " must have N=", c[1].shape[0],
+                                  " entries"));
+    }
+  }
+  return TensorType{c[0].dtype, Shape{c[0].shape[0], c[1].shape[0]}};
+}
+
+Result Infer(const ops::RmsNorm& op, const Checker& c) {
+  SG_RETURN_IF_ERROR(c.Arity(2));
+  SG_RETURN_IF_ERROR(c.Rank(0, 2, "x"));
+  SG_RETURN_IF_ERROR(c.Rank(1, 1, "w"));
+  SG_RETURN_IF_ERROR(c.Float(0, "x"));
+  SG_RETURN_IF_ERROR(c.SameDType(0, 1));
+  if (c[1].shape[0] != c[0].shape[1]) {
+    return c.Error(absl::StrCat("shape mismatch: w ", Describe(c[1]), " must have H=",
+                                c[0].shape[1], " entries for x ", Describe(c[0])));
+  }
+  if (!(op.eps >= 0.0f) || !std::isfinite(op.eps)) {
+    return c.Error(absl::StrCat("eps must be finite and >= 0, got ", op.eps));
+  }
+  return TensorType{c[0].dtype, c[0].shape};
+}
+
+Result InferBinary(const Checker& c, bool allow_int) {
+  SG_RETURN_IF_ERROR(c.Arity(2));
+  if (!allow_int) SG_RETURN_IF_ERROR(c.Float(0, "a"));
+  SG_RETURN_IF_ERROR(c.SameDType(0, 1));
+  SG_RETURN_IF_ERROR(c.SameShape(0, 1));
+  return TensorType{c[0].dtype, c[0].shape};
+}
+Result Infer(const ops::Add&, const Checker& c) { return InferBinary(c, /*allow_int=*/true); }
+Result Infer(const ops::Mul&, const Checker& c) { return InferBinary(c, /*allow_int=*/false); }
+Result Infer(const ops::SiluMul&, const Checker& c) {
+  return InferBinary(c, /*allow_int=*/false);
+}
+
+Result Infer(const ops::Silu&, const Checker& c) {
+  SG_RETURN_IF_ERROR(c.Arity(1));
+  SG_RETURN_IF_ERROR(c.Float(0, "x"));
+  return TensorType{c[0].dtype, c[0].shape};
+}
+
+Result Infer(const ops::Rope& op, const Checker& c) {
+  SG_RETURN_IF_ERROR(c.Arity(2));
+  SG_RETURN_IF_ERROR(c.Rank(0, 2, "x"));
+  SG_RETURN_IF_ERROR(c.Float(0, "x"));
+  SG_RETURN_IF_ERROR(c.PerRow(1, c[0].shape[0], "pos"));
+  if (op.head_dim <= 0 || op.head_dim % 2 != 0 || c[0].shape[1] % op.head_dim != 0) {
+    return c.Error(absl::StrCat("head_dim ", op.head_dim, " must be even, positive and divide ",
+                                "the columns of x ", Describe(c[0])));
+  }
+  if (!(op.theta > 0.0f) || !std::isfinite(op.theta)) {
+    return c.Error(absl::StrCat("theta must be finite and > 0, got ", op.theta));
+  }
+  if (op.scaling.type == ops::RopeScaling::Type::kLlama3) {
+    const ops::RopeScaling& s = op.scaling;
+    if (!(s.factor > 0.0f) || !(s.low_freq_factor > 0.0f) ||
+        !(s.high_freq_factor > s.low_freq_factor) || s.original_max_position <= 0) {
+      return c.Error(absl::StrCat(
+          "llama3 rope scaling needs factor > 0, 0 < low_freq_factor < high_freq_factor and "
+          "original_max_position > 0; got factor=", s.factor, " low_freq_factor=",
+          s.low_freq_factor, " high_freq_factor=", s.high_freq_factor,
+          " original_max_position=", s.original_max_position));
+    }
+  }
+  return TensorType{c[0].dtype, c[0].shape};
+}
+
+// The cache layout [slots, kvh, S, d] shared by KvWrite and Attention.
+absl::Status CheckCache(const Checker& c, int i, absl::string_view role, int64_t rows) {
+  SG_RETURN_IF_ERROR(c.Rank(i, 4, role));
+  SG_RETURN_IF_ERROR(c.Float(i, role));
+  if (c[i].kind != TensorKind::kState) {
+    return c.Error(absl::StrCat(role, " ", Describe(c[i]), " must be a State, not ",
+                                TensorKindName(c[i].kind)));
+  }
+  if (c[i].shape[0] < rows) {
+    return c.Error(absl::StrCat(role, " ", Describe(c[i]), " has ", c[i].shape[0],
+                                " slots, fewer than the ", rows, " rows of the step"));
+  }
+  return absl::OkStatus();
+}
+
+Result Infer(const ops::KvWrite&, const Checker& c) {
+  SG_RETURN_IF_ERROR(c.Arity(3));
+  SG_RETURN_IF_ERROR(c.Rank(0, 2, "kv"));
+  SG_RETURN_IF_ERROR(c.Float(0, "kv"));
+  const int64_t rows = c[0].shape[0];
+  SG_RETURN_IF_ERROR(c.PerRow(1, rows, "pos"));
+  SG_RETURN_IF_ERROR(CheckCache(c, 2, "cache", rows));
+  SG_RETURN_IF_ERROR(c.SameDType(0, 2));
+  const Shape& cache = c[2].shape;
+  if (c[0].shape[1] != cache[1] * cache[3]) {
+    return c.Error(absl::StrCat("shape mismatch: kv ", Describe(c[0]), " must have kvh*d = ",
+                                cache[1] * cache[3], " columns for cache ", Describe(c[2])));
+  }
+  return TensorType{c[2].dtype, cache};
+}
+
+Result Infer(const ops::Attention& op, const Checker& c) {
+  SG_RETURN_IF_ERROR(c.Arity(4));
+  SG_RETURN_IF_ERROR(c.Rank(0, 2, "q"));
+  SG_RETURN_IF_ERROR(c.Float(0, "q"));
+  const int64_t rows = c[0].shape[0];
+  SG_RETURN_IF_ERROR(CheckCache(c, 1, "k_cache", rows));
+  SG_RETURN_IF_ERROR(CheckCache(c, 2, "v_cache", rows));
+  SG_RETURN_IF_ERROR(c.SameShape(1, 2));
+  SG_RETURN_IF_ERROR(c.SameDType(0, 1));
+  SG_RETURN_IF_ERROR(c.SameDType(0, 2));
+  SG_RETURN_IF_ERROR(c.PerRow(3, rows, "pos"));
+  const int64_t kv_heads = c[1].shape[1];
+  const int64_t head_dim = c[1].shape[3];
+  if (c[0].shape[1] % head_dim != 0) {
+    return c.Error(absl::StrCat("q ", Describe(c[0]), " columns are not a multiple of head_dim ",
+                                head_dim, " of k_cache ", Describe(c[1])));
+  }
+  const int64_t heads = c[0].shape[1] / head_dim;
+  if (heads % kv_heads != 0) {
+    return c.Error(absl::StrCat("GQA: ", heads, " query heads of q ", Describe(c[0]),
+                                " are not divisible by the ", kv_heads,
+                                " kv heads of k_cache ", Describe(c[1])));
+  }
+  if (!(op.scale > 0.0f) || !std::isfinite(op.scale)) {
+    return c.Error(absl::StrCat("scale must be finite and > 0, got ", op.scale));
+  }
+  return TensorType{c[0].dtype, c[0].shape};
+}
+
+Result Infer(const ops::Softmax&, const Checker& c) {
+  SG_RETURN_IF_ERROR(c.Arity(1));
+  SG_RETURN_IF_ERROR(c.Rank(0, 2, "x"));
+  SG_RETURN_IF_ERROR(c.Float(0, "x"));
+  return TensorType{c[0].dtype, c[0].shape};
+}
+
+Result Infer(const ops::Argmax&, const Checker& c) {
+  SG_RETURN_IF_ERROR(c.Arity(1));
+  SG_RETURN_IF_ERROR(c.Rank(0, 2, "x"));
+  SG_RETURN_IF_ERROR(c.Float(0, "x"));
+  return TensorType{DType::kI32, Shape{c[0].shape[0]}};
+}
+
+Result Infer(const ops::Sample& op, const Checker& c) {
+  SG_RETURN_IF_ERROR(c.Arity(3));
+  SG_RETURN_IF_ERROR(c.Rank(0, 2, "logits"));
+  SG_RETURN_IF_ERROR(c.Float(0, "logits"));
+  const int64_t rows = c[0].shape[0];
+  SG_RETURN_IF_ERROR(c.PerRow(1, rows, "seeds"));
+  SG_RETURN_IF_ERROR(c.PerRow(2, rows, "pos"));
+  if (!(op.temperature > 0.0f) || !std::isfinite(op.temperature)) {
+    return c.Error(absl::StrCat("temperature must be finite and > 0, got ", op.temperature,
+                                " (use Argmax for greedy decoding)"));
+  }
+  if (op.top_k < 0) return c.Error(absl::StrCat("top_k must be >= 0, got ", op.top_k));
+  if (!(op.top_p > 0.0f && op.top_p <= 1.0f)) {
+    return c.Error(absl::StrCat("top_p must be in (0, 1], got ", op.top_p));
+  }
+  return TensorType{DType::kI32, Shape{rows}};
+}
+
+Result Infer(const ops::Copy&, const Checker& c) {
+  SG_RETURN_IF_ERROR(c.Arity(2));
+  SG_RETURN_IF_ERROR(c.Writable(1, "dst"));
+  SG_RETURN_IF_ERROR(c.SameDType(0, 1));
+  SG_RETURN_IF_ERROR(c.SameShape(0, 1));
+  return TensorType{c[1].dtype, c[1].shape};
+}
+
+Result Infer(const ops::Advance&, const Checker& c) {
+  SG_RETURN_IF_ERROR(c.Arity(1));
+  SG_RETURN_IF_ERROR(c.Rank(0, 1, "pos"));
+  SG_RETURN_IF_ERROR(c.Int(0, "pos"));
+  SG_RETURN_IF_ERROR(c.Writable(0, "pos"));
+  return TensorType{c[0].dtype, c[0].shape};
+}
+
+}  // namespace
+
+absl::string_view OpName(const Op& op) { return kOpNames[op.index()]; }
+
+std::string OpParamsToString(const Op& op) {
+  return std::visit([](const auto& o) { return Params(o); }, op);
+}
+
+bool IsInPlace(const Op& op) {
+  return std::holds_alternative<ops::KvWrite>(op) || std::holds_alternative<ops::Copy>(op) ||
+         std::holds_alternative<ops::Advance>(op);
+}
+
+absl::StatusOr<TensorType> InferOutputType(const Op& op, absl::string_view node_name,
+                                           absl::Span<const Tensor* const> inputs) {
+  const Checker checker(OpName(op), node_name, inputs);
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (!inputs[i]->shape.valid()) {
+      return checker.Error(absl::StrCat("input ", Describe(*inputs[i]), " has an invalid shape"));
+    }
+  }
+  return std::visit([&](const auto& o) { return Infer(o, checker); }, op);
+}
+
+}  // namespace sg

@@ -1,0 +1,149 @@
+// The one list of ops. Every op is named once in SG_OP_LIST; the Op variant, the op names,
+// the KernelDispatch interface and the mock dispatcher are generated from it, so adding an
+// op cannot leave one of them behind. Semantics are in docs/ops.md and DESIGN.md's table;
+// the CPU reference (dispatch/cpu/) is their executable definition.
+#ifndef STEPGRAPH_OPS_H_
+#define STEPGRAPH_OPS_H_
+
+#include <cstdint>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <variant>
+
+#include "absl/strings/string_view.h"
+
+#define SG_OP_LIST(V) \
+  V(Embedding)        \
+  V(MatMul)           \
+  V(RmsNorm)          \
+  V(Add)              \
+  V(Mul)              \
+  V(Silu)             \
+  V(SiluMul)          \
+  V(Rope)             \
+  V(KvWrite)          \
+  V(Attention)        \
+  V(Softmax)          \
+  V(Argmax)           \
+  V(Sample)           \
+  V(Copy)             \
+  V(Advance)
+
+namespace sg::ops {
+
+// table[V,H], ids[M] i32 -> [M,H]. An id outside [0,V) yields a zero row and raises the
+// dispatcher's error flag.
+struct Embedding {};
+
+// x[M,K], w[N,K] (, bias[N]) -> [M,N]: y = x·wᵀ (+ bias), the PyTorch / HF weight layout.
+struct MatMul {
+  bool has_bias = false;
+};
+
+// x[M,H], w[H] -> [M,H]: round(x·rsqrt(mean(x²)+eps)) · w, as Hugging Face rounds.
+struct RmsNorm {
+  float eps = 1e-6f;
+};
+
+// a, b -> a + b (same shape and dtype; i32 allowed).
+struct Add {};
+// a, b -> a · b (same shape and dtype).
+struct Mul {};
+// x -> x·sigmoid(x).
+struct Silu {};
+// gate, up -> silu(gate)·up: the fused SwiGLU.
+struct SiluMul {};
+
+// Llama-3 frequency scaling of RoPE ("rope_type": "llama3" in a HF config).
+struct RopeScaling {
+  enum class Type : uint8_t { kNone, kLlama3 };
+  Type type = Type::kNone;
+  float factor = 1.0f;
+  float low_freq_factor = 1.0f;
+  float high_freq_factor = 4.0f;
+  int32_t original_max_position = 8192;
+};
+
+// x[M, n·d], pos[M] i32 -> same. Rotates every head of x by its row's position. By default
+// the HF "rotate_half" pairing (i, i + d/2); `interleaved` pairs (2i, 2i+1) instead.
+struct Rope {
+  int32_t head_dim = 0;
+  float theta = 10000.0f;
+  bool interleaved = false;
+  RopeScaling scaling;
+};
+
+// kv[M, kvh·d], pos[M] i32, cache[slots, kvh, S, d] (a State) -> cache, in place: row i is
+// written at (slot i, pos[i]). A row with pos < 0 is padding and writes nothing; pos >= S
+// writes nothing and raises the error flag.
+struct KvWrite {};
+
+// q[M, h·d], k_cache, v_cache [slots, kvh, S, d], pos[M] i32 -> [M, h·d]. Causal over
+// 0..pos[i] of slot i; GQA maps head j to kv head j / (h / kvh). A padding row (pos < 0)
+// yields zeros. The launch shape depends on S only, never on pos.
+struct Attention {
+  float scale = 0.0f;  // the builder sets 1/sqrt(d) unless given
+};
+
+// x[M,N] -> [M,N], row-wise, f32 math, max-subtracted.
+struct Softmax {};
+
+// x[M,V] -> ids[M] i32, the lowest index among equal maxima.
+struct Argmax {};
+
+// logits[M,V], seeds[M] i32, pos[M] i32 -> ids[M] i32. Draws from softmax(logits/T)
+// restricted to the top_k largest (0: no limit) and then to the smallest set whose mass
+// reaches top_p. The random stream is counter based: (seed[i], pos[i]) fixes row i's draw,
+// so the same seeds and positions give the same ids on every run and every dispatcher
+// that implements the same generator.
+struct Sample {
+  float temperature = 1.0f;
+  int32_t top_k = 0;
+  float top_p = 1.0f;
+};
+
+// src, dst -> dst (an Input or State of the same shape and dtype), in place: how a step hands
+// its sampled ids to the next step without the host.
+struct Copy {};
+
+// pos[M] i32 (an Input or State) -> pos, in place: pos + 1 where pos >= 0; padding rows
+// (pos < 0) stay as they are. Ends a step of a closed decode loop.
+struct Advance {};
+
+}  // namespace sg::ops
+
+namespace sg {
+
+namespace internal {
+// SG_OP_LIST expands to "ops::A, ops::B, ..., " with a trailing comma; the list is closed
+// with OpListEnd and the variant is made of every type but that last one.
+struct OpListEnd {};
+template <typename Tuple, typename Indices>
+struct VariantOfLeading;
+template <typename Tuple, size_t... I>
+struct VariantOfLeading<Tuple, std::index_sequence<I...>> {
+  using type = std::variant<std::tuple_element_t<I, Tuple>...>;
+};
+#define SG_OP_TYPE(Name) ops::Name,
+using OpTuple = std::tuple<SG_OP_LIST(SG_OP_TYPE) OpListEnd>;
+#undef SG_OP_TYPE
+}  // namespace internal
+
+// std::variant<ops::Embedding, ops::MatMul, ...>, in SG_OP_LIST order.
+using Op = internal::VariantOfLeading<
+    internal::OpTuple,
+    std::make_index_sequence<std::tuple_size_v<internal::OpTuple> - 1>>::type;
+
+// Number of ops in SG_OP_LIST.
+inline constexpr int kNumOps = static_cast<int>(std::variant_size_v<Op>);
+
+// "MatMul", "Rope", ...
+absl::string_view OpName(const Op& op);
+
+// Parameters as "eps=1e-05", "" for ops without any.
+std::string OpParamsToString(const Op& op);
+
+}  // namespace sg
+
+#endif  // STEPGRAPH_OPS_H_

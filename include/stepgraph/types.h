@@ -1,0 +1,98 @@
+// Element types, shapes and tensor identities: the vocabulary every other stepgraph header
+// speaks. Nothing here touches CUDA.
+#ifndef STEPGRAPH_TYPES_H_
+#define STEPGRAPH_TYPES_H_
+
+#include <array>
+#include <cstdint>
+#include <initializer_list>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
+
+namespace sg {
+
+// Storage types. Floating-point math always accumulates in f32; i32 holds token ids and
+// positions.
+enum class DType : uint8_t { kF32, kBF16, kF16, kI32 };
+
+constexpr int64_t DTypeBytes(DType t) {
+  switch (t) {
+    case DType::kF32:
+    case DType::kI32:
+      return 4;
+    case DType::kBF16:
+    case DType::kF16:
+      return 2;
+  }
+  return 0;
+}
+
+constexpr bool IsFloat(DType t) { return t != DType::kI32; }
+
+// "f32", "bf16", "f16", "i32".
+absl::string_view DTypeName(DType t);
+// Inverse of DTypeName; InvalidArgument for anything else.
+absl::StatusOr<DType> ParseDType(absl::string_view name);
+
+// A dense row-major shape of rank 0..kMaxRank. Trivially copyable so that NodeArgs can be
+// built on the stack in the per-step path. A shape built with more than kMaxRank dims or a
+// non-positive dim is not valid(); the builder refuses such shapes.
+class Shape {
+ public:
+  static constexpr int kMaxRank = 4;
+
+  Shape() = default;
+  Shape(std::initializer_list<int64_t> dims);
+  explicit Shape(absl::Span<const int64_t> dims);
+
+  int rank() const { return rank_; }
+  bool valid() const { return valid_; }
+  int64_t dim(int i) const { return dims_[i]; }
+  int64_t operator[](int i) const { return dims_[i]; }
+  // Last dim, or 1 for a scalar.
+  int64_t cols() const { return rank_ == 0 ? 1 : dims_[rank_ - 1]; }
+  // Product of all dims but the last (1 for rank <= 1).
+  int64_t rows() const;
+  int64_t NumElements() const;
+  absl::Span<const int64_t> dims() const { return {dims_.data(), static_cast<size_t>(rank_)}; }
+  std::string ToString() const;  // "[2,2048]"
+
+  friend bool operator==(const Shape& a, const Shape& b) {
+    return a.rank_ == b.rank_ && a.valid_ == b.valid_ && a.dims() == b.dims();
+  }
+  friend bool operator!=(const Shape& a, const Shape& b) { return !(a == b); }
+
+ private:
+  std::array<int64_t, kMaxRank> dims_{};
+  int8_t rank_ = 0;
+  bool valid_ = true;
+};
+
+// Who owns a tensor's memory and when it is written.
+//   Input:        bound by the caller, one value per step (token ids, positions, seeds).
+//   Weight:       bound by the caller, read only.
+//   State:        bound by the caller, persists across steps, updated in place (KV cache).
+//   Intermediate: produced by exactly one node, placed in the arena by the memory plan.
+enum class TensorKind : uint8_t { kInput, kWeight, kState, kIntermediate };
+
+absl::string_view TensorKindName(TensorKind k);
+
+// Names a tensor of one graph. `owner` identifies the builder (and the graph it built) so
+// that an id from another graph is refused rather than silently aliasing a tensor here.
+struct TensorId {
+  int32_t index = -1;
+  uint32_t owner = 0;
+
+  bool valid() const { return index >= 0 && owner != 0; }
+  friend bool operator==(TensorId a, TensorId b) {
+    return a.index == b.index && a.owner == b.owner;
+  }
+  friend bool operator!=(TensorId a, TensorId b) { return !(a == b); }
+};
+
+}  // namespace sg
+
+#endif  // STEPGRAPH_TYPES_H_

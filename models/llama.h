@@ -1,0 +1,77 @@
+// Llama-family decode-step graphs (LlamaForCausalLM) written with the builder API, with
+// weight names exactly as Hugging Face stores them.
+#ifndef STEPGRAPH_MODELS_LLAMA_H_
+#define STEPGRAPH_MODELS_LLAMA_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "stepgraph/graph.h"
+#include "stepgraph/ops.h"
+#include "stepgraph/types.h"
+
+namespace sg {
+
+// The fields of a Hugging Face config.json for LlamaForCausalLM that shape the graph.
+struct LlamaConfig {
+  int64_t hidden_size = 0;
+  int64_t intermediate_size = 0;
+  int64_t num_hidden_layers = 0;
+  int64_t num_attention_heads = 0;
+  int64_t num_key_value_heads = 0;
+  int64_t head_dim = 0;  // hidden_size / num_attention_heads unless given
+  float rms_norm_eps = 1e-6f;
+  float rope_theta = 10000.0f;
+  ops::RopeScaling rope_scaling;
+  int64_t vocab_size = 0;
+  int64_t max_position_embeddings = 0;
+  bool tie_word_embeddings = false;
+  bool attention_bias = false;
+  bool mlp_bias = false;
+  DType dtype = DType::kF32;
+
+  // InvalidArgument naming the field when a value is out of range or inconsistent.
+  absl::Status Validate() const;
+  // Bytes of all weights.
+  int64_t WeightBytes() const;
+};
+
+// A small Llama with the shape of the real thing, for the default model, tests and
+// benchmarks.
+LlamaConfig TinyLlamaConfig();
+// Llama-3.2-1B's shape (hidden 2048, 16 layers, 32 heads, 8 KV heads, intermediate 8192,
+// vocab 128256, tied embeddings, llama3 RoPE scaling), bf16.
+LlamaConfig Llama32_1BConfig();
+
+struct LlamaGraphOptions {
+  int64_t batch = 1;     // rows M of the step (sequences decoded together)
+  int64_t slots = 0;     // KV cache slots; 0 means `batch`
+  int64_t max_seq = 0;   // KV cache length S; 0 means max_position_embeddings
+  // Greedy (Argmax) when empty; otherwise Sample with these parameters and a "seeds" input.
+  std::optional<ops::Sample> sampling;
+  // Closed decode loop: the step ends by copying the chosen ids into "ids" and advancing
+  // "pos", so consecutive steps need no host writes.
+  bool closed_loop = false;
+};
+
+// Tensor names of the graph's step inputs and outputs.
+inline constexpr char kIdsInput[] = "ids";
+inline constexpr char kPosInput[] = "pos";
+inline constexpr char kSeedsInput[] = "seeds";
+inline constexpr char kLogitsOutput[] = "logits";
+inline constexpr char kNextIdsOutput[] = "next_ids";
+
+// Name of layer `layer`'s key or value cache State.
+std::string KCacheName(int64_t layer);
+std::string VCacheName(int64_t layer);
+
+// The decode step: ids[M], pos[M] (and seeds[M] when sampling) in; logits [M, vocab] and
+// next_ids [M] out.
+absl::StatusOr<Graph> BuildLlamaDecodeGraph(const LlamaConfig& config,
+                                            const LlamaGraphOptions& options);
+
+}  // namespace sg
+
+#endif  // STEPGRAPH_MODELS_LLAMA_H_

@@ -1,0 +1,139 @@
+#include "tests/testing/util.h"
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+
+#include "stepgraph/half.h"
+
+namespace sg::testing {
+namespace {
+
+float Load(const void* p, DType t, int64_t i) {
+  switch (t) {
+    case DType::kF32:
+      return static_cast<const float*>(p)[i];
+    case DType::kBF16:
+      return BF16ToFloat(static_cast<const uint16_t*>(p)[i]);
+    case DType::kF16:
+      return HalfToFloat(static_cast<const uint16_t*>(p)[i]);
+    case DType::kI32:
+      return static_cast<float>(static_cast<const int32_t*>(p)[i]);
+  }
+  return 0;
+}
+
+void Store(void* p, DType t, int64_t i, float v) {
+  switch (t) {
+    case DType::kF32:
+      static_cast<float*>(p)[i] = v;
+      break;
+    case DType::kBF16:
+      static_cast<uint16_t*>(p)[i] = FloatToBF16(v);
+      break;
+    case DType::kF16:
+      static_cast<uint16_t*>(p)[i] = FloatToHalf(v);
+      break;
+    case DType::kI32:
+      static_cast<int32_t*>(p)[i] = static_cast<int32_t>(v);
+      break;
+  }
+}
+
+}  // namespace
+
+HostTensor::HostTensor(DType dtype, Shape shape) : dtype_(dtype), shape_(shape) {
+  const size_t bytes = static_cast<size_t>((this->bytes() + 255) / 256 * 256);
+  auto* p = static_cast<std::byte*>(std::aligned_alloc(256, bytes == 0 ? 256 : bytes));
+  storage_ = std::unique_ptr<std::byte[], void (*)(std::byte*)>(
+      p, [](std::byte* q) { std::free(q); });
+  std::memset(p, 0, bytes == 0 ? 256 : bytes);
+}
+
+void HostTensor::FillUniform(uint64_t seed, float lo, float hi) {
+  std::mt19937_64 rng(seed);
+  if (dtype_ == DType::kI32) {
+    std::uniform_int_distribution<int32_t> dist(static_cast<int32_t>(lo),
+                                                static_cast<int32_t>(hi) - 1);
+    for (int64_t i = 0; i < size(); ++i) static_cast<int32_t*>(data())[i] = dist(rng);
+    return;
+  }
+  std::uniform_real_distribution<float> dist(lo, hi);
+  for (int64_t i = 0; i < size(); ++i) Store(data(), dtype_, i, dist(rng));
+}
+
+void HostTensor::FillFrom(const std::vector<float>& values) {
+  for (int64_t i = 0; i < size() && i < static_cast<int64_t>(values.size()); ++i) {
+    Store(data(), dtype_, i, values[i]);
+  }
+}
+
+void HostTensor::Poison() { std::memset(data(), 0xFF, static_cast<size_t>(bytes())); }
+
+std::vector<float> HostTensor::ToFloat() const {
+  std::vector<float> out(size());
+  for (int64_t i = 0; i < size(); ++i) out[i] = Load(data(), dtype_, i);
+  return out;
+}
+
+float HostTensor::At(int64_t i) const { return Load(data(), dtype_, i); }
+
+double NormalizedError(const std::vector<float>& got, const std::vector<double>& want) {
+  if (got.size() != want.size()) return std::numeric_limits<double>::infinity();
+  double diff = 0, norm = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (!std::isfinite(got[i])) return std::numeric_limits<double>::infinity();
+    const double d = static_cast<double>(got[i]) - want[i];
+    diff += d * d;
+    norm += want[i] * want[i];
+  }
+  if (norm == 0) return std::sqrt(diff);
+  return std::sqrt(diff / norm);
+}
+
+double NormalizedError(const std::vector<float>& got, const std::vector<float>& want) {
+  return NormalizedError(got, std::vector<double>(want.begin(), want.end()));
+}
+
+HostBindings::HostBindings(const ExecutionPlan& plan, uint64_t seed, float scale)
+    : bindings_(plan.graph()), arena_(static_cast<size_t>(plan.arena_bytes()) + 256) {
+  // Align the arena to 256 bytes as device allocations are.
+  auto base = reinterpret_cast<uintptr_t>(arena_.data());
+  std::byte* aligned = arena_.data() + ((256 - base % 256) % 256);
+  bindings_.SetArena(aligned, plan.arena_bytes());
+  const Graph& g = plan.graph();
+  for (int32_t i = 0; i < g.num_tensors(); ++i) {
+    const Tensor& t = g.tensors()[i];
+    if (t.kind == TensorKind::kIntermediate) continue;
+    auto host = std::make_unique<HostTensor>(t.dtype, t.shape);
+    if (t.kind == TensorKind::kWeight) {
+      const bool norm = t.shape.rank() == 1 && t.name.find("norm") != std::string::npos;
+      if (norm) {
+        host->FillUniform(seed + i, 1.0f - scale, 1.0f + scale);
+      } else {
+        host->FillUniform(seed + i, -scale, scale);
+      }
+    }
+    (void)bindings_.Bind(g.id(i), host->data(), host->bytes());
+    tensors_.emplace_back(t.name, std::move(host));
+  }
+}
+
+HostTensor& HostBindings::tensor(absl::string_view name) {
+  for (auto& [n, t] : tensors_) {
+    if (n == name) return *t;
+  }
+  std::abort();  // a test asked for a tensor its graph does not have
+}
+
+std::vector<float> HostBindings::Read(const ExecutionPlan& plan,
+                                      absl::string_view output_name) const {
+  const TensorId id = plan.graph().FindOutput(output_name).value();
+  const TensorArg arg = ResolveTensor(plan, bindings_, id.index);
+  std::vector<float> out(arg.shape.NumElements());
+  for (size_t i = 0; i < out.size(); ++i) out[i] = Load(arg.data, arg.dtype, i);
+  return out;
+}
+
+}  // namespace sg::testing
