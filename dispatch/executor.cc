@@ -29,18 +29,33 @@ absl::Status Bindings::Bind(absl::string_view tensor_name, void* data, int64_t b
 }
 
 absl::Status Bindings::Bind(TensorId id, void* data, int64_t bytes) {
-  if (id.owner != owner_ || id.index < 0 || id.index >= static_cast<int32_t>(kinds_.size())) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("cannot bind tensor id ", id.index, ": it belongs to another graph"));
+  if (id.owner != owner_) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cannot bind tensor id ", id.index, ": it belongs to another graph (owner ", id.owner,
+        ", these bindings are for ", owner_, ")"));
   }
+  if (id.index < 0 || id.index >= static_cast<int32_t>(kinds_.size())) {
+    return absl::InvalidArgumentError(absl::StrCat("cannot bind tensor id ", id.index,
+                                                   ": the graph has ", kinds_.size(),
+                                                   " tensors"));
+  }
+  // Errors name the tensor; the reverse lookup is only paid on this cold path.
+  auto describe = [&] {
+    for (const auto& [name, index] : index_by_name_) {
+      if (index == id.index) {
+        return absl::StrCat(TensorKindName(kinds_[id.index]), " '", name, "'");
+      }
+    }
+    return absl::StrCat("tensor ", id.index);
+  };
   if (kinds_[id.index] == TensorKind::kIntermediate) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("cannot bind tensor ", id.index,
-                     ": it is an Intermediate, which lives in the planned arena"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cannot bind ", describe(), ": intermediates live in the planned arena"));
   }
   if (data == nullptr || bytes <= 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("cannot bind tensor ", id.index, ": null or empty buffer"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cannot bind ", describe(), ": ", data == nullptr ? "null" : "empty", " buffer (",
+        bytes, " bytes)"));
   }
   buffers_[id.index] = Buffer{data, bytes};
   return absl::OkStatus();
@@ -75,10 +90,13 @@ absl::Status CheckBindings(const ExecutionPlan& plan, const Bindings& bindings) 
   return absl::OkStatus();
 }
 
-TensorArg ResolveTensor(const ExecutionPlan& plan, const Bindings& bindings,
-                        int32_t tensor_index) {
+namespace {
+
+// ResolveTensor writing into an existing argument: the per-node path fills the executor's
+// reused slots in place rather than building and copying a TensorArg per argument.
+inline void ResolveInto(const ExecutionPlan& plan, const Bindings& bindings,
+                        int32_t tensor_index, TensorArg& arg) {
   const Tensor& t = plan.graph().tensors()[tensor_index];
-  TensorArg arg;
   arg.dtype = t.dtype;
   arg.shape = t.shape;
   arg.kind = t.kind;
@@ -88,34 +106,76 @@ TensorArg ResolveTensor(const ExecutionPlan& plan, const Bindings& bindings,
     arg.arena_offset = plan.memory().offsets[tensor_index];
     arg.data = static_cast<char*>(bindings.arena().data) + arg.arena_offset;
   } else {
+    arg.arena_offset = -1;
     arg.data = bindings.buffer(tensor_index).data;
   }
+}
+
+// Argument slots reused by every node of one Execute, so that a node does not pay for
+// constructing five TensorArgs before filling them.
+struct NodeScratch {
+  // Every op takes at most four inputs (Validate checks arities through inference).
+  std::array<TensorArg, 4> inputs;
+  NodeArgs args;
+};
+
+}  // namespace
+
+TensorArg ResolveTensor(const ExecutionPlan& plan, const Bindings& bindings,
+                        int32_t tensor_index) {
+  TensorArg arg;
+  ResolveInto(plan, bindings, tensor_index, arg);
   return arg;
 }
 
+namespace {
+
+// Runs node `i`: resolves its arguments on the stack and makes its one Run.
+absl::Status RunNode(const ExecutionPlan& plan, const Bindings& bindings,
+                     KernelDispatch& dispatch, int32_t i, NodeScratch& scratch) {
+  const Node& node = plan.graph().nodes()[i];
+  const size_t n = node.inputs.size();
+  for (size_t k = 0; k < n; ++k) {
+    ResolveInto(plan, bindings, node.inputs[k].index, scratch.inputs[k]);
+  }
+  NodeArgs& args = scratch.args;
+  args.node_index = i;
+  args.node_name = node.name;
+  args.inputs = absl::MakeConstSpan(scratch.inputs.data(), n);
+  ResolveInto(plan, bindings, node.output.index, args.output);
+  absl::Status status =
+      std::visit([&](const auto& op) { return dispatch.Run(op, args); }, node.op);
+  if (ABSL_PREDICT_TRUE(status.ok())) return status;
+  return absl::Status(status.code(), absl::StrCat("node ", i, " '", node.name, "' (",
+                                                  OpName(node.op), "): ", status.message()));
+}
+
+}  // namespace
+
 absl::StatusOr<ExecStats> Execute(const ExecutionPlan& plan, const Bindings& bindings,
                                   KernelDispatch& dispatch) {
+  return Execute(plan, bindings, dispatch, ExecOptions{});
+}
+
+absl::StatusOr<ExecStats> Execute(const ExecutionPlan& plan, const Bindings& bindings,
+                                  KernelDispatch& dispatch, const ExecOptions& options) {
   SG_RETURN_IF_ERROR(CheckBindings(plan, bindings));
-  const Graph& graph = plan.graph();
-  ExecStats stats;
-  std::array<TensorArg, 4> inputs;
-  for (int32_t i = 0; i < graph.num_nodes(); ++i) {
-    const Node& node = graph.nodes()[i];
-    const size_t n = node.inputs.size();
-    for (size_t k = 0; k < n; ++k) inputs[k] = ResolveTensor(plan, bindings, node.inputs[k].index);
-    NodeArgs args;
-    args.node_index = i;
-    args.node_name = node.name;
-    args.inputs = absl::MakeConstSpan(inputs.data(), n);
-    args.output = ResolveTensor(plan, bindings, node.output.index);
-    absl::Status status =
-        std::visit([&](const auto& op) { return dispatch.Run(op, args); }, node.op);
-    if (ABSL_PREDICT_FALSE(!status.ok())) {
-      return absl::Status(status.code(),
-                          absl::StrCat("node ", i, " '", node.name, "' (", OpName(node.op),
-                                       "): ", status.message()));
+  const int32_t num_nodes = plan.graph().num_nodes();
+  for (const int32_t i : options.only_nodes) {
+    if (i < 0 || i >= num_nodes) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("Execute: node index ", i, " is outside the plan's ", num_nodes, " nodes"));
     }
+  }
+  ExecStats stats;
+  NodeScratch scratch;
+  const bool subset = !options.only_nodes.empty();
+  const int32_t count = subset ? static_cast<int32_t>(options.only_nodes.size()) : num_nodes;
+  for (int32_t k = 0; k < count; ++k) {
+    const int32_t i = subset ? options.only_nodes[k] : k;
+    SG_RETURN_IF_ERROR(RunNode(plan, bindings, dispatch, i, scratch));
     ++stats.launches;
+    if (options.after_node) SG_RETURN_IF_ERROR(options.after_node(i));
   }
   return stats;
 }

@@ -4,11 +4,21 @@
 #include <cmath>
 #include <string>
 
+#include "absl/base/optimization.h"
+#include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
 #include "stepgraph/builder.h"
 #include "stepgraph/status.h"
 
 namespace sg {
+
+namespace {
+
+// A well-formed id of another builder, as opposed to a default or out-of-range one of this
+// builder: the two mistakes have different fixes, so the message tells them apart.
+bool IsForeign(TensorId id, uint32_t owner) { return id.valid() && id.owner != owner; }
+
+}  // namespace
 
 GraphBuilder::GraphBuilder() : owner_(NewGraphOwnerTag()) {}
 
@@ -28,7 +38,11 @@ bool GraphBuilder::CheckUsable(absl::string_view what) {
 
 TensorId GraphBuilder::Declare(absl::string_view name, TensorKind kind, DType dtype,
                                Shape shape) {
-  if (!CheckUsable(absl::StrCat(TensorKindName(kind), "('", name, "')"))) return TensorId{};
+  // Every call starts so; the message naming the call is only formatted when it is needed.
+  if (ABSL_PREDICT_FALSE(built_ || !status_.ok())) {
+    CheckUsable(absl::StrCat(TensorKindName(kind), "('", name, "')"));
+    return TensorId{};
+  }
   if (name.empty()) {
     return Fail(absl::InvalidArgumentError(
         absl::StrCat(TensorKindName(kind), " declared with an empty name")));
@@ -60,29 +74,32 @@ TensorId GraphBuilder::State(absl::string_view name, DType dtype, Shape shape) {
 
 TensorId GraphBuilder::AddNode(Op op, absl::string_view name,
                                std::initializer_list<TensorId> inputs) {
-  if (!CheckUsable(absl::StrCat(OpName(op), "('", name, "')"))) return TensorId{};
+  if (ABSL_PREDICT_FALSE(built_ || !status_.ok())) {
+    CheckUsable(absl::StrCat(OpName(op), "('", name, "')"));
+    return TensorId{};
+  }
+  // The name is claimed here, once; should the node fail below, the builder is spent anyway.
   std::string node_name(name);
   if (node_name.empty()) {
     std::string base(OpName(op));
     for (char& ch : base) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
     do {
       node_name = absl::StrCat(base, "_", auto_name_counter_++);
-    } while (tensor_names_.contains(node_name));
-  } else if (tensor_names_.contains(node_name)) {
+    } while (!tensor_names_.insert(node_name).second);
+  } else if (!tensor_names_.insert(node_name).second) {
     return Fail(absl::InvalidArgumentError(absl::StrCat(
         "duplicate name: ", OpName(op), " node '", node_name,
         "' is already a tensor or node of this graph")));
   }
 
-  std::vector<const Tensor*> input_tensors;
-  input_tensors.reserve(inputs.size());
+  absl::InlinedVector<const Tensor*, 4> input_tensors;
   int arg = 0;
   for (const TensorId id : inputs) {
     if (id.owner != owner_ || id.index < 0 ||
         id.index >= static_cast<int32_t>(tensors_.size())) {
       return Fail(absl::InvalidArgumentError(absl::StrCat(
           OpName(op), " node '", node_name, "': input ", arg, " is ",
-          id.valid() ? "a TensorId of another builder" : "an invalid TensorId",
+          IsForeign(id, owner_) ? "a TensorId of another builder" : "an invalid TensorId",
           " (index ", id.index, ")")));
     }
     input_tensors.push_back(&tensors_[id.index]);
@@ -108,7 +125,6 @@ TensorId GraphBuilder::AddNode(Op op, absl::string_view name,
     output = TensorId{static_cast<int32_t>(tensors_.size() - 1), owner_};
   }
   writer_of_[output.index] = node_index;
-  tensor_names_.insert(node_name);
   nodes_.push_back(Node{std::move(node_name), std::move(op), {inputs.begin(), inputs.end()},
                         output});
   return output;
@@ -180,7 +196,10 @@ TensorId GraphBuilder::Advance(TensorId pos, absl::string_view name) {
 }
 
 void GraphBuilder::Output(absl::string_view name, TensorId t) {
-  if (!CheckUsable(absl::StrCat("Output('", name, "')"))) return;
+  if (ABSL_PREDICT_FALSE(built_ || !status_.ok())) {
+    CheckUsable(absl::StrCat("Output('", name, "')"));
+    return;
+  }
   if (name.empty()) {
     Fail(absl::InvalidArgumentError("Output declared with an empty name"));
     return;
@@ -188,11 +207,17 @@ void GraphBuilder::Output(absl::string_view name, TensorId t) {
   if (t.owner != owner_ || t.index < 0 || t.index >= static_cast<int32_t>(tensors_.size())) {
     Fail(absl::InvalidArgumentError(absl::StrCat(
         "Output '", name, "' names ",
-        t.valid() ? "a TensorId of another builder" : "an invalid TensorId")));
+        IsForeign(t, owner_) ? "a TensorId of another builder" : "an invalid TensorId")));
     return;
   }
   if (!output_names_.emplace(name).second) {
-    Fail(absl::InvalidArgumentError(absl::StrCat("duplicate output name '", name, "'")));
+    absl::string_view previous = "?";
+    for (const GraphOutput& o : outputs_) {
+      if (o.name == name) previous = tensors_[o.tensor.index].name;
+    }
+    Fail(absl::InvalidArgumentError(
+        absl::StrCat("duplicate output name '", name, "': it already names tensor '", previous,
+                     "' and cannot also name '", tensors_[t.index].name, "'")));
     return;
   }
   outputs_.push_back(GraphOutput{std::string(name), t});

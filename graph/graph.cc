@@ -95,10 +95,15 @@ absl::Status Graph::Validate() const {
   };
   if (nodes_.empty()) return invalid("graph is empty: it has no nodes");
 
-  absl::flat_hash_set<absl::string_view> names;
-  for (const Tensor& t : tensors_) {
+  // The constructor indexed every name, keeping the first of each: fewer entries than
+  // tensors means a name repeats, and only then is each tensor looked up.
+  const bool names_unique = tensor_by_name_.size() == tensors_.size();
+  for (int32_t i = 0; i < num_tensors(); ++i) {
+    const Tensor& t = tensors_[i];
     if (t.name.empty()) return invalid("a tensor has an empty name");
-    if (!names.insert(t.name).second) return invalid("duplicate tensor name '", t.name, "'");
+    if (!names_unique && tensor_by_name_.find(t.name)->second != i) {
+      return invalid("duplicate tensor name '", t.name, "'");
+    }
     if (!t.shape.valid() || t.shape.rank() == 0) {
       return invalid("tensor '", t.name, "' has an invalid shape ", t.shape.ToString());
     }
@@ -107,6 +112,7 @@ absl::Status Graph::Validate() const {
   // Producers of intermediates and writers of in-place targets.
   std::vector<int32_t> producer(tensors_.size(), -1);
   absl::flat_hash_set<absl::string_view> node_names;
+  node_names.reserve(nodes_.size());
   for (int32_t i = 0; i < num_nodes(); ++i) {
     const Node& node = nodes_[i];
     if (node.name.empty()) return invalid("node ", i, " has an empty name");

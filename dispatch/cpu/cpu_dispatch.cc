@@ -359,18 +359,23 @@ absl::Status CpuDispatch::Run(const ops::Sample& op, const NodeArgs& args) {
         if (cum >= op.top_p * total) break;
       }
       keep = r;
-      total = cum;
     }
-    // Draw over the kept tokens in index order.
+    // Draw over the kept tokens in index order. Their mass is summed in that same order,
+    // so the running sum below ends exactly at `mass`; as u < 1 gives u·mass < mass, the
+    // draw always stops, and on a token of nonzero probability. A mass summed in another
+    // order may exceed the running sum by a few ulps, and u near 1 would then run off the
+    // end onto whichever token is last, whatever its probability.
     std::vector<int32_t> kept(order.begin(), order.begin() + keep);
     std::vector<float> kept_p(p.begin(), p.begin() + keep);
     std::vector<int64_t> by_index(keep);
     std::iota(by_index.begin(), by_index.end(), 0);
     std::sort(by_index.begin(), by_index.end(),
               [&](int64_t a, int64_t b) { return kept[a] < kept[b]; });
-    const float target = SampleUniform(seeds[i], pos[i]) * total;
+    float mass = 0.0f;
+    for (int64_t r = 0; r < keep; ++r) mass += kept_p[by_index[r]];
+    const float target = SampleUniform(seeds[i], pos[i]) * mass;
     float cum = 0.0f;
-    int32_t choice = kept[by_index[keep - 1]];
+    int32_t choice = kept[0];  // unreachable: the loop always chooses
     for (int64_t r = 0; r < keep; ++r) {
       cum += kept_p[by_index[r]];
       if (cum > target) {

@@ -48,6 +48,11 @@ class KernelDispatch {
   // done once for a plan before it is executed or captured.
   virtual absl::Status Prepare(const ExecutionPlan& plan) { return absl::OkStatus(); }
 
+  // Whether this dispatcher's Run for `op` only enqueues device work on its stream (no
+  // host synchronisation, allocation or host-side reads of device data), so that it can
+  // be recorded by stream capture. Capture refuses a plan with any op that is not.
+  virtual bool CaptureSafe(const Op& op) const { return false; }
+
 #define SG_DECLARE_RUN(Name) \
   virtual absl::Status Run(const ops::Name& op, const NodeArgs& args) = 0;
   SG_OP_LIST(SG_DECLARE_RUN)

@@ -4,6 +4,7 @@
 #define STEPGRAPH_EXECUTOR_H_
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -50,6 +51,15 @@ struct ExecStats {
   int64_t launches = 0;
 };
 
+// Optional controls of one Execute call, used by capture: a subset of nodes and a hook
+// after each node's Run (to map the launches a node made).
+struct ExecOptions {
+  // When non-empty, only these nodes run, in this order (each once).
+  absl::Span<const int32_t> only_nodes;
+  // Called after each node's Run succeeded; an error stops execution and is returned.
+  std::function<absl::Status(int32_t node_index)> after_node;
+};
+
 // Refuses, before anything runs, bindings made for another graph, a missing or too-small
 // buffer for any Input, Weight or State, and an arena smaller than the plan's.
 absl::Status CheckBindings(const ExecutionPlan& plan, const Bindings& bindings);
@@ -58,6 +68,8 @@ absl::Status CheckBindings(const ExecutionPlan& plan, const Bindings& bindings);
 // the node's index, name and op.
 absl::StatusOr<ExecStats> Execute(const ExecutionPlan& plan, const Bindings& bindings,
                                   KernelDispatch& dispatch);
+absl::StatusOr<ExecStats> Execute(const ExecutionPlan& plan, const Bindings& bindings,
+                                  KernelDispatch& dispatch, const ExecOptions& options);
 
 // The argument of `tensor_index` as Execute resolves it; for dispatchers and tools that
 // need a tensor's address outside a step (e.g. reading an output). Bindings must be

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "stepgraph/dispatch.h"
 
@@ -44,6 +45,12 @@ class MockDispatch final : public KernelDispatch {
     fail_status_ = std::move(status);
   }
 
+  // Marks an op (by name, e.g. "Sample") as not capture-safe, to test capture's refusal.
+  void SetCaptureUnsafe(absl::string_view op_name) { capture_unsafe_.emplace(op_name); }
+  bool CaptureSafe(const Op& op) const override {
+    return !capture_unsafe_.contains(OpName(op));
+  }
+
   const std::vector<TraceEntry>& trace() const { return trace_; }
   int64_t launches() const { return launches_; }
   void Clear() {
@@ -66,6 +73,7 @@ class MockDispatch final : public KernelDispatch {
   int64_t launches_ = 0;
   int32_t fail_at_ = -1;
   absl::Status fail_status_;
+  absl::flat_hash_set<std::string> capture_unsafe_;
 };
 
 }  // namespace sg

@@ -11,26 +11,9 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
+#include "stepgraph/dtype.h"
 
 namespace sg {
-
-// Storage types. Floating-point math always accumulates in f32; i32 holds token ids and
-// positions.
-enum class DType : uint8_t { kF32, kBF16, kF16, kI32 };
-
-constexpr int64_t DTypeBytes(DType t) {
-  switch (t) {
-    case DType::kF32:
-    case DType::kI32:
-      return 4;
-    case DType::kBF16:
-    case DType::kF16:
-      return 2;
-  }
-  return 0;
-}
-
-constexpr bool IsFloat(DType t) { return t != DType::kI32; }
 
 // "f32", "bf16", "f16", "i32".
 absl::string_view DTypeName(DType t);
