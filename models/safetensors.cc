@@ -1,0 +1,532 @@
+// Safetensors parsing and model folders. The header is untrusted input: every length and
+// offset is checked with overflow-safe arithmetic against the bytes actually mapped
+// before a span is formed, so a truncated or hostile file gives an error, never a read
+// out of bounds.
+#include "models/safetensors.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <limits>
+#include <sstream>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "models/config.h"
+#include "nlohmann/json.hpp"
+#include "stepgraph/status.h"
+
+namespace sg {
+namespace {
+
+using Json = nlohmann::json;
+
+// The reference writer caps headers at 100 MB; a larger length is corruption, and
+// refusing it keeps a hostile file from making the parser allocate without bound.
+constexpr uint64_t kMaxHeaderBytes = 100u << 20;
+
+std::string Render(const Json& v) {
+  std::string s = v.dump(-1, ' ', false, Json::error_handler_t::replace);
+  if (s.size() > 80) s = s.substr(0, 77) + "...";
+  return s;
+}
+
+// Storage dtypes stepgraph runs, by their safetensors names. Any other name is refused.
+bool DTypeFromSafetensors(const std::string& name, DType* out) {
+  if (name == "F32") *out = DType::kF32;
+  else if (name == "BF16") *out = DType::kBF16;
+  else if (name == "F16") *out = DType::kF16;
+  else if (name == "I32") *out = DType::kI32;
+  else return false;
+  return true;
+}
+
+absl::string_view SafetensorsDTypeName(DType t) {
+  switch (t) {
+    case DType::kF32:
+      return "F32";
+    case DType::kBF16:
+      return "BF16";
+    case DType::kF16:
+      return "F16";
+    case DType::kI32:
+      return "I32";
+  }
+  return "?";
+}
+
+// A non-negative JSON integer that fits int64, or false.
+bool NonNegativeInt(const Json& v, int64_t* out) {
+  if (v.is_number_unsigned()) {
+    const uint64_t u = v.get<uint64_t>();
+    if (u > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) return false;
+    *out = static_cast<int64_t>(u);
+    return true;
+  }
+  if (v.is_number_integer()) {
+    const int64_t i = v.get<int64_t>();
+    if (i < 0) return false;
+    *out = i;
+    return true;
+  }
+  return false;
+}
+
+absl::StatusOr<std::vector<SafetensorsTensor>> ParseChecked(absl::Span<const std::byte> file,
+                                                            absl::string_view source) {
+  auto error = [&](auto&&... parts) {
+    return absl::InvalidArgumentError(absl::StrCat(source, ": ", parts...));
+  };
+  if (file.size() < 8) {
+    return error("file is ", file.size(),
+                 " bytes, shorter than the 8-byte header length of a safetensors file");
+  }
+  uint64_t header_len = 0;
+  for (int i = 7; i >= 0; --i) {
+    header_len = (header_len << 8) | static_cast<uint8_t>(file[static_cast<size_t>(i)]);
+  }
+  const uint64_t after_len = file.size() - 8;
+  if (header_len > after_len) {
+    return error("header length ", header_len, " is larger than the ", after_len,
+                 " bytes that follow it");
+  }
+  if (header_len > kMaxHeaderBytes) {
+    return error("header length ", header_len, " exceeds the limit of ", kMaxHeaderBytes,
+                 " bytes");
+  }
+  const char* header_begin = reinterpret_cast<const char*>(file.data() + 8);
+  Json header;
+  try {
+    header = Json::parse(header_begin, header_begin + header_len);
+  } catch (const Json::parse_error& e) {
+    return error("invalid JSON header: ", e.what());
+  }
+  if (!header.is_object()) return error("header is not a JSON object");
+
+  const std::byte* data = file.data() + 8 + header_len;
+  const uint64_t data_size = after_len - header_len;
+
+  std::vector<SafetensorsTensor> tensors;
+  std::vector<std::pair<int64_t, int64_t>> ranges;  // parallel to tensors
+  for (auto it = header.begin(); it != header.end(); ++it) {
+    const std::string& name = it.key();
+    if (name == "__metadata__") continue;
+    auto bad = [&](auto&&... parts) { return error("tensor '", name, "': ", parts...); };
+    const Json& entry = it.value();
+    if (!entry.is_object()) return bad("entry is not an object: ", Render(entry));
+
+    auto dtype_it = entry.find("dtype");
+    if (dtype_it == entry.end()) return bad("missing field 'dtype'");
+    if (!dtype_it->is_string()) return bad("'dtype' is not a string: ", Render(*dtype_it));
+    SafetensorsTensor t;
+    t.name = name;
+    const std::string dtype_name = dtype_it->get<std::string>();
+    if (!DTypeFromSafetensors(dtype_name, &t.dtype)) {
+      return bad("unsupported dtype ", dtype_name, " (stepgraph reads F32, BF16, F16 and I32)");
+    }
+
+    auto shape_it = entry.find("shape");
+    if (shape_it == entry.end()) return bad("missing field 'shape'");
+    if (!shape_it->is_array()) return bad("'shape' is not a list: ", Render(*shape_it));
+    int64_t numel = 1;
+    for (const Json& d : *shape_it) {
+      int64_t dim = 0;
+      if (!NonNegativeInt(d, &dim)) {
+        return bad("shape ", Render(*shape_it), " has a negative or non-integer dimension");
+      }
+      t.shape.push_back(dim);
+      if (dim != 0 && numel > std::numeric_limits<int64_t>::max() / dim) {
+        return bad("shape ", Render(*shape_it), " has too many elements");
+      }
+      numel *= dim;
+    }
+    const int64_t elem = DTypeBytes(t.dtype);
+    if (numel > std::numeric_limits<int64_t>::max() / elem) {
+      return bad("shape ", Render(*shape_it), " has too many bytes");
+    }
+    const int64_t expected_bytes = numel * elem;
+
+    auto offsets_it = entry.find("data_offsets");
+    if (offsets_it == entry.end()) return bad("missing field 'data_offsets'");
+    int64_t begin = 0, end = 0;
+    if (!offsets_it->is_array() || offsets_it->size() != 2 ||
+        !NonNegativeInt((*offsets_it)[0], &begin) || !NonNegativeInt((*offsets_it)[1], &end)) {
+      return bad("'data_offsets' must be two non-negative integers, got ", Render(*offsets_it));
+    }
+    if (end < begin) return bad("data_offsets [", begin, ", ", end, "] end before they begin");
+    if (static_cast<uint64_t>(end) > data_size) {
+      return bad("data_offsets [", begin, ", ", end, "] run past the data section of ",
+                 data_size, " bytes");
+    }
+    if (end - begin != expected_bytes) {
+      return bad("data_offsets [", begin, ", ", end, "] hold ", end - begin, " bytes but ",
+                 dtype_name, " ", Render(*shape_it), " needs ", expected_bytes);
+    }
+    t.data = absl::Span<const std::byte>(data + begin, static_cast<size_t>(end - begin));
+    tensors.push_back(std::move(t));
+    ranges.emplace_back(begin, end);
+  }
+
+  // Data order; then any two neighbours with bytes must not overlap.
+  std::vector<size_t> order(tensors.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return ranges[a] < ranges[b]; });
+  const size_t kNone = std::numeric_limits<size_t>::max();
+  size_t last = kNone;  // the tensor with bytes that ends furthest so far
+  for (size_t i : order) {
+    if (ranges[i].first == ranges[i].second) continue;  // empty tensors hold no bytes
+    if (last != kNone && ranges[i].first < ranges[last].second) {
+      return error("tensors '", tensors[last].name, "' [", ranges[last].first, ", ",
+                   ranges[last].second, ") and '", tensors[i].name, "' [", ranges[i].first, ", ",
+                   ranges[i].second, ") overlap");
+    }
+    if (last == kNone || ranges[i].second > ranges[last].second) last = i;
+  }
+  std::vector<SafetensorsTensor> sorted;
+  sorted.reserve(tensors.size());
+  for (size_t i : order) sorted.push_back(std::move(tensors[i]));
+  return sorted;
+}
+
+absl::Status ErrnoError(int err, absl::string_view what, const std::string& path) {
+  return absl::ErrnoToStatus(err, absl::StrCat(what, " ", path));
+}
+
+std::string JoinPath(const std::string& dir, absl::string_view name) {
+  if (dir.empty()) return std::string(name);
+  if (dir.back() == '/') return absl::StrCat(dir, name);
+  return absl::StrCat(dir, "/", name);
+}
+
+bool FileExists(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0;
+}
+
+}  // namespace
+
+// ---- MappedFile ----
+
+absl::StatusOr<MappedFile> MappedFile::Open(const std::string& path) {
+  // O_NONBLOCK so that a FIFO given by mistake is refused below instead of blocking the
+  // open; it changes nothing for regular files.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) return ErrnoError(errno, "cannot open", path);
+  struct stat st;
+  if (::fstat(fd, &st) != 0) {
+    const int err = errno;
+    ::close(fd);
+    return ErrnoError(err, "cannot stat", path);
+  }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return absl::InvalidArgumentError(absl::StrCat(path, " is not a regular file"));
+  }
+  MappedFile f;
+  f.path_ = path;
+  f.size_ = static_cast<size_t>(st.st_size);
+  if (f.size_ > 0) {
+    void* p = ::mmap(nullptr, f.size_, PROT_READ, MAP_PRIVATE, fd, 0);
+    if (p == MAP_FAILED) {
+      const int err = errno;
+      ::close(fd);
+      f.size_ = 0;
+      return ErrnoError(err, "cannot map", path);
+    }
+    f.data_ = static_cast<const std::byte*>(p);
+  }
+  // The mapping keeps the file alive; the descriptor is no longer needed.
+  ::close(fd);
+  return f;
+}
+
+MappedFile::MappedFile(MappedFile&& other) noexcept
+    : data_(std::exchange(other.data_, nullptr)),
+      size_(std::exchange(other.size_, 0)),
+      path_(std::move(other.path_)) {}
+
+MappedFile& MappedFile::operator=(MappedFile&& other) noexcept {
+  if (this != &other) {
+    Reset();
+    data_ = std::exchange(other.data_, nullptr);
+    size_ = std::exchange(other.size_, 0);
+    path_ = std::move(other.path_);
+  }
+  return *this;
+}
+
+MappedFile::~MappedFile() { Reset(); }
+
+void MappedFile::Reset() noexcept {
+  if (data_ != nullptr) {
+    // munmap of a mapping we made with its own size cannot fail short of a bug; there is
+    // nothing a destructor could do about it, so it is ignored.
+    ::munmap(const_cast<std::byte*>(data_), size_);
+  }
+  data_ = nullptr;
+  size_ = 0;
+}
+
+// ---- SafetensorsTensor ----
+
+int64_t SafetensorsTensor::NumElements() const {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+std::string SafetensorsTensor::ShapeString() const {
+  return absl::StrCat("[", absl::StrJoin(shape, ","), "]");
+}
+
+// ---- parsing ----
+
+absl::StatusOr<std::vector<SafetensorsTensor>> ParseSafetensors(absl::Span<const std::byte> file,
+                                                                absl::string_view source) {
+  try {
+    return ParseChecked(file, source);
+  } catch (const std::exception& e) {
+    // Only allocation failure can get here; keep it from crossing the API.
+    return absl::ResourceExhaustedError(absl::StrCat(source, ": ", e.what()));
+  }
+}
+
+SafetensorsFile::SafetensorsFile(MappedFile file, std::vector<SafetensorsTensor> tensors)
+    : file_(std::move(file)), tensors_(std::move(tensors)) {
+  for (size_t i = 0; i < tensors_.size(); ++i) index_.emplace(tensors_[i].name, i);
+}
+
+absl::StatusOr<SafetensorsFile> SafetensorsFile::Open(const std::string& path) {
+  SG_ASSIGN_OR_RETURN(MappedFile mapped, MappedFile::Open(path));
+  SG_ASSIGN_OR_RETURN(std::vector<SafetensorsTensor> tensors,
+                      ParseSafetensors(mapped.bytes(), path));
+  // The spans point into the mapping, whose address a move does not change.
+  return SafetensorsFile(std::move(mapped), std::move(tensors));
+}
+
+const SafetensorsTensor* SafetensorsFile::Find(absl::string_view name) const {
+  auto it = index_.find(name);
+  return it == index_.end() ? nullptr : &tensors_[it->second];
+}
+
+// ---- ModelWeights ----
+
+absl::Status ModelWeights::IndexFile(size_t file) {
+  const SafetensorsFile& f = files_[file];
+  for (size_t i = 0; i < f.tensors().size(); ++i) {
+    const std::string& name = f.tensors()[i].name;
+    auto [it, inserted] = index_.emplace(name, std::make_pair(file, i));
+    if (!inserted) {
+      return absl::InvalidArgumentError(absl::StrCat("tensor '", name, "' is stored twice: in ",
+                                                     files_[it->second.first].path(), " and in ",
+                                                     f.path()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+ModelWeights::Entry ModelWeights::Find(absl::string_view name) const {
+  auto it = index_.find(name);
+  if (it == index_.end()) return {nullptr, nullptr};
+  const SafetensorsFile& f = files_[it->second.first];
+  return {&f.tensors()[it->second.second], &f};
+}
+
+namespace {
+
+// The weight_map of an index file: tensor name -> shard file name.
+absl::StatusOr<std::vector<std::pair<std::string, std::string>>> ReadIndex(
+    const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot open ", path));
+  std::ostringstream text;
+  text << in.rdbuf();
+  Json index;
+  try {
+    index = Json::parse(text.str());
+  } catch (const Json::parse_error& e) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": invalid JSON: ", e.what()));
+  }
+  if (!index.is_object()) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": expected a JSON object"));
+  }
+  auto map_it = index.find("weight_map");
+  if (map_it == index.end() || !map_it->is_object()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": missing 'weight_map' object (tensor name -> file)"));
+  }
+  std::vector<std::pair<std::string, std::string>> out;
+  for (auto it = map_it->begin(); it != map_it->end(); ++it) {
+    if (!it->is_string()) {
+      return absl::InvalidArgumentError(absl::StrCat(path, ": weight_map entry '", it.key(),
+                                                     "' is not a file name: ", Render(*it)));
+    }
+    const std::string file = it->get<std::string>();
+    // Shards live beside the index; anything else would let an index reach other files.
+    if (file.empty() || file.find('/') != std::string::npos || file == "." || file == "..") {
+      return absl::InvalidArgumentError(absl::StrCat(
+          path, ": weight_map entry '", it.key(), "' names '", file,
+          "', which is not a plain file name in the model folder"));
+    }
+    out.emplace_back(it.key(), file);
+  }
+  if (out.empty()) return absl::InvalidArgumentError(absl::StrCat(path, ": empty weight_map"));
+  return out;
+}
+
+}  // namespace
+
+absl::StatusOr<ModelWeights> ModelWeights::Open(const std::string& model_dir) {
+  try {
+    ModelWeights w;
+    w.dir_ = model_dir;
+    SG_ASSIGN_OR_RETURN(w.config_, LoadLlamaConfig(JoinPath(model_dir, "config.json")));
+
+    const std::string single = JoinPath(model_dir, "model.safetensors");
+    const std::string index_path = JoinPath(model_dir, "model.safetensors.index.json");
+    if (FileExists(single)) {
+      SG_ASSIGN_OR_RETURN(SafetensorsFile f, SafetensorsFile::Open(single));
+      w.files_.push_back(std::move(f));
+      SG_RETURN_IF_ERROR(w.IndexFile(0));
+      return w;
+    }
+    if (!FileExists(index_path)) {
+      return absl::NotFoundError(absl::StrCat("no weights in ", model_dir,
+                                              ": neither model.safetensors nor "
+                                              "model.safetensors.index.json exists"));
+    }
+    SG_ASSIGN_OR_RETURN(auto weight_map, ReadIndex(index_path));
+    absl::flat_hash_map<std::string, size_t> file_by_name;
+    for (const auto& [tensor, file] : weight_map) {
+      if (file_by_name.contains(file)) continue;
+      const std::string shard = JoinPath(model_dir, file);
+      absl::StatusOr<SafetensorsFile> f = SafetensorsFile::Open(shard);
+      if (!f.ok()) {
+        return absl::Status(f.status().code(),
+                            absl::StrCat(index_path, " lists '", file, "' for tensor '", tensor,
+                                         "': ", f.status().message()));
+      }
+      file_by_name.emplace(file, w.files_.size());
+      w.files_.push_back(*std::move(f));
+    }
+    for (size_t i = 0; i < w.files_.size(); ++i) SG_RETURN_IF_ERROR(w.IndexFile(i));
+    absl::flat_hash_map<absl::string_view, size_t> listed;
+    for (const auto& [tensor, file] : weight_map) {
+      const Entry e = w.Find(tensor);
+      const SafetensorsFile& expected = w.files_[file_by_name.at(file)];
+      if (e.tensor == nullptr || e.file != &expected) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            index_path, ": tensor '", tensor, "' is listed in ", file, " but ",
+            e.tensor == nullptr ? "no shard has it" : absl::StrCat("is in ", e.file->path())));
+      }
+      listed.emplace(tensor, 0);
+    }
+    for (const SafetensorsFile& f : w.files_) {
+      for (const SafetensorsTensor& t : f.tensors()) {
+        if (!listed.contains(t.name)) {
+          return absl::InvalidArgumentError(absl::StrCat("tensor '", t.name, "' in ", f.path(),
+                                                         " is not listed in ", index_path));
+        }
+      }
+    }
+    return w;
+  } catch (const std::exception& e) {
+    return absl::ResourceExhaustedError(absl::StrCat(model_dir, ": ", e.what()));
+  }
+}
+
+// ---- checks against a graph ----
+
+namespace {
+
+bool IsRotaryBuffer(absl::string_view name) {
+  constexpr absl::string_view kSuffix = ".rotary_emb.inv_freq";
+  return name.size() >= kSuffix.size() && name.substr(name.size() - kSuffix.size()) == kSuffix;
+}
+
+}  // namespace
+
+absl::Status CheckWeightsAgainstGraph(const ModelWeights& weights, const Graph& graph) {
+  absl::flat_hash_map<absl::string_view, int32_t> graph_weights;
+  for (int32_t i = 0; i < graph.num_tensors(); ++i) {
+    const Tensor& t = graph.tensors()[i];
+    if (t.kind != TensorKind::kWeight) continue;
+    graph_weights.emplace(t.name, i);
+    const ModelWeights::Entry e = weights.Find(t.name);
+    if (e.tensor == nullptr) {
+      return absl::NotFoundError(absl::StrCat("tensor '", t.name, "' (", DTypeName(t.dtype), " ",
+                                              t.shape.ToString(), ") is needed by the graph but ",
+                                              "not stored in ", weights.dir()));
+    }
+    if (e.tensor->dtype != t.dtype) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tensor '", t.name, "' in ", e.file->path(), " is ",
+          SafetensorsDTypeName(e.tensor->dtype), " but the graph needs ", DTypeName(t.dtype),
+          " (config dtype)"));
+    }
+    if (absl::Span<const int64_t>(e.tensor->shape) != t.shape.dims()) {
+      return absl::InvalidArgumentError(absl::StrCat("tensor '", t.name, "' in ", e.file->path(),
+                                                     " has shape ", e.tensor->ShapeString(),
+                                                     " but the graph needs ", t.shape.ToString()));
+    }
+  }
+
+  const ModelWeights::Entry embed = weights.Find("model.embed_tokens.weight");
+  std::vector<std::string> extra;
+  std::string first_file;
+  for (const SafetensorsFile& f : weights.files()) {
+    for (const SafetensorsTensor& t : f.tensors()) {
+      if (graph_weights.contains(t.name) || IsRotaryBuffer(t.name)) continue;
+      if (t.name == "lm_head.weight" && weights.config().tie_word_embeddings &&
+          embed.tensor != nullptr && t.shape == embed.tensor->shape) {
+        continue;  // the stored copy of the tied embedding
+      }
+      if (extra.empty()) first_file = f.path();
+      extra.push_back(t.name);
+    }
+  }
+  if (!extra.empty()) {
+    std::string more;
+    if (extra.size() > 1) {
+      more = absl::StrCat(" (and ", extra.size() - 1, " more: ",
+                          absl::StrJoin(extra.begin() + 1,
+                                        extra.begin() + std::min<size_t>(extra.size(), 6), ", "),
+                          extra.size() > 6 ? ", ..." : "", ")");
+    }
+    return absl::InvalidArgumentError(absl::StrCat(
+        "extra tensor '", extra[0], "' in ", first_file,
+        " is not used by the graph; the config does not describe this model", more));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status BindMappedWeights(const ModelWeights& weights, const Graph& graph,
+                               Bindings& bindings) {
+  SG_RETURN_IF_ERROR(CheckWeightsAgainstGraph(weights, graph));
+  for (int32_t i = 0; i < graph.num_tensors(); ++i) {
+    const Tensor& t = graph.tensors()[i];
+    if (t.kind != TensorKind::kWeight) continue;
+    const ModelWeights::Entry e = weights.Find(t.name);
+    const auto address = reinterpret_cast<uintptr_t>(e.tensor->data.data());
+    if (address % static_cast<uintptr_t>(DTypeBytes(t.dtype)) != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tensor '", t.name, "' in ", e.file->path(), " is not aligned to its ",
+          DTypeBytes(t.dtype), "-byte elements and cannot be read in place"));
+    }
+    // Bindings take a mutable pointer for States and Inputs; Weights are never written,
+    // and the mapping is read only, so a bug would fault rather than corrupt the file.
+    SG_RETURN_IF_ERROR(bindings.Bind(graph.id(i),
+                                     const_cast<std::byte*>(e.tensor->data.data()),
+                                     static_cast<int64_t>(e.tensor->data.size())));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace sg

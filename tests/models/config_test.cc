@@ -1,0 +1,392 @@
+// config.json parsing: the legacy and the rope_parameters forms, defaults, and every
+// refusal (unsupported values, unknown fields, wrong types, missing fields), each of which
+// must name the field and the value so that a user can act on it.
+#include "models/config.h"
+
+#include <stdlib.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <initializer_list>
+#include <string>
+
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+
+namespace sg {
+namespace {
+
+using Json = nlohmann::json;
+
+// Llama-3.2-1B's config.json as older writers save it (legacy RoPE fields).
+Json LegacyLlama32Config() {
+  return Json::parse(R"({
+    "architectures": ["LlamaForCausalLM"],
+    "attention_bias": false,
+    "attention_dropout": 0.0,
+    "bos_token_id": 128000,
+    "eos_token_id": [128001, 128008, 128009],
+    "head_dim": 64,
+    "hidden_act": "silu",
+    "hidden_size": 2048,
+    "initializer_range": 0.02,
+    "intermediate_size": 8192,
+    "max_position_embeddings": 131072,
+    "mlp_bias": false,
+    "model_type": "llama",
+    "num_attention_heads": 32,
+    "num_hidden_layers": 16,
+    "num_key_value_heads": 8,
+    "pretraining_tp": 1,
+    "rms_norm_eps": 1e-05,
+    "rope_scaling": {
+      "factor": 32.0,
+      "high_freq_factor": 4.0,
+      "low_freq_factor": 1.0,
+      "original_max_position_embeddings": 8192,
+      "rope_type": "llama3"
+    },
+    "rope_theta": 500000.0,
+    "tie_word_embeddings": true,
+    "torch_dtype": "bfloat16",
+    "transformers_version": "4.45.0.dev0",
+    "use_cache": true,
+    "vocab_size": 128256
+  })");
+}
+
+// The same model as newer writers save it: "dtype" and one "rope_parameters" object.
+Json RopeParametersConfig() {
+  Json j = LegacyLlama32Config();
+  j.erase("rope_scaling");
+  j.erase("rope_theta");
+  j.erase("torch_dtype");
+  j["dtype"] = "bfloat16";
+  j["pad_token_id"] = nullptr;
+  j["rope_parameters"] = Json::parse(R"({
+    "factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+    "original_max_position_embeddings": 8192, "rope_theta": 500000.0, "rope_type": "llama3"
+  })");
+  return j;
+}
+
+// A small config with only the fields every writer includes.
+Json MinimalConfig() {
+  return Json::parse(R"({
+    "hidden_size": 64, "intermediate_size": 160, "num_hidden_layers": 2,
+    "num_attention_heads": 4, "vocab_size": 256
+  })");
+}
+
+absl::StatusOr<LlamaConfig> Parse(const Json& j) { return ParseLlamaConfig(j.dump(), "cfg.json"); }
+
+// The status is InvalidArgument and its message holds the source and every fragment.
+void ExpectInvalid(const absl::StatusOr<LlamaConfig>& r,
+                   std::initializer_list<std::string> fragments) {
+  ASSERT_FALSE(r.ok()) << "parsed although it should not";
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
+  const std::string msg(r.status().message());
+  EXPECT_NE(msg.find("cfg.json"), std::string::npos) << msg;
+  for (const std::string& f : fragments) {
+    EXPECT_NE(msg.find(f), std::string::npos) << "'" << f << "' not in: " << msg;
+  }
+}
+
+void ExpectLlama32(const LlamaConfig& c) {
+  EXPECT_EQ(c.hidden_size, 2048);
+  EXPECT_EQ(c.intermediate_size, 8192);
+  EXPECT_EQ(c.num_hidden_layers, 16);
+  EXPECT_EQ(c.num_attention_heads, 32);
+  EXPECT_EQ(c.num_key_value_heads, 8);
+  EXPECT_EQ(c.head_dim, 64);
+  EXPECT_FLOAT_EQ(c.rms_norm_eps, 1e-5f);
+  EXPECT_FLOAT_EQ(c.rope_theta, 500000.0f);
+  EXPECT_EQ(c.rope_scaling.type, ops::RopeScaling::Type::kLlama3);
+  EXPECT_FLOAT_EQ(c.rope_scaling.factor, 32.0f);
+  EXPECT_FLOAT_EQ(c.rope_scaling.low_freq_factor, 1.0f);
+  EXPECT_FLOAT_EQ(c.rope_scaling.high_freq_factor, 4.0f);
+  EXPECT_EQ(c.rope_scaling.original_max_position, 8192);
+  EXPECT_EQ(c.vocab_size, 128256);
+  EXPECT_EQ(c.max_position_embeddings, 131072);
+  EXPECT_TRUE(c.tie_word_embeddings);
+  EXPECT_FALSE(c.attention_bias);
+  EXPECT_FALSE(c.mlp_bias);
+  EXPECT_EQ(c.dtype, DType::kBF16);
+}
+
+TEST(ConfigTest, ParsesLegacyLlama3Config) {
+  absl::StatusOr<LlamaConfig> c = Parse(LegacyLlama32Config());
+  ASSERT_TRUE(c.ok()) << c.status();
+  ExpectLlama32(*c);
+}
+
+TEST(ConfigTest, ParsesRopeParametersForm) {
+  absl::StatusOr<LlamaConfig> c = Parse(RopeParametersConfig());
+  ASSERT_TRUE(c.ok()) << c.status();
+  ExpectLlama32(*c);
+}
+
+TEST(ConfigTest, BothRopeFormsMustAgree) {
+  Json j = RopeParametersConfig();
+  j["rope_theta"] = 500000.0;
+  j["rope_scaling"] = LegacyLlama32Config()["rope_scaling"];
+  ASSERT_TRUE(Parse(j).ok()) << Parse(j).status();
+
+  Json theta = j;
+  theta["rope_theta"] = 10000.0;
+  ExpectInvalid(Parse(theta), {"rope_theta", "10000", "contradicts"});
+
+  Json scaling = j;
+  scaling["rope_scaling"]["factor"] = 8.0;
+  ExpectInvalid(Parse(scaling), {"rope_scaling", "contradicts"});
+}
+
+TEST(ConfigTest, DefaultRopeTypeMeansNoScaling) {
+  Json j = MinimalConfig();
+  j["rope_parameters"] = {{"rope_theta", 10000.0}, {"rope_type", "default"}};
+  absl::StatusOr<LlamaConfig> c = Parse(j);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->rope_scaling.type, ops::RopeScaling::Type::kNone);
+  EXPECT_FLOAT_EQ(c->rope_theta, 10000.0f);
+
+  Json legacy = MinimalConfig();
+  legacy["rope_theta"] = 250000;  // an integer is a valid number
+  legacy["rope_scaling"] = {{"type", "default"}};
+  c = Parse(legacy);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->rope_scaling.type, ops::RopeScaling::Type::kNone);
+  EXPECT_FLOAT_EQ(c->rope_theta, 250000.0f);
+}
+
+TEST(ConfigTest, LegacyTypeKeyIsAccepted) {
+  Json j = LegacyLlama32Config();
+  j["rope_scaling"].erase("rope_type");
+  j["rope_scaling"]["type"] = "llama3";
+  absl::StatusOr<LlamaConfig> c = Parse(j);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->rope_scaling.type, ops::RopeScaling::Type::kLlama3);
+
+  j["rope_scaling"]["rope_type"] = "linear";
+  ExpectInvalid(Parse(j), {"rope_scaling.type", "contradicts", "linear"});
+}
+
+TEST(ConfigTest, DefaultsFollowTheReference) {
+  absl::StatusOr<LlamaConfig> c = Parse(MinimalConfig());
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->num_key_value_heads, 4);  // = num_attention_heads
+  EXPECT_EQ(c->head_dim, 16);            // = hidden_size / num_attention_heads
+  EXPECT_EQ(c->max_position_embeddings, 2048);
+  EXPECT_FLOAT_EQ(c->rms_norm_eps, 1e-6f);
+  EXPECT_FLOAT_EQ(c->rope_theta, 10000.0f);
+  EXPECT_EQ(c->rope_scaling.type, ops::RopeScaling::Type::kNone);
+  EXPECT_FALSE(c->tie_word_embeddings);
+  EXPECT_EQ(c->dtype, DType::kF32);
+
+  // null means "not given" for optional fields.
+  Json j = MinimalConfig();
+  j["head_dim"] = nullptr;
+  j["num_key_value_heads"] = nullptr;
+  j["rope_scaling"] = nullptr;
+  c = Parse(j);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->head_dim, 16);
+  EXPECT_EQ(c->num_key_value_heads, 4);
+
+  // An explicit head_dim wins over hidden_size / heads.
+  j["head_dim"] = 32;
+  c = Parse(j);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->head_dim, 32);
+}
+
+TEST(ConfigTest, DTypes) {
+  for (auto [name, dtype] : {std::pair<const char*, DType>{"float32", DType::kF32},
+                             {"bfloat16", DType::kBF16},
+                             {"float16", DType::kF16}}) {
+    Json a = MinimalConfig();
+    a["torch_dtype"] = name;
+    absl::StatusOr<LlamaConfig> c = Parse(a);
+    ASSERT_TRUE(c.ok()) << c.status();
+    EXPECT_EQ(c->dtype, dtype) << name;
+    Json b = MinimalConfig();
+    b["dtype"] = name;
+    c = Parse(b);
+    ASSERT_TRUE(c.ok()) << c.status();
+    EXPECT_EQ(c->dtype, dtype) << name;
+  }
+  for (const char* bad : {"float64", "int8", "float8_e4m3fn"}) {
+    Json j = MinimalConfig();
+    j["torch_dtype"] = bad;
+    ExpectInvalid(Parse(j), {"torch_dtype", bad, "unsupported"});
+  }
+  Json both = MinimalConfig();
+  both["torch_dtype"] = "float32";
+  both["dtype"] = "bfloat16";
+  ExpectInvalid(Parse(both), {"dtype", "bfloat16", "float32", "contradicts"});
+}
+
+TEST(ConfigTest, UnsupportedRopeTypes) {
+  for (const char* type : {"linear", "dynamic", "yarn", "longrope"}) {
+    Json legacy = LegacyLlama32Config();
+    legacy["rope_scaling"] = {{"rope_type", type}, {"factor", 2.0}};
+    ExpectInvalid(Parse(legacy), {"rope_scaling.rope_type", type, "unsupported"});
+
+    Json params = RopeParametersConfig();
+    params["rope_parameters"] = {{"rope_type", type}, {"factor", 2.0}, {"rope_theta", 1e4}};
+    ExpectInvalid(Parse(params), {"rope_parameters.rope_type", type, "unsupported"});
+  }
+  Json partial = RopeParametersConfig();
+  partial["rope_parameters"]["partial_rotary_factor"] = 0.5;
+  ExpectInvalid(Parse(partial), {"rope_parameters.partial_rotary_factor", "0.5"});
+}
+
+TEST(ConfigTest, Llama3ScalingNeedsAllItsFields) {
+  for (const char* field :
+       {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"}) {
+    Json j = LegacyLlama32Config();
+    j["rope_scaling"].erase(field);
+    ExpectInvalid(Parse(j), {std::string("rope_scaling.") + field, "missing"});
+  }
+  Json no_type = LegacyLlama32Config();
+  no_type["rope_scaling"].erase("rope_type");
+  ExpectInvalid(Parse(no_type), {"rope_scaling.rope_type", "missing"});
+
+  Json inverted = LegacyLlama32Config();
+  inverted["rope_scaling"]["high_freq_factor"] = 0.5;
+  ExpectInvalid(Parse(inverted), {"rope_scaling.high_freq_factor", "0.5"});
+
+  Json unknown = LegacyLlama32Config();
+  unknown["rope_scaling"]["attention_factor"] = 1.0;
+  ExpectInvalid(Parse(unknown), {"rope_scaling.attention_factor", "unknown field"});
+}
+
+TEST(ConfigTest, UnsupportedValues) {
+  struct Case {
+    const char* field;
+    Json value;
+    const char* shown;
+  };
+  for (const Case& c : {Case{"hidden_act", "gelu", "gelu"},
+                        Case{"pretraining_tp", 2, "2"},
+                        Case{"model_type", "mistral", "mistral"},
+                        Case{"architectures", Json::array({"MistralForCausalLM"}),
+                             "MistralForCausalLM"},
+                        Case{"architectures", Json::array(), "[]"}}) {
+    Json j = LegacyLlama32Config();
+    j[c.field] = c.value;
+    ExpectInvalid(Parse(j), {c.field, c.shown});
+  }
+}
+
+TEST(ConfigTest, UnknownFieldIsNamed) {
+  for (const char* field : {"quantization_config", "sliding_window", "use_sliding_window"}) {
+    Json j = LegacyLlama32Config();
+    j[field] = 4096;
+    ExpectInvalid(Parse(j), {field, "unknown field"});
+  }
+  // Fields known to be harmless are ignored, whatever their value, and so is any field
+  // that is null ("not set").
+  Json j = LegacyLlama32Config();
+  j["quantization_config"] = nullptr;
+  j["_name_or_path"] = "meta-llama/Llama-3.2-1B";
+  j["output_attentions"] = false;
+  j["pad_token_id"] = 0;
+  j["id2label"] = {{"0", "LABEL_0"}};
+  EXPECT_TRUE(Parse(j).ok()) << Parse(j).status();
+}
+
+TEST(ConfigTest, ConvertedCheckpointMarkers) {
+  // Keys that converted checkpoints of small Llama-family models carry.
+  Json j = LegacyLlama32Config();
+  j["is_llama_config"] = true;
+  j["rope_interleaved"] = false;
+  EXPECT_TRUE(Parse(j).ok()) << Parse(j).status();
+  j["rope_interleaved"] = true;
+  ExpectInvalid(Parse(j), {"rope_interleaved", "true"});
+}
+
+TEST(ConfigTest, WrongTypes) {
+  struct Case {
+    const char* field;
+    Json value;
+    const char* expected;
+  };
+  for (const Case& c : {Case{"hidden_size", "2048", "integer"},
+                        Case{"num_hidden_layers", 16.5, "integer"},
+                        Case{"rms_norm_eps", "1e-5", "number"},
+                        Case{"rope_theta", true, "number"},
+                        Case{"tie_word_embeddings", "true", "true or false"},
+                        Case{"attention_bias", 0, "true or false"},
+                        Case{"hidden_act", 1, "string"},
+                        Case{"torch_dtype", Json::array({"bfloat16"}), "string"},
+                        Case{"rope_scaling", 8, "object"},
+                        Case{"architectures", "LlamaForCausalLM", "list"}}) {
+    Json j = LegacyLlama32Config();
+    j[c.field] = c.value;
+    ExpectInvalid(Parse(j), {c.field, c.expected});
+  }
+  Json nested = LegacyLlama32Config();
+  nested["rope_scaling"]["factor"] = "32";
+  ExpectInvalid(Parse(nested), {"rope_scaling.factor", "number"});
+}
+
+TEST(ConfigTest, MissingRequiredField) {
+  for (const char* field : {"hidden_size", "intermediate_size", "num_hidden_layers",
+                            "num_attention_heads", "vocab_size"}) {
+    Json j = LegacyLlama32Config();
+    j.erase(field);
+    ExpectInvalid(Parse(j), {field, "missing"});
+    Json null = LegacyLlama32Config();
+    null[field] = nullptr;
+    ExpectInvalid(Parse(null), {field, "missing"});
+  }
+}
+
+TEST(ConfigTest, InconsistentValuesAreRefused) {
+  Json gqa = MinimalConfig();
+  gqa["num_key_value_heads"] = 3;
+  ExpectInvalid(Parse(gqa), {"num_attention_heads", "num_key_value_heads"});
+
+  Json negative = MinimalConfig();
+  negative["num_hidden_layers"] = -2;
+  ExpectInvalid(Parse(negative), {"num_hidden_layers", "-2"});
+
+  Json odd = MinimalConfig();
+  odd["head_dim"] = 15;
+  ExpectInvalid(Parse(odd), {"head_dim", "15"});
+
+  Json indivisible = MinimalConfig();
+  indivisible["hidden_size"] = 66;
+  ExpectInvalid(Parse(indivisible), {"head_dim", "66"});
+
+  Json huge = MinimalConfig();
+  huge["rope_theta"] = 1e300;
+  ExpectInvalid(Parse(huge), {"rope_theta", "float"});
+}
+
+TEST(ConfigTest, MalformedJson) {
+  ExpectInvalid(ParseLlamaConfig("{\"hidden_size\": 64,", "cfg.json"), {"invalid JSON"});
+  ExpectInvalid(ParseLlamaConfig("", "cfg.json"), {"invalid JSON"});
+  ExpectInvalid(ParseLlamaConfig("[1, 2]", "cfg.json"), {"object"});
+  ExpectInvalid(ParseLlamaConfig("{\"hidden_size\": 64} trailing", "cfg.json"), {"invalid JSON"});
+}
+
+TEST(ConfigTest, LoadsFromFile) {
+  std::string tmpl = (std::filesystem::temp_directory_path() / "sg_config_test_XXXXXX").string();
+  ASSERT_NE(::mkdtemp(tmpl.data()), nullptr);
+  const std::filesystem::path dir = tmpl;
+  const std::string path = (dir / "config.json").string();
+  std::ofstream(path) << LegacyLlama32Config().dump(2);
+  absl::StatusOr<LlamaConfig> c = LoadLlamaConfig(path);
+  ASSERT_TRUE(c.ok()) << c.status();
+  ExpectLlama32(*c);
+
+  absl::StatusOr<LlamaConfig> missing = LoadLlamaConfig((dir / "absent.json").string());
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound) << missing.status();
+  EXPECT_NE(missing.status().message().find("absent.json"), std::string::npos);
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace sg
