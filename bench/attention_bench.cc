@@ -1,0 +1,419 @@
+// Benchmarks of decode attention, Argmax and Sample at Llama-3.2-1B shapes (32 heads, 8 kv
+// heads, head dim 64, vocab 128256, bf16), M = 1 and 8, run through CudaDispatch exactly
+// as a step runs them, plus sweeps that call the launchers directly: attention at fixed
+// chunk counts (to tune ChooseAttentionChunks) and argmax at one block per row.
+//
+// How it measures. A case captures a CUDA graph of several launches of its node, each on
+// its own buffers, together larger than two L2s where memory allows, so that the K/V
+// bytes come from DRAM; it times replays with CUDA events (UseManualTime; one iteration is
+// one launch) and the table reports the median. Bytes are what a launch must move: for
+// attention the K and V rows 0..pos actually read plus q and the output; for Argmax and
+// Sample the logits once. The ceiling is a 1 GiB device-to-device cudaMemcpyAsync in the
+// same run, counted as bytes read plus written; `of_copy` is GB/s over it.
+#include <benchmark/benchmark.h>
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "dispatch/cuda/cuda_handles.h"
+#include "dispatch/cuda/cuda_status.h"
+#include "kernels/attention.cuh"
+#include "kernels/sampling.cuh"
+#include "stepgraph/builder.h"
+#include "stepgraph/cuda_dispatch.h"
+#include "stepgraph/executor.h"
+#include "stepgraph/half.h"
+#include "stepgraph/plan.h"
+#include "stepgraph/status.h"
+
+namespace sg {
+namespace {
+
+constexpr int64_t kHeads = 32;
+constexpr int64_t kKvHeads = 8;
+constexpr int64_t kHeadDim = 64;
+constexpr int64_t kVocab = 128256;
+constexpr int kIterations = 30;   // timed replays per case
+constexpr int kMaxLaunches = 512;  // launches per replayed graph, at most
+constexpr int64_t kCopyBytes = int64_t{1} << 30;
+
+struct Result {
+  std::string kernel, shape;
+  double us = 0, gbps = 0, of_copy = 0;
+};
+
+struct Context {
+  UniqueStream stream;
+  std::unique_ptr<CudaDispatch> dispatch;
+  int sm_count = 0;
+  int64_t l2_bytes = 0;
+  double copy_gbps = 0;
+  std::vector<Result> results;
+};
+Context* g = nullptr;
+
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+void Record(const Result& r) {
+  for (Result& old : g->results) {
+    if (old.kernel == r.kernel && old.shape == r.shape) {
+      old = r;
+      return;
+    }
+  }
+  g->results.push_back(r);
+}
+
+// Random bf16 values uniform in [-range, range) (never zeros), or i32 values `fill`.
+absl::StatusOr<DeviceMemory> Upload(DType dtype, int64_t count, uint64_t seed, float range,
+                                    int32_t fill = 0) {
+  std::vector<uint16_t> half;
+  std::vector<int32_t> ints;
+  const void* src = nullptr;
+  if (dtype == DType::kI32) {
+    ints.assign(count, fill);
+    src = ints.data();
+  } else {
+    half.resize(count);
+    uint64_t s = seed * 0x9E3779B97F4A7C15ull + 1;
+    for (int64_t i = 0; i < count; ++i) {
+      s ^= s >> 12;
+      s ^= s << 25;
+      s ^= s >> 27;
+      const float u = (static_cast<float>((s * 0x2545F4914F6CDD1Dull) >> 40) / 16777216.0f * 2 - 1) * range;
+      half[i] = FloatToBF16(u == 0.0f ? 0.5f * range : u);
+    }
+    src = half.data();
+  }
+  const int64_t bytes = count * DTypeBytes(dtype);
+  SG_ASSIGN_OR_RETURN(DeviceMemory m, AllocateDevice(bytes, "attention_bench buffer"));
+  SG_RETURN_IF_ERROR(ToStatus(cudaMemcpy(m.get(), src, bytes, cudaMemcpyHostToDevice), "cudaMemcpy"));
+  return m;
+}
+
+// Copies that together exceed two L2s (at least 2, at most kMaxLaunches) of `bytes` each.
+int Copies(int64_t bytes) {
+  const int64_t want = (2 * g->l2_bytes + bytes - 1) / std::max<int64_t>(bytes, 1);
+  return static_cast<int>(std::clamp<int64_t>(want, 2, kMaxLaunches));
+}
+
+// Captures `launch(i)` for i < n into one graph, replays it kIterations times and records
+// the median time per launch.
+absl::Status TimeCaptured(benchmark::State& state, int n, const std::function<absl::Status(int)>& launch,
+                          const std::string& kernel, const std::string& shape, double bytes) {
+  cudaStream_t stream = g->stream.get();
+  SG_RETURN_IF_ERROR(ToStatus(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal),
+                              "cudaStreamBeginCapture"));
+  absl::Status captured = absl::OkStatus();
+  for (int i = 0; i < n && captured.ok(); ++i) captured = launch(i);
+  cudaGraph_t raw = nullptr;
+  const cudaError_t ended = cudaStreamEndCapture(stream, &raw);
+  UniqueGraph graph(raw);
+  SG_RETURN_IF_ERROR(captured);
+  SG_RETURN_IF_ERROR(ToStatus(ended, "cudaStreamEndCapture"));
+  cudaGraphExec_t exec_raw = nullptr;
+  SG_RETURN_IF_ERROR(ToStatus(cudaGraphInstantiate(&exec_raw, graph.get(), 0), "cudaGraphInstantiate"));
+  UniqueGraphExec exec(exec_raw);
+  SG_ASSIGN_OR_RETURN(UniqueEvent start, CreateEvent("attention_bench start"));
+  SG_ASSIGN_OR_RETURN(UniqueEvent stop, CreateEvent("attention_bench stop"));
+  SG_RETURN_IF_ERROR(ToStatus(cudaGraphLaunch(exec.get(), stream), "warm-up cudaGraphLaunch"));
+  std::vector<double> per_launch;
+  for (auto _ : state) {
+    SG_RETURN_IF_ERROR(ToStatus(cudaEventRecord(start.get(), stream), "cudaEventRecord"));
+    SG_RETURN_IF_ERROR(ToStatus(cudaGraphLaunch(exec.get(), stream), "cudaGraphLaunch"));
+    SG_RETURN_IF_ERROR(ToStatus(cudaEventRecord(stop.get(), stream), "cudaEventRecord"));
+    SG_RETURN_IF_ERROR(ToStatus(cudaEventSynchronize(stop.get()), "cudaEventSynchronize"));
+    float ms = 0;
+    SG_RETURN_IF_ERROR(ToStatus(cudaEventElapsedTime(&ms, start.get(), stop.get()), "cudaEventElapsedTime"));
+    const double seconds = ms * 1e-3 / n;
+    state.SetIterationTime(seconds);
+    per_launch.push_back(seconds);
+  }
+  const double t = Median(per_launch);
+  Result r{kernel, shape, t * 1e6, bytes / t * 1e-9, 0};
+  r.of_copy = g->copy_gbps > 0 ? r.gbps / g->copy_gbps : 0;
+  state.counters["GB/s"] = r.gbps;
+  state.counters["of_copy"] = r.of_copy;
+  Record(r);
+  return absl::OkStatus();
+}
+
+void Fail(benchmark::State& state, const absl::Status& s) {
+  state.SkipWithError(std::string(s.message()).c_str());
+}
+
+void BM_DeviceCopy(benchmark::State& state) {
+  absl::Status s = [&]() -> absl::Status {
+    SG_ASSIGN_OR_RETURN(DeviceMemory src, AllocateDevice(kCopyBytes, "copy source"));
+    SG_ASSIGN_OR_RETURN(DeviceMemory dst, AllocateDevice(kCopyBytes, "copy destination"));
+    SG_RETURN_IF_ERROR(ToStatus(cudaMemset(src.get(), 1, kCopyBytes), "cudaMemset"));
+    SG_ASSIGN_OR_RETURN(UniqueEvent start, CreateEvent("copy start"));
+    SG_ASSIGN_OR_RETURN(UniqueEvent stop, CreateEvent("copy stop"));
+    cudaStream_t stream = g->stream.get();
+    std::vector<double> times;
+    for (int warm = 0; warm < 2; ++warm) {
+      SG_RETURN_IF_ERROR(ToStatus(cudaMemcpyAsync(dst.get(), src.get(), kCopyBytes, cudaMemcpyDeviceToDevice, stream), "cudaMemcpyAsync"));
+    }
+    for (auto _ : state) {
+      SG_RETURN_IF_ERROR(ToStatus(cudaEventRecord(start.get(), stream), "cudaEventRecord"));
+      SG_RETURN_IF_ERROR(ToStatus(cudaMemcpyAsync(dst.get(), src.get(), kCopyBytes, cudaMemcpyDeviceToDevice, stream), "cudaMemcpyAsync"));
+      SG_RETURN_IF_ERROR(ToStatus(cudaEventRecord(stop.get(), stream), "cudaEventRecord"));
+      SG_RETURN_IF_ERROR(ToStatus(cudaEventSynchronize(stop.get()), "cudaEventSynchronize"));
+      float ms = 0;
+      SG_RETURN_IF_ERROR(ToStatus(cudaEventElapsedTime(&ms, start.get(), stop.get()), "cudaEventElapsedTime"));
+      state.SetIterationTime(ms * 1e-3);
+      times.push_back(ms * 1e-3);
+    }
+    const double t = Median(times);
+    g->copy_gbps = 2.0 * kCopyBytes / t * 1e-9;
+    state.counters["GB/s"] = g->copy_gbps;
+    Record({"D2DCopy", "1GiB", t * 1e6, g->copy_gbps, 1.0});
+    return absl::OkStatus();
+  }();
+  if (!s.ok()) Fail(state, s);
+}
+
+// Attention through CudaDispatch: q [m, 32·64], caches [m, 8, S, 64], pos = S - 1.
+void BM_Attention(benchmark::State& state, int64_t m, int64_t seq) {
+  absl::Status s = [&]() -> absl::Status {
+    GraphBuilder b;
+    const TensorId q = b.Input("q", DType::kBF16, {m, kHeads * kHeadDim});
+    const TensorId k = b.State("k_cache", DType::kBF16, {m, kKvHeads, seq, kHeadDim});
+    const TensorId v = b.State("v_cache", DType::kBF16, {m, kKvHeads, seq, kHeadDim});
+    const TensorId pos = b.Input("pos", DType::kI32, {m});
+    b.Output("out", b.Attention(q, k, v, pos));
+    SG_ASSIGN_OR_RETURN(Graph graph, std::move(b).Build());
+    SG_ASSIGN_OR_RETURN(ExecutionPlan plan, ExecutionPlan::Create(std::move(graph)));
+    SG_RETURN_IF_ERROR(g->dispatch->Prepare(plan));
+    const int64_t cache_elems = m * kKvHeads * seq * kHeadDim;
+    const int n = Copies(2 * cache_elems * 2);
+    SG_ASSIGN_OR_RETURN(DeviceMemory pos_buf, Upload(DType::kI32, m, 0, 0, static_cast<int32_t>(seq - 1)));
+    std::vector<DeviceMemory> memory;
+    std::vector<Bindings> binds;
+    SG_ASSIGN_OR_RETURN(DeviceMemory arena, AllocateDevice(std::max<int64_t>(plan.arena_bytes(), 256) * n, "arena"));
+    for (int i = 0; i < n; ++i) {
+      Bindings bind(plan.graph());
+      SG_ASSIGN_OR_RETURN(DeviceMemory qb, Upload(DType::kBF16, m * kHeads * kHeadDim, 3 * i + 1, 1.0f));
+      SG_ASSIGN_OR_RETURN(DeviceMemory kb, Upload(DType::kBF16, cache_elems, 3 * i + 2, 1.0f));
+      SG_ASSIGN_OR_RETURN(DeviceMemory vb, Upload(DType::kBF16, cache_elems, 3 * i + 3, 1.0f));
+      SG_RETURN_IF_ERROR(bind.Bind("q", qb.get(), m * kHeads * kHeadDim * 2));
+      SG_RETURN_IF_ERROR(bind.Bind("k_cache", kb.get(), cache_elems * 2));
+      SG_RETURN_IF_ERROR(bind.Bind("v_cache", vb.get(), cache_elems * 2));
+      SG_RETURN_IF_ERROR(bind.Bind("pos", pos_buf.get(), m * 4));
+      bind.SetArena(static_cast<char*>(arena.get()) + i * std::max<int64_t>(plan.arena_bytes(), 256),
+                    plan.arena_bytes());
+      memory.push_back(std::move(qb));
+      memory.push_back(std::move(kb));
+      memory.push_back(std::move(vb));
+      binds.push_back(std::move(bind));
+    }
+    const double bytes = 2.0 * m * kKvHeads * seq * kHeadDim * 2 + 2.0 * m * kHeads * kHeadDim * 2;
+    return TimeCaptured(
+        state, n,
+        [&](int i) -> absl::Status { return Execute(plan, binds[i], *g->dispatch).status(); },
+        "Attention", absl::StrCat("M", m, "/S", seq), bytes);
+  }();
+  if (!s.ok()) Fail(state, s);
+}
+
+// The attention launcher at a fixed chunk count (M = 1, S = 4096), for tuning.
+void BM_AttentionChunks(benchmark::State& state, int chunks) {
+  absl::Status s = [&]() -> absl::Status {
+    const int64_t m = 1, seq = 4096;
+    kernels::AttentionShape shape{static_cast<int>(m), static_cast<int>(kHeads),
+                                  static_cast<int>(kKvHeads), static_cast<int>(seq),
+                                  static_cast<int>(kHeadDim)};
+    const int64_t cache_elems = m * kKvHeads * seq * kHeadDim;
+    const int n = Copies(2 * cache_elems * 2);
+    SG_ASSIGN_OR_RETURN(DeviceMemory pos_buf, Upload(DType::kI32, m, 0, 0, static_cast<int32_t>(seq - 1)));
+    const int64_t ws_bytes = kernels::AttentionWorkspaceBytes(shape, chunks);
+    SG_ASSIGN_OR_RETURN(DeviceMemory ws, AllocateDevice(ws_bytes, "workspace"));
+    SG_RETURN_IF_ERROR(ToStatus(cudaMemset(ws.get(), 0, ws_bytes), "cudaMemset"));
+    SG_ASSIGN_OR_RETURN(DeviceMemory out, AllocateDevice(m * kHeads * kHeadDim * 2, "out"));
+    std::vector<DeviceMemory> q, k, v;
+    for (int i = 0; i < n; ++i) {
+      SG_ASSIGN_OR_RETURN(DeviceMemory qb, Upload(DType::kBF16, m * kHeads * kHeadDim, 3 * i + 1, 1.0f));
+      SG_ASSIGN_OR_RETURN(DeviceMemory kb, Upload(DType::kBF16, cache_elems, 3 * i + 2, 1.0f));
+      SG_ASSIGN_OR_RETURN(DeviceMemory vb, Upload(DType::kBF16, cache_elems, 3 * i + 3, 1.0f));
+      q.push_back(std::move(qb));
+      k.push_back(std::move(kb));
+      v.push_back(std::move(vb));
+    }
+    SG_ASSIGN_OR_RETURN(DeviceMemory flags, AllocateDevice(4, "flags"));
+    const double bytes = 2.0 * m * kKvHeads * seq * kHeadDim * 2 + 2.0 * m * kHeads * kHeadDim * 2;
+    return TimeCaptured(
+        state, n,
+        [&](int i) -> absl::Status {
+          kernels::AttentionArgs a;
+          a.q = q[i].get();
+          a.k_cache = k[i].get();
+          a.v_cache = v[i].get();
+          a.pos = static_cast<const int32_t*>(pos_buf.get());
+          a.out = out.get();
+          a.scale = 0.125f;
+          a.workspace = ws.get();
+          a.error_flags = static_cast<uint32_t*>(flags.get());
+          return ToStatus(kernels::LaunchAttention(a, shape, chunks, DType::kBF16, g->stream.get()),
+                          "LaunchAttention");
+        },
+        "Attention", absl::StrCat("M1/S4096/chunks", chunks), bytes);
+  }();
+  if (!s.ok()) Fail(state, s);
+}
+
+// Argmax or Sample over [m, 128256] bf16 logits through CudaDispatch.
+void BM_Choose(benchmark::State& state, int64_t m, bool argmax, ops::Sample op, std::string label) {
+  absl::Status s = [&]() -> absl::Status {
+    GraphBuilder b;
+    const TensorId x = b.Input("logits", DType::kBF16, {m, kVocab});
+    if (argmax) {
+      b.Output("ids", b.Argmax(x));
+    } else {
+      b.Output("ids", b.Sample(x, b.Input("seeds", DType::kI32, {m}), b.Input("pos", DType::kI32, {m}), op));
+    }
+    SG_ASSIGN_OR_RETURN(Graph graph, std::move(b).Build());
+    SG_ASSIGN_OR_RETURN(ExecutionPlan plan, ExecutionPlan::Create(std::move(graph)));
+    SG_RETURN_IF_ERROR(g->dispatch->Prepare(plan));
+    const int n = Copies(m * kVocab * 2);
+    SG_ASSIGN_OR_RETURN(DeviceMemory seeds, Upload(DType::kI32, m, 0, 0, 1234));
+    SG_ASSIGN_OR_RETURN(DeviceMemory pos, Upload(DType::kI32, m, 0, 0, 77));
+    const int64_t arena_bytes = std::max<int64_t>(plan.arena_bytes(), 256);
+    SG_ASSIGN_OR_RETURN(DeviceMemory arena, AllocateDevice(arena_bytes * n, "arena"));
+    std::vector<DeviceMemory> memory;
+    std::vector<Bindings> binds;
+    for (int i = 0; i < n; ++i) {
+      Bindings bind(plan.graph());
+      SG_ASSIGN_OR_RETURN(DeviceMemory xb, Upload(DType::kBF16, m * kVocab, 7 * i + 5, 8.0f));
+      SG_RETURN_IF_ERROR(bind.Bind("logits", xb.get(), m * kVocab * 2));
+      if (!argmax) {
+        SG_RETURN_IF_ERROR(bind.Bind("seeds", seeds.get(), m * 4));
+        SG_RETURN_IF_ERROR(bind.Bind("pos", pos.get(), m * 4));
+      }
+      bind.SetArena(static_cast<char*>(arena.get()) + i * arena_bytes, plan.arena_bytes());
+      memory.push_back(std::move(xb));
+      binds.push_back(std::move(bind));
+    }
+    return TimeCaptured(
+        state, n,
+        [&](int i) -> absl::Status { return Execute(plan, binds[i], *g->dispatch).status(); },
+        argmax ? "Argmax" : "Sample", absl::StrCat("M", m, "/V128256", label), m * kVocab * 2.0);
+  }();
+  if (!s.ok()) Fail(state, s);
+}
+
+// The argmax launcher at a fixed number of blocks per row (1: one block per row).
+void BM_ArgmaxBlocks(benchmark::State& state, int64_t m, int blocks) {
+  absl::Status s = [&]() -> absl::Status {
+    const int n = Copies(m * kVocab * 2);
+    std::vector<DeviceMemory> xs;
+    for (int i = 0; i < n; ++i) {
+      SG_ASSIGN_OR_RETURN(DeviceMemory xb, Upload(DType::kBF16, m * kVocab, 7 * i + 5, 8.0f));
+      xs.push_back(std::move(xb));
+    }
+    SG_ASSIGN_OR_RETURN(DeviceMemory ws, AllocateDevice(kernels::ArgmaxWorkspaceBytes(m), "workspace"));
+    SG_RETURN_IF_ERROR(ToStatus(cudaMemset(ws.get(), 0, kernels::ArgmaxWorkspaceBytes(m)), "cudaMemset"));
+    SG_ASSIGN_OR_RETURN(DeviceMemory ids, AllocateDevice(m * 4, "ids"));
+    return TimeCaptured(
+        state, n,
+        [&](int i) -> absl::Status {
+          return ToStatus(kernels::LaunchArgmax(xs[i].get(), DType::kBF16, m, kVocab, blocks, ws.get(),
+                                                static_cast<int32_t*>(ids.get()), g->stream.get()),
+                          "LaunchArgmax");
+        },
+        "Argmax", absl::StrCat("M", m, "/V128256/blocks", blocks), m * kVocab * 2.0);
+  }();
+  if (!s.ok()) Fail(state, s);
+}
+
+void PrintTable() {
+  std::printf("\n%-10s %-28s %10s %10s %8s\n", "kernel", "shape", "us", "GB/s", "of_copy");
+  for (const Result& r : g->results) {
+    std::printf("%-10s %-28s %10.2f %10.1f %8.3f\n", r.kernel.c_str(), r.shape.c_str(), r.us,
+                r.gbps, r.of_copy);
+  }
+}
+
+}  // namespace
+}  // namespace sg
+
+int main(int argc, char** argv) {
+  using sg::g;
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+    std::fprintf(stderr, "attention_bench: no CUDA device is available; nothing to measure\n");
+    return 1;
+  }
+  sg::Context context;
+  g = &context;
+  absl::StatusOr<sg::UniqueStream> stream = sg::CreateStream("attention_bench");
+  if (!stream.ok()) {
+    std::fprintf(stderr, "attention_bench: %s\n", std::string(stream.status().message()).c_str());
+    return 1;
+  }
+  context.stream = *std::move(stream);
+  absl::StatusOr<std::unique_ptr<sg::CudaDispatch>> dispatch = sg::CudaDispatch::Create(context.stream.get());
+  if (!dispatch.ok()) {
+    std::fprintf(stderr, "attention_bench: %s\n", std::string(dispatch.status().message()).c_str());
+    return 1;
+  }
+  context.dispatch = *std::move(dispatch);
+  context.sm_count = context.dispatch->device_info().sm_count;
+  context.l2_bytes = context.dispatch->device_info().l2_bytes;
+
+  auto reg = [](const std::string& name, auto fn) {
+    benchmark::RegisterBenchmark(name.c_str(), fn)
+        ->UseManualTime()
+        ->Iterations(sg::kIterations)
+        ->Unit(benchmark::kMicrosecond);
+  };
+  reg("D2DCopy/1GiB", sg::BM_DeviceCopy);
+  for (int64_t m : {1, 8}) {
+    for (int64_t seq : {512, 1024, 4096, 8192}) {
+      reg(absl::StrCat("Attention/M", m, "/S", seq),
+          [m, seq](benchmark::State& s) { sg::BM_Attention(s, m, seq); });
+    }
+  }
+  for (int chunks : {8, 16, 32, 48, 64, 96, 128, 192, 256}) {
+    reg(absl::StrCat("Attention/M1/S4096/chunks", chunks),
+        [chunks](benchmark::State& s) { sg::BM_AttentionChunks(s, chunks); });
+  }
+  for (int64_t m : {1, 8}) {
+    reg(absl::StrCat("Argmax/M", m, "/V128256"), [m](benchmark::State& s) {
+      sg::BM_Choose(s, m, true, {}, "");
+    });
+    for (int blocks : {1, 8, 32, 64}) {
+      reg(absl::StrCat("Argmax/M", m, "/V128256/blocks", blocks),
+          [m, blocks](benchmark::State& s) { sg::BM_ArgmaxBlocks(s, m, blocks); });
+    }
+    const struct {
+      const char* label;
+      sg::ops::Sample op;
+    } samples[] = {{"/T1", {}},
+                   {"/T0.7/k50", {.temperature = 0.7f, .top_k = 50}},
+                   {"/p0.9", {.top_p = 0.9f}},
+                   {"/T0.7/k50/p0.9", {.temperature = 0.7f, .top_k = 50, .top_p = 0.9f}}};
+    for (const auto& c : samples) {
+      reg(absl::StrCat("Sample/M", m, "/V128256", c.label), [m, c](benchmark::State& s) {
+        sg::BM_Choose(s, m, false, c.op, c.label);
+      });
+    }
+  }
+  benchmark::Initialize(&argc, argv);
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  sg::PrintTable();
+  return 0;
+}

@@ -1,0 +1,104 @@
+// Attention on CUDA: one launch of kernels/attention.cu per node. The KV-chunk count is a
+// function of the shapes and the device (never of positions), and the workspace the
+// chunks merge in is made in Prepare, so Run only launches and can be captured.
+#include "dispatch/cuda/attention.h"
+
+#include <algorithm>
+#include <climits>
+#include <utility>
+#include <variant>
+
+#include "absl/strings/str_cat.h"
+#include "dispatch/cuda/cuda_status.h"
+#include "stepgraph/status.h"
+
+namespace sg {
+namespace internal {
+
+absl::StatusOr<kernels::AttentionShape> AttentionShapeOf(const Shape& q, const Shape& cache,
+                                                         absl::string_view node) {
+  const auto error = [&](absl::string_view why) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Attention node '", node, "' with q ", q.ToString(), " and cache ",
+                     cache.ToString(), ": ", why));
+  };
+  if (q.rank() != 2 || cache.rank() != 4) return error("q must be [M, h*d], caches [slots, kvh, S, d]");
+  for (const int64_t dim : {q[0], q[1], cache[1], cache[2], cache[3]}) {
+    if (dim > INT_MAX) return error("a dimension does not fit in 32 bits");
+  }
+  kernels::AttentionShape s;
+  s.rows = static_cast<int>(q[0]);
+  s.kv_heads = static_cast<int>(cache[1]);
+  s.seq_len = static_cast<int>(cache[2]);
+  s.head_dim = static_cast<int>(cache[3]);
+  s.heads = static_cast<int>(q[1] / cache[3]);
+  if (const char* why = kernels::AttentionShapeError(s); why[0] != '\0') return error(why);
+  return s;
+}
+
+absl::StatusOr<std::unique_ptr<AttentionWorkspace>> AttentionWorkspace::Create(
+    const CudaDeviceInfo& info) {
+  return std::unique_ptr<AttentionWorkspace>(new AttentionWorkspace(info));
+}
+
+int AttentionWorkspace::Chunks(const kernels::AttentionShape& shape) const {
+  return kernels::ChooseAttentionChunks(shape, info_.sm_count);
+}
+
+absl::Status AttentionWorkspace::Prepare(const ExecutionPlan& plan) {
+  const Graph& graph = plan.graph();
+  int64_t need = 0;
+  for (const Node& node : graph.nodes()) {
+    if (!std::holds_alternative<ops::Attention>(node.op)) continue;
+    SG_ASSIGN_OR_RETURN(const kernels::AttentionShape s,
+                        AttentionShapeOf(graph.tensor(node.inputs[0]).shape,
+                                         graph.tensor(node.inputs[1]).shape, node.name));
+    need = std::max(need, kernels::AttentionWorkspaceBytes(s, Chunks(s)));
+  }
+  if (need <= bytes_) return absl::OkStatus();
+  SG_ASSIGN_OR_RETURN(DeviceMemory grown, AllocateDevice(need, "the attention workspace"));
+  // The arrival counters must start at zero; launches leave them zero. The memset runs on
+  // the legacy stream, so wait for it before any launch on the dispatcher's stream.
+  SG_RETURN_IF_ERROR(ToStatus(cudaMemset(grown.get(), 0, static_cast<size_t>(need)),
+                              "cudaMemset(attention workspace)"));
+  SG_RETURN_IF_ERROR(ToStatus(cudaDeviceSynchronize(), "cudaDeviceSynchronize after cudaMemset"));
+  if (buffer_ != nullptr) retired_.push_back(std::move(buffer_));
+  buffer_ = std::move(grown);
+  bytes_ = need;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<void*> AttentionWorkspace::For(const kernels::AttentionShape& shape,
+                                              absl::string_view node) const {
+  const int64_t need = kernels::AttentionWorkspaceBytes(shape, Chunks(shape));
+  if (need > bytes_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "Attention node '", node, "' needs ", need, " bytes of workspace but ", bytes_,
+        " were prepared: call CudaDispatch::Prepare with the plan that holds this node"));
+  }
+  return buffer_.get();
+}
+
+}  // namespace internal
+
+absl::Status CudaDispatch::Run(const ops::Attention& op, const NodeArgs& args) {
+  const TensorArg& q = args.inputs[0];
+  const TensorArg& k_cache = args.inputs[1];
+  SG_ASSIGN_OR_RETURN(const kernels::AttentionShape shape,
+                      internal::AttentionShapeOf(q.shape, k_cache.shape, args.node_name));
+  SG_ASSIGN_OR_RETURN(void* workspace, attention_->For(shape, args.node_name));
+  kernels::AttentionArgs a;
+  a.q = q.data;
+  a.k_cache = k_cache.data;
+  a.v_cache = args.inputs[2].data;
+  a.pos = args.inputs[3].as<const int32_t>();
+  a.out = args.output.data;
+  a.scale = op.scale;
+  a.workspace = workspace;
+  a.error_flags = error_flags_;
+  return ToStatus(
+      kernels::LaunchAttention(a, shape, attention_->Chunks(shape), q.dtype, stream_),
+      absl::StrCat("LaunchAttention for node '", args.node_name, "'"));
+}
+
+}  // namespace sg

@@ -1,0 +1,52 @@
+// The attention family of CudaDispatch: the workspace its launches merge their KV chunks
+// in (per-(row, head) arrival counters and partial softmax states), sized in Prepare for
+// the largest Attention node of every plan prepared, so that Run never allocates.
+#ifndef STEPGRAPH_DISPATCH_CUDA_ATTENTION_H_
+#define STEPGRAPH_DISPATCH_CUDA_ATTENTION_H_
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "dispatch/cuda/cuda_handles.h"
+#include "kernels/attention.cuh"
+#include "stepgraph/cuda_dispatch.h"
+#include "stepgraph/plan.h"
+
+namespace sg::internal {
+
+// The kernel's view of an Attention node: q [rows, heads·d], caches [slots, kv_heads, S, d].
+// InvalidArgument naming the node when the kernels do not take the shape.
+absl::StatusOr<kernels::AttentionShape> AttentionShapeOf(const Shape& q, const Shape& cache,
+                                                         absl::string_view node);
+
+class AttentionWorkspace {
+ public:
+  static absl::StatusOr<std::unique_ptr<AttentionWorkspace>> Create(const CudaDeviceInfo& info);
+
+  // Grows the workspace to the largest need of the plan's Attention nodes. A buffer that
+  // is outgrown is kept (not freed) until the dispatcher is destroyed, since graphs
+  // captured earlier still point into it.
+  absl::Status Prepare(const ExecutionPlan& plan);
+
+  // KV chunks per launch for `shape` on this device; a function of the shape only.
+  int Chunks(const kernels::AttentionShape& shape) const;
+
+  // The workspace for a launch of `shape`; FailedPrecondition naming the node when
+  // Prepare did not size it (Prepare was not called with a plan holding the node).
+  absl::StatusOr<void*> For(const kernels::AttentionShape& shape, absl::string_view node) const;
+
+ private:
+  explicit AttentionWorkspace(const CudaDeviceInfo& info) : info_(info) {}
+
+  CudaDeviceInfo info_;
+  DeviceMemory buffer_;
+  int64_t bytes_ = 0;
+  std::vector<DeviceMemory> retired_;
+};
+
+}  // namespace sg::internal
+
+#endif  // STEPGRAPH_DISPATCH_CUDA_ATTENTION_H_

@@ -1,0 +1,49 @@
+// Add, Mul, Silu, SiluMul, Copy and Advance on CUDA: one launch each (Copy is one
+// device-to-device cudaMemcpyAsync, a memcpy node when captured).
+#include "dispatch/cuda/cuda_status.h"
+#include "kernels/elementwise.cuh"
+#include "stepgraph/cuda_dispatch.h"
+
+namespace sg {
+
+absl::Status CudaDispatch::Run(const ops::Add&, const NodeArgs& args) {
+  return ToStatus(kernels::LaunchAdd(args.inputs[0].data, args.inputs[1].data, args.output.data,
+                                     args.output.shape.NumElements(), args.output.dtype, stream_),
+                  "LaunchAdd");
+}
+
+absl::Status CudaDispatch::Run(const ops::Mul&, const NodeArgs& args) {
+  return ToStatus(kernels::LaunchMul(args.inputs[0].data, args.inputs[1].data, args.output.data,
+                                     args.output.shape.NumElements(), args.output.dtype, stream_),
+                  "LaunchMul");
+}
+
+absl::Status CudaDispatch::Run(const ops::Silu&, const NodeArgs& args) {
+  return ToStatus(kernels::LaunchSilu(args.inputs[0].data, args.output.data,
+                                      args.output.shape.NumElements(), args.output.dtype, stream_),
+                  "LaunchSilu");
+}
+
+absl::Status CudaDispatch::Run(const ops::SiluMul&, const NodeArgs& args) {
+  return ToStatus(
+      kernels::LaunchSiluMul(args.inputs[0].data, args.inputs[1].data, args.output.data,
+                             args.output.shape.NumElements(), args.output.dtype, stream_),
+      "LaunchSiluMul");
+}
+
+absl::Status CudaDispatch::Run(const ops::Copy&, const NodeArgs& args) {
+  const void* src = args.inputs[0].data;
+  void* dst = args.output.data;  // also inputs[1]
+  if (src == dst) return absl::OkStatus();
+  return ToStatus(cudaMemcpyAsync(dst, src, static_cast<size_t>(args.output.bytes()),
+                                  cudaMemcpyDeviceToDevice, stream_),
+                  "cudaMemcpyAsync(Copy)");
+}
+
+absl::Status CudaDispatch::Run(const ops::Advance&, const NodeArgs& args) {
+  return ToStatus(kernels::LaunchAdvance(args.output.as<int32_t>(),
+                                         args.output.shape.NumElements(), stream_),
+                  "LaunchAdvance");
+}
+
+}  // namespace sg

@@ -1,0 +1,288 @@
+// MatMul on CUDA and the MatmulRunner behind it.
+//
+// cuBLASLt is column-major; stepgraph's tensors are row-major. Read column-major, the
+// row-major y[M,N] is yᵀ (N×M, ld N), x[M,K] is xᵀ (K×M, ld K) and w[N,K] is wᵀ (K×N,
+// ld K). So y = x·wᵀ is computed as yᵀ = op(A)·B with A = w laid out K×N and op(A) = Aᵀ,
+// B = x laid out K×M, D = C = y laid out N×M; the bias epilogue adds bias[N] along D's
+// rows, which are y's columns. Compute is CUBLAS_COMPUTE_32F with f32 scale for every
+// dtype: for f32 that rules out TF32, for bf16/f16 it accumulates in f32.
+#include "dispatch/cuda/matmul.h"
+
+#include <cstdlib>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "dispatch/cuda/cuda_status.h"
+#include "kernels/gemv.cuh"
+#include "stepgraph/status.h"
+
+namespace sg {
+
+absl::Status CudaDispatch::Run(const ops::MatMul& op, const NodeArgs& args) {
+  return matmul_->Run(op, args, stream_);
+}
+
+namespace internal {
+namespace {
+
+// Up to this many rows the small-M kernel is the default: at decode a matmul only streams
+// its weight, and the kernel does so with 16-byte loads over the whole GPU, where cuBLASLt's
+// tiles are sized for larger M. To be revisited with kernel_bench's numbers per shape.
+constexpr int64_t kAutoGemvMaxRows = kernels::kGemvMaxRows;
+
+// cuBLASLt's default alignment assumption for A, B, C and D.
+constexpr uintptr_t kCublasLtAlignment = 256;
+
+cudaDataType_t CudaType(DType t) {
+  switch (t) {
+    case DType::kBF16:
+      return CUDA_R_16BF;
+    case DType::kF16:
+      return CUDA_R_16F;
+    default:
+      return CUDA_R_32F;
+  }
+}
+
+std::string Describe(const MatmulShape& s) {
+  return absl::StrCat("M=", s.m, " N=", s.n, " K=", s.k, " ", DTypeName(s.dtype),
+                      s.bias ? " with bias" : "");
+}
+
+template <typename T>
+absl::Status SetDesc(cublasLtMatmulDesc_t desc, cublasLtMatmulDescAttributes_t attr,
+                     const T& value, const char* what) {
+  return ToStatus(cublasLtMatmulDescSetAttribute(desc, attr, &value, sizeof(value)), what);
+}
+
+template <typename T>
+absl::Status SetPreference(cublasLtMatmulPreference_t pref,
+                           cublasLtMatmulPreferenceAttributes_t attr, const T& value,
+                           const char* what) {
+  return ToStatus(cublasLtMatmulPreferenceSetAttribute(pref, attr, &value, sizeof(value)), what);
+}
+
+}  // namespace
+
+absl::StatusOr<MatmulPolicy> MatmulPolicyFromEnv() {
+  const char* value = std::getenv("STEPGRAPH_MATMUL");
+  if (value == nullptr || value[0] == '\0' || std::strcmp(value, "auto") == 0) {
+    return MatmulPolicy::kAuto;
+  }
+  if (std::strcmp(value, "cublaslt") == 0) return MatmulPolicy::kCublasLt;
+  if (std::strcmp(value, "gemv") == 0) return MatmulPolicy::kGemv;
+  return absl::InvalidArgumentError(absl::StrCat(
+      "environment variable STEPGRAPH_MATMUL must be auto, cublaslt or gemv, got '", value,
+      "'"));
+}
+
+// Everything one shape needs at Run. For cuBLASLt two algorithms: one that may assume
+// cuBLASLt's default 256-byte alignment of every buffer (the arena and cudaMalloc give
+// that), and one that assumes only element alignment, for buffers bound at odd offsets.
+struct MatmulRunner::Plan {
+  MatmulPath path = MatmulPath::kGemv;
+  UniqueMatmulDesc desc;
+  UniqueMatrixLayout a, b, c;
+  cublasLtMatmulAlgo_t aligned_algo{};
+  cublasLtMatmulAlgo_t any_algo{};
+  bool has_aligned_algo = false;
+  bool has_any_algo = false;
+};
+
+MatmulRunner::MatmulRunner(const CudaDeviceInfo& info, MatmulPolicy policy)
+    : info_(info), policy_(policy) {}
+
+MatmulRunner::~MatmulRunner() = default;
+
+absl::StatusOr<std::unique_ptr<MatmulRunner>> MatmulRunner::Create(const CudaDeviceInfo& info,
+                                                                   int64_t workspace_bytes) {
+  SG_ASSIGN_OR_RETURN(MatmulPolicy policy, MatmulPolicyFromEnv());
+  return Create(info, workspace_bytes, policy);
+}
+
+absl::StatusOr<std::unique_ptr<MatmulRunner>> MatmulRunner::Create(const CudaDeviceInfo& info,
+                                                                   int64_t workspace_bytes,
+                                                                   MatmulPolicy policy) {
+  if (workspace_bytes < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("matmul workspace must be >= 0 bytes, got ", workspace_bytes));
+  }
+  auto runner = std::unique_ptr<MatmulRunner>(new MatmulRunner(info, policy));
+  cublasLtHandle_t handle = nullptr;
+  SG_RETURN_IF_ERROR(ToStatus(cublasLtCreate(&handle), "cublasLtCreate"));
+  runner->handle_.reset(handle);
+  if (workspace_bytes > 0) {
+    SG_ASSIGN_OR_RETURN(runner->workspace_,
+                        AllocateDevice(workspace_bytes, "the cuBLASLt workspace"));
+    runner->workspace_bytes_ = workspace_bytes;
+  }
+  return runner;
+}
+
+absl::Status MatmulRunner::Prepare(const ExecutionPlan& plan) {
+  const Graph& graph = plan.graph();
+  for (const Node& node : graph.nodes()) {
+    const auto* op = std::get_if<ops::MatMul>(&node.op);
+    if (op == nullptr) continue;
+    const Tensor& x = graph.tensor(node.inputs[0]);
+    const Tensor& w = graph.tensor(node.inputs[1]);
+    const MatmulShape shape{x.shape[0], w.shape[0], x.shape[1], x.dtype, op->has_bias};
+    absl::Status status = Prepare(shape);
+    if (!status.ok()) {
+      return absl::Status(status.code(), absl::StrCat("MatMul node '", node.name,
+                                                      "': ", status.message()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status MatmulRunner::Prepare(const MatmulShape& shape) {
+  if (plans_.contains(shape)) return absl::OkStatus();
+  if (shape.m <= 0 || shape.n <= 0 || shape.k <= 0 || !IsFloat(shape.dtype)) {
+    return absl::InvalidArgumentError(absl::StrCat("no matmul for ", Describe(shape)));
+  }
+  const bool small = shape.m <= kernels::kGemvMaxRows;
+  const bool gemv = (policy_ == MatmulPolicy::kGemv && small) ||
+                    (policy_ == MatmulPolicy::kAuto && shape.m <= kAutoGemvMaxRows);
+  std::unique_ptr<Plan> plan;
+  if (gemv) {
+    plan = std::make_unique<Plan>();
+    plan->path = MatmulPath::kGemv;
+  } else {
+    SG_ASSIGN_OR_RETURN(plan, MakeCublasLtPlan(shape));
+  }
+  plans_.emplace(shape, std::move(plan));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<MatmulRunner::Plan>> MatmulRunner::MakeCublasLtPlan(
+    const MatmulShape& s) const {
+  auto plan = std::make_unique<Plan>();
+  plan->path = MatmulPath::kCublasLt;
+  const cudaDataType_t type = CudaType(s.dtype);
+
+  cublasLtMatmulDesc_t desc = nullptr;
+  SG_RETURN_IF_ERROR(ToStatus(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F),
+                              "cublasLtMatmulDescCreate"));
+  plan->desc.reset(desc);
+  SG_RETURN_IF_ERROR(SetDesc(desc, CUBLASLT_MATMUL_DESC_TRANSA, CUBLAS_OP_T,
+                             "cublasLtMatmulDescSetAttribute(TRANSA)"));
+  SG_RETURN_IF_ERROR(SetDesc(desc, CUBLASLT_MATMUL_DESC_TRANSB, CUBLAS_OP_N,
+                             "cublasLtMatmulDescSetAttribute(TRANSB)"));
+  if (s.bias) {
+    SG_RETURN_IF_ERROR(SetDesc(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, CUBLASLT_EPILOGUE_BIAS,
+                               "cublasLtMatmulDescSetAttribute(EPILOGUE)"));
+    SG_RETURN_IF_ERROR(SetDesc(desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, type,
+                               "cublasLtMatmulDescSetAttribute(BIAS_DATA_TYPE)"));
+  }
+
+  auto layout = [&](uint64_t rows, uint64_t cols, int64_t ld,
+                    UniqueMatrixLayout& out) -> absl::Status {
+    cublasLtMatrixLayout_t l = nullptr;
+    SG_RETURN_IF_ERROR(
+        ToStatus(cublasLtMatrixLayoutCreate(&l, type, rows, cols, ld), "cublasLtMatrixLayoutCreate"));
+    out.reset(l);
+    return absl::OkStatus();
+  };
+  SG_RETURN_IF_ERROR(layout(s.k, s.n, s.k, plan->a));  // w
+  SG_RETURN_IF_ERROR(layout(s.k, s.m, s.k, plan->b));  // x
+  SG_RETURN_IF_ERROR(layout(s.n, s.m, s.n, plan->c));  // y
+
+  // One heuristic query per alignment assumption; element alignment may find nothing.
+  auto choose = [&](uint32_t alignment, cublasLtMatmulAlgo_t& algo) -> absl::StatusOr<bool> {
+    cublasLtMatmulPreference_t pref = nullptr;
+    SG_RETURN_IF_ERROR(
+        ToStatus(cublasLtMatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate"));
+    UniqueMatmulPreference owned(pref);
+    const uint64_t workspace = static_cast<uint64_t>(workspace_bytes_);
+    SG_RETURN_IF_ERROR(SetPreference(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, workspace,
+                                     "cublasLtMatmulPreferenceSetAttribute(MAX_WORKSPACE)"));
+    if (alignment != 0) {
+      for (auto attr : {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
+                        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
+                        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES}) {
+        SG_RETURN_IF_ERROR(SetPreference(pref, attr, alignment,
+                                         "cublasLtMatmulPreferenceSetAttribute(MIN_ALIGNMENT)"));
+      }
+    }
+    cublasLtMatmulHeuristicResult_t result{};
+    int count = 0;
+    const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(
+        handle_.get(), desc, plan->a.get(), plan->b.get(), plan->c.get(), plan->c.get(), pref,
+        1, &result, &count);
+    if (status == CUBLAS_STATUS_NOT_SUPPORTED || (status == CUBLAS_STATUS_SUCCESS && count == 0)) {
+      return false;
+    }
+    SG_RETURN_IF_ERROR(ToStatus(status, "cublasLtMatmulAlgoGetHeuristic"));
+    algo = result.algo;
+    return true;
+  };
+  SG_ASSIGN_OR_RETURN(plan->has_aligned_algo, choose(0, plan->aligned_algo));
+  SG_ASSIGN_OR_RETURN(plan->has_any_algo,
+                      choose(static_cast<uint32_t>(DTypeBytes(s.dtype)), plan->any_algo));
+  if (!plan->has_aligned_algo && !plan->has_any_algo) {
+    return absl::UnimplementedError(
+        absl::StrCat("cuBLASLt has no algorithm for ", Describe(s)));
+  }
+  return plan;
+}
+
+absl::StatusOr<MatmulPath> MatmulRunner::PathFor(const MatmulShape& shape) const {
+  auto it = plans_.find(shape);
+  if (it == plans_.end()) {
+    return absl::NotFoundError(absl::StrCat("no matmul plan for ", Describe(shape)));
+  }
+  return it->second->path;
+}
+
+absl::Status MatmulRunner::Run(const ops::MatMul& op, const NodeArgs& args,
+                               cudaStream_t stream) {
+  const TensorArg& x = args.inputs[0];
+  const TensorArg& w = args.inputs[1];
+  const void* bias = op.has_bias ? args.inputs[2].data : nullptr;
+  void* y = args.output.data;
+  const MatmulShape shape{x.shape[0], w.shape[0], x.shape[1], x.dtype, op.has_bias};
+  auto it = plans_.find(shape);
+  if (ABSL_PREDICT_FALSE(it == plans_.end())) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("no matmul plan for ", Describe(shape),
+                     "; call CudaDispatch::Prepare with the plan before running it"));
+  }
+  const Plan& plan = *it->second;
+  if (plan.path == MatmulPath::kGemv) {
+    return ToStatus(kernels::LaunchGemv(x.data, w.data, bias, y, shape.m, shape.n, shape.k,
+                                        shape.dtype, stream),
+                    "LaunchGemv");
+  }
+
+  const uintptr_t addresses = reinterpret_cast<uintptr_t>(x.data) |
+                              reinterpret_cast<uintptr_t>(w.data) |
+                              reinterpret_cast<uintptr_t>(y) | reinterpret_cast<uintptr_t>(bias);
+  const bool aligned = addresses % kCublasLtAlignment == 0;
+  const cublasLtMatmulAlgo_t* algo = nullptr;
+  if (aligned && plan.has_aligned_algo) {
+    algo = &plan.aligned_algo;
+  } else if (plan.has_any_algo) {
+    algo = &plan.any_algo;
+  }
+  if (ABSL_PREDICT_FALSE(algo == nullptr)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cuBLASLt has no algorithm for ", Describe(shape), " with buffers not aligned to ",
+        kCublasLtAlignment, " bytes"));
+  }
+  if (bias != nullptr) {
+    // The bias is bound per node; setting a descriptor attribute is host work only.
+    SG_RETURN_IF_ERROR(SetDesc(plan.desc.get(), CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias,
+                               "cublasLtMatmulDescSetAttribute(BIAS_POINTER)"));
+  }
+  const float alpha = 1.0f, beta = 0.0f;
+  return ToStatus(cublasLtMatmul(handle_.get(), plan.desc.get(), &alpha, w.data, plan.a.get(),
+                                 x.data, plan.b.get(), &beta, y, plan.c.get(), y, plan.c.get(),
+                                 algo, workspace_.get(), static_cast<size_t>(workspace_bytes_),
+                                 stream),
+                  "cublasLtMatmul");
+}
+
+}  // namespace internal
+}  // namespace sg

@@ -1,0 +1,103 @@
+// Rope and KvWrite on CUDA, and the RoPE frequency tables.
+#include "dispatch/cuda/rope.h"
+
+#include <cstring>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "dispatch/cuda/cuda_status.h"
+#include "kernels/rope.cuh"
+#include "stepgraph/rope.h"
+#include "stepgraph/status.h"
+
+namespace sg {
+
+absl::Status CudaDispatch::Run(const ops::Rope& op, const NodeArgs& args) {
+  const TensorArg& x = args.inputs[0];
+  const float* inv_freq = rope_->Find(op);
+  if (ABSL_PREDICT_FALSE(inv_freq == nullptr)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "no RoPE table for head_dim=", op.head_dim, " theta=", op.theta,
+        "; call CudaDispatch::Prepare with the plan before running it"));
+  }
+  return ToStatus(kernels::LaunchRope(x.data, args.inputs[1].as<const int32_t>(), inv_freq,
+                                      args.output.data, x.shape[0], x.shape[1], op.head_dim,
+                                      op.interleaved, x.dtype, stream_),
+                  "LaunchRope");
+}
+
+absl::Status CudaDispatch::Run(const ops::KvWrite&, const NodeArgs& args) {
+  const TensorArg& kv = args.inputs[0];
+  const TensorArg& cache = args.output;  // [slots, kv_heads, seq, head_dim], also inputs[2]
+  return ToStatus(kernels::LaunchKvWrite(kv.data, args.inputs[1].as<const int32_t>(),
+                                         cache.data, kv.shape[0], cache.shape[1],
+                                         cache.shape[2], cache.shape[3], cache.dtype,
+                                         error_flags_, stream_),
+                  "LaunchKvWrite");
+}
+
+namespace internal {
+
+absl::StatusOr<std::unique_ptr<RopeTables>> RopeTables::Create(const CudaDeviceInfo&) {
+  return std::make_unique<RopeTables>();
+}
+
+RopeTables::Key RopeTables::KeyOf(const ops::Rope& op) {
+  auto bits = [](float f) {
+    uint32_t b;
+    std::memcpy(&b, &f, sizeof(b));
+    return b;
+  };
+  const ops::RopeScaling& s = op.scaling;
+  const bool llama3 = s.type == ops::RopeScaling::Type::kLlama3;
+  // Without scaling the scaling fields do not change the table: keep them out of the key.
+  return Key{op.head_dim,
+             bits(op.theta),
+             static_cast<uint8_t>(s.type),
+             llama3 ? bits(s.factor) : 0u,
+             llama3 ? bits(s.low_freq_factor) : 0u,
+             llama3 ? bits(s.high_freq_factor) : 0u,
+             llama3 ? s.original_max_position : 0};
+}
+
+absl::Status RopeTables::Prepare(const ExecutionPlan& plan) {
+  for (const Node& node : plan.graph().nodes()) {
+    const auto* op = std::get_if<ops::Rope>(&node.op);
+    if (op == nullptr) continue;
+    absl::Status status = Add(*op);
+    if (!status.ok()) {
+      return absl::Status(status.code(),
+                          absl::StrCat("Rope node '", node.name, "': ", status.message()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RopeTables::Add(const ops::Rope& op) {
+  const Key key = KeyOf(op);
+  if (tables_.contains(key)) return absl::OkStatus();
+  if (op.head_dim <= 0 || op.head_dim % 2 != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("RoPE head_dim must be even and positive, got ", op.head_dim));
+  }
+  const std::vector<float> inv_freq = RopeInvFreq(op);
+  const int64_t bytes = static_cast<int64_t>(inv_freq.size() * sizeof(float));
+  SG_ASSIGN_OR_RETURN(DeviceMemory table, AllocateDevice(bytes, "a RoPE frequency table"));
+  SG_RETURN_IF_ERROR(ToStatus(
+      cudaMemcpy(table.get(), inv_freq.data(), bytes, cudaMemcpyHostToDevice),
+      "cudaMemcpy(RoPE frequency table)"));
+  // From pageable memory cudaMemcpy may return before the DMA lands; the dispatcher's
+  // stream does not wait on the legacy stream, so wait here, once, at setup.
+  SG_RETURN_IF_ERROR(ToStatus(cudaStreamSynchronize(cudaStreamLegacy),
+                              "cudaStreamSynchronize(RoPE frequency table)"));
+  tables_.emplace(key, std::move(table));
+  return absl::OkStatus();
+}
+
+const float* RopeTables::Find(const ops::Rope& op) const {
+  auto it = tables_.find(KeyOf(op));
+  return it == tables_.end() ? nullptr : static_cast<const float*>(it->second.get());
+}
+
+}  // namespace internal
+}  // namespace sg

@@ -1,0 +1,88 @@
+// CudaDispatch: every op as one launch on a CUDA stream, through stepgraph's kernels and
+// cuBLASLt. Everything a launch needs (cuBLASLt descriptors and algorithms, workspaces,
+// RoPE tables, the error word) is made in Create and Prepare; Run only launches, so a
+// plan's execution can be captured into a CUDA graph.
+#ifndef STEPGRAPH_CUDA_DISPATCH_H_
+#define STEPGRAPH_CUDA_DISPATCH_H_
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "stepgraph/dispatch.h"
+#include "stepgraph/error_flags.h"
+
+namespace sg {
+
+namespace internal {
+class MatmulRunner;
+class RopeTables;
+class AttentionWorkspace;
+class SamplingWorkspace;
+}  // namespace internal
+
+// What the kernels' launch shapes depend on, read once from the device.
+struct CudaDeviceInfo {
+  int device = 0;
+  int sm_count = 0;
+  int64_t l2_bytes = 0;
+  int compute_capability = 0;  // 90 for Hopper
+};
+
+class CudaDispatch final : public KernelDispatch {
+ public:
+  struct Options {
+    int64_t matmul_workspace_bytes = 32 << 20;
+  };
+
+  // Launches go to `stream` (not owned). FailedPrecondition when no device is usable.
+  static absl::StatusOr<std::unique_ptr<CudaDispatch>> Create(cudaStream_t stream,
+                                                              const Options& options);
+  static absl::StatusOr<std::unique_ptr<CudaDispatch>> Create(cudaStream_t stream) {
+    return Create(stream, Options{});
+  }
+  ~CudaDispatch() override;
+  CudaDispatch(const CudaDispatch&) = delete;
+  CudaDispatch& operator=(const CudaDispatch&) = delete;
+
+  // Matmul plans per shape, RoPE tables, attention and sampling workspaces for every
+  // node of `plan`. May be called for several plans (batch buckets): each call adds what
+  // is missing and grows workspaces to the largest need. Must not be called while a
+  // captured graph that uses this dispatcher may be replayed concurrently.
+  absl::Status Prepare(const ExecutionPlan& plan) override;
+
+  // Every Run only enqueues work on the stream.
+  bool CaptureSafe(const Op& op) const override { return true; }
+
+#define SG_CUDA_RUN(Name) absl::Status Run(const ops::Name& op, const NodeArgs& args) override;
+  SG_OP_LIST(SG_CUDA_RUN)
+#undef SG_CUDA_RUN
+
+  cudaStream_t stream() const { return stream_; }
+  // Later launches go to `stream` (e.g. a capture stream).
+  void set_stream(cudaStream_t stream) { stream_ = stream; }
+  const CudaDeviceInfo& device_info() const { return info_; }
+
+  // The device word kernels raise ErrorFlag bits in. Stays valid for the dispatcher's life.
+  uint32_t* device_error_flags() const { return error_flags_; }
+  // Waits for the stream, returns the ErrorFlag bits raised since the last call and
+  // clears them. Not for the per-step path of a closed loop: read the word asynchronously.
+  absl::StatusOr<uint32_t> TakeErrorFlags();
+
+ private:
+  CudaDispatch(cudaStream_t stream, CudaDeviceInfo info);
+
+  cudaStream_t stream_;
+  CudaDeviceInfo info_;
+  uint32_t* error_flags_ = nullptr;  // owned: cudaMalloc'd in Create, freed in the destructor
+  std::unique_ptr<internal::MatmulRunner> matmul_;
+  std::unique_ptr<internal::RopeTables> rope_;
+  std::unique_ptr<internal::AttentionWorkspace> attention_;
+  std::unique_ptr<internal::SamplingWorkspace> sampling_;
+};
+
+}  // namespace sg
+
+#endif  // STEPGRAPH_CUDA_DISPATCH_H_

@@ -1,0 +1,567 @@
+// Decode attention (flash-decoding). Grid: (chunks, kv_heads · head_tiles, rows). A block
+// takes one row, one kv head and a tile of G query heads of that kv head's group, and the
+// chunk-th share of keys 0..pos[row]: it reads each K and V row once and serves all G
+// heads from it, which is what makes GQA bandwidth-efficient. Within the block a key is
+// handled by a group of threads, one 16-byte vector each, with an online softmax in f32
+// (scores in the base-2 domain); the key groups are merged through shared memory. Each
+// block then writes its partial (max, sum, unnormalised output); the last block of a
+// (row, kv head, tile) to arrive, counted with an atomic in the workspace, merges the
+// chunks and writes the output, then resets the counter for the next launch.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <type_traits>
+
+#include "kernels/attention.cuh"
+#include "kernels/common.cuh"
+#include "stepgraph/error_flags.h"
+
+namespace sg::kernels {
+namespace {
+
+constexpr int kThreads = 128;
+constexpr int kWarps = kThreads / kWarpSize;
+constexpr int kMinKeysPerChunk = 64;
+constexpr int kDefaultBlocksPerSm = 4;
+
+constexpr int LargestPow2Divisor(int n, int cap) {
+  int p = 1;
+  while (p < cap && n % (2 * p) == 0) p *= 2;
+  return p;
+}
+
+// How a block of kThreads covers one key row. kHeadDim == 0 is the generic path (any even
+// head dim up to kAttentionMaxHeadDim, pairs of elements per access, predicated on d).
+template <typename T, int kHeadDim, int kTile>
+struct Traits {
+  static constexpr bool kGeneric = kHeadDim == 0;
+  static constexpr int kMaxDim = kGeneric ? kAttentionMaxHeadDim : kHeadDim;
+  static constexpr int kVecElems = kGeneric ? 2 : 16 / static_cast<int>(sizeof(T));
+  static constexpr int kNumVecs = kMaxDim / kVecElems;
+  static constexpr int kThreadsPerKey = LargestPow2Divisor(kNumVecs, kWarpSize);
+  static constexpr int kVecsPerThread = kNumVecs / kThreadsPerKey;
+  static constexpr int kElems = kVecsPerThread * kVecElems;  // per thread and key
+  static constexpr int kKeyGroups = kThreads / kThreadsPerKey;
+  // Keys per key group in flight at once: about four 16-byte loads each of K and V per
+  // thread, fewer when eight heads' accumulators already fill the registers.
+  static constexpr int kUnrollBase = kVecsPerThread >= 4 ? 1 : 4 / kVecsPerThread;
+  static constexpr int kUnroll = kTile >= 8 && kUnrollBase > 1 ? kUnrollBase / 2 : kUnrollBase;
+  static constexpr int kKeysPerIter = kKeyGroups * kUnroll;
+  static constexpr int kWordsPerVec = kVecElems * static_cast<int>(sizeof(T)) / 4;
+  static_assert(kNumVecs % kThreadsPerKey == 0);
+  static_assert(kWordsPerVec == 1 || kWordsPerVec == 2 || kWordsPerVec == 4);
+};
+
+// One 32-bit word of storage as f32 values (two for 16-bit types, element 0 in the low half).
+template <typename T>
+__device__ __forceinline__ void WordToFloats(uint32_t w, float* f) {
+  if constexpr (std::is_same_v<T, float>) {
+    f[0] = __uint_as_float(w);
+  } else if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    f[0] = __uint_as_float(w << 16);
+    f[1] = __uint_as_float(w & 0xffff0000u);
+  } else {
+    f[0] = __half2float(__ushort_as_half(static_cast<unsigned short>(w & 0xffffu)));
+    f[1] = __half2float(__ushort_as_half(static_cast<unsigned short>(w >> 16)));
+  }
+}
+
+// kWords words through the read-only path (K, V and q are not written by this launch).
+template <int kWords>
+__device__ __forceinline__ void LoadWords(const void* p, uint32_t (&w)[kWords]) {
+  if constexpr (kWords == 4) {
+    const uint4 u = __ldg(static_cast<const uint4*>(p));
+    w[0] = u.x;
+    w[1] = u.y;
+    w[2] = u.z;
+    w[3] = u.w;
+  } else if constexpr (kWords == 2) {
+    const uint2 u = __ldg(static_cast<const uint2*>(p));
+    w[0] = u.x;
+    w[1] = u.y;
+  } else {
+    w[0] = __ldg(static_cast<const unsigned int*>(p));
+  }
+}
+
+template <typename T, int kWords>
+__device__ __forceinline__ void WordsToFloats(const uint32_t (&w)[kWords], float* f) {
+  constexpr int kPerWord = 4 / static_cast<int>(sizeof(T));
+#pragma unroll
+  for (int i = 0; i < kWords; ++i) WordToFloats<T>(w[i], f + i * kPerWord);
+}
+
+struct Params {
+  const void* q;
+  const void* k;
+  const void* v;
+  const int32_t* pos;
+  void* out;
+  float scale_log2;  // scale · log2(e): scores come out in the base-2 domain
+  int heads;
+  int kv_heads;
+  int seq_len;
+  int head_dim;
+  int group;       // heads / kv_heads
+  int head_tiles;  // group / kTile
+  int chunks;
+  uint32_t* counters;  // [rows · kv_heads · head_tiles]
+  float2* partial_ml;  // [rows · heads · chunks]: (max in log2 units, sum of 2^(s - max))
+  float* partial_o;    // [rows · heads · chunks · head_dim]: Σ 2^(s - max) · v
+  uint32_t* error_flags;
+};
+
+template <typename T, int kHeadDim, int kTile>
+__global__ void __launch_bounds__(kThreads) AttentionKernel(const Params p) {
+  using Tr = Traits<T, kHeadDim, kTile>;
+  constexpr int kTpk = Tr::kThreadsPerKey;
+  constexpr int kVpt = Tr::kVecsPerThread;
+  constexpr int kVe = Tr::kVecElems;
+  constexpr int kE = Tr::kElems;
+  constexpr int kU = Tr::kUnroll;
+  constexpr int kG = kTile;
+  constexpr int kWords = Tr::kWordsPerVec;
+  constexpr int kMaxDim = Tr::kMaxDim;
+
+  __shared__ float s_m[kWarps][kG];
+  __shared__ float s_l[kWarps][kG];
+  __shared__ float s_acc[kWarps][kG][kMaxDim];
+  __shared__ float s_weight[kG][kAttentionMaxChunks];
+  __shared__ float s_merge[kThreads * 4];
+  __shared__ bool s_last;
+
+  const int d = Tr::kGeneric ? p.head_dim : kHeadDim;
+  const int chunk = blockIdx.x;
+  const int kv_head = blockIdx.y / p.head_tiles;
+  const int tile = blockIdx.y % p.head_tiles;
+  const int row = blockIdx.z;
+  const int head0 = kv_head * p.group + tile * kG;
+  const int64_t out_offset = (static_cast<int64_t>(row) * p.heads + head0) * d;
+  T* out = static_cast<T*>(p.out) + out_offset;
+  const int pos = p.pos[row];
+
+  // Padding rows (pos < 0) and positions outside the cache give zeros; the block of chunk
+  // 0 writes them. The decision depends on the row only, so every block of the row agrees
+  // and none of them touches the counter.
+  if (pos < 0 || pos >= p.seq_len) {
+    if (chunk == 0) {
+      for (int i = threadIdx.x; i < kG * d; i += kThreads) out[i] = FromFloat<T>(0.0f);
+      if (pos >= p.seq_len && blockIdx.y == 0 && threadIdx.x == 0) {
+        atomicOr(p.error_flags, kErrorPositionOutOfRange);
+      }
+    }
+    return;
+  }
+
+  // This chunk's share of keys 0..pos: work follows pos, the grid does not.
+  const int len = pos + 1;
+  const int begin = static_cast<int>(static_cast<int64_t>(len) * chunk / p.chunks);
+  const int end = static_cast<int>(static_cast<int64_t>(len) * (chunk + 1) / p.chunks);
+
+  const int lane_in_key = threadIdx.x % kTpk;
+  const int key_group = threadIdx.x / kTpk;
+  const int lane = threadIdx.x % kWarpSize;
+  const int warp = threadIdx.x / kWarpSize;
+  // First element of this thread's v-th vector within a head row.
+  auto elem = [&](int v) { return (v * kTpk + lane_in_key) * kVe; };
+  auto in_row = [&](int v) { return !Tr::kGeneric || elem(v) < d; };
+
+  float q[kG][kE];
+  {
+    const T* qp = static_cast<const T*>(p.q) + out_offset;
+#pragma unroll
+    for (int g = 0; g < kG; ++g) {
+#pragma unroll
+      for (int v = 0; v < kVpt; ++v) {
+        if (in_row(v)) {
+          uint32_t w[kWords];
+          LoadWords<kWords>(qp + g * d + elem(v), w);
+          WordsToFloats<T, kWords>(w, &q[g][v * kVe]);
+#pragma unroll
+          for (int i = 0; i < kVe; ++i) q[g][v * kVe + i] *= p.scale_log2;
+        } else {
+#pragma unroll
+          for (int i = 0; i < kVe; ++i) q[g][v * kVe + i] = 0.0f;
+        }
+      }
+    }
+  }
+
+  float m[kG], l[kG], acc[kG][kE];
+#pragma unroll
+  for (int g = 0; g < kG; ++g) {
+    m[g] = -INFINITY;
+    l[g] = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kE; ++i) acc[g][i] = 0.0f;
+  }
+
+  const int64_t cache_offset =
+      (static_cast<int64_t>(row) * p.kv_heads + kv_head) * p.seq_len * d;
+  const T* k_rows = static_cast<const T*>(p.k) + cache_offset;
+  const T* v_rows = static_cast<const T*>(p.v) + cache_offset;
+
+  // Every thread runs the same iterations (keys past `end` are masked), so the shuffles
+  // below always see a converged warp.
+  for (int base = begin; base < end; base += Tr::kKeysPerIter) {
+    uint32_t kw[kU][kVpt][kWords], vw[kU][kVpt][kWords];
+    bool valid[kU];
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      const int t = base + u * Tr::kKeyGroups + key_group;
+      valid[u] = t < end;
+#pragma unroll
+      for (int v = 0; v < kVpt; ++v) {
+        if (valid[u] && in_row(v)) {
+          const int64_t at = static_cast<int64_t>(t) * d + elem(v);
+          LoadWords<kWords>(k_rows + at, kw[u][v]);
+          LoadWords<kWords>(v_rows + at, vw[u][v]);
+        } else {
+#pragma unroll
+          for (int i = 0; i < kWords; ++i) kw[u][v][i] = vw[u][v][i] = 0u;
+        }
+      }
+    }
+
+    float s[kU][kG];
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      float kf[kE];
+#pragma unroll
+      for (int v = 0; v < kVpt; ++v) WordsToFloats<T, kWords>(kw[u][v], &kf[v * kVe]);
+#pragma unroll
+      for (int g = 0; g < kG; ++g) {
+        float dot = 0.0f;
+#pragma unroll
+        for (int i = 0; i < kE; ++i) dot = fmaf(q[g][i], kf[i], dot);
+        s[u][g] = dot;
+      }
+    }
+#pragma unroll
+    for (int off = kTpk / 2; off > 0; off /= 2) {
+#pragma unroll
+      for (int u = 0; u < kU; ++u) {
+#pragma unroll
+        for (int g = 0; g < kG; ++g) s[u][g] += __shfl_xor_sync(kFullMask, s[u][g], off);
+      }
+    }
+
+#pragma unroll
+    for (int g = 0; g < kG; ++g) {
+      float m_new = m[g];
+#pragma unroll
+      for (int u = 0; u < kU; ++u) {
+        if (valid[u]) m_new = fmaxf(m_new, s[u][g]);
+      }
+      if (m_new == -INFINITY) continue;  // this key group has seen no key yet
+      const float corr = exp2f(m[g] - m_new);  // 0 while m[g] is still -inf
+      l[g] *= corr;
+#pragma unroll
+      for (int i = 0; i < kE; ++i) acc[g][i] *= corr;
+#pragma unroll
+      for (int u = 0; u < kU; ++u) {
+        if (!valid[u]) continue;
+        const float pw = exp2f(s[u][g] - m_new);
+        l[g] += pw;
+        float vf[kE];
+#pragma unroll
+        for (int v = 0; v < kVpt; ++v) WordsToFloats<T, kWords>(vw[u][v], &vf[v * kVe]);
+#pragma unroll
+        for (int i = 0; i < kE; ++i) acc[g][i] = fmaf(pw, vf[i], acc[g][i]);
+      }
+      m[g] = m_new;
+    }
+  }
+
+  // Merge the key groups: the block's max per head, then rescaled sums over the key groups
+  // of each warp (shuffles) and over the warps (shared memory).
+#pragma unroll
+  for (int g = 0; g < kG; ++g) {
+    float mw = m[g];
+#pragma unroll
+    for (int off = kTpk; off < kWarpSize; off *= 2) {
+      mw = fmaxf(mw, __shfl_xor_sync(kFullMask, mw, off));
+    }
+    if (lane == 0) s_m[warp][g] = mw;
+  }
+  __syncthreads();
+#pragma unroll
+  for (int g = 0; g < kG; ++g) {
+    float block_max = s_m[0][g];
+#pragma unroll
+    for (int w = 1; w < kWarps; ++w) block_max = fmaxf(block_max, s_m[w][g]);
+    const float corr = m[g] == -INFINITY ? 0.0f : exp2f(m[g] - block_max);
+    float lw = l[g] * corr;
+#pragma unroll
+    for (int i = 0; i < kE; ++i) acc[g][i] *= corr;
+#pragma unroll
+    for (int off = kTpk; off < kWarpSize; off *= 2) {
+      lw += __shfl_xor_sync(kFullMask, lw, off);
+#pragma unroll
+      for (int i = 0; i < kE; ++i) acc[g][i] += __shfl_xor_sync(kFullMask, acc[g][i], off);
+    }
+    if (lane < kTpk) {
+#pragma unroll
+      for (int v = 0; v < kVpt; ++v) {
+        if (in_row(v)) {
+#pragma unroll
+          for (int i = 0; i < kVe; ++i) s_acc[warp][g][elem(v) + i] = acc[g][v * kVe + i];
+        }
+      }
+      if (lane == 0) s_l[warp][g] = lw;
+    }
+  }
+  __syncthreads();
+
+  const int64_t part = (static_cast<int64_t>(row) * p.heads + head0) * p.chunks;
+  for (int i = threadIdx.x; i < kG * d; i += kThreads) {
+    const int g = i / d, e = i % d;
+    float o = 0.0f, sum = 0.0f, block_max = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      o += s_acc[w][g][e];
+      sum += s_l[w][g];
+      block_max = fmaxf(block_max, s_m[w][g]);
+    }
+    if (p.chunks == 1) {
+      out[i] = FromFloat<T>(o / sum);  // sum > 0: the only chunk holds every key
+    } else {
+      p.partial_o[(part + static_cast<int64_t>(g) * p.chunks + chunk) * d + e] = o;
+      if (e == 0) {
+        p.partial_ml[part + static_cast<int64_t>(g) * p.chunks + chunk] =
+            make_float2(block_max, sum);
+      }
+    }
+  }
+  if (p.chunks == 1) return;
+
+  // Publish the partial, then count arrivals; the last block merges.
+  __threadfence();
+  __syncthreads();
+  uint32_t* counter =
+      p.counters + (static_cast<int64_t>(row) * p.kv_heads + kv_head) * p.head_tiles + tile;
+  if (threadIdx.x == 0) s_last = atomicAdd(counter, 1u) == static_cast<uint32_t>(p.chunks - 1);
+  __syncthreads();
+  if (!s_last) return;
+  __threadfence();
+
+  // The merge is a latency-bound tail on one multiprocessor, so every load it makes is
+  // issued in batches. Weights of the chunks per head: 2^(max_c - max) / Σ_c sum_c ·
+  // 2^(max_c - max). Partials are read through L2 (ld.cg): other blocks wrote them
+  // during this launch.
+  constexpr int kMlPerLane = kAttentionMaxChunks / kWarpSize;
+  for (int g = warp; g < kG; g += kWarps) {
+    const float2* ml = p.partial_ml + part + static_cast<int64_t>(g) * p.chunks;
+    float2 x[kMlPerLane];
+#pragma unroll
+    for (int i = 0; i < kMlPerLane; ++i) {
+      const int c = lane + i * kWarpSize;
+      x[i] = c < p.chunks ? __ldcg(&ml[c]) : make_float2(-INFINITY, 0.0f);
+    }
+    float mx = -INFINITY;
+#pragma unroll
+    for (int i = 0; i < kMlPerLane; ++i) mx = fmaxf(mx, x[i].x);
+#pragma unroll
+    for (int off = kWarpSize / 2; off > 0; off /= 2) {
+      mx = fmaxf(mx, __shfl_xor_sync(kFullMask, mx, off));
+    }
+    float total = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kMlPerLane; ++i) {
+      total += x[i].y == 0.0f ? 0.0f : x[i].y * exp2f(x[i].x - mx);
+    }
+    const float inv_total = 1.0f / WarpSum(total);
+#pragma unroll
+    for (int i = 0; i < kMlPerLane; ++i) {
+      const int c = lane + i * kWarpSize;
+      if (c < p.chunks) s_weight[g][c] = x[i].y == 0.0f ? 0.0f : exp2f(x[i].x - mx) * inv_total;
+    }
+  }
+  __syncthreads();
+
+  // Output columns of kW consecutive elements (never straddling a head); when there are
+  // fewer columns than threads, several threads share a column's chunks and add up
+  // through shared memory.
+  constexpr int kW = Tr::kGeneric ? 2 : 4;
+  constexpr int kBatch = 16;  // loads in flight per thread
+  using Col = std::conditional_t<kW == 4, float4, float2>;
+  const int columns = kG * d / kW;
+  const int lanes = columns >= kThreads ? 1 : kThreads / columns;
+  const int col0 = columns >= kThreads ? threadIdx.x : threadIdx.x % columns;
+  const int lane_c = columns >= kThreads ? 0 : threadIdx.x / columns;
+  const int col_step = columns >= kThreads ? kThreads : columns;
+  for (int col = col0; col < columns; col += col_step) {
+    float acc_c[kW] = {};
+    if (lane_c < lanes) {
+      const int g = col * kW / d, e = col * kW % d;
+      const float* po = p.partial_o + (part + static_cast<int64_t>(g) * p.chunks) * d + e;
+      for (int c0 = lane_c; c0 < p.chunks; c0 += lanes * kBatch) {
+        Col v[kBatch];
+        float w[kBatch];
+#pragma unroll
+        for (int i = 0; i < kBatch; ++i) {
+          const int c = c0 + i * lanes;
+          if (c < p.chunks) {
+            v[i] = __ldcg(reinterpret_cast<const Col*>(po + static_cast<int64_t>(c) * d));
+            w[i] = s_weight[g][c];
+          } else {
+            v[i] = Col{};
+            w[i] = 0.0f;
+          }
+        }
+#pragma unroll
+        for (int i = 0; i < kBatch; ++i) {
+          const float* f = reinterpret_cast<const float*>(&v[i]);
+#pragma unroll
+          for (int k = 0; k < kW; ++k) acc_c[k] = fmaf(w[i], f[k], acc_c[k]);
+        }
+      }
+    }
+    if (lanes > 1) {  // block-uniform
+#pragma unroll
+      for (int k = 0; k < kW; ++k) s_merge[threadIdx.x * kW + k] = acc_c[k];
+      __syncthreads();
+      if (lane_c == 0) {
+        for (int l = 1; l < lanes; ++l) {
+#pragma unroll
+          for (int k = 0; k < kW; ++k) acc_c[k] += s_merge[(l * columns + col) * kW + k];
+        }
+      }
+    }
+    if (lane_c == 0) {
+#pragma unroll
+      for (int k = 0; k < kW; ++k) out[col * kW + k] = FromFloat<T>(acc_c[k]);
+    }
+  }
+  if (threadIdx.x == 0) *counter = 0u;  // ready for the next launch
+}
+
+// Heads per block: the largest power of two up to 8 that divides the group.
+int GroupTile(int group) {
+  for (int t = 8; t > 1; t /= 2) {
+    if (group % t == 0) return t;
+  }
+  return 1;
+}
+
+bool AlignedTo(const void* p, int bytes) {
+  return (reinterpret_cast<uintptr_t>(p) % static_cast<uintptr_t>(bytes)) == 0;
+}
+
+template <typename T, int kHeadDim, int kTile>
+cudaError_t Launch(const Params& p, int rows, cudaStream_t stream) {
+  const dim3 grid(p.chunks, p.kv_heads * p.head_tiles, rows);
+  AttentionKernel<T, kHeadDim, kTile><<<grid, kThreads, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+template <typename T, int kHeadDim>
+cudaError_t LaunchForTile(const Params& p, int rows, int tile, cudaStream_t stream) {
+  switch (tile) {
+    case 8:
+      return Launch<T, kHeadDim, 8>(p, rows, stream);
+    case 4:
+      return Launch<T, kHeadDim, 4>(p, rows, stream);
+    case 2:
+      return Launch<T, kHeadDim, 2>(p, rows, stream);
+    default:
+      return Launch<T, kHeadDim, 1>(p, rows, stream);
+  }
+}
+
+int64_t RoundUp256(int64_t bytes) { return (bytes + 255) / 256 * 256; }
+
+}  // namespace
+
+const char* AttentionShapeError(const AttentionShape& s) {
+  if (s.rows <= 0 || s.heads <= 0 || s.kv_heads <= 0 || s.seq_len <= 0 || s.head_dim <= 0) {
+    return "every dimension must be positive";
+  }
+  if (s.heads % s.kv_heads != 0) return "heads must be a multiple of kv_heads";
+  if (s.head_dim % 2 != 0) return "head_dim must be even";
+  if (s.head_dim > kAttentionMaxHeadDim) return "head_dim must be at most 256";
+  if (s.rows > 65535) return "at most 65535 rows per launch";
+  if (static_cast<int64_t>(s.kv_heads) * (s.heads / s.kv_heads) > 65535) {
+    return "too many heads for one launch";
+  }
+  return "";
+}
+
+int ChooseAttentionChunks(const AttentionShape& s, int sm_count, int target_blocks) {
+  if (target_blocks <= 0) target_blocks = std::max(1, sm_count) * kDefaultBlocksPerSm;
+  const int group = std::max(1, s.heads / std::max(1, s.kv_heads));
+  const int64_t blocks_per_chunk =
+      static_cast<int64_t>(s.rows) * s.kv_heads * (group / GroupTile(group));
+  int64_t chunks = (target_blocks + blocks_per_chunk - 1) / blocks_per_chunk;
+  chunks = std::min<int64_t>(chunks, CeilDiv(s.seq_len, kMinKeysPerChunk));
+  chunks = std::min<int64_t>(chunks, kAttentionMaxChunks);
+  return static_cast<int>(std::max<int64_t>(chunks, 1));
+}
+
+int64_t AttentionWorkspaceBytes(const AttentionShape& s, int chunks) {
+  const int64_t row_heads = static_cast<int64_t>(s.rows) * s.heads;
+  return RoundUp256(row_heads * static_cast<int64_t>(sizeof(uint32_t))) +
+         RoundUp256(row_heads * chunks * static_cast<int64_t>(sizeof(float2))) +
+         RoundUp256(row_heads * chunks * s.head_dim * static_cast<int64_t>(sizeof(float)));
+}
+
+cudaError_t LaunchAttention(const AttentionArgs& args, const AttentionShape& s, int chunks,
+                            DType dtype, cudaStream_t stream) {
+  if (AttentionShapeError(s)[0] != '\0') return cudaErrorInvalidValue;
+  if (chunks < 1 || chunks > kAttentionMaxChunks) return cudaErrorInvalidValue;
+  if (chunks > 1 && args.workspace == nullptr) return cudaErrorInvalidValue;
+
+  Params p;
+  p.q = args.q;
+  p.k = args.k_cache;
+  p.v = args.v_cache;
+  p.pos = args.pos;
+  p.out = args.out;
+  p.scale_log2 = args.scale * 1.4426950408889634f;
+  p.heads = s.heads;
+  p.kv_heads = s.kv_heads;
+  p.seq_len = s.seq_len;
+  p.head_dim = s.head_dim;
+  p.group = s.heads / s.kv_heads;
+  const int tile = GroupTile(p.group);
+  p.head_tiles = p.group / tile;
+  p.chunks = chunks;
+  const int64_t row_heads = static_cast<int64_t>(s.rows) * s.heads;
+  char* ws = static_cast<char*>(args.workspace);
+  p.counters = reinterpret_cast<uint32_t*>(ws);
+  p.partial_ml = ws == nullptr ? nullptr
+                               : reinterpret_cast<float2*>(
+                                     ws + RoundUp256(row_heads * static_cast<int64_t>(sizeof(uint32_t))));
+  p.partial_o = ws == nullptr
+                    ? nullptr
+                    : reinterpret_cast<float*>(
+                          reinterpret_cast<char*>(p.partial_ml) +
+                          RoundUp256(row_heads * chunks * static_cast<int64_t>(sizeof(float2))));
+  p.error_flags = args.error_flags;
+
+  return DispatchFloat(dtype, [&](auto tag) -> cudaError_t {
+    using T = typename decltype(tag)::type;
+    const void* buffers[] = {args.q, args.k_cache, args.v_cache, args.out};
+    bool aligned16 = true, aligned_pair = true;
+    for (const void* b : buffers) {
+      aligned16 = aligned16 && AlignedTo(b, 16);
+      aligned_pair = aligned_pair && AlignedTo(b, 2 * static_cast<int>(sizeof(T)));
+    }
+    if (!aligned_pair) return cudaErrorInvalidValue;
+    switch (aligned16 ? s.head_dim : 0) {
+      case 32:
+        return LaunchForTile<T, 32>(p, s.rows, tile, stream);
+      case 64:
+        return LaunchForTile<T, 64>(p, s.rows, tile, stream);
+      case 128:
+        return LaunchForTile<T, 128>(p, s.rows, tile, stream);
+      case 256:
+        return LaunchForTile<T, 256>(p, s.rows, tile, stream);
+      default:
+        return LaunchForTile<T, 0>(p, s.rows, tile, stream);
+    }
+  });
+}
+
+}  // namespace sg::kernels

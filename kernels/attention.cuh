@@ -1,0 +1,65 @@
+// Launcher for decode attention: one query token per row against the first pos[i] + 1
+// entries of that row's KV-cache slot, split over the KV length into a fixed number of
+// chunks whose partial softmax states are merged inside the same launch (the last block
+// to finish a (row, kv head) merges). The launch shape is a function of the shapes and
+// the device only, never of the positions, so a captured launch stays valid as they move.
+#ifndef STEPGRAPH_KERNELS_ATTENTION_CUH_
+#define STEPGRAPH_KERNELS_ATTENTION_CUH_
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "stepgraph/dtype.h"
+
+namespace sg::kernels {
+
+// q[rows, heads·head_dim]; caches [slots >= rows, kv_heads, seq_len, head_dim], row i
+// reading slot i.
+struct AttentionShape {
+  int rows = 0;
+  int heads = 0;
+  int kv_heads = 0;
+  int seq_len = 0;
+  int head_dim = 0;
+};
+
+// The largest head dim the kernels take; any even head dim up to it works, and 32, 64,
+// 128 and 256 get 16-byte loads.
+inline constexpr int kAttentionMaxHeadDim = 256;
+// Upper bound on chunks (the merging block keeps one weight per chunk in shared memory).
+inline constexpr int kAttentionMaxChunks = 256;
+
+// Empty when the kernels take `s`, else what is wrong with it.
+const char* AttentionShapeError(const AttentionShape& s);
+
+// KV-length chunks for `s` on a device with `sm_count` multiprocessors: enough blocks to
+// fill the device at pos = seq_len - 1, but at least 64 keys per chunk. `target_blocks`
+// overrides the block count aimed at (0: the default, 4 blocks per multiprocessor).
+int ChooseAttentionChunks(const AttentionShape& s, int sm_count, int target_blocks = 0);
+
+// Bytes of device workspace a launch with `chunks` needs: per-(row, head) arrival
+// counters, which must be zero before the first launch (every launch leaves them zero),
+// then the chunks' partial softmax states.
+int64_t AttentionWorkspaceBytes(const AttentionShape& s, int chunks);
+
+struct AttentionArgs {
+  const void* q = nullptr;
+  const void* k_cache = nullptr;
+  const void* v_cache = nullptr;
+  const int32_t* pos = nullptr;  // device, [rows]
+  void* out = nullptr;           // [rows, heads·head_dim], same dtype as q
+  float scale = 0.0f;            // multiplies q·k before the softmax
+  void* workspace = nullptr;     // AttentionWorkspaceBytes(shape, chunks)
+  uint32_t* error_flags = nullptr;  // kErrorPositionOutOfRange is OR-ed in for pos >= seq_len
+};
+
+// One launch. Rows with pos < 0 get zeros; rows with pos >= seq_len get zeros and raise
+// the flag. cudaErrorInvalidValue for a shape AttentionShapeError refuses, a chunk count
+// outside [1, kAttentionMaxChunks] or buffers not aligned to two elements.
+cudaError_t LaunchAttention(const AttentionArgs& args, const AttentionShape& shape, int chunks,
+                            DType dtype, cudaStream_t stream);
+
+}  // namespace sg::kernels
+
+#endif  // STEPGRAPH_KERNELS_ATTENTION_CUH_

@@ -1,0 +1,119 @@
+// Device-side helpers shared by stepgraph's kernel families (.cu files only; host code
+// includes the per-family launcher headers instead): the runtime-dtype to compile-time-type
+// dispatch, 16-byte vectors, f32 conversions that round as the CPU reference does, and
+// warp/block reductions built on shuffles.
+#ifndef STEPGRAPH_KERNELS_COMMON_CUH_
+#define STEPGRAPH_KERNELS_COMMON_CUH_
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "stepgraph/dtype.h"
+
+namespace sg::kernels {
+
+constexpr unsigned kFullMask = 0xffffffffu;
+constexpr int kWarpSize = 32;
+
+constexpr int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Calls f(std::type_identity<T>{}) with T the storage type of a float dtype, so that the
+// kernel template is chosen at compile time; i32 and unknown values are refused.
+template <typename F>
+cudaError_t DispatchFloat(DType t, F&& f) {
+  switch (t) {
+    case DType::kF32:
+      return f(std::type_identity<float>{});
+    case DType::kBF16:
+      return f(std::type_identity<__nv_bfloat16>{});
+    case DType::kF16:
+      return f(std::type_identity<__half>{});
+    case DType::kI32:
+      break;
+  }
+  return cudaErrorInvalidValue;
+}
+
+// Elements of T in one 16-byte access.
+template <typename T>
+constexpr int kVec16 = static_cast<int>(16 / sizeof(T));
+
+// Calls f(std::integral_constant<int, W>{}) with W = kVec16<T> when every access can be a
+// 16-byte vector, else W = 1 (scalar accesses for odd sizes or unaligned buffers).
+template <typename T, typename F>
+cudaError_t DispatchVecWidth(bool vectorize, F&& f) {
+  if (vectorize) return f(std::integral_constant<int, kVec16<T>>{});
+  return f(std::integral_constant<int, 1>{});
+}
+
+inline bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+// W elements of T loaded or stored as one access of W * sizeof(T) bytes.
+template <typename T, int W>
+struct alignas(sizeof(T) * W) Vec {
+  T v[W];
+};
+
+template <typename T, int W>
+__device__ __forceinline__ Vec<T, W> LoadVec(const T* p) {
+  return *reinterpret_cast<const Vec<T, W>*>(p);
+}
+template <typename T, int W>
+__device__ __forceinline__ void StoreVec(T* p, const Vec<T, W>& v) {
+  *reinterpret_cast<Vec<T, W>*>(p) = v;
+}
+
+__device__ __forceinline__ float ToFloat(float v) { return v; }
+__device__ __forceinline__ float ToFloat(__nv_bfloat16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ float ToFloat(__half v) { return __half2float(v); }
+
+// Round to nearest even, as the CPU reference's FloatToBF16 / FloatToHalf.
+template <typename T>
+__device__ __forceinline__ T FromFloat(float v) {
+  if constexpr (std::is_same_v<T, float>) {
+    return v;
+  } else if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    return __float2bfloat16_rn(v);
+  } else {
+    static_assert(std::is_same_v<T, __half>);
+    return __float2half_rn(v);
+  }
+}
+
+// v as T would hold it, back in f32: models Hugging Face's intermediate roundings.
+template <typename T>
+__device__ __forceinline__ float RoundTo(float v) {
+  return ToFloat(FromFloat<T>(v));
+}
+
+__device__ __forceinline__ float WarpSum(float v) {
+#pragma unroll
+  for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
+    v += __shfl_xor_sync(kFullMask, v, offset);
+  }
+  return v;
+}
+
+// Sum over the block, returned to every thread. `scratch` is __shared__ float[33]; calls
+// may follow one another with the same scratch.
+__device__ __forceinline__ float BlockSum(float v, float* scratch) {
+  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
+  v = WarpSum(v);
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  if (warp == 0) {
+    const int warps = (blockDim.x + kWarpSize - 1) / kWarpSize;
+    v = WarpSum(lane < warps ? scratch[lane] : 0.0f);
+    if (lane == 0) scratch[kWarpSize] = v;
+  }
+  __syncthreads();
+  return scratch[kWarpSize];
+}
+
+}  // namespace sg::kernels
+
+#endif  // STEPGRAPH_KERNELS_COMMON_CUH_

@@ -1,0 +1,31 @@
+// Launchers for the elementwise family: Add, Mul, Silu, SiluMul (f32, bf16, f16 storage,
+// f32 math; Add also on i32, wrapping) and Advance (pos + 1 where pos >= 0). Each is one
+// launch on `stream`; the result is cudaGetLastError() after it. n counts elements.
+#ifndef STEPGRAPH_KERNELS_ELEMENTWISE_CUH_
+#define STEPGRAPH_KERNELS_ELEMENTWISE_CUH_
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "stepgraph/dtype.h"
+
+namespace sg::kernels {
+
+// y = a + b.
+cudaError_t LaunchAdd(const void* a, const void* b, void* y, int64_t n, DType dtype,
+                      cudaStream_t stream);
+// y = a · b.
+cudaError_t LaunchMul(const void* a, const void* b, void* y, int64_t n, DType dtype,
+                      cudaStream_t stream);
+// y = x · sigmoid(x).
+cudaError_t LaunchSilu(const void* x, void* y, int64_t n, DType dtype, cudaStream_t stream);
+// y = silu(gate) · up.
+cudaError_t LaunchSiluMul(const void* gate, const void* up, void* y, int64_t n, DType dtype,
+                          cudaStream_t stream);
+// pos[i] += 1 where pos[i] >= 0, in place.
+cudaError_t LaunchAdvance(int32_t* pos, int64_t n, cudaStream_t stream);
+
+}  // namespace sg::kernels
+
+#endif  // STEPGRAPH_KERNELS_ELEMENTWISE_CUH_

@@ -1,0 +1,128 @@
+// The rotary family.
+//
+// Rope: one thread per rotated pair, a 1-D grid over rows · cols / 2. The angle is the f32
+// product pos · inv_freq[j] with the host-computed table, and cos/sin are the accurate
+// sincosf (positions reach 131072, far outside what the fast intrinsics keep accurate).
+// Products are rounded explicitly (__fmul_rn, then to the storage type) so that the result
+// follows the reference's order of rounding rather than whatever the compiler contracts.
+//
+// KvWrite: a copy of raw bytes, one thread per 16-byte unit (or per element when a head's
+// row is not a multiple of 16 bytes or a buffer is unaligned), over rows · kv_heads ·
+// units-per-head.
+#include <algorithm>
+
+#include "kernels/common.cuh"
+#include "kernels/rope.cuh"
+#include "stepgraph/error_flags.h"
+
+namespace sg::kernels {
+namespace {
+
+constexpr int kThreads = 256;
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    RopeKernel(const T* __restrict__ x, const int32_t* __restrict__ pos,
+               const float* __restrict__ inv_freq, T* __restrict__ y, int64_t rows,
+               int64_t cols, int head_dim, bool interleaved) {
+  const int64_t pairs_per_row = cols / 2;
+  const int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (t >= rows * pairs_per_row) return;
+  const int64_t row = t / pairs_per_row;
+  const int64_t pair = t - row * pairs_per_row;
+  const int half = head_dim / 2;
+  const int64_t head = pair / half;
+  const int j = static_cast<int>(pair - head * half);
+  const int64_t base = row * cols + head * head_dim;
+  const int64_t a = base + (interleaved ? 2 * j : j);
+  const int64_t b = base + (interleaved ? 2 * j + 1 : j + half);
+  const T x1 = x[a], x2 = x[b];
+  const int32_t p = pos[row];
+  if (p < 0) {  // padding row: unchanged
+    y[a] = x1;
+    y[b] = x2;
+    return;
+  }
+  float s, c;
+  sincosf(__fmul_rn(static_cast<float>(p), inv_freq[j]), &s, &c);
+  // HF: cos and sin cast to the model dtype; each product and the sum in that dtype.
+  c = RoundTo<T>(c);
+  s = RoundTo<T>(s);
+  const float f1 = ToFloat(x1), f2 = ToFloat(x2);
+  y[a] = FromFloat<T>(RoundTo<T>(__fmul_rn(f1, c)) - RoundTo<T>(__fmul_rn(f2, s)));
+  y[b] = FromFloat<T>(RoundTo<T>(__fmul_rn(f2, c)) + RoundTo<T>(__fmul_rn(f1, s)));
+}
+
+template <typename U>
+__global__ void __launch_bounds__(kThreads)
+    KvWriteKernel(const U* __restrict__ kv, const int32_t* __restrict__ pos,
+                  U* __restrict__ cache, int64_t rows, int64_t kv_heads, int64_t seq,
+                  int64_t units_per_head, uint32_t* error_flags) {
+  const int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t units_per_row = kv_heads * units_per_head;
+  if (t >= rows * units_per_row) return;
+  const int64_t row = t / units_per_row;
+  const int32_t p = pos[row];
+  if (p < 0) return;  // padding row
+  const int64_t in_row = t - row * units_per_row;
+  if (p >= seq) {
+    if (in_row == 0) atomicOr(error_flags, static_cast<uint32_t>(kErrorPositionOutOfRange));
+    return;
+  }
+  const int64_t head = in_row / units_per_head;
+  const int64_t unit = in_row - head * units_per_head;
+  cache[((row * kv_heads + head) * seq + p) * units_per_head + unit] = kv[t];
+}
+
+template <typename U>
+cudaError_t LaunchKvUnits(const void* kv, const int32_t* pos, void* cache, int64_t rows,
+                          int64_t kv_heads, int64_t seq, int64_t head_bytes,
+                          uint32_t* error_flags, cudaStream_t stream) {
+  const int64_t units_per_head = head_bytes / static_cast<int64_t>(sizeof(U));
+  const int64_t blocks = CeilDiv(rows * kv_heads * units_per_head, kThreads);
+  KvWriteKernel<U><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
+      static_cast<const U*>(kv), pos, static_cast<U*>(cache), rows, kv_heads, seq,
+      units_per_head, error_flags);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+cudaError_t LaunchRope(const void* x, const int32_t* pos, const float* inv_freq, void* y,
+                       int64_t rows, int64_t cols, int head_dim, bool interleaved, DType dtype,
+                       cudaStream_t stream) {
+  if (rows <= 0 || head_dim <= 0 || head_dim % 2 != 0 || cols <= 0 || cols % head_dim != 0 ||
+      inv_freq == nullptr) {
+    return cudaErrorInvalidValue;
+  }
+  return DispatchFloat(dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const int64_t blocks = CeilDiv(rows * cols / 2, kThreads);
+    RopeKernel<T><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
+        static_cast<const T*>(x), pos, inv_freq, static_cast<T*>(y), rows, cols, head_dim,
+        interleaved);
+    return cudaGetLastError();
+  });
+}
+
+cudaError_t LaunchKvWrite(const void* kv, const int32_t* pos, void* cache, int64_t rows,
+                          int64_t kv_heads, int64_t seq, int64_t head_dim, DType dtype,
+                          uint32_t* error_flags, cudaStream_t stream) {
+  if (rows <= 0 || kv_heads <= 0 || seq <= 0 || head_dim <= 0 || !IsFloat(dtype) ||
+      error_flags == nullptr) {
+    return cudaErrorInvalidValue;
+  }
+  const int64_t head_bytes = head_dim * DTypeBytes(dtype);
+  if (head_bytes % 16 == 0 && Aligned16(kv) && Aligned16(cache)) {
+    return LaunchKvUnits<uint4>(kv, pos, cache, rows, kv_heads, seq, head_bytes, error_flags,
+                                stream);
+  }
+  if (DTypeBytes(dtype) == 4) {
+    return LaunchKvUnits<uint32_t>(kv, pos, cache, rows, kv_heads, seq, head_bytes,
+                                   error_flags, stream);
+  }
+  return LaunchKvUnits<uint16_t>(kv, pos, cache, rows, kv_heads, seq, head_bytes, error_flags,
+                                 stream);
+}
+
+}  // namespace sg::kernels

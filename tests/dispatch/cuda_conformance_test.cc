@@ -1,0 +1,224 @@
+// The op-conformance table: every op of SG_OP_LIST at decode shapes, in f32, bf16 and
+// f16, run on the CPU reference and on CudaDispatch and compared (see
+// tests/testing/conformance.h), plus whole one- and four-layer Llama steps.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "models/llama.h"
+#include "tests/testing/conformance.h"
+
+namespace sg::testing {
+namespace {
+
+constexpr DType kFloatTypes[] = {DType::kF32, DType::kBF16, DType::kF16};
+
+double Tol(DType t) { return t == DType::kF32 ? 1e-5 : 1e-2; }
+
+std::string Name(absl::string_view op, DType t, absl::string_view shape) {
+  return absl::StrCat(op, "/", DTypeName(t), "/", shape);
+}
+
+std::vector<OpCase> AllCases() {
+  std::vector<OpCase> cases;
+  auto add = [&](OpCase c) { cases.push_back(std::move(c)); };
+
+  for (DType t : kFloatTypes) {
+    // Embedding.
+    for (int64_t m : {1, 8}) {
+      add({.name = Name("Embedding", t, absl::StrCat("V1000xH256/M", m)),
+           .build = [=](GraphBuilder& b) {
+             auto out = b.Embedding(b.Weight("table", t, {1000, 256}), b.Input("ids", DType::kI32, {m}));
+             b.Output("out", out);
+           },
+           .tolerance = 0.0,
+           .int_hi = 1000});
+    }
+    add({.name = Name("Embedding", t, "bad_ids"),
+         .build = [=](GraphBuilder& b) {
+           b.Output("out", b.Embedding(b.Weight("table", t, {64, 128}), b.Input("ids", DType::kI32, {4})));
+         },
+         .tolerance = 0.0,
+         .int_values = {{"ids", {-1, 5, 64, 7}}}});
+
+    // MatMul, with and without bias, at decode shapes and odd ones.
+    struct Mm { int64_t m, k, n; bool bias; };
+    for (Mm s : {Mm{1, 2048, 2048, false}, Mm{1, 2048, 512, false}, Mm{8, 2048, 8192, false},
+                 Mm{1, 8192, 2048, false}, Mm{3, 257, 129, false}, Mm{8, 512, 1000, true},
+                 Mm{1, 64, 64, true}}) {
+      add({.name = Name("MatMul", t, absl::StrCat(s.m, "x", s.k, "x", s.n, s.bias ? "+bias" : "")),
+           .build = [=](GraphBuilder& b) {
+             auto x = b.Input("x", t, {s.m, s.k});
+             auto w = b.Weight("w", t, {s.n, s.k});
+             b.Output("out", s.bias ? b.MatMul(x, w, b.Weight("bias", t, {s.n})) : b.MatMul(x, w));
+           },
+           .tolerance = Tol(t)});
+    }
+
+    for (int64_t rows : {1, 8}) {
+      for (int64_t h : {2048, 100}) {
+        const std::string shape = absl::StrCat(rows, "x", h);
+        add({.name = Name("RmsNorm", t, shape),
+             .build = [=](GraphBuilder& b) {
+               b.Output("out", b.RmsNorm(b.Input("x", t, {rows, h}), b.Weight("w", t, {h}), 1e-5f));
+             },
+             .tolerance = Tol(t)});
+        add({.name = Name("Add", t, shape),
+             .build = [=](GraphBuilder& b) {
+               b.Output("out", b.Add(b.Input("a", t, {rows, h}), b.Input("b", t, {rows, h})));
+             },
+             .tolerance = Tol(t)});
+        add({.name = Name("Mul", t, shape),
+             .build = [=](GraphBuilder& b) {
+               b.Output("out", b.Mul(b.Input("a", t, {rows, h}), b.Input("b", t, {rows, h})));
+             },
+             .tolerance = Tol(t)});
+        add({.name = Name("Silu", t, shape),
+             .build = [=](GraphBuilder& b) { b.Output("out", b.Silu(b.Input("x", t, {rows, h}))); },
+             .tolerance = Tol(t), .float_range = 6.0f});
+        add({.name = Name("SiluMul", t, shape),
+             .build = [=](GraphBuilder& b) {
+               b.Output("out", b.SiluMul(b.Input("g", t, {rows, h}), b.Input("u", t, {rows, h})));
+             },
+             .tolerance = Tol(t), .float_range = 6.0f});
+        add({.name = Name("Softmax", t, shape),
+             .build = [=](GraphBuilder& b) { b.Output("out", b.Softmax(b.Input("x", t, {rows, h}))); },
+             .tolerance = Tol(t), .float_range = 8.0f});
+      }
+    }
+    add({.name = Name("Softmax", t, "2x128256"),
+         .build = [=](GraphBuilder& b) { b.Output("out", b.Softmax(b.Input("x", t, {2, 128256}))); },
+         .tolerance = Tol(t), .float_range = 8.0f});
+
+    // Rope: HF rotate_half and interleaved pairs, Llama-3 scaling, a padding row.
+    for (bool interleaved : {false, true}) {
+      for (bool llama3 : {false, true}) {
+        ops::Rope rope{.head_dim = 64, .theta = llama3 ? 500000.0f : 10000.0f,
+                       .interleaved = interleaved};
+        if (llama3) rope.scaling = {ops::RopeScaling::Type::kLlama3, 32.0f, 1.0f, 4.0f, 8192};
+        add({.name = Name("Rope", t, absl::StrCat("4x32x64", interleaved ? "/interleaved" : "",
+                                                  llama3 ? "/llama3" : "")),
+             .build = [=](GraphBuilder& b) {
+               b.Output("out", b.Rope(b.Input("x", t, {4, 32 * 64}), b.Input("pos", DType::kI32, {4}), rope));
+             },
+             .tolerance = Tol(t),
+             .int_values = {{"pos", {0, 1, 4095, -1}}}});
+      }
+    }
+    add({.name = Name("Rope", t, "8x8x128/random_pos"),
+         .build = [=](GraphBuilder& b) {
+           b.Output("out", b.Rope(b.Input("x", t, {8, 8 * 128}), b.Input("pos", DType::kI32, {8}),
+                                  ops::Rope{.head_dim = 128, .theta = 10000.0f}));
+         },
+         .tolerance = Tol(t), .int_hi = 8192});
+
+    // KvWrite: random cache contents must survive outside the written rows.
+    add({.name = Name("KvWrite", t, "M4/slots6/kvh8/S128/d64"),
+         .build = [=](GraphBuilder& b) {
+           auto cache = b.State("cache", t, {6, 8, 128, 64});
+           b.KvWrite(b.Input("kv", t, {4, 8 * 64}), b.Input("pos", DType::kI32, {4}), cache);
+         },
+         .tolerance = 0.0,
+         .int_values = {{"pos", {0, 127, -1, 64}}}});
+    add({.name = Name("KvWrite", t, "out_of_range_pos"),
+         .build = [=](GraphBuilder& b) {
+           auto cache = b.State("cache", t, {2, 2, 16, 32});
+           b.KvWrite(b.Input("kv", t, {2, 2 * 32}), b.Input("pos", DType::kI32, {2}), cache);
+         },
+         .tolerance = 0.0,
+         .int_values = {{"pos", {16, 3}}}});
+
+    // Attention: GQA and MHA; positions 0, S-1, random; padding and out-of-range rows.
+    struct At { int64_t m, heads, kv_heads, seq, d; std::vector<int32_t> pos; };
+    for (const At& s : {At{1, 32, 8, 4096, 64, {4095}}, At{4, 32, 8, 1024, 64, {0, 1023, 17, 500}},
+                        At{3, 8, 8, 256, 128, {255, 0, 100}}, At{8, 32, 8, 512, 64, {}},
+                        At{4, 4, 2, 64, 32, {-1, 64, 10, 63}}}) {
+      add({.name = Name("Attention", t, absl::StrCat("M", s.m, "/h", s.heads, "/kvh", s.kv_heads,
+                                                     "/S", s.seq, "/d", s.d)),
+           .build = [=](GraphBuilder& b) {
+             auto q = b.Input("q", t, {s.m, s.heads * s.d});
+             auto kc = b.State("k_cache", t, {s.m, s.kv_heads, s.seq, s.d});
+             auto vc = b.State("v_cache", t, {s.m, s.kv_heads, s.seq, s.d});
+             b.Output("out", b.Attention(q, kc, vc, b.Input("pos", DType::kI32, {s.m})));
+           },
+           .tolerance = Tol(t),
+           .int_lo = 0,
+           .int_hi = static_cast<int32_t>(s.seq),
+           .int_values = {{"pos", s.pos}}});
+    }
+
+    // Argmax (exact ties are common in random bf16 data: the lowest index must win).
+    for (int64_t v : {1000, 128256}) {
+      add({.name = Name("Argmax", t, absl::StrCat("4x", v)),
+           .build = [=](GraphBuilder& b) { b.Output("out", b.Argmax(b.Input("x", t, {4, v}))); },
+           .tolerance = 0.0});
+    }
+    // Sample with top_k = 1 is deterministic: the top token.
+    add({.name = Name("Sample", t, "top_k1/4x32000"),
+         .build = [=](GraphBuilder& b) {
+           b.Output("out", b.Sample(b.Input("x", t, {4, 32000}), b.Input("seeds", DType::kI32, {4}),
+                                    b.Input("pos", DType::kI32, {4}),
+                                    ops::Sample{.temperature = 0.7f, .top_k = 1}));
+         },
+         .tolerance = 0.0, .int_hi = 1000});
+
+    add({.name = Name("Copy", t, "8x16"),
+         .build = [=](GraphBuilder& b) {
+           auto dst = b.State("dst", t, {8, 16});
+           b.Copy(b.Input("src", t, {8, 16}), dst);
+         },
+         .tolerance = 0.0});
+  }
+
+  add({.name = "Add/i32/8x16",
+       .build = [](GraphBuilder& b) {
+         b.Output("out", b.Add(b.Input("a", DType::kI32, {8, 16}), b.Input("b", DType::kI32, {8, 16})));
+       },
+       .int_lo = -1000, .int_hi = 1000});
+  add({.name = "Copy/i32/ids",
+       .build = [](GraphBuilder& b) {
+         auto ids = b.Input("ids", DType::kI32, {5});
+         b.Copy(b.Input("next", DType::kI32, {5}), ids);
+       }});
+  add({.name = "Advance/i32/pos",
+       .build = [](GraphBuilder& b) { b.Advance(b.Input("pos", DType::kI32, {6})); },
+       .int_values = {{"pos", {0, 5, -1, 100, -7, 4094}}}});
+
+  // Whole Llama-shaped steps (f32, closed loop so Copy and Advance run in context).
+  for (int64_t layers : {1, 4}) {
+    for (int64_t batch : {1, 3}) {
+      add({.name = absl::StrCat("Llama/f32/layers", layers, "/batch", batch),
+           .graph = [=] {
+             LlamaConfig config = TinyLlamaConfig();
+             config.num_hidden_layers = layers;
+             return BuildLlamaDecodeGraph(
+                 config, {.batch = batch, .max_seq = 64, .closed_loop = true});
+           },
+           .tolerance = 1e-4,
+           .int_hi = 64,
+           .float_range = 0.2f});
+    }
+  }
+  return cases;
+}
+
+class ConformanceTest : public ::testing::TestWithParam<OpCase> {};
+
+TEST_P(ConformanceTest, CpuAndCudaAgree) {
+  if (!HasCudaDevice()) GTEST_SKIP() << "no CUDA device";
+  RunConformance(GetParam());
+}
+
+INSTANTIATE_TEST_SUITE_P(Ops, ConformanceTest, ::testing::ValuesIn(AllCases()),
+                         [](const ::testing::TestParamInfo<OpCase>& info) {
+                           std::string n = info.param.name;
+                           for (char& ch : n) {
+                             if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+                           }
+                           return n;
+                         });
+
+}  // namespace
+}  // namespace sg::testing

@@ -1,0 +1,321 @@
+// What the op-conformance table cannot reach: the kernels' fallbacks for buffers that are
+// not 16-byte aligned (every tensor there is bound at an aligned address), cuBLASLt's
+// element-aligned algorithm, and how MatmulRunner picks a matmul path (the policy parsed
+// from STEPGRAPH_MATMUL, then per shape). GPU cases GTEST_SKIP without a device.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "dispatch/cuda/cuda_handles.h"
+#include "dispatch/cuda/cuda_status.h"
+#include "dispatch/cuda/matmul.h"
+#include "stepgraph/builder.h"
+#include "stepgraph/cpu_dispatch.h"
+#include "stepgraph/cuda_dispatch.h"
+#include "stepgraph/plan.h"
+#include "tests/testing/util.h"
+
+namespace sg::testing {
+namespace {
+
+// Sets STEPGRAPH_MATMUL (or unsets it for nullptr) for the scope, then restores it.
+class ScopedMatmulEnv {
+ public:
+  explicit ScopedMatmulEnv(const char* value) {
+    const char* old = std::getenv("STEPGRAPH_MATMUL");
+    had_old_ = old != nullptr;
+    if (had_old_) old_ = old;
+    if (value == nullptr) {
+      unsetenv("STEPGRAPH_MATMUL");
+    } else {
+      setenv("STEPGRAPH_MATMUL", value, 1);
+    }
+  }
+  ~ScopedMatmulEnv() {
+    if (had_old_) {
+      setenv("STEPGRAPH_MATMUL", old_.c_str(), 1);
+    } else {
+      unsetenv("STEPGRAPH_MATMUL");
+    }
+  }
+
+ private:
+  bool had_old_ = false;
+  std::string old_;
+};
+
+TEST(MatmulPolicyTest, ParsesTheEnvironment) {
+  using internal::MatmulPolicy;
+  using internal::MatmulPolicyFromEnv;
+  {
+    ScopedMatmulEnv env(nullptr);
+    EXPECT_EQ(*MatmulPolicyFromEnv(), MatmulPolicy::kAuto);
+  }
+  {
+    ScopedMatmulEnv env("auto");
+    EXPECT_EQ(*MatmulPolicyFromEnv(), MatmulPolicy::kAuto);
+  }
+  {
+    ScopedMatmulEnv env("cublaslt");
+    EXPECT_EQ(*MatmulPolicyFromEnv(), MatmulPolicy::kCublasLt);
+  }
+  {
+    ScopedMatmulEnv env("gemv");
+    EXPECT_EQ(*MatmulPolicyFromEnv(), MatmulPolicy::kGemv);
+  }
+  {
+    ScopedMatmulEnv env("cuBLAS");
+    absl::StatusOr<MatmulPolicy> policy = MatmulPolicyFromEnv();
+    ASSERT_FALSE(policy.ok());
+    EXPECT_EQ(policy.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(policy.status().message().find("STEPGRAPH_MATMUL"), absl::string_view::npos);
+    EXPECT_NE(policy.status().message().find("cuBLAS"), absl::string_view::npos);
+  }
+}
+
+TEST(MatmulRunnerTest, PathFollowsPolicyAndShape) {
+  if (!CudaDeviceAvailable()) GTEST_SKIP() << "no CUDA device";
+  using internal::MatmulPath;
+  using internal::MatmulPolicy;
+  using internal::MatmulRunner;
+  using internal::MatmulShape;
+  const MatmulShape decode{1, 512, 256, DType::kBF16, false};
+  const MatmulShape batch8{8, 512, 256, DType::kBF16, true};
+  const MatmulShape prefill{16, 512, 256, DType::kBF16, false};
+  struct Want {
+    MatmulPolicy policy;
+    MatmulPath decode, batch8, prefill;
+  };
+  for (const Want& w : {Want{MatmulPolicy::kAuto, MatmulPath::kGemv, MatmulPath::kGemv,
+                             MatmulPath::kCublasLt},
+                        Want{MatmulPolicy::kCublasLt, MatmulPath::kCublasLt,
+                             MatmulPath::kCublasLt, MatmulPath::kCublasLt},
+                        Want{MatmulPolicy::kGemv, MatmulPath::kGemv, MatmulPath::kGemv,
+                             MatmulPath::kCublasLt}}) {
+    SCOPED_TRACE(static_cast<int>(w.policy));
+    absl::StatusOr<std::unique_ptr<MatmulRunner>> runner =
+        MatmulRunner::Create(CudaDeviceInfo{}, 1 << 20, w.policy);
+    ASSERT_TRUE(runner.ok()) << runner.status();
+    EXPECT_EQ((*runner)->PathFor(decode).status().code(), absl::StatusCode::kNotFound);
+    for (const MatmulShape& s : {decode, batch8, prefill}) {
+      ASSERT_TRUE((*runner)->Prepare(s).ok());
+    }
+    EXPECT_EQ(*(*runner)->PathFor(decode), w.decode);
+    EXPECT_EQ(*(*runner)->PathFor(batch8), w.batch8);
+    EXPECT_EQ(*(*runner)->PathFor(prefill), w.prefill);
+  }
+}
+
+TEST(CudaDispatchTest, MatmulNotPreparedIsFailedPrecondition) {
+  if (!CudaDeviceAvailable()) GTEST_SKIP() << "no CUDA device";
+  absl::StatusOr<UniqueStream> stream = CreateStream("test");
+  ASSERT_TRUE(stream.ok());
+  absl::StatusOr<std::unique_ptr<CudaDispatch>> gpu = CudaDispatch::Create(stream->get());
+  ASSERT_TRUE(gpu.ok()) << gpu.status();
+  std::vector<TensorArg> inputs(2);
+  inputs[0].dtype = inputs[1].dtype = DType::kF32;
+  inputs[0].shape = Shape{2, 64};
+  inputs[1].shape = Shape{32, 64};
+  NodeArgs args;
+  args.inputs = absl::MakeConstSpan(inputs);
+  args.output.shape = Shape{2, 32};
+  const absl::Status s = (*gpu)->Run(ops::MatMul{}, args);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find("M=2 N=32 K=64"), absl::string_view::npos) << s;
+}
+
+// One node run on the CPU reference and on CudaDispatch with every device buffer placed
+// `offset` bytes past an aligned address.
+struct MisalignedCase {
+  std::string name;
+  std::function<void(GraphBuilder&)> build;
+  int64_t offset = 2;
+  const char* matmul_policy = nullptr;  // STEPGRAPH_MATMUL while the dispatcher is made
+  double tolerance = 1e-2;
+  int32_t int_hi = 16;
+};
+
+void RunMisaligned(const MisalignedCase& c) {
+  GraphBuilder builder;
+  c.build(builder);
+  absl::StatusOr<Graph> graph = std::move(builder).Build();
+  ASSERT_TRUE(graph.ok()) << graph.status();
+  absl::StatusOr<ExecutionPlan> plan = ExecutionPlan::Create(*std::move(graph));
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  const Graph& g = plan->graph();
+  ASSERT_EQ(g.num_nodes(), 1);
+  const Node& node = g.nodes()[0];
+
+  std::vector<int32_t> tensors;
+  for (TensorId id : node.inputs) tensors.push_back(id.index);
+  if (std::find(tensors.begin(), tensors.end(), node.output.index) == tensors.end()) {
+    tensors.push_back(node.output.index);
+  }
+  std::map<int32_t, HostTensor> cpu;
+  for (int32_t t : tensors) {
+    const Tensor& tensor = g.tensors()[t];
+    HostTensor h(tensor.dtype, tensor.shape);
+    if (tensor.kind == TensorKind::kIntermediate) {
+      h.Poison();
+    } else if (tensor.dtype == DType::kI32) {
+      h.FillUniform(100 + t, 0.0f, static_cast<float>(c.int_hi));
+    } else {
+      h.FillUniform(100 + t, -2.0f, 2.0f);
+    }
+    cpu.emplace(t, std::move(h));
+  }
+
+  // Device copies of the same contents (the poisoned output included), misaligned.
+  absl::StatusOr<UniqueStream> stream = CreateStream("test");
+  ASSERT_TRUE(stream.ok()) << stream.status();
+  std::map<int32_t, DeviceMemory> device;
+  std::map<int32_t, void*> address;
+  for (int32_t t : tensors) {
+    const HostTensor& h = cpu.at(t);
+    absl::StatusOr<DeviceMemory> mem = AllocateDevice(h.bytes() + 64, "test buffer");
+    ASSERT_TRUE(mem.ok()) << mem.status();
+    // Misaligned for vector loads, but aligned to the tensor's own element (an i32 id
+    // buffer at a 2-byte offset would be invalid for any caller).
+    const int64_t elem = DTypeBytes(g.tensors()[t].dtype);
+    void* p = static_cast<char*>(mem->get()) + (c.offset + elem - 1) / elem * elem;
+    ASSERT_EQ(cudaMemcpy(p, h.data(), h.bytes(), cudaMemcpyHostToDevice), cudaSuccess);
+    address[t] = p;
+    device.emplace(t, *std::move(mem));
+  }
+
+  auto make_args = [&](std::vector<TensorArg>& inputs, bool on_gpu) {
+    auto arg = [&](int32_t t) {
+      const Tensor& tensor = g.tensors()[t];
+      TensorArg a;
+      a.data = on_gpu ? address.at(t) : cpu.at(t).data();
+      a.dtype = tensor.dtype;
+      a.shape = tensor.shape;
+      a.kind = tensor.kind;
+      a.tensor = t;
+      a.name = tensor.name;
+      return a;
+    };
+    for (TensorId id : node.inputs) inputs.push_back(arg(id.index));
+    NodeArgs args;
+    args.node_name = node.name;
+    args.inputs = absl::MakeConstSpan(inputs);
+    args.output = arg(node.output.index);
+    return args;
+  };
+
+  CpuDispatch reference;
+  ASSERT_TRUE(reference.Prepare(*plan).ok());
+  std::vector<TensorArg> cpu_inputs;
+  const NodeArgs cpu_args = make_args(cpu_inputs, /*on_gpu=*/false);
+  ASSERT_TRUE(
+      std::visit([&](const auto& op) { return reference.Run(op, cpu_args); }, node.op).ok());
+
+  absl::StatusOr<std::unique_ptr<CudaDispatch>> gpu = [&] {
+    ScopedMatmulEnv env(c.matmul_policy);
+    return CudaDispatch::Create(stream->get());
+  }();
+  ASSERT_TRUE(gpu.ok()) << gpu.status();
+  ASSERT_TRUE((*gpu)->Prepare(*plan).ok());
+  std::vector<TensorArg> gpu_inputs;
+  const NodeArgs gpu_args = make_args(gpu_inputs, /*on_gpu=*/true);
+  const absl::Status run =
+      std::visit([&](const auto& op) { return (*gpu)->Run(op, gpu_args); }, node.op);
+  ASSERT_TRUE(run.ok()) << run;
+  absl::StatusOr<uint32_t> flags = (*gpu)->TakeErrorFlags();
+  ASSERT_TRUE(flags.ok()) << flags.status();
+  EXPECT_EQ(*flags, reference.TakeErrorFlags());
+
+  const int32_t out = node.output.index;
+  const HostTensor& want = cpu.at(out);
+  HostTensor got(want.dtype(), want.shape());
+  ASSERT_EQ(cudaMemcpy(got.data(), address.at(out), got.bytes(), cudaMemcpyDeviceToHost),
+            cudaSuccess);
+  EXPECT_LE(NormalizedError(got.ToFloat(), want.ToFloat()), c.tolerance);
+}
+
+class MisalignedTest : public ::testing::TestWithParam<MisalignedCase> {};
+
+TEST_P(MisalignedTest, MatchesReference) {
+  if (!CudaDeviceAvailable()) GTEST_SKIP() << "no CUDA device";
+  RunMisaligned(GetParam());
+}
+
+std::vector<MisalignedCase> MisalignedCases() {
+  std::vector<MisalignedCase> cases;
+  for (const char* policy : {"cublaslt", "gemv"}) {
+    for (DType t : {DType::kF32, DType::kBF16}) {
+      const int64_t offset = DTypeBytes(t);
+      cases.push_back({.name = absl::StrCat("MatMul_", policy, "_", DTypeName(t)),
+                       .build = [=](GraphBuilder& b) {
+                         b.Output("y", b.MatMul(b.Input("x", t, {4, 256}),
+                                                b.Weight("w", t, {96, 256}),
+                                                b.Weight("bias", t, {96})));
+                       },
+                       .offset = offset,
+                       .matmul_policy = policy,
+                       .tolerance = t == DType::kF32 ? 1e-5 : 1e-2});
+    }
+  }
+  for (DType t : {DType::kF32, DType::kBF16, DType::kF16}) {
+    const int64_t offset = DTypeBytes(t);
+    const double tol = t == DType::kF32 ? 1e-5 : 1e-2;
+    const std::string dt(DTypeName(t));
+    cases.push_back({.name = "RmsNorm_" + dt,
+                     .build = [=](GraphBuilder& b) {
+                       b.Output("y", b.RmsNorm(b.Input("x", t, {3, 512}),
+                                               b.Weight("w", t, {512}), 1e-5f));
+                     },
+                     .offset = offset,
+                     .tolerance = tol});
+    cases.push_back({.name = "Add_" + dt,
+                     .build = [=](GraphBuilder& b) {
+                       b.Output("y", b.Add(b.Input("a", t, {5, 1000}), b.Input("b", t, {5, 1000})));
+                     },
+                     .offset = offset,
+                     .tolerance = tol});
+    cases.push_back({.name = "SiluMul_" + dt,
+                     .build = [=](GraphBuilder& b) {
+                       b.Output("y", b.SiluMul(b.Input("g", t, {2, 777}), b.Input("u", t, {2, 777})));
+                     },
+                     .offset = offset,
+                     .tolerance = tol});
+    cases.push_back({.name = "Softmax_" + dt,
+                     .build = [=](GraphBuilder& b) {
+                       b.Output("y", b.Softmax(b.Input("x", t, {2, 4096})));
+                     },
+                     .offset = offset,
+                     .tolerance = tol});
+    cases.push_back({.name = "Embedding_" + dt,
+                     .build = [=](GraphBuilder& b) {
+                       b.Output("y", b.Embedding(b.Weight("table", t, {100, 256}),
+                                                 b.Input("ids", DType::kI32, {3})));
+                     },
+                     .offset = offset,
+                     .tolerance = 0.0,
+                     .int_hi = 100});
+    cases.push_back({.name = "KvWrite_" + dt,
+                     .build = [=](GraphBuilder& b) {
+                       b.KvWrite(b.Input("kv", t, {3, 4 * 64}), b.Input("pos", DType::kI32, {3}),
+                                 b.State("cache", t, {3, 4, 32, 64}));
+                     },
+                     .offset = offset,
+                     .tolerance = 0.0,
+                     .int_hi = 32});
+  }
+  return cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(Kernels, MisalignedTest, ::testing::ValuesIn(MisalignedCases()),
+                         [](const ::testing::TestParamInfo<MisalignedCase>& info) {
+                           return info.param.name;
+                         });
+
+}  // namespace
+}  // namespace sg::testing

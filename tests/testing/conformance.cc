@@ -1,0 +1,149 @@
+#include "tests/testing/conformance.h"
+
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "dispatch/cuda/cuda_handles.h"
+#include "dispatch/cuda/cuda_status.h"
+#include "stepgraph/cpu_dispatch.h"
+#include "stepgraph/cuda_dispatch.h"
+#include "stepgraph/executor.h"
+#include "tests/testing/util.h"
+
+namespace sg::testing {
+
+bool HasCudaDevice() { return CudaDeviceAvailable(); }
+
+namespace {
+
+// The tensors a run is judged by: graph outputs and in-place targets.
+std::vector<int32_t> ComparedTensors(const Graph& g) {
+  std::vector<int32_t> ids;
+  auto add = [&](int32_t i) {
+    if (std::find(ids.begin(), ids.end(), i) == ids.end()) ids.push_back(i);
+  };
+  for (const GraphOutput& o : g.outputs()) add(o.tensor.index);
+  for (const Node& n : g.nodes()) {
+    if (IsInPlace(n.op)) add(n.output.index);
+  }
+  return ids;
+}
+
+void FillInputs(const OpCase& c, const Graph& g, std::map<int32_t, HostTensor>& host) {
+  for (int32_t i = 0; i < g.num_tensors(); ++i) {
+    const Tensor& t = g.tensors()[i];
+    if (t.kind == TensorKind::kIntermediate) continue;
+    HostTensor h(t.dtype, t.shape);
+    if (t.dtype == DType::kI32) {
+      h.FillUniform(c.seed * 1000 + i, static_cast<float>(c.int_lo),
+                    static_cast<float>(c.int_hi));
+      for (const auto& [name, values] : c.int_values) {
+        if (name != t.name) continue;
+        auto* p = static_cast<int32_t*>(h.data());
+        for (int64_t k = 0; k < h.size() && k < static_cast<int64_t>(values.size()); ++k) {
+          p[k] = values[k];
+        }
+      }
+    } else {
+      h.FillUniform(c.seed * 1000 + i, -c.float_range, c.float_range);
+    }
+    host.emplace(i, std::move(h));
+  }
+}
+
+}  // namespace
+
+void RunConformance(const OpCase& c) {
+  SCOPED_TRACE(c.name);
+  absl::StatusOr<Graph> graph = [&] {
+    if (c.graph) return c.graph();
+    GraphBuilder b;
+    c.build(b);
+    return std::move(b).Build();
+  }();
+  ASSERT_TRUE(graph.ok()) << graph.status();
+  absl::StatusOr<ExecutionPlan> plan = ExecutionPlan::Create(*std::move(graph));
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  const Graph& g = plan->graph();
+
+  std::map<int32_t, HostTensor> initial;
+  FillInputs(c, g, initial);
+
+  // CPU reference run on a copy of the inputs.
+  std::map<int32_t, HostTensor> cpu_host;
+  Bindings cpu_bind(g);
+  for (auto& [i, h] : initial) {
+    HostTensor copy(h.dtype(), h.shape());
+    std::memcpy(copy.data(), h.data(), h.bytes());
+    auto [it, _] = cpu_host.emplace(i, std::move(copy));
+    ASSERT_TRUE(cpu_bind.Bind(g.id(i), it->second.data(), it->second.bytes()).ok());
+  }
+  HostTensor cpu_arena(DType::kF32, Shape{std::max<int64_t>(1, plan->arena_bytes() / 4 + 1)});
+  cpu_arena.Poison();
+  cpu_bind.SetArena(cpu_arena.data(), plan->arena_bytes());
+  CpuDispatch cpu;
+  ASSERT_TRUE(cpu.Prepare(*plan).ok());
+  absl::StatusOr<ExecStats> cpu_stats = Execute(*plan, cpu_bind, cpu);
+  ASSERT_TRUE(cpu_stats.ok()) << cpu_stats.status();
+  const uint32_t cpu_flags = cpu.TakeErrorFlags();
+
+  // GPU run from the same inputs.
+  absl::StatusOr<UniqueStream> stream = CreateStream("conformance");
+  ASSERT_TRUE(stream.ok()) << stream.status();
+  absl::StatusOr<std::unique_ptr<CudaDispatch>> gpu = CudaDispatch::Create(stream->get());
+  ASSERT_TRUE(gpu.ok()) << gpu.status();
+  std::map<int32_t, DeviceMemory> device;
+  Bindings gpu_bind(g);
+  for (auto& [i, h] : initial) {
+    absl::StatusOr<DeviceMemory> mem = AllocateDevice(h.bytes(), "conformance input");
+    ASSERT_TRUE(mem.ok()) << mem.status();
+    ASSERT_EQ(cudaMemcpy(mem->get(), h.data(), h.bytes(), cudaMemcpyHostToDevice), cudaSuccess);
+    ASSERT_TRUE(gpu_bind.Bind(g.id(i), mem->get(), h.bytes()).ok());
+    device.emplace(i, *std::move(mem));
+  }
+  absl::StatusOr<DeviceMemory> arena =
+      AllocateDevice(std::max<int64_t>(plan->arena_bytes(), 256), "conformance arena");
+  ASSERT_TRUE(arena.ok()) << arena.status();
+  ASSERT_EQ(cudaMemset(arena->get(), 0xFF, std::max<int64_t>(plan->arena_bytes(), 256)),
+            cudaSuccess);
+  gpu_bind.SetArena(arena->get(), plan->arena_bytes());
+  ASSERT_TRUE((*gpu)->Prepare(*plan).ok());
+  absl::StatusOr<ExecStats> gpu_stats = Execute(*plan, gpu_bind, **gpu);
+  ASSERT_TRUE(gpu_stats.ok()) << gpu_stats.status();
+  ASSERT_EQ(gpu_stats->launches, g.num_nodes());
+  absl::StatusOr<uint32_t> gpu_flags = (*gpu)->TakeErrorFlags();
+  ASSERT_TRUE(gpu_flags.ok()) << gpu_flags.status();
+  EXPECT_EQ(*gpu_flags, cpu_flags) << "error flags differ";
+
+  for (const int32_t i : ComparedTensors(g)) {
+    const Tensor& t = g.tensors()[i];
+    SCOPED_TRACE(absl::StrCat("tensor '", t.name, "' ", t.shape.ToString(), " ",
+                              DTypeName(t.dtype)));
+    const TensorArg cpu_arg = ResolveTensor(*plan, cpu_bind, i);
+    const TensorArg gpu_arg = ResolveTensor(*plan, gpu_bind, i);
+    HostTensor cpu_out(t.dtype, t.shape), gpu_out(t.dtype, t.shape);
+    std::memcpy(cpu_out.data(), cpu_arg.data, t.bytes());
+    ASSERT_EQ(cudaMemcpy(gpu_out.data(), gpu_arg.data, t.bytes(), cudaMemcpyDeviceToHost),
+              cudaSuccess);
+    if (t.dtype == DType::kI32) {
+      if (!c.exact_ids) continue;
+      const auto* a = static_cast<const int32_t*>(cpu_out.data());
+      const auto* bb = static_cast<const int32_t*>(gpu_out.data());
+      for (int64_t k = 0; k < cpu_out.size(); ++k) {
+        ASSERT_EQ(bb[k], a[k]) << "element " << k;
+      }
+    } else {
+      const double err = NormalizedError(gpu_out.ToFloat(), cpu_out.ToFloat());
+      EXPECT_LE(err, c.tolerance);
+    }
+  }
+}
+
+}  // namespace sg::testing

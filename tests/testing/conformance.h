@@ -1,0 +1,46 @@
+// The op-conformance harness: a case builds a small graph; the harness runs it on the CPU
+// reference and on CudaDispatch from the same random inputs (never zeros), with the
+// arena poisoned on both sides, and compares every graph output and every State or Input
+// written in place by normalised error (i32 exactly), plus the raised error flags.
+#ifndef STEPGRAPH_TESTS_TESTING_CONFORMANCE_H_
+#define STEPGRAPH_TESTS_TESTING_CONFORMANCE_H_
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "stepgraph/builder.h"
+
+namespace sg::testing {
+
+struct OpCase {
+  std::string name;
+  // Declares tensors, adds the node(s) and marks what to compare with Output().
+  std::function<void(GraphBuilder&)> build;
+  // Or makes the whole graph (e.g. a Llama step); used when set.
+  std::function<absl::StatusOr<Graph>()> graph;
+  // Bound on ‖gpu − cpu‖ / ‖cpu‖ for float tensors.
+  double tolerance = 1e-5;
+  // i32 inputs get values in [int_lo, int_hi) unless listed in int_values.
+  int32_t int_lo = 0;
+  int32_t int_hi = 16;
+  std::vector<std::pair<std::string, std::vector<int32_t>>> int_values;
+  // Float inputs, weights and states are uniform in [-float_range, float_range).
+  float float_range = 1.0f;
+  // i32 outputs must match exactly unless this is false (e.g. argmax of bf16 logits,
+  // where a near tie may legitimately flip).
+  bool exact_ids = true;
+  uint64_t seed = 1;
+};
+
+// True when a CUDA device is present (GPU tests GTEST_SKIP otherwise).
+bool HasCudaDevice();
+
+// Runs the case and records gtest failures naming the case and tensor.
+void RunConformance(const OpCase& c);
+
+}  // namespace sg::testing
+
+#endif  // STEPGRAPH_TESTS_TESTING_CONFORMANCE_H_
