@@ -1,0 +1,233 @@
+// Capture and replay benchmarks, each eager against replayed in the same run:
+//  (a) a chain of 1,000 small kernels (Add on 256 floats): host launches against one
+//      graph launch, reported per node;
+//  (b) a decode step of a small Llama-shaped model (the built-in tiny shape, 4 layers,
+//      random weights) for M = 1 and the buckets 2..32: ms per step;
+//  (c) the cost of making and changing an executable for a Llama-3.2-1B-shaped step:
+//      capture, instantiate, an in-place patch of one rebound weight, and a re-capture
+//      with cudaGraphExecUpdate.
+// Times are CUDA events around a batch of steps on the step's stream (UseManualTime);
+// tables of medians are printed at the end.
+#include <benchmark/benchmark.h>
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_format.h"
+#include "dispatch/cuda/cuda_handles.h"
+#include "dispatch/cuda/cuda_status.h"
+#include "models/llama.h"
+#include "stepgraph/builder.h"
+#include "stepgraph/capture.h"
+#include "stepgraph/cuda_dispatch.h"
+#include "stepgraph/status.h"
+
+namespace sg {
+namespace {
+
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// Device buffers for a plan's inputs, weights and states: small random values, ids 0..,
+// positions `pos`, and the arena.
+struct DeviceBuffers {
+  std::vector<DeviceMemory> owned;
+  std::unique_ptr<Bindings> bindings;
+
+  static absl::StatusOr<std::unique_ptr<DeviceBuffers>> Make(const ExecutionPlan& plan,
+                                                             int32_t pos, bool fill) {
+    auto d = std::make_unique<DeviceBuffers>();
+    d->bindings = std::make_unique<Bindings>(plan.graph());
+    for (const Tensor& t : plan.graph().tensors()) {
+      if (t.kind == TensorKind::kIntermediate) continue;
+      SG_ASSIGN_OR_RETURN(DeviceMemory m, AllocateDevice(t.bytes(), t.name.c_str()));
+      if (t.dtype == DType::kI32) {
+        std::vector<int32_t> v(t.shape.NumElements());
+        for (size_t i = 0; i < v.size(); ++i) v[i] = t.name == kPosInput ? pos : int32_t(i + 1);
+        SG_RETURN_IF_ERROR(ToStatus(
+            cudaMemcpy(m.get(), v.data(), t.bytes(), cudaMemcpyHostToDevice), "upload"));
+      } else if (fill) {
+        // Small values as bytes: 0x3C3C... is 0.0115 in f32, 0.0115 in bf16, 1.06 in f16.
+        SG_RETURN_IF_ERROR(ToStatus(cudaMemset(m.get(), 0x3C, t.bytes()), "fill"));
+      }
+      SG_RETURN_IF_ERROR(d->bindings->Bind(t.name, m.get(), t.bytes()));
+      d->owned.push_back(std::move(m));
+    }
+    SG_ASSIGN_OR_RETURN(DeviceMemory arena, AllocateDevice(plan.arena_bytes(), "arena"));
+    d->bindings->SetArena(arena.get(), plan.arena_bytes());
+    d->owned.push_back(std::move(arena));
+    return d;
+  }
+};
+
+struct Row {
+  std::string what;
+  double eager = 0;
+  double replay = 0;
+  std::string unit;
+};
+std::map<std::string, Row> g_rows;
+
+// Times `steps` launches of `step` by events on its stream; returns µs per launch.
+absl::StatusOr<double> TimeSteps(CapturedStep& step, int steps) {
+  SG_ASSIGN_OR_RETURN(UniqueEvent start, CreateEvent("start"));
+  SG_ASSIGN_OR_RETURN(UniqueEvent stop, CreateEvent("stop"));
+  SG_RETURN_IF_ERROR(ToStatus(cudaEventRecord(start.get(), step.stream()), "record"));
+  for (int i = 0; i < steps; ++i) SG_RETURN_IF_ERROR(step.Replay());
+  SG_RETURN_IF_ERROR(ToStatus(cudaEventRecord(stop.get(), step.stream()), "record"));
+  SG_RETURN_IF_ERROR(ToStatus(cudaEventSynchronize(stop.get()), "sync"));
+  float ms = 0;
+  SG_RETURN_IF_ERROR(ToStatus(cudaEventElapsedTime(&ms, start.get(), stop.get()), "elapsed"));
+  return 1000.0 * ms / steps;
+}
+
+// Runs `plan` eagerly and replayed, `steps` per timed batch, and records µs per launch
+// (divided by `per` for per-node figures).
+void EagerAgainstReplay(benchmark::State& state, const ExecutionPlan& plan, int32_t pos,
+                        int steps, double per, const std::string& key, const std::string& unit,
+                        double scale) {
+  auto fail = [&](const absl::Status& s) { state.SkipWithError(std::string(s.message()).c_str()); };
+  if (!CudaDeviceAvailable()) return state.SkipWithError("no GPU");
+  auto dispatch = CudaDispatch::Create(nullptr);
+  if (!dispatch.ok()) return fail(dispatch.status());
+  auto buffers = DeviceBuffers::Make(plan, pos, true);
+  if (!buffers.ok()) return fail(buffers.status());
+  CaptureOptions eager_options, replay_options;
+  eager_options.eager = true;
+  replay_options.eager = false;
+  auto eager = CapturedStep::Create(plan, *(*buffers)->bindings, **dispatch, eager_options);
+  if (!eager.ok()) return fail(eager.status());
+  auto replay = CapturedStep::Create(plan, *(*buffers)->bindings, **dispatch, replay_options);
+  if (!replay.ok()) return fail(replay.status());
+  // Warm up both (first launches load modules and page in).
+  for (auto* s : {eager->get(), replay->get()}) {
+    if (auto t = TimeSteps(*s, 3); !t.ok()) return fail(t.status());
+  }
+  std::vector<double> e, r;
+  for (auto _ : state) {
+    auto te = TimeSteps(**eager, steps);
+    auto tr = TimeSteps(**replay, steps);
+    if (!te.ok() || !tr.ok()) return fail(!te.ok() ? te.status() : tr.status());
+    e.push_back(*te / per);
+    r.push_back(*tr / per);
+    state.SetIterationTime(*tr * steps * 1e-6);
+  }
+  Row row{key, Median(e) * scale, Median(r) * scale, unit};
+  state.counters["eager_" + unit] = row.eager;
+  state.counters["replay_" + unit] = row.replay;
+  state.counters["speedup"] = row.eager / row.replay;
+  g_rows[key] = row;
+}
+
+// (a) 1,000 Add launches on 256 floats, each reading the previous one's result.
+void BM_KernelChain(benchmark::State& state) {
+  const int64_t n = state.range(0);
+  GraphBuilder b;
+  TensorId x = b.Input("x", DType::kF32, {1, 256});
+  TensorId y = x;
+  for (int64_t i = 0; i < n; ++i) y = b.Add(y, x);
+  b.Output("y", y);
+  auto graph = std::move(b).Build();
+  if (!graph.ok()) return state.SkipWithError(std::string(graph.status().message()).c_str());
+  auto plan = ExecutionPlan::Create(*std::move(graph));
+  if (!plan.ok()) return state.SkipWithError(std::string(plan.status().message()).c_str());
+  EagerAgainstReplay(state, *plan, 0, 10, static_cast<double>(n),
+                     absl::StrFormat("(a) chain of %d Add kernels", n), "us_per_node", 1.0);
+}
+BENCHMARK(BM_KernelChain)->Arg(1000)->UseManualTime()->Iterations(15)->Unit(benchmark::kMillisecond);
+
+// (b) A decode step of the tiny Llama shape, 4 layers, at position 100.
+void BM_TinyLlamaStep(benchmark::State& state) {
+  const int64_t batch = state.range(0);
+  auto graph = BuildLlamaDecodeGraph(TinyLlamaConfig(), {.batch = batch, .max_seq = 512});
+  if (!graph.ok()) return state.SkipWithError(std::string(graph.status().message()).c_str());
+  auto plan = ExecutionPlan::Create(*std::move(graph));
+  if (!plan.ok()) return state.SkipWithError(std::string(plan.status().message()).c_str());
+  EagerAgainstReplay(state, *plan, 100, 20, 1.0,
+                     absl::StrFormat("(b) tiny Llama step, M=%d, pos 100", batch), "ms_per_step",
+                     1e-3);
+}
+BENCHMARK(BM_TinyLlamaStep)->RangeMultiplier(2)->Range(1, 32)->UseManualTime()->Iterations(15)
+    ->Unit(benchmark::kMillisecond);
+
+// (c) Making and changing the executable of a Llama-3.2-1B-shaped step (weights are not
+// filled: nothing is replayed, only recorded).
+void BM_CaptureAndUpdate(benchmark::State& state) {
+  if (!CudaDeviceAvailable()) return state.SkipWithError("no GPU");
+  auto fail = [&](const absl::Status& s) { state.SkipWithError(std::string(s.message()).c_str()); };
+  auto graph = BuildLlamaDecodeGraph(Llama32_1BConfig(), {.batch = 1, .max_seq = 2048});
+  if (!graph.ok()) return fail(graph.status());
+  auto plan = ExecutionPlan::Create(*std::move(graph));
+  if (!plan.ok()) return fail(plan.status());
+  auto dispatch = CudaDispatch::Create(nullptr);
+  if (!dispatch.ok()) return fail(dispatch.status());
+  auto buffers = DeviceBuffers::Make(*plan, 100, false);
+  if (!buffers.ok()) return fail(buffers.status());
+  const std::string weight = "model.layers.7.mlp.up_proj.weight";
+  const Tensor& w = plan->graph().tensor(*plan->graph().FindTensor(weight));
+  auto other = AllocateDevice(w.bytes(), "other weight");
+  if (!other.ok()) return fail(other.status());
+  std::vector<double> capture, instantiate, patch, recapture;
+  int64_t nodes = 0;
+  for (auto _ : state) {
+    CaptureOptions o;
+    o.eager = false;
+    auto step = CapturedStep::Create(*plan, *(*buffers)->bindings, **dispatch, o);
+    if (!step.ok()) return fail(step.status());
+    nodes = (*step)->num_graph_nodes();
+    capture.push_back((*step)->stats().capture_us);
+    instantiate.push_back((*step)->stats().instantiate_us);
+    Bindings next = *(*buffers)->bindings;
+    if (auto s = next.Bind(weight, other->get(), w.bytes()); !s.ok()) return fail(s);
+    if (auto s = (*step)->Update(next); !s.ok()) return fail(s);
+    patch.push_back((*step)->stats().update_us);
+    // Moving the arena moves every launch: a re-capture and an executable update.
+    auto arena = AllocateDevice(plan->arena_bytes(), "arena");
+    if (!arena.ok()) return fail(arena.status());
+    next.SetArena(arena->get(), plan->arena_bytes());
+    const double before = (*step)->stats().update_us;
+    if (auto s = (*step)->Update(next); !s.ok()) return fail(s);
+    recapture.push_back((*step)->stats().update_us - before);
+    state.SetIterationTime(1e-6 * (capture.back() + instantiate.back()));
+    if ((*step)->stats().node_patches != 1 || (*step)->stats().exec_updates != 1) {
+      return state.SkipWithError((*step)->stats().ToString().c_str());
+    }
+  }
+  state.counters["graph_nodes"] = static_cast<double>(nodes);
+  state.counters["capture_us"] = Median(capture);
+  state.counters["instantiate_us"] = Median(instantiate);
+  state.counters["patch_one_weight_us"] = Median(patch);
+  state.counters["recapture_update_us"] = Median(recapture);
+  g_rows["(c) 1B step: capture"] = {"(c) 1B step: capture", 0, Median(capture), "us"};
+  g_rows["(c) 1B step: instantiate+upload"] = {"(c) 1B step: instantiate+upload", 0,
+                                              Median(instantiate), "us"};
+  g_rows["(c) 1B step: patch 1 weight"] = {"(c) 1B step: patch 1 weight", 0, Median(patch), "us"};
+  g_rows["(c) 1B step: recapture+ExecUpdate"] = {"(c) 1B step: recapture+ExecUpdate", 0,
+                                                Median(recapture), "us"};
+}
+BENCHMARK(BM_CaptureAndUpdate)->UseManualTime()->Iterations(7)->Unit(benchmark::kMillisecond);
+
+}  // namespace
+}  // namespace sg
+
+int main(int argc, char** argv) {
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  std::printf("\n%-42s %12s %12s %8s  %s\n", "case", "eager", "replayed", "ratio", "unit");
+  for (const auto& [key, r] : sg::g_rows) {
+    std::printf("%-42s %12.3f %12.3f %8s  %s\n", r.what.c_str(), r.eager, r.replay,
+                r.eager > 0 ? absl::StrFormat("%.2fx", r.eager / r.replay).c_str() : "-",
+                r.unit.c_str());
+  }
+  return 0;
+}

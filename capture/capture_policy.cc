@@ -1,0 +1,101 @@
+// Capture safety, update decisions and bucket choice: pure host logic (see
+// capture_policy.h), linked into stepgraph_core.
+#include "stepgraph/capture_policy.h"
+
+#include <variant>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "stepgraph/status.h"
+
+namespace sg {
+
+std::string CaptureStats::ToString() const {
+  return absl::StrFormat(
+      "captures=%d instantiations=%d updates=%d (patches=%d nodes=%d exec_updates=%d "
+      "reinstantiations=%d) replays=%d capture=%.1fus instantiate=%.1fus update=%.1fus",
+      captures, instantiations, updates, node_patches, patched_nodes, exec_updates,
+      reinstantiations, replays, capture_us, instantiate_us, update_us);
+}
+
+absl::Status CheckCaptureSafety(const ExecutionPlan& plan, const Bindings& bindings,
+                                const KernelDispatch& dispatch,
+                                const DevicePointerCheck& is_device_pointer) {
+  SG_RETURN_IF_ERROR(CheckBindings(plan, bindings));
+  const Graph& g = plan.graph();
+  if (plan.arena_bytes() > 0 && !is_device_pointer(bindings.arena().data)) {
+    return absl::FailedPreconditionError(
+        "capture refused: the arena is not device memory");
+  }
+  for (int32_t i = 0; i < g.num_nodes(); ++i) {
+    const Node& node = g.nodes()[i];
+    if (!dispatch.CaptureSafe(node.op)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "capture refused: node ", i, " '", node.name, "' (", OpName(node.op),
+          ") is not capture-safe on this dispatcher; run the plan eagerly instead"));
+    }
+    auto check = [&](TensorId id) -> absl::Status {
+      const Tensor& t = g.tensor(id);
+      if (t.kind == TensorKind::kIntermediate) return absl::OkStatus();  // in the arena
+      if (is_device_pointer(bindings.buffer(id.index).data)) return absl::OkStatus();
+      return absl::FailedPreconditionError(absl::StrCat(
+          "capture refused: node ", i, " '", node.name, "' (", OpName(node.op), ") uses ",
+          TensorKindName(t.kind), " '", t.name,
+          "', which is bound to memory the GPU cannot use (host memory?)"));
+    };
+    for (const TensorId in : node.inputs) SG_RETURN_IF_ERROR(check(in));
+    SG_RETURN_IF_ERROR(check(node.output));
+  }
+  return absl::OkStatus();
+}
+
+UpdateDecision DecideUpdate(const ExecutionPlan& plan, const Bindings& captured,
+                            const Bindings& next, double max_patch_fraction) {
+  const Graph& g = plan.graph();
+  auto moved = [&](TensorId id) {
+    return ResolveTensor(plan, captured, id.index).data != ResolveTensor(plan, next, id.index).data;
+  };
+  UpdateDecision d;
+  for (int32_t i = 0; i < g.num_nodes(); ++i) {
+    const Node& node = g.nodes()[i];
+    bool changed = moved(node.output);
+    for (const TensorId in : node.inputs) changed = changed || moved(in);
+    if (changed) d.nodes.push_back(i);
+  }
+  if (d.nodes.empty()) {
+    d.kind = UpdateDecision::Kind::kNothing;
+  } else if (static_cast<double>(d.nodes.size()) <= max_patch_fraction * g.num_nodes()) {
+    d.kind = UpdateDecision::Kind::kPatchNodes;
+  } else {
+    d.kind = UpdateDecision::Kind::kRecapture;
+  }
+  return d;
+}
+
+absl::Status ValidateBuckets(absl::Span<const int64_t> buckets) {
+  if (buckets.empty()) return absl::InvalidArgumentError("bucket list is empty");
+  for (size_t i = 0; i < buckets.size(); ++i) {
+    if (buckets[i] <= 0 || (i > 0 && buckets[i] <= buckets[i - 1])) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("buckets must be positive and strictly ascending, got [",
+                       absl::StrJoin(buckets, ","), "]"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int64_t> ChooseBucket(absl::Span<const int64_t> buckets, int64_t live_rows) {
+  SG_RETURN_IF_ERROR(ValidateBuckets(buckets));
+  if (live_rows <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a step needs at least one live row, got ", live_rows));
+  }
+  for (const int64_t b : buckets) {
+    if (b >= live_rows) return b;
+  }
+  return absl::OutOfRangeError(absl::StrCat(live_rows, " live rows exceed the largest bucket (",
+                                            buckets.back(), ")"));
+}
+
+}  // namespace sg

@@ -1,0 +1,443 @@
+// Capture and replay on the GPU: a replayed step gives the same bits as the same plan run
+// eagerly, a closed loop decodes on the device alone, rebinding is served by an update in
+// place, and batch buckets give the exact-size results for their live rows. Skipped
+// without a GPU.
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "dispatch/cuda/cuda_handles.h"
+#include "dispatch/cuda/cuda_status.h"
+#include "models/llama.h"
+#include "stepgraph/builder.h"
+#include "stepgraph/capture.h"
+#include "stepgraph/cuda_dispatch.h"
+#include "stepgraph/executor.h"
+#include "stepgraph/status.h"
+#include "tests/testing/util.h"
+
+namespace sg {
+namespace {
+
+using testing::HostTensor;
+
+#define SKIP_WITHOUT_GPU()                                  \
+  do {                                                      \
+    if (!CudaDeviceAvailable()) GTEST_SKIP() << "no GPU";   \
+  } while (0)
+
+#define ASSERT_OK(expr)                                     \
+  do {                                                      \
+    const absl::Status _s = (expr);                         \
+    ASSERT_TRUE(_s.ok()) << _s;                             \
+  } while (0)
+
+void Check(cudaError_t e, const char* what) {
+  ASSERT_EQ(e, cudaSuccess) << what << ": " << cudaGetErrorString(e);
+}
+
+// Device buffers for every Input, Weight and State of a graph, filled from seeded host
+// values (ids and positions in range), plus a poisoned arena.
+class DeviceModel {
+ public:
+  DeviceModel(const ExecutionPlan& plan, uint64_t seed, int32_t vocab, int32_t first_pos)
+      : plan_(plan), bindings_(plan.graph()) {
+    const Graph& g = plan.graph();
+    for (int32_t i = 0; i < g.num_tensors(); ++i) {
+      const Tensor& t = g.tensors()[i];
+      if (t.kind == TensorKind::kIntermediate) continue;
+      HostTensor h(t.dtype, t.shape);
+      if (t.name == kIdsInput) {
+        h.FillUniform(seed + i, 0, static_cast<float>(vocab));
+      } else if (t.name == kPosInput) {
+        std::vector<float> p(t.shape.NumElements());
+        for (size_t r = 0; r < p.size(); ++r) p[r] = static_cast<float>(first_pos + r);
+        h.FillFrom(p);
+      } else if (t.name == kSeedsInput) {
+        h.FillUniform(seed + i, 0, 1 << 20);
+      } else if (t.kind == TensorKind::kWeight && t.name.find("norm") != std::string::npos) {
+        h.FillUniform(seed + i, 0.8f, 1.2f);
+      } else {
+        h.FillUniform(seed + i, -0.1f, 0.1f);
+      }
+      void* d = nullptr;
+      Check(cudaMalloc(&d, t.bytes()), "cudaMalloc");
+      owned_.emplace_back(d);
+      Check(cudaMemcpy(d, h.data(), t.bytes(), cudaMemcpyHostToDevice), "upload");
+      host_.emplace_back(t.name, std::move(h));
+      EXPECT_TRUE(bindings_.Bind(t.name, d, t.bytes()).ok());
+    }
+    void* arena = nullptr;
+    Check(cudaMalloc(&arena, plan.arena_bytes()), "cudaMalloc(arena)");
+    owned_.emplace_back(arena);
+    Check(cudaMemset(arena, 0xFF, plan.arena_bytes()), "poison arena");
+    bindings_.SetArena(arena, plan.arena_bytes());
+  }
+
+  Bindings& bindings() { return bindings_; }
+
+  // Restores every Input and State to its initial host values.
+  void Reset() {
+    const Graph& g = plan_.graph();
+    for (auto& [name, h] : host_) {
+      const TensorId id = *g.FindTensor(name);
+      if (g.tensor(id).kind == TensorKind::kWeight) continue;
+      Check(cudaMemcpy(bindings_.buffer(id.index).data, h.data(), h.bytes(),
+                       cudaMemcpyHostToDevice),
+            "reset");
+    }
+  }
+
+  // The bytes of any tensor (an output in the arena or a bound buffer).
+  std::vector<uint8_t> Read(absl::string_view name) {
+    absl::StatusOr<TensorId> out = plan_.graph().FindOutput(name);
+    const TensorId id = out.ok() ? *out : *plan_.graph().FindTensor(name);
+    const TensorArg a = ResolveTensor(plan_, bindings_, id.index);
+    std::vector<uint8_t> out(plan_.graph().tensor(id).bytes());
+    Check(cudaDeviceSynchronize(), "sync");
+    Check(cudaMemcpy(out.data(), a.data, out.size(), cudaMemcpyDeviceToHost), "read");
+    return out;
+  }
+
+  // Rebinds weight `name` to a new buffer with other random values.
+  void* RebindWeight(absl::string_view name, uint64_t seed) {
+    const TensorId id = *plan_.graph().FindTensor(name);
+    const Tensor& t = plan_.graph().tensor(id);
+    HostTensor h(t.dtype, t.shape);
+    h.FillUniform(seed, -0.1f, 0.1f);
+    void* d = nullptr;
+    Check(cudaMalloc(&d, t.bytes()), "cudaMalloc");
+    owned_.emplace_back(d);
+    Check(cudaMemcpy(d, h.data(), t.bytes(), cudaMemcpyHostToDevice), "upload");
+    EXPECT_TRUE(bindings_.Bind(name, d, t.bytes()).ok());
+    return d;
+  }
+
+ private:
+  const ExecutionPlan& plan_;
+  Bindings bindings_;
+  std::vector<DeviceMemory> owned_;
+  std::vector<std::pair<std::string, HostTensor>> host_;
+};
+
+ExecutionPlan LlamaPlan(const LlamaGraphOptions& o, int64_t layers = 4) {
+  LlamaConfig c = TinyLlamaConfig();
+  c.num_hidden_layers = layers;
+  absl::StatusOr<Graph> g = BuildLlamaDecodeGraph(c, o);
+  EXPECT_TRUE(g.ok()) << g.status();
+  absl::StatusOr<ExecutionPlan> p = ExecutionPlan::Create(*std::move(g));
+  EXPECT_TRUE(p.ok()) << p.status();
+  return *std::move(p);
+}
+
+std::unique_ptr<CudaDispatch> MakeDispatch() {
+  absl::StatusOr<std::unique_ptr<CudaDispatch>> d = CudaDispatch::Create(nullptr);
+  EXPECT_TRUE(d.ok()) << d.status();
+  return d.ok() ? *std::move(d) : nullptr;
+}
+
+CaptureOptions Captured() {
+  CaptureOptions o;
+  o.eager = false;
+  return o;
+}
+CaptureOptions Eager() {
+  CaptureOptions o;
+  o.eager = true;
+  return o;
+}
+
+constexpr int32_t kVocab = 1024;
+
+// 100 closed-loop steps of a four-layer model: after every step the logits, and at the
+// end the KV caches and step inputs, are bit for bit those of the eager run.
+TEST(CapturedStepTest, ReplayEqualsEagerBitwiseOver100Steps) {
+  SKIP_WITHOUT_GPU();
+  const ExecutionPlan plan = LlamaPlan({.batch = 2, .max_seq = 128, .closed_loop = true});
+  auto dispatch = MakeDispatch();
+  ASSERT_NE(dispatch, nullptr);
+  DeviceModel eager_model(plan, 7, kVocab, 0), replay_model(plan, 7, kVocab, 0);
+  auto eager = CapturedStep::Create(plan, eager_model.bindings(), *dispatch, Eager());
+  ASSERT_TRUE(eager.ok()) << eager.status();
+  auto replay = CapturedStep::Create(plan, replay_model.bindings(), *dispatch, Captured());
+  ASSERT_TRUE(replay.ok()) << replay.status();
+  EXPECT_FALSE((*replay)->eager());
+  EXPECT_GE((*replay)->num_graph_nodes(), plan.graph().num_nodes());
+
+  for (int step = 0; step < 100; ++step) {
+    ASSERT_OK((*eager)->Replay());
+    ASSERT_OK((*replay)->Replay());
+    ASSERT_EQ(eager_model.Read(kLogitsOutput), replay_model.Read(kLogitsOutput))
+        << "step " << step;
+  }
+  for (const char* name : {kIdsInput, kPosInput}) {
+    EXPECT_EQ(eager_model.Read(name), replay_model.Read(name)) << name;
+  }
+  for (int layer = 0; layer < 4; ++layer) {
+    EXPECT_EQ(eager_model.Read(KCacheName(layer)), replay_model.Read(KCacheName(layer)));
+    EXPECT_EQ(eager_model.Read(VCacheName(layer)), replay_model.Read(VCacheName(layer)));
+  }
+  // The positions advanced once per step on the device.
+  std::vector<uint8_t> pos = replay_model.Read(kPosInput);
+  int32_t p0 = 0, p1 = 0;
+  std::memcpy(&p0, pos.data(), 4);
+  std::memcpy(&p1, pos.data() + 4, 4);
+  EXPECT_EQ(p0, 100);
+  EXPECT_EQ(p1, 101);
+  EXPECT_EQ((*replay)->stats().captures, 1);
+  EXPECT_EQ((*replay)->stats().replays, 100);
+}
+
+// N replays launched back to back, the ids read with one async copy per step and one
+// synchronisation at the end, equal N eager steps read one by one.
+TEST(CapturedStepTest, ClosedLoopOfNReplaysEqualsNEagerSteps) {
+  SKIP_WITHOUT_GPU();
+  const ExecutionPlan plan = LlamaPlan({.batch = 3, .max_seq = 64, .closed_loop = true});
+  auto dispatch = MakeDispatch();
+  ASSERT_NE(dispatch, nullptr);
+  DeviceModel eager_model(plan, 11, kVocab, 5), replay_model(plan, 11, kVocab, 5);
+  auto eager = CapturedStep::Create(plan, eager_model.bindings(), *dispatch, Eager());
+  auto replay = CapturedStep::Create(plan, replay_model.bindings(), *dispatch, Captured());
+  ASSERT_TRUE(eager.ok() && replay.ok());
+  constexpr int kSteps = 24;
+  const TensorId next = *plan.graph().FindOutput(kNextIdsOutput);
+  const void* next_dev = ResolveTensor(plan, replay_model.bindings(), next.index).data;
+  int32_t* ring = nullptr;
+  Check(cudaMallocHost(reinterpret_cast<void**>(&ring), kSteps * 3 * sizeof(int32_t)), "cudaMallocHost");
+  std::memset(ring, 0xFF, kSteps * 3 * sizeof(int32_t));
+  for (int s = 0; s < kSteps; ++s) {
+    ASSERT_OK((*replay)->Replay());
+    Check(cudaMemcpyAsync(ring + 3 * s, next_dev, 3 * sizeof(int32_t), cudaMemcpyDeviceToHost,
+                          (*replay)->stream()),
+          "async read");
+  }
+  Check(cudaStreamSynchronize((*replay)->stream()), "sync");
+  for (int s = 0; s < kSteps; ++s) {
+    ASSERT_OK((*eager)->Replay());
+    std::vector<uint8_t> ids = eager_model.Read(kNextIdsOutput);
+    ASSERT_EQ(std::memcmp(ids.data(), ring + 3 * s, ids.size()), 0) << "step " << s;
+    for (int r = 0; r < 3; ++r) {
+      EXPECT_GE(ring[3 * s + r], 0);
+      EXPECT_LT(ring[3 * s + r], kVocab);
+    }
+  }
+  cudaFreeHost(ring);
+}
+
+// Rebinding a few weights patches only their launches; the executable then computes the
+// new model's results, without a second capture.
+TEST(CapturedStepTest, UpdateAfterRebindingWeightsPatchesWithoutRecapture) {
+  SKIP_WITHOUT_GPU();
+  const ExecutionPlan plan = LlamaPlan({.batch = 2, .max_seq = 64});
+  auto dispatch = MakeDispatch();
+  ASSERT_NE(dispatch, nullptr);
+  DeviceModel replay_model(plan, 3, kVocab, 9), eager_model(plan, 3, kVocab, 9);
+  auto replay = CapturedStep::Create(plan, replay_model.bindings(), *dispatch, Captured());
+  ASSERT_TRUE(replay.ok()) << replay.status();
+  ASSERT_OK((*replay)->Replay());
+  const std::vector<uint8_t> before = replay_model.Read(kLogitsOutput);
+
+  // The same new weights in both models.
+  for (const char* w : {"lm_head.weight", "model.layers.1.self_attn.q_proj.weight",
+                        "model.layers.2.mlp.down_proj.weight"}) {
+    replay_model.RebindWeight(w, 99);
+    eager_model.RebindWeight(w, 99);
+  }
+  replay_model.Reset();
+  ASSERT_OK((*replay)->Update(replay_model.bindings()));
+  const CaptureStats& st = (*replay)->stats();
+  EXPECT_EQ(st.captures, 1) << st.ToString();
+  EXPECT_EQ(st.node_patches, 1) << st.ToString();
+  EXPECT_EQ(st.exec_updates, 0) << st.ToString();
+  EXPECT_GE(st.patched_nodes, 3) << st.ToString();
+  ASSERT_OK((*replay)->Replay());
+
+  auto eager = CapturedStep::Create(plan, eager_model.bindings(), *dispatch, Eager());
+  ASSERT_TRUE(eager.ok());
+  ASSERT_OK((*eager)->Replay());
+  const std::vector<uint8_t> after = replay_model.Read(kLogitsOutput);
+  EXPECT_NE(after, before);
+  EXPECT_EQ(after, eager_model.Read(kLogitsOutput));
+}
+
+// When most launches move (every weight rebound), the step is captured again and the
+// executable updated as a whole rather than instantiated anew.
+TEST(CapturedStepTest, RebindingEverythingUpdatesTheExecutable) {
+  SKIP_WITHOUT_GPU();
+  const ExecutionPlan plan = LlamaPlan({.batch = 1, .max_seq = 32}, 2);
+  auto dispatch = MakeDispatch();
+  ASSERT_NE(dispatch, nullptr);
+  DeviceModel a(plan, 21, kVocab, 3), b(plan, 22, kVocab, 3);
+  CaptureOptions o = Captured();
+  o.max_patch_fraction = 0.0;  // force the whole-graph path
+  auto replay = CapturedStep::Create(plan, a.bindings(), *dispatch, o);
+  ASSERT_TRUE(replay.ok()) << replay.status();
+  ASSERT_OK((*replay)->Update(b.bindings()));
+  EXPECT_EQ((*replay)->stats().captures, 2);
+  EXPECT_EQ((*replay)->stats().exec_updates + (*replay)->stats().reinstantiations, 1);
+  ASSERT_OK((*replay)->Replay());
+  const std::vector<uint8_t> got = b.Read(kLogitsOutput);
+  b.Reset();
+  auto eager = CapturedStep::Create(plan, b.bindings(), *dispatch, Eager());
+  ASSERT_TRUE(eager.ok());
+  ASSERT_OK((*eager)->Replay());
+  EXPECT_EQ(got, b.Read(kLogitsOutput));
+  // And a later small rebinding still patches through the first capture's node map.
+  b.RebindWeight("model.norm.weight", 5);
+  o.max_patch_fraction = 0.5;
+  ASSERT_OK((*replay)->Update(b.bindings()));
+  EXPECT_EQ((*replay)->stats().captures, 2);
+}
+
+TEST(CapturedStepTest, RefusesHostMemoryNamingNodeAndTensor) {
+  SKIP_WITHOUT_GPU();
+  const ExecutionPlan plan = LlamaPlan({.batch = 1, .max_seq = 32}, 1);
+  auto dispatch = MakeDispatch();
+  ASSERT_NE(dispatch, nullptr);
+  DeviceModel m(plan, 1, kVocab, 0);
+  const Tensor& w = plan.graph().tensor(*plan.graph().FindTensor("model.norm.weight"));
+  std::vector<uint8_t> host(w.bytes(), 1);
+  ASSERT_OK(m.bindings().Bind("model.norm.weight", host.data(), w.bytes()));
+  auto step = CapturedStep::Create(plan, m.bindings(), *dispatch, Captured());
+  ASSERT_FALSE(step.ok());
+  EXPECT_EQ(step.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(step.status().message().find("model.norm.weight"), absl::string_view::npos)
+      << step.status();
+  EXPECT_NE(step.status().message().find("RmsNorm"), absl::string_view::npos) << step.status();
+}
+
+TEST(CapturedStepTest, DotNamesOurNodesAndKernels) {
+  SKIP_WITHOUT_GPU();
+  const ExecutionPlan plan = LlamaPlan({.batch = 1, .max_seq = 32}, 1);
+  auto dispatch = MakeDispatch();
+  ASSERT_NE(dispatch, nullptr);
+  DeviceModel m(plan, 1, kVocab, 0);
+  auto step = CapturedStep::Create(plan, m.bindings(), *dispatch, Captured());
+  ASSERT_TRUE(step.ok()) << step.status();
+  absl::StatusOr<std::string> dot = (*step)->ToDot();
+  ASSERT_TRUE(dot.ok()) << dot.status();
+  EXPECT_NE(dot->find("digraph"), std::string::npos);
+  for (const Node& n : plan.graph().nodes()) {
+    EXPECT_NE(dot->find(n.name), std::string::npos) << n.name;
+  }
+  EXPECT_NE(dot->find("->"), std::string::npos);
+  auto eager = CapturedStep::Create(plan, m.bindings(), *dispatch, Eager());
+  ASSERT_TRUE(eager.ok());
+  EXPECT_FALSE((*eager)->ToDot().ok());
+}
+
+TEST(CapturedStepTest, EagerFromEnvironment) {
+  setenv("STEPGRAPH_EAGER", "1", 1);
+  EXPECT_TRUE(DefaultCaptureOptions().eager);
+  setenv("STEPGRAPH_EAGER", "0", 1);
+  EXPECT_FALSE(DefaultCaptureOptions().eager);
+  unsetenv("STEPGRAPH_EAGER");
+  EXPECT_FALSE(DefaultCaptureOptions().eager);
+}
+
+// Three live rows run in bucket 4: rows 0..2 match an exact batch-3 run, the padding row
+// writes no KV and its slot's cache is untouched.
+TEST(GraphCacheTest, BucketLiveRowsMatchExactSizeRun) {
+  SKIP_WITHOUT_GPU();
+  constexpr int64_t kSlots = 4, kSeq = 64;
+  LlamaConfig config = TinyLlamaConfig();
+  config.num_hidden_layers = 2;
+  auto dispatch = MakeDispatch();
+  ASSERT_NE(dispatch, nullptr);
+
+  // Exact-size reference: batch 3, slots 4.
+  absl::StatusOr<Graph> g3 =
+      BuildLlamaDecodeGraph(config, {.batch = 3, .slots = kSlots, .max_seq = kSeq});
+  ASSERT_TRUE(g3.ok());
+  absl::StatusOr<ExecutionPlan> p3 = ExecutionPlan::Create(*std::move(g3));
+  ASSERT_TRUE(p3.ok());
+  DeviceModel exact(*p3, 17, kVocab, 6);
+
+  // The cache binds each bucket's graph to shared buffers holding the same weights,
+  // caches and (for the live rows) inputs as the exact-size model.
+  std::vector<DeviceMemory> owned;
+  absl::flat_hash_map<std::string, void*> shared;
+  auto bind = [&](const Graph& g, Bindings& b) -> absl::Status {
+    for (const Tensor& t : g.tensors()) {
+      if (t.kind == TensorKind::kIntermediate) continue;
+      const int64_t max_bytes = (t.kind == TensorKind::kInput)
+                                    ? kSlots * DTypeBytes(t.dtype)
+                                    : t.bytes();
+      void*& d = shared[t.name];
+      if (d == nullptr) {
+        SG_RETURN_IF_ERROR(ToStatus(cudaMalloc(&d, max_bytes), "cudaMalloc"));
+        owned.emplace_back(d);
+        const TensorId src = *p3->graph().FindTensor(t.name);
+        if (t.kind == TensorKind::kInput) {
+          // Live rows from the exact model, the padding row: a valid id at pos -1.
+          std::vector<int32_t> v(kSlots, -1);
+          SG_RETURN_IF_ERROR(ToStatus(
+              cudaMemcpy(v.data(), exact.bindings().buffer(src.index).data, 3 * 4,
+                         cudaMemcpyDeviceToHost), "read"));
+          if (t.name != kPosInput) v[3] = 1;
+          SG_RETURN_IF_ERROR(ToStatus(
+              cudaMemcpy(d, v.data(), kSlots * 4, cudaMemcpyHostToDevice), "write"));
+        } else {
+          SG_RETURN_IF_ERROR(ToStatus(cudaMemcpy(d, exact.bindings().buffer(src.index).data,
+                                                 t.bytes(), cudaMemcpyDeviceToDevice),
+                                      "copy"));
+        }
+      }
+      SG_RETURN_IF_ERROR(b.Bind(t.name, d, t.bytes()));
+    }
+    return absl::OkStatus();
+  };
+  auto make = [&](int64_t batch) {
+    return BuildLlamaDecodeGraph(config, {.batch = batch, .slots = kSlots, .max_seq = kSeq});
+  };
+  GraphCache::Options options;
+  options.buckets = {1, 2, 4};
+  options.capture.eager = false;
+  auto cache = GraphCache::Create(make, bind, *dispatch, options);
+  ASSERT_TRUE(cache.ok()) << cache.status();
+  EXPECT_EQ(*(*cache)->BucketFor(3), 4);
+  const std::vector<uint8_t> slot3_before = exact.Read(KCacheName(0));
+  ASSERT_OK((*cache)->Replay(3));
+  Check(cudaStreamSynchronize((*cache)->stream()), "sync");
+
+  auto eager = CapturedStep::Create(*p3, exact.bindings(), *dispatch, Eager());
+  ASSERT_TRUE(eager.ok());
+  ASSERT_OK((*eager)->Replay());
+
+  const ExecutionPlan& p4 = (*cache)->plan(4);
+  const TensorArg logits4 =
+      ResolveTensor(p4, (*cache)->bindings(4), p4.graph().FindOutput(kLogitsOutput)->index);
+  std::vector<float> got(4 * kVocab), want(3 * kVocab);
+  Check(cudaMemcpy(got.data(), logits4.data, got.size() * 4, cudaMemcpyDeviceToHost), "read");
+  std::vector<uint8_t> w = exact.Read(kLogitsOutput);
+  std::memcpy(want.data(), w.data(), w.size());
+  got.resize(3 * kVocab);
+  EXPECT_LT(testing::NormalizedError(got, want), 1e-5);
+
+  // Slot 3's cache rows are those the exact model never touches: unchanged.
+  std::vector<uint8_t> k0(exact.Read(KCacheName(0)).size());
+  Check(cudaMemcpy(k0.data(), shared[KCacheName(0)], k0.size(), cudaMemcpyDeviceToHost), "read");
+  const size_t slot_bytes = k0.size() / kSlots;
+  EXPECT_EQ(std::memcmp(k0.data() + 3 * slot_bytes, slot3_before.data() + 3 * slot_bytes,
+                        slot_bytes),
+            0);
+
+  const auto memory = (*cache)->Memory();
+  ASSERT_EQ(memory.size(), 3u);
+  EXPECT_TRUE(memory[2].captured);
+  EXPECT_FALSE(memory[0].captured);  // lazily: only bucket 4 was used
+  EXPECT_LE(memory[2].arena_bytes, (*cache)->shared_arena_bytes());
+  EXPECT_TRUE(GraphCache::DeviceGraphMemory().ok());
+  EXPECT_FALSE((*cache)->Replay(5).ok());
+  EXPECT_FALSE((*cache)->Replay(0).ok());
+}
+
+}  // namespace
+}  // namespace sg
