@@ -101,6 +101,8 @@ absl::StatusOr<DeviceMemory> Upload(DType dtype, int64_t count, uint64_t seed, f
   const int64_t bytes = count * DTypeBytes(dtype);
   SG_ASSIGN_OR_RETURN(DeviceMemory m, AllocateDevice(bytes, "attention_bench buffer"));
   SG_RETURN_IF_ERROR(ToStatus(cudaMemcpy(m.get(), src, bytes, cudaMemcpyHostToDevice), "cudaMemcpy"));
+  // On the legacy stream, which the benchmark's stream does not wait for.
+  SG_RETURN_IF_ERROR(ToStatus(cudaDeviceSynchronize(), "sync after upload"));
   return m;
 }
 
@@ -160,6 +162,7 @@ void BM_DeviceCopy(benchmark::State& state) {
     SG_ASSIGN_OR_RETURN(DeviceMemory src, AllocateDevice(kCopyBytes, "copy source"));
     SG_ASSIGN_OR_RETURN(DeviceMemory dst, AllocateDevice(kCopyBytes, "copy destination"));
     SG_RETURN_IF_ERROR(ToStatus(cudaMemset(src.get(), 1, kCopyBytes), "cudaMemset"));
+    SG_RETURN_IF_ERROR(ToStatus(cudaDeviceSynchronize(), "sync after cudaMemset"));
     SG_ASSIGN_OR_RETURN(UniqueEvent start, CreateEvent("copy start"));
     SG_ASSIGN_OR_RETURN(UniqueEvent stop, CreateEvent("copy stop"));
     cudaStream_t stream = g->stream.get();
@@ -242,6 +245,7 @@ void BM_AttentionChunks(benchmark::State& state, int chunks) {
     const int64_t ws_bytes = kernels::AttentionWorkspaceBytes(shape, chunks);
     SG_ASSIGN_OR_RETURN(DeviceMemory ws, AllocateDevice(ws_bytes, "workspace"));
     SG_RETURN_IF_ERROR(ToStatus(cudaMemset(ws.get(), 0, ws_bytes), "cudaMemset"));
+    SG_RETURN_IF_ERROR(ToStatus(cudaDeviceSynchronize(), "sync after cudaMemset"));
     SG_ASSIGN_OR_RETURN(DeviceMemory out, AllocateDevice(m * kHeads * kHeadDim * 2, "out"));
     std::vector<DeviceMemory> q, k, v;
     for (int i = 0; i < n; ++i) {
@@ -325,6 +329,7 @@ void BM_ArgmaxBlocks(benchmark::State& state, int64_t m, int blocks) {
     }
     SG_ASSIGN_OR_RETURN(DeviceMemory ws, AllocateDevice(kernels::ArgmaxWorkspaceBytes(m), "workspace"));
     SG_RETURN_IF_ERROR(ToStatus(cudaMemset(ws.get(), 0, kernels::ArgmaxWorkspaceBytes(m)), "cudaMemset"));
+    SG_RETURN_IF_ERROR(ToStatus(cudaDeviceSynchronize(), "sync after cudaMemset"));
     SG_ASSIGN_OR_RETURN(DeviceMemory ids, AllocateDevice(m * 4, "ids"));
     return TimeCaptured(
         state, n,

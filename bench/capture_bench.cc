@@ -64,6 +64,8 @@ struct DeviceBuffers {
     SG_ASSIGN_OR_RETURN(DeviceMemory arena, AllocateDevice(plan.arena_bytes(), "arena"));
     d->bindings->SetArena(arena.get(), plan.arena_bytes());
     d->owned.push_back(std::move(arena));
+    // The uploads ran on the legacy stream, which the capture stream does not wait for.
+    SG_RETURN_IF_ERROR(ToStatus(cudaDeviceSynchronize(), "sync after upload"));
     return d;
   }
 };

@@ -48,6 +48,8 @@ absl::StatusOr<std::unique_ptr<CudaDispatch>> CudaDispatch::Create(cudaStream_t 
   auto dispatch = std::unique_ptr<CudaDispatch>(new CudaDispatch(stream, info));
   SG_ASSIGN_OR_RETURN(DeviceMemory flags, AllocateDevice(sizeof(uint32_t), "the error word"));
   SG_RETURN_IF_ERROR(ToStatus(cudaMemset(flags.get(), 0, sizeof(uint32_t)), "cudaMemset(error word)"));
+  // The memset runs on the legacy stream, which `stream` need not wait for.
+  SG_RETURN_IF_ERROR(ToStatus(cudaDeviceSynchronize(), "cudaDeviceSynchronize after cudaMemset"));
   dispatch->error_flags_ = static_cast<uint32_t*>(flags.release());
   SG_ASSIGN_OR_RETURN(dispatch->matmul_,
                       internal::MatmulRunner::Create(info, options.matmul_workspace_bytes));

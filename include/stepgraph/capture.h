@@ -63,6 +63,8 @@ class CapturedStep {
   // patches the launches of the nodes that changed in place, or captures again and
   // updates the executable (cudaGraphExecUpdate), or, if that fails, instantiates anew.
   absl::Status Update(const Bindings& next);
+  // The share of nodes later Updates may patch in place (CaptureOptions::max_patch_fraction).
+  void set_max_patch_fraction(double fraction) { options_.max_patch_fraction = fraction; }
 
   cudaStream_t stream() const { return stream_; }
   const ExecutionPlan& plan() const { return *plan_; }

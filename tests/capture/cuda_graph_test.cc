@@ -78,6 +78,7 @@ class DeviceModel {
     Check(cudaMalloc(&arena, plan.arena_bytes()), "cudaMalloc(arena)");
     owned_.emplace_back(arena);
     Check(cudaMemset(arena, 0xFF, plan.arena_bytes()), "poison arena");
+    Settle();
     bindings_.SetArena(arena, plan.arena_bytes());
   }
 
@@ -93,12 +94,13 @@ class DeviceModel {
                        cudaMemcpyHostToDevice),
             "reset");
     }
+    Settle();
   }
 
   // The bytes of any tensor (an output in the arena or a bound buffer).
   std::vector<uint8_t> Read(absl::string_view name) {
-    absl::StatusOr<TensorId> out = plan_.graph().FindOutput(name);
-    const TensorId id = out.ok() ? *out : *plan_.graph().FindTensor(name);
+    absl::StatusOr<TensorId> output = plan_.graph().FindOutput(name);
+    const TensorId id = output.ok() ? *output : *plan_.graph().FindTensor(name);
     const TensorArg a = ResolveTensor(plan_, bindings_, id.index);
     std::vector<uint8_t> out(plan_.graph().tensor(id).bytes());
     Check(cudaDeviceSynchronize(), "sync");
@@ -116,11 +118,16 @@ class DeviceModel {
     Check(cudaMalloc(&d, t.bytes()), "cudaMalloc");
     owned_.emplace_back(d);
     Check(cudaMemcpy(d, h.data(), t.bytes(), cudaMemcpyHostToDevice), "upload");
+    Settle();
     EXPECT_TRUE(bindings_.Bind(name, d, t.bytes()).ok());
     return d;
   }
 
  private:
+  // Uploads and memsets run on the legacy stream, which the steps' non-blocking streams do
+  // not wait for (a pageable upload may return before its DMA lands).
+  static void Settle() { Check(cudaDeviceSynchronize(), "sync after upload"); }
+
   const ExecutionPlan& plan_;
   Bindings bindings_;
   std::vector<DeviceMemory> owned_;
@@ -291,9 +298,18 @@ TEST(CapturedStepTest, RebindingEverythingUpdatesTheExecutable) {
   EXPECT_EQ(got, b.Read(kLogitsOutput));
   // And a later small rebinding still patches through the first capture's node map.
   b.RebindWeight("model.norm.weight", 5);
-  o.max_patch_fraction = 0.5;
+  (*replay)->set_max_patch_fraction(0.5);
   ASSERT_OK((*replay)->Update(b.bindings()));
   EXPECT_EQ((*replay)->stats().captures, 2);
+  EXPECT_EQ((*replay)->stats().node_patches, 1);
+  b.Reset();
+  ASSERT_OK((*replay)->Replay());
+  const std::vector<uint8_t> patched = b.Read(kLogitsOutput);
+  EXPECT_NE(patched, got);
+  b.Reset();
+  ASSERT_OK((*eager)->Update(b.bindings()));
+  ASSERT_OK((*eager)->Replay());
+  EXPECT_EQ(patched, b.Read(kLogitsOutput));
 }
 
 TEST(CapturedStepTest, RefusesHostMemoryNamingNodeAndTensor) {
@@ -392,7 +408,7 @@ TEST(GraphCacheTest, BucketLiveRowsMatchExactSizeRun) {
       }
       SG_RETURN_IF_ERROR(b.Bind(t.name, d, t.bytes()));
     }
-    return absl::OkStatus();
+    return ToStatus(cudaDeviceSynchronize(), "sync after upload");
   };
   auto make = [&](int64_t batch) {
     return BuildLlamaDecodeGraph(config, {.batch = batch, .slots = kSlots, .max_seq = kSeq});

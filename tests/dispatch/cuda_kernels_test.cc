@@ -9,6 +9,7 @@
 #include <cstring>
 #include <functional>
 #include <map>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -141,6 +142,9 @@ struct MisalignedCase {
   double tolerance = 1e-2;
   int32_t int_hi = 16;
 };
+
+// Names the case in test listings instead of a dump of its bytes.
+void PrintTo(const MisalignedCase& c, std::ostream* os) { *os << c.name; }
 
 void RunMisaligned(const MisalignedCase& c) {
   GraphBuilder builder;

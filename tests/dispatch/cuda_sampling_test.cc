@@ -123,6 +123,8 @@ class GpuRunner {
     const TensorArg ids = ResolveTensor(*plan, bind, out->index);
     for (int r = 0; r < repeats; ++r) {
       EXPECT_EQ(cudaMemset(arena->get(), 0xFF, arena_bytes), cudaSuccess);  // ids of -1
+      // The memset and uploads ran on the legacy stream, which stream_ does not wait for.
+      EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
       absl::StatusOr<ExecStats> stats = Execute(*plan, bind, *dispatch_);
       EXPECT_TRUE(stats.ok()) << stats.status();
       EXPECT_EQ(cudaStreamSynchronize(stream_.get()), cudaSuccess);
@@ -573,6 +575,7 @@ TEST(CudaAttentionTest, CapturedLaunchFollowsThePositions) {
       pos = step;
       ASSERT_EQ(cudaMemcpy(pos_dev, pos.data(), m * 4, cudaMemcpyHostToDevice), cudaSuccess);
       ASSERT_EQ(cudaMemset(arena->get(), 0xFF, std::max<int64_t>(plan->arena_bytes(), 256)), cudaSuccess);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);  // legacy-stream writes landed
       ASSERT_EQ(cudaGraphLaunch(exec.get(), s), cudaSuccess);
       ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
       HostTensor got(t, {m, heads * d});

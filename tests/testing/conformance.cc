@@ -113,6 +113,9 @@ void RunConformance(const OpCase& c) {
   ASSERT_TRUE(arena.ok()) << arena.status();
   ASSERT_EQ(cudaMemset(arena->get(), 0xFF, std::max<int64_t>(plan->arena_bytes(), 256)),
             cudaSuccess);
+  // The uploads and the memset ran on the legacy stream, which the dispatcher's
+  // non-blocking stream does not wait for.
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   gpu_bind.SetArena(arena->get(), plan->arena_bytes());
   ASSERT_TRUE((*gpu)->Prepare(*plan).ok());
   absl::StatusOr<ExecStats> gpu_stats = Execute(*plan, gpu_bind, **gpu);

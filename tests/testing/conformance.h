@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <ostream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -34,6 +35,9 @@ struct OpCase {
   bool exact_ids = true;
   uint64_t seed = 1;
 };
+
+// gtest prints a parameter with this; without it test listings show the struct's bytes.
+inline void PrintTo(const OpCase& c, std::ostream* os) { *os << c.name; }
 
 // True when a CUDA device is present (GPU tests GTEST_SKIP otherwise).
 bool HasCudaDevice();
