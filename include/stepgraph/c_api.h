@@ -1,0 +1,244 @@
+// The C ABI of stepgraph (library stepgraph_c, libstepgraph_c.so): each kernel family as a
+// plain `int32_t stepgraph_<op>(...)` for callers in other languages (ctypes, cffi, Rust,
+// Julia, ...). This header is the single source of truth for the signatures; it compiles
+// as C99 and as C++, and exposes nothing but C types.
+//
+// Conventions, for every function below unless it says otherwise:
+//   - Tensor pointers are device memory (cudaMalloc or managed), row-major and dense,
+//     aligned to their element size. `const` pointers are read, the others written.
+//     Sizes are element counts (int64_t), never bytes, and must be positive. Outputs must
+//     not overlap inputs (the kernels read through restrict pointers), except the buffers
+//     that a function updates in place (kv_write's cache, advance's pos).
+//   - `stream` is a cudaStream_t of the current device; NULL means the default stream.
+//     A call only enqueues work: it returns before the work ends and never synchronises,
+//     so calls can be recorded by stream capture into a CUDA graph.
+//   - `dtype` is one of STEPGRAPH_F32, STEPGRAPH_BF16, STEPGRAPH_F16 (float ops; math in
+//     f32) or STEPGRAPH_I32 where a function says so. Ids and positions are always int32.
+//   - Every tensor holds at most STEPGRAPH_MAX_ELEMENTS elements.
+//   - `error_flags` points to one device uint32_t the kernel ORs STEPGRAPH_FLAG_* bits into
+//     where it refused to read or write out of bounds (a bad token id or position). It is
+//     never cleared by the library: zero it, run, read it back when convenient.
+//
+// Return codes and the order of the checks: every argument is checked first, on the host,
+// before anything touches CUDA (STEPGRAPH_ERROR_INVALID_VALUE); then the presence of a
+// usable device (STEPGRAPH_ERROR_NO_CUDA); then the launch (STEPGRAPH_ERROR_LAUNCH_FAILED,
+// STEPGRAPH_ERROR_OUT_OF_MEMORY). So a bad argument is reported the same with or without a
+// GPU. A launch error may also be one left behind by earlier, unrelated CUDA work on the
+// thread (cudaGetLastError semantics); after an error that CUDA calls sticky (an illegal
+// address, say) the process's CUDA context is unusable and every later call fails.
+//
+// A build without CUDA (STEPGRAPH_WITH_CUDA=OFF) links this header against a stub in which
+// every function that would touch the GPU returns STEPGRAPH_ERROR_NO_CUDA whatever its
+// arguments. stepgraph_abi_version, stepgraph_error_string and stepgraph_rope_inv_freq run
+// on the host only and behave the same in both builds.
+//
+// The functions keep no state, take no locks and are safe to call from any thread.
+#ifndef STEPGRAPH_C_API_H_
+#define STEPGRAPH_C_API_H_
+
+#include <stdint.h>
+
+#if defined(__GNUC__)
+#define STEPGRAPH_C_EXPORT __attribute__((visibility("default")))
+#else
+#define STEPGRAPH_C_EXPORT
+#endif
+
+#ifdef __cplusplus
+#define STEPGRAPH_C_NOEXCEPT noexcept
+extern "C" {
+#else
+#define STEPGRAPH_C_NOEXCEPT
+#endif
+
+// Bumped whenever a signature or a meaning below changes.
+#define STEPGRAPH_C_API_VERSION 1
+
+// Return codes.
+#define STEPGRAPH_OK 0
+// No device or driver, a device this build has no kernels for, or a build without CUDA.
+#define STEPGRAPH_ERROR_NO_CUDA (-1)
+#define STEPGRAPH_ERROR_INVALID_VALUE (-2)  // null pointer, bad size, shape, dtype or parameter
+#define STEPGRAPH_ERROR_LAUNCH_FAILED (-3)  // CUDA refused or failed the launch
+#define STEPGRAPH_ERROR_OUT_OF_MEMORY (-4)
+
+// dtype values (the same numbers as sg::DType).
+#define STEPGRAPH_F32 0
+#define STEPGRAPH_BF16 1
+#define STEPGRAPH_F16 2
+#define STEPGRAPH_I32 3
+
+// Bits of *error_flags (the same as sg::ErrorFlag).
+#define STEPGRAPH_FLAG_TOKEN_OUT_OF_RANGE 1u     // embedding id outside [0, vocab): zero row
+#define STEPGRAPH_FLAG_POSITION_OUT_OF_RANGE 2u  // kv_write / attention pos >= seq_len
+
+// Limits.
+#define STEPGRAPH_MAX_ELEMENTS (INT64_C(1) << 36)
+#define STEPGRAPH_MATMUL_MAX_ROWS 8
+#define STEPGRAPH_ATTENTION_MAX_HEAD_DIM 256
+
+// RoPE frequency scaling (stepgraph_rope_inv_freq).
+#define STEPGRAPH_ROPE_SCALING_NONE 0
+#define STEPGRAPH_ROPE_SCALING_LLAMA3 1
+
+// STEPGRAPH_C_API_VERSION of the library actually loaded (compare with the header's).
+STEPGRAPH_C_EXPORT int32_t stepgraph_abi_version(void) STEPGRAPH_C_NOEXCEPT;
+
+// A static, never-NULL English description of a return code ("unknown error code" for
+// others).
+STEPGRAPH_C_EXPORT const char* stepgraph_error_string(int32_t code) STEPGRAPH_C_NOEXCEPT;
+
+// out[i, :] = table[ids[i], :]. table [vocab, hidden], ids [rows] int32, out [rows, hidden].
+// An id outside [0, vocab) writes a zero row and raises STEPGRAPH_FLAG_TOKEN_OUT_OF_RANGE.
+// rows <= 65535. Float dtypes.
+STEPGRAPH_C_EXPORT int32_t stepgraph_embedding(const void* table, const int32_t* ids, void* out,
+                                               int64_t rows, int64_t vocab, int64_t hidden,
+                                               int32_t dtype, uint32_t* error_flags,
+                                               void* stream) STEPGRAPH_C_NOEXCEPT;
+
+// y[m, n] = x[m, k] · w[n, k]ᵀ (+ bias[n]), w in the PyTorch / Hugging Face layout; bias
+// may be NULL. The decode-time kernel: it streams w once and takes 1 <= m <=
+// STEPGRAPH_MATMUL_MAX_ROWS only; a larger m is STEPGRAPH_ERROR_INVALID_VALUE (use a BLAS).
+// Float dtypes, f32 accumulation.
+STEPGRAPH_C_EXPORT int32_t stepgraph_matmul(const void* x, const void* w, const void* bias,
+                                            void* y, int64_t m, int64_t n, int64_t k,
+                                            int32_t dtype, void* stream) STEPGRAPH_C_NOEXCEPT;
+
+// y = round(x · rsqrt(mean(x²) + eps)) · weight per row (Hugging Face's order of rounding).
+// x, y [rows, hidden], weight [hidden]; eps finite and >= 0. Float dtypes.
+STEPGRAPH_C_EXPORT int32_t stepgraph_rmsnorm(const void* x, const void* weight, void* y,
+                                             int64_t rows, int64_t hidden, float eps,
+                                             int32_t dtype, void* stream) STEPGRAPH_C_NOEXCEPT;
+
+// y = a + b over n elements. Float dtypes and STEPGRAPH_I32 (wrapping).
+STEPGRAPH_C_EXPORT int32_t stepgraph_add(const void* a, const void* b, void* y, int64_t n,
+                                         int32_t dtype, void* stream) STEPGRAPH_C_NOEXCEPT;
+// y = a · b over n elements. Float dtypes.
+STEPGRAPH_C_EXPORT int32_t stepgraph_mul(const void* a, const void* b, void* y, int64_t n,
+                                         int32_t dtype, void* stream) STEPGRAPH_C_NOEXCEPT;
+// y = x · sigmoid(x) over n elements. Float dtypes.
+STEPGRAPH_C_EXPORT int32_t stepgraph_silu(const void* x, void* y, int64_t n, int32_t dtype,
+                                          void* stream) STEPGRAPH_C_NOEXCEPT;
+// y = silu(gate) · up over n elements (the fused SwiGLU). Float dtypes.
+STEPGRAPH_C_EXPORT int32_t stepgraph_silu_mul(const void* gate, const void* up, void* y,
+                                              int64_t n, int32_t dtype,
+                                              void* stream) STEPGRAPH_C_NOEXCEPT;
+
+// Host only: writes the head_dim / 2 RoPE inverse frequencies, computed in f32 exactly as
+// Hugging Face does, to the HOST array inv_freq (copy them to the device for
+// stepgraph_rope). head_dim even and positive, theta > 0. scaling is
+// STEPGRAPH_ROPE_SCALING_NONE (the last four arguments are then ignored) or
+// STEPGRAPH_ROPE_SCALING_LLAMA3 ("rope_type": "llama3": factor > 0, low_freq_factor > 0,
+// high_freq_factor > low_freq_factor, original_max_position > 0).
+STEPGRAPH_C_EXPORT int32_t stepgraph_rope_inv_freq(int32_t head_dim, float theta,
+                                                   int32_t scaling, float factor,
+                                                   float low_freq_factor,
+                                                   float high_freq_factor,
+                                                   int32_t original_max_position,
+                                                   float* inv_freq) STEPGRAPH_C_NOEXCEPT;
+
+// Rotates every head of each row of x [rows, cols] by the row's position: pairs
+// (j, j + head_dim/2) of each head (Hugging Face's rotate_half), or (2j, 2j + 1) when
+// interleaved is 1, turn by pos[i] · inv_freq[j]. pos [rows] int32 (a row with pos < 0 is
+// copied unchanged); inv_freq [head_dim / 2] f32 on the device; y [rows, cols].
+// cols a multiple of head_dim, head_dim even; interleaved 0 or 1. Float dtypes.
+STEPGRAPH_C_EXPORT int32_t stepgraph_rope(const void* x, const int32_t* pos,
+                                          const float* inv_freq, void* y, int64_t rows,
+                                          int64_t cols, int64_t head_dim, int32_t interleaved,
+                                          int32_t dtype, void* stream) STEPGRAPH_C_NOEXCEPT;
+
+// Stores row i of kv [rows, kv_heads · head_dim] at position pos[i] of slot i of cache
+// [slots, kv_heads, seq_len, head_dim] (slots >= rows), in place. pos < 0 writes nothing;
+// pos >= seq_len writes nothing and raises STEPGRAPH_FLAG_POSITION_OUT_OF_RANGE. Float
+// dtypes.
+STEPGRAPH_C_EXPORT int32_t stepgraph_kv_write(const void* kv, const int32_t* pos, void* cache,
+                                              int64_t rows, int64_t slots, int64_t kv_heads,
+                                              int64_t seq_len, int64_t head_dim, int32_t dtype,
+                                              uint32_t* error_flags,
+                                              void* stream) STEPGRAPH_C_NOEXCEPT;
+
+// Sets *bytes to the workspace size with which stepgraph_attention of this shape splits
+// the keys as it prefers on the current device (0 when it would not split). Needs the
+// device, so it returns STEPGRAPH_ERROR_NO_CUDA without one; the shape rules are
+// stepgraph_attention's.
+STEPGRAPH_C_EXPORT int32_t stepgraph_attention_workspace_bytes(int64_t rows, int64_t heads,
+                                                               int64_t kv_heads,
+                                                               int64_t seq_len,
+                                                               int64_t head_dim,
+                                                               int64_t* bytes)
+    STEPGRAPH_C_NOEXCEPT;
+
+// Decode attention: out[i, head h] = softmax(scale · q_h · K[0..pos[i]]ᵀ) · V[0..pos[i]] for
+// one query token per row, against slot i of k_cache and v_cache [slots, kv_heads,
+// seq_len, head_dim] (slots >= rows). Grouped-query: head h reads kv head h / (heads /
+// kv_heads). q and out [rows, heads · head_dim], pos [rows] int32. A row with pos < 0 gets
+// zeros; pos >= seq_len gets zeros and raises STEPGRAPH_FLAG_POSITION_OUT_OF_RANGE.
+// rows <= 65535; heads a multiple of kv_heads; head_dim even and at most
+// STEPGRAPH_ATTENTION_MAX_HEAD_DIM; scale finite (usually 1 / sqrt(head_dim)); q, the
+// caches and out aligned to two elements. Float dtypes.
+// workspace: NULL (workspace_bytes 0) runs each (row, head) in one block, which is slow
+// for long contexts; otherwise a 16-byte aligned device buffer of workspace_bytes bytes
+// (cudaMalloc's are), of which the
+// call uses what lets it split the keys over more blocks, up to the size that
+// stepgraph_attention_workspace_bytes gives. Its contents need not be anything: the call
+// clears what it uses on `stream` first. Launches that may run at the same time must not
+// share a workspace.
+STEPGRAPH_C_EXPORT int32_t stepgraph_attention(const void* q, const void* k_cache,
+                                               const void* v_cache, const int32_t* pos,
+                                               void* out, int64_t rows, int64_t heads,
+                                               int64_t kv_heads, int64_t slots,
+                                               int64_t seq_len, int64_t head_dim, float scale,
+                                               int32_t dtype, void* workspace,
+                                               int64_t workspace_bytes, uint32_t* error_flags,
+                                               void* stream) STEPGRAPH_C_NOEXCEPT;
+
+// y = exp(x − max) / Σ exp(x − max) per row of x, y [rows, n]. Needs compute capability
+// 9.0 (a row is shared by a cluster of blocks). Float dtypes.
+STEPGRAPH_C_EXPORT int32_t stepgraph_softmax(const void* x, void* y, int64_t rows, int64_t n,
+                                             int32_t dtype, void* stream) STEPGRAPH_C_NOEXCEPT;
+
+// Sets *bytes to the workspace size with which stepgraph_argmax over [rows, vocab] splits
+// long rows over several blocks on the current device (0 when it would not split).
+// Returns STEPGRAPH_ERROR_NO_CUDA without a device.
+STEPGRAPH_C_EXPORT int32_t stepgraph_argmax_workspace_bytes(int64_t rows, int64_t vocab,
+                                                            int64_t* bytes)
+    STEPGRAPH_C_NOEXCEPT;
+
+// ids[i] = the lowest index among the maxima of row i of logits [rows, vocab]; NaN never
+// wins, and a row of NaN or -inf gives 0. rows <= 65535, vocab < 2^31. Float dtypes.
+// workspace: NULL (workspace_bytes 0) gives one block per row; a 16-byte aligned buffer
+// of at least stepgraph_argmax_workspace_bytes lets long rows be split (a smaller one is
+// left unused). Cleared by the call on
+// `stream` as for stepgraph_attention; not to be shared by concurrent launches.
+STEPGRAPH_C_EXPORT int32_t stepgraph_argmax(const void* logits, int32_t* ids, int64_t rows,
+                                            int64_t vocab, int32_t dtype, void* workspace,
+                                            int64_t workspace_bytes,
+                                            void* stream) STEPGRAPH_C_NOEXCEPT;
+
+// ids[i] drawn from softmax(logits[i] / temperature) restricted to the top_k largest
+// (0: no limit; ties by lower index) and then to the smallest prefix of those whose mass
+// reaches top_p, with the uniform number fixed by (seeds[i], pos[i]) through a
+// counter-based generator: the same inputs give the same ids on every run. top_k = 1 is
+// the argmax of logits / temperature. logits [rows, vocab], seeds and pos [rows] int32.
+// temperature finite and > 0, top_k >= 0, top_p in (0, 1]; vocab < 2^31. Float dtypes.
+STEPGRAPH_C_EXPORT int32_t stepgraph_sample(const void* logits, const int32_t* seeds,
+                                            const int32_t* pos, int32_t* ids, int64_t rows,
+                                            int64_t vocab, float temperature, int32_t top_k,
+                                            float top_p, int32_t dtype,
+                                            void* stream) STEPGRAPH_C_NOEXCEPT;
+
+// dst = src, n elements of dtype (any dtype, STEPGRAPH_I32 included), device to device.
+// The buffers must not overlap unless they are the same (then nothing is enqueued).
+STEPGRAPH_C_EXPORT int32_t stepgraph_copy(const void* src, void* dst, int64_t n, int32_t dtype,
+                                          void* stream) STEPGRAPH_C_NOEXCEPT;
+
+// pos[i] += 1 where pos[i] >= 0, in place, over n int32 positions (padding rows with
+// pos < 0 stay as they are): the end of a decode step.
+STEPGRAPH_C_EXPORT int32_t stepgraph_advance(int32_t* pos, int64_t n,
+                                             void* stream) STEPGRAPH_C_NOEXCEPT;
+
+#ifdef __cplusplus
+}  // extern "C"
+#endif
+
+#endif  // STEPGRAPH_C_API_H_
