@@ -1,0 +1,757 @@
+// The `stepgraph` program: decode with a Llama model end to end (run), show the decode
+// step's graph (graph), and measure decode speed against the memory-bandwidth floor
+// (bench). With no --model it uses a small built-in model with deterministic random
+// weights, so every command runs anywhere; without a GPU it runs the CPU reference.
+//
+// Exit status: 0 done (or --help), 1 a runtime error (a model that fails to load, a device
+// error), 2 a usage error (unknown flag, bad value); errors are one line plus a hint.
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
+#include "models/config.h"
+#include "models/llama.h"
+#include "models/session.h"
+#include "stepgraph/plan.h"
+#include "stepgraph/status.h"
+
+namespace sg {
+namespace {
+
+constexpr int kExitOk = 0;
+constexpr int kExitRuntime = 1;
+constexpr int kExitUsage = 2;
+
+enum Command : unsigned { kRun = 1, kGraph = 2, kBench = 4 };
+constexpr unsigned kAll = kRun | kGraph | kBench;
+
+const char* CommandName(Command c) {
+  switch (c) {
+    case kRun:
+      return "run";
+    case kGraph:
+      return "graph";
+    case kBench:
+      return "bench";
+  }
+  return "run";
+}
+
+struct Args {
+  Command command = kRun;
+  bool help = false;
+  std::string model_dir;
+  std::string preset = "tiny";
+  uint64_t weight_seed = 0;
+  bool cpu = false;
+  bool eager = false;
+  int64_t max_seq = 0;
+  // run
+  std::vector<int32_t> prompt = {1, 2, 3, 4, 5, 6, 7, 8};
+  int64_t max_new_tokens = 32;
+  int64_t batch = 1;
+  float temperature = 0.0f;
+  int32_t top_k = 0;
+  float top_p = 1.0f;
+  int32_t seed = 0;
+  // graph
+  std::string dot;
+  // bench
+  int64_t steps = 64;
+  std::vector<int64_t> positions = {100, 1000};
+  bool profile = false;
+};
+
+constexpr char kOverview[] =
+    R"(usage: stepgraph [run|graph|bench] [options]
+
+Runs a Llama model's decode step as a graph of kernels, captured once as a CUDA graph
+and replayed. With no --model a small built-in model (random weights) is used, so every
+command runs anywhere; without a GPU the CPU reference runs instead (and says so).
+
+commands:
+  run      generate tokens from a prompt (the default command)
+  graph    print the decode step's graph summary; write it as Graphviz DOT
+  bench    decode speed: ms/token eager vs replayed, and vs the memory-bandwidth floor
+
+'stepgraph <command> --help' lists the command's options.
+)";
+
+constexpr char kModelOptions[] =
+    R"(model options:
+  --model DIR            a Hugging Face Llama folder (config.json + *.safetensors)
+  --model-preset NAME    random weights in a known shape: tiny (default), llama-3.2-1b
+  --weight-seed S        seed of the random weights (default 0)
+  --cpu                  run on the CPU reference even where a GPU is available
+  --eager                GPU: launch every node each step instead of replaying a graph
+  --max-seq N            KV cache length per sequence (default: what the command needs)
+  -h, --help             this help
+)";
+
+constexpr char kRunHelp[] =
+    R"(usage: stepgraph run [options]
+
+Feeds the prompt, generates tokens, prints their ids and the decode speed: on a GPU the
+replayed step and a short eager run, both in ms/token, and tokens/s.
+
+run options:
+  --prompt-ids 1,2,3     prompt token ids (default 1,2,3,4,5,6,7,8)
+  --max-new-tokens N     tokens to generate per sequence (default 32)
+  --batch B              decode B copies of the prompt together (default 1)
+  --temperature T        sample at temperature T (default 0: greedy)
+  --top-k K              sample among the K most likely ids only (default 0: all)
+  --top-p P              sample from the smallest set of mass >= P (default 1)
+  --seed S               sampling seed of sequence 0; sequence i uses S + i (default 0)
+)";
+
+constexpr char kGraphHelp[] =
+    R"(usage: stepgraph graph [options]
+
+Prints the decode step's graph: nodes, launches, arena bytes against the sum of the
+intermediates, weight and KV cache bytes. Needs no weights (only config.json).
+
+graph options:
+  --batch B              rows (sequences) of the step (default 1)
+  --dot FILE             write the graph as Graphviz DOT to FILE
+)";
+
+constexpr char kBenchHelp[] =
+    R"(usage: stepgraph bench [options]
+
+Decode speed at given context positions: ms/token eager and replayed (GPU), medians of
+CUDA-event times per step, and the ratio to a floor of reading every weight once at the
+device-to-device copy bandwidth measured in the same run.
+
+bench options:
+  --steps N              timed steps per measurement (default 64)
+  --positions P1,P2,...  context positions to measure at (default 100,1000)
+  --batch B              sequences per step (default 1)
+  --profile              also time every node of an eager step (device time per node)
+)";
+
+void PrintHelp(std::optional<Command> command) {
+  if (!command.has_value()) {
+    std::fputs(kOverview, stdout);
+    std::fputs("\n", stdout);
+    std::fputs(kModelOptions, stdout);
+    return;
+  }
+  switch (*command) {
+    case kRun:
+      std::fputs(kRunHelp, stdout);
+      break;
+    case kGraph:
+      std::fputs(kGraphHelp, stdout);
+      break;
+    case kBench:
+      std::fputs(kBenchHelp, stdout);
+      break;
+  }
+  std::fputs("\n", stdout);
+  std::fputs(kModelOptions, stdout);
+}
+
+absl::StatusOr<int64_t> ParseInt(absl::string_view flag, absl::string_view text, int64_t min,
+                                 int64_t max = INT64_MAX) {
+  int64_t v = 0;
+  if (!absl::SimpleAtoi(text, &v) || v < min || v > max) {
+    return absl::InvalidArgumentError(
+        max == INT64_MAX
+            ? absl::StrCat(flag, ": expected an integer >= ", min, ", got '", text, "'")
+            : absl::StrCat(flag, ": expected an integer in [", min, ", ", max, "], got '", text,
+                           "'"));
+  }
+  return v;
+}
+
+absl::StatusOr<float> ParseFloat(absl::string_view flag, absl::string_view text, float lo,
+                                 float hi, bool lo_open) {
+  float v = 0;
+  const bool ok = absl::SimpleAtof(text, &v) && std::isfinite(v) &&
+                  (lo_open ? v > lo : v >= lo) && v <= hi;
+  if (!ok) {
+    return absl::InvalidArgumentError(absl::StrCat(flag, ": expected a number in ",
+                                                   lo_open ? "(" : "[", lo, ", ", hi,
+                                                   "], got '", text, "'"));
+  }
+  return v;
+}
+
+absl::StatusOr<std::vector<int64_t>> ParseList(absl::string_view flag, absl::string_view text,
+                                               int64_t min, int64_t max) {
+  std::vector<int64_t> out;
+  for (absl::string_view part : absl::StrSplit(text, ',')) {
+    SG_ASSIGN_OR_RETURN(int64_t v, ParseInt(flag, part, min, max));
+    out.push_back(v);
+  }
+  return out;
+}
+
+struct FlagSpec {
+  const char* name;
+  bool takes_value;
+  unsigned commands;
+};
+
+constexpr FlagSpec kFlags[] = {
+    {"--model", true, kAll},          {"--model-preset", true, kAll},
+    {"--weight-seed", true, kAll},    {"--cpu", false, kAll},
+    {"--eager", false, kAll},         {"--max-seq", true, kAll},
+    {"--help", false, kAll},          {"-h", false, kAll},
+    {"--prompt-ids", true, kRun},     {"--max-new-tokens", true, kRun},
+    {"--batch", true, kAll},          {"--temperature", true, kRun},
+    {"--top-k", true, kRun},          {"--top-p", true, kRun},
+    {"--seed", true, kRun},           {"--dot", true, kGraph},
+    {"--steps", true, kBench},        {"--positions", true, kBench},
+    {"--profile", false, kBench},
+};
+
+absl::Status ApplyFlag(absl::string_view name, absl::string_view value, Args& a) {
+  if (name == "--model") {
+    std::error_code ec;
+    if (!std::filesystem::is_directory(std::string(value), ec)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--model: '", value, "' is not a directory"));
+    }
+    a.model_dir = std::string(value);
+  } else if (name == "--model-preset") {
+    if (value != "tiny" && value != "llama-3.2-1b") {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--model-preset: unknown preset '", value, "' (known: tiny, llama-3.2-1b)"));
+    }
+    a.preset = std::string(value);
+  } else if (name == "--weight-seed") {
+    SG_ASSIGN_OR_RETURN(int64_t v, ParseInt(name, value, 0));
+    a.weight_seed = static_cast<uint64_t>(v);
+  } else if (name == "--cpu") {
+    a.cpu = true;
+  } else if (name == "--eager") {
+    a.eager = true;
+  } else if (name == "--max-seq") {
+    SG_ASSIGN_OR_RETURN(a.max_seq, ParseInt(name, value, 1, INT32_MAX));
+  } else if (name == "--help" || name == "-h") {
+    a.help = true;
+  } else if (name == "--prompt-ids") {
+    SG_ASSIGN_OR_RETURN(std::vector<int64_t> ids, ParseList(name, value, 0, INT32_MAX));
+    a.prompt.assign(ids.begin(), ids.end());
+  } else if (name == "--max-new-tokens") {
+    SG_ASSIGN_OR_RETURN(a.max_new_tokens, ParseInt(name, value, 0, INT32_MAX));
+  } else if (name == "--batch") {
+    SG_ASSIGN_OR_RETURN(a.batch, ParseInt(name, value, 1, 1024));
+  } else if (name == "--temperature") {
+    SG_ASSIGN_OR_RETURN(a.temperature, ParseFloat(name, value, 0.0f, 100.0f, false));
+  } else if (name == "--top-k") {
+    SG_ASSIGN_OR_RETURN(int64_t k, ParseInt(name, value, 0, INT32_MAX));
+    a.top_k = static_cast<int32_t>(k);
+  } else if (name == "--top-p") {
+    SG_ASSIGN_OR_RETURN(a.top_p, ParseFloat(name, value, 0.0f, 1.0f, true));
+  } else if (name == "--seed") {
+    SG_ASSIGN_OR_RETURN(int64_t s, ParseInt(name, value, INT32_MIN, INT32_MAX));
+    a.seed = static_cast<int32_t>(s);
+  } else if (name == "--dot") {
+    if (value.empty()) return absl::InvalidArgumentError("--dot: expected a file name");
+    a.dot = std::string(value);
+  } else if (name == "--steps") {
+    SG_ASSIGN_OR_RETURN(a.steps, ParseInt(name, value, 1, 1 << 20));
+  } else if (name == "--positions") {
+    SG_ASSIGN_OR_RETURN(a.positions, ParseList(name, value, 0, INT32_MAX));
+  } else if (name == "--profile") {
+    a.profile = true;
+  }
+  return absl::OkStatus();
+}
+
+// Hand-parsed: "--flag value" and "--flag=value"; the first word may name the command.
+// `named` is set to the command when the first word names one (for the hint of an error).
+absl::StatusOr<Args> ParseArgs(int argc, char** argv, std::optional<Command>& named) {
+  Args a;
+  int i = 1;
+  if (i < argc && argv[i][0] != '-') {
+    const absl::string_view word = argv[i];
+    if (word == "run") {
+      a.command = kRun;
+    } else if (word == "graph") {
+      a.command = kGraph;
+    } else if (word == "bench") {
+      a.command = kBench;
+    } else if (word == "help") {
+      a.help = true;
+      return a;
+    } else {
+      return absl::InvalidArgumentError(
+          absl::StrCat("unknown command '", word, "' (commands: run, graph, bench)"));
+    }
+    ++i;
+  }
+  if (i > 1) named = a.command;
+  for (; i < argc; ++i) {
+    absl::string_view arg = argv[i];
+    std::optional<absl::string_view> inline_value;
+    if (const size_t eq = arg.find('='); absl::StartsWith(arg, "--") && eq != arg.npos) {
+      inline_value = arg.substr(eq + 1);
+      arg = arg.substr(0, eq);
+    }
+    const FlagSpec* spec = nullptr;
+    for (const FlagSpec& f : kFlags) {
+      if (arg == f.name) spec = &f;
+    }
+    if (spec == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          arg[0] == '-' ? "unknown flag '" : "unexpected argument '", arg, "'"));
+    }
+    if ((spec->commands & a.command) == 0) {
+      return absl::InvalidArgumentError(absl::StrCat(arg, " is not an option of '",
+                                                     CommandName(a.command), "'"));
+    }
+    absl::string_view value;
+    if (spec->takes_value) {
+      if (inline_value.has_value()) {
+        value = *inline_value;
+      } else if (i + 1 < argc) {
+        value = argv[++i];
+      } else {
+        return absl::InvalidArgumentError(absl::StrCat(arg, ": missing value"));
+      }
+    } else if (inline_value.has_value()) {
+      return absl::InvalidArgumentError(absl::StrCat(arg, " takes no value"));
+    }
+    SG_RETURN_IF_ERROR(ApplyFlag(arg, value, a));
+  }
+  if (!a.model_dir.empty() && a.preset != "tiny") {
+    return absl::InvalidArgumentError("--model and --model-preset cannot be used together");
+  }
+  return a;
+}
+
+int UsageFailure(absl::string_view message, std::optional<Command> command) {
+  std::fprintf(stderr, "stepgraph: error: %s\n", std::string(message).c_str());
+  std::fprintf(stderr, "hint: run 'stepgraph%s --help' for usage\n",
+               command.has_value() ? absl::StrCat(" ", CommandName(*command)).c_str() : "");
+  return kExitUsage;
+}
+
+int RuntimeFailure(const absl::Status& status) {
+  std::fprintf(stderr, "stepgraph: error: %s\n", std::string(status.message()).c_str());
+  std::fprintf(stderr, "hint: see 'stepgraph --help'; a model folder needs config.json and "
+                       "its *.safetensors\n");
+  return kExitRuntime;
+}
+
+// The model's config without loading any weight.
+absl::StatusOr<LlamaConfig> ModelConfig(const Args& a) {
+  if (!a.model_dir.empty()) return LoadLlamaConfig(a.model_dir + "/config.json");
+  return a.preset == "llama-3.2-1b" ? Llama32_1BConfig() : TinyLlamaConfig();
+}
+
+std::string ModelName(const Args& a) {
+  if (!a.model_dir.empty()) return a.model_dir;
+  return absl::StrCat(a.preset, " (random weights, seed ", a.weight_seed, ")");
+}
+
+std::string Bytes(int64_t b) {
+  const double v = static_cast<double>(b);
+  if (v >= 1 << 30) return absl::StrFormat("%.2f GiB", v / (1 << 30));
+  if (v >= 1 << 20) return absl::StrFormat("%.1f MiB", v / (1 << 20));
+  if (v >= 1 << 10) return absl::StrFormat("%.1f KiB", v / (1 << 10));
+  return absl::StrCat(b, " B");
+}
+
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+using Clock = std::chrono::steady_clock;
+double MsSince(Clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+}
+
+// Progress on stderr for runs long enough to need it: updated in place on a terminal,
+// a line every few seconds otherwise.
+class Progress {
+ public:
+  Progress(std::string what, int64_t total)
+      : what_(std::move(what)), total_(total), tty_(isatty(STDERR_FILENO) != 0) {}
+  void Update(int64_t done) {
+    const double ms = MsSince(start_);
+    if (ms < 1000 || MsSince(last_) < (tty_ ? 100 : 5000)) return;
+    last_ = Clock::now();
+    shown_ = true;
+    std::fprintf(stderr, tty_ ? "\r%s %lld/%lld" : "%s %lld/%lld\n", what_.c_str(),
+                 static_cast<long long>(done), static_cast<long long>(total_));
+    std::fflush(stderr);
+  }
+  void Done() {
+    if (shown_ && tty_) std::fputs("\n", stderr);
+  }
+
+ private:
+  std::string what_;
+  int64_t total_;
+  bool tty_;
+  bool shown_ = false;
+  Clock::time_point start_ = Clock::now();
+  Clock::time_point last_ = start_;
+};
+
+absl::StatusOr<std::unique_ptr<DecodeSession>> MakeSession(const Args& a, int64_t slots,
+                                                           int64_t max_seq,
+                                                           std::optional<ops::Sample> sampling) {
+  SessionOptions o;
+  o.model_dir = a.model_dir;
+  if (a.model_dir.empty()) {
+    o.config = a.preset == "llama-3.2-1b" ? Llama32_1BConfig() : TinyLlamaConfig();
+  }
+  o.weight_seed = a.weight_seed;
+  o.backend = a.cpu ? Backend::kCpu : Backend::kAuto;
+  o.max_slots = slots;
+  o.max_seq = max_seq;
+  o.sampling = sampling;
+  o.eager = a.eager;
+  if (!a.cpu && !CudaBackendAvailable()) {
+    std::fprintf(stderr, "stepgraph: %s; running on the CPU reference (slow)\n",
+                 BuiltWithCuda() ? "no CUDA device found" : "built without CUDA");
+  }
+  SG_ASSIGN_OR_RETURN(std::unique_ptr<DecodeSession> session, DecodeSession::Create(o));
+  std::fprintf(stderr, "stepgraph: %s on %s\n", ModelName(a).c_str(),
+               session->Describe().c_str());
+  return session;
+}
+
+// Generates `n` ids in every live slot, in chunks so that progress can be shown; the
+// session waits for the device once per chunk.
+absl::StatusOr<std::vector<std::vector<int32_t>>> GenerateWithProgress(DecodeSession& s,
+                                                                       int64_t n) {
+  std::vector<std::vector<int32_t>> out(s.max_slots());
+  const int64_t chunk = s.backend() == Backend::kCpu ? 1 : 64;
+  Progress progress("generated", n);
+  for (int64_t done = 0; done < n;) {
+    const int64_t k = std::min(chunk, n - done);
+    SG_ASSIGN_OR_RETURN(std::vector<std::vector<int32_t>> ids, s.Generate(k));
+    for (size_t i = 0; i < ids.size(); ++i) out[i].insert(out[i].end(), ids[i].begin(), ids[i].end());
+    done += k;
+    progress.Update(done);
+  }
+  progress.Done();
+  return out;
+}
+
+absl::Status PrefillAll(DecodeSession& s, const std::vector<int32_t>& prompt, int64_t batch,
+                        int32_t seed) {
+  for (int64_t b = 0; b < batch; ++b) {
+    SG_RETURN_IF_ERROR(s.Prefill(b, prompt, seed + static_cast<int32_t>(b)));
+  }
+  return absl::OkStatus();
+}
+
+int Run(const Args& a) {
+  absl::StatusOr<LlamaConfig> config = ModelConfig(a);
+  if (!config.ok()) return RuntimeFailure(config.status());
+  for (int32_t id : a.prompt) {
+    if (id >= config->vocab_size) {
+      return UsageFailure(absl::StrCat("--prompt-ids: id ", id, " is outside the model's ",
+                                       "vocabulary [0, ", config->vocab_size, ")"),
+                          kRun);
+    }
+  }
+  const int64_t need = static_cast<int64_t>(a.prompt.size()) + a.max_new_tokens;
+  if (a.max_seq == 0 && need > config->max_position_embeddings) {
+    return UsageFailure(absl::StrCat("the prompt (", a.prompt.size(), ") plus --max-new-tokens (",
+                                     a.max_new_tokens, ") exceed the model's ",
+                                     "max_position_embeddings (", config->max_position_embeddings,
+                                     ")"),
+                        kRun);
+  }
+  std::optional<ops::Sample> sampling;
+  if (a.temperature > 0.0f) sampling = ops::Sample{a.temperature, a.top_k, a.top_p};
+
+  absl::StatusOr<std::unique_ptr<DecodeSession>> made =
+      MakeSession(a, a.batch, a.max_seq > 0 ? a.max_seq : need, sampling);
+  if (!made.ok()) return RuntimeFailure(made.status());
+  DecodeSession& s = **made;
+
+  Clock::time_point t0 = Clock::now();
+  if (absl::Status st = PrefillAll(s, a.prompt, a.batch, a.seed); !st.ok()) {
+    return RuntimeFailure(st);
+  }
+  absl::StatusOr<std::vector<int32_t>> ready = s.Tokens(0);  // waits for the prefill
+  if (!ready.ok()) return RuntimeFailure(ready.status());
+  const double prefill_ms = MsSince(t0);
+
+  t0 = Clock::now();
+  absl::StatusOr<std::vector<std::vector<int32_t>>> ids = GenerateWithProgress(s, a.max_new_tokens);
+  if (!ids.ok()) return RuntimeFailure(ids.status());
+  const double gen_ms = MsSince(t0);
+
+  for (int64_t b = 0; b < a.batch; ++b) {
+    if (a.batch == 1) {
+      std::printf("generated: %s\n", absl::StrJoin((*ids)[b], ",").c_str());
+    } else {
+      std::printf("sequence %lld: %s\n", static_cast<long long>(b),
+                  absl::StrJoin((*ids)[b], ",").c_str());
+    }
+  }
+  const int64_t n = a.max_new_tokens;
+  const double ms_per_step = n > 0 ? gen_ms / static_cast<double>(n) : 0;
+  const double tokens_per_s = gen_ms > 0 ? 1e3 * static_cast<double>(n * a.batch) / gen_ms : 0;
+  const std::string prefill = absl::StrFormat("prefill %zu tokens x %lld in %.1f ms",
+                                              a.prompt.size(), static_cast<long long>(a.batch),
+                                              prefill_ms);
+  if (s.backend() == Backend::kCpu) {
+    std::printf("timing: %.3f ms/token on the CPU reference (%.1f tokens/s); %s\n", ms_per_step,
+                tokens_per_s, prefill.c_str());
+    return kExitOk;
+  }
+  if (s.eager()) {
+    std::printf("timing: eager %.3f ms/token (%.1f tokens/s); %s\n", ms_per_step, tokens_per_s,
+                prefill.c_str());
+    return kExitOk;
+  }
+  // A short eager run of the same prompt: the same ids, at the cost of a launch per node.
+  const int64_t eager_n = std::min<int64_t>(n, 16);
+  double eager_ms = 0;
+  bool same = true;
+  if (eager_n > 0) {
+    absl::Status st = PrefillAll(s, a.prompt, a.batch, a.seed);
+    if (st.ok()) st = s.SetEager(true);
+    if (!st.ok()) return RuntimeFailure(st);
+    t0 = Clock::now();
+    absl::StatusOr<std::vector<std::vector<int32_t>>> eager_ids = s.Generate(eager_n);
+    eager_ms = MsSince(t0) / static_cast<double>(eager_n);
+    if (!eager_ids.ok()) return RuntimeFailure(eager_ids.status());
+    for (int64_t b = 0; b < a.batch; ++b) {
+      same = same && std::equal((*eager_ids)[b].begin(), (*eager_ids)[b].end(), (*ids)[b].begin());
+    }
+    (void)s.SetEager(false);
+  }
+  std::printf("timing: replayed %.3f ms/token (%.1f tokens/s), eager %.3f ms/token (%.2fx); %s\n",
+              ms_per_step, tokens_per_s, eager_ms, ms_per_step > 0 ? eager_ms / ms_per_step : 0.0,
+              prefill.c_str());
+  if (!same) {
+    std::fprintf(stderr, "stepgraph: warning: the eager run's first %lld ids differ from the "
+                         "replayed run's\n",
+                 static_cast<long long>(eager_n));
+  }
+  return kExitOk;
+}
+
+int GraphCommand(const Args& a) {
+  absl::StatusOr<LlamaConfig> config = ModelConfig(a);
+  if (!config.ok()) return RuntimeFailure(config.status());
+  LlamaGraphOptions g;
+  g.batch = a.batch;
+  g.max_seq = a.max_seq > 0 ? a.max_seq : std::min<int64_t>(config->max_position_embeddings, 4096);
+  g.closed_loop = true;
+  absl::StatusOr<Graph> graph = BuildLlamaDecodeGraph(*config, g);
+  if (!graph.ok()) return RuntimeFailure(graph.status());
+  absl::StatusOr<ExecutionPlan> plan = ExecutionPlan::Create(*graph);
+  if (!plan.ok()) return RuntimeFailure(plan.status());
+
+  std::map<std::string, int> ops;
+  for (const Node& node : graph->nodes()) ++ops[std::string(OpName(node.op))];
+  std::vector<std::string> op_counts;
+  for (const auto& [op, count] : ops) op_counts.push_back(absl::StrCat(op, " x", count));
+  int64_t kv_bytes = 0;
+  for (const Tensor& t : graph->tensors()) {
+    if (t.kind == TensorKind::kState) kv_bytes += t.bytes();
+  }
+  const LlamaConfig& c = *config;
+  std::printf("model: %s: hidden %lld, %lld layers, %lld heads (%lld KV), head_dim %lld, vocab %lld, %s\n",
+              ModelName(a).c_str(), static_cast<long long>(c.hidden_size),
+              static_cast<long long>(c.num_hidden_layers),
+              static_cast<long long>(c.num_attention_heads),
+              static_cast<long long>(c.num_key_value_heads), static_cast<long long>(c.head_dim),
+              static_cast<long long>(c.vocab_size), std::string(DTypeName(c.dtype)).c_str());
+  std::printf("graph: batch %lld, %d nodes, %d tensors; %d launches per eager step, 1 graph "
+              "launch per replayed step\n",
+              static_cast<long long>(a.batch), graph->num_nodes(), graph->num_tensors(),
+              graph->num_nodes());
+  std::printf("ops: %s\n", absl::StrJoin(op_counts, ", ").c_str());
+  const MemoryPlan& m = plan->memory();
+  std::printf("arena: %s for %s of intermediates (%.1fx reuse)\n", Bytes(m.arena_bytes).c_str(),
+              Bytes(m.intermediate_bytes).c_str(),
+              m.arena_bytes > 0 ? static_cast<double>(m.intermediate_bytes) / m.arena_bytes : 0.0);
+  std::printf("weights: %s; KV cache: %s (%lld positions x %lld sequence(s))\n",
+              Bytes(c.WeightBytes()).c_str(), Bytes(kv_bytes).c_str(),
+              static_cast<long long>(g.max_seq), static_cast<long long>(a.batch));
+  if (!a.dot.empty()) {
+    std::ofstream out(a.dot);
+    out << graph->ToDot();
+    out.close();
+    if (!out) {
+      return RuntimeFailure(absl::UnavailableError(absl::StrCat("cannot write ", a.dot)));
+    }
+    std::printf("dot: wrote %s\n", a.dot.c_str());
+  }
+  return kExitOk;
+}
+
+// A prompt of `n` ids, the same on every run.
+std::vector<int32_t> BenchPrompt(int64_t n, int64_t vocab, int64_t sequence) {
+  std::vector<int32_t> p(static_cast<size_t>(n));
+  uint64_t x = 0x2545F4914F6CDD1Dull + static_cast<uint64_t>(sequence);
+  for (int32_t& id : p) {
+    x = x * 6364136223846793005ull + 1442695040888963407ull;
+    id = static_cast<int32_t>((x >> 33) % static_cast<uint64_t>(vocab));
+  }
+  return p;
+}
+
+void PrintProfile(const std::vector<std::vector<NodeTime>>& runs, double replayed_ms) {
+  if (runs.empty()) return;
+  const size_t nodes = runs[0].size();
+  std::map<std::string, std::pair<int, double>> by_op;
+  std::vector<std::pair<double, size_t>> by_node;
+  double total = 0;
+  for (size_t i = 0; i < nodes; ++i) {
+    std::vector<double> t;
+    for (const auto& r : runs) t.push_back(r[i].ms);
+    const double ms = Median(t);
+    total += ms;
+    auto& op = by_op[runs[0][i].op];
+    ++op.first;
+    op.second += ms;
+    by_node.push_back({ms, i});
+  }
+  std::printf("profile: one eager step, device time per node (median of %zu): %.3f ms in all",
+              runs.size(), total);
+  if (replayed_ms > 0) std::printf(" (the replayed step takes %.3f ms)", replayed_ms);
+  std::printf("\n  %-12s %6s %10s %7s\n", "op", "nodes", "ms", "share");
+  std::vector<std::pair<double, std::string>> ops;
+  for (const auto& [op, v] : by_op) ops.push_back({v.second, op});
+  std::sort(ops.rbegin(), ops.rend());
+  for (const auto& [ms, op] : ops) {
+    std::printf("  %-12s %6d %10.4f %6.1f%%\n", op.c_str(), by_op[op].first, ms,
+                total > 0 ? 100 * ms / total : 0.0);
+  }
+  std::sort(by_node.rbegin(), by_node.rend());
+  std::printf("  slowest nodes:\n");
+  for (size_t k = 0; k < std::min<size_t>(10, by_node.size()); ++k) {
+    const NodeTime& n = runs[0][by_node[k].second];
+    std::printf("    %8.4f ms  %-10s %s\n", by_node[k].first, n.op.c_str(), n.name.c_str());
+  }
+}
+
+int Bench(const Args& a) {
+  absl::StatusOr<LlamaConfig> config = ModelConfig(a);
+  if (!config.ok()) return RuntimeFailure(config.status());
+  const int64_t max_pos = *std::max_element(a.positions.begin(), a.positions.end());
+  // Warm-up, eager, replayed and profiled steps all advance the position.
+  const int64_t need = max_pos + 1 + 4 + 2 * a.steps + 8;
+  const int64_t max_seq = a.max_seq > 0 ? a.max_seq : need;
+  if (max_seq < need || need > config->max_position_embeddings) {
+    return UsageFailure(absl::StrCat("positions up to ", max_pos, " with --steps ", a.steps,
+                                     " need a KV cache of ", need, " positions; the ",
+                                     max_seq < need ? "--max-seq given" : "model", " allows ",
+                                     max_seq < need ? max_seq : config->max_position_embeddings),
+                        kBench);
+  }
+  absl::StatusOr<std::unique_ptr<DecodeSession>> made =
+      MakeSession(a, a.batch, max_seq, std::nullopt);
+  if (!made.ok()) return RuntimeFailure(made.status());
+  DecodeSession& s = **made;
+  const bool gpu = s.backend() == Backend::kCuda;
+
+  double copy_bw = 0;
+  if (gpu) {
+    absl::StatusOr<double> bw = MeasureDeviceCopyBandwidth(int64_t{1} << 29, 10);
+    if (!bw.ok()) return RuntimeFailure(bw.status());
+    copy_bw = *bw;
+    std::printf("device-to-device copy: %.1f GB/s (read + write); weights %s: floor %.4f ms/step\n",
+                copy_bw * 1e-9, Bytes(s.weight_bytes()).c_str(),
+                1e3 * static_cast<double>(s.weight_bytes()) / copy_bw);
+  }
+  const double floor_ms = gpu ? 1e3 * static_cast<double>(s.weight_bytes()) / copy_bw : 0;
+  bool profiled = false;
+  for (int64_t pos : a.positions) {
+    std::fprintf(stderr, "stepgraph: prefilling %lld x %lld tokens\n",
+                 static_cast<long long>(a.batch), static_cast<long long>(pos + 1));
+    for (int64_t b = 0; b < a.batch; ++b) {
+      absl::Status st = s.Prefill(b, BenchPrompt(pos + 1, s.config().vocab_size, b));
+      if (!st.ok()) return RuntimeFailure(st);
+    }
+    absl::StatusOr<std::vector<std::vector<int32_t>>> warm = s.Generate(4);
+    if (!warm.ok()) return RuntimeFailure(warm.status());
+    double replayed = 0;
+    if (gpu && !s.eager()) {
+      absl::StatusOr<std::vector<double>> t = s.TimedSteps(a.steps);
+      if (!t.ok()) return RuntimeFailure(t.status());
+      replayed = Median(*t);
+      (void)s.SetEager(true);
+    }
+    absl::StatusOr<std::vector<double>> t = s.TimedSteps(a.steps);
+    if (!t.ok()) return RuntimeFailure(t.status());
+    const double eager = Median(*t);
+    const double tokens = static_cast<double>(a.batch);
+    if (!gpu) {
+      std::printf("position %lld: %.3f ms/token on the CPU reference (%.1f tokens/s)\n",
+                  static_cast<long long>(pos), eager, 1e3 * tokens / eager);
+    } else if (replayed > 0) {
+      (void)s.SetEager(false);
+      std::printf("position %lld: replayed %.4f ms/step (%.1f tokens/s), eager %.4f ms/step "
+                  "(%.2fx); floor/replayed %.3f\n",
+                  static_cast<long long>(pos), replayed, 1e3 * tokens / replayed, eager,
+                  eager / replayed, floor_ms / replayed);
+    } else {
+      std::printf("position %lld: eager %.4f ms/step (%.1f tokens/s); floor/eager %.3f\n",
+                  static_cast<long long>(pos), eager, 1e3 * tokens / eager, floor_ms / eager);
+    }
+    if (a.profile && !profiled) {
+      profiled = true;
+      std::vector<std::vector<NodeTime>> runs;
+      for (int r = 0; r < 5 && s.position(0) + 1 < s.max_seq(); ++r) {
+        absl::StatusOr<std::vector<NodeTime>> p = s.ProfileStep();
+        if (!p.ok()) return RuntimeFailure(p.status());
+        runs.push_back(*std::move(p));
+      }
+      PrintProfile(runs, replayed);
+    }
+  }
+  std::fflush(stdout);
+  return kExitOk;
+}
+
+int Main(int argc, char** argv) {
+  std::optional<Command> named;
+  absl::StatusOr<Args> args = ParseArgs(argc, argv, named);
+  if (!args.ok()) return UsageFailure(args.status().message(), named);
+  if (args->help) {
+    PrintHelp(named);
+    return kExitOk;
+  }
+  switch (args->command) {
+    case kRun:
+      return Run(*args);
+    case kGraph:
+      return GraphCommand(*args);
+    case kBench:
+      return Bench(*args);
+  }
+  return kExitOk;
+}
+
+}  // namespace
+}  // namespace sg
+
+int main(int argc, char** argv) { return sg::Main(argc, argv); }
