@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# One call on the GPU machine: build, run the tests (GPU suites included) and the
+# benchmarks, write every log under $OUT (or /tmp/sg-out), and print a short table last.
+# The machine has no Abseil: Debian's packages are carried in .device-deps/ and unpacked
+# under /tmp/deps (fetch them with:
+#   mkdir -p .device-deps && (cd .device-deps && apt-get download libabsl-dev libabsl20220623 nlohmann-json3-dev)).
+# Usage: tools/gpu_check.sh [tests|bench|all] [ctest -R regex] [benchmark filter]
+# Environment: SG_TARGETS (targets to build), SG_BENCHES (benchmarks to run),
+# SG_BENCH_TIMEOUT (seconds per benchmark, default 240).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+what=${1:-all}
+test_filter=${2:-}
+bench_filter=${3:-.}
+out=${OUT:-/tmp/sg-out}
+mkdir -p "$out"
+if [[ -d .device-deps ]]; then
+  mkdir -p /tmp/deps
+  for f in .device-deps/*.deb; do dpkg -x "$f" /tmp/deps; done
+  export LD_LIBRARY_PATH=/tmp/deps/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  prefix=(-DCMAKE_PREFIX_PATH=/tmp/deps/usr)
+else
+  prefix=()
+fi
+b=/tmp/b
+nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv > "$out/gpu.txt" 2>&1
+t0=$(date +%s)
+cmake -S . -B $b -G Ninja -DCMAKE_BUILD_TYPE=Release "${prefix[@]}" > "$out/configure.log" 2>&1 ||
+  { tail -30 "$out/configure.log"; exit 1; }
+# SG_TARGETS limits the build to some targets (and then the benches run are those built).
+cmake --build $b -j "$(nproc)" ${SG_TARGETS:+--target $SG_TARGETS} > "$out/build.log" 2>&1 || { grep -E "error|FAILED" -A3 "$out/build.log" | head -60; exit 1; }
+echo "build: $(( $(date +%s) - t0 )) s"
+summary=()
+if [[ $what == tests || $what == all ]]; then
+  (cd $b && ctest --no-tests=error --output-on-failure -j 4 ${test_filter:+-R "$test_filter"}) > "$out/ctest.log" 2>&1
+  rc=$?
+  grep -E "tests passed|tests failed|\*\*\*Failed|\*\*\*Exception|Timeout" "$out/ctest.log" | head -40
+  # Count skips: a GPU suite that skipped on the GPU machine is a failure of this check.
+  skipped=$(grep -c "Skipped" "$out/ctest.log")
+  summary+=("ctest rc=$rc skipped=$skipped")
+fi
+if [[ $what == bench || $what == all ]]; then
+  # SG_BENCHES names the benchmarks to run (default: every one built). All their output
+  # goes to one file, bench.txt, so that a remote run returns few files.
+  for name in ${SG_BENCHES:-$(cd $b/bench && ls *_bench)}; do
+    bench=$b/bench/$name
+    [[ -x $bench ]] || continue
+    echo "=== $name" >> "$out/bench.txt"
+    timeout "${SG_BENCH_TIMEOUT:-240}" "$bench" --benchmark_filter="$bench_filter" \
+      --benchmark_min_warmup_time=0.05 >> "$out/bench.txt" 2>&1
+    summary+=("$name rc=$?")
+  done
+fi
+echo "== summary"
+printf '%s\n' "${summary[@]}"
