@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "absl/strings/str_format.h"
+#include "bench/empty_chain.h"
 #include "dispatch/cuda/cuda_handles.h"
 #include "dispatch/cuda/cuda_status.h"
 #include "models/llama.h"
@@ -145,6 +146,65 @@ void BM_KernelChain(benchmark::State& state) {
                      absl::StrFormat("(a) chain of %d Add kernels", n), "us_per_node", 1.0);
 }
 BENCHMARK(BM_KernelChain)->Arg(1000)->UseManualTime()->Iterations(15)->Unit(benchmark::kMillisecond);
+
+// The floor for (a): 1,000 empty kernels, host launches against one graph launch, plain and
+// with programmatic dependent launch (as stepgraph's kernels are launched on sm_90+).
+void BM_EmptyChain(benchmark::State& state) {
+  if (!CudaDeviceAvailable()) return state.SkipWithError("no GPU");
+  const int n = static_cast<int>(state.range(0));
+  const bool programmatic = state.range(1) != 0;
+  auto fail = [&](const absl::Status& s) { state.SkipWithError(std::string(s.message()).c_str()); };
+  absl::Status s = [&]() -> absl::Status {
+    SG_ASSIGN_OR_RETURN(UniqueStream stream, CreateStream("empty chain"));
+    cudaStream_t st = stream.get();
+    SG_RETURN_IF_ERROR(ToStatus(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal),
+                                "cudaStreamBeginCapture"));
+    const cudaError_t launched = bench::LaunchEmptyKernels(st, n, programmatic);
+    cudaGraph_t raw = nullptr;
+    const cudaError_t ended = cudaStreamEndCapture(st, &raw);
+    UniqueGraph graph(raw);
+    SG_RETURN_IF_ERROR(ToStatus(launched, "empty kernel launch"));
+    SG_RETURN_IF_ERROR(ToStatus(ended, "cudaStreamEndCapture"));
+    cudaGraphExec_t exec_raw = nullptr;
+    SG_RETURN_IF_ERROR(
+        ToStatus(cudaGraphInstantiate(&exec_raw, graph.get(), 0), "cudaGraphInstantiate"));
+    UniqueGraphExec exec(exec_raw);
+    SG_ASSIGN_OR_RETURN(UniqueEvent start, CreateEvent("start"));
+    SG_ASSIGN_OR_RETURN(UniqueEvent stop, CreateEvent("stop"));
+    auto time = [&](bool replay) -> absl::StatusOr<double> {
+      SG_RETURN_IF_ERROR(ToStatus(cudaEventRecord(start.get(), st), "record"));
+      for (int i = 0; i < 10; ++i) {
+        SG_RETURN_IF_ERROR(ToStatus(replay ? cudaGraphLaunch(exec.get(), st)
+                                           : bench::LaunchEmptyKernels(st, n, programmatic),
+                                    "launch"));
+      }
+      SG_RETURN_IF_ERROR(ToStatus(cudaEventRecord(stop.get(), st), "record"));
+      SG_RETURN_IF_ERROR(ToStatus(cudaEventSynchronize(stop.get()), "sync"));
+      float ms = 0;
+      SG_RETURN_IF_ERROR(ToStatus(cudaEventElapsedTime(&ms, start.get(), stop.get()), "elapsed"));
+      return 1000.0 * ms / (10.0 * n);
+    };
+    for (bool replay : {false, true}) SG_RETURN_IF_ERROR(time(replay).status());  // warm-up
+    std::vector<double> e, r;
+    for (auto _ : state) {
+      SG_ASSIGN_OR_RETURN(double te, time(false));
+      SG_ASSIGN_OR_RETURN(double tr, time(true));
+      e.push_back(te);
+      r.push_back(tr);
+      state.SetIterationTime(tr * n * 10 * 1e-6);
+    }
+    const std::string key = absl::StrFormat("(a) chain of %d empty kernels%s", n,
+                                            programmatic ? ", PDL" : "");
+    Row row{key, Median(e), Median(r), "us_per_node"};
+    state.counters["eager_us_per_node"] = row.eager;
+    state.counters["replay_us_per_node"] = row.replay;
+    g_rows[key] = row;
+    return absl::OkStatus();
+  }();
+  if (!s.ok()) fail(s);
+}
+BENCHMARK(BM_EmptyChain)->Args({1000, 0})->Args({1000, 1})->UseManualTime()->Iterations(15)
+    ->Unit(benchmark::kMillisecond);
 
 // (b) A decode step of the tiny Llama shape, 4 layers, at position 100.
 void BM_TinyLlamaStep(benchmark::State& state) {

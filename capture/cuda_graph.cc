@@ -95,6 +95,7 @@ absl::StatusOr<std::vector<cudaGraphNode_t>> NewNodes(
   absl::flat_hash_set<cudaGraphNode_t> pending(fresh.begin(), fresh.end());
   std::vector<cudaGraphNode_t> ordered;
   std::vector<cudaGraphNode_t> deps;
+  std::vector<cudaGraphEdgeData> edge_data;
   while (!pending.empty()) {
     bool progressed = false;
     for (cudaGraphNode_t node : fresh) {
@@ -103,8 +104,10 @@ absl::StatusOr<std::vector<cudaGraphNode_t>> NewNodes(
       SG_RETURN_IF_ERROR(ToStatus(cudaGraphNodeGetDependencies(node, nullptr, nullptr, &nd),
                                   "cudaGraphNodeGetDependencies"));
       deps.resize(nd);
-      SG_RETURN_IF_ERROR(ToStatus(cudaGraphNodeGetDependencies(node, deps.data(), nullptr, &nd),
-                                  "cudaGraphNodeGetDependencies"));
+      edge_data.resize(nd);  // required where an edge is programmatic (else a lossy query)
+      SG_RETURN_IF_ERROR(
+          ToStatus(cudaGraphNodeGetDependencies(node, deps.data(), edge_data.data(), &nd),
+                   "cudaGraphNodeGetDependencies"));
       bool ready = true;
       for (cudaGraphNode_t d : deps) ready = ready && !pending.contains(d);
       if (ready) {
@@ -436,15 +439,21 @@ absl::StatusOr<std::string> CapturedStep::ToDot() const {
   SG_RETURN_IF_ERROR(ToStatus(
       cudaGraphGetEdges(graph_->graph.get(), nullptr, nullptr, nullptr, &num_edges),
       "cudaGraphGetEdges"));
+  // Edge data is required: without it a graph with programmatic edges (kernels launched
+  // with programmatic dependent launch) refuses the query as lossy.
   std::vector<cudaGraphNode_t> from(num_edges), to(num_edges);
-  SG_RETURN_IF_ERROR(ToStatus(
-      cudaGraphGetEdges(graph_->graph.get(), from.data(), to.data(), nullptr, &num_edges),
-      "cudaGraphGetEdges"));
+  std::vector<cudaGraphEdgeData> data(num_edges);
+  SG_RETURN_IF_ERROR(ToStatus(cudaGraphGetEdges(graph_->graph.get(), from.data(), to.data(),
+                                                data.data(), &num_edges),
+                              "cudaGraphGetEdges"));
   for (size_t e = 0; e < num_edges; ++e) {
     auto a = id_of.find(from[e]);
     auto b = id_of.find(to[e]);
     if (a != id_of.end() && b != id_of.end()) {
-      absl::StrAppend(&dot, "  ", a->second, " -> ", b->second, ";\n");
+      // Programmatic edges (the next kernel may launch early) are drawn dashed.
+      const bool programmatic = data[e].type == cudaGraphDependencyTypeProgrammatic;
+      absl::StrAppend(&dot, "  ", a->second, " -> ", b->second,
+                      programmatic ? " [style=dashed]" : "", ";\n");
     }
   }
   absl::StrAppend(&dot, "}\n");

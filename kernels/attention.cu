@@ -114,6 +114,7 @@ struct Params {
 
 template <typename T, int kHeadDim, int kTile>
 __global__ void __launch_bounds__(kThreads) AttentionKernel(const Params p) {
+  AwaitPrerequisiteGrids();
   using Tr = Traits<T, kHeadDim, kTile>;
   constexpr int kTpk = Tr::kThreadsPerKey;
   constexpr int kVpt = Tr::kVecsPerThread;
@@ -452,8 +453,7 @@ bool AlignedTo(const void* p, int bytes) {
 template <typename T, int kHeadDim, int kTile>
 cudaError_t Launch(const Params& p, int rows, cudaStream_t stream) {
   const dim3 grid(p.chunks, p.kv_heads * p.head_tiles, rows);
-  AttentionKernel<T, kHeadDim, kTile><<<grid, kThreads, 0, stream>>>(p);
-  return cudaGetLastError();
+  return LaunchKernel(AttentionKernel<T, kHeadDim, kTile>, grid, dim3(kThreads), stream, p);
 }
 
 template <typename T, int kHeadDim>

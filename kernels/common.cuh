@@ -11,7 +11,9 @@
 
 #include <cstdint>
 #include <type_traits>
+#include <utility>
 
+#include "kernels/launch.h"
 #include "stepgraph/dtype.h"
 
 namespace sg::kernels {
@@ -51,6 +53,46 @@ cudaError_t DispatchVecWidth(bool vectorize, F&& f) {
 }
 
 inline bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+// ---- Programmatic dependent launch -----------------------------------------------------
+// On sm_90 and later a kernel launched with programmatic stream serialization may start
+// while the kernel before it on the stream is still running; in a captured graph that
+// hides most of the gap between dependent kernel nodes. It is safe because every stepgraph
+// kernel calls AwaitPrerequisiteGrids() before its first access to global memory (reads
+// and writes alike: the arena is reused): the call returns only once the kernels it
+// depends on have completed and their writes are visible. Kernels that do not make the
+// call (cuBLASLt's) are launched without the attribute and wait as usual.
+
+// Waits for the prerequisite grids, then lets the next kernel on the stream begin to
+// launch. The first statement of every stepgraph kernel; a no-op when the kernel was not
+// launched programmatically or is compiled for an architecture before sm_90.
+__device__ __forceinline__ void AwaitPrerequisiteGrids() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && STEPGRAPH_KERNELS_PDL
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// Launches `kernel` on `stream`, programmatically serialised when enabled. Returns the
+// launch's error and, like a <<<>>> launch followed by cudaGetLastError, leaves no error
+// pending.
+template <typename... Params, typename... Args>
+cudaError_t LaunchKernel(void (*kernel)(Params...), dim3 grid, dim3 block, cudaStream_t stream,
+                         Args&&... args) {
+  cudaLaunchAttribute attribute[1];
+  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = 0;
+  config.stream = stream;
+  config.attrs = attribute;
+  config.numAttrs = ProgrammaticLaunchEnabled() ? 1 : 0;
+  const cudaError_t e = cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+  if (e != cudaSuccess) (void)cudaGetLastError();
+  return e;
+}
 
 // W elements of T loaded or stored as one access of W * sizeof(T) bytes.
 template <typename T, int W>

@@ -64,6 +64,7 @@ template <typename T, int W, int kInputs, int kUnroll, typename Op>
 __global__ void __launch_bounds__(kThreads)
     MapKernel(const T* __restrict__ a, const T* __restrict__ b, T* __restrict__ y, int64_t n,
               Op op) {
+  AwaitPrerequisiteGrids();
   const int64_t vectors = n / W;
   const int64_t stride = blockDim.x;
   const int64_t first = static_cast<int64_t>(blockIdx.x) * stride * kUnroll + threadIdx.x;
@@ -105,14 +106,14 @@ cudaError_t LaunchMap(const void* a, const void* b, void* y, int64_t n, Op op,
     const int64_t vectors = n / W;
     if (vectors < kSmallVectors) {
       const int64_t blocks = std::max<int64_t>(1, CeilDiv(vectors, kSmallThreads));
-      MapKernel<T, W, kInputs, 1><<<static_cast<unsigned>(blocks), kSmallThreads, 0, stream>>>(
-          static_cast<const T*>(a), static_cast<const T*>(b), static_cast<T*>(y), n, op);
-    } else {
-      const int64_t blocks = CeilDiv(vectors, kThreads * kUnroll);
-      MapKernel<T, W, kInputs, kUnroll><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
-          static_cast<const T*>(a), static_cast<const T*>(b), static_cast<T*>(y), n, op);
+      return LaunchKernel(MapKernel<T, W, kInputs, 1, Op>, dim3(static_cast<unsigned>(blocks)),
+                          dim3(kSmallThreads), stream, static_cast<const T*>(a),
+                          static_cast<const T*>(b), static_cast<T*>(y), n, op);
     }
-    return cudaGetLastError();
+    const int64_t blocks = CeilDiv(vectors, kThreads * kUnroll);
+    return LaunchKernel(MapKernel<T, W, kInputs, kUnroll, Op>, dim3(static_cast<unsigned>(blocks)),
+                        dim3(kThreads), stream, static_cast<const T*>(a),
+                        static_cast<const T*>(b), static_cast<T*>(y), n, op);
   });
 }
 
@@ -127,6 +128,7 @@ cudaError_t LaunchFloatMap(const void* a, const void* b, void* y, int64_t n, DTy
 }
 
 __global__ void AdvanceKernel(int32_t* pos, int64_t n) {
+  AwaitPrerequisiteGrids();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n && pos[i] >= 0) pos[i] += 1;
 }
@@ -159,9 +161,8 @@ cudaError_t LaunchSiluMul(const void* gate, const void* up, void* y, int64_t n, 
 cudaError_t LaunchAdvance(int32_t* pos, int64_t n, cudaStream_t stream) {
   if (n <= 0) return n == 0 ? cudaSuccess : cudaErrorInvalidValue;
   constexpr int kAdvanceThreads = 128;
-  AdvanceKernel<<<static_cast<unsigned>(CeilDiv(n, kAdvanceThreads)), kAdvanceThreads, 0,
-                  stream>>>(pos, n);
-  return cudaGetLastError();
+  return LaunchKernel(AdvanceKernel, dim3(static_cast<unsigned>(CeilDiv(n, kAdvanceThreads))),
+                      dim3(kAdvanceThreads), stream, pos, n);
 }
 
 }  // namespace sg::kernels

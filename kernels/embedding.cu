@@ -19,6 +19,7 @@ __global__ void __launch_bounds__(kMaxThreads)
     EmbeddingKernel(const U* __restrict__ table, const int32_t* __restrict__ ids,
                     U* __restrict__ out, int64_t vocab, int64_t units_per_row,
                     uint32_t* error_flags) {
+  AwaitPrerequisiteGrids();
   const int64_t row = blockIdx.y;
   const int32_t id = ids[row];
   const bool valid = id >= 0 && id < vocab;
@@ -41,9 +42,9 @@ cudaError_t Launch(const void* table, const int32_t* ids, void* out, int64_t row
   const int64_t threads = std::min<int64_t>(kMaxThreads, CeilDiv(units, kWarpSize) * kWarpSize);
   const int64_t blocks = std::min<int64_t>(CeilDiv(units, threads), 65535);
   const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>(rows));
-  EmbeddingKernel<U><<<grid, static_cast<unsigned>(threads), 0, stream>>>(
-      static_cast<const U*>(table), ids, static_cast<U*>(out), vocab, units, error_flags);
-  return cudaGetLastError();
+  return LaunchKernel(EmbeddingKernel<U>, grid, dim3(static_cast<unsigned>(threads)), stream,
+                      static_cast<const U*>(table), ids, static_cast<U*>(out), vocab, units,
+                      error_flags);
 }
 
 }  // namespace

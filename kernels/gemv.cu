@@ -72,6 +72,7 @@ template <typename T, int W, int kRows>
 __global__ void __launch_bounds__(kMaxWarps* kWarpSize)
     GemvKernel(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ bias,
                T* __restrict__ y, int64_t n, int64_t k) {
+  AwaitPrerequisiteGrids();
   constexpr int kAcc = kRows * kCols;
   constexpr int kPadded = NextPow2(kAcc);
   constexpr int kStages = Log2(kPadded);
@@ -165,11 +166,10 @@ cudaError_t LaunchGemv(const void* x, const void* w, const void* bias, void* y, 
       return DispatchRows(m, [&](auto rows) {
         constexpr int kRows = decltype(rows)::value;
         const int64_t warps = std::clamp<int64_t>(CeilDiv(k / W, kWarpSize), 1, kMaxWarps);
-        GemvKernel<T, W, kRows>
-            <<<static_cast<unsigned>(CeilDiv(n, kCols)), static_cast<unsigned>(warps * kWarpSize),
-               0, stream>>>(static_cast<const T*>(x), static_cast<const T*>(w),
+        return LaunchKernel(GemvKernel<T, W, kRows>, dim3(static_cast<unsigned>(CeilDiv(n, kCols))),
+                            dim3(static_cast<unsigned>(warps * kWarpSize)), stream,
+                            static_cast<const T*>(x), static_cast<const T*>(w),
                             static_cast<const T*>(bias), static_cast<T*>(y), n, k);
-        return cudaGetLastError();
       });
     });
   });

@@ -29,6 +29,7 @@ template <typename T, int W>
 __global__ void __launch_bounds__(kMaxThreads)
     RmsNormKernel(const T* __restrict__ x, const T* __restrict__ w, T* __restrict__ y,
                   int64_t h, float eps) {
+  AwaitPrerequisiteGrids();
   __shared__ float scratch[kWarpSize + 1];
   const T* xr = x + static_cast<int64_t>(blockIdx.x) * h;
   T* yr = y + static_cast<int64_t>(blockIdx.x) * h;
@@ -130,6 +131,7 @@ __device__ __forceinline__ void AccumulateVec(const Vec<T, W>& v, MaxSum& acc) {
 template <typename T, int W>
 __global__ void __launch_bounds__(kSoftmaxThreads, 1) __cluster_dims__(kSoftmaxCluster, 1, 1)
     SoftmaxKernel(const T* __restrict__ x, T* __restrict__ y, int64_t rows, int64_t n) {
+  AwaitPrerequisiteGrids();
   __shared__ MaxSum warp_stats[kWarpSize];
   __shared__ MaxSum block_stats;
   __shared__ MaxSum row_stats;
@@ -212,10 +214,9 @@ cudaError_t LaunchRmsNorm(const void* x, const void* w, void* y, int64_t rows, i
     return DispatchVecWidth<T>(vectorize, [&](auto width) {
       constexpr int W = decltype(width)::value;
       const int64_t threads = std::min<int64_t>(kMaxThreads, CeilDiv(h / W, kWarpSize) * kWarpSize);
-      RmsNormKernel<T, W><<<static_cast<unsigned>(rows), static_cast<unsigned>(threads), 0,
-                            stream>>>(static_cast<const T*>(x), static_cast<const T*>(w),
-                                      static_cast<T*>(y), h, eps);
-      return cudaGetLastError();
+      return LaunchKernel(RmsNormKernel<T, W>, dim3(static_cast<unsigned>(rows)),
+                          dim3(static_cast<unsigned>(threads)), stream, static_cast<const T*>(x),
+                          static_cast<const T*>(w), static_cast<T*>(y), h, eps);
     });
   });
 }
@@ -229,9 +230,8 @@ cudaError_t LaunchSoftmax(const void* x, void* y, int64_t rows, int64_t n, DType
     return DispatchVecWidth<T>(vectorize, [&](auto width) {
       constexpr int W = decltype(width)::value;
       const dim3 grid(kSoftmaxCluster, static_cast<unsigned>(std::min<int64_t>(rows, 65535)));
-      SoftmaxKernel<T, W><<<grid, kSoftmaxThreads, 0, stream>>>(
-          static_cast<const T*>(x), static_cast<T*>(y), rows, n);
-      return cudaGetLastError();
+      return LaunchKernel(SoftmaxKernel<T, W>, grid, dim3(kSoftmaxThreads), stream,
+                          static_cast<const T*>(x), static_cast<T*>(y), rows, n);
     });
   });
 }

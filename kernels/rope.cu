@@ -25,6 +25,7 @@ __global__ void __launch_bounds__(kThreads)
     RopeKernel(const T* __restrict__ x, const int32_t* __restrict__ pos,
                const float* __restrict__ inv_freq, T* __restrict__ y, int64_t rows,
                int64_t cols, int head_dim, bool interleaved) {
+  AwaitPrerequisiteGrids();
   const int64_t pairs_per_row = cols / 2;
   const int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (t >= rows * pairs_per_row) return;
@@ -58,6 +59,7 @@ __global__ void __launch_bounds__(kThreads)
     KvWriteKernel(const U* __restrict__ kv, const int32_t* __restrict__ pos,
                   U* __restrict__ cache, int64_t rows, int64_t kv_heads, int64_t seq,
                   int64_t units_per_head, uint32_t* error_flags) {
+  AwaitPrerequisiteGrids();
   const int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t units_per_row = kv_heads * units_per_head;
   if (t >= rows * units_per_row) return;
@@ -80,10 +82,9 @@ cudaError_t LaunchKvUnits(const void* kv, const int32_t* pos, void* cache, int64
                           uint32_t* error_flags, cudaStream_t stream) {
   const int64_t units_per_head = head_bytes / static_cast<int64_t>(sizeof(U));
   const int64_t blocks = CeilDiv(rows * kv_heads * units_per_head, kThreads);
-  KvWriteKernel<U><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
-      static_cast<const U*>(kv), pos, static_cast<U*>(cache), rows, kv_heads, seq,
-      units_per_head, error_flags);
-  return cudaGetLastError();
+  return LaunchKernel(KvWriteKernel<U>, dim3(static_cast<unsigned>(blocks)), dim3(kThreads), stream,
+                      static_cast<const U*>(kv), pos, static_cast<U*>(cache), rows, kv_heads, seq,
+                      units_per_head, error_flags);
 }
 
 }  // namespace
@@ -98,10 +99,9 @@ cudaError_t LaunchRope(const void* x, const int32_t* pos, const float* inv_freq,
   return DispatchFloat(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     const int64_t blocks = CeilDiv(rows * cols / 2, kThreads);
-    RopeKernel<T><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
-        static_cast<const T*>(x), pos, inv_freq, static_cast<T*>(y), rows, cols, head_dim,
-        interleaved);
-    return cudaGetLastError();
+    return LaunchKernel(RopeKernel<T>, dim3(static_cast<unsigned>(blocks)), dim3(kThreads), stream,
+                        static_cast<const T*>(x), pos, inv_freq, static_cast<T*>(y), rows, cols,
+                        head_dim, interleaved);
   });
 }
 

@@ -95,6 +95,7 @@ template <typename T, int kVec>
 __global__ void __launch_bounds__(kArgmaxThreads)
     ArgmaxKernel(const T* __restrict__ x, int64_t vocab, int blocks_per_row, u64* best,
                  uint32_t* arrivals, int32_t* ids) {
+  AwaitPrerequisiteGrids();
   using Reduce = cub::BlockReduce<u64, kArgmaxThreads>;
   __shared__ typename Reduce::TempStorage tmp;
   constexpr int kU = 4;
@@ -731,12 +732,14 @@ __device__ __forceinline__ void SampleRow(const SampleArgs& a) {
 
 template <typename T, int kVec>
 __global__ void __launch_bounds__(kSingleThreads) SampleKernel(const SampleArgs a) {
+  AwaitPrerequisiteGrids();
   SampleRow<T, kVec, kSingleThreads, 1>(a);
 }
 
 template <typename T, int kVec>
 __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kClusterThreads)
     SampleClusterKernel(const SampleArgs a) {
+  AwaitPrerequisiteGrids();
   SampleRow<T, kVec, kClusterThreads, kCluster>(a);
 }
 
@@ -770,9 +773,8 @@ cudaError_t LaunchArgmax(const void* x, DType dtype, int64_t rows, int64_t vocab
     return DispatchVecWidth<T>(Vectorizable(x, vocab, sizeof(T)), [&](auto width) -> cudaError_t {
       constexpr int kVec = decltype(width)::value;
       const dim3 grid(blocks_per_row, static_cast<unsigned>(rows));
-      ArgmaxKernel<T, kVec><<<grid, kArgmaxThreads, 0, stream>>>(static_cast<const T*>(x), vocab,
-                                                                  blocks_per_row, best, arrivals, ids);
-      return cudaGetLastError();
+      return LaunchKernel(ArgmaxKernel<T, kVec>, grid, dim3(kArgmaxThreads), stream,
+                          static_cast<const T*>(x), vocab, blocks_per_row, best, arrivals, ids);
     });
   });
 }
@@ -793,12 +795,12 @@ cudaError_t LaunchSample(const void* logits, DType dtype, int64_t rows, int64_t 
     return DispatchVecWidth<T>(Vectorizable(logits, vocab, sizeof(T)), [&](auto width) -> cudaError_t {
       constexpr int kVec = decltype(width)::value;
       if (cluster) {
-        SampleClusterKernel<T, kVec>
-            <<<static_cast<unsigned>(rows * kCluster), kClusterThreads, 0, stream>>>(a);
-      } else {
-        SampleKernel<T, kVec><<<static_cast<unsigned>(rows), kSingleThreads, 0, stream>>>(a);
+        return LaunchKernel(SampleClusterKernel<T, kVec>,
+                            dim3(static_cast<unsigned>(rows * kCluster)), dim3(kClusterThreads),
+                            stream, a);
       }
-      return cudaGetLastError();
+      return LaunchKernel(SampleKernel<T, kVec>, dim3(static_cast<unsigned>(rows)),
+                          dim3(kSingleThreads), stream, a);
     });
   });
 }

@@ -46,7 +46,7 @@ if [[ $what == bench || $what == all ]]; then
     bench=$b/bench/$name
     [[ -x $bench ]] || continue
     echo "=== $name" >> "$out/bench.txt"
-    timeout "${SG_BENCH_TIMEOUT:-240}" "$bench" --benchmark_filter="$bench_filter" \
+    timeout "${SG_BENCH_TIMEOUT:-240}" stdbuf -oL "$bench" --benchmark_filter="$bench_filter" \
       --benchmark_min_warmup_time=0.05 >> "$out/bench.txt" 2>&1
     summary+=("$name rc=$?")
   done

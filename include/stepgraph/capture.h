@@ -48,6 +48,9 @@ class CapturedStep {
   // Checks capture safety (CheckCaptureSafety), prepares `dispatch` for the plan, captures
   // one execution on the step's own non-default stream (thread-local capture mode) and
   // instantiates it. `plan` and `dispatch` must outlive the step; `bindings` are copied.
+  // Steps made with one dispatcher share its workspaces (attention partials, argmax, the
+  // error word): their replays must not overlap, so give them one stream
+  // (CaptureOptions::stream) or order their streams.
   static absl::StatusOr<std::unique_ptr<CapturedStep>> Create(const ExecutionPlan& plan,
                                                               const Bindings& bindings,
                                                               CudaDispatch& dispatch,

@@ -168,10 +168,14 @@ constexpr int32_t kVocab = 1024;
 TEST(CapturedStepTest, ReplayEqualsEagerBitwiseOver100Steps) {
   SKIP_WITHOUT_GPU();
   const ExecutionPlan plan = LlamaPlan({.batch = 2, .max_seq = 128, .closed_loop = true});
+  // The two steps run at the same time on their own streams, so each has its own
+  // dispatcher: steps sharing one share its workspaces and must not overlap.
   auto dispatch = MakeDispatch();
+  auto eager_dispatch = MakeDispatch();
   ASSERT_NE(dispatch, nullptr);
+  ASSERT_NE(eager_dispatch, nullptr);
   DeviceModel eager_model(plan, 7, kVocab, 0), replay_model(plan, 7, kVocab, 0);
-  auto eager = CapturedStep::Create(plan, eager_model.bindings(), *dispatch, Eager());
+  auto eager = CapturedStep::Create(plan, eager_model.bindings(), *eager_dispatch, Eager());
   ASSERT_TRUE(eager.ok()) << eager.status();
   auto replay = CapturedStep::Create(plan, replay_model.bindings(), *dispatch, Captured());
   ASSERT_TRUE(replay.ok()) << replay.status();

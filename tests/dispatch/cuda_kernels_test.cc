@@ -1,7 +1,8 @@
 // What the op-conformance table cannot reach: the kernels' fallbacks for buffers that are
 // not 16-byte aligned (every tensor there is bound at an aligned address), cuBLASLt's
 // element-aligned algorithm, and how MatmulRunner picks a matmul path (the policy parsed
-// from STEPGRAPH_MATMUL, then per shape). GPU cases GTEST_SKIP without a device.
+// from STEPGRAPH_MATMUL, then per shape), and programmatic dependent launch between
+// dependent kernels. GPU cases GTEST_SKIP without a device.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -11,12 +12,15 @@
 #include <map>
 #include <ostream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "dispatch/cuda/cuda_handles.h"
 #include "dispatch/cuda/cuda_status.h"
 #include "dispatch/cuda/matmul.h"
+#include "kernels/elementwise.cuh"
+#include "kernels/launch.h"
 #include "stepgraph/builder.h"
 #include "stepgraph/cpu_dispatch.h"
 #include "stepgraph/cuda_dispatch.h"
@@ -51,6 +55,91 @@ class ScopedMatmulEnv {
   bool had_old_ = false;
   std::string old_;
 };
+
+bool HasDevice() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  return count > 0;
+}
+
+// A chain of dependent Adds, each reading the previous one's output and overwriting the
+// buffer the one before it read, captured and replayed: on sm_90 the edges are
+// programmatic (each kernel may launch while the previous runs), and the result must be
+// exactly the sequential one, which it would not be if a kernel touched memory before its
+// prerequisite finished.
+TEST(ProgrammaticLaunchTest, DependentKernelsSeeTheirPrerequisitesWrites) {
+  if (!HasDevice()) GTEST_SKIP() << "no CUDA device";
+  int device = 0, major = 0;
+  ASSERT_EQ(cudaGetDevice(&device), cudaSuccess);
+  ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device),
+            cudaSuccess);
+  const char* env = std::getenv("STEPGRAPH_PDL");
+  const bool expect = major >= 9 && (env == nullptr || std::strcmp(env, "0") != 0);
+  EXPECT_EQ(kernels::ProgrammaticLaunchEnabled(), expect);
+
+  constexpr int64_t kN = 1 << 16;
+  constexpr int kSteps = 200;
+  HostTensor a(DType::kF32, Shape{kN}), b(DType::kF32, Shape{kN});
+  a.FillUniform(11);
+  b.FillUniform(12);
+  std::vector<float> want(static_cast<const float*>(a.data()),
+                          static_cast<const float*>(a.data()) + kN);
+  for (int s = 0; s < kSteps; ++s) {
+    for (int64_t i = 0; i < kN; ++i) want[i] += static_cast<const float*>(b.data())[i];
+  }
+  absl::StatusOr<DeviceMemory> da = AllocateDevice(kN * 4, "a"), db = AllocateDevice(kN * 4, "b"),
+                               ping = AllocateDevice(kN * 4, "ping"),
+                               pong = AllocateDevice(kN * 4, "pong");
+  ASSERT_TRUE(da.ok() && db.ok() && ping.ok() && pong.ok());
+  ASSERT_EQ(cudaMemcpy(da->get(), a.data(), kN * 4, cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(db->get(), b.data(), kN * 4, cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_EQ(cudaMemset(ping->get(), 0xFF, kN * 4), cudaSuccess);
+  ASSERT_EQ(cudaMemset(pong->get(), 0xFF, kN * 4), cudaSuccess);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  absl::StatusOr<UniqueStream> stream = CreateStream("programmatic launch test");
+  ASSERT_TRUE(stream.ok());
+  cudaStream_t s = stream->get();
+
+  ASSERT_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  cudaError_t launched = kernels::LaunchAdd(da->get(), db->get(), ping->get(), kN, DType::kF32, s);
+  void* in = ping->get();
+  void* out = pong->get();
+  for (int step = 1; step < kSteps && launched == cudaSuccess; ++step) {
+    launched = kernels::LaunchAdd(in, db->get(), out, kN, DType::kF32, s);
+    std::swap(in, out);
+  }
+  cudaGraph_t raw = nullptr;
+  ASSERT_EQ(cudaStreamEndCapture(s, &raw), cudaSuccess);
+  UniqueGraph graph(raw);
+  ASSERT_EQ(launched, cudaSuccess);
+
+  size_t edges = 0;
+  ASSERT_EQ(cudaGraphGetEdges(graph.get(), nullptr, nullptr, nullptr, &edges), cudaSuccess);
+  ASSERT_EQ(edges, static_cast<size_t>(kSteps - 1));
+  std::vector<cudaGraphNode_t> from(edges), to(edges);
+  std::vector<cudaGraphEdgeData> data(edges);
+  ASSERT_EQ(cudaGraphGetEdges(graph.get(), from.data(), to.data(), data.data(), &edges),
+            cudaSuccess);
+  int programmatic = 0;
+  for (const cudaGraphEdgeData& d : data) {
+    programmatic += d.type == cudaGraphDependencyTypeProgrammatic ? 1 : 0;
+  }
+  EXPECT_EQ(programmatic, expect ? kSteps - 1 : 0);
+
+  cudaGraphExec_t exec_raw = nullptr;
+  ASSERT_EQ(cudaGraphInstantiate(&exec_raw, graph.get(), 0), cudaSuccess);
+  UniqueGraphExec exec(exec_raw);
+  for (int replay = 0; replay < 3; ++replay) {
+    ASSERT_EQ(cudaGraphLaunch(exec.get(), s), cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+    std::vector<float> got(kN);
+    ASSERT_EQ(cudaMemcpy(got.data(), in, kN * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+    ASSERT_EQ(got, want) << "replay " << replay;
+  }
+}
 
 TEST(MatmulPolicyTest, ParsesTheEnvironment) {
   using internal::MatmulPolicy;
@@ -111,6 +200,23 @@ TEST(MatmulRunnerTest, PathFollowsPolicyAndShape) {
     EXPECT_EQ(*(*runner)->PathFor(decode), w.decode);
     EXPECT_EQ(*(*runner)->PathFor(batch8), w.batch8);
     EXPECT_EQ(*(*runner)->PathFor(prefill), w.prefill);
+  }
+  // The automatic choice by shape: the small-M kernel for one or two rows, and up to eight
+  // for narrow outputs only.
+  absl::StatusOr<std::unique_ptr<MatmulRunner>> automatic =
+      MatmulRunner::Create(CudaDeviceInfo{}, 1 << 20, MatmulPolicy::kAuto);
+  ASSERT_TRUE(automatic.ok()) << automatic.status();
+  struct ByShape {
+    MatmulShape shape;
+    MatmulPath path;
+  };
+  for (const ByShape& c : {ByShape{{2, 8192, 2048, DType::kBF16, false}, MatmulPath::kGemv},
+                           ByShape{{4, 8192, 2048, DType::kBF16, false}, MatmulPath::kCublasLt},
+                           ByShape{{4, 512, 2048, DType::kBF16, false}, MatmulPath::kGemv},
+                           ByShape{{8, 2048, 2048, DType::kBF16, false}, MatmulPath::kCublasLt}}) {
+    SCOPED_TRACE(::testing::Message() << "M=" << c.shape.m << " N=" << c.shape.n);
+    ASSERT_TRUE((*automatic)->Prepare(c.shape).ok());
+    EXPECT_EQ(*(*automatic)->PathFor(c.shape), c.path);
   }
 }
 
