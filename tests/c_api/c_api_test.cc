@@ -49,19 +49,7 @@ bool HasDevice() {
 
 DType ToDType(int32_t c_dtype) { return static_cast<DType>(c_dtype); }
 
-const char* Name(int32_t c_dtype) {
-  switch (c_dtype) {
-    case STEPGRAPH_F32:
-      return "f32";
-    case STEPGRAPH_BF16:
-      return "bf16";
-    case STEPGRAPH_F16:
-      return "f16";
-    case STEPGRAPH_I32:
-      return "i32";
-  }
-  return "?";
-}
+absl::string_view Name(int32_t c_dtype) { return DTypeName(ToDType(c_dtype)); }
 
 double Tol(int32_t c_dtype) { return c_dtype == STEPGRAPH_F32 ? 1e-5 : 1e-2; }
 

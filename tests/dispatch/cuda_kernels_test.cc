@@ -56,22 +56,13 @@ class ScopedMatmulEnv {
   std::string old_;
 };
 
-bool HasDevice() {
-  int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return false;
-  }
-  return count > 0;
-}
-
 // A chain of dependent Adds, each reading the previous one's output and overwriting the
 // buffer the one before it read, captured and replayed: on sm_90 the edges are
 // programmatic (each kernel may launch while the previous runs), and the result must be
 // exactly the sequential one, which it would not be if a kernel touched memory before its
 // prerequisite finished.
 TEST(ProgrammaticLaunchTest, DependentKernelsSeeTheirPrerequisitesWrites) {
-  if (!HasDevice()) GTEST_SKIP() << "no CUDA device";
+  if (!CudaDeviceAvailable()) GTEST_SKIP() << "no CUDA device";
   int device = 0, major = 0;
   ASSERT_EQ(cudaGetDevice(&device), cudaSuccess);
   ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device),

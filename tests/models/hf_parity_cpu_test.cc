@@ -6,8 +6,6 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -15,11 +13,11 @@
 #include "models/config.h"
 #include "models/llama.h"
 #include "models/safetensors.h"
-#include "nlohmann/json.hpp"
 #include "stepgraph/cpu_dispatch.h"
 #include "stepgraph/executor.h"
 #include "stepgraph/half.h"
 #include "stepgraph/plan.h"
+#include "tests/models/parity_expected.h"
 #include "tests/testing/util.h"
 
 #ifndef SG_FIXTURES_DIR
@@ -29,40 +27,9 @@
 namespace sg {
 namespace {
 
-using Json = nlohmann::json;
-
-// bf16 rounds every intermediate, and not in the same order as the reference's kernels,
-// so only the first tokens are required to agree (the fixtures are chosen with clear
-// top-2 margins over these).
-constexpr size_t kBf16CheckedTokens = 16;
-constexpr double kF32LogitTolerance = 1e-4;
-// A few bf16 ulps of the logits, relative to their norm.
-constexpr double kBf16LogitTolerance = 2e-2;
-
-struct Expected {
-  std::string dtype;
-  std::vector<int32_t> prompt;
-  std::vector<int32_t> generated;
-  std::vector<float> prompt_last_logits;
-  std::vector<float> final_logits;
-};
-
-Expected ReadExpected(const std::string& path) {
-  std::ifstream in(path);
-  EXPECT_TRUE(in.good()) << "cannot open " << path;
-  std::stringstream text;
-  text << in.rdbuf();
-  const Json j = Json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
-  EXPECT_TRUE(j.is_object()) << path << " is not a JSON object";
-  Expected e;
-  if (!j.is_object()) return e;
-  e.dtype = j.value("dtype", "");
-  e.prompt = j.value("prompt_ids", std::vector<int32_t>{});
-  e.generated = j.value("generated_ids", std::vector<int32_t>{});
-  e.prompt_last_logits = j.value("prompt_last_logits", std::vector<float>{});
-  e.final_logits = j.value("final_logits", std::vector<float>{});
-  return e;
-}
+using testing::kParityBf16Tokens;
+using testing::kParityBf16Tolerance;
+using testing::kParityF32Tolerance;
 
 std::vector<float> ToFloats(const TensorArg& a) {
   std::vector<float> out(a.shape.NumElements());
@@ -89,7 +56,7 @@ class HfParityCpuTest : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(HfParityCpuTest, GreedyDecodeMatchesReference) {
   const std::string dir = std::string(SG_FIXTURES_DIR) + "/" + GetParam();
-  const Expected want = ReadExpected(dir + "/expected.json");
+  const testing::ParityExpected want = testing::ReadParityExpected(dir + "/expected.json");
   ASSERT_GE(want.prompt.size(), 5u);
   ASSERT_GE(want.generated.size(), 32u);
 
@@ -135,8 +102,8 @@ TEST_P(HfParityCpuTest, GreedyDecodeMatchesReference) {
   ASSERT_TRUE(dispatch.Prepare(*plan).ok());
 
   // Prompt one token per step, then feed back our own choices.
-  const size_t checked = bf16 ? kBf16CheckedTokens : want.generated.size();
-  const double tolerance = bf16 ? kBf16LogitTolerance : kF32LogitTolerance;
+  const size_t checked = bf16 ? kParityBf16Tokens : want.generated.size();
+  const double tolerance = bf16 ? kParityBf16Tolerance : kParityF32Tolerance;
   std::vector<int32_t> got;
   size_t matched = 0;
   for (int64_t step = 0; step < steps; ++step) {

@@ -6,60 +6,27 @@
 #define STEPGRAPH_TESTS_MODELS_SESSION_PARITY_H_
 
 #include <cstdio>
-#include <fstream>
 #include <memory>
-#include <sstream>
 #include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
 #include "models/session.h"
-#include "nlohmann/json.hpp"
+#include "tests/models/parity_expected.h"
 #include "tests/testing/util.h"
 
 namespace sg::testing {
-
-struct SessionParityExpected {
-  std::string dtype;
-  std::vector<int32_t> prompt;
-  std::vector<int32_t> generated;
-  std::vector<float> prompt_last_logits;
-  std::vector<float> final_logits;
-};
-
-inline SessionParityExpected ReadSessionParityExpected(const std::string& path) {
-  std::ifstream in(path);
-  EXPECT_TRUE(in.good()) << "cannot open " << path;
-  std::stringstream text;
-  text << in.rdbuf();
-  const nlohmann::json j = nlohmann::json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
-  EXPECT_TRUE(j.is_object()) << path << " is not a JSON object";
-  SessionParityExpected e;
-  if (!j.is_object()) return e;
-  e.dtype = j.value("dtype", "");
-  e.prompt = j.value("prompt_ids", std::vector<int32_t>{});
-  e.generated = j.value("generated_ids", std::vector<int32_t>{});
-  e.prompt_last_logits = j.value("prompt_last_logits", std::vector<float>{});
-  e.final_logits = j.value("final_logits", std::vector<float>{});
-  return e;
-}
-
-// bf16 rounds every intermediate in another order than the reference, so only the first
-// tokens must agree (the fixtures have clear top-2 margins over these).
-inline constexpr size_t kSessionParityBf16Tokens = 16;
-inline constexpr double kSessionParityF32Tolerance = 1e-4;
-inline constexpr double kSessionParityBf16Tolerance = 2e-2;
 
 // Greedy decoding of fixture folder `dir` on `backend` (replayed or eager) against
 // expected.json: every generated id for f32 (the first 16 for bf16), and the logits at
 // the last prompt position and after the last generated id.
 inline void CheckSessionParity(const std::string& dir, Backend backend, bool eager) {
-  const SessionParityExpected want = ReadSessionParityExpected(dir + "/expected.json");
+  const ParityExpected want = ReadParityExpected(dir + "/expected.json");
   ASSERT_GE(want.prompt.size(), 5u);
   ASSERT_GE(want.generated.size(), 32u);
   const bool bf16 = want.dtype == "bfloat16";
-  const size_t checked = bf16 ? kSessionParityBf16Tokens : want.generated.size();
-  const double tolerance = bf16 ? kSessionParityBf16Tolerance : kSessionParityF32Tolerance;
+  const size_t checked = bf16 ? kParityBf16Tokens : want.generated.size();
+  const double tolerance = bf16 ? kParityBf16Tolerance : kParityF32Tolerance;
   const int64_t p = static_cast<int64_t>(want.prompt.size());
   const int64_t g = static_cast<int64_t>(want.generated.size());
 
