@@ -106,25 +106,11 @@ std::vector<char> RandomBytes(DType dtype, int64_t count, uint64_t seed, float r
   for (int64_t i = 0; i < count; ++i) {
     const uint32_t r = static_cast<uint32_t>(next());
     const float u = (static_cast<float>(r) / 4294967296.0f * 2.0f - 1.0f) * range;
-    switch (dtype) {
-      case DType::kF32:
-        std::memcpy(out.data() + 4 * i, &u, 4);
-        break;
-      case DType::kBF16: {
-        const uint16_t h = FloatToBF16(u);
-        std::memcpy(out.data() + 2 * i, &h, 2);
-        break;
-      }
-      case DType::kF16: {
-        const uint16_t h = FloatToHalf(u);
-        std::memcpy(out.data() + 2 * i, &h, 2);
-        break;
-      }
-      case DType::kI32: {
-        const int32_t v = int_hi > 0 ? static_cast<int32_t>(r % static_cast<uint32_t>(int_hi)) : 0;
-        std::memcpy(out.data() + 4 * i, &v, 4);
-        break;
-      }
+    if (dtype == DType::kI32) {
+      const int32_t v = int_hi > 0 ? static_cast<int32_t>(r % static_cast<uint32_t>(int_hi)) : 0;
+      std::memcpy(out.data() + 4 * i, &v, 4);
+    } else {
+      StoreElement(out.data(), dtype, i, u);
     }
   }
   return out;

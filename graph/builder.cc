@@ -49,8 +49,24 @@ TensorId GraphBuilder::Declare(absl::string_view name, TensorKind kind, DType dt
   }
   if (!shape.valid() || shape.rank() == 0) {
     return Fail(absl::InvalidArgumentError(absl::StrCat(
-        TensorKindName(kind), " '", name, "' has an invalid shape ", shape.ToString(),
-        ": rank 1 to ", Shape::kMaxRank, " with every dim > 0")));
+        TensorKindName(kind), " '", name, "' has an invalid shape ", shape.ToString(), ": ",
+        shape.rank() == 0 ? "rank 0" : shape.Invalidity(), " (need rank 1 to ",
+        Shape::kMaxRank, ", every dim > 0, at most 2^48 elements)")));
+  }
+  if (IsQuantized(dtype)) {
+    // Block formats hold weights only, as rows of whole blocks; which ops may read them is
+    // shape inference's to say (MatMul's w, Embedding's table).
+    if (kind != TensorKind::kWeight || shape.rank() != 2) {
+      return Fail(absl::InvalidArgumentError(absl::StrCat(
+          TensorKindName(kind), " '", name, "' ", shape.ToString(), " is ", DTypeName(dtype),
+          ": a quantized dtype is only for rank-2 weights (those MatMul and Embedding read)")));
+    }
+    if (shape.cols() % DTypeBlockElems(dtype) != 0) {
+      return Fail(absl::InvalidArgumentError(absl::StrCat(
+          "Weight '", name, "' ", shape.ToString(), " is ", DTypeName(dtype), ": its rows of ",
+          shape.cols(), " elements are not a whole number of ", DTypeBlockElems(dtype),
+          "-element blocks")));
+    }
   }
   if (!tensor_names_.emplace(name).second) {
     return Fail(absl::InvalidArgumentError(
@@ -132,6 +148,10 @@ TensorId GraphBuilder::AddNode(Op op, absl::string_view name,
 
 TensorId GraphBuilder::Embedding(TensorId table, TensorId ids, absl::string_view name) {
   return AddNode(ops::Embedding{}, name, {table, ids});
+}
+TensorId GraphBuilder::Embedding(TensorId table, TensorId ids, DType dequant_dtype,
+                                 absl::string_view name) {
+  return AddNode(ops::Embedding{dequant_dtype}, name, {table, ids});
 }
 TensorId GraphBuilder::MatMul(TensorId x, TensorId w, absl::string_view name) {
   return AddNode(ops::MatMul{}, name, {x, w});

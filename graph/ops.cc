@@ -19,6 +19,10 @@ constexpr absl::string_view kOpNames[] = {
 };
 static_assert(sizeof(kOpNames) / sizeof(kOpNames[0]) == kNumOps);
 
+std::string Params(const ops::Embedding& op) {
+  return op.dequant_dtype == DType::kF32 ? ""
+                                         : absl::StrCat("dequant=", DTypeName(op.dequant_dtype));
+}
 std::string Params(const ops::MatMul& op) { return op.has_bias ? "bias" : ""; }
 std::string Params(const ops::RmsNorm& op) { return absl::StrFormat("eps=%g", op.eps); }
 std::string Params(const ops::Rope& op) {
@@ -69,6 +73,15 @@ class Checker {
     if (IsFloat(in_[i]->dtype)) return absl::OkStatus();
     return Error(absl::StrCat(role, " ", Describe(*in_[i]), " must be f32, bf16 or f16"));
   }
+  // A float tensor, or a Weight in one of the quantized block formats (the builder has
+  // checked that its rows are whole blocks).
+  absl::Status FloatOrQuantizedWeight(int i, absl::string_view role) const {
+    const DType t = in_[i]->dtype;
+    if (IsFloat(t)) return absl::OkStatus();
+    if (IsQuantized(t) && in_[i]->kind == TensorKind::kWeight) return absl::OkStatus();
+    return Error(absl::StrCat(role, " ", Describe(*in_[i]),
+                              " must be f32, bf16, f16 or a quantized Weight"));
+  }
   absl::Status Int(int i, absl::string_view role) const {
     if (in_[i]->dtype == DType::kI32) return absl::OkStatus();
     return Error(absl::StrCat(role, " ", Describe(*in_[i]), " must be i32"));
@@ -108,13 +121,21 @@ class Checker {
 
 using Result = absl::StatusOr<TensorType>;
 
-Result Infer(const ops::Embedding&, const Checker& c) {
+Result Infer(const ops::Embedding& op, const Checker& c) {
   SG_RETURN_IF_ERROR(c.Arity(2));
   SG_RETURN_IF_ERROR(c.Rank(0, 2, "table"));
-  SG_RETURN_IF_ERROR(c.Float(0, "table"));
+  SG_RETURN_IF_ERROR(c.FloatOrQuantizedWeight(0, "table"));
   SG_RETURN_IF_ERROR(c.Rank(1, 1, "ids"));
   SG_RETURN_IF_ERROR(c.Int(1, "ids"));
-  return TensorType{c[0].dtype, Shape{c[1].shape[0], c[0].shape[1]}};
+  DType out = c[0].dtype;
+  if (IsQuantized(out)) {
+    if (!IsFloat(op.dequant_dtype)) {
+      return c.Error(absl::StrCat("dequant_dtype ", DTypeName(op.dequant_dtype),
+                                  " of the quantized table must be f32, bf16 or f16"));
+    }
+    out = op.dequant_dtype;
+  }
+  return TensorType{out, Shape{c[1].shape[0], c[0].shape[1]}};
 }
 
 Result Infer(const ops::MatMul& op, const Checker& c) {
@@ -122,7 +143,8 @@ Result Infer(const ops::MatMul& op, const Checker& c) {
   SG_RETURN_IF_ERROR(c.Rank(0, 2, "x"));
   SG_RETURN_IF_ERROR(c.Rank(1, 2, "w"));
   SG_RETURN_IF_ERROR(c.Float(0, "x"));
-  SG_RETURN_IF_ERROR(c.SameDType(0, 1));
+  SG_RETURN_IF_ERROR(c.FloatOrQuantizedWeight(1, "w"));
+  if (!IsQuantized(c[1].dtype)) SG_RETURN_IF_ERROR(c.SameDType(0, 1));
   if (c[0].shape[1] != c[1].shape[1]) {
     return c.Error(absl::StrCat("shape mismatch: x ", Describe(c[0]), " has K=",
                                 c[0].shape[1], " but w ", Describe(c[1]), " [N,K] has K=",
@@ -224,9 +246,10 @@ Result Infer(const ops::KvWrite&, const Checker& c) {
   SG_RETURN_IF_ERROR(CheckCache(c, 2, "cache", rows));
   SG_RETURN_IF_ERROR(c.SameDType(0, 2));
   const Shape& cache = c[2].shape;
-  if (c[0].shape[1] != cache[1] * cache[3]) {
-    return c.Error(absl::StrCat("shape mismatch: kv ", Describe(c[0]), " must have kvh*d = ",
-                                cache[1] * cache[3], " columns for cache ", Describe(c[2])));
+  int64_t kv_cols = 0;
+  if (!CheckedMul(cache[1], cache[3], &kv_cols) || c[0].shape[1] != kv_cols) {
+    return c.Error(absl::StrCat("shape mismatch: kv ", Describe(c[0]),
+                                " must have kvh*d columns for cache ", Describe(c[2])));
   }
   return TensorType{c[2].dtype, cache};
 }

@@ -58,8 +58,9 @@ absl::string_view SafetensorsDTypeName(DType t) {
       return "F16";
     case DType::kI32:
       return "I32";
+    default:
+      return "?";  // the block formats are not safetensors dtypes
   }
-  return "?";
 }
 
 // A non-negative JSON integer that fits int64, or false.

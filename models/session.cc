@@ -37,22 +37,7 @@ absl::Status BindInputBlock(const Graph& graph, const InputBlock& block, int32_t
 
 std::vector<float> ToFloats(const void* data, DType dtype, int64_t n) {
   std::vector<float> out(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) {
-    switch (dtype) {
-      case DType::kF32:
-        out[i] = static_cast<const float*>(data)[i];
-        break;
-      case DType::kBF16:
-        out[i] = BF16ToFloat(static_cast<const uint16_t*>(data)[i]);
-        break;
-      case DType::kF16:
-        out[i] = HalfToFloat(static_cast<const uint16_t*>(data)[i]);
-        break;
-      case DType::kI32:
-        out[i] = static_cast<float>(static_cast<const int32_t*>(data)[i]);
-        break;
-    }
-  }
+  for (int64_t i = 0; i < n; ++i) out[i] = LoadElement(data, dtype, i);
   return out;
 }
 

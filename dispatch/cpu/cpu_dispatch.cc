@@ -19,36 +19,6 @@
 namespace sg {
 namespace {
 
-float LoadElement(const void* base, DType t, int64_t i) {
-  switch (t) {
-    case DType::kF32:
-      return static_cast<const float*>(base)[i];
-    case DType::kBF16:
-      return BF16ToFloat(static_cast<const uint16_t*>(base)[i]);
-    case DType::kF16:
-      return HalfToFloat(static_cast<const uint16_t*>(base)[i]);
-    case DType::kI32:
-      return static_cast<float>(static_cast<const int32_t*>(base)[i]);
-  }
-  return 0.0f;
-}
-
-void StoreElement(void* base, DType t, int64_t i, float v) {
-  switch (t) {
-    case DType::kF32:
-      static_cast<float*>(base)[i] = v;
-      return;
-    case DType::kBF16:
-      static_cast<uint16_t*>(base)[i] = FloatToBF16(v);
-      return;
-    case DType::kF16:
-      static_cast<uint16_t*>(base)[i] = FloatToHalf(v);
-      return;
-    case DType::kI32:
-      static_cast<int32_t*>(base)[i] = static_cast<int32_t>(v);
-      return;
-  }
-}
 
 // v rounded to what `t` can hold, as f32: models a store and reload.
 float RoundTo(DType t, float v) {
@@ -105,6 +75,10 @@ const std::vector<float>& CpuDispatch::InvFreq(const ops::Rope& op) {
 
 absl::Status CpuDispatch::Run(const ops::Embedding&, const NodeArgs& args) {
   const TensorArg& table = args.inputs[0];
+  if (IsQuantized(table.dtype)) {
+    return absl::UnimplementedError(absl::StrCat("Embedding: no CPU path for ",
+                                                 DTypeName(table.dtype), " tables yet"));
+  }
   const int64_t vocab = table.shape[0], hidden = table.shape[1];
   const int32_t* ids = Ints(args.inputs[1]);
   for (int64_t i = 0; i < args.output.shape[0]; ++i) {
@@ -122,6 +96,10 @@ absl::Status CpuDispatch::Run(const ops::Embedding&, const NodeArgs& args) {
 absl::Status CpuDispatch::Run(const ops::MatMul& op, const NodeArgs& args) {
   const TensorArg& x = args.inputs[0];
   const TensorArg& w = args.inputs[1];
+  if (IsQuantized(w.dtype)) {
+    return absl::UnimplementedError(absl::StrCat("MatMul: no CPU path for ",
+                                                 DTypeName(w.dtype), " weights yet"));
+  }
   const int64_t m = x.shape[0], k = x.shape[1], n = w.shape[0];
   const std::vector<float> xs = LoadAll(x);
   const std::vector<float> bias =

@@ -135,6 +135,11 @@ absl::Status MatmulRunner::Prepare(const ExecutionPlan& plan) {
     if (op == nullptr) continue;
     const Tensor& x = graph.tensor(node.inputs[0]);
     const Tensor& w = graph.tensor(node.inputs[1]);
+    if (w.dtype != x.dtype) {
+      return absl::UnimplementedError(absl::StrCat(
+          "MatMul node '", node.name, "': no CUDA matmul for ", DTypeName(w.dtype),
+          " weights yet"));
+    }
     const MatmulShape shape{x.shape[0], w.shape[0], x.shape[1], x.dtype, op->has_bias};
     absl::Status status = Prepare(shape);
     if (!status.ok()) {

@@ -39,6 +39,9 @@ class GraphBuilder {
   // One method per op (see ops.h for semantics). `name` names the node and its output
   // tensor; empty picks "<op>_<n>".
   TensorId Embedding(TensorId table, TensorId ids, absl::string_view name = {});
+  // A quantized table, dequantized to `dequant_dtype` (f32, bf16 or f16).
+  TensorId Embedding(TensorId table, TensorId ids, DType dequant_dtype,
+                     absl::string_view name = {});
   TensorId MatMul(TensorId x, TensorId w, absl::string_view name = {});
   TensorId MatMul(TensorId x, TensorId w, TensorId bias, absl::string_view name = {});
   TensorId RmsNorm(TensorId x, TensorId w, float eps, absl::string_view name = {});

@@ -25,7 +25,7 @@ struct TensorArg {
   int64_t arena_offset = -1;  // offset in the arena for intermediates, else -1
   absl::string_view name;     // the tensor's name (owned by the graph)
 
-  int64_t bytes() const { return shape.NumElements() * DTypeBytes(dtype); }
+  int64_t bytes() const { return TensorBytes(dtype, shape); }
   template <typename T>
   T* as() const {
     return static_cast<T*>(data);

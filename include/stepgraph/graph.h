@@ -25,7 +25,7 @@ struct Tensor {
   DType dtype = DType::kF32;
   Shape shape;
 
-  int64_t bytes() const { return shape.NumElements() * DTypeBytes(dtype); }
+  int64_t bytes() const { return TensorBytes(dtype, shape); }
 };
 
 // One launch. `output` is a new Intermediate, except for the in-place ops (KvWrite, Copy,

@@ -7,6 +7,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "stepgraph/dtype.h"
+
 namespace sg {
 
 inline float BF16ToFloat(uint16_t h) {
@@ -28,6 +30,43 @@ inline uint16_t FloatToBF16(float f) {
 
 float HalfToFloat(uint16_t h);
 uint16_t FloatToHalf(float f);
+
+// Element i of a plain (not quantized) tensor as f32, and the store back, rounding to the
+// storage type. The one host definition of the plain dtypes' element access; 0 (and no
+// store) for the block formats, which are read row by row (stepgraph/quant.h).
+inline float LoadElement(const void* base, DType t, int64_t i) {
+  switch (t) {
+    case DType::kF32:
+      return static_cast<const float*>(base)[i];
+    case DType::kBF16:
+      return BF16ToFloat(static_cast<const uint16_t*>(base)[i]);
+    case DType::kF16:
+      return HalfToFloat(static_cast<const uint16_t*>(base)[i]);
+    case DType::kI32:
+      return static_cast<float>(static_cast<const int32_t*>(base)[i]);
+    default:
+      return 0.0f;
+  }
+}
+
+inline void StoreElement(void* base, DType t, int64_t i, float v) {
+  switch (t) {
+    case DType::kF32:
+      static_cast<float*>(base)[i] = v;
+      return;
+    case DType::kBF16:
+      static_cast<uint16_t*>(base)[i] = FloatToBF16(v);
+      return;
+    case DType::kF16:
+      static_cast<uint16_t*>(base)[i] = FloatToHalf(v);
+      return;
+    case DType::kI32:
+      static_cast<int32_t*>(base)[i] = static_cast<int32_t>(v);
+      return;
+    default:
+      return;
+  }
+}
 
 }  // namespace sg
 

@@ -12,6 +12,7 @@
 #include <variant>
 
 #include "absl/strings/string_view.h"
+#include "stepgraph/dtype.h"
 
 #define SG_OP_LIST(V) \
   V(Embedding)        \
@@ -33,10 +34,14 @@
 namespace sg::ops {
 
 // table[V,H], ids[M] i32 -> [M,H]. An id outside [0,V) yields a zero row and raises the
-// dispatcher's error flag.
-struct Embedding {};
+// dispatcher's error flag. The output has the table's dtype; a quantized table (a Weight
+// in a block format) is dequantized to `dequant_dtype`.
+struct Embedding {
+  DType dequant_dtype = DType::kF32;
+};
 
 // x[M,K], w[N,K] (, bias[N]) -> [M,N]: y = x·wᵀ (+ bias), the PyTorch / HF weight layout.
+// w has x's dtype, or is a Weight in a quantized block format (dequantized on the fly).
 struct MatMul {
   bool has_bias = false;
 };

@@ -147,22 +147,7 @@ class Bench {
   std::vector<float> Floats(absl::string_view name) const {
     const TensorArg a = Arg(name);
     std::vector<float> out(a.shape.NumElements());
-    for (size_t i = 0; i < out.size(); ++i) {
-      switch (a.dtype) {
-        case DType::kF32:
-          out[i] = a.as<float>()[i];
-          break;
-        case DType::kBF16:
-          out[i] = BF16ToFloat(a.as<uint16_t>()[i]);
-          break;
-        case DType::kF16:
-          out[i] = HalfToFloat(a.as<uint16_t>()[i]);
-          break;
-        case DType::kI32:
-          out[i] = static_cast<float>(a.as<int32_t>()[i]);
-          break;
-      }
-    }
+    for (size_t i = 0; i < out.size(); ++i) out[i] = LoadElement(a.data, a.dtype, i);
     return out;
   }
   std::vector<int32_t> Ints(absl::string_view name) const {

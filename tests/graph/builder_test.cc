@@ -269,6 +269,82 @@ TEST(BuilderTest, InvalidShapesAndEmptyNames) {
   }
 }
 
+// Shapes whose element count overflows int64 (or passes the 2^48 bound) are refused at
+// declaration, naming the tensor: a wrapped product would make a huge weight "need" a few
+// bytes and let every later size check pass.
+TEST(BuilderTest, ShapesThatOverflowAreRefused) {
+  {
+    GraphBuilder b;
+    // 2^62 + 1 rows of one f32: 2^64 + 4 bytes wraps to 4.
+    EXPECT_FALSE(b.Weight("huge", DType::kF32, {(int64_t{1} << 62) + 1, 1}).valid());
+    EXPECT_TRUE(BuildFails(b, absl::StatusCode::kInvalidArgument, {"'huge'", "2^48"}));
+  }
+  {
+    GraphBuilder b;
+    EXPECT_FALSE(
+        b.Input("wraps", DType::kF32, {int64_t{1} << 32, int64_t{1} << 32, 4}).valid());
+    EXPECT_TRUE(BuildFails(b, absl::StatusCode::kInvalidArgument, {"'wraps'", "2^48"}));
+  }
+  {
+    GraphBuilder b;  // the bound itself is allowed, one more is not
+    EXPECT_TRUE(b.Weight("at_bound", DType::kF32, {int64_t{1} << 24, int64_t{1} << 24}).valid());
+    EXPECT_FALSE(
+        b.Weight("past_bound", DType::kF32, {(int64_t{1} << 24) + 1, int64_t{1} << 24}).valid());
+    EXPECT_TRUE(BuildFails(b, absl::StatusCode::kInvalidArgument, {"'past_bound'"}));
+  }
+  EXPECT_EQ(TensorBytes(DType::kF32, Shape{int64_t{1} << 24, int64_t{1} << 24}),
+            int64_t{1} << 50);
+  EXPECT_EQ(TensorBytes(DType::kF32, Shape{(int64_t{1} << 62) + 1, 1}), -1);
+}
+
+// A quantized dtype is a rank-2 Weight of whole blocks, read by MatMul (as w) or Embedding
+// (as the table); anywhere else the builder says so.
+TEST(BuilderTest, QuantizedDTypesOnlyForMatMulAndEmbeddingWeights) {
+  {
+    GraphBuilder b;
+    TensorId x = b.Input("x", DType::kF32, {2, 64});
+    TensorId w = b.Weight("w", DType::kQ4_0, {8, 64});
+    TensorId table = b.Weight("table", DType::kQ4_K, {10, 256});
+    TensorId ids = b.Input("ids", DType::kI32, {2});
+    TensorId y = b.MatMul(x, w, "proj");
+    TensorId e = b.Embedding(table, ids, DType::kBF16, "embed");
+    b.Output("y", y);
+    b.Output("e", e);
+    absl::StatusOr<Graph> g = std::move(b).Build();
+    ASSERT_TRUE(g.ok()) << g.status();
+    EXPECT_EQ(g->tensor(y).dtype, DType::kF32);
+    EXPECT_EQ(g->tensor(e).dtype, DType::kBF16);
+    EXPECT_EQ(g->tensor(w).bytes(), 8 * 2 * 18);
+    EXPECT_EQ(g->tensor(table).bytes(), 10 * 144);
+  }
+  {
+    GraphBuilder b;
+    EXPECT_FALSE(b.Input("qx", DType::kQ8_0, {1, 32}).valid());
+    EXPECT_TRUE(BuildFails(b, absl::StatusCode::kInvalidArgument,
+                           {"'qx'", "q8_0", "only for rank-2 weights"}));
+  }
+  {
+    GraphBuilder b;
+    EXPECT_FALSE(b.Weight("ragged", DType::kQ6_K, {4, 300}).valid());
+    EXPECT_TRUE(BuildFails(b, absl::StatusCode::kInvalidArgument,
+                           {"'ragged'", "256-element blocks"}));
+  }
+  {
+    GraphBuilder b;
+    TensorId x = b.Input("x", DType::kF32, {1, 32});
+    TensorId w = b.Weight("g", DType::kQ8_0, {1, 32});
+    b.Add(x, w, "add_quantized");
+    EXPECT_TRUE(BuildFails(b, absl::StatusCode::kInvalidArgument, {"'add_quantized'"}));
+  }
+  {
+    GraphBuilder b;
+    TensorId x = b.Input("x", DType::kF32, {1, 32});
+    TensorId w = b.Weight("g", DType::kQ8_0, {1, 32});
+    b.RmsNorm(x, w, 1e-5f, "norm_quantized");
+    EXPECT_TRUE(BuildFails(b, absl::StatusCode::kInvalidArgument, {"'norm_quantized'"}));
+  }
+}
+
 // A cache [slots=1, kvh, S=32, d] and a query with `heads` heads of the same d.
 struct AttentionInputs {
   TensorId q, k_cache, v_cache, pos;

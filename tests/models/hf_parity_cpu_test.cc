@@ -33,22 +33,7 @@ using testing::kParityF32Tolerance;
 
 std::vector<float> ToFloats(const TensorArg& a) {
   std::vector<float> out(a.shape.NumElements());
-  for (size_t i = 0; i < out.size(); ++i) {
-    switch (a.dtype) {
-      case DType::kF32:
-        out[i] = static_cast<const float*>(a.data)[i];
-        break;
-      case DType::kBF16:
-        out[i] = BF16ToFloat(static_cast<const uint16_t*>(a.data)[i]);
-        break;
-      case DType::kF16:
-        out[i] = HalfToFloat(static_cast<const uint16_t*>(a.data)[i]);
-        break;
-      case DType::kI32:
-        out[i] = static_cast<float>(static_cast<const int32_t*>(a.data)[i]);
-        break;
-    }
-  }
+  for (size_t i = 0; i < out.size(); ++i) out[i] = LoadElement(a.data, a.dtype, i);
   return out;
 }
 

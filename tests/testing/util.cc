@@ -10,36 +10,8 @@
 namespace sg::testing {
 namespace {
 
-float Load(const void* p, DType t, int64_t i) {
-  switch (t) {
-    case DType::kF32:
-      return static_cast<const float*>(p)[i];
-    case DType::kBF16:
-      return BF16ToFloat(static_cast<const uint16_t*>(p)[i]);
-    case DType::kF16:
-      return HalfToFloat(static_cast<const uint16_t*>(p)[i]);
-    case DType::kI32:
-      return static_cast<float>(static_cast<const int32_t*>(p)[i]);
-  }
-  return 0;
-}
-
-void Store(void* p, DType t, int64_t i, float v) {
-  switch (t) {
-    case DType::kF32:
-      static_cast<float*>(p)[i] = v;
-      break;
-    case DType::kBF16:
-      static_cast<uint16_t*>(p)[i] = FloatToBF16(v);
-      break;
-    case DType::kF16:
-      static_cast<uint16_t*>(p)[i] = FloatToHalf(v);
-      break;
-    case DType::kI32:
-      static_cast<int32_t*>(p)[i] = static_cast<int32_t>(v);
-      break;
-  }
-}
+float Load(const void* p, DType t, int64_t i) { return LoadElement(p, t, i); }
+void Store(void* p, DType t, int64_t i, float v) { StoreElement(p, t, i, v); }
 
 }  // namespace
 
