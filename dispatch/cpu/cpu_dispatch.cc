@@ -51,26 +51,24 @@ float SiluOf(float x) { return x / (1.0f + std::exp(-x)); }
 
 }  // namespace
 
-absl::Status CpuDispatch::Prepare(const ExecutionPlan& plan) {
-  for (const Node& node : plan.graph().nodes()) {
-    if (const auto* rope = std::get_if<ops::Rope>(&node.op)) InvFreq(*rope);
-  }
-  return absl::OkStatus();
-}
+namespace {
+// A Rope node's frequency table, computed once per plan.
+struct CpuRopeNode final : PreparedNode {
+  std::vector<float> inv_freq;
+};
+}  // namespace
 
-const std::vector<float>& CpuDispatch::InvFreq(const ops::Rope& op) {
-  auto bits = [](float f) {
-    uint32_t b;
-    std::memcpy(&b, &f, 4);
-    return b;
-  };
-  const ops::RopeScaling& s = op.scaling;
-  const std::string key = absl::StrCat(
-      op.head_dim, ":", bits(op.theta), ":", static_cast<int>(s.type), ":", bits(s.factor), ":",
-      bits(s.low_freq_factor), ":", bits(s.high_freq_factor), ":", s.original_max_position);
-  auto it = inv_freq_.find(key);
-  if (it == inv_freq_.end()) it = inv_freq_.emplace(key, RopeInvFreq(op)).first;
-  return it->second;
+absl::StatusOr<PreparedPlan> CpuDispatch::Prepare(const ExecutionPlan& plan) {
+  const Graph& graph = plan.graph();
+  std::vector<std::unique_ptr<PreparedNode>> nodes(static_cast<size_t>(graph.num_nodes()));
+  for (int32_t i = 0; i < graph.num_nodes(); ++i) {
+    if (const auto* rope = std::get_if<ops::Rope>(&graph.nodes()[i].op)) {
+      auto node = std::make_unique<CpuRopeNode>();
+      node->inv_freq = RopeInvFreq(*rope);
+      nodes[i] = std::move(node);
+    }
+  }
+  return PreparedPlan(plan, *this, std::move(nodes));
 }
 
 absl::Status CpuDispatch::Run(const ops::Embedding&, const NodeArgs& args) {
@@ -181,7 +179,12 @@ absl::Status CpuDispatch::Run(const ops::Rope& op, const NodeArgs& args) {
   const int32_t* pos = Ints(args.inputs[1]);
   const int64_t rows = x.shape[0], cols = x.shape[1];
   const int d = op.head_dim, half = d / 2;
-  const std::vector<float>& inv_freq = InvFreq(op);
+  // Prepared once per plan; a Run without preparation computes the table itself.
+  std::vector<float> unprepared;
+  if (args.prepared == nullptr) unprepared = RopeInvFreq(op);
+  const std::vector<float>& inv_freq =
+      args.prepared != nullptr ? static_cast<const CpuRopeNode*>(args.prepared)->inv_freq
+                               : unprepared;
   for (int64_t i = 0; i < rows; ++i) {
     std::vector<float> v = LoadRange(x, i * cols, cols);
     if (pos[i] >= 0) {  // padding rows (pos < 0) pass through unchanged

@@ -16,9 +16,8 @@ namespace sg {
 
 class CpuDispatch final : public KernelDispatch {
  public:
-  // Precomputes the RoPE frequency tables of the plan's Rope nodes. Optional: a Rope
-  // node not prepared computes its table on first use.
-  absl::Status Prepare(const ExecutionPlan& plan) override;
+  // The RoPE frequency table of each Rope node.
+  absl::StatusOr<PreparedPlan> Prepare(const ExecutionPlan& plan) override;
 
 #define SG_CPU_RUN(Name) absl::Status Run(const ops::Name& op, const NodeArgs& args) override;
   SG_OP_LIST(SG_CPU_RUN)
@@ -32,11 +31,7 @@ class CpuDispatch final : public KernelDispatch {
   }
 
  private:
-  const std::vector<float>& InvFreq(const ops::Rope& op);
-
   uint32_t error_flags_ = 0;
-  // Keyed by the Rope params that determine the table.
-  absl::flat_hash_map<std::string, std::vector<float>> inv_freq_;
 };
 
 }  // namespace sg
