@@ -95,11 +95,11 @@ const float* F32Row(const TensorArg& a, int64_t offset, int64_t n, float* buffer
   return buffer;
 }
 
-// Splitting work costs a wake-up per thread; below this many multiply-adds per part it
+// Splitting work costs a wake-up per thread; below this many multiply-adds per chunk it
 // is not worth it.
 constexpr int64_t kMinWorkPerPart = 16384;
 
-int64_t MinItemsPerPart(int64_t work_per_item) {
+int64_t MinItemsPerChunk(int64_t work_per_item) {
   return std::max<int64_t>(1, kMinWorkPerPart / std::max<int64_t>(1, work_per_item));
 }
 
@@ -114,14 +114,14 @@ CpuDispatch::~CpuDispatch() = default;
 
 int CpuDispatch::threads() const { return pool_->size(); }
 
-absl::Status CpuDispatch::PrepareScratch(int64_t floats_per_part) {
+absl::Status CpuDispatch::PrepareScratch(int64_t floats_per_thread) {
   try {
     scratch_.resize(pool_->size());
   } catch (const std::bad_alloc&) {
     return absl::ResourceExhaustedError("CPU reference: no memory for scratch rows");
   }
   for (std::vector<float>& v : scratch_) {
-    SG_RETURN_IF_ERROR(Resize(v, floats_per_part, "scratch rows"));
+    SG_RETURN_IF_ERROR(Resize(v, floats_per_thread, "scratch rows"));
   }
   return absl::OkStatus();
 }
@@ -184,15 +184,15 @@ absl::Status CpuDispatch::Run(const ops::MatMul& op, const NodeArgs& args) {
   const bool quantized = IsQuantized(w.dtype);
   const int64_t w_row_bytes = DTypeRowBytes(w.dtype, k);
   SG_RETURN_IF_ERROR(PrepareScratch(quantized ? 0 : k));
-  // One part per thread, each computing whole output columns j (all m rows of them): a
+  // Chunks of whole output columns j (all m rows of them): a
   // weight row is read once per step whatever m is.
-  pool_->ParallelFor(n, MinItemsPerPart(m * k), [&](int part, int64_t j0, int64_t j1) {
+  pool_->ParallelFor(n, MinItemsPerChunk(m * k), [&](int thread, int64_t j0, int64_t j1) {
     const auto* w_bytes = static_cast<const std::byte*>(w.data);
     for (int64_t j = j0; j < j1; ++j) {
       if (quantized) {
         DotQuantizedRow(w.dtype, w_bytes + j * w_row_bytes, k, xs, k, m, out + j, n);
       } else {
-        const float* wj = F32Row(w, j * k, k, scratch_[part].data());
+        const float* wj = F32Row(w, j * k, k, scratch_[thread].data());
         for (int64_t i = 0; i < m; ++i) out[i * n + j] = cpu::Dot(xs + i * k, wj, k);
       }
       if (op.has_bias) {
@@ -326,11 +326,11 @@ absl::Status CpuDispatch::Run(const ops::Attention& op, const NodeArgs& args) {
   }
   SG_ASSIGN_OR_RETURN(const float* qs, F32Input(q, x_f32_));
   SG_ASSIGN_OR_RETURN(float* out, F32Output(args.output, out_f32_));
-  // Per part: the scores of one (row, head) and a K and a V row converted to f32.
+  // Per thread: the scores of one (row, head) and a K and a V row converted to f32.
   SG_RETURN_IF_ERROR(PrepareScratch(seq + 2 * d));
-  // Parts take whole (row, head) pairs, each computed start to end by one thread.
-  pool_->ParallelFor(rows * heads, MinItemsPerPart(seq * d), [&](int part, int64_t p0, int64_t p1) {
-    float* scores = scratch_[part].data();
+  // Chunks of whole (row, head) pairs, each computed start to end by one thread.
+  pool_->ParallelFor(rows * heads, MinItemsPerChunk(seq * d), [&](int thread, int64_t p0, int64_t p1) {
+    float* scores = scratch_[thread].data();
     float* k_buf = scores + seq;
     float* v_buf = k_buf + d;
     for (int64_t pair = p0; pair < p1; ++pair) {

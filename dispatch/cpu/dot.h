@@ -22,14 +22,19 @@ inline float Dot(const float* __restrict a, const float* __restrict b, int64_t n
   return sum;
 }
 
-// The same for a length known at compile time (a multiple of kLanes): one quantized block.
+// acc[l] += Σ a[c]·b[c] over c ≡ l (mod kLanes), for a length known at compile time (a
+// multiple of kLanes): one quantized block into partial sums that are folded only at the
+// end of the row (folding per block would cost a serial chain of adds every block).
 template <int N>
-inline float DotFixed(const float* __restrict a, const float* __restrict b) {
+inline void AccumulateFixed(const float* __restrict a, const float* __restrict b,
+                            float* __restrict acc) {
   static_assert(N % kLanes == 0);
-  float acc[kLanes] = {};
   for (int c = 0; c < N; c += kLanes) {
     for (int l = 0; l < kLanes; ++l) acc[l] += a[c + l] * b[c + l];
   }
+}
+
+inline float Fold(const float* acc) {
   float sum = 0.0f;
   for (int l = 0; l < kLanes; ++l) sum += acc[l];
   return sum;

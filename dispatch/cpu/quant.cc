@@ -15,15 +15,32 @@
 namespace sg {
 namespace {
 
+// f16 bits to f32, exactly (HalfToFloat's result), inline and branch-light: it runs once
+// or twice per block in the dot product's inner loop. The exponent and mantissa shifted
+// into place read as an f32 2^112 times too small (a subnormal half becomes a subnormal
+// f32); scaling by 2^112 is exact and normalises it. Exponent 31 (inf, NaN) lands at or
+// above 2^16 and gets the all-ones exponent back.
+inline float F16(uint16_t h) {
+  uint32_t bits = static_cast<uint32_t>(h & 0x7fffu) << 13;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  f *= 0x1p112f;
+  std::memcpy(&bits, &f, 4);
+  if (f >= 65536.0f) bits |= 0xffu << 23;
+  bits |= static_cast<uint32_t>(h & 0x8000u) << 16;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
 // ---- one block to f32 -----------------------------------------------------------------
 
 void DequantBlock(const BlockQ8_0& b, float* y) {
-  const float d = HalfToFloat(b.d);
+  const float d = F16(b.d);
   for (int j = 0; j < 32; ++j) y[j] = static_cast<float>(b.qs[j]) * d;
 }
 
 void DequantBlock(const BlockQ4_0& b, float* y) {
-  const float d = HalfToFloat(b.d);
+  const float d = F16(b.d);
   for (int j = 0; j < 16; ++j) {
     y[j] = d * static_cast<float>((b.qs[j] & 0xF) - 8);
     y[j + 16] = d * static_cast<float>((b.qs[j] >> 4) - 8);
@@ -31,7 +48,7 @@ void DequantBlock(const BlockQ4_0& b, float* y) {
 }
 
 void DequantBlock(const BlockQ4_1& b, float* y) {
-  const float d = HalfToFloat(b.d), m = HalfToFloat(b.m);
+  const float d = F16(b.d), m = F16(b.m);
   for (int j = 0; j < 16; ++j) {
     y[j] = d * static_cast<float>(b.qs[j] & 0xF) + m;
     y[j + 16] = d * static_cast<float>(b.qs[j] >> 4) + m;
@@ -44,7 +61,7 @@ uint32_t HighBits(const uint8_t* qh) {
 }
 
 void DequantBlock(const BlockQ5_0& b, float* y) {
-  const float d = HalfToFloat(b.d);
+  const float d = F16(b.d);
   const uint32_t qh = HighBits(b.qh);
   for (int j = 0; j < 16; ++j) {
     const int lo = (b.qs[j] & 0xF) | static_cast<int>((qh >> j) & 1) << 4;
@@ -55,7 +72,7 @@ void DequantBlock(const BlockQ5_0& b, float* y) {
 }
 
 void DequantBlock(const BlockQ5_1& b, float* y) {
-  const float d = HalfToFloat(b.d), m = HalfToFloat(b.m);
+  const float d = F16(b.d), m = F16(b.m);
   const uint32_t qh = HighBits(b.qh);
   for (int j = 0; j < 16; ++j) {
     const int lo = (b.qs[j] & 0xF) | static_cast<int>((qh >> j) & 1) << 4;
@@ -66,7 +83,7 @@ void DequantBlock(const BlockQ5_1& b, float* y) {
 }
 
 void DequantBlock(const BlockQ4_K& b, float* y) {
-  const float d = HalfToFloat(b.d), dmin = HalfToFloat(b.dmin);
+  const float d = F16(b.d), dmin = F16(b.dmin);
   for (int c = 0; c < 4; ++c) {
     uint8_t sc0, mn0, sc1, mn1;
     Q4KScaleMin(b.scales, 2 * c, &sc0, &mn0);
@@ -82,7 +99,7 @@ void DequantBlock(const BlockQ4_K& b, float* y) {
 }
 
 void DequantBlock(const BlockQ5_K& b, float* y) {
-  const float d = HalfToFloat(b.d), dmin = HalfToFloat(b.dmin);
+  const float d = F16(b.d), dmin = F16(b.dmin);
   for (int c = 0; c < 4; ++c) {
     uint8_t sc0, mn0, sc1, mn1;
     Q4KScaleMin(b.scales, 2 * c, &sc0, &mn0);
@@ -100,7 +117,7 @@ void DequantBlock(const BlockQ5_K& b, float* y) {
 }
 
 void DequantBlock(const BlockQ6_K& b, float* y) {
-  const float d = HalfToFloat(b.d);
+  const float d = F16(b.d);
   for (int s = 0; s < 16; ++s) {
     const float ds = d * static_cast<float>(b.scales[s]);
     for (int l = 0; l < 16; ++l) y[16 * s + l] = ds * static_cast<float>(Q6KCode(b, 16 * s + l) - 32);
@@ -320,13 +337,20 @@ bool DotQuantizedRow(DType t, const void* blocks, int64_t n, const float* x, int
     using Block = std::remove_cv_t<std::remove_pointer_t<decltype(tag)>>;
     constexpr int kBlock = kElems<Block>;
     const auto* b = static_cast<const Block*>(blocks);
-    for (int64_t i = 0; i < m; ++i) out[i * out_stride] = 0.0f;
+    // Up to kGroup vectors at a time, each with its own lane sums: a block is dequantized
+    // once per group.
+    constexpr int64_t kGroup = 4;
     float values[kBlock];
-    for (int64_t blk = 0; blk < n / kBlock; ++blk) {
-      DequantBlock(b[blk], values);
-      for (int64_t i = 0; i < m; ++i) {
-        out[i * out_stride] += cpu::DotFixed<kBlock>(values, x + i * x_stride + blk * kBlock);
+    for (int64_t i0 = 0; i0 < m; i0 += kGroup) {
+      const int64_t group = std::min(kGroup, m - i0);
+      float acc[kGroup][cpu::kLanes] = {};
+      for (int64_t blk = 0; blk < n / kBlock; ++blk) {
+        DequantBlock(b[blk], values);
+        for (int64_t i = 0; i < group; ++i) {
+          cpu::AccumulateFixed<kBlock>(values, x + (i0 + i) * x_stride + blk * kBlock, acc[i]);
+        }
       }
+      for (int64_t i = 0; i < group; ++i) out[(i0 + i) * out_stride] = cpu::Fold(acc[i]);
     }
   });
 }

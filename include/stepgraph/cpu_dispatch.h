@@ -57,9 +57,9 @@ class CpuDispatch final : public KernelDispatch {
  private:
   const std::vector<float>& InvFreq(const ops::Rope& op);
 
-  // Sizes scratch_ (one row per thread of at least floats_per_part) before a parallel
+  // Sizes scratch_ (one row per thread of at least floats_per_thread) before a parallel
   // loop, so that no part allocates.
-  absl::Status PrepareScratch(int64_t floats_per_part);
+  absl::Status PrepareScratch(int64_t floats_per_thread);
 
   std::unique_ptr<cpu::ThreadPool> pool_;
   std::vector<std::vector<float>> scratch_;

@@ -117,9 +117,10 @@ SG_QUANT_INLINE int Q6KCode(const BlockQ6_K& b, int e) {
 bool DequantizeRow(DType t, const void* blocks, float* out, int64_t n);
 
 // out[i·out_stride] = Σ_c value[c] · x[i·x_stride + c] for i in [0, m): the dot products
-// of one quantized row with m f32 vectors. Each block is dequantized once into a small
-// buffer and used for all m vectors, so no f32 copy of the row is made; the sum's order of
-// rounding is unspecified (f32 accumulation).
+// of one quantized row with m f32 vectors: the sum over the row of each dequantized value
+// (exactly DequantizeRow's) times x. Blocks are dequantized one at a time into a small
+// buffer, used for several vectors at once; no f32 copy of the row is made. The order of
+// the f32 additions is unspecified.
 bool DotQuantizedRow(DType t, const void* blocks, int64_t n, const float* x, int64_t x_stride,
                      int64_t m, float* out, int64_t out_stride);
 

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "stepgraph/half.h"
 #include "stepgraph/types.h"
 #include "tests/testing/util.h"
 
@@ -165,6 +166,29 @@ INSTANTIATE_TEST_SUITE_P(GgufQuantizers, GgufQuantizerTest,
                          [](const ::testing::TestParamInfo<DType>& info) {
                            return Name(info.param);
                          });
+
+// Every f16 scale, through Q8_0 blocks with the code 1: the value is the scale itself,
+// converted exactly (normal, subnormal, zero, inf, NaN with its payload).
+TEST(QuantTest, EveryF16ScaleConvertsExactly) {
+  std::vector<BlockQ8_0> blocks(65536);
+  for (uint32_t h = 0; h < 65536; ++h) {
+    blocks[h].d = static_cast<uint16_t>(h);
+    for (int8_t& q : blocks[h].qs) q = 1;
+  }
+  std::vector<float> out(65536 * 32);
+  ASSERT_TRUE(DequantizeRow(DType::kQ8_0, blocks.data(), out.data(), 65536 * 32));
+  for (uint32_t h = 0; h < 65536; ++h) {
+    const float want = HalfToFloat(static_cast<uint16_t>(h));
+    uint32_t a, b;
+    std::memcpy(&a, &out[h * 32 + 31], 4);
+    std::memcpy(&b, &want, 4);
+    if (std::isnan(want)) {
+      ASSERT_TRUE(std::isnan(out[h * 32])) << "f16 0x" << std::hex << h;
+    } else {
+      ASSERT_EQ(a, b) << "f16 0x" << std::hex << h;
+    }
+  }
+}
 
 TEST(QuantTest, PlainTypesAreRefused) {
   float f[32] = {1.0f};
