@@ -48,7 +48,7 @@ class CpuRunnerDevice final : public StepRunner::Device {
     if (options.cpu_dispatch != nullptr) {
       dispatch_ = options.cpu_dispatch;
     } else {
-      owned_ = std::make_unique<CpuDispatch>();
+      owned_ = std::make_unique<CpuDispatch>(CpuDispatch::Options{.threads = options.cpu_threads});
       cpu_ = owned_.get();
       dispatch_ = owned_.get();
     }

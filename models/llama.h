@@ -7,6 +7,7 @@
 #include <optional>
 #include <string>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "stepgraph/graph.h"
 #include "stepgraph/ops.h"
@@ -31,6 +32,10 @@ struct LlamaConfig {
   bool attention_bias = false;
   bool mlp_bias = false;
   DType dtype = DType::kF32;
+  // Storage dtypes of single weights that differ from `dtype`, by name: GGUF block formats
+  // for matrices that MatMul and Embedding read (a quantized model). Activations, the KV
+  // cache and every other weight stay in `dtype`.
+  absl::flat_hash_map<std::string, DType> weight_dtypes;
 
   // InvalidArgument naming the field when a value is out of range or inconsistent.
   absl::Status Validate() const;
