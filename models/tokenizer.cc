@@ -3,6 +3,7 @@
 // Every rule below follows what transformers' tokenizer (the tokenizers library under it)
 // does with the same vocabulary, since that is the reference the ids are checked against.
 #include "models/tokenizer.h"
+#include "models/unicode_nfc.h"
 
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
@@ -719,6 +720,11 @@ absl::Status Tokenizer::Impl::Bpe(absl::string_view word, std::vector<int32_t>* 
 absl::Status Tokenizer::Impl::EncodeSegment(absl::string_view text, bool at_start, Matcher& m,
                                             std::vector<int32_t>* out) const {
   if (text.empty()) return absl::OkStatus();
+  std::string nfc;
+  if (spec.normalize_nfc) {
+    nfc = NormalizeNfc(text);
+    text = nfc;
+  }
   std::string normalized;
   absl::string_view whole = text;
   if (!byte_level) {

@@ -67,6 +67,8 @@ struct TokenizerSpec {
   bool ignore_merges = false;
   // "llama" only: characters missing from the vocabulary become <0xNN> tokens.
   bool byte_fallback = true;
+  // Text between special tokens is put in Unicode NFC first (Qwen2's files ask for it).
+  bool normalize_nfc = false;
 };
 
 struct EncodeOptions {

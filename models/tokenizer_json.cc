@@ -96,6 +96,7 @@ struct Pipeline {
   bool prefix_first = false;    // Metaspace prepend_scheme "first"
   bool prefix_every = false;    // Prepend("▁") normalizer
   bool decoder_strips = false;  // the decoder drops one leading space
+  bool nfc = false;
   std::vector<std::string> patterns;
 };
 
@@ -115,7 +116,11 @@ absl::Status ReadNormalizer(const Json& n, const std::string& path, Pipeline* p)
     p->metaspace = true;
     return absl::OkStatus();
   }
-  // NFC and the other Unicode normalizers would need Unicode tables stepgraph does not carry.
+  if (type == "NFC") {
+    p->nfc = true;
+    return absl::OkStatus();
+  }
+  // NFD, NFKC, lowercasing and the rest are not used by the supported families.
   return Unsupported(path, absl::StrCat("normalizer \"", type, "\" is not supported"));
 }
 
@@ -304,6 +309,7 @@ absl::StatusOr<TokenizerSpec> ParseTokenizerJson(const std::string& json_path,
   spec.model = p.byte_level ? "gpt2" : "llama";
   spec.pre = "tokenizer.json";
   spec.pre_patterns = p.patterns;
+  spec.normalize_nfc = p.nfc;
   spec.ignore_merges = model.value("ignore_merges", false);
   spec.byte_fallback = model.value("byte_fallback", false);
   if (p.byte_level && spec.byte_fallback) {

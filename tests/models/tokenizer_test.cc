@@ -2,6 +2,7 @@
 // tests/fixtures/make_tokenizer_fixtures.py), round trips, streaming decode and the refusal
 // of bad specs and files.
 #include "models/tokenizer.h"
+#include "models/unicode_nfc.h"
 
 #include <sys/stat.h>
 #include <unistd.h>
@@ -351,7 +352,9 @@ TEST(Tokenizer, RandomTextRoundTrips) {
       ASSERT_TRUE(ids.ok()) << name << ": " << ids.status();
       auto back = tok->Decode(*ids, {.skip_special = true});
       ASSERT_TRUE(back.ok());
-      EXPECT_EQ(*back, folds_space && s[0] == ' ' ? s.substr(1) : s) << name;
+      // A tokenizer that normalizes gives back the normalized text (Qwen2's NFC).
+      const std::string want = tok->spec().normalize_nfc ? NormalizeNfc(s) : s;
+      EXPECT_EQ(*back, folds_space && want[0] == ' ' ? want.substr(1) : want) << name;
     }
   }
 }
@@ -380,6 +383,25 @@ TEST(Tokenizer, StreamOfRandomIdsEqualsDecode) {
       }
     }
   }
+}
+
+TEST(Tokenizer, NfcMatchesPythonsUnicodedata) {
+  const Json cases = ReadJson(kDir + "/nfc.json");
+  ASSERT_GE(cases.size(), 300u);
+  for (const Json& c : cases) {
+    const std::string in = c.at(0).get<std::string>(), want = c.at(1).get<std::string>();
+    EXPECT_EQ(NormalizeNfc(in), want) << "NFC of \"" << in << "\"";
+  }
+  EXPECT_EQ(NormalizeNfc("plain ascii"), "plain ascii");
+  EXPECT_EQ(NormalizeNfc(""), "");
+}
+
+TEST(TokenizerJson, ReadsTheNfcNormalizer) {
+  auto tok = Load("bl_qwen2");
+  ASSERT_NE(tok, nullptr);
+  EXPECT_TRUE(tok->spec().normalize_nfc);
+  // Decomposed and precomposed spellings encode alike.
+  EXPECT_EQ(*tok->Encode("e\xCC\x81"), *tok->Encode("\xC3\xA9"));
 }
 
 // ---- bad specs --------------------------------------------------------------------------
