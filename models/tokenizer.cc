@@ -390,7 +390,8 @@ namespace {
 // Merges of a SentencePiece vocabulary that lists none, as transformers derives them: every
 // split of a token into two tokens of the vocabulary, best score first, then by the pieces'
 // lengths (longer left piece first), ties kept in the order of the vocabulary.
-std::vector<std::pair<std::string, std::string>> MergesFromScores(const TokenizerSpec& spec) {
+absl::StatusOr<std::vector<std::pair<std::string, std::string>>> MergesFromScores(
+    const TokenizerSpec& spec) {
   absl::flat_hash_map<absl::string_view, int32_t> index;  // last id of each spelling
   absl::flat_hash_map<absl::string_view, std::pair<int32_t, float>> score;  // first position, last score
   std::vector<absl::string_view> order;
@@ -414,6 +415,10 @@ std::vector<std::pair<std::string, std::string>> MergesFromScores(const Tokenize
     for (size_t k = 1; k < chars.size(); ++k) {
       const absl::string_view l = t.substr(0, chars[k].first), r = t.substr(chars[k].first);
       if (index.contains(l) && index.contains(r)) {
+        if (static_cast<int64_t>(all.size()) >= kMaxMerges) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "tokenizer: the scores imply more than ", kMaxMerges, " merges"));
+        }
         all.push_back({l, r, s, static_cast<int32_t>(k), static_cast<int32_t>(chars.size() - k)});
       }
     }
@@ -546,7 +551,7 @@ absl::StatusOr<std::unique_ptr<Tokenizer::Impl>> BuildImpl(TokenizerSpec spec) {
     return absl::InvalidArgumentError(
         "tokenizer: a SentencePiece-style BPE (\"llama\") needs merges or scores");
   } else {
-    merge_pairs = MergesFromScores(spec);
+    SG_ASSIGN_OR_RETURN(merge_pairs, MergesFromScores(spec));
   }
   impl->merges.reserve(merge_pairs.size());
   for (size_t r = 0; r < merge_pairs.size(); ++r) {

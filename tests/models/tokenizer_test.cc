@@ -485,6 +485,37 @@ TEST(TokenizerSpec, RefusesInconsistentSpecs) {
   ExpectRefused(s, "needs merges or scores");
 }
 
+// A "llama" vocabulary without merges whose scores imply more merges than any real one: every
+// string of a and b up to 18 long (~524k tokens) splits into ~8M pairs of vocabulary tokens.
+// Refused while they are being counted, before that many are kept.
+TEST(TokenizerSpec, RefusesScoresImplyingTooManyMerges) {
+  TokenizerSpec s;
+  s.model = "llama";
+  s.add_space_prefix = false;  // the vocabulary has no ▁
+  std::vector<std::string> level = {""};
+  for (int len = 1; len <= 18; ++len) {
+    std::vector<std::string> next;
+    for (const std::string& t : level) {
+      for (const char c : {'a', 'b'}) {
+        next.push_back(t + c);
+        s.tokens.push_back(next.back());
+        s.scores.push_back(-static_cast<float>(s.tokens.size()));
+      }
+    }
+    level = std::move(next);
+  }
+  ExpectRefused(s, "the scores imply more than");
+  s.tokens.resize(510);  // up to 8 long, ~3.6k merges: accepted
+  s.scores.resize(510);
+  auto tok = Tokenizer::Create(s);
+  ASSERT_TRUE(tok.ok()) << tok.status();
+  auto ids = (*tok)->Encode("abbabaabbab", {.add_special = false});
+  ASSERT_TRUE(ids.ok()) << ids.status();
+  auto text = (*tok)->Decode(*ids);
+  ASSERT_TRUE(text.ok()) << text.status();
+  EXPECT_EQ(*text, "abbabaabbab");
+}
+
 // ---- tokenizer.json files ------------------------------------------------------------------
 
 class TempDir {
