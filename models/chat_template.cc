@@ -1,6 +1,7 @@
 // Recognising a chat template's family and rendering one user turn; see chat_template.h.
 #include "models/chat_template.h"
 
+#include <ctime>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -116,10 +117,54 @@ bool StripsContent(absl::string_view t) {
   return false;
 }
 
+// "26 Jul 2024" from `set date_string = "26 Jul 2024"`, or empty.
+std::string DefaultDate(absl::string_view t) {
+  const size_t at = t.find("set date_string = ");
+  if (at == absl::string_view::npos) return "";
+  size_t k = at + 18;
+  if (k >= t.size() || (t[k] != '"' && t[k] != '\'')) return "";
+  const size_t end = t.find(t[k], k + 1);
+  return end == absl::string_view::npos ? "" : std::string(t.substr(k + 1, end - k - 1));
+}
+
+// Today's local date as transformers' strftime_now("%d %b %Y") writes it (datetime.now()).
+std::string Today() {
+  const std::time_t now = std::time(nullptr);
+  std::tm local{};
+  char buffer[32];
+  if (localtime_r(&now, &local) == nullptr || std::strftime(buffer, sizeof(buffer), "%d %b %Y", &local) == 0) {
+    return "";
+  }
+  return buffer;
+}
+
+// The system turn of a Llama 3.1-style template for a conversation without system message
+// or tools: the header, the knowledge cutoff line, the date, and nothing else.
+absl::StatusOr<std::string> DatedSystemTurn(absl::string_view t, const std::vector<std::string>& literals,
+                                            absl::string_view date_string) {
+  std::string knowledge;
+  for (const std::string& l : literals) {
+    if (absl::StartsWith(l, "Cutting Knowledge Date:")) knowledge = l;
+  }
+  if (knowledge.empty() || !absl::StrContains(t, R"("Today Date: " + date_string + "\n\n")") ||
+      !absl::StrContains(t, R"("<|start_header_id|>system<|end_header_id|>\n\n")")) {
+    return absl::InvalidArgumentError(
+        "chat template: a Llama 3 template with a dated system turn in an unknown layout");
+  }
+  std::string date(date_string);
+  if (date.empty()) date = absl::StrContains(t, "strftime_now") ? Today() : DefaultDate(t);
+  if (date.empty()) {
+    return absl::InvalidArgumentError("chat template: the template writes a date but none is known");
+  }
+  return absl::StrCat("<|start_header_id|>system<|end_header_id|>\n\n", knowledge, "Today Date: ", date,
+                      "\n\n<|eot_id|>");
+}
+
 }  // namespace
 
 absl::StatusOr<ChatTemplate> ChatTemplate::Create(absl::string_view text, absl::string_view bos_token,
-                                                  absl::string_view eos_token) {
+                                                  absl::string_view eos_token,
+                                                  absl::string_view date_string) {
   if (text.empty()) return absl::InvalidArgumentError("the model has no chat template");
   if (text.size() > kMaxTemplateBytes) {
     return absl::InvalidArgumentError(absl::StrCat("chat template of ", text.size(),
@@ -149,13 +194,14 @@ absl::StatusOr<ChatTemplate> ChatTemplate::Create(absl::string_view text, absl::
     ct.suffix_ = "<|im_end|>\n<|im_start|>assistant\n";
     ct.end_of_turn_ = "<|im_end|>";
   } else if (any_literal("<|start_header_id|>")) {
-    if (absl::StrContains(text, "Cutting Knowledge Date")) {
-      return absl::InvalidArgumentError(
-          "chat template: Llama 3.1-style templates write a dated system turn, which is not "
-          "supported; only the Llama 3 template is");
-    }
     ct.family_ = ChatFamily::kLlama3;
-    ct.prefix_ = absl::StrCat(bos, "<|start_header_id|>user<|end_header_id|>\n\n");
+    ct.prefix_ = bos;
+    if (absl::StrContains(text, "Cutting Knowledge Date")) {
+      // Llama 3.1 and later always write a system turn: the knowledge cutoff and a date.
+      SG_ASSIGN_OR_RETURN(std::string system, DatedSystemTurn(text, literals, date_string));
+      absl::StrAppend(&ct.prefix_, system);
+    }
+    absl::StrAppend(&ct.prefix_, "<|start_header_id|>user<|end_header_id|>\n\n");
     ct.suffix_ = "<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n";
     ct.trim_user_ = true;  // the Llama 3 template writes `message['content'] | trim`
     if (!StripsContent(text)) {
@@ -209,10 +255,11 @@ absl::StatusOr<ChatTemplate> ChatTemplate::Create(absl::string_view text, absl::
   return ct;
 }
 
-absl::StatusOr<ChatTemplate> ChatTemplate::ForTokenizer(const Tokenizer& tokenizer) {
+absl::StatusOr<ChatTemplate> ChatTemplate::ForTokenizer(const Tokenizer& tokenizer,
+                                                        absl::string_view date_string) {
   const TokenizerSpec& spec = tokenizer.spec();
   auto name = [&](int32_t id) { return id >= 0 ? spec.tokens[id] : std::string(); };
-  return Create(spec.chat_template, name(spec.bos_id), name(spec.eos_id));
+  return Create(spec.chat_template, name(spec.bos_id), name(spec.eos_id), date_string);
 }
 
 std::string ChatTemplate::RenderUserTurn(absl::string_view user_text) const {

@@ -1,9 +1,10 @@
 // Chat templates: the model's own wrapping of a user turn, from `tokenizer.chat_template`.
 // Templates are Jinja programs; instead of running Jinja, stepgraph recognises the common
-// families (ChatML as in SmolLM2 and Qwen, Llama 3, Llama 2 / Mistral [INST]), reads from the
-// template's string literals the parts that vary within a family (a default system prompt,
-// the spacing around [INST]), and renders one user turn with the generation prompt exactly as
-// transformers' apply_chat_template(..., add_generation_prompt=True, tokenize=False) does.
+// families (ChatML as in SmolLM2 and Qwen, Llama 3 / 3.1 / 3.2, Llama 2 / Mistral [INST]),
+// reads from the template's string literals the parts that vary within a family (a default
+// system prompt, the spacing around [INST], Llama 3.1's dated system turn), and renders one
+// user turn with the generation prompt exactly as transformers'
+// apply_chat_template(..., add_generation_prompt=True, tokenize=False) does.
 // Anything else is refused with a message, never rendered approximately.
 #ifndef STEPGRAPH_MODELS_CHAT_TEMPLATE_H_
 #define STEPGRAPH_MODELS_CHAT_TEMPLATE_H_
@@ -21,12 +22,17 @@ enum class ChatFamily { kChatMl, kLlama3, kInst };
 class ChatTemplate {
  public:
   // `bos_token` and `eos_token` are the strings the template writes for bos_token and
-  // eos_token (empty when the tokenizer has none).
+  // eos_token (empty when the tokenizer has none). `date_string` is the date that Llama 3.1
+  // and later templates write in their system turn ("02 Jan 2025"); empty: the template's
+  // own default, which for templates that read the clock (strftime_now) is today's local
+  // date, taken here once.
   static absl::StatusOr<ChatTemplate> Create(absl::string_view template_text,
                                              absl::string_view bos_token,
-                                             absl::string_view eos_token);
+                                             absl::string_view eos_token,
+                                             absl::string_view date_string = "");
   // From the tokenizer's spec.chat_template and its bos / eos tokens.
-  static absl::StatusOr<ChatTemplate> ForTokenizer(const Tokenizer& tokenizer);
+  static absl::StatusOr<ChatTemplate> ForTokenizer(const Tokenizer& tokenizer,
+                                                   absl::string_view date_string = "");
 
   // One user turn and the generation prompt. The text carries its own special tokens (bos
   // included where the template writes it): encode it with EncodeOptions{.add_special =
