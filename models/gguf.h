@@ -148,6 +148,7 @@ class GgufFile {
 
  private:
   friend class GgufParser;
+  friend class GgufModel;  // holds one, filled after its checks
   GgufFile() = default;
 
   // Adds source_ to a value's error.
