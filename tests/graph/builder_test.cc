@@ -269,6 +269,20 @@ TEST(BuilderTest, InvalidShapesAndEmptyNames) {
   }
 }
 
+// A dtype value past the enum (a cast, or a caller through the C ABI) is refused at
+// declaration; it used to pass as "quantized" and divide by a block size of 0.
+TEST(BuilderTest, UnknownDTypeIsRefused) {
+  for (int value : {kNumDTypes, kNumDTypes + 1, 255}) {
+    GraphBuilder b;
+    const DType bad = static_cast<DType>(value);
+    EXPECT_FALSE(IsValidDType(bad));
+    EXPECT_FALSE(IsQuantized(bad));
+    EXPECT_FALSE(b.Weight("w", bad, {2, 64}).valid());
+    EXPECT_TRUE(BuildFails(b, absl::StatusCode::kInvalidArgument, {"'w'", "unknown dtype"}));
+  }
+  EXPECT_TRUE(IsValidDType(DType::kQ6_K));
+}
+
 // Shapes whose element count overflows int64 (or passes the 2^48 bound) are refused at
 // declaration, naming the tensor: a wrapped product would make a huge weight "need" a few
 // bytes and let every later size check pass.
