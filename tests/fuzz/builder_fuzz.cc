@@ -5,6 +5,8 @@
 // overflow, leak or hang.
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <string>
@@ -79,19 +81,67 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   for (int step = 0; step < 64 && !in.empty(); ++step) {
     const uint8_t op = in.Byte() % 22;
     sg::TensorId out;
+    // Every read is its own statement: the order in which a call's arguments are
+    // evaluated differs between compilers, and a corpus input must replay the same
+    // calls under GCC as under the clang that found it.
+    const auto decl = [&](sg::TensorId (sg::GraphBuilder::*declare)(absl::string_view,
+                                                                     sg::DType, sg::Shape)) {
+      const std::string name = ReadName(in);
+      const sg::DType dtype = ReadDType(in);
+      const sg::Shape shape = ReadShape(in);
+      return (b.*declare)(name, dtype, shape);
+    };
     switch (op) {
-      case 0: out = b.Input(ReadName(in), ReadDType(in), ReadShape(in)); break;
-      case 1: out = b.Weight(ReadName(in), ReadDType(in), ReadShape(in)); break;
-      case 2: out = b.State(ReadName(in), ReadDType(in), ReadShape(in)); break;
-      case 3: out = b.Embedding(pick(), pick(), ReadName(in)); break;
-      case 4: out = b.Embedding(pick(), pick(), ReadDType(in), ReadName(in)); break;
-      case 5: out = b.MatMul(pick(), pick(), ReadName(in)); break;
-      case 6: out = b.MatMul(pick(), pick(), pick(), ReadName(in)); break;
-      case 7: out = b.RmsNorm(pick(), pick(), in.Float(), ReadName(in)); break;
-      case 8: out = b.Add(pick(), pick(), ReadName(in)); break;
-      case 9: out = b.Mul(pick(), pick(), ReadName(in)); break;
-      case 10: out = b.Silu(pick(), ReadName(in)); break;
-      case 11: out = b.SiluMul(pick(), pick(), ReadName(in)); break;
+      case 0: out = decl(&sg::GraphBuilder::Input); break;
+      case 1: out = decl(&sg::GraphBuilder::Weight); break;
+      case 2: out = decl(&sg::GraphBuilder::State); break;
+      case 3: {
+        const sg::TensorId t = pick(), ids_in = pick();
+        out = b.Embedding(t, ids_in, ReadName(in));
+        break;
+      }
+      case 4: {
+        const sg::TensorId t = pick(), ids_in = pick();
+        const sg::DType dtype = ReadDType(in);
+        out = b.Embedding(t, ids_in, dtype, ReadName(in));
+        break;
+      }
+      case 5: {
+        const sg::TensorId x = pick(), w = pick();
+        out = b.MatMul(x, w, ReadName(in));
+        break;
+      }
+      case 6: {
+        const sg::TensorId x = pick(), w = pick(), bias = pick();
+        out = b.MatMul(x, w, bias, ReadName(in));
+        break;
+      }
+      case 7: {
+        const sg::TensorId x = pick(), w = pick();
+        const float eps = in.Float();
+        out = b.RmsNorm(x, w, eps, ReadName(in));
+        break;
+      }
+      case 8: {
+        const sg::TensorId x = pick(), y = pick();
+        out = b.Add(x, y, ReadName(in));
+        break;
+      }
+      case 9: {
+        const sg::TensorId x = pick(), y = pick();
+        out = b.Mul(x, y, ReadName(in));
+        break;
+      }
+      case 10: {
+        const sg::TensorId x = pick();
+        out = b.Silu(x, ReadName(in));
+        break;
+      }
+      case 11: {
+        const sg::TensorId x = pick(), y = pick();
+        out = b.SiluMul(x, y, ReadName(in));
+        break;
+      }
       case 12: {
         sg::ops::Rope r;
         r.head_dim = static_cast<int32_t>(in.U32());
@@ -108,15 +158,32 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         out = b.Rope(x, pos, r, ReadName(in));
         break;
       }
-      case 13: out = b.KvWrite(pick(), pick(), pick(), ReadName(in)); break;
-      case 14: out = b.Attention(pick(), pick(), pick(), pick(), ReadName(in)); break;
-      case 15: {
-        const sg::TensorId q = pick(), k = pick(), v = pick(), pos = pick();
-        out = b.Attention(q, k, v, pos, in.Float(), ReadName(in));
+      case 13: {
+        const sg::TensorId cache = pick(), v = pick(), pos = pick();
+        out = b.KvWrite(cache, v, pos, ReadName(in));
         break;
       }
-      case 16: out = b.Softmax(pick(), ReadName(in)); break;
-      case 17: out = b.Argmax(pick(), ReadName(in)); break;
+      case 14: {
+        const sg::TensorId q = pick(), k = pick(), v = pick(), pos = pick();
+        out = b.Attention(q, k, v, pos, ReadName(in));
+        break;
+      }
+      case 15: {
+        const sg::TensorId q = pick(), k = pick(), v = pick(), pos = pick();
+        const float scale = in.Float();
+        out = b.Attention(q, k, v, pos, scale, ReadName(in));
+        break;
+      }
+      case 16: {
+        const sg::TensorId x = pick();
+        out = b.Softmax(x, ReadName(in));
+        break;
+      }
+      case 17: {
+        const sg::TensorId x = pick();
+        out = b.Argmax(x, ReadName(in));
+        break;
+      }
       case 18: {
         sg::ops::Sample s;
         s.temperature = in.Float();
@@ -126,15 +193,31 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         out = b.Sample(logits, seeds, pos, s, ReadName(in));
         break;
       }
-      case 19: out = b.Copy(pick(), pick(), ReadName(in)); break;
-      case 20: out = b.Advance(pick(), ReadName(in)); break;
-      default: b.Output(ReadName(in), pick()); continue;
+      case 19: {
+        const sg::TensorId src = pick(), dst = pick();
+        out = b.Copy(src, dst, ReadName(in));
+        break;
+      }
+      case 20: {
+        const sg::TensorId x = pick();
+        out = b.Advance(x, ReadName(in));
+        break;
+      }
+      default: {
+        const std::string name = ReadName(in);
+        b.Output(name, pick());
+        continue;
+      }
     }
     ids.push_back(out);
   }
   absl::StatusOr<sg::Graph> graph = std::move(b).Build();
   if (!graph.ok()) return 0;
-  if (!graph->Validate().ok()) __builtin_trap();  // Build promises a valid graph
+  if (const absl::Status valid = graph->Validate(); !valid.ok()) {
+    // Build promises a valid graph.
+    std::fprintf(stderr, "built graph fails Validate: %s\n", valid.ToString().c_str());
+    std::abort();
+  }
   (void)graph->ToString();
   (void)graph->ToDot();
   absl::StatusOr<sg::ExecutionPlan> plan = sg::ExecutionPlan::Create(*std::move(graph));

@@ -311,6 +311,18 @@ TEST(BuilderTest, ShapesThatOverflowAreRefused) {
   EXPECT_EQ(TensorBytes(DType::kF32, Shape{(int64_t{1} << 62) + 1, 1}), -1);
 }
 
+// Valid inputs whose output is past the bound: MatMul of [2^31, 8] by [2^31, 8] would be
+// [2^31, 2^31]. The builder used to make that tensor, and Build's graph failed Validate.
+TEST(BuilderTest, OutputShapePastTheBoundIsRefused) {
+  GraphBuilder b;
+  const int64_t big = int64_t{1} << 31;
+  TensorId x = b.Input("x", DType::kF32, {big, 8});
+  TensorId w = b.Weight("w", DType::kF32, {big, 8});
+  ASSERT_TRUE(x.valid() && w.valid());
+  EXPECT_FALSE(b.MatMul(x, w, "mm").valid());
+  EXPECT_TRUE(BuildFails(b, absl::StatusCode::kInvalidArgument, {"'mm'", "output shape", "2^48"}));
+}
+
 // A quantized dtype is a rank-2 Weight of whole blocks, read by MatMul (as w) or Embedding
 // (as the table); anywhere else the builder says so.
 TEST(BuilderTest, QuantizedDTypesOnlyForMatMulAndEmbeddingWeights) {
