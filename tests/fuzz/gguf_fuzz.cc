@@ -1,12 +1,15 @@
 // libFuzzer harness: any bytes as a GGUF file. The reader must give views inside the
 // input or an error; every typed read of every value must answer; and a file that parses
-// goes on through the Llama model checks. Never crash, leak or hang.
+// goes on through the Llama model checks, the graph and the weight bindings. Never crash,
+// leak or hang.
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
 
 #include "models/gguf.h"
 #include "models/gguf_model.h"
+#include "models/llama.h"
+#include "stepgraph/executor.h"
 
 namespace {
 
@@ -47,6 +50,17 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (static_cast<int64_t>(t.data.size()) != sg::TensorBytes(t.dtype, t.shape)) std::abort();
     if (file->FindTensor(t.name) != &t) std::abort();
   }
-  (void)sg::GgufModel::FromFile(*std::move(file));
+  absl::StatusOr<sg::GgufModel> model = sg::GgufModel::FromFile(*std::move(file));
+  if (!model.ok()) return 0;
+  // A model that passes has every weight inside the file, so the graph it implies is
+  // bounded by the input; a short cache keeps its states small. Binding checks each
+  // weight against the graph (a quantized one is refused by this f32 graph).
+  if (model->weight_bytes() > static_cast<int64_t>(size)) std::abort();
+  sg::LlamaGraphOptions options;
+  options.max_seq = 4;
+  absl::StatusOr<sg::Graph> graph = sg::BuildLlamaDecodeGraph(model->config(), options);
+  if (!graph.ok()) return 0;
+  sg::Bindings bindings(*graph);
+  (void)sg::BindGgufWeights(*model, *graph, bindings);
   return 0;
 }
