@@ -133,6 +133,7 @@ absl::StatusOr<Graph> BuildLlamaDecodeGraph(const LlamaConfig& c,
   rope.head_dim = static_cast<int32_t>(d);
   rope.theta = c.rope_theta;
   rope.scaling = c.rope_scaling;
+  rope.interleaved = c.rope_interleaved;
 
   // y = x·Wᵀ (+ bias) with the HF names "<prefix>.weight" and "<prefix>.bias".
   auto linear = [&](TensorId in, const std::string& prefix, int64_t out, int64_t k,

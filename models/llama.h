@@ -26,6 +26,8 @@ struct LlamaConfig {
   float rms_norm_eps = 1e-6f;
   float rope_theta = 10000.0f;
   ops::RopeScaling rope_scaling;
+  // RoPE pairs (2i, 2i+1) instead of (i, i + d/2): GGUF files store Q and K permuted so.
+  bool rope_interleaved = false;
   int64_t vocab_size = 0;
   int64_t max_position_embeddings = 0;
   bool tie_word_embeddings = false;
