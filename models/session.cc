@@ -109,10 +109,11 @@ absl::StatusOr<std::unique_ptr<DecodeSession>> DecodeSession::Create(
 absl::Status DecodeSession::Init(const SessionOptions& options) {
   weight_seed_ = options.weight_seed;
   weight_threads_ = options.weight_threads;
-  if (!options.model_dir.empty()) {
-    SG_ASSIGN_OR_RETURN(ModelWeights weights, ModelWeights::Open(options.model_dir));
-    mapped_.emplace(std::move(weights));
-    config_ = mapped_->config();
+  if (!options.model_path.empty()) {
+    SG_ASSIGN_OR_RETURN(ModelFiles model, ModelFiles::Open(options.model_path));
+    model_.emplace(std::move(model));
+    config_ = model_->config();
+    stop_ids_ = model_->stop_ids();
   } else {
     SG_RETURN_IF_ERROR(options.config.Validate());
     config_ = options.config;
@@ -159,7 +160,7 @@ absl::Status DecodeSession::Init(const SessionOptions& options) {
     graphs.push_back(std::move(graph));
   }
   const Graph& largest = graphs.back();
-  if (mapped_.has_value()) SG_RETURN_IF_ERROR(CheckWeightsAgainstGraph(*mapped_, largest));
+  if (model_.has_value()) SG_RETURN_IF_ERROR(model_->CheckAgainstGraph(largest));
 
   RunnerOptions ro;
   ro.device = backend == Backend::kCuda ? DeviceKind::kCuda : DeviceKind::kCpu;
@@ -225,26 +226,28 @@ absl::Status DecodeSession::Init(const SessionOptions& options) {
 absl::Status DecodeSession::SetUpWeights(const Graph& largest, StepRunner::Binder* bind) {
   const BufferLayout layout = LayoutBuffers(largest, TensorKind::kWeight);
   weight_bytes_ = layout.total_bytes;
-  if (mapped_.has_value() && runner_->device() == DeviceKind::kCpu) {
+  if (model_.has_value() && runner_->device() == DeviceKind::kCpu) {
     // The CPU reads the mapped files in place.
-    const ModelWeights* weights = &*mapped_;
-    *bind = [weights](const Graph& g, Bindings& b) { return BindMappedWeights(*weights, g, b); };
+    const ModelFiles* model = &*model_;
+    *bind = [model](const Graph& g, Bindings& b) { return model->BindInPlace(g, b); };
     return absl::OkStatus();
   }
   SG_ASSIGN_OR_RETURN(void* device_weights, runner_->Allocate(layout.total_bytes, "the weights"));
   auto* base = static_cast<std::byte*>(device_weights);
-  if (mapped_.has_value()) {
+  if (model_.has_value()) {
     for (const BufferLayout::Entry& e : layout.entries) {
-      const ModelWeights::Entry found = mapped_->Find(e.name);
-      if (found.tensor == nullptr) {
-        return absl::NotFoundError(
-            absl::StrCat("weight '", e.name, "' is not in ", mapped_->dir()));
+      SG_ASSIGN_OR_RETURN(absl::Span<const std::byte> data, model_->WeightData(e.name));
+      if (static_cast<int64_t>(data.size()) != e.bytes) {
+        return absl::InvalidArgumentError(absl::StrCat("weight '", e.name, "' holds ",
+                                                       data.size(), " bytes in ",
+                                                       model_->path(), ", the graph needs ",
+                                                       e.bytes));
       }
-      SG_RETURN_IF_ERROR(runner_->Copy(base + e.offset, found.tensor->data.data(), e.bytes));
+      SG_RETURN_IF_ERROR(runner_->Copy(base + e.offset, data.data(), e.bytes));
     }
     // The mapping may be dropped only after the copies read it.
     SG_RETURN_IF_ERROR(runner_->Sync());
-    mapped_.reset();
+    model_.reset();
   } else if (runner_->device() == DeviceKind::kCpu) {
     SG_RETURN_IF_ERROR(FillRandomWeights(largest, layout, weight_seed_,
                                          {base, static_cast<size_t>(layout.total_bytes)},

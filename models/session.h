@@ -29,7 +29,7 @@
 #include "absl/types/span.h"
 #include "models/llama.h"
 #include "models/random_weights.h"
-#include "models/safetensors.h"
+#include "models/model_files.h"
 #include "stepgraph/plan.h"
 #include "stepgraph/step_runner.h"
 
@@ -43,10 +43,10 @@ enum class Backend : uint8_t {
 absl::string_view BackendName(Backend b);  // "auto", "cpu", "cuda"
 
 struct SessionOptions {
-  // The model: a Hugging Face folder (config.json + safetensors, see ModelWeights::Open),
-  // or, when `model_dir` is empty, `config` with weights drawn from `weight_seed`
-  // (RandomWeights).
-  std::string model_dir;
+  // The model: a Hugging Face folder (config.json + safetensors) or a GGUF file (see
+  // ModelFiles::Open), or, when `model_path` is empty, `config` with weights drawn from
+  // `weight_seed` (RandomWeights).
+  std::string model_path;
   LlamaConfig config = TinyLlamaConfig();
   uint64_t weight_seed = 0;
   // Threads that fill random weights (0: one per core).
@@ -98,6 +98,10 @@ class DecodeSession {
   Backend backend() const { return backend_; }
   std::string Describe() const;
   const LlamaConfig& config() const { return config_; }
+  // The ids that end a sequence, as the model files state them (ModelFiles::stop_ids);
+  // empty for random weights. The session never stops by itself: callers that want text
+  // stop at these.
+  const std::vector<int32_t>& stop_ids() const { return stop_ids_; }
   int64_t max_slots() const { return buckets_.back(); }
   int64_t max_seq() const { return max_seq_; }
   const std::vector<int64_t>& buckets() const { return buckets_; }
@@ -189,8 +193,10 @@ class DecodeSession {
   uint64_t weight_seed_ = 0;
   int weight_threads_ = 0;
 
-  // Host weights the CPU binds in place (a mapped folder); the GPU copies them.
-  std::optional<ModelWeights> mapped_;
+  // Host weights the CPU binds in place (a mapped folder or file); the GPU copies them,
+  // then drops the mapping.
+  std::optional<ModelFiles> model_;
+  std::vector<int32_t> stop_ids_;
   std::unique_ptr<StepRunner> runner_;
   BufferLayout kv_layout_;
   // On the runner's device: the step inputs (ids | pos | seeds of every row) and the

@@ -31,7 +31,11 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "models/config.h"
+#include "models/chat_template.h"
 #include "models/llama.h"
+#include "models/model_files.h"
+#include "models/model_tokenizer.h"
+#include "models/tokenizer.h"
 #include "models/session.h"
 #include "stepgraph/cuda_options.h"
 #include "stepgraph/step_runner.h"
@@ -45,8 +49,8 @@ constexpr int kExitOk = 0;
 constexpr int kExitRuntime = 1;
 constexpr int kExitUsage = 2;
 
-enum Command : unsigned { kRun = 1, kGraph = 2, kBench = 4 };
-constexpr unsigned kAll = kRun | kGraph | kBench;
+enum Command : unsigned { kRun = 1, kGraph = 2, kBench = 4, kTokenize = 8 };
+constexpr unsigned kAll = kRun | kGraph | kBench | kTokenize;
 
 const char* CommandName(Command c) {
   switch (c) {
@@ -56,6 +60,8 @@ const char* CommandName(Command c) {
       return "graph";
     case kBench:
       return "bench";
+    case kTokenize:
+      return "tokenize";
   }
   return "run";
 }
@@ -63,7 +69,7 @@ const char* CommandName(Command c) {
 struct Args {
   Command command = kRun;
   bool help = false;
-  std::string model_dir;
+  std::string model;  // a folder or a GGUF file; empty: the preset
   std::string preset = "tiny";
   uint64_t weight_seed = 0;
   bool cpu = false;
@@ -72,6 +78,13 @@ struct Args {
   int64_t max_seq = 0;
   // run
   std::vector<int32_t> prompt = {1, 2, 3, 4, 5, 6, 7, 8};
+  bool prompt_ids_given = false;
+  std::optional<std::string> prompt_text;  // --prompt: encoded with the model's tokenizer
+  bool chat = false;
+  bool ignore_eos = false;
+  // tokenize
+  std::optional<std::string> text;
+  std::optional<std::vector<int32_t>> decode;
   int64_t max_new_tokens = 32;
   int64_t batch = 1;
   float temperature = 0.0f;
@@ -87,7 +100,7 @@ struct Args {
 };
 
 constexpr char kOverview[] =
-    R"(usage: stepgraph [run|graph|bench] [options]
+    R"(usage: stepgraph [run|graph|bench|tokenize] [options]
 
 Runs a Llama model's decode step as a graph of kernels, captured once as a CUDA graph
 and replayed. With no --model a small built-in model (random weights) is used, so every
@@ -97,13 +110,15 @@ commands:
   run      generate tokens from a prompt (the default command)
   graph    print the decode step's graph summary; write it as Graphviz DOT
   bench    decode speed: ms/token eager vs replayed, and vs the memory-bandwidth floor
+  tokenize the ids of a text with the model's tokenizer, or the text of ids
 
 'stepgraph <command> --help' lists the command's options.
 )";
 
 constexpr char kModelOptions[] =
     R"(model options:
-  --model DIR            a Hugging Face Llama folder (config.json + *.safetensors)
+  --model PATH           a Hugging Face Llama folder (config.json + *.safetensors) or a
+                         GGUF file (float or quantized weights)
   --model-preset NAME    random weights in a known shape: tiny (default), llama-3.2-1b
   --weight-seed S        seed of the random weights (default 0)
   --cpu                  run on the CPU reference even where a GPU is available
@@ -120,10 +135,15 @@ constexpr char kModelOptions[] =
 constexpr char kRunHelp[] =
     R"(usage: stepgraph run [options]
 
-Feeds the prompt, generates tokens, prints their ids and the decode speed in ms/token
-and tokens/s (on a GPU of the replayed step, or with --eager of launches per node).
+Feeds the prompt, generates tokens, prints them (text as it is generated for --prompt,
+ids for --prompt-ids) and the decode speed in ms/token and tokens/s (on a GPU of the
+replayed step, or with --eager of launches per node). With --prompt, generation stops
+at the model's end-of-sequence (or, with --chat, end-of-turn) token.
 
 run options:
+  --prompt TEXT          the prompt as text (needs a model with a tokenizer)
+  --chat                 wrap --prompt as one user turn in the model's chat template
+  --ignore-eos           generate --max-new-tokens tokens even past end-of-sequence
   --prompt-ids 1,2,3     prompt token ids (default 1,2,3,4,5,6,7,8)
   --max-new-tokens N     tokens to generate per sequence (default 32)
   --batch B              decode B copies of the prompt together (default 1)
@@ -142,6 +162,18 @@ intermediates, weight and KV cache bytes. Needs no weights (only config.json).
 graph options:
   --batch B              rows (sequences) of the step (default 1)
   --dot FILE             write the graph as Graphviz DOT to FILE
+)";
+
+constexpr char kTokenizeHelp[] =
+    R"(usage: stepgraph tokenize --model PATH [--text TEXT | --decode 1,2,3]
+
+Prints the ids of the text on standard input (or of --text) as one line of comma-separated
+ids, with the tokenizer of the model (a folder's tokenizer.json or a GGUF file's
+metadata), special tokens added as the model adds them; --decode prints the text of ids.
+
+tokenize options:
+  --text TEXT            the text to encode instead of standard input
+  --decode 1,2,3         print the text of these ids
 )";
 
 constexpr char kBenchHelp[] =
@@ -174,6 +206,9 @@ void PrintHelp(std::optional<Command> command) {
       break;
     case kBench:
       std::fputs(kBenchHelp, stdout);
+      break;
+    case kTokenize:
+      std::fputs(kTokenizeHelp, stdout);
       break;
   }
   std::fputs("\n", stdout);
@@ -234,16 +269,18 @@ constexpr FlagSpec kFlags[] = {
     {"--steps", true, kBench},        {"--positions", true, kBench},
     {"--profile", false, kBench},     {"--matmul", true, kAll},
     {"--no-pdl", false, kAll},
+    {"--prompt", true, kRun},         {"--chat", false, kRun},
+    {"--ignore-eos", false, kRun},    {"--text", true, kTokenize},
+    {"--decode", true, kTokenize},
 };
 
 absl::Status ApplyFlag(absl::string_view name, absl::string_view value, Args& a) {
   if (name == "--model") {
     std::error_code ec;
-    if (!std::filesystem::is_directory(std::string(value), ec)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--model: '", value, "' is not a directory"));
+    if (!std::filesystem::exists(std::string(value), ec)) {
+      return absl::InvalidArgumentError(absl::StrCat("--model: '", value, "' does not exist"));
     }
-    a.model_dir = std::string(value);
+    a.model = std::string(value);
   } else if (name == "--model-preset") {
     if (value != "tiny" && value != "llama-3.2-1b") {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -270,6 +307,19 @@ absl::Status ApplyFlag(absl::string_view name, absl::string_view value, Args& a)
   } else if (name == "--prompt-ids") {
     SG_ASSIGN_OR_RETURN(std::vector<int64_t> ids, ParseList(name, value, 0, INT32_MAX));
     a.prompt.assign(ids.begin(), ids.end());
+    a.prompt_ids_given = true;
+  } else if (name == "--prompt") {
+    if (value.empty()) return absl::InvalidArgumentError("--prompt: expected a text");
+    a.prompt_text = std::string(value);
+  } else if (name == "--chat") {
+    a.chat = true;
+  } else if (name == "--ignore-eos") {
+    a.ignore_eos = true;
+  } else if (name == "--text") {
+    a.text = std::string(value);
+  } else if (name == "--decode") {
+    SG_ASSIGN_OR_RETURN(std::vector<int64_t> ids, ParseList(name, value, 0, INT32_MAX));
+    a.decode = std::vector<int32_t>(ids.begin(), ids.end());
   } else if (name == "--max-new-tokens") {
     SG_ASSIGN_OR_RETURN(a.max_new_tokens, ParseInt(name, value, 0, INT32_MAX));
   } else if (name == "--batch") {
@@ -331,12 +381,14 @@ absl::StatusOr<Args> ParseArgs(int argc, char** argv, std::optional<Command>& na
       a.command = kGraph;
     } else if (word == "bench") {
       a.command = kBench;
+    } else if (word == "tokenize") {
+      a.command = kTokenize;
     } else if (word == "help") {
       a.help = true;
       return a;
     } else {
       return absl::InvalidArgumentError(
-          absl::StrCat("unknown command '", word, "' (commands: run, graph, bench)"));
+          absl::StrCat("unknown command '", word, "' (commands: run, graph, bench, tokenize)"));
     }
     ++i;
   }
@@ -374,8 +426,17 @@ absl::StatusOr<Args> ParseArgs(int argc, char** argv, std::optional<Command>& na
     }
     SG_RETURN_IF_ERROR(ApplyFlag(arg, value, a));
   }
-  if (!a.model_dir.empty() && a.preset != "tiny") {
+  if (!a.model.empty() && a.preset != "tiny") {
     return absl::InvalidArgumentError("--model and --model-preset cannot be used together");
+  }
+  if (a.prompt_text.has_value() && a.prompt_ids_given) {
+    return absl::InvalidArgumentError("--prompt and --prompt-ids cannot be used together");
+  }
+  if (a.chat && !a.prompt_text.has_value()) {
+    return absl::InvalidArgumentError("--chat wraps a text prompt: give --prompt");
+  }
+  if (a.text.has_value() && a.decode.has_value()) {
+    return absl::InvalidArgumentError("--text and --decode cannot be used together");
   }
   return a;
 }
@@ -396,12 +457,12 @@ int RuntimeFailure(const absl::Status& status) {
 
 // The model's config without loading any weight.
 absl::StatusOr<LlamaConfig> ModelConfig(const Args& a) {
-  if (!a.model_dir.empty()) return LoadLlamaConfig(a.model_dir + "/config.json");
+  if (!a.model.empty()) return ModelFiles::ReadConfig(a.model);
   return a.preset == "llama-3.2-1b" ? Llama32_1BConfig() : TinyLlamaConfig();
 }
 
 std::string ModelName(const Args& a) {
-  if (!a.model_dir.empty()) return a.model_dir;
+  if (!a.model.empty()) return a.model;
   return absl::StrCat(a.preset, " (random weights, seed ", a.weight_seed, ")");
 }
 
@@ -457,8 +518,8 @@ absl::StatusOr<std::unique_ptr<DecodeSession>> MakeSession(const Args& a, int64_
                                                            std::optional<ops::Sample> sampling,
                                                            bool eager) {
   SessionOptions o;
-  o.model_dir = a.model_dir;
-  if (a.model_dir.empty()) {
+  o.model_path = a.model;
+  if (a.model.empty()) {
     o.config = a.preset == "llama-3.2-1b" ? Llama32_1BConfig() : TinyLlamaConfig();
   }
   o.weight_seed = a.weight_seed;
@@ -478,24 +539,6 @@ absl::StatusOr<std::unique_ptr<DecodeSession>> MakeSession(const Args& a, int64_
   return session;
 }
 
-// Generates `n` ids in every live slot, in chunks so that progress can be shown; the
-// session waits for the device once per chunk.
-absl::StatusOr<std::vector<std::vector<int32_t>>> GenerateWithProgress(DecodeSession& s,
-                                                                       int64_t n) {
-  std::vector<std::vector<int32_t>> out(s.max_slots());
-  const int64_t chunk = s.backend() == Backend::kCpu ? 1 : 64;
-  Progress progress("generated", n);
-  for (int64_t done = 0; done < n;) {
-    const int64_t k = std::min(chunk, n - done);
-    SG_ASSIGN_OR_RETURN(std::vector<std::vector<int32_t>> ids, s.Generate(k));
-    for (size_t i = 0; i < ids.size(); ++i) out[i].insert(out[i].end(), ids[i].begin(), ids[i].end());
-    done += k;
-    progress.Update(done);
-  }
-  progress.Done();
-  return out;
-}
-
 absl::Status PrefillAll(DecodeSession& s, const std::vector<int32_t>& prompt, int64_t batch,
                         int32_t seed) {
   for (int64_t b = 0; b < batch; ++b) {
@@ -507,19 +550,66 @@ absl::Status PrefillAll(DecodeSession& s, const std::vector<int32_t>& prompt, in
   return absl::OkStatus();
 }
 
+// The model's tokenizer for --prompt and tokenize; a clear error when there is none.
+absl::StatusOr<std::unique_ptr<Tokenizer>> ModelTokenizer(const Args& a, absl::string_view flag) {
+  if (a.model.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        flag, " needs a model with a tokenizer (--model FOLDER or FILE.gguf); the built-in ",
+        "model has none: give --prompt-ids instead"));
+  }
+  absl::StatusOr<std::unique_ptr<Tokenizer>> tok = LoadModelTokenizer(a.model);
+  if (!tok.ok()) {
+    return absl::Status(tok.status().code(),
+                        absl::StrCat(flag, ": ", tok.status().message()));
+  }
+  return tok;
+}
+
+// What --prompt becomes: its ids and, for --chat, the end-of-turn id to stop at.
+struct TextPrompt {
+  std::unique_ptr<Tokenizer> tokenizer;
+  std::vector<int32_t> ids;
+  int32_t end_of_turn = -1;
+};
+
+absl::StatusOr<TextPrompt> EncodePrompt(const Args& a) {
+  TextPrompt p;
+  SG_ASSIGN_OR_RETURN(p.tokenizer, ModelTokenizer(a, "--prompt"));
+  if (a.chat) {
+    SG_ASSIGN_OR_RETURN(ChatTemplate chat, ChatTemplate::ForTokenizer(*p.tokenizer));
+    // The rendered turn carries its own special tokens.
+    SG_ASSIGN_OR_RETURN(p.ids, p.tokenizer->Encode(chat.RenderUserTurn(*a.prompt_text),
+                                                   {.add_special = false}));
+    if (!chat.end_of_turn().empty()) p.end_of_turn = p.tokenizer->TokenId(chat.end_of_turn());
+  } else {
+    SG_ASSIGN_OR_RETURN(p.ids, p.tokenizer->Encode(*a.prompt_text));
+  }
+  if (p.ids.empty()) return absl::InvalidArgumentError("--prompt: the text encodes to no ids");
+  return p;
+}
+
 int Run(const Args& a) {
   absl::StatusOr<LlamaConfig> config = ModelConfig(a);
   if (!config.ok()) return RuntimeFailure(config.status());
-  for (int32_t id : a.prompt) {
+  std::vector<int32_t> prompt = a.prompt;
+  std::optional<TextPrompt> text;
+  if (a.prompt_text.has_value()) {
+    absl::StatusOr<TextPrompt> encoded = EncodePrompt(a);
+    if (!encoded.ok()) return RuntimeFailure(encoded.status());
+    text = *std::move(encoded);
+    prompt = text->ids;
+  }
+  for (int32_t id : prompt) {
     if (id >= config->vocab_size) {
-      return UsageFailure(absl::StrCat("--prompt-ids: id ", id, " is outside the model's ",
-                                       "vocabulary [0, ", config->vocab_size, ")"),
+      return UsageFailure(absl::StrCat(text ? "--prompt: the tokenizer gave id " : "--prompt-ids: id ",
+                                       id, ", outside the model's vocabulary [0, ",
+                                       config->vocab_size, ")"),
                           kRun);
     }
   }
-  const int64_t need = static_cast<int64_t>(a.prompt.size()) + a.max_new_tokens;
+  const int64_t need = static_cast<int64_t>(prompt.size()) + a.max_new_tokens;
   if (a.max_seq == 0 && need > config->max_position_embeddings) {
-    return UsageFailure(absl::StrCat("the prompt (", a.prompt.size(), ") plus --max-new-tokens (",
+    return UsageFailure(absl::StrCat("the prompt (", prompt.size(), " ids) plus --max-new-tokens (",
                                      a.max_new_tokens, ") exceed the model's ",
                                      "max_position_embeddings (", config->max_position_embeddings,
                                      ")"),
@@ -533,40 +623,130 @@ int Run(const Args& a) {
   if (!made.ok()) return RuntimeFailure(made.status());
   DecodeSession& s = **made;
 
+  // Text generation ends at the model's end of sequence (and the chat's end of turn).
+  std::vector<int32_t> stop;
+  if (text.has_value() && !a.ignore_eos) {
+    stop = s.stop_ids();
+    if (text->end_of_turn >= 0) stop.push_back(text->end_of_turn);
+  }
+  auto is_stop = [&](int32_t id) { return std::find(stop.begin(), stop.end(), id) != stop.end(); };
+
   Clock::time_point t0 = Clock::now();
-  if (absl::Status st = PrefillAll(s, a.prompt, a.batch, a.seed); !st.ok()) {
+  if (absl::Status st = PrefillAll(s, prompt, a.batch, a.seed); !st.ok()) {
     return RuntimeFailure(st);
   }
   absl::StatusOr<std::vector<int32_t>> ready = s.Tokens(0);  // waits for the prefill
   if (!ready.ok()) return RuntimeFailure(ready.status());
   const double prefill_ms = MsSince(t0);
 
+  // Generation in chunks: the session waits for the device once per chunk, and the text
+  // of sequence 0 is printed as its chunk arrives.
   t0 = Clock::now();
-  absl::StatusOr<std::vector<std::vector<int32_t>>> ids = GenerateWithProgress(s, a.max_new_tokens);
-  if (!ids.ok()) return RuntimeFailure(ids.status());
+  std::vector<std::vector<int32_t>> ids(static_cast<size_t>(a.batch));
+  std::vector<bool> ended(static_cast<size_t>(a.batch), false);
+  std::optional<TokenStreamDecoder> stream;
+  if (text.has_value() && a.batch == 1) stream.emplace(*text->tokenizer, DecodeOptions{.skip_special = true});
+  const int64_t chunk = s.backend() == Backend::kCpu ? 1 : (stream.has_value() ? 8 : 64);
+  Progress progress("generated", a.max_new_tokens);
+  int64_t steps = 0;
+  while (steps < a.max_new_tokens) {
+    const int64_t k = std::min(chunk, a.max_new_tokens - steps);
+    absl::StatusOr<std::vector<std::vector<int32_t>>> got = s.Generate(k);
+    if (!got.ok()) return RuntimeFailure(got.status());
+    steps += k;
+    for (int64_t b = 0; b < a.batch; ++b) {
+      for (int32_t id : (*got)[b]) {
+        if (ended[b]) break;
+        if (is_stop(id)) {
+          ended[b] = true;
+          break;
+        }
+        ids[b].push_back(id);
+        if (b == 0 && stream.has_value()) {
+          absl::StatusOr<std::string> piece = stream->Push(id);
+          if (!piece.ok()) return RuntimeFailure(piece.status());
+          std::fputs(piece->c_str(), stdout);
+          std::fflush(stdout);
+        }
+      }
+    }
+    if (!stream.has_value()) progress.Update(steps);
+    if (!stop.empty() && std::all_of(ended.begin(), ended.end(), [](bool e) { return e; })) break;
+  }
+  if (!stream.has_value()) progress.Done();
   const double gen_ms = MsSince(t0);
 
-  for (int64_t b = 0; b < a.batch; ++b) {
-    if (a.batch == 1) {
-      std::printf("generated: %s\n", absl::StrJoin((*ids)[b], ",").c_str());
-    } else {
-      std::printf("sequence %lld: %s\n", static_cast<long long>(b),
-                  absl::StrJoin((*ids)[b], ",").c_str());
+  if (stream.has_value()) {
+    std::printf("%s\n", stream->Finish().c_str());
+  } else {
+    for (int64_t b = 0; b < a.batch; ++b) {
+      std::string shown = absl::StrJoin(ids[b], ",");
+      if (text.has_value()) {
+        absl::StatusOr<std::string> decoded = text->tokenizer->Decode(ids[b], {.skip_special = true});
+        if (!decoded.ok()) return RuntimeFailure(decoded.status());
+        shown = *decoded;
+      }
+      if (a.batch == 1) {
+        std::printf("generated: %s\n", shown.c_str());
+      } else {
+        std::printf("sequence %lld: %s\n", static_cast<long long>(b), shown.c_str());
+      }
     }
   }
-  const int64_t n = a.max_new_tokens;
+  const int64_t n = steps;
   const double ms_per_step = n > 0 ? gen_ms / static_cast<double>(n) : 0;
   const double tokens_per_s = gen_ms > 0 ? 1e3 * static_cast<double>(n * a.batch) / gen_ms : 0;
   const std::string prefill = absl::StrFormat("prefill %zu tokens x %lld in %.1f ms",
-                                              a.prompt.size(), static_cast<long long>(a.batch),
+                                              prompt.size(), static_cast<long long>(a.batch),
                                               prefill_ms);
+  // The timing goes to stderr when text is printed, so that stdout holds only the text.
+  FILE* timing_out = text.has_value() ? stderr : stdout;
   if (s.backend() == Backend::kCpu) {
-    std::printf("timing: %.3f ms/token on the CPU reference (%.1f tokens/s); %s\n", ms_per_step,
-                tokens_per_s, prefill.c_str());
+    std::fprintf(timing_out, "timing: %.3f ms/token on the CPU reference (%.1f tokens/s); %s\n",
+                 ms_per_step, tokens_per_s, prefill.c_str());
     return kExitOk;
   }
-  std::printf("timing: %s %.3f ms/token (%.1f tokens/s); %s\n",
-              s.eager() ? "eager" : "replayed", ms_per_step, tokens_per_s, prefill.c_str());
+  std::fprintf(timing_out, "timing: %s %.3f ms/token (%.1f tokens/s); %s\n",
+               s.eager() ? "eager" : "replayed", ms_per_step, tokens_per_s, prefill.c_str());
+  return kExitOk;
+}
+
+// Reads all of standard input (the text to tokenize).
+absl::StatusOr<std::string> ReadStdin() {
+  std::string text;
+  char buf[1 << 16];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof(buf), stdin)) > 0) {
+    if (text.size() + n > (size_t{64} << 20)) {
+      return absl::InvalidArgumentError("tokenize: standard input holds more than 64 MiB");
+    }
+    text.append(buf, n);
+  }
+  if (std::ferror(stdin)) return absl::DataLossError("tokenize: cannot read standard input");
+  return text;
+}
+
+int TokenizeCommand(const Args& a) {
+  absl::StatusOr<std::unique_ptr<Tokenizer>> tok = ModelTokenizer(a, "tokenize");
+  if (!tok.ok()) return RuntimeFailure(tok.status());
+  if (a.decode.has_value()) {
+    for (int32_t id : *a.decode) {
+      if (id >= (*tok)->vocab_size()) {
+        return UsageFailure(absl::StrCat("--decode: id ", id, " is outside the vocabulary [0, ",
+                                         (*tok)->vocab_size(), ")"),
+                            kTokenize);
+      }
+    }
+    absl::StatusOr<std::string> decoded = (*tok)->Decode(*a.decode);
+    if (!decoded.ok()) return RuntimeFailure(decoded.status());
+    std::printf("%s\n", decoded->c_str());
+    return kExitOk;
+  }
+  absl::StatusOr<std::string> input = a.text.has_value() ? absl::StatusOr<std::string>(*a.text) : ReadStdin();
+  if (!input.ok()) return RuntimeFailure(input.status());
+  absl::StatusOr<std::vector<int32_t>> ids = (*tok)->Encode(*input);
+  if (!ids.ok()) return RuntimeFailure(ids.status());
+  std::printf("%s\n", absl::StrJoin(*ids, ",").c_str());
   return kExitOk;
 }
 
@@ -775,6 +955,8 @@ int Main(int argc, char** argv) {
       return GraphCommand(*args);
     case kBench:
       return Bench(*args);
+    case kTokenize:
+      return TokenizeCommand(*args);
   }
   return kExitOk;
 }

@@ -31,7 +31,7 @@ inline void CheckSessionParity(const std::string& dir, Backend backend, bool eag
   const int64_t g = static_cast<int64_t>(want.generated.size());
 
   SessionOptions options;
-  options.model_dir = dir;
+  options.model_path = dir;
   options.backend = backend;
   options.eager = eager;
   options.max_slots = 1;

@@ -406,7 +406,7 @@ TEST(SessionCpuTest, BadOptionsAreRefusedClearly) {
   o.config.hidden_size = 0;
   refused(o, absl::StatusCode::kInvalidArgument, "hidden_size");
   o = CpuOptions(1, 16);
-  o.model_dir = std::string(SG_FIXTURES_DIR) + "/no_such_model";
+  o.model_path = std::string(SG_FIXTURES_DIR) + "/no_such_model";
   refused(o, absl::StatusCode::kNotFound, "no_such_model");
   if (!CudaDeviceFound()) {
     o = CpuOptions(1, 16);
