@@ -2,7 +2,8 @@
 # Builds the libFuzzer harnesses (tests/fuzz) with clang, ASan and UBSan, CUDA off, and
 # runs each from its committed seed corpus for a bounded time. New inputs go to a scratch
 # folder, so the committed corpus only changes by hand. A crash, leak, hang or sanitizer
-# report fails the run and leaves the input under $build/artifacts/.
+# report fails the run and leaves the input under $build/artifacts/; once the library is
+# fixed, that input goes into tests/fuzz/corpus/<harness>/crash_<what>, where ctest replays it.
 # Usage: tools/fuzz.sh [seconds per harness (default 60)] [harness names...]
 # Build folder: build/fuzz (override with STEPGRAPH_FUZZ_BUILD_DIR).
 set -euo pipefail
