@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# The main job: builds the `stepgraph` program and runs it (by default on its built-in
-# tiny Llama with deterministic random weights; on the GPU when there is one, on the CPU
-# reference otherwise). Arguments are passed to the program: tools/run.sh --help.
+# The main job: builds the `stepgraph` program and runs it, on the GPU when there is one,
+# on the CPU reference otherwise. Without arguments it fetches the real SmolLM2-135M-Instruct
+# model (a 98 MB GGUF file, once, into ~/.cache/stepgraph-test) and asks it a question in
+# a chat turn; where the model cannot be fetched it runs the built-in random model instead.
+# Arguments are passed to the program: tools/run.sh --help.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source tools/deps.sh
@@ -11,4 +13,11 @@ dir=${STEPGRAPH_BUILD_DIR:-build}/run-$cuda
 cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DSTEPGRAPH_WITH_CUDA=$cuda \
       -DSTEPGRAPH_BUILD_TESTS=OFF -DSTEPGRAPH_BUILD_BENCH=OFF >&2
 cmake --build "$dir" -j "${STEPGRAPH_JOBS:-$(nproc)}" --target stepgraph >&2
+if (($# == 0)); then
+  if model=$(tests/fixtures/fetch_smollm2.sh); then
+    exec "$dir/stepgraph" run --model "$model" --chat --prompt "What is the capital of France?" \
+         --max-new-tokens 64
+  fi
+  echo "stepgraph: could not fetch SmolLM2; running the built-in model (random weights)" >&2
+fi
 exec "$dir/stepgraph" "$@"

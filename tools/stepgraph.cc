@@ -678,6 +678,7 @@ int Run(const Args& a) {
 
   if (stream.has_value()) {
     std::printf("%s\n", stream->Finish().c_str());
+    std::fflush(stdout);
   } else {
     for (int64_t b = 0; b < a.batch; ++b) {
       std::string shown = absl::StrJoin(ids[b], ",");

@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/testing/util.h"
 
 namespace sg {
 namespace {
@@ -40,12 +41,7 @@ const std::vector<std::string>& Corpus() {
 }
 
 // Where fetch_smollm2.sh keeps the real model and what it derives from it.
-std::string CacheDir() {
-  const char* xdg = std::getenv("XDG_CACHE_HOME");
-  const char* home = std::getenv("HOME");
-  if (xdg != nullptr && *xdg != '\0') return std::string(xdg) + "/stepgraph-test";
-  return std::string(home != nullptr ? home : "/nonexistent") + "/.cache/stepgraph-test";
-}
+std::string CacheDir() { return testing::TestCacheDir(); }
 
 bool FileExists(const std::string& path) {
   struct stat st;

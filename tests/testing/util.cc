@@ -145,4 +145,11 @@ std::vector<float> HostBindings::Read(const ExecutionPlan& plan,
   return out;
 }
 
+std::string TestCacheDir() {
+  const char* xdg = std::getenv("XDG_CACHE_HOME");
+  const char* home = std::getenv("HOME");
+  if (xdg != nullptr && *xdg != '\0') return std::string(xdg) + "/stepgraph-test";
+  return std::string(home != nullptr ? home : "/nonexistent") + "/.cache/stepgraph-test";
+}
+
 }  // namespace sg::testing

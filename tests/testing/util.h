@@ -67,6 +67,11 @@ class HostBindings {
   std::vector<std::pair<std::string, std::unique_ptr<HostTensor>>> tensors_;
 };
 
+// Where tests keep files fetched once outside the repository (the real SmolLM2 model:
+// tests/fixtures/fetch_smollm2.sh): $XDG_CACHE_HOME/stepgraph-test, else
+// $HOME/.cache/stepgraph-test.
+std::string TestCacheDir();
+
 }  // namespace sg::testing
 
 #endif  // STEPGRAPH_TESTS_TESTING_UTIL_H_
