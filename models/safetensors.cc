@@ -12,14 +12,13 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
-#include <fstream>
 #include <limits>
-#include <sstream>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "models/config.h"
+#include "models/small_file.h"
 #include "nlohmann/json.hpp"
 #include "stepgraph/status.h"
 
@@ -345,13 +344,11 @@ namespace {
 // The weight_map of an index file: tensor name -> shard file name.
 absl::StatusOr<std::vector<std::pair<std::string, std::string>>> ReadIndex(
     const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot open ", path));
-  std::ostringstream text;
-  text << in.rdbuf();
+  SG_ASSIGN_OR_RETURN(const std::string text,
+                      ReadSmallFile(path, kMaxIndexFileBytes, "safetensors index"));
   Json index;
   try {
-    index = Json::parse(text.str());
+    index = Json::parse(text);
   } catch (const Json::parse_error& e) {
     return absl::InvalidArgumentError(absl::StrCat(path, ": invalid JSON: ", e.what()));
   }
@@ -441,6 +438,34 @@ absl::StatusOr<ModelWeights> ModelWeights::Open(const std::string& model_dir) {
   } catch (const std::exception& e) {
     return absl::ResourceExhaustedError(absl::StrCat(model_dir, ": ", e.what()));
   }
+}
+
+// ---- checks against the config ----
+
+absl::Status CheckWeightsFitConfig(const ModelWeights& weights) {
+  const LlamaConfig& c = weights.config();
+  SG_ASSIGN_OR_RETURN(const int64_t config_bytes, c.WeightBytes());
+  // Elements, not bytes: a dtype the config does not state is reported later by name.
+  const int64_t needed = config_bytes / DTypeBytes(c.dtype);
+  int64_t stored = 0;
+  for (const SafetensorsFile& f : weights.files()) {
+    for (const SafetensorsTensor& t : f.tensors()) {
+      // Each tensor's bytes lie inside its mapped file, so the sum cannot overflow; it is
+      // checked anyway.
+      const int64_t elements = static_cast<int64_t>(t.data.size()) / DTypeBytes(t.dtype);
+      if (!CheckedAdd(stored, elements, &stored)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(weights.dir(), ": the stored tensors' sizes overflow 64 bits"));
+      }
+    }
+  }
+  if (stored >= needed) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      JoinPath(weights.dir(), "config.json"), " describes ", needed,
+      " weight elements (num_hidden_layers ", c.num_hidden_layers, ", hidden_size ",
+      c.hidden_size, ", intermediate_size ", c.intermediate_size, ", vocab_size ",
+      c.vocab_size, "), but the safetensors files hold only ", stored,
+      ": the config does not describe these weights"));
 }
 
 // ---- checks against a graph ----

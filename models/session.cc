@@ -111,6 +111,7 @@ absl::Status DecodeSession::Init(const SessionOptions& options) {
   weight_threads_ = options.weight_threads;
   if (!options.model_dir.empty()) {
     SG_ASSIGN_OR_RETURN(ModelWeights weights, ModelWeights::Open(options.model_dir));
+    SG_RETURN_IF_ERROR(CheckWeightsFitConfig(weights));
     mapped_.emplace(std::move(weights));
     config_ = mapped_->config();
   } else {

@@ -672,5 +672,26 @@ TEST(ModelWeightsTest, ShardedFolderErrors) {
   }
 }
 
+// ---- checks against the config and of the values ----
+
+TEST(ModelWeightsTest, ConfigLargerThanTheFilesIsRefusedBeforeAnyGraph) {
+  TempDir dir;
+  const Graph graph = TinyGraph(false);
+  WriteTensors(dir / "model.safetensors", GraphWeights(graph));
+  Json config = TinyConfigJson(false);
+  WriteConfig(dir, config);
+  {
+    absl::StatusOr<ModelWeights> w = ModelWeights::Open(dir.path());
+    ASSERT_TRUE(w.ok()) << w.status();
+    EXPECT_TRUE(CheckWeightsFitConfig(*w).ok()) << CheckWeightsFitConfig(*w);
+  }
+  config["num_hidden_layers"] = 1000;  // within the bound: only the files can tell
+  WriteConfig(dir, config);
+  absl::StatusOr<ModelWeights> w = ModelWeights::Open(dir.path());
+  ASSERT_TRUE(w.ok()) << w.status();
+  ExpectError(CheckWeightsFitConfig(*w), absl::StatusCode::kInvalidArgument,
+              {"config.json", "num_hidden_layers 1000", "but the safetensors files hold only"});
+}
+
 }  // namespace
 }  // namespace sg
