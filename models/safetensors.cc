@@ -20,6 +20,7 @@
 #include "models/config.h"
 #include "models/small_file.h"
 #include "nlohmann/json.hpp"
+#include "stepgraph/half.h"
 #include "stepgraph/status.h"
 
 namespace sg {
@@ -466,6 +467,40 @@ absl::Status CheckWeightsFitConfig(const ModelWeights& weights) {
       c.hidden_size, ", intermediate_size ", c.intermediate_size, ", vocab_size ",
       c.vocab_size, "), but the safetensors files hold only ", stored,
       ": the config does not describe these weights"));
+}
+
+absl::Status CheckWeightsFinite(const ModelWeights& weights) {
+  for (const SafetensorsFile& f : weights.files()) {
+    for (const SafetensorsTensor& t : f.tensors()) {
+      if (!IsFloat(t.dtype)) continue;
+      // All-ones exponent bits: an infinity or a NaN. Bit tests keep the scan at memory
+      // speed on a model of gigabytes.
+      const int64_t n = static_cast<int64_t>(t.data.size()) / DTypeBytes(t.dtype);
+      const std::byte* p = t.data.data();
+      int64_t bad = -1;
+      if (t.dtype == DType::kF32) {
+        for (int64_t i = 0; i < n && bad < 0; ++i) {
+          uint32_t bits;
+          std::memcpy(&bits, p + 4 * i, 4);
+          if ((bits & 0x7f800000u) == 0x7f800000u) bad = i;
+        }
+      } else {
+        const uint16_t mask = t.dtype == DType::kBF16 ? 0x7f80 : 0x7c00;
+        for (int64_t i = 0; i < n && bad < 0; ++i) {
+          uint16_t bits;
+          std::memcpy(&bits, p + 2 * i, 2);
+          if ((bits & mask) == mask) bad = i;
+        }
+      }
+      if (bad >= 0) {
+        return absl::DataLossError(absl::StrCat(
+            "tensor '", t.name, "' in ", f.path(), " holds ",
+            LoadElement(p, t.dtype, bad), " at element ", bad, " (of ", n,
+            "): the weights are corrupt or overflowed when they were converted"));
+      }
+    }
+  }
+  return absl::OkStatus();
 }
 
 // ---- checks against a graph ----

@@ -128,6 +128,11 @@ class ModelWeights {
 // once, with both counts. The tensor-by-tensor check is CheckWeightsAgainstGraph.
 absl::Status CheckWeightsFitConfig(const ModelWeights& weights);
 
+// Every float weight of the files is finite: DataLoss naming the first tensor that holds
+// a NaN or an infinity, with the element and its value. Reads every byte (memory speed),
+// so it is optional (SessionOptions::check_weights).
+absl::Status CheckWeightsFinite(const ModelWeights& weights);
+
 // Every Weight tensor of `graph` is stored with the graph's dtype and shape, and every
 // stored tensor is used by the graph. Two stored tensors are accepted and ignored: with
 // tie_word_embeddings, an "lm_head.weight" shaped like the embedding (some writers store
