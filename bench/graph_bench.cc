@@ -60,7 +60,7 @@ void BM_Llama1B_PlanMemory(benchmark::State& state) {
   const absl::StatusOr<Graph> g = Llama1B();
   if (!Check(state, g)) return;
   for (auto _ : state) {
-    MemoryPlan plan = PlanMemory(*g);
+    MemoryPlan plan = *PlanMemory(*g);
     benchmark::DoNotOptimize(plan);
   }
   SetPerNode(state, g->num_nodes());
@@ -127,10 +127,10 @@ void BM_Generated_PlanMemory(benchmark::State& state) {
   const absl::StatusOr<Graph> g = BuildGeneratedGraph(n);
   if (!Check(state, g)) return;
   for (auto _ : state) {
-    MemoryPlan plan = PlanMemory(*g);
+    MemoryPlan plan = *PlanMemory(*g);
     benchmark::DoNotOptimize(plan);
   }
-  state.counters["arena_bytes"] = static_cast<double>(PlanMemory(*g).arena_bytes);
+  state.counters["arena_bytes"] = static_cast<double>(PlanMemory(*g)->arena_bytes);
   SetPerNode(state, n);
 }
 BENCHMARK(BM_Generated_PlanMemory)->Arg(1000)->Arg(4000)->Arg(16000)->Unit(benchmark::kMicrosecond);

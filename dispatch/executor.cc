@@ -81,10 +81,15 @@ absl::Status CheckBindings(const ExecutionPlan& plan, const Bindings& bindings) 
           TensorKindName(t.kind), " '", t.name, "' ", t.shape.ToString(), " ",
           DTypeName(t.dtype), " is not bound"));
     }
-    if (b.bytes < t.bytes()) {
+    // TensorBytes is -1 for a shape without a valid size; such a tensor must never pass
+    // as needing less than any buffer.
+    const int64_t need = t.bytes();
+    if (need < 0 || b.bytes < need) {
       return absl::InvalidArgumentError(absl::StrCat(
           TensorKindName(t.kind), " '", t.name, "' ", t.shape.ToString(), " ",
-          DTypeName(t.dtype), " needs ", t.bytes(), " bytes but its buffer has ", b.bytes));
+          DTypeName(t.dtype),
+          need < 0 ? " has no valid size"
+                   : absl::StrCat(" needs ", need, " bytes but its buffer has ", b.bytes)));
     }
   }
   return absl::OkStatus();

@@ -1,15 +1,19 @@
 // Arena planning by lifetime (greedy by size, best-fit gap) and ExecutionPlan.
 #include <algorithm>
 #include <limits>
+#include <new>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "stepgraph/plan.h"
 #include "stepgraph/status.h"
 
 namespace sg {
 namespace {
 
-int64_t AlignUp(int64_t n, int64_t a) { return (n + a - 1) / a * a; }
+// Sizes past this are refused: far beyond any device, and keeping every offset sum below
+// it (offset + size <= the sum of all aligned sizes) leaves int64 arithmetic exact.
+constexpr int64_t kMaxArenaBytes = int64_t{1} << 56;
 
 // A tensor's bytes in the arena.
 struct Extent {
@@ -58,7 +62,9 @@ std::vector<Lifetime> ComputeLifetimes(const Graph& graph) {
   return life;
 }
 
-MemoryPlan PlanMemory(const Graph& graph) {
+namespace {
+
+absl::StatusOr<MemoryPlan> PlanMemoryImpl(const Graph& graph) {
   MemoryPlan plan;
   const size_t num_tensors = graph.tensors().size();
   plan.offsets.assign(num_tensors, -1);
@@ -74,9 +80,23 @@ MemoryPlan PlanMemory(const Graph& graph) {
   for (int32_t i = 0; i < static_cast<int32_t>(num_tensors); ++i) {
     const Tensor& t = graph.tensors()[i];
     if (t.kind != TensorKind::kIntermediate) continue;
-    const int64_t size = AlignUp(t.bytes(), MemoryPlan::kAlignment);
+    const int64_t bytes = t.bytes();
+    if (bytes < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("memory plan: intermediate '", t.name, "' ", t.shape.ToString(), " ",
+                       DTypeName(t.dtype), " has no valid size"));
+    }
+    // bytes <= 2^51 (a valid shape), so aligning it cannot overflow.
+    const int64_t size =
+        (bytes + MemoryPlan::kAlignment - 1) / MemoryPlan::kAlignment * MemoryPlan::kAlignment;
+    if (!CheckedAdd(plan.intermediate_bytes, size, &plan.intermediate_bytes) ||
+        plan.intermediate_bytes > kMaxArenaBytes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "memory plan: intermediate '", t.name, "' ", t.shape.ToString(), " ",
+          DTypeName(t.dtype), " brings the intermediates past ", kMaxArenaBytes,
+          " bytes, more than any device holds"));
+    }
     items.push_back({i, size, plan.lifetimes[i], -1});
-    plan.intermediate_bytes += size;
   }
   const int32_t num_items = static_cast<int32_t>(items.size());
 
@@ -173,9 +193,21 @@ MemoryPlan PlanMemory(const Graph& graph) {
   return plan;
 }
 
+}  // namespace
+
+absl::StatusOr<MemoryPlan> PlanMemory(const Graph& graph) {
+  // The plan's lists grow with the graph; running out of memory is an error, not a crash.
+  try {
+    return PlanMemoryImpl(graph);
+  } catch (const std::bad_alloc&) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "memory plan: out of host memory planning a graph of ", graph.num_nodes(), " nodes"));
+  }
+}
+
 absl::StatusOr<ExecutionPlan> ExecutionPlan::Create(Graph graph) {
   SG_RETURN_IF_ERROR(graph.Validate());
-  MemoryPlan memory = PlanMemory(graph);
+  SG_ASSIGN_OR_RETURN(MemoryPlan memory, PlanMemory(graph));
   return ExecutionPlan(std::move(graph), std::move(memory));
 }
 

@@ -8,6 +8,7 @@
 
 #include "kernels/common.cuh"
 #include "kernels/elementwise.cuh"
+#include "stepgraph/error_flags.h"
 
 namespace sg::kernels {
 namespace {
@@ -127,10 +128,16 @@ cudaError_t LaunchFloatMap(const void* a, const void* b, void* y, int64_t n, DTy
   });
 }
 
-__global__ void AdvanceKernel(int32_t* pos, int64_t n) {
+__global__ void AdvanceKernel(int32_t* pos, int64_t n, uint32_t* error_flags) {
   AwaitPrerequisiteGrids();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i < n && pos[i] >= 0) pos[i] += 1;
+  if (i >= n || pos[i] < 0) return;
+  if (pos[i] == INT32_MAX) {
+    // Stays rather than wrapping to a negative position, which would read as padding.
+    if (error_flags != nullptr) atomicOr(error_flags, static_cast<uint32_t>(kErrorPositionOutOfRange));
+    return;
+  }
+  pos[i] += 1;
 }
 
 }  // namespace
@@ -158,11 +165,12 @@ cudaError_t LaunchSiluMul(const void* gate, const void* up, void* y, int64_t n, 
   return LaunchFloatMap<2>(gate, up, y, n, dtype, SiluMulOp{}, stream);
 }
 
-cudaError_t LaunchAdvance(int32_t* pos, int64_t n, cudaStream_t stream) {
+cudaError_t LaunchAdvance(int32_t* pos, int64_t n, cudaStream_t stream,
+                          uint32_t* error_flags) {
   if (n <= 0) return n == 0 ? cudaSuccess : cudaErrorInvalidValue;
   constexpr int kAdvanceThreads = 128;
   return LaunchKernel(AdvanceKernel, dim3(static_cast<unsigned>(CeilDiv(n, kAdvanceThreads))),
-                      dim3(kAdvanceThreads), stream, pos, n);
+                      dim3(kAdvanceThreads), stream, pos, n, error_flags);
 }
 
 }  // namespace sg::kernels

@@ -24,7 +24,10 @@ cudaError_t LaunchSilu(const void* x, void* y, int64_t n, DType dtype, cudaStrea
 cudaError_t LaunchSiluMul(const void* gate, const void* up, void* y, int64_t n, DType dtype,
                           cudaStream_t stream);
 // pos[i] += 1 where pos[i] >= 0, in place.
-cudaError_t LaunchAdvance(int32_t* pos, int64_t n, cudaStream_t stream);
+// A position at INT32_MAX stays and raises kErrorPositionOutOfRange in *error_flags
+// (when given) instead of wrapping.
+cudaError_t LaunchAdvance(int32_t* pos, int64_t n, cudaStream_t stream,
+                          uint32_t* error_flags = nullptr);
 
 }  // namespace sg::kernels
 

@@ -35,6 +35,7 @@
 
 #include "kernels/common.cuh"
 #include "kernels/sampling.cuh"
+#include "stepgraph/error_flags.h"
 #include "stepgraph/philox.h"
 
 namespace sg::kernels {
@@ -94,7 +95,7 @@ constexpr int kArgmaxMinPerBlock = 4096;
 template <typename T, int kVec>
 __global__ void __launch_bounds__(kArgmaxThreads)
     ArgmaxKernel(const T* __restrict__ x, int64_t vocab, int blocks_per_row, u64* best,
-                 uint32_t* arrivals, int32_t* ids) {
+                 uint32_t* arrivals, int32_t* ids, uint32_t* error_flags) {
   AwaitPrerequisiteGrids();
   using Reduce = cub::BlockReduce<u64, kArgmaxThreads>;
   __shared__ typename Reduce::TempStorage tmp;
@@ -106,6 +107,7 @@ __global__ void __launch_bounds__(kArgmaxThreads)
   const T* xr = x + row * vocab;
 
   u64 key = 0;  // 0: nothing seen (every real key is larger)
+  bool nonfinite = false;
   for (int64_t v0 = vbeg + threadIdx.x; v0 < vend; v0 += kArgmaxThreads * kU) {
     float f[kU][kVec];
 #pragma unroll
@@ -120,11 +122,16 @@ __global__ void __launch_bounds__(kArgmaxThreads)
 #pragma unroll
       for (int e = 0; e < kVec; ++e) {
         float z = f[u][e];
+        nonfinite |= !isfinite(z);
         if (!(z > -INFINITY)) continue;  // NaN and -inf never win
         if (z == 0.0f) z = 0.0f;         // -0 ties with +0, as on the CPU
         key = MaxOp()(key, Comb(OrderedKey(z), static_cast<int>(v * kVec + e)));
       }
     }
+  }
+  // Rare (a broken model), so one atomic per thread that saw one costs nothing otherwise.
+  if (nonfinite && error_flags != nullptr) {
+    atomicOr(error_flags, static_cast<uint32_t>(kErrorNonFiniteLogits));
   }
   key = Reduce(tmp).Reduce(key, MaxOp());
   if (threadIdx.x != 0) return;
@@ -237,6 +244,7 @@ class RowSampler {
   }
 
   __device__ int rank() const { return rank_; }
+  __device__ bool nonfinite() const { return nonfinite_; }
 
   // The whole algorithm; every block of the group returns the same id.
   __device__ int Run(int32_t top_k, float top_p, int32_t seed, int32_t pos) {
@@ -325,8 +333,10 @@ class RowSampler {
     }
   }
 
-  // logit / temperature as the CPU divides it; NaN counts as -inf, -0 as +0.
+  // logit / temperature as the CPU divides it; NaN counts as -inf, -0 as +0. A logit
+  // that is not finite is remembered for the error flag.
   __device__ __forceinline__ float Z(float x) const {
+    nonfinite_ |= !isfinite(x);
     float z = x / temperature_;
     if (z != z) z = -INFINITY;
     if (z == 0.0f) z = 0.0f;
@@ -707,6 +717,7 @@ class RowSampler {
   int slot_ = 0;
   float mx_ = 0.0f;
   float bin_scale_ = 0.0f;
+  mutable bool nonfinite_ = false;
 };
 
 struct SampleArgs {
@@ -716,6 +727,7 @@ struct SampleArgs {
   const int32_t* pos;
   SampleParams params;
   int32_t* ids;
+  uint32_t* error_flags;
 };
 
 template <typename T, int kVec, int kThreads, int kGroup>
@@ -727,6 +739,10 @@ __device__ __forceinline__ void SampleRow(const SampleArgs& a) {
                   a.params.temperature);
   const int id = sampler.Run(a.params.top_k, a.params.top_p, a.seeds[row], a.pos[row]);
   if (sampler.rank() == 0 && threadIdx.x == 0) a.ids[row] = id;
+  // Run's first pass reads every logit of the block's slice, whatever it returns early.
+  if (sampler.nonfinite() && a.error_flags != nullptr) {
+    atomicOr(a.error_flags, static_cast<uint32_t>(kErrorNonFiniteLogits));
+  }
   Group<kGroup>::Sync();  // no block leaves while a peer may still read its shared memory
 }
 
@@ -762,7 +778,7 @@ int64_t ArgmaxWorkspaceBytes(int64_t rows) {
 
 cudaError_t LaunchArgmax(const void* x, DType dtype, int64_t rows, int64_t vocab,
                          int blocks_per_row, void* workspace, int32_t* ids,
-                         cudaStream_t stream) {
+                         cudaStream_t stream, uint32_t* error_flags) {
   if (rows <= 0 || vocab <= 0 || vocab > INT32_MAX || rows > 65535) return cudaErrorInvalidValue;
   if (blocks_per_row < 1 || blocks_per_row > 1024) return cudaErrorInvalidValue;
   if (blocks_per_row > 1 && workspace == nullptr) return cudaErrorInvalidValue;
@@ -774,14 +790,15 @@ cudaError_t LaunchArgmax(const void* x, DType dtype, int64_t rows, int64_t vocab
       constexpr int kVec = decltype(width)::value;
       const dim3 grid(blocks_per_row, static_cast<unsigned>(rows));
       return LaunchKernel(ArgmaxKernel<T, kVec>, grid, dim3(kArgmaxThreads), stream,
-                          static_cast<const T*>(x), vocab, blocks_per_row, best, arrivals, ids);
+                          static_cast<const T*>(x), vocab, blocks_per_row, best, arrivals, ids,
+                          error_flags);
     });
   });
 }
 
 cudaError_t LaunchSample(const void* logits, DType dtype, int64_t rows, int64_t vocab,
                          const int32_t* seeds, const int32_t* pos, const SampleParams& params,
-                         int32_t* ids, cudaStream_t stream) {
+                         int32_t* ids, cudaStream_t stream, uint32_t* error_flags) {
   if (rows <= 0 || vocab <= 0 || vocab > INT32_MAX) return cudaErrorInvalidValue;
   if (!(params.temperature > 0.0f) || params.top_k < 0 ||
       !(params.top_p > 0.0f && params.top_p <= 1.0f)) {
@@ -789,7 +806,7 @@ cudaError_t LaunchSample(const void* logits, DType dtype, int64_t rows, int64_t 
   }
   const bool cluster = vocab >= kClusterMinVocab;
   if (rows * (cluster ? kCluster : 1) > INT32_MAX) return cudaErrorInvalidValue;
-  SampleArgs a{logits, static_cast<int>(vocab), seeds, pos, params, ids};
+  SampleArgs a{logits, static_cast<int>(vocab), seeds, pos, params, ids, error_flags};
   return DispatchFloat(dtype, [&](auto tag) -> cudaError_t {
     using T = typename decltype(tag)::type;
     return DispatchVecWidth<T>(Vectorizable(logits, vocab, sizeof(T)), [&](auto width) -> cudaError_t {

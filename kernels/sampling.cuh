@@ -23,10 +23,11 @@ int ArgmaxBlocksPerRow(int64_t rows, int64_t vocab, int sm_count, int max_blocks
 int64_t ArgmaxWorkspaceBytes(int64_t rows);
 
 // ids[i] = the lowest index among the maxima of row i; NaN never wins and a row of NaN
-// or -inf gives 0.
+// or -inf gives 0. A logit that is not finite raises kErrorNonFiniteLogits in
+// *error_flags (when given).
 cudaError_t LaunchArgmax(const void* x, DType dtype, int64_t rows, int64_t vocab,
                          int blocks_per_row, void* workspace, int32_t* ids,
-                         cudaStream_t stream);
+                         cudaStream_t stream, uint32_t* error_flags = nullptr);
 
 struct SampleParams {
   float temperature = 1.0f;  // > 0
@@ -39,11 +40,12 @@ struct SampleParams {
 // top_p, with u = SampleUniform(seeds[i], pos[i]) walked over the kept tokens in index
 // order. Masses are exact integers (exp(z - max) in units of 2^-32), so the result is
 // deterministic and independent of the launch shape. top_k = 1 is exactly Argmax of
-// logits / temperature. NaN logits count as -inf. Rows of 16384 or more logits are
+// logits / temperature. NaN logits count as -inf; any logit that is not finite raises
+// kErrorNonFiniteLogits in *error_flags (when given). Rows of 16384 or more logits are
 // shared by a cluster of 8 blocks.
 cudaError_t LaunchSample(const void* logits, DType dtype, int64_t rows, int64_t vocab,
                          const int32_t* seeds, const int32_t* pos, const SampleParams& params,
-                         int32_t* ids, cudaStream_t stream);
+                         int32_t* ids, cudaStream_t stream, uint32_t* error_flags = nullptr);
 
 }  // namespace sg::kernels
 

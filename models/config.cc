@@ -6,15 +6,15 @@
 
 #include <cmath>
 #include <cstdint>
-#include <fstream>
 #include <limits>
+#include <new>
 #include <optional>
-#include <sstream>
 #include <vector>
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "models/small_file.h"
 #include "nlohmann/json.hpp"
 #include "stepgraph/status.h"
 
@@ -445,18 +445,18 @@ absl::StatusOr<LlamaConfig> ParseLlamaConfig(absl::string_view json_text,
           absl::StrCat(source, ": invalid JSON: ", e.what()));
     }
     return ParseObject(root, source);
+  } catch (const std::bad_alloc&) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat(source, ": out of memory while parsing the config"));
   } catch (const std::exception& e) {
     return absl::InvalidArgumentError(absl::StrCat(source, ": ", e.what()));
   }
 }
 
 absl::StatusOr<LlamaConfig> LoadLlamaConfig(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot open config file ", path));
-  std::ostringstream text;
-  text << in.rdbuf();
-  if (in.bad()) return absl::DataLossError(absl::StrCat("cannot read config file ", path));
-  return ParseLlamaConfig(text.str(), path);
+  SG_ASSIGN_OR_RETURN(const std::string text,
+                      ReadSmallFile(path, kMaxConfigFileBytes, "config file"));
+  return ParseLlamaConfig(text, path);
 }
 
 }  // namespace sg

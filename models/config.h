@@ -20,7 +20,8 @@ namespace sg {
 absl::StatusOr<LlamaConfig> ParseLlamaConfig(absl::string_view json_text,
                                              absl::string_view source);
 
-// Reads and parses the file at `path` (NotFound when it cannot be opened).
+// Reads and parses the file at `path` (see ReadSmallFile: NotFound when it does not exist,
+// InvalidArgument when it is not a regular file or larger than kMaxConfigFileBytes).
 absl::StatusOr<LlamaConfig> LoadLlamaConfig(const std::string& path);
 
 }  // namespace sg

@@ -11,20 +11,51 @@
 
 namespace sg {
 
-absl::Status LlamaConfig::Validate() const {
-  auto positive = [](absl::string_view field, int64_t v) -> absl::Status {
-    if (v > 0) return absl::OkStatus();
+namespace {
+
+// Upper bounds of the config's sizes: each about 4 to 16 times what the largest published
+// Llama-family models use, so that every real model passes while a config asking for
+// terabytes (or a graph of a billion layers) is refused before anything is sized from it.
+struct FieldBound {
+  const char* field;
+  int64_t max;
+  const char* real;  // the most that published models have, for the message
+};
+constexpr FieldBound kHiddenSizeBound{"hidden_size", int64_t{1} << 16, "16384"};
+constexpr FieldBound kIntermediateBound{"intermediate_size", int64_t{1} << 18, "53248"};
+constexpr FieldBound kLayersBound{"num_hidden_layers", 1024, "126"};
+constexpr FieldBound kHeadsBound{"num_attention_heads", 1024, "128"};
+constexpr FieldBound kKvHeadsBound{"num_key_value_heads", 1024, "128"};
+constexpr FieldBound kHeadDimBound{"head_dim", 1024, "256"};
+constexpr FieldBound kVocabBound{"vocab_size", int64_t{1} << 24, "about 256000"};
+constexpr FieldBound kMaxPositionBound{"max_position_embeddings", int64_t{1} << 26,
+                                       "about 10 million"};
+
+absl::Status CheckField(const FieldBound& b, int64_t v) {
+  if (v <= 0) {
     return absl::InvalidArgumentError(
-        absl::StrCat("llama config: ", field, " must be > 0, got ", v));
-  };
-  SG_RETURN_IF_ERROR(positive("hidden_size", hidden_size));
-  SG_RETURN_IF_ERROR(positive("intermediate_size", intermediate_size));
-  SG_RETURN_IF_ERROR(positive("num_hidden_layers", num_hidden_layers));
-  SG_RETURN_IF_ERROR(positive("num_attention_heads", num_attention_heads));
-  SG_RETURN_IF_ERROR(positive("num_key_value_heads", num_key_value_heads));
-  SG_RETURN_IF_ERROR(positive("head_dim", head_dim));
-  SG_RETURN_IF_ERROR(positive("vocab_size", vocab_size));
-  SG_RETURN_IF_ERROR(positive("max_position_embeddings", max_position_embeddings));
+        absl::StrCat("llama config: ", b.field, " must be > 0, got ", v));
+  }
+  if (v > b.max) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "llama config: ", b.field, " = ", v, " is larger than ", b.max,
+        ", the most stepgraph accepts (the largest real models have ", b.real,
+        "; a larger value would only size memory that no device has)"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status LlamaConfig::Validate() const {
+  SG_RETURN_IF_ERROR(CheckField(kHiddenSizeBound, hidden_size));
+  SG_RETURN_IF_ERROR(CheckField(kIntermediateBound, intermediate_size));
+  SG_RETURN_IF_ERROR(CheckField(kLayersBound, num_hidden_layers));
+  SG_RETURN_IF_ERROR(CheckField(kHeadsBound, num_attention_heads));
+  SG_RETURN_IF_ERROR(CheckField(kKvHeadsBound, num_key_value_heads));
+  SG_RETURN_IF_ERROR(CheckField(kHeadDimBound, head_dim));
+  SG_RETURN_IF_ERROR(CheckField(kVocabBound, vocab_size));
+  SG_RETURN_IF_ERROR(CheckField(kMaxPositionBound, max_position_embeddings));
   if (num_attention_heads % num_key_value_heads != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "llama config: num_attention_heads (", num_attention_heads,
@@ -37,26 +68,47 @@ absl::Status LlamaConfig::Validate() const {
   if (!IsFloat(dtype)) {
     return absl::InvalidArgumentError("llama config: torch_dtype must be a float type");
   }
-  if (!(rms_norm_eps > 0.0f) || !(rope_theta > 0.0f)) {
+  if (!(rms_norm_eps > 0.0f) || !(rope_theta > 0.0f) || !std::isfinite(rms_norm_eps) ||
+      !std::isfinite(rope_theta)) {
     return absl::InvalidArgumentError(
-        absl::StrCat("llama config: rms_norm_eps and rope_theta must be > 0, got ",
+        absl::StrCat("llama config: rms_norm_eps and rope_theta must be finite and > 0, got ",
                      rms_norm_eps, " and ", rope_theta));
-  }
-  if (vocab_size > INT32_MAX) {
-    return absl::InvalidArgumentError("llama config: vocab_size does not fit token ids (i32)");
   }
   return absl::OkStatus();
 }
 
-int64_t LlamaConfig::WeightBytes() const {
-  const int64_t h = hidden_size, q = num_attention_heads * head_dim,
-                kv = num_key_value_heads * head_dim, i = intermediate_size;
-  int64_t per_layer = 2 * h + h * q + 2 * h * kv + q * h + 3 * h * i;
-  if (attention_bias) per_layer += q + 2 * kv + h;
-  if (mlp_bias) per_layer += 2 * i + h;
-  int64_t elems = num_hidden_layers * per_layer + vocab_size * h + h;
-  if (!tie_word_embeddings) elems += vocab_size * h;
-  return elems * DTypeBytes(dtype);
+absl::StatusOr<int64_t> LlamaConfig::WeightBytes() const {
+  // The bounds of Validate keep these far from overflow; every product is checked anyway,
+  // since a caller may ask before validating.
+  bool ok = true;
+  auto mul = [&ok](int64_t a, int64_t b) {
+    int64_t r = 0;
+    ok = ok && CheckedMul(a, b, &r);
+    return r;
+  };
+  auto add = [&ok](int64_t a, int64_t b) {
+    int64_t r = 0;
+    ok = ok && CheckedAdd(a, b, &r);
+    return r;
+  };
+  const int64_t h = hidden_size, i = intermediate_size;
+  const int64_t q = mul(num_attention_heads, head_dim), kv = mul(num_key_value_heads, head_dim);
+  // Two norms, q and o (h x q each), k and v (h x kv each), gate, up and down (h x i each).
+  int64_t per_layer = add(add(mul(2, h), mul(2, mul(h, q))), add(mul(2, mul(h, kv)), mul(3, mul(h, i))));
+  if (attention_bias) per_layer = add(per_layer, add(add(q, mul(2, kv)), h));
+  if (mlp_bias) per_layer = add(per_layer, add(mul(2, i), h));
+  const int64_t embed = mul(vocab_size, h);
+  int64_t elems = add(add(mul(num_hidden_layers, per_layer), embed), h);
+  if (!tie_word_embeddings) elems = add(elems, embed);
+  const int64_t bytes = mul(elems, DTypeBytes(dtype));
+  if (!ok || hidden_size < 0 || intermediate_size < 0 || num_hidden_layers < 0 ||
+      vocab_size < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "llama config: the weights' size overflows 64 bits (hidden_size ", hidden_size,
+        ", intermediate_size ", intermediate_size, ", num_hidden_layers ", num_hidden_layers,
+        ", vocab_size ", vocab_size, ")"));
+  }
+  return bytes;
 }
 
 LlamaConfig TinyLlamaConfig() {

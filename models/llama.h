@@ -39,10 +39,13 @@ struct LlamaConfig {
   // cache and every other weight stay in `dtype`.
   absl::flat_hash_map<std::string, DType> weight_dtypes;
 
-  // InvalidArgument naming the field when a value is out of range or inconsistent.
+  // InvalidArgument naming the field when a value is out of range or inconsistent. Every
+  // size is bounded by what a real model can have (the message says the bound and why),
+  // so that nothing is sized from a config asking for terabytes.
   absl::Status Validate() const;
-  // Bytes of all weights.
-  int64_t WeightBytes() const;
+  // Bytes of all weights, each stored in `dtype` (weight_dtypes are not counted);
+  // InvalidArgument when a product overflows.
+  absl::StatusOr<int64_t> WeightBytes() const;
 };
 
 // A small Llama with the shape of the real thing, for the default model, tests and

@@ -2,12 +2,16 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "models/config.h"
+#include "stepgraph/half.h"
+#include "stepgraph/quant.h"
 #include "nlohmann/json.hpp"
 #include "stepgraph/status.h"
 
@@ -102,6 +106,8 @@ absl::StatusOr<ModelFiles> ModelFiles::Open(const std::string& path) {
   if (S_ISDIR(st.st_mode)) {
     m.format_ = ModelFormat::kSafetensorsFolder;
     SG_ASSIGN_OR_RETURN(ModelWeights w, ModelWeights::Open(path));
+    // Before any graph is built from the config: the files hold what it describes.
+    SG_RETURN_IF_ERROR(CheckWeightsFitConfig(w));
     m.folder_.emplace(std::move(w));
     m.config_ = m.folder_->config();
     SG_ASSIGN_OR_RETURN(auto gen, EosIdsFromJson(path + "/generation_config.json"));
@@ -139,6 +145,36 @@ absl::Status ModelFiles::CheckAgainstGraph(const Graph& graph) const {
 absl::Status ModelFiles::BindInPlace(const Graph& graph, Bindings& bindings) const {
   if (folder_.has_value()) return BindMappedWeights(*folder_, graph, bindings);
   return BindGgufWeights(*gguf_, graph, bindings);
+}
+
+absl::Status ModelFiles::CheckFinite() const {
+  if (folder_.has_value()) return CheckWeightsFinite(*folder_);
+  std::vector<float> row;
+  for (const GgufWeight& w : gguf_->weights()) {
+    const int64_t cols = w.shape.cols();
+    const int64_t rows = w.shape.rows();
+    const int64_t row_bytes = IsQuantized(w.dtype) ? DTypeRowBytes(w.dtype, cols)
+                                                   : cols * DTypeBytes(w.dtype);
+    row.resize(static_cast<size_t>(cols));
+    for (int64_t r = 0; r < rows; ++r) {
+      const std::byte* src = w.data.data() + r * row_bytes;
+      if (IsQuantized(w.dtype)) {
+        if (!DequantizeRow(w.dtype, src, row.data(), cols)) {
+          return absl::InvalidArgumentError(absl::StrCat("cannot dequantize ", w.gguf_name));
+        }
+      } else {
+        for (int64_t c = 0; c < cols; ++c) row[c] = LoadElement(src, w.dtype, c);
+      }
+      for (int64_t c = 0; c < cols; ++c) {
+        if (!std::isfinite(row[c])) {
+          return absl::DataLossError(absl::StrCat(
+              path_, ": weight ", w.gguf_name, " (", w.name, ") holds ", row[c],
+              " at element ", r * cols + c));
+        }
+      }
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<absl::Span<const std::byte>> ModelFiles::WeightData(absl::string_view name) const {

@@ -54,6 +54,10 @@ class ModelFiles {
   // The stored bytes of the weight the graph calls `name`; NotFound naming it otherwise.
   absl::StatusOr<absl::Span<const std::byte>> WeightData(absl::string_view name) const;
 
+  // Every weight holds finite values: DataLoss naming the first tensor with a NaN or an
+  // infinity (quantized blocks are dequantized row by row to check). Reads every byte.
+  absl::Status CheckFinite() const;
+
   // The ids that end a sequence: for a folder, generation_config.json's eos_token_id (an
   // id or a list), else config.json's; for GGUF, tokenizer.ggml.eos_token_id and
   // eot_token_id. Ids outside the vocabulary are dropped; empty when none is stated.

@@ -12,15 +12,15 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
-#include <fstream>
 #include <limits>
-#include <sstream>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "models/config.h"
+#include "models/small_file.h"
 #include "nlohmann/json.hpp"
+#include "stepgraph/half.h"
 #include "stepgraph/status.h"
 
 namespace sg {
@@ -345,13 +345,11 @@ namespace {
 // The weight_map of an index file: tensor name -> shard file name.
 absl::StatusOr<std::vector<std::pair<std::string, std::string>>> ReadIndex(
     const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot open ", path));
-  std::ostringstream text;
-  text << in.rdbuf();
+  SG_ASSIGN_OR_RETURN(const std::string text,
+                      ReadSmallFile(path, kMaxIndexFileBytes, "safetensors index"));
   Json index;
   try {
-    index = Json::parse(text.str());
+    index = Json::parse(text);
   } catch (const Json::parse_error& e) {
     return absl::InvalidArgumentError(absl::StrCat(path, ": invalid JSON: ", e.what()));
   }
@@ -441,6 +439,68 @@ absl::StatusOr<ModelWeights> ModelWeights::Open(const std::string& model_dir) {
   } catch (const std::exception& e) {
     return absl::ResourceExhaustedError(absl::StrCat(model_dir, ": ", e.what()));
   }
+}
+
+// ---- checks against the config ----
+
+absl::Status CheckWeightsFitConfig(const ModelWeights& weights) {
+  const LlamaConfig& c = weights.config();
+  SG_ASSIGN_OR_RETURN(const int64_t config_bytes, c.WeightBytes());
+  // Elements, not bytes: a dtype the config does not state is reported later by name.
+  const int64_t needed = config_bytes / DTypeBytes(c.dtype);
+  int64_t stored = 0;
+  for (const SafetensorsFile& f : weights.files()) {
+    for (const SafetensorsTensor& t : f.tensors()) {
+      // Each tensor's bytes lie inside its mapped file, so the sum cannot overflow; it is
+      // checked anyway.
+      const int64_t elements = static_cast<int64_t>(t.data.size()) / DTypeBytes(t.dtype);
+      if (!CheckedAdd(stored, elements, &stored)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(weights.dir(), ": the stored tensors' sizes overflow 64 bits"));
+      }
+    }
+  }
+  if (stored >= needed) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      JoinPath(weights.dir(), "config.json"), " describes ", needed,
+      " weight elements (num_hidden_layers ", c.num_hidden_layers, ", hidden_size ",
+      c.hidden_size, ", intermediate_size ", c.intermediate_size, ", vocab_size ",
+      c.vocab_size, "), but the safetensors files hold only ", stored,
+      ": the config does not describe these weights"));
+}
+
+absl::Status CheckWeightsFinite(const ModelWeights& weights) {
+  for (const SafetensorsFile& f : weights.files()) {
+    for (const SafetensorsTensor& t : f.tensors()) {
+      if (!IsFloat(t.dtype)) continue;
+      // All-ones exponent bits: an infinity or a NaN. Bit tests keep the scan at memory
+      // speed on a model of gigabytes.
+      const int64_t n = static_cast<int64_t>(t.data.size()) / DTypeBytes(t.dtype);
+      const std::byte* p = t.data.data();
+      int64_t bad = -1;
+      if (t.dtype == DType::kF32) {
+        for (int64_t i = 0; i < n && bad < 0; ++i) {
+          uint32_t bits;
+          std::memcpy(&bits, p + 4 * i, 4);
+          if ((bits & 0x7f800000u) == 0x7f800000u) bad = i;
+        }
+      } else {
+        const uint16_t mask = t.dtype == DType::kBF16 ? 0x7f80 : 0x7c00;
+        for (int64_t i = 0; i < n && bad < 0; ++i) {
+          uint16_t bits;
+          std::memcpy(&bits, p + 2 * i, 2);
+          if ((bits & mask) == mask) bad = i;
+        }
+      }
+      if (bad >= 0) {
+        return absl::DataLossError(absl::StrCat(
+            "tensor '", t.name, "' in ", f.path(), " holds ",
+            LoadElement(p, t.dtype, bad), " at element ", bad, " (of ", n,
+            "): the weights are corrupt or overflowed when they were converted"));
+      }
+    }
+  }
+  return absl::OkStatus();
 }
 
 // ---- checks against a graph ----

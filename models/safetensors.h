@@ -122,6 +122,17 @@ class ModelWeights {
   absl::flat_hash_map<std::string, std::pair<size_t, size_t>> index_;
 };
 
+// The files hold at least as many weight elements as the config describes
+// (LlamaConfig::WeightBytes). Cheap, and made before any graph is built from the config,
+// so that a config asking for far more than its files (a billion layers) is refused at
+// once, with both counts. The tensor-by-tensor check is CheckWeightsAgainstGraph.
+absl::Status CheckWeightsFitConfig(const ModelWeights& weights);
+
+// Every float weight of the files is finite: DataLoss naming the first tensor that holds
+// a NaN or an infinity, with the element and its value. Reads every byte (memory speed),
+// so it is optional (SessionOptions::check_weights).
+absl::Status CheckWeightsFinite(const ModelWeights& weights);
+
 // Every Weight tensor of `graph` is stored with the graph's dtype and shape, and every
 // stored tensor is used by the graph. Two stored tensors are accepted and ignored: with
 // tie_word_embeddings, an "lm_head.weight" shaped like the embedding (some writers store

@@ -111,6 +111,7 @@ absl::Status DecodeSession::Init(const SessionOptions& options) {
   weight_threads_ = options.weight_threads;
   if (!options.model_path.empty()) {
     SG_ASSIGN_OR_RETURN(ModelFiles model, ModelFiles::Open(options.model_path));
+    if (options.check_weights) SG_RETURN_IF_ERROR(model.CheckFinite());
     model_.emplace(std::move(model));
     config_ = model_->config();
     stop_ids_ = model_->stop_ids();
@@ -419,6 +420,7 @@ absl::Status DecodeSession::StepImpl(std::vector<double>* node_ms) {
   const TensorArg& next = next_[bucket];
   SG_RETURN_IF_ERROR(runner_->Copy(ring_ + pending_steps_ * max_slots(), next.data, next.bytes()));
   ++pending_steps_;
+  ++steps_run_;
   for (Slot& s : slots_) {
     if (s.live) ++s.pos;
   }
@@ -444,6 +446,27 @@ absl::Status DecodeSession::Drain() {
 
 absl::Status DecodeSession::CheckErrorFlags() {
   SG_ASSIGN_OR_RETURN(uint32_t flags, runner_->TakeErrorFlags());
+  // The flags gather every step since the last check: name them all, or the one.
+  const int64_t first = steps_checked_ + 1, last = steps_run_;
+  steps_checked_ = steps_run_;
+  if (flags & kErrorNonFiniteLogits) {
+    const std::string steps =
+        first >= last ? absl::StrCat("decode step ", last)
+                      : absl::StrCat("one of decode steps ", first, " to ", last);
+    std::string where;
+    for (int64_t i = 0; i < max_slots(); ++i) {
+      if (!slots_[i].live) continue;
+      // Step `last` fed position pos - 1; step k fed pos - 1 - (last - k).
+      const int64_t end = slots_[i].pos - 1, begin = end - (last - first);
+      absl::StrAppend(&where, where.empty() ? "" : ", ", "slot ", i, " at position",
+                      begin == end ? absl::StrCat(" ", end) : absl::StrCat("s ", begin, "-", end));
+    }
+    return absl::DataLossError(absl::StrCat(
+        steps, " of this session (", where.empty() ? "no live slot" : where,
+        ") produced logits holding NaN or infinity (device error flag kErrorNonFiniteLogits): "
+        "the model's weights or activations are not finite; SessionOptions::check_weights "
+        "scans the weights"));
+  }
   if (flags & kErrorTokenOutOfRange) {
     return absl::OutOfRangeError(absl::StrCat(
         "a step fed a token id outside the vocabulary [0, ", config_.vocab_size,

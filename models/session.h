@@ -51,6 +51,9 @@ struct SessionOptions {
   uint64_t weight_seed = 0;
   // Threads that fill random weights (0: one per core).
   int weight_threads = 0;
+  // Scan a model folder's weights for NaN and infinity before anything runs (DataLoss
+  // naming the first bad tensor). Reads every byte once; random weights are always finite.
+  bool check_weights = false;
 
   Backend backend = Backend::kAuto;
   // CUDA: run every step eagerly (one launch per node) instead of replaying captured
@@ -136,8 +139,9 @@ class DecodeSession {
   absl::Status Step();
 
   // `n` steps; every live slot advances. Waits for the device once at the end, checks the
-  // device's error flags (OutOfRange saying whether a token id or a position was out of
-  // range: the host checks both before feeding them, so this is a bug), and returns the
+  // device's error flags (DataLoss naming the step(s) when logits held a NaN or an
+  // infinity; OutOfRange saying whether a token id or a position was out of range: the
+  // host checks both before feeding them, so this is a bug), and returns the
   // `n` new ids of every slot (empty for slots not live). OutOfRange, before anything
   // runs, when a live slot has fewer than `n` free positions.
   absl::StatusOr<std::vector<std::vector<int32_t>>> Generate(int64_t n);
@@ -215,6 +219,11 @@ class DecodeSession {
   // Steps recorded in the id ring and not drained; the live set is the same for all of
   // them, since every change of it drains first.
   int64_t pending_steps_ = 0;
+  // Steps run by Step and Generate since the session began, and how many of them the last
+  // check of the error flags covered: a raised flag is reported with the steps it may
+  // come from.
+  int64_t steps_run_ = 0;
+  int64_t steps_checked_ = 0;
   // Bucket index of the last step; -1 when a Prefill ran since (its logits are gone).
   int64_t last_bucket_ = -1;
 };

@@ -2,11 +2,8 @@
 // tree (normalizer, pre-tokenizer, model, post-processor, decoder); the shapes that the two
 // supported families write are mapped onto the spec, and anything else is refused by name,
 // since running a tokenizer with a step left out gives plausible but wrong ids.
-#include <fcntl.h>
 #include <sys/stat.h>
-#include <unistd.h>
 
-#include <cerrno>
 #include <cstring>
 #include <new>
 #include <string>
@@ -14,6 +11,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "models/small_file.h"
 #include "models/tokenizer.h"
 #include "nlohmann/json.hpp"
 #include "stepgraph/status.h"
@@ -23,52 +21,11 @@ namespace {
 
 using Json = nlohmann::json;
 
-constexpr size_t kMaxTokenizerJsonBytes = size_t{256} << 20;  // 256k-token files are ~40 MiB
-constexpr size_t kMaxConfigBytes = size_t{16} << 20;
+// tokenizer_config.json and chat_template.jinja carry chat templates of tens of kilobytes.
+constexpr int64_t kMaxTokenizerConfigBytes = int64_t{16} << 20;
 constexpr char kGpt2Pattern[] =
     R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
 constexpr char kSpaceMarker[] = "\xE2\x96\x81";
-
-absl::Status ErrnoError(int err, absl::string_view what, const std::string& path) {
-  return absl::ErrnoToStatus(err, absl::StrCat(what, " ", path, ": ", std::strerror(err)));
-}
-
-// The whole file, if it is a regular file of at most `max_bytes`.
-absl::StatusOr<std::string> ReadRegularFile(const std::string& path, size_t max_bytes) {
-  // O_NONBLOCK so that a FIFO is refused below instead of blocking the open.
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-  if (fd < 0) return ErrnoError(errno, "cannot open", path);
-  struct stat st;
-  if (::fstat(fd, &st) != 0) {
-    const int err = errno;
-    ::close(fd);
-    return ErrnoError(err, "cannot stat", path);
-  }
-  if (!S_ISREG(st.st_mode)) {
-    ::close(fd);
-    return absl::InvalidArgumentError(absl::StrCat(path, " is not a regular file"));
-  }
-  if (static_cast<uint64_t>(st.st_size) > max_bytes) {
-    ::close(fd);
-    return absl::InvalidArgumentError(absl::StrCat(path, " is ", st.st_size,
-                                                   " bytes, more than the ", max_bytes,
-                                                   " a tokenizer file may have"));
-  }
-  std::string data(static_cast<size_t>(st.st_size), '\0');
-  size_t done = 0;
-  while (done < data.size()) {
-    const ssize_t got = ::read(fd, data.data() + done, data.size() - done);
-    if (got < 0 && errno == EINTR) continue;
-    if (got <= 0) {
-      const int err = got < 0 ? errno : EIO;
-      ::close(fd);
-      return ErrnoError(err, "cannot read", path);
-    }
-    done += static_cast<size_t>(got);
-  }
-  ::close(fd);
-  return data;
-}
 
 bool IsDirectory(const std::string& path) {
   struct stat st;
@@ -263,7 +220,7 @@ std::string TokenName(const Json& config, const char* key) {
 
 absl::StatusOr<TokenizerSpec> ParseTokenizerJson(const std::string& json_path,
                                                  const std::string& folder) {
-  SG_ASSIGN_OR_RETURN(std::string text, ReadRegularFile(json_path, kMaxTokenizerJsonBytes));
+  SG_ASSIGN_OR_RETURN(std::string text, ReadSmallFile(json_path, kMaxTokenizerFileBytes, "tokenizer file"));
   Json root = Json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (root.is_discarded() || !root.is_object()) {
     return absl::InvalidArgumentError(absl::StrCat(json_path, ": not a JSON object"));
@@ -273,7 +230,7 @@ absl::StatusOr<TokenizerSpec> ParseTokenizerJson(const std::string& json_path,
   Json config = Json::object();
   const std::string config_path = folder + "/tokenizer_config.json";
   if (Exists(config_path)) {
-    SG_ASSIGN_OR_RETURN(std::string config_text, ReadRegularFile(config_path, kMaxConfigBytes));
+    SG_ASSIGN_OR_RETURN(std::string config_text, ReadSmallFile(config_path, kMaxTokenizerConfigBytes, "tokenizer config"));
     config = Json::parse(config_text, nullptr, false);
     if (config.is_discarded() || !config.is_object()) {
       return absl::InvalidArgumentError(absl::StrCat(config_path, ": not a JSON object"));
@@ -445,7 +402,7 @@ absl::StatusOr<TokenizerSpec> ParseTokenizerJson(const std::string& json_path,
   }
   const std::string jinja_path = folder + "/chat_template.jinja";
   if (spec.chat_template.empty() && Exists(jinja_path)) {
-    SG_ASSIGN_OR_RETURN(spec.chat_template, ReadRegularFile(jinja_path, kMaxConfigBytes));
+    SG_ASSIGN_OR_RETURN(spec.chat_template, ReadSmallFile(jinja_path, kMaxTokenizerConfigBytes, "chat template"));
   }
   return spec;
 }

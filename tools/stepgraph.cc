@@ -16,8 +16,10 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <new>
 #include <memory>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -769,9 +771,13 @@ int GraphCommand(const Args& a) {
   for (const auto& [op, count] : ops) op_counts.push_back(absl::StrCat(op, " x", count));
   int64_t kv_bytes = 0;
   for (const Tensor& t : graph->tensors()) {
-    if (t.kind == TensorKind::kState) kv_bytes += t.bytes();
+    if (t.kind == TensorKind::kState && !CheckedAdd(kv_bytes, t.bytes(), &kv_bytes)) {
+      return RuntimeFailure(absl::InvalidArgumentError("the KV cache's size overflows 64 bits"));
+    }
   }
   const LlamaConfig& c = *config;
+  const absl::StatusOr<int64_t> weight_bytes = c.WeightBytes();
+  if (!weight_bytes.ok()) return RuntimeFailure(weight_bytes.status());
   std::printf("model: %s: hidden %lld, %lld layers, %lld heads (%lld KV), head_dim %lld, vocab %lld, %s\n",
               ModelName(a).c_str(), static_cast<long long>(c.hidden_size),
               static_cast<long long>(c.num_hidden_layers),
@@ -788,7 +794,7 @@ int GraphCommand(const Args& a) {
               Bytes(m.intermediate_bytes).c_str(),
               m.arena_bytes > 0 ? static_cast<double>(m.intermediate_bytes) / m.arena_bytes : 0.0);
   std::printf("weights: %s; KV cache: %s (%lld positions x %lld sequence(s))\n",
-              Bytes(c.WeightBytes()).c_str(), Bytes(kv_bytes).c_str(),
+              Bytes(*weight_bytes).c_str(), Bytes(kv_bytes).c_str(),
               static_cast<long long>(g.max_seq), static_cast<long long>(a.batch));
   if (!a.dot.empty()) {
     std::ofstream out(a.dot);
@@ -965,4 +971,15 @@ int Main(int argc, char** argv) {
 }  // namespace
 }  // namespace sg
 
-int main(int argc, char** argv) { return sg::Main(argc, argv); }
+int main(int argc, char** argv) {
+  // The library reports allocation failure as ResourceExhausted; this catches what the
+  // program's own containers might throw, so that no run ends in an abort.
+  try {
+    return sg::Main(argc, argv);
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "stepgraph: error: out of memory\n");
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "stepgraph: error: %s\n", e.what());
+  }
+  return 1;
+}

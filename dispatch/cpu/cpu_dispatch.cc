@@ -392,14 +392,19 @@ absl::Status CpuDispatch::Run(const ops::Argmax&, const NodeArgs& args) {
     // wins, and a row of NaN or -inf gives 0.
     float best = -std::numeric_limits<float>::infinity();
     int32_t best_index = 0;
+    bool finite = true;
     for (int64_t j = 0; j < n; ++j) {
       const float v = LoadElement(x.data, x.dtype, i * n + j);
+      finite = finite && std::isfinite(v);
       if (v > best) {
         best = v;
         best_index = static_cast<int32_t>(j);
       }
     }
     out[i] = best_index;
+    // The id is still defined, but a NaN or an infinity means the model broke: the step
+    // says so rather than printing plausible ids.
+    if (!finite) error_flags_ |= kErrorNonFiniteLogits;
   }
   return absl::OkStatus();
 }
@@ -412,6 +417,12 @@ absl::Status CpuDispatch::Run(const ops::Sample& op, const NodeArgs& args) {
   int32_t* out = args.output.as<int32_t>();
   for (int64_t i = 0; i < rows; ++i) {
     std::vector<float> z = LoadRange(logits, i * n, n);
+    for (float& v : z) {
+      if (std::isfinite(v)) continue;
+      error_flags_ |= kErrorNonFiniteLogits;
+      // NaN counts as -inf (as on the GPU), which also keeps the sort below well defined.
+      if (std::isnan(v)) v = -std::numeric_limits<float>::infinity();
+    }
     for (float& v : z) v /= op.temperature;
     // Candidates by value, descending; equal values by index, ascending.
     std::vector<int32_t> order(n);
@@ -475,7 +486,14 @@ absl::Status CpuDispatch::Run(const ops::Copy&, const NodeArgs& args) {
 absl::Status CpuDispatch::Run(const ops::Advance&, const NodeArgs& args) {
   int32_t* pos = args.output.as<int32_t>();
   for (int64_t i = 0; i < args.output.shape[0]; ++i) {
-    if (pos[i] >= 0) ++pos[i];
+    if (pos[i] < 0) continue;
+    // The last position cannot advance: it stays, and the step says so, instead of
+    // wrapping to a negative position that would read as padding.
+    if (pos[i] == std::numeric_limits<int32_t>::max()) {
+      error_flags_ |= kErrorPositionOutOfRange;
+    } else {
+      ++pos[i];
+    }
   }
   return absl::OkStatus();
 }

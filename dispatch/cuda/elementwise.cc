@@ -42,7 +42,7 @@ absl::Status CudaDispatch::Run(const ops::Copy&, const NodeArgs& args) {
 
 absl::Status CudaDispatch::Run(const ops::Advance&, const NodeArgs& args) {
   return ToStatus(kernels::LaunchAdvance(args.output.as<int32_t>(),
-                                         args.output.shape.NumElements(), stream_),
+                                         args.output.shape.NumElements(), stream_, error_flags_),
                   "LaunchAdvance");
 }
 

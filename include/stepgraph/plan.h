@@ -35,8 +35,10 @@ std::vector<Lifetime> ComputeLifetimes(const Graph& graph);
 
 // Greedy by size: intermediates are placed largest first, each at the best-fitting gap
 // (the smallest one that holds it) among the tensors already placed whose lifetimes
-// overlap its own. The graph must be valid.
-MemoryPlan PlanMemory(const Graph& graph);
+// overlap its own. The graph must be valid. InvalidArgument, naming the tensor, when an
+// intermediate has no valid size or the intermediates together pass 2^56 bytes (which
+// keeps every offset computed here exact).
+absl::StatusOr<MemoryPlan> PlanMemory(const Graph& graph);
 
 // A validated graph with its memory plan: what Execute and capture run.
 class ExecutionPlan {

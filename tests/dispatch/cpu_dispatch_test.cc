@@ -925,6 +925,48 @@ TEST_P(CpuFloatOpTest, ArgmaxExactWithLowestIndexOnTies) {
   }
 }
 
+// A NaN or an infinity anywhere in the logits raises kErrorNonFiniteLogits in Argmax and
+// Sample (the ids stay defined); finite logits raise nothing.
+TEST_P(CpuFloatOpTest, NonFiniteLogitsRaiseTheFlag) {
+  std::mt19937_64 rng(93);
+  const int64_t rows = 3, n = 101;
+  for (const bool sample : {false, true}) {
+    for (const float bad : {std::numeric_limits<float>::quiet_NaN(),
+                            std::numeric_limits<float>::infinity(),
+                            -std::numeric_limits<float>::infinity()}) {
+      SCOPED_TRACE(absl::StrCat(sample ? "Sample" : "Argmax", " with ", bad));
+      GraphBuilder b;
+      const TensorId x = b.Input("x", dtype(), {rows, n});
+      if (sample) {
+        b.Output("y", b.Sample(x, b.Input("seeds", DType::kI32, {rows}),
+                               b.Input("pos", DType::kI32, {rows}),
+                               ops::Sample{.temperature = 0.8f, .top_k = 5}, "y"));
+      } else {
+        b.Output("y", b.Argmax(x, "y"));
+      }
+      auto bench = Bench::Make(b);
+      ASSERT_NE(bench, nullptr);
+      std::vector<float> values = RandomValues(rng, rows * n, 0.1f, 8.0f);
+      if (sample) {
+        bench->SetInts("seeds", {1, 2, 3});
+        bench->SetInts("pos", {0, 4, 9});
+      }
+      bench->Set("x", values);
+      CpuDispatch cpu;
+      SG_ASSERT_OK(bench->Run(cpu));
+      EXPECT_EQ(cpu.TakeErrorFlags(), 0u) << "finite logits raised a flag";
+      values[1 * n + RandInt(rng, 0, n - 1)] = bad;
+      bench->Set("x", values);
+      bench->Poison("y");
+      SG_ASSERT_OK(bench->Run(cpu));
+      EXPECT_EQ(cpu.TakeErrorFlags(), static_cast<uint32_t>(kErrorNonFiniteLogits));
+      for (const int32_t id : bench->Ints("y")) {
+        EXPECT_TRUE(id >= 0 && id < n) << id;
+      }
+    }
+  }
+}
+
 // ---------------------------------------------------------------------------------------
 // Sample
 
@@ -1243,6 +1285,26 @@ TEST(CpuDispatchTest, AdvanceIncrementsNonNegativePositions) {
       EXPECT_EQ(got[i], pos[i] >= 0 ? pos[i] + 1 : pos[i]) << "row " << i;
     }
   }
+}
+
+// The last i32 position cannot advance: it stays (never wrapping to a negative position,
+// which would read as padding) and raises kErrorPositionOutOfRange; the other rows advance.
+TEST(CpuDispatchTest, AdvanceAtInt32MaxRaisesTheFlagInsteadOfWrapping) {
+  constexpr int32_t kMax = std::numeric_limits<int32_t>::max();
+  const std::vector<int32_t> pos = {kMax - 1, kMax, -1, 17, kMax};
+  GraphBuilder b;
+  b.Advance(b.Input("pos", DType::kI32, {static_cast<int64_t>(pos.size())}), "advance");
+  auto bench = Bench::Make(b);
+  ASSERT_NE(bench, nullptr);
+  bench->SetInts("pos", pos);
+  CpuDispatch cpu;
+  SG_ASSERT_OK(bench->Run(cpu));
+  EXPECT_EQ(bench->Ints("pos"), (std::vector<int32_t>{kMax, kMax, -1, 18, kMax}));
+  EXPECT_EQ(cpu.TakeErrorFlags(), static_cast<uint32_t>(kErrorPositionOutOfRange));
+  // One step below the edge raises nothing.
+  bench->SetInts("pos", {kMax - 2, 0, -1, 3, 4});
+  SG_ASSERT_OK(bench->Run(cpu));
+  EXPECT_EQ(cpu.TakeErrorFlags(), 0u);
 }
 
 // ---------------------------------------------------------------------------------------

@@ -185,6 +185,10 @@ std::vector<OpCase> AllCases() {
   add({.name = "Advance/i32/pos",
        .build = [](GraphBuilder& b) { b.Advance(b.Input("pos", DType::kI32, {6})); },
        .int_values = {{"pos", {0, 5, -1, 100, -7, 4094}}}});
+  // The last position stays and raises kErrorPositionOutOfRange (the flags are compared).
+  add({.name = "Advance/i32/int32_max",
+       .build = [](GraphBuilder& b) { b.Advance(b.Input("pos", DType::kI32, {5})); },
+       .int_values = {{"pos", {INT32_MAX - 1, INT32_MAX, -1, 17, INT32_MAX}}}});
 
   // Whole Llama-shaped steps (f32, closed loop so Copy and Advance run in context).
   for (int64_t layers : {1, 4}) {

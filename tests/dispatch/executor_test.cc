@@ -319,5 +319,26 @@ TEST(ExecutorTest, UntracedMockOnlyCounts) {
   EXPECT_TRUE(mock.trace().empty());
 }
 
+// A tensor of 2^50 bytes (a valid shape, far past any device) bound to an 8-byte buffer is
+// refused with its true size, never with a wrapped one; no buffer is touched to check.
+TEST(CheckBindingsTest, HugeTensorNeedsItsTrueSize) {
+  GraphBuilder b;
+  const TensorId x = b.Input("x", DType::kF32, {int64_t{1} << 24, int64_t{1} << 24});
+  b.Output("y", b.Silu(x, "y"));
+  absl::StatusOr<Graph> g = std::move(b).Build();
+  ASSERT_TRUE(g.ok()) << g.status();
+  absl::StatusOr<ExecutionPlan> plan = ExecutionPlan::Create(*std::move(g));
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->arena_bytes(), int64_t{1} << 50);
+  Bindings bindings(plan->graph());
+  alignas(8) static std::byte small[8];
+  bindings.SetArena(small, plan->arena_bytes());  // a claim only: nothing runs
+  ASSERT_TRUE(bindings.Bind("x", small, sizeof(small)).ok());
+  const absl::Status st = CheckBindings(*plan, bindings);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(st.message(), "needs 1125899906842624 bytes but its buffer has 8"))
+      << st;
+}
+
 }  // namespace
 }  // namespace sg

@@ -252,12 +252,12 @@ TEST(MemoryPlanTest, RandomDagsArePlannedSoundly) {
     const Graph g = RandomGraph(rng, num_nodes);
     ASSERT_EQ(g.num_nodes(), num_nodes);
     ASSERT_TRUE(g.Validate().ok()) << g.Validate();
-    const MemoryPlan plan = PlanMemory(g);
+    const MemoryPlan plan = *PlanMemory(g);
     ASSERT_TRUE(PlanIsSound(g, plan)) << "round " << round << ", " << num_nodes << " nodes";
     if (plan.arena_bytes < plan.intermediate_bytes) ++shared;
     ASSERT_EQ(plan.offsets, ReferenceGreedyOffsets(g)) << "round " << round;
     // The plan is a function of the graph.
-    const MemoryPlan again = PlanMemory(g);
+    const MemoryPlan again = *PlanMemory(g);
     ASSERT_EQ(again.offsets, plan.offsets) << "round " << round;
     ASSERT_EQ(again.arena_bytes, plan.arena_bytes);
   }
@@ -275,7 +275,7 @@ TEST(MemoryPlanTest, ChainNeedsTwoBuffers) {
   b.Output("out", t);
   absl::StatusOr<Graph> g = std::move(b).Build();
   ASSERT_TRUE(g.ok()) << g.status();
-  const MemoryPlan plan = PlanMemory(*g);
+  const MemoryPlan plan = *PlanMemory(*g);
   ASSERT_TRUE(PlanIsSound(*g, plan));
   EXPECT_EQ(plan.intermediate_bytes, 10 * 256);
   EXPECT_EQ(plan.arena_bytes, 2 * 256);
@@ -305,7 +305,7 @@ TEST(MemoryPlanTest, LifetimesFollowReadersAndOutputs) {
   EXPECT_EQ(life[early_out.index].first, 2);
   EXPECT_EQ(life[early_out.index].last, 4);  // the caller reads it after the step
   EXPECT_EQ(life[x.index].first, -1);
-  const MemoryPlan plan = PlanMemory(*g);
+  const MemoryPlan plan = *PlanMemory(*g);
   ASSERT_TRUE(PlanIsSound(*g, plan));
   EXPECT_EQ(plan.offsets[x.index], -1);
 }
@@ -347,6 +347,35 @@ TEST(MemoryPlanTest, Llama1BArenaIsAFractionOfTheIntermediates) {
   const int64_t logits = plan->graph().tensor(*plan->graph().FindOutput("logits")).bytes();
   EXPECT_GE(m.arena_bytes, logits);
   EXPECT_LT(m.arena_bytes * 5, m.intermediate_bytes);
+}
+
+// Intermediates of 2^50 bytes each (valid shapes): 8200 of them sum past int64, which the
+// planner once wrapped into a negative arena. It now refuses the graph, naming the tensor
+// that crosses its bound, while a short chain of the same tensors still plans exactly.
+TEST(MemoryPlanTest, HugeIntermediatesAreRefusedNotWrapped) {
+  auto chain = [](int n) {
+    GraphBuilder b;
+    TensorId t = b.Input("x", DType::kF32, {int64_t{1} << 24, int64_t{1} << 24});
+    for (int i = 0; i < n; ++i) t = b.Silu(t, absl::StrCat("t", i));
+    b.Output("out", t);
+    return std::move(b).Build();
+  };
+  absl::StatusOr<Graph> small = chain(10);
+  ASSERT_TRUE(small.ok()) << small.status();
+  absl::StatusOr<MemoryPlan> plan = PlanMemory(*small);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->arena_bytes, int64_t{2} << 50);
+  EXPECT_EQ(plan->intermediate_bytes, int64_t{10} << 50);
+
+  absl::StatusOr<Graph> big = chain(8200);
+  ASSERT_TRUE(big.ok()) << big.status();
+  absl::StatusOr<MemoryPlan> refused = PlanMemory(*big);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.status().message().find("intermediate 't64'"), std::string::npos)
+      << refused.status();
+  absl::StatusOr<ExecutionPlan> exec = ExecutionPlan::Create(*std::move(big));
+  EXPECT_FALSE(exec.ok());
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 #include "models/config.h"
 
 #include <stdlib.h>
+#include <sys/stat.h>
 
 #include <cstdio>
 #include <filesystem>
@@ -385,6 +386,88 @@ TEST(ConfigTest, LoadsFromFile) {
   absl::StatusOr<LlamaConfig> missing = LoadLlamaConfig((dir / "absent.json").string());
   EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound) << missing.status();
   EXPECT_NE(missing.status().message().find("absent.json"), std::string::npos);
+  std::filesystem::remove_all(dir);
+}
+
+// Every size field is bounded by what a real model can have: a config asking for more is
+// refused naming the field, the value and the bound, before anything is sized from it.
+TEST(ConfigTest, SizesBeyondAnyRealModelAreRefused) {
+  const struct {
+    const char* field;
+    int64_t value;
+    const char* bound;
+  } cases[] = {
+      {"hidden_size", int64_t{1} << 17, "65536"},
+      {"intermediate_size", 4000000000000, "262144"},
+      {"num_hidden_layers", 1000000000, "1024"},
+      {"num_attention_heads", 4096, "1024"},
+      {"vocab_size", int64_t{1} << 31, "16777216"},
+      {"max_position_embeddings", int64_t{1} << 40, "67108864"},
+      {"head_dim", 4096, "1024"},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.field);
+    Json j = MinimalConfig();
+    j[c.field] = c.value;
+    if (std::string(c.field) == "num_attention_heads") j["head_dim"] = 16;
+    ExpectInvalid(Parse(j), {std::string(c.field) + " = " + std::to_string(c.value),
+                             std::string("larger than ") + c.bound, "real models have"});
+  }
+  // The largest real shapes pass, and their weights' size is exact.
+  Json big = MinimalConfig();
+  big["hidden_size"] = 16384;
+  big["intermediate_size"] = 53248;
+  big["num_hidden_layers"] = 126;
+  big["num_attention_heads"] = 128;
+  big["num_key_value_heads"] = 8;
+  big["vocab_size"] = 128256;
+  absl::StatusOr<LlamaConfig> c = Parse(big);
+  ASSERT_TRUE(c.ok()) << c.status();
+  absl::StatusOr<int64_t> bytes = c->WeightBytes();
+  ASSERT_TRUE(bytes.ok()) << bytes.status();
+  const int64_t h = 16384, q = 128 * 128, kv = 8 * 128, i = 53248;
+  EXPECT_EQ(*bytes, 4 * (126 * (2 * h + 2 * h * q + 2 * h * kv + 3 * h * i) + 2 * 128256 * h + h));
+}
+
+// WeightBytes checks its products even on a config that was never validated.
+TEST(ConfigTest, WeightBytesRefusesOverflow) {
+  LlamaConfig c = TinyLlamaConfig();
+  c.hidden_size = int64_t{1} << 40;
+  c.intermediate_size = int64_t{1} << 40;
+  absl::StatusOr<int64_t> bytes = c.WeightBytes();
+  ASSERT_FALSE(bytes.ok()) << *bytes;
+  EXPECT_EQ(bytes.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bytes.status().message().find("overflows"), std::string::npos) << bytes.status();
+}
+
+// config.json is read only if it is a regular file of at most a megabyte, and a failure
+// names the cause: a directory, a FIFO (which once blocked forever), a file too large.
+TEST(ConfigTest, LoadRefusesWhatIsNotASmallRegularFile) {
+  std::string tmpl = (std::filesystem::temp_directory_path() / "sg_config_test_XXXXXX").string();
+  ASSERT_NE(::mkdtemp(tmpl.data()), nullptr);
+  const std::filesystem::path dir = tmpl;
+  auto expect = [](const std::string& path, absl::StatusCode code, const std::string& says) {
+    absl::StatusOr<LlamaConfig> c = LoadLlamaConfig(path);
+    ASSERT_FALSE(c.ok());
+    EXPECT_EQ(c.status().code(), code) << c.status();
+    EXPECT_NE(c.status().message().find(says), std::string::npos) << c.status();
+    EXPECT_NE(c.status().message().find(path), std::string::npos) << c.status();
+  };
+  std::filesystem::create_directories(dir / "is_dir");
+  expect((dir / "is_dir").string(), absl::StatusCode::kInvalidArgument,
+         "is a directory, not a regular file");
+  ASSERT_EQ(::mkfifo((dir / "fifo").c_str(), 0600), 0);
+  expect((dir / "fifo").string(), absl::StatusCode::kInvalidArgument,
+         "is a FIFO, not a regular file");
+  {
+    std::ofstream big(dir / "big.json");
+    big << "{\"pad\": \"" << std::string(size_t{1} << 20, 'x') << "\"}";
+  }
+  expect((dir / "big.json").string(), absl::StatusCode::kInvalidArgument,
+         "more than the 1048576");
+  expect((dir / "absent.json").string(), absl::StatusCode::kNotFound,
+         "No such file or directory");
+  expect("/dev/zero", absl::StatusCode::kInvalidArgument, "a character device");
   std::filesystem::remove_all(dir);
 }
 

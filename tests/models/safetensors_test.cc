@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <initializer_list>
+#include <limits>
 #include <optional>
 #include <random>
 #include <string>
@@ -669,6 +670,68 @@ TEST(ModelWeightsTest, ShardedFolderErrors) {
     WriteBytes(dir / "model-00002-of-00002.safetensors", std::vector<std::byte>(3));
     ExpectError(ModelWeights::Open(dir.path()).status(), absl::StatusCode::kInvalidArgument,
                 {"model-00002-of-00002.safetensors", "3 bytes", "index.json"});
+  }
+}
+
+// ---- checks against the config and of the values ----
+
+// Finite f32 values in place of the random bytes (which may spell NaN or infinity).
+void MakeFinite(std::vector<StoredTensor>& stored) {
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  for (StoredTensor& t : stored) {
+    for (size_t i = 0; i + 4 <= t.bytes.size(); i += 4) {
+      const float v = u(rng);
+      std::memcpy(t.bytes.data() + i, &v, 4);
+    }
+  }
+}
+
+TEST(ModelWeightsTest, ConfigLargerThanTheFilesIsRefusedBeforeAnyGraph) {
+  TempDir dir;
+  const Graph graph = TinyGraph(false);
+  WriteTensors(dir / "model.safetensors", GraphWeights(graph));
+  Json config = TinyConfigJson(false);
+  WriteConfig(dir, config);
+  {
+    absl::StatusOr<ModelWeights> w = ModelWeights::Open(dir.path());
+    ASSERT_TRUE(w.ok()) << w.status();
+    EXPECT_TRUE(CheckWeightsFitConfig(*w).ok()) << CheckWeightsFitConfig(*w);
+  }
+  config["num_hidden_layers"] = 1000;  // within the bound: only the files can tell
+  WriteConfig(dir, config);
+  absl::StatusOr<ModelWeights> w = ModelWeights::Open(dir.path());
+  ASSERT_TRUE(w.ok()) << w.status();
+  ExpectError(CheckWeightsFitConfig(*w), absl::StatusCode::kInvalidArgument,
+              {"config.json", "num_hidden_layers 1000", "but the safetensors files hold only"});
+}
+
+TEST(ModelWeightsTest, NonFiniteWeightIsNamed) {
+  const Graph graph = TinyGraph(false);
+  std::vector<StoredTensor> stored = GraphWeights(graph);
+  MakeFinite(stored);
+  {
+    TempDir dir;
+    WriteConfig(dir, TinyConfigJson(false));
+    WriteTensors(dir / "model.safetensors", stored);
+    absl::StatusOr<ModelWeights> w = ModelWeights::Open(dir.path());
+    ASSERT_TRUE(w.ok()) << w.status();
+    EXPECT_TRUE(CheckWeightsFinite(*w).ok()) << CheckWeightsFinite(*w);
+  }
+  StoredTensor* norm = FindStored(stored, "model.layers.1.post_attention_layernorm.weight");
+  ASSERT_NE(norm, nullptr);
+  const float inf = std::numeric_limits<float>::infinity();
+  std::memcpy(norm->bytes.data() + 4 * 5, &inf, 4);
+  TempDir dir;
+  WriteConfig(dir, TinyConfigJson(false));
+  WriteTensors(dir / "model.safetensors", stored);
+  absl::StatusOr<ModelWeights> w = ModelWeights::Open(dir.path());
+  ASSERT_TRUE(w.ok()) << w.status();
+  const absl::Status st = CheckWeightsFinite(*w);
+  EXPECT_EQ(st.code(), absl::StatusCode::kDataLoss) << st;
+  for (const char* says : {"model.layers.1.post_attention_layernorm.weight", "inf",
+                           "element 5 (of 8)"}) {
+    EXPECT_NE(st.message().find(says), std::string::npos) << says << " in " << st;
   }
 }
 

@@ -5,10 +5,16 @@
 // the CUDA backend, replayed and eager, must give the CPU's ids.
 #include "models/session.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <limits>
 #include <memory>
 #include <numeric>
 #include <random>
@@ -19,6 +25,7 @@
 #include "absl/strings/match.h"
 #include "gtest/gtest.h"
 #include "models/llama.h"
+#include "nlohmann/json.hpp"
 #include "models/random_weights.h"
 #include "stepgraph/cpu_dispatch.h"
 #include "stepgraph/executor.h"
@@ -381,6 +388,59 @@ TEST(SessionCpuTest, BadInputsAreRefusedClearly) {
   ExpectError(s->Step(), absl::StatusCode::kOutOfRange, "slot 0 is at position 16");
   EXPECT_TRUE(s->eager());  // the CPU runs every step eagerly
   ExpectError(s->Release(5), absl::StatusCode::kInvalidArgument, "slot 5");
+}
+
+// The f32_gqa fixture copied into a temporary folder with one element of `tensor`
+// replaced by NaN (every logit turns NaN when that tensor is the final norm).
+std::string FixtureWithNaN(const std::string& tensor) {
+  const std::filesystem::path src = std::filesystem::path(SG_FIXTURES_DIR) / "f32_gqa";
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() /
+                                    ("sg_session_nan_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  std::filesystem::copy_file(src / "config.json", dir / "config.json");
+  std::ifstream in(src / "model.safetensors", std::ios::binary);
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  uint64_t header = 0;
+  std::memcpy(&header, bytes.data(), 8);
+  const nlohmann::json h = nlohmann::json::parse(bytes.substr(8, header));
+  const int64_t begin = h.at(tensor).at("data_offsets").at(0).get<int64_t>();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  std::memcpy(bytes.data() + 8 + header + begin + 4 * 3, &nan, 4);
+  std::ofstream(dir / "model.safetensors", std::ios::binary) << bytes;
+  return dir.string();
+}
+
+// NaN weights: the optional load-time check names the tensor; without it, the step whose
+// logits hold NaN is reported by number and position instead of printing ids 0,0,0.
+TEST(SessionCpuTest, NonFiniteWeightsAndLogitsAreReported) {
+  const std::string dir = FixtureWithNaN("model.norm.weight");
+  SessionOptions o = CpuOptions(1, 16);
+  o.model_path = dir;
+  o.check_weights = true;
+  absl::StatusOr<std::unique_ptr<DecodeSession>> checked = DecodeSession::Create(o);
+  ASSERT_FALSE(checked.ok());
+  EXPECT_EQ(checked.status().code(), absl::StatusCode::kDataLoss) << checked.status();
+  EXPECT_TRUE(absl::StrContains(checked.status().message(), "'model.norm.weight'"))
+      << checked.status();
+
+  o.check_weights = false;
+  absl::StatusOr<std::unique_ptr<DecodeSession>> s = DecodeSession::Create(o);
+  std::filesystem::remove_all(dir);
+  ASSERT_TRUE(s.ok()) << s.status();
+  ASSERT_TRUE((*s)->Prefill(0, {1, 2, 3}).ok());
+  absl::StatusOr<std::vector<int32_t>> one = (*s)->Generate(0, 1);
+  ASSERT_FALSE(one.ok());
+  EXPECT_EQ(one.status().code(), absl::StatusCode::kDataLoss) << one.status();
+  EXPECT_TRUE(absl::StrContains(one.status().message(),
+                                "decode step 1 of this session (slot 0 at position 2)"))
+      << one.status();
+  absl::StatusOr<std::vector<int32_t>> more = (*s)->Generate(0, 3);
+  ASSERT_FALSE(more.ok());
+  EXPECT_TRUE(absl::StrContains(more.status().message(),
+                                "one of decode steps 2 to 4 of this session (slot 0 at "
+                                "positions 3-5)"))
+      << more.status();
 }
 
 TEST(SessionCpuTest, BadOptionsAreRefusedClearly) {

@@ -1,6 +1,7 @@
 // The `stepgraph` program as a user meets it: help exits 0, every kind of bad argument
 // exits 2 with one error line and a hint, a model folder that fails to load exits 1, and
 // small CPU runs print the ids that a DecodeSession with the same options produces.
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -187,6 +188,97 @@ TEST(CliTest, GraphPrintsTheSummaryAndWritesDot) {
   std::remove(dot.c_str());
   EXPECT_TRUE(absl::StartsWith(text, "digraph")) << text.substr(0, 80);
   EXPECT_TRUE(absl::StrContains(text, "lm_head")) << "the DOT lacks the lm_head node";
+}
+
+// A model folder holding `config` (a config.json text) and, unless `with_weights` is
+// false, the f32_gqa fixture's weights (linked, not copied).
+std::string ModelFolder(const std::string& name, const std::string& config, bool with_weights) {
+  const std::string dir = TempPath(name);
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir + "/config.json") << config;
+  if (with_weights) {
+    std::filesystem::create_symlink(std::string(SG_FIXTURES_DIR) + "/f32_gqa/model.safetensors",
+                                    dir + "/model.safetensors");
+  }
+  return dir;
+}
+
+std::string FixtureConfig(const std::string& field, const std::string& value) {
+  std::string text = ReadFile(std::string(SG_FIXTURES_DIR) + "/f32_gqa/config.json");
+  const std::string key = "\"" + field + "\": ";
+  const size_t at = text.find(key);
+  EXPECT_NE(at, std::string::npos) << field;
+  const size_t end = text.find_first_of(",\n", at);
+  return text.substr(0, at + key.size()) + value + text.substr(end);
+}
+
+// A config asking for terabytes is refused, naming the field, its bound and why, before
+// anything is sized from it; nothing prints wrapped sizes and exits 0.
+TEST(CliTest, GraphOnAHugeConfigFailsWithAClearMessage) {
+  const std::string dir =
+      ModelFolder("huge_config", FixtureConfig("intermediate_size", "4000000000000"), false);
+  const Result r = RunProgram("graph --model '" + dir + "'");
+  std::filesystem::remove_all(dir);
+  EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
+  EXPECT_TRUE(r.out.empty()) << r.out;
+  EXPECT_TRUE(absl::StrContains(r.err, "intermediate_size = 4000000000000 is larger than 262144"))
+      << r.err;
+  EXPECT_TRUE(absl::StrContains(r.err, "real models have")) << r.err;
+}
+
+// A config of many more layers than its files hold is refused before any graph is built
+// (within the layer bound, so only the files can tell), with both sizes.
+TEST(CliTest, RunOnAConfigLargerThanItsWeightsFailsBeforeBuilding) {
+  const std::string dir =
+      ModelFolder("many_layers", FixtureConfig("num_hidden_layers", "1000"), true);
+  const Result r = RunProgram("run --cpu --model '" + dir + "' --prompt-ids 1,2 --max-new-tokens 2");
+  std::filesystem::remove_all(dir);
+  EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
+  EXPECT_TRUE(absl::StrContains(r.err, "but the safetensors files hold only")) << r.err;
+  EXPECT_TRUE(absl::StrContains(r.err, "num_hidden_layers 1000")) << r.err;
+}
+
+// A config.json that is a directory or a FIFO is named as such (a FIFO once hung the
+// program forever), and an unreadable one says why.
+TEST(CliTest, AConfigThatIsNotARegularFileIsNamed) {
+  {
+    const std::string dir = TempPath("config_dir");
+    std::filesystem::remove_all(dir);
+    std::filesystem::create_directories(dir + "/config.json");
+    const Result r = RunProgram("graph --model '" + dir + "'");
+    std::filesystem::remove_all(dir);
+    EXPECT_EQ(r.exit_code, 1) << r.err;
+    EXPECT_TRUE(absl::StrContains(r.err, "config.json is a directory, not a regular file")) << r.err;
+  }
+  {
+    const std::string dir = TempPath("config_fifo");
+    std::filesystem::remove_all(dir);
+    std::filesystem::create_directories(dir);
+    ASSERT_EQ(::mkfifo((dir + "/config.json").c_str(), 0600), 0);
+    const Result r = RunProgram("graph --model '" + dir + "'");
+    std::filesystem::remove_all(dir);
+    EXPECT_EQ(r.exit_code, 1) << r.err;
+    EXPECT_TRUE(absl::StrContains(r.err, "config.json is a FIFO, not a regular file")) << r.err;
+  }
+}
+
+// The KV cache is sized from the request (prompt + new tokens) unless --max-seq is given,
+// so a model of a 67M-position context runs in little memory; a --max-seq whose cache
+// cannot fit is refused up front with the bytes it needs and the bytes free.
+TEST(CliTest, KvCacheIsSizedFromTheRequestAndARefusalSaysTheBytes) {
+  const std::string dir =
+      ModelFolder("long_context", FixtureConfig("max_position_embeddings", "67108864"), true);
+  const Result ok = RunProgram("run --cpu --model '" + dir + "' --prompt-ids 1,2 --max-new-tokens 3");
+  EXPECT_EQ(ok.exit_code, 0) << ok.err;
+  EXPECT_EQ(PrintedIds(ok.out, "generated").size(), 3u) << ok.out;
+  // 2 layers x 2 (K, V) x 64 slots x 2 KV heads x 2^26 positions x 16 dims x 4 bytes.
+  const Result refused =
+      RunProgram("run --cpu --model '" + dir + "' --prompt-ids 1,2 --batch 64 --max-seq 67108864");
+  std::filesystem::remove_all(dir);
+  EXPECT_EQ(refused.exit_code, 1) << refused.out << refused.err;
+  EXPECT_TRUE(absl::StrContains(refused.err, "needs 2199023255552 bytes")) << refused.err;
+  EXPECT_TRUE(absl::StrContains(refused.err, "bytes free")) << refused.err;
 }
 
 TEST(CliTest, TinyCpuBench) {
