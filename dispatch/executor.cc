@@ -119,8 +119,9 @@ inline void ResolveInto(const ExecutionPlan& plan, const Bindings& bindings,
 // Argument slots reused by every node of one Execute, so that a node does not pay for
 // constructing five TensorArgs before filling them.
 struct NodeScratch {
-  // Every op takes at most four inputs (Validate checks arities through inference).
-  std::array<TensorArg, 4> inputs;
+  // Every op takes at most five inputs (Validate checks arities through inference; the
+  // prefill forms of Attention take five). RunNode refuses a node with more.
+  std::array<TensorArg, 5> inputs;
   NodeArgs args;
 };
 
@@ -141,6 +142,11 @@ absl::Status RunNode(const PreparedPlan& prepared, const Bindings& bindings,
   const ExecutionPlan& plan = prepared.plan();
   const Node& node = plan.graph().nodes()[i];
   const size_t n = node.inputs.size();
+  if (ABSL_PREDICT_FALSE(n > scratch.inputs.size())) {
+    return absl::InternalError(absl::StrCat("node '", node.name, "' has ", n,
+                                            " inputs; the executor takes at most ",
+                                            scratch.inputs.size()));
+  }
   for (size_t k = 0; k < n; ++k) {
     ResolveInto(plan, bindings, node.inputs[k].index, scratch.inputs[k]);
   }

@@ -187,8 +187,11 @@ TensorId GraphBuilder::KvWrite(TensorId kv, TensorId pos, TensorId cache,
                                absl::string_view name) {
   return AddNode(ops::KvWrite{}, name, {kv, pos, cache});
 }
-TensorId GraphBuilder::Attention(TensorId q, TensorId k_cache, TensorId v_cache, TensorId pos,
-                                 absl::string_view name) {
+TensorId GraphBuilder::KvWrite(TensorId kv, TensorId pos, TensorId seq_slots, TensorId cache,
+                               absl::string_view name) {
+  return AddNode(ops::KvWrite{.has_slots = true}, name, {kv, pos, seq_slots, cache});
+}
+float GraphBuilder::DefaultAttentionScale(TensorId k_cache) const {
   // The default scale needs head_dim, the last dim of the cache; when the cache id is bad,
   // any positive value lets inference report the real problem.
   float scale = 1.0f;
@@ -197,7 +200,16 @@ TensorId GraphBuilder::Attention(TensorId q, TensorId k_cache, TensorId v_cache,
       tensors_[k_cache.index].shape.rank() == 4) {
     scale = 1.0f / std::sqrt(static_cast<float>(tensors_[k_cache.index].shape[3]));
   }
-  return Attention(q, k_cache, v_cache, pos, scale, name);
+  return scale;
+}
+TensorId GraphBuilder::Attention(TensorId q, TensorId k_cache, TensorId v_cache, TensorId pos,
+                                 absl::string_view name) {
+  return Attention(q, k_cache, v_cache, pos, DefaultAttentionScale(k_cache), name);
+}
+TensorId GraphBuilder::Attention(TensorId q, TensorId k_cache, TensorId v_cache, TensorId pos,
+                                 TensorId seq_slots, absl::string_view name) {
+  return AddNode(ops::Attention{.scale = DefaultAttentionScale(k_cache), .has_slots = true},
+                 name, {q, k_cache, v_cache, pos, seq_slots});
 }
 TensorId GraphBuilder::Attention(TensorId q, TensorId k_cache, TensorId v_cache, TensorId pos,
                                  float scale, absl::string_view name) {

@@ -35,7 +35,10 @@ std::string Params(const ops::Rope& op) {
   }
   return s;
 }
-std::string Params(const ops::Attention& op) { return absl::StrFormat("scale=%g", op.scale); }
+std::string Params(const ops::KvWrite& op) { return op.has_slots ? "slots" : ""; }
+std::string Params(const ops::Attention& op) {
+  return absl::StrFormat(op.has_slots ? "scale=%g slots" : "scale=%g", op.scale);
+}
 std::string Params(const ops::Sample& op) {
   return absl::StrFormat("temperature=%g top_k=%d top_p=%g", op.temperature, op.top_k,
                          op.top_p);
@@ -222,7 +225,8 @@ Result Infer(const ops::Rope& op, const Checker& c) {
   return TensorType{c[0].dtype, c[0].shape};
 }
 
-// The cache layout [slots, kvh, S, d] shared by KvWrite and Attention.
+// The cache layout [slots, kvh, S, d] shared by KvWrite and Attention. `rows` is the
+// number of slots the step addresses by row (0 when a seq_slots input picks them).
 absl::Status CheckCache(const Checker& c, int i, absl::string_view role, int64_t rows) {
   SG_RETURN_IF_ERROR(c.Rank(i, 4, role));
   SG_RETURN_IF_ERROR(c.Float(i, role));
@@ -237,30 +241,46 @@ absl::Status CheckCache(const Checker& c, int i, absl::string_view role, int64_t
   return absl::OkStatus();
 }
 
-Result Infer(const ops::KvWrite&, const Checker& c) {
-  SG_RETURN_IF_ERROR(c.Arity(3));
+// seq_slots[B] i32 of a step of M rows: B must divide M (B sequences of M / B rows).
+absl::Status CheckSeqSlots(const Checker& c, int i, int64_t rows) {
+  SG_RETURN_IF_ERROR(c.Rank(i, 1, "seq_slots"));
+  SG_RETURN_IF_ERROR(c.Int(i, "seq_slots"));
+  const int64_t seqs = c[i].shape[0];
+  if (seqs > 0 && rows % seqs == 0) return absl::OkStatus();
+  return c.Error(absl::StrCat("seq_slots ", Describe(c[i]), " must have a number of entries ",
+                              "that divides the ", rows, " rows of the step (B sequences of ",
+                              "M / B rows each)"));
+}
+
+Result Infer(const ops::KvWrite& op, const Checker& c) {
+  SG_RETURN_IF_ERROR(c.Arity(op.has_slots ? 4 : 3));
   SG_RETURN_IF_ERROR(c.Rank(0, 2, "kv"));
   SG_RETURN_IF_ERROR(c.Float(0, "kv"));
   const int64_t rows = c[0].shape[0];
   SG_RETURN_IF_ERROR(c.PerRow(1, rows, "pos"));
-  SG_RETURN_IF_ERROR(CheckCache(c, 2, "cache", rows));
-  SG_RETURN_IF_ERROR(c.SameDType(0, 2));
-  const Shape& cache = c[2].shape;
+  // The cache is written in place, so it is the last input.
+  const int ci = op.has_slots ? 3 : 2;
+  if (op.has_slots) SG_RETURN_IF_ERROR(CheckSeqSlots(c, 2, rows));
+  SG_RETURN_IF_ERROR(CheckCache(c, ci, "cache", op.has_slots ? 0 : rows));
+  SG_RETURN_IF_ERROR(c.SameDType(0, ci));
+  const Shape& cache = c[ci].shape;
   int64_t kv_cols = 0;
   if (!CheckedMul(cache[1], cache[3], &kv_cols) || c[0].shape[1] != kv_cols) {
     return c.Error(absl::StrCat("shape mismatch: kv ", Describe(c[0]),
-                                " must have kvh*d columns for cache ", Describe(c[2])));
+                                " must have kvh*d columns for cache ", Describe(c[ci])));
   }
-  return TensorType{c[2].dtype, cache};
+  return TensorType{c[ci].dtype, cache};
 }
 
 Result Infer(const ops::Attention& op, const Checker& c) {
-  SG_RETURN_IF_ERROR(c.Arity(4));
+  SG_RETURN_IF_ERROR(c.Arity(op.has_slots ? 5 : 4));
   SG_RETURN_IF_ERROR(c.Rank(0, 2, "q"));
   SG_RETURN_IF_ERROR(c.Float(0, "q"));
   const int64_t rows = c[0].shape[0];
-  SG_RETURN_IF_ERROR(CheckCache(c, 1, "k_cache", rows));
-  SG_RETURN_IF_ERROR(CheckCache(c, 2, "v_cache", rows));
+  const int64_t slot_rows = op.has_slots ? 0 : rows;
+  if (op.has_slots) SG_RETURN_IF_ERROR(CheckSeqSlots(c, 4, rows));
+  SG_RETURN_IF_ERROR(CheckCache(c, 1, "k_cache", slot_rows));
+  SG_RETURN_IF_ERROR(CheckCache(c, 2, "v_cache", slot_rows));
   SG_RETURN_IF_ERROR(c.SameShape(1, 2));
   SG_RETURN_IF_ERROR(c.SameDType(0, 1));
   SG_RETURN_IF_ERROR(c.SameDType(0, 2));

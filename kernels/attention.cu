@@ -110,6 +110,9 @@ struct Params {
   float2* partial_ml;  // [rows · heads · chunks]: (max in log2 units, sum of 2^(s - max))
   float* partial_o;    // [rows · heads · chunks · head_dim]: Σ 2^(s - max) · v
   uint32_t* error_flags;
+  const int32_t* seq_slots;  // null: row i is slot i
+  int rows_per_seq;
+  int slots;
 };
 
 template <typename T, int kHeadDim, int kTile>
@@ -141,14 +144,16 @@ __global__ void __launch_bounds__(kThreads) AttentionKernel(const Params p) {
   const int64_t out_offset = (static_cast<int64_t>(row) * p.heads + head0) * d;
   T* out = static_cast<T*>(p.out) + out_offset;
   const int pos = p.pos[row];
+  const int slot = p.seq_slots == nullptr ? row : p.seq_slots[row / p.rows_per_seq];
+  const bool bad = pos >= p.seq_len || (pos >= 0 && (slot < 0 || slot >= p.slots));
 
-  // Padding rows (pos < 0) and positions outside the cache give zeros; the block of chunk
-  // 0 writes them. The decision depends on the row only, so every block of the row agrees
-  // and none of them touches the counter.
-  if (pos < 0 || pos >= p.seq_len) {
+  // Padding rows (pos < 0), positions outside the cache and slots out of range give zeros;
+  // the block of chunk 0 writes them. The decision depends on the row only, so every block
+  // of the row agrees and none of them touches the counter.
+  if (pos < 0 || bad) {
     if (chunk == 0) {
       for (int i = threadIdx.x; i < kG * d; i += kThreads) out[i] = FromFloat<T>(0.0f);
-      if (pos >= p.seq_len && blockIdx.y == 0 && threadIdx.x == 0) {
+      if (bad && blockIdx.y == 0 && threadIdx.x == 0) {
         atomicOr(p.error_flags, kErrorPositionOutOfRange);
       }
     }
@@ -199,7 +204,7 @@ __global__ void __launch_bounds__(kThreads) AttentionKernel(const Params p) {
   }
 
   const int64_t cache_offset =
-      (static_cast<int64_t>(row) * p.kv_heads + kv_head) * p.seq_len * d;
+      (static_cast<int64_t>(slot) * p.kv_heads + kv_head) * p.seq_len * d;
   const T* k_rows = static_cast<const T*>(p.k) + cache_offset;
   const T* v_rows = static_cast<const T*>(p.v) + cache_offset;
 
@@ -539,6 +544,10 @@ cudaError_t LaunchAttention(const AttentionArgs& args, const AttentionShape& s, 
                           reinterpret_cast<char*>(p.partial_ml) +
                           RoundUp256(row_heads * chunks * static_cast<int64_t>(sizeof(float2))));
   p.error_flags = args.error_flags;
+  p.seq_slots = args.seq_slots;
+  p.rows_per_seq = args.seq_slots == nullptr ? 1 : args.rows_per_seq;
+  p.slots = args.seq_slots == nullptr ? s.rows : args.slots;
+  if (p.rows_per_seq < 1 || s.rows % p.rows_per_seq != 0) return cudaErrorInvalidValue;
 
   return DispatchFloat(dtype, [&](auto tag) -> cudaError_t {
     using T = typename decltype(tag)::type;

@@ -14,8 +14,8 @@
 
 namespace sg::kernels {
 
-// q[rows, heads·head_dim]; caches [slots >= rows, kv_heads, seq_len, head_dim], row i
-// reading slot i.
+// q[rows, heads·head_dim]; caches [slots, kv_heads, seq_len, head_dim], row i reading slot
+// i (AttentionArgs::seq_slots null, slots >= rows) or the slot of its sequence.
 struct AttentionShape {
   int rows = 0;
   int heads = 0;
@@ -52,6 +52,12 @@ struct AttentionArgs {
   float scale = 0.0f;            // multiplies q·k before the softmax
   void* workspace = nullptr;     // AttentionWorkspaceBytes(shape, chunks)
   uint32_t* error_flags = nullptr;  // kErrorPositionOutOfRange is OR-ed in for pos >= seq_len
+  // A prefill step: rows are sequences of rows_per_seq consecutive rows, sequence b in
+  // KV slot seq_slots[b] (device, [rows / rows_per_seq]); a non-padding row whose slot is
+  // outside [0, slots) gets zeros and raises the flag. Null: row i is slot i.
+  const int32_t* seq_slots = nullptr;
+  int rows_per_seq = 1;
+  int slots = 0;
 };
 
 // One launch. Rows with pos < 0 get zeros; rows with pos >= seq_len get zeros and raise
@@ -59,6 +65,30 @@ struct AttentionArgs {
 // outside [1, kAttentionMaxChunks] or buffers not aligned to two elements.
 cudaError_t LaunchAttention(const AttentionArgs& args, const AttentionShape& shape, int chunks,
                             DType dtype, cudaStream_t stream);
+
+// ---- Prefill: many query rows per sequence (kernels/attention_prefill.cu).
+//
+// Flash attention over tiles: a block takes kPrefillQueryTile consecutive rows of one
+// sequence and one query head, walks the sequence's keys in tiles of kPrefillKeyTile up to
+// the largest position among its rows, and keeps an online softmax per row; Q·Kᵀ and P·V
+// run on tensor cores (bf16/f16 in, f32 accumulation). Row i attends to keys 0..pos[i] of
+// its slot, as the decode kernel does, so the two kernels agree row by row.
+inline constexpr int kPrefillQueryTile = 64;
+inline constexpr int kPrefillKeyTile = 64;
+
+// Whether the prefill kernel takes the shape, dtype and rows per sequence (bf16 or f16,
+// head_dim 64 or 128, seq_slots given, at least 16 rows per sequence). Where it does not,
+// LaunchAttention's row-by-row kernel serves prefill steps too.
+bool PrefillAttentionSupported(const AttentionShape& s, DType dtype, int rows_per_seq);
+
+// Sets what the prefill kernels need once per process (their shared memory carve-out),
+// outside any capture: call it when a dispatcher is made.
+cudaError_t PreparePrefillAttention();
+
+// One launch; args.seq_slots must be set. cudaErrorInvalidValue where
+// PrefillAttentionSupported refuses or buffers are not 16-byte aligned.
+cudaError_t LaunchPrefillAttention(const AttentionArgs& args, const AttentionShape& shape,
+                                   DType dtype, cudaStream_t stream);
 
 }  // namespace sg::kernels
 

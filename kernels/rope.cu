@@ -6,7 +6,7 @@
 // Products are rounded explicitly (__fmul_rn, then to the storage type) so that the result
 // follows the reference's order of rounding rather than whatever the compiler contracts.
 //
-// KvWrite: a copy of raw bytes, one thread per 16-byte unit (or per element when a head's
+// KvWrite: a copy of raw bytes (to slot i, or to the slot of row i's sequence), one thread per 16-byte unit (or per element when a head's
 // row is not a multiple of 16 bytes or a buffer is unaligned), over rows · kv_heads ·
 // units-per-head.
 #include <algorithm>
@@ -58,7 +58,7 @@ template <typename U>
 __global__ void __launch_bounds__(kThreads)
     KvWriteKernel(const U* __restrict__ kv, const int32_t* __restrict__ pos,
                   U* __restrict__ cache, int64_t rows, int64_t kv_heads, int64_t seq,
-                  int64_t units_per_head, uint32_t* error_flags) {
+                  int64_t units_per_head, uint32_t* error_flags, KvSlots slots) {
   AwaitPrerequisiteGrids();
   const int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t units_per_row = kv_heads * units_per_head;
@@ -67,24 +67,26 @@ __global__ void __launch_bounds__(kThreads)
   const int32_t p = pos[row];
   if (p < 0) return;  // padding row
   const int64_t in_row = t - row * units_per_row;
-  if (p >= seq) {
+  const int64_t slot =
+      slots.seq_slots == nullptr ? row : slots.seq_slots[row / slots.rows_per_seq];
+  if (p >= seq || slot < 0 || slot >= slots.slots) {
     if (in_row == 0) atomicOr(error_flags, static_cast<uint32_t>(kErrorPositionOutOfRange));
     return;
   }
   const int64_t head = in_row / units_per_head;
   const int64_t unit = in_row - head * units_per_head;
-  cache[((row * kv_heads + head) * seq + p) * units_per_head + unit] = kv[t];
+  cache[((slot * kv_heads + head) * seq + p) * units_per_head + unit] = kv[t];
 }
 
 template <typename U>
 cudaError_t LaunchKvUnits(const void* kv, const int32_t* pos, void* cache, int64_t rows,
                           int64_t kv_heads, int64_t seq, int64_t head_bytes,
-                          uint32_t* error_flags, cudaStream_t stream) {
+                          uint32_t* error_flags, const KvSlots& slots, cudaStream_t stream) {
   const int64_t units_per_head = head_bytes / static_cast<int64_t>(sizeof(U));
   const int64_t blocks = CeilDiv(rows * kv_heads * units_per_head, kThreads);
   return LaunchKernel(KvWriteKernel<U>, dim3(static_cast<unsigned>(blocks)), dim3(kThreads), stream,
                       static_cast<const U*>(kv), pos, static_cast<U*>(cache), rows, kv_heads, seq,
-                      units_per_head, error_flags);
+                      units_per_head, error_flags, slots);
 }
 
 }  // namespace
@@ -107,22 +109,24 @@ cudaError_t LaunchRope(const void* x, const int32_t* pos, const float* inv_freq,
 
 cudaError_t LaunchKvWrite(const void* kv, const int32_t* pos, void* cache, int64_t rows,
                           int64_t kv_heads, int64_t seq, int64_t head_dim, DType dtype,
-                          uint32_t* error_flags, cudaStream_t stream) {
+                          uint32_t* error_flags, cudaStream_t stream, const KvSlots& in_slots) {
   if (rows <= 0 || kv_heads <= 0 || seq <= 0 || head_dim <= 0 || !IsFloat(dtype) ||
-      error_flags == nullptr) {
+      error_flags == nullptr || in_slots.rows_per_seq <= 0 || rows % in_slots.rows_per_seq != 0) {
     return cudaErrorInvalidValue;
   }
+  KvSlots slots = in_slots;
+  if (slots.seq_slots == nullptr) slots.slots = rows;  // row i is slot i
   const int64_t head_bytes = head_dim * DTypeBytes(dtype);
   if (head_bytes % 16 == 0 && Aligned16(kv) && Aligned16(cache)) {
     return LaunchKvUnits<uint4>(kv, pos, cache, rows, kv_heads, seq, head_bytes, error_flags,
-                                stream);
+                                slots, stream);
   }
   if (DTypeBytes(dtype) == 4) {
     return LaunchKvUnits<uint32_t>(kv, pos, cache, rows, kv_heads, seq, head_bytes,
-                                   error_flags, stream);
+                                   error_flags, slots, stream);
   }
   return LaunchKvUnits<uint16_t>(kv, pos, cache, rows, kv_heads, seq, head_bytes, error_flags,
-                                 stream);
+                                 slots, stream);
 }
 
 }  // namespace sg::kernels

@@ -21,12 +21,20 @@ cudaError_t LaunchRope(const void* x, const int32_t* pos, const float* inv_freq,
                        int64_t rows, int64_t cols, int head_dim, bool interleaved, DType dtype,
                        cudaStream_t stream);
 
-// kv [rows, kv_heads * head_dim]; cache [slots >= rows, kv_heads, seq, head_dim]. Row i
-// goes to (slot i, pos[i]) of every head. pos < 0 writes nothing; pos >= seq writes
-// nothing and raises kErrorPositionOutOfRange in *error_flags.
+// kv [rows, kv_heads * head_dim]; cache [slots, kv_heads, seq, head_dim]. Row i goes to
+// (its slot, pos[i]) of every head: slot i when seq_slots is null (slots >= rows), else
+// seq_slots[i / rows_per_seq] (a prefill step of rows_per_seq rows per sequence). pos < 0
+// writes nothing; pos >= seq or a slot outside [0, slots) writes nothing and raises
+// kErrorPositionOutOfRange in *error_flags.
+struct KvSlots {
+  const int32_t* seq_slots = nullptr;  // device, [rows / rows_per_seq]
+  int64_t rows_per_seq = 1;
+  int64_t slots = 0;
+};
 cudaError_t LaunchKvWrite(const void* kv, const int32_t* pos, void* cache, int64_t rows,
                           int64_t kv_heads, int64_t seq, int64_t head_dim, DType dtype,
-                          uint32_t* error_flags, cudaStream_t stream);
+                          uint32_t* error_flags, cudaStream_t stream,
+                          const KvSlots& slots = KvSlots{});
 
 }  // namespace sg::kernels
 

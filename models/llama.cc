@@ -1,6 +1,8 @@
-// The Llama decode step as a graph: embedding, per layer (RMSNorm, q/k/v projections,
-// RoPE, KV cache write, attention, o projection, residual, RMSNorm, SwiGLU MLP, residual),
-// final norm, lm head and the token choice.
+// The Llama step as a graph: embedding, per layer (RMSNorm, q/k/v projections, RoPE, KV
+// cache write, attention, o projection, residual, RMSNorm, SwiGLU MLP, residual), final
+// norm, lm head and the token choice. Decode and prefill steps are the same function:
+// a prefill step has several rows (tokens) per sequence and the ops address KV slots by
+// sequence.
 #include "models/llama.h"
 
 #include <cmath>
@@ -152,14 +154,24 @@ std::string VCacheName(int64_t layer) { return absl::StrCat("model.layers.", lay
 absl::StatusOr<Graph> BuildLlamaDecodeGraph(const LlamaConfig& c,
                                             const LlamaGraphOptions& options) {
   SG_RETURN_IF_ERROR(c.Validate());
-  const int64_t m = options.batch;
-  const int64_t slots = options.slots > 0 ? options.slots : m;
+  const int64_t seqs = options.batch;
+  const int64_t per_seq = options.rows_per_seq;
+  const int64_t slots = options.slots > 0 ? options.slots : seqs;
   const int64_t seq = options.max_seq > 0 ? options.max_seq : c.max_position_embeddings;
-  if (m <= 0 || slots < m || seq <= 0) {
+  int64_t m = 0;
+  if (seqs <= 0 || per_seq <= 0 || !CheckedMul(seqs, per_seq, &m) || m > INT32_MAX ||
+      slots < seqs || seq <= 0) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "llama graph: need batch > 0, slots >= batch and max_seq > 0; got batch=", m,
+        "llama graph: need batch > 0, rows_per_seq > 0 (batch * rows_per_seq rows in i32), "
+        "slots >= batch and max_seq > 0; got batch=", seqs, " rows_per_seq=", per_seq,
         " slots=", slots, " max_seq=", seq));
   }
+  if (options.closed_loop && (per_seq != 1 || !options.logits)) {
+    return absl::InvalidArgumentError(
+        "llama graph: a closed loop feeds each row's chosen id back as its next token, so it "
+        "needs rows_per_seq = 1 and logits");
+  }
+  const bool by_slot = per_seq > 1 || options.seq_slots;
   const DType t = c.dtype;
   const int64_t h = c.hidden_size, d = c.head_dim;
   const int64_t q_cols = c.num_attention_heads * d, kv_cols = c.num_key_value_heads * d;
@@ -175,6 +187,7 @@ absl::StatusOr<Graph> BuildLlamaDecodeGraph(const LlamaConfig& c,
   };
   const TensorId ids = b.Input(kIdsInput, DType::kI32, {m});
   const TensorId pos = b.Input(kPosInput, DType::kI32, {m});
+  const TensorId seq_slots = by_slot ? b.Input(kSeqSlotsInput, DType::kI32, {seqs}) : TensorId{};
   const std::string embed_name = "model.embed_tokens.weight";
   const TensorId embed = weight(embed_name, {c.vocab_size, h});
   TensorId x = IsQuantized(weight_dtype(embed_name))
@@ -199,16 +212,27 @@ absl::StatusOr<Graph> BuildLlamaDecodeGraph(const LlamaConfig& c,
     const std::string p = absl::StrCat("model.layers.", l, ".");
     const TensorId n1 = b.RmsNorm(x, b.Weight(p + "input_layernorm.weight", t, {h}),
                                   c.rms_norm_eps, p + "input_layernorm");
-    TensorId q = linear(n1, p + "self_attn.q_proj", q_cols, h, c.attention_bias);
+    // A step without logits needs only the last layer's keys and values.
+    const bool kv_only = !options.logits && l + 1 == c.num_hidden_layers;
+    TensorId q = kv_only ? TensorId{} : linear(n1, p + "self_attn.q_proj", q_cols, h, c.attention_bias);
     TensorId k = linear(n1, p + "self_attn.k_proj", kv_cols, h, c.attention_bias);
     const TensorId v = linear(n1, p + "self_attn.v_proj", kv_cols, h, c.attention_bias);
-    q = b.Rope(q, pos, rope, p + "self_attn.q_rope");
+    if (!kv_only) q = b.Rope(q, pos, rope, p + "self_attn.q_rope");
     k = b.Rope(k, pos, rope, p + "self_attn.k_rope");
     TensorId kc = b.State(KCacheName(l), t, {slots, c.num_key_value_heads, seq, d});
     TensorId vc = b.State(VCacheName(l), t, {slots, c.num_key_value_heads, seq, d});
-    kc = b.KvWrite(k, pos, kc, p + "self_attn.k_write");
-    vc = b.KvWrite(v, pos, vc, p + "self_attn.v_write");
-    const TensorId attn = b.Attention(q, kc, vc, pos, p + "self_attn.attention");
+    if (by_slot) {
+      kc = b.KvWrite(k, pos, seq_slots, kc, p + "self_attn.k_write");
+      vc = b.KvWrite(v, pos, seq_slots, vc, p + "self_attn.v_write");
+    } else {
+      kc = b.KvWrite(k, pos, kc, p + "self_attn.k_write");
+      vc = b.KvWrite(v, pos, vc, p + "self_attn.v_write");
+    }
+    // Nothing after the last KV write reaches the cache: a step without logits ends here.
+    if (kv_only) break;
+    const TensorId attn = by_slot
+                              ? b.Attention(q, kc, vc, pos, seq_slots, p + "self_attn.attention")
+                              : b.Attention(q, kc, vc, pos, p + "self_attn.attention");
     const TensorId o = linear(attn, p + "self_attn.o_proj", h, q_cols, c.attention_bias);
     x = b.Add(x, o, p + "attn_residual");
     const TensorId n2 = b.RmsNorm(x, b.Weight(p + "post_attention_layernorm.weight", t, {h}),
@@ -219,6 +243,7 @@ absl::StatusOr<Graph> BuildLlamaDecodeGraph(const LlamaConfig& c,
     const TensorId down = linear(act, p + "mlp.down_proj", h, c.intermediate_size, c.mlp_bias);
     x = b.Add(x, down, p + "mlp_residual");
   }
+  if (!options.logits) return std::move(b).Build();
   x = b.RmsNorm(x, b.Weight("model.norm.weight", t, {h}), c.rms_norm_eps, "model.norm");
   const TensorId head =
       c.tie_word_embeddings ? embed : weight("lm_head.weight", {c.vocab_size, h});

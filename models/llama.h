@@ -55,14 +55,27 @@ LlamaConfig TinyLlamaConfig();
 // vocab 128256, tied embeddings, llama3 RoPE scaling), bf16.
 LlamaConfig Llama32_1BConfig();
 
+// One step of the model: a decode step (one row per sequence) or a prefill step (T rows
+// per sequence, one per token). Both are this one graph with different options.
 struct LlamaGraphOptions {
-  int64_t batch = 1;     // rows M of the step (sequences decoded together)
+  int64_t batch = 1;     // sequences B in the step
   int64_t slots = 0;     // KV cache slots; 0 means `batch`
   int64_t max_seq = 0;   // KV cache length S; 0 means max_position_embeddings
+  // Rows per sequence T; the step has M = batch · T rows, each a token with its own
+  // position. T > 1 is a prefill step: the sequences' KV cache slots come from a
+  // "seq_slots" input [batch] (as they do whenever `seq_slots` is set), and attention is
+  // causal among each sequence's rows and covers what its cache held.
+  int64_t rows_per_seq = 1;
+  // Rows address KV slots through "seq_slots" even at T = 1 (without it row i is slot i).
+  bool seq_slots = false;
+  // false: the step only fills the KV cache (a prefill chunk; the prompt's last token goes
+  // through a decode step, which yields the first new id): no lm head and no token
+  // choice, and the last layer stops after its KV write. The graph then has no outputs.
+  bool logits = true;
   // Greedy (Argmax) when empty; otherwise Sample with these parameters and a "seeds" input.
   std::optional<ops::Sample> sampling;
   // Closed decode loop: the step ends by copying the chosen ids into "ids" and advancing
-  // "pos", so consecutive steps need no host writes.
+  // "pos", so consecutive steps need no host writes. Decode steps only (T = 1, logits).
   bool closed_loop = false;
 };
 
@@ -70,6 +83,7 @@ struct LlamaGraphOptions {
 inline constexpr char kIdsInput[] = "ids";
 inline constexpr char kPosInput[] = "pos";
 inline constexpr char kSeedsInput[] = "seeds";
+inline constexpr char kSeqSlotsInput[] = "seq_slots";
 inline constexpr char kLogitsOutput[] = "logits";
 inline constexpr char kNextIdsOutput[] = "next_ids";
 
@@ -77,8 +91,9 @@ inline constexpr char kNextIdsOutput[] = "next_ids";
 std::string KCacheName(int64_t layer);
 std::string VCacheName(int64_t layer);
 
-// The decode step: ids[M], pos[M] (and seeds[M] when sampling) in; logits [M, vocab] and
-// next_ids [M] out.
+// A step: ids[M], pos[M] (seeds[M] when sampling, seq_slots[B] for prefill) in; logits
+// [M, vocab] and next_ids [M] out unless `logits` is false. Row r is token r % T of
+// sequence r / T.
 absl::StatusOr<Graph> BuildLlamaDecodeGraph(const LlamaConfig& config,
                                             const LlamaGraphOptions& options);
 

@@ -143,8 +143,22 @@ absl::Status ModelFiles::CheckAgainstGraph(const Graph& graph) const {
 }
 
 absl::Status ModelFiles::BindInPlace(const Graph& graph, Bindings& bindings) const {
-  if (folder_.has_value()) return BindMappedWeights(*folder_, graph, bindings);
-  return BindGgufWeights(*gguf_, graph, bindings);
+  for (int32_t i = 0; i < graph.num_tensors(); ++i) {
+    const Tensor& t = graph.tensors()[i];
+    if (t.kind != TensorKind::kWeight) continue;
+    SG_ASSIGN_OR_RETURN(absl::Span<const std::byte> data, WeightData(t.name));
+    // Plain types are read as elements in place; block types byte by byte.
+    const int64_t align = IsQuantized(t.dtype) ? 1 : DTypeBytes(t.dtype);
+    if (static_cast<int64_t>(data.size()) != t.bytes() ||
+        reinterpret_cast<uintptr_t>(data.data()) % static_cast<uintptr_t>(align) != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "weight '", t.name, "' in ", path_, " does not have the ", t.bytes(), " bytes (",
+          DTypeName(t.dtype), ", aligned to ", align, ") the step needs"));
+    }
+    // Weights are never written; the mapping is read only.
+    SG_RETURN_IF_ERROR(bindings.Bind(graph.id(i), const_cast<std::byte*>(data.data()), t.bytes()));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status ModelFiles::CheckFinite() const {

@@ -49,7 +49,9 @@ class ModelFiles {
   // weight is used (errors name the tensor and the file).
   absl::Status CheckAgainstGraph(const Graph& graph) const;
   // Binds every Weight of `graph` to its bytes in the mapping (for the CPU reference, which
-  // reads them in place). Checks first.
+  // reads them in place), checking each one's size and alignment. The graph may use a
+  // subset of the weights (a prefill step has no lm head); CheckAgainstGraph checks the
+  // whole model against the full graph.
   absl::Status BindInPlace(const Graph& graph, Bindings& bindings) const;
   // The stored bytes of the weight the graph calls `name`; NotFound naming it otherwise.
   absl::StatusOr<absl::Span<const std::byte>> WeightData(absl::string_view name) const;

@@ -51,6 +51,22 @@ absl::Status BindInputBlock(const Graph& graph, const InputBlock& block, int32_t
   return absl::OkStatus();
 }
 
+// Binds a prefill step's "ids" and "pos" (rows long) and "seq_slots" (seqs long) to the
+// prefill block at `base` (its third array holds the sequences' slots).
+absl::Status BindPrefillBlock(const InputBlock& block, int32_t* base, int64_t rows, int64_t seqs,
+                              Bindings& bindings) {
+  SG_RETURN_IF_ERROR(bindings.Bind(kIdsInput, base + block.ids(), rows * 4));
+  SG_RETURN_IF_ERROR(bindings.Bind(kPosInput, base + block.pos(), rows * 4));
+  return bindings.Bind(kSeqSlotsInput, base + block.seeds(), seqs * 4);
+}
+
+// Host staging areas of prefill inputs in flight before the session waits for the device.
+constexpr int64_t kPrefillStaging = 64;
+// The smallest prefill step has at least this many rows per sequence.
+constexpr int64_t kMinPrefillRows = 8;
+// prefill_chunk is at most this (rows of one step).
+constexpr int64_t kMaxPrefillChunk = 16384;
+
 std::vector<float> ToFloats(const void* data, DType dtype, int64_t n) {
   std::vector<float> out(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) out[i] = LoadElement(data, dtype, i);
@@ -149,6 +165,13 @@ absl::Status DecodeSession::Init(const SessionOptions& options) {
   buckets_.push_back(options.max_slots);
   if (options.sampling.has_value()) SG_RETURN_IF_ERROR(CheckSampling(*options.sampling));
 
+  if (options.prefill_chunk < 0 || options.prefill_chunk > kMaxPrefillChunk) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "session: prefill_chunk must be in [0, ", kMaxPrefillChunk,
+        "] (0: prompts go through decode steps), got ", options.prefill_chunk));
+  }
+  prefill_chunk_ = std::min(options.prefill_chunk, max_seq_);
+
   std::vector<Graph> graphs;
   for (int64_t bucket : buckets_) {
     LlamaGraphOptions g;
@@ -160,7 +183,31 @@ absl::Status DecodeSession::Init(const SessionOptions& options) {
     SG_ASSIGN_OR_RETURN(Graph graph, BuildLlamaDecodeGraph(config_, g));
     graphs.push_back(std::move(graph));
   }
-  const Graph& largest = graphs.back();
+  // Prefill steps: rows per sequence chunk, chunk/4, chunk/16, ... (at least
+  // kMinPrefillRows), each alone and, where shorter than the chunk, as many sequences as
+  // fill a chunk's rows.
+  if (prefill_chunk_ > 0) {
+    for (int64_t t = prefill_chunk_;; t /= 4) {
+      prefill_shapes_.push_back({1, t, -1});
+      const int64_t seqs = std::min(options.max_slots, prefill_chunk_ / t);
+      if (seqs > 1) prefill_shapes_.push_back({seqs, t, -1});
+      if (t / 4 < kMinPrefillRows) break;
+    }
+  }
+  const size_t decode_graphs = graphs.size();
+  for (const PrefillShape& shape : prefill_shapes_) {
+    LlamaGraphOptions g;
+    g.batch = shape.seqs;
+    g.rows_per_seq = shape.rows_per_seq;
+    g.seq_slots = true;
+    g.slots = options.max_slots;
+    g.max_seq = max_seq_;
+    g.logits = false;
+    SG_ASSIGN_OR_RETURN(Graph graph, BuildLlamaDecodeGraph(config_, g));
+    graphs.push_back(std::move(graph));
+  }
+  // The largest decode step reads every weight and every KV cache.
+  const Graph& largest = graphs[decode_graphs - 1];
   if (model_.has_value()) SG_RETURN_IF_ERROR(model_->CheckAgainstGraph(largest));
 
   RunnerOptions ro;
@@ -193,6 +240,17 @@ absl::Status DecodeSession::Init(const SessionOptions& options) {
                       runner_->AllocateHost(2 * block.bytes() + max_seq_ * 4, "input staging"));
   SG_ASSIGN_OR_RETURN(void* ring, runner_->AllocateHost(ring_steps_ * max_slots() * 4,
                                                         "the id ring"));
+  const InputBlock prefill_block(std::max<int64_t>(prefill_chunk_, 1));
+  SG_ASSIGN_OR_RETURN(void* prefill_inputs,
+                      runner_->Allocate(prefill_block.bytes(), "the prefill step inputs"));
+  SG_ASSIGN_OR_RETURN(void* prefill_staging,
+                      runner_->AllocateHost(kPrefillStaging * prefill_block.bytes(),
+                                            "prefill input staging"));
+  prefill_inputs_ = static_cast<int32_t*>(prefill_inputs);
+  prefill_staging_ = static_cast<int32_t*>(prefill_staging);
+  // All padding, like the decode inputs, for whatever a capture runs.
+  prefill_block.Clear(prefill_staging_);
+  SG_RETURN_IF_ERROR(runner_->Copy(prefill_inputs_, prefill_staging_, prefill_block.bytes()));
   inputs_ = static_cast<int32_t*>(inputs);
   prompt_ = static_cast<int32_t*>(prompt);
   staging_ = static_cast<int32_t*>(staging);
@@ -201,17 +259,22 @@ absl::Status DecodeSession::Init(const SessionOptions& options) {
   SG_RETURN_IF_ERROR(runner_->Copy(inputs_, staging_, block.bytes()));
 
   auto* kv_base = static_cast<std::byte*>(kv);
-  for (Graph& graph : graphs) {
+  for (size_t i = 0; i < graphs.size(); ++i) {
+    const bool prefill = i >= decode_graphs;
     auto bind = [&](const Graph& g, Bindings& b) -> absl::Status {
       SG_RETURN_IF_ERROR(bind_weights(g, b));
       SG_RETURN_IF_ERROR(BindLayout(g, TensorKind::kState, kv_layout_, kv_base, b));
-      return BindInputBlock(g, block, inputs_, b);
+      if (!prefill) return BindInputBlock(g, block, inputs_, b);
+      const PrefillShape& shape = prefill_shapes_[i - decode_graphs];
+      return BindPrefillBlock(prefill_block, prefill_inputs_,
+                              shape.seqs * shape.rows_per_seq, shape.seqs, b);
     };
-    SG_RETURN_IF_ERROR(runner_->AddStep(std::move(graph), bind).status());
+    SG_ASSIGN_OR_RETURN(const int step, runner_->AddStep(std::move(graphs[i]), bind));
+    if (prefill) prefill_shapes_[i - decode_graphs].step = step;
   }
   // Captured now, while every row is padding, rather than on first use in mid-decode.
   SG_RETURN_IF_ERROR(runner_->Finalize());
-  for (int i = 0; i < runner_->num_steps(); ++i) {
+  for (int i = 0; i < static_cast<int>(decode_graphs); ++i) {
     SG_ASSIGN_OR_RETURN(TensorArg next, runner_->Output(i, kNextIdsOutput));
     SG_ASSIGN_OR_RETURN(TensorArg logits, runner_->Output(i, kLogitsOutput));
     next_.push_back(next);
@@ -323,58 +386,153 @@ absl::Status DecodeSession::CheckCapacity(int64_t steps) const {
 
 absl::Status DecodeSession::Prefill(int64_t slot, absl::Span<const int32_t> prompt,
                                     int32_t seed) {
-  SG_RETURN_IF_ERROR(CheckSlot(slot, "Prefill"));
-  const int64_t n = static_cast<int64_t>(prompt.size());
-  if (n == 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "Prefill(slot ", slot, "): the prompt is empty; a sequence starts with at least one token"));
-  }
-  if (n > max_seq_) {
-    return absl::OutOfRangeError(absl::StrCat("Prefill(slot ", slot, "): the prompt has ", n,
-                                              " tokens, more than the KV cache holds (max_seq = ",
-                                              max_seq_, ")"));
-  }
-  for (int64_t i = 0; i < n; ++i) {
-    if (prompt[i] < 0 || prompt[i] >= config_.vocab_size) {
+  const PrefillRequest request{slot, prompt, seed};
+  return Prefill(absl::MakeConstSpan(&request, 1));
+}
+
+absl::Status DecodeSession::Prefill(absl::Span<const PrefillRequest> requests) {
+  std::vector<bool> taken(static_cast<size_t>(max_slots()), false);
+  for (const PrefillRequest& r : requests) {
+    const int64_t slot = r.slot;
+    SG_RETURN_IF_ERROR(CheckSlot(slot, "Prefill"));
+    if (taken[slot]) {
       return absl::InvalidArgumentError(
-          absl::StrCat("Prefill(slot ", slot, "): prompt token ", i, " is id ", prompt[i],
-                       ", outside the vocabulary [0, ", config_.vocab_size, ")"));
+          absl::StrCat("Prefill: slot ", slot, " is named by two requests"));
+    }
+    taken[slot] = true;
+    const int64_t n = static_cast<int64_t>(r.prompt.size());
+    if (n == 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "Prefill(slot ", slot, "): the prompt is empty; a sequence starts with at least one token"));
+    }
+    if (n > max_seq_) {
+      return absl::OutOfRangeError(absl::StrCat("Prefill(slot ", slot, "): the prompt has ", n,
+                                                " tokens, more than the KV cache holds (max_seq = ",
+                                                max_seq_, ")"));
+    }
+    for (int64_t i = 0; i < n; ++i) {
+      if (r.prompt[i] < 0 || r.prompt[i] >= config_.vocab_size) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("Prefill(slot ", slot, "): prompt token ", i, " is id ", r.prompt[i],
+                         ", outside the vocabulary [0, ", config_.vocab_size, ")"));
+      }
     }
   }
   SG_RETURN_IF_ERROR(Drain());
-  Slot& s = slots_[slot];
-  s.live = false;
-  s.tokens.clear();
+  for (const PrefillRequest& r : requests) {
+    Slot& s = slots_[r.slot];
+    s.live = false;
+    s.tokens.clear();
+  }
   inputs_dirty_ = true;
   last_bucket_ = -1;
-  if (n > 1) {
-    // Every row but this slot's is padding while the prompt goes in; the closed loop
-    // advances the slot's position, and each later prompt id is copied into its row on
-    // the device from the prompt uploaded once.
-    // Staging areas: [prefill rows | step rows | prompt]; each is rewritten only after
-    // the device read it (every change of the live set drained first).
-    const InputBlock block(max_slots());
-    int32_t* rows = staging_;
-    block.Clear(rows);
-    rows[block.ids() + slot] = prompt[0];
-    rows[block.pos() + slot] = 0;
-    rows[block.seeds() + slot] = seed;
-    SG_RETURN_IF_ERROR(runner_->Copy(inputs_, rows, block.bytes()));
-    int32_t* staged_prompt = staging_ + 2 * block.ints();
-    std::copy_n(prompt.data(), n, staged_prompt);
-    SG_RETURN_IF_ERROR(runner_->Copy(prompt_, staged_prompt, n * 4));
-    const int bucket = static_cast<int>(BucketFor(slot + 1));
-    for (int64_t t = 0; t + 1 < n; ++t) {
-      if (t > 0) {
-        SG_RETURN_IF_ERROR(runner_->Copy(inputs_ + block.ids() + slot, prompt_ + t, 4));
+
+  if (prefill_chunk_ == 0) {
+    for (const PrefillRequest& r : requests) SG_RETURN_IF_ERROR(PrefillByDecodeSteps(r));
+  } else {
+    // Every prompt token but the last goes in; long prompts in whole chunks first, then
+    // each remainder in the smallest step whose rows cover it, several sequences to a
+    // step where one is made for that length.
+    const int64_t chunk = prefill_chunk_;
+    std::vector<int64_t> fed(requests.size(), 0);
+    for (size_t i = 0; i < requests.size(); ++i) {
+      const int64_t feed = static_cast<int64_t>(requests[i].prompt.size()) - 1;
+      while (feed - fed[i] >= chunk) {
+        const PrefillPiece piece{&requests[i], fed[i], chunk};
+        SG_RETURN_IF_ERROR(RunPrefillStep(0, absl::MakeConstSpan(&piece, 1)));
+        fed[i] += chunk;
       }
-      SG_RETURN_IF_ERROR(runner_->Run(bucket));
+    }
+    // Each remainder (shorter than a chunk) goes to the single-sequence step with the
+    // fewest rows that cover it; prefill_shapes_ runs from the longest rows to the
+    // shortest, a packed step (several sequences) right after the single one of its rows.
+    std::vector<std::vector<PrefillPiece>> by_shape(prefill_shapes_.size());
+    for (size_t i = 0; i < requests.size(); ++i) {
+      const int64_t left = static_cast<int64_t>(requests[i].prompt.size()) - 1 - fed[i];
+      if (left <= 0) continue;
+      size_t best = 0;
+      for (size_t k = 0; k < prefill_shapes_.size(); ++k) {
+        if (prefill_shapes_[k].seqs == 1 && prefill_shapes_[k].rows_per_seq >= left) best = k;
+      }
+      by_shape[best].push_back({&requests[i], fed[i], left});
+    }
+    for (size_t k = 0; k < prefill_shapes_.size(); ++k) {
+      const std::vector<PrefillPiece>& pieces = by_shape[k];
+      const bool packed = k + 1 < prefill_shapes_.size() && prefill_shapes_[k + 1].seqs > 1 &&
+                          prefill_shapes_[k + 1].rows_per_seq == prefill_shapes_[k].rows_per_seq;
+      const size_t per_step = packed ? static_cast<size_t>(prefill_shapes_[k + 1].seqs) : 1;
+      for (size_t p = 0; p < pieces.size(); p += per_step) {
+        const size_t n = std::min(pieces.size() - p, per_step);
+        SG_RETURN_IF_ERROR(RunPrefillStep(n > 1 ? k + 1 : k, absl::MakeConstSpan(&pieces[p], n)));
+      }
     }
   }
-  s.live = true;
-  s.pos = static_cast<int32_t>(n - 1);
-  s.pending = prompt[n - 1];
-  s.seed = seed;
+  for (const PrefillRequest& r : requests) {
+    Slot& s = slots_[r.slot];
+    const int64_t n = static_cast<int64_t>(r.prompt.size());
+    s.live = true;
+    s.pos = static_cast<int32_t>(n - 1);
+    s.pending = r.prompt[n - 1];
+    s.seed = r.seed;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status DecodeSession::RunPrefillStep(size_t shape_index,
+                                           absl::Span<const PrefillPiece> pieces) {
+  const PrefillShape& shape = prefill_shapes_[shape_index];
+  const InputBlock block(prefill_chunk_);
+  // A staging area is rewritten only after the device read it: wait once per ring.
+  if (prefill_staged_ == kPrefillStaging) {
+    SG_RETURN_IF_ERROR(runner_->Sync());
+    prefill_staged_ = 0;
+  }
+  int32_t* area = prefill_staging_ + prefill_staged_ * block.ints();
+  ++prefill_staged_;
+  block.Clear(area);
+  const int64_t t = shape.rows_per_seq;
+  for (size_t b = 0; b < pieces.size(); ++b) {
+    const PrefillPiece& piece = pieces[b];
+    area[block.seeds() + b] = static_cast<int32_t>(piece.request->slot);
+    for (int64_t j = 0; j < piece.count; ++j) {
+      const int64_t row = static_cast<int64_t>(b) * t + j;
+      area[block.ids() + row] = piece.request->prompt[piece.begin + j];
+      area[block.pos() + row] = static_cast<int32_t>(piece.begin + j);
+    }
+  }
+  SG_RETURN_IF_ERROR(runner_->Copy(prefill_inputs_, area, block.bytes()));
+  SG_RETURN_IF_ERROR(runner_->Run(shape.step));
+  ++prefill_steps_run_;
+  return absl::OkStatus();
+}
+
+absl::Status DecodeSession::PrefillByDecodeSteps(const PrefillRequest& request) {
+  const int64_t slot = request.slot;
+  const absl::Span<const int32_t> prompt = request.prompt;
+  const int64_t n = static_cast<int64_t>(prompt.size());
+  if (n < 2) return absl::OkStatus();
+  // Every row but this slot's is padding while the prompt goes in; the closed loop
+  // advances the slot's position, and each later prompt id is copied into its row on
+  // the device from the prompt uploaded once. This runs only after a Drain, and every
+  // staging area below is rewritten only after a Sync (the loop over requests waits).
+  SG_RETURN_IF_ERROR(runner_->Sync());
+  const InputBlock block(max_slots());
+  int32_t* rows = staging_;
+  block.Clear(rows);
+  rows[block.ids() + slot] = prompt[0];
+  rows[block.pos() + slot] = 0;
+  rows[block.seeds() + slot] = request.seed;
+  SG_RETURN_IF_ERROR(runner_->Copy(inputs_, rows, block.bytes()));
+  int32_t* staged_prompt = staging_ + 2 * block.ints();
+  std::copy_n(prompt.data(), n, staged_prompt);
+  SG_RETURN_IF_ERROR(runner_->Copy(prompt_, staged_prompt, n * 4));
+  const int bucket = static_cast<int>(BucketFor(slot + 1));
+  for (int64_t t = 0; t + 1 < n; ++t) {
+    if (t > 0) {
+      SG_RETURN_IF_ERROR(runner_->Copy(inputs_ + block.ids() + slot, prompt_ + t, 4));
+    }
+    SG_RETURN_IF_ERROR(runner_->Run(bucket));
+  }
   return absl::OkStatus();
 }
 

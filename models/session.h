@@ -72,6 +72,11 @@ struct SessionOptions {
   std::optional<ops::Sample> sampling;
   // Batch buckets: one graph each. Buckets at or above max_slots are replaced by max_slots.
   std::vector<int64_t> buckets = {1, 2, 4, 8, 16, 32};
+  // Prefill: the rows of the longest prefill step (a prompt goes in chunks of this many
+  // tokens). Shorter prompts use steps of chunk/4, chunk/16, ... rows (down to 8), alone
+  // or several sequences to a step, so a handful of graphs, each captured once, cover
+  // every prompt. 0: feed prompts one token per decode step (slow; for comparison).
+  int64_t prefill_chunk = 256;
   // Steps whose ids are buffered on the host side before the session waits to drain them
   // (a Generate of more steps than this waits once per this many steps).
   int64_t id_ring_steps = 4096;
@@ -83,6 +88,13 @@ struct NodeTime {
   std::string name;
   std::string op;
   double ms = 0;
+};
+
+// One sequence to start: its slot, its prompt and its sampling seed.
+struct PrefillRequest {
+  int64_t slot = 0;
+  absl::Span<const int32_t> prompt;
+  int32_t seed = 0;
 };
 
 class DecodeSession {
@@ -118,14 +130,25 @@ class DecodeSession {
   // Where the steps run (for measurements such as the device's copy bandwidth).
   StepRunner& runner() { return *runner_; }
 
-  // Starts a new sequence in `slot` (ending the one it held): feeds every prompt token but
-  // the last through the decode graph, one step per token, with the other rows padded. The
-  // last prompt token is fed by the next Step, which yields the first new id. `seed` is the
+  // Starts a new sequence in `slot` (ending the one it held): writes the KV cache of every
+  // prompt token but the last; the last is fed by the next Step, which yields the first
+  // new id. With prefill_chunk > 0 the tokens go through prefill steps (many tokens per
+  // step, in chunks); with 0 through the decode step, one token per step. `seed` is the
   // slot's sampling seed (with the same seed, prompt and model a slot draws the same ids
   // whichever slot it is in and whoever else is live). InvalidArgument for a slot outside
   // [0, max_slots), an empty prompt, a token id outside [0, vocab_size); OutOfRange for a
   // prompt longer than max_seq.
   absl::Status Prefill(int64_t slot, absl::Span<const int32_t> prompt, int32_t seed = 0);
+  // Several sequences at once (distinct slots), packed several to a prefill step where
+  // they are short. Everything is checked before anything runs.
+  //
+  // Prefill and decode do not share a step: a prefill step carries only prompts, and the
+  // slots that are decoding keep their state and go on with the next Step. (A mixed step
+  // would hold a decode row of one token next to prefill rows of many; it is not offered.)
+  absl::Status Prefill(absl::Span<const PrefillRequest> requests);
+  // Prefill steps run since the session was made (each is one replay or eager pass).
+  int64_t prefill_steps() const { return prefill_steps_run_; }
+  int64_t prefill_chunk() const { return prefill_chunk_; }
   // Ends `slot`'s sequence: its row is padding from the next step on.
   absl::Status Release(int64_t slot);
   bool live(int64_t slot) const;
@@ -176,6 +199,16 @@ class DecodeSession {
   DecodeSession() = default;
 
   absl::Status Init(const SessionOptions& options);
+  // Feeds prompts token by token through the decode step (prefill_chunk = 0).
+  absl::Status PrefillByDecodeSteps(const PrefillRequest& request);
+  // Runs prefill step `shape` (index in prefill_shapes_) over `seqs`: per sequence group,
+  // the request, the first prompt token to feed and how many.
+  struct PrefillPiece {
+    const PrefillRequest* request = nullptr;
+    int64_t begin = 0;
+    int64_t count = 0;
+  };
+  absl::Status RunPrefillStep(size_t shape, absl::Span<const PrefillPiece> pieces);
   absl::Status SetUpWeights(const Graph& largest, StepRunner::Binder* bind_weights);
   absl::Status CheckSlot(int64_t slot, absl::string_view what) const;
   absl::Status CheckCapacity(int64_t steps) const;
@@ -212,6 +245,22 @@ class DecodeSession {
   int32_t* staging_ = nullptr;
   int32_t* ring_ = nullptr;
   std::vector<TensorArg> next_, logits_;  // per bucket
+
+  // Prefill steps: (sequences B, rows per sequence T), runner step index after the decode
+  // buckets. Their inputs (ids | pos | seq_slots) live in their own device block, staged
+  // from a host ring of kPrefillStaging areas (the session waits for the device when it
+  // wraps).
+  struct PrefillShape {
+    int64_t seqs = 1;
+    int64_t rows_per_seq = 1;
+    int step = -1;
+  };
+  std::vector<PrefillShape> prefill_shapes_;
+  int64_t prefill_chunk_ = 0;
+  int32_t* prefill_inputs_ = nullptr;
+  int32_t* prefill_staging_ = nullptr;
+  int64_t prefill_staged_ = 0;  // areas of the ring used since the last wait
+  int64_t prefill_steps_run_ = 0;
 
   std::vector<Slot> slots_;
   // The live set changed since the step inputs were last written.

@@ -39,7 +39,9 @@
 #include "models/model_tokenizer.h"
 #include "models/tokenizer.h"
 #include "models/session.h"
+#include "stepgraph/builder.h"
 #include "stepgraph/cuda_options.h"
+#include "stepgraph/half.h"
 #include "stepgraph/step_runner.h"
 #include "stepgraph/plan.h"
 #include "stepgraph/status.h"
@@ -78,6 +80,7 @@ struct Args {
   bool eager = false;
   CudaOptions cuda;
   int64_t max_seq = 0;
+  int64_t prefill_chunk = 256;
   // run
   std::vector<int32_t> prompt = {1, 2, 3, 4, 5, 6, 7, 8};
   bool prompt_ids_given = false;
@@ -99,6 +102,7 @@ struct Args {
   int64_t steps = 64;
   std::vector<int64_t> positions = {100, 1000};
   bool profile = false;
+  std::vector<int64_t> ttft_lengths = {128, 512, 2048};
 };
 
 constexpr char kOverview[] =
@@ -153,6 +157,11 @@ run options:
   --top-k K              sample among the K most likely ids only (default 0: all)
   --top-p P              sample from the smallest set of mass >= P (default 1)
   --seed S               sampling seed of sequence 0; sequence i uses S + i (default 0)
+  --prefill-chunk N      prompt tokens per prefill step (default 256; 0: one token per
+                         decode step)
+
+Also reports prefill tokens/s and the time to first token (prefill of every prompt plus
+the first decode step).
 )";
 
 constexpr char kGraphHelp[] =
@@ -190,6 +199,9 @@ bench options:
   --positions P1,P2,...  context positions to measure at (default 100,1000)
   --batch B              sequences per step (default 1)
   --profile              also time every node of an eager step (device time per node)
+  --prefill-chunk N      prompt tokens per prefill step (default 256)
+  --ttft-lengths L1,...  prompt lengths whose time to first token is measured (default
+                         128,512,2048; each must fit --max-seq when given)
 )";
 
 void PrintHelp(std::optional<Command> command) {
@@ -274,6 +286,7 @@ constexpr FlagSpec kFlags[] = {
     {"--prompt", true, kRun},         {"--chat", false, kRun},
     {"--ignore-eos", false, kRun},    {"--text", true, kTokenize},
     {"--decode", true, kTokenize},
+    {"--prefill-chunk", true, kRun | kBench},  {"--ttft-lengths", true, kBench},
 };
 
 absl::Status ApplyFlag(absl::string_view name, absl::string_view value, Args& a) {
@@ -345,6 +358,10 @@ absl::Status ApplyFlag(absl::string_view name, absl::string_view value, Args& a)
     SG_ASSIGN_OR_RETURN(a.positions, ParseList(name, value, 0, INT32_MAX));
   } else if (name == "--profile") {
     a.profile = true;
+  } else if (name == "--prefill-chunk") {
+    SG_ASSIGN_OR_RETURN(a.prefill_chunk, ParseInt(name, value, 0, 16384));
+  } else if (name == "--ttft-lengths") {
+    SG_ASSIGN_OR_RETURN(a.ttft_lengths, ParseList(name, value, 1, INT32_MAX));
   }
   return absl::OkStatus();
 }
@@ -531,6 +548,7 @@ absl::StatusOr<std::unique_ptr<DecodeSession>> MakeSession(const Args& a, int64_
   o.sampling = sampling;
   o.eager = eager;
   o.cuda = a.cuda;
+  o.prefill_chunk = a.prefill_chunk;
   if (!a.cpu && !CudaDeviceFound()) {
     std::fprintf(stderr, "stepgraph: %s; running on the CPU reference (slow)\n",
                  BuiltWithCuda() ? "no CUDA device found" : "built without CUDA");
@@ -543,13 +561,14 @@ absl::StatusOr<std::unique_ptr<DecodeSession>> MakeSession(const Args& a, int64_
 
 absl::Status PrefillAll(DecodeSession& s, const std::vector<int32_t>& prompt, int64_t batch,
                         int32_t seed) {
+  std::vector<PrefillRequest> requests;
   for (int64_t b = 0; b < batch; ++b) {
     // Sequence b's seed is seed + b, wrapping around (every i32 is a valid seed).
     const int32_t seed_b =
         static_cast<int32_t>(static_cast<uint32_t>(seed) + static_cast<uint32_t>(b));
-    SG_RETURN_IF_ERROR(s.Prefill(b, prompt, seed_b));
+    requests.push_back({b, prompt, seed_b});
   }
-  return absl::OkStatus();
+  return s.Prefill(requests);
 }
 
 // The model's tokenizer for --prompt and tokenize; a clear error when there is none.
@@ -633,17 +652,18 @@ int Run(const Args& a) {
   }
   auto is_stop = [&](int32_t id) { return std::find(stop.begin(), stop.end(), id) != stop.end(); };
 
-  Clock::time_point t0 = Clock::now();
+  // Time to first token: every prompt's prefill steps, then the first decode step (which
+  // feeds each prompt's last token and yields the first new id).
+  const Clock::time_point start = Clock::now();
   if (absl::Status st = PrefillAll(s, prompt, a.batch, a.seed); !st.ok()) {
     return RuntimeFailure(st);
   }
   absl::StatusOr<std::vector<int32_t>> ready = s.Tokens(0);  // waits for the prefill
   if (!ready.ok()) return RuntimeFailure(ready.status());
-  const double prefill_ms = MsSince(t0);
+  const double prefill_ms = MsSince(start);
 
   // Generation in chunks: the session waits for the device once per chunk, and the text
   // of sequence 0 is printed as its chunk arrives.
-  t0 = Clock::now();
   std::vector<std::vector<int32_t>> ids(static_cast<size_t>(a.batch));
   std::vector<bool> ended(static_cast<size_t>(a.batch), false);
   std::optional<TokenStreamDecoder> stream;
@@ -651,10 +671,17 @@ int Run(const Args& a) {
   const int64_t chunk = s.backend() == Backend::kCpu ? 1 : (stream.has_value() ? 8 : 64);
   Progress progress("generated", a.max_new_tokens);
   int64_t steps = 0;
+  double ttft_ms = 0;
+  Clock::time_point t0 = Clock::now();
   while (steps < a.max_new_tokens) {
-    const int64_t k = std::min(chunk, a.max_new_tokens - steps);
+    // The first step alone, for the time to first token; then chunks.
+    const int64_t k = steps == 0 ? 1 : std::min(chunk, a.max_new_tokens - steps);
     absl::StatusOr<std::vector<std::vector<int32_t>>> got = s.Generate(k);
     if (!got.ok()) return RuntimeFailure(got.status());
+    if (steps == 0) {
+      ttft_ms = MsSince(start);
+      t0 = Clock::now();
+    }
     steps += k;
     for (int64_t b = 0; b < a.batch; ++b) {
       for (int32_t id : (*got)[b]) {
@@ -677,6 +704,9 @@ int Run(const Args& a) {
   }
   if (!stream.has_value()) progress.Done();
   const double gen_ms = MsSince(t0);
+  for (size_t b = 0; b < ids->size(); ++b) {
+    (*ids)[b].insert((*ids)[b].begin(), first[b].begin(), first[b].end());
+  }
 
   if (stream.has_value()) {
     std::printf("%s\n", stream->Finish().c_str());
@@ -696,12 +726,18 @@ int Run(const Args& a) {
       }
     }
   }
-  const int64_t n = steps;
+  const int64_t n = std::max<int64_t>(steps - 1, 0);  // steps after the first
   const double ms_per_step = n > 0 ? gen_ms / static_cast<double>(n) : 0;
   const double tokens_per_s = gen_ms > 0 ? 1e3 * static_cast<double>(n * a.batch) / gen_ms : 0;
-  const std::string prefill = absl::StrFormat("prefill %zu tokens x %lld in %.1f ms",
-                                              prompt.size(), static_cast<long long>(a.batch),
-                                              prefill_ms);
+  // Tokens the prefill steps fed: all but each prompt's last.
+  const double prefill_tokens =
+      static_cast<double>(prompt.size() - 1) * static_cast<double>(a.batch);
+  const std::string prefill = absl::StrFormat(
+      "prefill %zu tokens x %lld in %.1f ms (%.0f tokens/s, %lld steps); time to first "
+      "token %.1f ms",
+      prompt.size(), static_cast<long long>(a.batch), prefill_ms,
+      prefill_ms > 0 ? 1e3 * prefill_tokens / prefill_ms : 0.0,
+      static_cast<long long>(s.prefill_steps()), ttft_ms);
   // The timing goes to stderr when text is printed, so that stdout holds only the text.
   FILE* timing_out = text.has_value() ? stderr : stdout;
   if (s.backend() == Backend::kCpu) {
@@ -854,12 +890,114 @@ void PrintProfile(const std::vector<std::vector<NodeTime>>& runs, double replaye
   }
 }
 
+// FLOPs of prefilling n tokens into an empty cache, counted as the model defines them
+// (every layer whole; the lm head is not part of prefill): 2 per multiply-add of the
+// projections per token, and QKᵀ plus PV over the causal triangle.
+double PrefillFlops(const LlamaConfig& c, int64_t n) {
+  const double h = static_cast<double>(c.hidden_size);
+  const double q = static_cast<double>(c.num_attention_heads * c.head_dim);
+  const double kv = static_cast<double>(c.num_key_value_heads * c.head_dim);
+  const double inter = static_cast<double>(c.intermediate_size);
+  const double tokens = static_cast<double>(n);
+  const double keys = tokens * (tokens + 1) / 2;
+  return static_cast<double>(c.num_hidden_layers) *
+         (2 * (h * q + 2 * h * kv + q * h + 3 * h * inter) * tokens + 4 * q * keys);
+}
+
+// The bf16 matmul rate of this device in TFLOP/s (median of 10): one 4096³ MatMul node on
+// its own runner, through the dispatcher's matmul path (cuBLASLt at this size).
+absl::StatusOr<double> MatmulTflops(const Args& a) {
+  RunnerOptions ro;
+  ro.device = DeviceKind::kCuda;
+  ro.cuda = a.cuda;
+  SG_ASSIGN_OR_RETURN(std::unique_ptr<StepRunner> runner, StepRunner::Create(ro));
+  constexpr int64_t n = 4096;
+  constexpr int64_t bytes = n * n * 2;
+  GraphBuilder b;
+  b.Output("y", b.MatMul(b.Input("x", DType::kBF16, {n, n}), b.Weight("w", DType::kBF16, {n, n}),
+                         "matmul"));
+  SG_ASSIGN_OR_RETURN(Graph graph, std::move(b).Build());
+  // Small non-zero values: a rate is measured, not a result.
+  std::vector<uint16_t> host(static_cast<size_t>(n * n));
+  for (size_t i = 0; i < host.size(); ++i) {
+    host[i] = FloatToBF16(static_cast<float>(static_cast<int64_t>(i * 37 % 17) - 8) / 64.0f + 0.01f);
+  }
+  SG_ASSIGN_OR_RETURN(void* x, runner->Allocate(bytes, "matmul rate: x"));
+  SG_ASSIGN_OR_RETURN(void* w, runner->Allocate(bytes, "matmul rate: w"));
+  SG_RETURN_IF_ERROR(runner->Copy(x, host.data(), bytes));
+  SG_RETURN_IF_ERROR(runner->Copy(w, host.data(), bytes));
+  SG_RETURN_IF_ERROR(runner->Sync());
+  SG_ASSIGN_OR_RETURN(const int step,
+                      runner->AddStep(std::move(graph), [&](const Graph&, Bindings& bind) {
+                        SG_RETURN_IF_ERROR(bind.Bind("x", x, bytes));
+                        return bind.Bind("w", w, bytes);
+                      }));
+  SG_RETURN_IF_ERROR(runner->Finalize());
+  for (int i = 0; i < 3; ++i) SG_RETURN_IF_ERROR(runner->Run(step));
+  constexpr int kRuns = 10;
+  SG_RETURN_IF_ERROR(runner->StartMarks(kRuns + 1));
+  SG_RETURN_IF_ERROR(runner->Mark(0));
+  for (int i = 0; i < kRuns; ++i) {
+    SG_RETURN_IF_ERROR(runner->Run(step));
+    SG_RETURN_IF_ERROR(runner->Mark(i + 1));
+  }
+  SG_ASSIGN_OR_RETURN(std::vector<double> ms, runner->MarkIntervalsMs());
+  return 2.0 * n * n * n / (Median(ms) * 1e-3) * 1e-12;
+}
+
+// Time to first token for a prompt of each length on slot 0 (every other slot released):
+// prefill steps, then the first decode step, host clock to the id (median of 5 after a
+// warm-up), with prefill tokens/s and, given the matmul rate, TFLOP/s.
+absl::Status MeasureTtft(const Args& a, DecodeSession& s, double matmul_tflops) {
+  for (int64_t b = 1; b < s.max_slots(); ++b) SG_RETURN_IF_ERROR(s.Release(b));
+  for (const int64_t len : a.ttft_lengths) {
+    if (len + 1 > s.max_seq()) {
+      std::printf("time to first token, %lld-token prompt: skipped (max_seq %lld)\n",
+                  static_cast<long long>(len), static_cast<long long>(s.max_seq()));
+      continue;
+    }
+    const std::vector<int32_t> prompt = BenchPrompt(len, s.config().vocab_size, 0);
+    std::vector<double> prefill_ms, ttft_ms;
+    for (int r = 0; r < 6; ++r) {
+      SG_RETURN_IF_ERROR(s.runner().Sync());
+      const Clock::time_point t0 = Clock::now();
+      SG_RETURN_IF_ERROR(s.Prefill(0, prompt));
+      SG_RETURN_IF_ERROR(s.Tokens(0).status());  // waits for the prefill steps
+      const double p = MsSince(t0);
+      SG_RETURN_IF_ERROR(s.Generate(0, 1).status());
+      const double t = MsSince(t0);
+      if (r == 0) continue;  // warm-up
+      prefill_ms.push_back(p);
+      ttft_ms.push_back(t);
+    }
+    const double p = Median(prefill_ms), t = Median(ttft_ms);
+    std::string rate;
+    if (matmul_tflops > 0) {
+      const double tflops = PrefillFlops(s.config(), len - 1) / (p * 1e-3) * 1e-12;
+      rate = absl::StrFormat(", %.1f TFLOP/s = %.3f of the bf16 matmul rate %.1f TFLOP/s",
+                             tflops, tflops / matmul_tflops, matmul_tflops);
+    }
+    std::printf("time to first token, %lld-token prompt: %.3f ms (prefill %.3f ms, %.0f "
+                "tokens/s, chunk %lld%s)\n",
+                static_cast<long long>(len), t, p, 1e3 * static_cast<double>(len - 1) / p,
+                static_cast<long long>(s.prefill_chunk()), rate.c_str());
+  }
+  std::fflush(stdout);
+  return absl::OkStatus();
+}
+
 int Bench(const Args& a) {
   absl::StatusOr<LlamaConfig> config = ModelConfig(a);
   if (!config.ok()) return RuntimeFailure(config.status());
   const int64_t max_pos = *std::max_element(a.positions.begin(), a.positions.end());
-  // Warm-up, eager, replayed and profiled steps all advance the position.
-  const int64_t need = max_pos + 1 + 4 + 2 * a.steps + 8;
+  // Warm-up, eager, replayed and profiled steps all advance the position; the time to
+  // first token needs its longest prompt and one step.
+  int64_t need = max_pos + 1 + 4 + 2 * a.steps + 8;
+  if (a.max_seq == 0) {
+    for (int64_t len : a.ttft_lengths) {
+      if (len + 1 <= config->max_position_embeddings) need = std::max(need, len + 1);
+    }
+  }
   const int64_t max_seq = a.max_seq > 0 ? a.max_seq : need;
   if (max_seq < need || need > config->max_position_embeddings) {
     return UsageFailure(absl::StrCat("positions up to ", max_pos, " with --steps ", a.steps,
@@ -912,6 +1050,15 @@ int Bench(const Args& a) {
       }
       PrintProfile(runs, session->eager() ? 0.0 : first[0]);
     }
+  }
+  double matmul_tflops = 0;
+  if (gpu) {
+    absl::StatusOr<double> rate = MatmulTflops(a);
+    if (!rate.ok()) return RuntimeFailure(rate.status());
+    matmul_tflops = *rate;
+  }
+  if (absl::Status st = MeasureTtft(a, *session, matmul_tflops); !st.ok()) {
+    return RuntimeFailure(st);
   }
   const bool replayed = !session->eager();
   if (gpu && replayed) {

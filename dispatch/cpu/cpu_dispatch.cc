@@ -296,21 +296,48 @@ absl::Status CpuDispatch::Run(const ops::Rope& op, const NodeArgs& args) {
   return absl::OkStatus();
 }
 
-absl::Status CpuDispatch::Run(const ops::KvWrite&, const NodeArgs& args) {
+namespace {
+// The KV-cache slot of row i: i itself in a decode step, seq_slots[i / T] in a prefill
+// step of T rows per sequence. -1 when the slot is outside [0, slots).
+struct RowSlots {
+  const int32_t* seq_slots = nullptr;  // null: row i is slot i
+  int64_t rows_per_seq = 1;
+  int64_t slots = 0;
+  int64_t operator()(int64_t i) const {
+    const int64_t s = seq_slots == nullptr ? i : seq_slots[i / rows_per_seq];
+    return s >= 0 && s < slots ? s : -1;
+  }
+};
+RowSlots RowSlotsOf(bool has_slots, const TensorArg* seq_slots, int64_t rows, int64_t slots) {
+  RowSlots r;
+  r.slots = slots;
+  if (has_slots) {
+    r.seq_slots = Ints(*seq_slots);
+    r.rows_per_seq = rows / seq_slots->shape[0];
+  }
+  return r;
+}
+}  // namespace
+
+absl::Status CpuDispatch::Run(const ops::KvWrite& op, const NodeArgs& args) {
   const TensorArg& kv = args.inputs[0];
   const int32_t* pos = Ints(args.inputs[1]);
   const TensorArg& cache = args.output;
   const int64_t kv_heads = cache.shape[1], seq = cache.shape[2], d = cache.shape[3];
   const int64_t elem = DTypeBytes(cache.dtype);
+  const RowSlots slot_of = RowSlotsOf(op.has_slots, op.has_slots ? &args.inputs[2] : nullptr,
+                                      kv.shape[0], cache.shape[0]);
   for (int64_t i = 0; i < kv.shape[0]; ++i) {
     if (pos[i] < 0) continue;
-    if (pos[i] >= seq) {
+    const int64_t slot = slot_of(i);
+    if (pos[i] >= seq || slot < 0) {
       error_flags_ |= kErrorPositionOutOfRange;
       continue;
     }
     for (int64_t h = 0; h < kv_heads; ++h) {
       const char* src = static_cast<const char*>(kv.data) + (i * kv_heads * d + h * d) * elem;
-      char* dst = static_cast<char*>(cache.data) + (((i * kv_heads + h) * seq + pos[i]) * d) * elem;
+      char* dst =
+          static_cast<char*>(cache.data) + (((slot * kv_heads + h) * seq + pos[i]) * d) * elem;
       std::memcpy(dst, src, d * elem);
     }
   }
@@ -325,15 +352,22 @@ absl::Status CpuDispatch::Run(const ops::Attention& op, const NodeArgs& args) {
   const int64_t rows = q.shape[0];
   const int64_t kv_heads = kc.shape[1], seq = kc.shape[2], d = kc.shape[3];
   const int64_t heads = q.shape[1] / d, group = heads / kv_heads;
+  const RowSlots slot_of =
+      RowSlotsOf(op.has_slots, op.has_slots ? &args.inputs[4] : nullptr, rows, kc.shape[0]);
   for (int64_t i = 0; i < rows; ++i) {
-    if (pos[i] >= seq) error_flags_ |= kErrorPositionOutOfRange;
+    if (pos[i] >= seq || (pos[i] >= 0 && slot_of(i) < 0)) error_flags_ |= kErrorPositionOutOfRange;
   }
   SG_ASSIGN_OR_RETURN(const float* qs, F32Input(q, x_f32_));
   SG_ASSIGN_OR_RETURN(float* out, F32Output(args.output, out_f32_));
   // Per thread: the scores of one (row, head) and a K and a V row converted to f32.
   SG_RETURN_IF_ERROR(PrepareScratch(seq + 2 * d));
-  // Chunks of whole (row, head) pairs, each computed start to end by one thread.
-  pool_->ParallelFor(rows * heads, MinItemsPerChunk(seq * d), [&](int thread, int64_t p0, int64_t p1) {
+  // Chunks of whole (row, head) pairs, each computed start to end by one thread. The work
+  // of a pair follows its position, so a prefill step's later rows cost more; chunks are
+  // sized by the longest row.
+  int64_t longest = 1;
+  for (int64_t i = 0; i < rows; ++i) longest = std::max<int64_t>(longest, pos[i] + 1);
+  longest = std::min(longest, seq);
+  pool_->ParallelFor(rows * heads, MinItemsPerChunk(longest * d), [&](int thread, int64_t p0, int64_t p1) {
     float* scores = scratch_[thread].data();
     float* k_buf = scores + seq;
     float* v_buf = k_buf + d;
@@ -341,10 +375,12 @@ absl::Status CpuDispatch::Run(const ops::Attention& op, const NodeArgs& args) {
       const int64_t i = pair / heads, h = pair % heads;
       float* o = out + i * heads * d + h * d;
       std::fill(o, o + d, 0.0f);
-      if (pos[i] < 0 || pos[i] >= seq) continue;  // padding or out of range: zeros
+      const int64_t slot = slot_of(i);
+      // Padding, or a position or slot out of range: zeros.
+      if (pos[i] < 0 || pos[i] >= seq || slot < 0) continue;
       const int64_t len = pos[i] + 1;
       const float* qh = qs + i * heads * d + h * d;
-      const int64_t base = (i * kv_heads + h / group) * seq * d;
+      const int64_t base = (slot * kv_heads + h / group) * seq * d;
       float max_score = -std::numeric_limits<float>::infinity();
       for (int64_t t = 0; t < len; ++t) {
         scores[t] = cpu::Dot(qh, F32Row(kc, base + t * d, d, k_buf), d) * op.scale;

@@ -1,4 +1,5 @@
-// Attention on CUDA: one launch of kernels/attention.cu per node. The KV-chunk count is a
+// Attention on CUDA: one launch per node, of kernels/attention.cu (decode, and prefill
+// steps the flash kernel does not take) or kernels/attention_prefill.cu (prefill). The KV-chunk count is a
 // function of the shapes and the device (never of positions), and the workspace the
 // chunks merge in is made in Prepare, so Run only launches and can be captured.
 #include "dispatch/cuda/attention.h"
@@ -38,6 +39,8 @@ absl::StatusOr<kernels::AttentionShape> AttentionShapeOf(const Shape& q, const S
 
 absl::StatusOr<std::unique_ptr<AttentionWorkspace>> AttentionWorkspace::Create(
     const CudaDeviceInfo& info) {
+  SG_RETURN_IF_ERROR(
+      ToStatus(kernels::PreparePrefillAttention(), "PreparePrefillAttention (shared memory)"));
   return std::unique_ptr<AttentionWorkspace>(new AttentionWorkspace(info));
 }
 
@@ -73,13 +76,29 @@ struct AttentionNode final : PreparedNode {
   kernels::AttentionShape shape;
   int chunks = 0;
   void* workspace = nullptr;
+  // Prefill steps (seq_slots): rows per sequence, the cache's slots, and whether the
+  // flash kernel runs (else the row-by-row kernel serves them).
+  int rows_per_seq = 1;
+  int slots = 0;
+  bool prefill_kernel = false;
 };
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<PreparedNode>> AttentionWorkspace::PrepareNode(
-    const Shape& q, const Shape& cache, absl::string_view name) const {
+    const ops::Attention& op, const Tensor& q, const Shape& cache, const Shape* seq_slots,
+    absl::string_view name) const {
   auto node = std::make_unique<AttentionNode>();
-  SG_ASSIGN_OR_RETURN(node->shape, AttentionShapeOf(q, cache, name));
+  SG_ASSIGN_OR_RETURN(node->shape, AttentionShapeOf(q.shape, cache, name));
+  if (op.has_slots && seq_slots != nullptr && seq_slots->rank() == 1 && (*seq_slots)[0] > 0) {
+    node->rows_per_seq = static_cast<int>(q.shape[0] / (*seq_slots)[0]);
+    if (cache[0] > INT_MAX) {
+      return absl::InvalidArgumentError(absl::StrCat("Attention node '", name, "': ", cache[0],
+                                                     " KV slots do not fit in 32 bits"));
+    }
+    node->slots = static_cast<int>(cache[0]);
+    node->prefill_kernel =
+        kernels::PrefillAttentionSupported(node->shape, q.dtype, node->rows_per_seq);
+  }
   node->chunks = Chunks(node->shape);
   const int64_t need = kernels::AttentionWorkspaceBytes(node->shape, node->chunks);
   if (need > bytes_) {
@@ -107,6 +126,15 @@ absl::Status CudaDispatch::Run(const ops::Attention& op, const NodeArgs& args) {
   a.scale = op.scale;
   a.workspace = node->workspace;
   a.error_flags = error_flags_;
+  if (op.has_slots) {
+    a.seq_slots = args.inputs[4].as<const int32_t>();
+    a.rows_per_seq = node->rows_per_seq;
+    a.slots = node->slots;
+    if (node->prefill_kernel) {
+      return ToStatus(kernels::LaunchPrefillAttention(a, node->shape, q.dtype, stream_),
+                      "LaunchPrefillAttention");
+    }
+  }
   return ToStatus(kernels::LaunchAttention(a, node->shape, node->chunks, q.dtype, stream_),
                   "LaunchAttention");
 }

@@ -31,8 +31,12 @@ class AttentionWorkspace {
   // prepared and graphs captured earlier still point into it.
   absl::Status Reserve(const ExecutionPlan& plan);
 
-  // An Attention node's launch: its shape, KV chunks and workspace (Reserve first).
-  absl::StatusOr<std::unique_ptr<PreparedNode>> PrepareNode(const Shape& q, const Shape& cache,
+  // An Attention node's launch: its shape, KV chunks and workspace (Reserve first); for a
+  // node with seq_slots (a prefill step), `seq_slots` is their shape and the node runs the
+  // prefill kernel where it takes the shape and dtype.
+  absl::StatusOr<std::unique_ptr<PreparedNode>> PrepareNode(const ops::Attention& op,
+                                                            const Tensor& q, const Shape& cache,
+                                                            const Shape* seq_slots,
                                                             absl::string_view node) const;
 
   // KV chunks per launch for `shape` on this device; a function of the shape only.

@@ -97,8 +97,9 @@ struct NodePreparer {
     return matmul.PrepareNode(op, graph.tensor(node.inputs[0]), graph.tensor(node.inputs[1]));
   }
   NodeState operator()(const ops::Rope& op) const { return rope.PrepareNode(op); }
-  NodeState operator()(const ops::Attention&) const {
-    return attention.PrepareNode(InputShape(0), InputShape(1), node.name);
+  NodeState operator()(const ops::Attention& op) const {
+    return attention.PrepareNode(op, graph.tensor(node.inputs[0]), InputShape(1),
+                                 op.has_slots ? &InputShape(4) : nullptr, node.name);
   }
   NodeState operator()(const ops::Argmax&) const {
     return sampling.PrepareArgmax(InputShape(0), node.name);

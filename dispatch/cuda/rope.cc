@@ -30,13 +30,20 @@ absl::Status CudaDispatch::Run(const ops::Rope& op, const NodeArgs& args) {
                   "LaunchRope");
 }
 
-absl::Status CudaDispatch::Run(const ops::KvWrite&, const NodeArgs& args) {
+absl::Status CudaDispatch::Run(const ops::KvWrite& op, const NodeArgs& args) {
   const TensorArg& kv = args.inputs[0];
-  const TensorArg& cache = args.output;  // [slots, kv_heads, seq, head_dim], also inputs[2]
+  const TensorArg& cache = args.output;  // [slots, kv_heads, seq, head_dim], the last input
+  kernels::KvSlots slots;
+  if (op.has_slots) {
+    const TensorArg& seq_slots = args.inputs[2];
+    slots.seq_slots = seq_slots.as<const int32_t>();
+    slots.rows_per_seq = kv.shape[0] / seq_slots.shape[0];
+    slots.slots = cache.shape[0];
+  }
   return ToStatus(kernels::LaunchKvWrite(kv.data, args.inputs[1].as<const int32_t>(),
                                          cache.data, kv.shape[0], cache.shape[1],
                                          cache.shape[2], cache.shape[3], cache.dtype,
-                                         error_flags_, stream_),
+                                         error_flags_, stream_, slots),
                   "LaunchKvWrite");
 }
 

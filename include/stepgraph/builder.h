@@ -57,6 +57,12 @@ class GraphBuilder {
                      absl::string_view name = {});
   TensorId Attention(TensorId q, TensorId k_cache, TensorId v_cache, TensorId pos,
                      float scale, absl::string_view name = {});
+  // The prefill forms: rows are B = seq_slots.size sequences of M / B rows, each sequence
+  // in the KV cache slot seq_slots names (ops::KvWrite, ops::Attention).
+  TensorId KvWrite(TensorId kv, TensorId pos, TensorId seq_slots, TensorId cache,
+                   absl::string_view name = {});
+  TensorId Attention(TensorId q, TensorId k_cache, TensorId v_cache, TensorId pos,
+                     TensorId seq_slots, absl::string_view name = {});
   TensorId Softmax(TensorId x, absl::string_view name = {});
   TensorId Argmax(TensorId x, absl::string_view name = {});
   TensorId Sample(TensorId logits, TensorId seeds, TensorId pos, const ops::Sample& params,
@@ -75,6 +81,7 @@ class GraphBuilder {
   absl::StatusOr<Graph> Build() &&;
 
  private:
+  float DefaultAttentionScale(TensorId k_cache) const;
   TensorId Declare(absl::string_view name, TensorKind kind, DType dtype, Shape shape);
   TensorId AddNode(Op op, absl::string_view name, std::initializer_list<TensorId> inputs);
   // Records `status` unless an error is already recorded; returns an invalid id.

@@ -79,16 +79,29 @@ struct Rope {
   RopeScaling scaling;
 };
 
-// kv[M, kvh·d], pos[M] i32, cache[slots, kvh, S, d] (a State) -> cache, in place: row i is
-// written at (slot i, pos[i]). A row with pos < 0 is padding and writes nothing; pos >= S
-// writes nothing and raises the error flag.
-struct KvWrite {};
+// kv[M, kvh·d], pos[M] i32 (, seq_slots[B] i32), cache[slots, kvh, S, d] (a State, the
+// last input since it is written) -> cache, in place: row i is written at (its slot,
+// pos[i]). Without seq_slots (`has_slots` false, the decode step) row i is slot i. With them the M rows are B sequences of T = M / B
+// consecutive rows each (M a multiple of B), and row i belongs to sequence i / T, whose
+// slot is seq_slots[i / T]: a prefill step of T tokens per sequence. A row with pos < 0 is
+// padding and writes nothing; pos >= S, or a non-padding row whose slot is outside
+// [0, slots), writes nothing and raises the error flag. Rows of one sequence must not
+// share a position (which of them lands is then unspecified).
+struct KvWrite {
+  bool has_slots = false;
+};
 
-// q[M, h·d], k_cache, v_cache [slots, kvh, S, d], pos[M] i32 -> [M, h·d]. Causal over
-// 0..pos[i] of slot i; GQA maps head j to kv head j / (h / kvh). A padding row (pos < 0)
-// yields zeros. The launch shape depends on S only, never on pos.
+// q[M, h·d], k_cache, v_cache [slots, kvh, S, d], pos[M] i32 (, seq_slots[B] i32) ->
+// [M, h·d]. Row i attends to positions 0..pos[i] of its slot (the slot as in KvWrite).
+// Because every KvWrite of a step runs before its Attention, a prefill row sees the
+// cache and the step's own rows at earlier positions of the same sequence: causal over
+// the new tokens and covering what the cache held. GQA maps head j to kv head
+// j / (h / kvh). A padding row (pos < 0) yields zeros; pos >= S or a slot out of range
+// yields zeros and raises the error flag. The launch shape depends on the shapes only,
+// never on pos or the slots.
 struct Attention {
   float scale = 0.0f;  // the builder sets 1/sqrt(d) unless given
+  bool has_slots = false;
 };
 
 // x[M,N] -> [M,N], row-wise, f32 math, max-subtracted.

@@ -786,6 +786,115 @@ TEST_P(CpuFloatOpTest, AttentionMatchesReference) {
   }
 }
 
+// A prefill step: B sequences of T rows, sequence b in slot seq_slots[b]. Each row must
+// get the decode definition applied to its sequence's slot: the reference is run on a
+// cache whose slot i is a copy of row i's slot.
+TEST_P(CpuFloatOpTest, PrefillAttentionReadsEachSequencesSlot) {
+  std::mt19937_64 rng(73);
+  const AttentionShape s{8, 2, 16, 24};
+  constexpr int64_t kSeqs = 3, kRows = 6, kSlots = 5;
+  const std::vector<int32_t> seq_slots = {4, 0, 2};
+  // Sequence 0 continues a cached prefix at 10; sequence 1 starts at 0 and pads its last
+  // two rows; sequence 2 ends at the cache's last position.
+  const std::vector<int32_t> pos = {10, 11, 12, 13, 14, 15, 0, 1, 2, 3, -1, -1,
+                                    18, 19, 20, 21, 22, 23};
+  const int64_t m = kSeqs * kRows, cols = s.heads * s.d;
+  GraphBuilder b;
+  const TensorId q = b.Input("q", dtype(), {m, cols});
+  const TensorId kc = b.State("k", dtype(), {kSlots, s.kv_heads, s.seq, s.d});
+  const TensorId vc = b.State("v", dtype(), {kSlots, s.kv_heads, s.seq, s.d});
+  b.Output("y", b.Attention(q, kc, vc, b.Input("pos", DType::kI32, {m}),
+                            b.Input("seq_slots", DType::kI32, {kSeqs}), "y"));
+  auto bench = Bench::Make(b);
+  ASSERT_NE(bench, nullptr);
+  const int64_t per_slot = s.kv_heads * s.seq * s.d;
+  const std::vector<double> qs = bench->Set("q", RandomValues(rng, m * cols, 0.2f, 2.0f));
+  const std::vector<double> ks = bench->Set("k", RandomValues(rng, kSlots * per_slot, 0.2f, 2.0f));
+  const std::vector<double> vs = bench->Set("v", RandomValues(rng, kSlots * per_slot));
+  bench->SetInts("pos", pos);
+  bench->SetInts("seq_slots", seq_slots);
+  bench->Poison("y");
+  CpuDispatch cpu;
+  SG_ASSERT_OK(bench->Run(cpu));
+  EXPECT_EQ(cpu.TakeErrorFlags(), 0u);
+  std::vector<double> k_by_row(m * per_slot), v_by_row(m * per_slot);
+  for (int64_t i = 0; i < m; ++i) {
+    const int64_t slot = seq_slots[i / kRows];
+    std::copy_n(ks.begin() + slot * per_slot, per_slot, k_by_row.begin() + i * per_slot);
+    std::copy_n(vs.begin() + slot * per_slot, per_slot, v_by_row.begin() + i * per_slot);
+  }
+  const std::vector<double> want =
+      AttentionReference(qs, k_by_row, v_by_row, pos, s, 1 / std::sqrt(16.0));
+  const std::vector<float> got = bench->Floats("y");
+  for (int64_t i = 0; i < m; ++i) {
+    const std::vector<float> g(got.begin() + i * cols, got.begin() + (i + 1) * cols);
+    const std::vector<double> w(want.begin() + i * cols, want.begin() + (i + 1) * cols);
+    if (pos[i] < 0) {
+      for (float e : g) ASSERT_EQ(e, 0.0f) << "padding row " << i;
+      continue;
+    }
+    EXPECT_LE(NormalizedError(g, w), tol()) << "row " << i << " pos " << pos[i];
+  }
+
+  // A slot out of range gives zeros and the flag; padding rows of that sequence do not.
+  bench->SetInts("seq_slots", {4, 7, 2});
+  bench->Poison("y");
+  SG_ASSERT_OK(bench->Run(cpu));
+  EXPECT_EQ(cpu.TakeErrorFlags(), static_cast<uint32_t>(kErrorPositionOutOfRange));
+  const std::vector<float> bad = bench->Floats("y");
+  for (int64_t c = kRows * cols; c < 2 * kRows * cols; ++c) ASSERT_EQ(bad[c], 0.0f) << c;
+  EXPECT_EQ(std::vector<float>(bad.begin(), bad.begin() + kRows * cols),
+            std::vector<float>(got.begin(), got.begin() + kRows * cols));
+}
+
+TEST_P(CpuFloatOpTest, PrefillKvWriteWritesEachRowToItsSequencesSlot) {
+  std::mt19937_64 rng(79);
+  constexpr int64_t kSeqs = 2, kRows = 4, kSlots = 3, kvh = 2, d = 6, seq = 10;
+  const std::vector<int32_t> seq_slots = {2, 1};
+  const std::vector<int32_t> pos = {3, 4, 5, -1, 0, 1, 2, 9};
+  GraphBuilder b;
+  const TensorId cache = b.State("cache", dtype(), {kSlots, kvh, seq, d});
+  b.KvWrite(b.Input("kv", dtype(), {kSeqs * kRows, kvh * d}),
+            b.Input("pos", DType::kI32, {kSeqs * kRows}),
+            b.Input("seq_slots", DType::kI32, {kSeqs}), cache, "write");
+  auto bench = Bench::Make(b);
+  ASSERT_NE(bench, nullptr);
+  bench->Set("kv", RandomValues(rng, kSeqs * kRows * kvh * d));
+  bench->SetInts("pos", pos);
+  bench->SetInts("seq_slots", seq_slots);
+  bench->Set("cache", RandomValues(rng, kSlots * kvh * seq * d, 2.0f, 3.0f));
+  const std::vector<uint8_t> before = bench->Bytes("cache");
+  const std::vector<uint8_t> kv_bytes = bench->Bytes("kv");
+  CpuDispatch cpu;
+  SG_ASSERT_OK(bench->Run(cpu));
+  EXPECT_EQ(cpu.TakeErrorFlags(), 0u);
+  const int64_t elem = DTypeBytes(dtype());
+  std::vector<uint8_t> want = before;
+  for (int64_t i = 0; i < kSeqs * kRows; ++i) {
+    if (pos[i] < 0) continue;
+    const int64_t slot = seq_slots[i / kRows];
+    for (int64_t h = 0; h < kvh; ++h) {
+      std::memcpy(want.data() + (((slot * kvh + h) * seq + pos[i]) * d) * elem,
+                  kv_bytes.data() + (i * kvh + h) * d * elem, d * elem);
+    }
+  }
+  EXPECT_EQ(bench->Bytes("cache"), want);
+  EXPECT_NE(want, before);
+  // Slot 0 is no sequence's: untouched.
+  EXPECT_EQ(std::memcmp(bench->Bytes("cache").data(), before.data(), kvh * seq * d * elem), 0);
+}
+
+TEST(CpuDispatchTest, SeqSlotsMustDivideTheRows) {
+  GraphBuilder b;
+  const TensorId cache = b.State("cache", DType::kF32, {4, 1, 8, 4});
+  b.KvWrite(b.Input("kv", DType::kF32, {6, 4}), b.Input("pos", DType::kI32, {6}),
+            b.Input("seq_slots", DType::kI32, {4}), cache, "write");
+  const absl::Status st = std::move(b).Build().status();
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  EXPECT_NE(st.message().find("seq_slots"), absl::string_view::npos) << st;
+  EXPECT_NE(st.message().find("divides the 6 rows"), absl::string_view::npos) << st;
+}
+
 TEST_P(CpuFloatOpTest, AttentionGqaGroupsHeads) {
   // h = 8, kvh = 2: heads 0..3 read kv head 0, heads 4..7 kv head 1. Changing kv head 1's
   // cache must change heads 4..7 and leave heads 0..3 bit for bit.

@@ -149,6 +149,64 @@ std::vector<OpCase> AllCases() {
            .int_values = {{"pos", s.pos}}});
     }
 
+    // Prefill attention (seq_slots: B sequences of T rows): chunks that continue a cached
+    // prefix, T not a multiple of the query tile, padding rows, GQA and MHA, the flash
+    // kernel (bf16/f16, d 64 and 128, T >= 16) and the row-by-row one (f32, d 32, T 8).
+    struct Pf {
+      int64_t seqs, rows, heads, kv_heads, seq, d, slots;
+      std::vector<int32_t> seq_slots;
+      std::vector<int32_t> begin, count;  // per sequence: first position, rows used
+    };
+    for (const Pf& s : {Pf{2, 100, 32, 8, 512, 64, 4, {3, 1}, {37, 0}, {100, 80}},
+                        Pf{1, 256, 8, 8, 600, 128, 2, {1}, {300}, {256}},
+                        Pf{4, 16, 4, 2, 64, 32, 5, {4, 0, 2, 1}, {0, 5, 40, 48}, {16, 3, 16, 16}},
+                        Pf{3, 64, 16, 4, 200, 64, 3, {2, 0, 1}, {0, 64, 136}, {64, 64, 64}},
+                        Pf{2, 8, 4, 4, 32, 64, 2, {0, 1}, {0, 24}, {8, 8}}}) {
+      std::vector<int32_t> pos;
+      for (int64_t b = 0; b < s.seqs; ++b) {
+        for (int64_t j = 0; j < s.rows; ++j) {
+          pos.push_back(j < s.count[b] ? static_cast<int32_t>(s.begin[b] + j) : -1);
+        }
+      }
+      add({.name = Name("Attention", t, absl::StrCat("prefill/B", s.seqs, "xT", s.rows, "/h",
+                                                     s.heads, "/kvh", s.kv_heads, "/S", s.seq,
+                                                     "/d", s.d)),
+           .build = [=](GraphBuilder& b) {
+             const int64_t m = s.seqs * s.rows;
+             auto q = b.Input("q", t, {m, s.heads * s.d});
+             auto kc = b.State("k_cache", t, {s.slots, s.kv_heads, s.seq, s.d});
+             auto vc = b.State("v_cache", t, {s.slots, s.kv_heads, s.seq, s.d});
+             b.Output("out", b.Attention(q, kc, vc, b.Input("pos", DType::kI32, {m}),
+                                         b.Input("seq_slots", DType::kI32, {s.seqs})));
+           },
+           .tolerance = Tol(t),
+           .int_values = {{"pos", pos}, {"seq_slots", s.seq_slots}}});
+    }
+    // A slot out of range: zeros and the error flag, on both.
+    add({.name = Name("Attention", t, "prefill/bad_slot"),
+         .build = [=](GraphBuilder& b) {
+           auto q = b.Input("q", t, {32, 4 * 64});
+           auto kc = b.State("k_cache", t, {2, 4, 64, 64});
+           auto vc = b.State("v_cache", t, {2, 4, 64, 64});
+           b.Output("out", b.Attention(q, kc, vc, b.Input("pos", DType::kI32, {32}),
+                                       b.Input("seq_slots", DType::kI32, {2})));
+         },
+         .tolerance = Tol(t),
+         .int_lo = 0,
+         .int_hi = 64,
+         .int_values = {{"seq_slots", {1, 7}}}});
+    // KvWrite of a prefill step: rows to their sequences' slots.
+    add({.name = Name("KvWrite", t, "prefill/B3xT8/slots4"),
+         .build = [=](GraphBuilder& b) {
+           auto cache = b.State("cache", t, {4, 2, 32, 64});
+           b.KvWrite(b.Input("kv", t, {24, 2 * 64}), b.Input("pos", DType::kI32, {24}),
+                     b.Input("seq_slots", DType::kI32, {3}), cache);
+         },
+         .tolerance = 0.0,
+         .int_values = {{"pos", {0, 1, 2, 3, 4, 5, 6, 7, 20, 21, 22, -1, -1, -1, -1, -1,
+                                 31, 30, 29, 28, 27, 26, 25, 24}},
+                        {"seq_slots", {2, 0, 3}}}});
+
     // Argmax (exact ties are common in random bf16 data: the lowest index must win).
     for (int64_t v : {1000, 128256}) {
       add({.name = Name("Argmax", t, absl::StrCat("4x", v)),
@@ -204,6 +262,27 @@ std::vector<OpCase> AllCases() {
            .int_hi = 64,
            .float_range = 0.2f});
     }
+  }
+  // Whole prefill steps (bf16, head_dim 64 so the flash kernel runs): two sequences of 32
+  // rows, the second continuing at position 20 with 4 padding rows.
+  {
+    std::vector<int32_t> pos;
+    for (int32_t j = 0; j < 32; ++j) pos.push_back(j);
+    for (int32_t j = 0; j < 32; ++j) pos.push_back(j < 28 ? 20 + j : -1);
+    add({.name = "Llama/bf16/prefill/B2xT32",
+         .graph = [] {
+           LlamaConfig config = TinyLlamaConfig();
+           config.dtype = DType::kBF16;
+           config.num_attention_heads = 4;
+           config.head_dim = 64;
+           return BuildLlamaDecodeGraph(
+               config, {.batch = 2, .slots = 3, .max_seq = 64, .rows_per_seq = 32});
+         },
+         .tolerance = 2e-2,
+         .int_hi = 64,
+         .int_values = {{"pos", pos}, {"seq_slots", {2, 0}}},
+         .float_range = 0.2f,
+         .exact_ids = false});
   }
   return cases;
 }

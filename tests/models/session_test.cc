@@ -8,6 +8,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
+#include <cstdio>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -345,6 +347,185 @@ TEST(SessionCpuTest, FixtureFoldersMatchTransformers) {
   for (const char* name : {"f32_gqa", "f32_mha_tied", "f32_llama3_rope", "bf16_gqa", "f32_sharded"}) {
     SCOPED_TRACE(name);
     testing::CheckSessionParity(std::string(SG_FIXTURES_DIR) + "/" + name, Backend::kCpu, false);
+  }
+}
+
+// ---- prefill steps ---------------------------------------------------------------------
+
+// Ids and last logits of `prompts` (one per slot) after Prefill(requests) and `n` steps.
+struct PrefillRun {
+  std::vector<std::vector<int32_t>> ids;
+  std::vector<std::vector<float>> logits;
+  int64_t prefill_steps = 0;
+};
+PrefillRun RunPrefilled(SessionOptions o, const std::vector<std::vector<int32_t>>& prompts,
+                        int64_t n) {
+  PrefillRun out;
+  o.max_slots = static_cast<int64_t>(prompts.size());
+  std::unique_ptr<DecodeSession> s = MakeSession(o);
+  if (s == nullptr) return out;
+  std::vector<PrefillRequest> requests;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    requests.push_back({static_cast<int64_t>(i), prompts[i], static_cast<int32_t>(i)});
+  }
+  const absl::Status st = s->Prefill(requests);
+  EXPECT_TRUE(st.ok()) << st;
+  if (!st.ok()) return out;
+  out.prefill_steps = s->prefill_steps();
+  absl::StatusOr<std::vector<std::vector<int32_t>>> ids = s->Generate(n);
+  EXPECT_TRUE(ids.ok()) << ids.status();
+  if (!ids.ok()) return out;
+  out.ids = *ids;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    absl::StatusOr<std::vector<float>> l = s->Logits(static_cast<int64_t>(i));
+    EXPECT_TRUE(l.ok()) << l.status();
+    out.logits.push_back(l.ok() ? *l : std::vector<float>{});
+  }
+  return out;
+}
+
+// The CPU reference computes every row on its own, so a prefill step gives exactly the
+// values of token-by-token decode steps: ids equal, logits equal to f32 rounding.
+void ExpectSameRuns(const PrefillRun& got, const PrefillRun& want) {
+  ASSERT_EQ(got.ids.size(), want.ids.size());
+  for (size_t i = 0; i < want.ids.size(); ++i) {
+    SCOPED_TRACE(i);
+    EXPECT_EQ(got.ids[i], want.ids[i]);
+    EXPECT_LE(testing::NormalizedError(got.logits[i], want.logits[i]), 1e-6);
+  }
+}
+
+TEST(SessionPrefillTest, PrefillStepsEqualTokenByTokenAtEveryLength) {
+  SessionOptions by_token = CpuOptions(1, 160);
+  by_token.prefill_chunk = 0;
+  SessionOptions chunked = by_token;
+  chunked.prefill_chunk = 32;  // steps of 32 and 8 rows
+  for (int64_t len : {1, 2, 7, 8, 9, 33, 64, 65, 130}) {
+    SCOPED_TRACE(len);
+    const std::vector<std::vector<int32_t>> prompts = {Prompt(len, 100 + static_cast<uint32_t>(len))};
+    const PrefillRun want = RunPrefilled(by_token, prompts, 6);
+    const PrefillRun got = RunPrefilled(chunked, prompts, 6);
+    ExpectSameRuns(got, want);
+    // Steps: whole chunks of 32, then one step for the rest.
+    const int64_t feed = len - 1;
+    EXPECT_EQ(got.prefill_steps, feed / 32 + (feed % 32 != 0 ? 1 : 0));
+    EXPECT_EQ(want.prefill_steps, 0);
+  }
+}
+
+TEST(SessionPrefillTest, ChunkedEqualsOneChunk) {
+  SessionOptions one = CpuOptions(1, 256);
+  one.prefill_chunk = 256;
+  SessionOptions small = one;
+  small.prefill_chunk = 8;
+  const std::vector<std::vector<int32_t>> prompts = {Prompt(201, 5)};
+  const PrefillRun a = RunPrefilled(one, prompts, 8);
+  const PrefillRun b = RunPrefilled(small, prompts, 8);
+  EXPECT_EQ(a.prefill_steps, 1);
+  EXPECT_EQ(b.prefill_steps, 25);
+  ExpectSameRuns(b, a);
+}
+
+TEST(SessionPrefillTest, PackedSequencesEqualEachAlone) {
+  // Lengths that land in every step shape of chunk 64 (64, 16 rows; packed 4 x 16), some
+  // sharing a packed step, one spanning two chunks.
+  SessionOptions o = CpuOptions(1, 200);
+  o.prefill_chunk = 64;
+  std::vector<std::vector<int32_t>> prompts;
+  for (int64_t len : {3, 17, 1, 12, 150, 16, 40, 9}) {
+    prompts.push_back(Prompt(len, 300 + static_cast<uint32_t>(len)));
+  }
+  const PrefillRun packed = RunPrefilled(o, prompts, 5);
+  // Tokens fed (all but the last): 150 -> 2 chunks + 21, and 39: two 64-row steps;
+  // 2, 16, 11, 15, 8: a packed step of 4 x 16 rows and a single 16-row step; 0.
+  EXPECT_EQ(packed.prefill_steps, 2 + 1 + 1 + 1 + 1);
+  SessionOptions by_token = o;
+  by_token.prefill_chunk = 0;
+  ExpectSameRuns(packed, RunPrefilled(by_token, prompts, 5));
+}
+
+TEST(SessionPrefillTest, DecodingSlotsKeepTheirStateAcrossAnotherPrefill) {
+  SessionOptions o = CpuOptions(2, 96);
+  o.prefill_chunk = 16;
+  const std::vector<int32_t> a = Prompt(20, 1), b = Prompt(37, 2);
+  std::unique_ptr<DecodeSession> s = MakeSession(o);
+  ASSERT_NE(s, nullptr);
+  ASSERT_TRUE(s->Prefill(0, a).ok());
+  absl::StatusOr<std::vector<int32_t>> first = s->Generate(0, 4);
+  ASSERT_TRUE(first.ok());
+  ASSERT_TRUE(s->Prefill(1, b).ok());  // slot 0 is decoding; the prefill step is b's alone
+  absl::StatusOr<std::vector<std::vector<int32_t>>> rest = s->Generate(6);
+  ASSERT_TRUE(rest.ok()) << rest.status();
+  std::vector<int32_t> a_ids = *first;
+  a_ids.insert(a_ids.end(), (*rest)[0].begin(), (*rest)[0].end());
+  EXPECT_EQ(a_ids, Alone(o, a, 10));
+  EXPECT_EQ((*rest)[1], Alone(o, b, 6));
+}
+
+// Every transformers fixture (f32 and bf16, GQA, MHA, llama3 RoPE, sharded): prefill steps
+// (chunks of 4, so prompts span several) equal the token-by-token path. Their parity with
+// transformers itself is FixtureFoldersMatchTransformers, which prefills by default.
+TEST(SessionPrefillTest, FixturesPrefillEqualsTokenByToken) {
+  for (const char* name : {"f32_gqa", "f32_mha_tied", "f32_llama3_rope", "bf16_gqa", "f32_sharded"}) {
+    SCOPED_TRACE(name);
+    const std::string dir = std::string(SG_FIXTURES_DIR) + "/" + name;
+    const testing::ParityExpected want = testing::ReadParityExpected(dir + "/expected.json");
+    SessionOptions o;
+    o.model_dir = dir;
+    o.backend = Backend::kCpu;
+    o.max_seq = static_cast<int64_t>(want.prompt.size() + want.generated.size());
+    o.prefill_chunk = 4;
+    SessionOptions by_token = o;
+    by_token.prefill_chunk = 0;
+    const std::vector<std::vector<int32_t>> prompts = {want.prompt, want.prompt};
+    const PrefillRun got = RunPrefilled(o, prompts, 8);
+    EXPECT_GT(got.prefill_steps, 1);
+    ExpectSameRuns(got, RunPrefilled(by_token, prompts, 8));
+    ASSERT_FALSE(got.ids.empty());
+    EXPECT_EQ(got.ids[0], std::vector<int32_t>(want.generated.begin(), want.generated.begin() + 8));
+  }
+}
+
+TEST(SessionPrefillTest, BadRequestsAreRefusedBeforeAnythingRuns) {
+  std::unique_ptr<DecodeSession> s = MakeSession(CpuOptions(2, 16));
+  ASSERT_NE(s, nullptr);
+  const std::vector<int32_t> p = Prompt(4, 9);
+  const std::vector<PrefillRequest> twice = {{0, p, 0}, {0, p, 0}};
+  const absl::Status st = s->Prefill(twice);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  EXPECT_NE(st.message().find("named by two requests"), absl::string_view::npos) << st;
+  EXPECT_EQ(s->prefill_steps(), 0);
+  SessionOptions bad = CpuOptions(1, 16);
+  bad.prefill_chunk = -1;
+  EXPECT_EQ(DecodeSession::Create(bad).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// A sanity bound only (the speed claim is cpu_bench's): 1,024 short prompts prefill on
+// the CPU reference in seconds, where token-by-token decode steps over 1,024 rows took
+// hours.
+TEST(SessionPrefillTest, ManyShortPromptsPrefillInSeconds) {
+  constexpr int64_t kPrompts = 1024;
+  // max_seq 64 makes the chunk 64 rows: every prompt goes in packed steps of 4 x 16.
+  SessionOptions o = CpuOptions(kPrompts, 64);
+  o.buckets = {kPrompts};
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<PrefillRequest> requests;
+  for (int64_t i = 0; i < kPrompts; ++i) prompts.push_back(Prompt(8 + i % 9, 7000 + static_cast<uint32_t>(i)));
+  for (int64_t i = 0; i < kPrompts; ++i) requests.push_back({i, prompts[i], 0});
+  std::unique_ptr<DecodeSession> s = MakeSession(o);
+  ASSERT_NE(s, nullptr);
+  const auto start = std::chrono::steady_clock::now();
+  ASSERT_TRUE(s->Prefill(requests).ok());
+  absl::StatusOr<std::vector<std::vector<int32_t>>> ids = s->Generate(2);
+  ASSERT_TRUE(ids.ok()) << ids.status();
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_LT(seconds, 120.0);
+  std::printf("1024 prompts of 8-16 tokens: prefill + 2 steps in %.2f s, %lld prefill steps\n",
+              seconds, static_cast<long long>(s->prefill_steps()));
+  for (int64_t i : {int64_t{0}, int64_t{513}, kPrompts - 1}) {
+    SessionOptions one = CpuOptions(1, 32);
+    EXPECT_EQ((*ids)[i], Alone(one, prompts[i], 2)) << "slot " << i;
   }
 }
 

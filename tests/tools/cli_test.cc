@@ -154,6 +154,8 @@ TEST(CliTest, TinyCpuRunPrintsTheSessionsIds) {
   ASSERT_EQ(want.size(), 6u);
   EXPECT_EQ(PrintedIds(r.out, "generated"), want) << r.out;
   EXPECT_TRUE(absl::StrContains(r.out, "ms/token on the CPU reference")) << r.out;
+  EXPECT_TRUE(absl::StrContains(r.out, "time to first token")) << r.out;
+  EXPECT_TRUE(absl::StrContains(r.out, "tokens/s, 1 steps")) << "one prefill step: " << r.out;
   EXPECT_TRUE(absl::StrContains(r.err, "cpu")) << r.err;
 }
 
@@ -288,6 +290,9 @@ TEST(CliTest, TinyCpuBench) {
   EXPECT_TRUE(absl::StrContains(r.out, "position 5: ")) << r.out;
   EXPECT_TRUE(absl::StrContains(r.out, "ms/token on the CPU reference")) << r.out;
   EXPECT_TRUE(absl::StrContains(r.out, "MatMul")) << "the profile names the ops: " << r.out;
+  // The tiny model holds 512 positions: 128 is measured, 2048 does not fit.
+  EXPECT_TRUE(absl::StrContains(r.out, "time to first token, 128-token prompt: ")) << r.out;
+  EXPECT_TRUE(absl::StrContains(r.out, "2048-token prompt: skipped")) << r.out;
 }
 
 }  // namespace

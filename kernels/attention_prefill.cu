@@ -1,0 +1,298 @@
+// Prefill attention (many query rows per sequence) in the flash-attention style. Grid:
+// (query tiles of the sequence, heads, sequences). A block of four warps takes
+// kPrefillQueryTile consecutive rows of one sequence and one query head, 16 rows per warp,
+// and walks the keys of the sequence's KV slot in tiles of kPrefillKeyTile up to the
+// largest position among its rows. Per key tile: S = Q·Kᵀ on tensor cores (wmma,
+// 16x16x16, f32 accumulation) into the warp's shared memory; an online softmax per row
+// (two lanes a row, base-2 domain, keys past the row's position masked); P rounded to
+// the storage type; O = O·corr + P·V on tensor cores, O kept in f32 in shared memory so
+// that each row can be rescaled by its own factor. Row i sees keys 0..pos[i], as in the
+// decode kernel, so both agree row by row and a chunk's rows are causal among themselves
+// (KvWrite stored them before this launch).
+#include <cuda_runtime.h>
+#include <mma.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "kernels/attention.cuh"
+#include "kernels/common.cuh"
+#include "stepgraph/error_flags.h"
+
+namespace sg::kernels {
+namespace {
+
+using namespace nvcuda;
+
+constexpr int kBQ = kPrefillQueryTile;
+constexpr int kBK = kPrefillKeyTile;
+constexpr int kWarpsP = kBQ / 16;
+constexpr int kThreadsP = kWarpsP * kWarpSize;
+static_assert(kBK % 32 == 0 && kBQ % 16 == 0);
+
+struct PrefillParams {
+  const void* q;
+  const void* k;
+  const void* v;
+  const int32_t* pos;
+  const int32_t* seq_slots;
+  void* out;
+  float scale_log2;
+  int heads;
+  int kv_heads;
+  int seq_len;
+  int rows_per_seq;
+  int slots;
+  uint32_t* error_flags;
+};
+
+// Per warp: S (f32) and P (T) of 16 x kBK, O (f32) of 16 x D.
+template <typename T, int D>
+__host__ __device__ constexpr int64_t WarpBytes() {
+  return 16 * kBK * 4 + 16 * kBK * static_cast<int64_t>(sizeof(T)) + 16 * D * 4;
+}
+
+// Q (kBQ x D), K and V (kBK x D) tiles, the warps' areas, the rows' positions. Every
+// region is a multiple of 32 bytes, as wmma loads and stores need.
+template <typename T, int D>
+__host__ __device__ constexpr int64_t SmemBytes() {
+  return (kBQ + 2 * kBK) * D * static_cast<int64_t>(sizeof(T)) + kWarpsP * WarpBytes<T, D>() +
+         kBQ * 4;
+}
+
+template <typename T, int D>
+__global__ void __launch_bounds__(kThreadsP) PrefillAttentionKernel(const PrefillParams p) {
+  AwaitPrerequisiteGrids();
+  extern __shared__ __align__(128) unsigned char smem[];
+  __shared__ int s_kmax;
+  constexpr int kVec = 16 / static_cast<int>(sizeof(T));  // elements per 16-byte access
+  constexpr int kVecsPerRow = D / kVec;
+
+  T* q_s = reinterpret_cast<T*>(smem);
+  T* k_s = q_s + kBQ * D;
+  T* v_s = k_s + kBK * D;
+  unsigned char* warps = reinterpret_cast<unsigned char*>(v_s + kBK * D);
+  const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
+  float* s_w = reinterpret_cast<float*>(warps + warp * WarpBytes<T, D>());
+  T* p_w = reinterpret_cast<T*>(s_w + 16 * kBK);
+  float* o_w = reinterpret_cast<float*>(p_w + 16 * kBK);
+  int* s_pos = reinterpret_cast<int*>(warps + kWarpsP * WarpBytes<T, D>());
+
+  const int head = blockIdx.y, seq = blockIdx.z;
+  const int local0 = blockIdx.x * kBQ;  // the tile's first row within its sequence
+  const int64_t row0 = static_cast<int64_t>(seq) * p.rows_per_seq + local0;
+  const int kv_head = head / (p.heads / p.kv_heads);
+  const int slot = p.seq_slots[seq];
+  const bool slot_ok = slot >= 0 && slot < p.slots;
+  const int64_t q_stride = static_cast<int64_t>(p.heads) * D;
+
+  // Positions of the tile's rows; -1 for padding and for rows past the sequence's end
+  // (they belong to the next sequence). A row whose position or slot is out of range is
+  // flagged (by the head-0 block) and gives zeros like padding.
+  if (threadIdx.x == 0) s_kmax = -1;
+  __syncthreads();
+  for (int r = threadIdx.x; r < kBQ; r += kThreadsP) {
+    int pos = -1;
+    if (local0 + r < p.rows_per_seq) {
+      pos = p.pos[row0 + r];
+      if (pos >= 0 && (pos >= p.seq_len || !slot_ok)) {
+        if (head == 0) atomicOr(p.error_flags, kErrorPositionOutOfRange);
+        pos = -1;
+      }
+    }
+    s_pos[r] = pos;
+    if (pos >= 0) atomicMax(&s_kmax, pos);
+  }
+  for (int i = threadIdx.x; i < kBQ * kVecsPerRow; i += kThreadsP) {
+    const int r = i / kVecsPerRow, c = (i % kVecsPerRow) * kVec;
+    uint4 w = make_uint4(0u, 0u, 0u, 0u);
+    if (local0 + r < p.rows_per_seq) {
+      w = __ldg(reinterpret_cast<const uint4*>(static_cast<const T*>(p.q) + (row0 + r) * q_stride +
+                                               static_cast<int64_t>(head) * D + c));
+    }
+    *reinterpret_cast<uint4*>(q_s + r * D + c) = w;
+  }
+  for (int i = lane; i < 16 * D; i += kWarpSize) o_w[i] = 0.0f;
+  __syncthreads();
+
+  const int kmax = s_kmax;  // block-uniform, so is every loop bound below
+  // Softmax state: lanes 2r and 2r + 1 hold row r of the warp, each half of its columns.
+  const int my_row = lane / 2, half = lane % 2;
+  const int my_pos = s_pos[warp * 16 + my_row];
+  float m = -INFINITY, l = 0.0f;
+
+  const int64_t cache_offset =
+      (static_cast<int64_t>(slot_ok ? slot : 0) * p.kv_heads + kv_head) * p.seq_len * D;
+  const T* k_rows = static_cast<const T*>(p.k) + cache_offset;
+  const T* v_rows = static_cast<const T*>(p.v) + cache_offset;
+
+  wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> q_frag[D / 16];
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+    wmma::load_matrix_sync(q_frag[kk], q_s + warp * 16 * D + kk * 16, D);
+  }
+
+  for (int kb = 0; kb <= kmax; kb += kBK) {
+    // Keys past kmax (never past seq_len - 1) load as zeros; every row masks them.
+    for (int i = threadIdx.x; i < kBK * kVecsPerRow; i += kThreadsP) {
+      const int r = i / kVecsPerRow, c = (i % kVecsPerRow) * kVec;
+      const int key = kb + r;
+      uint4 kw = make_uint4(0u, 0u, 0u, 0u), vw = kw;
+      if (key <= kmax) {
+        const int64_t at = static_cast<int64_t>(key) * D + c;
+        kw = __ldg(reinterpret_cast<const uint4*>(k_rows + at));
+        vw = __ldg(reinterpret_cast<const uint4*>(v_rows + at));
+      }
+      *reinterpret_cast<uint4*>(k_s + r * D + c) = kw;
+      *reinterpret_cast<uint4*>(v_s + r * D + c) = vw;
+    }
+    __syncthreads();
+
+    // S[16, kBK] = Q_w · Kᵀ: Kᵀ (D x keys) is K read column-major.
+#pragma unroll
+    for (int n = 0; n < kBK / 16; ++n) {
+      wmma::fragment<wmma::accumulator, 16, 16, 16, float> s_frag;
+      wmma::fill_fragment(s_frag, 0.0f);
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+        wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::col_major> k_frag;
+        wmma::load_matrix_sync(k_frag, k_s + n * 16 * D + kk * 16, D);
+        wmma::mma_sync(s_frag, q_frag[kk], k_frag, s_frag);
+      }
+      wmma::store_matrix_sync(s_w + n * 16, s_frag, kBK, wmma::mem_row_major);
+    }
+    __syncwarp();
+
+    constexpr int kHalfK = kBK / 2;
+    float* s_row = s_w + my_row * kBK + half * kHalfK;
+    float mx = -INFINITY;
+    for (int c = 0; c < kHalfK; ++c) {
+      const int key = kb + half * kHalfK + c;
+      const float sv = key <= my_pos ? s_row[c] * p.scale_log2 : -INFINITY;
+      s_row[c] = sv;
+      mx = fmaxf(mx, sv);
+    }
+    mx = fmaxf(mx, __shfl_xor_sync(kFullMask, mx, 1));
+    const float m_new = fmaxf(m, mx);
+    // No key for this row yet (padding, or all masked): nothing to rescale.
+    const float corr = m_new == -INFINITY ? 1.0f : exp2f(m - m_new);
+    float sum = 0.0f;
+    T* p_row = p_w + my_row * kBK + half * kHalfK;
+    for (int c = 0; c < kHalfK; ++c) {
+      const float pv = s_row[c] == -INFINITY ? 0.0f : exp2f(s_row[c] - m_new);
+      p_row[c] = FromFloat<T>(pv);
+      sum += pv;
+    }
+    sum += __shfl_xor_sync(kFullMask, sum, 1);
+    l = l * corr + sum;
+    m = m_new;
+    float* o_row = o_w + my_row * D + half * (D / 2);
+    for (int c = 0; c < D / 2; ++c) o_row[c] *= corr;
+    __syncwarp();
+
+    // O[16, D] += P · V, the accumulators round-tripping through the warp's O.
+#pragma unroll
+    for (int j = 0; j < D / 16; ++j) {
+      wmma::fragment<wmma::accumulator, 16, 16, 16, float> o_frag;
+      wmma::load_matrix_sync(o_frag, o_w + j * 16, D, wmma::mem_row_major);
+#pragma unroll
+      for (int kk = 0; kk < kBK / 16; ++kk) {
+        wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> p_frag;
+        wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::row_major> v_frag;
+        wmma::load_matrix_sync(p_frag, p_w + kk * 16, kBK);
+        wmma::load_matrix_sync(v_frag, v_s + kk * 16 * D + j * 16, D);
+        wmma::mma_sync(o_frag, p_frag, v_frag, o_frag);
+      }
+      wmma::store_matrix_sync(o_w + j * 16, o_frag, D, wmma::mem_row_major);
+    }
+    __syncthreads();  // the K and V tiles are overwritten next
+  }
+  __syncwarp();
+
+  const int local = local0 + warp * 16 + my_row;
+  if (local < p.rows_per_seq) {
+    T* o = static_cast<T*>(p.out) + (row0 + warp * 16 + my_row) * q_stride +
+           static_cast<int64_t>(head) * D + half * (D / 2);
+    const float* o_row = o_w + my_row * D + half * (D / 2);
+    const float inv = my_pos >= 0 ? 1.0f / l : 0.0f;  // l > 0: key 0 is always seen
+    for (int c = 0; c < D / 2; ++c) o[c] = FromFloat<T>(my_pos >= 0 ? o_row[c] * inv : 0.0f);
+  }
+}
+
+template <typename T, int D>
+cudaError_t SetSmem() {
+  return cudaFuncSetAttribute(PrefillAttentionKernel<T, D>,
+                              cudaFuncAttributeMaxDynamicSharedMemorySize,
+                              static_cast<int>(SmemBytes<T, D>()));
+}
+
+template <typename T, int D>
+cudaError_t LaunchPrefill(const PrefillParams& p, int tiles, int seqs, cudaStream_t stream) {
+  cudaLaunchAttribute attribute[1];
+  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(p.heads),
+                        static_cast<unsigned>(seqs));
+  config.blockDim = dim3(kThreadsP);
+  config.dynamicSmemBytes = static_cast<size_t>(SmemBytes<T, D>());
+  config.stream = stream;
+  config.attrs = attribute;
+  config.numAttrs = ProgrammaticLaunchEnabled() ? 1 : 0;
+  const cudaError_t e = cudaLaunchKernelEx(&config, PrefillAttentionKernel<T, D>, p);
+  if (e != cudaSuccess) (void)cudaGetLastError();
+  return e;
+}
+
+}  // namespace
+
+bool PrefillAttentionSupported(const AttentionShape& s, DType dtype, int rows_per_seq) {
+  return AttentionShapeError(s)[0] == '\0' && (dtype == DType::kBF16 || dtype == DType::kF16) &&
+         (s.head_dim == 64 || s.head_dim == 128) && rows_per_seq >= 16 &&
+         s.rows % rows_per_seq == 0 && s.rows / rows_per_seq <= 65535;
+}
+
+cudaError_t PreparePrefillAttention() {
+  const cudaError_t errors[] = {SetSmem<__nv_bfloat16, 64>(), SetSmem<__nv_bfloat16, 128>(),
+                                SetSmem<__half, 64>(), SetSmem<__half, 128>()};
+  for (const cudaError_t e : errors) {
+    if (e != cudaSuccess) return e;
+  }
+  return cudaSuccess;
+}
+
+cudaError_t LaunchPrefillAttention(const AttentionArgs& args, const AttentionShape& s,
+                                   DType dtype, cudaStream_t stream) {
+  if (args.seq_slots == nullptr || !PrefillAttentionSupported(s, dtype, args.rows_per_seq)) {
+    return cudaErrorInvalidValue;
+  }
+  const void* buffers[] = {args.q, args.k_cache, args.v_cache, args.out};
+  for (const void* b : buffers) {
+    if (!Aligned16(b)) return cudaErrorInvalidValue;
+  }
+  PrefillParams p;
+  p.q = args.q;
+  p.k = args.k_cache;
+  p.v = args.v_cache;
+  p.pos = args.pos;
+  p.seq_slots = args.seq_slots;
+  p.out = args.out;
+  p.scale_log2 = args.scale * 1.4426950408889634f;
+  p.heads = s.heads;
+  p.kv_heads = s.kv_heads;
+  p.seq_len = s.seq_len;
+  p.rows_per_seq = args.rows_per_seq;
+  p.slots = args.slots;
+  p.error_flags = args.error_flags;
+  const int tiles = (args.rows_per_seq + kBQ - 1) / kBQ;
+  const int seqs = s.rows / args.rows_per_seq;
+  const bool bf16 = dtype == DType::kBF16;
+  if (s.head_dim == 64) {
+    return bf16 ? LaunchPrefill<__nv_bfloat16, 64>(p, tiles, seqs, stream)
+                : LaunchPrefill<__half, 64>(p, tiles, seqs, stream);
+  }
+  return bf16 ? LaunchPrefill<__nv_bfloat16, 128>(p, tiles, seqs, stream)
+              : LaunchPrefill<__half, 128>(p, tiles, seqs, stream);
+}
+
+}  // namespace sg::kernels
