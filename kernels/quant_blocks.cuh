@@ -184,12 +184,11 @@ struct FormatK {
     Part r;
     const int c = p >> 3, l0 = 4 * (p & 7);
     const float d = F16(b), dmin = F16(b + 2);
-    uint8_t scales[12];
-#pragma unroll
-    for (int i = 0; i < 12; ++i) scales[i] = __ldg(b + 4 + i);
+    // Straight from the block (cached): a local copy indexed by the runtime c would
+    // live in local memory.
     uint8_t sc0, mn0, sc1, mn1;
-    Q4KScaleMin(scales, 2 * c, &sc0, &mn0);
-    Q4KScaleMin(scales, 2 * c + 1, &sc1, &mn1);
+    Q4KScaleMin(b + 4, 2 * c, &sc0, &mn0);
+    Q4KScaleMin(b + 4, 2 * c + 1, &sc1, &mn1);
     const float d0 = __fmul_rn(d, static_cast<float>(sc0)), m0 = __fmul_rn(dmin, static_cast<float>(mn0));
     const float d1 = __fmul_rn(d, static_cast<float>(sc1)), m1 = __fmul_rn(dmin, static_cast<float>(mn1));
     uint8_t q[4];
