@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "dispatch/cuda/cuda_status.h"
+#include "dispatch/cuda/quant_matmul.h"
 #include "kernels/gemv.cuh"
 #include "stepgraph/status.h"
 
@@ -124,6 +125,7 @@ absl::StatusOr<std::unique_ptr<MatmulRunner>> MatmulRunner::Create(const CudaDev
 absl::StatusOr<std::unique_ptr<PreparedNode>> MatmulRunner::PrepareNode(const ops::MatMul& op,
                                                                         const Tensor& x,
                                                                         const Tensor& w) {
+  if (IsQuantized(w.dtype)) return PrepareQuantMatmul(op, x, w);  // quant_matmul.cc
   if (w.dtype != x.dtype) {
     return absl::UnimplementedError(
         absl::StrCat("no CUDA matmul for ", DTypeName(w.dtype), " weights yet"));
@@ -237,6 +239,7 @@ absl::StatusOr<MatmulPath> MatmulRunner::PathFor(const MatmulShape& shape) const
 
 absl::Status MatmulRunner::Run(const ops::MatMul& op, const NodeArgs& args,
                                cudaStream_t stream) const {
+  if (IsQuantized(args.inputs[1].dtype)) return RunQuantMatmul(op, args, stream);
   const auto* node = static_cast<const MatmulNode*>(args.prepared);
   if (ABSL_PREDICT_FALSE(node == nullptr)) return NotPrepared();
   const TensorArg& x = args.inputs[0];

@@ -1,0 +1,278 @@
+// The quantized matmul (kernels/quant_matmul.cuh) at Llama-3.2-1B's decode shapes, M = 1,
+// for every GGUF block format, beside the bf16 small-M kernel at the same shapes: how
+// close each format's kernel comes to streaming its weight at the copy rate.
+//
+// How it measures (as kernel_bench): each case captures a CUDA graph of up to kMaxBatch
+// launches, each on its own copy of the weight, enough copies together to exceed three
+// L2s where memory allows (else L2 is flushed by a memset between replays, outside the
+// timed region), and times replays with CUDA events; the time per iteration is one
+// launch, and tables report medians. GB/s counts the weight's bytes plus x and y once;
+// `of_copy` is that over a 1 GiB device-to-device cudaMemcpyAsync measured in the same
+// run, counted as bytes read plus bytes written.
+//
+//   quant_bench --benchmark_filter='QuantMatMul'
+#include <benchmark/benchmark.h>
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "dispatch/cuda/cuda_handles.h"
+#include "dispatch/cuda/cuda_status.h"
+#include "kernels/gemv.cuh"
+#include "kernels/quant_matmul.cuh"
+#include "stepgraph/half.h"
+#include "stepgraph/quant.h"
+#include "stepgraph/status.h"
+#include "stepgraph/types.h"
+
+namespace sg {
+namespace {
+
+constexpr int kIterations = 30;
+constexpr int kMaxBatch = 64;
+constexpr int64_t kAlign = 256;
+constexpr int64_t kCopyBytes = int64_t{1} << 30;
+// Distinct random rows quantized on the host; the weight repeats them (the values do not
+// change the traffic, and quantizing 128256 rows per format would dominate the run).
+constexpr int64_t kDistinctRows = 64;
+
+int64_t RoundUp(int64_t v, int64_t a) { return (v + a - 1) / a * a; }
+
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+struct Row {
+  std::string name;
+  double us = 0, gbps = 0, of_copy = 0;
+};
+
+struct Context {
+  UniqueStream stream;
+  DeviceMemory flush;
+  int64_t flush_bytes = 0;
+  int64_t l2_bytes = 0;
+  double copy_gbps = 0;
+  std::vector<Row> rows;
+};
+Context* g = nullptr;
+
+absl::StatusOr<double> TimeOnce(cudaStream_t stream, const std::function<absl::Status()>& f) {
+  SG_ASSIGN_OR_RETURN(UniqueEvent start, CreateEvent("quant_bench start"));
+  SG_ASSIGN_OR_RETURN(UniqueEvent stop, CreateEvent("quant_bench stop"));
+  SG_RETURN_IF_ERROR(ToStatus(cudaEventRecord(start.get(), stream), "cudaEventRecord"));
+  SG_RETURN_IF_ERROR(f());
+  SG_RETURN_IF_ERROR(ToStatus(cudaEventRecord(stop.get(), stream), "cudaEventRecord"));
+  SG_RETURN_IF_ERROR(ToStatus(cudaEventSynchronize(stop.get()), "cudaEventSynchronize"));
+  float ms = 0;
+  SG_RETURN_IF_ERROR(
+      ToStatus(cudaEventElapsedTime(&ms, start.get(), stop.get()), "cudaEventElapsedTime"));
+  return static_cast<double>(ms) * 1e-3;
+}
+
+absl::Status MeasureCopy() {
+  SG_ASSIGN_OR_RETURN(DeviceMemory src, AllocateDevice(kCopyBytes, "copy source"));
+  SG_ASSIGN_OR_RETURN(DeviceMemory dst, AllocateDevice(kCopyBytes, "copy destination"));
+  cudaStream_t stream = g->stream.get();
+  SG_RETURN_IF_ERROR(ToStatus(cudaMemsetAsync(src.get(), 0x5a, kCopyBytes, stream), "cudaMemset"));
+  auto copy = [&] {
+    return ToStatus(cudaMemcpyAsync(dst.get(), src.get(), kCopyBytes, cudaMemcpyDeviceToDevice,
+                                    stream),
+                    "cudaMemcpyAsync");
+  };
+  std::vector<double> seconds;
+  for (int i = 0; i < 11; ++i) {
+    SG_ASSIGN_OR_RETURN(double s, TimeOnce(stream, copy));
+    if (i > 0) seconds.push_back(s);  // the first is a warm-up
+  }
+  g->copy_gbps = 2.0 * static_cast<double>(kCopyBytes) / Median(seconds) * 1e-9;
+  return absl::OkStatus();
+}
+
+// Host bytes of an [n, k] weight in `w_dtype` (bf16 for the reference case): random
+// values, quantized row by row, kDistinctRows of them repeated.
+std::vector<uint8_t> WeightBytes(DType w_dtype, int64_t n, int64_t k) {
+  const int64_t row_bytes = DTypeRowBytes(w_dtype, k);
+  std::vector<uint8_t> distinct(static_cast<size_t>(kDistinctRows * row_bytes));
+  std::mt19937 rng(17);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  std::vector<float> values(static_cast<size_t>(k));
+  for (int64_t r = 0; r < kDistinctRows; ++r) {
+    for (float& v : values) v = u(rng);
+    uint8_t* dst = distinct.data() + r * row_bytes;
+    if (IsQuantized(w_dtype)) {
+      QuantizeRow(w_dtype, values.data(), dst, k);
+    } else {
+      for (int64_t c = 0; c < k; ++c) StoreElement(dst, w_dtype, c, values[c]);
+    }
+  }
+  std::vector<uint8_t> out(static_cast<size_t>(n * row_bytes));
+  for (int64_t r = 0; r < n; ++r) {
+    std::memcpy(out.data() + r * row_bytes, distinct.data() + (r % kDistinctRows) * row_bytes,
+                static_cast<size_t>(row_bytes));
+  }
+  return out;
+}
+
+// One case: y[1, n] = x[1, k] · w[n, k]ᵀ with w in `w_dtype` (bf16: the small-M kernel).
+absl::Status RunCase(benchmark::State& state, const std::string& name, DType w_dtype, int64_t n,
+                     int64_t k) {
+  constexpr DType kT = DType::kBF16;
+  constexpr int64_t m = 1;
+  const int64_t w_bytes = n * DTypeRowBytes(w_dtype, k);
+  const int64_t set_bytes =
+      RoundUp(w_bytes, kAlign) + RoundUp(m * k * 2, kAlign) + RoundUp(m * n * 2, kAlign);
+  size_t free_bytes = 0, total_bytes = 0;
+  SG_RETURN_IF_ERROR(ToStatus(cudaMemGetInfo(&free_bytes, &total_bytes), "cudaMemGetInfo"));
+  const int64_t target = 3 * g->l2_bytes;
+  const int64_t fit = std::max<int64_t>(1, static_cast<int64_t>(free_bytes / 2) / set_bytes);
+  const int batch = static_cast<int>(
+      std::clamp<int64_t>(std::min((target + set_bytes - 1) / set_bytes, fit), 1, kMaxBatch));
+  const bool flush = batch * set_bytes < target;
+
+  SG_ASSIGN_OR_RETURN(DeviceMemory pool, AllocateDevice(batch * set_bytes, "benchmark sets"));
+  auto* base = static_cast<uint8_t*>(pool.get());
+  const std::vector<uint8_t> w = WeightBytes(w_dtype, n, k);
+  std::vector<uint16_t> x(static_cast<size_t>(m * k));
+  for (size_t i = 0; i < x.size(); ++i) x[i] = FloatToBF16(0.001f * static_cast<float>(i % 997) - 0.5f);
+  const int64_t x_off = RoundUp(w_bytes, kAlign), y_off = x_off + RoundUp(m * k * 2, kAlign);
+  SG_RETURN_IF_ERROR(ToStatus(cudaMemcpy(base, w.data(), w.size(), cudaMemcpyHostToDevice),
+                              "cudaMemcpy(weight)"));
+  SG_RETURN_IF_ERROR(ToStatus(cudaMemcpy(base + x_off, x.data(), x.size() * 2,
+                                         cudaMemcpyHostToDevice),
+                              "cudaMemcpy(x)"));
+  for (int s = 1; s < batch; ++s) {
+    SG_RETURN_IF_ERROR(ToStatus(cudaMemcpy(base + s * set_bytes, base, set_bytes,
+                                           cudaMemcpyDeviceToDevice),
+                                "cudaMemcpy(set)"));
+  }
+  SG_RETURN_IF_ERROR(ToStatus(cudaDeviceSynchronize(), "sync after upload"));
+
+  cudaStream_t stream = g->stream.get();
+  auto launch = [&](int s) {
+    uint8_t* set = base + s * set_bytes;
+    const cudaError_t e =
+        IsQuantized(w_dtype)
+            ? kernels::LaunchQuantMatmul(set + x_off, set, w_dtype, nullptr, set + y_off, m, n, k,
+                                         kT, stream)
+            : kernels::LaunchGemv(set + x_off, set, nullptr, set + y_off, m, n, k, kT, stream);
+    return ToStatus(e, "launch");
+  };
+  SG_RETURN_IF_ERROR(launch(0));
+  SG_RETURN_IF_ERROR(ToStatus(cudaStreamSynchronize(stream), "eager run"));
+
+  SG_RETURN_IF_ERROR(ToStatus(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal),
+                              "cudaStreamBeginCapture"));
+  absl::Status captured = absl::OkStatus();
+  for (int s = 0; s < batch && captured.ok(); ++s) captured = launch(s);
+  cudaGraph_t raw_graph = nullptr;
+  const cudaError_t end = cudaStreamEndCapture(stream, &raw_graph);
+  UniqueGraph graph(raw_graph);
+  SG_RETURN_IF_ERROR(captured);
+  SG_RETURN_IF_ERROR(ToStatus(end, "cudaStreamEndCapture"));
+  cudaGraphExec_t raw_exec = nullptr;
+  SG_RETURN_IF_ERROR(ToStatus(cudaGraphInstantiate(&raw_exec, graph.get(), 0), "cudaGraphInstantiate"));
+  UniqueGraphExec exec(raw_exec);
+  SG_RETURN_IF_ERROR(ToStatus(cudaGraphLaunch(exec.get(), stream), "warm-up"));
+  SG_RETURN_IF_ERROR(ToStatus(cudaStreamSynchronize(stream), "cudaStreamSynchronize"));
+
+  std::vector<double> per_launch;
+  for (auto _ : state) {
+    if (flush) {
+      SG_RETURN_IF_ERROR(ToStatus(cudaMemsetAsync(g->flush.get(), static_cast<int>(per_launch.size() & 0x7f) + 1,
+                                                  static_cast<size_t>(g->flush_bytes), stream),
+                                  "cudaMemsetAsync(L2 flush)"));
+    }
+    SG_ASSIGN_OR_RETURN(double seconds, TimeOnce(stream, [&] {
+                          return ToStatus(cudaGraphLaunch(exec.get(), stream), "cudaGraphLaunch");
+                        }));
+    state.SetIterationTime(seconds / batch);
+    per_launch.push_back(seconds / batch);
+  }
+  const double t = Median(per_launch);
+  const int64_t bytes = w_bytes + (m * k + m * n) * 2;
+  const double gbps = t > 0 ? static_cast<double>(bytes) / t * 1e-9 : 0;
+  state.counters["us"] = t * 1e6;
+  state.counters["GB/s"] = gbps;
+  state.counters["of_copy"] = gbps / g->copy_gbps;
+  state.counters["launches_per_graph"] = batch;
+  g->rows.push_back({name, t * 1e6, gbps, gbps / g->copy_gbps});
+  return absl::OkStatus();
+}
+
+absl::Status Setup() {
+  SG_ASSIGN_OR_RETURN(g->stream, CreateStream("quant_bench"));
+  int device = 0, l2 = 0;
+  SG_RETURN_IF_ERROR(ToStatus(cudaGetDevice(&device), "cudaGetDevice"));
+  SG_RETURN_IF_ERROR(ToStatus(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, device),
+                              "cudaDeviceGetAttribute(L2)"));
+  g->l2_bytes = l2;
+  g->flush_bytes = std::max<int64_t>(2 * g->l2_bytes, 64 << 20);
+  SG_ASSIGN_OR_RETURN(g->flush, AllocateDevice(g->flush_bytes, "the L2 flush buffer"));
+  return MeasureCopy();
+}
+
+}  // namespace
+}  // namespace sg
+
+int main(int argc, char** argv) {
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  if (!sg::CudaDeviceAvailable()) {
+    std::fprintf(stderr, "quant_bench: no CUDA device is available; nothing to measure.\n");
+    return 0;
+  }
+  sg::Context context;
+  sg::g = &context;
+  if (absl::Status s = sg::Setup(); !s.ok()) {
+    std::fprintf(stderr, "quant_bench: setup failed: %s\n", s.ToString().c_str());
+    return 1;
+  }
+  std::printf("L2 %lld MiB; D2D copy %.1f GB/s (read + write)\n",
+              static_cast<long long>(context.l2_bytes >> 20), context.copy_gbps);
+
+  struct Shape {
+    const char* what;
+    int64_t n, k;
+  };
+  constexpr sg::DType kFormats[] = {sg::DType::kBF16, sg::DType::kQ8_0, sg::DType::kQ4_0,
+                                    sg::DType::kQ4_1, sg::DType::kQ5_0, sg::DType::kQ5_1,
+                                    sg::DType::kQ4_K, sg::DType::kQ5_K, sg::DType::kQ6_K};
+  for (const Shape& s : {Shape{"q/o", 2048, 2048}, Shape{"k/v", 512, 2048},
+                         Shape{"gate/up", 8192, 2048}, Shape{"down", 2048, 8192},
+                         Shape{"lm head", 128256, 2048}}) {
+    for (sg::DType t : kFormats) {
+      const std::string name = absl::StrCat(sg::IsQuantized(t) ? "QuantMatMul/" : "Gemv/",
+                                            sg::DTypeName(t), "/M=1 N=", s.n, " K=", s.k, " (",
+                                            s.what, ")");
+      benchmark::RegisterBenchmark(name.c_str(),
+                                   [t, s, name](benchmark::State& state) {
+                                     if (absl::Status st = sg::RunCase(state, name, t, s.n, s.k);
+                                         !st.ok()) {
+                                       state.SkipWithError(st.ToString().c_str());
+                                     }
+                                   })
+          ->UseManualTime()
+          ->Iterations(sg::kIterations)
+          ->Unit(benchmark::kMicrosecond);
+    }
+  }
+  benchmark::RunSpecifiedBenchmarks();
+  std::printf("\n%-56s %10s %9s %8s\n", "case", "us", "GB/s", "of copy");
+  for (const sg::Row& r : context.rows) {
+    std::printf("%-56s %10.2f %9.1f %8.3f\n", r.name.c_str(), r.us, r.gbps, r.of_copy);
+  }
+  benchmark::Shutdown();
+  return 0;
+}

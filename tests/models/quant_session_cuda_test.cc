@@ -1,0 +1,122 @@
+// A small Llama with quantized weights (LlamaConfig::weight_dtypes, random blocks from
+// RandomWeights) decoded by a CUDA session and by the CPU reference session: the same
+// greedy ids and close logits, for every block format alone and for a mix of formats as
+// in a Q4_K_M file. Skipped without a device.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "models/llama.h"
+#include "models/session.h"
+#include "stepgraph/step_runner.h"
+#include "tests/testing/util.h"
+
+namespace sg {
+namespace {
+
+// Hidden and intermediate sizes are multiples of 256, so that every format fits every
+// matrix.
+LlamaConfig SmallConfig() {
+  LlamaConfig c;
+  c.hidden_size = 256;
+  c.intermediate_size = 512;
+  c.num_hidden_layers = 2;
+  c.num_attention_heads = 8;
+  c.num_key_value_heads = 2;
+  c.head_dim = 32;
+  c.rms_norm_eps = 1e-5f;
+  c.vocab_size = 512;
+  c.max_position_embeddings = 128;
+  c.tie_word_embeddings = false;
+  return c;
+}
+
+// Every matrix (rank-2 weight, the embedding table included) in the dtype `pick` gives
+// for its name.
+template <typename Pick>
+LlamaConfig Quantized(LlamaConfig c, Pick pick) {
+  const Graph g = BuildLlamaDecodeGraph(c, {.max_seq = 16}).value();
+  for (const Tensor& w : g.tensors()) {
+    if (w.kind == TensorKind::kWeight && w.shape.rank() == 2) c.weight_dtypes[w.name] = pick(w.name);
+  }
+  return c;
+}
+
+struct Decoded {
+  std::vector<int32_t> ids;
+  std::vector<float> logits;
+};
+
+Decoded Decode(const LlamaConfig& config, Backend backend) {
+  Decoded out;
+  SessionOptions o;
+  o.config = config;
+  o.weight_seed = 11;
+  o.backend = backend;
+  o.max_slots = 1;
+  o.max_seq = 64;
+  absl::StatusOr<std::unique_ptr<DecodeSession>> s = DecodeSession::Create(o);
+  EXPECT_TRUE(s.ok()) << s.status();
+  if (!s.ok()) return out;
+  std::mt19937 rng(5);
+  std::uniform_int_distribution<int32_t> id(0, static_cast<int32_t>(config.vocab_size - 1));
+  std::vector<int32_t> prompt(7);
+  for (int32_t& p : prompt) p = id(rng);
+  EXPECT_TRUE((*s)->Prefill(0, prompt).ok());
+  absl::StatusOr<std::vector<int32_t>> ids = (*s)->Generate(0, 12);
+  EXPECT_TRUE(ids.ok()) << ids.status();
+  if (ids.ok()) out.ids = *ids;
+  absl::StatusOr<std::vector<float>> logits = (*s)->Logits(0);
+  EXPECT_TRUE(logits.ok()) << logits.status();
+  if (logits.ok()) out.logits = *logits;
+  return out;
+}
+
+void ExpectCudaEqualsCpu(const LlamaConfig& config) {
+  const Decoded cpu = Decode(config, Backend::kCpu);
+  const Decoded gpu = Decode(config, Backend::kCuda);
+  ASSERT_EQ(cpu.ids.size(), 12u);
+  EXPECT_EQ(gpu.ids, cpu.ids);
+  EXPECT_LE(testing::NormalizedError(gpu.logits, cpu.logits), 1e-4);
+}
+
+class QuantSessionCudaTest : public ::testing::TestWithParam<DType> {
+ protected:
+  void SetUp() override {
+    if (!CudaDeviceFound()) GTEST_SKIP() << "no CUDA device";
+  }
+};
+
+TEST_P(QuantSessionCudaTest, GreedyIdsEqualTheCpuReference) {
+  ExpectCudaEqualsCpu(Quantized(SmallConfig(), [](const std::string&) { return GetParam(); }));
+}
+
+INSTANTIATE_TEST_SUITE_P(Formats, QuantSessionCudaTest,
+                         ::testing::Values(DType::kQ8_0, DType::kQ4_0, DType::kQ4_1, DType::kQ5_0,
+                                           DType::kQ5_1, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K),
+                         [](const ::testing::TestParamInfo<DType>& info) {
+                           return std::string(DTypeName(info.param));
+                         });
+
+// The mix of a Q4_K_M file: Q4_K for most matrices, Q6_K for the value and down
+// projections and the output head, Q8_0 for the embedding table. (f32 activations: in
+// bf16 the two sides' roundings may legitimately flip a near tie of the greedy pick.)
+TEST(QuantSessionCudaMixedTest, MixedFormats) {
+  if (!CudaDeviceFound()) GTEST_SKIP() << "no CUDA device";
+  ExpectCudaEqualsCpu(Quantized(SmallConfig(), [](const std::string& name) {
+    if (absl::StrContains(name, "embed_tokens")) return DType::kQ8_0;
+    if (absl::StrContains(name, "v_proj") || absl::StrContains(name, "down_proj") ||
+        absl::StrContains(name, "lm_head")) {
+      return DType::kQ6_K;
+    }
+    return DType::kQ4_K;
+  }));
+}
+
+}  // namespace
+}  // namespace sg
