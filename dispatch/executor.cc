@@ -114,8 +114,8 @@ inline void ResolveInto(const ExecutionPlan& plan, const Bindings& bindings,
 // Argument slots reused by every node of one Execute, so that a node does not pay for
 // constructing five TensorArgs before filling them.
 struct NodeScratch {
-  // Every op takes at most four inputs (Validate checks arities through inference).
-  std::array<TensorArg, 4> inputs;
+  // Inference (and so Validate) refuses a node with more inputs than this.
+  std::array<TensorArg, kMaxNodeInputs> inputs;
   NodeArgs args;
 };
 
