@@ -1,0 +1,481 @@
+// The fused small-M matmul and the fused RoPE + KV-cache write.
+//
+// FusedMatmulKernel: block (b, s) computes kFusedCols "product columns" (rows of the
+// grouped weights, see ColumnOf) over split s of K, for all M rows. The block's threads
+// walk its K range in 16-byte vectors of every weight row (streaming loads, as the plain
+// small-M kernel); x is re-read from L1/L2. With a folded RmsNorm the block first computes
+// each row's 1/rms over the whole K (x is small and cached) and normalises x on load with
+// the reference's roundings: round(round(x·inv_rms)·w_norm). Partial sums meet in shared
+// memory; with split-K they go to an f32 workspace and the last block of the column group
+// (an atomic ticket after a fence) adds the splits in order, so the result does not depend
+// on which block finished last, and resets the ticket for the next launch. The epilogue
+// then rounds the product to T (as a MatMul stores it) and adds the residual, applies
+// SiluMul, or reduces to the row's argmax through per-block bests and a second ticket.
+//
+// RopeKvWriteKernel: one thread per rotated pair of the q and k heads, plus one per
+// element pair of v; rotation exactly as RopeKernel.
+#include <algorithm>
+#include <cfloat>
+#include <cstring>
+
+#include "kernels/common.cuh"
+#include "kernels/fused_matmul.cuh"
+#include "stepgraph/error_flags.h"
+
+namespace sg::kernels {
+namespace {
+
+constexpr int kMaxWarps = 8;
+constexpr int kThreads = 256;
+
+template <typename T, int W>
+__device__ __forceinline__ Vec<T, W> LoadStreamingVec(const T* p) {
+  if constexpr (sizeof(Vec<T, W>) == 16) {
+    const uint4 u = __ldcs(reinterpret_cast<const uint4*>(p));
+    Vec<T, W> v;
+    memcpy(&v, &u, sizeof(v));
+    return v;
+  } else {
+    static_assert(W == 1);
+    return Vec<T, 1>{{__ldcs(p)}};
+  }
+}
+
+// The product column computed by slot c of column block b: consecutive columns, except
+// for kSiluMul, where slots 0, 1 are gate columns 2b, 2b+1 and slots 2, 3 the matching up
+// columns n + 2b, n + 2b + 1 (the product's columns are gate's then up's).
+__device__ __forceinline__ int64_t ColumnOf(const FusedMatmulArgs& a, int64_t b, int c) {
+  if (a.epilogue == FusedEpilogue::kSiluMul) {
+    return c < 2 ? 2 * b + c : a.n[0] + 2 * b + (c - 2);
+  }
+  return b * kFusedCols + c;
+}
+
+// Whether slot c of block b is a real column (the last block may be partial).
+__device__ __forceinline__ bool ColumnValid(const FusedMatmulArgs& a, int64_t b, int c,
+                                            int64_t n_total) {
+  if (a.epilogue == FusedEpilogue::kSiluMul) return 2 * b + (c % 2) < a.n[0];
+  return b * kFusedCols + c < n_total;
+}
+
+template <typename T>
+__device__ __forceinline__ const T* WeightRow(const FusedMatmulArgs& a, int64_t col) {
+  int64_t start = 0;
+#pragma unroll
+  for (int g = 0; g < kFusedMaxWeights; ++g) {
+    if (g < a.weights && col < start + a.n[g]) {
+      return static_cast<const T*>(a.w[g]) + (col - start) * a.k;
+    }
+    start += a.n[g];
+  }
+  return static_cast<const T*>(a.w[0]);
+}
+
+// Orders (value, index) as Argmax does: larger value wins, NaN never wins, lower index
+// wins a tie.
+__device__ __forceinline__ bool Better(float v, int32_t i, float best, int32_t best_i) {
+  return v > best || (v == best && i < best_i);
+}
+
+template <typename T, int W, int kRows>
+__global__ void __launch_bounds__(kThreads) FusedMatmulKernel(FusedMatmulArgs a) {
+  AwaitPrerequisiteGrids();
+  constexpr int kAcc = kRows * kFusedCols;
+  static_assert(kAcc <= kThreads);
+  __shared__ float inv_rms[kRows];
+  __shared__ float scratch[kWarpSize + 1];
+  __shared__ float partial[kMaxWarps][kAcc];
+  __shared__ float values[kAcc];
+  __shared__ float warp_best[kMaxWarps];
+  __shared__ int32_t warp_index[kMaxWarps];
+  __shared__ bool last_block;
+
+  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
+  const int warps = blockDim.x / kWarpSize;
+  const int64_t b = blockIdx.x;
+  const int s = blockIdx.y;
+  const int64_t k = a.k;
+  int64_t n_total = 0;
+  for (int g = 0; g < a.weights; ++g) n_total += a.n[g];
+  const T* x = static_cast<const T*>(a.x);
+  const T* norm_w = static_cast<const T*>(a.norm_w);
+
+  if (norm_w != nullptr) {
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      float sum_sq = 0.0f;
+      for (int64_t e = threadIdx.x; e < k; e += blockDim.x) {
+        const float v = ToFloat(x[r * k + e]);
+        sum_sq = fmaf(v, v, sum_sq);
+      }
+      sum_sq = BlockSum(sum_sq, scratch);
+      if (threadIdx.x == 0) inv_rms[r] = 1.0f / sqrtf(sum_sq / static_cast<float>(k) + a.eps);
+    }
+    __syncthreads();
+  }
+
+  const T* wrow[kFusedCols];
+#pragma unroll
+  for (int c = 0; c < kFusedCols; ++c) {
+    // A slot past the end reads a valid row (the first) and is discarded.
+    const int64_t col = ColumnValid(a, b, c, n_total) ? ColumnOf(a, b, c) : 0;
+    wrow[c] = WeightRow<T>(a, col);
+  }
+
+  float acc[kAcc];
+#pragma unroll
+  for (int i = 0; i < kAcc; ++i) acc[i] = 0.0f;
+
+  // This split's range of K, in whole vectors.
+  const int64_t vectors = k / W;
+  const int64_t per_split = CeilDiv(vectors, a.splits);
+  const int64_t v0 = static_cast<int64_t>(s) * per_split;
+  const int64_t v1 = std::min<int64_t>(vectors, v0 + per_split);
+  for (int64_t v = v0 + threadIdx.x; v < v1; v += blockDim.x) {
+    Vec<T, W> wv[kFusedCols];
+#pragma unroll
+    for (int c = 0; c < kFusedCols; ++c) wv[c] = LoadStreamingVec<T, W>(wrow[c] + v * W);
+    float xf[kRows][W];
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      const Vec<T, W> xv = LoadVec<T, W>(x + r * k + v * W);
+#pragma unroll
+      for (int e = 0; e < W; ++e) xf[r][e] = ToFloat(xv.v[e]);
+    }
+    if (norm_w != nullptr) {
+      const Vec<T, W> nv = LoadVec<T, W>(norm_w + v * W);
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) {
+#pragma unroll
+        for (int e = 0; e < W; ++e) {
+          xf[r][e] = RoundTo<T>(__fmul_rn(RoundTo<T>(__fmul_rn(xf[r][e], inv_rms[r])),
+                                          ToFloat(nv.v[e])));
+        }
+      }
+    }
+#pragma unroll
+    for (int e = 0; e < W; ++e) {
+#pragma unroll
+      for (int c = 0; c < kFusedCols; ++c) {
+        const float wf = ToFloat(wv[c].v[e]);
+#pragma unroll
+        for (int r = 0; r < kRows; ++r) {
+          acc[r * kFusedCols + c] = fmaf(xf[r][e], wf, acc[r * kFusedCols + c]);
+        }
+      }
+    }
+  }
+
+#pragma unroll
+  for (int i = 0; i < kAcc; ++i) {
+    const float sum = WarpSum(acc[i]);
+    if (lane == 0) partial[warp][i] = sum;
+  }
+  __syncthreads();
+
+  // values[r * kFusedCols + c]: this block's sum for (row r, slot c).
+  const int i = threadIdx.x;
+  const int r = i / kFusedCols, c = i % kFusedCols;
+  const bool valid = i < kAcc && ColumnValid(a, b, c, n_total);
+  if (i < kAcc) {
+    float total = 0.0f;
+    for (int w = 0; w < warps; ++w) total += partial[w][i];
+    values[i] = total;
+  }
+  if (a.splits > 1) {
+    if (valid) {
+      a.partials[(static_cast<int64_t>(s) * a.m + r) * n_total + ColumnOf(a, b, c)] = values[i];
+    }
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      const uint32_t ticket = atomicAdd(&a.counters[b], 1u);
+      last_block = ticket == static_cast<uint32_t>(a.splits - 1);
+      if (last_block) a.counters[b] = 0;  // every split has counted: ready for the next launch
+    }
+    __syncthreads();
+    if (!last_block) return;
+    __threadfence();
+    if (valid) {
+      float total = 0.0f;
+      for (int split = 0; split < a.splits; ++split) {
+        // Written by other blocks of this launch: read through L2, not the L1 path.
+        total += __ldcg(&a.partials[(static_cast<int64_t>(split) * a.m + r) * n_total +
+                                    ColumnOf(a, b, c)]);
+      }
+      values[i] = total;
+    }
+  }
+  __syncthreads();
+
+  // Epilogue. The product as a MatMul would store it.
+  const float p = valid ? RoundTo<T>(values[i]) : 0.0f;
+  switch (a.epilogue) {
+    case FusedEpilogue::kNone:
+      if (valid) static_cast<T*>(a.y)[r * n_total + ColumnOf(a, b, c)] = FromFloat<T>(p);
+      break;
+    case FusedEpilogue::kAdd:
+      if (valid) {
+        const int64_t o = r * n_total + ColumnOf(a, b, c);
+        static_cast<T*>(a.y)[o] =
+            FromFloat<T>(ToFloat(static_cast<const T*>(a.residual)[o]) + p);
+      }
+      break;
+    case FusedEpilogue::kSiluMul: {
+      __syncthreads();
+      if (i < kAcc) values[i] = p;
+      __syncthreads();
+      if (valid && c < 2) {
+        const float g = values[i], u = values[i + 2];
+        const float silu = g / (1.0f + expf(-g));
+        static_cast<T*>(a.y)[r * a.n[0] + 2 * b + c] = FromFloat<T>(silu * u);
+      }
+      break;
+    }
+    case FusedEpilogue::kArgmax: {
+      const int64_t blocks = gridDim.x;
+      __syncthreads();
+      if (i < kAcc) values[i] = valid ? p : -INFINITY;
+      __syncthreads();
+      if (i < kRows) {
+        float best = -INFINITY;
+        int32_t best_i = INT32_MAX;
+        for (int cc = 0; cc < kFusedCols; ++cc) {
+          const int32_t col = static_cast<int32_t>(b * kFusedCols + cc);
+          const float v = values[i * kFusedCols + cc];
+          if (ColumnValid(a, b, cc, n_total) && Better(v, col, best, best_i)) {
+            best = v;
+            best_i = col;
+          }
+        }
+        a.argmax_value[i * blocks + b] = best;
+        a.argmax_index[i * blocks + b] = best_i;
+      }
+      __threadfence();
+      __syncthreads();
+      if (threadIdx.x == 0) {
+        const uint32_t ticket = atomicAdd(a.argmax_counter, 1u);
+        last_block = ticket == static_cast<uint32_t>(blocks - 1);
+        if (last_block) *a.argmax_counter = 0;
+      }
+      __syncthreads();
+      if (!last_block) return;
+      __threadfence();
+      for (int row = 0; row < kRows; ++row) {
+        float best = -INFINITY;
+        int32_t best_i = INT32_MAX;
+        for (int64_t j = threadIdx.x; j < blocks; j += blockDim.x) {
+          const float v = __ldcg(&a.argmax_value[row * blocks + j]);
+          const int32_t idx = __ldcg(&a.argmax_index[row * blocks + j]);
+          if (Better(v, idx, best, best_i)) {
+            best = v;
+            best_i = idx;
+          }
+        }
+#pragma unroll
+        for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
+          const float ov = __shfl_xor_sync(kFullMask, best, offset);
+          const int32_t oi = __shfl_xor_sync(kFullMask, best_i, offset);
+          if (Better(ov, oi, best, best_i)) {
+            best = ov;
+            best_i = oi;
+          }
+        }
+        if (lane == 0) {
+          warp_best[warp] = best;
+          warp_index[warp] = best_i;
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) {
+          for (int w = 1; w < warps; ++w) {
+            if (Better(warp_best[w], warp_index[w], best, best_i)) {
+              best = warp_best[w];
+              best_i = warp_index[w];
+            }
+          }
+          // Nothing above -inf (all -inf or NaN): index 0, as Argmax.
+          static_cast<int32_t*>(a.y)[row] =
+              (best_i == INT32_MAX || !(best > -INFINITY)) ? 0 : best_i;
+        }
+        __syncthreads();
+      }
+      break;
+    }
+  }
+}
+
+template <typename F>
+cudaError_t DispatchFusedRows(int64_t m, F&& f) {
+  switch (m) {
+    case 1: return f(std::integral_constant<int, 1>{});
+    case 2: return f(std::integral_constant<int, 2>{});
+    case 3: return f(std::integral_constant<int, 3>{});
+    case 4: return f(std::integral_constant<int, 4>{});
+    case 5: return f(std::integral_constant<int, 5>{});
+    case 6: return f(std::integral_constant<int, 6>{});
+    case 7: return f(std::integral_constant<int, 7>{});
+    case 8: return f(std::integral_constant<int, 8>{});
+    default: return cudaErrorInvalidValue;
+  }
+}
+static_assert(kFusedMaxRows == 8, "DispatchFusedRows covers 1..8");
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    RopeKvWriteKernel(const T* __restrict__ qkv, const int32_t* __restrict__ pos,
+                      const float* __restrict__ inv_freq, T* __restrict__ q,
+                      T* __restrict__ k_cache, T* __restrict__ v_cache, int64_t rows,
+                      int64_t q_cols, int64_t kv_heads, int64_t seq, int head_dim,
+                      bool interleaved, uint32_t* error_flags) {
+  AwaitPrerequisiteGrids();
+  const int64_t kv_cols = kv_heads * head_dim;
+  const int64_t cols = q_cols + 2 * kv_cols;
+  const int64_t pairs_per_row = cols / 2;  // q and k pairs rotate; v pairs are copied
+  const int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (t >= rows * pairs_per_row) return;
+  const int64_t row = t / pairs_per_row;
+  const int64_t pair = t - row * pairs_per_row;
+  const int half = head_dim / 2;
+  const int32_t p = pos[row];
+  const bool write_cache = p >= 0 && p < seq;
+  if (p >= seq && pair == 0) {
+    atomicOr(error_flags, static_cast<uint32_t>(kErrorPositionOutOfRange));
+  }
+  const T* in = qkv + row * cols;
+  const int64_t rotated_pairs = (q_cols + kv_cols) / 2;
+  if (pair >= rotated_pairs) {  // v: two elements to the cache
+    if (!write_cache) return;
+    const int64_t e = 2 * (pair - rotated_pairs);  // within v's kv_cols
+    const int64_t head = e / head_dim, d = e - head * head_dim;
+    T* dst = v_cache + ((row * kv_heads + head) * seq + p) * head_dim + d;
+    dst[0] = in[q_cols + kv_cols + e];
+    dst[1] = in[q_cols + kv_cols + e + 1];
+    return;
+  }
+  const int64_t head = pair / half;  // q's heads, then k's
+  const int j = static_cast<int>(pair - head * half);
+  const int64_t base = head * head_dim;
+  const int64_t ia = base + (interleaved ? 2 * j : j);
+  const int64_t ib = base + (interleaved ? 2 * j + 1 : j + half);
+  const T x1 = in[ia], x2 = in[ib];
+  T y1 = x1, y2 = x2;
+  if (p >= 0) {
+    float s, c;
+    sincosf(__fmul_rn(static_cast<float>(p), inv_freq[j]), &s, &c);
+    c = RoundTo<T>(c);
+    s = RoundTo<T>(s);
+    const float f1 = ToFloat(x1), f2 = ToFloat(x2);
+    y1 = FromFloat<T>(RoundTo<T>(__fmul_rn(f1, c)) - RoundTo<T>(__fmul_rn(f2, s)));
+    y2 = FromFloat<T>(RoundTo<T>(__fmul_rn(f2, c)) + RoundTo<T>(__fmul_rn(f1, s)));
+  }
+  if (base < q_cols) {
+    q[row * q_cols + ia] = y1;
+    q[row * q_cols + ib] = y2;
+  } else if (write_cache) {
+    const int64_t kh = (base - q_cols) / head_dim;
+    T* dst = k_cache + ((row * kv_heads + kh) * seq + p) * head_dim;
+    dst[ia - base] = y1;
+    dst[ib - base] = y2;
+  }
+}
+
+// One launch for rows [0, a.m) with a.m <= kFusedMaxRows.
+cudaError_t LaunchRows(const FusedMatmulArgs& a, cudaStream_t stream) {
+  const int64_t blocks = FusedColumnBlocks(a);
+  if (blocks <= 0 || blocks > INT32_MAX) return cudaErrorInvalidValue;
+  return DispatchFloat(a.dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    bool vectorize = a.k % kVec16<T> == 0 && Aligned16(a.x) &&
+                     (a.norm_w == nullptr || Aligned16(a.norm_w));
+    for (int g = 0; g < a.weights; ++g) vectorize = vectorize && Aligned16(a.w[g]);
+    return DispatchVecWidth<T>(vectorize, [&](auto width) {
+      constexpr int W = decltype(width)::value;
+      return DispatchFusedRows(a.m, [&](auto rows) {
+        constexpr int kRows = decltype(rows)::value;
+        const int64_t per_split = CeilDiv(a.k / W, a.splits);
+        const int64_t warps = std::clamp<int64_t>(CeilDiv(per_split, kWarpSize), 1, kMaxWarps);
+        return LaunchKernel(FusedMatmulKernel<T, W, kRows>,
+                            dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(a.splits)),
+                            dim3(static_cast<unsigned>(warps * kWarpSize)), stream, a);
+      });
+    });
+  });
+}
+
+}  // namespace
+
+int64_t FusedColumnBlocks(const FusedMatmulArgs& a) {
+  if (a.epilogue == FusedEpilogue::kSiluMul) return CeilDiv(a.n[0], 2);
+  int64_t n = 0;
+  for (int g = 0; g < a.weights && g < kFusedMaxWeights; ++g) n += a.n[g];
+  return CeilDiv(n, kFusedCols);
+}
+
+int FusedSplitsFor(const FusedMatmulArgs& a, int sm_count) {
+  const int64_t blocks = std::max<int64_t>(FusedColumnBlocks(a), 1);
+  const int64_t want = CeilDiv(2 * static_cast<int64_t>(sm_count), blocks);
+  const int64_t most = std::max<int64_t>(1, a.k / 512);
+  return static_cast<int>(std::clamp<int64_t>(want, 1, std::min<int64_t>(most, 16)));
+}
+
+cudaError_t LaunchFusedMatmul(const FusedMatmulArgs& a, cudaStream_t stream) {
+  if (a.m < 1 || a.k <= 0 || a.weights < 1 || a.weights > kFusedMaxWeights || a.splits < 1 ||
+      a.x == nullptr || a.y == nullptr) {
+    return cudaErrorInvalidValue;
+  }
+  if (a.splits > 1 && (a.partials == nullptr || a.counters == nullptr)) {
+    return cudaErrorInvalidValue;
+  }
+  if (a.epilogue == FusedEpilogue::kSiluMul && (a.weights != 2 || a.n[0] != a.n[1])) {
+    return cudaErrorInvalidValue;
+  }
+  if (a.epilogue == FusedEpilogue::kAdd && a.residual == nullptr) return cudaErrorInvalidValue;
+  if (a.epilogue == FusedEpilogue::kArgmax &&
+      (a.weights != 1 || a.argmax_value == nullptr || a.argmax_index == nullptr ||
+       a.argmax_counter == nullptr)) {
+    return cudaErrorInvalidValue;
+  }
+  int64_t n_total = 0;
+  for (int g = 0; g < a.weights; ++g) n_total += a.n[g];
+  const int64_t out_cols = a.epilogue == FusedEpilogue::kSiluMul ? a.n[0]
+                           : a.epilogue == FusedEpilogue::kArgmax ? 1
+                                                                  : n_total;
+  const int64_t elem = a.dtype == DType::kF32 ? 4 : 2;
+  const int64_t out_elem = a.epilogue == FusedEpilogue::kArgmax ? 4 : elem;
+  // More rows than one launch holds: launches of kFusedMaxRows rows one after another on
+  // the stream, reusing the workspace (each launch leaves its counters zeroed). Decode
+  // steps have M <= 8; larger buckets read the weights once per launch.
+  for (int64_t r0 = 0; r0 < a.m; r0 += kFusedMaxRows) {
+    FusedMatmulArgs chunk = a;
+    chunk.m = std::min<int64_t>(kFusedMaxRows, a.m - r0);
+    chunk.x = static_cast<const char*>(a.x) + r0 * a.k * elem;
+    if (a.residual != nullptr) {
+      chunk.residual = static_cast<const char*>(a.residual) + r0 * n_total * elem;
+    }
+    chunk.y = static_cast<char*>(a.y) + r0 * out_cols * out_elem;
+    const cudaError_t e = LaunchRows(chunk, stream);
+    if (e != cudaSuccess) return e;
+  }
+  return cudaSuccess;
+}
+
+cudaError_t LaunchRopeKvWrite(const void* qkv, const int32_t* pos, const float* inv_freq,
+                              void* q, void* k_cache, void* v_cache, int64_t rows,
+                              int64_t q_cols, int64_t kv_heads, int64_t seq, int head_dim,
+                              bool interleaved, DType dtype, uint32_t* error_flags,
+                              cudaStream_t stream) {
+  if (rows <= 0 || head_dim <= 0 || head_dim % 2 != 0 || q_cols % head_dim != 0) {
+    return cudaErrorInvalidValue;
+  }
+  const int64_t pairs = rows * (q_cols + 2 * kv_heads * head_dim) / 2;
+  return DispatchFloat(dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    return LaunchKernel(RopeKvWriteKernel<T>,
+                        dim3(static_cast<unsigned>(CeilDiv(pairs, kThreads))), dim3(kThreads),
+                        stream, static_cast<const T*>(qkv), pos, inv_freq, static_cast<T*>(q),
+                        static_cast<T*>(k_cache), static_cast<T*>(v_cache), rows, q_cols,
+                        kv_heads, seq, head_dim, interleaved, error_flags);
+  });
+}
+
+}  // namespace sg::kernels
