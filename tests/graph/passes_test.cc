@@ -340,6 +340,94 @@ TEST(PassesTest, FusedOpsOnOddShapesEqualPlain) {
   }
 }
 
+TEST(PassesTest, CpuFusedMatMulTakesQuantizedWeights) {
+  // The passes leave quantized matmuls plain, but the reference defines the fused op for
+  // them too: built by hand, it equals MatMul then Add to the bit.
+  for (DType q : {DType::kQ8_0, DType::kQ4_K}) {
+    SCOPED_TRACE(DTypeName(q));
+    const int64_t m = 2, k = 256, n = 24;
+    GraphBuilder plain;
+    {
+      TensorId x = plain.Input("x", DType::kF32, {m, k});
+      TensorId y = plain.MatMul(x, plain.Weight("w", q, {n, k}), "mm");
+      plain.Output("y", plain.Add(plain.Input("residual", DType::kF32, {m, n}), y, "add"));
+    }
+    GraphBuilder fused;
+    {
+      TensorId x = fused.Input("x", DType::kF32, {m, k});
+      fused.Output("y", fused.FusedMatMul({.epilogue = ops::FusedMatMul::Epilogue::kAdd},
+                                          {x, fused.Weight("w", q, {n, k}),
+                                           fused.Input("residual", DType::kF32, {m, n})},
+                                          "fused"));
+    }
+    absl::StatusOr<Graph> a = std::move(plain).Build();
+    absl::StatusOr<Graph> b = std::move(fused).Build();
+    ASSERT_TRUE(a.ok()) << a.status();
+    ASSERT_TRUE(b.ok()) << b.status();
+    ExpectSameResults(*a, *b, RandomBound(*a, 9, {}, {}));
+  }
+}
+
+TEST(PassesTest, RopeKvWriteEqualsRopeAndKvWrites) {
+  // Rows: a live one, a padding row (pos -1: q unrotated, no cache write) and one past the
+  // cache (q rotated, no write, the error flag raised), as the plain ops do.
+  for (DType t : {DType::kF32, DType::kBF16}) {
+    SCOPED_TRACE(DTypeName(t));
+    const int64_t rows = 3, kvh = 2, d = 16, seq = 8, h = 4;
+    ops::Rope rope{.head_dim = static_cast<int32_t>(d), .theta = 10000.0f};
+    rope.scaling = {ops::RopeScaling::Type::kLlama3, 8.0f, 1.0f, 4.0f, 64};
+    GraphBuilder plain;
+    {
+      TensorId pos = plain.Input("pos", DType::kI32, {rows});
+      TensorId q = plain.Input("q_in", t, {rows, h * d});
+      TensorId k = plain.Input("k_in", t, {rows, kvh * d});
+      TensorId v = plain.Input("v_in", t, {rows, kvh * d});
+      TensorId kc = plain.State("kc", t, {rows, kvh, seq, d});
+      TensorId vc = plain.State("vc", t, {rows, kvh, seq, d});
+      plain.Output("q", plain.Rope(q, pos, rope, "rq"));
+      plain.KvWrite(plain.Rope(k, pos, rope, "rk"), pos, kc, "kw");
+      plain.KvWrite(v, pos, vc, "vw");
+    }
+    absl::StatusOr<Graph> a = std::move(plain).Build();
+    ASSERT_TRUE(a.ok()) << a.status();
+    auto bound = RandomBound(*a, 3, {}, {4, -1, 9});
+    // The fused graph reads q, k and v side by side.
+    HostTensor qkv(t, Shape{rows, (h + 2 * kvh) * d});
+    for (int64_t r = 0; r < rows; ++r) {
+      int64_t c = 0;
+      for (const char* part : {"q_in", "k_in", "v_in"}) {
+        const HostTensor& src = bound.at(part);
+        const int64_t cols = src.shape()[1];
+        const int64_t e = DTypeBytes(t);
+        std::memcpy(static_cast<std::byte*>(qkv.data()) + (r * qkv.shape()[1] + c) * e,
+                    static_cast<const std::byte*>(src.data()) + r * cols * e, cols * e);
+        c += cols;
+      }
+    }
+    GraphBuilder fused;
+    {
+      TensorId q = fused.RopeKvWrite(fused.Input("qkv", t, {rows, (h + 2 * kvh) * d}),
+                                     fused.Input("pos", DType::kI32, {rows}),
+                                     fused.State("kc", t, {rows, kvh, seq, d}),
+                                     fused.State("vc", t, {rows, kvh, seq, d}), rope, "fused");
+      fused.Output("q", q);
+    }
+    absl::StatusOr<Graph> b = std::move(fused).Build();
+    ASSERT_TRUE(b.ok()) << b.status();
+    bound.emplace("qkv", std::move(qkv));
+    const auto want = RunOnCpu(*a, bound);
+    const auto got = RunOnCpu(*b, bound);
+    for (const char* name : {"q", "kc", "vc", "error_flags"}) {
+      SCOPED_TRACE(name);
+      ASSERT_TRUE(want.contains(name) && got.contains(name));
+      EXPECT_EQ(got.at(name), want.at(name));
+    }
+    uint32_t flags = 0;
+    std::memcpy(&flags, got.at("error_flags").data(), 4);
+    EXPECT_NE(flags, 0u) << "position 9 is past a cache of 8";
+  }
+}
+
 TEST(PassesTest, FusedOpsRejectBadShapes) {
   GraphBuilder b;
   TensorId x = b.Input("x", DType::kF32, {2, 8});
