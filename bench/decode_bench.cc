@@ -49,6 +49,8 @@ struct Context {
   // The same model twice: steps replayed as CUDA graphs, and launched node by node.
   std::unique_ptr<DecodeSession> session;
   std::unique_ptr<DecodeSession> eager;
+  // The replayed step without the graph passes (the plain graph), for before/after.
+  std::unique_ptr<DecodeSession> unfused;
   double copy_bytes_per_s = 0;  // read + write
   double floor_ms = 0;
   double replayed_ms_at_100 = 0;
@@ -85,8 +87,9 @@ absl::Status PrepareSlots(DecodeSession& s, int64_t rows, int64_t position) {
   return s.Generate(kWarmSteps).status();
 }
 
-absl::Status TimeSteps(benchmark::State& state, int64_t rows, int64_t position, bool eager) {
-  DecodeSession& s = eager ? *g->eager : *g->session;
+absl::Status TimeSteps(benchmark::State& state, int64_t rows, int64_t position, bool eager,
+                       bool unfused = false) {
+  DecodeSession& s = unfused ? *g->unfused : eager ? *g->eager : *g->session;
   SG_RETURN_IF_ERROR(PrepareSlots(s, rows, position));
   absl::StatusOr<std::vector<double>> ms = s.TimedSteps(kSteps);
   SG_RETURN_IF_ERROR(ms.status());
@@ -97,12 +100,21 @@ absl::Status TimeSteps(benchmark::State& state, int64_t rows, int64_t position, 
   state.counters["tokens_per_s"] = 1e3 * static_cast<double>(rows) / median;
   state.counters["floor_ms"] = g->floor_ms;
   state.counters["floor_ratio"] = g->floor_ms / median;
-  if (!eager && rows == 1 && position == kBucketPosition) g->replayed_ms_at_100 = median;
+  state.counters["nodes"] = s.plan(rows)->graph().num_nodes();
+  if (!eager && !unfused && rows == 1 && position == kBucketPosition) {
+    g->replayed_ms_at_100 = median;
+  }
   return absl::OkStatus();
 }
 
 void BM_Decode(benchmark::State& state, int64_t position, bool eager) {
   if (absl::Status s = TimeSteps(state, 1, position, eager); !s.ok()) {
+    state.SkipWithError(s.ToString().c_str());
+  }
+}
+
+void BM_DecodeUnfused(benchmark::State& state, int64_t position) {
+  if (absl::Status s = TimeSteps(state, 1, position, false, true); !s.ok()) {
     state.SkipWithError(s.ToString().c_str());
   }
 }
@@ -122,6 +134,8 @@ int64_t NodeBytes(const Graph& graph, const Node& node, int64_t position) {
   const Tensor& out = graph.tensor(node.output);
   if (op == "Embedding") return 2 * out.bytes() + bytes(node.inputs[1]);
   if (op == "KvWrite") return 2 * bytes(node.inputs[0]) + bytes(node.inputs[1]);
+  // Reads q, k, v once, writes q and the k and v rows (the caches are not read).
+  if (op == "RopeKvWrite") return 2 * bytes(node.inputs[0]) + bytes(node.inputs[1]);
   if (op == "Attention") {
     const Tensor& cache = graph.tensor(node.inputs[1]);  // [slots, kvh, S, d]
     const int64_t rows = cache.shape[1] * (position + 1) * cache.shape[3];
@@ -213,6 +227,14 @@ absl::Status Setup() {
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   o.eager = true;
   SG_ASSIGN_OR_RETURN(g->eager, DecodeSession::Create(o));
+  o.eager = false;
+  o.passes.enabled = false;
+  SG_ASSIGN_OR_RETURN(g->unfused, DecodeSession::Create(o));
+  const ExecutionPlan* fused_plan = g->session->plan(1);
+  const ExecutionPlan* plain_plan = g->unfused->plan(1);
+  if (fused_plan == nullptr || plain_plan == nullptr) return absl::InternalError("no bucket 1");
+  std::printf("batch-1 step: %d nodes with the graph passes, %d without\n",
+              fused_plan->graph().num_nodes(), plain_plan->graph().num_nodes());
   SG_ASSIGN_OR_RETURN(g->copy_bytes_per_s, g->session->runner().CopyBandwidth(kCopyBytes, 10));
   g->floor_ms = 1e3 * static_cast<double>(g->session->weight_bytes()) / g->copy_bytes_per_s;
   std::printf("%s\nLlama-3.2-1B shape, random bf16 weights: %.3f GB of weights, KV cache %.1f MB; "
@@ -250,6 +272,11 @@ int main(int argc, char** argv) {
           ->Iterations(sg::kSteps)
           ->Unit(benchmark::kMicrosecond);
     }
+    benchmark::RegisterBenchmark(absl::StrCat("Decode/replayed_unfused/pos:", position).c_str(),
+                                 sg::BM_DecodeUnfused, position)
+        ->UseManualTime()
+        ->Iterations(sg::kSteps)
+        ->Unit(benchmark::kMicrosecond);
   }
   for (const int64_t rows : {int64_t{1}, int64_t{2}, int64_t{4}, int64_t{8}}) {
     benchmark::RegisterBenchmark(absl::StrCat("Bucket/replayed/batch:", rows).c_str(),
@@ -266,5 +293,6 @@ int main(int argc, char** argv) {
   // Free the session's device memory before the CUDA runtime tears down.
   context.session.reset();
   context.eager.reset();
+  context.unfused.reset();
   return 0;
 }

@@ -412,6 +412,95 @@ void AddMemoryBoundCases(std::vector<Case>& cases, int64_t m) {
                    .bytes = 2 * m * kVocab * kE});
 }
 
+// The fused ops of the graph passes (stepgraph/passes.h) at M rows, as the Llama-3.2-1B
+// step uses them; bytes are the weights, x, the norm weight and the outputs once.
+void AddFusedCases(std::vector<Case>& cases, int64_t m) {
+  using Epilogue = ops::FusedMatMul::Epilogue;
+  const std::string ms = absl::StrCat("M=", m);
+  const int64_t h = kHidden, kv = kKvHeads * kHeadDim, q = kHeads * kHeadDim;
+  cases.push_back({.kernel = "Fused/norm+qkv",
+                   .shape = absl::StrCat(ms, " N=", q, "+", kv, "+", kv, " K=", h),
+                   .build = [=](GraphBuilder& b) {
+                     b.Output("y", b.FusedMatMul({.norm = true, .eps = 1e-5f, .weights = 3},
+                                                 {b.Input("x", kT, {m, h}),
+                                                  b.Weight("nw", kT, {h}),
+                                                  b.Weight("wq", kT, {q, h}),
+                                                  b.Weight("wk", kT, {kv, h}),
+                                                  b.Weight("wv", kT, {kv, h})}));
+                   },
+                   .dispatch = g->dispatch.get(),
+                   .bytes = (m * h + h + (q + 2 * kv) * h + m * (q + 2 * kv)) * kE,
+                   .flops = 2.0 * static_cast<double>(m * (q + 2 * kv) * h)});
+  cases.push_back({.kernel = "Fused/k (split-K)",
+                   .shape = absl::StrCat(ms, " N=", kv, " K=", h),
+                   .build = [=](GraphBuilder& b) {
+                     b.Output("y", b.FusedMatMul({}, {b.Input("x", kT, {m, h}),
+                                                      b.Weight("w", kT, {kv, h})}));
+                   },
+                   .dispatch = g->dispatch.get(),
+                   .bytes = (m * h + kv * h + m * kv) * kE,
+                   .flops = 2.0 * static_cast<double>(m * kv * h)});
+  struct Residual {
+    const char* what;
+    int64_t n, k;
+  };
+  for (const Residual& r : {Residual{"o", h, q}, Residual{"down", h, kIntermediate}}) {
+    const int64_t n = r.n, k = r.k;
+    cases.push_back({.kernel = absl::StrCat("Fused/", r.what, "+residual"),
+                     .shape = absl::StrCat(ms, " N=", n, " K=", k),
+                     .build = [=](GraphBuilder& b) {
+                       b.Output("y", b.FusedMatMul({.epilogue = Epilogue::kAdd},
+                                                   {b.Input("x", kT, {m, k}),
+                                                    b.Weight("w", kT, {n, k}),
+                                                    b.Input("residual", kT, {m, n})}));
+                     },
+                     .dispatch = g->dispatch.get(),
+                     .bytes = (m * k + n * k + 2 * m * n) * kE,
+                     .flops = 2.0 * static_cast<double>(m * n * k)});
+  }
+  cases.push_back({.kernel = "Fused/norm+gate/up+silu",
+                   .shape = absl::StrCat(ms, " N=2x", kIntermediate, " K=", h),
+                   .build = [=](GraphBuilder& b) {
+                     b.Output("y", b.FusedMatMul({.norm = true, .eps = 1e-5f, .weights = 2,
+                                                  .epilogue = Epilogue::kSiluMul},
+                                                 {b.Input("x", kT, {m, h}),
+                                                  b.Weight("nw", kT, {h}),
+                                                  b.Weight("wg", kT, {kIntermediate, h}),
+                                                  b.Weight("wu", kT, {kIntermediate, h})}));
+                   },
+                   .dispatch = g->dispatch.get(),
+                   .bytes = (m * h + h + 2 * kIntermediate * h + m * kIntermediate) * kE,
+                   .flops = 4.0 * static_cast<double>(m * kIntermediate * h)});
+  cases.push_back({.kernel = "Fused/norm+lmhead+argmax",
+                   .shape = absl::StrCat(ms, " N=", kVocab, " K=", h),
+                   .build = [=](GraphBuilder& b) {
+                     b.Output("y", b.FusedMatMul({.norm = true, .eps = 1e-5f,
+                                                  .epilogue = Epilogue::kArgmax},
+                                                 {b.Input("x", kT, {m, h}),
+                                                  b.Weight("nw", kT, {h}),
+                                                  b.Weight("w", kT, {kVocab, h})}));
+                   },
+                   .dispatch = g->dispatch.get(),
+                   .bytes = (m * h + h + kVocab * h) * kE + m * 4,
+                   .flops = 2.0 * static_cast<double>(m * kVocab * h)});
+  cases.push_back(
+      {.kernel = "RopeKvWrite",
+       .shape = absl::StrCat("[", m, ",", q + 2 * kv, "] -> q, 2 x [", m, ",", kKvHeads, ",",
+                             kCacheSeq, ",", kHeadDim, "]"),
+       .build = [=](GraphBuilder& b) {
+         ops::Rope rope{.head_dim = kHeadDim, .theta = 500000.0f};
+         rope.scaling = {ops::RopeScaling::Type::kLlama3, 32.0f, 1.0f, 4.0f, 8192};
+         b.Output("y", b.RopeKvWrite(b.Input("qkv", kT, {m, q + 2 * kv}),
+                                     b.Input("pos", DType::kI32, {m}),
+                                     b.State("kc", kT, {m, kKvHeads, kCacheSeq, kHeadDim}),
+                                     b.State("vc", kT, {m, kKvHeads, kCacheSeq, kHeadDim}),
+                                     rope));
+       },
+       .specs = {{"pos", {.int_hi = kCacheSeq}}, {"kc", {.shared = true}}, {"vc", {.shared = true}}},
+       .dispatch = g->dispatch.get(),
+       .bytes = 2 * m * (q + 2 * kv) * kE + m * 4});
+}
+
 std::vector<Case> Cases() {
   std::vector<Case> cases;
   // Every kernel at M = 1 and 8; the matmuls also at 2 and 4, where the small-M kernel and
@@ -419,6 +508,7 @@ std::vector<Case> Cases() {
   for (int64_t m : {1, 2, 4, 8}) {
     const std::string ms = absl::StrCat("M=", m);
     if (m == 1 || m == 8) AddMemoryBoundCases(cases, m);
+    AddFusedCases(cases, m);
 
     struct Projection {
       const char* what;

@@ -119,9 +119,8 @@ inline void ResolveInto(const ExecutionPlan& plan, const Bindings& bindings,
 // Argument slots reused by every node of one Execute, so that a node does not pay for
 // constructing five TensorArgs before filling them.
 struct NodeScratch {
-  // Every op takes at most five inputs (Validate checks arities through inference; the
-  // prefill forms of Attention take five). RunNode refuses a node with more.
-  std::array<TensorArg, 5> inputs;
+  // Inference (and so Validate) refuses a node with more inputs than this.
+  std::array<TensorArg, kMaxNodeInputs> inputs;
   NodeArgs args;
 };
 

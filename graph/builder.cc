@@ -94,7 +94,7 @@ TensorId GraphBuilder::State(absl::string_view name, DType dtype, Shape shape) {
 }
 
 TensorId GraphBuilder::AddNode(Op op, absl::string_view name,
-                               std::initializer_list<TensorId> inputs) {
+                               absl::Span<const TensorId> inputs) {
   if (ABSL_PREDICT_FALSE(built_ || !status_.ok())) {
     CheckUsable(absl::StrCat(OpName(op), "('", name, "')"));
     return TensorId{};
@@ -166,6 +166,15 @@ TensorId GraphBuilder::MatMul(TensorId x, TensorId w, TensorId bias, absl::strin
 }
 TensorId GraphBuilder::RmsNorm(TensorId x, TensorId w, float eps, absl::string_view name) {
   return AddNode(ops::RmsNorm{.eps = eps}, name, {x, w});
+}
+TensorId GraphBuilder::FusedMatMul(const ops::FusedMatMul& op,
+                                   absl::Span<const TensorId> inputs, absl::string_view name) {
+  return AddNode(op, name, inputs);
+}
+TensorId GraphBuilder::RopeKvWrite(TensorId qkv, TensorId pos, TensorId k_cache,
+                                   TensorId v_cache, const ops::Rope& rope,
+                                   absl::string_view name) {
+  return AddNode(ops::RopeKvWrite{rope}, name, {qkv, pos, k_cache, v_cache});
 }
 TensorId GraphBuilder::Add(TensorId a, TensorId b, absl::string_view name) {
   return AddNode(ops::Add{}, name, {a, b});

@@ -43,6 +43,18 @@ std::string Params(const ops::Sample& op) {
   return absl::StrFormat("temperature=%g top_k=%d top_p=%g", op.temperature, op.top_k,
                          op.top_p);
 }
+std::string Params(const ops::FusedMatMul& op) {
+  std::string s = absl::StrCat("weights=", op.weights);
+  if (op.norm) absl::StrAppendFormat(&s, " norm(eps=%g)", op.eps);
+  switch (op.epilogue) {
+    case ops::FusedMatMul::Epilogue::kNone: break;
+    case ops::FusedMatMul::Epilogue::kAdd: absl::StrAppend(&s, " +add"); break;
+    case ops::FusedMatMul::Epilogue::kSiluMul: absl::StrAppend(&s, " +silu_mul"); break;
+    case ops::FusedMatMul::Epilogue::kArgmax: absl::StrAppend(&s, " +argmax"); break;
+  }
+  return s;
+}
+std::string Params(const ops::RopeKvWrite& op) { return Params(op.rope); }
 template <typename T>
 std::string Params(const T&) {
   return "";
@@ -199,6 +211,8 @@ Result Infer(const ops::Silu&, const Checker& c) {
   return TensorType{c[0].dtype, c[0].shape};
 }
 
+absl::Status CheckRopeParams(const ops::Rope& op, const Checker& c);
+
 Result Infer(const ops::Rope& op, const Checker& c) {
   SG_RETURN_IF_ERROR(c.Arity(2));
   SG_RETURN_IF_ERROR(c.Rank(0, 2, "x"));
@@ -208,6 +222,11 @@ Result Infer(const ops::Rope& op, const Checker& c) {
     return c.Error(absl::StrCat("head_dim ", op.head_dim, " must be even, positive and divide ",
                                 "the columns of x ", Describe(c[0])));
   }
+  SG_RETURN_IF_ERROR(CheckRopeParams(op, c));
+  return TensorType{c[0].dtype, c[0].shape};
+}
+
+absl::Status CheckRopeParams(const ops::Rope& op, const Checker& c) {
   if (!(op.theta > 0.0f) || !std::isfinite(op.theta)) {
     return c.Error(absl::StrCat("theta must be finite and > 0, got ", op.theta));
   }
@@ -222,7 +241,7 @@ Result Infer(const ops::Rope& op, const Checker& c) {
           " original_max_position=", s.original_max_position));
     }
   }
-  return TensorType{c[0].dtype, c[0].shape};
+  return absl::OkStatus();
 }
 
 // The cache layout [slots, kvh, S, d] shared by KvWrite and Attention. `rows` is the
@@ -351,6 +370,91 @@ Result Infer(const ops::Advance&, const Checker& c) {
   return TensorType{c[0].dtype, c[0].shape};
 }
 
+Result Infer(const ops::FusedMatMul& op, const Checker& c) {
+  using Epilogue = ops::FusedMatMul::Epilogue;
+  if (op.weights < 1 || op.weights > 3) {
+    return c.Error(absl::StrCat("weights must be in [1, 3], got ", op.weights));
+  }
+  const int first_w = op.norm ? 2 : 1;
+  const int with_residual = op.epilogue == Epilogue::kAdd ? 1 : 0;
+  SG_RETURN_IF_ERROR(c.Arity(static_cast<size_t>(first_w + op.weights + with_residual)));
+  SG_RETURN_IF_ERROR(c.Rank(0, 2, "x"));
+  SG_RETURN_IF_ERROR(c.Float(0, "x"));
+  const int64_t m = c[0].shape[0], k = c[0].shape[1];
+  if (op.norm) {
+    SG_RETURN_IF_ERROR(c.Rank(1, 1, "norm_w"));
+    SG_RETURN_IF_ERROR(c.SameDType(0, 1));
+    if (c[1].shape[0] != k) {
+      return c.Error(absl::StrCat("shape mismatch: norm_w ", Describe(c[1]), " must have K=", k,
+                                  " entries for x ", Describe(c[0])));
+    }
+    if (!(op.eps >= 0.0f) || !std::isfinite(op.eps)) {
+      return c.Error(absl::StrCat("eps must be finite and >= 0, got ", op.eps));
+    }
+  }
+  int64_t n_total = 0;
+  for (int g = 0; g < op.weights; ++g) {
+    const int i = first_w + g;
+    SG_RETURN_IF_ERROR(c.Rank(i, 2, "w"));
+    SG_RETURN_IF_ERROR(c.FloatOrQuantizedWeight(i, "w"));
+    if (!IsQuantized(c[i].dtype)) SG_RETURN_IF_ERROR(c.SameDType(0, i));
+    if (c[i].shape[1] != k) {
+      return c.Error(absl::StrCat("shape mismatch: x ", Describe(c[0]), " has K=", k,
+                                  " but w ", Describe(c[i]), " [N,K] has K=", c[i].shape[1]));
+    }
+    if (!CheckedAdd(n_total, c[i].shape[0], &n_total)) return c.Error("N overflows");
+  }
+  switch (op.epilogue) {
+    case Epilogue::kNone:
+      return TensorType{c[0].dtype, Shape{m, n_total}};
+    case Epilogue::kAdd: {
+      const int r = first_w + op.weights;
+      SG_RETURN_IF_ERROR(c.SameDType(0, r));
+      if (c[r].shape != Shape{m, n_total}) {
+        return c.Error(absl::StrCat("residual ", Describe(c[r]), " must be [", m, ",", n_total,
+                                    "]"));
+      }
+      return TensorType{c[0].dtype, Shape{m, n_total}};
+    }
+    case Epilogue::kSiluMul:
+      if (op.weights != 2 || c[first_w].shape[0] != c[first_w + 1].shape[0]) {
+        return c.Error("the silu_mul epilogue takes two weights (gate, up) of equal N");
+      }
+      return TensorType{c[0].dtype, Shape{m, c[first_w].shape[0]}};
+    case Epilogue::kArgmax:
+      if (op.weights != 1) return c.Error("the argmax epilogue takes one weight");
+      return TensorType{DType::kI32, Shape{m}};
+  }
+  return c.Error("unknown epilogue");
+}
+
+Result Infer(const ops::RopeKvWrite& op, const Checker& c) {
+  SG_RETURN_IF_ERROR(c.Arity(4));
+  SG_RETURN_IF_ERROR(c.Rank(0, 2, "qkv"));
+  SG_RETURN_IF_ERROR(c.Float(0, "qkv"));
+  const int64_t rows = c[0].shape[0];
+  SG_RETURN_IF_ERROR(c.PerRow(1, rows, "pos"));
+  SG_RETURN_IF_ERROR(CheckCache(c, 2, "k_cache", rows));
+  SG_RETURN_IF_ERROR(CheckCache(c, 3, "v_cache", rows));
+  SG_RETURN_IF_ERROR(c.SameShape(2, 3));
+  SG_RETURN_IF_ERROR(c.SameDType(0, 2));
+  SG_RETURN_IF_ERROR(c.SameDType(0, 3));
+  const int64_t kv_heads = c[2].shape[1], d = c[2].shape[3];
+  if (op.rope.head_dim != d || d % 2 != 0) {
+    return c.Error(absl::StrCat("rope head_dim ", op.rope.head_dim,
+                                " must be even and equal the head_dim of k_cache ",
+                                Describe(c[2])));
+  }
+  SG_RETURN_IF_ERROR(CheckRopeParams(op.rope, c));
+  const int64_t kv_cols = kv_heads * d;  // the cache's shape was checked for overflow
+  const int64_t q_cols = c[0].shape[1] - 2 * kv_cols;
+  if (q_cols <= 0 || q_cols % d != 0) {
+    return c.Error(absl::StrCat("qkv ", Describe(c[0]), " must have (h + 2*kvh)*d columns, h > 0",
+                                ", for caches ", Describe(c[2])));
+  }
+  return TensorType{c[0].dtype, Shape{rows, q_cols}};
+}
+
 }  // namespace
 
 absl::string_view OpName(const Op& op) { return kOpNames[op.index()]; }
@@ -367,6 +471,10 @@ bool IsInPlace(const Op& op) {
 absl::StatusOr<TensorType> InferOutputType(const Op& op, absl::string_view node_name,
                                            absl::Span<const Tensor* const> inputs) {
   const Checker checker(OpName(op), node_name, inputs);
+  if (inputs.size() > static_cast<size_t>(kMaxNodeInputs)) {
+    return checker.Error(absl::StrCat("takes at most ", kMaxNodeInputs, " inputs, got ",
+                                      inputs.size()));
+  }
   for (size_t i = 0; i < inputs.size(); ++i) {
     if (!inputs[i]->shape.valid()) {
       return checker.Error(absl::StrCat("input ", Describe(*inputs[i]), " has an invalid shape"));

@@ -3,7 +3,7 @@
 // FusedMatmulKernel: block (b, s) computes kFusedCols "product columns" (rows of the
 // grouped weights, see ColumnOf) over split s of K, for all M rows. The block's threads
 // walk its K range in 16-byte vectors of every weight row (streaming loads, as the plain
-// small-M kernel), x is re-read from L1/L2. With a folded RmsNorm the block first computes
+// small-M kernel); x is re-read from L1/L2. With a folded RmsNorm the block first computes
 // each row's 1/rms over the whole K (x is small and cached) and normalises x on load with
 // the reference's roundings: round(round(x·inv_rms)·w_norm). Partial sums meet in shared
 // memory; with split-K they go to an f32 workspace and the last block of the column group
@@ -68,7 +68,7 @@ __device__ __forceinline__ const T* WeightRow(const FusedMatmulArgs& a, int64_t 
     }
     start += a.n[g];
   }
-  return nullptr;
+  return static_cast<const T*>(a.w[0]);
 }
 
 // Orders (value, index) as Argmax does: larger value wins, NaN never wins, lower index
@@ -81,10 +81,13 @@ template <typename T, int W, int kRows>
 __global__ void __launch_bounds__(kThreads) FusedMatmulKernel(FusedMatmulArgs a) {
   AwaitPrerequisiteGrids();
   constexpr int kAcc = kRows * kFusedCols;
+  static_assert(kAcc <= kThreads);
   __shared__ float inv_rms[kRows];
   __shared__ float scratch[kWarpSize + 1];
   __shared__ float partial[kMaxWarps][kAcc];
   __shared__ float values[kAcc];
+  __shared__ float warp_best[kMaxWarps];
+  __shared__ int32_t warp_index[kMaxWarps];
   __shared__ bool last_block;
 
   const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
@@ -172,14 +175,15 @@ __global__ void __launch_bounds__(kThreads) FusedMatmulKernel(FusedMatmulArgs a)
 
   // values[r * kFusedCols + c]: this block's sum for (row r, slot c).
   const int i = threadIdx.x;
+  const int r = i / kFusedCols, c = i % kFusedCols;
+  const bool valid = i < kAcc && ColumnValid(a, b, c, n_total);
   if (i < kAcc) {
     float total = 0.0f;
     for (int w = 0; w < warps; ++w) total += partial[w][i];
     values[i] = total;
   }
   if (a.splits > 1) {
-    const int r = i / kFusedCols, c = i % kFusedCols;
-    if (i < kAcc && ColumnValid(a, b, c, n_total)) {
+    if (valid) {
       a.partials[(static_cast<int64_t>(s) * a.m + r) * n_total + ColumnOf(a, b, c)] = values[i];
     }
     __threadfence();
@@ -192,10 +196,10 @@ __global__ void __launch_bounds__(kThreads) FusedMatmulKernel(FusedMatmulArgs a)
     __syncthreads();
     if (!last_block) return;
     __threadfence();
-    if (i < kAcc && ColumnValid(a, b, c, n_total)) {
+    if (valid) {
       float total = 0.0f;
       for (int split = 0; split < a.splits; ++split) {
-        // Written by other blocks of this launch: not through the read-only cache.
+        // Written by other blocks of this launch: read through L2, not the L1 path.
         total += __ldcg(&a.partials[(static_cast<int64_t>(split) * a.m + r) * n_total +
                                     ColumnOf(a, b, c)]);
       }
@@ -205,8 +209,6 @@ __global__ void __launch_bounds__(kThreads) FusedMatmulKernel(FusedMatmulArgs a)
   __syncthreads();
 
   // Epilogue. The product as a MatMul would store it.
-  const int r = i / kFusedCols, c = i % kFusedCols;
-  const bool valid = i < kAcc && ColumnValid(a, b, c, n_total);
   const float p = valid ? RoundTo<T>(values[i]) : 0.0f;
   switch (a.epilogue) {
     case FusedEpilogue::kNone:
@@ -279,22 +281,21 @@ __global__ void __launch_bounds__(kThreads) FusedMatmulKernel(FusedMatmulArgs a)
             best_i = oi;
           }
         }
-        __shared__ float wv[kMaxWarps];
-        __shared__ int32_t wi[kMaxWarps];
         if (lane == 0) {
-          wv[warp] = best;
-          wi[warp] = best_i;
+          warp_best[warp] = best;
+          warp_index[warp] = best_i;
         }
         __syncthreads();
         if (threadIdx.x == 0) {
           for (int w = 1; w < warps; ++w) {
-            if (Better(wv[w], wi[w], best, best_i)) {
-              best = wv[w];
-              best_i = wi[w];
+            if (Better(warp_best[w], warp_index[w], best, best_i)) {
+              best = warp_best[w];
+              best_i = warp_index[w];
             }
           }
-          // No column beat -inf (all -inf or NaN): index 0, as Argmax.
-          static_cast<int32_t*>(a.y)[row] = best_i == INT32_MAX || !(best > -INFINITY) ? 0 : best_i;
+          // Nothing above -inf (all -inf or NaN): index 0, as Argmax.
+          static_cast<int32_t*>(a.y)[row] =
+              (best_i == INT32_MAX || !(best > -INFINITY)) ? 0 : best_i;
         }
         __syncthreads();
       }
@@ -337,7 +338,9 @@ __global__ void __launch_bounds__(kThreads)
   const int half = head_dim / 2;
   const int32_t p = pos[row];
   const bool write_cache = p >= 0 && p < seq;
-  if (p >= seq && pair == 0) atomicOr(error_flags, static_cast<uint32_t>(kErrorPositionOutOfRange));
+  if (p >= seq && pair == 0) {
+    atomicOr(error_flags, static_cast<uint32_t>(kErrorPositionOutOfRange));
+  }
   const T* in = qkv + row * cols;
   const int64_t rotated_pairs = (q_cols + kv_cols) / 2;
   if (pair >= rotated_pairs) {  // v: two elements to the cache
@@ -349,7 +352,7 @@ __global__ void __launch_bounds__(kThreads)
     dst[1] = in[q_cols + kv_cols + e + 1];
     return;
   }
-  const int64_t head = pair / half;  // over q's heads then k's
+  const int64_t head = pair / half;  // q's heads, then k's
   const int j = static_cast<int>(pair - head * half);
   const int64_t base = head * head_dim;
   const int64_t ia = base + (interleaved ? 2 * j : j);
@@ -376,37 +379,8 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-}  // namespace
-
-int64_t FusedColumnBlocks(const FusedMatmulArgs& a) {
-  if (a.epilogue == FusedEpilogue::kSiluMul) return CeilDiv(a.n[0], 2);
-  int64_t n = 0;
-  for (int g = 0; g < a.weights && g < kFusedMaxWeights; ++g) n += a.n[g];
-  return CeilDiv(n, kFusedCols);
-}
-
-int FusedSplitsFor(const FusedMatmulArgs& a, int sm_count) {
-  const int64_t blocks = FusedColumnBlocks(a);
-  const int64_t want = CeilDiv(2 * static_cast<int64_t>(sm_count), std::max<int64_t>(blocks, 1));
-  const int64_t most = std::max<int64_t>(1, a.k / 512);
-  return static_cast<int>(std::clamp<int64_t>(want, 1, std::min<int64_t>(most, 16)));
-}
-
-cudaError_t LaunchFusedMatmul(const FusedMatmulArgs& a, cudaStream_t stream) {
-  if (a.m < 1 || a.m > kFusedMaxRows || a.k <= 0 || a.weights < 1 ||
-      a.weights > kFusedMaxWeights || a.splits < 1 || a.x == nullptr || a.y == nullptr) {
-    return cudaErrorInvalidValue;
-  }
-  if (a.splits > 1 && (a.partials == nullptr || a.counters == nullptr)) return cudaErrorInvalidValue;
-  if (a.epilogue == FusedEpilogue::kSiluMul && (a.weights != 2 || a.n[0] != a.n[1])) {
-    return cudaErrorInvalidValue;
-  }
-  if (a.epilogue == FusedEpilogue::kAdd && a.residual == nullptr) return cudaErrorInvalidValue;
-  if (a.epilogue == FusedEpilogue::kArgmax &&
-      (a.weights != 1 || a.argmax_value == nullptr || a.argmax_index == nullptr ||
-       a.argmax_counter == nullptr)) {
-    return cudaErrorInvalidValue;
-  }
+// One launch for rows [0, a.m) with a.m <= kFusedMaxRows.
+cudaError_t LaunchRows(const FusedMatmulArgs& a, cudaStream_t stream) {
   const int64_t blocks = FusedColumnBlocks(a);
   if (blocks <= 0 || blocks > INT32_MAX) return cudaErrorInvalidValue;
   return DispatchFloat(a.dtype, [&](auto tag) {
@@ -428,6 +402,63 @@ cudaError_t LaunchFusedMatmul(const FusedMatmulArgs& a, cudaStream_t stream) {
   });
 }
 
+}  // namespace
+
+int64_t FusedColumnBlocks(const FusedMatmulArgs& a) {
+  if (a.epilogue == FusedEpilogue::kSiluMul) return CeilDiv(a.n[0], 2);
+  int64_t n = 0;
+  for (int g = 0; g < a.weights && g < kFusedMaxWeights; ++g) n += a.n[g];
+  return CeilDiv(n, kFusedCols);
+}
+
+int FusedSplitsFor(const FusedMatmulArgs& a, int sm_count) {
+  const int64_t blocks = std::max<int64_t>(FusedColumnBlocks(a), 1);
+  const int64_t want = CeilDiv(2 * static_cast<int64_t>(sm_count), blocks);
+  const int64_t most = std::max<int64_t>(1, a.k / 512);
+  return static_cast<int>(std::clamp<int64_t>(want, 1, std::min<int64_t>(most, 16)));
+}
+
+cudaError_t LaunchFusedMatmul(const FusedMatmulArgs& a, cudaStream_t stream) {
+  if (a.m < 1 || a.k <= 0 || a.weights < 1 || a.weights > kFusedMaxWeights || a.splits < 1 ||
+      a.x == nullptr || a.y == nullptr) {
+    return cudaErrorInvalidValue;
+  }
+  if (a.splits > 1 && (a.partials == nullptr || a.counters == nullptr)) {
+    return cudaErrorInvalidValue;
+  }
+  if (a.epilogue == FusedEpilogue::kSiluMul && (a.weights != 2 || a.n[0] != a.n[1])) {
+    return cudaErrorInvalidValue;
+  }
+  if (a.epilogue == FusedEpilogue::kAdd && a.residual == nullptr) return cudaErrorInvalidValue;
+  if (a.epilogue == FusedEpilogue::kArgmax &&
+      (a.weights != 1 || a.argmax_value == nullptr || a.argmax_index == nullptr ||
+       a.argmax_counter == nullptr)) {
+    return cudaErrorInvalidValue;
+  }
+  int64_t n_total = 0;
+  for (int g = 0; g < a.weights; ++g) n_total += a.n[g];
+  const int64_t out_cols = a.epilogue == FusedEpilogue::kSiluMul ? a.n[0]
+                           : a.epilogue == FusedEpilogue::kArgmax ? 1
+                                                                  : n_total;
+  const int64_t elem = a.dtype == DType::kF32 ? 4 : 2;
+  const int64_t out_elem = a.epilogue == FusedEpilogue::kArgmax ? 4 : elem;
+  // More rows than one launch holds: launches of kFusedMaxRows rows one after another on
+  // the stream, reusing the workspace (each launch leaves its counters zeroed). Decode
+  // steps have M <= 8; larger buckets read the weights once per launch.
+  for (int64_t r0 = 0; r0 < a.m; r0 += kFusedMaxRows) {
+    FusedMatmulArgs chunk = a;
+    chunk.m = std::min<int64_t>(kFusedMaxRows, a.m - r0);
+    chunk.x = static_cast<const char*>(a.x) + r0 * a.k * elem;
+    if (a.residual != nullptr) {
+      chunk.residual = static_cast<const char*>(a.residual) + r0 * n_total * elem;
+    }
+    chunk.y = static_cast<char*>(a.y) + r0 * out_cols * out_elem;
+    const cudaError_t e = LaunchRows(chunk, stream);
+    if (e != cudaSuccess) return e;
+  }
+  return cudaSuccess;
+}
+
 cudaError_t LaunchRopeKvWrite(const void* qkv, const int32_t* pos, const float* inv_freq,
                               void* q, void* k_cache, void* v_cache, int64_t rows,
                               int64_t q_cols, int64_t kv_heads, int64_t seq, int head_dim,
@@ -439,10 +470,11 @@ cudaError_t LaunchRopeKvWrite(const void* qkv, const int32_t* pos, const float* 
   const int64_t pairs = rows * (q_cols + 2 * kv_heads * head_dim) / 2;
   return DispatchFloat(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    return LaunchKernel(RopeKvWriteKernel<T>, dim3(static_cast<unsigned>(CeilDiv(pairs, kThreads))),
-                        dim3(kThreads), stream, static_cast<const T*>(qkv), pos, inv_freq,
-                        static_cast<T*>(q), static_cast<T*>(k_cache), static_cast<T*>(v_cache),
-                        rows, q_cols, kv_heads, seq, head_dim, interleaved, error_flags);
+    return LaunchKernel(RopeKvWriteKernel<T>,
+                        dim3(static_cast<unsigned>(CeilDiv(pairs, kThreads))), dim3(kThreads),
+                        stream, static_cast<const T*>(qkv), pos, inv_freq, static_cast<T*>(q),
+                        static_cast<T*>(k_cache), static_cast<T*>(v_cache), rows, q_cols,
+                        kv_heads, seq, head_dim, interleaved, error_flags);
   });
 }
 

@@ -28,6 +28,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "models/llama.h"
+#include "stepgraph/passes.h"
 #include "models/random_weights.h"
 #include "models/model_files.h"
 #include "stepgraph/plan.h"
@@ -80,6 +81,8 @@ struct SessionOptions {
   // Steps whose ids are buffered on the host side before the session waits to drain them
   // (a Generate of more steps than this waits once per this many steps).
   int64_t id_ring_steps = 4096;
+  // Graph passes run on every bucket's graph before it is planned (stepgraph/passes.h).
+  PassOptions passes;
 };
 
 // Time of one node of a profiled step.

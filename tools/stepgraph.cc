@@ -43,6 +43,7 @@
 #include "stepgraph/cuda_options.h"
 #include "stepgraph/half.h"
 #include "stepgraph/step_runner.h"
+#include "stepgraph/passes.h"
 #include "stepgraph/plan.h"
 #include "stepgraph/status.h"
 
@@ -79,6 +80,7 @@ struct Args {
   bool cpu = false;
   bool eager = false;
   CudaOptions cuda;
+  PassOptions passes;
   int64_t max_seq = 0;
   int64_t prefill_chunk = 256;
   // run
@@ -134,6 +136,9 @@ constexpr char kModelOptions[] =
                          STEPGRAPH_MATMUL)
   --no-pdl               GPU: launch kernels without programmatic dependent launch (also
                          STEPGRAPH_PDL=0)
+  --passes LIST          graph passes: all (default), none, or names to run, or
+                         -name,... to skip (see stepgraph/passes.h)
+  --no-fuse              the same as --passes none: run the plain graph
   --max-seq N            KV cache length per sequence (default: what the command needs)
   -h, --help             this help
 )";
@@ -287,6 +292,7 @@ constexpr FlagSpec kFlags[] = {
     {"--ignore-eos", false, kRun},    {"--text", true, kTokenize},
     {"--decode", true, kTokenize},
     {"--prefill-chunk", true, kRun | kBench},  {"--ttft-lengths", true, kBench},
+    {"--passes", true, kAll},         {"--no-fuse", false, kAll},
 };
 
 absl::Status ApplyFlag(absl::string_view name, absl::string_view value, Args& a) {
@@ -315,6 +321,12 @@ absl::Status ApplyFlag(absl::string_view name, absl::string_view value, Args& a)
     a.cuda.matmul = *p;
   } else if (name == "--no-pdl") {
     a.cuda.programmatic_launch = false;
+  } else if (name == "--passes") {
+    absl::StatusOr<PassOptions> p = ParsePassList(value);
+    if (!p.ok()) return absl::InvalidArgumentError(absl::StrCat("--passes: ", p.status().message()));
+    a.passes = *std::move(p);
+  } else if (name == "--no-fuse") {
+    a.passes.enabled = false;
   } else if (name == "--max-seq") {
     SG_ASSIGN_OR_RETURN(a.max_seq, ParseInt(name, value, 1, INT32_MAX));
   } else if (name == "--help" || name == "-h") {
@@ -549,6 +561,7 @@ absl::StatusOr<std::unique_ptr<DecodeSession>> MakeSession(const Args& a, int64_
   o.eager = eager;
   o.cuda = a.cuda;
   o.prefill_chunk = a.prefill_chunk;
+  o.passes = a.passes;
   if (!a.cpu && !CudaDeviceFound()) {
     std::fprintf(stderr, "stepgraph: %s; running on the CPU reference (slow)\n",
                  BuiltWithCuda() ? "no CUDA device found" : "built without CUDA");
@@ -797,6 +810,7 @@ int GraphCommand(const Args& a) {
   g.max_seq = a.max_seq > 0 ? a.max_seq : std::min<int64_t>(config->max_position_embeddings, 4096);
   g.closed_loop = true;
   absl::StatusOr<Graph> graph = BuildLlamaDecodeGraph(*config, g);
+  if (graph.ok()) graph = RunPasses(*std::move(graph), a.passes);
   if (!graph.ok()) return RuntimeFailure(graph.status());
   absl::StatusOr<ExecutionPlan> plan = ExecutionPlan::Create(*graph);
   if (!plan.ok()) return RuntimeFailure(plan.status());

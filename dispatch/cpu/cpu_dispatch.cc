@@ -103,6 +103,28 @@ int64_t MinItemsPerChunk(int64_t work_per_item) {
   return std::max<int64_t>(1, kMinWorkPerPart / std::max<int64_t>(1, work_per_item));
 }
 
+// Rotates every head of `cols` values of one row at position `pos` (padding rows, pos < 0,
+// pass through unchanged).
+void RotateHeads(const ops::Rope& op, const std::vector<float>& inv_freq, DType t, int32_t pos,
+                 float* v, int64_t cols) {
+  if (pos < 0) return;
+  const int d = op.head_dim, half = d / 2;
+  for (int64_t head = 0; head < cols / d; ++head) {
+    float* hv = v + head * d;
+    for (int j = 0; j < half; ++j) {
+      // HF: cos/sin of the f32 angle, cast to the model dtype, then q*cos +
+      // rotate_half(q)*sin with each product and the sum in the model dtype.
+      const float angle = static_cast<float>(pos) * inv_freq[j];
+      const float c = RoundTo(t, std::cos(angle)), s = RoundTo(t, std::sin(angle));
+      const int a = op.interleaved ? 2 * j : j;
+      const int b = op.interleaved ? 2 * j + 1 : j + half;
+      const float x1 = hv[a], x2 = hv[b];
+      hv[a] = RoundTo(t, x1 * c) - RoundTo(t, x2 * s);
+      hv[b] = RoundTo(t, x2 * c) + RoundTo(t, x1 * s);
+    }
+  }
+}
+
 }  // namespace
 
 namespace {
@@ -138,7 +160,11 @@ absl::StatusOr<PreparedPlan> CpuDispatch::Prepare(const ExecutionPlan& plan) {
   const Graph& graph = plan.graph();
   std::vector<std::unique_ptr<PreparedNode>> nodes(static_cast<size_t>(graph.num_nodes()));
   for (int32_t i = 0; i < graph.num_nodes(); ++i) {
-    if (const auto* rope = std::get_if<ops::Rope>(&graph.nodes()[i].op)) {
+    const ops::Rope* rope = std::get_if<ops::Rope>(&graph.nodes()[i].op);
+    if (const auto* fused = std::get_if<ops::RopeKvWrite>(&graph.nodes()[i].op)) {
+      rope = &fused->rope;
+    }
+    if (rope != nullptr) {
       auto node = std::make_unique<CpuRopeNode>();
       node->inv_freq = RopeInvFreq(*rope);
       nodes[i] = std::move(node);
@@ -266,7 +292,6 @@ absl::Status CpuDispatch::Run(const ops::Rope& op, const NodeArgs& args) {
   const DType t = x.dtype;
   const int32_t* pos = Ints(args.inputs[1]);
   const int64_t rows = x.shape[0], cols = x.shape[1];
-  const int d = op.head_dim, half = d / 2;
   // Prepared once per plan; a Run without preparation computes the table itself.
   std::vector<float> unprepared;
   if (args.prepared == nullptr) unprepared = RopeInvFreq(op);
@@ -275,22 +300,7 @@ absl::Status CpuDispatch::Run(const ops::Rope& op, const NodeArgs& args) {
                                : unprepared;
   for (int64_t i = 0; i < rows; ++i) {
     std::vector<float> v = LoadRange(x, i * cols, cols);
-    if (pos[i] >= 0) {  // padding rows (pos < 0) pass through unchanged
-      for (int64_t head = 0; head < cols / d; ++head) {
-        float* hv = v.data() + head * d;
-        for (int j = 0; j < half; ++j) {
-          // HF: cos/sin of the f32 angle, cast to the model dtype, then q*cos +
-          // rotate_half(q)*sin with each product and the sum in the model dtype.
-          const float angle = static_cast<float>(pos[i]) * inv_freq[j];
-          const float c = RoundTo(t, std::cos(angle)), s = RoundTo(t, std::sin(angle));
-          const int a = op.interleaved ? 2 * j : j;
-          const int b = op.interleaved ? 2 * j + 1 : j + half;
-          const float x1 = hv[a], x2 = hv[b];
-          hv[a] = RoundTo(t, x1 * c) - RoundTo(t, x2 * s);
-          hv[b] = RoundTo(t, x2 * c) + RoundTo(t, x1 * s);
-        }
-      }
-    }
+    RotateHeads(op, inv_freq, t, pos[i], v.data(), cols);
     StoreRange(args.output, i * cols, v);
   }
   return absl::OkStatus();
@@ -529,6 +539,132 @@ absl::Status CpuDispatch::Run(const ops::Advance&, const NodeArgs& args) {
       error_flags_ |= kErrorPositionOutOfRange;
     } else {
       ++pos[i];
+    }
+  }
+  return absl::OkStatus();
+}
+
+// ---- Fused ops: each computes what its plain ops compute, with the same roundings, so
+// that a fused graph is bit-equal to the plain one on this reference.
+
+absl::Status CpuDispatch::Run(const ops::FusedMatMul& op, const NodeArgs& args) {
+  using Epilogue = ops::FusedMatMul::Epilogue;
+  const TensorArg& x = args.inputs[0];
+  const DType t = x.dtype;
+  const int64_t m = x.shape[0], k = x.shape[1];
+  const int first_w = op.norm ? 2 : 1;
+  std::vector<float> xs, p;
+  std::vector<int64_t> col_start(static_cast<size_t>(op.weights) + 1, 0);
+  try {
+    xs = LoadAll(x);
+    for (int g = 0; g < op.weights; ++g) {
+      col_start[g + 1] = col_start[g] + args.inputs[first_w + g].shape[0];
+    }
+    p.resize(static_cast<size_t>(m * col_start[op.weights]));
+  } catch (const std::bad_alloc&) {
+    return absl::ResourceExhaustedError("CPU reference: no memory for a fused matmul");
+  }
+  const int64_t n = col_start[op.weights];
+  if (op.norm) {
+    // As ops::RmsNorm computes and stores it.
+    const std::vector<float> nw = LoadAll(args.inputs[1]);
+    for (int64_t i = 0; i < m; ++i) {
+      float* v = xs.data() + i * k;
+      float sum_sq = 0.0f;
+      for (int64_t c = 0; c < k; ++c) sum_sq += v[c] * v[c];
+      const float inv_rms = 1.0f / std::sqrt(sum_sq / static_cast<float>(k) + op.eps);
+      for (int64_t c = 0; c < k; ++c) v[c] = RoundTo(t, RoundTo(t, v[c] * inv_rms) * nw[c]);
+    }
+  }
+  SG_RETURN_IF_ERROR(PrepareScratch(k));
+  // As ops::MatMul: whole output columns per chunk, each column of weight g's row r.
+  pool_->ParallelFor(n, MinItemsPerChunk(m * k), [&](int thread, int64_t j0, int64_t j1) {
+    int g = 0;
+    for (int64_t j = j0; j < j1; ++j) {
+      while (j >= col_start[g + 1]) ++g;
+      const TensorArg& w = args.inputs[first_w + g];
+      const int64_t r = j - col_start[g];
+      if (IsQuantized(w.dtype)) {
+        const auto* w_bytes = static_cast<const std::byte*>(w.data);
+        DotQuantizedRow(w.dtype, w_bytes + r * DTypeRowBytes(w.dtype, k), k, xs.data(), k, m,
+                        p.data() + j, n);
+      } else {
+        const float* wr = F32Row(w, r * k, k, scratch_[thread].data());
+        for (int64_t i = 0; i < m; ++i) p[i * n + j] = cpu::Dot(xs.data() + i * k, wr, k);
+      }
+    }
+  });
+  // The product as a MatMul stores it.
+  for (float& v : p) v = RoundTo(t, v);
+  switch (op.epilogue) {
+    case Epilogue::kNone:
+      StoreRange(args.output, 0, p);
+      break;
+    case Epilogue::kAdd: {
+      const TensorArg& residual = args.inputs[first_w + op.weights];
+      for (int64_t e = 0; e < m * n; ++e) p[e] = LoadElement(residual.data, t, e) + p[e];
+      StoreRange(args.output, 0, p);
+      break;
+    }
+    case Epilogue::kSiluMul: {
+      const int64_t half = n / 2;
+      for (int64_t i = 0; i < m; ++i) {
+        for (int64_t j = 0; j < half; ++j) {
+          const float v = SiluOf(p[i * n + j]) * p[i * n + half + j];
+          StoreElement(args.output.data, t, i * half + j, v);
+        }
+      }
+      break;
+    }
+    case Epilogue::kArgmax: {
+      int32_t* out = args.output.as<int32_t>();
+      for (int64_t i = 0; i < m; ++i) {
+        // As ops::Argmax: strictly greater wins, NaN never does.
+        float best = -std::numeric_limits<float>::infinity();
+        int32_t best_index = 0;
+        for (int64_t j = 0; j < n; ++j) {
+          if (p[i * n + j] > best) {
+            best = p[i * n + j];
+            best_index = static_cast<int32_t>(j);
+          }
+        }
+        out[i] = best_index;
+      }
+      break;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CpuDispatch::Run(const ops::RopeKvWrite& op, const NodeArgs& args) {
+  const TensorArg& qkv = args.inputs[0];
+  const DType t = qkv.dtype;
+  const int32_t* pos = Ints(args.inputs[1]);
+  const TensorArg& kc = args.inputs[2];
+  const TensorArg& vc = args.inputs[3];
+  const int64_t rows = qkv.shape[0], cols = qkv.shape[1];
+  const int64_t kv_heads = kc.shape[1], seq = kc.shape[2], d = kc.shape[3];
+  const int64_t kv_cols = kv_heads * d, q_cols = cols - 2 * kv_cols;
+  std::vector<float> unprepared;
+  if (args.prepared == nullptr) unprepared = RopeInvFreq(op.rope);
+  const std::vector<float>& inv_freq =
+      args.prepared != nullptr ? static_cast<const CpuRopeNode*>(args.prepared)->inv_freq
+                               : unprepared;
+  for (int64_t i = 0; i < rows; ++i) {
+    std::vector<float> v = LoadRange(qkv, i * cols, cols);
+    RotateHeads(op.rope, inv_freq, t, pos[i], v.data(), q_cols + kv_cols);
+    for (int64_t c = 0; c < q_cols; ++c) StoreElement(args.output.data, t, i * q_cols + c, v[c]);
+    if (pos[i] < 0) continue;
+    if (pos[i] >= seq) {
+      error_flags_ |= kErrorPositionOutOfRange;
+      continue;
+    }
+    for (int64_t h = 0; h < kv_heads; ++h) {
+      const int64_t dst = ((i * kv_heads + h) * seq + pos[i]) * d;
+      for (int64_t e = 0; e < d; ++e) {
+        StoreElement(kc.data, t, dst + e, v[q_cols + h * d + e]);
+        StoreElement(vc.data, t, dst + e, v[q_cols + kv_cols + h * d + e]);
+      }
     }
   }
   return absl::OkStatus();

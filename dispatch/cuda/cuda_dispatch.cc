@@ -10,6 +10,7 @@
 #include "dispatch/cuda/attention.h"
 #include "dispatch/cuda/cuda_handles.h"
 #include "dispatch/cuda/cuda_status.h"
+#include "dispatch/cuda/fused.h"
 #include "dispatch/cuda/matmul.h"
 #include "dispatch/cuda/rope.h"
 #include "dispatch/cuda/sampling.h"
@@ -90,6 +91,7 @@ struct NodePreparer {
   internal::RopeTables& rope;
   const internal::AttentionWorkspace& attention;
   const internal::SamplingWorkspace& sampling;
+  const CudaDeviceInfo& info;
 
   const Shape& InputShape(int i) const { return graph.tensor(node.inputs[i]).shape; }
 
@@ -108,6 +110,12 @@ struct NodePreparer {
     SG_RETURN_IF_ERROR(internal::SamplingWorkspace::CheckSample(InputShape(0), node.name));
     return std::unique_ptr<PreparedNode>();
   }
+  NodeState operator()(const ops::FusedMatMul& op) const {
+    return internal::PrepareFusedMatmul(op, graph, node, info);
+  }
+  NodeState operator()(const ops::RopeKvWrite& op) const {
+    return internal::PrepareRopeKvWrite(op, rope);
+  }
   template <typename Op>
   NodeState operator()(const Op&) const {
     return std::unique_ptr<PreparedNode>();
@@ -124,7 +132,7 @@ absl::StatusOr<PreparedPlan> CudaDispatch::Prepare(const ExecutionPlan& plan) {
   std::vector<std::unique_ptr<PreparedNode>> nodes(static_cast<size_t>(graph.num_nodes()));
   for (int32_t i = 0; i < graph.num_nodes(); ++i) {
     const Node& node = graph.nodes()[i];
-    const NodePreparer preparer{graph, node, *matmul_, *rope_, *attention_, *sampling_};
+    const NodePreparer preparer{graph, node, *matmul_, *rope_, *attention_, *sampling_, info_};
     NodeState state = std::visit(preparer, node.op);
     if (!state.ok()) {
       return absl::Status(state.status().code(),

@@ -19,6 +19,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/types/span.h"
 #include "stepgraph/graph.h"
 #include "stepgraph/ops.h"
 #include "stepgraph/types.h"
@@ -72,6 +73,14 @@ class GraphBuilder {
   // Advances positions (an Input or State) in place and returns them.
   TensorId Advance(TensorId pos, absl::string_view name = {});
 
+  // Fused ops (made by the passes; see ops.h). `inputs` in the order ops::FusedMatMul
+  // lists them.
+  TensorId FusedMatMul(const ops::FusedMatMul& op, absl::Span<const TensorId> inputs,
+                       absl::string_view name = {});
+  // Returns the rotated q; writes k_cache and v_cache in place.
+  TensorId RopeKvWrite(TensorId qkv, TensorId pos, TensorId k_cache, TensorId v_cache,
+                       const ops::Rope& rope, absl::string_view name = {});
+
   // Marks `t` as a result the caller reads after a step. Output names are unique.
   void Output(absl::string_view name, TensorId t);
 
@@ -83,7 +92,7 @@ class GraphBuilder {
  private:
   float DefaultAttentionScale(TensorId k_cache) const;
   TensorId Declare(absl::string_view name, TensorKind kind, DType dtype, Shape shape);
-  TensorId AddNode(Op op, absl::string_view name, std::initializer_list<TensorId> inputs);
+  TensorId AddNode(Op op, absl::string_view name, absl::Span<const TensorId> inputs);
   // Records `status` unless an error is already recorded; returns an invalid id.
   TensorId Fail(absl::Status status);
   bool CheckUsable(absl::string_view what);

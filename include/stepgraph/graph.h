@@ -101,6 +101,10 @@ class Graph {
 // output given its inputs' tensors, or InvalidArgument naming the node and tensors.
 // For in-place ops the result is the type of the written tensor (their last input), which
 // must be a State or Input.
+// The most inputs a node may have (a FusedMatMul with a norm, three weights and a
+// residual has six); inference refuses more.
+inline constexpr int kMaxNodeInputs = 8;
+
 struct TensorType {
   DType dtype;
   Shape shape;

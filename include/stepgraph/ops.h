@@ -29,7 +29,9 @@
   V(Argmax)           \
   V(Sample)           \
   V(Copy)             \
-  V(Advance)
+  V(Advance)          \
+  V(FusedMatMul)      \
+  V(RopeKvWrite)
 
 namespace sg::ops {
 
@@ -128,6 +130,42 @@ struct Copy {};
 // pos[M] i32 (an Input or State) -> pos, in place: pos + 1 where pos >= 0; padding rows
 // (pos < 0) stay as they are. Ends a step of a closed decode loop.
 struct Advance {};
+
+// ---- Fused ops: made by the graph passes (stepgraph/passes.h), never needed by a model.
+// Each is defined as the plain ops it replaces, with the same roundings, so that a fused
+// graph computes what the plain graph computes.
+
+// A matmul of x[M,K] with `weights` matrices w_g[N_g, K] (one launch over several weight
+// pointers: weights are not concatenated in memory), with an optional RmsNorm of x folded
+// in front and an optional epilogue. Inputs, in order:
+//   x, [norm_w[K] when `norm`], w_0 .. w_{weights-1}, [residual when epilogue == kAdd].
+// With `norm`, x is first replaced by RmsNorm(x, norm_w, eps) exactly as ops::RmsNorm
+// rounds it. The product p = x·[w_0; ...; w_{g-1}]ᵀ is [M, ΣN_g] (the weights' columns
+// side by side, w_0's first), rounded to x's dtype as a MatMul output is. Then:
+//   kNone:    output p.
+//   kAdd:     output residual + p (residual [M, ΣN_g], as ops::Add).
+//   kSiluMul: weights == 2 with N_0 == N_1: output silu(p[:, :N]) · p[:, N:] ([M, N],
+//             as ops::SiluMul of the gate and up products).
+//   kArgmax:  weights == 1: output ids [M] i32, the argmax of each row of p (as
+//             ops::Argmax; p itself is not stored).
+// w may be a quantized Weight on the CPU reference; CUDA takes float weights of x's dtype.
+struct FusedMatMul {
+  enum class Epilogue : uint8_t { kNone, kAdd, kSiluMul, kArgmax };
+  bool norm = false;
+  float eps = 1e-6f;
+  int32_t weights = 1;  // 1 to 3
+  Epilogue epilogue = Epilogue::kNone;
+};
+
+// qkv[M, (h + 2·kvh)·d] (q, k and v side by side, as a grouped FusedMatMul writes them),
+// pos[M] i32, k_cache, v_cache [slots, kvh, S, d] (States) -> q [M, h·d]. Rotates q and
+// k as ops::Rope with `rope`, writes the rotated k and v into the caches as ops::KvWrite
+// (same padding and out-of-range rules) and outputs the rotated q. The two caches are
+// written in place as a side effect: the output is q, so that Attention, which reads q,
+// runs after the writes.
+struct RopeKvWrite {
+  Rope rope;
+};
 
 }  // namespace sg::ops
 

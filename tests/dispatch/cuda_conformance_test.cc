@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "models/llama.h"
+#include "stepgraph/passes.h"
 #include "tests/testing/conformance.h"
 
 namespace sg::testing {
@@ -247,6 +248,86 @@ std::vector<OpCase> AllCases() {
   add({.name = "Advance/i32/int32_max",
        .build = [](GraphBuilder& b) { b.Advance(b.Input("pos", DType::kI32, {5})); },
        .int_values = {{"pos", {INT32_MAX - 1, INT32_MAX, -1, 17, INT32_MAX}}}});
+
+  // The fused ops of the graph passes: every epilogue, with and without the folded norm,
+  // narrow outputs that take split-K, odd sizes (scalar path), M up to 8 and beyond (row
+  // chunks).
+  using Epilogue = ops::FusedMatMul::Epilogue;
+  for (DType t : kFloatTypes) {
+    struct Fm { int64_t m, k; std::vector<int64_t> n; bool norm; Epilogue e; };
+    const std::vector<Fm> shapes = {
+        {1, 2048, {2048, 512, 512}, true, Epilogue::kNone},   // q/k/v, Llama-3.2-1B
+        {3, 2048, {512}, false, Epilogue::kNone},             // narrow: split-K
+        {8, 256, {96, 32, 32}, true, Epilogue::kNone},
+        {1, 2048, {2048}, false, Epilogue::kAdd},             // o + residual
+        {5, 8192, {512}, false, Epilogue::kAdd},              // down-like, split-K
+        {2, 2048, {1024, 1024}, true, Epilogue::kSiluMul},    // gate/up
+        {1, 37, {19, 19}, true, Epilogue::kSiluMul},          // odd: scalar loads
+        {11, 64, {13}, true, Epilogue::kAdd},                 // M > 8: two launches
+        {1, 2048, {5000}, true, Epilogue::kArgmax},           // lm head
+        {4, 200, {1001}, false, Epilogue::kArgmax},
+    };
+    for (const Fm& f : shapes) {
+      std::string shape = absl::StrCat(f.m, "x", f.k, "x");
+      for (int64_t n : f.n) absl::StrAppend(&shape, n, "_");
+      absl::StrAppend(&shape, f.norm ? "norm_" : "", static_cast<int>(f.e));
+      const bool ids = f.e == Epilogue::kArgmax;
+      add({.name = Name("FusedMatMul", t, shape),
+           .build = [=](GraphBuilder& b) {
+             ops::FusedMatMul op{.norm = f.norm, .eps = 1e-5f,
+                                 .weights = static_cast<int32_t>(f.n.size()), .epilogue = f.e};
+             std::vector<TensorId> in = {b.Input("x", t, {f.m, f.k})};
+             if (f.norm) in.push_back(b.Weight("norm_w", t, {f.k}));
+             int64_t total = 0;
+             for (size_t g = 0; g < f.n.size(); ++g) {
+               in.push_back(b.Weight(absl::StrCat("w", g), t, {f.n[g], f.k}));
+               total += f.n[g];
+             }
+             if (f.e == Epilogue::kAdd) in.push_back(b.Input("residual", t, {f.m, total}));
+             b.Output("out", b.FusedMatMul(op, in));
+           },
+           .tolerance = Tol(t),
+           // bf16/f16 products rounded to 8 or 11 bits tie often; sums in another order
+           // may break a tie the other way.
+           .exact_ids = !ids || t == DType::kF32});
+    }
+    for (int64_t rows : {1, 3}) {
+      add({.name = Name("RopeKvWrite", t, absl::StrCat("rows", rows)),
+           .build = [=](GraphBuilder& b) {
+             ops::Rope rope{.head_dim = 64, .theta = 500000.0f};
+             rope.scaling = {ops::RopeScaling::Type::kLlama3, 32.0f, 1.0f, 4.0f, 8192};
+             TensorId kc = b.State("kc", t, {4, 2, 32, 64});
+             TensorId vc = b.State("vc", t, {4, 2, 32, 64});
+             b.Output("q", b.RopeKvWrite(b.Input("qkv", t, {rows, 8 * 64 + 2 * 2 * 64}),
+                                         b.Input("pos", DType::kI32, {rows}), kc, vc, rope));
+             b.Output("kc_out", kc);
+             b.Output("vc_out", vc);
+           },
+           .tolerance = t == DType::kF32 ? 1e-5 : 1e-2,
+           // A padding row and a position past the cache among the rows.
+           .int_values = {{"pos", {7, -1, 40}}}});
+    }
+  }
+
+  // Whole Llama steps through the graph passes (f32 and bf16).
+  for (DType t : {DType::kF32, DType::kBF16}) {
+    for (int64_t batch : {1, 3}) {
+      add({.name = absl::StrCat("LlamaFused/", DTypeName(t), "/batch", batch),
+           .graph = [=]() -> absl::StatusOr<Graph> {
+             LlamaConfig config = TinyLlamaConfig();
+             config.num_hidden_layers = 2;
+             config.dtype = t;
+             absl::StatusOr<Graph> g = BuildLlamaDecodeGraph(
+                 config, {.batch = batch, .max_seq = 64, .closed_loop = true});
+             if (!g.ok()) return g;
+             return RunPasses(*std::move(g));
+           },
+           .tolerance = t == DType::kF32 ? 1e-4 : 3e-2,
+           .int_hi = 64,
+           .float_range = 0.2f,
+           .exact_ids = t == DType::kF32});
+    }
+  }
 
   // Whole Llama-shaped steps (f32, closed loop so Copy and Advance run in context).
   for (int64_t layers : {1, 4}) {

@@ -183,7 +183,14 @@ TEST(CliTest, GraphPrintsTheSummaryAndWritesDot) {
   const std::string dot = TempPath("graph.dot");
   const Result r = RunProgram("graph --batch 2 --dot '" + dot + "'");
   ASSERT_EQ(r.exit_code, 0) << r.err;
-  EXPECT_TRUE(absl::StrContains(r.out, "graph: batch 2, 74 nodes")) << r.out;
+  // The graph passes run by default: 4 layers of 6 nodes, embedding, lm head, argmax, copy,
+  // advance; --no-fuse prints the plain graph (17 per layer).
+  EXPECT_TRUE(absl::StrContains(r.out, "graph: batch 2, 29 nodes")) << r.out;
+  const Result plain = RunProgram("graph --batch 2 --no-fuse");
+  ASSERT_EQ(plain.exit_code, 0) << plain.err;
+  EXPECT_TRUE(absl::StrContains(plain.out, "graph: batch 2, 74 nodes")) << plain.out;
+  const Result bad = RunProgram("graph --passes nonsense");
+  EXPECT_EQ(bad.exit_code, 2) << bad.out;
   EXPECT_TRUE(absl::StrContains(r.out, "of intermediates")) << r.out;
   EXPECT_TRUE(absl::StrContains(r.out, "weights: ")) << r.out;
   const std::string text = ReadFile(dot);

@@ -1,0 +1,140 @@
+// The fused ops of the graph passes on CUDA (kernels/fused_matmul.cuh). Preparing a
+// FusedMatMul node fixes its launch (split-K factor for this GPU) and allocates its
+// workspace: split-K partial sums and tickets, argmax per-block bests; the tickets are
+// zeroed once here and every launch leaves them zeroed, so replays need no reset.
+#include "dispatch/cuda/fused.h"
+
+#include "absl/strings/str_cat.h"
+#include "dispatch/cuda/cuda_status.h"
+#include "dispatch/cuda/rope.h"
+#include "kernels/fused_matmul.cuh"
+#include "stepgraph/status.h"
+
+namespace sg {
+namespace internal {
+namespace {
+
+struct FusedMatmulNode final : PreparedNode {
+  kernels::FusedMatmulArgs launch;  // shapes, split and workspace; pointers bound at Run
+  DeviceMemory workspace;
+};
+
+struct RopeKvWriteNode final : PreparedNode {
+  const float* inv_freq = nullptr;
+};
+
+kernels::FusedEpilogue KernelEpilogue(ops::FusedMatMul::Epilogue e) {
+  switch (e) {
+    case ops::FusedMatMul::Epilogue::kAdd: return kernels::FusedEpilogue::kAdd;
+    case ops::FusedMatMul::Epilogue::kSiluMul: return kernels::FusedEpilogue::kSiluMul;
+    case ops::FusedMatMul::Epilogue::kArgmax: return kernels::FusedEpilogue::kArgmax;
+    default: return kernels::FusedEpilogue::kNone;
+  }
+}
+
+int64_t AlignUp(int64_t v) { return (v + 255) / 256 * 256; }
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<PreparedNode>> PrepareFusedMatmul(const ops::FusedMatMul& op,
+                                                                const Graph& graph,
+                                                                const Node& node,
+                                                                const CudaDeviceInfo& info) {
+  const Tensor& x = graph.tensor(node.inputs[0]);
+  const int first_w = op.norm ? 2 : 1;
+  if (op.weights > kernels::kFusedMaxWeights) {
+    return absl::UnimplementedError(absl::StrCat("CUDA FusedMatMul takes at most ",
+                                                 kernels::kFusedMaxWeights, " weights, got ",
+                                                 op.weights));
+  }
+  auto node_state = std::make_unique<FusedMatmulNode>();
+  kernels::FusedMatmulArgs& a = node_state->launch;
+  a.m = x.shape[0];
+  a.k = x.shape[1];
+  a.eps = op.eps;
+  a.weights = op.weights;
+  a.epilogue = KernelEpilogue(op.epilogue);
+  a.dtype = x.dtype;
+  int64_t n_total = 0;
+  for (int g = 0; g < op.weights; ++g) {
+    const Tensor& w = graph.tensor(node.inputs[first_w + g]);
+    if (w.dtype != x.dtype) {
+      return absl::UnimplementedError(absl::StrCat(
+          "CUDA FusedMatMul takes weights of x's dtype (", DTypeName(x.dtype), "); weight '",
+          w.name, "' is ", DTypeName(w.dtype),
+          " (the graph passes leave quantized matmuls unfused)"));
+    }
+    a.n[g] = w.shape[0];
+    n_total += w.shape[0];
+  }
+  a.splits = kernels::FusedSplitsFor(a, info.sm_count);
+  const int64_t blocks = kernels::FusedColumnBlocks(a);
+  const int64_t rows = std::min<int64_t>(a.m, kernels::kFusedMaxRows);
+  const int64_t partial_bytes = a.splits > 1 ? AlignUp(a.splits * rows * n_total * 4) : 0;
+  const int64_t counter_bytes = a.splits > 1 ? AlignUp(blocks * 4) : 0;
+  const bool argmax = op.epilogue == ops::FusedMatMul::Epilogue::kArgmax;
+  const int64_t best_bytes = argmax ? AlignUp(rows * blocks * 4) : 0;
+  const int64_t total = partial_bytes + counter_bytes + 2 * best_bytes + (argmax ? 256 : 0);
+  if (total > 0) {
+    SG_ASSIGN_OR_RETURN(node_state->workspace, AllocateDevice(total, "a fused matmul's workspace"));
+    auto* base = static_cast<char*>(node_state->workspace.get());
+    SG_RETURN_IF_ERROR(ToStatus(cudaMemset(base, 0, total), "cudaMemset(fused matmul workspace)"));
+    SG_RETURN_IF_ERROR(ToStatus(cudaDeviceSynchronize(), "cudaDeviceSynchronize after cudaMemset"));
+    int64_t at = 0;
+    if (a.splits > 1) {
+      a.partials = reinterpret_cast<float*>(base + at);
+      at += partial_bytes;
+      a.counters = reinterpret_cast<uint32_t*>(base + at);
+      at += counter_bytes;
+    }
+    if (argmax) {
+      a.argmax_value = reinterpret_cast<float*>(base + at);
+      at += best_bytes;
+      a.argmax_index = reinterpret_cast<int32_t*>(base + at);
+      at += best_bytes;
+      a.argmax_counter = reinterpret_cast<uint32_t*>(base + at);
+    }
+  }
+  return std::unique_ptr<PreparedNode>(std::move(node_state));
+}
+
+absl::StatusOr<std::unique_ptr<PreparedNode>> PrepareRopeKvWrite(const ops::RopeKvWrite& op,
+                                                                RopeTables& tables) {
+  SG_RETURN_IF_ERROR(tables.PrepareNode(op.rope).status());
+  auto node = std::make_unique<RopeKvWriteNode>();
+  node->inv_freq = tables.Find(op.rope);
+  if (node->inv_freq == nullptr) return absl::InternalError("RoPE table missing after Prepare");
+  return std::unique_ptr<PreparedNode>(std::move(node));
+}
+
+}  // namespace internal
+
+absl::Status CudaDispatch::Run(const ops::FusedMatMul& op, const NodeArgs& args) {
+  const auto* node = static_cast<const internal::FusedMatmulNode*>(args.prepared);
+  if (ABSL_PREDICT_FALSE(node == nullptr)) return NotPrepared();
+  kernels::FusedMatmulArgs a = node->launch;
+  const int first_w = op.norm ? 2 : 1;
+  a.x = args.inputs[0].data;
+  a.norm_w = op.norm ? args.inputs[1].data : nullptr;
+  for (int g = 0; g < op.weights; ++g) a.w[g] = args.inputs[first_w + g].data;
+  if (op.epilogue == ops::FusedMatMul::Epilogue::kAdd) {
+    a.residual = args.inputs[first_w + op.weights].data;
+  }
+  a.y = args.output.data;
+  return ToStatus(kernels::LaunchFusedMatmul(a, stream_), "LaunchFusedMatmul");
+}
+
+absl::Status CudaDispatch::Run(const ops::RopeKvWrite& op, const NodeArgs& args) {
+  const auto* node = static_cast<const internal::RopeKvWriteNode*>(args.prepared);
+  if (ABSL_PREDICT_FALSE(node == nullptr)) return NotPrepared();
+  const TensorArg& kc = args.inputs[2];
+  return ToStatus(
+      kernels::LaunchRopeKvWrite(args.inputs[0].data, args.inputs[1].as<const int32_t>(),
+                                 node->inv_freq, args.output.data, kc.data, args.inputs[3].data,
+                                 args.output.shape[0], args.output.shape[1], kc.shape[1],
+                                 kc.shape[2], op.rope.head_dim, op.rope.interleaved, kc.dtype,
+                                 error_flags_, stream_),
+      "LaunchRopeKvWrite");
+}
+
+}  // namespace sg

@@ -1,0 +1,458 @@
+// The graph passes (stepgraph/passes.h). Each pass edits a mutable copy of the graph:
+// fused nodes replace groups of nodes, taking the place of the group's last node (every
+// input of the group exists by then, and every reader of the group's result comes after
+// it), intermediates no longer produced are dropped, ids are renumbered under a new owner
+// tag and the result is validated.
+#include "stepgraph/passes.h"
+
+#include <algorithm>
+#include <functional>
+#include <optional>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "stepgraph/status.h"
+
+namespace sg {
+namespace {
+
+using Epilogue = ops::FusedMatMul::Epilogue;
+
+class Editor {
+ public:
+  Editor(Graph g, const PassOptions& options)
+      : tensors_(g.tensors()), nodes_(g.nodes()), outputs_(g.outputs()) {
+    for (const Tensor& t : tensors_) names_.insert(t.name);
+    for (const Node& n : nodes_) names_.insert(n.name);
+    // Outputs the caller never reads are dropped first, so that passes may fuse them away.
+    std::vector<GraphOutput> kept;
+    for (GraphOutput& o : outputs_) {
+      if (!options.unread_outputs.contains(o.name)) kept.push_back(std::move(o));
+    }
+    outputs_ = std::move(kept);
+    Reindex();
+  }
+
+  const std::vector<Tensor>& tensors() const { return tensors_; }
+  const std::vector<Node>& nodes() const { return nodes_; }
+  const Tensor& tensor(TensorId id) const { return tensors_[id.index]; }
+  bool removed(int32_t node) const { return removed_[node]; }
+
+  // The live node producing (or writing in place) `id`, or -1 for bound tensors.
+  int32_t Producer(TensorId id) const { return producer_[id.index]; }
+  // Live nodes reading `id`.
+  const std::vector<int32_t>& Readers(TensorId id) const { return readers_[id.index]; }
+  bool IsOutput(TensorId id) const {
+    return std::any_of(outputs_.begin(), outputs_.end(),
+                       [&](const GraphOutput& o) { return o.tensor.index == id.index; });
+  }
+  // An intermediate read by exactly `reader` and by nothing else, and not a graph output.
+  bool OnlyReadBy(TensorId id, int32_t reader) const {
+    const std::vector<int32_t>& r = Readers(id);
+    return tensor(id).kind == TensorKind::kIntermediate && !IsOutput(id) && r.size() == 1 &&
+           r[0] == reader;
+  }
+
+  std::string UniqueName(const std::string& base) {
+    std::string name = base;
+    for (int i = 1; names_.contains(name); ++i) name = absl::StrCat(base, "_", i);
+    names_.insert(name);
+    return name;
+  }
+
+  // Replaces node `at` by `op` over `inputs`, writing `output` (the tensor `at` wrote, or
+  // a new intermediate when `output` is empty) and removes the nodes in `gone`.
+  // The node keeps its output tensor, so its readers need no rewiring; with `rename` the
+  // node and that tensor take a new name.
+  void Replace(int32_t at, Op op, absl::InlinedVector<TensorId, 4> inputs,
+               std::optional<std::string> rename, std::initializer_list<int32_t> gone) {
+    Node& node = nodes_[at];
+    node.op = std::move(op);
+    node.inputs = std::move(inputs);
+    if (rename.has_value()) {
+      node.name = UniqueName(*rename);
+      tensors_[node.output.index].name = node.name;
+    }
+    for (int32_t g : gone) removed_[g] = true;
+    Reindex();
+  }
+
+  void Remove(int32_t n) {
+    removed_[n] = true;
+    Reindex();
+  }
+
+  // Inserts a node before node `before`, returning its output (a new intermediate).
+  TensorId InsertBefore(int32_t before, Op op, absl::InlinedVector<TensorId, 4> inputs,
+                        const std::string& name, TensorType type) {
+    const std::string unique = UniqueName(name);
+    tensors_.push_back(Tensor{unique, TensorKind::kIntermediate, type.dtype, type.shape});
+    const TensorId out{static_cast<int32_t>(tensors_.size() - 1), nodes_[before].output.owner};
+    nodes_.insert(nodes_.begin() + before, Node{unique, std::move(op), std::move(inputs), out});
+    removed_.insert(removed_.begin() + before, false);
+    Reindex();
+    return out;
+  }
+
+  void SetInput(int32_t node, int i, TensorId id) {
+    nodes_[node].inputs[i] = id;
+    Reindex();
+  }
+
+  // The edited graph, renumbered under a new owner and validated.
+  absl::StatusOr<Graph> Finish() && {
+    std::vector<bool> keep(tensors_.size(), false);
+    for (size_t i = 0; i < tensors_.size(); ++i) {
+      keep[i] = tensors_[i].kind != TensorKind::kIntermediate;
+    }
+    for (size_t n = 0; n < nodes_.size(); ++n) {
+      if (removed_[n]) continue;
+      keep[nodes_[n].output.index] = true;
+      for (TensorId in : nodes_[n].inputs) keep[in.index] = true;
+    }
+    const uint32_t owner = NewGraphOwnerTag();
+    std::vector<int32_t> new_index(tensors_.size(), -1);
+    std::vector<Tensor> tensors;
+    for (size_t i = 0; i < tensors_.size(); ++i) {
+      if (!keep[i]) continue;
+      new_index[i] = static_cast<int32_t>(tensors.size());
+      tensors.push_back(std::move(tensors_[i]));
+    }
+    auto remap = [&](TensorId id) { return TensorId{new_index[id.index], owner}; };
+    std::vector<Node> nodes;
+    for (size_t n = 0; n < nodes_.size(); ++n) {
+      if (removed_[n]) continue;
+      Node node = std::move(nodes_[n]);
+      for (TensorId& in : node.inputs) in = remap(in);
+      node.output = remap(node.output);
+      nodes.push_back(std::move(node));
+    }
+    std::vector<GraphOutput> outputs;
+    for (GraphOutput& o : outputs_) {
+      if (new_index[o.tensor.index] < 0) {
+        return absl::InternalError(absl::StrCat("graph pass dropped output '", o.name, "'"));
+      }
+      outputs.push_back(GraphOutput{std::move(o.name), remap(o.tensor)});
+    }
+    Graph g(owner, std::move(tensors), std::move(nodes), std::move(outputs));
+    SG_RETURN_IF_ERROR(g.Validate());
+    return g;
+  }
+
+ private:
+  void Reindex() {
+    removed_.resize(nodes_.size(), false);
+    producer_.assign(tensors_.size(), -1);
+    readers_.assign(tensors_.size(), {});
+    for (int32_t n = 0; n < static_cast<int32_t>(nodes_.size()); ++n) {
+      if (removed_[n]) continue;
+      producer_[nodes_[n].output.index] = n;
+      for (TensorId in : nodes_[n].inputs) {
+        std::vector<int32_t>& r = readers_[in.index];
+        if (r.empty() || r.back() != n) r.push_back(n);
+      }
+    }
+  }
+
+  std::vector<Tensor> tensors_;
+  std::vector<Node> nodes_;
+  std::vector<GraphOutput> outputs_;
+  std::vector<bool> removed_;
+  std::vector<int32_t> producer_;
+  std::vector<std::vector<int32_t>> readers_;
+  absl::flat_hash_set<std::string> names_;
+};
+
+// The prefix of a node name up to and including its last '.', e.g. "model.layers.0.mlp.".
+std::string Scope(const std::string& name) {
+  const size_t dot = name.rfind('.');
+  return dot == std::string::npos ? std::string() : name.substr(0, dot + 1);
+}
+
+// A plain MatMul the fused kernels take: no bias, a float weight of x's dtype.
+bool FusableMatMul(const Editor& e, int32_t n) {
+  if (n < 0 || e.removed(n)) return false;
+  const Node& node = e.nodes()[n];
+  const auto* mm = std::get_if<ops::MatMul>(&node.op);
+  if (mm == nullptr || mm->has_bias) return false;
+  const Tensor& x = e.tensor(node.inputs[0]);
+  const Tensor& w = e.tensor(node.inputs[1]);
+  return IsFloat(w.dtype) && w.dtype == x.dtype;
+}
+
+// A MatMul as above or a FusedMatMul without epilogue: something an epilogue can join.
+// Gives its op and its inputs (x, [norm_w], weights...).
+std::optional<std::pair<ops::FusedMatMul, absl::InlinedVector<TensorId, 4>>> AsFusedMatMul(
+    const Editor& e, int32_t n) {
+  if (n < 0 || e.removed(n)) return std::nullopt;
+  const Node& node = e.nodes()[n];
+  if (FusableMatMul(e, n)) return std::make_pair(ops::FusedMatMul{}, node.inputs);
+  if (const auto* f = std::get_if<ops::FusedMatMul>(&node.op)) {
+    if (f->epilogue == Epilogue::kNone) return std::make_pair(*f, node.inputs);
+  }
+  return std::nullopt;
+}
+
+bool SameRope(const ops::Rope& a, const ops::Rope& b) {
+  return a.head_dim == b.head_dim && a.theta == b.theta && a.interleaved == b.interleaved &&
+         a.scaling.type == b.scaling.type && a.scaling.factor == b.scaling.factor &&
+         a.scaling.low_freq_factor == b.scaling.low_freq_factor &&
+         a.scaling.high_freq_factor == b.scaling.high_freq_factor &&
+         a.scaling.original_max_position == b.scaling.original_max_position;
+}
+
+template <typename T>
+const T* OpOf(const Editor& e, int32_t n) {
+  if (n < 0 || e.removed(n)) return nullptr;
+  return std::get_if<T>(&e.nodes()[n].op);
+}
+
+// Attention(Rope(q), KvWrite(Rope(k)), KvWrite(v)) with q, k, v MatMuls of one x.
+absl::StatusOr<Graph> FuseQkvRopeKvWrite(Editor e) {
+  for (int32_t a = 0; a < static_cast<int32_t>(e.nodes().size()); ++a) {
+    // Steps whose rows map to slots through seq_slots (prefill) are left as they are:
+    // RopeKvWrite writes row i to cache slot i.
+    const auto* attention_op = OpOf<ops::Attention>(e, a);
+    if (attention_op == nullptr || attention_op->has_slots) continue;
+    const Node attention = e.nodes()[a];
+    const int32_t rq = e.Producer(attention.inputs[0]);
+    const int32_t kw = e.Producer(attention.inputs[1]);
+    const int32_t vw = e.Producer(attention.inputs[2]);
+    const auto* rope_q = OpOf<ops::Rope>(e, rq);
+    const auto* k_write = OpOf<ops::KvWrite>(e, kw);
+    const auto* v_write = OpOf<ops::KvWrite>(e, vw);
+    if (rope_q == nullptr || k_write == nullptr || v_write == nullptr || kw == vw ||
+        k_write->has_slots || v_write->has_slots) {
+      continue;
+    }
+    const int32_t rk = e.Producer(e.nodes()[kw].inputs[0]);
+    const auto* rope_k = OpOf<ops::Rope>(e, rk);
+    if (rope_k == nullptr || !SameRope(*rope_q, *rope_k)) continue;
+    const int32_t mq = e.Producer(e.nodes()[rq].inputs[0]);
+    const int32_t mk = e.Producer(e.nodes()[rk].inputs[0]);
+    const int32_t mv = e.Producer(e.nodes()[vw].inputs[0]);
+    if (!FusableMatMul(e, mq) || !FusableMatMul(e, mk) || !FusableMatMul(e, mv)) continue;
+    const Node& q = e.nodes()[mq];
+    const TensorId x = q.inputs[0];
+    const TensorId pos = e.nodes()[rq].inputs[1];
+    if (e.nodes()[mk].inputs[0] != x || e.nodes()[mv].inputs[0] != x ||
+        e.nodes()[rk].inputs[1] != pos || e.nodes()[kw].inputs[1] != pos ||
+        e.nodes()[vw].inputs[1] != pos || attention.inputs[3] != pos) {
+      continue;
+    }
+    if (!e.OnlyReadBy(q.output, rq) || !e.OnlyReadBy(e.nodes()[rq].output, a) ||
+        !e.OnlyReadBy(e.nodes()[mk].output, rk) || !e.OnlyReadBy(e.nodes()[rk].output, kw) ||
+        !e.OnlyReadBy(e.nodes()[mv].output, vw)) {
+      continue;
+    }
+    // The caches are read by nothing but their writer and this attention.
+    const TensorId kc = attention.inputs[1], vc = attention.inputs[2];
+    auto only_writer_and_attention = [&](TensorId c, int32_t writer) {
+      for (int32_t r : e.Readers(c)) {
+        if (r != writer && r != a) return false;
+      }
+      return true;
+    };
+    if (!only_writer_and_attention(kc, kw) || !only_writer_and_attention(vc, vw)) continue;
+
+    // Copies: the insertions below grow the tensor and node lists.
+    const DType dtype = e.tensor(x).dtype;
+    const int64_t rows = e.tensor(x).shape[0];
+    const int64_t q_cols = e.tensor(q.output).shape[1];
+    const int64_t kv_cols = e.tensor(e.nodes()[mk].output).shape[1];
+    if (e.tensor(e.nodes()[mv].output).shape[1] != kv_cols) continue;
+    const ops::Rope rope = *rope_q;
+    const std::string scope = Scope(q.name);
+    // `q` refers into the node list: read everything from it before inserting.
+    const TensorId wq = q.inputs[1], wk = e.nodes()[mk].inputs[1], wv = e.nodes()[mv].inputs[1];
+    // Both new nodes go right before the attention; every input they read exists by then.
+    const TensorId qkv = e.InsertBefore(
+        a, ops::FusedMatMul{.weights = 3}, {x, wq, wk, wv}, scope + "qkv_proj",
+        TensorType{dtype, Shape{rows, q_cols + 2 * kv_cols}});
+    const int32_t a2 = a + 1;
+    const TensorId q_rot = e.InsertBefore(a2, ops::RopeKvWrite{rope}, {qkv, pos, kc, vc},
+                                          scope + "rope_kv_write",
+                                          TensorType{dtype, Shape{rows, q_cols}});
+    const int32_t a3 = a2 + 1;
+    // Indices before `a` are unchanged by the insertions.
+    e.SetInput(a3, 0, q_rot);
+    // Remove the seven plain nodes (the attention now reads q_rot and the States).
+    for (int32_t gone : {mq, mk, mv, rq, rk, kw, vw}) e.Remove(gone);
+    a = a3;
+  }
+  return std::move(e).Finish();
+}
+
+// SiluMul(MatMul(x, gate), MatMul(x, up)).
+absl::StatusOr<Graph> FuseGateUpSiluMul(Editor e) {
+  for (int32_t s = 0; s < static_cast<int32_t>(e.nodes().size()); ++s) {
+    if (OpOf<ops::SiluMul>(e, s) == nullptr) continue;
+    const Node& node = e.nodes()[s];
+    const int32_t mg = e.Producer(node.inputs[0]), mu = e.Producer(node.inputs[1]);
+    if (mg == mu || !FusableMatMul(e, mg) || !FusableMatMul(e, mu)) continue;
+    const Node& g = e.nodes()[mg];
+    const Node& u = e.nodes()[mu];
+    if (g.inputs[0] != u.inputs[0] || !e.OnlyReadBy(g.output, s) || !e.OnlyReadBy(u.output, s)) {
+      continue;
+    }
+    e.Replace(s, ops::FusedMatMul{.weights = 2, .epilogue = Epilogue::kSiluMul},
+              {g.inputs[0], g.inputs[1], u.inputs[1]}, Scope(g.name) + "gate_up_proj_silu_mul",
+              {mg, mu});
+  }
+  return std::move(e).Finish();
+}
+
+// Add(residual, MatMul(...)) or Add(MatMul(...), residual).
+absl::StatusOr<Graph> FuseResidualAdd(Editor e) {
+  for (int32_t s = 0; s < static_cast<int32_t>(e.nodes().size()); ++s) {
+    if (OpOf<ops::Add>(e, s) == nullptr) continue;
+    const Node& node = e.nodes()[s];
+    if (!IsFloat(e.tensor(node.output).dtype)) continue;
+    for (int side : {1, 0}) {
+      const int32_t m = e.Producer(node.inputs[side]);
+      auto fused = AsFusedMatMul(e, m);
+      if (!fused.has_value() || !e.OnlyReadBy(node.inputs[side], s)) continue;
+      if (node.inputs[0] == node.inputs[1]) continue;
+      fused->first.epilogue = Epilogue::kAdd;
+      absl::InlinedVector<TensorId, 4> inputs = fused->second;
+      inputs.push_back(node.inputs[1 - side]);
+      e.Replace(s, fused->first, std::move(inputs), e.nodes()[m].name + "_add", {m});
+      break;
+    }
+  }
+  return std::move(e).Finish();
+}
+
+// RmsNorm whose every reader is a matmul taking it as x.
+absl::StatusOr<Graph> FuseNormIntoMatMul(Editor e) {
+  for (int32_t r = 0; r < static_cast<int32_t>(e.nodes().size()); ++r) {
+    const auto* norm = OpOf<ops::RmsNorm>(e, r);
+    if (norm == nullptr) continue;
+    const Node node = e.nodes()[r];
+    const float eps = norm->eps;
+    if (e.IsOutput(node.output)) continue;
+    const std::vector<int32_t> readers = e.Readers(node.output);
+    bool all = !readers.empty();
+    for (int32_t m : readers) {
+      const Node& reader = e.nodes()[m];
+      const bool plain = FusableMatMul(e, m);
+      const auto* f = OpOf<ops::FusedMatMul>(e, m);
+      const bool as_x = reader.inputs[0] == node.output &&
+                        std::count(reader.inputs.begin(), reader.inputs.end(), node.output) == 1;
+      all = all && as_x && (plain || (f != nullptr && !f->norm));
+    }
+    if (!all) continue;
+    for (int32_t m : readers) {
+      const Node& reader = e.nodes()[m];
+      ops::FusedMatMul op;
+      if (const auto* f = OpOf<ops::FusedMatMul>(e, m)) op = *f;
+      op.norm = true;
+      op.eps = eps;
+      absl::InlinedVector<TensorId, 4> inputs = {node.inputs[0], node.inputs[1]};
+      inputs.insert(inputs.end(), reader.inputs.begin() + 1, reader.inputs.end());
+      e.Replace(m, op, std::move(inputs), std::nullopt, {});
+    }
+    e.Remove(r);
+  }
+  return std::move(e).Finish();
+}
+
+// Argmax(MatMul(...)) when the logits are read by nothing else.
+absl::StatusOr<Graph> FuseLmHeadArgmax(Editor e) {
+  for (int32_t s = 0; s < static_cast<int32_t>(e.nodes().size()); ++s) {
+    if (OpOf<ops::Argmax>(e, s) == nullptr) continue;
+    const Node& node = e.nodes()[s];
+    const int32_t m = e.Producer(node.inputs[0]);
+    auto fused = AsFusedMatMul(e, m);
+    if (!fused.has_value() || fused->first.weights != 1 || !e.OnlyReadBy(node.inputs[0], s)) {
+      continue;
+    }
+    fused->first.epilogue = Epilogue::kArgmax;
+    e.Replace(s, fused->first, fused->second, e.nodes()[m].name + "_argmax", {m});
+  }
+  return std::move(e).Finish();
+}
+
+struct PassEntry {
+  const char* name;
+  absl::StatusOr<Graph> (*run)(Editor);
+};
+constexpr PassEntry kPasses[] = {
+    {"qkv_rope_kv_write", FuseQkvRopeKvWrite}, {"gate_up_silu_mul", FuseGateUpSiluMul},
+    {"residual_add", FuseResidualAdd},         {"norm_into_matmul", FuseNormIntoMatMul},
+    {"lm_head_argmax", FuseLmHeadArgmax},
+};
+
+}  // namespace
+
+std::vector<std::string> PassNames() {
+  std::vector<std::string> names;
+  for (const PassEntry& p : kPasses) names.push_back(p.name);
+  return names;
+}
+
+absl::StatusOr<Graph> RunPass(absl::string_view name, Graph graph, const PassOptions& options) {
+  for (const PassEntry& p : kPasses) {
+    if (name != p.name) continue;
+    absl::StatusOr<Graph> out = p.run(Editor(std::move(graph), options));
+    if (!out.ok()) {
+      return absl::Status(out.status().code(),
+                          absl::StrCat("graph pass ", name, ": ", out.status().message()));
+    }
+    return out;
+  }
+  return absl::NotFoundError(absl::StrCat("no graph pass named '", name, "'"));
+}
+
+absl::StatusOr<Graph> RunPasses(Graph graph, const PassOptions& options) {
+  for (const std::string& name : options.disabled) {
+    const auto known = PassNames();
+    if (std::find(known.begin(), known.end(), name) == known.end()) {
+      return absl::InvalidArgumentError(absl::StrCat("unknown graph pass '", name, "'"));
+    }
+  }
+  if (!options.enabled) return graph;
+  for (const PassEntry& p : kPasses) {
+    if (options.disabled.contains(p.name)) continue;
+    SG_ASSIGN_OR_RETURN(graph, RunPass(p.name, std::move(graph), options));
+  }
+  return graph;
+}
+
+absl::StatusOr<PassOptions> ParsePassList(absl::string_view spec) {
+  PassOptions o;
+  if (spec.empty() || spec == "all") return o;
+  if (spec == "none") {
+    o.enabled = false;
+    return o;
+  }
+  const std::vector<std::string> known = PassNames();
+  std::vector<std::string> only;
+  for (absl::string_view item : absl::StrSplit(spec, ',', absl::SkipEmpty())) {
+    const bool off = item[0] == '-';
+    if (off) item.remove_prefix(1);
+    if (std::find(known.begin(), known.end(), item) == known.end()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("unknown graph pass '", item, "' (known: ", absl::StrJoin(known, ","), ")"));
+    }
+    if (off) {
+      o.disabled.insert(std::string(item));
+    } else {
+      only.push_back(std::string(item));
+    }
+  }
+  if (!only.empty()) {
+    if (!o.disabled.empty()) {
+      return absl::InvalidArgumentError("a pass list names passes to run or, with '-', "
+                                        "passes to skip, not both");
+    }
+    for (const std::string& n : known) {
+      if (std::find(only.begin(), only.end(), n) == only.end()) o.disabled.insert(n);
+    }
+  }
+  return o;
+}
+
+}  // namespace sg

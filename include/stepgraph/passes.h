@@ -1,0 +1,59 @@
+// Graph passes: rewrites of a built Graph into an equivalent Graph, run between Build and
+// Plan. Each pass has a name, runs by default and can be switched off (to debug a fusion,
+// or to measure a step before and after). The fused ops they make are ordinary ops
+// (ops::FusedMatMul, ops::RopeKvWrite) whose definition is the plain ops they replace,
+// so a fused graph computes what the plain graph computes.
+//
+// The passes, in the order they run:
+//   qkv_rope_kv_write  q, k, v projections of one x -> one grouped FusedMatMul (three
+//                      weight pointers in one launch; weights are not concatenated in
+//                      memory), and Rope(q), Rope(k), KvWrite(k), KvWrite(v) -> RopeKvWrite
+//   gate_up_silu_mul   MatMul(gate), MatMul(up), SiluMul -> FusedMatMul with kSiluMul
+//   residual_add       MatMul then Add(residual, ·) -> FusedMatMul with kAdd
+//   norm_into_matmul   RmsNorm read only by matmuls -> each matmul normalises its input
+//   lm_head_argmax     MatMul then Argmax -> FusedMatMul with kArgmax, when the logits are
+//                      not a graph output (or are listed in PassOptions::unread_outputs)
+// Only matmuls without bias whose weights are f32/bf16/f16 of x's dtype are fused:
+// quantized weights stay on the plain ops, which every dispatcher runs.
+#ifndef STEPGRAPH_PASSES_H_
+#define STEPGRAPH_PASSES_H_
+
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "stepgraph/graph.h"
+
+namespace sg {
+
+struct PassOptions {
+  // False runs no pass at all.
+  bool enabled = true;
+  // Names of passes not to run (see PassNames()).
+  absl::flat_hash_set<std::string> disabled;
+  // Graph outputs the caller never reads: a pass may drop them (e.g. the logits, so that
+  // the lm head and the argmax become one node).
+  absl::flat_hash_set<std::string> unread_outputs;
+};
+
+// Every pass, in the order RunPasses runs them.
+std::vector<std::string> PassNames();
+
+// Runs the enabled passes in order; each result is validated. InvalidArgument for an
+// unknown name in options.disabled.
+absl::StatusOr<Graph> RunPasses(Graph graph, const PassOptions& options = {});
+
+// One pass by name (NotFound for an unknown name).
+absl::StatusOr<Graph> RunPass(absl::string_view name, Graph graph,
+                              const PassOptions& options = {});
+
+// Parses a command-line pass list: "all" (the default), "none", or a comma-separated list
+// of pass names, each prefixed with '-' to switch it off ("-lm_head_argmax,-residual_add").
+absl::StatusOr<PassOptions> ParsePassList(absl::string_view spec);
+
+}  // namespace sg
+
+#endif  // STEPGRAPH_PASSES_H_

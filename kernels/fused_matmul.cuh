@@ -1,0 +1,73 @@
+// Launchers for the fused ops of the graph passes (ops::FusedMatMul, ops::RopeKvWrite):
+// the small-M matmul with an RmsNorm folded into its loads, several weight matrices in one
+// launch, split-K reduced in the same launch, and an epilogue (residual add, SiluMul,
+// argmax); and RoPE of q and k with the KV-cache write. Plain launchers: pointers, sizes,
+// a stream; the result is the launch's cudaError_t.
+#ifndef STEPGRAPH_KERNELS_FUSED_MATMUL_CUH_
+#define STEPGRAPH_KERNELS_FUSED_MATMUL_CUH_
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "stepgraph/dtype.h"
+
+namespace sg::kernels {
+
+inline constexpr int kFusedMaxRows = 8;
+inline constexpr int kFusedMaxWeights = 3;
+// Output columns (weight rows) one block computes.
+inline constexpr int kFusedCols = 4;
+
+enum class FusedEpilogue : int { kNone = 0, kAdd = 1, kSiluMul = 2, kArgmax = 3 };
+
+struct FusedMatmulArgs {
+  const void* x = nullptr;       // [m, k]
+  int64_t m = 0, k = 0;
+  const void* norm_w = nullptr;  // [k], or null: x is used as it is
+  float eps = 0.0f;
+  const void* w[kFusedMaxWeights] = {};  // w[g]: [n[g], k]
+  int64_t n[kFusedMaxWeights] = {};
+  int weights = 1;
+  FusedEpilogue epilogue = FusedEpilogue::kNone;
+  const void* residual = nullptr;  // kAdd: [m, Σn]
+  void* y = nullptr;               // [m, Σn]; kSiluMul [m, n[0]]; kArgmax i32 [m]
+  DType dtype = DType::kF32;
+  // Split-K: `splits` blocks share a column group; each writes f32 partial sums and the
+  // last to finish (counted in counters[column group]) adds them in split order, applies
+  // the epilogue and resets its counter to 0, so the next launch (or graph replay) finds
+  // the counters zeroed. partials: [splits, m, Σn] f32; counters: FusedColumnBlocks()
+  // zeroed u32 (only when splits > 1).
+  int splits = 1;
+  float* partials = nullptr;
+  uint32_t* counters = nullptr;
+  // kArgmax: per column block best value and index of each row ([m, column blocks]) and
+  // one zeroed counter; the last column block reduces them (lowest index on ties).
+  float* argmax_value = nullptr;
+  int32_t* argmax_index = nullptr;
+  uint32_t* argmax_counter = nullptr;
+};
+
+// Column blocks of a launch (the grid's x): ceil(Σn / kFusedCols), or ceil(n / 2) for
+// kSiluMul (each block pairs 2 gate with 2 up columns).
+int64_t FusedColumnBlocks(const FusedMatmulArgs& a);
+
+// The split-K factor for `sm_count` SMs: enough blocks for about two per SM, each split
+// at least 512 elements of K.
+int FusedSplitsFor(const FusedMatmulArgs& a, int sm_count);
+
+// cudaErrorInvalidValue for m outside [1, kFusedMaxRows] or inconsistent arguments.
+cudaError_t LaunchFusedMatmul(const FusedMatmulArgs& a, cudaStream_t stream);
+
+// qkv [rows, q_cols + 2 * kv_heads * head_dim]; q [rows, q_cols]; caches [slots, kv_heads,
+// seq, head_dim]; inv_freq [head_dim / 2]. Rotates the q and k heads (as LaunchRope), writes
+// q and stores k and v at (row, pos[row]) of the caches (as LaunchKvWrite).
+cudaError_t LaunchRopeKvWrite(const void* qkv, const int32_t* pos, const float* inv_freq,
+                              void* q, void* k_cache, void* v_cache, int64_t rows,
+                              int64_t q_cols, int64_t kv_heads, int64_t seq, int head_dim,
+                              bool interleaved, DType dtype, uint32_t* error_flags,
+                              cudaStream_t stream);
+
+}  // namespace sg::kernels
+
+#endif  // STEPGRAPH_KERNELS_FUSED_MATMUL_CUH_

@@ -1,0 +1,463 @@
+// The graph passes: what they fuse (node counts and op mixes, including the Llama-3.2-1B
+// shape's step), what they must leave alone (biases, quantized weights, logits that are
+// read), switches, and that a fused graph computes what the plain graph computes on the
+// CPU reference: the fused ops are defined with the plain ops' roundings, so outputs and
+// written caches are compared bit for bit, from random inputs and weights, into poisoned
+// arenas.
+#include "stepgraph/passes.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "models/llama.h"
+#include "stepgraph/builder.h"
+#include "stepgraph/cpu_dispatch.h"
+#include "stepgraph/executor.h"
+#include "stepgraph/plan.h"
+#include "tests/testing/util.h"
+
+namespace sg {
+namespace {
+
+using testing::HostTensor;
+
+std::map<std::string, int> OpCounts(const Graph& g) {
+  std::map<std::string, int> counts;
+  for (const Node& n : g.nodes()) ++counts[std::string(OpName(n.op))];
+  return counts;
+}
+
+LlamaGraphOptions DecodeOptions(bool closed_loop, int64_t batch = 1) {
+  LlamaGraphOptions o;
+  o.batch = batch;
+  o.max_seq = 64;
+  o.closed_loop = closed_loop;
+  return o;
+}
+
+TEST(PassesTest, Llama1BStepHasAtMost100Nodes) {
+  const LlamaConfig c = Llama32_1BConfig();
+  // Open loop, logits read: the plain step has embedding, 17 nodes per layer, final norm,
+  // lm head and argmax; the fused one 6 per layer (qkv, rope_kv_write, attention, o,
+  // gate_up, down) and lm head + argmax.
+  absl::StatusOr<Graph> plain = BuildLlamaDecodeGraph(c, DecodeOptions(false));
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_EQ(plain->num_nodes(), 1 + 16 * 17 + 3);
+  absl::StatusOr<Graph> fused = RunPasses(*plain);
+  ASSERT_TRUE(fused.ok()) << fused.status();
+  EXPECT_EQ(fused->num_nodes(), 99) << fused->ToString();
+  std::map<std::string, int> ops = OpCounts(*fused);
+  EXPECT_EQ(ops["FusedMatMul"], 16 * 4 + 1);
+  EXPECT_EQ(ops["RopeKvWrite"], 16);
+  EXPECT_EQ(ops["Attention"], 16);
+  EXPECT_EQ(ops["Argmax"], 1);
+  EXPECT_EQ(ops["Embedding"], 1);
+  EXPECT_EQ(ops.count("MatMul") + ops.count("RmsNorm") + ops.count("Add") +
+                ops.count("Rope") + ops.count("KvWrite") + ops.count("SiluMul"),
+            0u);
+
+  // The closed loop (the session's step) with the logits unread: the lm head chooses the
+  // id itself, 100 nodes.
+  absl::StatusOr<Graph> loop = BuildLlamaDecodeGraph(c, DecodeOptions(true));
+  ASSERT_TRUE(loop.ok());
+  PassOptions unread;
+  unread.unread_outputs = {kLogitsOutput};
+  absl::StatusOr<Graph> loop_fused = RunPasses(*loop, unread);
+  ASSERT_TRUE(loop_fused.ok()) << loop_fused.status();
+  EXPECT_EQ(loop_fused->num_nodes(), 100);
+  EXPECT_EQ(OpCounts(*loop_fused)["Argmax"], 0);
+  EXPECT_FALSE(loop_fused->FindOutput(kLogitsOutput).ok());
+  // With the logits read they stay a MatMul output and the argmax stays a node: 101.
+  absl::StatusOr<Graph> loop_logits = RunPasses(*loop);
+  ASSERT_TRUE(loop_logits.ok());
+  EXPECT_EQ(loop_logits->num_nodes(), 101);
+  EXPECT_TRUE(loop_logits->FindOutput(kLogitsOutput).ok());
+}
+
+TEST(PassesTest, EachPassCanBeSwitchedOff) {
+  absl::StatusOr<Graph> plain = BuildLlamaDecodeGraph(TinyLlamaConfig(), DecodeOptions(true));
+  ASSERT_TRUE(plain.ok());
+  PassOptions none;
+  none.enabled = false;
+  absl::StatusOr<Graph> same = RunPasses(*plain, none);
+  ASSERT_TRUE(same.ok());
+  EXPECT_EQ(same->num_nodes(), plain->num_nodes());
+  for (const std::string& name : PassNames()) {
+    PassOptions o;
+    o.disabled = {name};
+    absl::StatusOr<Graph> g = RunPasses(*plain, o);
+    ASSERT_TRUE(g.ok()) << name << ": " << g.status();
+    EXPECT_GT(g->num_nodes(), 0);
+    EXPECT_TRUE(g->Validate().ok());
+    // Only this pass: something changes for every pass but lm_head_argmax (logits read).
+    absl::StatusOr<Graph> one = RunPass(name, *plain);
+    ASSERT_TRUE(one.ok()) << name << ": " << one.status();
+    if (name != "lm_head_argmax") {
+      EXPECT_LT(one->num_nodes(), plain->num_nodes()) << name;
+    }
+  }
+  PassOptions bad;
+  bad.disabled = {"no_such_pass"};
+  EXPECT_EQ(RunPasses(*plain, bad).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(RunPass("no_such_pass", *plain).status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST(PassesTest, ParsePassList) {
+  absl::StatusOr<PassOptions> all = ParsePassList("all");
+  ASSERT_TRUE(all.ok());
+  EXPECT_TRUE(all->enabled);
+  EXPECT_TRUE(all->disabled.empty());
+  absl::StatusOr<PassOptions> none = ParsePassList("none");
+  ASSERT_TRUE(none.ok());
+  EXPECT_FALSE(none->enabled);
+  absl::StatusOr<PassOptions> skip = ParsePassList("-residual_add,-lm_head_argmax");
+  ASSERT_TRUE(skip.ok());
+  EXPECT_EQ(skip->disabled.size(), 2u);
+  EXPECT_TRUE(skip->disabled.contains("residual_add"));
+  absl::StatusOr<PassOptions> only = ParsePassList("norm_into_matmul");
+  ASSERT_TRUE(only.ok());
+  EXPECT_EQ(only->disabled.size(), PassNames().size() - 1);
+  EXPECT_FALSE(only->disabled.contains("norm_into_matmul"));
+  EXPECT_FALSE(ParsePassList("bogus").ok());
+  EXPECT_FALSE(ParsePassList("residual_add,-lm_head_argmax").ok());
+}
+
+TEST(PassesTest, LeavesBiasAndQuantizedMatmulsAlone) {
+  LlamaConfig c = TinyLlamaConfig();
+  c.attention_bias = true;
+  c.mlp_bias = true;
+  absl::StatusOr<Graph> biased = BuildLlamaDecodeGraph(c, DecodeOptions(false));
+  ASSERT_TRUE(biased.ok()) << biased.status();
+  absl::StatusOr<Graph> fused = RunPasses(*biased);
+  ASSERT_TRUE(fused.ok()) << fused.status();
+  EXPECT_EQ(OpCounts(*fused)["FusedMatMul"], 1);  // the lm head and its norm only
+  EXPECT_EQ(OpCounts(*fused)["MatMul"], 7 * c.num_hidden_layers);
+
+  LlamaConfig q = TinyLlamaConfig();
+  q.intermediate_size = 704;  // whole Q8_0 blocks
+  for (int64_t l = 0; l < q.num_hidden_layers; ++l) {
+    for (const char* w : {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
+                          "self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"}) {
+      q.weight_dtypes[absl::StrCat("model.layers.", l, ".", w, ".weight")] = DType::kQ8_0;
+    }
+  }
+  absl::StatusOr<Graph> quant = BuildLlamaDecodeGraph(q, DecodeOptions(false));
+  ASSERT_TRUE(quant.ok()) << quant.status();
+  absl::StatusOr<Graph> qf = RunPasses(*quant);
+  ASSERT_TRUE(qf.ok()) << qf.status();
+  for (const Node& n : qf->nodes()) {
+    if (const auto* f = std::get_if<ops::FusedMatMul>(&n.op)) {
+      for (TensorId in : n.inputs) EXPECT_FALSE(IsQuantized(qf->tensor(in).dtype)) << n.name;
+      (void)f;
+    }
+  }
+  EXPECT_EQ(OpCounts(*qf)["MatMul"], 7 * q.num_hidden_layers);
+  EXPECT_EQ(OpCounts(*qf)["RmsNorm"], 2 * q.num_hidden_layers);
+}
+
+// ---- Fused == plain on the CPU reference -------------------------------------------------
+
+// Runs `g` on the CPU reference with every bound tensor taken (copied) from `bound` by
+// name, an arena poisoned with NaN, and returns every graph output and every State by
+// name, as bytes.
+std::map<std::string, std::vector<std::byte>> RunOnCpu(
+    const Graph& g, const std::map<std::string, HostTensor>& bound) {
+  std::map<std::string, std::vector<std::byte>> result;
+  absl::StatusOr<ExecutionPlan> plan = ExecutionPlan::Create(g);
+  EXPECT_TRUE(plan.ok()) << plan.status();
+  if (!plan.ok()) return result;
+  std::map<std::string, HostTensor> copies;
+  Bindings bind(plan->graph());
+  for (const Tensor& t : plan->graph().tensors()) {
+    if (t.kind == TensorKind::kIntermediate) continue;
+    const HostTensor& src = bound.at(t.name);
+    HostTensor copy(src.dtype(), src.shape());
+    std::memcpy(copy.data(), src.data(), src.bytes());
+    auto [it, _] = copies.emplace(t.name, std::move(copy));
+    EXPECT_TRUE(bind.Bind(t.name, it->second.data(), it->second.bytes()).ok());
+  }
+  HostTensor arena(DType::kF32, Shape{std::max<int64_t>(1, plan->arena_bytes() / 4 + 1)});
+  arena.Poison();
+  bind.SetArena(arena.data(), plan->arena_bytes());
+  CpuDispatch cpu(CpuDispatch::Options{.threads = 2});
+  absl::StatusOr<ExecStats> stats = Execute(*plan, bind, cpu);
+  EXPECT_TRUE(stats.ok()) << stats.status();
+  if (!stats.ok()) return result;
+  auto save = [&](const std::string& name, int32_t index) {
+    const TensorArg a = ResolveTensor(*plan, bind, index);
+    const auto* p = static_cast<const std::byte*>(a.data);
+    result[name] = std::vector<std::byte>(p, p + a.bytes());
+  };
+  for (const GraphOutput& o : plan->graph().outputs()) save(o.name, o.tensor.index);
+  for (int32_t i = 0; i < plan->graph().num_tensors(); ++i) {
+    const Tensor& t = plan->graph().tensors()[i];
+    if (t.kind == TensorKind::kState) save(t.name, i);
+  }
+  result["error_flags"] = std::vector<std::byte>(4, std::byte{0});
+  const uint32_t flags = cpu.TakeErrorFlags();
+  std::memcpy(result["error_flags"].data(), &flags, 4);
+  return result;
+}
+
+// Random values for every bound tensor of `g` (never zeros; norm weights near 1; ids and
+// positions from the given lists).
+std::map<std::string, HostTensor> RandomBound(const Graph& g, uint64_t seed,
+                                              const std::vector<int32_t>& ids,
+                                              const std::vector<int32_t>& pos) {
+  std::map<std::string, HostTensor> bound;
+  uint64_t k = 0;
+  for (const Tensor& t : g.tensors()) {
+    if (t.kind == TensorKind::kIntermediate) continue;
+    HostTensor h(t.dtype, t.shape);
+    ++k;
+    if (t.name == kIdsInput || t.name == kPosInput) {
+      const std::vector<int32_t>& v = t.name == kIdsInput ? ids : pos;
+      std::memcpy(h.data(), v.data(), h.bytes());
+    } else if (t.dtype == DType::kI32) {
+      h.FillUniform(seed * 7919 + k, 0, 100);
+    } else if (t.name.find("norm") != std::string::npos) {
+      h.FillUniform(seed * 7919 + k, 0.5f, 1.5f);
+    } else {
+      h.FillUniform(seed * 7919 + k, -0.5f, 0.5f);
+    }
+    bound.emplace(t.name, std::move(h));
+  }
+  return bound;
+}
+
+void ExpectSameResults(const Graph& plain, const Graph& fused,
+                       const std::map<std::string, HostTensor>& bound) {
+  const auto a = RunOnCpu(plain, bound);
+  const auto b = RunOnCpu(fused, bound);
+  ASSERT_FALSE(a.empty());
+  for (const auto& [name, bytes] : b) {
+    SCOPED_TRACE(name);
+    ASSERT_TRUE(a.contains(name));
+    EXPECT_EQ(bytes, a.at(name)) << "fused and plain differ";
+  }
+  // Every State and output of the fused graph was compared; the plain graph has no
+  // others but dropped outputs.
+  EXPECT_GE(a.size(), b.size());
+}
+
+struct RandomConfig {
+  LlamaConfig config;
+  int64_t batch;
+  bool closed_loop;
+};
+
+std::vector<RandomConfig> RandomConfigs() {
+  std::vector<RandomConfig> out;
+  std::mt19937 rng(20261123);
+  for (int i = 0; i < 9; ++i) {
+    LlamaConfig c = TinyLlamaConfig();
+    const DType types[] = {DType::kF32, DType::kBF16, DType::kF16};
+    c.dtype = types[i % 3];
+    const int64_t kv = 1 + static_cast<int64_t>(rng() % 3);
+    const int64_t group = 1 + static_cast<int64_t>(rng() % 3);
+    c.num_key_value_heads = kv;
+    c.num_attention_heads = kv * group;
+    c.head_dim = 8 * (1 + static_cast<int64_t>(rng() % 4));
+    c.hidden_size = 16 * (2 + static_cast<int64_t>(rng() % 6)) + (i == 4 ? 8 : 0);
+    c.intermediate_size = 24 + static_cast<int64_t>(rng() % 40);
+    c.num_hidden_layers = 1 + static_cast<int64_t>(rng() % 3);
+    c.vocab_size = 97 + static_cast<int64_t>(rng() % 200);
+    c.tie_word_embeddings = i % 2 == 0;
+    if (i % 4 == 1) c.rope_scaling = {ops::RopeScaling::Type::kLlama3, 8.0f, 1.0f, 4.0f, 64};
+    out.push_back({c, 1 + static_cast<int64_t>(rng() % 3), i % 2 == 1});
+  }
+  return out;
+}
+
+TEST(PassesTest, FusedEqualsPlainOnRandomConfigs) {
+  int index = 0;
+  for (const RandomConfig& rc : RandomConfigs()) {
+    SCOPED_TRACE(absl::StrCat("config ", index, " ", DTypeName(rc.config.dtype), " h=",
+                              rc.config.hidden_size, " heads=", rc.config.num_attention_heads,
+                              "/", rc.config.num_key_value_heads, " d=", rc.config.head_dim,
+                              " batch=", rc.batch));
+    LlamaGraphOptions o;
+    o.batch = rc.batch;
+    o.slots = rc.batch + 1;
+    o.max_seq = 16;
+    o.closed_loop = rc.closed_loop;
+    absl::StatusOr<Graph> plain = BuildLlamaDecodeGraph(rc.config, o);
+    ASSERT_TRUE(plain.ok()) << plain.status();
+    std::vector<int32_t> ids, pos;
+    for (int64_t r = 0; r < rc.batch; ++r) {
+      ids.push_back(static_cast<int32_t>((r * 31 + index) % rc.config.vocab_size));
+      // A padding row and an out-of-range position among the rows, where there are rows.
+      pos.push_back(r == 1 ? -1 : r == 2 ? 16 : static_cast<int32_t>(3 + r + index));
+    }
+    const auto bound = RandomBound(*plain, 100 + index, ids, pos);
+    for (bool logits_read : {true, false}) {
+      PassOptions options;
+      if (!logits_read) options.unread_outputs = {kLogitsOutput};
+      absl::StatusOr<Graph> fused = RunPasses(*plain, options);
+      ASSERT_TRUE(fused.ok()) << fused.status();
+      EXPECT_LT(fused->num_nodes(), plain->num_nodes());
+      ExpectSameResults(*plain, *fused, bound);
+    }
+    ++index;
+  }
+}
+
+TEST(PassesTest, FusedOpsOnOddShapesEqualPlain) {
+  // A hand-made graph: norm read by three matmuls (one of them not part of a q/k/v
+  // pattern), gate/up with SiluMul, a residual add with the matmul on the left.
+  for (DType t : {DType::kF32, DType::kBF16, DType::kF16}) {
+    SCOPED_TRACE(DTypeName(t));
+    GraphBuilder b;
+    const int64_t m = 3, k = 37, n = 19;
+    TensorId x = b.Input("x", t, {m, k});
+    TensorId nx = b.RmsNorm(x, b.Weight("norm.w", t, {k}), 1e-5f, "norm");
+    TensorId g = b.MatMul(nx, b.Weight("gate", t, {n, k}), "gate_mm");
+    TensorId u = b.MatMul(nx, b.Weight("up", t, {n, k}), "up_mm");
+    TensorId s = b.SiluMul(g, u, "act");
+    TensorId d = b.MatMul(s, b.Weight("down", t, {k, n}), "down_mm");
+    TensorId r = b.Add(d, x, "residual");
+    TensorId other = b.MatMul(nx, b.Weight("other", t, {5, k}), "other_mm");
+    b.Output("r", r);
+    b.Output("other", other);
+    b.Output("ids", b.Argmax(b.MatMul(r, b.Weight("head", t, {29, k}), "head_mm"), "pick"));
+    absl::StatusOr<Graph> plain = std::move(b).Build();
+    ASSERT_TRUE(plain.ok()) << plain.status();
+    absl::StatusOr<Graph> fused = RunPasses(*plain);
+    ASSERT_TRUE(fused.ok()) << fused.status();
+    const std::map<std::string, int> ops = OpCounts(*fused);
+    EXPECT_EQ(ops.count("RmsNorm"), 0u) << fused->ToString();
+    EXPECT_EQ(ops.count("SiluMul"), 0u);
+    EXPECT_EQ(ops.count("Add"), 0u);
+    EXPECT_EQ(ops.count("Argmax"), 0u);
+    EXPECT_EQ(ops.at("FusedMatMul"), 4);
+    ExpectSameResults(*plain, *fused, RandomBound(*plain, 5, {}, {}));
+  }
+}
+
+TEST(PassesTest, CpuFusedMatMulTakesQuantizedWeights) {
+  // The passes leave quantized matmuls plain, but the reference defines the fused op for
+  // them too: built by hand, it equals MatMul then Add to the bit.
+  for (DType q : {DType::kQ8_0, DType::kQ4_K}) {
+    SCOPED_TRACE(DTypeName(q));
+    const int64_t m = 2, k = 256, n = 24;
+    GraphBuilder plain;
+    {
+      TensorId x = plain.Input("x", DType::kF32, {m, k});
+      TensorId y = plain.MatMul(x, plain.Weight("w", q, {n, k}), "mm");
+      plain.Output("y", plain.Add(plain.Input("residual", DType::kF32, {m, n}), y, "add"));
+    }
+    GraphBuilder fused;
+    {
+      TensorId x = fused.Input("x", DType::kF32, {m, k});
+      fused.Output("y", fused.FusedMatMul({.epilogue = ops::FusedMatMul::Epilogue::kAdd},
+                                          {x, fused.Weight("w", q, {n, k}),
+                                           fused.Input("residual", DType::kF32, {m, n})},
+                                          "fused"));
+    }
+    absl::StatusOr<Graph> a = std::move(plain).Build();
+    absl::StatusOr<Graph> b = std::move(fused).Build();
+    ASSERT_TRUE(a.ok()) << a.status();
+    ASSERT_TRUE(b.ok()) << b.status();
+    ExpectSameResults(*a, *b, RandomBound(*a, 9, {}, {}));
+  }
+}
+
+TEST(PassesTest, RopeKvWriteEqualsRopeAndKvWrites) {
+  // Rows: a live one, a padding row (pos -1: q unrotated, no cache write) and one past the
+  // cache (q rotated, no write, the error flag raised), as the plain ops do.
+  for (DType t : {DType::kF32, DType::kBF16}) {
+    SCOPED_TRACE(DTypeName(t));
+    const int64_t rows = 3, kvh = 2, d = 16, seq = 8, h = 4;
+    ops::Rope rope{.head_dim = static_cast<int32_t>(d), .theta = 10000.0f};
+    rope.scaling = {ops::RopeScaling::Type::kLlama3, 8.0f, 1.0f, 4.0f, 64};
+    GraphBuilder plain;
+    {
+      TensorId pos = plain.Input("pos", DType::kI32, {rows});
+      TensorId q = plain.Input("q_in", t, {rows, h * d});
+      TensorId k = plain.Input("k_in", t, {rows, kvh * d});
+      TensorId v = plain.Input("v_in", t, {rows, kvh * d});
+      TensorId kc = plain.State("kc", t, {rows, kvh, seq, d});
+      TensorId vc = plain.State("vc", t, {rows, kvh, seq, d});
+      plain.Output("q", plain.Rope(q, pos, rope, "rq"));
+      plain.KvWrite(plain.Rope(k, pos, rope, "rk"), pos, kc, "kw");
+      plain.KvWrite(v, pos, vc, "vw");
+    }
+    absl::StatusOr<Graph> a = std::move(plain).Build();
+    ASSERT_TRUE(a.ok()) << a.status();
+    auto bound = RandomBound(*a, 3, {}, {4, -1, 9});
+    // The fused graph reads q, k and v side by side.
+    HostTensor qkv(t, Shape{rows, (h + 2 * kvh) * d});
+    for (int64_t r = 0; r < rows; ++r) {
+      int64_t c = 0;
+      for (const char* part : {"q_in", "k_in", "v_in"}) {
+        const HostTensor& src = bound.at(part);
+        const int64_t cols = src.shape()[1];
+        const int64_t e = DTypeBytes(t);
+        std::memcpy(static_cast<std::byte*>(qkv.data()) + (r * qkv.shape()[1] + c) * e,
+                    static_cast<const std::byte*>(src.data()) + r * cols * e, cols * e);
+        c += cols;
+      }
+    }
+    GraphBuilder fused;
+    {
+      TensorId q = fused.RopeKvWrite(fused.Input("qkv", t, {rows, (h + 2 * kvh) * d}),
+                                     fused.Input("pos", DType::kI32, {rows}),
+                                     fused.State("kc", t, {rows, kvh, seq, d}),
+                                     fused.State("vc", t, {rows, kvh, seq, d}), rope, "fused");
+      fused.Output("q", q);
+    }
+    absl::StatusOr<Graph> b = std::move(fused).Build();
+    ASSERT_TRUE(b.ok()) << b.status();
+    bound.emplace("qkv", std::move(qkv));
+    const auto want = RunOnCpu(*a, bound);
+    const auto got = RunOnCpu(*b, bound);
+    for (const char* name : {"q", "kc", "vc", "error_flags"}) {
+      SCOPED_TRACE(name);
+      ASSERT_TRUE(want.contains(name) && got.contains(name));
+      EXPECT_EQ(got.at(name), want.at(name));
+    }
+    uint32_t flags = 0;
+    std::memcpy(&flags, got.at("error_flags").data(), 4);
+    EXPECT_NE(flags, 0u) << "position 9 is past a cache of 8";
+  }
+}
+
+TEST(PassesTest, FusedOpsRejectBadShapes) {
+  GraphBuilder b;
+  TensorId x = b.Input("x", DType::kF32, {2, 8});
+  TensorId w1 = b.Weight("w1", DType::kF32, {4, 8});
+  TensorId w2 = b.Weight("w2", DType::kF32, {5, 8});
+  // SiluMul needs two weights of equal N.
+  b.FusedMatMul({.weights = 2, .epilogue = ops::FusedMatMul::Epilogue::kSiluMul}, {x, w1, w2});
+  EXPECT_EQ(b.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(b.status().message().find("silu_mul"), std::string::npos) << b.status();
+
+  GraphBuilder c;
+  TensorId cx = c.Input("x", DType::kF32, {2, 8});
+  TensorId bad = c.Weight("w", DType::kF32, {4, 9});
+  c.FusedMatMul({}, {cx, bad});
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
+
+  GraphBuilder r;
+  TensorId qkv = r.Input("qkv", DType::kF32, {1, 40});
+  TensorId pos = r.Input("pos", DType::kI32, {1});
+  TensorId kc = r.State("kc", DType::kF32, {1, 2, 16, 8});
+  TensorId vc = r.State("vc", DType::kF32, {1, 2, 16, 8});
+  ops::Rope rope;
+  rope.head_dim = 8;
+  TensorId q = r.RopeKvWrite(qkv, pos, kc, vc, rope);  // 40 - 2·16 = 8 columns of q
+  ASSERT_TRUE(r.status().ok()) << r.status();
+  (void)q;
+  TensorId qkv2 = r.Input("qkv2", DType::kF32, {1, 36});
+  r.RopeKvWrite(qkv2, pos, kc, vc, rope);  // 4 columns of q: not whole heads
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace sg
