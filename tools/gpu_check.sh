@@ -3,7 +3,7 @@
 # benchmarks, write every log under $OUT (or /tmp/sg-out), and print a short table last.
 # The machine has no Abseil: Debian's packages are carried in .device-deps/ and unpacked
 # under /tmp/deps (fetch them with:
-#   mkdir -p .device-deps && (cd .device-deps && apt-get download libabsl-dev libabsl20220623 nlohmann-json3-dev)).
+#   mkdir -p .device-deps && (cd .device-deps && apt-get download libabsl-dev libabsl20220623 nlohmann-json3-dev libpcre2-dev libpcre2-8-0)).
 # Usage: tools/gpu_check.sh [tests|bench|all] [ctest -R regex] [benchmark filter]
 # Environment: SG_TARGETS (targets to build), SG_BENCHES (benchmarks to run),
 # SG_BENCH_TIMEOUT (seconds per benchmark, default 240).
@@ -18,6 +18,9 @@ if [[ -d .device-deps ]]; then
   mkdir -p /tmp/deps
   for f in .device-deps/*.deb; do dpkg -x "$f" /tmp/deps; done
   export LD_LIBRARY_PATH=/tmp/deps/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  # PCRE2's pkg-config file names /usr; the sysroot points it at the unpacked copy.
+  export PKG_CONFIG_PATH=/tmp/deps/usr/lib/x86_64-linux-gnu/pkgconfig
+  export PKG_CONFIG_SYSROOT_DIR=/tmp/deps
   prefix=(-DCMAKE_PREFIX_PATH=/tmp/deps/usr)
 else
   prefix=()

@@ -717,9 +717,6 @@ int Run(const Args& a) {
   }
   if (!stream.has_value()) progress.Done();
   const double gen_ms = MsSince(t0);
-  for (size_t b = 0; b < ids->size(); ++b) {
-    (*ids)[b].insert((*ids)[b].begin(), first[b].begin(), first[b].end());
-  }
 
   if (stream.has_value()) {
     std::printf("%s\n", stream->Finish().c_str());
