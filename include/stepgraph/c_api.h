@@ -3,6 +3,14 @@
 // Julia, ...). This header is the single source of truth for the signatures; it compiles
 // as C99 and as C++, and exposes nothing but C types.
 //
+// It is also the one list of the library's functions: the build reads the declarations
+// below (each one `STEPGRAPH_C_EXPORT` or `STEPGRAPH_C_HOST`, a return type, the name and
+// its parameters, ending in `STEPGRAPH_C_NOEXCEPT;`) and derives from them the entry points
+// of both builds, the export check, the dlopen test's symbol list, the C header check and
+// the Python and Rust signature checks (dispatch/c_api/c_api_list.cmake). Adding a
+// function is its declaration here, its argument check (dispatch/c_api/c_api_checks.cc)
+// and its launch (dispatch/c_api/c_api_cuda.cc).
+//
 // Conventions, for every function below unless it says otherwise:
 //   - Tensor pointers are device memory (cudaMalloc or managed), row-major and dense,
 //     aligned to their element size. `const` pointers are read, the others written.
@@ -27,10 +35,10 @@
 // thread (cudaGetLastError semantics); after an error that CUDA calls sticky (an illegal
 // address, say) the process's CUDA context is unusable and every later call fails.
 //
-// A build without CUDA (STEPGRAPH_WITH_CUDA=OFF) links this header against a stub in which
-// every function that would touch the GPU returns STEPGRAPH_ERROR_NO_CUDA whatever its
-// arguments. stepgraph_abi_version, stepgraph_error_string and stepgraph_rope_inv_freq run
-// on the host only and behave the same in both builds.
+// A build without CUDA (STEPGRAPH_WITH_CUDA=OFF) has the same functions: the argument
+// checks are the same code, and a call whose arguments pass returns STEPGRAPH_ERROR_NO_CUDA
+// there (bindings take that code as "use a CPU fallback"). The functions marked
+// STEPGRAPH_C_HOST run on the host only and behave the same in both builds.
 //
 // The functions keep no state, take no locks and are safe to call from any thread.
 #ifndef STEPGRAPH_C_API_H_
@@ -43,6 +51,8 @@
 #else
 #define STEPGRAPH_C_EXPORT
 #endif
+// Exported as well; marks the functions that never touch a device.
+#define STEPGRAPH_C_HOST STEPGRAPH_C_EXPORT
 
 #ifdef __cplusplus
 #define STEPGRAPH_C_NOEXCEPT noexcept
@@ -52,7 +62,7 @@ extern "C" {
 #endif
 
 // Bumped whenever a signature or a meaning below changes.
-#define STEPGRAPH_C_API_VERSION 1
+#define STEPGRAPH_C_API_VERSION 2
 
 // Return codes.
 #define STEPGRAPH_OK 0
@@ -69,7 +79,7 @@ extern "C" {
 #define STEPGRAPH_I32 3
 
 // Bits of *error_flags (the same as sg::ErrorFlag).
-#define STEPGRAPH_FLAG_TOKEN_OUT_OF_RANGE 1u     // embedding id outside [0, vocab): zero row
+#define STEPGRAPH_FLAG_TOKEN_OUT_OF_RANGE 1u  // embedding id outside [0, vocab): zero row
 #define STEPGRAPH_FLAG_POSITION_OUT_OF_RANGE 2u  // kv_write / attention pos >= seq_len
 
 // Limits.
@@ -82,11 +92,11 @@ extern "C" {
 #define STEPGRAPH_ROPE_SCALING_LLAMA3 1
 
 // STEPGRAPH_C_API_VERSION of the library actually loaded (compare with the header's).
-STEPGRAPH_C_EXPORT int32_t stepgraph_abi_version(void) STEPGRAPH_C_NOEXCEPT;
+STEPGRAPH_C_HOST int32_t stepgraph_abi_version(void) STEPGRAPH_C_NOEXCEPT;
 
 // A static, never-NULL English description of a return code ("unknown error code" for
 // others).
-STEPGRAPH_C_EXPORT const char* stepgraph_error_string(int32_t code) STEPGRAPH_C_NOEXCEPT;
+STEPGRAPH_C_HOST const char* stepgraph_error_string(int32_t code) STEPGRAPH_C_NOEXCEPT;
 
 // out[i, :] = table[ids[i], :]. table [vocab, hidden], ids [rows] int32, out [rows, hidden].
 // An id outside [0, vocab) writes a zero row and raises STEPGRAPH_FLAG_TOKEN_OUT_OF_RANGE.
@@ -126,11 +136,13 @@ STEPGRAPH_C_EXPORT int32_t stepgraph_silu_mul(const void* gate, const void* up, 
 
 // Host only: writes the head_dim / 2 RoPE inverse frequencies, computed in f32 exactly as
 // Hugging Face does, to the HOST array inv_freq (copy them to the device for
-// stepgraph_rope). head_dim even and positive, theta > 0. scaling is
+// stepgraph_rope). head_dim even, in [2, 65536]; theta finite and >= 1 (a smaller base
+// makes frequencies grow with the dimension, and a tiny one overflows them). scaling is
 // STEPGRAPH_ROPE_SCALING_NONE (the last four arguments are then ignored) or
 // STEPGRAPH_ROPE_SCALING_LLAMA3 ("rope_type": "llama3": factor > 0, low_freq_factor > 0,
-// high_freq_factor > low_freq_factor, original_max_position > 0).
-STEPGRAPH_C_EXPORT int32_t stepgraph_rope_inv_freq(int32_t head_dim, float theta,
+// high_freq_factor > low_freq_factor, all finite, original_max_position > 0). A table with
+// a value that is not finite is refused and nothing is written.
+STEPGRAPH_C_HOST int32_t stepgraph_rope_inv_freq(int32_t head_dim, float theta,
                                                    int32_t scaling, float factor,
                                                    float low_freq_factor,
                                                    float high_freq_factor,
@@ -141,7 +153,8 @@ STEPGRAPH_C_EXPORT int32_t stepgraph_rope_inv_freq(int32_t head_dim, float theta
 // (j, j + head_dim/2) of each head (Hugging Face's rotate_half), or (2j, 2j + 1) when
 // interleaved is 1, turn by pos[i] · inv_freq[j]. pos [rows] int32 (a row with pos < 0 is
 // copied unchanged); inv_freq [head_dim / 2] f32 on the device; y [rows, cols].
-// cols a multiple of head_dim, head_dim even; interleaved 0 or 1. Float dtypes.
+// cols a multiple of head_dim, head_dim even and at most 65536; interleaved 0 or 1. Float
+// dtypes.
 STEPGRAPH_C_EXPORT int32_t stepgraph_rope(const void* x, const int32_t* pos,
                                           const float* inv_freq, void* y, int64_t rows,
                                           int64_t cols, int64_t head_dim, int32_t interleaved,
@@ -174,7 +187,7 @@ STEPGRAPH_C_EXPORT int32_t stepgraph_attention_workspace_bytes(int64_t rows, int
 // kv_heads). q and out [rows, heads · head_dim], pos [rows] int32. A row with pos < 0 gets
 // zeros; pos >= seq_len gets zeros and raises STEPGRAPH_FLAG_POSITION_OUT_OF_RANGE.
 // rows <= 65535; heads a multiple of kv_heads; head_dim even and at most
-// STEPGRAPH_ATTENTION_MAX_HEAD_DIM; scale finite (usually 1 / sqrt(head_dim)); q, the
+// STEPGRAPH_ATTENTION_MAX_HEAD_DIM; scale finite and > 0 (usually 1 / sqrt(head_dim)); q, the
 // caches and out aligned to two elements. Float dtypes.
 // workspace: NULL (workspace_bytes 0) runs each (row, head) in one block, which is slow
 // for long contexts; otherwise a 16-byte aligned device buffer of workspace_bytes bytes
