@@ -200,7 +200,7 @@ void BM_Attention(benchmark::State& state, int64_t m, int64_t seq) {
     b.Output("out", b.Attention(q, k, v, pos));
     SG_ASSIGN_OR_RETURN(Graph graph, std::move(b).Build());
     SG_ASSIGN_OR_RETURN(ExecutionPlan plan, ExecutionPlan::Create(std::move(graph)));
-    SG_RETURN_IF_ERROR(g->dispatch->Prepare(plan));
+    SG_ASSIGN_OR_RETURN(const PreparedPlan prepared, g->dispatch->Prepare(plan));
     const int64_t cache_elems = m * kKvHeads * seq * kHeadDim;
     const int n = Copies(2 * cache_elems * 2);
     SG_ASSIGN_OR_RETURN(DeviceMemory pos_buf, Upload(DType::kI32, m, 0, 0, static_cast<int32_t>(seq - 1)));
@@ -226,7 +226,7 @@ void BM_Attention(benchmark::State& state, int64_t m, int64_t seq) {
     const double bytes = 2.0 * m * kKvHeads * seq * kHeadDim * 2 + 2.0 * m * kHeads * kHeadDim * 2;
     return TimeCaptured(
         state, n,
-        [&](int i) -> absl::Status { return Execute(plan, binds[i], *g->dispatch).status(); },
+        [&](int i) -> absl::Status { return Execute(prepared, binds[i], *g->dispatch).status(); },
         "Attention", absl::StrCat("M", m, "/S", seq), bytes);
   }();
   if (!s.ok()) Fail(state, s);
@@ -290,7 +290,7 @@ void BM_Choose(benchmark::State& state, int64_t m, bool argmax, ops::Sample op, 
     }
     SG_ASSIGN_OR_RETURN(Graph graph, std::move(b).Build());
     SG_ASSIGN_OR_RETURN(ExecutionPlan plan, ExecutionPlan::Create(std::move(graph)));
-    SG_RETURN_IF_ERROR(g->dispatch->Prepare(plan));
+    SG_ASSIGN_OR_RETURN(const PreparedPlan prepared, g->dispatch->Prepare(plan));
     const int n = Copies(m * kVocab * 2);
     SG_ASSIGN_OR_RETURN(DeviceMemory seeds, Upload(DType::kI32, m, 0, 0, 1234));
     SG_ASSIGN_OR_RETURN(DeviceMemory pos, Upload(DType::kI32, m, 0, 0, 77));
@@ -312,7 +312,7 @@ void BM_Choose(benchmark::State& state, int64_t m, bool argmax, ops::Sample op, 
     }
     return TimeCaptured(
         state, n,
-        [&](int i) -> absl::Status { return Execute(plan, binds[i], *g->dispatch).status(); },
+        [&](int i) -> absl::Status { return Execute(prepared, binds[i], *g->dispatch).status(); },
         argmax ? "Argmax" : "Sample", absl::StrCat("M", m, "/V128256", label), m * kVocab * 2.0);
   }();
   if (!s.ok()) Fail(state, s);
@@ -369,7 +369,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   context.stream = *std::move(stream);
-  absl::StatusOr<std::unique_ptr<sg::CudaDispatch>> dispatch = sg::CudaDispatch::Create(context.stream.get());
+  absl::StatusOr<std::unique_ptr<sg::CudaDispatch>> dispatch = sg::CudaDispatch::Create({.stream = context.stream.get()});
   if (!dispatch.ok()) {
     std::fprintf(stderr, "attention_bench: %s\n", std::string(dispatch.status().message()).c_str());
     return 1;

@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -79,13 +80,15 @@ struct Row {
 };
 std::map<std::string, Row> g_rows;
 
-// Times `steps` launches of `step` by events on its stream; returns µs per launch.
-absl::StatusOr<double> TimeSteps(CapturedStep& step, int steps) {
+// Times `steps` runs of `run` (each enqueues one step on `stream`) by events on the
+// stream; returns µs per step.
+absl::StatusOr<double> TimeSteps(const std::function<absl::Status()>& run, cudaStream_t stream,
+                                 int steps) {
   SG_ASSIGN_OR_RETURN(UniqueEvent start, CreateEvent("start"));
   SG_ASSIGN_OR_RETURN(UniqueEvent stop, CreateEvent("stop"));
-  SG_RETURN_IF_ERROR(ToStatus(cudaEventRecord(start.get(), step.stream()), "record"));
-  for (int i = 0; i < steps; ++i) SG_RETURN_IF_ERROR(step.Replay());
-  SG_RETURN_IF_ERROR(ToStatus(cudaEventRecord(stop.get(), step.stream()), "record"));
+  SG_RETURN_IF_ERROR(ToStatus(cudaEventRecord(start.get(), stream), "record"));
+  for (int i = 0; i < steps; ++i) SG_RETURN_IF_ERROR(run());
+  SG_RETURN_IF_ERROR(ToStatus(cudaEventRecord(stop.get(), stream), "record"));
   SG_RETURN_IF_ERROR(ToStatus(cudaEventSynchronize(stop.get()), "sync"));
   float ms = 0;
   SG_RETURN_IF_ERROR(ToStatus(cudaEventElapsedTime(&ms, start.get(), stop.get()), "elapsed"));
@@ -99,25 +102,27 @@ void EagerAgainstReplay(benchmark::State& state, const ExecutionPlan& plan, int3
                         double scale) {
   auto fail = [&](const absl::Status& s) { state.SkipWithError(std::string(s.message()).c_str()); };
   if (!CudaDeviceAvailable()) return state.SkipWithError("no GPU");
-  auto dispatch = CudaDispatch::Create(nullptr);
+  auto dispatch = CudaDispatch::Create();
   if (!dispatch.ok()) return fail(dispatch.status());
   auto buffers = DeviceBuffers::Make(plan, pos, true);
   if (!buffers.ok()) return fail(buffers.status());
-  CaptureOptions eager_options, replay_options;
-  eager_options.eager = true;
-  replay_options.eager = false;
-  auto eager = CapturedStep::Create(plan, *(*buffers)->bindings, **dispatch, eager_options);
-  if (!eager.ok()) return fail(eager.status());
-  auto replay = CapturedStep::Create(plan, *(*buffers)->bindings, **dispatch, replay_options);
+  auto prepared = (*dispatch)->Prepare(plan);
+  if (!prepared.ok()) return fail(prepared.status());
+  auto replay = CapturedStep::Create(*prepared, *(*buffers)->bindings, **dispatch);
   if (!replay.ok()) return fail(replay.status());
+  const cudaStream_t stream = (*dispatch)->stream();
+  const std::function<absl::Status()> run_eager = [&] {
+    return Execute(*prepared, *(*buffers)->bindings, **dispatch).status();
+  };
+  const std::function<absl::Status()> run_replay = [&] { return (*replay)->Replay(); };
   // Warm up both (first launches load modules and page in).
-  for (auto* s : {eager->get(), replay->get()}) {
-    if (auto t = TimeSteps(*s, 3); !t.ok()) return fail(t.status());
+  for (const auto* run : {&run_eager, &run_replay}) {
+    if (auto t = TimeSteps(*run, stream, 3); !t.ok()) return fail(t.status());
   }
   std::vector<double> e, r;
   for (auto _ : state) {
-    auto te = TimeSteps(**eager, steps);
-    auto tr = TimeSteps(**replay, steps);
+    auto te = TimeSteps(run_eager, stream, steps);
+    auto tr = TimeSteps(run_replay, stream, steps);
     if (!te.ok() || !tr.ok()) return fail(!te.ok() ? te.status() : tr.status());
     e.push_back(*te / per);
     r.push_back(*tr / per);
@@ -229,8 +234,10 @@ void BM_CaptureAndUpdate(benchmark::State& state) {
   if (!graph.ok()) return fail(graph.status());
   auto plan = ExecutionPlan::Create(*std::move(graph));
   if (!plan.ok()) return fail(plan.status());
-  auto dispatch = CudaDispatch::Create(nullptr);
+  auto dispatch = CudaDispatch::Create();
   if (!dispatch.ok()) return fail(dispatch.status());
+  auto prepared = (*dispatch)->Prepare(*plan);
+  if (!prepared.ok()) return fail(prepared.status());
   auto buffers = DeviceBuffers::Make(*plan, 100, false);
   if (!buffers.ok()) return fail(buffers.status());
   const std::string weight = "model.layers.7.mlp.up_proj.weight";
@@ -240,9 +247,7 @@ void BM_CaptureAndUpdate(benchmark::State& state) {
   std::vector<double> capture, instantiate, patch, recapture;
   int64_t nodes = 0;
   for (auto _ : state) {
-    CaptureOptions o;
-    o.eager = false;
-    auto step = CapturedStep::Create(*plan, *(*buffers)->bindings, **dispatch, o);
+    auto step = CapturedStep::Create(*prepared, *(*buffers)->bindings, **dispatch);
     if (!step.ok()) return fail(step.status());
     nodes = (*step)->num_graph_nodes();
     capture.push_back((*step)->stats().capture_us);

@@ -46,7 +46,9 @@ constexpr int64_t kCopyBytes = int64_t{1} << 30;
 constexpr int64_t kBucketPosition = 100;
 
 struct Context {
+  // The same model twice: steps replayed as CUDA graphs, and launched node by node.
   std::unique_ptr<DecodeSession> session;
+  std::unique_ptr<DecodeSession> eager;
   double copy_bytes_per_s = 0;  // read + write
   double floor_ms = 0;
   double replayed_ms_at_100 = 0;
@@ -70,10 +72,7 @@ std::vector<int32_t> Prompt(int64_t n, int64_t vocab, uint64_t seed) {
 }
 
 // Slots [0, rows) live with `position` tokens of context each; every other slot released.
-absl::Status PrepareSlots(int64_t rows, int64_t position) {
-  DecodeSession& s = *g->session;
-  // Prefill by replaying where steps were captured: only its speed differs.
-  (void)s.SetEager(false);
+absl::Status PrepareSlots(DecodeSession& s, int64_t rows, int64_t position) {
   for (int64_t i = 0; i < s.max_slots(); ++i) {
     if (i >= rows) {
       SG_RETURN_IF_ERROR(s.Release(i));
@@ -87,9 +86,8 @@ absl::Status PrepareSlots(int64_t rows, int64_t position) {
 }
 
 absl::Status TimeSteps(benchmark::State& state, int64_t rows, int64_t position, bool eager) {
-  SG_RETURN_IF_ERROR(PrepareSlots(rows, position));
-  DecodeSession& s = *g->session;
-  SG_RETURN_IF_ERROR(s.SetEager(eager));
+  DecodeSession& s = eager ? *g->eager : *g->session;
+  SG_RETURN_IF_ERROR(PrepareSlots(s, rows, position));
   absl::StatusOr<std::vector<double>> ms = s.TimedSteps(kSteps);
   SG_RETURN_IF_ERROR(ms.status());
   size_t i = 0;
@@ -136,7 +134,7 @@ int64_t NodeBytes(const Graph& graph, const Node& node, int64_t position) {
 
 absl::Status PrintKernelTable() {
   DecodeSession& s = *g->session;
-  SG_RETURN_IF_ERROR(PrepareSlots(1, kBucketPosition));
+  SG_RETURN_IF_ERROR(PrepareSlots(s, 1, kBucketPosition));
   std::vector<std::vector<NodeTime>> runs;
   for (int r = 0; r < kProfileRuns; ++r) {
     SG_ASSIGN_OR_RETURN(std::vector<NodeTime> run, s.ProfileStep());
@@ -213,7 +211,9 @@ absl::Status Setup() {
   SG_ASSIGN_OR_RETURN(g->session, DecodeSession::Create(o));
   const double setup_s =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  SG_ASSIGN_OR_RETURN(g->copy_bytes_per_s, MeasureDeviceCopyBandwidth(kCopyBytes, 10));
+  o.eager = true;
+  SG_ASSIGN_OR_RETURN(g->eager, DecodeSession::Create(o));
+  SG_ASSIGN_OR_RETURN(g->copy_bytes_per_s, g->session->runner().CopyBandwidth(kCopyBytes, 10));
   g->floor_ms = 1e3 * static_cast<double>(g->session->weight_bytes()) / g->copy_bytes_per_s;
   std::printf("%s\nLlama-3.2-1B shape, random bf16 weights: %.3f GB of weights, KV cache %.1f MB; "
               "session made in %.1f s\n"
@@ -231,7 +231,7 @@ absl::Status Setup() {
 int main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
-  if (!sg::CudaBackendAvailable()) {
+  if (!sg::CudaDeviceFound()) {
     std::fprintf(stderr, "decode_bench: no CUDA device is available; nothing to measure.\n");
     return 0;
   }
@@ -265,5 +265,6 @@ int main(int argc, char** argv) {
   benchmark::Shutdown();
   // Free the session's device memory before the CUDA runtime tears down.
   context.session.reset();
+  context.eager.reset();
   return 0;
 }

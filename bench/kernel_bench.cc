@@ -226,7 +226,7 @@ absl::Status RunCase(benchmark::State& state, const Case& c) {
   c.build(builder);
   SG_ASSIGN_OR_RETURN(Graph graph, std::move(builder).Build());
   SG_ASSIGN_OR_RETURN(ExecutionPlan plan, ExecutionPlan::Create(std::move(graph)));
-  SG_RETURN_IF_ERROR(c.dispatch->Prepare(plan));
+  SG_ASSIGN_OR_RETURN(const PreparedPlan prepared, c.dispatch->Prepare(plan));
   const Graph& gr = plan.graph();
   if (gr.num_nodes() != 1) return absl::InternalError("a case must have exactly one node");
   const Node& node = gr.nodes()[0];
@@ -298,6 +298,7 @@ absl::Status RunCase(benchmark::State& state, const Case& c) {
   for (int s = 0; s < batch; ++s) {
     for (TensorId id : node.inputs) inputs[s].push_back(arg(id.index, s));
     args[s].node_index = 0;
+    args[s].prepared = prepared.node(0);
     args[s].node_name = node.name;
     args[s].inputs = absl::MakeConstSpan(inputs[s]);
     args[s].output = arg(node.output.index, s);
@@ -456,24 +457,18 @@ void PrintTable() {
   std::fflush(stdout);
 }
 
-absl::StatusOr<std::unique_ptr<CudaDispatch>> DispatchWithMatmulPolicy(const char* policy) {
-  const char* old = std::getenv("STEPGRAPH_MATMUL");
-  const std::string saved = old == nullptr ? "" : old;
-  if (policy != nullptr) setenv("STEPGRAPH_MATMUL", policy, 1);
-  absl::StatusOr<std::unique_ptr<CudaDispatch>> dispatch = CudaDispatch::Create(g->stream.get());
-  if (old == nullptr) {
-    unsetenv("STEPGRAPH_MATMUL");
-  } else {
-    setenv("STEPGRAPH_MATMUL", saved.c_str(), 1);
-  }
-  return dispatch;
+absl::StatusOr<std::unique_ptr<CudaDispatch>> DispatchWithMatmulPolicy(MatmulPolicy policy) {
+  CudaDispatch::Options options;
+  options.stream = g->stream.get();
+  options.cuda.matmul = policy;
+  return CudaDispatch::Create(options);
 }
 
 absl::Status Setup() {
   SG_ASSIGN_OR_RETURN(g->stream, CreateStream("kernel_bench"));
-  SG_ASSIGN_OR_RETURN(g->dispatch, DispatchWithMatmulPolicy(nullptr));
-  SG_ASSIGN_OR_RETURN(g->cublaslt, DispatchWithMatmulPolicy("cublaslt"));
-  SG_ASSIGN_OR_RETURN(g->gemv, DispatchWithMatmulPolicy("gemv"));
+  SG_ASSIGN_OR_RETURN(g->dispatch, DispatchWithMatmulPolicy(MatmulPolicy::kAuto));
+  SG_ASSIGN_OR_RETURN(g->cublaslt, DispatchWithMatmulPolicy(MatmulPolicy::kCublasLt));
+  SG_ASSIGN_OR_RETURN(g->gemv, DispatchWithMatmulPolicy(MatmulPolicy::kGemv));
   g->l2_bytes = g->dispatch->device_info().l2_bytes;
   g->flush_bytes = std::max<int64_t>(2 * g->l2_bytes, 64 << 20);
   SG_ASSIGN_OR_RETURN(g->flush, AllocateDevice(g->flush_bytes, "the L2 flush buffer"));

@@ -213,13 +213,6 @@ std::string DotEscape(absl::string_view s) {
 
 }  // namespace
 
-CaptureOptions DefaultCaptureOptions() {
-  CaptureOptions o;
-  const char* eager = std::getenv("STEPGRAPH_EAGER");
-  o.eager = eager != nullptr && eager[0] != '\0' && std::strcmp(eager, "0") != 0;
-  return o;
-}
-
 bool IsDevicePointer(const void* p) {
   if (p == nullptr) return false;
   cudaPointerAttributes attr;
@@ -230,31 +223,24 @@ bool IsDevicePointer(const void* p) {
   return attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged;
 }
 
-CapturedStep::CapturedStep(const ExecutionPlan& plan, const Bindings& bindings,
+CapturedStep::CapturedStep(const PreparedPlan& prepared, const Bindings& bindings,
                            CudaDispatch& dispatch, const CaptureOptions& options)
-    : plan_(&plan), bindings_(bindings), dispatch_(&dispatch), options_(options) {}
+    : prepared_(&prepared), bindings_(bindings), dispatch_(&dispatch), options_(options) {}
 
 CapturedStep::~CapturedStep() {
   if (exec_ != nullptr) GraphExecDeleter()(exec_);
   graph_.reset();
-  if (owns_stream_ && stream_ != nullptr) StreamDeleter()(stream_);
 }
 
 absl::StatusOr<std::unique_ptr<CapturedStep>> CapturedStep::Create(
-    const ExecutionPlan& plan, const Bindings& bindings, CudaDispatch& dispatch,
+    const PreparedPlan& prepared, const Bindings& bindings, CudaDispatch& dispatch,
     const CaptureOptions& options) {
-  SG_RETURN_IF_ERROR(CheckCaptureSafety(plan, bindings, dispatch, IsDevicePointer));
-  std::unique_ptr<CapturedStep> step(new CapturedStep(plan, bindings, dispatch, options));
-  if (options.stream != nullptr) {
-    step->stream_ = options.stream;
-  } else {
-    SG_RETURN_IF_ERROR(ToStatus(cudaStreamCreateWithFlags(&step->stream_, cudaStreamNonBlocking),
-                                "cudaStreamCreateWithFlags(capture stream)"));
-    step->owns_stream_ = true;
+  if (&prepared.dispatch() != &dispatch) {
+    return absl::InvalidArgumentError(
+        "CapturedStep: the plan was prepared by another dispatcher than the one given");
   }
-  SG_RETURN_IF_ERROR(dispatch.Prepare(plan));
-  if (options.eager) return step;
-
+  SG_RETURN_IF_ERROR(CheckCaptureSafety(prepared.plan(), bindings, dispatch, IsDevicePointer));
+  std::unique_ptr<CapturedStep> step(new CapturedStep(prepared, bindings, dispatch, options));
   SG_ASSIGN_OR_RETURN(internal::CapturedGraph captured, step->CaptureOnce(step->bindings_));
   step->graph_ = std::make_unique<internal::CapturedGraph>(std::move(captured));
   SG_RETURN_IF_ERROR(step->Instantiate());
@@ -263,11 +249,11 @@ absl::StatusOr<std::unique_ptr<CapturedStep>> CapturedStep::Create(
 
 absl::StatusOr<internal::CapturedGraph> CapturedStep::CaptureOnce(const Bindings& bindings) {
   const auto t0 = Clock::now();
-  dispatch_->set_stream(stream_);
-  SG_RETURN_IF_ERROR(ToStatus(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal),
+  const cudaStream_t capture_stream = stream();
+  SG_RETURN_IF_ERROR(ToStatus(cudaStreamBeginCapture(capture_stream, cudaStreamCaptureModeThreadLocal),
                               "cudaStreamBeginCapture"));
   internal::CapturedGraph out;
-  out.nodes_of.resize(plan_->graph().num_nodes());
+  out.nodes_of.resize(plan().graph().num_nodes());
   absl::flat_hash_set<cudaGraphNode_t> seen;
   std::vector<cudaGraphNode_t> scratch;
   cudaGraph_t capturing = nullptr;
@@ -275,7 +261,7 @@ absl::StatusOr<internal::CapturedGraph> CapturedStep::CaptureOnce(const Bindings
   exec_options.after_node = [&](int32_t node) -> absl::Status {
     if (capturing == nullptr) {
       cudaStreamCaptureStatus status;
-      SG_RETURN_IF_ERROR(ToStatus(cudaStreamGetCaptureInfo(stream_, &status, nullptr, &capturing),
+      SG_RETURN_IF_ERROR(ToStatus(cudaStreamGetCaptureInfo(capture_stream, &status, nullptr, &capturing),
                                   "cudaStreamGetCaptureInfo"));
       if (status != cudaStreamCaptureStatusActive) {
         return absl::InternalError("stream capture was invalidated");
@@ -284,9 +270,9 @@ absl::StatusOr<internal::CapturedGraph> CapturedStep::CaptureOnce(const Bindings
     SG_ASSIGN_OR_RETURN(out.nodes_of[node], NewNodes(capturing, seen, scratch));
     return absl::OkStatus();
   };
-  absl::StatusOr<ExecStats> run = Execute(*plan_, bindings, *dispatch_, exec_options);
+  absl::StatusOr<ExecStats> run = Execute(*prepared_, bindings, *dispatch_, exec_options);
   cudaGraph_t graph = nullptr;
-  const cudaError_t end = cudaStreamEndCapture(stream_, &graph);
+  const cudaError_t end = cudaStreamEndCapture(capture_stream, &graph);
   out.graph.reset(graph);
   if (!run.ok()) {
     cudaGetLastError();
@@ -308,7 +294,7 @@ absl::Status CapturedStep::Instantiate() {
   if (exec_ != nullptr) GraphExecDeleter()(exec_);
   exec_ = exec;
   // Uploading now keeps the first replay from paying for it.
-  SG_RETURN_IF_ERROR(ToStatus(cudaGraphUpload(exec_, stream_), "cudaGraphUpload"));
+  SG_RETURN_IF_ERROR(ToStatus(cudaGraphUpload(exec_, stream()), "cudaGraphUpload"));
   ++stats_.instantiations;
   stats_.instantiate_us += MicrosSince(t0);
   return absl::OkStatus();
@@ -316,11 +302,17 @@ absl::Status CapturedStep::Instantiate() {
 
 absl::Status CapturedStep::Replay() {
   ++stats_.replays;
-  if (options_.eager) {
-    dispatch_->set_stream(stream_);
-    return Execute(*plan_, bindings_, *dispatch_).status();
-  }
-  return ToStatus(cudaGraphLaunch(exec_, stream_), "cudaGraphLaunch");
+  return ToStatus(cudaGraphLaunch(exec_, stream()), "cudaGraphLaunch");
+}
+
+absl::StatusOr<int64_t> CapturedStep::DeviceGraphMemory() {
+  int device = 0;
+  SG_RETURN_IF_ERROR(ToStatus(cudaGetDevice(&device), "cudaGetDevice"));
+  uint64_t used = 0;
+  SG_RETURN_IF_ERROR(ToStatus(
+      cudaDeviceGetGraphMemAttribute(device, cudaGraphMemAttrUsedMemCurrent, &used),
+      "cudaDeviceGetGraphMemAttribute(UsedMemCurrent)"));
+  return static_cast<int64_t>(used);
 }
 
 int64_t CapturedStep::num_graph_nodes() const {
@@ -328,20 +320,20 @@ int64_t CapturedStep::num_graph_nodes() const {
 }
 
 absl::Status CapturedStep::PatchNodes(const Bindings& next, const std::vector<int32_t>& nodes) {
+  const cudaStream_t capture_stream = stream();
   for (const int32_t k : nodes) {
-    const Node& node = plan_->graph().nodes()[k];
+    const Node& node = plan().graph().nodes()[k];
     const std::string where = absl::StrCat("patching node ", k, " '", node.name, "'");
     // Capture this node alone with the new bindings: its launch parameters are exactly
     // what the whole capture would have recorded for it.
-    dispatch_->set_stream(stream_);
-    SG_RETURN_IF_ERROR(ToStatus(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal),
+    SG_RETURN_IF_ERROR(ToStatus(cudaStreamBeginCapture(capture_stream, cudaStreamCaptureModeThreadLocal),
                                 "cudaStreamBeginCapture"));
     const int32_t only[] = {k};
     ExecOptions exec_options;
     exec_options.only_nodes = only;
-    absl::StatusOr<ExecStats> run = Execute(*plan_, next, *dispatch_, exec_options);
+    absl::StatusOr<ExecStats> run = Execute(*prepared_, next, *dispatch_, exec_options);
     cudaGraph_t raw = nullptr;
-    const cudaError_t end = cudaStreamEndCapture(stream_, &raw);
+    const cudaError_t end = cudaStreamEndCapture(capture_stream, &raw);
     UniqueGraph single(raw);
     if (!run.ok()) return run.status();
     SG_RETURN_IF_ERROR(ToStatus(end, "cudaStreamEndCapture"));
@@ -366,10 +358,10 @@ absl::Status CapturedStep::Update(const Bindings& next) {
   if (next.graph_owner() != bindings_.graph_owner()) {
     return absl::InvalidArgumentError("Update: the bindings were made for another graph");
   }
-  SG_RETURN_IF_ERROR(CheckCaptureSafety(*plan_, next, *dispatch_, IsDevicePointer));
+  SG_RETURN_IF_ERROR(CheckCaptureSafety(plan(), next, *dispatch_, IsDevicePointer));
   const UpdateDecision decision =
-      DecideUpdate(*plan_, bindings_, next, options_.max_patch_fraction);
-  if (decision.kind == UpdateDecision::Kind::kNothing || options_.eager) {
+      DecideUpdate(plan(), bindings_, next, options_.max_patch_fraction);
+  if (decision.kind == UpdateDecision::Kind::kNothing) {
     bindings_ = next;
     return absl::OkStatus();
   }
@@ -404,10 +396,7 @@ absl::Status CapturedStep::Update(const Bindings& next) {
 }
 
 absl::StatusOr<std::string> CapturedStep::ToDot() const {
-  if (graph_ == nullptr) {
-    return absl::FailedPreconditionError("ToDot: the step runs eagerly, nothing was captured");
-  }
-  const Graph& g = plan_->graph();
+  const Graph& g = plan().graph();
   absl::flat_hash_map<cudaGraphNode_t, std::string> id_of;
   std::string dot = "digraph captured_step {\n  rankdir=TB;\n  node [shape=box, fontsize=10];\n";
   for (int32_t k = 0; k < g.num_nodes(); ++k) {

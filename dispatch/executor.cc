@@ -131,8 +131,9 @@ TensorArg ResolveTensor(const ExecutionPlan& plan, const Bindings& bindings,
 namespace {
 
 // Runs node `i`: resolves its arguments on the stack and makes its one Run.
-absl::Status RunNode(const ExecutionPlan& plan, const Bindings& bindings,
+absl::Status RunNode(const PreparedPlan& prepared, const Bindings& bindings,
                      KernelDispatch& dispatch, int32_t i, NodeScratch& scratch) {
+  const ExecutionPlan& plan = prepared.plan();
   const Node& node = plan.graph().nodes()[i];
   const size_t n = node.inputs.size();
   for (size_t k = 0; k < n; ++k) {
@@ -142,6 +143,7 @@ absl::Status RunNode(const ExecutionPlan& plan, const Bindings& bindings,
   args.node_index = i;
   args.node_name = node.name;
   args.inputs = absl::MakeConstSpan(scratch.inputs.data(), n);
+  args.prepared = prepared.node(i);
   ResolveInto(plan, bindings, node.output.index, args.output);
   absl::Status status =
       std::visit([&](const auto& op) { return dispatch.Run(op, args); }, node.op);
@@ -152,6 +154,16 @@ absl::Status RunNode(const ExecutionPlan& plan, const Bindings& bindings,
 
 }  // namespace
 
+PreparedPlan::PreparedPlan(const ExecutionPlan& plan, const KernelDispatch& dispatch,
+                           std::vector<std::unique_ptr<PreparedNode>> nodes)
+    : plan_(&plan), dispatch_(&dispatch), nodes_(std::move(nodes)) {
+  nodes_.resize(static_cast<size_t>(plan.graph().num_nodes()));
+}
+
+absl::StatusOr<PreparedPlan> KernelDispatch::Prepare(const ExecutionPlan& plan) {
+  return PreparedPlan(plan, *this, {});
+}
+
 absl::StatusOr<ExecStats> Execute(const ExecutionPlan& plan, const Bindings& bindings,
                                   KernelDispatch& dispatch) {
   return Execute(plan, bindings, dispatch, ExecOptions{});
@@ -159,6 +171,17 @@ absl::StatusOr<ExecStats> Execute(const ExecutionPlan& plan, const Bindings& bin
 
 absl::StatusOr<ExecStats> Execute(const ExecutionPlan& plan, const Bindings& bindings,
                                   KernelDispatch& dispatch, const ExecOptions& options) {
+  SG_ASSIGN_OR_RETURN(const PreparedPlan prepared, dispatch.Prepare(plan));
+  return Execute(prepared, bindings, dispatch, options);
+}
+
+absl::StatusOr<ExecStats> Execute(const PreparedPlan& prepared, const Bindings& bindings,
+                                  KernelDispatch& dispatch, const ExecOptions& options) {
+  if (&prepared.dispatch() != &dispatch) {
+    return absl::InvalidArgumentError(
+        "Execute: the plan was prepared by another dispatcher than the one given");
+  }
+  const ExecutionPlan& plan = prepared.plan();
   SG_RETURN_IF_ERROR(CheckBindings(plan, bindings));
   const int32_t num_nodes = plan.graph().num_nodes();
   for (const int32_t i : options.only_nodes) {
@@ -173,7 +196,7 @@ absl::StatusOr<ExecStats> Execute(const ExecutionPlan& plan, const Bindings& bin
   const int32_t count = subset ? static_cast<int32_t>(options.only_nodes.size()) : num_nodes;
   for (int32_t k = 0; k < count; ++k) {
     const int32_t i = subset ? options.only_nodes[k] : k;
-    SG_RETURN_IF_ERROR(RunNode(plan, bindings, dispatch, i, scratch));
+    SG_RETURN_IF_ERROR(RunNode(prepared, bindings, dispatch, i, scratch));
     ++stats.launches;
     if (options.after_node) SG_RETURN_IF_ERROR(options.after_node(i));
   }

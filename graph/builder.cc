@@ -47,6 +47,11 @@ TensorId GraphBuilder::Declare(absl::string_view name, TensorKind kind, DType dt
     return Fail(absl::InvalidArgumentError(
         absl::StrCat(TensorKindName(kind), " declared with an empty name")));
   }
+  if (!IsValidDType(dtype)) {
+    return Fail(absl::InvalidArgumentError(
+        absl::StrCat(TensorKindName(kind), " '", name, "' has an unknown dtype (value ",
+                     static_cast<int>(dtype), "; there are ", kNumDTypes, ")")));
+  }
   if (!shape.valid() || shape.rank() == 0) {
     return Fail(absl::InvalidArgumentError(absl::StrCat(
         TensorKindName(kind), " '", name, "' has an invalid shape ", shape.ToString(), ": ",

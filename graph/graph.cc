@@ -107,6 +107,10 @@ absl::Status Graph::Validate() const {
     if (!t.shape.valid() || t.shape.rank() == 0) {
       return invalid("tensor '", t.name, "' has an invalid shape ", t.shape.ToString());
     }
+    if (!IsValidDType(t.dtype)) {
+      return invalid("tensor '", t.name, "' has an unknown dtype (value ",
+                     static_cast<int>(t.dtype), ")");
+    }
   }
 
   // Producers of intermediates and writers of in-place targets.

@@ -352,7 +352,14 @@ absl::StatusOr<TensorType> InferOutputType(const Op& op, absl::string_view node_
       return checker.Error(absl::StrCat("input ", Describe(*inputs[i]), " has an invalid shape"));
     }
   }
-  return std::visit([&](const auto& o) { return Infer(o, checker); }, op);
+  absl::StatusOr<TensorType> out = std::visit([&](const auto& o) { return Infer(o, checker); }, op);
+  // Valid inputs can still imply an output past the bounds (MatMul of [2^31, k] by
+  // [2^31, k] is 2^62 elements); its size would overflow every later product.
+  if (out.ok() && !out->shape.valid()) {
+    return checker.Error(absl::StrCat("output shape ", out->shape.ToString(), " is invalid: ",
+                                      out->shape.Invalidity()));
+  }
+  return out;
 }
 
 }  // namespace sg

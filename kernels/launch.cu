@@ -1,8 +1,6 @@
 // Whether stepgraph's kernels are launched with programmatic dependent launch (see
 // AwaitPrerequisiteGrids and LaunchKernel in common.cuh).
 #include <atomic>
-#include <cstdlib>
-#include <cstring>
 
 #include <cuda_runtime.h>
 
@@ -10,13 +8,17 @@
 
 namespace sg::kernels {
 
+namespace {
+std::atomic<bool> programmatic_launch_switch{true};
+}  // namespace
+
+void SetProgrammaticLaunch(bool enabled) {
+  programmatic_launch_switch.store(enabled, std::memory_order_relaxed);
+}
+
 bool ProgrammaticLaunchEnabled() {
 #if STEPGRAPH_KERNELS_PDL
-  static const bool disabled = [] {
-    const char* v = std::getenv("STEPGRAPH_PDL");
-    return v != nullptr && std::strcmp(v, "0") == 0;
-  }();
-  if (disabled) return false;
+  if (!programmatic_launch_switch.load(std::memory_order_relaxed)) return false;
   int device = 0;
   if (cudaGetDevice(&device) != cudaSuccess) {
     (void)cudaGetLastError();

@@ -6,9 +6,14 @@ namespace sg::kernels {
 
 // True when launches carry the programmatic stream serialization attribute (programmatic
 // dependent launch): the kernels were compiled for sm_90 or later only
-// (STEPGRAPH_KERNELS_PDL), the current device is sm_90 or later, and the environment does
-// not set STEPGRAPH_PDL=0. Cached per device.
+// (STEPGRAPH_KERNELS_PDL), the current device is sm_90 or later, and it was not switched
+// off with SetProgrammaticLaunch(false). Cached per device.
 bool ProgrammaticLaunchEnabled();
+
+// Process-wide switch (on by default): how stepgraph's kernels are launched is a property
+// of the process's launches, not of one caller, so it is not per stream. Set it before
+// launching (CudaDispatch does from its options); launches already captured keep theirs.
+void SetProgrammaticLaunch(bool enabled);
 
 }  // namespace sg::kernels
 

@@ -113,20 +113,32 @@ absl::StatusOr<Graph> BuildLlamaDecodeGraph(const LlamaConfig& c,
   const int64_t q_cols = c.num_attention_heads * d, kv_cols = c.num_key_value_heads * d;
 
   GraphBuilder b;
+  // A weight in `t` unless c.weight_dtypes names another storage dtype for it.
+  auto weight_dtype = [&](const std::string& name) {
+    auto it = c.weight_dtypes.find(name);
+    return it == c.weight_dtypes.end() ? t : it->second;
+  };
+  auto weight = [&](const std::string& name, Shape shape) {
+    return b.Weight(name, weight_dtype(name), shape);
+  };
   const TensorId ids = b.Input(kIdsInput, DType::kI32, {m});
   const TensorId pos = b.Input(kPosInput, DType::kI32, {m});
-  const TensorId embed = b.Weight("model.embed_tokens.weight", t, {c.vocab_size, h});
-  TensorId x = b.Embedding(embed, ids, "model.embed_tokens");
+  const std::string embed_name = "model.embed_tokens.weight";
+  const TensorId embed = weight(embed_name, {c.vocab_size, h});
+  TensorId x = IsQuantized(weight_dtype(embed_name))
+                   ? b.Embedding(embed, ids, t, "model.embed_tokens")
+                   : b.Embedding(embed, ids, "model.embed_tokens");
 
   ops::Rope rope;
   rope.head_dim = static_cast<int32_t>(d);
   rope.theta = c.rope_theta;
   rope.scaling = c.rope_scaling;
+  rope.interleaved = c.rope_interleaved;
 
   // y = x·Wᵀ (+ bias) with the HF names "<prefix>.weight" and "<prefix>.bias".
   auto linear = [&](TensorId in, const std::string& prefix, int64_t out, int64_t k,
                     bool bias) {
-    const TensorId w = b.Weight(prefix + ".weight", t, {out, k});
+    const TensorId w = weight(prefix + ".weight", {out, k});
     if (!bias) return b.MatMul(in, w, prefix);
     return b.MatMul(in, w, b.Weight(prefix + ".bias", t, {out}), prefix);
   };
@@ -157,7 +169,7 @@ absl::StatusOr<Graph> BuildLlamaDecodeGraph(const LlamaConfig& c,
   }
   x = b.RmsNorm(x, b.Weight("model.norm.weight", t, {h}), c.rms_norm_eps, "model.norm");
   const TensorId head =
-      c.tie_word_embeddings ? embed : b.Weight("lm_head.weight", t, {c.vocab_size, h});
+      c.tie_word_embeddings ? embed : weight("lm_head.weight", {c.vocab_size, h});
   const TensorId logits = b.MatMul(x, head, "lm_head");
   TensorId next;
   if (options.sampling.has_value()) {

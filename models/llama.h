@@ -7,6 +7,7 @@
 #include <optional>
 #include <string>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "stepgraph/graph.h"
 #include "stepgraph/ops.h"
@@ -25,12 +26,18 @@ struct LlamaConfig {
   float rms_norm_eps = 1e-6f;
   float rope_theta = 10000.0f;
   ops::RopeScaling rope_scaling;
+  // RoPE pairs (2i, 2i+1) instead of (i, i + d/2): GGUF files store Q and K permuted so.
+  bool rope_interleaved = false;
   int64_t vocab_size = 0;
   int64_t max_position_embeddings = 0;
   bool tie_word_embeddings = false;
   bool attention_bias = false;
   bool mlp_bias = false;
   DType dtype = DType::kF32;
+  // Storage dtypes of single weights that differ from `dtype`, by name: GGUF block formats
+  // for matrices that MatMul and Embedding read (a quantized model). Activations, the KV
+  // cache and every other weight stay in `dtype`.
+  absl::flat_hash_map<std::string, DType> weight_dtypes;
 
   // InvalidArgument naming the field when a value is out of range or inconsistent.
   absl::Status Validate() const;

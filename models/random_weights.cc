@@ -15,6 +15,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "stepgraph/half.h"
+#include "stepgraph/quant.h"
 #include "stepgraph/status.h"
 
 namespace sg {
@@ -80,7 +81,17 @@ void FillRange(const Tensor& t, uint64_t key, Distribution d, int64_t begin, int
       break;
     }
     default:
-      break;  // i32 and the block formats are refused before any work starts
+      if (IsQuantized(t.dtype)) {
+        // Blocks quantized from the drawn values; [begin, end) holds whole blocks, and
+        // blocks lie back to back across rows (a row is a whole number of blocks).
+        const int64_t elems = DTypeBlockElems(t.dtype), bytes = DTypeBlockBytes(t.dtype);
+        float values[256];
+        for (int64_t i = begin; i < end; i += elems) {
+          for (int64_t j = 0; j < elems; ++j) values[j] = Draw(key, i + j, d);
+          QuantizeRow(t.dtype, values, out + i / elems * bytes, elems);
+        }
+      }
+      break;  // i32 is refused before any work starts
   }
 }
 
@@ -153,7 +164,8 @@ absl::Status FillRandomWeights(const Graph& graph, const BufferLayout& layout, u
     std::byte* out;
     int64_t begin, end;
   };
-  // Chunks small enough to balance threads, large enough that the counter is not contended.
+  // Chunks small enough to balance threads, large enough that the counter is not contended;
+  // a multiple of every block size, so that chunks of a quantized weight are whole blocks.
   constexpr int64_t kChunk = int64_t{1} << 20;
   std::vector<Work> work;
   for (const BufferLayout::Entry& e : layout.entries) {
@@ -163,10 +175,10 @@ absl::Status FillRandomWeights(const Graph& graph, const BufferLayout& layout, u
           absl::StrCat("random weights: the layout entry '", e.name, "' is not of this graph"));
     }
     const Tensor& t = graph.tensors()[e.tensor];
-    if (!IsFloat(t.dtype)) {
+    if (!IsFloat(t.dtype) && !IsQuantized(t.dtype)) {
       return absl::InvalidArgumentError(absl::StrCat("random weights: weight '", t.name,
                                                      "' has dtype ", DTypeName(t.dtype),
-                                                     "; only float weights can be drawn"));
+                                                     "; only float or quantized weights can be drawn"));
     }
     const uint64_t key = TensorKey(seed, t.name);
     const int64_t n = t.shape.NumElements();

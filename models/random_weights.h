@@ -56,8 +56,9 @@ float RandomWeightValue(uint64_t seed, absl::string_view name, int64_t index,
                         const Tensor& tensor);
 
 // Fills `buffer` (laid out by `layout`, made from `graph`'s weights) with every weight's
-// values in its storage dtype, using up to `threads` threads (0: one per core).
-// InvalidArgument when the buffer is too small or a weight is not a float type.
+// values in its storage dtype, using up to `threads` threads (0: one per core). A weight in
+// a GGUF block format gets the drawn values quantized (QuantizeRow, stepgraph/quant.h).
+// InvalidArgument when the buffer is too small or a weight is neither float nor quantized.
 absl::Status FillRandomWeights(const Graph& graph, const BufferLayout& layout, uint64_t seed,
                                absl::Span<std::byte> buffer, int threads = 0);
 

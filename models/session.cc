@@ -1,29 +1,45 @@
-// DecodeSession's slot bookkeeping, which is the same on every backend, and the CPU
-// reference backend. The session keeps, per slot, the position of the id the next step
-// feeds; the ids themselves travel on the device in the closed loop and reach the host
-// through the id ring, which is drained only where the caller asks for ids or the live
-// set changes.
+// DecodeSession's slot bookkeeping. The session keeps, per slot, the position of the id
+// the next step feeds; the ids themselves travel on the device in the closed loop and
+// reach the host through the id ring, which is drained only where the caller asks for ids
+// or the live set changes. Where the steps run is the StepRunner's business.
 #include "models/session.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
-#include <cstdlib>
 #include <cstring>
+#include <new>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "models/session_backend.h"
 #include "stepgraph/capture_policy.h"
-#include "stepgraph/cpu_dispatch.h"
 #include "stepgraph/error_flags.h"
 #include "stepgraph/half.h"
 #include "stepgraph/status.h"
 
 namespace sg {
+namespace {
 
-namespace internal {
+// The step inputs of every bucket live in one block of i32: ids | pos | seeds, each `rows`
+// (the largest bucket) long at a 256-byte-aligned offset; a bucket binds prefixes.
+struct InputBlock {
+  int64_t rows = 0;
+  int64_t stride = 0;  // i32 elements from one array to the next
+  explicit InputBlock(int64_t r) : rows(r), stride((r + 63) / 64 * 64) {}
+  int64_t ints() const { return 3 * stride; }
+  int64_t bytes() const { return ints() * static_cast<int64_t>(sizeof(int32_t)); }
+  int64_t ids() const { return 0; }
+  int64_t pos() const { return stride; }
+  int64_t seeds() const { return 2 * stride; }
 
+  // Every row padding (pos -1, id 0, seed 0).
+  void Clear(int32_t* base) const {
+    std::fill_n(base, ints(), 0);
+    std::fill_n(base + pos(), rows, -1);
+  }
+};
+
+// Binds "ids", "pos" and (when the graph samples) "seeds" of `graph` to prefixes of the
+// block at `base`.
 absl::Status BindInputBlock(const Graph& graph, const InputBlock& block, int32_t* base,
                             Bindings& bindings) {
   const int64_t bytes = block.rows * static_cast<int64_t>(sizeof(int32_t));
@@ -40,197 +56,6 @@ std::vector<float> ToFloats(const void* data, DType dtype, int64_t n) {
   for (int64_t i = 0; i < n; ++i) out[i] = LoadElement(data, dtype, i);
   return out;
 }
-
-namespace {
-
-// The CPU reference: host buffers everywhere, Execute with CpuDispatch, nothing deferred,
-// so Commit, Sync and the id ring are plain copies.
-class CpuBackend final : public StepBackend {
- public:
-  explicit CpuBackend(int64_t rows) : block_(rows) {}
-
-  absl::Status Init(BackendSetup& setup) {
-    rows_ = setup.buckets.back();
-    max_seq_ = setup.max_seq;
-    int64_t arena_bytes = 0;
-    for (Graph& g : setup.graphs) {
-      SG_ASSIGN_OR_RETURN(ExecutionPlan plan, ExecutionPlan::Create(std::move(g)));
-      plans_.push_back(std::make_unique<ExecutionPlan>(std::move(plan)));
-      arena_bytes = std::max(arena_bytes, plans_.back()->arena_bytes());
-    }
-    const Graph& largest = plans_.back()->graph();
-    kv_layout_ = LayoutBuffers(largest, TensorKind::kState);
-    SG_ASSIGN_OR_RETURN(kv_, AlignedHostBuffer::Allocate(kv_layout_.total_bytes, "the KV cache"));
-    std::memset(kv_.data(), 0, static_cast<size_t>(kv_.size()));
-    SG_ASSIGN_OR_RETURN(arena_, AlignedHostBuffer::Allocate(arena_bytes, "the step arena"));
-    inputs_.assign(static_cast<size_t>(block_.ints()), 0);
-    for (int64_t r = 0; r < block_.rows; ++r) inputs_[block_.pos() + r] = -1;
-    rows_staging_[0].assign(inputs_.size(), 0);
-    rows_staging_[1].assign(inputs_.size(), 0);
-    prompt_staging_.assign(static_cast<size_t>(max_seq_), 0);
-    prompt_.assign(static_cast<size_t>(max_seq_), 0);
-    ring_.assign(static_cast<size_t>(setup.ring_steps * rows_), 0);
-
-    for (const auto& plan : plans_) {
-      const Graph& g = plan->graph();
-      auto b = std::make_unique<Bindings>(g);
-      if (setup.mapped != nullptr) {
-        SG_RETURN_IF_ERROR(BindMappedWeights(*setup.mapped, g, *b));
-      } else if (setup.random != nullptr) {
-        SG_RETURN_IF_ERROR(setup.random->Bind(g, *b));
-      } else {
-        return absl::InternalError("session: the CPU backend was given no weights");
-      }
-      SG_RETURN_IF_ERROR(BindLayout(g, TensorKind::kState, kv_layout_, kv_.data(), *b));
-      SG_RETURN_IF_ERROR(BindInputBlock(g, block_, inputs_.data(), *b));
-      b->SetArena(arena_.data(), arena_.size());
-      SG_RETURN_IF_ERROR(CheckBindings(*plan, *b));
-      SG_RETURN_IF_ERROR(dispatch_.Prepare(*plan));
-      SG_ASSIGN_OR_RETURN(TensorId next, g.FindOutput(kNextIdsOutput));
-      SG_ASSIGN_OR_RETURN(TensorId logits, g.FindOutput(kLogitsOutput));
-      next_.push_back(ResolveTensor(*plan, *b, next.index));
-      logits_.push_back(ResolveTensor(*plan, *b, logits.index));
-      bindings_.push_back(std::move(b));
-    }
-    return absl::OkStatus();
-  }
-
-  std::string Describe() const override { return "cpu (the f32 reference, CpuDispatch)"; }
-  bool captured() const override { return false; }
-  const ExecutionPlan& plan(int64_t i) const override { return *plans_[i]; }
-  int64_t kv_cache_bytes() const override { return kv_layout_.total_bytes; }
-
-  int32_t* staging(Staging area) override {
-    switch (area) {
-      case Staging::kPrefillRows:
-        return rows_staging_[0].data();
-      case Staging::kStepRows:
-        return rows_staging_[1].data();
-      case Staging::kPrompt:
-        return prompt_staging_.data();
-    }
-    return nullptr;
-  }
-  absl::Status Commit(Staging area, int64_t count) override {
-    if (area == Staging::kPrompt) {
-      std::copy_n(prompt_staging_.begin(), count, prompt_.begin());
-    } else {
-      const int32_t* src = staging(area);
-      std::copy_n(src, inputs_.size(), inputs_.begin());
-    }
-    return absl::OkStatus();
-  }
-  absl::Status FeedPromptToken(int64_t row, int64_t t) override {
-    inputs_[block_.ids() + row] = prompt_[t];
-    return absl::OkStatus();
-  }
-  absl::Status RunStep(int64_t i, bool eager, std::vector<double>* node_ms) override {
-    if (node_ms == nullptr) return Execute(*plans_[i], *bindings_[i], dispatch_).status();
-    using Clock = std::chrono::steady_clock;
-    node_ms->assign(plans_[i]->graph().num_nodes(), 0.0);
-    Clock::time_point last = Clock::now();
-    ExecOptions options;
-    options.after_node = [&](int32_t node) {
-      const Clock::time_point now = Clock::now();
-      (*node_ms)[node] = std::chrono::duration<double, std::milli>(now - last).count();
-      last = now;
-      return absl::OkStatus();
-    };
-    return Execute(*plans_[i], *bindings_[i], dispatch_, options).status();
-  }
-  absl::Status RecordIds(int64_t i, int64_t k) override {
-    std::memcpy(ring_.data() + k * rows_, next_[i].data,
-                static_cast<size_t>(next_[i].bytes()));
-    return absl::OkStatus();
-  }
-  const int32_t* ring(int64_t k) const override { return ring_.data() + k * rows_; }
-  absl::Status Sync() override { return absl::OkStatus(); }
-  absl::StatusOr<uint32_t> TakeErrorFlags() override { return dispatch_.TakeErrorFlags(); }
-  absl::StatusOr<std::vector<float>> ReadLogits(int64_t i, int64_t row) override {
-    const TensorArg& l = logits_[i];
-    const int64_t vocab = l.shape.cols();
-    return ToFloats(static_cast<const std::byte*>(l.data) + row * vocab * DTypeBytes(l.dtype),
-                    l.dtype, vocab);
-  }
-
-  absl::Status StartMarks(int64_t n) override {
-    marks_.assign(static_cast<size_t>(n), {});
-    return absl::OkStatus();
-  }
-  absl::Status Mark(int64_t i) override {
-    marks_[i] = std::chrono::steady_clock::now();
-    return absl::OkStatus();
-  }
-  absl::StatusOr<std::vector<double>> MarkIntervalsMs() override {
-    std::vector<double> ms;
-    for (size_t i = 1; i < marks_.size(); ++i) {
-      ms.push_back(std::chrono::duration<double, std::milli>(marks_[i] - marks_[i - 1]).count());
-    }
-    return ms;
-  }
-
- private:
-  InputBlock block_;
-  int64_t rows_ = 0;
-  int64_t max_seq_ = 0;
-  std::vector<std::unique_ptr<ExecutionPlan>> plans_;
-  std::vector<std::unique_ptr<Bindings>> bindings_;
-  std::vector<TensorArg> next_, logits_;
-  BufferLayout kv_layout_;
-  AlignedHostBuffer kv_, arena_;
-  std::vector<int32_t> inputs_;
-  std::vector<int32_t> rows_staging_[2];
-  std::vector<int32_t> prompt_staging_, prompt_;
-  std::vector<int32_t> ring_;
-  CpuDispatch dispatch_;
-  std::vector<std::chrono::steady_clock::time_point> marks_;
-};
-
-}  // namespace
-
-absl::StatusOr<std::unique_ptr<StepBackend>> MakeCpuBackend(BackendSetup setup) {
-  auto backend = std::make_unique<CpuBackend>(setup.buckets.back());
-  SG_RETURN_IF_ERROR(backend->Init(setup));
-  return std::unique_ptr<StepBackend>(std::move(backend));
-}
-
-}  // namespace internal
-
-absl::string_view BackendName(Backend b) {
-  switch (b) {
-    case Backend::kAuto:
-      return "auto";
-    case Backend::kCpu:
-      return "cpu";
-    case Backend::kCuda:
-      return "cuda";
-  }
-  return "?";
-}
-
-bool BuiltWithCuda() {
-#if STEPGRAPH_HAS_CUDA
-  return true;
-#else
-  return false;
-#endif
-}
-
-bool CudaBackendAvailable() {
-#if STEPGRAPH_HAS_CUDA
-  return internal::CudaDeviceFound();
-#else
-  return false;
-#endif
-}
-
-#if !STEPGRAPH_HAS_CUDA
-absl::StatusOr<double> MeasureDeviceCopyBandwidth(int64_t, int) {
-  return absl::UnimplementedError("device copy bandwidth: this build of stepgraph has no CUDA");
-}
-#endif
-
-namespace {
 
 absl::Status CheckSampling(const ops::Sample& s) {
   if (!(s.temperature > 0.0f) || !std::isfinite(s.temperature)) {
@@ -251,40 +76,59 @@ absl::Status CheckSampling(const ops::Sample& s) {
 
 }  // namespace
 
+absl::string_view BackendName(Backend b) {
+  switch (b) {
+    case Backend::kAuto:
+      return "auto";
+    case Backend::kCpu:
+      return "cpu";
+    case Backend::kCuda:
+      return "cuda";
+  }
+  return "?";
+}
+
 DecodeSession::~DecodeSession() = default;
 
 absl::StatusOr<std::unique_ptr<DecodeSession>> DecodeSession::Create(
     const SessionOptions& options) {
   std::unique_ptr<DecodeSession> s(new DecodeSession());
+  // No allocation failure escapes: a model too large for this machine is an error, not a
+  // crash.
+  absl::Status status;
+  try {
+    status = s->Init(options);
+  } catch (const std::bad_alloc&) {
+    status = absl::ResourceExhaustedError(
+        "session: out of host memory while loading the model and building its steps");
+  }
+  if (!status.ok()) return status;
+  return s;
+}
+
+absl::Status DecodeSession::Init(const SessionOptions& options) {
+  weight_seed_ = options.weight_seed;
+  weight_threads_ = options.weight_threads;
   if (!options.model_dir.empty()) {
     SG_ASSIGN_OR_RETURN(ModelWeights weights, ModelWeights::Open(options.model_dir));
-    s->mapped_.emplace(std::move(weights));
-    s->config_ = s->mapped_->config();
+    mapped_.emplace(std::move(weights));
+    config_ = mapped_->config();
   } else {
     SG_RETURN_IF_ERROR(options.config.Validate());
-    s->config_ = options.config;
+    config_ = options.config;
   }
 
   Backend backend = options.backend;
-  if (backend == Backend::kAuto) backend = CudaBackendAvailable() ? Backend::kCuda : Backend::kCpu;
-  if (backend == Backend::kCuda && !BuiltWithCuda()) {
-    return absl::FailedPreconditionError(
-        "session: the CUDA backend was asked for, but this build of stepgraph has no CUDA "
-        "(configure with -DSTEPGRAPH_WITH_CUDA=ON)");
-  }
-  if (backend == Backend::kCuda && !CudaBackendAvailable()) {
-    return absl::FailedPreconditionError(
-        "session: the CUDA backend was asked for, but no CUDA device is available");
-  }
-  s->backend_ = backend;
+  if (backend == Backend::kAuto) backend = CudaDeviceFound() ? Backend::kCuda : Backend::kCpu;
+  backend_ = backend;
 
-  const int64_t max_pos = s->config_.max_position_embeddings;
+  const int64_t max_pos = config_.max_position_embeddings;
   if (options.max_slots < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("session: max_slots must be >= 1, got ", options.max_slots));
   }
-  s->max_seq_ = options.max_seq == 0 ? std::min<int64_t>(max_pos, 4096) : options.max_seq;
-  if (s->max_seq_ < 1 || s->max_seq_ > max_pos) {
+  max_seq_ = options.max_seq == 0 ? std::min<int64_t>(max_pos, 4096) : options.max_seq;
+  if (max_seq_ < 1 || max_seq_ > max_pos) {
     return absl::InvalidArgumentError(
         absl::StrCat("session: max_seq must be in [1, max_position_embeddings = ", max_pos,
                      "] (0: min(max_position_embeddings, 4096)), got ", options.max_seq));
@@ -293,88 +137,143 @@ absl::StatusOr<std::unique_ptr<DecodeSession>> DecodeSession::Create(
     return absl::InvalidArgumentError(
         absl::StrCat("session: id_ring_steps must be >= 1, got ", options.id_ring_steps));
   }
-  s->ring_steps_ = options.id_ring_steps;
+  ring_steps_ = options.id_ring_steps;
   if (absl::Status st = ValidateBuckets(options.buckets); !st.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("session: buckets: ", st.message()));
   }
   for (int64_t b : options.buckets) {
-    if (b < options.max_slots) s->buckets_.push_back(b);
+    if (b < options.max_slots) buckets_.push_back(b);
   }
-  s->buckets_.push_back(options.max_slots);
+  buckets_.push_back(options.max_slots);
   if (options.sampling.has_value()) SG_RETURN_IF_ERROR(CheckSampling(*options.sampling));
 
-  internal::BackendSetup setup;
-  setup.config = s->config_;
-  setup.buckets = s->buckets_;
-  setup.max_seq = s->max_seq_;
-  setup.ring_steps = s->ring_steps_;
-  setup.eager = options.eager;
-  setup.weight_threads = options.weight_threads;
-  setup.weight_seed = options.weight_seed;
-  for (int64_t bucket : s->buckets_) {
+  std::vector<Graph> graphs;
+  for (int64_t bucket : buckets_) {
     LlamaGraphOptions g;
     g.batch = bucket;
     g.slots = options.max_slots;
-    g.max_seq = s->max_seq_;
+    g.max_seq = max_seq_;
     g.sampling = options.sampling;
     g.closed_loop = true;
-    SG_ASSIGN_OR_RETURN(Graph graph, BuildLlamaDecodeGraph(s->config_, g));
-    setup.graphs.push_back(std::move(graph));
+    SG_ASSIGN_OR_RETURN(Graph graph, BuildLlamaDecodeGraph(config_, g));
+    graphs.push_back(std::move(graph));
   }
-  if (s->mapped_.has_value()) {
-    SG_RETURN_IF_ERROR(CheckWeightsAgainstGraph(*s->mapped_, setup.graphs.back()));
-    setup.mapped = &*s->mapped_;
+  const Graph& largest = graphs.back();
+  if (mapped_.has_value()) SG_RETURN_IF_ERROR(CheckWeightsAgainstGraph(*mapped_, largest));
+
+  RunnerOptions ro;
+  ro.device = backend == Backend::kCuda ? DeviceKind::kCuda : DeviceKind::kCpu;
+  ro.eager = options.eager;
+  ro.cuda = options.cuda;
+  ro.cpu_threads = options.cpu_threads;
+  SG_ASSIGN_OR_RETURN(runner_, StepRunner::Create(ro));
+
+  // The KV cache is the one buffer whose size the caller picks freely (max_seq × slots):
+  // check it against the device before asking for it.
+  kv_layout_ = LayoutBuffers(largest, TensorKind::kState);
+  SG_ASSIGN_OR_RETURN(const int64_t free_bytes, runner_->FreeBytes());
+  if (kv_layout_.total_bytes > free_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "session: the KV cache for ", options.max_slots, " slot(s) of max_seq = ", max_seq_,
+        " needs ", kv_layout_.total_bytes, " bytes, but the ", DeviceKindName(ro.device),
+        " device has ", free_bytes, " bytes free; ask for fewer positions (max_seq) or slots"));
   }
 
-  if (backend == Backend::kCuda) {
-#if STEPGRAPH_HAS_CUDA
-    SG_ASSIGN_OR_RETURN(s->impl_, internal::MakeCudaBackend(std::move(setup)));
-    // The device has its own copy; the mapping is not needed any more.
-    s->mapped_.reset();
-#endif
-  } else {
-    if (!s->mapped_.has_value()) {
-      SG_ASSIGN_OR_RETURN(RandomWeights random,
-                          RandomWeights::Create(setup.graphs.back(), options.weight_seed,
-                                                options.weight_threads));
-      s->random_.emplace(std::move(random));
-      setup.random = &*s->random_;
-    }
-    SG_ASSIGN_OR_RETURN(s->impl_, internal::MakeCpuBackend(std::move(setup)));
+  StepRunner::Binder bind_weights;
+  SG_RETURN_IF_ERROR(SetUpWeights(largest, &bind_weights));
+  SG_ASSIGN_OR_RETURN(void* kv, runner_->AllocateZeroed(kv_layout_.total_bytes, "the KV cache"));
+
+  // Step inputs start as all padding, so that nothing a capture might run writes a cache.
+  const InputBlock block(max_slots());
+  SG_ASSIGN_OR_RETURN(void* inputs, runner_->Allocate(block.bytes(), "the step inputs"));
+  SG_ASSIGN_OR_RETURN(void* prompt, runner_->Allocate(max_seq_ * 4, "the prompt ids"));
+  SG_ASSIGN_OR_RETURN(void* staging,
+                      runner_->AllocateHost(2 * block.bytes() + max_seq_ * 4, "input staging"));
+  SG_ASSIGN_OR_RETURN(void* ring, runner_->AllocateHost(ring_steps_ * max_slots() * 4,
+                                                        "the id ring"));
+  inputs_ = static_cast<int32_t*>(inputs);
+  prompt_ = static_cast<int32_t*>(prompt);
+  staging_ = static_cast<int32_t*>(staging);
+  ring_ = static_cast<int32_t*>(ring);
+  block.Clear(staging_);
+  SG_RETURN_IF_ERROR(runner_->Copy(inputs_, staging_, block.bytes()));
+
+  auto* kv_base = static_cast<std::byte*>(kv);
+  for (Graph& graph : graphs) {
+    auto bind = [&](const Graph& g, Bindings& b) -> absl::Status {
+      SG_RETURN_IF_ERROR(bind_weights(g, b));
+      SG_RETURN_IF_ERROR(BindLayout(g, TensorKind::kState, kv_layout_, kv_base, b));
+      return BindInputBlock(g, block, inputs_, b);
+    };
+    SG_RETURN_IF_ERROR(runner_->AddStep(std::move(graph), bind).status());
   }
-  s->captured_ = s->impl_->captured();
-  s->eager_ = !s->captured_;
-  s->slots_.resize(static_cast<size_t>(options.max_slots));
+  // Captured now, while every row is padding, rather than on first use in mid-decode.
+  SG_RETURN_IF_ERROR(runner_->Finalize());
+  for (int i = 0; i < runner_->num_steps(); ++i) {
+    SG_ASSIGN_OR_RETURN(TensorArg next, runner_->Output(i, kNextIdsOutput));
+    SG_ASSIGN_OR_RETURN(TensorArg logits, runner_->Output(i, kLogitsOutput));
+    next_.push_back(next);
+    logits_.push_back(logits);
+  }
+  slots_.resize(static_cast<size_t>(options.max_slots));
   // A slot yields at most max_seq ids per sequence; reserving them keeps Drain, and so
   // the step path, free of allocation.
-  for (Slot& slot : s->slots_) slot.tokens.reserve(static_cast<size_t>(s->max_seq_));
-  return s;
+  for (Slot& slot : slots_) slot.tokens.reserve(static_cast<size_t>(max_seq_));
+  return runner_->Sync();
+}
+
+absl::Status DecodeSession::SetUpWeights(const Graph& largest, StepRunner::Binder* bind) {
+  const BufferLayout layout = LayoutBuffers(largest, TensorKind::kWeight);
+  weight_bytes_ = layout.total_bytes;
+  if (mapped_.has_value() && runner_->device() == DeviceKind::kCpu) {
+    // The CPU reads the mapped files in place.
+    const ModelWeights* weights = &*mapped_;
+    *bind = [weights](const Graph& g, Bindings& b) { return BindMappedWeights(*weights, g, b); };
+    return absl::OkStatus();
+  }
+  SG_ASSIGN_OR_RETURN(void* device_weights, runner_->Allocate(layout.total_bytes, "the weights"));
+  auto* base = static_cast<std::byte*>(device_weights);
+  if (mapped_.has_value()) {
+    for (const BufferLayout::Entry& e : layout.entries) {
+      const ModelWeights::Entry found = mapped_->Find(e.name);
+      if (found.tensor == nullptr) {
+        return absl::NotFoundError(
+            absl::StrCat("weight '", e.name, "' is not in ", mapped_->dir()));
+      }
+      SG_RETURN_IF_ERROR(runner_->Copy(base + e.offset, found.tensor->data.data(), e.bytes));
+    }
+    // The mapping may be dropped only after the copies read it.
+    SG_RETURN_IF_ERROR(runner_->Sync());
+    mapped_.reset();
+  } else if (runner_->device() == DeviceKind::kCpu) {
+    SG_RETURN_IF_ERROR(FillRandomWeights(largest, layout, weight_seed_,
+                                         {base, static_cast<size_t>(layout.total_bytes)},
+                                         weight_threads_));
+  } else {
+    // Drawn on the host, exactly as the CPU draws them, then uploaded at once.
+    SG_ASSIGN_OR_RETURN(AlignedHostBuffer host,
+                        AlignedHostBuffer::Allocate(layout.total_bytes, "random weights"));
+    SG_RETURN_IF_ERROR(
+        FillRandomWeights(largest, layout, weight_seed_, host.span(), weight_threads_));
+    SG_RETURN_IF_ERROR(runner_->Copy(base, host.data(), layout.total_bytes));
+    SG_RETURN_IF_ERROR(runner_->Sync());
+  }
+  *bind = [layout, base](const Graph& g, Bindings& b) {
+    return BindLayout(g, TensorKind::kWeight, layout, base, b);
+  };
+  return absl::OkStatus();
 }
 
 std::string DecodeSession::Describe() const {
-  return absl::StrCat(impl_->Describe(), eager_ ? ", eager" : ", replayed CUDA graphs",
-                      "; buckets ", absl::StrJoin(buckets_, ","), ", max_seq ", max_seq_);
+  return absl::StrCat(runner_->Describe(), "; buckets ", absl::StrJoin(buckets_, ","),
+                      ", max_seq ", max_seq_);
 }
-
-int64_t DecodeSession::kv_cache_bytes() const { return impl_->kv_cache_bytes(); }
 
 const ExecutionPlan* DecodeSession::plan(int64_t bucket) const {
   for (size_t i = 0; i < buckets_.size(); ++i) {
-    if (buckets_[i] == bucket) return &impl_->plan(static_cast<int64_t>(i));
+    if (buckets_[i] == bucket) return &runner_->plan(static_cast<int>(i));
   }
   return nullptr;
-}
-
-absl::Status DecodeSession::SetEager(bool eager) {
-  if (!eager && !captured_) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "session: cannot replay captured steps: ",
-        backend_ == Backend::kCpu ? "the CPU backend runs every step eagerly"
-                                  : "this session was made eager (or STEPGRAPH_EAGER=1), "
-                                    "so nothing was captured"));
-  }
-  eager_ = eager;
-  return absl::OkStatus();
 }
 
 bool DecodeSession::live(int64_t slot) const {
@@ -448,20 +347,24 @@ absl::Status DecodeSession::Prefill(int64_t slot, absl::Span<const int32_t> prom
     // Every row but this slot's is padding while the prompt goes in; the closed loop
     // advances the slot's position, and each later prompt id is copied into its row on
     // the device from the prompt uploaded once.
-    const internal::InputBlock block(max_slots());
-    int32_t* rows = impl_->staging(internal::Staging::kPrefillRows);
-    std::fill_n(rows, block.ints(), 0);
-    std::fill_n(rows + block.pos(), block.rows, -1);
+    // Staging areas: [prefill rows | step rows | prompt]; each is rewritten only after
+    // the device read it (every change of the live set drained first).
+    const InputBlock block(max_slots());
+    int32_t* rows = staging_;
+    block.Clear(rows);
     rows[block.ids() + slot] = prompt[0];
     rows[block.pos() + slot] = 0;
     rows[block.seeds() + slot] = seed;
-    SG_RETURN_IF_ERROR(impl_->Commit(internal::Staging::kPrefillRows, block.ints()));
-    std::copy_n(prompt.data(), n, impl_->staging(internal::Staging::kPrompt));
-    SG_RETURN_IF_ERROR(impl_->Commit(internal::Staging::kPrompt, n));
-    const int64_t bucket = BucketFor(slot + 1);
+    SG_RETURN_IF_ERROR(runner_->Copy(inputs_, rows, block.bytes()));
+    int32_t* staged_prompt = staging_ + 2 * block.ints();
+    std::copy_n(prompt.data(), n, staged_prompt);
+    SG_RETURN_IF_ERROR(runner_->Copy(prompt_, staged_prompt, n * 4));
+    const int bucket = static_cast<int>(BucketFor(slot + 1));
     for (int64_t t = 0; t + 1 < n; ++t) {
-      if (t > 0) SG_RETURN_IF_ERROR(impl_->FeedPromptToken(slot, t));
-      SG_RETURN_IF_ERROR(impl_->RunStep(bucket, eager_, nullptr));
+      if (t > 0) {
+        SG_RETURN_IF_ERROR(runner_->Copy(inputs_ + block.ids() + slot, prompt_ + t, 4));
+      }
+      SG_RETURN_IF_ERROR(runner_->Run(bucket));
     }
   }
   s.live = true;
@@ -489,13 +392,12 @@ absl::Status DecodeSession::StepImpl(std::vector<double>* node_ms) {
   }
   SG_RETURN_IF_ERROR(CheckCapacity(1));
   if (pending_steps_ == ring_steps_) SG_RETURN_IF_ERROR(Drain());
-  const int64_t bucket = BucketFor(highest + 1);
+  const int bucket = static_cast<int>(BucketFor(highest + 1));
   if (inputs_dirty_) {
     // The live set changed, which drained: the host knows every live slot's next id.
-    const internal::InputBlock block(max_slots());
-    int32_t* rows = impl_->staging(internal::Staging::kStepRows);
-    std::fill_n(rows, block.ints(), 0);
-    std::fill_n(rows + block.pos(), block.rows, -1);
+    const InputBlock block(max_slots());
+    int32_t* rows = staging_ + block.ints();
+    block.Clear(rows);
     for (int64_t i = 0; i < max_slots(); ++i) {
       const Slot& s = slots_[i];
       if (!s.live) continue;
@@ -503,11 +405,16 @@ absl::Status DecodeSession::StepImpl(std::vector<double>* node_ms) {
       rows[block.pos() + i] = s.pos;
       rows[block.seeds() + i] = s.seed;
     }
-    SG_RETURN_IF_ERROR(impl_->Commit(internal::Staging::kStepRows, block.ints()));
+    SG_RETURN_IF_ERROR(runner_->Copy(inputs_, rows, block.bytes()));
     inputs_dirty_ = false;
   }
-  SG_RETURN_IF_ERROR(impl_->RunStep(bucket, eager_ || node_ms != nullptr, node_ms));
-  SG_RETURN_IF_ERROR(impl_->RecordIds(bucket, pending_steps_));
+  if (node_ms != nullptr) {
+    SG_ASSIGN_OR_RETURN(*node_ms, runner_->Profile(bucket));
+  } else {
+    SG_RETURN_IF_ERROR(runner_->Run(bucket));
+  }
+  const TensorArg& next = next_[bucket];
+  SG_RETURN_IF_ERROR(runner_->Copy(ring_ + pending_steps_ * max_slots(), next.data, next.bytes()));
   ++pending_steps_;
   for (Slot& s : slots_) {
     if (s.live) ++s.pos;
@@ -517,10 +424,10 @@ absl::Status DecodeSession::StepImpl(std::vector<double>* node_ms) {
 }
 
 absl::Status DecodeSession::Drain() {
-  SG_RETURN_IF_ERROR(impl_->Sync());
+  SG_RETURN_IF_ERROR(runner_->Sync());
   if (pending_steps_ == 0) return absl::OkStatus();
   for (int64_t k = 0; k < pending_steps_; ++k) {
-    const int32_t* ids = impl_->ring(k);
+    const int32_t* ids = ring_ + k * max_slots();
     for (int64_t i = 0; i < max_slots(); ++i) {
       if (slots_[i].live) slots_[i].tokens.push_back(ids[i]);
     }
@@ -533,7 +440,7 @@ absl::Status DecodeSession::Drain() {
 }
 
 absl::Status DecodeSession::CheckErrorFlags() {
-  SG_ASSIGN_OR_RETURN(uint32_t flags, impl_->TakeErrorFlags());
+  SG_ASSIGN_OR_RETURN(uint32_t flags, runner_->TakeErrorFlags());
   if (flags & kErrorTokenOutOfRange) {
     return absl::OutOfRangeError(absl::StrCat(
         "a step fed a token id outside the vocabulary [0, ", config_.vocab_size,
@@ -595,7 +502,14 @@ absl::StatusOr<std::vector<float>> DecodeSession::Logits(int64_t slot) {
         "Logits: slot ", slot, " was not live in the last step (or no step ran since a Prefill)"));
   }
   SG_RETURN_IF_ERROR(Drain());
-  return impl_->ReadLogits(last_bucket_, slot);
+  const TensorArg& l = logits_[last_bucket_];
+  const int64_t vocab = l.shape.cols();
+  const int64_t row_bytes = vocab * DTypeBytes(l.dtype);
+  std::vector<std::byte> host(static_cast<size_t>(row_bytes));
+  SG_RETURN_IF_ERROR(
+      runner_->Copy(host.data(), static_cast<const std::byte*>(l.data) + slot * row_bytes, row_bytes));
+  SG_RETURN_IF_ERROR(runner_->Sync());
+  return ToFloats(host.data(), l.dtype, vocab);
 }
 
 absl::StatusOr<std::vector<double>> DecodeSession::TimedSteps(int64_t n) {
@@ -606,13 +520,13 @@ absl::StatusOr<std::vector<double>> DecodeSession::TimedSteps(int64_t n) {
     return absl::FailedPreconditionError("TimedSteps: no slot is live; Prefill one first");
   }
   SG_RETURN_IF_ERROR(CheckCapacity(n));
-  SG_RETURN_IF_ERROR(impl_->StartMarks(n + 1));
-  SG_RETURN_IF_ERROR(impl_->Mark(0));
+  SG_RETURN_IF_ERROR(runner_->StartMarks(n + 1));
+  SG_RETURN_IF_ERROR(runner_->Mark(0));
   for (int64_t i = 0; i < n; ++i) {
     SG_RETURN_IF_ERROR(StepImpl(nullptr));
-    SG_RETURN_IF_ERROR(impl_->Mark(i + 1));
+    SG_RETURN_IF_ERROR(runner_->Mark(i + 1));
   }
-  SG_ASSIGN_OR_RETURN(std::vector<double> ms, impl_->MarkIntervalsMs());
+  SG_ASSIGN_OR_RETURN(std::vector<double> ms, runner_->MarkIntervalsMs());
   SG_RETURN_IF_ERROR(Drain());
   SG_RETURN_IF_ERROR(CheckErrorFlags());
   return ms;
@@ -623,7 +537,7 @@ absl::StatusOr<std::vector<NodeTime>> DecodeSession::ProfileStep() {
   SG_RETURN_IF_ERROR(StepImpl(&node_ms));
   SG_RETURN_IF_ERROR(Drain());
   SG_RETURN_IF_ERROR(CheckErrorFlags());
-  const Graph& g = impl_->plan(last_bucket_).graph();
+  const Graph& g = runner_->plan(static_cast<int>(last_bucket_)).graph();
   std::vector<NodeTime> out;
   out.reserve(node_ms.size());
   for (int32_t i = 0; i < g.num_nodes() && i < static_cast<int32_t>(node_ms.size()); ++i) {

@@ -1,8 +1,9 @@
-// DecodeSession: a Llama model decoding several sequences at once, end to end. It owns the
-// decode-step graphs (one per batch bucket), the weights (mapped from a model folder or
-// drawn at random from a seed), the KV cache and the step inputs, and runs each step on
-// the CPU reference or on the GPU, where every bucket's step is captured once as a CUDA
-// graph and replayed.
+// DecodeSession: a Llama model decoding several sequences at once, end to end. It builds
+// the decode-step graphs (one per batch bucket) and hands them to a StepRunner, which owns
+// where they run (the CPU reference, or the GPU where every bucket's step is captured once
+// as a CUDA graph and replayed) and the memory of the weights (mapped from a model folder
+// or drawn at random from a seed), the KV cache and the step inputs. The session itself
+// keeps the slots' bookkeeping and knows nothing of CUDA.
 //
 // Slots. The session holds `max_slots` sequences; slot i is row i of every step and KV
 // cache slot i. A step runs the smallest bucket that covers the highest live slot; rows
@@ -30,12 +31,9 @@
 #include "models/random_weights.h"
 #include "models/safetensors.h"
 #include "stepgraph/plan.h"
+#include "stepgraph/step_runner.h"
 
 namespace sg {
-
-namespace internal {
-class StepBackend;
-}  // namespace internal
 
 enum class Backend : uint8_t {
   kAuto,  // CUDA when this build has it and a device is found, else the CPU reference
@@ -43,12 +41,6 @@ enum class Backend : uint8_t {
   kCuda,  // CudaDispatch, each bucket's step captured as a CUDA graph and replayed
 };
 absl::string_view BackendName(Backend b);  // "auto", "cpu", "cuda"
-
-// Whether this build includes the CUDA backend.
-bool BuiltWithCuda();
-// Whether the CUDA backend can run here: built with it and cudaGetDeviceCount finds a
-// device.
-bool CudaBackendAvailable();
 
 struct SessionOptions {
   // The model: a Hugging Face folder (config.json + safetensors, see ModelWeights::Open),
@@ -61,6 +53,13 @@ struct SessionOptions {
   int weight_threads = 0;
 
   Backend backend = Backend::kAuto;
+  // CUDA: run every step eagerly (one launch per node) instead of replaying captured
+  // graphs. The CPU backend is always eager.
+  bool eager = false;
+  // The CUDA dispatcher's switches, and the CPU reference's threads (0: one per core).
+  CudaOptions cuda;
+  int cpu_threads = 0;
+
   // Sequences decoded together (KV cache slots).
   int64_t max_slots = 1;
   // KV cache length per slot: the most positions (prompt + generated) a sequence may use.
@@ -70,9 +69,6 @@ struct SessionOptions {
   std::optional<ops::Sample> sampling;
   // Batch buckets: one graph each. Buckets at or above max_slots are replaced by max_slots.
   std::vector<int64_t> buckets = {1, 2, 4, 8, 16, 32};
-  // CUDA: run every step eagerly (one launch per node) instead of replaying captured
-  // graphs; also set by STEPGRAPH_EAGER=1. The CPU backend is always eager.
-  bool eager = false;
   // Steps whose ids are buffered on the host side before the session waits to drain them
   // (a Generate of more steps than this waits once per this many steps).
   int64_t id_ring_steps = 4096;
@@ -89,10 +85,10 @@ struct NodeTime {
 class DecodeSession {
  public:
   // Loads or draws the weights, builds and plans every bucket's graph, allocates the KV
-  // cache (zeroed) and the step buffers and, on CUDA, uploads the weights once and captures
-  // every bucket's step. Errors name what was wrong: InvalidArgument for options,
-  // NotFound for a missing model folder, FailedPrecondition for backend = kCuda where
-  // CUDA cannot run.
+  // cache and the step buffers on the runner's device and, on CUDA, captures every
+  // bucket's step. Errors name what was wrong: InvalidArgument for options, NotFound for a
+  // missing model folder, FailedPrecondition for backend = kCuda where CUDA cannot run,
+  // ResourceExhausted (with the bytes needed and free) for a KV cache that does not fit.
   static absl::StatusOr<std::unique_ptr<DecodeSession>> Create(const SessionOptions& options);
   ~DecodeSession();
   DecodeSession(const DecodeSession&) = delete;
@@ -106,16 +102,14 @@ class DecodeSession {
   int64_t max_seq() const { return max_seq_; }
   const std::vector<int64_t>& buckets() const { return buckets_; }
   // Weights and KV cache in bytes.
-  int64_t weight_bytes() const { return config_.WeightBytes(); }
-  int64_t kv_cache_bytes() const;
+  int64_t weight_bytes() const { return weight_bytes_; }
+  int64_t kv_cache_bytes() const { return kv_layout_.total_bytes; }
   // The plan of `bucket`; nullptr when it is not one of buckets().
   const ExecutionPlan* plan(int64_t bucket) const;
-
-  // Whether steps run eagerly. SetEager(true) on CUDA runs later steps through the
-  // executor instead of replaying; SetEager(false) is FailedPrecondition where nothing was
-  // captured (the CPU backend, or a session made eager).
-  bool eager() const { return eager_; }
-  absl::Status SetEager(bool eager);
+  // Whether steps run eagerly (the CPU always; CUDA when made with `eager`).
+  bool eager() const { return !runner_->replays(); }
+  // Where the steps run (for measurements such as the device's copy bandwidth).
+  StepRunner& runner() { return *runner_; }
 
   // Starts a new sequence in `slot` (ending the one it held): feeds every prompt token but
   // the last through the decode graph, one step per token, with the other rows padded. The
@@ -173,6 +167,8 @@ class DecodeSession {
 
   DecodeSession() = default;
 
+  absl::Status Init(const SessionOptions& options);
+  absl::Status SetUpWeights(const Graph& largest, StepRunner::Binder* bind_weights);
   absl::Status CheckSlot(int64_t slot, absl::string_view what) const;
   absl::Status CheckCapacity(int64_t steps) const;
   // One step; `node_ms` set: eager with per-node times.
@@ -189,13 +185,23 @@ class DecodeSession {
   std::vector<int64_t> buckets_;
   int64_t max_seq_ = 0;
   int64_t ring_steps_ = 0;
-  bool eager_ = true;
-  bool captured_ = false;
+  int64_t weight_bytes_ = 0;
+  uint64_t weight_seed_ = 0;
+  int weight_threads_ = 0;
 
-  // Weights the CPU backend binds in place (the GPU copies them and drops these).
+  // Host weights the CPU binds in place (a mapped folder); the GPU copies them.
   std::optional<ModelWeights> mapped_;
-  std::optional<RandomWeights> random_;
-  std::unique_ptr<internal::StepBackend> impl_;
+  std::unique_ptr<StepRunner> runner_;
+  BufferLayout kv_layout_;
+  // On the runner's device: the step inputs (ids | pos | seeds of every row) and the
+  // prompt being fed. On the host (pinned on CUDA): the staged inputs of a Prefill and of
+  // a Step (two areas, each rewritten only after the device read it), the prompt staged,
+  // and the ring of recorded ids.
+  int32_t* inputs_ = nullptr;
+  int32_t* prompt_ = nullptr;
+  int32_t* staging_ = nullptr;
+  int32_t* ring_ = nullptr;
+  std::vector<TensorArg> next_, logits_;  // per bucket
 
   std::vector<Slot> slots_;
   // The live set changed since the step inputs were last written.
@@ -206,11 +212,6 @@ class DecodeSession {
   // Bucket index of the last step; -1 when a Prefill ran since (its logits are gone).
   int64_t last_bucket_ = -1;
 };
-
-// The bandwidth of a large device-to-device cudaMemcpyAsync, counted as bytes read plus
-// bytes written per second (median of `repeats`): the ceiling a memory-bound decode step
-// is compared with. Unimplemented without CUDA.
-absl::StatusOr<double> MeasureDeviceCopyBandwidth(int64_t bytes, int repeats);
 
 }  // namespace sg
 

@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -32,6 +33,8 @@
 #include "models/config.h"
 #include "models/llama.h"
 #include "models/session.h"
+#include "stepgraph/cuda_options.h"
+#include "stepgraph/step_runner.h"
 #include "stepgraph/plan.h"
 #include "stepgraph/status.h"
 
@@ -65,6 +68,7 @@ struct Args {
   uint64_t weight_seed = 0;
   bool cpu = false;
   bool eager = false;
+  CudaOptions cuda;
   int64_t max_seq = 0;
   // run
   std::vector<int32_t> prompt = {1, 2, 3, 4, 5, 6, 7, 8};
@@ -104,6 +108,11 @@ constexpr char kModelOptions[] =
   --weight-seed S        seed of the random weights (default 0)
   --cpu                  run on the CPU reference even where a GPU is available
   --eager                GPU: launch every node each step instead of replaying a graph
+                         (also STEPGRAPH_EAGER=1)
+  --matmul POLICY        GPU matmul path: auto (default), cublaslt, gemv (also
+                         STEPGRAPH_MATMUL)
+  --no-pdl               GPU: launch kernels without programmatic dependent launch (also
+                         STEPGRAPH_PDL=0)
   --max-seq N            KV cache length per sequence (default: what the command needs)
   -h, --help             this help
 )";
@@ -111,8 +120,8 @@ constexpr char kModelOptions[] =
 constexpr char kRunHelp[] =
     R"(usage: stepgraph run [options]
 
-Feeds the prompt, generates tokens, prints their ids and the decode speed: on a GPU the
-replayed step and a short eager run, both in ms/token, and tokens/s.
+Feeds the prompt, generates tokens, prints their ids and the decode speed in ms/token
+and tokens/s (on a GPU of the replayed step, or with --eager of launches per node).
 
 run options:
   --prompt-ids 1,2,3     prompt token ids (default 1,2,3,4,5,6,7,8)
@@ -223,7 +232,8 @@ constexpr FlagSpec kFlags[] = {
     {"--top-k", true, kRun},          {"--top-p", true, kRun},
     {"--seed", true, kRun},           {"--dot", true, kGraph},
     {"--steps", true, kBench},        {"--positions", true, kBench},
-    {"--profile", false, kBench},
+    {"--profile", false, kBench},     {"--matmul", true, kAll},
+    {"--no-pdl", false, kAll},
 };
 
 absl::Status ApplyFlag(absl::string_view name, absl::string_view value, Args& a) {
@@ -247,6 +257,12 @@ absl::Status ApplyFlag(absl::string_view name, absl::string_view value, Args& a)
     a.cpu = true;
   } else if (name == "--eager") {
     a.eager = true;
+  } else if (name == "--matmul") {
+    absl::StatusOr<MatmulPolicy> p = ParseMatmulPolicy(value);
+    if (!p.ok()) return absl::InvalidArgumentError(absl::StrCat("--matmul: ", p.status().message()));
+    a.cuda.matmul = *p;
+  } else if (name == "--no-pdl") {
+    a.cuda.programmatic_launch = false;
   } else if (name == "--max-seq") {
     SG_ASSIGN_OR_RETURN(a.max_seq, ParseInt(name, value, 1, INT32_MAX));
   } else if (name == "--help" || name == "-h") {
@@ -283,8 +299,29 @@ absl::Status ApplyFlag(absl::string_view name, absl::string_view value, Args& a)
 
 // Hand-parsed: "--flag value" and "--flag=value"; the first word may name the command.
 // `named` is set to the command when the first word names one (for the hint of an error).
+// The environment variables stepgraph knows, mapped onto the options here and nowhere
+// else (the library reads no environment). Flags given later override them.
+absl::Status ApplyEnvironment(Args& a) {
+  auto get = [](const char* name) -> absl::string_view {
+    const char* v = std::getenv(name);
+    return v == nullptr ? absl::string_view() : absl::string_view(v);
+  };
+  if (absl::string_view v = get("STEPGRAPH_EAGER"); !v.empty() && v != "0") a.eager = true;
+  if (absl::string_view v = get("STEPGRAPH_PDL"); v == "0") a.cuda.programmatic_launch = false;
+  if (absl::string_view v = get("STEPGRAPH_MATMUL"); !v.empty()) {
+    absl::StatusOr<MatmulPolicy> p = ParseMatmulPolicy(v);
+    if (!p.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("environment variable STEPGRAPH_MATMUL: ", p.status().message()));
+    }
+    a.cuda.matmul = *p;
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<Args> ParseArgs(int argc, char** argv, std::optional<Command>& named) {
   Args a;
+  SG_RETURN_IF_ERROR(ApplyEnvironment(a));
   int i = 1;
   if (i < argc && argv[i][0] != '-') {
     const absl::string_view word = argv[i];
@@ -417,7 +454,8 @@ class Progress {
 
 absl::StatusOr<std::unique_ptr<DecodeSession>> MakeSession(const Args& a, int64_t slots,
                                                            int64_t max_seq,
-                                                           std::optional<ops::Sample> sampling) {
+                                                           std::optional<ops::Sample> sampling,
+                                                           bool eager) {
   SessionOptions o;
   o.model_dir = a.model_dir;
   if (a.model_dir.empty()) {
@@ -428,8 +466,9 @@ absl::StatusOr<std::unique_ptr<DecodeSession>> MakeSession(const Args& a, int64_
   o.max_slots = slots;
   o.max_seq = max_seq;
   o.sampling = sampling;
-  o.eager = a.eager;
-  if (!a.cpu && !CudaBackendAvailable()) {
+  o.eager = eager;
+  o.cuda = a.cuda;
+  if (!a.cpu && !CudaDeviceFound()) {
     std::fprintf(stderr, "stepgraph: %s; running on the CPU reference (slow)\n",
                  BuiltWithCuda() ? "no CUDA device found" : "built without CUDA");
   }
@@ -460,7 +499,10 @@ absl::StatusOr<std::vector<std::vector<int32_t>>> GenerateWithProgress(DecodeSes
 absl::Status PrefillAll(DecodeSession& s, const std::vector<int32_t>& prompt, int64_t batch,
                         int32_t seed) {
   for (int64_t b = 0; b < batch; ++b) {
-    SG_RETURN_IF_ERROR(s.Prefill(b, prompt, seed + static_cast<int32_t>(b)));
+    // Sequence b's seed is seed + b, wrapping around (every i32 is a valid seed).
+    const int32_t seed_b =
+        static_cast<int32_t>(static_cast<uint32_t>(seed) + static_cast<uint32_t>(b));
+    SG_RETURN_IF_ERROR(s.Prefill(b, prompt, seed_b));
   }
   return absl::OkStatus();
 }
@@ -487,7 +529,7 @@ int Run(const Args& a) {
   if (a.temperature > 0.0f) sampling = ops::Sample{a.temperature, a.top_k, a.top_p};
 
   absl::StatusOr<std::unique_ptr<DecodeSession>> made =
-      MakeSession(a, a.batch, a.max_seq > 0 ? a.max_seq : need, sampling);
+      MakeSession(a, a.batch, a.max_seq > 0 ? a.max_seq : need, sampling, a.eager);
   if (!made.ok()) return RuntimeFailure(made.status());
   DecodeSession& s = **made;
 
@@ -523,36 +565,8 @@ int Run(const Args& a) {
                 tokens_per_s, prefill.c_str());
     return kExitOk;
   }
-  if (s.eager()) {
-    std::printf("timing: eager %.3f ms/token (%.1f tokens/s); %s\n", ms_per_step, tokens_per_s,
-                prefill.c_str());
-    return kExitOk;
-  }
-  // A short eager run of the same prompt: the same ids, at the cost of a launch per node.
-  const int64_t eager_n = std::min<int64_t>(n, 16);
-  double eager_ms = 0;
-  bool same = true;
-  if (eager_n > 0) {
-    absl::Status st = PrefillAll(s, a.prompt, a.batch, a.seed);
-    if (st.ok()) st = s.SetEager(true);
-    if (!st.ok()) return RuntimeFailure(st);
-    t0 = Clock::now();
-    absl::StatusOr<std::vector<std::vector<int32_t>>> eager_ids = s.Generate(eager_n);
-    eager_ms = MsSince(t0) / static_cast<double>(eager_n);
-    if (!eager_ids.ok()) return RuntimeFailure(eager_ids.status());
-    for (int64_t b = 0; b < a.batch; ++b) {
-      same = same && std::equal((*eager_ids)[b].begin(), (*eager_ids)[b].end(), (*ids)[b].begin());
-    }
-    (void)s.SetEager(false);
-  }
-  std::printf("timing: replayed %.3f ms/token (%.1f tokens/s), eager %.3f ms/token (%.2fx); %s\n",
-              ms_per_step, tokens_per_s, eager_ms, ms_per_step > 0 ? eager_ms / ms_per_step : 0.0,
-              prefill.c_str());
-  if (!same) {
-    std::fprintf(stderr, "stepgraph: warning: the eager run's first %lld ids differ from the "
-                         "replayed run's\n",
-                 static_cast<long long>(eager_n));
-  }
+  std::printf("timing: %s %.3f ms/token (%.1f tokens/s); %s\n",
+              s.eager() ? "eager" : "replayed", ms_per_step, tokens_per_s, prefill.c_str());
   return kExitOk;
 }
 
@@ -668,64 +682,78 @@ int Bench(const Args& a) {
                         kBench);
   }
   absl::StatusOr<std::unique_ptr<DecodeSession>> made =
-      MakeSession(a, a.batch, max_seq, std::nullopt);
+      MakeSession(a, a.batch, max_seq, std::nullopt, a.eager);
   if (!made.ok()) return RuntimeFailure(made.status());
-  DecodeSession& s = **made;
-  const bool gpu = s.backend() == Backend::kCuda;
+  std::unique_ptr<DecodeSession> session = *std::move(made);
+  const bool gpu = session->backend() == Backend::kCuda;
 
   double copy_bw = 0;
   if (gpu) {
-    absl::StatusOr<double> bw = MeasureDeviceCopyBandwidth(int64_t{1} << 29, 10);
+    absl::StatusOr<double> bw = session->runner().CopyBandwidth(int64_t{1} << 29, 10);
     if (!bw.ok()) return RuntimeFailure(bw.status());
     copy_bw = *bw;
     std::printf("device-to-device copy: %.1f GB/s (read + write); weights %s: floor %.4f ms/step\n",
-                copy_bw * 1e-9, Bytes(s.weight_bytes()).c_str(),
-                1e3 * static_cast<double>(s.weight_bytes()) / copy_bw);
+                copy_bw * 1e-9, Bytes(session->weight_bytes()).c_str(),
+                1e3 * static_cast<double>(session->weight_bytes()) / copy_bw);
   }
-  const double floor_ms = gpu ? 1e3 * static_cast<double>(s.weight_bytes()) / copy_bw : 0;
-  bool profiled = false;
-  for (int64_t pos : a.positions) {
+  const double floor_ms = gpu ? 1e3 * static_cast<double>(session->weight_bytes()) / copy_bw : 0;
+
+  // Median ms per step of `a.steps` steps at context position `pos` (every slot prefilled
+  // with a prompt of pos + 1 ids).
+  auto measure = [&](DecodeSession& s, int64_t pos) -> absl::StatusOr<double> {
     std::fprintf(stderr, "stepgraph: prefilling %lld x %lld tokens\n",
                  static_cast<long long>(a.batch), static_cast<long long>(pos + 1));
     for (int64_t b = 0; b < a.batch; ++b) {
-      absl::Status st = s.Prefill(b, BenchPrompt(pos + 1, s.config().vocab_size, b));
-      if (!st.ok()) return RuntimeFailure(st);
+      SG_RETURN_IF_ERROR(s.Prefill(b, BenchPrompt(pos + 1, s.config().vocab_size, b)));
     }
-    absl::StatusOr<std::vector<std::vector<int32_t>>> warm = s.Generate(4);
-    if (!warm.ok()) return RuntimeFailure(warm.status());
-    double replayed = 0;
-    if (gpu && !s.eager()) {
-      absl::StatusOr<std::vector<double>> t = s.TimedSteps(a.steps);
-      if (!t.ok()) return RuntimeFailure(t.status());
-      replayed = Median(*t);
-      (void)s.SetEager(true);
-    }
-    absl::StatusOr<std::vector<double>> t = s.TimedSteps(a.steps);
-    if (!t.ok()) return RuntimeFailure(t.status());
-    const double eager = Median(*t);
-    const double tokens = static_cast<double>(a.batch);
-    if (!gpu) {
-      std::printf("position %lld: %.3f ms/token on the CPU reference (%.1f tokens/s)\n",
-                  static_cast<long long>(pos), eager, 1e3 * tokens / eager);
-    } else if (replayed > 0) {
-      (void)s.SetEager(false);
-      std::printf("position %lld: replayed %.4f ms/step (%.1f tokens/s), eager %.4f ms/step "
-                  "(%.2fx); floor/replayed %.3f\n",
-                  static_cast<long long>(pos), replayed, 1e3 * tokens / replayed, eager,
-                  eager / replayed, floor_ms / replayed);
-    } else {
-      std::printf("position %lld: eager %.4f ms/step (%.1f tokens/s); floor/eager %.3f\n",
-                  static_cast<long long>(pos), eager, 1e3 * tokens / eager, floor_ms / eager);
-    }
-    if (a.profile && !profiled) {
-      profiled = true;
+    SG_RETURN_IF_ERROR(s.Generate(4).status());
+    SG_ASSIGN_OR_RETURN(std::vector<double> t, s.TimedSteps(a.steps));
+    return Median(t);
+  };
+
+  std::vector<double> first(a.positions.size(), 0.0), eager(a.positions.size(), 0.0);
+  for (size_t i = 0; i < a.positions.size(); ++i) {
+    absl::StatusOr<double> ms = measure(*session, a.positions[i]);
+    if (!ms.ok()) return RuntimeFailure(ms.status());
+    first[i] = *ms;
+    if (a.profile && i == 0) {
       std::vector<std::vector<NodeTime>> runs;
-      for (int r = 0; r < 5 && s.position(0) + 1 < s.max_seq(); ++r) {
-        absl::StatusOr<std::vector<NodeTime>> p = s.ProfileStep();
+      for (int r = 0; r < 5 && session->position(0) + 1 < session->max_seq(); ++r) {
+        absl::StatusOr<std::vector<NodeTime>> p = session->ProfileStep();
         if (!p.ok()) return RuntimeFailure(p.status());
         runs.push_back(*std::move(p));
       }
-      PrintProfile(runs, replayed);
+      PrintProfile(runs, session->eager() ? 0.0 : first[0]);
+    }
+  }
+  const bool replayed = !session->eager();
+  if (gpu && replayed) {
+    // The same steps launched node by node, from a second session made eager (the first is
+    // released first, so that both never hold the weights at once).
+    session.reset();
+    absl::StatusOr<std::unique_ptr<DecodeSession>> e =
+        MakeSession(a, a.batch, max_seq, std::nullopt, /*eager=*/true);
+    if (!e.ok()) return RuntimeFailure(e.status());
+    for (size_t i = 0; i < a.positions.size(); ++i) {
+      absl::StatusOr<double> ms = measure(**e, a.positions[i]);
+      if (!ms.ok()) return RuntimeFailure(ms.status());
+      eager[i] = *ms;
+    }
+  }
+  const double tokens = static_cast<double>(a.batch);
+  for (size_t i = 0; i < a.positions.size(); ++i) {
+    const long long pos = static_cast<long long>(a.positions[i]);
+    if (!gpu) {
+      std::printf("position %lld: %.3f ms/token on the CPU reference (%.1f tokens/s)\n", pos,
+                  first[i], 1e3 * tokens / first[i]);
+    } else if (replayed) {
+      std::printf("position %lld: replayed %.4f ms/step (%.1f tokens/s), eager %.4f ms/step "
+                  "(%.2fx); floor/replayed %.3f\n",
+                  pos, first[i], 1e3 * tokens / first[i], eager[i], eager[i] / first[i],
+                  floor_ms / first[i]);
+    } else {
+      std::printf("position %lld: eager %.4f ms/step (%.1f tokens/s); floor/eager %.3f\n", pos,
+                  first[i], 1e3 * tokens / first[i], floor_ms / first[i]);
     }
   }
   std::fflush(stdout);

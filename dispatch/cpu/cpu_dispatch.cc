@@ -11,10 +11,14 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "dispatch/cpu/dot.h"
+#include "dispatch/cpu/thread_pool.h"
 #include "stepgraph/half.h"
 #include "stepgraph/philox.h"
 #include "stepgraph/plan.h"
+#include "stepgraph/quant.h"
 #include "stepgraph/rope.h"
+#include "stepgraph/status.h"
 
 namespace sg {
 namespace {
@@ -49,43 +53,119 @@ const int32_t* Ints(const TensorArg& a) { return static_cast<const int32_t*>(a.d
 
 float SiluOf(float x) { return x / (1.0f + std::exp(-x)); }
 
-}  // namespace
-
-absl::Status CpuDispatch::Prepare(const ExecutionPlan& plan) {
-  for (const Node& node : plan.graph().nodes()) {
-    if (const auto* rope = std::get_if<ops::Rope>(&node.op)) InvFreq(*rope);
+// Resizes a scratch vector, turning allocation failure into a Status.
+absl::Status Resize(std::vector<float>& v, int64_t n, absl::string_view what) {
+  try {
+    if (static_cast<int64_t>(v.size()) < n) v.resize(n);
+  } catch (const std::bad_alloc&) {
+    return absl::ResourceExhaustedError(absl::StrCat("CPU reference: no memory for ", n,
+                                                     " floats of ", what));
   }
   return absl::OkStatus();
 }
 
-const std::vector<float>& CpuDispatch::InvFreq(const ops::Rope& op) {
-  auto bits = [](float f) {
-    uint32_t b;
-    std::memcpy(&b, &f, 4);
-    return b;
-  };
-  const ops::RopeScaling& s = op.scaling;
-  const std::string key = absl::StrCat(
-      op.head_dim, ":", bits(op.theta), ":", static_cast<int>(s.type), ":", bits(s.factor), ":",
-      bits(s.low_freq_factor), ":", bits(s.high_freq_factor), ":", s.original_max_position);
-  auto it = inv_freq_.find(key);
-  if (it == inv_freq_.end()) it = inv_freq_.emplace(key, RopeInvFreq(op)).first;
-  return it->second;
+// A whole tensor as contiguous f32: the tensor itself when it is stored in f32, else its
+// values converted into `buffer`.
+absl::StatusOr<const float*> F32Input(const TensorArg& a, std::vector<float>& buffer) {
+  if (a.dtype == DType::kF32) return static_cast<const float*>(a.data);
+  const int64_t n = a.shape.NumElements();
+  SG_RETURN_IF_ERROR(Resize(buffer, n, a.name));
+  for (int64_t i = 0; i < n; ++i) buffer[i] = LoadElement(a.data, a.dtype, i);
+  return buffer.data();
+}
+
+// Where an op writes its f32 results: the output itself when stored in f32, else
+// `buffer`, stored to the output by FinishF32Output.
+absl::StatusOr<float*> F32Output(const TensorArg& a, std::vector<float>& buffer) {
+  if (a.dtype == DType::kF32) return static_cast<float*>(a.data);
+  SG_RETURN_IF_ERROR(Resize(buffer, a.shape.NumElements(), a.name));
+  return buffer.data();
+}
+
+void FinishF32Output(const TensorArg& a, const float* values) {
+  if (a.dtype == DType::kF32) return;
+  for (int64_t i = 0; i < a.shape.NumElements(); ++i) StoreElement(a.data, a.dtype, i, values[i]);
+}
+
+// n elements of a plain tensor from element `offset`, as f32: in place for f32, else
+// converted into `buffer` (n floats).
+const float* F32Row(const TensorArg& a, int64_t offset, int64_t n, float* buffer) {
+  if (a.dtype == DType::kF32) return static_cast<const float*>(a.data) + offset;
+  for (int64_t i = 0; i < n; ++i) buffer[i] = LoadElement(a.data, a.dtype, offset + i);
+  return buffer;
+}
+
+// Splitting work costs a wake-up per thread; below this many multiply-adds per chunk it
+// is not worth it.
+constexpr int64_t kMinWorkPerPart = 16384;
+
+int64_t MinItemsPerChunk(int64_t work_per_item) {
+  return std::max<int64_t>(1, kMinWorkPerPart / std::max<int64_t>(1, work_per_item));
+}
+
+}  // namespace
+
+namespace {
+// A Rope node's frequency table, computed once per plan.
+struct CpuRopeNode final : PreparedNode {
+  std::vector<float> inv_freq;
+};
+}  // namespace
+
+CpuDispatch::CpuDispatch() : CpuDispatch(Options{}) {}
+
+CpuDispatch::CpuDispatch(Options options)
+    : pool_(std::make_unique<cpu::ThreadPool>(options.threads)) {}
+
+CpuDispatch::~CpuDispatch() = default;
+
+int CpuDispatch::threads() const { return pool_->size(); }
+
+absl::Status CpuDispatch::PrepareScratch(int64_t floats_per_thread) {
+  try {
+    scratch_.resize(pool_->size());
+  } catch (const std::bad_alloc&) {
+    return absl::ResourceExhaustedError("CPU reference: no memory for scratch rows");
+  }
+  for (std::vector<float>& v : scratch_) {
+    SG_RETURN_IF_ERROR(Resize(v, floats_per_thread, "scratch rows"));
+  }
+  return absl::OkStatus();
+}
+
+
+absl::StatusOr<PreparedPlan> CpuDispatch::Prepare(const ExecutionPlan& plan) {
+  const Graph& graph = plan.graph();
+  std::vector<std::unique_ptr<PreparedNode>> nodes(static_cast<size_t>(graph.num_nodes()));
+  for (int32_t i = 0; i < graph.num_nodes(); ++i) {
+    if (const auto* rope = std::get_if<ops::Rope>(&graph.nodes()[i].op)) {
+      auto node = std::make_unique<CpuRopeNode>();
+      node->inv_freq = RopeInvFreq(*rope);
+      nodes[i] = std::move(node);
+    }
+  }
+  return PreparedPlan(plan, *this, std::move(nodes));
 }
 
 absl::Status CpuDispatch::Run(const ops::Embedding&, const NodeArgs& args) {
   const TensorArg& table = args.inputs[0];
-  if (IsQuantized(table.dtype)) {
-    return absl::UnimplementedError(absl::StrCat("Embedding: no CPU path for ",
-                                                 DTypeName(table.dtype), " tables yet"));
-  }
   const int64_t vocab = table.shape[0], hidden = table.shape[1];
   const int32_t* ids = Ints(args.inputs[1]);
+  std::vector<float> row(hidden);
   for (int64_t i = 0; i < args.output.shape[0]; ++i) {
-    std::vector<float> row(hidden, 0.0f);
     if (ids[i] >= 0 && ids[i] < vocab) {
-      row = LoadRange(table, ids[i] * hidden, hidden);
+      if (IsQuantized(table.dtype)) {
+        // The row's blocks dequantized, then rounded to the output dtype on store.
+        const int64_t row_bytes = DTypeRowBytes(table.dtype, hidden);
+        DequantizeRow(table.dtype, static_cast<const std::byte*>(table.data) + ids[i] * row_bytes,
+                      row.data(), hidden);
+      } else {
+        for (int64_t c = 0; c < hidden; ++c) {
+          row[c] = LoadElement(table.data, table.dtype, ids[i] * hidden + c);
+        }
+      }
     } else {
+      std::fill(row.begin(), row.end(), 0.0f);
       error_flags_ |= kErrorTokenOutOfRange;
     }
     StoreRange(args.output, i * hidden, row);
@@ -96,24 +176,30 @@ absl::Status CpuDispatch::Run(const ops::Embedding&, const NodeArgs& args) {
 absl::Status CpuDispatch::Run(const ops::MatMul& op, const NodeArgs& args) {
   const TensorArg& x = args.inputs[0];
   const TensorArg& w = args.inputs[1];
-  if (IsQuantized(w.dtype)) {
-    return absl::UnimplementedError(absl::StrCat("MatMul: no CPU path for ",
-                                                 DTypeName(w.dtype), " weights yet"));
-  }
   const int64_t m = x.shape[0], k = x.shape[1], n = w.shape[0];
-  const std::vector<float> xs = LoadAll(x);
-  const std::vector<float> bias =
-      op.has_bias ? LoadAll(args.inputs[2]) : std::vector<float>(n, 0.0f);
-  std::vector<float> out(m * n);
-  for (int64_t j = 0; j < n; ++j) {
-    const std::vector<float> wj = LoadRange(w, j * k, k);
-    for (int64_t i = 0; i < m; ++i) {
-      float acc = 0.0f;
-      for (int64_t c = 0; c < k; ++c) acc += xs[i * k + c] * wj[c];
-      out[i * n + j] = acc + bias[j];
+  SG_ASSIGN_OR_RETURN(const float* xs, F32Input(x, x_f32_));
+  SG_ASSIGN_OR_RETURN(float* out, F32Output(args.output, out_f32_));
+  const std::vector<float> bias = op.has_bias ? LoadAll(args.inputs[2]) : std::vector<float>();
+  const bool quantized = IsQuantized(w.dtype);
+  const int64_t w_row_bytes = DTypeRowBytes(w.dtype, k);
+  SG_RETURN_IF_ERROR(PrepareScratch(quantized ? 0 : k));
+  // Chunks of whole output columns j (all m rows of them): a
+  // weight row is read once per step whatever m is.
+  pool_->ParallelFor(n, MinItemsPerChunk(m * k), [&](int thread, int64_t j0, int64_t j1) {
+    const auto* w_bytes = static_cast<const std::byte*>(w.data);
+    for (int64_t j = j0; j < j1; ++j) {
+      if (quantized) {
+        DotQuantizedRow(w.dtype, w_bytes + j * w_row_bytes, k, xs, k, m, out + j, n);
+      } else {
+        const float* wj = F32Row(w, j * k, k, scratch_[thread].data());
+        for (int64_t i = 0; i < m; ++i) out[i * n + j] = cpu::Dot(xs + i * k, wj, k);
+      }
+      if (op.has_bias) {
+        for (int64_t i = 0; i < m; ++i) out[i * n + j] += bias[j];
+      }
     }
-  }
-  StoreRange(args.output, 0, out);
+  });
+  FinishF32Output(args.output, out);
   return absl::OkStatus();
 }
 
@@ -181,7 +267,12 @@ absl::Status CpuDispatch::Run(const ops::Rope& op, const NodeArgs& args) {
   const int32_t* pos = Ints(args.inputs[1]);
   const int64_t rows = x.shape[0], cols = x.shape[1];
   const int d = op.head_dim, half = d / 2;
-  const std::vector<float>& inv_freq = InvFreq(op);
+  // Prepared once per plan; a Run without preparation computes the table itself.
+  std::vector<float> unprepared;
+  if (args.prepared == nullptr) unprepared = RopeInvFreq(op);
+  const std::vector<float>& inv_freq =
+      args.prepared != nullptr ? static_cast<const CpuRopeNode*>(args.prepared)->inv_freq
+                               : unprepared;
   for (int64_t i = 0; i < rows; ++i) {
     std::vector<float> v = LoadRange(x, i * cols, cols);
     if (pos[i] >= 0) {  // padding rows (pos < 0) pass through unchanged
@@ -235,36 +326,41 @@ absl::Status CpuDispatch::Run(const ops::Attention& op, const NodeArgs& args) {
   const int64_t kv_heads = kc.shape[1], seq = kc.shape[2], d = kc.shape[3];
   const int64_t heads = q.shape[1] / d, group = heads / kv_heads;
   for (int64_t i = 0; i < rows; ++i) {
-    std::vector<float> out(heads * d, 0.0f);
     if (pos[i] >= seq) error_flags_ |= kErrorPositionOutOfRange;
-    if (pos[i] >= 0 && pos[i] < seq) {
+  }
+  SG_ASSIGN_OR_RETURN(const float* qs, F32Input(q, x_f32_));
+  SG_ASSIGN_OR_RETURN(float* out, F32Output(args.output, out_f32_));
+  // Per thread: the scores of one (row, head) and a K and a V row converted to f32.
+  SG_RETURN_IF_ERROR(PrepareScratch(seq + 2 * d));
+  // Chunks of whole (row, head) pairs, each computed start to end by one thread.
+  pool_->ParallelFor(rows * heads, MinItemsPerChunk(seq * d), [&](int thread, int64_t p0, int64_t p1) {
+    float* scores = scratch_[thread].data();
+    float* k_buf = scores + seq;
+    float* v_buf = k_buf + d;
+    for (int64_t pair = p0; pair < p1; ++pair) {
+      const int64_t i = pair / heads, h = pair % heads;
+      float* o = out + i * heads * d + h * d;
+      std::fill(o, o + d, 0.0f);
+      if (pos[i] < 0 || pos[i] >= seq) continue;  // padding or out of range: zeros
       const int64_t len = pos[i] + 1;
-      for (int64_t h = 0; h < heads; ++h) {
-        const std::vector<float> qh = LoadRange(q, i * heads * d + h * d, d);
-        const int64_t base = (i * kv_heads + h / group) * seq * d;
-        std::vector<float> scores(len);
-        float max_score = -std::numeric_limits<float>::infinity();
-        for (int64_t t = 0; t < len; ++t) {
-          const std::vector<float> k = LoadRange(kc, base + t * d, d);
-          float dot = 0.0f;
-          for (int64_t c = 0; c < d; ++c) dot += qh[c] * k[c];
-          scores[t] = dot * op.scale;
-          max_score = std::max(max_score, scores[t]);
-        }
-        float denom = 0.0f;
-        for (float& s : scores) {
-          s = std::exp(s - max_score);
-          denom += s;
-        }
-        for (int64_t t = 0; t < len; ++t) {
-          const std::vector<float> v = LoadRange(vc, base + t * d, d);
-          const float p = scores[t] / denom;
-          for (int64_t c = 0; c < d; ++c) out[h * d + c] += p * v[c];
-        }
+      const float* qh = qs + i * heads * d + h * d;
+      const int64_t base = (i * kv_heads + h / group) * seq * d;
+      float max_score = -std::numeric_limits<float>::infinity();
+      for (int64_t t = 0; t < len; ++t) {
+        scores[t] = cpu::Dot(qh, F32Row(kc, base + t * d, d, k_buf), d) * op.scale;
+        max_score = std::max(max_score, scores[t]);
+      }
+      float denom = 0.0f;
+      for (int64_t t = 0; t < len; ++t) {
+        scores[t] = std::exp(scores[t] - max_score);
+        denom += scores[t];
+      }
+      for (int64_t t = 0; t < len; ++t) {
+        cpu::Axpy(scores[t] / denom, F32Row(vc, base + t * d, d, v_buf), o, d);
       }
     }
-    StoreRange(args.output, i * heads * d, out);
-  }
+  });
+  FinishF32Output(args.output, out);
   return absl::OkStatus();
 }
 

@@ -45,7 +45,7 @@ int AttentionWorkspace::Chunks(const kernels::AttentionShape& shape) const {
   return kernels::ChooseAttentionChunks(shape, info_.sm_count);
 }
 
-absl::Status AttentionWorkspace::Prepare(const ExecutionPlan& plan) {
+absl::Status AttentionWorkspace::Reserve(const ExecutionPlan& plan) {
   const Graph& graph = plan.graph();
   int64_t need = 0;
   for (const Node& node : graph.nodes()) {
@@ -68,25 +68,36 @@ absl::Status AttentionWorkspace::Prepare(const ExecutionPlan& plan) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<void*> AttentionWorkspace::For(const kernels::AttentionShape& shape,
-                                              absl::string_view node) const {
-  const int64_t need = kernels::AttentionWorkspaceBytes(shape, Chunks(shape));
+namespace {
+struct AttentionNode final : PreparedNode {
+  kernels::AttentionShape shape;
+  int chunks = 0;
+  void* workspace = nullptr;
+};
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<PreparedNode>> AttentionWorkspace::PrepareNode(
+    const Shape& q, const Shape& cache, absl::string_view name) const {
+  auto node = std::make_unique<AttentionNode>();
+  SG_ASSIGN_OR_RETURN(node->shape, AttentionShapeOf(q, cache, name));
+  node->chunks = Chunks(node->shape);
+  const int64_t need = kernels::AttentionWorkspaceBytes(node->shape, node->chunks);
   if (need > bytes_) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "Attention node '", node, "' needs ", need, " bytes of workspace but ", bytes_,
-        " were prepared: call CudaDispatch::Prepare with the plan that holds this node"));
+    return absl::InternalError(absl::StrCat("Attention node '", name, "' needs ", need,
+                                            " bytes of workspace but ", bytes_,
+                                            " were reserved"));
   }
-  return buffer_.get();
+  node->workspace = buffer_.get();
+  return std::unique_ptr<PreparedNode>(std::move(node));
 }
 
 }  // namespace internal
 
 absl::Status CudaDispatch::Run(const ops::Attention& op, const NodeArgs& args) {
+  const auto* node = static_cast<const internal::AttentionNode*>(args.prepared);
+  if (ABSL_PREDICT_FALSE(node == nullptr)) return NotPrepared();
   const TensorArg& q = args.inputs[0];
   const TensorArg& k_cache = args.inputs[1];
-  SG_ASSIGN_OR_RETURN(const kernels::AttentionShape shape,
-                      internal::AttentionShapeOf(q.shape, k_cache.shape, args.node_name));
-  SG_ASSIGN_OR_RETURN(void* workspace, attention_->For(shape, args.node_name));
   kernels::AttentionArgs a;
   a.q = q.data;
   a.k_cache = k_cache.data;
@@ -94,11 +105,10 @@ absl::Status CudaDispatch::Run(const ops::Attention& op, const NodeArgs& args) {
   a.pos = args.inputs[3].as<const int32_t>();
   a.out = args.output.data;
   a.scale = op.scale;
-  a.workspace = workspace;
+  a.workspace = node->workspace;
   a.error_flags = error_flags_;
-  return ToStatus(
-      kernels::LaunchAttention(a, shape, attention_->Chunks(shape), q.dtype, stream_),
-      absl::StrCat("LaunchAttention for node '", args.node_name, "'"));
+  return ToStatus(kernels::LaunchAttention(a, node->shape, node->chunks, q.dtype, stream_),
+                  "LaunchAttention");
 }
 
 }  // namespace sg

@@ -27,16 +27,16 @@ class AttentionWorkspace {
   static absl::StatusOr<std::unique_ptr<AttentionWorkspace>> Create(const CudaDeviceInfo& info);
 
   // Grows the workspace to the largest need of the plan's Attention nodes. A buffer that
-  // is outgrown is kept (not freed) until the dispatcher is destroyed, since graphs
-  // captured earlier still point into it.
-  absl::Status Prepare(const ExecutionPlan& plan);
+  // is outgrown is kept (not freed) until the dispatcher is destroyed, since plans
+  // prepared and graphs captured earlier still point into it.
+  absl::Status Reserve(const ExecutionPlan& plan);
+
+  // An Attention node's launch: its shape, KV chunks and workspace (Reserve first).
+  absl::StatusOr<std::unique_ptr<PreparedNode>> PrepareNode(const Shape& q, const Shape& cache,
+                                                            absl::string_view node) const;
 
   // KV chunks per launch for `shape` on this device; a function of the shape only.
   int Chunks(const kernels::AttentionShape& shape) const;
-
-  // The workspace for a launch of `shape`; FailedPrecondition naming the node when
-  // Prepare did not size it (Prepare was not called with a plan holding the node).
-  absl::StatusOr<void*> For(const kernels::AttentionShape& shape, absl::string_view node) const;
 
  private:
   explicit AttentionWorkspace(const CudaDeviceInfo& info) : info_(info) {}

@@ -1,9 +1,12 @@
-// CudaDispatch: creation, per-plan preparation and the error word. The Run overloads live
-// with their op families (matmul.cc, elementwise.cc, norm.cc, rope.cc, attention.cc,
-// sampling.cc, embedding.cc).
+// CudaDispatch: creation, per-plan preparation (one PreparedNode per node that needs
+// one) and the error word. The Run overloads live with their op families (matmul.cc,
+// elementwise.cc, norm.cc, rope.cc, attention.cc, sampling.cc, embedding.cc).
 #include "stepgraph/cuda_dispatch.h"
 
+#include <variant>
+
 #include "absl/strings/str_cat.h"
+#include "kernels/launch.h"
 #include "dispatch/cuda/attention.h"
 #include "dispatch/cuda/cuda_handles.h"
 #include "dispatch/cuda/cuda_status.h"
@@ -14,17 +17,22 @@
 
 namespace sg {
 
-CudaDispatch::CudaDispatch(cudaStream_t stream, CudaDeviceInfo info)
-    : stream_(stream), info_(info) {}
+CudaDispatch::CudaDispatch(cudaStream_t stream, bool owns_stream, CudaDeviceInfo info,
+                           const CudaOptions& options)
+    : stream_(stream), owns_stream_(owns_stream), info_(info), options_(options) {}
 
 CudaDispatch::~CudaDispatch() {
   if (error_flags_ != nullptr) DeviceFree()(error_flags_);
+  if (owns_stream_ && stream_ != nullptr) StreamDeleter()(stream_);
 }
 
-absl::StatusOr<std::unique_ptr<CudaDispatch>> CudaDispatch::Create(cudaStream_t stream,
-                                                                   const Options& options) {
+absl::StatusOr<std::unique_ptr<CudaDispatch>> CudaDispatch::Create(const Options& options) {
   if (!CudaDeviceAvailable()) {
     return absl::FailedPreconditionError("CudaDispatch: no CUDA device is available");
+  }
+  if (options.cuda.matmul_workspace_bytes < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("CudaDispatch: matmul workspace must be >= 0 bytes, got ",
+                                                   options.cuda.matmul_workspace_bytes));
   }
   CudaDeviceInfo info;
   SG_RETURN_IF_ERROR(ToStatus(cudaGetDevice(&info.device), "cudaGetDevice"));
@@ -45,26 +53,86 @@ absl::StatusOr<std::unique_ptr<CudaDispatch>> CudaDispatch::Create(cudaStream_t 
       "cudaDeviceGetAttribute(ComputeCapabilityMinor)"));
   info.compute_capability = major * 10 + minor;
 
-  auto dispatch = std::unique_ptr<CudaDispatch>(new CudaDispatch(stream, info));
+  cudaStream_t stream = options.stream;
+  UniqueStream owned;
+  if (stream == nullptr) {
+    SG_ASSIGN_OR_RETURN(owned, CreateStream("the dispatcher's stream"));
+    stream = owned.get();
+  }
+  kernels::SetProgrammaticLaunch(options.cuda.programmatic_launch);
+  auto dispatch = std::unique_ptr<CudaDispatch>(
+      new CudaDispatch(stream, owned != nullptr, info, options.cuda));
+  owned.release();
   SG_ASSIGN_OR_RETURN(DeviceMemory flags, AllocateDevice(sizeof(uint32_t), "the error word"));
   SG_RETURN_IF_ERROR(ToStatus(cudaMemset(flags.get(), 0, sizeof(uint32_t)), "cudaMemset(error word)"));
   // The memset runs on the legacy stream, which `stream` need not wait for.
   SG_RETURN_IF_ERROR(ToStatus(cudaDeviceSynchronize(), "cudaDeviceSynchronize after cudaMemset"));
   dispatch->error_flags_ = static_cast<uint32_t*>(flags.release());
   SG_ASSIGN_OR_RETURN(dispatch->matmul_,
-                      internal::MatmulRunner::Create(info, options.matmul_workspace_bytes));
+                      internal::MatmulRunner::Create(info, options.cuda.matmul_workspace_bytes,
+                                                     options.cuda.matmul));
   SG_ASSIGN_OR_RETURN(dispatch->rope_, internal::RopeTables::Create(info));
   SG_ASSIGN_OR_RETURN(dispatch->attention_, internal::AttentionWorkspace::Create(info));
   SG_ASSIGN_OR_RETURN(dispatch->sampling_, internal::SamplingWorkspace::Create(info));
   return dispatch;
 }
 
-absl::Status CudaDispatch::Prepare(const ExecutionPlan& plan) {
-  SG_RETURN_IF_ERROR(matmul_->Prepare(plan));
-  SG_RETURN_IF_ERROR(rope_->Prepare(plan));
-  SG_RETURN_IF_ERROR(attention_->Prepare(plan));
-  SG_RETURN_IF_ERROR(sampling_->Prepare(plan));
-  return absl::OkStatus();
+namespace {
+
+using NodeState = absl::StatusOr<std::unique_ptr<PreparedNode>>;
+
+// One overload per op family that keeps state; every other op launches from its
+// arguments alone.
+struct NodePreparer {
+  const Graph& graph;
+  const Node& node;
+  internal::MatmulRunner& matmul;
+  internal::RopeTables& rope;
+  const internal::AttentionWorkspace& attention;
+  const internal::SamplingWorkspace& sampling;
+
+  const Shape& InputShape(int i) const { return graph.tensor(node.inputs[i]).shape; }
+
+  NodeState operator()(const ops::MatMul& op) const {
+    return matmul.PrepareNode(op, graph.tensor(node.inputs[0]), graph.tensor(node.inputs[1]));
+  }
+  NodeState operator()(const ops::Rope& op) const { return rope.PrepareNode(op); }
+  NodeState operator()(const ops::Attention&) const {
+    return attention.PrepareNode(InputShape(0), InputShape(1), node.name);
+  }
+  NodeState operator()(const ops::Argmax&) const {
+    return sampling.PrepareArgmax(InputShape(0), node.name);
+  }
+  NodeState operator()(const ops::Sample&) const {
+    SG_RETURN_IF_ERROR(internal::SamplingWorkspace::CheckSample(InputShape(0), node.name));
+    return std::unique_ptr<PreparedNode>();
+  }
+  template <typename Op>
+  NodeState operator()(const Op&) const {
+    return std::unique_ptr<PreparedNode>();
+  }
+};
+
+}  // namespace
+
+absl::StatusOr<PreparedPlan> CudaDispatch::Prepare(const ExecutionPlan& plan) {
+  const Graph& graph = plan.graph();
+  // Workspaces are sized for the whole plan first, so every node gets the final buffer.
+  SG_RETURN_IF_ERROR(attention_->Reserve(plan));
+  SG_RETURN_IF_ERROR(sampling_->Reserve(plan));
+  std::vector<std::unique_ptr<PreparedNode>> nodes(static_cast<size_t>(graph.num_nodes()));
+  for (int32_t i = 0; i < graph.num_nodes(); ++i) {
+    const Node& node = graph.nodes()[i];
+    const NodePreparer preparer{graph, node, *matmul_, *rope_, *attention_, *sampling_};
+    NodeState state = std::visit(preparer, node.op);
+    if (!state.ok()) {
+      return absl::Status(state.status().code(),
+                          absl::StrCat("preparing node ", i, " '", node.name, "' (",
+                                       OpName(node.op), "): ", state.status().message()));
+    }
+    nodes[i] = *std::move(state);
+  }
+  return PreparedPlan(plan, *this, std::move(nodes));
 }
 
 absl::StatusOr<uint32_t> CudaDispatch::TakeErrorFlags() {

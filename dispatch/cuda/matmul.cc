@@ -24,6 +24,16 @@ absl::Status CudaDispatch::Run(const ops::MatMul& op, const NodeArgs& args) {
 
 namespace internal {
 namespace {
+// A MatMul node's launch: its shape and the plan of that shape (owned by the runner).
+struct MatmulNode final : PreparedNode {
+  MatmulShape shape;
+  const MatmulRunner::Plan* plan = nullptr;
+};
+}  // namespace
+}  // namespace internal
+
+namespace internal {
+namespace {
 
 // Where the automatic policy takes the small-M kernel. At decode a matmul only streams its
 // weight; the kernel does so with 16-byte loads over the whole GPU, where cuBLASLt's tiles
@@ -73,17 +83,6 @@ absl::Status SetPreference(cublasLtMatmulPreference_t pref,
 
 }  // namespace
 
-absl::StatusOr<MatmulPolicy> MatmulPolicyFromEnv() {
-  const char* value = std::getenv("STEPGRAPH_MATMUL");
-  if (value == nullptr || value[0] == '\0' || std::strcmp(value, "auto") == 0) {
-    return MatmulPolicy::kAuto;
-  }
-  if (std::strcmp(value, "cublaslt") == 0) return MatmulPolicy::kCublasLt;
-  if (std::strcmp(value, "gemv") == 0) return MatmulPolicy::kGemv;
-  return absl::InvalidArgumentError(absl::StrCat(
-      "environment variable STEPGRAPH_MATMUL must be auto, cublaslt or gemv, got '", value,
-      "'"));
-}
 
 // Everything one shape needs at Run. For cuBLASLt two algorithms: one that may assume
 // cuBLASLt's default 256-byte alignment of every buffer (the arena and cudaMalloc give
@@ -104,12 +103,6 @@ MatmulRunner::MatmulRunner(const CudaDeviceInfo& info, MatmulPolicy policy)
 MatmulRunner::~MatmulRunner() = default;
 
 absl::StatusOr<std::unique_ptr<MatmulRunner>> MatmulRunner::Create(const CudaDeviceInfo& info,
-                                                                   int64_t workspace_bytes) {
-  SG_ASSIGN_OR_RETURN(MatmulPolicy policy, MatmulPolicyFromEnv());
-  return Create(info, workspace_bytes, policy);
-}
-
-absl::StatusOr<std::unique_ptr<MatmulRunner>> MatmulRunner::Create(const CudaDeviceInfo& info,
                                                                    int64_t workspace_bytes,
                                                                    MatmulPolicy policy) {
   if (workspace_bytes < 0) {
@@ -128,26 +121,18 @@ absl::StatusOr<std::unique_ptr<MatmulRunner>> MatmulRunner::Create(const CudaDev
   return runner;
 }
 
-absl::Status MatmulRunner::Prepare(const ExecutionPlan& plan) {
-  const Graph& graph = plan.graph();
-  for (const Node& node : graph.nodes()) {
-    const auto* op = std::get_if<ops::MatMul>(&node.op);
-    if (op == nullptr) continue;
-    const Tensor& x = graph.tensor(node.inputs[0]);
-    const Tensor& w = graph.tensor(node.inputs[1]);
-    if (w.dtype != x.dtype) {
-      return absl::UnimplementedError(absl::StrCat(
-          "MatMul node '", node.name, "': no CUDA matmul for ", DTypeName(w.dtype),
-          " weights yet"));
-    }
-    const MatmulShape shape{x.shape[0], w.shape[0], x.shape[1], x.dtype, op->has_bias};
-    absl::Status status = Prepare(shape);
-    if (!status.ok()) {
-      return absl::Status(status.code(), absl::StrCat("MatMul node '", node.name,
-                                                      "': ", status.message()));
-    }
+absl::StatusOr<std::unique_ptr<PreparedNode>> MatmulRunner::PrepareNode(const ops::MatMul& op,
+                                                                        const Tensor& x,
+                                                                        const Tensor& w) {
+  if (w.dtype != x.dtype) {
+    return absl::UnimplementedError(
+        absl::StrCat("no CUDA matmul for ", DTypeName(w.dtype), " weights yet"));
   }
-  return absl::OkStatus();
+  auto node = std::make_unique<MatmulNode>();
+  node->shape = MatmulShape{x.shape[0], w.shape[0], x.shape[1], x.dtype, op.has_bias};
+  SG_RETURN_IF_ERROR(Prepare(node->shape));
+  node->plan = plans_.find(node->shape)->second.get();
+  return std::unique_ptr<PreparedNode>(std::move(node));
 }
 
 absl::Status MatmulRunner::Prepare(const MatmulShape& shape) {
@@ -251,19 +236,15 @@ absl::StatusOr<MatmulPath> MatmulRunner::PathFor(const MatmulShape& shape) const
 }
 
 absl::Status MatmulRunner::Run(const ops::MatMul& op, const NodeArgs& args,
-                               cudaStream_t stream) {
+                               cudaStream_t stream) const {
+  const auto* node = static_cast<const MatmulNode*>(args.prepared);
+  if (ABSL_PREDICT_FALSE(node == nullptr)) return NotPrepared();
   const TensorArg& x = args.inputs[0];
   const TensorArg& w = args.inputs[1];
   const void* bias = op.has_bias ? args.inputs[2].data : nullptr;
   void* y = args.output.data;
-  const MatmulShape shape{x.shape[0], w.shape[0], x.shape[1], x.dtype, op.has_bias};
-  auto it = plans_.find(shape);
-  if (ABSL_PREDICT_FALSE(it == plans_.end())) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("no matmul plan for ", Describe(shape),
-                     "; call CudaDispatch::Prepare with the plan before running it"));
-  }
-  const Plan& plan = *it->second;
+  const MatmulShape& shape = node->shape;
+  const Plan& plan = *node->plan;
   if (plan.path == MatmulPath::kGemv) {
     return ToStatus(kernels::LaunchGemv(x.data, w.data, bias, y, shape.m, shape.n, shape.k,
                                         shape.dtype, stream),
@@ -283,7 +264,7 @@ absl::Status MatmulRunner::Run(const ops::MatMul& op, const NodeArgs& args,
   if (ABSL_PREDICT_FALSE(algo == nullptr)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "cuBLASLt has no algorithm for ", Describe(shape), " with buffers not aligned to ",
-        kCublasLtAlignment, " bytes"));
+        kCublasLtAlignment, " bytes"));  // cold: formats only on failure
   }
   if (bias != nullptr) {
     // The bias is bound per node; setting a descriptor attribute is host work only.

@@ -1,7 +1,7 @@
 // The matmul family of CudaDispatch: y = x·wᵀ (+ bias), w in the PyTorch / HF layout
 // [N, K]. Two paths: cuBLASLt, and stepgraph's small-M kernel (kernels/gemv.cuh) for
-// decode. Prepare picks the path per shape and, for cuBLASLt, makes the descriptors,
-// layouts and algorithm; Run does one hash lookup and one launch.
+// decode. Preparing a node picks the path for its shape and, for cuBLASLt, makes the
+// descriptors, layouts and algorithm (shared by nodes of one shape); Run only launches.
 #ifndef STEPGRAPH_DISPATCH_CUDA_MATMUL_H_
 #define STEPGRAPH_DISPATCH_CUDA_MATMUL_H_
 
@@ -12,22 +12,13 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "dispatch/cuda/cuda_handles.h"
+#include "stepgraph/cuda_options.h"
 #include "stepgraph/cuda_dispatch.h"
 #include "stepgraph/plan.h"
 
 namespace sg::internal {
 
 enum class MatmulPath : uint8_t { kCublasLt, kGemv };
-
-// How paths are picked. kAuto: the small-M kernel for M <= kAutoGemvMaxRows, cuBLASLt
-// above. kGemv forces the small-M kernel wherever it applies (M <= 8), kCublasLt forces
-// cuBLASLt everywhere.
-enum class MatmulPolicy : uint8_t { kAuto, kCublasLt, kGemv };
-
-// The policy named by the environment variable STEPGRAPH_MATMUL ("auto" or unset,
-// "cublaslt", "gemv"), so that tests and benchmarks can run each path; InvalidArgument for
-// any other value.
-absl::StatusOr<MatmulPolicy> MatmulPolicyFromEnv();
 
 // What a plan is made for: everything cuBLASLt's choice of algorithm depends on.
 struct MatmulShape {
@@ -48,9 +39,9 @@ struct MatmulShape {
 
 class MatmulRunner {
  public:
-  // The policy comes from STEPGRAPH_MATMUL.
-  static absl::StatusOr<std::unique_ptr<MatmulRunner>> Create(const CudaDeviceInfo& info,
-                                                              int64_t workspace_bytes);
+  // Everything one shape needs at Run (opaque outside matmul.cc).
+  struct Plan;
+
   static absl::StatusOr<std::unique_ptr<MatmulRunner>> Create(const CudaDeviceInfo& info,
                                                               int64_t workspace_bytes,
                                                               MatmulPolicy policy);
@@ -58,21 +49,20 @@ class MatmulRunner {
   MatmulRunner(const MatmulRunner&) = delete;
   MatmulRunner& operator=(const MatmulRunner&) = delete;
 
-  // A plan for every MatMul node of `plan` that has none yet.
-  absl::Status Prepare(const ExecutionPlan& plan);
+  // The prepared state of one MatMul node with inputs `x` and `w`.
+  absl::StatusOr<std::unique_ptr<PreparedNode>> PrepareNode(const ops::MatMul& op,
+                                                            const Tensor& x, const Tensor& w);
+  // A plan for `shape` unless there is one.
   absl::Status Prepare(const MatmulShape& shape);
 
-  // One launch of node `args` on `stream`. FailedPrecondition when its shape was not
-  // prepared.
-  absl::Status Run(const ops::MatMul& op, const NodeArgs& args, cudaStream_t stream);
+  // One launch of a prepared node on `stream`.
+  absl::Status Run(const ops::MatMul& op, const NodeArgs& args, cudaStream_t stream) const;
 
   // The path Prepare chose for `shape`; NotFound if it was not prepared.
   absl::StatusOr<MatmulPath> PathFor(const MatmulShape& shape) const;
   MatmulPolicy policy() const { return policy_; }
 
  private:
-  struct Plan;
-
   MatmulRunner(const CudaDeviceInfo& info, MatmulPolicy policy);
   absl::StatusOr<std::unique_ptr<Plan>> MakeCublasLtPlan(const MatmulShape& shape) const;
 

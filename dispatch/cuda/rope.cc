@@ -12,15 +12,19 @@
 
 namespace sg {
 
+namespace internal {
+namespace {
+struct RopeNode final : PreparedNode {
+  const float* inv_freq = nullptr;
+};
+}  // namespace
+}  // namespace internal
+
 absl::Status CudaDispatch::Run(const ops::Rope& op, const NodeArgs& args) {
+  const auto* node = static_cast<const internal::RopeNode*>(args.prepared);
+  if (ABSL_PREDICT_FALSE(node == nullptr)) return NotPrepared();
   const TensorArg& x = args.inputs[0];
-  const float* inv_freq = rope_->Find(op);
-  if (ABSL_PREDICT_FALSE(inv_freq == nullptr)) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "no RoPE table for head_dim=", op.head_dim, " theta=", op.theta,
-        "; call CudaDispatch::Prepare with the plan before running it"));
-  }
-  return ToStatus(kernels::LaunchRope(x.data, args.inputs[1].as<const int32_t>(), inv_freq,
+  return ToStatus(kernels::LaunchRope(x.data, args.inputs[1].as<const int32_t>(), node->inv_freq,
                                       args.output.data, x.shape[0], x.shape[1], op.head_dim,
                                       op.interleaved, x.dtype, stream_),
                   "LaunchRope");
@@ -60,17 +64,11 @@ RopeTables::Key RopeTables::KeyOf(const ops::Rope& op) {
              llama3 ? s.original_max_position : 0};
 }
 
-absl::Status RopeTables::Prepare(const ExecutionPlan& plan) {
-  for (const Node& node : plan.graph().nodes()) {
-    const auto* op = std::get_if<ops::Rope>(&node.op);
-    if (op == nullptr) continue;
-    absl::Status status = Add(*op);
-    if (!status.ok()) {
-      return absl::Status(status.code(),
-                          absl::StrCat("Rope node '", node.name, "': ", status.message()));
-    }
-  }
-  return absl::OkStatus();
+absl::StatusOr<std::unique_ptr<PreparedNode>> RopeTables::PrepareNode(const ops::Rope& op) {
+  SG_RETURN_IF_ERROR(Add(op));
+  auto node = std::make_unique<RopeNode>();
+  node->inv_freq = Find(op);
+  return std::unique_ptr<PreparedNode>(std::move(node));
 }
 
 absl::Status RopeTables::Add(const ops::Rope& op) {

@@ -21,13 +21,17 @@ class RopeTables {
  public:
   static absl::StatusOr<std::unique_ptr<RopeTables>> Create(const CudaDeviceInfo& info);
 
-  // Uploads the table of every Rope node of `plan` that has none yet.
-  absl::Status Prepare(const ExecutionPlan& plan);
+  // A Rope node's launch: the device table of head_dim / 2 frequencies for `op`'s
+  // parameters, uploaded on first use and shared by every node with the same parameters.
+  absl::StatusOr<std::unique_ptr<PreparedNode>> PrepareNode(const ops::Rope& op);
+
+  // The table for `op`'s parameters, or nullptr when none was prepared.
+  const float* Find(const ops::Rope& op) const;
+
+ private:
   absl::Status Add(const ops::Rope& op);
 
-  // The device table of head_dim / 2 frequencies for `op`'s parameters, or nullptr when
-  // none was prepared.
-  const float* Find(const ops::Rope& op) const;
+ public:
 
  private:
   // The parameters the frequencies depend on (not `interleaved`); floats by their bits.

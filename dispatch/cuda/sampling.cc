@@ -17,14 +17,19 @@ namespace sg {
 namespace internal {
 namespace {
 
-absl::Status CheckLogits(absl::string_view op, const TensorArg& x, absl::string_view node) {
-  if (x.shape.rank() != 2 || x.shape[1] > INT_MAX || x.shape[0] > INT_MAX) {
+absl::Status CheckLogits(absl::string_view op, const Shape& x, absl::string_view node) {
+  if (x.rank() != 2 || x[1] > INT_MAX || x[0] > INT_MAX) {
     return absl::InvalidArgumentError(
-        absl::StrCat(op, " node '", node, "': logits ", x.shape.ToString(),
+        absl::StrCat(op, " node '", node, "': logits ", x.ToString(),
                      " must be [rows, vocab] with vocab below 2^31"));
   }
   return absl::OkStatus();
 }
+
+struct ArgmaxNode final : PreparedNode {
+  int blocks = 1;
+  void* workspace = nullptr;
+};
 
 }  // namespace
 
@@ -37,7 +42,7 @@ int SamplingWorkspace::ArgmaxBlocks(int64_t rows, int64_t vocab) const {
   return kernels::ArgmaxBlocksPerRow(rows, vocab, info_.sm_count);
 }
 
-absl::Status SamplingWorkspace::Prepare(const ExecutionPlan& plan) {
+absl::Status SamplingWorkspace::Reserve(const ExecutionPlan& plan) {
   int64_t need = 0;
   for (const Node& node : plan.graph().nodes()) {
     if (!std::holds_alternative<ops::Argmax>(node.op)) continue;
@@ -57,35 +62,40 @@ absl::Status SamplingWorkspace::Prepare(const ExecutionPlan& plan) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<void*> SamplingWorkspace::ForArgmax(int64_t rows, absl::string_view node) const {
-  const int64_t need = kernels::ArgmaxWorkspaceBytes(rows);
-  if (need > bytes_) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "Argmax node '", node, "' needs ", need, " bytes of workspace but ", bytes_,
-        " were prepared: call CudaDispatch::Prepare with the plan that holds this node"));
+absl::StatusOr<std::unique_ptr<PreparedNode>> SamplingWorkspace::PrepareArgmax(
+    const Shape& logits, absl::string_view name) const {
+  SG_RETURN_IF_ERROR(CheckLogits("Argmax", logits, name));
+  auto node = std::make_unique<ArgmaxNode>();
+  node->blocks = ArgmaxBlocks(logits[0], logits[1]);
+  if (node->blocks > 1) {
+    const int64_t need = kernels::ArgmaxWorkspaceBytes(logits[0]);
+    if (need > bytes_) {
+      return absl::InternalError(absl::StrCat("Argmax node '", name, "' needs ", need,
+                                              " bytes of workspace but ", bytes_,
+                                              " were reserved"));
+    }
+    node->workspace = buffer_.get();
   }
-  return buffer_.get();
+  return std::unique_ptr<PreparedNode>(std::move(node));
+}
+
+absl::Status SamplingWorkspace::CheckSample(const Shape& logits, absl::string_view name) {
+  return CheckLogits("Sample", logits, name);
 }
 
 }  // namespace internal
 
 absl::Status CudaDispatch::Run(const ops::Argmax&, const NodeArgs& args) {
+  const auto* node = static_cast<const internal::ArgmaxNode*>(args.prepared);
+  if (ABSL_PREDICT_FALSE(node == nullptr)) return NotPrepared();
   const TensorArg& x = args.inputs[0];
-  SG_RETURN_IF_ERROR(internal::CheckLogits("Argmax", x, args.node_name));
-  const int64_t rows = x.shape[0], vocab = x.shape[1];
-  const int blocks = sampling_->ArgmaxBlocks(rows, vocab);
-  void* workspace = nullptr;
-  if (blocks > 1) {
-    SG_ASSIGN_OR_RETURN(workspace, sampling_->ForArgmax(rows, args.node_name));
-  }
-  return ToStatus(kernels::LaunchArgmax(x.data, x.dtype, rows, vocab, blocks, workspace,
-                                        args.output.as<int32_t>(), stream_),
-                  absl::StrCat("LaunchArgmax for node '", args.node_name, "'"));
+  return ToStatus(kernels::LaunchArgmax(x.data, x.dtype, x.shape[0], x.shape[1], node->blocks,
+                                        node->workspace, args.output.as<int32_t>(), stream_),
+                  "LaunchArgmax");
 }
 
 absl::Status CudaDispatch::Run(const ops::Sample& op, const NodeArgs& args) {
-  const TensorArg& logits = args.inputs[0];
-  SG_RETURN_IF_ERROR(internal::CheckLogits("Sample", logits, args.node_name));
+  const TensorArg& logits = args.inputs[0];  // shape checked in Prepare
   kernels::SampleParams params;
   params.temperature = op.temperature;
   params.top_k = op.top_k;
@@ -94,7 +104,7 @@ absl::Status CudaDispatch::Run(const ops::Sample& op, const NodeArgs& args) {
       kernels::LaunchSample(logits.data, logits.dtype, logits.shape[0], logits.shape[1],
                             args.inputs[1].as<const int32_t>(), args.inputs[2].as<const int32_t>(),
                             params, args.output.as<int32_t>(), stream_),
-      absl::StrCat("LaunchSample for node '", args.node_name, "'"));
+      "LaunchSample");
 }
 
 }  // namespace sg

@@ -21,15 +21,18 @@ class SamplingWorkspace {
   static absl::StatusOr<std::unique_ptr<SamplingWorkspace>> Create(const CudaDeviceInfo& info);
 
   // Grows the workspace to the most rows of the plan's Argmax nodes. An outgrown buffer is
-  // kept until the dispatcher is destroyed (graphs captured earlier point into it).
-  absl::Status Prepare(const ExecutionPlan& plan);
+  // kept until the dispatcher is destroyed (plans prepared and graphs captured earlier
+  // point into it).
+  absl::Status Reserve(const ExecutionPlan& plan);
+
+  // An Argmax node's launch over `logits` [rows, vocab]: blocks per row and workspace
+  // (Reserve first). A Sample node's shape check (it needs no state).
+  absl::StatusOr<std::unique_ptr<PreparedNode>> PrepareArgmax(const Shape& logits,
+                                                              absl::string_view node) const;
+  static absl::Status CheckSample(const Shape& logits, absl::string_view node);
 
   // Blocks per row of an Argmax over [rows, vocab] on this device.
   int ArgmaxBlocks(int64_t rows, int64_t vocab) const;
-
-  // The workspace for an Argmax over `rows` rows; FailedPrecondition naming the node when
-  // Prepare did not size it.
-  absl::StatusOr<void*> ForArgmax(int64_t rows, absl::string_view node) const;
 
  private:
   explicit SamplingWorkspace(const CudaDeviceInfo& info) : info_(info) {}

@@ -1,7 +1,8 @@
-// CudaDispatch: every op as one launch on a CUDA stream, through stepgraph's kernels and
+// CudaDispatch: every op as one launch on one CUDA stream, through stepgraph's kernels and
 // cuBLASLt. Everything a launch needs (cuBLASLt descriptors and algorithms, workspaces,
-// RoPE tables, the error word) is made in Create and Prepare; Run only launches, so a
-// plan's execution can be captured into a CUDA graph.
+// RoPE tables, launch shapes, the error word) is made in Create and Prepare and kept per
+// node in the PreparedPlan; Run only launches, so a plan's execution can be captured into
+// a CUDA graph.
 #ifndef STEPGRAPH_CUDA_DISPATCH_H_
 #define STEPGRAPH_CUDA_DISPATCH_H_
 
@@ -11,6 +12,7 @@
 #include <memory>
 
 #include "absl/status/statusor.h"
+#include "stepgraph/cuda_options.h"
 #include "stepgraph/dispatch.h"
 #include "stepgraph/error_flags.h"
 
@@ -34,24 +36,25 @@ struct CudaDeviceInfo {
 class CudaDispatch final : public KernelDispatch {
  public:
   struct Options {
-    int64_t matmul_workspace_bytes = 32 << 20;
+    // Every launch goes to this stream (not owned); when null the dispatcher makes a
+    // non-blocking stream of its own. Fixed for the dispatcher's life.
+    cudaStream_t stream = nullptr;
+    CudaOptions cuda;
   };
 
-  // Launches go to `stream` (not owned). FailedPrecondition when no device is usable.
-  static absl::StatusOr<std::unique_ptr<CudaDispatch>> Create(cudaStream_t stream,
-                                                              const Options& options);
-  static absl::StatusOr<std::unique_ptr<CudaDispatch>> Create(cudaStream_t stream) {
-    return Create(stream, Options{});
-  }
+  // FailedPrecondition when no device is usable.
+  static absl::StatusOr<std::unique_ptr<CudaDispatch>> Create(const Options& options);
+  static absl::StatusOr<std::unique_ptr<CudaDispatch>> Create() { return Create(Options{}); }
   ~CudaDispatch() override;
   CudaDispatch(const CudaDispatch&) = delete;
   CudaDispatch& operator=(const CudaDispatch&) = delete;
 
-  // Matmul plans per shape, RoPE tables, attention and sampling workspaces for every
-  // node of `plan`. May be called for several plans (batch buckets): each call adds what
-  // is missing and grows workspaces to the largest need. Must not be called while a
-  // captured graph that uses this dispatcher may be replayed concurrently.
-  absl::Status Prepare(const ExecutionPlan& plan) override;
+  // Each node's launch: matmul path and cuBLASLt plan (shared per shape), RoPE table,
+  // attention split and workspace, argmax split and workspace. May be called for several
+  // plans (batch buckets): workspaces grow to the largest need, and buffers outgrown stay
+  // alive for plans prepared earlier. Must not be called while a captured graph that uses
+  // this dispatcher may be replayed concurrently.
+  absl::StatusOr<PreparedPlan> Prepare(const ExecutionPlan& plan) override;
 
   // Every Run only enqueues work on the stream.
   bool CaptureSafe(const Op& op) const override { return true; }
@@ -61,9 +64,8 @@ class CudaDispatch final : public KernelDispatch {
 #undef SG_CUDA_RUN
 
   cudaStream_t stream() const { return stream_; }
-  // Later launches go to `stream` (e.g. a capture stream).
-  void set_stream(cudaStream_t stream) { stream_ = stream; }
   const CudaDeviceInfo& device_info() const { return info_; }
+  const CudaOptions& options() const { return options_; }
 
   // The device word kernels raise ErrorFlag bits in. Stays valid for the dispatcher's life.
   uint32_t* device_error_flags() const { return error_flags_; }
@@ -72,10 +74,13 @@ class CudaDispatch final : public KernelDispatch {
   absl::StatusOr<uint32_t> TakeErrorFlags();
 
  private:
-  CudaDispatch(cudaStream_t stream, CudaDeviceInfo info);
+  CudaDispatch(cudaStream_t stream, bool owns_stream, CudaDeviceInfo info,
+               const CudaOptions& options);
 
   cudaStream_t stream_;
+  bool owns_stream_;
   CudaDeviceInfo info_;
+  CudaOptions options_;
   uint32_t* error_flags_ = nullptr;  // owned: cudaMalloc'd in Create, freed in the destructor
   std::unique_ptr<internal::MatmulRunner> matmul_;
   std::unique_ptr<internal::RopeTables> rope_;

@@ -4,8 +4,11 @@
 #define STEPGRAPH_DISPATCH_H_
 
 #include <cstdint>
+#include <memory>
+#include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "stepgraph/ops.h"
@@ -32,21 +35,54 @@ struct TensorArg {
   }
 };
 
+// What a dispatcher worked out once for one node of a plan (a matmul's path and cuBLASLt
+// plan, an attention launch's split and workspace, a RoPE table): Run receives it as
+// NodeArgs::prepared and only launches. Each dispatcher derives its own node types.
+struct PreparedNode {
+  virtual ~PreparedNode() = default;
+};
+
+class KernelDispatch;
+
+// A plan as one dispatcher prepared it: the state of each node by node index (null where a
+// node needs none). Made by KernelDispatch::Prepare; the plan and the dispatcher must
+// outlive it.
+class PreparedPlan {
+ public:
+  PreparedPlan(const ExecutionPlan& plan, const KernelDispatch& dispatch,
+               std::vector<std::unique_ptr<PreparedNode>> nodes);
+  PreparedPlan(PreparedPlan&&) = default;
+  PreparedPlan& operator=(PreparedPlan&&) = default;
+
+  const ExecutionPlan& plan() const { return *plan_; }
+  const KernelDispatch& dispatch() const { return *dispatch_; }
+  const PreparedNode* node(int32_t index) const { return nodes_[index].get(); }
+
+ private:
+  const ExecutionPlan* plan_;
+  const KernelDispatch* dispatch_;
+  std::vector<std::unique_ptr<PreparedNode>> nodes_;
+};
+
 // Everything one Run needs, built by the executor on its stack.
 struct NodeArgs {
   int32_t node_index = -1;
   absl::string_view node_name;
   absl::Span<const TensorArg> inputs;
   TensorArg output;
+  // This node's state from Prepare, or null.
+  const PreparedNode* prepared = nullptr;
 };
 
 class KernelDispatch {
  public:
   virtual ~KernelDispatch() = default;
 
-  // Setup that must not happen per step (handles, matmul plans, workspace, RNG state),
-  // done once for a plan before it is executed or captured.
-  virtual absl::Status Prepare(const ExecutionPlan& plan) { return absl::OkStatus(); }
+  // Everything that must not happen per step (matmul plans, workspaces, tables, launch
+  // shapes), done once for a plan before it is executed or captured. The default prepares
+  // nothing. Errors name the node. A dispatcher may be prepared for several plans (batch
+  // buckets); each PreparedPlan stays valid while the dispatcher lives.
+  virtual absl::StatusOr<PreparedPlan> Prepare(const ExecutionPlan& plan);
 
   // Whether this dispatcher's Run for `op` only enqueues device work on its stream (no
   // host synchronisation, allocation or host-side reads of device data), so that it can

@@ -28,7 +28,13 @@ enum class DType : uint8_t {
 
 inline constexpr int kNumDTypes = 12;
 
-constexpr bool IsQuantized(DType t) { return static_cast<int>(t) >= static_cast<int>(DType::kQ8_0); }
+// False for a value outside the enum, as a caller through the C ABI or a cast can pass;
+// every other function here assumes a valid dtype.
+constexpr bool IsValidDType(DType t) { return static_cast<int>(t) < kNumDTypes; }
+
+constexpr bool IsQuantized(DType t) {
+  return static_cast<int>(t) >= static_cast<int>(DType::kQ8_0) && IsValidDType(t);
+}
 
 // Plain floating-point storage (f32, bf16, f16): one element per DTypeBytes bytes.
 constexpr bool IsFloat(DType t) {

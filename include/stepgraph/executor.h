@@ -64,8 +64,15 @@ struct ExecOptions {
 // buffer for any Input, Weight or State, and an arena smaller than the plan's.
 absl::Status CheckBindings(const ExecutionPlan& plan, const Bindings& bindings);
 
-// Runs every node once, in order. A dispatch error stops execution and is returned with
-// the node's index, name and op.
+// Runs every node of a prepared plan once, in order, with `dispatch` (the dispatcher that
+// prepared it; InvalidArgument otherwise). A dispatch error stops execution and is
+// returned with the node's index, name and op. Nothing here allocates or formats unless a
+// node fails.
+absl::StatusOr<ExecStats> Execute(const PreparedPlan& prepared, const Bindings& bindings,
+                                  KernelDispatch& dispatch, const ExecOptions& options = {});
+
+// Prepares `plan` with `dispatch` and executes it: for one-off runs (tests, tools). Steps
+// that run repeatedly keep their PreparedPlan (see StepRunner).
 absl::StatusOr<ExecStats> Execute(const ExecutionPlan& plan, const Bindings& bindings,
                                   KernelDispatch& dispatch);
 absl::StatusOr<ExecStats> Execute(const ExecutionPlan& plan, const Bindings& bindings,

@@ -17,10 +17,12 @@
 #include "dispatch/cuda/cuda_status.h"
 #include "models/llama.h"
 #include "stepgraph/builder.h"
+#include "stepgraph/capture_policy.h"
 #include "stepgraph/capture.h"
 #include "stepgraph/cuda_dispatch.h"
 #include "stepgraph/executor.h"
 #include "stepgraph/status.h"
+#include "stepgraph/step_runner.h"
 #include "tests/testing/util.h"
 
 namespace sg {
@@ -145,21 +147,48 @@ ExecutionPlan LlamaPlan(const LlamaGraphOptions& o, int64_t layers = 4) {
 }
 
 std::unique_ptr<CudaDispatch> MakeDispatch() {
-  absl::StatusOr<std::unique_ptr<CudaDispatch>> d = CudaDispatch::Create(nullptr);
+  absl::StatusOr<std::unique_ptr<CudaDispatch>> d = CudaDispatch::Create();
   EXPECT_TRUE(d.ok()) << d.status();
   return d.ok() ? *std::move(d) : nullptr;
 }
 
-CaptureOptions Captured() {
-  CaptureOptions o;
-  o.eager = false;
-  return o;
-}
-CaptureOptions Eager() {
-  CaptureOptions o;
-  o.eager = true;
-  return o;
-}
+// A plan prepared with one dispatcher and run either as a captured graph or eagerly (the
+// executor's launches on the same stream), so the two can be compared.
+class TestStep {
+ public:
+  static absl::StatusOr<std::unique_ptr<TestStep>> Make(const ExecutionPlan& plan,
+                                                        const Bindings& bindings,
+                                                        CudaDispatch& dispatch, bool eager,
+                                                        const CaptureOptions& options = {}) {
+    auto step = std::unique_ptr<TestStep>(new TestStep(bindings, dispatch));
+    SG_ASSIGN_OR_RETURN(PreparedPlan prepared, dispatch.Prepare(plan));
+    step->prepared_ = std::make_unique<PreparedPlan>(std::move(prepared));
+    if (!eager) {
+      SG_ASSIGN_OR_RETURN(step->captured_,
+                          CapturedStep::Create(*step->prepared_, bindings, dispatch, options));
+    }
+    return step;
+  }
+  absl::Status Replay() {
+    if (captured_ != nullptr) return captured_->Replay();
+    return Execute(*prepared_, bindings_, *dispatch_).status();
+  }
+  absl::Status Update(const Bindings& next) {
+    if (captured_ != nullptr) return captured_->Update(next);
+    bindings_ = next;
+    return absl::OkStatus();
+  }
+  CapturedStep* captured() { return captured_.get(); }
+  cudaStream_t stream() const { return dispatch_->stream(); }
+
+ private:
+  TestStep(const Bindings& bindings, CudaDispatch& dispatch)
+      : bindings_(bindings), dispatch_(&dispatch) {}
+  Bindings bindings_;
+  CudaDispatch* dispatch_;
+  std::unique_ptr<PreparedPlan> prepared_;
+  std::unique_ptr<CapturedStep> captured_;
+};
 
 constexpr int32_t kVocab = 1024;
 
@@ -175,12 +204,12 @@ TEST(CapturedStepTest, ReplayEqualsEagerBitwiseOver100Steps) {
   ASSERT_NE(dispatch, nullptr);
   ASSERT_NE(eager_dispatch, nullptr);
   DeviceModel eager_model(plan, 7, kVocab, 0), replay_model(plan, 7, kVocab, 0);
-  auto eager = CapturedStep::Create(plan, eager_model.bindings(), *eager_dispatch, Eager());
+  auto eager = TestStep::Make(plan, eager_model.bindings(), *eager_dispatch, /*eager=*/true);
   ASSERT_TRUE(eager.ok()) << eager.status();
-  auto replay = CapturedStep::Create(plan, replay_model.bindings(), *dispatch, Captured());
+  auto replay = TestStep::Make(plan, replay_model.bindings(), *dispatch, /*eager=*/false);
   ASSERT_TRUE(replay.ok()) << replay.status();
-  EXPECT_FALSE((*replay)->eager());
-  EXPECT_GE((*replay)->num_graph_nodes(), plan.graph().num_nodes());
+  ASSERT_NE((*replay)->captured(), nullptr);
+  EXPECT_GE((*replay)->captured()->num_graph_nodes(), plan.graph().num_nodes());
 
   for (int step = 0; step < 100; ++step) {
     ASSERT_OK((*eager)->Replay());
@@ -202,8 +231,8 @@ TEST(CapturedStepTest, ReplayEqualsEagerBitwiseOver100Steps) {
   std::memcpy(&p1, pos.data() + 4, 4);
   EXPECT_EQ(p0, 100);
   EXPECT_EQ(p1, 101);
-  EXPECT_EQ((*replay)->stats().captures, 1);
-  EXPECT_EQ((*replay)->stats().replays, 100);
+  EXPECT_EQ((*replay)->captured()->stats().captures, 1);
+  EXPECT_EQ((*replay)->captured()->stats().replays, 100);
 }
 
 // N replays launched back to back, the ids read with one async copy per step and one
@@ -214,8 +243,8 @@ TEST(CapturedStepTest, ClosedLoopOfNReplaysEqualsNEagerSteps) {
   auto dispatch = MakeDispatch();
   ASSERT_NE(dispatch, nullptr);
   DeviceModel eager_model(plan, 11, kVocab, 5), replay_model(plan, 11, kVocab, 5);
-  auto eager = CapturedStep::Create(plan, eager_model.bindings(), *dispatch, Eager());
-  auto replay = CapturedStep::Create(plan, replay_model.bindings(), *dispatch, Captured());
+  auto eager = TestStep::Make(plan, eager_model.bindings(), *dispatch, /*eager=*/true);
+  auto replay = TestStep::Make(plan, replay_model.bindings(), *dispatch, /*eager=*/false);
   ASSERT_TRUE(eager.ok() && replay.ok());
   constexpr int kSteps = 24;
   const TensorId next = *plan.graph().FindOutput(kNextIdsOutput);
@@ -250,7 +279,7 @@ TEST(CapturedStepTest, UpdateAfterRebindingWeightsPatchesWithoutRecapture) {
   auto dispatch = MakeDispatch();
   ASSERT_NE(dispatch, nullptr);
   DeviceModel replay_model(plan, 3, kVocab, 9), eager_model(plan, 3, kVocab, 9);
-  auto replay = CapturedStep::Create(plan, replay_model.bindings(), *dispatch, Captured());
+  auto replay = TestStep::Make(plan, replay_model.bindings(), *dispatch, /*eager=*/false);
   ASSERT_TRUE(replay.ok()) << replay.status();
   ASSERT_OK((*replay)->Replay());
   const std::vector<uint8_t> before = replay_model.Read(kLogitsOutput);
@@ -263,14 +292,14 @@ TEST(CapturedStepTest, UpdateAfterRebindingWeightsPatchesWithoutRecapture) {
   }
   replay_model.Reset();
   ASSERT_OK((*replay)->Update(replay_model.bindings()));
-  const CaptureStats& st = (*replay)->stats();
+  const CaptureStats& st = (*replay)->captured()->stats();
   EXPECT_EQ(st.captures, 1) << st.ToString();
   EXPECT_EQ(st.node_patches, 1) << st.ToString();
   EXPECT_EQ(st.exec_updates, 0) << st.ToString();
   EXPECT_GE(st.patched_nodes, 3) << st.ToString();
   ASSERT_OK((*replay)->Replay());
 
-  auto eager = CapturedStep::Create(plan, eager_model.bindings(), *dispatch, Eager());
+  auto eager = TestStep::Make(plan, eager_model.bindings(), *dispatch, /*eager=*/true);
   ASSERT_TRUE(eager.ok());
   ASSERT_OK((*eager)->Replay());
   const std::vector<uint8_t> after = replay_model.Read(kLogitsOutput);
@@ -286,26 +315,28 @@ TEST(CapturedStepTest, RebindingEverythingUpdatesTheExecutable) {
   auto dispatch = MakeDispatch();
   ASSERT_NE(dispatch, nullptr);
   DeviceModel a(plan, 21, kVocab, 3), b(plan, 22, kVocab, 3);
-  CaptureOptions o = Captured();
+  CaptureOptions o;
   o.max_patch_fraction = 0.0;  // force the whole-graph path
-  auto replay = CapturedStep::Create(plan, a.bindings(), *dispatch, o);
+  auto replay = TestStep::Make(plan, a.bindings(), *dispatch, /*eager=*/false, o);
   ASSERT_TRUE(replay.ok()) << replay.status();
   ASSERT_OK((*replay)->Update(b.bindings()));
-  EXPECT_EQ((*replay)->stats().captures, 2);
-  EXPECT_EQ((*replay)->stats().exec_updates + (*replay)->stats().reinstantiations, 1);
+  EXPECT_EQ((*replay)->captured()->stats().captures, 2);
+  EXPECT_EQ((*replay)->captured()->stats().exec_updates +
+                (*replay)->captured()->stats().reinstantiations,
+            1);
   ASSERT_OK((*replay)->Replay());
   const std::vector<uint8_t> got = b.Read(kLogitsOutput);
   b.Reset();
-  auto eager = CapturedStep::Create(plan, b.bindings(), *dispatch, Eager());
+  auto eager = TestStep::Make(plan, b.bindings(), *dispatch, /*eager=*/true);
   ASSERT_TRUE(eager.ok());
   ASSERT_OK((*eager)->Replay());
   EXPECT_EQ(got, b.Read(kLogitsOutput));
   // And a later small rebinding still patches through the first capture's node map.
   b.RebindWeight("model.norm.weight", 5);
-  (*replay)->set_max_patch_fraction(0.5);
+  (*replay)->captured()->set_max_patch_fraction(0.5);
   ASSERT_OK((*replay)->Update(b.bindings()));
-  EXPECT_EQ((*replay)->stats().captures, 2);
-  EXPECT_EQ((*replay)->stats().node_patches, 1);
+  EXPECT_EQ((*replay)->captured()->stats().captures, 2);
+  EXPECT_EQ((*replay)->captured()->stats().node_patches, 1);
   b.Reset();
   ASSERT_OK((*replay)->Replay());
   const std::vector<uint8_t> patched = b.Read(kLogitsOutput);
@@ -325,7 +356,7 @@ TEST(CapturedStepTest, RefusesHostMemoryNamingNodeAndTensor) {
   const Tensor& w = plan.graph().tensor(*plan.graph().FindTensor("model.norm.weight"));
   std::vector<uint8_t> host(w.bytes(), 1);
   ASSERT_OK(m.bindings().Bind("model.norm.weight", host.data(), w.bytes()));
-  auto step = CapturedStep::Create(plan, m.bindings(), *dispatch, Captured());
+  auto step = TestStep::Make(plan, m.bindings(), *dispatch, /*eager=*/false);
   ASSERT_FALSE(step.ok());
   EXPECT_EQ(step.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(step.status().message().find("model.norm.weight"), absl::string_view::npos)
@@ -339,32 +370,20 @@ TEST(CapturedStepTest, DotNamesOurNodesAndKernels) {
   auto dispatch = MakeDispatch();
   ASSERT_NE(dispatch, nullptr);
   DeviceModel m(plan, 1, kVocab, 0);
-  auto step = CapturedStep::Create(plan, m.bindings(), *dispatch, Captured());
+  auto step = TestStep::Make(plan, m.bindings(), *dispatch, /*eager=*/false);
   ASSERT_TRUE(step.ok()) << step.status();
-  absl::StatusOr<std::string> dot = (*step)->ToDot();
+  absl::StatusOr<std::string> dot = (*step)->captured()->ToDot();
   ASSERT_TRUE(dot.ok()) << dot.status();
   EXPECT_NE(dot->find("digraph"), std::string::npos);
   for (const Node& n : plan.graph().nodes()) {
     EXPECT_NE(dot->find(n.name), std::string::npos) << n.name;
   }
   EXPECT_NE(dot->find("->"), std::string::npos);
-  auto eager = CapturedStep::Create(plan, m.bindings(), *dispatch, Eager());
-  ASSERT_TRUE(eager.ok());
-  EXPECT_FALSE((*eager)->ToDot().ok());
-}
-
-TEST(CapturedStepTest, EagerFromEnvironment) {
-  setenv("STEPGRAPH_EAGER", "1", 1);
-  EXPECT_TRUE(DefaultCaptureOptions().eager);
-  setenv("STEPGRAPH_EAGER", "0", 1);
-  EXPECT_FALSE(DefaultCaptureOptions().eager);
-  unsetenv("STEPGRAPH_EAGER");
-  EXPECT_FALSE(DefaultCaptureOptions().eager);
 }
 
 // Three live rows run in bucket 4: rows 0..2 match an exact batch-3 run, the padding row
 // writes no KV and its slot's cache is untouched.
-TEST(GraphCacheTest, BucketLiveRowsMatchExactSizeRun) {
+TEST(StepRunnerCudaTest, BucketLiveRowsMatchExactSizeRun) {
   SKIP_WITHOUT_GPU();
   constexpr int64_t kSlots = 4, kSeq = 64;
   LlamaConfig config = TinyLlamaConfig();
@@ -414,28 +433,33 @@ TEST(GraphCacheTest, BucketLiveRowsMatchExactSizeRun) {
     }
     return ToStatus(cudaDeviceSynchronize(), "sync after upload");
   };
-  auto make = [&](int64_t batch) {
-    return BuildLlamaDecodeGraph(config, {.batch = batch, .slots = kSlots, .max_seq = kSeq});
-  };
-  GraphCache::Options options;
-  options.buckets = {1, 2, 4};
-  options.capture.eager = false;
-  auto cache = GraphCache::Create(make, bind, *dispatch, options);
-  ASSERT_TRUE(cache.ok()) << cache.status();
-  EXPECT_EQ(*(*cache)->BucketFor(3), 4);
+  absl::StatusOr<std::unique_ptr<StepRunner>> runner =
+      StepRunner::Create({.device = DeviceKind::kCuda});
+  ASSERT_TRUE(runner.ok()) << runner.status();
+  const std::vector<int64_t> buckets = {1, 2, 4};
+  for (int64_t batch : buckets) {
+    absl::StatusOr<Graph> g =
+        BuildLlamaDecodeGraph(config, {.batch = batch, .slots = kSlots, .max_seq = kSeq});
+    ASSERT_TRUE(g.ok()) << g.status();
+    ASSERT_OK((*runner)->AddStep(*std::move(g), bind).status());
+  }
+  ASSERT_OK((*runner)->Finalize());
+  ASSERT_TRUE((*runner)->replays());
+  absl::StatusOr<int64_t> bucket = ChooseBucket(buckets, 3);
+  ASSERT_TRUE(bucket.ok());
+  EXPECT_EQ(*bucket, 4);
   const std::vector<uint8_t> slot3_before = exact.Read(KCacheName(0));
-  ASSERT_OK((*cache)->Replay(3));
-  Check(cudaStreamSynchronize((*cache)->stream()), "sync");
+  ASSERT_OK((*runner)->Run(2));
+  ASSERT_OK((*runner)->Sync());
 
-  auto eager = CapturedStep::Create(*p3, exact.bindings(), *dispatch, Eager());
+  auto eager = TestStep::Make(*p3, exact.bindings(), *dispatch, /*eager=*/true);
   ASSERT_TRUE(eager.ok());
   ASSERT_OK((*eager)->Replay());
 
-  const ExecutionPlan& p4 = (*cache)->plan(4);
-  const TensorArg logits4 =
-      ResolveTensor(p4, (*cache)->bindings(4), p4.graph().FindOutput(kLogitsOutput)->index);
+  absl::StatusOr<TensorArg> logits4 = (*runner)->Output(2, kLogitsOutput);
+  ASSERT_TRUE(logits4.ok()) << logits4.status();
   std::vector<float> got(4 * kVocab), want(3 * kVocab);
-  Check(cudaMemcpy(got.data(), logits4.data, got.size() * 4, cudaMemcpyDeviceToHost), "read");
+  Check(cudaMemcpy(got.data(), logits4->data, got.size() * 4, cudaMemcpyDeviceToHost), "read");
   std::vector<uint8_t> w = exact.Read(kLogitsOutput);
   std::memcpy(want.data(), w.data(), w.size());
   got.resize(3 * kVocab);
@@ -449,14 +473,13 @@ TEST(GraphCacheTest, BucketLiveRowsMatchExactSizeRun) {
                         slot_bytes),
             0);
 
-  const auto memory = (*cache)->Memory();
-  ASSERT_EQ(memory.size(), 3u);
-  EXPECT_TRUE(memory[2].captured);
-  EXPECT_FALSE(memory[0].captured);  // lazily: only bucket 4 was used
-  EXPECT_LE(memory[2].arena_bytes, (*cache)->shared_arena_bytes());
-  EXPECT_TRUE(GraphCache::DeviceGraphMemory().ok());
-  EXPECT_FALSE((*cache)->Replay(5).ok());
-  EXPECT_FALSE((*cache)->Replay(0).ok());
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_GE((*runner)->graph_nodes(i), (*runner)->plan(i).graph().num_nodes());
+    EXPECT_LE((*runner)->plan(i).arena_bytes(), (*runner)->arena_bytes());
+  }
+  EXPECT_TRUE(CapturedStep::DeviceGraphMemory().ok());
+  EXPECT_EQ((*runner)->Run(3).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*runner)->Run(-1).code(), absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

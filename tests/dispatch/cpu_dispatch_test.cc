@@ -163,9 +163,9 @@ class Bench {
 
   // One step: exactly one launch per node.
   absl::Status Run(CpuDispatch& cpu) {
-    absl::Status prepared = cpu.Prepare(plan_);
-    if (!prepared.ok()) return prepared;
-    absl::StatusOr<ExecStats> stats = Execute(plan_, host_->bindings(), cpu);
+    absl::StatusOr<PreparedPlan> prepared = cpu.Prepare(plan_);
+    if (!prepared.ok()) return prepared.status();
+    absl::StatusOr<ExecStats> stats = Execute(*prepared, host_->bindings(), cpu);
     if (!stats.ok()) return stats.status();
     if (stats->launches != plan_.graph().num_nodes()) {
       return absl::InternalError(
@@ -1441,9 +1441,9 @@ class LlamaRunner {
     std::memcpy(host_.tensor(kPosInput).data(), pos.data(), batch_ * sizeof(int32_t));
     const Bindings::Buffer& arena = host_.bindings().arena();
     std::memset(arena.data, 0xFF, arena.bytes);  // poison every intermediate
-    absl::Status prepared = cpu_.Prepare(plan_);
-    if (!prepared.ok()) return prepared;
-    absl::StatusOr<ExecStats> stats = Execute(plan_, host_.bindings(), cpu_);
+    absl::StatusOr<PreparedPlan> prepared = cpu_.Prepare(plan_);
+    if (!prepared.ok()) return prepared.status();
+    absl::StatusOr<ExecStats> stats = Execute(*prepared, host_.bindings(), cpu_);
     if (!stats.ok()) return stats.status();
     if (const uint32_t flags = cpu_.TakeErrorFlags(); flags != 0) {
       return absl::InternalError(absl::StrCat("error flags ", flags));

@@ -25,36 +25,11 @@
 #include "stepgraph/cpu_dispatch.h"
 #include "stepgraph/cuda_dispatch.h"
 #include "stepgraph/plan.h"
+#include "tests/testing/conformance.h"
 #include "tests/testing/util.h"
 
 namespace sg::testing {
 namespace {
-
-// Sets STEPGRAPH_MATMUL (or unsets it for nullptr) for the scope, then restores it.
-class ScopedMatmulEnv {
- public:
-  explicit ScopedMatmulEnv(const char* value) {
-    const char* old = std::getenv("STEPGRAPH_MATMUL");
-    had_old_ = old != nullptr;
-    if (had_old_) old_ = old;
-    if (value == nullptr) {
-      unsetenv("STEPGRAPH_MATMUL");
-    } else {
-      setenv("STEPGRAPH_MATMUL", value, 1);
-    }
-  }
-  ~ScopedMatmulEnv() {
-    if (had_old_) {
-      setenv("STEPGRAPH_MATMUL", old_.c_str(), 1);
-    } else {
-      unsetenv("STEPGRAPH_MATMUL");
-    }
-  }
-
- private:
-  bool had_old_ = false;
-  std::string old_;
-};
 
 // A chain of dependent Adds, each reading the previous one's output and overwriting the
 // buffer the one before it read, captured and replayed: on sm_90 the edges are
@@ -67,8 +42,9 @@ TEST(ProgrammaticLaunchTest, DependentKernelsSeeTheirPrerequisitesWrites) {
   ASSERT_EQ(cudaGetDevice(&device), cudaSuccess);
   ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device),
             cudaSuccess);
-  const char* env = std::getenv("STEPGRAPH_PDL");
-  const bool expect = major >= 9 && (env == nullptr || std::strcmp(env, "0") != 0);
+  const bool wanted = CudaOptionsFromTestEnvironment().programmatic_launch;
+  kernels::SetProgrammaticLaunch(wanted);
+  const bool expect = major >= 9 && wanted;
   EXPECT_EQ(kernels::ProgrammaticLaunchEnabled(), expect);
 
   constexpr int64_t kN = 1 << 16;
@@ -132,39 +108,10 @@ TEST(ProgrammaticLaunchTest, DependentKernelsSeeTheirPrerequisitesWrites) {
   }
 }
 
-TEST(MatmulPolicyTest, ParsesTheEnvironment) {
-  using internal::MatmulPolicy;
-  using internal::MatmulPolicyFromEnv;
-  {
-    ScopedMatmulEnv env(nullptr);
-    EXPECT_EQ(*MatmulPolicyFromEnv(), MatmulPolicy::kAuto);
-  }
-  {
-    ScopedMatmulEnv env("auto");
-    EXPECT_EQ(*MatmulPolicyFromEnv(), MatmulPolicy::kAuto);
-  }
-  {
-    ScopedMatmulEnv env("cublaslt");
-    EXPECT_EQ(*MatmulPolicyFromEnv(), MatmulPolicy::kCublasLt);
-  }
-  {
-    ScopedMatmulEnv env("gemv");
-    EXPECT_EQ(*MatmulPolicyFromEnv(), MatmulPolicy::kGemv);
-  }
-  {
-    ScopedMatmulEnv env("cuBLAS");
-    absl::StatusOr<MatmulPolicy> policy = MatmulPolicyFromEnv();
-    ASSERT_FALSE(policy.ok());
-    EXPECT_EQ(policy.status().code(), absl::StatusCode::kInvalidArgument);
-    EXPECT_NE(policy.status().message().find("STEPGRAPH_MATMUL"), absl::string_view::npos);
-    EXPECT_NE(policy.status().message().find("cuBLAS"), absl::string_view::npos);
-  }
-}
 
 TEST(MatmulRunnerTest, PathFollowsPolicyAndShape) {
   if (!CudaDeviceAvailable()) GTEST_SKIP() << "no CUDA device";
   using internal::MatmulPath;
-  using internal::MatmulPolicy;
   using internal::MatmulRunner;
   using internal::MatmulShape;
   const MatmulShape decode{1, 512, 256, DType::kBF16, false};
@@ -211,11 +158,11 @@ TEST(MatmulRunnerTest, PathFollowsPolicyAndShape) {
   }
 }
 
-TEST(CudaDispatchTest, MatmulNotPreparedIsFailedPrecondition) {
+// A Run whose node carries no prepared state (a plan executed without the PreparedPlan
+// CudaDispatch made) is refused before anything is launched.
+TEST(CudaDispatchTest, NodeNotPreparedIsFailedPrecondition) {
   if (!CudaDeviceAvailable()) GTEST_SKIP() << "no CUDA device";
-  absl::StatusOr<UniqueStream> stream = CreateStream("test");
-  ASSERT_TRUE(stream.ok());
-  absl::StatusOr<std::unique_ptr<CudaDispatch>> gpu = CudaDispatch::Create(stream->get());
+  absl::StatusOr<std::unique_ptr<CudaDispatch>> gpu = CudaDispatch::Create();
   ASSERT_TRUE(gpu.ok()) << gpu.status();
   std::vector<TensorArg> inputs(2);
   inputs[0].dtype = inputs[1].dtype = DType::kF32;
@@ -226,7 +173,10 @@ TEST(CudaDispatchTest, MatmulNotPreparedIsFailedPrecondition) {
   args.output.shape = Shape{2, 32};
   const absl::Status s = (*gpu)->Run(ops::MatMul{}, args);
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
-  EXPECT_NE(s.message().find("M=2 N=32 K=64"), absl::string_view::npos) << s;
+  EXPECT_NE(s.message().find("prepared"), absl::string_view::npos) << s;
+  EXPECT_EQ((*gpu)->Run(ops::Attention{0.125f}, args).code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ((*gpu)->Run(ops::Argmax{}, args).code(), absl::StatusCode::kFailedPrecondition);
 }
 
 // One node run on the CPU reference and on CudaDispatch with every device buffer placed
@@ -235,7 +185,7 @@ struct MisalignedCase {
   std::string name;
   std::function<void(GraphBuilder&)> build;
   int64_t offset = 2;
-  const char* matmul_policy = nullptr;  // STEPGRAPH_MATMUL while the dispatcher is made
+  MatmulPolicy matmul_policy = MatmulPolicy::kAuto;
   double tolerance = 1e-2;
   int32_t int_hi = 16;
 };
@@ -312,20 +262,24 @@ void RunMisaligned(const MisalignedCase& c) {
   };
 
   CpuDispatch reference;
-  ASSERT_TRUE(reference.Prepare(*plan).ok());
+  absl::StatusOr<PreparedPlan> cpu_prepared = reference.Prepare(*plan);
+  ASSERT_TRUE(cpu_prepared.ok()) << cpu_prepared.status();
   std::vector<TensorArg> cpu_inputs;
-  const NodeArgs cpu_args = make_args(cpu_inputs, /*on_gpu=*/false);
+  NodeArgs cpu_args = make_args(cpu_inputs, /*on_gpu=*/false);
+  cpu_args.prepared = cpu_prepared->node(0);
   ASSERT_TRUE(
       std::visit([&](const auto& op) { return reference.Run(op, cpu_args); }, node.op).ok());
 
-  absl::StatusOr<std::unique_ptr<CudaDispatch>> gpu = [&] {
-    ScopedMatmulEnv env(c.matmul_policy);
-    return CudaDispatch::Create(stream->get());
-  }();
+  CudaDispatch::Options options;
+  options.stream = stream->get();
+  options.cuda.matmul = c.matmul_policy;
+  absl::StatusOr<std::unique_ptr<CudaDispatch>> gpu = CudaDispatch::Create(options);
   ASSERT_TRUE(gpu.ok()) << gpu.status();
-  ASSERT_TRUE((*gpu)->Prepare(*plan).ok());
+  absl::StatusOr<PreparedPlan> gpu_prepared = (*gpu)->Prepare(*plan);
+  ASSERT_TRUE(gpu_prepared.ok()) << gpu_prepared.status();
   std::vector<TensorArg> gpu_inputs;
-  const NodeArgs gpu_args = make_args(gpu_inputs, /*on_gpu=*/true);
+  NodeArgs gpu_args = make_args(gpu_inputs, /*on_gpu=*/true);
+  gpu_args.prepared = gpu_prepared->node(0);
   const absl::Status run =
       std::visit([&](const auto& op) { return (*gpu)->Run(op, gpu_args); }, node.op);
   ASSERT_TRUE(run.ok()) << run;
@@ -350,10 +304,10 @@ TEST_P(MisalignedTest, MatchesReference) {
 
 std::vector<MisalignedCase> MisalignedCases() {
   std::vector<MisalignedCase> cases;
-  for (const char* policy : {"cublaslt", "gemv"}) {
+  for (MatmulPolicy policy : {MatmulPolicy::kCublasLt, MatmulPolicy::kGemv}) {
     for (DType t : {DType::kF32, DType::kBF16}) {
       const int64_t offset = DTypeBytes(t);
-      cases.push_back({.name = absl::StrCat("MatMul_", policy, "_", DTypeName(t)),
+      cases.push_back({.name = absl::StrCat("MatMul_", MatmulPolicyName(policy), "_", DTypeName(t)),
                        .build = [=](GraphBuilder& b) {
                          b.Output("y", b.MatMul(b.Input("x", t, {4, 256}),
                                                 b.Weight("w", t, {96, 256}),

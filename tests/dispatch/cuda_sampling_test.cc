@@ -83,7 +83,7 @@ class GpuRunner {
     EXPECT_TRUE(s.ok()) << s.status();
     if (!s.ok()) return;
     stream_ = *std::move(s);
-    absl::StatusOr<std::unique_ptr<CudaDispatch>> d = CudaDispatch::Create(stream_.get());
+    absl::StatusOr<std::unique_ptr<CudaDispatch>> d = CudaDispatch::Create({.stream = stream_.get()});
     EXPECT_TRUE(d.ok()) << d.status();
     if (d.ok()) dispatch_ = *std::move(d);
   }
@@ -96,8 +96,9 @@ class GpuRunner {
     absl::StatusOr<ExecutionPlan> plan = MakePlan(batch.logits.dtype(), rows, vocab, choice);
     EXPECT_TRUE(plan.ok()) << plan.status();
     if (!plan.ok()) return results;
-    const absl::Status prepared = dispatch_->Prepare(*plan);
-    EXPECT_TRUE(prepared.ok()) << prepared;
+    absl::StatusOr<PreparedPlan> prepared = dispatch_->Prepare(*plan);
+    EXPECT_TRUE(prepared.ok()) << prepared.status();
+    if (!prepared.ok()) return results;
     Bindings bind(plan->graph());
     std::vector<DeviceMemory> memory;
     auto upload = [&](absl::string_view name, const void* data, int64_t bytes) {
@@ -125,7 +126,7 @@ class GpuRunner {
       EXPECT_EQ(cudaMemset(arena->get(), 0xFF, arena_bytes), cudaSuccess);  // ids of -1
       // The memset and uploads ran on the legacy stream, which stream_ does not wait for.
       EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-      absl::StatusOr<ExecStats> stats = Execute(*plan, bind, *dispatch_);
+      absl::StatusOr<ExecStats> stats = Execute(*prepared, bind, *dispatch_);
       EXPECT_TRUE(stats.ok()) << stats.status();
       EXPECT_EQ(cudaStreamSynchronize(stream_.get()), cudaSuccess);
       std::vector<int32_t> host(rows);
@@ -536,9 +537,10 @@ TEST(CudaAttentionTest, CapturedLaunchFollowsThePositions) {
 
     absl::StatusOr<UniqueStream> stream = CreateStream("attention capture test");
     ASSERT_TRUE(stream.ok());
-    absl::StatusOr<std::unique_ptr<CudaDispatch>> gpu = CudaDispatch::Create(stream->get());
+    absl::StatusOr<std::unique_ptr<CudaDispatch>> gpu = CudaDispatch::Create({.stream = stream->get()});
     ASSERT_TRUE(gpu.ok()) << gpu.status();
-    ASSERT_TRUE((*gpu)->Prepare(*plan).ok());
+    absl::StatusOr<PreparedPlan> prepared = (*gpu)->Prepare(*plan);
+    ASSERT_TRUE(prepared.ok()) << prepared.status();
     Bindings bind(plan->graph());
     std::vector<DeviceMemory> memory;
     auto upload = [&](absl::string_view name, const void* data, int64_t bytes) -> void* {
@@ -559,7 +561,7 @@ TEST(CudaAttentionTest, CapturedLaunchFollowsThePositions) {
 
     cudaStream_t s = stream->get();
     ASSERT_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), cudaSuccess);
-    const absl::StatusOr<ExecStats> captured = Execute(*plan, bind, **gpu);
+    const absl::StatusOr<ExecStats> captured = Execute(*prepared, bind, **gpu);
     cudaGraph_t raw = nullptr;
     ASSERT_EQ(cudaStreamEndCapture(s, &raw), cudaSuccess);
     UniqueGraph cuda_graph(raw);
@@ -603,7 +605,7 @@ TEST(CudaAttentionTest, UnpreparedNodeIsFailedPrecondition) {
   if (!HasCudaDevice()) GTEST_SKIP() << "no CUDA device";
   absl::StatusOr<UniqueStream> stream = CreateStream("attention unprepared test");
   ASSERT_TRUE(stream.ok());
-  absl::StatusOr<std::unique_ptr<CudaDispatch>> gpu = CudaDispatch::Create(stream->get());
+  absl::StatusOr<std::unique_ptr<CudaDispatch>> gpu = CudaDispatch::Create({.stream = stream->get()});
   ASSERT_TRUE(gpu.ok());
   const Shape q{1, 32 * 64}, cache{1, 8, 4096, 64};
   const TensorArg inputs[] = {{.dtype = DType::kBF16, .shape = q},
@@ -616,7 +618,7 @@ TEST(CudaAttentionTest, UnpreparedNodeIsFailedPrecondition) {
   args.output = {.dtype = DType::kBF16, .shape = q};
   const absl::Status s = (*gpu)->Run(ops::Attention{.scale = 0.125f}, args);
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
-  EXPECT_NE(s.message().find("attn"), absl::string_view::npos) << s;
+  EXPECT_NE(s.message().find("prepared"), absl::string_view::npos) << s;
 }
 
 }  // namespace

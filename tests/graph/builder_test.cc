@@ -269,6 +269,20 @@ TEST(BuilderTest, InvalidShapesAndEmptyNames) {
   }
 }
 
+// A dtype value past the enum (a cast, or a caller through the C ABI) is refused at
+// declaration; it used to pass as "quantized" and divide by a block size of 0.
+TEST(BuilderTest, UnknownDTypeIsRefused) {
+  for (int value : {kNumDTypes, kNumDTypes + 1, 255}) {
+    GraphBuilder b;
+    const DType bad = static_cast<DType>(value);
+    EXPECT_FALSE(IsValidDType(bad));
+    EXPECT_FALSE(IsQuantized(bad));
+    EXPECT_FALSE(b.Weight("w", bad, {2, 64}).valid());
+    EXPECT_TRUE(BuildFails(b, absl::StatusCode::kInvalidArgument, {"'w'", "unknown dtype"}));
+  }
+  EXPECT_TRUE(IsValidDType(DType::kQ6_K));
+}
+
 // Shapes whose element count overflows int64 (or passes the 2^48 bound) are refused at
 // declaration, naming the tensor: a wrapped product would make a huge weight "need" a few
 // bytes and let every later size check pass.
@@ -295,6 +309,18 @@ TEST(BuilderTest, ShapesThatOverflowAreRefused) {
   EXPECT_EQ(TensorBytes(DType::kF32, Shape{int64_t{1} << 24, int64_t{1} << 24}),
             int64_t{1} << 50);
   EXPECT_EQ(TensorBytes(DType::kF32, Shape{(int64_t{1} << 62) + 1, 1}), -1);
+}
+
+// Valid inputs whose output is past the bound: MatMul of [2^31, 8] by [2^31, 8] would be
+// [2^31, 2^31]. The builder used to make that tensor, and Build's graph failed Validate.
+TEST(BuilderTest, OutputShapePastTheBoundIsRefused) {
+  GraphBuilder b;
+  const int64_t big = int64_t{1} << 31;
+  TensorId x = b.Input("x", DType::kF32, {big, 8});
+  TensorId w = b.Weight("w", DType::kF32, {big, 8});
+  ASSERT_TRUE(x.valid() && w.valid());
+  EXPECT_FALSE(b.MatMul(x, w, "mm").valid());
+  EXPECT_TRUE(BuildFails(b, absl::StatusCode::kInvalidArgument, {"'mm'", "output shape", "2^48"}));
 }
 
 // A quantized dtype is a rank-2 Weight of whole blocks, read by MatMul (as w) or Embedding

@@ -31,7 +31,7 @@ void PrintTo(const Case& c, std::ostream* os) {
 class HfParityCudaTest : public ::testing::TestWithParam<Case> {
  protected:
   void SetUp() override {
-    if (!CudaBackendAvailable()) GTEST_SKIP() << "no CUDA device";
+    if (!CudaDeviceFound()) GTEST_SKIP() << "no CUDA device";
   }
 };
 

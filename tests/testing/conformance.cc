@@ -4,10 +4,12 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <memory>
 #include <random>
+#include <string>
 
 #include "absl/strings/str_cat.h"
 #include "dispatch/cuda/cuda_handles.h"
@@ -18,6 +20,19 @@
 #include "tests/testing/util.h"
 
 namespace sg::testing {
+
+CudaOptions CudaOptionsFromTestEnvironment() {
+  CudaOptions o;
+  if (const char* v = std::getenv("STEPGRAPH_MATMUL"); v != nullptr && v[0] != '\0') {
+    absl::StatusOr<MatmulPolicy> p = ParseMatmulPolicy(v);
+    if (p.ok()) o.matmul = *p;
+    EXPECT_TRUE(p.ok()) << "STEPGRAPH_MATMUL: " << p.status();
+  }
+  if (const char* v = std::getenv("STEPGRAPH_PDL"); v != nullptr && std::string(v) == "0") {
+    o.programmatic_launch = false;
+  }
+  return o;
+}
 
 bool HasCudaDevice() { return CudaDeviceAvailable(); }
 
@@ -89,7 +104,6 @@ void RunConformance(const OpCase& c) {
   cpu_arena.Poison();
   cpu_bind.SetArena(cpu_arena.data(), plan->arena_bytes());
   CpuDispatch cpu;
-  ASSERT_TRUE(cpu.Prepare(*plan).ok());
   absl::StatusOr<ExecStats> cpu_stats = Execute(*plan, cpu_bind, cpu);
   ASSERT_TRUE(cpu_stats.ok()) << cpu_stats.status();
   const uint32_t cpu_flags = cpu.TakeErrorFlags();
@@ -97,7 +111,10 @@ void RunConformance(const OpCase& c) {
   // GPU run from the same inputs.
   absl::StatusOr<UniqueStream> stream = CreateStream("conformance");
   ASSERT_TRUE(stream.ok()) << stream.status();
-  absl::StatusOr<std::unique_ptr<CudaDispatch>> gpu = CudaDispatch::Create(stream->get());
+  CudaDispatch::Options options;
+  options.stream = stream->get();
+  options.cuda = CudaOptionsFromTestEnvironment();
+  absl::StatusOr<std::unique_ptr<CudaDispatch>> gpu = CudaDispatch::Create(options);
   ASSERT_TRUE(gpu.ok()) << gpu.status();
   std::map<int32_t, DeviceMemory> device;
   Bindings gpu_bind(g);
@@ -117,7 +134,6 @@ void RunConformance(const OpCase& c) {
   // non-blocking stream does not wait for.
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   gpu_bind.SetArena(arena->get(), plan->arena_bytes());
-  ASSERT_TRUE((*gpu)->Prepare(*plan).ok());
   absl::StatusOr<ExecStats> gpu_stats = Execute(*plan, gpu_bind, **gpu);
   ASSERT_TRUE(gpu_stats.ok()) << gpu_stats.status();
   ASSERT_EQ(gpu_stats->launches, g.num_nodes());

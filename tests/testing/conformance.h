@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "stepgraph/builder.h"
+#include "stepgraph/cuda_options.h"
 
 namespace sg::testing {
 
@@ -38,6 +39,12 @@ struct OpCase {
 
 // gtest prints a parameter with this; without it test listings show the struct's bytes.
 inline void PrintTo(const OpCase& c, std::ostream* os) { *os << c.name; }
+
+// The CUDA dispatcher's options that the tests' environment asks for (STEPGRAPH_MATMUL
+// picks the matmul path, so that ctest can run the conformance cases on each path;
+// STEPGRAPH_PDL=0 switches programmatic launch off). Test code maps the environment as the
+// program does; the library reads none.
+CudaOptions CudaOptionsFromTestEnvironment();
 
 // True when a CUDA device is present (GPU tests GTEST_SKIP otherwise).
 bool HasCudaDevice();

@@ -3,9 +3,11 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <algorithm>
 #include <limits>
 
 #include "stepgraph/half.h"
+#include "stepgraph/quant.h"
 
 namespace sg::testing {
 namespace {
@@ -23,8 +25,20 @@ HostTensor::HostTensor(DType dtype, Shape shape) : dtype_(dtype), shape_(shape) 
   std::memset(p, 0, bytes == 0 ? 256 : bytes);
 }
 
+int64_t HostTensor::bytes() const {
+  return std::max<int64_t>(0, TensorBytes(dtype_, shape_));
+}
+
 void HostTensor::FillUniform(uint64_t seed, float lo, float hi) {
   std::mt19937_64 rng(seed);
+  if (IsQuantized(dtype_)) {
+    // Random values quantized row by row: valid blocks whose values span [lo, hi).
+    std::uniform_real_distribution<float> dist(lo, hi);
+    std::vector<float> values(size());
+    for (float& v : values) v = dist(rng);
+    FillFrom(values);
+    return;
+  }
   if (dtype_ == DType::kI32) {
     std::uniform_int_distribution<int32_t> dist(static_cast<int32_t>(lo),
                                                 static_cast<int32_t>(hi) - 1);
@@ -36,6 +50,18 @@ void HostTensor::FillUniform(uint64_t seed, float lo, float hi) {
 }
 
 void HostTensor::FillFrom(const std::vector<float>& values) {
+  if (IsQuantized(dtype_)) {
+    const int64_t cols = shape_.cols(), row_bytes = DTypeRowBytes(dtype_, cols);
+    std::vector<float> row(cols, 0.0f);
+    for (int64_t r = 0; r < shape_.rows(); ++r) {
+      for (int64_t c = 0; c < cols; ++c) {
+        const size_t i = static_cast<size_t>(r * cols + c);
+        row[c] = i < values.size() ? values[i] : 0.0f;
+      }
+      QuantizeRow(dtype_, row.data(), static_cast<std::byte*>(data()) + r * row_bytes, cols);
+    }
+    return;
+  }
   for (int64_t i = 0; i < size() && i < static_cast<int64_t>(values.size()); ++i) {
     Store(data(), dtype_, i, values[i]);
   }
@@ -45,11 +71,22 @@ void HostTensor::Poison() { std::memset(data(), 0xFF, static_cast<size_t>(bytes(
 
 std::vector<float> HostTensor::ToFloat() const {
   std::vector<float> out(size());
+  if (IsQuantized(dtype_)) {
+    const int64_t cols = shape_.cols(), row_bytes = DTypeRowBytes(dtype_, cols);
+    for (int64_t r = 0; r < shape_.rows(); ++r) {
+      DequantizeRow(dtype_, static_cast<const std::byte*>(data()) + r * row_bytes,
+                    out.data() + r * cols, cols);
+    }
+    return out;
+  }
   for (int64_t i = 0; i < size(); ++i) out[i] = Load(data(), dtype_, i);
   return out;
 }
 
-float HostTensor::At(int64_t i) const { return Load(data(), dtype_, i); }
+float HostTensor::At(int64_t i) const {
+  if (IsQuantized(dtype_)) return ToFloat()[i];
+  return Load(data(), dtype_, i);
+}
 
 double NormalizedError(const std::vector<float>& got, const std::vector<double>& want) {
   if (got.size() != want.size()) return std::numeric_limits<double>::infinity();

@@ -14,7 +14,9 @@
 
 namespace sg::testing {
 
-// A host buffer holding one tensor in its storage dtype, 256-byte aligned.
+// A host buffer holding one tensor in its storage dtype, 256-byte aligned. Quantized
+// tensors (GGUF block formats) are filled by quantizing f32 values row by row and read
+// back dequantized.
 class HostTensor {
  public:
   HostTensor() = default;
@@ -22,12 +24,13 @@ class HostTensor {
 
   DType dtype() const { return dtype_; }
   const Shape& shape() const { return shape_; }
-  int64_t bytes() const { return shape_.NumElements() * DTypeBytes(dtype_); }
+  int64_t bytes() const;
   int64_t size() const { return shape_.NumElements(); }
   void* data() { return storage_.get(); }
   const void* data() const { return storage_.get(); }
 
-  // Uniform in [lo, hi), rounded to the dtype; i32 tensors get integers in [lo, hi).
+  // Uniform in [lo, hi), rounded to the dtype (quantized: valid random blocks); i32
+  // tensors get integers in [lo, hi).
   void FillUniform(uint64_t seed, float lo = -1.0f, float hi = 1.0f);
   void FillFrom(const std::vector<float>& values);
   // Every byte 0xFF: NaN for floats, -1 for i32, so an unwritten element fails a check.

@@ -1,0 +1,29 @@
+// Names of the CUDA dispatcher's switches (stepgraph/cuda_options.h); core code, so that
+// the program parses them on builds without CUDA too.
+#include "stepgraph/cuda_options.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace sg {
+
+absl::string_view MatmulPolicyName(MatmulPolicy p) {
+  switch (p) {
+    case MatmulPolicy::kAuto:
+      return "auto";
+    case MatmulPolicy::kCublasLt:
+      return "cublaslt";
+    case MatmulPolicy::kGemv:
+      return "gemv";
+  }
+  return "?";
+}
+
+absl::StatusOr<MatmulPolicy> ParseMatmulPolicy(absl::string_view name) {
+  for (MatmulPolicy p : {MatmulPolicy::kAuto, MatmulPolicy::kCublasLt, MatmulPolicy::kGemv}) {
+    if (name == MatmulPolicyName(p)) return p;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("matmul policy must be auto, cublaslt or gemv, got '", name, "'"));
+}
+
+}  // namespace sg

@@ -1,0 +1,507 @@
+// GGUF file -> LlamaConfig and graph-named weights. Each `llama.*` key is consumed by
+// exactly one reader below or refused, as config.cc does for config.json; the tensors
+// are then matched one for one against the weights the config implies, before any graph
+// is built, so a file that lies about its shape is refused here with the tensor's name.
+#include "models/gguf_model.h"
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <new>
+#include <optional>
+#include <utility>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "stepgraph/rope.h"
+#include "stepgraph/status.h"
+
+namespace sg {
+namespace {
+
+constexpr absl::string_view kArch = "llama";
+// Bounds on sizes a real Llama can have; they keep every product below far from
+// overflow before the tensors themselves are compared.
+constexpr int64_t kMaxWidth = int64_t{1} << 20;    // hidden, intermediate, head dims
+constexpr int64_t kMaxLayers = 4096;
+constexpr int64_t kMaxHeads = 4096;
+constexpr int64_t kMaxVocab = std::numeric_limits<int32_t>::max();
+
+// `llama.*` keys (without the prefix) that describe the file but not the computation.
+constexpr absl::string_view kHarmlessLlamaKeys[] = {
+    "rope.scaling.finetuned",
+    "rope.scaling.original_context_length",  // read only for Llama 3 scaling
+};
+
+// Typed reads of `llama.*` keys that remember which keys were read, so the rest can be
+// refused as unknown.
+class LlamaKeys {
+ public:
+  explicit LlamaKeys(const GgufFile& f) : f_(f) {}
+
+  std::string Key(absl::string_view k) const { return absl::StrCat(kArch, ".", k); }
+
+  absl::Status Error(absl::string_view k, absl::string_view what) const {
+    return absl::InvalidArgumentError(absl::StrCat(f_.source(), ": key '", Key(k), "': ", what));
+  }
+
+  const GgufValue* Find(absl::string_view k) {
+    const std::string key = Key(k);
+    seen_.insert(key);
+    return f_.Find(key);
+  }
+
+  // An integer in [lo, hi]; `fallback` when absent, or an error when there is none.
+  absl::StatusOr<int64_t> Int(absl::string_view k, int64_t lo, int64_t hi,
+                              std::optional<int64_t> fallback = std::nullopt) {
+    const GgufValue* v = Find(k);
+    if (v == nullptr) {
+      if (fallback.has_value()) return *fallback;
+      return Error(k, "missing required key");
+    }
+    if (v->is_array()) {
+      return Error(k, absl::StrCat("per-layer values (", v->ToString(),
+                                   ") are not supported: every layer must have the same shape"));
+    }
+    absl::StatusOr<int64_t> i = v->Int();
+    if (!i.ok()) return Error(k, absl::StrCat("expected an integer, got ", v->ToString()));
+    if (*i < lo || *i > hi) {
+      return Error(k, absl::StrCat("value ", *i, " is outside [", lo, ", ", hi, "]"));
+    }
+    return *i;
+  }
+
+  // A finite float; `fallback` when absent.
+  absl::StatusOr<double> Float(absl::string_view k, std::optional<double> fallback) {
+    const GgufValue* v = Find(k);
+    if (v == nullptr) {
+      if (fallback.has_value()) return *fallback;
+      return Error(k, "missing required key");
+    }
+    absl::StatusOr<double> d = v->Float();
+    if (!d.ok()) return Error(k, absl::StrCat("expected a float, got ", v->ToString()));
+    if (!std::isfinite(*d) || std::fabs(*d) > std::numeric_limits<float>::max()) {
+      return Error(k, absl::StrCat("value ", *d, " is not a finite float"));
+    }
+    return *d;
+  }
+
+  absl::Status CheckNoUnknown() const {
+    const std::string prefix = absl::StrCat(kArch, ".");
+    for (const GgufValue& v : f_.metadata()) {
+      if (!absl::StartsWith(v.key(), prefix) || seen_.contains(v.key())) continue;
+      bool harmless = false;
+      for (absl::string_view h : kHarmlessLlamaKeys) harmless = harmless || v.key() == Key(h);
+      if (harmless) continue;
+      return absl::InvalidArgumentError(absl::StrCat(
+          f_.source(), ": key '", v.key(), "' (value ", v.ToString(),
+          ") is unknown; stepgraph refuses keys it does not understand so that no model is "
+          "run differently from its definition"));
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  const GgufFile& f_;
+  absl::flat_hash_set<std::string> seen_;
+};
+
+// Llama 3 RoPE scaling is stored by the converter as per-frequency divisors in a
+// "rope_freqs.weight" tensor rather than as keys. Accept it when the divisors are those of
+// Llama 3 scaling with the usual band (low 1, high 4) and the factor they show; anything
+// else changes the rotation in a way stepgraph cannot express.
+absl::Status ReadRopeFreqs(const GgufFile& f, const GgufTensor& t, LlamaKeys& keys,
+                           LlamaConfig& c) {
+  const std::string who = absl::StrCat(f.source(), ": tensor 'rope_freqs.weight'");
+  const int64_t half = c.head_dim / 2;
+  if (t.dtype != DType::kF32 || t.shape != Shape({half})) {
+    return absl::InvalidArgumentError(absl::StrCat(who, " is ", DTypeName(t.dtype), " ",
+                                                   t.shape.ToString(), "; expected f32 [", half,
+                                                   "]"));
+  }
+  std::vector<float> stored(static_cast<size_t>(half));
+  std::memcpy(stored.data(), t.data.data(), t.data.size());
+  float factor = 0.0f;
+  for (float r : stored) {
+    if (!(r >= 1.0f) || !std::isfinite(r)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(who, " holds ", r, "; RoPE frequency divisors must be >= 1"));
+    }
+    factor = std::max(factor, r);
+  }
+  SG_ASSIGN_OR_RETURN(const int64_t original,
+                      keys.Int("rope.scaling.original_context_length", 1,
+                               std::numeric_limits<int32_t>::max(), 8192));
+  ops::Rope plain;
+  plain.head_dim = static_cast<int32_t>(c.head_dim);
+  plain.theta = c.rope_theta;
+  ops::Rope scaled = plain;
+  scaled.scaling = {ops::RopeScaling::Type::kLlama3, factor, 1.0f, 4.0f,
+                    static_cast<int32_t>(original)};
+  const std::vector<float> base = RopeInvFreq(plain);
+  const std::vector<float> want = RopeInvFreq(scaled);
+  for (int64_t j = 0; j < half; ++j) {
+    const float implied = base[j] / want[j];
+    if (std::fabs(implied - stored[j]) > 1e-4f * implied) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          who, ": per-frequency RoPE divisors that are not Llama 3 scaling (factor ", factor,
+          ", low 1, high 4, original context ", original, ") are not supported: divisor ", j,
+          " is ", stored[j], ", Llama 3 scaling gives ", implied));
+    }
+  }
+  c.rope_scaling = scaled.scaling;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<LlamaConfig> ReadConfig(const GgufFile& f) {
+  absl::StatusOr<absl::string_view> arch = f.GetString("general.architecture");
+  if (!arch.ok()) return arch.status();
+  if (*arch != kArch) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        f.source(), ": architecture '", arch->substr(0, 64),
+        "' is not supported (stepgraph runs 'llama' GGUF models)"));
+  }
+  if (const GgufValue* split = f.Find("split.count")) {
+    absl::StatusOr<int64_t> n = split->Int();
+    if (!n.ok() || *n != 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          f.source(), ": split GGUF files (split.count ", split->ToString(),
+          ") are not supported; merge the parts into one file"));
+    }
+  }
+
+  LlamaKeys k(f);
+  LlamaConfig c;
+  SG_ASSIGN_OR_RETURN(c.hidden_size, k.Int("embedding_length", 1, kMaxWidth));
+  SG_ASSIGN_OR_RETURN(c.intermediate_size, k.Int("feed_forward_length", 1, kMaxWidth));
+  SG_ASSIGN_OR_RETURN(c.num_hidden_layers, k.Int("block_count", 1, kMaxLayers));
+  SG_ASSIGN_OR_RETURN(c.num_attention_heads, k.Int("attention.head_count", 1, kMaxHeads));
+  SG_ASSIGN_OR_RETURN(c.num_key_value_heads,
+                      k.Int("attention.head_count_kv", 1, kMaxHeads, c.num_attention_heads));
+  SG_ASSIGN_OR_RETURN(c.max_position_embeddings,
+                      k.Int("context_length", 1, std::numeric_limits<int32_t>::max()));
+
+  // head_dim: hidden / heads unless the key and value lengths say otherwise; the two
+  // must agree (attention here uses one head size) and RoPE must rotate all of it.
+  if (f.Find(k.Key("attention.key_length")) == nullptr &&
+      c.hidden_size % c.num_attention_heads != 0) {
+    return k.Error("attention.key_length",
+                   absl::StrCat("absent, and embedding_length ", c.hidden_size,
+                                " is not a multiple of the ", c.num_attention_heads, " heads"));
+  }
+  SG_ASSIGN_OR_RETURN(const int64_t key_length,
+                      k.Int("attention.key_length", 1, kMaxWidth,
+                            c.hidden_size / c.num_attention_heads));
+  SG_ASSIGN_OR_RETURN(const int64_t value_length,
+                      k.Int("attention.value_length", 1, kMaxWidth, key_length));
+  if (value_length != key_length) {
+    return k.Error("attention.value_length",
+                   absl::StrCat(value_length, " differs from attention.key_length ", key_length,
+                                " (stepgraph needs one head size)"));
+  }
+  c.head_dim = key_length;
+  SG_ASSIGN_OR_RETURN(const int64_t rope_dims,
+                      k.Int("rope.dimension_count", 1, kMaxWidth, c.head_dim));
+  if (rope_dims != c.head_dim) {
+    return k.Error("rope.dimension_count",
+                   absl::StrCat(rope_dims, " differs from the head size ", c.head_dim,
+                                " (partial rotary embeddings are not supported)"));
+  }
+
+  SG_ASSIGN_OR_RETURN(const double eps,
+                      k.Float("attention.layer_norm_rms_epsilon", std::nullopt));
+  if (!(eps > 0.0)) return k.Error("attention.layer_norm_rms_epsilon", "must be > 0");
+  c.rms_norm_eps = static_cast<float>(eps);
+  SG_ASSIGN_OR_RETURN(const double theta, k.Float("rope.freq_base", 10000.0));
+  if (!(theta > 0.0)) return k.Error("rope.freq_base", "must be > 0");
+  c.rope_theta = static_cast<float>(theta);
+
+  // RoPE scaling given by keys: only "none" (or a linear factor of 1) rotates as stepgraph
+  // does; Llama 3 scaling comes as the rope_freqs tensor (ReadRopeFreqs).
+  if (const GgufValue* v = k.Find("rope.scaling.type")) {
+    absl::StatusOr<absl::string_view> type = v->String();
+    if (!type.ok()) return k.Error("rope.scaling.type", "expected a string");
+    if (*type != "none" && *type != "linear") {
+      return k.Error("rope.scaling.type",
+                     absl::StrCat("RoPE scaling '", type->substr(0, 32),
+                                  "' is not supported (stepgraph runs 'none')"));
+    }
+  }
+  for (absl::string_view key : {"rope.scaling.factor", "rope.scale_linear"}) {
+    SG_ASSIGN_OR_RETURN(const double factor, k.Float(key, 1.0));
+    if (factor != 1.0 && factor != 0.0) {
+      return k.Error(key, absl::StrCat("RoPE scaling factor ", factor,
+                                       " is not supported (only unscaled RoPE)"));
+    }
+  }
+  for (absl::string_view key : {"expert_count", "expert_used_count"}) {
+    SG_ASSIGN_OR_RETURN(const int64_t experts,
+                        k.Int(key, 0, std::numeric_limits<int32_t>::max(), 0));
+    if (experts != 0) {
+      return k.Error(key, absl::StrCat(experts, ": mixtures of experts are not supported"));
+    }
+  }
+  if (const GgufValue* v = k.Find("tensor_data_layout")) {
+    // Meta's original checkpoints already pair (2i, 2i+1), which is what the converter's
+    // permutation produces for the others: both run with interleaved RoPE.
+    absl::StatusOr<absl::string_view> layout = v->String();
+    if (!layout.ok() || *layout != "Meta AI original pth") {
+      return k.Error("tensor_data_layout",
+                     absl::StrCat("unsupported value ", v->ToString(),
+                                  " (stepgraph knows \"Meta AI original pth\")"));
+    }
+  }
+
+  // Vocabulary: llama.vocab_size, else the tokenizer's token list.
+  const GgufValue* tokens = f.Find("tokenizer.ggml.tokens");
+  if (tokens != nullptr && (!tokens->is_array() ||
+                            tokens->element_type() != GgufValueType::kString)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        f.source(), ": key 'tokenizer.ggml.tokens' must be an array of strings, got ",
+        tokens->ToString()));
+  }
+  std::optional<int64_t> token_count;
+  if (tokens != nullptr) token_count = tokens->size();
+  SG_ASSIGN_OR_RETURN(c.vocab_size, k.Int("vocab_size", 1, kMaxVocab, token_count));
+  if (token_count.has_value() && *token_count > c.vocab_size) {
+    return k.Error("vocab_size",
+                   absl::StrCat(c.vocab_size, " is less than the ", *token_count,
+                                " tokens of tokenizer.ggml.tokens"));
+  }
+
+  // Keys written under the architecture but belonging to other variants.
+  SG_RETURN_IF_ERROR(k.CheckNoUnknown());
+
+  if (const GgufTensor* freqs = f.FindTensor("rope_freqs.weight")) {
+    SG_RETURN_IF_ERROR(ReadRopeFreqs(f, *freqs, k, c));
+  }
+  c.tie_word_embeddings = f.FindTensor("output.weight") == nullptr;
+  c.attention_bias = f.FindTensor("blk.0.attn_q.bias") != nullptr;
+  c.mlp_bias = f.FindTensor("blk.0.ffn_gate.bias") != nullptr;
+  c.dtype = DType::kF32;
+  c.rope_interleaved = true;
+  absl::Status valid = c.Validate();
+  if (!valid.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(f.source(), ": ", valid.message()));
+  }
+  return c;
+}
+
+// The graph name, dtype rule and shape of one weight the config implies.
+struct ExpectedWeight {
+  std::string name;
+  Shape shape;
+  bool matrix;  // read by MatMul or Embedding: quantized types allowed
+};
+
+std::vector<ExpectedWeight> ExpectedWeights(const LlamaConfig& c) {
+  const int64_t h = c.hidden_size, q = c.num_attention_heads * c.head_dim,
+                kv = c.num_key_value_heads * c.head_dim, i = c.intermediate_size;
+  std::vector<ExpectedWeight> out;
+  out.push_back({"model.embed_tokens.weight", Shape({c.vocab_size, h}), true});
+  auto linear = [&](const std::string& prefix, int64_t rows, int64_t cols, bool bias) {
+    out.push_back({prefix + ".weight", Shape({rows, cols}), true});
+    if (bias) out.push_back({prefix + ".bias", Shape({rows}), false});
+  };
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    const std::string p = absl::StrCat("model.layers.", l, ".");
+    out.push_back({p + "input_layernorm.weight", Shape({h}), false});
+    linear(p + "self_attn.q_proj", q, h, c.attention_bias);
+    linear(p + "self_attn.k_proj", kv, h, c.attention_bias);
+    linear(p + "self_attn.v_proj", kv, h, c.attention_bias);
+    linear(p + "self_attn.o_proj", h, q, c.attention_bias);
+    out.push_back({p + "post_attention_layernorm.weight", Shape({h}), false});
+    linear(p + "mlp.gate_proj", i, h, c.mlp_bias);
+    linear(p + "mlp.up_proj", i, h, c.mlp_bias);
+    linear(p + "mlp.down_proj", h, i, c.mlp_bias);
+  }
+  out.push_back({"model.norm.weight", Shape({h}), false});
+  if (!c.tie_word_embeddings) out.push_back({"lm_head.weight", Shape({c.vocab_size, h}), true});
+  return out;
+}
+
+}  // namespace
+
+absl::StatusOr<LlamaConfig> LlamaConfigFromGguf(const GgufFile& file) {
+  try {
+    return ReadConfig(file);
+  } catch (const std::bad_alloc&) {
+    return absl::ResourceExhaustedError(absl::StrCat(file.source(), ": out of memory"));
+  }
+}
+
+absl::StatusOr<std::string> HfNameFromGguf(absl::string_view name) {
+  auto refuse = [&](absl::string_view why) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor '", name.substr(0, 80), "' ", why));
+  };
+  if (name == "token_embd.weight") return std::string("model.embed_tokens.weight");
+  if (name == "output_norm.weight") return std::string("model.norm.weight");
+  if (name == "output.weight") return std::string("lm_head.weight");
+  absl::string_view rest = name;
+  if (!absl::ConsumePrefix(&rest, "blk.")) return refuse("is not a tensor of a llama model");
+  const size_t dot = rest.find('.');
+  const absl::string_view number = rest.substr(0, dot);
+  uint32_t layer = 0;
+  if (dot == absl::string_view::npos || number.empty() || number.size() > 9 ||
+      (number.size() > 1 && number[0] == '0') ||
+      number.find_first_not_of("0123456789") != absl::string_view::npos ||
+      !absl::SimpleAtoi(number, &layer)) {
+    return refuse("has no plain block number after 'blk.'");
+  }
+  rest.remove_prefix(dot + 1);
+  absl::string_view suffix;
+  if (absl::ConsumeSuffix(&rest, ".weight")) {
+    suffix = "weight";
+  } else if (absl::ConsumeSuffix(&rest, ".bias")) {
+    suffix = "bias";
+  } else {
+    return refuse("ends in neither .weight nor .bias");
+  }
+  static constexpr std::pair<absl::string_view, absl::string_view> kParts[] = {
+      {"attn_q", "self_attn.q_proj"},      {"attn_k", "self_attn.k_proj"},
+      {"attn_v", "self_attn.v_proj"},      {"attn_output", "self_attn.o_proj"},
+      {"ffn_gate", "mlp.gate_proj"},       {"ffn_up", "mlp.up_proj"},
+      {"ffn_down", "mlp.down_proj"},       {"attn_norm", "input_layernorm"},
+      {"ffn_norm", "post_attention_layernorm"},
+  };
+  for (const auto& [gguf, hf] : kParts) {
+    if (rest != gguf) continue;
+    if (suffix == "bias" && absl::EndsWith(gguf, "_norm")) break;  // RmsNorm has no bias
+    return absl::StrCat("model.layers.", layer, ".", hf, ".", suffix);
+  }
+  return refuse("is not a tensor of a llama model");
+}
+
+// ---- GgufModel ----
+
+absl::StatusOr<GgufModel> GgufModel::Open(const std::string& path, const GgufLimits& limits) {
+  SG_ASSIGN_OR_RETURN(GgufFile file, GgufFile::Open(path, limits));
+  return FromFile(std::move(file));
+}
+
+absl::StatusOr<GgufModel> GgufModel::FromFile(GgufFile file) {
+  try {
+    GgufModel m;
+    SG_ASSIGN_OR_RETURN(m.config_, LlamaConfigFromGguf(file));
+    const std::string& source = file.source();
+    // Every stored tensor by graph name; rope_freqs was read into the config.
+    absl::flat_hash_map<std::string, const GgufTensor*> stored;
+    bool quantized = false;
+    for (const GgufTensor& t : file.tensors()) {
+      quantized = quantized || IsQuantized(t.dtype);
+      if (t.name == "rope_freqs.weight") continue;
+      absl::StatusOr<std::string> hf = HfNameFromGguf(t.name);
+      if (!hf.ok()) {
+        return absl::InvalidArgumentError(absl::StrCat(source, ": ", hf.status().message()));
+      }
+      stored.emplace(*std::move(hf), &t);  // distinct GGUF names map to distinct names
+    }
+    if (quantized) {
+      if (const GgufValue* v = file.Find("general.quantization_version")) {
+        absl::StatusOr<int64_t> version = v->Int();
+        if (!version.ok() || *version != 2) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              source, ": general.quantization_version ", v->ToString(),
+              " is not supported: stepgraph reads the block layouts of version 2"));
+        }
+      }
+    }
+
+    const std::vector<ExpectedWeight> expected = ExpectedWeights(m.config_);
+    int64_t total = 0;
+    for (const ExpectedWeight& e : expected) {
+      auto it = stored.find(e.name);
+      if (it == stored.end()) {
+        return absl::NotFoundError(absl::StrCat(source, ": the config needs tensor '", e.name,
+                                                "' ", e.shape.ToString(),
+                                                ", which the file does not store"));
+      }
+      const GgufTensor& t = *it->second;
+      if (t.shape != e.shape) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            source, ": tensor '", t.name, "' (", e.name, ") has shape ", t.shape.ToString(),
+            " but the config needs ", e.shape.ToString()));
+      }
+      if (!e.matrix && !IsFloat(t.dtype)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(source, ": tensor '", t.name, "' is ", GgufTensorTypeName(t.type),
+                         "; norms and biases must be F32, F16 or BF16"));
+      }
+      SG_RETURN_IF_ERROR(CheckedAdd(total, static_cast<int64_t>(t.data.size()), &total)
+                             ? absl::OkStatus()
+                             : absl::InvalidArgumentError(
+                                   absl::StrCat(source, ": weight bytes overflow")));
+      m.index_.emplace(e.name, m.weights_.size());
+      m.weights_.push_back({e.name, t.name, t.dtype, t.shape, t.data});
+      stored.erase(it);
+    }
+    if (!stored.empty()) {
+      const GgufTensor& extra = *stored.begin()->second;
+      return absl::InvalidArgumentError(absl::StrCat(
+          source, ": tensor '", extra.name, "' (", stored.begin()->first,
+          ") is not used by the model the metadata describes (", stored.size(),
+          " such tensors)"));
+    }
+    m.weight_bytes_ = total;
+    m.file_ = std::move(file);  // views stay valid: they point into the mapping
+    return m;
+  } catch (const std::bad_alloc&) {
+    return absl::ResourceExhaustedError(absl::StrCat(file.source(), ": out of memory"));
+  }
+}
+
+const GgufWeight* GgufModel::Find(absl::string_view name) const {
+  auto it = index_.find(name);
+  return it == index_.end() ? nullptr : &weights_[it->second];
+}
+
+absl::flat_hash_map<std::string, DType> GgufModel::WeightDTypes() const {
+  absl::flat_hash_map<std::string, DType> out;
+  for (const GgufWeight& w : weights_) out.emplace(w.name, w.dtype);
+  return out;
+}
+
+absl::Status BindGgufWeights(const GgufModel& model, const Graph& graph, Bindings& bindings) {
+  const std::string& source = model.file().source();
+  int64_t used = 0;
+  for (int32_t i = 0; i < graph.num_tensors(); ++i) {
+    const Tensor& t = graph.tensors()[i];
+    if (t.kind != TensorKind::kWeight) continue;
+    const GgufWeight* w = model.Find(t.name);
+    if (w == nullptr) {
+      return absl::NotFoundError(absl::StrCat("tensor '", t.name, "' (", DTypeName(t.dtype), " ",
+                                              t.shape.ToString(), ") is needed by the graph but ",
+                                              source, " does not store it"));
+    }
+    if (w->dtype != t.dtype || w->shape != t.shape) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tensor '", t.name, "' ('", w->gguf_name, "' in ", source, ") is ", DTypeName(w->dtype),
+          " ", w->shape.ToString(), " but the graph needs ", DTypeName(t.dtype), " ",
+          t.shape.ToString()));
+    }
+    const int64_t align = IsQuantized(t.dtype) ? 2 : DTypeBytes(t.dtype);
+    if (reinterpret_cast<uintptr_t>(w->data.data()) % static_cast<uintptr_t>(align) != 0) {
+      return absl::InvalidArgumentError(absl::StrCat("tensor '", w->gguf_name, "' in ", source,
+                                                     " is not aligned to ", align,
+                                                     " bytes and cannot be read in place"));
+    }
+    ++used;
+    SG_RETURN_IF_ERROR(bindings.Bind(graph.id(i), const_cast<std::byte*>(w->data.data()),
+                                     static_cast<int64_t>(w->data.size())));
+  }
+  if (used != static_cast<int64_t>(model.weights().size())) {
+    for (const GgufWeight& w : model.weights()) {
+      if (!graph.FindTensor(w.name).ok()) {
+        return absl::InvalidArgumentError(absl::StrCat("tensor '", w.gguf_name, "' (", w.name,
+                                                       ") in ", source,
+                                                       " is not used by the graph"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace sg

@@ -1,0 +1,18 @@
+// Unicode Normalization Form C, for tokenizers whose tokenizer.json normalizes text to NFC
+// before splitting it (Qwen2's do). Tables come from tools/make_unicode_tables.py.
+#ifndef STEPGRAPH_MODELS_UNICODE_NFC_H_
+#define STEPGRAPH_MODELS_UNICODE_NFC_H_
+
+#include <string>
+
+#include "absl/strings/string_view.h"
+
+namespace sg {
+
+// `text` must be valid UTF-8. Text of code points below U+0300 only is returned unchanged
+// without a table lookup.
+std::string NormalizeNfc(absl::string_view text);
+
+}  // namespace sg
+
+#endif  // STEPGRAPH_MODELS_UNICODE_NFC_H_
