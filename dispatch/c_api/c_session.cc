@@ -14,6 +14,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "models/session.h"
+#include "stepgraph/step_runner.h"
 #include "stepgraph/c_session.h"
 
 struct stepgraph_session {
@@ -96,6 +97,7 @@ stepgraph_session_options Defaults() {
   o.temperature = 1.0f;
   o.top_k = 0;
   o.top_p = 1.0f;
+  o.cpu_threads = 0;
   return o;
 }
 
@@ -130,6 +132,11 @@ absl::Status ToOptions(const char* model_path, const stepgraph_session_options& 
   if (o.max_seq < 0) {
     return absl::InvalidArgumentError(absl::StrCat("options.max_seq ", o.max_seq, " < 0"));
   }
+  if (o.cpu_threads < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("options.cpu_threads ", o.cpu_threads, " < 0"));
+  }
+  out->cpu_threads = o.cpu_threads;
   out->max_slots = o.max_slots;
   out->max_seq = o.max_seq;
   switch (o.sampling) {
@@ -183,7 +190,7 @@ int32_t stepgraph_session_create(const char* model_path,
       return Fail(h, kInvalid, "model_path is empty: pass NULL for the built-in model");
     }
     // Asked first, so that this case gets its own code whatever the session would say.
-    if (opts.backend == sg::Backend::kCuda && !sg::CudaBackendAvailable()) {
+    if (opts.backend == sg::Backend::kCuda && !sg::CudaDeviceFound()) {
       return Fail(h, STEPGRAPH_ERROR_NO_CUDA,
                   sg::BuiltWithCuda() ? "the CUDA backend was asked for and no device was found"
                                       : "the CUDA backend was asked for and this build of "

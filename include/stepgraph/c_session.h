@@ -61,6 +61,7 @@ typedef struct stepgraph_session_options {
   float temperature;     // sampling: finite and > 0; default 1
   int32_t top_k;         // sampling: >= 0, 0 for no limit; default 0
   float top_p;           // sampling: in (0, 1]; default 1
+  int32_t cpu_threads;   // CPU backend: threads of the reference's parallel ops; 0: one per core
 } stepgraph_session_options;
 
 // What a session holds, for sizing the caller's buffers.
