@@ -188,6 +188,14 @@ int32_t CheckSilu(const void* x, void* y, int64_t n, int32_t dtype, void* stream
   return OpAccepts(ops::Silu{}, {{static_cast<DType>(dtype), Shape{n}}});
 }
 
+int32_t CheckScale(const void* x, void* y, int64_t n, float alpha, int32_t dtype,
+                   void* stream) noexcept {
+  if (const int32_t rc = CheckElementwise({x, y}, n, dtype, Allowed::kFloat); rc != kOk) {
+    return rc;
+  }
+  return Require().Finite(alpha).code();
+}
+
 int32_t CheckSiluMul(const void* gate, const void* up, void* y, int64_t n, int32_t dtype,
                      void* stream) noexcept {
   return CheckBinaryOp(ops::SiluMul{}, gate, up, y, n, dtype, Allowed::kFloat);
@@ -348,6 +356,102 @@ int32_t CheckCopy(const void* src, void* dst, int64_t n, int32_t dtype, void* st
 int32_t CheckAdvance(int32_t* pos, int64_t n, void* stream) noexcept {
   if (!Require().Buffer(pos, sizeof(int32_t)).Tensor({n}).ok()) return kInvalid;
   return OpAccepts(ops::Advance{}, {{DType::kI32, Shape{n}, TensorKind::kState}});
+}
+
+// ---- training ----
+
+namespace {
+
+int32_t CheckCrossEntropyArgs(const void* logits, const int32_t* targets, const float* loss,
+                              const void* log_probs, bool log_probs_optional, int64_t rows,
+                              int64_t vocab, int32_t dtype, const uint32_t* error_flags) {
+  const std::optional<DType> t = ParseDType(dtype, Allowed::kFloat);
+  if (!t) return kInvalid;
+  const int64_t elem = DTypeBytes(*t);
+  Require r;
+  r.Buffer(logits, elem).Buffer(targets, sizeof(int32_t)).Buffer(loss, sizeof(float));
+  if (log_probs_optional) {
+    r.OptionalBuffer(log_probs, elem);
+  } else {
+    r.Buffer(log_probs, elem);
+  }
+  return r.Buffer(error_flags, sizeof(uint32_t))
+      .Tensor({rows, vocab})
+      .AtMost(rows, kMaxInt)
+      .AtMost(vocab, kMaxInt)
+      .code();
+}
+
+}  // namespace
+
+int32_t CheckCrossEntropy(const void* logits, const int32_t* targets, float* loss,
+                          void* log_probs, int64_t rows, int64_t vocab, int32_t ignore_index,
+                          int32_t dtype, uint32_t* error_flags, void* stream) noexcept {
+  return CheckCrossEntropyArgs(logits, targets, loss, log_probs, true, rows, vocab, dtype,
+                               error_flags);
+}
+
+int32_t CheckCrossEntropyBackward(const void* logits, const int32_t* targets,
+                                  const float* dloss, void* dlogits, int64_t rows,
+                                  int64_t vocab, int32_t ignore_index, int32_t dtype,
+                                  uint32_t* error_flags, void* stream) noexcept {
+  return CheckCrossEntropyArgs(logits, targets, dloss, dlogits, false, rows, vocab, dtype,
+                               error_flags);
+}
+
+int32_t CheckMoeAuxLoss(const void* router_probs, const int32_t* expert_ids, float* loss,
+                        int64_t tokens, int64_t experts, int64_t top_k, int32_t dtype,
+                        uint32_t* error_flags, void* stream) noexcept {
+  const std::optional<DType> t = ParseDType(dtype, Allowed::kFloat);
+  if (!t) return kInvalid;
+  return Require()
+      .Buffer(router_probs, DTypeBytes(*t))
+      .Buffer(expert_ids, sizeof(int32_t))
+      .Buffer(loss, sizeof(float))
+      .Buffer(error_flags, sizeof(uint32_t))
+      .AtMost(experts, STEPGRAPH_MOE_MAX_EXPERTS)
+      .Tensor({tokens, experts})
+      .Tensor({tokens, top_k})
+      .AtMost(top_k, experts)
+      .code();
+}
+
+int32_t CheckAdamwStep(float* param, const void* grad, float* exp_avg, float* exp_avg_sq,
+                       int64_t n, float lr, float beta1, float beta2, float eps,
+                       float weight_decay, int64_t step, int32_t grad_dtype,
+                       void* stream) noexcept {
+  const std::optional<DType> t = ParseDType(grad_dtype, Allowed::kFloat);
+  if (!t) return kInvalid;
+  return Require()
+      .Buffer(param, sizeof(float))
+      .Buffer(grad, DTypeBytes(*t))
+      .Buffer(exp_avg, sizeof(float))
+      .Buffer(exp_avg_sq, sizeof(float))
+      .Tensor({n})
+      .Finite(lr)
+      .Finite(eps)
+      .Finite(weight_decay)
+      .That(lr >= 0.0f && eps >= 0.0f && weight_decay >= 0.0f)
+      .That(beta1 >= 0.0f && beta1 < 1.0f && beta2 >= 0.0f && beta2 < 1.0f)
+      .That(step >= 1)
+      .code();
+}
+
+int32_t CheckClipGradNorm(void* const* grads, const int64_t* sizes, int64_t count,
+                          float max_norm, int32_t dtype, float* total_norm,
+                          void* stream) noexcept {
+  const std::optional<DType> t = ParseDType(dtype, Allowed::kFloat);
+  if (!t) return kInvalid;
+  Require r;
+  r.That(grads != nullptr && sizes != nullptr)
+      .Buffer(total_norm, sizeof(float))
+      .That(count >= 1)
+      .AtMost(count, STEPGRAPH_CLIP_MAX_BUFFERS)
+      .Finite(max_norm)
+      .That(max_norm > 0.0f);
+  if (!r.ok()) return kInvalid;
+  for (int64_t b = 0; b < count; ++b) r.Buffer(grads[b], DTypeBytes(*t)).Tensor({sizes[b]});
+  return r.code();
 }
 
 }  // namespace sg::capi

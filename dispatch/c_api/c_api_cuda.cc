@@ -6,6 +6,7 @@
 #include <cuda_runtime_api.h>
 
 #include <climits>
+#include <cmath>
 #include <cstdint>
 #include <optional>
 
@@ -16,6 +17,8 @@
 #include "kernels/gemv.cuh"
 #include "kernels/norm.cuh"
 #include "kernels/rope.cuh"
+#include "kernels/scale.cuh"
+#include "kernels/training.cuh"
 #include "kernels/sampling.cuh"
 #include "stepgraph/c_api.h"
 #include "stepgraph/dtype.h"
@@ -141,6 +144,11 @@ int32_t RunSilu(const void* x, void* y, int64_t n, int32_t dtype, void* stream) 
   return ToCode(kernels::LaunchSilu(x, y, n, DTypeOf(dtype), AsStream(stream)));
 }
 
+int32_t RunScale(const void* x, void* y, int64_t n, float alpha, int32_t dtype,
+                 void* stream) noexcept {
+  return ToCode(kernels::LaunchScale(x, y, n, alpha, DTypeOf(dtype), AsStream(stream)));
+}
+
 int32_t RunSiluMul(const void* gate, const void* up, void* y, int64_t n, int32_t dtype,
                    void* stream) noexcept {
   return ToCode(kernels::LaunchSiluMul(gate, up, y, n, DTypeOf(dtype), AsStream(stream)));
@@ -261,6 +269,56 @@ int32_t RunCopy(const void* src, void* dst, int64_t n, int32_t dtype, void* stre
 
 int32_t RunAdvance(int32_t* pos, int64_t n, void* stream) noexcept {
   return ToCode(kernels::LaunchAdvance(pos, n, AsStream(stream)));
+}
+
+// ---- training ----
+
+int32_t RunCrossEntropy(const void* logits, const int32_t* targets, float* loss, void* log_probs,
+                        int64_t rows, int64_t vocab, int32_t ignore_index, int32_t dtype,
+                        uint32_t* error_flags, void* stream) noexcept {
+  return ToCode(kernels::LaunchCrossEntropy(logits, targets, loss, log_probs, rows, vocab,
+                                            ignore_index, DTypeOf(dtype), error_flags,
+                                            STEPGRAPH_FLAG_TOKEN_OUT_OF_RANGE,
+                                            AsStream(stream)));
+}
+
+int32_t RunCrossEntropyBackward(const void* logits, const int32_t* targets, const float* dloss,
+                                void* dlogits, int64_t rows, int64_t vocab,
+                                int32_t ignore_index, int32_t dtype, uint32_t* error_flags,
+                                void* stream) noexcept {
+  return ToCode(kernels::LaunchCrossEntropyBackward(
+      logits, targets, dloss, dlogits, rows, vocab, ignore_index, DTypeOf(dtype), error_flags,
+      STEPGRAPH_FLAG_TOKEN_OUT_OF_RANGE, AsStream(stream)));
+}
+
+int32_t RunMoeAuxLoss(const void* router_probs, const int32_t* expert_ids, float* loss,
+                      int64_t tokens, int64_t experts, int64_t top_k, int32_t dtype,
+                      uint32_t* error_flags, void* stream) noexcept {
+  return ToCode(kernels::LaunchMoeAuxLoss(router_probs, expert_ids, loss, tokens, experts, top_k,
+                                          DTypeOf(dtype), error_flags,
+                                          STEPGRAPH_FLAG_TOKEN_OUT_OF_RANGE, AsStream(stream)));
+}
+
+int32_t RunAdamwStep(float* param, const void* grad, float* exp_avg, float* exp_avg_sq,
+                     int64_t n, float lr, float beta1, float beta2, float eps,
+                     float weight_decay, int64_t step, int32_t grad_dtype,
+                     void* stream) noexcept {
+  // PyTorch's bias corrections, in double as its Python floats are.
+  const double bc1 = 1.0 - std::pow(static_cast<double>(beta1), static_cast<double>(step));
+  const double bc2 = 1.0 - std::pow(static_cast<double>(beta2), static_cast<double>(step));
+  if (!(bc1 > 0.0) || !(bc2 > 0.0)) return STEPGRAPH_ERROR_INVALID_VALUE;  // β^step rounds to 1
+  const float decay = static_cast<float>(1.0 - static_cast<double>(lr) * weight_decay);
+  const float step_size = static_cast<float>(lr / bc1);
+  const float bc2_sqrt = static_cast<float>(std::sqrt(bc2));
+  return ToCode(kernels::LaunchAdamW(param, grad, exp_avg, exp_avg_sq, n, beta1, beta2, eps,
+                                     decay, step_size, bc2_sqrt, DTypeOf(grad_dtype),
+                                     AsStream(stream)));
+}
+
+int32_t RunClipGradNorm(void* const* grads, const int64_t* sizes, int64_t count, float max_norm,
+                        int32_t dtype, float* total_norm, void* stream) noexcept {
+  return ToCode(kernels::LaunchClipGradNorm(grads, sizes, count, max_norm, DTypeOf(dtype),
+                                            total_norm, AsStream(stream)));
 }
 
 }  // namespace sg::capi

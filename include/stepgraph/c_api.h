@@ -86,6 +86,8 @@ extern "C" {
 #define STEPGRAPH_MAX_ELEMENTS (INT64_C(1) << 36)
 #define STEPGRAPH_MATMUL_MAX_ROWS 8
 #define STEPGRAPH_ATTENTION_MAX_HEAD_DIM 256
+#define STEPGRAPH_MOE_MAX_EXPERTS 4096
+#define STEPGRAPH_CLIP_MAX_BUFFERS 65536
 
 // RoPE frequency scaling (stepgraph_rope_inv_freq).
 #define STEPGRAPH_ROPE_SCALING_NONE 0
@@ -133,6 +135,10 @@ STEPGRAPH_C_EXPORT int32_t stepgraph_silu(const void* x, void* y, int64_t n, int
 STEPGRAPH_C_EXPORT int32_t stepgraph_silu_mul(const void* gate, const void* up, void* y,
                                               int64_t n, int32_t dtype,
                                               void* stream) STEPGRAPH_C_NOEXCEPT;
+
+// y = alpha · x over n elements (math in f32); alpha finite. Float dtypes.
+STEPGRAPH_C_EXPORT int32_t stepgraph_scale(const void* x, void* y, int64_t n, float alpha,
+                                           int32_t dtype, void* stream) STEPGRAPH_C_NOEXCEPT;
 
 // Host only: writes the head_dim / 2 RoPE inverse frequencies, computed in f32 exactly as
 // Hugging Face does, to the HOST array inv_freq (copy them to the device for
@@ -249,6 +255,69 @@ STEPGRAPH_C_EXPORT int32_t stepgraph_copy(const void* src, void* dst, int64_t n,
 // pos < 0 stay as they are): the end of a decode step.
 STEPGRAPH_C_EXPORT int32_t stepgraph_advance(int32_t* pos, int64_t n,
                                              void* stream) STEPGRAPH_C_NOEXCEPT;
+
+// ---- Training: losses and optimizer steps (PyTorch's definitions, math in f32) ----
+
+// Cross entropy of each row of logits [rows, vocab] with its class targets[i] (int32):
+// loss[i] = logsumexp(logits[i]) − logits[i, targets[i]] in f32 (PyTorch's
+// F.cross_entropy with reduction="none"; average it yourself), 0 where targets[i] ==
+// ignore_index. A target outside [0, vocab) that is not ignore_index gives 0 and raises
+// STEPGRAPH_FLAG_TOKEN_OUT_OF_RANGE. log_probs: NULL, or [rows, vocab] of dtype receiving
+// logits − logsumexp. rows < 2^31; loss [rows] f32. A NaN logit makes its row's loss NaN.
+// Float dtypes.
+STEPGRAPH_C_EXPORT int32_t stepgraph_cross_entropy(const void* logits, const int32_t* targets,
+                                                   float* loss, void* log_probs, int64_t rows,
+                                                   int64_t vocab, int32_t ignore_index,
+                                                   int32_t dtype, uint32_t* error_flags,
+                                                   void* stream) STEPGRAPH_C_NOEXCEPT;
+
+// Its gradient: dlogits[i, j] = dloss[i] · (softmax(logits[i])_j − [j == targets[i]]), a
+// zero row where the target is ignore_index or out of range (which raises
+// STEPGRAPH_FLAG_TOKEN_OUT_OF_RANGE). dloss [rows] f32 (1 / rows for a mean); dlogits
+// [rows, vocab] of dtype. Float dtypes.
+STEPGRAPH_C_EXPORT int32_t stepgraph_cross_entropy_backward(const void* logits,
+                                                            const int32_t* targets,
+                                                            const float* dloss, void* dlogits,
+                                                            int64_t rows, int64_t vocab,
+                                                            int32_t ignore_index, int32_t dtype,
+                                                            uint32_t* error_flags,
+                                                            void* stream) STEPGRAPH_C_NOEXCEPT;
+
+// The Switch Transformer load-balancing loss, as Hugging Face's Mixtral computes it:
+// *loss = experts · Σ_e f_e · P_e, f_e = (the number of (token, choice) pairs of expert_ids
+// [tokens, top_k] naming e) / tokens, P_e = the mean over tokens of router_probs[t, e]
+// ([tokens, experts], dtype). An id outside [0, experts) is not counted and raises
+// STEPGRAPH_FLAG_TOKEN_OUT_OF_RANGE. experts <= STEPGRAPH_MOE_MAX_EXPERTS, 1 <= top_k <=
+// experts; loss is one f32 on the device. One block does the work: meant for the
+// per-step router outputs, not for huge batches. Float dtypes.
+STEPGRAPH_C_EXPORT int32_t stepgraph_moe_aux_loss(const void* router_probs,
+                                                  const int32_t* expert_ids, float* loss,
+                                                  int64_t tokens, int64_t experts, int64_t top_k,
+                                                  int32_t dtype, uint32_t* error_flags,
+                                                  void* stream) STEPGRAPH_C_NOEXCEPT;
+
+// One step of torch.optim.AdamW (amsgrad off) over n f32 parameters in place, with f32
+// moments exp_avg and exp_avg_sq (zeros before the first step) and the gradient grad of
+// grad_dtype (a float dtype: f32, or bf16/f16 next to f32 master weights). step is the
+// step's number, from 1 (bias correction 1 − β^step). lr, eps and weight_decay finite and
+// >= 0; beta1 and beta2 in [0, 1).
+STEPGRAPH_C_EXPORT int32_t stepgraph_adamw_step(float* param, const void* grad, float* exp_avg,
+                                                float* exp_avg_sq, int64_t n, float lr,
+                                                float beta1, float beta2, float eps,
+                                                float weight_decay, int64_t step,
+                                                int32_t grad_dtype,
+                                                void* stream) STEPGRAPH_C_NOEXCEPT;
+
+// torch.nn.utils.clip_grad_norm_ (L2): *total_norm (one f32 on the device) = the L2 norm of
+// all `count` buffers together, then every buffer is scaled in place by
+// min(1, max_norm / (total_norm + 1e-6)). grads and sizes are HOST arrays of count device
+// pointers (of dtype, all the same) and their element counts; 1 <= count <=
+// STEPGRAPH_CLIP_MAX_BUFFERS, max_norm finite and > 0. The buffers must not overlap.
+// Float dtypes.
+STEPGRAPH_C_EXPORT int32_t stepgraph_clip_grad_norm(void* const* grads, const int64_t* sizes,
+                                                    int64_t count, float max_norm,
+                                                    int32_t dtype, float* total_norm,
+                                                    void* stream) STEPGRAPH_C_NOEXCEPT;
 
 #ifdef __cplusplus
 }  // extern "C"

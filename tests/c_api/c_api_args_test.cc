@@ -231,8 +231,20 @@ TEST(CApiArgumentsTest, Elementwise) {
   EXPECT_EQ(stepgraph_advance(nullptr, 8, nullptr), kInvalid);
   EXPECT_EQ(stepgraph_advance(Fake<int32_t>(0), 0, nullptr), kInvalid);
   EXPECT_EQ(stepgraph_advance(Shifted(Fake<int32_t>(0), 1), 8, nullptr), kInvalid);
+  // scale: silu's rules and a finite alpha.
+  EXPECT_EQ(stepgraph_scale(nullptr, y, 64, 2.0f, STEPGRAPH_F32, nullptr), kInvalid);
+  EXPECT_EQ(stepgraph_scale(x, nullptr, 64, 2.0f, STEPGRAPH_F32, nullptr), kInvalid);
+  EXPECT_EQ(stepgraph_scale(x, y, 0, 2.0f, STEPGRAPH_F32, nullptr), kInvalid);
+  EXPECT_EQ(stepgraph_scale(x, y, kTooMany, 2.0f, STEPGRAPH_F32, nullptr), kInvalid);
+  EXPECT_EQ(stepgraph_scale(x, y, 64, 2.0f, STEPGRAPH_I32, nullptr), kInvalid);
+  EXPECT_EQ(stepgraph_scale(x, Shifted(y, 1), 64, 2.0f, STEPGRAPH_BF16, nullptr), kInvalid);
+  EXPECT_EQ(stepgraph_scale(x, y, 64, std::nanf(""), STEPGRAPH_F32, nullptr), kInvalid);
+  EXPECT_EQ(stepgraph_scale(x, y, 64, std::numeric_limits<float>::infinity(), STEPGRAPH_F16,
+                            nullptr),
+            kInvalid);
   if (!HasDevice()) {
     EXPECT_EQ(stepgraph_silu(x, y, 64, STEPGRAPH_F32, nullptr), kNoCuda);
+    EXPECT_EQ(stepgraph_scale(x, y, 64, -0.5f, STEPGRAPH_BF16, nullptr), kNoCuda);
     EXPECT_EQ(stepgraph_copy(x, y, 64, STEPGRAPH_I32, nullptr), kNoCuda);
     EXPECT_EQ(stepgraph_advance(Fake<int32_t>(0), 8, nullptr), kNoCuda);
   }
@@ -500,6 +512,113 @@ TEST(CApiArgumentsTest, CallsFromCAreRefused) {
   const int n = sg_c_api_null_pointer_calls(codes, 64);
   EXPECT_EQ(n, sg_c_api_device_function_count()) << "one call per device function";
   for (int i = 0; i < n; ++i) EXPECT_EQ(codes[i], kInvalid) << "call " << i;
+}
+
+// The training functions: each bad argument is -2 in both builds, each valid call -1
+// without a device.
+TEST(CApiArgumentsTest, Training) {
+  const void* logits = Fake(0);
+  const int32_t* targets = Fake<int32_t>(1);
+  float* loss = Fake<float>(2);
+  void* lp = Fake(3);
+  uint32_t* flags = Fake<uint32_t>(4);
+  auto ce = [&](const void* l, const int32_t* t, float* o, void* p, int64_t rows, int64_t vocab,
+                int32_t dtype, uint32_t* f) {
+    return stepgraph_cross_entropy(l, t, o, p, rows, vocab, -100, dtype, f, nullptr);
+  };
+  EXPECT_EQ(ce(nullptr, targets, loss, lp, 4, 100, STEPGRAPH_F32, flags), kInvalid);
+  EXPECT_EQ(ce(logits, nullptr, loss, lp, 4, 100, STEPGRAPH_F32, flags), kInvalid);
+  EXPECT_EQ(ce(logits, targets, nullptr, lp, 4, 100, STEPGRAPH_F32, flags), kInvalid);
+  EXPECT_EQ(ce(logits, targets, loss, lp, 4, 100, STEPGRAPH_F32, nullptr), kInvalid);
+  EXPECT_EQ(ce(logits, targets, loss, lp, 0, 100, STEPGRAPH_F32, flags), kInvalid);
+  EXPECT_EQ(ce(logits, targets, loss, lp, 4, -1, STEPGRAPH_F32, flags), kInvalid);
+  EXPECT_EQ(ce(logits, targets, loss, lp, 4, int64_t{1} << 31, STEPGRAPH_F32, flags), kInvalid);
+  EXPECT_EQ(ce(logits, targets, loss, lp, 1 << 20, 1 << 20, STEPGRAPH_F32, flags), kInvalid);
+  EXPECT_EQ(ce(logits, targets, loss, lp, 4, 100, STEPGRAPH_I32, flags), kInvalid);
+  EXPECT_EQ(ce(logits, targets, loss, Shifted(lp, 1), 4, 100, STEPGRAPH_BF16, flags), kInvalid);
+  EXPECT_EQ(ce(logits, Shifted(targets, 2), loss, lp, 4, 100, STEPGRAPH_F32, flags), kInvalid);
+  // The backward's dlogits is required.
+  EXPECT_EQ(stepgraph_cross_entropy_backward(logits, targets, loss, nullptr, 4, 100, -100,
+                                             STEPGRAPH_F32, flags, nullptr),
+            kInvalid);
+
+  auto moe = [&](int64_t tokens, int64_t experts, int64_t top_k, int32_t dtype) {
+    return stepgraph_moe_aux_loss(logits, targets, loss, tokens, experts, top_k, dtype, flags,
+                                  nullptr);
+  };
+  EXPECT_EQ(moe(0, 8, 2, STEPGRAPH_F32), kInvalid);
+  EXPECT_EQ(moe(10, STEPGRAPH_MOE_MAX_EXPERTS + 1, 2, STEPGRAPH_F32), kInvalid);
+  EXPECT_EQ(moe(10, 8, 0, STEPGRAPH_F32), kInvalid);
+  EXPECT_EQ(moe(10, 8, 9, STEPGRAPH_F32), kInvalid);
+  EXPECT_EQ(moe(10, 8, 2, STEPGRAPH_I32), kInvalid);
+  EXPECT_EQ(stepgraph_moe_aux_loss(logits, targets, nullptr, 10, 8, 2, STEPGRAPH_F32, flags,
+                                   nullptr),
+            kInvalid);
+
+  float* p = Fake<float>(5);
+  float* m = Fake<float>(6);
+  float* v = Fake<float>(7);
+  const void* g = Fake(8);
+  struct Adam {
+    float lr = 1e-3f, b1 = 0.9f, b2 = 0.999f, eps = 1e-8f, wd = 0.01f;
+    int64_t step = 1, n = 64;
+    int32_t dtype = STEPGRAPH_BF16;
+  };
+  auto adam = [&](Adam a, float* param = nullptr) {
+    return stepgraph_adamw_step(param != nullptr ? param : p, g, m, v, a.n, a.lr, a.b1, a.b2,
+                                a.eps, a.wd, a.step, a.dtype, nullptr);
+  };
+  const float nan = std::nanf("");
+  const float inf = std::numeric_limits<float>::infinity();
+  for (const auto& [what, a] : std::vector<std::pair<const char*, Adam>>{
+           {"lr < 0", {.lr = -1e-3f}},
+           {"lr NaN", {.lr = nan}},
+           {"beta1 = 1", {.b1 = 1.0f}},
+           {"beta2 < 0", {.b2 = -0.1f}},
+           {"eps inf", {.eps = inf}},
+           {"wd < 0", {.wd = -0.5f}},
+           {"step 0", {.step = 0}},
+           {"n 0", {.n = 0}},
+           {"i32 grad", {.dtype = STEPGRAPH_I32}}}) {
+    EXPECT_EQ(adam(a), kInvalid) << what;
+  }
+  EXPECT_EQ(adam(Adam{}, Shifted(p, 2)), kInvalid) << "misaligned param";
+  EXPECT_EQ(stepgraph_adamw_step(p, nullptr, m, v, 64, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.0f, 1,
+                                 STEPGRAPH_F32, nullptr),
+            kInvalid);
+
+  void* grads[2] = {Fake(9), Fake(10)};
+  const int64_t sizes[2] = {100, 7};
+  const int64_t bad_sizes[2] = {100, 0};
+  float* norm = Fake<float>(11);
+  EXPECT_EQ(stepgraph_clip_grad_norm(nullptr, sizes, 2, 1.0f, STEPGRAPH_F32, norm, nullptr),
+            kInvalid);
+  EXPECT_EQ(stepgraph_clip_grad_norm(grads, nullptr, 2, 1.0f, STEPGRAPH_F32, norm, nullptr),
+            kInvalid);
+  EXPECT_EQ(stepgraph_clip_grad_norm(grads, sizes, 0, 1.0f, STEPGRAPH_F32, norm, nullptr),
+            kInvalid);
+  EXPECT_EQ(stepgraph_clip_grad_norm(grads, bad_sizes, 2, 1.0f, STEPGRAPH_F32, norm, nullptr),
+            kInvalid);
+  EXPECT_EQ(stepgraph_clip_grad_norm(grads, sizes, 2, 0.0f, STEPGRAPH_F32, norm, nullptr),
+            kInvalid);
+  EXPECT_EQ(stepgraph_clip_grad_norm(grads, sizes, 2, nan, STEPGRAPH_F32, norm, nullptr),
+            kInvalid);
+  EXPECT_EQ(stepgraph_clip_grad_norm(grads, sizes, 2, 1.0f, STEPGRAPH_F32, nullptr, nullptr),
+            kInvalid);
+  void* misaligned[2] = {Fake(9), Shifted(Fake(10), 2)};
+  EXPECT_EQ(stepgraph_clip_grad_norm(misaligned, sizes, 2, 1.0f, STEPGRAPH_F32, norm, nullptr),
+            kInvalid);
+
+  if (!HasDevice()) {
+    EXPECT_EQ(ce(logits, targets, loss, nullptr, 4, 100, STEPGRAPH_F16, flags), kNoCuda);
+    EXPECT_EQ(stepgraph_cross_entropy_backward(logits, targets, loss, lp, 4, 100, -100,
+                                               STEPGRAPH_F32, flags, nullptr),
+              kNoCuda);
+    EXPECT_EQ(moe(10, 8, 8, STEPGRAPH_BF16), kNoCuda);
+    EXPECT_EQ(adam(Adam{}), kNoCuda);
+    EXPECT_EQ(stepgraph_clip_grad_norm(grads, sizes, 2, 1.0f, STEPGRAPH_F16, norm, nullptr),
+              kNoCuda);
+  }
 }
 
 }  // namespace

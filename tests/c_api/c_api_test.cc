@@ -209,6 +209,34 @@ TEST_F(CApiGpuTest, Elementwise) {
   }
 }
 
+// scale: alpha · x rounded once to the dtype, against the host's product, at an odd size
+// (the scalar path), an aligned multiple of the vector width, and a misaligned view.
+TEST_F(CApiGpuTest, Scale) {
+  for (const int32_t dt : kFloatDTypes) {
+    for (const int64_t n : {int64_t{10007}, int64_t{(1 << 20) + 64}}) {
+      for (const int offset : {0, 1}) {
+        SCOPED_TRACE(::testing::Message() << Name(dt) << " n " << n << " offset " << offset);
+        const DType t = ToDType(dt);
+        const float alpha = -1.7f;
+        HostTensor x(t, Shape{n + offset}), want(t, Shape{n});
+        x.FillUniform(21, -3.0f, 3.0f);
+        std::vector<float> product(n);
+        for (int64_t i = 0; i < n; ++i) product[i] = alpha * x.At(i + offset);
+        want.FillFrom(product);
+        DeviceBuffer dx(x), dy(want.bytes() + 16);
+        dy.Poison();
+        const int64_t esize = static_cast<int64_t>(DTypeBytes(t));
+        const auto* src = static_cast<const std::byte*>(dx.get()) + offset * esize;
+        ASSERT_EQ(stepgraph_scale(src, dy.get(), n, alpha, dt, stream_), kOk);
+        Sync();
+        HostTensor got(t, Shape{n});
+        dy.CopyTo(got);
+        EXPECT_LT(Error(got, want), Tol(dt));
+      }
+    }
+  }
+}
+
 TEST_F(CApiGpuTest, Rope) {
   for (const int32_t dt : kFloatDTypes) {
     for (const int32_t interleaved : {0, 1}) {

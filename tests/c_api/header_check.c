@@ -67,6 +67,20 @@ int sg_c_api_null_pointer_calls(int32_t* codes, int capacity) {
   all[n++] = kSample(p, ids, NULL, ids, 4, 1000, 1.0f, 0, 1.0f, f32, NULL);
   all[n++] = kCopy(p, NULL, 64, f32, NULL);
   all[n++] = kAdvance(NULL, 4, NULL);
+  all[n++] = kScale(NULL, p, 64, 2.0f, f32, NULL);
+  all[n++] = kCrossEntropy(p, ids, NULL, NULL, 4, 100, -100, f32, flags, NULL);
+  all[n++] = kCrossEntropyBackward(p, ids, (const float*)p, NULL, 4, 100, -100, f32, flags,
+                                   NULL);
+  all[n++] = kMoeAuxLoss(p, NULL, (float*)p, 10, 8, 2, f32, flags, NULL);
+  all[n++] = kAdamwStep((float*)p, NULL, (float*)p, (float*)p, 64, 1e-3f, 0.9f, 0.999f, 1e-8f,
+                        0.0f, 1, f32, NULL);
+  {
+    void* grads[1];
+    int64_t sizes[1];
+    grads[0] = p;
+    sizes[0] = 64;
+    all[n++] = kClipGradNorm(grads, sizes, 1, 1.0f, f32, NULL, NULL);
+  }
   for (i = 0; i < n && i < capacity; ++i) codes[i] = all[i];
   return i;
 }

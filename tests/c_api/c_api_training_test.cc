@@ -1,0 +1,219 @@
+// The C ABI's training functions on the GPU against CPU references written here in double
+// from their definitions (PyTorch's: F.cross_entropy, torch.optim.AdamW,
+// clip_grad_norm_, the Switch Transformer loss); the Python suite also compares them with
+// PyTorch's own numbers (tests/fixtures/c_api/training.json). Skips without a device.
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "stepgraph/c_api.h"
+#include "tests/c_api/gpu_util.h"
+#include "tests/testing/util.h"
+
+namespace sg::testing {
+namespace {
+
+template <typename T>
+std::vector<T> Download(const DeviceBuffer& d, size_t n) {
+  std::vector<T> out(n);
+  EXPECT_EQ(cudaMemcpy(out.data(), d.get(), n * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
+  return out;
+}
+
+template <typename T>
+void Upload(DeviceBuffer& d, const std::vector<T>& v) {
+  EXPECT_EQ(cudaMemcpy(d.get(), v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice),
+            cudaSuccess);
+}
+
+std::vector<double> LogSoftmax(const HostTensor& logits, int64_t row, int64_t vocab) {
+  double m = -INFINITY;
+  for (int64_t j = 0; j < vocab; ++j) m = std::max<double>(m, logits.At(row * vocab + j));
+  double s = 0;
+  for (int64_t j = 0; j < vocab; ++j) s += std::exp(logits.At(row * vocab + j) - m);
+  std::vector<double> out(vocab);
+  for (int64_t j = 0; j < vocab; ++j) out[j] = logits.At(row * vocab + j) - m - std::log(s);
+  return out;
+}
+
+TEST_F(CApiGpuTest, CrossEntropyForwardAndBackward) {
+  for (const int32_t dt : kFloatDTypes) {
+    for (const int64_t vocab : {int64_t{1000}, int64_t{32003}}) {
+      SCOPED_TRACE(::testing::Message() << Name(dt) << " vocab " << vocab);
+      const DType t = ToDType(dt);
+      const int64_t rows = 9;
+      const int32_t ignore = -100;
+      HostTensor logits(t, Shape{rows, vocab});
+      logits.FillUniform(31, -6.0f, 6.0f);
+      std::mt19937 rng(5);
+      std::vector<int32_t> targets(rows);
+      for (auto& x : targets) x = static_cast<int32_t>(rng() % vocab);
+      targets[4] = ignore;
+      std::vector<float> dloss(rows);
+      for (auto& x : dloss) x = 0.5f + static_cast<float>(rng() % 1000) / 1000.0f;
+
+      std::vector<double> want_loss(rows, 0.0);
+      HostTensor want_lp(t, Shape{rows, vocab}), want_d(t, Shape{rows, vocab});
+      std::vector<float> lp_all, d_all;
+      for (int64_t i = 0; i < rows; ++i) {
+        const std::vector<double> lp = LogSoftmax(logits, i, vocab);
+        for (int64_t j = 0; j < vocab; ++j) {
+          lp_all.push_back(static_cast<float>(lp[j]));
+          double g = 0;
+          if (targets[i] != ignore) g = dloss[i] * (std::exp(lp[j]) - (j == targets[i] ? 1 : 0));
+          d_all.push_back(static_cast<float>(g));
+        }
+        if (targets[i] != ignore) want_loss[i] = -lp[targets[i]];
+      }
+      want_lp.FillFrom(lp_all);
+      want_d.FillFrom(d_all);
+
+      DeviceBuffer dl(logits), dt_(rows * 4), dloss_d(rows * 4), dloss_out(rows * 4),
+          dlp(want_lp.bytes()), dd(want_d.bytes());
+      Upload(dt_, targets);
+      Upload(dloss_d, dloss);
+      dloss_out.Poison();
+      dlp.Poison();
+      dd.Poison();
+      ASSERT_EQ(stepgraph_cross_entropy(dl.get(), dt_.as<int32_t>(), dloss_out.as<float>(),
+                                        dlp.get(), rows, vocab, ignore, dt, flags(), stream_),
+                kOk);
+      ASSERT_EQ(stepgraph_cross_entropy_backward(dl.get(), dt_.as<int32_t>(),
+                                                 dloss_d.as<float>(), dd.get(), rows, vocab,
+                                                 ignore, dt, flags(), stream_),
+                kOk);
+      EXPECT_EQ(TakeFlags(), 0u);
+      const std::vector<float> loss = Download<float>(dloss_out, rows);
+      EXPECT_LT(NormalizedError(loss, want_loss), 1e-5);
+      EXPECT_EQ(loss[4], 0.0f);
+      HostTensor got_lp(t, Shape{rows, vocab}), got_d(t, Shape{rows, vocab});
+      dlp.CopyTo(got_lp);
+      dd.CopyTo(got_d);
+      EXPECT_LT(NormalizedError(got_lp.ToFloat(), want_lp.ToFloat()), Tol(dt));
+      EXPECT_LT(NormalizedError(got_d.ToFloat(), want_d.ToFloat()), Tol(dt));
+    }
+  }
+}
+
+TEST_F(CApiGpuTest, CrossEntropyTargetOutOfRangeRaisesTheFlag) {
+  const int64_t rows = 3, vocab = 50;
+  HostTensor logits(DType::kF32, Shape{rows, vocab});
+  logits.FillUniform(3);
+  DeviceBuffer dl(logits), dt_(rows * 4), loss(rows * 4);
+  Upload(dt_, std::vector<int32_t>{1, vocab, 2});
+  loss.Poison();
+  ASSERT_EQ(stepgraph_cross_entropy(dl.get(), dt_.as<int32_t>(), loss.as<float>(), nullptr, rows,
+                                    vocab, -100, STEPGRAPH_F32, flags(), stream_),
+            kOk);
+  EXPECT_EQ(TakeFlags(), STEPGRAPH_FLAG_TOKEN_OUT_OF_RANGE);
+  EXPECT_EQ(Download<float>(loss, rows)[1], 0.0f);
+}
+
+TEST_F(CApiGpuTest, MoeAuxLoss) {
+  for (const int32_t dt : kFloatDTypes) {
+    SCOPED_TRACE(Name(dt));
+    const int64_t tokens = 777, experts = 64, top_k = 4;
+    HostTensor probs(ToDType(dt), Shape{tokens, experts});
+    probs.FillUniform(41, 0.001f, 1.0f);
+    std::mt19937 rng(9);
+    std::vector<int32_t> ids(tokens * top_k);
+    for (auto& e : ids) e = static_cast<int32_t>(rng() % experts);
+    std::vector<double> count(experts, 0), psum(experts, 0);
+    for (int32_t e : ids) count[e] += 1;
+    for (int64_t i = 0; i < tokens * experts; ++i) psum[i % experts] += probs.At(i);
+    double want = 0;
+    for (int64_t e = 0; e < experts; ++e) want += count[e] / tokens * psum[e] / tokens;
+    want *= experts;
+    DeviceBuffer dp(probs), di(ids.size() * 4), dlossb(4);
+    Upload(di, ids);
+    dlossb.Poison();
+    ASSERT_EQ(stepgraph_moe_aux_loss(dp.get(), di.as<int32_t>(), dlossb.as<float>(), tokens,
+                                     experts, top_k, dt, flags(), stream_),
+              kOk);
+    EXPECT_EQ(TakeFlags(), 0u);
+    EXPECT_NEAR(Download<float>(dlossb, 1)[0], want, 1e-4 * want);
+  }
+}
+
+TEST_F(CApiGpuTest, AdamWStepsMatchTheDefinition) {
+  for (const int32_t gdt : kFloatDTypes) {
+    SCOPED_TRACE(Name(gdt));
+    const int64_t n = (1 << 18) + 5;
+    const float lr = 3e-3f, b1 = 0.9f, b2 = 0.95f, eps = 1e-8f, wd = 0.1f;
+    HostTensor p0(DType::kF32, Shape{n});
+    p0.FillUniform(51, -1.0f, 1.0f);
+    std::vector<double> p(n), m(n, 0), v(n, 0);
+    for (int64_t i = 0; i < n; ++i) p[i] = p0.At(i);
+    DeviceBuffer dp(p0), dm(n * 4), dv(n * 4);
+    dm.Zero();
+    dv.Zero();
+    for (int64_t step = 1; step <= 3; ++step) {
+      HostTensor g(ToDType(gdt), Shape{n});
+      g.FillUniform(60 + step, -0.5f, 0.5f);
+      for (int64_t i = 0; i < n; ++i) {
+        const double gi = g.At(i);
+        p[i] *= 1.0 - static_cast<double>(lr) * wd;
+        m[i] = b1 * m[i] + (1.0 - b1) * gi;
+        v[i] = b2 * v[i] + (1.0 - b2) * gi * gi;
+        const double mh = m[i] / (1.0 - std::pow(double{b1}, step));
+        const double vh = v[i] / (1.0 - std::pow(double{b2}, step));
+        p[i] -= lr * mh / (std::sqrt(vh) + eps);
+      }
+      DeviceBuffer dg(g);
+      ASSERT_EQ(stepgraph_adamw_step(dp.as<float>(), dg.get(), dm.as<float>(), dv.as<float>(), n,
+                                     lr, b1, b2, eps, wd, step, gdt, stream_),
+                kOk);
+      Sync();
+    }
+    EXPECT_LT(NormalizedError(Download<float>(dp, n), p), 1e-6);
+    EXPECT_LT(NormalizedError(Download<float>(dm, n), m), 1e-6);
+    EXPECT_LT(NormalizedError(Download<float>(dv, n), v), 1e-6);
+  }
+}
+
+TEST_F(CApiGpuTest, ClipGradNorm) {
+  for (const int32_t dt : kFloatDTypes) {
+    for (const float max_norm : {0.5f, 1e6f}) {
+      SCOPED_TRACE(::testing::Message() << Name(dt) << " max_norm " << max_norm);
+      const std::vector<int64_t> sizes = {1, 4099, 300000};
+      std::vector<HostTensor> host;
+      double sq = 0;
+      for (size_t b = 0; b < sizes.size(); ++b) {
+        host.emplace_back(ToDType(dt), Shape{sizes[b]});
+        host.back().FillUniform(70 + b, -1.0f, 1.0f);
+        for (int64_t i = 0; i < sizes[b]; ++i) sq += double{host.back().At(i)} * host.back().At(i);
+      }
+      const double norm = std::sqrt(sq);
+      const double coef = std::min(1.0, max_norm / (norm + 1e-6));
+      std::vector<std::unique_ptr<DeviceBuffer>> dev;
+      std::vector<void*> ptrs;
+      for (auto& h : host) {
+        dev.push_back(std::make_unique<DeviceBuffer>(h));
+        ptrs.push_back(dev.back()->get());
+      }
+      DeviceBuffer dn(4);
+      dn.Poison();
+      ASSERT_EQ(stepgraph_clip_grad_norm(ptrs.data(), sizes.data(),
+                                         static_cast<int64_t>(sizes.size()), max_norm, dt,
+                                         dn.as<float>(), stream_),
+                kOk);
+      Sync();
+      EXPECT_NEAR(Download<float>(dn, 1)[0], norm, 1e-5 * norm);
+      for (size_t b = 0; b < sizes.size(); ++b) {
+        std::vector<float> want_f(sizes[b]);
+        for (int64_t i = 0; i < sizes[b]; ++i) want_f[i] = static_cast<float>(host[b].At(i) * coef);
+        HostTensor want(ToDType(dt), Shape{sizes[b]}), got(ToDType(dt), Shape{sizes[b]});
+        want.FillFrom(want_f);
+        dev[b]->CopyTo(got);
+        EXPECT_LT(NormalizedError(got.ToFloat(), want.ToFloat()), Tol(dt)) << "buffer " << b;
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace sg::testing
