@@ -4,10 +4,10 @@ ctypes. The shared libraries are built by CMake; see stepgraph._lib for where th
 looked for."""
 
 from . import kernels
-from ._lib import LibraryNotFound
+from ._lib import LibraryNotFound, set_library_dir
 from .kernels import StepgraphError, device_available
 from .session import Session, SessionError
 
 __all__ = ["kernels", "Session", "SessionError", "StepgraphError", "LibraryNotFound",
-           "device_available"]
+           "device_available", "set_library_dir"]
 __version__ = "0.1.0"

@@ -4,8 +4,10 @@ DECLARATIONS mirrors include/stepgraph/c_api.h and c_session.h argument by argum
 and ctypes types); tests/c_api/check_signatures.py checks it against the headers, so a
 changed signature fails CI instead of corrupting memory at run time.
 
-The libraries are found, in order, in $STEPGRAPH_LIB_DIR, next to this package, and in the
-build folders of the repository this package sits in (build/cuda, build/nocuda, build).
+The libraries are found, in order, in the folder given to set_library_dir (before the first
+call), next to this package, and in the build folders of the repository this package sits in
+(build/cuda, build/nocuda, build: an editable install, `pip install -e python`, keeps it
+there).
 """
 
 import ctypes
@@ -26,8 +28,8 @@ FLAG_POSITION_OUT_OF_RANGE = 2
 MAX_ELEMENTS = 1 << 36
 MATMUL_MAX_ROWS = 8
 ATTENTION_MAX_HEAD_DIM = 256
-TOPK_MAX_K = 1024
 MOE_MAX_EXPERTS = 4096
+CLIP_MAX_BUFFERS = 65536
 ROPE_SCALING_NONE, ROPE_SCALING_LLAMA3 = 0, 1
 C_API_VERSION = 2
 
@@ -48,6 +50,7 @@ class SessionOptions(Structure):
         ("temperature", c_float),
         ("top_k", c_int32),
         ("top_p", c_float),
+        ("cpu_threads", c_int32),
     ]
 
 
@@ -94,6 +97,9 @@ DECLARATIONS = {
     "stepgraph_silu_mul": (c_int32, [
         ("gate", c_void_p), ("up", c_void_p), ("y", c_void_p), ("n", c_int64),
         ("dtype", c_int32), ("stream", c_void_p)]),
+    "stepgraph_scale": (c_int32, [
+        ("x", c_void_p), ("y", c_void_p), ("n", c_int64), ("alpha", c_float), ("dtype", c_int32),
+        ("stream", c_void_p)]),
     "stepgraph_rope_inv_freq": (c_int32, [
         ("head_dim", c_int32), ("theta", c_float), ("scaling", c_int32), ("factor", c_float),
         ("low_freq_factor", c_float), ("high_freq_factor", c_float),
@@ -132,27 +138,6 @@ DECLARATIONS = {
         ("src", c_void_p), ("dst", c_void_p), ("n", c_int64), ("dtype", c_int32),
         ("stream", c_void_p)]),
     "stepgraph_advance": (c_int32, [("pos", _P_I32), ("n", c_int64), ("stream", c_void_p)]),
-    "stepgraph_scale": (c_int32, [
-        ("x", c_void_p), ("y", c_void_p), ("n", c_int64), ("alpha", c_float), ("dtype", c_int32),
-        ("stream", c_void_p)]),
-    "stepgraph_topk": (c_int32, [
-        ("x", c_void_p), ("values", c_void_p), ("indices", _P_I32), ("rows", c_int64),
-        ("n", c_int64), ("k", c_int64), ("dtype", c_int32), ("stream", c_void_p)]),
-    "stepgraph_gemm": (c_int32, [
-        ("a", c_void_p), ("b", c_void_p), ("c", c_void_p), ("m", c_int64), ("n", c_int64),
-        ("k", c_int64), ("trans_a", c_int32), ("trans_b", c_int32), ("alpha", c_float),
-        ("beta", c_float), ("dtype", c_int32), ("workspace", c_void_p),
-        ("workspace_bytes", c_int64), ("stream", c_void_p)]),
-    "stepgraph_gemm_batched": (c_int32, [
-        ("a", c_void_p), ("b", c_void_p), ("c", c_void_p), ("batch", c_int64), ("m", c_int64),
-        ("n", c_int64), ("k", c_int64), ("stride_a", c_int64), ("stride_b", c_int64),
-        ("stride_c", c_int64), ("trans_a", c_int32), ("trans_b", c_int32), ("alpha", c_float),
-        ("beta", c_float), ("dtype", c_int32), ("workspace", c_void_p),
-        ("workspace_bytes", c_int64), ("stream", c_void_p)]),
-    "stepgraph_flash_attention": (c_int32, [
-        ("q", c_void_p), ("k", c_void_p), ("v", c_void_p), ("out", c_void_p), ("batch", c_int64),
-        ("seq", c_int64), ("heads", c_int64), ("kv_heads", c_int64), ("head_dim", c_int64),
-        ("scale", c_float), ("causal", c_int32), ("dtype", c_int32), ("stream", c_void_p)]),
     "stepgraph_cross_entropy": (c_int32, [
         ("logits", c_void_p), ("targets", _P_I32), ("loss", _P_F32), ("log_probs", c_void_p),
         ("rows", c_int64), ("vocab", c_int64), ("ignore_index", c_int32), ("dtype", c_int32),
@@ -200,12 +185,26 @@ class LibraryNotFound(OSError):
     pass
 
 
+_lock = threading.Lock()
+_loaded = {}
+_library_dir = None
+
+
+def set_library_dir(path):
+    """Looks for libstepgraph_c.so and libstepgraph_session_c.so in `path` first. Only before
+    the libraries are loaded (the first call that needs one)."""
+    global _library_dir
+    with _lock:
+        if _loaded:
+            raise RuntimeError("the stepgraph libraries are loaded already")
+        _library_dir = os.fspath(path)
+
+
 def _candidates(name):
     here = os.path.dirname(os.path.abspath(__file__))
     dirs = []
-    env = os.environ.get("STEPGRAPH_LIB_DIR")
-    if env:
-        dirs.append(env)
+    if _library_dir is not None:
+        dirs.append(_library_dir)
     dirs.append(here)
     repo = os.path.dirname(os.path.dirname(here))  # python/stepgraph -> the repository
     for sub in ("build/cuda", "build/nocuda", "build"):
@@ -213,8 +212,13 @@ def _candidates(name):
     return [os.path.join(d, name) for d in dirs]
 
 
-_lock = threading.Lock()
-_loaded = {}
+def _call_type(library, t):
+    """The ctypes type a call passes. The kernel library's buffers are addresses (ints, from
+    NumPy, DLPack or __cuda_array_interface__), so its typed data pointers are passed as
+    c_void_p: same size and calling convention; the signature check reads DECLARATIONS."""
+    if library == KERNEL_LIBRARY and isinstance(t, type) and issubclass(t, ctypes._Pointer):
+        return c_void_p
+    return t
 
 
 def _load(name):
@@ -229,13 +233,13 @@ def _load(name):
                     f = getattr(lib, fn, None)
                     if f is not None:
                         f.restype = restype
-                        f.argtypes = [t for _, t in args]
+                        f.argtypes = [_call_type(name, t) for _, t in args]
                 _loaded[name] = lib
                 return lib
             tried.append(path)
         raise LibraryNotFound(
-            "%s not found; build it with CMake (tools/test.sh or cmake --build build) or set "
-            "STEPGRAPH_LIB_DIR to its folder. Looked at: %s" % (name, ", ".join(tried)))
+            "%s not found; build it with CMake (tools/test.sh or cmake --build build) or call "
+            "stepgraph.set_library_dir with its folder. Looked at: %s" % (name, ", ".join(tried)))
 
 
 def kernels():

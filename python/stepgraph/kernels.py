@@ -25,8 +25,7 @@ import numpy as np
 from . import _arrays, _fallback, _lib
 
 __all__ = ["StepgraphError", "device_available", "add", "mul", "silu", "silu_mul", "scale",
-           "softmax", "rmsnorm", "matmul", "embedding", "argmax", "rope_inv_freq", "topk",
-           "gemm", "gemm_batched", "flash_attention", "cross_entropy",
+           "softmax", "rmsnorm", "matmul", "embedding", "argmax", "rope_inv_freq", "cross_entropy",
            "cross_entropy_backward", "moe_aux_loss", "adamw_step", "clip_grad_norm"]
 
 
@@ -309,98 +308,7 @@ def rope_inv_freq(head_dim, theta, llama3=None):
     return out
 
 
-# ---- the rest of the library -------------------------------------------------------------
-
-def topk(x, k, values=None, indices=None, stream=None):
-    """The k largest of each row of x [rows, n], largest first (ties by lower index, NaN
-    last): (values [rows, k], indices [rows, k] int32)."""
-    vx = _arrays.view(x, "x")
-    rows, n = _rows_cols(vx, "x")
-    shape = (rows, int(k)) if len(vx.shape) > 1 else (int(k),)
-    v, vv = _out(values, vx, shape, "values")
-    i, vi = _out(indices, vx, shape, "indices", _lib.I32)
-    _Call("stepgraph_topk", [vx], [vv, vi]).run(
-        lambda p, f, s: (p(vx), p(vv), p(vi), rows, n, int(k), vx.dtype, s),
-        lambda: _fallback.topk(vx.host.reshape(rows, n), vv.host.reshape(rows, -1),
-                               vi.host.reshape(rows, -1), int(k)), stream)
-    return v, i
-
-
-def _gemm_dims(va, vb, trans_a, trans_b, batched):
-    lead = 1 if batched else 0
-    if len(va.shape) != 2 + lead or len(vb.shape) != 2 + lead:
-        raise ValueError("gemm: a %s and b %s must have rank %d" % (va.shape, vb.shape, 2 + lead))
-    m, ka = (va.shape[lead + 1], va.shape[lead]) if trans_a else va.shape[lead:]
-    kb, n = (vb.shape[lead + 1], vb.shape[lead]) if trans_b else vb.shape[lead:]
-    if ka != kb:
-        raise ValueError("gemm: op(a) is [%d, %d] but op(b) is [%d, %d]" % (m, ka, kb, n))
-    return m, n, ka
-
-
-def gemm(a, b, c=None, alpha=1.0, beta=0.0, trans_a=False, trans_b=False, workspace=None,
-         stream=None):
-    """c = alpha · op(a) · op(b) + beta · c (row-major; op transposes when asked)."""
-    va, vb = _arrays.view(a, "a"), _arrays.view(b, "b")
-    _expect(vb, vb.shape, "b", va.dtype)
-    m, n, k = _gemm_dims(va, vb, trans_a, trans_b, False)
-    if c is None and beta != 0.0:
-        raise ValueError("gemm: beta != 0 needs c")
-    out, vc = _out(c, va, (m, n), "c")
-    vw = _view(workspace, "workspace")
-    _Call("stepgraph_gemm", [va, vb] + ([vw] if vw else []), [vc]).run(
-        lambda p, f, s: (p(va), p(vb), p(vc), m, n, k, int(trans_a), int(trans_b), float(alpha),
-                         float(beta), va.dtype, p(vw) if vw else None, vw.nbytes if vw else 0,
-                         s),
-        lambda: _fallback.gemm(va.host, vb.host, vc.host.reshape(m, n), trans_a, trans_b, alpha,
-                               beta), stream)
-    return out
-
-
-def gemm_batched(a, b, c=None, alpha=1.0, beta=0.0, trans_a=False, trans_b=False,
-                 workspace=None, stream=None):
-    """gemm over the leading dimension of a [batch, ...], b [batch, ...], c [batch, m, n]."""
-    va, vb = _arrays.view(a, "a"), _arrays.view(b, "b")
-    _expect(vb, vb.shape, "b", va.dtype)
-    m, n, k = _gemm_dims(va, vb, trans_a, trans_b, True)
-    batch = va.shape[0]
-    if vb.shape[0] != batch:
-        raise ValueError("gemm_batched: a has %d problems, b %d" % (batch, vb.shape[0]))
-    if c is None and beta != 0.0:
-        raise ValueError("gemm_batched: beta != 0 needs c")
-    out, vc = _out(c, va, (batch, m, n), "c")
-    vw = _view(workspace, "workspace")
-
-    def fallback():
-        cc = vc.host.reshape(batch, m, n)
-        for i in range(batch):
-            _fallback.gemm(va.host[i], vb.host[i], cc[i], trans_a, trans_b, alpha, beta)
-
-    _Call("stepgraph_gemm_batched", [va, vb] + ([vw] if vw else []), [vc]).run(
-        lambda p, f, s: (p(va), p(vb), p(vc), batch, m, n, k, m * k, k * n, m * n, int(trans_a),
-                         int(trans_b), float(alpha), float(beta), va.dtype,
-                         p(vw) if vw else None, vw.nbytes if vw else 0, s),
-        fallback, stream)
-    return out
-
-
-def flash_attention(q, k, v, scale=None, causal=True, out=None, stream=None):
-    """q [batch, seq, heads, d], k and v [batch, seq, kv_heads, d] -> out like q."""
-    vq, vk, vv = _arrays.view(q, "q"), _arrays.view(k, "k"), _arrays.view(v, "v")
-    if len(vq.shape) != 4 or len(vk.shape) != 4:
-        raise ValueError("flash_attention: q and k must be [batch, seq, heads, head_dim]")
-    batch, seq, heads, d = vq.shape
-    kv_heads = vk.shape[2]
-    _expect(vk, (batch, seq, kv_heads, d), "k", vq.dtype)
-    _expect(vv, (batch, seq, kv_heads, d), "v", vq.dtype)
-    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
-    o, vo = _out(out, vq, vq.shape, "out")
-    _Call("stepgraph_flash_attention", [vq, vk, vv], [vo]).run(
-        lambda p, f, s: (p(vq), p(vk), p(vv), p(vo), batch, seq, heads, kv_heads, d, scale,
-                         int(bool(causal)), vq.dtype, s),
-        lambda: _fallback.flash_attention(vq.host, vk.host, vv.host, vo.host, scale, causal),
-        stream)
-    return o
-
+# ---- training: losses and optimizer steps ----------------------------------------------
 
 def cross_entropy(logits, targets, ignore_index=-100, log_probs=False, loss=None, stream=None):
     """Per-row losses (f32) of logits [rows, vocab] against int32 targets, and with
