@@ -358,6 +358,67 @@ int32_t CheckAdvance(int32_t* pos, int64_t n, void* stream) noexcept {
   return OpAccepts(ops::Advance{}, {{DType::kI32, Shape{n}, TensorKind::kState}});
 }
 
+// ---- gemm ----
+
+namespace {
+
+// The elements a strided batch spans: (batch − 1) · stride + size, or -1 past the bound.
+int64_t Extent(int64_t batch, int64_t stride, int64_t size) {
+  if (stride != 0 && batch - 1 > (kMaxElements - size) / stride) return -1;
+  return (batch - 1) * stride + size;
+}
+
+int32_t CheckGemmArgs(const void* a, const void* b, const void* c, int64_t batch, int64_t m,
+                      int64_t n, int64_t k, int64_t stride_a, int64_t stride_b,
+                      int64_t stride_c, int32_t trans_a, int32_t trans_b, float alpha,
+                      float beta, int32_t dtype, const void* workspace,
+                      int64_t workspace_bytes) {
+  const std::optional<DType> t = ParseDType(dtype, Allowed::kFloat);
+  if (!t) return kInvalid;
+  const int64_t elem = DTypeBytes(*t);
+  Require r;
+  r.Buffer(a, elem)
+      .Buffer(b, elem)
+      .Buffer(c, elem)
+      .Tensor({m, k})
+      .Tensor({k, n})
+      .Tensor({m, n})
+      .Tensor({batch})
+      .AtMost(m, kMaxInt)
+      .AtMost(n, kMaxInt)
+      .AtMost(k, kMaxInt)
+      .AtMost(batch, kMaxInt)
+      .That((trans_a == 0 || trans_a == 1) && (trans_b == 0 || trans_b == 1))
+      .Finite(alpha)
+      .Finite(beta)
+      .Workspace(workspace, workspace_bytes, kGemmWorkspaceAlign);
+  if (!r.ok()) return kInvalid;
+  // m, n, k and their products are bounded now.
+  return r.That(stride_a >= 0 && stride_b >= 0 && (batch == 1 || stride_c >= m * n))
+      .That(Extent(batch, stride_a, m * k) >= 0)
+      .That(Extent(batch, stride_b, k * n) >= 0)
+      .That(Extent(batch, stride_c, m * n) >= 0)
+      .code();
+}
+
+}  // namespace
+
+int32_t CheckGemm(const void* a, const void* b, void* c, int64_t m, int64_t n, int64_t k,
+                  int32_t trans_a, int32_t trans_b, float alpha, float beta, int32_t dtype,
+                  void* workspace, int64_t workspace_bytes, void* stream) noexcept {
+  return CheckGemmArgs(a, b, c, 1, m, n, k, 0, 0, 0, trans_a, trans_b, alpha, beta, dtype,
+                       workspace, workspace_bytes);
+}
+
+int32_t CheckGemmBatched(const void* a, const void* b, void* c, int64_t batch, int64_t m,
+                         int64_t n, int64_t k, int64_t stride_a, int64_t stride_b,
+                         int64_t stride_c, int32_t trans_a, int32_t trans_b, float alpha,
+                         float beta, int32_t dtype, void* workspace, int64_t workspace_bytes,
+                         void* stream) noexcept {
+  return CheckGemmArgs(a, b, c, batch, m, n, k, stride_a, stride_b, stride_c, trans_a, trans_b,
+                       alpha, beta, dtype, workspace, workspace_bytes);
+}
+
 // ---- training ----
 
 namespace {

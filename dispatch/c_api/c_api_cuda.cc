@@ -17,9 +17,9 @@
 #include "kernels/gemv.cuh"
 #include "kernels/norm.cuh"
 #include "kernels/rope.cuh"
+#include "kernels/sampling.cuh"
 #include "kernels/scale.cuh"
 #include "kernels/training.cuh"
-#include "kernels/sampling.cuh"
 #include "stepgraph/c_api.h"
 #include "stepgraph/dtype.h"
 #include "stepgraph/error_flags.h"
@@ -31,6 +31,7 @@ static_assert(sg::kErrorTokenOutOfRange == STEPGRAPH_FLAG_TOKEN_OUT_OF_RANGE &&
               sg::kErrorPositionOutOfRange == STEPGRAPH_FLAG_POSITION_OUT_OF_RANGE);
 static_assert(kernels::kGemvMaxRows == STEPGRAPH_MATMUL_MAX_ROWS);
 static_assert(kernels::kAttentionMaxHeadDim == STEPGRAPH_ATTENTION_MAX_HEAD_DIM);
+static_assert(kernels::kMoeMaxExperts == STEPGRAPH_MOE_MAX_EXPERTS);
 
 }  // namespace
 

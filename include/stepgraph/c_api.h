@@ -256,6 +256,37 @@ STEPGRAPH_C_EXPORT int32_t stepgraph_copy(const void* src, void* dst, int64_t n,
 STEPGRAPH_C_EXPORT int32_t stepgraph_advance(int32_t* pos, int64_t n,
                                              void* stream) STEPGRAPH_C_NOEXCEPT;
 
+// ---- General matrix products (cuBLASLt) ----
+
+// C[m, n] = alpha · op(A) · op(B) + beta · C, row-major: op(A) [m, k] is A [m, k], or A
+// [k, m] transposed when trans_a is 1; op(B) [k, n] is B [k, n], or B [n, k] transposed when
+// trans_b is 1 (trans_b = 1 takes the PyTorch / Hugging Face weight layout [out, in]).
+// cuBLASLt with f32 accumulation (no TF32 for f32). With beta = 0, C is only written.
+// m, n, k < 2^31; trans_a, trans_b 0 or 1; alpha, beta finite. workspace: NULL
+// (workspace_bytes 0) or a 256-byte aligned device buffer that cuBLASLt may use (a few MiB
+// let it pick faster algorithms). A cuBLASLt handle is made and freed by every call, which
+// costs some microseconds of host time: this is for occasional products, not a step's hot
+// path. Float dtypes.
+STEPGRAPH_C_EXPORT int32_t stepgraph_gemm(const void* a, const void* b, void* c, int64_t m,
+                                          int64_t n, int64_t k, int32_t trans_a,
+                                          int32_t trans_b, float alpha, float beta,
+                                          int32_t dtype, void* workspace,
+                                          int64_t workspace_bytes,
+                                          void* stream) STEPGRAPH_C_NOEXCEPT;
+
+// `batch` products as stepgraph_gemm, product i reading A at a + i · stride_a elements, B
+// at b + i · stride_b and writing C at c + i · stride_c. stride_a, stride_b >= 0 (0: the
+// same matrix for every product); stride_c >= m · n (the outputs must not overlap).
+// batch < 2^31; every extent within STEPGRAPH_MAX_ELEMENTS.
+STEPGRAPH_C_EXPORT int32_t stepgraph_gemm_batched(const void* a, const void* b, void* c,
+                                                  int64_t batch, int64_t m, int64_t n,
+                                                  int64_t k, int64_t stride_a,
+                                                  int64_t stride_b, int64_t stride_c,
+                                                  int32_t trans_a, int32_t trans_b,
+                                                  float alpha, float beta, int32_t dtype,
+                                                  void* workspace, int64_t workspace_bytes,
+                                                  void* stream) STEPGRAPH_C_NOEXCEPT;
+
 // ---- Training: losses and optimizer steps (PyTorch's definitions, math in f32) ----
 
 // Cross entropy of each row of logits [rows, vocab] with its class targets[i] (int32):

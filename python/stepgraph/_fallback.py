@@ -80,6 +80,15 @@ def argmax(logits, ids):
     ids[...] = np.argmax(v, axis=-1).astype(np.int32)
 
 
+def gemm(a, b, c, trans_a, trans_b, alpha, beta):
+    left = _f(a).T if trans_a else _f(a)
+    right = _f(b).T if trans_b else _f(b)
+    product = np.float64(np.float32(alpha)) * (left @ right)
+    if beta != 0.0:
+        product = product + np.float64(np.float32(beta)) * _f(c)
+    _store(c, product)
+
+
 def _log_softmax(logits):
     v = _f(logits)
     m = v.max(axis=-1, keepdims=True)

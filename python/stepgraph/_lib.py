@@ -138,6 +138,17 @@ DECLARATIONS = {
         ("src", c_void_p), ("dst", c_void_p), ("n", c_int64), ("dtype", c_int32),
         ("stream", c_void_p)]),
     "stepgraph_advance": (c_int32, [("pos", _P_I32), ("n", c_int64), ("stream", c_void_p)]),
+    "stepgraph_gemm": (c_int32, [
+        ("a", c_void_p), ("b", c_void_p), ("c", c_void_p), ("m", c_int64), ("n", c_int64),
+        ("k", c_int64), ("trans_a", c_int32), ("trans_b", c_int32), ("alpha", c_float),
+        ("beta", c_float), ("dtype", c_int32), ("workspace", c_void_p),
+        ("workspace_bytes", c_int64), ("stream", c_void_p)]),
+    "stepgraph_gemm_batched": (c_int32, [
+        ("a", c_void_p), ("b", c_void_p), ("c", c_void_p), ("batch", c_int64), ("m", c_int64),
+        ("n", c_int64), ("k", c_int64), ("stride_a", c_int64), ("stride_b", c_int64),
+        ("stride_c", c_int64), ("trans_a", c_int32), ("trans_b", c_int32), ("alpha", c_float),
+        ("beta", c_float), ("dtype", c_int32), ("workspace", c_void_p),
+        ("workspace_bytes", c_int64), ("stream", c_void_p)]),
     "stepgraph_cross_entropy": (c_int32, [
         ("logits", c_void_p), ("targets", _P_I32), ("loss", _P_F32), ("log_probs", c_void_p),
         ("rows", c_int64), ("vocab", c_int64), ("ignore_index", c_int32), ("dtype", c_int32),

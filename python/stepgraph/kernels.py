@@ -25,7 +25,7 @@ import numpy as np
 from . import _arrays, _fallback, _lib
 
 __all__ = ["StepgraphError", "device_available", "add", "mul", "silu", "silu_mul", "scale",
-           "softmax", "rmsnorm", "matmul", "embedding", "argmax", "rope_inv_freq", "cross_entropy",
+           "softmax", "rmsnorm", "matmul", "embedding", "argmax", "rope_inv_freq", "gemm", "gemm_batched", "cross_entropy",
            "cross_entropy_backward", "moe_aux_loss", "adamw_step", "clip_grad_norm"]
 
 
@@ -306,6 +306,66 @@ def rope_inv_freq(head_dim, theta, llama3=None):
     if code != _lib.OK:
         raise StepgraphError("stepgraph_rope_inv_freq", code)
     return out
+
+
+# ---- general matrix products (cuBLASLt) -------------------------------------------------
+
+def _gemm_dims(va, vb, trans_a, trans_b, batched):
+    lead = 1 if batched else 0
+    if len(va.shape) != 2 + lead or len(vb.shape) != 2 + lead:
+        raise ValueError("gemm: a %s and b %s must have rank %d" % (va.shape, vb.shape, 2 + lead))
+    m, ka = (va.shape[lead + 1], va.shape[lead]) if trans_a else va.shape[lead:]
+    kb, n = (vb.shape[lead + 1], vb.shape[lead]) if trans_b else vb.shape[lead:]
+    if ka != kb:
+        raise ValueError("gemm: op(a) is [%d, %d] but op(b) is [%d, %d]" % (m, ka, kb, n))
+    return m, n, ka
+
+
+def gemm(a, b, c=None, alpha=1.0, beta=0.0, trans_a=False, trans_b=False, workspace=None,
+         stream=None):
+    """c = alpha · op(a) · op(b) + beta · c (row-major; op transposes when asked)."""
+    va, vb = _arrays.view(a, "a"), _arrays.view(b, "b")
+    _expect(vb, vb.shape, "b", va.dtype)
+    m, n, k = _gemm_dims(va, vb, trans_a, trans_b, False)
+    if c is None and beta != 0.0:
+        raise ValueError("gemm: beta != 0 needs c")
+    out, vc = _out(c, va, (m, n), "c")
+    vw = _view(workspace, "workspace")
+    _Call("stepgraph_gemm", [va, vb] + ([vw] if vw else []), [vc]).run(
+        lambda p, f, s: (p(va), p(vb), p(vc), m, n, k, int(trans_a), int(trans_b), float(alpha),
+                         float(beta), va.dtype, p(vw) if vw else None, vw.nbytes if vw else 0,
+                         s),
+        lambda: _fallback.gemm(va.host, vb.host, vc.host.reshape(m, n), trans_a, trans_b, alpha,
+                               beta), stream)
+    return out
+
+
+def gemm_batched(a, b, c=None, alpha=1.0, beta=0.0, trans_a=False, trans_b=False,
+                 workspace=None, stream=None):
+    """gemm over the leading dimension of a [batch, ...], b [batch, ...], c [batch, m, n]."""
+    va, vb = _arrays.view(a, "a"), _arrays.view(b, "b")
+    _expect(vb, vb.shape, "b", va.dtype)
+    m, n, k = _gemm_dims(va, vb, trans_a, trans_b, True)
+    batch = va.shape[0]
+    if vb.shape[0] != batch:
+        raise ValueError("gemm_batched: a has %d problems, b %d" % (batch, vb.shape[0]))
+    if c is None and beta != 0.0:
+        raise ValueError("gemm_batched: beta != 0 needs c")
+    out, vc = _out(c, va, (batch, m, n), "c")
+    vw = _view(workspace, "workspace")
+
+    def fallback():
+        cc = vc.host.reshape(batch, m, n)
+        for i in range(batch):
+            _fallback.gemm(va.host[i], vb.host[i], cc[i], trans_a, trans_b, alpha, beta)
+
+    _Call("stepgraph_gemm_batched", [va, vb] + ([vw] if vw else []), [vc]).run(
+        lambda p, f, s: (p(va), p(vb), p(vc), batch, m, n, k, m * k, k * n, m * n, int(trans_a),
+                         int(trans_b), float(alpha), float(beta), va.dtype,
+                         p(vw) if vw else None, vw.nbytes if vw else 0, s),
+        fallback, stream)
+    return out
+
 
 
 # ---- training: losses and optimizer steps ----------------------------------------------

@@ -121,6 +121,17 @@ extern "C" {
                           stream: *mut c_void) -> i32;
     pub fn stepgraph_advance(pos: *mut i32, n: i64, stream: *mut c_void) -> i32;
 
+    // ---- c_api.h: general matrix products
+    pub fn stepgraph_gemm(a: *const c_void, b: *const c_void, c: *mut c_void, m: i64, n: i64,
+                          k: i64, trans_a: i32, trans_b: i32, alpha: f32, beta: f32, dtype: i32,
+                          workspace: *mut c_void, workspace_bytes: i64,
+                          stream: *mut c_void) -> i32;
+    pub fn stepgraph_gemm_batched(a: *const c_void, b: *const c_void, c: *mut c_void, batch: i64,
+                                  m: i64, n: i64, k: i64, stride_a: i64, stride_b: i64,
+                                  stride_c: i64, trans_a: i32, trans_b: i32, alpha: f32,
+                                  beta: f32, dtype: i32, workspace: *mut c_void,
+                                  workspace_bytes: i64, stream: *mut c_void) -> i32;
+
     // ---- c_api.h: training
     pub fn stepgraph_cross_entropy(logits: *const c_void, targets: *const i32, loss: *mut f32,
                                    log_probs: *mut c_void, rows: i64, vocab: i64,

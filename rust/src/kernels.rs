@@ -280,6 +280,62 @@ pub fn advance(mut pos: DeviceSliceMut<i32>, stream: Stream) -> Result<()> {
     check(unsafe { ffi::stepgraph_advance(pos.as_mut_ptr(), n, stream.0) }, f)
 }
 
+// ---- general matrix products ----
+
+/// The shape and scalars of a product C[m, n] = alpha · op(A) · op(B) + beta · C.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct GemmShape {
+    pub m: i64,
+    pub n: i64,
+    pub k: i64,
+    /// A is stored [k, m] (else [m, k]).
+    pub trans_a: bool,
+    /// B is stored [n, k] (else [k, n]).
+    pub trans_b: bool,
+    pub alpha: f32,
+    pub beta: f32,
+}
+
+fn workspace_parts(f: &str, w: Option<DeviceSliceMut<u8>>) -> Result<(*mut std::ffi::c_void, i64)> {
+    match w {
+        Some(mut w) => { let b = as_i64(f, w.len())?; Ok((w.as_mut_ptr() as *mut _, b)) }
+        None => Ok((ptr::null_mut(), 0)),
+    }
+}
+
+/// One product through cuBLASLt; `workspace` None or a 256-byte aligned device buffer.
+pub fn gemm<T: Float>(a: DeviceSlice<T>, b: DeviceSlice<T>, mut c: DeviceSliceMut<T>,
+                      s: GemmShape, workspace: Option<DeviceSliceMut<u8>>, stream: Stream)
+                      -> Result<()> {
+    let f = "stepgraph_gemm";
+    expect_len(f, "a", a.len(), elements(f, &[s.m, s.k])?)?;
+    expect_len(f, "b", b.len(), elements(f, &[s.k, s.n])?)?;
+    expect_len(f, "c", c.len(), elements(f, &[s.m, s.n])?)?;
+    let (ws, ws_bytes) = workspace_parts(f, workspace)?;
+    // SAFETY: lengths checked against the shape.
+    check(unsafe {
+        ffi::stepgraph_gemm(a.void(), b.void(), c.void(), s.m, s.n, s.k, s.trans_a as i32,
+                            s.trans_b as i32, s.alpha, s.beta, T::DTYPE, ws, ws_bytes, stream.0)
+    }, f)
+}
+
+/// `batch` products over dense stacks: a [batch, m·k], b [batch, k·n], c [batch, m·n].
+pub fn gemm_batched<T: Float>(a: DeviceSlice<T>, b: DeviceSlice<T>, mut c: DeviceSliceMut<T>,
+                              batch: i64, s: GemmShape, workspace: Option<DeviceSliceMut<u8>>,
+                              stream: Stream) -> Result<()> {
+    let f = "stepgraph_gemm_batched";
+    expect_len(f, "a", a.len(), elements(f, &[batch, s.m, s.k])?)?;
+    expect_len(f, "b", b.len(), elements(f, &[batch, s.k, s.n])?)?;
+    expect_len(f, "c", c.len(), elements(f, &[batch, s.m, s.n])?)?;
+    let (ws, ws_bytes) = workspace_parts(f, workspace)?;
+    // SAFETY: each stack holds batch matrices of its shape (checked), at dense strides.
+    check(unsafe {
+        ffi::stepgraph_gemm_batched(a.void(), b.void(), c.void(), batch, s.m, s.n, s.k, s.m * s.k,
+                                    s.k * s.n, s.m * s.n, s.trans_a as i32, s.trans_b as i32,
+                                    s.alpha, s.beta, T::DTYPE, ws, ws_bytes, stream.0)
+    }, f)
+}
+
 // ---- training ----
 
 /// Per-row cross entropy of logits [targets.len(), vocab] (f32 losses), and the

@@ -621,5 +621,73 @@ TEST(CApiArgumentsTest, Training) {
   }
 }
 
+TEST(CApiArgumentsTest, Gemm) {
+  struct C {
+    const void* a = Fake(0);
+    const void* b = Fake(1);
+    void* c = Fake(2);
+    int64_t batch = 3, m = 16, n = 24, k = 32;
+    int64_t stride_a = 16 * 32, stride_b = 0, stride_c = 16 * 24;
+    int32_t trans_a = 0, trans_b = 1;
+    float alpha = 1.0f, beta = 0.5f;
+    int32_t dtype = STEPGRAPH_BF16;
+    void* workspace = Fake(3);
+    int64_t workspace_bytes = 1 << 20;
+  };
+  auto single = [](const C& c) {
+    return stepgraph_gemm(c.a, c.b, c.c, c.m, c.n, c.k, c.trans_a, c.trans_b, c.alpha, c.beta,
+                          c.dtype, c.workspace, c.workspace_bytes, nullptr);
+  };
+  auto batched = [](const C& c) {
+    return stepgraph_gemm_batched(c.a, c.b, c.c, c.batch, c.m, c.n, c.k, c.stride_a, c.stride_b,
+                                  c.stride_c, c.trans_a, c.trans_b, c.alpha, c.beta, c.dtype,
+                                  c.workspace, c.workspace_bytes, nullptr);
+  };
+  const float nan = std::nanf("");
+  const std::vector<std::pair<const char*, std::function<void(C&)>>> both = {
+      {"a NULL", [](C& c) { c.a = nullptr; }},
+      {"b NULL", [](C& c) { c.b = nullptr; }},
+      {"c NULL", [](C& c) { c.c = nullptr; }},
+      {"c misaligned", [](C& c) { c.c = Shifted(c.c, 1); }},
+      {"m 0", [](C& c) { c.m = 0; }},
+      {"n -1", [](C& c) { c.n = -1; }},
+      {"k 2^31", [](C& c) { c.k = int64_t{1} << 31; }},
+      {"m · k too many", [](C& c) { c.m = int64_t{1} << 20; c.k = int64_t{1} << 20; }},
+      {"trans_a 2", [](C& c) { c.trans_a = 2; }},
+      {"trans_b -1", [](C& c) { c.trans_b = -1; }},
+      {"alpha NaN", [=](C& c) { c.alpha = nan; }},
+      {"beta inf", [](C& c) { c.beta = std::numeric_limits<float>::infinity(); }},
+      {"dtype i32", [](C& c) { c.dtype = STEPGRAPH_I32; }},
+      {"workspace misaligned", [](C& c) { c.workspace = Shifted(c.workspace, 16); }},
+      {"workspace NULL with bytes", [](C& c) { c.workspace = nullptr; }},
+      {"workspace bytes < 0", [](C& c) { c.workspace_bytes = -1; }},
+  };
+  const std::vector<std::pair<const char*, std::function<void(C&)>>> batch_only = {
+      {"batch 0", [](C& c) { c.batch = 0; }},
+      {"stride_a < 0", [](C& c) { c.stride_a = -1; }},
+      {"stride_c overlaps", [](C& c) { c.stride_c = 16 * 24 - 1; }},
+      {"extent past the bound", [](C& c) { c.stride_a = int64_t{1} << 35; }},
+  };
+  if (!HasDevice()) {
+    EXPECT_EQ(single(C{}), kNoCuda);
+    EXPECT_EQ(batched(C{}), kNoCuda);
+    C no_ws;
+    no_ws.workspace = nullptr;
+    no_ws.workspace_bytes = 0;
+    EXPECT_EQ(single(no_ws), kNoCuda);
+  }
+  for (const auto& [what, spoil] : both) {
+    C c;
+    spoil(c);
+    EXPECT_EQ(single(c), kInvalid) << what;
+    EXPECT_EQ(batched(c), kInvalid) << what;
+  }
+  for (const auto& [what, spoil] : batch_only) {
+    C c;
+    spoil(c);
+    EXPECT_EQ(batched(c), kInvalid) << what;
+  }
+}
+
 }  // namespace
 }  // namespace sg::testing

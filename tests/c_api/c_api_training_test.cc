@@ -1,4 +1,4 @@
-// The C ABI's training functions on the GPU against CPU references written here in double
+// The C ABI's general matrix products and training functions on the GPU against CPU references written here in double
 // from their definitions (PyTorch's: F.cross_entropy, torch.optim.AdamW,
 // clip_grad_norm_, the Switch Transformer loss); the Python suite also compares them with
 // PyTorch's own numbers (tests/fixtures/c_api/training.json). Skips without a device.
@@ -38,6 +38,72 @@ std::vector<double> LogSoftmax(const HostTensor& logits, int64_t row, int64_t vo
   std::vector<double> out(vocab);
   for (int64_t j = 0; j < vocab; ++j) out[j] = logits.At(row * vocab + j) - m - std::log(s);
   return out;
+}
+
+// C = alpha · op(A) · op(B) + beta · C for every transpose pair at odd sizes, single and
+// batched (with one B shared by every product), against a double reference.
+TEST_F(CApiGpuTest, GemmAndBatchedGemm) {
+  const int64_t m = 37, n = 45, k = 61, batch = 3;
+  for (const int32_t dt : kFloatDTypes) {
+    for (const int ta : {0, 1}) {
+      for (const int tb : {0, 1}) {
+        for (const float beta : {0.0f, 0.75f}) {
+          SCOPED_TRACE(::testing::Message() << Name(dt) << " trans_a " << ta << " trans_b " << tb
+                                            << " beta " << beta);
+          const DType t = ToDType(dt);
+          const float alpha = -1.25f;
+          HostTensor a(t, Shape{batch, m * k}), b(t, Shape{k * n}), c0(t, Shape{batch, m * n});
+          a.FillUniform(81, -1.0f, 1.0f);
+          b.FillUniform(82, -1.0f, 1.0f);
+          c0.FillUniform(83, -1.0f, 1.0f);
+          // op(A)[i, p] and op(B)[p, j] of the stored row-major matrices.
+          auto at = [&](int64_t s, int64_t i, int64_t p) {
+            return double{a.At(s * m * k + (ta ? p * m + i : i * k + p))};
+          };
+          auto bt = [&](int64_t p, int64_t j) { return double{b.At(tb ? j * k + p : p * n + j)}; };
+          std::vector<float> want_f(batch * m * n);
+          for (int64_t s = 0; s < batch; ++s) {
+            for (int64_t i = 0; i < m; ++i) {
+              for (int64_t j = 0; j < n; ++j) {
+                double acc = 0;
+                for (int64_t p = 0; p < k; ++p) acc += at(s, i, p) * bt(p, j);
+                const int64_t o = s * m * n + i * n + j;
+                want_f[o] = static_cast<float>(alpha * acc + beta * double{c0.At(o)});
+              }
+            }
+          }
+          HostTensor want(t, Shape{batch, m * n});
+          want.FillFrom(want_f);
+          DeviceBuffer da(a), db(b), ws(1 << 22);
+          {  // one product: the first matrix of each stack
+            DeviceBuffer dc(c0);
+            if (beta == 0.0f) dc.Poison();
+            ASSERT_EQ(stepgraph_gemm(da.get(), db.get(), dc.get(), m, n, k, ta, tb, alpha, beta,
+                                     dt, ws.get(), 1 << 22, stream_),
+                      kOk);
+            Sync();
+            HostTensor got(t, Shape{m * n});
+            dc.CopyTo(got);
+            std::vector<float> w0(want_f.begin(), want_f.begin() + m * n);
+            HostTensor want0(t, Shape{m * n});
+            want0.FillFrom(w0);
+            EXPECT_LT(NormalizedError(got.ToFloat(), want0.ToFloat()), Tol(dt));
+          }
+          {  // batched, B shared (stride 0), without a workspace
+            DeviceBuffer dc(c0);
+            if (beta == 0.0f) dc.Poison();
+            ASSERT_EQ(stepgraph_gemm_batched(da.get(), db.get(), dc.get(), batch, m, n, k, m * k, 0,
+                                             m * n, ta, tb, alpha, beta, dt, nullptr, 0, stream_),
+                      kOk);
+            Sync();
+            HostTensor got(t, Shape{batch, m * n});
+            dc.CopyTo(got);
+            EXPECT_LT(NormalizedError(got.ToFloat(), want.ToFloat()), Tol(dt));
+          }
+        }
+      }
+    }
+  }
 }
 
 TEST_F(CApiGpuTest, CrossEntropyForwardAndBackward) {
