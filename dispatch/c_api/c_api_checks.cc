@@ -5,6 +5,7 @@
 // the dims fit together, its parameters) are then asked of the op's shape inference
 // (InferOutputType, graph/ops.cc), the same code the builder runs, so they are not written
 // twice.
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstdint>
@@ -356,6 +357,49 @@ int32_t CheckCopy(const void* src, void* dst, int64_t n, int32_t dtype, void* st
 int32_t CheckAdvance(int32_t* pos, int64_t n, void* stream) noexcept {
   if (!Require().Buffer(pos, sizeof(int32_t)).Tensor({n}).ok()) return kInvalid;
   return OpAccepts(ops::Advance{}, {{DType::kI32, Shape{n}, TensorKind::kState}});
+}
+
+// ---- top-k and attention over sequences ----
+
+int32_t CheckTopk(const void* x, void* values, int32_t* indices, int64_t rows, int64_t n,
+                  int64_t k, int32_t dtype, void* stream) noexcept {
+  const std::optional<DType> t = ParseDType(dtype, Allowed::kFloat);
+  if (!t) return kInvalid;
+  const int64_t elem = DTypeBytes(*t);
+  return Require()
+      .Buffer(x, elem)
+      .Buffer(values, elem)
+      .Buffer(indices, sizeof(int32_t))
+      .Tensor({rows, n})
+      .Tensor({rows, k})
+      .AtMost(rows, kMaxInt)
+      .AtMost(n, kMaxInt)
+      .AtMost(k, std::min<int64_t>(n, STEPGRAPH_TOPK_MAX_K))
+      .code();
+}
+
+int32_t CheckFlashAttention(const void* q, const void* k, const void* v, void* out,
+                            int64_t batch, int64_t seq, int64_t heads, int64_t kv_heads,
+                            int64_t head_dim, float scale, int32_t causal, int32_t dtype,
+                            void* stream) noexcept {
+  const std::optional<DType> t = ParseDType(dtype, Allowed::kFloat);
+  if (!t) return kInvalid;
+  const int64_t elem = DTypeBytes(*t);
+  Require r;
+  r.Buffer(q, elem)
+      .Buffer(k, elem)
+      .Buffer(v, elem)
+      .Buffer(out, elem)
+      .Tensor({batch, seq, heads, head_dim})
+      .Tensor({batch, seq, kv_heads, head_dim})
+      .AtMost(batch, kMaxGridRows)
+      .AtMost(heads, kMaxGridRows)
+      .AtMost(seq, kMaxInt)
+      .AtMost(head_dim, STEPGRAPH_FLASH_MAX_HEAD_DIM)
+      .That(causal == 0 || causal == 1)
+      .Finite(scale)
+      .That(scale > 0.0f);
+  return r.ok() && heads % kv_heads == 0 ? kOk : kInvalid;
 }
 
 // ---- gemm ----

@@ -14,11 +14,13 @@
 #include "kernels/attention.cuh"
 #include "kernels/elementwise.cuh"
 #include "kernels/embedding.cuh"
+#include "kernels/flash_attention.cuh"
 #include "kernels/gemv.cuh"
 #include "kernels/norm.cuh"
 #include "kernels/rope.cuh"
 #include "kernels/sampling.cuh"
 #include "kernels/scale.cuh"
+#include "kernels/topk.cuh"
 #include "kernels/training.cuh"
 #include "stepgraph/c_api.h"
 #include "stepgraph/dtype.h"
@@ -32,6 +34,8 @@ static_assert(sg::kErrorTokenOutOfRange == STEPGRAPH_FLAG_TOKEN_OUT_OF_RANGE &&
 static_assert(kernels::kGemvMaxRows == STEPGRAPH_MATMUL_MAX_ROWS);
 static_assert(kernels::kAttentionMaxHeadDim == STEPGRAPH_ATTENTION_MAX_HEAD_DIM);
 static_assert(kernels::kMoeMaxExperts == STEPGRAPH_MOE_MAX_EXPERTS);
+static_assert(kernels::kTopkMaxK == STEPGRAPH_TOPK_MAX_K);
+static_assert(kernels::kFlashMaxHeadDim == STEPGRAPH_FLASH_MAX_HEAD_DIM);
 
 }  // namespace
 
@@ -270,6 +274,22 @@ int32_t RunCopy(const void* src, void* dst, int64_t n, int32_t dtype, void* stre
 
 int32_t RunAdvance(int32_t* pos, int64_t n, void* stream) noexcept {
   return ToCode(kernels::LaunchAdvance(pos, n, AsStream(stream)));
+}
+
+// ---- top-k and attention over sequences ----
+
+int32_t RunTopk(const void* x, void* values, int32_t* indices, int64_t rows, int64_t n,
+                int64_t k, int32_t dtype, void* stream) noexcept {
+  return ToCode(kernels::LaunchTopk(x, values, indices, rows, n, k, DTypeOf(dtype),
+                                    AsStream(stream)));
+}
+
+int32_t RunFlashAttention(const void* q, const void* k, const void* v, void* out, int64_t batch,
+                          int64_t seq, int64_t heads, int64_t kv_heads, int64_t head_dim,
+                          float scale, int32_t causal, int32_t dtype, void* stream) noexcept {
+  return ToCode(kernels::LaunchFlashAttention(q, k, v, out, batch, seq, heads, kv_heads,
+                                              head_dim, scale, causal == 1, DTypeOf(dtype),
+                                              AsStream(stream)));
 }
 
 // ---- training ----

@@ -87,6 +87,8 @@ extern "C" {
 #define STEPGRAPH_MATMUL_MAX_ROWS 8
 #define STEPGRAPH_ATTENTION_MAX_HEAD_DIM 256
 #define STEPGRAPH_MOE_MAX_EXPERTS 4096
+#define STEPGRAPH_TOPK_MAX_K 1024
+#define STEPGRAPH_FLASH_MAX_HEAD_DIM 256
 #define STEPGRAPH_CLIP_MAX_BUFFERS 65536
 
 // RoPE frequency scaling (stepgraph_rope_inv_freq).
@@ -255,6 +257,29 @@ STEPGRAPH_C_EXPORT int32_t stepgraph_copy(const void* src, void* dst, int64_t n,
 // pos < 0 stay as they are): the end of a decode step.
 STEPGRAPH_C_EXPORT int32_t stepgraph_advance(int32_t* pos, int64_t n,
                                              void* stream) STEPGRAPH_C_NOEXCEPT;
+
+// The k largest of each row of x [rows, n], largest first: values [rows, k] of dtype and
+// their indices [rows, k] int32. Ties go to the lower index; NaN ranks above every number
+// (torch.topk's order). 1 <= k <= min(n, STEPGRAPH_TOPK_MAX_K); rows, n < 2^31. The kernel
+// makes k passes over each row: fast for sampling-sized k. Float dtypes.
+STEPGRAPH_C_EXPORT int32_t stepgraph_topk(const void* x, void* values, int32_t* indices,
+                                          int64_t rows, int64_t n, int64_t k, int32_t dtype,
+                                          void* stream) STEPGRAPH_C_NOEXCEPT;
+
+// Attention over whole sequences (training, prefill): out[b, i, h] = softmax(scale ·
+// q[b, i, h] · K[b, j, g]ᵀ) · V[b, j, g] over the keys j <= i when causal is 1 (all j when
+// 0), with g = h / (heads / kv_heads) (grouped-query). q and out [batch, seq, heads,
+// head_dim], k and v [batch, seq, kv_heads, head_dim] (the projections' layout, not
+// transposed). batch and heads <= 65535, seq < 2^31, heads a multiple of kv_heads, head_dim
+// <= STEPGRAPH_FLASH_MAX_HEAD_DIM, scale finite and > 0. The online softmax (no score
+// matrix), one warp per query: correct for every shape above, not tuned for speed. Float
+// dtypes.
+STEPGRAPH_C_EXPORT int32_t stepgraph_flash_attention(const void* q, const void* k,
+                                                     const void* v, void* out, int64_t batch,
+                                                     int64_t seq, int64_t heads,
+                                                     int64_t kv_heads, int64_t head_dim,
+                                                     float scale, int32_t causal, int32_t dtype,
+                                                     void* stream) STEPGRAPH_C_NOEXCEPT;
 
 // ---- General matrix products (cuBLASLt) ----
 

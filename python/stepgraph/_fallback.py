@@ -80,6 +80,22 @@ def argmax(logits, ids):
     ids[...] = np.argmax(v, axis=-1).astype(np.int32)
 
 
+def _order_keys(row):
+    """Sort order for top-k: NaN first (as torch.topk), then larger first, ties by lower
+    index."""
+    v = _f(row)
+    nan = np.isnan(v)
+    # lexsort sorts by the last key first: not-NaN, then -value, then index.
+    return np.lexsort((np.arange(v.size), -np.where(nan, 0.0, v), ~nan))
+
+
+def topk(x, values, indices, k):
+    for r in range(x.shape[0]):
+        order = _order_keys(x[r])[:k]
+        values[r] = x[r][order]
+        indices[r] = order.astype(np.int32)
+
+
 def gemm(a, b, c, trans_a, trans_b, alpha, beta):
     left = _f(a).T if trans_a else _f(a)
     right = _f(b).T if trans_b else _f(b)
@@ -87,6 +103,24 @@ def gemm(a, b, c, trans_a, trans_b, alpha, beta):
     if beta != 0.0:
         product = product + np.float64(np.float32(beta)) * _f(c)
     _store(c, product)
+
+
+def flash_attention(q, k, v, out, scale, causal):
+    """q, out [batch, seq, heads, d]; k, v [batch, seq, kv_heads, d]."""
+    batch, seq, heads, _ = q.shape
+    group = heads // k.shape[2]
+    qf, kf, vf = _f(q), _f(k), _f(v)
+    result = np.empty(q.shape, dtype=np.float64)
+    mask = np.triu(np.ones((seq, seq), dtype=bool), 1) if causal else None
+    for h in range(heads):
+        g = h // group
+        s = np.einsum("bid,bjd->bij", qf[:, :, h], kf[:, :, g]) * np.float64(np.float32(scale))
+        if mask is not None:
+            s = np.where(mask, -np.inf, s)
+        s = np.exp(s - s.max(axis=-1, keepdims=True))
+        p = s / s.sum(axis=-1, keepdims=True)
+        result[:, :, h] = np.einsum("bij,bjd->bid", p, vf[:, :, g])
+    _store(out, result)
 
 
 def _log_softmax(logits):

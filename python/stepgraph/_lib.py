@@ -29,6 +29,8 @@ MAX_ELEMENTS = 1 << 36
 MATMUL_MAX_ROWS = 8
 ATTENTION_MAX_HEAD_DIM = 256
 MOE_MAX_EXPERTS = 4096
+TOPK_MAX_K = 1024
+FLASH_MAX_HEAD_DIM = 256
 CLIP_MAX_BUFFERS = 65536
 ROPE_SCALING_NONE, ROPE_SCALING_LLAMA3 = 0, 1
 C_API_VERSION = 2
@@ -138,6 +140,13 @@ DECLARATIONS = {
         ("src", c_void_p), ("dst", c_void_p), ("n", c_int64), ("dtype", c_int32),
         ("stream", c_void_p)]),
     "stepgraph_advance": (c_int32, [("pos", _P_I32), ("n", c_int64), ("stream", c_void_p)]),
+    "stepgraph_topk": (c_int32, [
+        ("x", c_void_p), ("values", c_void_p), ("indices", _P_I32), ("rows", c_int64),
+        ("n", c_int64), ("k", c_int64), ("dtype", c_int32), ("stream", c_void_p)]),
+    "stepgraph_flash_attention": (c_int32, [
+        ("q", c_void_p), ("k", c_void_p), ("v", c_void_p), ("out", c_void_p), ("batch", c_int64),
+        ("seq", c_int64), ("heads", c_int64), ("kv_heads", c_int64), ("head_dim", c_int64),
+        ("scale", c_float), ("causal", c_int32), ("dtype", c_int32), ("stream", c_void_p)]),
     "stepgraph_gemm": (c_int32, [
         ("a", c_void_p), ("b", c_void_p), ("c", c_void_p), ("m", c_int64), ("n", c_int64),
         ("k", c_int64), ("trans_a", c_int32), ("trans_b", c_int32), ("alpha", c_float),

@@ -25,7 +25,7 @@ import numpy as np
 from . import _arrays, _fallback, _lib
 
 __all__ = ["StepgraphError", "device_available", "add", "mul", "silu", "silu_mul", "scale",
-           "softmax", "rmsnorm", "matmul", "embedding", "argmax", "rope_inv_freq", "gemm", "gemm_batched", "cross_entropy",
+           "softmax", "rmsnorm", "matmul", "embedding", "argmax", "rope_inv_freq", "topk", "flash_attention", "gemm", "gemm_batched", "cross_entropy",
            "cross_entropy_backward", "moe_aux_loss", "adamw_step", "clip_grad_norm"]
 
 
@@ -306,6 +306,43 @@ def rope_inv_freq(head_dim, theta, llama3=None):
     if code != _lib.OK:
         raise StepgraphError("stepgraph_rope_inv_freq", code)
     return out
+
+
+# ---- top-k and attention over sequences --------------------------------------------------
+
+def topk(x, k, values=None, indices=None, stream=None):
+    """The k largest of each row of x [rows, n], largest first (ties by lower index, NaN
+    first, as torch.topk): (values [rows, k], indices [rows, k] int32)."""
+    vx = _arrays.view(x, "x")
+    rows, n = _rows_cols(vx, "x")
+    shape = (rows, int(k)) if len(vx.shape) > 1 else (int(k),)
+    v, vv = _out(values, vx, shape, "values")
+    i, vi = _out(indices, vx, shape, "indices", _lib.I32)
+    _Call("stepgraph_topk", [vx], [vv, vi]).run(
+        lambda p, f, s: (p(vx), p(vv), p(vi), rows, n, int(k), vx.dtype, s),
+        lambda: _fallback.topk(vx.host.reshape(rows, n), vv.host.reshape(rows, -1),
+                               vi.host.reshape(rows, -1), int(k)), stream)
+    return v, i
+
+
+def flash_attention(q, k, v, scale=None, causal=True, out=None, stream=None):
+    """q [batch, seq, heads, d], k and v [batch, seq, kv_heads, d] -> out like q."""
+    vq, vk, vv = _arrays.view(q, "q"), _arrays.view(k, "k"), _arrays.view(v, "v")
+    if len(vq.shape) != 4 or len(vk.shape) != 4:
+        raise ValueError("flash_attention: q and k must be [batch, seq, heads, head_dim]")
+    batch, seq, heads, d = vq.shape
+    kv_heads = vk.shape[2]
+    _expect(vk, (batch, seq, kv_heads, d), "k", vq.dtype)
+    _expect(vv, (batch, seq, kv_heads, d), "v", vq.dtype)
+    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    o, vo = _out(out, vq, vq.shape, "out")
+    _Call("stepgraph_flash_attention", [vq, vk, vv], [vo]).run(
+        lambda p, f, s: (p(vq), p(vk), p(vv), p(vo), batch, seq, heads, kv_heads, d, scale,
+                         int(bool(causal)), vq.dtype, s),
+        lambda: _fallback.flash_attention(vq.host, vk.host, vv.host, vo.host, scale, causal),
+        stream)
+    return o
+
 
 
 # ---- general matrix products (cuBLASLt) -------------------------------------------------

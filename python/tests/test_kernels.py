@@ -136,3 +136,62 @@ def test_numpy_arrays_are_staged_through_the_gpu():
     close(k.add(a, b), t(a) + t(b))
     with pytest.raises(IndexError):
         k.embedding(rand(5, 4), np.array([1, 5], dtype=np.int32))
+
+
+@pytest.mark.parametrize("trans_a", [False, True])
+@pytest.mark.parametrize("trans_b", [False, True])
+def test_gemm_against_torch(trans_a, trans_b):
+    m, n, kk = 5, 7, 9
+    a = rand(kk, m) if trans_a else rand(m, kk)
+    b = rand(n, kk) if trans_b else rand(kk, n)
+    c = rand(m, n)
+    ta = t(a).T if trans_a else t(a)
+    tb = t(b).T if trans_b else t(b)
+    close(k.gemm(a, b, trans_a=trans_a, trans_b=trans_b, alpha=0.5), 0.5 * ta @ tb)
+    out = c.copy()
+    k.gemm(a, b, out, alpha=-1.0, beta=2.0, trans_a=trans_a, trans_b=trans_b)
+    close(out, -(ta @ tb) + 2.0 * t(c))
+    batch_a = np.stack([a, 2 * a, -a])
+    batch_b = np.stack([b, b, 3 * b])
+    got = k.gemm_batched(batch_a, batch_b, trans_a=trans_a, trans_b=trans_b)
+    want = torch.stack([(t(x).T if trans_a else t(x)) @ (t(y).T if trans_b else t(y))
+                        for x, y in zip(batch_a, batch_b)])
+    close(got, want)
+
+
+def test_gemm_shape_checks():
+    with pytest.raises(ValueError):
+        k.gemm(rand(3, 4), rand(5, 6))
+    with pytest.raises(ValueError):
+        k.gemm(rand(3, 4), rand(4, 6), beta=1.0)  # beta needs c
+    with pytest.raises(ValueError):
+        k.gemm(rand(3, 4), rand(4, 6), alpha=float("nan"))
+
+
+def test_topk_against_torch():
+    x = rand(4, 300)
+    x[1, 5] = x[1, 9] = 7.0  # a tie: the lower index first
+    x[2, 17] = np.nan  # NaN ranks first, as torch.topk
+    values, indices = k.topk(x, 12)
+    tv, ti = torch.topk(torch.from_numpy(x), 12, dim=-1, sorted=True)
+    assert np.array_equal(indices[[0, 3]], ti.numpy()[[0, 3]])
+    assert indices[1, 0] == 5 and indices[1, 1] == 9
+    assert indices[2, 0] == 17 and np.isnan(values[2, 0])
+    np.testing.assert_array_equal(values[[0, 1, 3]], tv.numpy()[[0, 1, 3]])
+    with pytest.raises(ValueError):
+        k.topk(x, 301)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_flash_attention_against_torch(causal):
+    batch, seq, heads, kv_heads, d = 2, 11, 4, 2, 16
+    q, kk, v = rand(batch, seq, heads, d), rand(batch, seq, kv_heads, d), rand(batch, seq, kv_heads, d)
+    got = k.flash_attention(q, kk, v, causal=causal)
+    # PyTorch's SDPA takes [batch, heads, seq, d] and repeated kv heads.
+    tq = t(q).transpose(1, 2)
+    tk = t(kk).repeat_interleave(heads // kv_heads, dim=2).transpose(1, 2)
+    tv = t(v).repeat_interleave(heads // kv_heads, dim=2).transpose(1, 2)
+    want = F.scaled_dot_product_attention(tq, tk, tv, is_causal=causal).transpose(1, 2)
+    close(got, want)
+    with pytest.raises(ValueError):
+        k.flash_attention(q, rand(batch, seq, 3, d), rand(batch, seq, 3, d))

@@ -27,6 +27,8 @@ pub const STEPGRAPH_MAX_ELEMENTS: i64 = 1 << 36;
 pub const STEPGRAPH_MATMUL_MAX_ROWS: i64 = 8;
 pub const STEPGRAPH_ATTENTION_MAX_HEAD_DIM: i64 = 256;
 pub const STEPGRAPH_MOE_MAX_EXPERTS: i64 = 4096;
+pub const STEPGRAPH_TOPK_MAX_K: i64 = 1024;
+pub const STEPGRAPH_FLASH_MAX_HEAD_DIM: i64 = 256;
 pub const STEPGRAPH_CLIP_MAX_BUFFERS: i64 = 65536;
 
 pub const STEPGRAPH_ROPE_SCALING_NONE: i32 = 0;
@@ -120,6 +122,14 @@ extern "C" {
     pub fn stepgraph_copy(src: *const c_void, dst: *mut c_void, n: i64, dtype: i32,
                           stream: *mut c_void) -> i32;
     pub fn stepgraph_advance(pos: *mut i32, n: i64, stream: *mut c_void) -> i32;
+
+    // ---- c_api.h: top-k and attention over sequences
+    pub fn stepgraph_topk(x: *const c_void, values: *mut c_void, indices: *mut i32, rows: i64,
+                          n: i64, k: i64, dtype: i32, stream: *mut c_void) -> i32;
+    pub fn stepgraph_flash_attention(q: *const c_void, k: *const c_void, v: *const c_void,
+                                     out: *mut c_void, batch: i64, seq: i64, heads: i64,
+                                     kv_heads: i64, head_dim: i64, scale: f32, causal: i32,
+                                     dtype: i32, stream: *mut c_void) -> i32;
 
     // ---- c_api.h: general matrix products
     pub fn stepgraph_gemm(a: *const c_void, b: *const c_void, c: *mut c_void, m: i64, n: i64,

@@ -280,6 +280,54 @@ pub fn advance(mut pos: DeviceSliceMut<i32>, stream: Stream) -> Result<()> {
     check(unsafe { ffi::stepgraph_advance(pos.as_mut_ptr(), n, stream.0) }, f)
 }
 
+// ---- top-k and attention over sequences ----
+
+/// The k largest of each row of x [rows, n]: values and indices [rows, k], largest first.
+pub fn topk<T: Float>(x: DeviceSlice<T>, mut values: DeviceSliceMut<T>,
+                      mut indices: DeviceSliceMut<i32>, rows: i64, n: i64, k: i64,
+                      stream: Stream) -> Result<()> {
+    let f = "stepgraph_topk";
+    expect_len(f, "x", x.len(), elements(f, &[rows, n])?)?;
+    let out = elements(f, &[rows, k])?;
+    expect_len(f, "values", values.len(), out)?;
+    expect_len(f, "indices", indices.len(), out)?;
+    // SAFETY: lengths checked against the shape.
+    check(unsafe {
+        ffi::stepgraph_topk(x.void(), values.void(), indices.as_mut_ptr(), rows, n, k, T::DTYPE,
+                            stream.0)
+    }, f)
+}
+
+/// The shape of [`flash_attention`]: q and out [batch, seq, heads, head_dim], k and v
+/// [batch, seq, kv_heads, head_dim].
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SequenceShape {
+    pub batch: i64,
+    pub seq: i64,
+    pub heads: i64,
+    pub kv_heads: i64,
+    pub head_dim: i64,
+}
+
+/// Attention over whole sequences (causal or not).
+pub fn flash_attention<T: Float>(q: DeviceSlice<T>, k: DeviceSlice<T>, v: DeviceSlice<T>,
+                                 mut out: DeviceSliceMut<T>, s: SequenceShape, scale: f32,
+                                 causal: bool, stream: Stream) -> Result<()> {
+    let f = "stepgraph_flash_attention";
+    let qn = elements(f, &[s.batch, s.seq, s.heads, s.head_dim])?;
+    let kn = elements(f, &[s.batch, s.seq, s.kv_heads, s.head_dim])?;
+    expect_len(f, "q", q.len(), qn)?;
+    expect_len(f, "out", out.len(), qn)?;
+    expect_len(f, "k", k.len(), kn)?;
+    expect_len(f, "v", v.len(), kn)?;
+    // SAFETY: lengths checked against the shape.
+    check(unsafe {
+        ffi::stepgraph_flash_attention(q.void(), k.void(), v.void(), out.void(), s.batch, s.seq,
+                                       s.heads, s.kv_heads, s.head_dim, scale, causal as i32,
+                                       T::DTYPE, stream.0)
+    }, f)
+}
+
 // ---- general matrix products ----
 
 /// The shape and scalars of a product C[m, n] = alpha · op(A) · op(B) + beta · C.

@@ -228,3 +228,40 @@ fn training_lengths_and_parameters_are_checked() {
         assert!(matches!(r, Err(Error::NotAvailable(_))), "{r:?}");
     }
 }
+
+#[test]
+fn topk_gemm_and_attention_lengths_are_checked() {
+    let x = [0.5f32; 20];
+    let mut vals = [0f32; 6];
+    let mut idx = [0i32; 5];
+    assert!(is_invalid(kernels::topk(slice(&x), slice_mut(&mut vals), slice_mut(&mut idx), 2, 10, 3,
+                                     Stream::DEFAULT)));
+    let mut idx6 = [0i32; 6];
+    // k > n is the library's refusal.
+    let mut v22 = [0f32; 22];
+    let mut i22 = [0i32; 22];
+    assert!(is_invalid(kernels::topk(slice(&x), slice_mut(&mut v22), slice_mut(&mut i22), 2, 10, 11,
+                                     Stream::DEFAULT)));
+    let s = kernels::GemmShape { m: 2, n: 3, k: 4, trans_a: false, trans_b: true, alpha: 1.0,
+                                 beta: 0.0 };
+    let a = [1f32; 8];
+    let b = [1f32; 11];
+    let mut c = [0f32; 6];
+    assert!(is_invalid(kernels::gemm(slice(&a), slice(&b), slice_mut(&mut c), s, None,
+                                     Stream::DEFAULT)));
+    let shape = kernels::SequenceShape { batch: 1, seq: 4, heads: 4, kv_heads: 2, head_dim: 8 };
+    let q = [0f32; 128];
+    let kv = [0f32; 63];
+    let mut out = [0f32; 128];
+    assert!(is_invalid(kernels::flash_attention(slice(&q), slice(&kv), slice(&kv),
+                                                slice_mut(&mut out), shape, 0.35, true,
+                                                Stream::DEFAULT)));
+    if !device_available() {
+        let b12 = [1f32; 12];
+        let r = kernels::gemm(slice(&a), slice(&b12), slice_mut(&mut c), s, None, Stream::DEFAULT);
+        assert!(matches!(r, Err(Error::NotAvailable(_))), "{r:?}");
+        let r = kernels::topk(slice(&x), slice_mut(&mut vals), slice_mut(&mut idx6), 2, 10, 3,
+                              Stream::DEFAULT);
+        assert!(matches!(r, Err(Error::NotAvailable(_))), "{r:?}");
+    }
+}

@@ -689,5 +689,66 @@ TEST(CApiArgumentsTest, Gemm) {
   }
 }
 
+TEST(CApiArgumentsTest, TopkAndFlashAttention) {
+  const void* x = Fake(0);
+  void* values = Fake(1);
+  int32_t* indices = Fake<int32_t>(2);
+  auto topk = [&](int64_t rows, int64_t n, int64_t k, int32_t dtype) {
+    return stepgraph_topk(x, values, indices, rows, n, k, dtype, nullptr);
+  };
+  EXPECT_EQ(stepgraph_topk(nullptr, values, indices, 4, 100, 8, STEPGRAPH_F32, nullptr), kInvalid);
+  EXPECT_EQ(stepgraph_topk(x, nullptr, indices, 4, 100, 8, STEPGRAPH_F32, nullptr), kInvalid);
+  EXPECT_EQ(stepgraph_topk(x, values, nullptr, 4, 100, 8, STEPGRAPH_F32, nullptr), kInvalid);
+  EXPECT_EQ(stepgraph_topk(x, values, Shifted(indices, 2), 4, 100, 8, STEPGRAPH_F32, nullptr),
+            kInvalid);
+  EXPECT_EQ(topk(0, 100, 8, STEPGRAPH_F32), kInvalid);
+  EXPECT_EQ(topk(4, 100, 0, STEPGRAPH_F32), kInvalid);
+  EXPECT_EQ(topk(4, 100, 101, STEPGRAPH_F32), kInvalid) << "k > n";
+  EXPECT_EQ(topk(4, 5000, STEPGRAPH_TOPK_MAX_K + 1, STEPGRAPH_F32), kInvalid);
+  EXPECT_EQ(topk(4, int64_t{1} << 31, 8, STEPGRAPH_F32), kInvalid);
+  EXPECT_EQ(topk(4, 100, 8, STEPGRAPH_I32), kInvalid);
+
+  struct F {
+    const void* q = Fake(3);
+    const void* k = Fake(4);
+    const void* v = Fake(5);
+    void* out = Fake(6);
+    int64_t batch = 2, seq = 17, heads = 8, kv_heads = 2, head_dim = 64;
+    float scale = 0.125f;
+    int32_t causal = 1, dtype = STEPGRAPH_F16;
+  };
+  auto fa = [](const F& f) {
+    return stepgraph_flash_attention(f.q, f.k, f.v, f.out, f.batch, f.seq, f.heads, f.kv_heads,
+                                     f.head_dim, f.scale, f.causal, f.dtype, nullptr);
+  };
+  const std::vector<std::pair<const char*, std::function<void(F&)>>> breaks = {
+      {"q NULL", [](F& f) { f.q = nullptr; }},
+      {"v NULL", [](F& f) { f.v = nullptr; }},
+      {"out misaligned", [](F& f) { f.out = Shifted(f.out, 1); }},
+      {"batch 0", [](F& f) { f.batch = 0; }},
+      {"batch 65536", [](F& f) { f.batch = 65536; }},
+      {"seq -1", [](F& f) { f.seq = -1; }},
+      {"heads 65536", [](F& f) { f.heads = 65536; f.kv_heads = 1; }},
+      {"heads not a multiple", [](F& f) { f.kv_heads = 3; }},
+      {"kv_heads 0", [](F& f) { f.kv_heads = 0; }},
+      {"head_dim 257", [](F& f) { f.head_dim = 257; }},
+      {"scale 0", [](F& f) { f.scale = 0.0f; }},
+      {"scale NaN", [](F& f) { f.scale = std::nanf(""); }},
+      {"causal 2", [](F& f) { f.causal = 2; }},
+      {"dtype i32", [](F& f) { f.dtype = STEPGRAPH_I32; }},
+      {"too many elements", [](F& f) { f.seq = int64_t{1} << 30; }},
+  };
+  if (!HasDevice()) {
+    EXPECT_EQ(topk(4, 100, 8, STEPGRAPH_BF16), kNoCuda);
+    EXPECT_EQ(topk(1, 100, 100, STEPGRAPH_F32), kNoCuda);
+    EXPECT_EQ(fa(F{}), kNoCuda);
+  }
+  for (const auto& [what, spoil] : breaks) {
+    F f;
+    spoil(f);
+    EXPECT_EQ(fa(f), kInvalid) << what;
+  }
+}
+
 }  // namespace
 }  // namespace sg::testing

@@ -1,10 +1,12 @@
-// The C ABI's general matrix products and training functions on the GPU against CPU references written here in double
-// from their definitions (PyTorch's: F.cross_entropy, torch.optim.AdamW,
-// clip_grad_norm_, the Switch Transformer loss); the Python suite also compares them with
+// The C ABI's top-k, attention over sequences, general matrix products and training
+// functions on the GPU against CPU references written here in double from their
+// definitions (PyTorch's: torch.topk, F.cross_entropy, torch.optim.AdamW, clip_grad_norm_;
+// the Switch Transformer loss); the Python suite also compares the training functions with
 // PyTorch's own numbers (tests/fixtures/c_api/training.json). Skips without a device.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <random>
@@ -38,6 +40,119 @@ std::vector<double> LogSoftmax(const HostTensor& logits, int64_t row, int64_t vo
   std::vector<double> out(vocab);
   for (int64_t j = 0; j < vocab; ++j) out[j] = logits.At(row * vocab + j) - m - std::log(s);
   return out;
+}
+
+// top-k with ties, -0/+0 and a NaN, against a stable sort of the row.
+TEST_F(CApiGpuTest, Topk) {
+  for (const int32_t dt : kFloatDTypes) {
+    for (const int64_t n : {int64_t{50}, int64_t{32000}}) {
+      for (const int64_t k : {int64_t{1}, int64_t{40}}) {
+        SCOPED_TRACE(::testing::Message() << Name(dt) << " n " << n << " k " << k);
+        const DType t = ToDType(dt);
+        const int64_t rows = 5;
+        HostTensor x(t, Shape{rows, n});
+        x.FillUniform(91, -4.0f, 4.0f);
+        std::vector<float> vals = x.ToFloat();
+        vals[3] = vals[7] = 2.5f;           // a tie: the lower index first
+        vals[n + 1] = std::nanf("");        // NaN ranks first
+        vals[2 * n] = -0.0f;
+        vals[2 * n + 1] = 0.0f;             // -0 ties with +0
+        x.FillFrom(vals);
+        vals = x.ToFloat();
+        std::vector<int32_t> want_idx;
+        for (int64_t r = 0; r < rows; ++r) {
+          std::vector<int32_t> order(n);
+          for (int64_t j = 0; j < n; ++j) order[j] = static_cast<int32_t>(j);
+          const float* row = vals.data() + r * n;
+          std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
+            const bool na = std::isnan(row[a]), nb = std::isnan(row[b]);
+            if (na != nb) return na;
+            return !na && row[a] > row[b];
+          });
+          want_idx.insert(want_idx.end(), order.begin(), order.begin() + k);
+        }
+        DeviceBuffer dx(x), dv(rows * k * DTypeBytes(t)), di(rows * k * 4);
+        dv.Poison();
+        di.Poison();
+        ASSERT_EQ(stepgraph_topk(dx.get(), dv.get(), di.as<int32_t>(), rows, n, k, dt, stream_),
+                  kOk);
+        Sync();
+        EXPECT_EQ(Download<int32_t>(di, rows * k), want_idx);
+        HostTensor got(t, Shape{rows, k});
+        dv.CopyTo(got);
+        const std::vector<float> got_v = got.ToFloat();
+        for (int64_t r = 0; r < rows; ++r) {
+          for (int64_t j = 0; j < k; ++j) {
+            const float want_v = vals[r * n + want_idx[r * k + j]];
+            const float g = got_v[r * k + j];
+            EXPECT_TRUE(g == want_v || (std::isnan(g) && std::isnan(want_v))) << r << "," << j;
+          }
+        }
+      }
+    }
+  }
+}
+
+// Attention over sequences against a double softmax reference: causal and not,
+// grouped-query, an odd head_dim and sequence length.
+TEST_F(CApiGpuTest, FlashAttention) {
+  for (const int32_t dt : kFloatDTypes) {
+    for (const int32_t causal : {0, 1}) {
+      for (const int64_t head_dim : {int64_t{64}, int64_t{40}, int64_t{256}}) {
+        SCOPED_TRACE(::testing::Message() << Name(dt) << " causal " << causal << " head_dim "
+                                          << head_dim);
+        const DType t = ToDType(dt);
+        const int64_t batch = 2, seq = 37, heads = 6, kv_heads = 2;
+        const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+        HostTensor q(t, Shape{batch, seq, heads, head_dim});
+        HostTensor k(t, Shape{batch, seq, kv_heads, head_dim});
+        HostTensor v(t, Shape{batch, seq, kv_heads, head_dim});
+        q.FillUniform(101, -2.0f, 2.0f);
+        k.FillUniform(102, -2.0f, 2.0f);
+        v.FillUniform(103, -1.0f, 1.0f);
+        std::vector<float> want_f(q.size());
+        for (int64_t b = 0; b < batch; ++b) {
+          for (int64_t h = 0; h < heads; ++h) {
+            const int64_t g = h / (heads / kv_heads);
+            for (int64_t i = 0; i < seq; ++i) {
+              const int64_t last = causal ? i : seq - 1;
+              std::vector<double> s(last + 1);
+              double mx = -INFINITY;
+              for (int64_t j = 0; j <= last; ++j) {
+                double dot = 0;
+                for (int64_t d = 0; d < head_dim; ++d) {
+                  dot += double{q.At(((b * seq + i) * heads + h) * head_dim + d)} *
+                         k.At(((b * seq + j) * kv_heads + g) * head_dim + d);
+                }
+                s[j] = dot * scale;
+                mx = std::max(mx, s[j]);
+              }
+              double sum = 0;
+              for (double& x : s) sum += (x = std::exp(x - mx));
+              for (int64_t d = 0; d < head_dim; ++d) {
+                double o = 0;
+                for (int64_t j = 0; j <= last; ++j) {
+                  o += s[j] * v.At(((b * seq + j) * kv_heads + g) * head_dim + d);
+                }
+                want_f[((b * seq + i) * heads + h) * head_dim + d] = static_cast<float>(o / sum);
+              }
+            }
+          }
+        }
+        HostTensor want(t, Shape{batch, seq, heads, head_dim});
+        want.FillFrom(want_f);
+        DeviceBuffer dq(q), dk(k), dvb(v), dout(want.bytes());
+        dout.Poison();
+        ASSERT_EQ(stepgraph_flash_attention(dq.get(), dk.get(), dvb.get(), dout.get(), batch, seq,
+                                            heads, kv_heads, head_dim, scale, causal, dt, stream_),
+                  kOk);
+        Sync();
+        HostTensor got(t, Shape{batch, seq, heads, head_dim});
+        dout.CopyTo(got);
+        EXPECT_LT(NormalizedError(got.ToFloat(), want.ToFloat()), Tol(dt));
+      }
+    }
+  }
 }
 
 // C = alpha · op(A) · op(B) + beta · C for every transpose pair at odd sizes, single and

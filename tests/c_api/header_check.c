@@ -68,6 +68,8 @@ int sg_c_api_null_pointer_calls(int32_t* codes, int capacity) {
   all[n++] = kCopy(p, NULL, 64, f32, NULL);
   all[n++] = kAdvance(NULL, 4, NULL);
   all[n++] = kScale(NULL, p, 64, 2.0f, f32, NULL);
+  all[n++] = kTopk(p, p, NULL, 4, 100, 8, f32, NULL);
+  all[n++] = kFlashAttention(p, p, NULL, p, 1, 16, 8, 2, 64, 0.125f, 1, f32, NULL);
   all[n++] = kGemm(p, NULL, p, 4, 4, 4, 0, 0, 1.0f, 0.0f, f32, NULL, 0, NULL);
   all[n++] = kGemmBatched(p, p, NULL, 2, 4, 4, 4, 16, 16, 16, 0, 0, 1.0f, 0.0f, f32, NULL, 0,
                           NULL);
