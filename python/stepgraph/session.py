@@ -87,6 +87,12 @@ class Session:
             handle, int(slot), int(n), out.ctypes.data_as(ctypes.POINTER(ctypes.c_int32))))
         return out.tolist()
 
+    def complete(self, ids, max_new_tokens=32, slot=0, seed=0):
+        """Starts `slot` with the prompt ids and returns its max_new_tokens new ids (text in
+        and out comes with the tokenizer's C functions)."""
+        self.prefill(ids, slot=slot, seed=seed)
+        return self.generate(max_new_tokens, slot=slot)
+
     def logits(self, slot=0):
         """The f32 logits of `slot`'s row in the last step (a NumPy array)."""
         handle = self._live()

@@ -82,3 +82,9 @@ def test_cuda_backend_without_a_device_is_code_minus_one():
     with pytest.raises(SessionError) as e:
         Session(backend="cuda")
     assert e.value.code == -1
+
+
+def test_complete_is_prefill_then_generate():
+    a, b = cpu(weight_seed=9), cpu(weight_seed=9)
+    b.prefill([4, 5, 6])
+    assert a.complete([4, 5, 6], max_new_tokens=5) == b.generate(5)

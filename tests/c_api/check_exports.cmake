@@ -1,6 +1,7 @@
-# Fails unless libstepgraph_c exports exactly the functions of c_api.h: the kernels, the
-# core and any static library linked in must stay hidden, so that the library can sit
-# beside another copy of stepgraph (or of its dependencies) in one process.
+# Fails unless a C ABI library (libstepgraph_c, libstepgraph_session_c) exports exactly the
+# functions of its header (c_api.h, c_session.h): the kernels, the core and any static
+# library linked in must stay hidden, so that the library can sit beside another copy of
+# stepgraph (or of its dependencies) in one process.
 # The expected names are the list the build read from the header(s), one per line in
 # NAMES_FILE.
 # Usage: cmake -DNM=<nm> -DLIBRARY=<path> -DNAMES_FILE=<file> -P check_exports.cmake
