@@ -18,3 +18,20 @@ for c in "${configs[@]}"; do
   echo "== stepgraph: test ($c)" >&2
   (cd "$root/$c" && ctest --no-tests=error --output-on-failure -j "$jobs")
 done
+# ---- bindings (begin): the Python package and the Rust crate over each build's C ABI ----
+# pytest (python/tests) and cargo test (rust/), offline; the signature check runs in ctest
+# and in pytest. GPU cases skip without a device.
+python3 -c "import numpy, pytest" 2>/dev/null || python3 -m pip install -q numpy pytest >&2
+for c in "${configs[@]}"; do
+  lib_dir=$(cd "$root/$c" && pwd)
+  echo "== stepgraph: Python and Rust bindings ($c)" >&2
+  STEPGRAPH_LIB_DIR=$lib_dir python3 -m pytest -q python/tests
+  if command -v cargo >/dev/null; then
+    STEPGRAPH_LIB_DIR=$lib_dir CARGO_TARGET_DIR="$lib_dir/rust-target" \
+      cargo test --offline -q --manifest-path rust/Cargo.toml
+  else
+    echo "stepgraph: cargo not found; the Rust crate's tests did not run" >&2
+    exit 1
+  fi
+done
+# ---- bindings (end) ----

@@ -1,22 +1,24 @@
-// The host-only part of the C ABI, the same in the CUDA build and in the stub: the version,
-// the error strings and the RoPE frequency table (computed by the code the CPU reference
-// and the CUDA dispatcher use, so a C caller rotates by the same angles).
+// The host-only part of the C ABI (the functions c_api.h marks STEPGRAPH_C_HOST), the same
+// in both builds: the version, the error strings and the RoPE frequency table (computed by
+// the code the CPU reference and the CUDA dispatcher use, so a C caller rotates by the same
+// angles).
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <new>
 #include <vector>
 
+#include "dispatch/c_api/c_api_internal.h"
 #include "stepgraph/c_api.h"
+#include "stepgraph/graph.h"
 #include "stepgraph/ops.h"
 #include "stepgraph/rope.h"
 
 namespace {
 
-// Larger head dims exist in no model; the bound keeps the caller's array size sane.
-constexpr int32_t kMaxRopeHeadDim = 1 << 16;
+using sg::capi::kMaxRopeHeadDim;
 
-bool FinitePositive(float v) { return std::isfinite(v) && v > 0.0f; }
+bool Finite(float v) { return std::isfinite(v); }
 
 }  // namespace
 
@@ -46,9 +48,10 @@ const char* stepgraph_error_string(int32_t code) noexcept {
 int32_t stepgraph_rope_inv_freq(int32_t head_dim, float theta, int32_t scaling, float factor,
                                 float low_freq_factor, float high_freq_factor,
                                 int32_t original_max_position, float* inv_freq) noexcept {
+  // The C ABI's own bounds first: a base below 1 makes frequencies grow with the dimension
+  // (no model does that), and a tiny one overflows them to infinity.
   if (inv_freq == nullptr || reinterpret_cast<uintptr_t>(inv_freq) % alignof(float) != 0 ||
-      head_dim <= 0 || head_dim % 2 != 0 || head_dim > kMaxRopeHeadDim ||
-      !FinitePositive(theta)) {
+      head_dim <= 0 || head_dim > kMaxRopeHeadDim || !Finite(theta) || !(theta >= 1.0f)) {
     return STEPGRAPH_ERROR_INVALID_VALUE;
   }
   sg::ops::Rope rope;
@@ -58,10 +61,7 @@ int32_t stepgraph_rope_inv_freq(int32_t head_dim, float theta, int32_t scaling, 
     case STEPGRAPH_ROPE_SCALING_NONE:
       break;
     case STEPGRAPH_ROPE_SCALING_LLAMA3:
-      // high > low also keeps the smoothing's denominator away from zero.
-      if (!FinitePositive(factor) || !FinitePositive(low_freq_factor) ||
-          !FinitePositive(high_freq_factor) || !(high_freq_factor > low_freq_factor) ||
-          original_max_position <= 0) {
+      if (!Finite(factor) || !Finite(low_freq_factor) || !Finite(high_freq_factor)) {
         return STEPGRAPH_ERROR_INVALID_VALUE;
       }
       rope.scaling.type = sg::ops::RopeScaling::Type::kLlama3;
@@ -74,7 +74,21 @@ int32_t stepgraph_rope_inv_freq(int32_t head_dim, float theta, int32_t scaling, 
       return STEPGRAPH_ERROR_INVALID_VALUE;
   }
   try {
+    // The rest (head_dim even, theta, the Llama-3 factors) is the Rope op's own rule: asked
+    // of its shape inference on a one-row input.
+    sg::Tensor x, pos;
+    x.dtype = sg::DType::kF32;
+    x.shape = sg::Shape{1, head_dim};
+    pos.dtype = sg::DType::kI32;
+    pos.shape = sg::Shape{1};
+    const sg::Tensor* inputs[] = {&x, &pos};
+    if (!sg::InferOutputType(rope, "stepgraph_rope_inv_freq", inputs).ok()) {
+      return STEPGRAPH_ERROR_INVALID_VALUE;
+    }
     const std::vector<float> table = sg::RopeInvFreq(rope);
+    for (const float f : table) {
+      if (!Finite(f)) return STEPGRAPH_ERROR_INVALID_VALUE;  // nothing written
+    }
     std::memcpy(inv_freq, table.data(), table.size() * sizeof(float));
   } catch (const std::bad_alloc&) {
     return STEPGRAPH_ERROR_OUT_OF_MEMORY;

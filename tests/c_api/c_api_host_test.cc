@@ -3,6 +3,7 @@
 // builds' C ABI suites; needs no GPU.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <set>
@@ -109,7 +110,9 @@ TEST(CApiHostTest, RopeInvFreqRefusesBadArguments) {
   for (int32_t d : {0, -2, 7, (1 << 16) + 2}) {
     EXPECT_EQ(stepgraph_rope_inv_freq(d, 1e4f, kNone, 0, 0, 0, 0, p), kBad) << "head_dim " << d;
   }
-  for (float theta : {0.0f, -1.0f, nan, inf}) {
+  // Regression: a theta of 1e-45 was taken and made infinite frequencies. Bases below 1
+  // are refused.
+  for (float theta : {0.0f, -1.0f, nan, inf, 1e-45f, 0.5f}) {
     EXPECT_EQ(stepgraph_rope_inv_freq(64, theta, kNone, 0, 0, 0, 0, p), kBad) << theta;
   }
   EXPECT_EQ(stepgraph_rope_inv_freq(64, 1e4f, 2, 8, 1, 4, 8192, p), kBad);
@@ -120,6 +123,14 @@ TEST(CApiHostTest, RopeInvFreqRefusesBadArguments) {
   EXPECT_EQ(stepgraph_rope_inv_freq(64, 1e4f, kLlama3, 8, 4, 4, 8192, p), kBad);  // high == low
   EXPECT_EQ(stepgraph_rope_inv_freq(64, 1e4f, kLlama3, 8, 1, inf, 8192, p), kBad);
   EXPECT_EQ(stepgraph_rope_inv_freq(64, 1e4f, kLlama3, 8, 1, 4, 0, p), kBad);
+  EXPECT_EQ(stepgraph_rope_inv_freq(64, 1e4f, kLlama3, inf, 1, 4, 8192, p), kBad);
+  // Valid factors whose table overflows: refused, nothing written.
+  std::fill(out.begin(), out.end(), 0.5f);
+  EXPECT_EQ(stepgraph_rope_inv_freq(64, 1e4f, kLlama3, 1e-45f, 1, 4, 8192, p), kBad);
+  for (float v : out) ASSERT_EQ(v, 0.5f);
+  // The smallest base taken gives a finite table.
+  ASSERT_EQ(stepgraph_rope_inv_freq(64, 1.0f, kNone, 0, 0, 0, 0, p), STEPGRAPH_OK);
+  for (int j = 0; j < 32; ++j) EXPECT_TRUE(std::isfinite(out[j])) << j;
 }
 
 }  // namespace

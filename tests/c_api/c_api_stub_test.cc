@@ -1,5 +1,6 @@
-// The C ABI of a build without CUDA: the stub. Every function that would touch the GPU
-// returns -1 (STEPGRAPH_ERROR_NO_CUDA) whatever its arguments, valid or not, and writes
+// The C ABI of a build without CUDA. Every function that would touch the GPU checks its
+// arguments as the CUDA build does (the same code: -2 for a bad one, c_api_args_test.cc
+// has every case) and returns -1 (STEPGRAPH_ERROR_NO_CUDA) for valid ones, writing
 // nothing; the host-only functions are tested in c_api_host_test.cc.
 #include <gtest/gtest.h>
 
@@ -13,6 +14,7 @@ namespace sg::testing {
 namespace {
 
 constexpr int32_t kNoCuda = STEPGRAPH_ERROR_NO_CUDA;
+constexpr int32_t kInvalid = STEPGRAPH_ERROR_INVALID_VALUE;
 
 // Real host memory, so that a stub that did write would be seen doing it.
 struct Buffers {
@@ -54,6 +56,7 @@ TEST(CApiStubTest, EveryGpuEntryPointReturnsNoCudaForValidArguments) {
   EXPECT_EQ(stepgraph_argmax_workspace_bytes(4, 64, &bytes), kNoCuda);
   EXPECT_EQ(bytes, -7);
 
+
   // Nothing was written.
   const Buffers untouched;
   EXPECT_EQ(m.y, untouched.y);
@@ -61,22 +64,32 @@ TEST(CApiStubTest, EveryGpuEntryPointReturnsNoCudaForValidArguments) {
   EXPECT_EQ(m.flags, 0u);
 }
 
-// The stub checks nothing: -1 comes before any argument error (see c_api.h).
-TEST(CApiStubTest, InvalidArgumentsGetNoCudaToo) {
-  EXPECT_EQ(stepgraph_add(nullptr, nullptr, nullptr, 0, 99, nullptr), kNoCuda);
-  EXPECT_EQ(stepgraph_matmul(nullptr, nullptr, nullptr, nullptr, 100, -1, 0, -1, nullptr), kNoCuda);
-  EXPECT_EQ(stepgraph_attention_workspace_bytes(0, 0, 0, 0, 0, nullptr), kNoCuda);
+// The regression of the stub that checked nothing and said -1 to every call: a bad
+// argument is -2 here as with CUDA, checked before the -1.
+TEST(CApiStubTest, InvalidArgumentsAreRefusedAsWithCuda) {
+  EXPECT_EQ(stepgraph_add(nullptr, nullptr, nullptr, 0, 99, nullptr), kInvalid);
+  EXPECT_EQ(stepgraph_matmul(nullptr, nullptr, nullptr, nullptr, 100, -1, 0, -1, nullptr),
+            kInvalid);
+  EXPECT_EQ(stepgraph_attention_workspace_bytes(0, 0, 0, 0, 0, nullptr), kInvalid);
   EXPECT_EQ(stepgraph_sample(nullptr, nullptr, nullptr, nullptr, -1, 0, -1.0f, -1, 2.0f, 7,
                              nullptr),
+            kInvalid);
+  EXPECT_EQ(stepgraph_advance(nullptr, -5, nullptr), kInvalid);
+  // One bad argument among valid ones, which alone get -1.
+  Buffers m;
+  EXPECT_EQ(stepgraph_add(m.a.data(), m.b.data(), m.y.data(), 64, STEPGRAPH_F32, nullptr),
             kNoCuda);
-  EXPECT_EQ(stepgraph_advance(nullptr, -5, nullptr), kNoCuda);
+  EXPECT_EQ(stepgraph_add(m.a.data(), m.b.data(), m.y.data(), 64, 42, nullptr), kInvalid);
+  EXPECT_EQ(stepgraph_sample(m.a.data(), m.ids.data(), m.ids.data(), m.ids.data() + 8, 4, 64,
+                             1.0f, 0, 1.5f, STEPGRAPH_F32, nullptr),
+            kInvalid);
 }
 
-TEST(CApiStubTest, CallsFromCGetNoCuda) {
-  int32_t codes[32];
-  const int n = sg_c_api_null_pointer_calls(codes, 32);
-  EXPECT_EQ(n, 17);
-  for (int i = 0; i < n; ++i) EXPECT_EQ(codes[i], kNoCuda) << "call " << i;
+TEST(CApiStubTest, CallsFromCWithANullAreRefused) {
+  int32_t codes[64];
+  const int n = sg_c_api_null_pointer_calls(codes, 64);
+  EXPECT_EQ(n, sg_c_api_device_function_count());
+  for (int i = 0; i < n; ++i) EXPECT_EQ(codes[i], kInvalid) << "call " << i;
 }
 
 }  // namespace

@@ -1,9 +1,5 @@
-// The C ABI in the CUDA build.
-//  - Arguments: every entry point refuses each bad argument (null or misaligned pointer,
-//    zero, negative or too large size, bad dims, bad dtype or parameter) with -2 before it
-//    looks for a device, so these run everywhere, CI included; without a device the same
-//    calls with valid arguments get -1, which shows that each refusal is the bad argument's.
-//  - On a GPU (skipped without one): each entry point against the CPU reference, the spec,
+// The C ABI's decode functions on a GPU (the argument checks are c_api_args_test.cc):
+//  - skipped without a device: each entry point against the CPU reference, the spec,
 //    on random data with poisoned outputs, in f32, bf16 and f16; the error flags; the
 //    workspaces (none, partial, full, dirty); calls recorded by stream capture and replayed;
 //    a failed launch reported as -3.
@@ -26,533 +22,13 @@
 #include "stepgraph/cpu_dispatch.h"
 #include "stepgraph/ops.h"
 #include "stepgraph/rope.h"
-#include "tests/c_api/header_check.h"
+#include "tests/c_api/gpu_util.h"
 #include "tests/testing/util.h"
 
 namespace sg::testing {
 namespace {
 
-constexpr int32_t kOk = STEPGRAPH_OK;
-constexpr int32_t kNoCuda = STEPGRAPH_ERROR_NO_CUDA;
-constexpr int32_t kInvalid = STEPGRAPH_ERROR_INVALID_VALUE;
-constexpr int32_t kFloatDTypes[] = {STEPGRAPH_F32, STEPGRAPH_BF16, STEPGRAPH_F16};
-constexpr int64_t kTooMany = STEPGRAPH_MAX_ELEMENTS + 1;
-
-bool HasDevice() {
-  int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return false;
-  }
-  return count > 0;
-}
-
-DType ToDType(int32_t c_dtype) { return static_cast<DType>(c_dtype); }
-
-absl::string_view Name(int32_t c_dtype) { return DTypeName(ToDType(c_dtype)); }
-
-double Tol(int32_t c_dtype) { return c_dtype == STEPGRAPH_F32 ? 1e-5 : 1e-2; }
-
-// ---- Argument checks (no GPU needed) -------------------------------------------------
-
-// Distinct, 256-byte aligned addresses standing for device buffers in calls that must be
-// refused before any launch; never dereferenced.
-template <typename T = void>
-T* Fake(int i) {
-  return reinterpret_cast<T*>(uintptr_t{0x10000000} + static_cast<uintptr_t>(i) * 0x10000);
-}
-
-template <typename T>
-T* Shifted(T* p, int bytes) {
-  return reinterpret_cast<T*>(reinterpret_cast<uintptr_t>(p) + bytes);
-}
-
-template <typename Call>
-using Breaks = std::vector<std::pair<std::string, std::function<void(Call&)>>>;
-
-// `valid` holds a call with valid arguments; each break spoils one of them, and every
-// spoiled call must be refused with -2. Without a device the valid call must get -1 (with
-// one it would launch on the fake addresses, so it is not made): then each refusal is down
-// to the spoiled argument and nothing else.
-template <typename Call>
-void ExpectRefusals(const Call& valid, const Breaks<Call>& breaks) {
-  if (!HasDevice()) {
-    EXPECT_EQ(valid(), kNoCuda) << "the valid call";
-  }
-  for (const auto& [what, spoil] : breaks) {
-    Call c = valid;
-    spoil(c);
-    EXPECT_EQ(c(), kInvalid) << what;
-  }
-}
-
-template <typename Call>
-void AddDTypeBreaks(Breaks<Call>& breaks, bool i32_allowed) {
-  breaks.push_back({"dtype 4", [](Call& c) { c.dtype = 4; }});
-  breaks.push_back({"dtype -1", [](Call& c) { c.dtype = -1; }});
-  if (!i32_allowed) breaks.push_back({"dtype i32", [](Call& c) { c.dtype = STEPGRAPH_I32; }});
-}
-
-struct EmbeddingCall {
-  const void* table = Fake(0);
-  const int32_t* ids = Fake<int32_t>(1);
-  void* out = Fake(2);
-  int64_t rows = 8, vocab = 1000, hidden = 256;
-  int32_t dtype = STEPGRAPH_BF16;
-  uint32_t* flags = Fake<uint32_t>(3);
-  int32_t operator()() const {
-    return stepgraph_embedding(table, ids, out, rows, vocab, hidden, dtype, flags, nullptr);
-  }
-};
-
-TEST(CApiArgumentsTest, Embedding) {
-  using C = EmbeddingCall;
-  Breaks<C> b = {
-      {"null table", [](C& c) { c.table = nullptr; }},
-      {"null ids", [](C& c) { c.ids = nullptr; }},
-      {"null out", [](C& c) { c.out = nullptr; }},
-      {"null flags", [](C& c) { c.flags = nullptr; }},
-      {"misaligned table", [](C& c) { c.table = Shifted(c.table, 1); }},
-      {"misaligned ids", [](C& c) { c.ids = Shifted(c.ids, 2); }},
-      {"misaligned out", [](C& c) { c.out = Shifted(c.out, 1); }},
-      {"misaligned flags", [](C& c) { c.flags = Shifted(c.flags, 2); }},
-      {"rows 0", [](C& c) { c.rows = 0; }},
-      {"rows -1", [](C& c) { c.rows = -1; }},
-      {"rows 65536", [](C& c) { c.rows = 65536; }},
-      {"vocab 0", [](C& c) { c.vocab = 0; }},
-      {"hidden -4", [](C& c) { c.hidden = -4; }},
-      {"table too large", [](C& c) { c.vocab = kTooMany; }},
-      {"table overflowing int64", [](C& c) { c.vocab = c.hidden = int64_t{1} << 40; }},
-  };
-  AddDTypeBreaks(b, false);
-  ExpectRefusals(C{}, b);
-}
-
-struct MatmulCall {
-  const void* x = Fake(0);
-  const void* w = Fake(1);
-  const void* bias = Fake(2);
-  void* y = Fake(3);
-  int64_t m = 8, n = 1000, k = 512;
-  int32_t dtype = STEPGRAPH_F16;
-  int32_t operator()() const { return stepgraph_matmul(x, w, bias, y, m, n, k, dtype, nullptr); }
-};
-
-TEST(CApiArgumentsTest, Matmul) {
-  using C = MatmulCall;
-  Breaks<C> b = {
-      {"null x", [](C& c) { c.x = nullptr; }},
-      {"null w", [](C& c) { c.w = nullptr; }},
-      {"null y", [](C& c) { c.y = nullptr; }},
-      {"misaligned x", [](C& c) { c.x = Shifted(c.x, 1); }},
-      {"misaligned bias", [](C& c) { c.bias = Shifted(c.bias, 1); }},
-      {"m 0", [](C& c) { c.m = 0; }},
-      {"m above the small-M kernel's", [](C& c) { c.m = STEPGRAPH_MATMUL_MAX_ROWS + 1; }},
-      {"m 64", [](C& c) { c.m = 64; }},
-      {"n 0", [](C& c) { c.n = 0; }},
-      {"k -1", [](C& c) { c.k = -1; }},
-      {"w too large", [](C& c) { c.n = kTooMany; }},
-  };
-  AddDTypeBreaks(b, false);
-  ExpectRefusals(C{}, b);
-  // bias is optional.
-  C no_bias;
-  no_bias.bias = nullptr;
-  if (!HasDevice()) {
-    EXPECT_EQ(no_bias(), kNoCuda);
-  }
-}
-
-struct RmsNormCall {
-  const void* x = Fake(0);
-  const void* w = Fake(1);
-  void* y = Fake(2);
-  int64_t rows = 4, hidden = 2048;
-  float eps = 1e-5f;
-  int32_t dtype = STEPGRAPH_F32;
-  int32_t operator()() const {
-    return stepgraph_rmsnorm(x, w, y, rows, hidden, eps, dtype, nullptr);
-  }
-};
-
-TEST(CApiArgumentsTest, RmsNorm) {
-  using C = RmsNormCall;
-  Breaks<C> b = {
-      {"null x", [](C& c) { c.x = nullptr; }},
-      {"null weight", [](C& c) { c.w = nullptr; }},
-      {"null y", [](C& c) { c.y = nullptr; }},
-      {"misaligned y", [](C& c) { c.y = Shifted(c.y, 2); }},
-      {"rows 0", [](C& c) { c.rows = 0; }},
-      {"hidden -1", [](C& c) { c.hidden = -1; }},
-      {"too large", [](C& c) { c.rows = kTooMany; }},
-      {"eps -1", [](C& c) { c.eps = -1.0f; }},
-      {"eps nan", [](C& c) { c.eps = std::numeric_limits<float>::quiet_NaN(); }},
-      {"eps inf", [](C& c) { c.eps = std::numeric_limits<float>::infinity(); }},
-  };
-  AddDTypeBreaks(b, false);
-  ExpectRefusals(C{}, b);
-}
-
-// add, mul, silu_mul (silu is the same with one input).
-struct BinaryCall {
-  int32_t (*fn)(const void*, const void*, void*, int64_t, int32_t, void*) = nullptr;
-  const void* a = Fake(0);
-  const void* b = Fake(1);
-  void* y = Fake(2);
-  int64_t n = 10007;
-  int32_t dtype = STEPGRAPH_BF16;
-  int32_t operator()() const { return fn(a, b, y, n, dtype, nullptr); }
-};
-
-TEST(CApiArgumentsTest, Elementwise) {
-  using C = BinaryCall;
-  for (const auto& [name, fn] :
-       {std::pair{"add", &stepgraph_add}, std::pair{"mul", &stepgraph_mul},
-        std::pair{"silu_mul", &stepgraph_silu_mul}}) {
-    SCOPED_TRACE(name);
-    C valid;
-    valid.fn = fn;
-    Breaks<C> b = {
-        {"null a", [](C& c) { c.a = nullptr; }},
-        {"null b", [](C& c) { c.b = nullptr; }},
-        {"null y", [](C& c) { c.y = nullptr; }},
-        {"misaligned a", [](C& c) { c.a = Shifted(c.a, 1); }},
-        {"misaligned y", [](C& c) { c.y = Shifted(c.y, 1); }},
-        {"n 0", [](C& c) { c.n = 0; }},
-        {"n -5", [](C& c) { c.n = -5; }},
-        {"n too large", [](C& c) { c.n = kTooMany; }},
-        {"n max int64", [](C& c) { c.n = std::numeric_limits<int64_t>::max(); }},
-    };
-    AddDTypeBreaks(b, fn == &stepgraph_add);
-    ExpectRefusals(valid, b);
-  }
-  C add_i32;
-  add_i32.fn = &stepgraph_add;
-  add_i32.dtype = STEPGRAPH_I32;
-  if (!HasDevice()) {
-    EXPECT_EQ(add_i32(), kNoCuda) << "add takes i32";
-  }
-  add_i32.a = Shifted(add_i32.a, 2);
-  EXPECT_EQ(add_i32(), kInvalid) << "i32 needs 4-byte alignment";
-
-  // silu and copy: one input.
-  const void* x = Fake(0);
-  void* y = Fake(1);
-  EXPECT_EQ(stepgraph_silu(nullptr, y, 64, STEPGRAPH_F32, nullptr), kInvalid);
-  EXPECT_EQ(stepgraph_silu(x, nullptr, 64, STEPGRAPH_F32, nullptr), kInvalid);
-  EXPECT_EQ(stepgraph_silu(x, y, 0, STEPGRAPH_F32, nullptr), kInvalid);
-  EXPECT_EQ(stepgraph_silu(x, y, 64, STEPGRAPH_I32, nullptr), kInvalid);
-  EXPECT_EQ(stepgraph_silu(x, Shifted(y, 1), 64, STEPGRAPH_F16, nullptr), kInvalid);
-  EXPECT_EQ(stepgraph_copy(nullptr, y, 64, STEPGRAPH_I32, nullptr), kInvalid);
-  EXPECT_EQ(stepgraph_copy(x, nullptr, 64, STEPGRAPH_I32, nullptr), kInvalid);
-  EXPECT_EQ(stepgraph_copy(x, y, -64, STEPGRAPH_I32, nullptr), kInvalid);
-  EXPECT_EQ(stepgraph_copy(x, y, 64, 9, nullptr), kInvalid);
-  EXPECT_EQ(stepgraph_copy(Shifted(x, 2), y, 64, STEPGRAPH_F32, nullptr), kInvalid);
-  EXPECT_EQ(stepgraph_advance(nullptr, 8, nullptr), kInvalid);
-  EXPECT_EQ(stepgraph_advance(Fake<int32_t>(0), 0, nullptr), kInvalid);
-  EXPECT_EQ(stepgraph_advance(Shifted(Fake<int32_t>(0), 1), 8, nullptr), kInvalid);
-  if (!HasDevice()) {
-    EXPECT_EQ(stepgraph_silu(x, y, 64, STEPGRAPH_F32, nullptr), kNoCuda);
-    EXPECT_EQ(stepgraph_copy(x, y, 64, STEPGRAPH_I32, nullptr), kNoCuda);
-    EXPECT_EQ(stepgraph_advance(Fake<int32_t>(0), 8, nullptr), kNoCuda);
-  }
-}
-
-struct RopeCall {
-  const void* x = Fake(0);
-  const int32_t* pos = Fake<int32_t>(1);
-  const float* inv_freq = Fake<float>(2);
-  void* y = Fake(3);
-  int64_t rows = 4, cols = 512, head_dim = 128;
-  int32_t interleaved = 0;
-  int32_t dtype = STEPGRAPH_BF16;
-  int32_t operator()() const {
-    return stepgraph_rope(x, pos, inv_freq, y, rows, cols, head_dim, interleaved, dtype, nullptr);
-  }
-};
-
-TEST(CApiArgumentsTest, Rope) {
-  using C = RopeCall;
-  Breaks<C> b = {
-      {"null x", [](C& c) { c.x = nullptr; }},
-      {"null pos", [](C& c) { c.pos = nullptr; }},
-      {"null inv_freq", [](C& c) { c.inv_freq = nullptr; }},
-      {"null y", [](C& c) { c.y = nullptr; }},
-      {"misaligned pos", [](C& c) { c.pos = Shifted(c.pos, 2); }},
-      {"misaligned inv_freq", [](C& c) { c.inv_freq = Shifted(c.inv_freq, 2); }},
-      {"rows 0", [](C& c) { c.rows = 0; }},
-      {"cols -512", [](C& c) { c.cols = -512; }},
-      {"head_dim 0", [](C& c) { c.head_dim = 0; }},
-      {"head_dim odd", [](C& c) { c.head_dim = 127; }},
-      {"cols not a multiple of head_dim", [](C& c) { c.cols = 500; }},
-      {"interleaved 2", [](C& c) { c.interleaved = 2; }},
-      {"interleaved -1", [](C& c) { c.interleaved = -1; }},
-  };
-  AddDTypeBreaks(b, false);
-  ExpectRefusals(C{}, b);
-}
-
-struct KvWriteCall {
-  const void* kv = Fake(0);
-  const int32_t* pos = Fake<int32_t>(1);
-  void* cache = Fake(2);
-  int64_t rows = 3, slots = 4, kv_heads = 2, seq_len = 64, head_dim = 128;
-  int32_t dtype = STEPGRAPH_F16;
-  uint32_t* flags = Fake<uint32_t>(3);
-  int32_t operator()() const {
-    return stepgraph_kv_write(kv, pos, cache, rows, slots, kv_heads, seq_len, head_dim, dtype,
-                              flags, nullptr);
-  }
-};
-
-TEST(CApiArgumentsTest, KvWrite) {
-  using C = KvWriteCall;
-  Breaks<C> b = {
-      {"null kv", [](C& c) { c.kv = nullptr; }},
-      {"null pos", [](C& c) { c.pos = nullptr; }},
-      {"null cache", [](C& c) { c.cache = nullptr; }},
-      {"null flags", [](C& c) { c.flags = nullptr; }},
-      {"misaligned cache", [](C& c) { c.cache = Shifted(c.cache, 1); }},
-      {"rows 0", [](C& c) { c.rows = 0; }},
-      {"fewer slots than rows", [](C& c) { c.slots = 2; }},
-      {"kv_heads 0", [](C& c) { c.kv_heads = 0; }},
-      {"seq_len -1", [](C& c) { c.seq_len = -1; }},
-      {"head_dim 0", [](C& c) { c.head_dim = 0; }},
-      {"cache too large", [](C& c) { c.seq_len = int64_t{1} << 32; }},
-  };
-  AddDTypeBreaks(b, false);
-  ExpectRefusals(C{}, b);
-}
-
-struct AttentionCall {
-  const void* q = Fake(0);
-  const void* k = Fake(1);
-  const void* v = Fake(2);
-  const int32_t* pos = Fake<int32_t>(3);
-  void* out = Fake(4);
-  int64_t rows = 4, heads = 8, kv_heads = 2, slots = 4, seq_len = 1024, head_dim = 128;
-  float scale = 0.088f;
-  int32_t dtype = STEPGRAPH_BF16;
-  void* workspace = Fake(5);
-  int64_t workspace_bytes = 1 << 20;
-  uint32_t* flags = Fake<uint32_t>(6);
-  int32_t operator()() const {
-    return stepgraph_attention(q, k, v, pos, out, rows, heads, kv_heads, slots, seq_len, head_dim,
-                               scale, dtype, workspace, workspace_bytes, flags, nullptr);
-  }
-};
-
-TEST(CApiArgumentsTest, Attention) {
-  using C = AttentionCall;
-  Breaks<C> b = {
-      {"null q", [](C& c) { c.q = nullptr; }},
-      {"null k_cache", [](C& c) { c.k = nullptr; }},
-      {"null v_cache", [](C& c) { c.v = nullptr; }},
-      {"null pos", [](C& c) { c.pos = nullptr; }},
-      {"null out", [](C& c) { c.out = nullptr; }},
-      {"null flags", [](C& c) { c.flags = nullptr; }},
-      {"q not pair aligned", [](C& c) { c.q = Shifted(c.q, 2); }},
-      {"v_cache not pair aligned", [](C& c) { c.v = Shifted(c.v, 2); }},
-      {"out not pair aligned", [](C& c) { c.out = Shifted(c.out, 2); }},
-      {"misaligned workspace", [](C& c) { c.workspace = Shifted(c.workspace, 8); }},
-      {"workspace bytes without a workspace", [](C& c) { c.workspace = nullptr; }},
-      {"negative workspace bytes", [](C& c) { c.workspace_bytes = -1; }},
-      {"rows 0", [](C& c) { c.rows = 0; }},
-      {"rows 65536", [](C& c) { c.rows = c.slots = 65536; }},
-      {"fewer slots than rows", [](C& c) { c.slots = 3; }},
-      {"heads not a multiple of kv_heads", [](C& c) { c.heads = 7; }},
-      {"kv_heads 0", [](C& c) { c.kv_heads = 0; }},
-      {"seq_len 0", [](C& c) { c.seq_len = 0; }},
-      {"head_dim odd", [](C& c) { c.head_dim = 127; }},
-      {"head_dim above the maximum",
-       [](C& c) { c.head_dim = STEPGRAPH_ATTENTION_MAX_HEAD_DIM + 2; }},
-      {"seq_len beyond int", [](C& c) { c.seq_len = int64_t{1} << 31; }},
-      {"scale nan", [](C& c) { c.scale = std::numeric_limits<float>::quiet_NaN(); }},
-      {"scale inf", [](C& c) { c.scale = -std::numeric_limits<float>::infinity(); }},
-  };
-  AddDTypeBreaks(b, false);
-  ExpectRefusals(C{}, b);
-  C no_workspace;
-  no_workspace.workspace = nullptr;
-  no_workspace.workspace_bytes = 0;
-  if (!HasDevice()) {
-    EXPECT_EQ(no_workspace(), kNoCuda) << "the workspace is optional";
-  }
-}
-
-TEST(CApiArgumentsTest, WorkspaceQueries) {
-  int64_t bytes = -7;
-  EXPECT_EQ(stepgraph_attention_workspace_bytes(4, 8, 2, 1024, 128, nullptr), kInvalid);
-  EXPECT_EQ(stepgraph_attention_workspace_bytes(0, 8, 2, 1024, 128, &bytes), kInvalid);
-  EXPECT_EQ(stepgraph_attention_workspace_bytes(4, 7, 2, 1024, 128, &bytes), kInvalid);
-  EXPECT_EQ(stepgraph_attention_workspace_bytes(4, 8, 2, -1, 128, &bytes), kInvalid);
-  EXPECT_EQ(stepgraph_attention_workspace_bytes(4, 8, 2, 1024, 129, &bytes), kInvalid);
-  EXPECT_EQ(stepgraph_attention_workspace_bytes(4, 8, 2, 1024, 512, &bytes), kInvalid);
-  EXPECT_EQ(stepgraph_argmax_workspace_bytes(4, 1000, nullptr), kInvalid);
-  EXPECT_EQ(stepgraph_argmax_workspace_bytes(0, 1000, &bytes), kInvalid);
-  EXPECT_EQ(stepgraph_argmax_workspace_bytes(65536, 1000, &bytes), kInvalid);
-  EXPECT_EQ(stepgraph_argmax_workspace_bytes(4, int64_t{1} << 31, &bytes), kInvalid);
-  EXPECT_EQ(bytes, -7) << "a refused query wrote its result";
-  if (!HasDevice()) {
-    EXPECT_EQ(stepgraph_attention_workspace_bytes(4, 8, 2, 1024, 128, &bytes), kNoCuda);
-    EXPECT_EQ(stepgraph_argmax_workspace_bytes(4, 1000, &bytes), kNoCuda);
-    EXPECT_EQ(bytes, -7);
-  }
-}
-
-struct SoftmaxCall {
-  const void* x = Fake(0);
-  void* y = Fake(1);
-  int64_t rows = 4, n = 32000;
-  int32_t dtype = STEPGRAPH_F32;
-  int32_t operator()() const { return stepgraph_softmax(x, y, rows, n, dtype, nullptr); }
-};
-
-TEST(CApiArgumentsTest, Softmax) {
-  using C = SoftmaxCall;
-  Breaks<C> b = {
-      {"null x", [](C& c) { c.x = nullptr; }},
-      {"null y", [](C& c) { c.y = nullptr; }},
-      {"misaligned x", [](C& c) { c.x = Shifted(c.x, 2); }},
-      {"rows 0", [](C& c) { c.rows = 0; }},
-      {"n -1", [](C& c) { c.n = -1; }},
-      {"too large", [](C& c) { c.n = kTooMany; }},
-  };
-  AddDTypeBreaks(b, false);
-  ExpectRefusals(C{}, b);
-}
-
-struct ArgmaxCall {
-  const void* logits = Fake(0);
-  int32_t* ids = Fake<int32_t>(1);
-  int64_t rows = 4, vocab = 128000;
-  int32_t dtype = STEPGRAPH_BF16;
-  void* workspace = Fake(2);
-  int64_t workspace_bytes = 4096;
-  int32_t operator()() const {
-    return stepgraph_argmax(logits, ids, rows, vocab, dtype, workspace, workspace_bytes, nullptr);
-  }
-};
-
-TEST(CApiArgumentsTest, Argmax) {
-  using C = ArgmaxCall;
-  Breaks<C> b = {
-      {"null logits", [](C& c) { c.logits = nullptr; }},
-      {"null ids", [](C& c) { c.ids = nullptr; }},
-      {"misaligned logits", [](C& c) { c.logits = Shifted(c.logits, 1); }},
-      {"misaligned ids", [](C& c) { c.ids = Shifted(c.ids, 2); }},
-      {"misaligned workspace", [](C& c) { c.workspace = Shifted(c.workspace, 4); }},
-      {"workspace bytes without a workspace", [](C& c) { c.workspace = nullptr; }},
-      {"negative workspace bytes", [](C& c) { c.workspace_bytes = -16; }},
-      {"rows 0", [](C& c) { c.rows = 0; }},
-      {"rows 65536", [](C& c) { c.rows = 65536; }},
-      {"vocab 0", [](C& c) { c.vocab = 0; }},
-      {"vocab 2^31", [](C& c) {
-         c.rows = 1;
-         c.vocab = int64_t{1} << 31;
-       }},
-  };
-  AddDTypeBreaks(b, false);
-  ExpectRefusals(C{}, b);
-}
-
-struct SampleCall {
-  const void* logits = Fake(0);
-  const int32_t* seeds = Fake<int32_t>(1);
-  const int32_t* pos = Fake<int32_t>(2);
-  int32_t* ids = Fake<int32_t>(3);
-  int64_t rows = 4, vocab = 32000;
-  float temperature = 0.7f;
-  int32_t top_k = 50;
-  float top_p = 0.9f;
-  int32_t dtype = STEPGRAPH_F16;
-  int32_t operator()() const {
-    return stepgraph_sample(logits, seeds, pos, ids, rows, vocab, temperature, top_k, top_p,
-                            dtype, nullptr);
-  }
-};
-
-TEST(CApiArgumentsTest, Sample) {
-  using C = SampleCall;
-  const float nan = std::numeric_limits<float>::quiet_NaN();
-  const float inf = std::numeric_limits<float>::infinity();
-  Breaks<C> b = {
-      {"null logits", [](C& c) { c.logits = nullptr; }},
-      {"null seeds", [](C& c) { c.seeds = nullptr; }},
-      {"null pos", [](C& c) { c.pos = nullptr; }},
-      {"null ids", [](C& c) { c.ids = nullptr; }},
-      {"misaligned seeds", [](C& c) { c.seeds = Shifted(c.seeds, 1); }},
-      {"rows 0", [](C& c) { c.rows = 0; }},
-      {"vocab -1", [](C& c) { c.vocab = -1; }},
-      {"vocab 2^31", [](C& c) {
-         c.rows = 1;
-         c.vocab = int64_t{1} << 31;
-       }},
-      {"temperature 0", [](C& c) { c.temperature = 0.0f; }},
-      {"temperature -1", [](C& c) { c.temperature = -1.0f; }},
-      {"temperature nan", [=](C& c) { c.temperature = nan; }},
-      {"temperature inf", [=](C& c) { c.temperature = inf; }},
-      {"top_k -1", [](C& c) { c.top_k = -1; }},
-      {"top_p 0", [](C& c) { c.top_p = 0.0f; }},
-      {"top_p 1.5", [](C& c) { c.top_p = 1.5f; }},
-      {"top_p nan", [=](C& c) { c.top_p = nan; }},
-  };
-  AddDTypeBreaks(b, false);
-  ExpectRefusals(C{}, b);
-}
-
-// The same calls made from C code (header_check.c): all refused.
-TEST(CApiArgumentsTest, CallsFromCAreRefused) {
-  int32_t codes[32];
-  const int n = sg_c_api_null_pointer_calls(codes, 32);
-  EXPECT_EQ(n, 17);
-  for (int i = 0; i < n; ++i) EXPECT_EQ(codes[i], kInvalid) << "call " << i;
-}
-
 // ---- On a GPU --------------------------------------------------------------------------
-
-// One cudaMalloc'd buffer, freed on destruction.
-class DeviceBuffer {
- public:
-  explicit DeviceBuffer(int64_t bytes) : bytes_(std::max<int64_t>(bytes, 1)) {
-    EXPECT_EQ(cudaMalloc(&ptr_, static_cast<size_t>(bytes_)), cudaSuccess);
-  }
-  // A copy of `host`.
-  explicit DeviceBuffer(const HostTensor& host) : DeviceBuffer(host.bytes()) {
-    EXPECT_EQ(cudaMemcpy(ptr_, host.data(), host.bytes(), cudaMemcpyHostToDevice), cudaSuccess);
-    Settle();
-  }
-  ~DeviceBuffer() { (void)cudaFree(ptr_); }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-
-  void* get() const { return ptr_; }
-  template <typename T>
-  T* as() const {
-    return static_cast<T*>(ptr_);
-  }
-  // Every byte 0xFF: NaN for floats, -1 for ids, so an unwritten element fails a check.
-  void Poison() {
-    EXPECT_EQ(cudaMemset(ptr_, 0xFF, static_cast<size_t>(bytes_)), cudaSuccess);
-    Settle();
-  }
-  void Zero() {
-    EXPECT_EQ(cudaMemset(ptr_, 0, static_cast<size_t>(bytes_)), cudaSuccess);
-    Settle();
-  }
-  // Into `host`, whose size says how many bytes.
-  void CopyTo(HostTensor& host) const {
-    EXPECT_EQ(cudaMemcpy(host.data(), ptr_, host.bytes(), cudaMemcpyDeviceToHost), cudaSuccess);
-  }
-
- private:
-  // cudaMemset and a pageable cudaMemcpy to the device may still be in flight when they
-  // return, on the legacy stream, which the tests' non-blocking stream does not wait for.
-  static void Settle() { EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess); }
-
-  void* ptr_ = nullptr;
-  int64_t bytes_;
-};
 
 TensorArg ArgOf(const HostTensor& t) {
   TensorArg a;
@@ -594,33 +70,6 @@ HostTensor IntTensor(const std::vector<int32_t>& values) {
   std::copy(values.begin(), values.end(), static_cast<int32_t*>(t.data()));
   return t;
 }
-
-class CApiGpuTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    if (!HasDevice()) GTEST_SKIP() << "no CUDA device";
-    ASSERT_EQ(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), cudaSuccess);
-    flags_ = std::make_unique<DeviceBuffer>(sizeof(uint32_t));
-    flags_->Zero();
-  }
-  void TearDown() override {
-    if (stream_ != nullptr) (void)cudaStreamDestroy(stream_);
-  }
-
-  void Sync() { ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess); }
-  uint32_t* flags() { return flags_->as<uint32_t>(); }
-  // The error word after the stream's work, then zero again.
-  uint32_t TakeFlags() {
-    uint32_t f = 0xdeadbeef;
-    EXPECT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
-    EXPECT_EQ(cudaMemcpy(&f, flags(), sizeof(f), cudaMemcpyDeviceToHost), cudaSuccess);
-    flags_->Zero();
-    return f;
-  }
-
-  cudaStream_t stream_ = nullptr;
-  std::unique_ptr<DeviceBuffer> flags_;
-};
 
 TEST_F(CApiGpuTest, Embedding) {
   for (const int32_t dt : kFloatDTypes) {
@@ -755,6 +204,34 @@ TEST_F(CApiGpuTest, Elementwise) {
         } else {
           EXPECT_LT(Error(got, want), Tol(dt));
         }
+      }
+    }
+  }
+}
+
+// scale: alpha · x rounded once to the dtype, against the host's product, at an odd size
+// (the scalar path), an aligned multiple of the vector width, and a misaligned view.
+TEST_F(CApiGpuTest, Scale) {
+  for (const int32_t dt : kFloatDTypes) {
+    for (const int64_t n : {int64_t{10007}, int64_t{(1 << 20) + 64}}) {
+      for (const int offset : {0, 1}) {
+        SCOPED_TRACE(::testing::Message() << Name(dt) << " n " << n << " offset " << offset);
+        const DType t = ToDType(dt);
+        const float alpha = -1.7f;
+        HostTensor x(t, Shape{n + offset}), want(t, Shape{n});
+        x.FillUniform(21, -3.0f, 3.0f);
+        std::vector<float> product(n);
+        for (int64_t i = 0; i < n; ++i) product[i] = alpha * x.At(i + offset);
+        want.FillFrom(product);
+        DeviceBuffer dx(x), dy(want.bytes() + 16);
+        dy.Poison();
+        const int64_t esize = static_cast<int64_t>(DTypeBytes(t));
+        const auto* src = static_cast<const std::byte*>(dx.get()) + offset * esize;
+        ASSERT_EQ(stepgraph_scale(src, dy.get(), n, alpha, dt, stream_), kOk);
+        Sync();
+        HostTensor got(t, Shape{n});
+        dy.CopyTo(got);
+        EXPECT_LT(Error(got, want), Tol(dt));
       }
     }
   }

@@ -1,20 +1,24 @@
-# Fails unless libstepgraph_c exports exactly the functions of c_api.h: the kernels, the
-# core and any static library linked in must stay hidden, so that the library can sit
-# beside another copy of stepgraph (or of its dependencies) in one process.
-# Usage: cmake -DNM=<nm> -DLIBRARY=<path> -DEXPECTED=<count> -P check_exports.cmake
+# Fails unless a C ABI library (libstepgraph_c, libstepgraph_session_c) exports exactly the
+# functions of its header (c_api.h, c_session.h): the kernels, the core and any static
+# library linked in must stay hidden, so that the library can sit beside another copy of
+# stepgraph (or of its dependencies) in one process.
+# The expected names are the list the build read from the header(s), one per line in
+# NAMES_FILE.
+# Usage: cmake -DNM=<nm> -DLIBRARY=<path> -DNAMES_FILE=<file> -P check_exports.cmake
 execute_process(COMMAND ${NM} -D --defined-only ${LIBRARY}
                 OUTPUT_VARIABLE listing RESULT_VARIABLE rc)
 if(NOT rc EQUAL 0)
   message(FATAL_ERROR "${NM} -D ${LIBRARY} failed (${rc})")
 endif()
 string(REPLACE "\n" ";" lines "${listing}")
-set(api 0)
+file(STRINGS "${NAMES_FILE}" expected)
+set(api "")
 set(foreign "")
 foreach(line IN LISTS lines)
   if(line MATCHES "^[0-9a-fA-F]* *[A-Za-z] +([^ ]+)$")
     set(name "${CMAKE_MATCH_1}")
     if(name MATCHES "^stepgraph_")
-      math(EXPR api "${api} + 1")
+      list(APPEND api "${name}")
     elseif(NOT name MATCHES "^(_init|_fini|_edata|_end|__bss_start)$")  # from the linker
       list(APPEND foreign "${name}")
     endif()
@@ -25,7 +29,13 @@ if(foreign)
   list(SUBLIST foreign 0 10 some)
   message(FATAL_ERROR "${LIBRARY} exports ${n} symbols beside the C ABI, e.g. ${some}")
 endif()
-if(NOT api EQUAL EXPECTED)
-  message(FATAL_ERROR "${LIBRARY} exports ${api} stepgraph_ functions, c_api.h has ${EXPECTED}")
+set(missing ${expected})
+list(REMOVE_ITEM missing ${api})
+set(extra ${api})
+list(REMOVE_ITEM extra ${expected})
+if(missing OR extra)
+  message(FATAL_ERROR "${LIBRARY}: not exported though declared: '${missing}'; exported "
+                      "though not declared: '${extra}'")
 endif()
-message(STATUS "${LIBRARY}: ${api} stepgraph_ functions, nothing else")
+list(LENGTH api n)
+message(STATUS "${LIBRARY}: the ${n} declared stepgraph_ functions, nothing else")

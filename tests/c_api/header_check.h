@@ -9,6 +9,11 @@
 extern "C" {
 #endif
 
+// The number of functions in c_api.h, all of them and those that touch a device, as the
+// list the build reads from it has them.
+int sg_c_api_function_count(void);
+int sg_c_api_device_function_count(void);
+
 // Calls every entry point that touches the GPU once from C, each with otherwise valid
 // arguments and one required pointer NULL, and writes the return codes to codes[0..];
 // returns how many it wrote (at most capacity).

@@ -1,0 +1,257 @@
+#!/usr/bin/env python3
+"""The C ABI headers are the one source of truth for the signatures: this check reads every
+function of include/stepgraph/c_api.h and c_session.h (the declarations the build's list
+reads, see dispatch/c_api/c_api_list.cmake), the structs of c_session.h and the integer
+constants, and compares them, argument by argument (name and type), with the Python
+declarations (python/stepgraph/_lib.py) and the Rust ones (rust/src/ffi.rs). A swapped or
+retyped argument links fine and corrupts memory at run time; here it fails CI.
+
+Usage: check_signatures.py [repository root]. Exit status 1 and one line per mismatch.
+"""
+
+import ctypes
+import importlib.util
+import os
+import re
+import sys
+
+HEADERS = ("include/stepgraph/c_api.h", "include/stepgraph/c_session.h")
+
+_DECL = re.compile(r"STEPGRAPH_C_(?:EXPORT|HOST) ([^;#]*?)\b(stepgraph_[a-z0-9_]+) ?\((.*?)\) "
+                   r"STEPGRAPH_C_NOEXCEPT;")
+_STRUCT = re.compile(r"typedef struct (stepgraph_[a-z_]+) \{(.*?)\} \1;")
+_DEFINE = re.compile(r"#define (STEPGRAPH_[A-Z0-9_]+) \(?(?:INT64_C\()?(-?\d+)u?\)?"
+                     r"(?: << (\d+))?\)?\s*$", re.M)
+
+
+def _flat(text):
+    text = re.sub(r"/\*.*?\*/", "", text, flags=re.S)
+    text = re.sub(r"//[^\n]*", "", text)
+    return re.sub(r"\s+", " ", text)
+
+
+def _ctype(t):
+    """A C type as (base, pointer depth, constness of each level's pointee, innermost first):
+    'const void*' -> ('void', 1, (True,)), 'void* const*' -> ('void', 2, (False, True))."""
+    words = t.replace("*", " * ").split()
+    base = [w for w in words if w not in ("const", "*")]
+    if len(base) != 1:
+        raise ValueError("cannot read the C type %r" % " ".join(words))
+    depth = words.count("*")
+    # A const before the first '*' is the pointee's; one after the k-th '*' makes that
+    # pointer const, the pointee of level k. A const on the outermost pointer (a const
+    # parameter) is not part of the type a caller sees.
+    consts = [False] * (depth + 1)
+    stars = 0
+    for w in words:
+        if w == "*":
+            stars += 1
+        elif w == "const":
+            consts[stars] = True
+    return base[0], depth, tuple(consts[:depth])
+
+
+def _param(p):
+    m = re.match(r"^(.*?)([A-Za-z_][A-Za-z0-9_]*)$", p.strip())
+    if not m:
+        raise ValueError("cannot read the parameter %r" % p)
+    return m.group(2), _ctype(m.group(1))
+
+
+def read_headers(root):
+    """{name: (return type, [(argument name, C type)])}, {struct: [(field, C type)]}, {define: int}"""
+    functions, structs, defines = {}, {}, {}
+    for h in HEADERS:
+        raw = open(os.path.join(root, h), encoding="utf-8").read()
+        for name, value, shift in _DEFINE.findall(raw):
+            defines[name] = int(value) << int(shift) if shift else int(value)
+        text = _flat(raw)
+        for ret, name, params in _DECL.findall(text):
+            args = [] if params.strip() == "void" else [_param(p) for p in params.split(",")]
+            functions[name] = (_ctype(ret.strip()), args)
+        for name, body in _STRUCT.findall(text):
+            structs[name] = [_param(f) for f in body.split(";") if f.strip()]
+    if not functions:
+        raise ValueError("no declarations found in %s" % ", ".join(HEADERS))
+    return functions, structs, defines
+
+
+# ---- Python (ctypes) -------------------------------------------------------------------
+
+_CTYPES = {"int32_t": ctypes.c_int32, "int64_t": ctypes.c_int64, "uint32_t": ctypes.c_uint32,
+           "uint64_t": ctypes.c_uint64, "float": ctypes.c_float}
+
+
+def _expected_ctype(t, lib):
+    base, depth, _ = t
+    if depth == 0:
+        return None if base == "void" else _CTYPES[base]
+    if base == "char" and depth == 1:
+        return ctypes.c_char_p
+    if base in ("void", "stepgraph_session") and depth == 1:
+        return ctypes.c_void_p  # opaque
+    if base == "stepgraph_session" and depth == 2:
+        return ctypes.POINTER(ctypes.c_void_p)
+    if base == "void" and depth == 2:
+        return ctypes.POINTER(ctypes.c_void_p)
+    if depth == 1 and base == "stepgraph_session_options":
+        return ctypes.POINTER(lib.SessionOptions)
+    if depth == 1 and base == "stepgraph_session_info":
+        return ctypes.POINTER(lib.SessionInfo)
+    if depth == 1:
+        return ctypes.POINTER(_CTYPES[base])
+    raise ValueError("no ctypes type for %r" % (t,))
+
+
+def check_python(functions, structs, defines, lib):
+    problems = []
+    decls = lib.DECLARATIONS
+    for name in sorted(set(functions) | set(decls)):
+        if name not in decls:
+            problems.append("python: %s is missing from DECLARATIONS" % name)
+            continue
+        if name not in functions:
+            problems.append("python: %s is declared but is in no header" % name)
+            continue
+        ret, args = functions[name]
+        py_ret, py_args = decls[name]
+        if _expected_ctype(ret, lib) is not py_ret:
+            problems.append("python: %s returns %r, the header says %r" % (name, py_ret, ret))
+        if len(py_args) != len(args):
+            problems.append("python: %s has %d arguments, the header %d"
+                            % (name, len(py_args), len(args)))
+        for i, ((cn, ct), (pn, pt)) in enumerate(zip(args, py_args)):
+            if cn != pn:
+                problems.append("python: %s argument %d is %r, the header's is %r"
+                                % (name, i, pn, cn))
+            if _expected_ctype(ct, lib) is not pt:
+                problems.append("python: %s argument %d (%s) is %r, the header says %s"
+                                % (name, i, cn, pt, ct))
+    for cname, pyname in (("stepgraph_session_options", "SessionOptions"),
+                          ("stepgraph_session_info", "SessionInfo")):
+        fields = getattr(lib, pyname)._fields_
+        want = [(n, _expected_ctype(t, lib)) for n, t in structs.get(cname, [])]
+        if [(n, t) for n, t in fields] != want:
+            problems.append("python: %s fields %s, the header's %s" % (pyname, fields, want))
+    for name, value in defines.items():
+        short = name[len("STEPGRAPH_"):]
+        if hasattr(lib, short) and getattr(lib, short) != value:
+            problems.append("python: %s = %r, the header's %s = %d"
+                            % (short, getattr(lib, short), name, value))
+    for short in ("C_API_VERSION", "SESSION_API_VERSION"):
+        if not hasattr(lib, short):
+            problems.append("python: %s is missing" % short)
+    return problems
+
+
+# ---- Rust ------------------------------------------------------------------------------
+
+_RUST = {"int32_t": "i32", "int64_t": "i64", "uint32_t": "u32", "uint64_t": "u64",
+         "float": "f32", "void": "c_void", "char": "c_char"}
+
+
+def _expected_rust(t):
+    base, depth, consts = t
+    r = _RUST.get(base, base)
+    if depth == 0:
+        return None if base == "void" else r
+    for level in range(depth):
+        r = ("*const " if consts[level] else "*mut ") + r
+    return r
+
+
+def read_rust(text):
+    """{name: (return type or None, [(name, type)])}, {struct: [(field, type)]}, {const: int}"""
+    text = re.sub(r"//[^\n]*", "", text)
+    flat = re.sub(r"\s+", " ", text)
+    functions, structs, consts = {}, {}, {}
+    for name, params, ret in re.findall(r"pub fn (stepgraph_[a-z0-9_]+)\((.*?)\)(?: -> ([^;]+))?;",
+                                        flat):
+        args = []
+        for p in [p for p in params.split(",") if p.strip()]:
+            n, t = p.split(":", 1)
+            args.append((n.strip(), t.strip()))
+        functions[name] = (ret.strip() if ret else None, args)
+    for name, body in re.findall(r"pub struct (stepgraph_[a-z_]+) \{(.*?)\}", flat):
+        fields = []
+        for f in [f for f in body.split(",") if f.strip()]:
+            n, t = f.split(":", 1)
+            n = n.replace("pub", "").strip()
+            if not n.startswith("_"):
+                fields.append((n, t.strip()))
+        structs[name] = fields
+    for name, value in re.findall(r"pub const (STEPGRAPH_[A-Z0-9_]+): \w+ = ([^;]+);", flat):
+        v = value.strip()
+        m = re.match(r"^(-?\d+) << (\d+)$", v)
+        consts[name] = int(m.group(1)) << int(m.group(2)) if m else int(v)
+    return functions, structs, consts
+
+
+def check_rust(functions, structs, defines, rust_text):
+    problems = []
+    rfun, rstruct, rconst = read_rust(rust_text)
+    for name in sorted(set(functions) | set(rfun)):
+        if name not in rfun:
+            problems.append("rust: %s is missing from ffi.rs" % name)
+            continue
+        if name not in functions:
+            problems.append("rust: %s is declared but is in no header" % name)
+            continue
+        ret, args = functions[name]
+        r_ret, r_args = rfun[name]
+        if _expected_rust(ret) != r_ret:
+            problems.append("rust: %s returns %s, the header says %s" % (name, r_ret, ret))
+        if len(r_args) != len(args):
+            problems.append("rust: %s has %d arguments, the header %d"
+                            % (name, len(r_args), len(args)))
+        for i, ((cn, ct), (rn, rt)) in enumerate(zip(args, r_args)):
+            if cn != rn:
+                problems.append("rust: %s argument %d is %r, the header's is %r" % (name, i, rn, cn))
+            if _expected_rust(ct) != rt:
+                problems.append("rust: %s argument %d (%s) is %s, the header says %s"
+                                % (name, i, cn, rt, _expected_rust(ct)))
+    for sname, fields in structs.items():
+        want = [(n, _expected_rust(t)) for n, t in fields]
+        if rstruct.get(sname) != want:
+            problems.append("rust: struct %s is %s, the header's %s" % (sname, rstruct.get(sname), want))
+    for name, value in defines.items():
+        if name.endswith("_H_"):
+            continue
+        if name not in rconst:
+            problems.append("rust: the constant %s is missing" % name)
+        elif rconst[name] != value:
+            problems.append("rust: %s = %d, the header's %d" % (name, rconst[name], value))
+    return problems
+
+
+def load_python_lib(root):
+    spec = importlib.util.spec_from_file_location(
+        "stepgraph_lib_decls", os.path.join(root, "python", "stepgraph", "_lib.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # declarations only: loads no library
+    return module
+
+
+def check_all(root):
+    functions, structs, defines = read_headers(root)
+    problems = check_python(functions, structs, defines, load_python_lib(root))
+    rust = open(os.path.join(root, "rust", "src", "ffi.rs"), encoding="utf-8").read()
+    problems += check_rust(functions, structs, defines, rust)
+    return functions, problems
+
+
+def main(argv):
+    root = argv[1] if len(argv) > 1 else os.path.dirname(os.path.dirname(os.path.dirname(
+        os.path.abspath(__file__))))
+    functions, problems = check_all(root)
+    for p in problems:
+        print(p)
+    if problems:
+        return 1
+    print("%d functions of %s match python/stepgraph/_lib.py and rust/src/ffi.rs"
+          % (len(functions), " and ".join(HEADERS)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
