@@ -133,13 +133,14 @@ void BM_CpuDecodeStep(benchmark::State& state) {
     return;
   }
   CpuDispatch cpu(CpuDispatch::Options{.threads = static_cast<int>(state.range(1))});
-  if (absl::Status st = cpu.Prepare(*s->plan); !st.ok()) {
-    state.SkipWithError(std::string(st.message()).c_str());
+  absl::StatusOr<PreparedPlan> prepared = cpu.Prepare(*s->plan);
+  if (!prepared.ok()) {
+    state.SkipWithError(std::string(prepared.status().message()).c_str());
     return;
   }
   s->pos = kStartPos;
   for (auto _ : state) {
-    absl::StatusOr<ExecStats> st = Execute(*s->plan, *s->bindings, cpu);
+    absl::StatusOr<ExecStats> st = Execute(*prepared, *s->bindings, cpu);
     if (!st.ok()) {
       state.SkipWithError(std::string(st.status().message()).c_str());
       return;

@@ -636,7 +636,7 @@ int Run(const Args& a) {
   for (int32_t id : prompt) {
     if (id >= config->vocab_size) {
       return UsageFailure(absl::StrCat(text ? "--prompt: the tokenizer gave id " : "--prompt-ids: id ",
-                                       id, ", outside the model's vocabulary [0, ",
+                                       id, " is outside the model's vocabulary [0, ",
                                        config->vocab_size, ")"),
                           kRun);
     }

@@ -110,7 +110,7 @@ absl::Status ToOptions(const char* model_path, const stepgraph_session_options& 
                      sizeof(stepgraph_session_options),
                      ": fill the options with stepgraph_session_options_init"));
   }
-  if (model_path != nullptr) out->model_dir = model_path;
+  if (model_path != nullptr) out->model_path = model_path;
   out->weight_seed = o.weight_seed;
   switch (o.backend) {
     case STEPGRAPH_BACKEND_AUTO:

@@ -56,7 +56,7 @@ class FusedFixtureTest : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(FusedFixtureTest, SameIdsAndLogits) {
   SessionOptions options;
-  options.model_dir = std::string(SG_FIXTURES_DIR) + "/" + GetParam();
+  options.model_path = std::string(SG_FIXTURES_DIR) + "/" + GetParam();
   options.max_slots = 1;
   options.max_seq = 40;
   ExpectFusedEqualsPlain(options, {1, 17, 5, 42, 7, 3});

@@ -471,7 +471,7 @@ TEST(SessionPrefillTest, FixturesPrefillEqualsTokenByToken) {
     const std::string dir = std::string(SG_FIXTURES_DIR) + "/" + name;
     const testing::ParityExpected want = testing::ReadParityExpected(dir + "/expected.json");
     SessionOptions o;
-    o.model_dir = dir;
+    o.model_path = dir;
     o.backend = Backend::kCpu;
     o.max_seq = static_cast<int64_t>(want.prompt.size() + want.generated.size());
     o.prefill_chunk = 4;

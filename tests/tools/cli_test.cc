@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
@@ -94,7 +95,7 @@ TEST(CliTest, HelpPrintsUsageAndExitsZero) {
     const Result r = RunProgram(args);
     EXPECT_EQ(r.exit_code, 0) << r.err;
     EXPECT_TRUE(absl::StrContains(r.out, "usage: stepgraph")) << r.out;
-    EXPECT_TRUE(absl::StrContains(r.out, "--model DIR")) << r.out;
+    EXPECT_TRUE(absl::StrContains(r.out, "--model PATH")) << r.out;
     EXPECT_TRUE(r.err.empty()) << r.err;
   }
   EXPECT_TRUE(absl::StrContains(RunProgram("run --help").out, "--prompt-ids"));
@@ -121,7 +122,11 @@ TEST(CliTest, BadArgumentsExitTwoWithOneErrorLineAndAHint) {
       {"run --cpu=yes", "--cpu takes no value"},
       {"run --dot x.dot", "--dot is not an option of 'run'"},
       {"bench --steps 0", "--steps"},
-      {"--model /nonexistent/stepgraph_model", "is not a directory"},
+      {"--model /nonexistent/stepgraph_model", "does not exist"},
+      {"run --chat", "--chat wraps a text prompt"},
+      {"run --prompt hi --prompt-ids 1", "cannot be used together"},
+      {"tokenize --decode 1,x", "--decode: expected an integer"},
+      {"run --text hi", "--text is not an option of 'run'"},
       {"--model-preset llama-9", "unknown preset 'llama-9'"},
       {"run --max-new-tokens 600", "max_position_embeddings (512)"},
   };
@@ -300,6 +305,31 @@ TEST(CliTest, TinyCpuBench) {
   // The tiny model holds 512 positions: 128 is measured, 2048 does not fit.
   EXPECT_TRUE(absl::StrContains(r.out, "time to first token, 128-token prompt: ")) << r.out;
   EXPECT_TRUE(absl::StrContains(r.out, "2048-token prompt: skipped")) << r.out;
+}
+
+// Text through a GGUF file's tokenizer: ids of a text, and the text of those ids back.
+TEST(CliTest, TokenizeEncodesAndDecodesWithTheModelsTokenizer) {
+  const std::string model = std::string(SG_FIXTURES_DIR) + "/tokenizer/gguf_spm.gguf";
+  const Result enc = RunProgram("tokenize --model '" + model + "' --text 'Hello world, again'");
+  ASSERT_EQ(enc.exit_code, 0) << enc.err;
+  std::string ids(absl::StripAsciiWhitespace(enc.out));
+  ASSERT_FALSE(ids.empty());
+  for (char c : ids) ASSERT_TRUE(absl::ascii_isdigit(c) || c == ',') << ids;
+  const Result dec = RunProgram("tokenize --model '" + model + "' --decode " + ids);
+  ASSERT_EQ(dec.exit_code, 0) << dec.err;
+  EXPECT_TRUE(absl::StrContains(dec.out, "Hello world, again")) << dec.out;
+  const Result bad = RunProgram("tokenize --model '" + model + "' --decode 99999999");
+  EXPECT_EQ(bad.exit_code, 2) << bad.err;
+  EXPECT_TRUE(absl::StrContains(bad.err, "outside the vocabulary")) << bad.err;
+}
+
+TEST(CliTest, TextPromptsNeedAModelWithATokenizer) {
+  const Result r = RunProgram("run --cpu --prompt hello");
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_TRUE(absl::StrContains(r.err, "needs a model with a tokenizer")) << r.err;
+  const Result t = RunProgram("tokenize --text hello");
+  EXPECT_EQ(t.exit_code, 1) << t.err;
+  EXPECT_TRUE(absl::StrContains(t.err, "needs a model with a tokenizer")) << t.err;
 }
 
 }  // namespace
