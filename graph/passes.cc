@@ -421,9 +421,16 @@ absl::StatusOr<Graph> RunPasses(Graph graph, const PassOptions& options) {
   return graph;
 }
 
+PassOptions DefaultPassOptions() {
+  PassOptions o;
+  o.disabled.insert("norm_into_matmul");
+  return o;
+}
+
 absl::StatusOr<PassOptions> ParsePassList(absl::string_view spec) {
   PassOptions o;
-  if (spec.empty() || spec == "all") return o;
+  if (spec.empty() || spec == "default") return DefaultPassOptions();
+  if (spec == "all") return o;
   if (spec == "none") {
     o.enabled = false;
     return o;

@@ -82,7 +82,7 @@ struct SessionOptions {
   // (a Generate of more steps than this waits once per this many steps).
   int64_t id_ring_steps = 4096;
   // Graph passes run on every bucket's graph before it is planned (stepgraph/passes.h).
-  PassOptions passes;
+  PassOptions passes = DefaultPassOptions();
 };
 
 // Time of one node of a profiled step.

@@ -80,7 +80,7 @@ struct Args {
   bool cpu = false;
   bool eager = false;
   CudaOptions cuda;
-  PassOptions passes;
+  PassOptions passes = DefaultPassOptions();
   int64_t max_seq = 0;
   int64_t prefill_chunk = 256;
   // run
@@ -136,8 +136,9 @@ constexpr char kModelOptions[] =
                          STEPGRAPH_MATMUL)
   --no-pdl               GPU: launch kernels without programmatic dependent launch (also
                          STEPGRAPH_PDL=0)
-  --passes LIST          graph passes: all (default), none, or names to run, or
-                         -name,... to skip (see stepgraph/passes.h)
+  --passes LIST          graph passes: default (every pass but norm_into_matmul, the
+                         fastest measured), all, none, names to run, or -name,... to
+                         skip from all (see stepgraph/passes.h)
   --no-fuse              the same as --passes none: run the plain graph
   --max-seq N            KV cache length per sequence (default: what the command needs)
   -h, --help             this help

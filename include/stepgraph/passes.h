@@ -39,6 +39,13 @@ struct PassOptions {
   absl::flat_hash_set<std::string> unread_outputs;
 };
 
+// The passes sessions and the program run unless told otherwise: every pass but
+// norm_into_matmul. On an H100 (Llama-3.2-1B shape, bf16, batch 1, replayed) every pass
+// took 1.36 ms per step, every pass but norm_into_matmul 1.19 ms, none 1.27 ms: the folded
+// norm's row scale, recomputed by every block of the matmul, costs more than the RmsNorm
+// launches it saves. PassOptions{} itself runs every pass.
+PassOptions DefaultPassOptions();
+
 // Every pass, in the order RunPasses runs them.
 std::vector<std::string> PassNames();
 
@@ -50,8 +57,9 @@ absl::StatusOr<Graph> RunPasses(Graph graph, const PassOptions& options = {});
 absl::StatusOr<Graph> RunPass(absl::string_view name, Graph graph,
                               const PassOptions& options = {});
 
-// Parses a command-line pass list: "all" (the default), "none", or a comma-separated list
-// of pass names, each prefixed with '-' to switch it off ("-lm_head_argmax,-residual_add").
+// Parses a command-line pass list: "default" (DefaultPassOptions), "all", "none", or a
+// comma-separated list of pass names to run, or of pass names each prefixed with '-' to
+// switch off from all ("-lm_head_argmax,-residual_add").
 absl::StatusOr<PassOptions> ParsePassList(absl::string_view spec);
 
 }  // namespace sg

@@ -188,9 +188,12 @@ TEST(CliTest, GraphPrintsTheSummaryAndWritesDot) {
   const std::string dot = TempPath("graph.dot");
   const Result r = RunProgram("graph --batch 2 --dot '" + dot + "'");
   ASSERT_EQ(r.exit_code, 0) << r.err;
-  // The graph passes run by default: 4 layers of 6 nodes, embedding, lm head, argmax, copy,
-  // advance; --no-fuse prints the plain graph (17 per layer).
-  EXPECT_TRUE(absl::StrContains(r.out, "graph: batch 2, 29 nodes")) << r.out;
+  // The default passes leave each layer's two RmsNorms (norm_into_matmul is off);
+  // --passes all folds them too; --no-fuse prints the plain graph (17 nodes per layer).
+  EXPECT_TRUE(absl::StrContains(r.out, "graph: batch 2, 38 nodes")) << r.out;
+  const Result all = RunProgram("graph --batch 2 --passes all");
+  ASSERT_EQ(all.exit_code, 0) << all.err;
+  EXPECT_TRUE(absl::StrContains(all.out, "graph: batch 2, 29 nodes")) << all.out;
   const Result plain = RunProgram("graph --batch 2 --no-fuse");
   ASSERT_EQ(plain.exit_code, 0) << plain.err;
   EXPECT_TRUE(absl::StrContains(plain.out, "graph: batch 2, 74 nodes")) << plain.out;
