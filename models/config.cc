@@ -26,6 +26,7 @@ using Json = nlohmann::json;
 // Keys written by the config writers (the common base config, generation defaults of old
 // writers, token ids, training-only settings) that do not change the inference math.
 constexpr absl::string_view kHarmlessKeys[] = {
+    "_model_name_or_path",  // written by transformers 5
     "_name_or_path",
     "_attn_implementation_autoset",
     "_commit_hash",
@@ -81,6 +82,7 @@ constexpr absl::string_view kHarmlessKeys[] = {
     "torchscript",
     "transformers_version",
     "typical_p",
+    "unk_token_id",  // written by transformers 5
     "use_bfloat16",
     "use_cache",
 };

@@ -307,6 +307,16 @@ TEST(ConfigTest, ConvertedCheckpointMarkers) {
   ExpectInvalid(Parse(j), {"rope_interleaved", "true"});
 }
 
+TEST(ConfigTest, FoldersSavedByTransformers5Load) {
+  // Metadata keys transformers 5 writes (the real SmolLM2 folder has both); neither
+  // changes the computation.
+  Json j = LegacyLlama32Config();
+  j["_model_name_or_path"] = "HuggingFaceTB/SmolLM2-135M-Instruct";
+  j["unk_token_id"] = 0;
+  j["pad_token_id"] = nullptr;
+  EXPECT_TRUE(Parse(j).ok()) << Parse(j).status();
+}
+
 TEST(ConfigTest, WrongTypes) {
   struct Case {
     const char* field;
