@@ -16,7 +16,7 @@ targets=()
 if [[ -z ${STEPGRAPH_SANITIZE_ALL:-} ]]; then
   targets=(--target graph_test executor_test models_test gguf_test tokenizer_test
            cpu_dispatch_test step_runner_test fuzz_safetensors_replay fuzz_config_replay
-           fuzz_builder_replay fuzz_gguf_replay)
+           fuzz_builder_replay fuzz_gguf_replay fuzz_tokenizer_replay)
 fi
 cmake --build "$build" -j "$jobs" "${targets[@]}"
 echo "== stepgraph: ASan+UBSan tests" >&2
