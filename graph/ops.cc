@@ -37,7 +37,8 @@ std::string Params(const ops::Rope& op) {
 }
 std::string Params(const ops::KvWrite& op) { return op.has_slots ? "slots" : ""; }
 std::string Params(const ops::Attention& op) {
-  return absl::StrFormat(op.has_slots ? "scale=%g slots" : "scale=%g", op.scale);
+  return op.has_slots ? absl::StrFormat("scale=%g slots", op.scale)
+                      : absl::StrFormat("scale=%g", op.scale);
 }
 std::string Params(const ops::Sample& op) {
   return absl::StrFormat("temperature=%g top_k=%d top_p=%g", op.temperature, op.top_k,
