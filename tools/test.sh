@@ -13,7 +13,10 @@ command -v nvcc >/dev/null && configs=(cuda nocuda)
 for c in "${configs[@]}"; do
   cuda=OFF; [[ $c == cuda ]] && cuda=ON
   echo "== stepgraph: build ($c) in $root/$c" >&2
-  cmake -S . -B "$root/$c" -G Ninja -DCMAKE_BUILD_TYPE=Release -DSTEPGRAPH_WITH_CUDA=$cuda >&2
+  # The benchmarks build once, in the first configuration (with CUDA when there is nvcc).
+  bench=ON; [[ $c == nocuda && ${#configs[@]} -gt 1 ]] && bench=OFF
+  cmake -S . -B "$root/$c" -G Ninja -DCMAKE_BUILD_TYPE=Release -DSTEPGRAPH_WITH_CUDA=$cuda \
+        -DSTEPGRAPH_BUILD_BENCH=$bench >&2
   cmake --build "$root/$c" -j "$jobs"
   echo "== stepgraph: test ($c)" >&2
   (cd "$root/$c" && ctest --no-tests=error --output-on-failure -j "$jobs")
