@@ -4,6 +4,7 @@
 // RoPE variant) and running it without that would give plausible but wrong text.
 #include "models/config.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -426,6 +427,12 @@ absl::StatusOr<LlamaConfig> ParseObject(const Json& root, absl::string_view sour
   c.rope_theta = static_cast<float>(theta);
 
   SG_RETURN_IF_ERROR(r.CheckNoUnknown(kHarmlessKeys));
+  for (const auto& [key, value] : root.items()) {
+    if (std::find(std::begin(kHarmlessKeys), std::end(kHarmlessKeys), key) !=
+        std::end(kHarmlessKeys)) {
+      c.metadata_keys.push_back(key);
+    }
+  }
   absl::Status valid = c.Validate();
   if (!valid.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(source, ": ", valid.message()));

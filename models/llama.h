@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
@@ -38,6 +39,9 @@ struct LlamaConfig {
   // for matrices that MatMul and Embedding read (a quantized model). Activations, the KV
   // cache and every other weight stay in `dtype`.
   absl::flat_hash_map<std::string, DType> weight_dtypes;
+  // Keys of config.json accepted as metadata (token ids, writer names, training-only
+  // settings: nothing the computation reads), in file order, for the program's --verbose.
+  std::vector<std::string> metadata_keys;
 
   // InvalidArgument naming the field when a value is out of range or inconsistent. Every
   // size is bounded by what a real model can have (the message says the bound and why),

@@ -78,6 +78,7 @@ struct Args {
   std::string preset = "tiny";
   uint64_t weight_seed = 0;
   bool cpu = false;
+  bool verbose = false;
   bool eager = false;
   CudaOptions cuda;
   PassOptions passes = DefaultPassOptions();
@@ -141,6 +142,7 @@ constexpr char kModelOptions[] =
                          skip from all (see stepgraph/passes.h)
   --no-fuse              the same as --passes none: run the plain graph
   --max-seq N            KV cache length per sequence (default: what the command needs)
+  --verbose              also list the config.json fields accepted as metadata
   -h, --help             this help
 )";
 
@@ -282,6 +284,7 @@ constexpr FlagSpec kFlags[] = {
     {"--weight-seed", true, kAll},    {"--cpu", false, kAll},
     {"--eager", false, kAll},         {"--max-seq", true, kAll},
     {"--help", false, kAll},          {"-h", false, kAll},
+    {"--verbose", false, kAll},
     {"--prompt-ids", true, kRun},     {"--max-new-tokens", true, kRun},
     {"--batch", true, kAll},          {"--temperature", true, kRun},
     {"--top-k", true, kRun},          {"--top-p", true, kRun},
@@ -314,6 +317,8 @@ absl::Status ApplyFlag(absl::string_view name, absl::string_view value, Args& a)
     a.weight_seed = static_cast<uint64_t>(v);
   } else if (name == "--cpu") {
     a.cpu = true;
+  } else if (name == "--verbose") {
+    a.verbose = true;
   } else if (name == "--eager") {
     a.eager = true;
   } else if (name == "--matmul") {
@@ -489,7 +494,14 @@ int RuntimeFailure(const absl::Status& status) {
 
 // The model's config without loading any weight.
 absl::StatusOr<LlamaConfig> ModelConfig(const Args& a) {
-  if (!a.model.empty()) return ModelFiles::ReadConfig(a.model);
+  if (!a.model.empty()) {
+    absl::StatusOr<LlamaConfig> c = ModelFiles::ReadConfig(a.model);
+    if (c.ok() && a.verbose && !c->metadata_keys.empty()) {
+      std::fprintf(stderr, "stepgraph: config.json fields accepted as metadata (unused): %s\n",
+                   absl::StrJoin(c->metadata_keys, ", ").c_str());
+    }
+    return c;
+  }
   return a.preset == "llama-3.2-1b" ? Llama32_1BConfig() : TinyLlamaConfig();
 }
 

@@ -3,6 +3,7 @@
 // must name the field and the value so that a user can act on it.
 #include "models/config.h"
 
+#include <algorithm>
 #include <stdlib.h>
 #include <sys/stat.h>
 
@@ -314,7 +315,13 @@ TEST(ConfigTest, FoldersSavedByTransformers5Load) {
   j["_model_name_or_path"] = "HuggingFaceTB/SmolLM2-135M-Instruct";
   j["unk_token_id"] = 0;
   j["pad_token_id"] = nullptr;
-  EXPECT_TRUE(Parse(j).ok()) << Parse(j).status();
+  absl::StatusOr<LlamaConfig> c = Parse(j);
+  ASSERT_TRUE(c.ok()) << c.status();
+  // Listed for --verbose.
+  EXPECT_NE(std::find(c->metadata_keys.begin(), c->metadata_keys.end(), "_model_name_or_path"),
+            c->metadata_keys.end());
+  EXPECT_NE(std::find(c->metadata_keys.begin(), c->metadata_keys.end(), "unk_token_id"),
+            c->metadata_keys.end());
 }
 
 TEST(ConfigTest, WrongTypes) {

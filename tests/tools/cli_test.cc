@@ -335,5 +335,16 @@ TEST(CliTest, TextPromptsNeedAModelWithATokenizer) {
   EXPECT_TRUE(absl::StrContains(t.err, "needs a model with a tokenizer")) << t.err;
 }
 
+// Fields of config.json that change nothing are accepted, and --verbose lists them.
+TEST(CliTest, VerboseListsTheConfigMetadataFields) {
+  const std::string dir = std::string(SG_FIXTURES_DIR) + "/f32_gqa";
+  const Result r = RunProgram("graph --verbose --model '" + dir + "'");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_TRUE(absl::StrContains(r.err, "fields accepted as metadata (unused): ")) << r.err;
+  EXPECT_TRUE(absl::StrContains(r.err, "transformers_version")) << r.err;
+  const Result quiet = RunProgram("graph --model '" + dir + "'");
+  EXPECT_FALSE(absl::StrContains(quiet.err, "accepted as metadata")) << quiet.err;
+}
+
 }  // namespace
 }  // namespace sg
