@@ -51,55 +51,6 @@ std::vector<int32_t> RandomPrompt(int64_t n, int64_t vocab, uint32_t seed) {
   return p;
 }
 
-double PrefillFlops(const LlamaConfig& c, int64_t n) {
-  const double h = static_cast<double>(c.hidden_size);
-  const double q = static_cast<double>(c.num_attention_heads * c.head_dim);
-  const double kv = static_cast<double>(c.num_key_value_heads * c.head_dim);
-  const double inter = static_cast<double>(c.intermediate_size);
-  const double tokens = static_cast<double>(n);
-  const double keys = tokens * (tokens + 1) / 2;
-  return static_cast<double>(c.num_hidden_layers) *
-         (2 * (h * q + 2 * h * kv + q * h + 3 * h * inter) * tokens + 4 * q * keys);
-}
-
-// TFLOP/s of one bf16 4096³ MatMul node (median of 20), on its own runner.
-absl::StatusOr<double> MatmulTflops() {
-  RunnerOptions ro;
-  ro.device = DeviceKind::kCuda;
-  SG_ASSIGN_OR_RETURN(std::unique_ptr<StepRunner> runner, StepRunner::Create(ro));
-  constexpr int64_t n = 4096;
-  constexpr int64_t bytes = n * n * 2;
-  GraphBuilder b;
-  b.Output("y", b.MatMul(b.Input("x", DType::kBF16, {n, n}), b.Weight("w", DType::kBF16, {n, n}),
-                         "matmul"));
-  SG_ASSIGN_OR_RETURN(Graph graph, std::move(b).Build());
-  std::vector<uint16_t> host(static_cast<size_t>(n * n));
-  std::mt19937 rng(3);
-  std::uniform_real_distribution<float> u(0.01f, 0.1f);
-  for (uint16_t& v : host) v = FloatToBF16(u(rng));
-  SG_ASSIGN_OR_RETURN(void* x, runner->Allocate(bytes, "x"));
-  SG_ASSIGN_OR_RETURN(void* w, runner->Allocate(bytes, "w"));
-  SG_RETURN_IF_ERROR(runner->Copy(x, host.data(), bytes));
-  SG_RETURN_IF_ERROR(runner->Copy(w, host.data(), bytes));
-  SG_RETURN_IF_ERROR(runner->Sync());
-  SG_ASSIGN_OR_RETURN(const int step,
-                      runner->AddStep(std::move(graph), [&](const Graph&, Bindings& bind) {
-                        SG_RETURN_IF_ERROR(bind.Bind("x", x, bytes));
-                        return bind.Bind("w", w, bytes);
-                      }));
-  SG_RETURN_IF_ERROR(runner->Finalize());
-  for (int i = 0; i < 3; ++i) SG_RETURN_IF_ERROR(runner->Run(step));
-  constexpr int kRuns = 20;
-  SG_RETURN_IF_ERROR(runner->StartMarks(kRuns + 1));
-  SG_RETURN_IF_ERROR(runner->Mark(0));
-  for (int i = 0; i < kRuns; ++i) {
-    SG_RETURN_IF_ERROR(runner->Run(step));
-    SG_RETURN_IF_ERROR(runner->Mark(i + 1));
-  }
-  SG_ASSIGN_OR_RETURN(std::vector<double> ms, runner->MarkIntervalsMs());
-  return 2.0 * n * n * n / (Median(ms) * 1e-3) * 1e-12;
-}
-
 struct GpuContext {
   std::unique_ptr<DecodeSession> session;
   double matmul_tflops = 0;
@@ -174,7 +125,7 @@ int main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);
   sg::GpuContext context;
   if (sg::CudaDeviceFound()) {
-    absl::StatusOr<double> rate = sg::MatmulTflops();
+    absl::StatusOr<double> rate = sg::MeasureMatmulTflops({.device = sg::DeviceKind::kCuda});
     if (!rate.ok()) {
       std::fprintf(stderr, "prefill_bench: matmul rate: %s\n", rate.status().ToString().c_str());
       return 1;

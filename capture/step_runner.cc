@@ -9,6 +9,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "capture/runner_device.h"
+#include "stepgraph/builder.h"
+#include "stepgraph/half.h"
 #include "stepgraph/status.h"
 
 namespace sg {
@@ -217,6 +219,47 @@ absl::Status StepRunner::StartMarks(int64_t n) {
 absl::Status StepRunner::Mark(int64_t i) { return device_->Mark(i); }
 absl::StatusOr<std::vector<double>> StepRunner::MarkIntervalsMs() {
   return device_->MarkIntervalsMs();
+}
+
+absl::StatusOr<double> MeasureMatmulTflops(const RunnerOptions& options, int64_t n, int runs) {
+  if (n < 1 || n > 16384 || runs < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "matmul rate: n must be in [1, 16384] and runs >= 1, got ", n, " and ", runs));
+  }
+  SG_ASSIGN_OR_RETURN(std::unique_ptr<StepRunner> runner, StepRunner::Create(options));
+  const int64_t bytes = n * n * 2;
+  GraphBuilder b;
+  b.Output("y", b.MatMul(b.Input("x", DType::kBF16, {n, n}), b.Weight("w", DType::kBF16, {n, n}),
+                         "matmul"));
+  SG_ASSIGN_OR_RETURN(Graph graph, std::move(b).Build());
+  // Small non-zero values: a rate is measured, not a result.
+  std::vector<uint16_t> host(static_cast<size_t>(n * n));
+  for (size_t i = 0; i < host.size(); ++i) {
+    host[i] = FloatToBF16(static_cast<float>(static_cast<int64_t>(i * 37 % 17) - 8) / 64.0f + 0.01f);
+  }
+  SG_ASSIGN_OR_RETURN(void* x, runner->Allocate(bytes, "matmul rate: x"));
+  SG_ASSIGN_OR_RETURN(void* w, runner->Allocate(bytes, "matmul rate: w"));
+  SG_RETURN_IF_ERROR(runner->Copy(x, host.data(), bytes));
+  SG_RETURN_IF_ERROR(runner->Copy(w, host.data(), bytes));
+  SG_RETURN_IF_ERROR(runner->Sync());
+  SG_ASSIGN_OR_RETURN(const int step,
+                      runner->AddStep(std::move(graph), [&](const Graph&, Bindings& bind) {
+                        SG_RETURN_IF_ERROR(bind.Bind("x", x, bytes));
+                        return bind.Bind("w", w, bytes);
+                      }));
+  SG_RETURN_IF_ERROR(runner->Finalize());
+  for (int i = 0; i < 3; ++i) SG_RETURN_IF_ERROR(runner->Run(step));
+  SG_RETURN_IF_ERROR(runner->StartMarks(runs + 1));
+  SG_RETURN_IF_ERROR(runner->Mark(0));
+  for (int i = 0; i < runs; ++i) {
+    SG_RETURN_IF_ERROR(runner->Run(step));
+    SG_RETURN_IF_ERROR(runner->Mark(i + 1));
+  }
+  SG_ASSIGN_OR_RETURN(std::vector<double> ms, runner->MarkIntervalsMs());
+  std::sort(ms.begin(), ms.end());
+  const double median_s = ms[ms.size() / 2] * 1e-3;
+  return 2.0 * static_cast<double>(n) * static_cast<double>(n) * static_cast<double>(n) /
+         median_s * 1e-12;
 }
 
 }  // namespace sg

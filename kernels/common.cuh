@@ -10,6 +10,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstring>
 #include <type_traits>
 #include <utility>
 
@@ -53,6 +54,24 @@ cudaError_t DispatchVecWidth(bool vectorize, F&& f) {
 }
 
 inline bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+// Calls f(std::integral_constant<int, m>{}) for m in [1, kMaxDispatchRows], so that a
+// small-M kernel is compiled once per row count; cudaErrorInvalidValue otherwise.
+inline constexpr int kMaxDispatchRows = 8;
+template <typename F>
+cudaError_t DispatchRows(int64_t m, F&& f) {
+  switch (m) {
+    case 1: return f(std::integral_constant<int, 1>{});
+    case 2: return f(std::integral_constant<int, 2>{});
+    case 3: return f(std::integral_constant<int, 3>{});
+    case 4: return f(std::integral_constant<int, 4>{});
+    case 5: return f(std::integral_constant<int, 5>{});
+    case 6: return f(std::integral_constant<int, 6>{});
+    case 7: return f(std::integral_constant<int, 7>{});
+    case 8: return f(std::integral_constant<int, 8>{});
+    default: return cudaErrorInvalidValue;
+  }
+}
 
 // ---- Programmatic dependent launch -----------------------------------------------------
 // On sm_90 and later a kernel launched with programmatic stream serialization may start
@@ -107,6 +126,20 @@ __device__ __forceinline__ Vec<T, W> LoadVec(const T* p) {
 template <typename T, int W>
 __device__ __forceinline__ void StoreVec(T* p, const Vec<T, W>& v) {
   *reinterpret_cast<Vec<T, W>*>(p) = v;
+}
+// The same load for data read once (weights): ld.global.cs, so that it does not stay in
+// the caches.
+template <typename T, int W>
+__device__ __forceinline__ Vec<T, W> LoadStreaming(const T* p) {
+  if constexpr (sizeof(Vec<T, W>) == 16) {
+    const uint4 u = __ldcs(reinterpret_cast<const uint4*>(p));
+    Vec<T, W> v;
+    memcpy(&v, &u, sizeof(v));
+    return v;
+  } else {
+    static_assert(W == 1);
+    return Vec<T, 1>{{__ldcs(p)}};
+  }
 }
 
 __device__ __forceinline__ float ToFloat(float v) { return v; }

@@ -28,19 +28,6 @@ namespace {
 constexpr int kMaxWarps = 8;
 constexpr int kThreads = 256;
 
-template <typename T, int W>
-__device__ __forceinline__ Vec<T, W> LoadStreamingVec(const T* p) {
-  if constexpr (sizeof(Vec<T, W>) == 16) {
-    const uint4 u = __ldcs(reinterpret_cast<const uint4*>(p));
-    Vec<T, W> v;
-    memcpy(&v, &u, sizeof(v));
-    return v;
-  } else {
-    static_assert(W == 1);
-    return Vec<T, 1>{{__ldcs(p)}};
-  }
-}
-
 // The product column computed by slot c of column block b: consecutive columns, except
 // for kSiluMul, where slots 0, 1 are gate columns 2b, 2b+1 and slots 2, 3 the matching up
 // columns n + 2b, n + 2b + 1 (the product's columns are gate's then up's).
@@ -134,7 +121,7 @@ __global__ void __launch_bounds__(kThreads) FusedMatmulKernel(FusedMatmulArgs a)
   for (int64_t v = v0 + threadIdx.x; v < v1; v += blockDim.x) {
     Vec<T, W> wv[kFusedCols];
 #pragma unroll
-    for (int c = 0; c < kFusedCols; ++c) wv[c] = LoadStreamingVec<T, W>(wrow[c] + v * W);
+    for (int c = 0; c < kFusedCols; ++c) wv[c] = LoadStreaming<T, W>(wrow[c] + v * W);
     float xf[kRows][W];
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
@@ -304,21 +291,7 @@ __global__ void __launch_bounds__(kThreads) FusedMatmulKernel(FusedMatmulArgs a)
   }
 }
 
-template <typename F>
-cudaError_t DispatchFusedRows(int64_t m, F&& f) {
-  switch (m) {
-    case 1: return f(std::integral_constant<int, 1>{});
-    case 2: return f(std::integral_constant<int, 2>{});
-    case 3: return f(std::integral_constant<int, 3>{});
-    case 4: return f(std::integral_constant<int, 4>{});
-    case 5: return f(std::integral_constant<int, 5>{});
-    case 6: return f(std::integral_constant<int, 6>{});
-    case 7: return f(std::integral_constant<int, 7>{});
-    case 8: return f(std::integral_constant<int, 8>{});
-    default: return cudaErrorInvalidValue;
-  }
-}
-static_assert(kFusedMaxRows == 8, "DispatchFusedRows covers 1..8");
+static_assert(kFusedMaxRows == kMaxDispatchRows, "DispatchRows covers every row count");
 
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
@@ -390,7 +363,7 @@ cudaError_t LaunchRows(const FusedMatmulArgs& a, cudaStream_t stream) {
     for (int g = 0; g < a.weights; ++g) vectorize = vectorize && Aligned16(a.w[g]);
     return DispatchVecWidth<T>(vectorize, [&](auto width) {
       constexpr int W = decltype(width)::value;
-      return DispatchFusedRows(a.m, [&](auto rows) {
+      return DispatchRows(a.m, [&](auto rows) {
         constexpr int kRows = decltype(rows)::value;
         const int64_t per_split = CeilDiv(a.k / W, a.splits);
         const int64_t warps = std::clamp<int64_t>(CeilDiv(per_split, kWarpSize), 1, kMaxWarps);

@@ -33,20 +33,6 @@ constexpr int Log2(int v) {
   return l;
 }
 
-// A read that should not stay in the caches (ld.global.cs).
-template <typename T, int W>
-__device__ __forceinline__ Vec<T, W> LoadStreaming(const T* p) {
-  if constexpr (sizeof(Vec<T, W>) == 16) {
-    const uint4 u = __ldcs(reinterpret_cast<const uint4*>(p));
-    Vec<T, W> v;
-    memcpy(&v, &u, sizeof(v));
-    return v;
-  } else {
-    static_assert(W == 1);
-    return Vec<T, 1>{{__ldcs(p)}};
-  }
-}
-
 // Transposing reduction of kLen sums held by every lane: each step pairs lanes `offset`
 // apart, and a lane keeps one half of its sums (adding its partner's copy of that half)
 // while handing over the other, so the count per lane halves. After log2(kLen) steps lane
@@ -136,21 +122,7 @@ __global__ void __launch_bounds__(kMaxWarps* kWarpSize)
   }
 }
 
-template <typename F>
-cudaError_t DispatchRows(int64_t m, F&& f) {
-  switch (m) {
-    case 1: return f(std::integral_constant<int, 1>{});
-    case 2: return f(std::integral_constant<int, 2>{});
-    case 3: return f(std::integral_constant<int, 3>{});
-    case 4: return f(std::integral_constant<int, 4>{});
-    case 5: return f(std::integral_constant<int, 5>{});
-    case 6: return f(std::integral_constant<int, 6>{});
-    case 7: return f(std::integral_constant<int, 7>{});
-    case 8: return f(std::integral_constant<int, 8>{});
-    default: return cudaErrorInvalidValue;
-  }
-}
-static_assert(kGemvMaxRows == 8, "DispatchRows covers 1..8");
+static_assert(kGemvMaxRows == kMaxDispatchRows, "DispatchRows covers every row count");
 
 }  // namespace
 

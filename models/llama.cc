@@ -264,4 +264,15 @@ absl::StatusOr<Graph> BuildLlamaDecodeGraph(const LlamaConfig& c,
   return std::move(b).Build();
 }
 
+double PrefillFlops(const LlamaConfig& c, int64_t tokens) {
+  const double h = static_cast<double>(c.hidden_size);
+  const double q = static_cast<double>(c.num_attention_heads * c.head_dim);
+  const double kv = static_cast<double>(c.num_key_value_heads * c.head_dim);
+  const double inter = static_cast<double>(c.intermediate_size);
+  const double n = static_cast<double>(tokens);
+  const double keys = n * (n + 1) / 2;
+  return static_cast<double>(c.num_hidden_layers) *
+         (2 * (h * q + 2 * h * kv + q * h + 3 * h * inter) * n + 4 * q * keys);
+}
+
 }  // namespace sg

@@ -101,6 +101,11 @@ std::string VCacheName(int64_t layer);
 absl::StatusOr<Graph> BuildLlamaDecodeGraph(const LlamaConfig& config,
                                             const LlamaGraphOptions& options);
 
+// FLOPs of prefilling `tokens` tokens into an empty cache, counted as the model defines
+// them (every layer whole; the lm head is not part of prefill): 2 per multiply-add of the
+// projections per token, and QKᵀ plus PV over the causal triangle.
+double PrefillFlops(const LlamaConfig& config, int64_t tokens);
+
 }  // namespace sg
 
 #endif  // STEPGRAPH_MODELS_LLAMA_H_

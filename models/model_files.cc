@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "models/config.h"
+#include "models/small_file.h"
 #include "stepgraph/half.h"
 #include "stepgraph/quant.h"
 #include "nlohmann/json.hpp"
@@ -20,26 +21,13 @@ namespace {
 
 using Json = nlohmann::json;
 
-// A generation config is a few hundred bytes; anything far larger is not one.
-constexpr int64_t kMaxSmallJsonBytes = int64_t{1} << 20;
-
 // The "eos_token_id" of a JSON file (an id or a list of ids): nullopt when the file or the
 // key is absent. Malformed files are errors naming the file.
 absl::StatusOr<std::optional<std::vector<int32_t>>> EosIdsFromJson(const std::string& path) {
-  struct stat st;
-  if (::stat(path.c_str(), &st) != 0) {
-    if (errno == ENOENT) return std::optional<std::vector<int32_t>>();
-    return absl::InvalidArgumentError(absl::StrCat("cannot stat ", path, ": ", std::strerror(errno)));
-  }
-  SG_ASSIGN_OR_RETURN(MappedFile file, MappedFile::Open(path));
-  const absl::Span<const std::byte> bytes = file.bytes();
-  if (static_cast<int64_t>(bytes.size()) > kMaxSmallJsonBytes) {
-    return absl::InvalidArgumentError(absl::StrCat(path, " holds ", bytes.size(),
-                                                   " bytes, more than a config file can (",
-                                                   kMaxSmallJsonBytes, ")"));
-  }
-  const auto* text = reinterpret_cast<const char*>(bytes.data());
-  Json root = Json::parse(text, text + bytes.size(), nullptr, /*allow_exceptions=*/false);
+  absl::StatusOr<std::string> text = ReadSmallFile(path, kMaxConfigFileBytes, "config file");
+  if (absl::IsNotFound(text.status())) return std::optional<std::vector<int32_t>>();
+  if (!text.ok()) return text.status();
+  Json root = Json::parse(*text, nullptr, /*allow_exceptions=*/false);
   if (root.is_discarded() || !root.is_object()) {
     return absl::InvalidArgumentError(absl::StrCat(path, ": not a JSON object"));
   }

@@ -87,6 +87,8 @@ uint32_t Compose(uint32_t a, uint32_t b) {
   return it == m.end() ? 0 : it->second;
 }
 
+}  // namespace
+
 void AppendUtf8(uint32_t cp, std::string* out) {
   if (cp < 0x80) {
     out->push_back(static_cast<char>(cp));
@@ -104,8 +106,6 @@ void AppendUtf8(uint32_t cp, std::string* out) {
     out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
   }
 }
-
-}  // namespace
 
 std::string NormalizeNfc(absl::string_view text) {
   // U+0300 is the first code point that NFC may change; its UTF-8 lead byte is 0xCC.

@@ -3,6 +3,7 @@
 #ifndef STEPGRAPH_MODELS_UNICODE_NFC_H_
 #define STEPGRAPH_MODELS_UNICODE_NFC_H_
 
+#include <cstdint>
 #include <string>
 
 #include "absl/strings/string_view.h"
@@ -12,6 +13,9 @@ namespace sg {
 // `text` must be valid UTF-8. Text of code points below U+0300 only is returned unchanged
 // without a table lookup.
 std::string NormalizeNfc(absl::string_view text);
+
+// Appends the UTF-8 bytes of code point `cp` (at most U+10FFFF) to `out`.
+void AppendUtf8(uint32_t cp, std::string* out);
 
 }  // namespace sg
 

@@ -914,61 +914,6 @@ void PrintProfile(const std::vector<std::vector<NodeTime>>& runs, double replaye
   }
 }
 
-// FLOPs of prefilling n tokens into an empty cache, counted as the model defines them
-// (every layer whole; the lm head is not part of prefill): 2 per multiply-add of the
-// projections per token, and QKᵀ plus PV over the causal triangle.
-double PrefillFlops(const LlamaConfig& c, int64_t n) {
-  const double h = static_cast<double>(c.hidden_size);
-  const double q = static_cast<double>(c.num_attention_heads * c.head_dim);
-  const double kv = static_cast<double>(c.num_key_value_heads * c.head_dim);
-  const double inter = static_cast<double>(c.intermediate_size);
-  const double tokens = static_cast<double>(n);
-  const double keys = tokens * (tokens + 1) / 2;
-  return static_cast<double>(c.num_hidden_layers) *
-         (2 * (h * q + 2 * h * kv + q * h + 3 * h * inter) * tokens + 4 * q * keys);
-}
-
-// The bf16 matmul rate of this device in TFLOP/s (median of 10): one 4096³ MatMul node on
-// its own runner, through the dispatcher's matmul path (cuBLASLt at this size).
-absl::StatusOr<double> MatmulTflops(const Args& a) {
-  RunnerOptions ro;
-  ro.device = DeviceKind::kCuda;
-  ro.cuda = a.cuda;
-  SG_ASSIGN_OR_RETURN(std::unique_ptr<StepRunner> runner, StepRunner::Create(ro));
-  constexpr int64_t n = 4096;
-  constexpr int64_t bytes = n * n * 2;
-  GraphBuilder b;
-  b.Output("y", b.MatMul(b.Input("x", DType::kBF16, {n, n}), b.Weight("w", DType::kBF16, {n, n}),
-                         "matmul"));
-  SG_ASSIGN_OR_RETURN(Graph graph, std::move(b).Build());
-  // Small non-zero values: a rate is measured, not a result.
-  std::vector<uint16_t> host(static_cast<size_t>(n * n));
-  for (size_t i = 0; i < host.size(); ++i) {
-    host[i] = FloatToBF16(static_cast<float>(static_cast<int64_t>(i * 37 % 17) - 8) / 64.0f + 0.01f);
-  }
-  SG_ASSIGN_OR_RETURN(void* x, runner->Allocate(bytes, "matmul rate: x"));
-  SG_ASSIGN_OR_RETURN(void* w, runner->Allocate(bytes, "matmul rate: w"));
-  SG_RETURN_IF_ERROR(runner->Copy(x, host.data(), bytes));
-  SG_RETURN_IF_ERROR(runner->Copy(w, host.data(), bytes));
-  SG_RETURN_IF_ERROR(runner->Sync());
-  SG_ASSIGN_OR_RETURN(const int step,
-                      runner->AddStep(std::move(graph), [&](const Graph&, Bindings& bind) {
-                        SG_RETURN_IF_ERROR(bind.Bind("x", x, bytes));
-                        return bind.Bind("w", w, bytes);
-                      }));
-  SG_RETURN_IF_ERROR(runner->Finalize());
-  for (int i = 0; i < 3; ++i) SG_RETURN_IF_ERROR(runner->Run(step));
-  constexpr int kRuns = 10;
-  SG_RETURN_IF_ERROR(runner->StartMarks(kRuns + 1));
-  SG_RETURN_IF_ERROR(runner->Mark(0));
-  for (int i = 0; i < kRuns; ++i) {
-    SG_RETURN_IF_ERROR(runner->Run(step));
-    SG_RETURN_IF_ERROR(runner->Mark(i + 1));
-  }
-  SG_ASSIGN_OR_RETURN(std::vector<double> ms, runner->MarkIntervalsMs());
-  return 2.0 * n * n * n / (Median(ms) * 1e-3) * 1e-12;
-}
-
 // Time to first token for a prompt of each length on slot 0 (every other slot released):
 // prefill steps, then the first decode step, host clock to the id (median of 5 after a
 // warm-up), with prefill tokens/s and, given the matmul rate, TFLOP/s.
@@ -1077,7 +1022,7 @@ int Bench(const Args& a) {
   }
   double matmul_tflops = 0;
   if (gpu) {
-    absl::StatusOr<double> rate = MatmulTflops(a);
+    absl::StatusOr<double> rate = MeasureMatmulTflops({.device = DeviceKind::kCuda, .cuda = a.cuda});
     if (!rate.ok()) return RuntimeFailure(rate.status());
     matmul_tflops = *rate;
   }

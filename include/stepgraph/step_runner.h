@@ -146,6 +146,13 @@ class StepRunner {
   std::vector<std::unique_ptr<Step>> steps_;
 };
 
+// The bf16 matmul rate of the device `options` names, in TFLOP/s: one n×n×n MatMul node
+// on a runner of its own, through the dispatcher's matmul path (cuBLASLt at the default
+// size), median of `runs` replays: the ceiling a compute-bound step (prefill) is compared
+// with.
+absl::StatusOr<double> MeasureMatmulTflops(const RunnerOptions& options, int64_t n = 4096,
+                                           int runs = 20);
+
 }  // namespace sg
 
 #endif  // STEPGRAPH_STEP_RUNNER_H_

@@ -28,19 +28,6 @@ const sg::Tokenizer* TrainedTokenizer() {
   return tok;
 }
 
-bool WholeUtf8(const std::string& s) {
-  for (size_t i = 0; i < s.size();) {
-    const unsigned char c = static_cast<unsigned char>(s[i]);
-    const size_t n = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 0;
-    if (n == 0 || i + n > s.size()) return false;
-    for (size_t k = 1; k < n; ++k) {
-      if ((static_cast<unsigned char>(s[i + k]) >> 6) != 0x2) return false;
-    }
-    i += n;
-  }
-  return true;
-}
-
 void Text(absl::string_view text) {
   const sg::Tokenizer& tok = *TrainedTokenizer();
   absl::StatusOr<std::vector<int32_t>> ids = tok.Encode(text);
@@ -54,7 +41,7 @@ void Text(absl::string_view text) {
   std::string streamed;
   for (int32_t id : *ids) {
     absl::StatusOr<std::string> piece = stream.Push(id);
-    if (!piece.ok() || !WholeUtf8(*piece)) std::abort();
+    if (!piece.ok() || sg::Utf8Lossy(*piece) != *piece) std::abort();
     streamed += *piece;
   }
   streamed += stream.Finish();
