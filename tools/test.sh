@@ -24,7 +24,17 @@ done
 # ---- bindings (begin): the Python package and the Rust crate over each build's C ABI ----
 # pytest (python/tests) and cargo test (rust/), offline; the signature check runs in ctest
 # and in pytest. GPU cases skip without a device.
-python3 -c "import numpy, pytest" 2>/dev/null || python3 -m pip install -q numpy pytest >&2
+# Missing tools come from Debian (a system Python refuses pip installs), or from pip where
+# python3 is not the system's.
+sg_apt() {
+  local sudo=""; [[ $(id -u) -ne 0 ]] && sudo="sudo"
+  $sudo apt-get update -q >&2
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends "$@" >&2
+}
+if ! python3 -c "import numpy, pytest" 2>/dev/null; then
+  python3 -m pip install -q numpy pytest >&2 2>/dev/null || sg_apt python3-numpy python3-pytest
+fi
+command -v cargo >/dev/null || sg_apt cargo
 for c in "${configs[@]}"; do
   lib_dir=$(cd "$root/$c" && pwd)
   echo "== stepgraph: Python and Rust bindings ($c)" >&2
