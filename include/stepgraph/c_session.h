@@ -1,18 +1,21 @@
 // The C ABI of stepgraph's decode sessions (library stepgraph_session_c,
 // libstepgraph_session_c.so): load a model, then prefill slots with token ids, generate ids
-// and read logits, through an opaque handle. It wraps the C++ DecodeSession
-// (models/session.h); C99 and C++, nothing but C types. Like c_api.h, this header is the
+// and read logits, and turn text into ids and back with the model's tokenizer, through an
+// opaque handle. It wraps the C++ DecodeSession (models/session.h) and Tokenizer
+// (models/tokenizer.h); C99 and C++, nothing but C types. Like c_api.h, this header is the
 // one list of its functions: the build reads the declarations (see c_api.h) for the export
 // check and the bindings' signature checks.
 //
 // Conventions:
-//   - Return codes are c_api.h's: STEPGRAPH_OK; STEPGRAPH_ERROR_INVALID_VALUE for a bad
-//     argument (NULL, a slot out of range, a token id outside the vocabulary, a prompt
-//     longer than max_seq, a path that is not a model) or a call the session's state does
-//     not allow (logits of a slot that did not run); STEPGRAPH_ERROR_NO_CUDA when the CUDA
-//     backend was asked for where it cannot run (a build without CUDA, no device);
-//     STEPGRAPH_ERROR_OUT_OF_MEMORY; STEPGRAPH_ERROR_LAUNCH_FAILED for a failure while
-//     running (a CUDA error, an error flag raised on the device).
+//   - Return codes are c_api.h's and one of this header's: STEPGRAPH_OK;
+//     STEPGRAPH_ERROR_INVALID_VALUE for a bad argument (NULL, a slot out of range, a token
+//     id outside the vocabulary, a prompt longer than max_seq, a path that is not a model,
+//     text that is not UTF-8) or a call the session's state does not allow (logits of a
+//     slot that did not run); STEPGRAPH_ERROR_NO_CUDA when the CUDA backend was asked for
+//     where it cannot run (a build without CUDA, no device); STEPGRAPH_ERROR_OUT_OF_MEMORY;
+//     STEPGRAPH_ERROR_LAUNCH_FAILED for a failure while running (a CUDA error, an error flag
+//     raised on the device); STEPGRAPH_ERROR_NO_TOKENIZER for a text function on a model
+//     without a tokenizer.
 //   - Every failure on a handle leaves a message naming what was wrong, readable with
 //     stepgraph_session_error until the next call on that handle; a success clears it.
 //   - A build without CUDA has the same functions: the arguments are checked the same, and
@@ -21,9 +24,15 @@
 //   - A handle is used by one thread at a time (it holds the session's buffers and the
 //     last error); distinct handles are independent.
 //
-// Text: the tokenizer's encode and decode functions will be added here as
-// stepgraph_session_encode / stepgraph_session_decode (ids <-> UTF-8) once it lands; until
-// then sessions speak token ids only.
+// Text: stepgraph_session_encode and stepgraph_session_decode turn UTF-8 text into token ids
+// and back with the model's tokenizer (a folder's tokenizer.json, a GGUF file's tokenizer.*
+// metadata), as Hugging Face transformers does with the same files; the chat flag wraps a
+// text as one user turn of the model's chat template, as `stepgraph run --chat` does. The
+// tokenizer is loaded by the first text call on a handle. Functions that return a variable
+// amount (encode, decode, stop_ids) follow one size-query convention: the caller passes a
+// buffer and its capacity, and always gets the size needed in *count / *length; a NULL
+// buffer with capacity 0 only asks for that size (STEPGRAPH_OK); a buffer too small is
+// STEPGRAPH_ERROR_INVALID_VALUE with nothing written.
 #ifndef STEPGRAPH_C_SESSION_H_
 #define STEPGRAPH_C_SESSION_H_
 
@@ -36,7 +45,11 @@ extern "C" {
 #endif
 
 // Bumped whenever a signature, a struct or a meaning below changes.
-#define STEPGRAPH_SESSION_API_VERSION 1
+#define STEPGRAPH_SESSION_API_VERSION 2
+
+// The model has no tokenizer (the built-in model; a folder without tokenizer.json; a GGUF
+// file without tokenizer.* metadata): the text functions cannot run, token ids still do.
+#define STEPGRAPH_ERROR_NO_TOKENIZER (-5)
 
 // stepgraph_session_options.backend and stepgraph_session_info.backend.
 #define STEPGRAPH_BACKEND_AUTO 0  // CUDA when built with it and a device is found, else CPU
@@ -46,6 +59,24 @@ extern "C" {
 // stepgraph_session_options.sampling.
 #define STEPGRAPH_SAMPLING_GREEDY 0  // argmax
 #define STEPGRAPH_SAMPLING_SAMPLE 1  // temperature, top_k, top_p, with each slot's seed
+
+// Flags of the text functions (OR them; a flag a function does not take is refused).
+// encode and stop_ids: the text is one user turn of the model's chat template, followed by
+// the prompt that opens the assistant's turn (transformers' apply_chat_template with
+// add_generation_prompt); stop_ids adds the template's end-of-turn id.
+#define STEPGRAPH_TEXT_CHAT 1u
+// encode: no bos / eos, even where the tokenizer adds them (without it, they are added as
+// the tokenizer's files ask: transformers' add_special_tokens=True).
+#define STEPGRAPH_TEXT_NO_ADD_SPECIAL 2u
+// encode: special tokens written in the text ("<|im_end|>") stay text instead of becoming
+// their ids. Not with STEPGRAPH_TEXT_CHAT, whose template is made of such tokens.
+#define STEPGRAPH_TEXT_LITERAL_SPECIAL 4u
+// decode: leave control tokens (bos, eos, <|im_end|>, ...) out of the text.
+#define STEPGRAPH_TEXT_SKIP_SPECIAL 8u
+
+// The longest text encode takes, in bytes, and the most ids decode takes.
+#define STEPGRAPH_SESSION_MAX_TEXT_BYTES (INT64_C(1) << 30)
+#define STEPGRAPH_SESSION_MAX_DECODE_IDS (INT64_C(1) << 28)
 
 typedef struct stepgraph_session stepgraph_session;
 
@@ -80,8 +111,8 @@ STEPGRAPH_C_EXPORT int32_t stepgraph_session_options_init(stepgraph_session_opti
     STEPGRAPH_C_NOEXCEPT;
 
 // Loads a model and makes a session. model_path: a Hugging Face model folder (config.json
-// and safetensors; a GGUF file will be taken through the same argument), or NULL for the
-// built-in tiny Llama with random weights from options->weight_seed. options: NULL for the
+// and safetensors), a GGUF file, or NULL for the built-in tiny Llama with random weights
+// from options->weight_seed (it has no tokenizer). options: NULL for the
 // defaults. On success *session is the new handle. On failure it is a handle that holds only
 // the message (read it with stepgraph_session_error, then destroy it; any other call on it
 // is STEPGRAPH_ERROR_INVALID_VALUE), or NULL when even that could not be made.
@@ -124,6 +155,45 @@ STEPGRAPH_C_EXPORT int32_t stepgraph_session_logits(stepgraph_session* session, 
 // Ends `slot`'s sequence.
 STEPGRAPH_C_EXPORT int32_t stepgraph_session_release(stepgraph_session* session,
                                                      int64_t slot) STEPGRAPH_C_NOEXCEPT;
+
+// ---- Text (the model's tokenizer; see "Text" above) ----
+
+// The token ids of the UTF-8 text[0..text_bytes) (no terminating NUL needed; NULL with
+// text_bytes 0 is the empty text). flags: STEPGRAPH_TEXT_CHAT, STEPGRAPH_TEXT_NO_ADD_SPECIAL,
+// STEPGRAPH_TEXT_LITERAL_SPECIAL. *count (count non-NULL) receives the number of ids; they
+// are written to ids[0..*count) when capacity >= *count. Text that is not valid UTF-8, or
+// longer than STEPGRAPH_SESSION_MAX_TEXT_BYTES, is STEPGRAPH_ERROR_INVALID_VALUE; so is
+// STEPGRAPH_TEXT_CHAT for a model whose chat template is missing or not one stepgraph
+// renders. The ids are the tokenizer's: stepgraph_session_prefill checks them against the
+// model's vocabulary.
+STEPGRAPH_C_EXPORT int32_t stepgraph_session_encode(stepgraph_session* session,
+                                                    const char* text, int64_t text_bytes,
+                                                    uint32_t flags, int32_t* ids,
+                                                    int64_t capacity,
+                                                    int64_t* count) STEPGRAPH_C_NOEXCEPT;
+
+// The UTF-8 text of ids[0..n) (NULL with n 0 is no ids; n <= STEPGRAPH_SESSION_MAX_DECODE_IDS).
+// flags: STEPGRAPH_TEXT_SKIP_SPECIAL. *length (length non-NULL) receives the text's size in
+// bytes, without a terminator; when capacity >= *length + 1 the text and a terminating NUL
+// are written to text. The text is valid UTF-8: bytes that do not form UTF-8 (a character
+// cut between ids) become U+FFFD; it holds a NUL byte only where a token stands for one. An
+// id outside the tokenizer's vocabulary is STEPGRAPH_ERROR_INVALID_VALUE.
+STEPGRAPH_C_EXPORT int32_t stepgraph_session_decode(stepgraph_session* session,
+                                                    const int32_t* ids, int64_t n,
+                                                    uint32_t flags, char* text,
+                                                    int64_t capacity,
+                                                    int64_t* length) STEPGRAPH_C_NOEXCEPT;
+
+// The ids that end a sequence, as the model's files state them (a folder's
+// generation_config.json eos_token_id, else config.json's; a GGUF file's eos and eot ids);
+// with STEPGRAPH_TEXT_CHAT also the chat
+// template's end-of-turn id. The session never stops by itself: a caller generating text
+// stops at these. *count receives their number (0 for the built-in model without
+// STEPGRAPH_TEXT_CHAT, which needs the tokenizer); written to ids when capacity >= *count.
+STEPGRAPH_C_EXPORT int32_t stepgraph_session_stop_ids(stepgraph_session* session,
+                                                      uint32_t flags, int32_t* ids,
+                                                      int64_t capacity,
+                                                      int64_t* count) STEPGRAPH_C_NOEXCEPT;
 
 #ifdef __cplusplus
 }  // extern "C"

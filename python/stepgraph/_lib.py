@@ -36,9 +36,16 @@ ROPE_SCALING_NONE, ROPE_SCALING_LLAMA3 = 0, 1
 C_API_VERSION = 2
 
 # c_session.h.
-SESSION_API_VERSION = 1
+SESSION_API_VERSION = 2
+ERROR_NO_TOKENIZER = -5
 BACKEND_AUTO, BACKEND_CPU, BACKEND_CUDA = 0, 1, 2
 SAMPLING_GREEDY, SAMPLING_SAMPLE = 0, 1
+TEXT_CHAT = 1
+TEXT_NO_ADD_SPECIAL = 2
+TEXT_LITERAL_SPECIAL = 4
+TEXT_SKIP_SPECIAL = 8
+SESSION_MAX_TEXT_BYTES = 1 << 30
+SESSION_MAX_DECODE_IDS = 1 << 28
 
 
 class SessionOptions(Structure):
@@ -195,6 +202,15 @@ DECLARATIONS = {
     "stepgraph_session_logits": (c_int32, [
         ("session", _SESSION), ("slot", c_int64), ("logits", _P_F32), ("capacity", c_int64)]),
     "stepgraph_session_release": (c_int32, [("session", _SESSION), ("slot", c_int64)]),
+    "stepgraph_session_encode": (c_int32, [
+        ("session", _SESSION), ("text", c_char_p), ("text_bytes", c_int64), ("flags", c_uint32),
+        ("ids", _P_I32), ("capacity", c_int64), ("count", _P_I64)]),
+    "stepgraph_session_decode": (c_int32, [
+        ("session", _SESSION), ("ids", _P_I32), ("n", c_int64), ("flags", c_uint32),
+        ("text", c_char_p), ("capacity", c_int64), ("length", _P_I64)]),
+    "stepgraph_session_stop_ids": (c_int32, [
+        ("session", _SESSION), ("flags", c_uint32), ("ids", _P_I32), ("capacity", c_int64),
+        ("count", _P_I64)]),
 }
 
 KERNEL_LIBRARY = "libstepgraph_c.so"

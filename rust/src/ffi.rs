@@ -7,7 +7,7 @@
 use std::ffi::{c_char, c_void};
 
 pub const STEPGRAPH_C_API_VERSION: i32 = 2;
-pub const STEPGRAPH_SESSION_API_VERSION: i32 = 1;
+pub const STEPGRAPH_SESSION_API_VERSION: i32 = 2;
 
 pub const STEPGRAPH_OK: i32 = 0;
 pub const STEPGRAPH_ERROR_NO_CUDA: i32 = -1;
@@ -39,6 +39,13 @@ pub const STEPGRAPH_BACKEND_CPU: i32 = 1;
 pub const STEPGRAPH_BACKEND_CUDA: i32 = 2;
 pub const STEPGRAPH_SAMPLING_GREEDY: i32 = 0;
 pub const STEPGRAPH_SAMPLING_SAMPLE: i32 = 1;
+pub const STEPGRAPH_ERROR_NO_TOKENIZER: i32 = -5;
+pub const STEPGRAPH_TEXT_CHAT: u32 = 1;
+pub const STEPGRAPH_TEXT_NO_ADD_SPECIAL: u32 = 2;
+pub const STEPGRAPH_TEXT_LITERAL_SPECIAL: u32 = 4;
+pub const STEPGRAPH_TEXT_SKIP_SPECIAL: u32 = 8;
+pub const STEPGRAPH_SESSION_MAX_TEXT_BYTES: i64 = 1 << 30;
+pub const STEPGRAPH_SESSION_MAX_DECODE_IDS: i64 = 1 << 28;
 
 /// The opaque session of c_session.h.
 #[repr(C)]
@@ -179,4 +186,12 @@ extern "C" {
     pub fn stepgraph_session_logits(session: *mut stepgraph_session, slot: i64,
                                     logits: *mut f32, capacity: i64) -> i32;
     pub fn stepgraph_session_release(session: *mut stepgraph_session, slot: i64) -> i32;
+    pub fn stepgraph_session_encode(session: *mut stepgraph_session, text: *const c_char,
+                                    text_bytes: i64, flags: u32, ids: *mut i32, capacity: i64,
+                                    count: *mut i64) -> i32;
+    pub fn stepgraph_session_decode(session: *mut stepgraph_session, ids: *const i32, n: i64,
+                                    flags: u32, text: *mut c_char, capacity: i64,
+                                    length: *mut i64) -> i32;
+    pub fn stepgraph_session_stop_ids(session: *mut stepgraph_session, flags: u32,
+                                      ids: *mut i32, capacity: i64, count: *mut i64) -> i32;
 }
