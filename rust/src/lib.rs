@@ -28,6 +28,9 @@ pub enum Error {
     LaunchFailed(String),
     /// Code -4.
     OutOfMemory(String),
+    /// A text function on a model without a tokenizer (the built-in model; code -5 of
+    /// c_session.h).
+    NoTokenizer(String),
     /// A code this crate does not know.
     Unknown(i32, String),
 }
@@ -42,6 +45,7 @@ impl Error {
             ffi::STEPGRAPH_ERROR_INVALID_VALUE => Some(Error::InvalidArgument(m)),
             ffi::STEPGRAPH_ERROR_LAUNCH_FAILED => Some(Error::LaunchFailed(m)),
             ffi::STEPGRAPH_ERROR_OUT_OF_MEMORY => Some(Error::OutOfMemory(m)),
+            ffi::STEPGRAPH_ERROR_NO_TOKENIZER => Some(Error::NoTokenizer(m)),
             c => Some(Error::Unknown(c, m)),
         }
     }
@@ -53,6 +57,7 @@ impl Error {
             Error::InvalidArgument(_) => ffi::STEPGRAPH_ERROR_INVALID_VALUE,
             Error::LaunchFailed(_) => ffi::STEPGRAPH_ERROR_LAUNCH_FAILED,
             Error::OutOfMemory(_) => ffi::STEPGRAPH_ERROR_OUT_OF_MEMORY,
+            Error::NoTokenizer(_) => ffi::STEPGRAPH_ERROR_NO_TOKENIZER,
             Error::Unknown(c, _) => *c,
         }
     }
@@ -63,6 +68,7 @@ impl Error {
             | Error::InvalidArgument(m)
             | Error::LaunchFailed(m)
             | Error::OutOfMemory(m)
+            | Error::NoTokenizer(m)
             | Error::Unknown(_, m) => m,
         }
     }
@@ -80,6 +86,10 @@ pub type Result<T> = std::result::Result<T, Error>;
 
 /// The library's description of a return code.
 pub fn error_string(code: i32) -> String {
+    // The session library's own code, which the kernel library does not know.
+    if code == ffi::STEPGRAPH_ERROR_NO_TOKENIZER {
+        return "the model has no tokenizer".to_string();
+    }
     // SAFETY: the library returns a static, never-NULL, NUL-terminated string.
     unsafe { CStr::from_ptr(ffi::stepgraph_error_string(code)) }.to_string_lossy().into_owned()
 }
@@ -279,7 +289,7 @@ fn flags_ptr(function: &str, flags: &mut ErrorFlags<'_>) -> Result<*mut u32> {
 
 pub mod kernels;
 mod session;
-pub use session::{Backend, Sampling, Session, SessionInfo, SessionOptions};
+pub use session::{Backend, EncodeOptions, Sampling, Session, SessionInfo, SessionOptions};
 
 /// Host only: the head_dim / 2 RoPE inverse frequencies into `inv_freq`.
 #[derive(Clone, Copy, Debug, PartialEq)]

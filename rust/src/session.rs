@@ -1,7 +1,9 @@
 //! The decode session of c_session.h: a model loaded once, slots prefilled with prompt ids,
-//! ids generated step by step. Runs on the CPU reference where there is no GPU.
+//! ids generated step by step, and text turned into ids and back with the model's
+//! tokenizer. Runs on the CPU reference where there is no GPU.
 use crate::{ffi, Error, Result};
-use std::ffi::{CStr, CString};
+use std::collections::HashSet;
+use std::ffi::{c_char, CStr, CString};
 use std::path::Path;
 use std::ptr::{self, NonNull};
 
@@ -48,6 +50,38 @@ impl Default for SessionOptions {
         }
     }
 }
+
+/// How [`Session::encode`] reads a text.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EncodeOptions {
+    /// The text is one user turn of the model's chat template, with the assistant's turn
+    /// opened after it (as `stepgraph run --chat`).
+    pub chat: bool,
+    /// bos / eos where the tokenizer's files ask for them (ignored with `chat`: the template
+    /// writes its own).
+    pub add_special: bool,
+    /// Special tokens written in the text ("<|im_end|>") become their ids; false keeps them
+    /// text. Must be true with `chat`.
+    pub parse_special: bool,
+}
+
+impl Default for EncodeOptions {
+    fn default() -> Self {
+        EncodeOptions { chat: false, add_special: true, parse_special: true }
+    }
+}
+
+impl EncodeOptions {
+    /// One user turn of the chat template.
+    pub fn chat() -> Self {
+        EncodeOptions { chat: true, ..EncodeOptions::default() }
+    }
+}
+
+// A first guess of a text call's buffer; a larger one is asked for when the library says
+// so (the size-query convention of c_session.h), so a guess only saves a call.
+const SPARE: usize = 64;
+const BYTES_PER_ID: usize = 8;
 
 /// What a session holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -190,6 +224,145 @@ impl Session {
         // SAFETY: a live handle.
         let code = unsafe { ffi::stepgraph_session_release(self.raw.as_ptr(), slot) };
         self.check(code)
+    }
+
+    // ---- text (the model's tokenizer) ----
+
+    /// The token ids of `text`. [`Error::NoTokenizer`] for a model without a tokenizer (the
+    /// built-in one).
+    pub fn encode(&mut self, text: &str, options: &EncodeOptions) -> Result<Vec<i32>> {
+        self.encode_bytes(text.as_bytes(), options)
+    }
+
+    /// As [`Session::encode`], for text given as bytes: bytes that are not UTF-8 are
+    /// refused (InvalidArgument).
+    pub fn encode_bytes(&mut self, text: &[u8], options: &EncodeOptions) -> Result<Vec<i32>> {
+        let mut flags = 0;
+        if options.chat {
+            flags |= ffi::STEPGRAPH_TEXT_CHAT;
+        }
+        if !options.add_special {
+            flags |= ffi::STEPGRAPH_TEXT_NO_ADD_SPECIAL;
+        }
+        if !options.parse_special {
+            flags |= ffi::STEPGRAPH_TEXT_LITERAL_SPECIAL;
+        }
+        let bytes = i64::try_from(text.len())
+            .map_err(|_| Error::InvalidArgument(format!("a text of {} bytes", text.len())))?;
+        let mut ids = vec![0i32; text.len() + SPARE];
+        for _ in 0..2 {
+            let mut count = 0i64;
+            // SAFETY: text holds `bytes` bytes and ids ids.len() values, the sizes passed.
+            let code = unsafe {
+                ffi::stepgraph_session_encode(self.raw.as_ptr(), text.as_ptr() as *const c_char,
+                                              bytes, flags, ids.as_mut_ptr(), ids.len() as i64,
+                                              &mut count)
+            };
+            if code == ffi::STEPGRAPH_ERROR_INVALID_VALUE && count > ids.len() as i64 {
+                ids.resize(count as usize, 0);
+                continue;
+            }
+            self.check(code)?;
+            ids.truncate(count as usize);
+            return Ok(ids);
+        }
+        Err(Error::LaunchFailed("stepgraph_session_encode: the size it asked for did not suffice"
+            .to_string()))
+    }
+
+    /// The text of token ids; `skip_special` leaves control tokens (bos, eos, <|im_end|>, ...)
+    /// out. Bytes that do not form UTF-8 become U+FFFD. An id outside the tokenizer's
+    /// vocabulary is InvalidArgument.
+    pub fn decode(&mut self, ids: &[i32], skip_special: bool) -> Result<String> {
+        let flags = if skip_special { ffi::STEPGRAPH_TEXT_SKIP_SPECIAL } else { 0 };
+        let mut text = vec![0u8; ids.len() * BYTES_PER_ID + SPARE];
+        for _ in 0..2 {
+            let mut length = 0i64;
+            // SAFETY: ids holds ids.len() values and text text.len() bytes, the sizes passed.
+            let code = unsafe {
+                ffi::stepgraph_session_decode(self.raw.as_ptr(), ids.as_ptr(), ids.len() as i64,
+                                              flags, text.as_mut_ptr() as *mut c_char,
+                                              text.len() as i64, &mut length)
+            };
+            if code == ffi::STEPGRAPH_ERROR_INVALID_VALUE && length >= text.len() as i64 {
+                text.resize(length as usize + 1, 0);
+                continue;
+            }
+            self.check(code)?;
+            text.truncate(length as usize);
+            return String::from_utf8(text).map_err(|e| {
+                Error::LaunchFailed(format!("stepgraph_session_decode gave text that is not                                              UTF-8: {e}"))
+            });
+        }
+        Err(Error::LaunchFailed("stepgraph_session_decode: the size it asked for did not suffice"
+            .to_string()))
+    }
+
+    /// The ids that end a sequence, as the model's files state them; `chat` adds the chat
+    /// template's end-of-turn id (which needs the tokenizer).
+    pub fn stop_ids(&mut self, chat: bool) -> Result<Vec<i32>> {
+        let flags = if chat { ffi::STEPGRAPH_TEXT_CHAT } else { 0 };
+        let mut count = 0i64;
+        // SAFETY: a size query: NULL with capacity 0.
+        let code = unsafe {
+            ffi::stepgraph_session_stop_ids(self.raw.as_ptr(), flags, ptr::null_mut(), 0,
+                                            &mut count)
+        };
+        self.check(code)?;
+        let mut ids = vec![0i32; count as usize];
+        // SAFETY: ids holds ids.len() values, the capacity passed.
+        let code = unsafe {
+            ffi::stepgraph_session_stop_ids(self.raw.as_ptr(), flags, ids.as_mut_ptr(),
+                                            ids.len() as i64, &mut count)
+        };
+        self.check(code)?;
+        ids.truncate(count as usize);
+        Ok(ids)
+    }
+
+    /// Starts `slot` with `prompt` (as [`Session::encode`] reads it) and returns the text
+    /// of at most `max_new_tokens` new ids, stopping before the first stop id (of
+    /// [`Session::stop_ids`]) unless `stop` is false; special tokens are left out of it.
+    pub fn generate_text(&mut self, slot: i64, prompt: &str, options: &EncodeOptions,
+                         max_new_tokens: usize, stop: bool) -> Result<String> {
+        let ids = self.encode(prompt, options)?;
+        let stops: HashSet<i32> =
+            if stop { self.stop_ids(options.chat)?.into_iter().collect() } else { HashSet::new() };
+        let new = self.generate_until(slot, &ids, max_new_tokens, &stops)?;
+        self.decode(&new, true)
+    }
+
+    /// Starts `slot` with the prompt ids and returns at most `max_new_tokens` new ids,
+    /// ending before the first id in `stops`.
+    pub fn generate_until(&mut self, slot: i64, prompt: &[i32], max_new_tokens: usize,
+                          stops: &HashSet<i32>) -> Result<Vec<i32>> {
+        if max_new_tokens == 0 {
+            return Err(Error::InvalidArgument("max_new_tokens must be >= 1".to_string()));
+        }
+        self.prefill(slot, prompt, 0)?;
+        // Steps in chunks so that a stop ends the work early; the CPU steps one at a time
+        // (a step there costs far more than a call).
+        let chunk = if stops.is_empty() {
+            max_new_tokens
+        } else if self.info.backend == Backend::Cpu {
+            1
+        } else {
+            8
+        };
+        let mut out = Vec::new();
+        let mut done = 0;
+        while done < max_new_tokens {
+            let k = chunk.min(max_new_tokens - done);
+            let got = self.generate(slot, k)?;
+            done += k;
+            for id in got {
+                if stops.contains(&id) {
+                    return Ok(out);
+                }
+                out.push(id);
+            }
+        }
+        Ok(out)
     }
 }
 
