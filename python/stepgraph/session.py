@@ -1,21 +1,32 @@
 """Decode sessions from Python, over the session C ABI (include/stepgraph/c_session.h).
 
-    s = stepgraph.Session(None)          # the built-in tiny model, random weights
+    s = stepgraph.Session("SmolLM2-135M-Instruct.Q4_1.gguf")
+    s.generate("The capital of France is", max_new_tokens=32)   # text in, text out
+    s.generate("What is the capital of France?", chat=True)     # one user turn of the chat
+
+    s = stepgraph.Session(None)          # the built-in tiny model, random weights, no tokenizer
     s.prefill([1, 2, 3])
     ids = s.generate(16)                 # 16 new token ids of slot 0
 """
 
 import ctypes
+import numbers
 
 import numpy as np
 
 from . import _lib
 
+# The first guess of a text call's buffer; a larger one is asked for when the library says
+# so (the size-query convention of c_session.h), so a guess only saves a call.
+_SPARE_IDS = 64
+_BYTES_PER_ID = 8
+
 _BACKENDS = {"auto": _lib.BACKEND_AUTO, "cpu": _lib.BACKEND_CPU, "cuda": _lib.BACKEND_CUDA}
 
 
 class SessionError(RuntimeError):
-    """A failed session call: the library's message, and its code in `code`."""
+    """A failed session call: the library's message, and its code in `code` (-5,
+    Session.NO_TOKENIZER, for text on a model without a tokenizer)."""
 
     def __init__(self, message, code):
         super().__init__(message)
@@ -24,9 +35,12 @@ class SessionError(RuntimeError):
 
 class Session:
     """A model loaded for decoding: `slots` sequences at once, each up to `max_seq`
-    positions. model: a Hugging Face model folder, or None for the built-in tiny Llama with
-    random weights from `weight_seed`. backend: "auto", "cpu" or "cuda". Greedy unless
+    positions (0: the model's, at most 4096). model: a Hugging Face model folder or a GGUF
+    file, or None for the built-in tiny Llama with random weights from `weight_seed` (which
+    has no tokenizer: ids only). backend: "auto", "cpu" or "cuda". Greedy unless
     `temperature` is given (then sampled, with top_k and top_p)."""
+
+    NO_TOKENIZER = _lib.ERROR_NO_TOKENIZER
 
     def __init__(self, model=None, backend="auto", slots=1, max_seq=0, temperature=None,
                  top_k=0, top_p=1.0, weight_seed=0):
@@ -79,19 +93,135 @@ class Session:
             handle, int(slot), prompt.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)),
             prompt.size, int(seed)))
 
-    def generate(self, n, slot=0):
-        """n new token ids of `slot` (every live slot advances n steps), as a list."""
+    def _steps(self, n, slot):
         handle = self._live()
         out = np.empty(int(n), dtype=np.int32)
         self._check(self._lib.stepgraph_session_generate(
             handle, int(slot), int(n), out.ctypes.data_as(ctypes.POINTER(ctypes.c_int32))))
         return out.tolist()
 
-    def complete(self, ids, max_new_tokens=32, slot=0, seed=0):
-        """Starts `slot` with the prompt ids and returns its max_new_tokens new ids (text in
-        and out comes with the tokenizer's C functions)."""
+    def generate(self, prompt, max_new_tokens=None, slot=0, seed=0, chat=False, stop=True):
+        """Three forms:
+
+        generate("text", max_new_tokens=32): encodes the text with the model's tokenizer
+          (chat=True: as one user turn of its chat template, as `stepgraph run --chat`),
+          starts `slot` with it and returns the new text (special tokens left out).
+        generate([ids...], max_new_tokens=32): the same with token ids in and out.
+        generate(n): n more ids of a slot started with prefill (every live slot advances n
+          steps), as a list; no stopping.
+
+        The first two stop before the first of the model's stop ids (stop_ids(chat)) unless
+        stop=False; stop may also be a list of ids. At most max_new_tokens (default 32) ids
+        are generated."""
+        if isinstance(prompt, numbers.Integral):
+            if max_new_tokens is not None or chat or seed != 0:
+                raise ValueError("generate(n) continues a prefilled slot: give slot= alone "
+                                 "(max_new_tokens, seed and chat belong to a prompt)")
+            return self._steps(prompt, slot)
+        text = isinstance(prompt, (str, bytes))
+        if chat and not text:
+            raise ValueError("chat=True wraps a text prompt")
+        n = 32 if max_new_tokens is None else int(max_new_tokens)
+        if n < 1:
+            raise ValueError("max_new_tokens must be >= 1, got %d" % n)
+        ids = self.encode(prompt, chat=chat) if text else \
+            np.ascontiguousarray(prompt, dtype=np.int32).reshape(-1).tolist()
+        if not ids:
+            raise ValueError("the prompt has no ids")
+        # A prefill feeds every prompt id but the last; each step feeds one more.
+        if len(ids) + n - 1 > self.max_seq:
+            raise ValueError("a prompt of %d ids and %d new ids need %d positions, the session "
+                             "has max_seq %d" % (len(ids), n, len(ids) + n - 1, self.max_seq))
+        if stop is True:
+            stops = set(self.stop_ids(chat=chat))
+        elif stop is False or stop is None:
+            stops = set()
+        else:
+            stops = {int(i) for i in stop}
         self.prefill(ids, slot=slot, seed=seed)
-        return self.generate(max_new_tokens, slot=slot)
+        # Steps in chunks, so that a stop ends the work early; the CPU steps one at a time
+        # (a step there costs far more than a call).
+        chunk = 1 if self.backend == "cpu" else 8
+        out = []
+        done = 0
+        while done < n:
+            k = min(chunk, n - done) if stops else n - done
+            got = self._steps(k, slot)
+            done += k
+            for i in got:
+                if i in stops:
+                    done = n
+                    break
+                out.append(i)
+        return self.decode(out, skip_special=True) if text else out
+
+    # ---- text (the model's tokenizer) ----------------------------------------------------
+
+    def encode(self, text, chat=False, add_special=True, parse_special=True):
+        """The token ids of `text` (str, or UTF-8 bytes). chat=True: as one user turn of the
+        model's chat template with the assistant's turn opened. add_special: bos / eos where
+        the tokenizer's files ask for them. parse_special=False: special tokens written in
+        the text stay text."""
+        handle = self._live()
+        data = text.encode("utf-8", "surrogatepass") if isinstance(text, str) else bytes(text)
+        flags = ((_lib.TEXT_CHAT if chat else 0) | (0 if add_special else _lib.TEXT_NO_ADD_SPECIAL)
+                 | (0 if parse_special else _lib.TEXT_LITERAL_SPECIAL))
+        count = ctypes.c_int64(0)
+        capacity = len(data) + _SPARE_IDS
+        for _ in range(2):
+            out = np.empty(capacity, dtype=np.int32)
+            code = self._lib.stepgraph_session_encode(
+                handle, data, len(data), flags,
+                out.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)), capacity,
+                ctypes.byref(count))
+            if code == _lib.ERROR_INVALID_VALUE and count.value > capacity:
+                capacity = count.value
+                continue
+            self._check(code)
+            return out[:count.value].tolist()
+        raise SessionError("stepgraph_session_encode: the size it asked for did not suffice",
+                           _lib.ERROR_LAUNCH_FAILED)
+
+    def decode(self, ids, skip_special=False):
+        """The text of token ids (a str). skip_special: leave control tokens (bos, eos,
+        <|im_end|>, ...) out. Bytes that do not form UTF-8 become U+FFFD."""
+        handle = self._live()
+        arr = np.ascontiguousarray(ids, dtype=np.int32).reshape(-1)
+        flags = _lib.TEXT_SKIP_SPECIAL if skip_special else 0
+        length = ctypes.c_int64(0)
+        capacity = arr.size * _BYTES_PER_ID + _SPARE_IDS
+        for _ in range(2):
+            buf = ctypes.create_string_buffer(capacity)
+            code = self._lib.stepgraph_session_decode(
+                handle, arr.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)), arr.size, flags,
+                buf, capacity, ctypes.byref(length))
+            if code == _lib.ERROR_INVALID_VALUE and length.value + 1 > capacity:
+                capacity = length.value + 1
+                continue
+            self._check(code)
+            return buf.raw[:length.value].decode("utf-8")
+        raise SessionError("stepgraph_session_decode: the size it asked for did not suffice",
+                           _lib.ERROR_LAUNCH_FAILED)
+
+    def stop_ids(self, chat=False):
+        """The ids that end a sequence, as the model's files state them; chat=True adds the
+        chat template's end-of-turn id (which needs the tokenizer)."""
+        handle = self._live()
+        flags = _lib.TEXT_CHAT if chat else 0
+        count = ctypes.c_int64(0)
+        self._check(self._lib.stepgraph_session_stop_ids(handle, flags, None, 0,
+                                                         ctypes.byref(count)))
+        out = np.empty(max(count.value, 1), dtype=np.int32)
+        self._check(self._lib.stepgraph_session_stop_ids(
+            handle, flags, out.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)), out.size,
+            ctypes.byref(count)))
+        return out[:count.value].tolist()
+
+    def complete(self, ids, max_new_tokens=32, slot=0, seed=0):
+        """Starts `slot` with the prompt ids and returns its max_new_tokens new ids, without
+        stopping (generate(ids) stops at the stop ids; generate("text") speaks text)."""
+        self.prefill(ids, slot=slot, seed=seed)
+        return self._steps(max_new_tokens, slot)
 
     def logits(self, slot=0):
         """The f32 logits of `slot`'s row in the last step (a NumPy array)."""

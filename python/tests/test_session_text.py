@@ -1,0 +1,156 @@
+# Text through stepgraph.Session: encode, decode, stop_ids and generate("text") against the
+# tokenizer fixtures made with transformers (tests/fixtures/tokenizer) on a model folder made
+# from fixtures, and against transformers' greedy text on the real SmolLM2-135M-Instruct file
+# (tests/fixtures/fetch_smollm2.sh; those cases skip without it). Refusals: no tokenizer,
+# text that is not UTF-8, ids outside the vocabulary.
+import json
+import os
+import shutil
+
+import pytest
+
+import stepgraph
+from stepgraph import Session, SessionError
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+FIXTURES = os.path.join(ROOT, "tests", "fixtures")
+
+
+def fixture(*parts):
+    with open(os.path.join(FIXTURES, *parts), encoding="utf-8") as f:
+        return json.load(f)
+
+
+@pytest.fixture(scope="module")
+def text_folder(tmp_path_factory):
+    """The f32_gqa fixture model with the bl_smollm fixture tokenizer (a byte-level BPE of 700
+    tokens trained like SmolLM's, ChatML specials at 0..2) and SmolLM2's chat template."""
+    d = tmp_path_factory.mktemp("text_model")
+    for src, dst in (("f32_gqa/config.json", "config.json"),
+                     ("f32_gqa/generation_config.json", "generation_config.json"),
+                     ("f32_gqa/model.safetensors", "model.safetensors"),
+                     ("tokenizer/bl_smollm/tokenizer.json", "tokenizer.json"),
+                     ("tokenizer/bl_smollm/tokenizer_config.json", "tokenizer_config.json"),
+                     ("tokenizer/chat/smollm2.jinja", "chat_template.jinja")):
+        shutil.copy(os.path.join(FIXTURES, src), d / dst)
+    return str(d)
+
+
+def test_encode_and_decode_are_transformers(text_folder):
+    s = Session(text_folder, backend="cpu", max_seq=64)
+    corpus = fixture("tokenizer", "corpus.json")
+    expected = fixture("tokenizer", "bl_smollm", "expected.json")
+    different = expected["decoded_where_different"]
+    assert len(corpus) == len(expected["ids"])
+    same = 0
+    for i, text in enumerate(corpus):
+        ids = s.encode(text)
+        assert ids == expected["ids"][i], (i, text)
+        back = s.decode(ids)
+        assert back == different.get(str(i), text), i
+        same += back == text
+    assert same >= 300
+    # The options reach the tokenizer.
+    parsed, literal = s.encode("a<|im_end|>b"), s.encode("a<|im_end|>b", parse_special=False)
+    assert 2 in parsed and 2 not in literal
+    assert s.decode(parsed) == "a<|im_end|>b" and s.decode(parsed, skip_special=True) == "ab"
+    assert s.encode(b"Hello") == s.encode("Hello")
+    # Longer than the first guess of the buffer: the size-query path.
+    assert s.decode([1] * 300) == "<|im_start|>" * 300
+
+
+def test_chat_turns_are_the_templates(text_folder):
+    s = Session(text_folder, backend="cpu", max_seq=64)
+    for c in fixture("tokenizer", "chat", "expected.json")["smollm2"]["cases"]:
+        assert s.decode(s.encode(c["user"], chat=True)) == c["text"]
+    assert s.stop_ids() == [] and s.stop_ids(chat=True) == [2]
+
+
+def test_bad_text_and_ids_are_refused(text_folder):
+    s = Session(text_folder, backend="cpu", max_seq=64)
+    for bad in (b"ab\xff", b"\xe2\x82", b"\xc0\xaf", "x\ud800y"):
+        with pytest.raises(SessionError) as e:
+            s.encode(bad)
+        assert e.value.code == -2 and "UTF-8" in str(e.value)
+    good = s.encode("Hello world")
+    for bad_id in (700, -1, 2**31 - 1):
+        with pytest.raises(SessionError) as e:
+            s.decode(good[:1] + [bad_id] + good[1:])
+        assert e.value.code == -2 and str(bad_id) in str(e.value)
+    with pytest.raises(SessionError):
+        s.encode("hi", chat=True, parse_special=False)
+    with pytest.raises(OverflowError):
+        s.decode([2**40])
+    # A failure leaves the session usable.
+    assert s.decode(good) == "Hello world"
+    assert s.encode("") == [] and s.decode([]) == ""
+
+
+def test_a_model_without_a_tokenizer_says_so():
+    for model in (None, os.path.join(FIXTURES, "f32_gqa")):
+        s = Session(model, backend="cpu", max_seq=32)
+        with pytest.raises(SessionError) as e:
+            s.generate("hello", max_new_tokens=4)
+        assert e.value.code == Session.NO_TOKENIZER == -5
+        assert ("built-in" if model is None else "tokenizer.json") in str(e.value)
+        with pytest.raises(SessionError) as e:
+            s.decode([1, 2])
+        assert e.value.code == -5
+        assert s.stop_ids() == []
+        # Ids still run: in and out.
+        out = s.generate([3, 4, 5], max_new_tokens=4)
+        assert len(out) == 4 and all(0 <= i < s.vocab_size for i in out)
+
+
+def test_generate_forms_and_their_checks():
+    s = Session(backend="cpu", max_seq=16, weight_seed=3)
+    a = s.generate([7, 8, 9], max_new_tokens=5)
+    s.prefill([7, 8, 9])
+    assert s.generate(5) == a  # the built-in model states no stop ids: nothing stops
+    assert s.complete([7, 8, 9], max_new_tokens=5) == a
+    # Stop at given ids: the output ends before the first of them.
+    stopped = s.generate([7, 8, 9], max_new_tokens=5, stop=[a[2]])
+    assert stopped == a[:a.index(a[2])]
+    with pytest.raises(ValueError):
+        s.generate([7, 8, 9], max_new_tokens=15)  # 3 + 15 - 1 positions > max_seq 16
+    with pytest.raises(ValueError):
+        s.generate([1, 2], chat=True)
+    with pytest.raises(ValueError):
+        s.generate(4, max_new_tokens=4)
+    with pytest.raises(ValueError):
+        s.generate([1, 2], max_new_tokens=0)
+
+
+# ---- the real SmolLM2 file --------------------------------------------------------------
+
+def smollm2_path():
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    path = os.path.join(cache, "stepgraph-test", "SmolLM2-135M-Instruct.Q4_1.gguf")
+    if not os.path.isfile(path):
+        pytest.skip("%s is absent: run tests/fixtures/fetch_smollm2.sh" % path)
+    return path
+
+
+def test_smollm2_text_is_transformers():
+    s = Session(smollm2_path(), backend="cpu", max_seq=64)
+    expected = fixture("tokenizer", "smollm2.expected.json")
+    for i, text in enumerate(fixture("tokenizer", "corpus.json")):
+        assert s.encode(text) == expected["ids"][i], (i, text)
+    for c in fixture("smollm2", "expected.json")["cases"]:
+        assert s.encode(c["text"], chat=c["chat"]) == c["prompt_ids"]
+        assert s.decode(c["generated"], skip_special=True) == c["generated_text"]
+    assert s.stop_ids() == s.stop_ids(chat=True) == s.encode("<|im_end|>")
+
+
+def test_smollm2_generates_transformers_text():
+    # The README's lines, on the CPU reference: greedy text, ids and text as transformers'.
+    s = stepgraph.Session(smollm2_path(), backend="cpu", max_seq=48)
+    case = fixture("smollm2", "expected.json")["cases"][0]
+    assert not case["chat"]
+    text = s.generate(case["text"], max_new_tokens=32, stop=False)
+    assert text == case["generated_text"]
+    # By default it stops before the model's end of sequence (<|im_end|>, id 2).
+    end = case["generated"].index(2)
+    assert s.generate(case["text"], max_new_tokens=32) == \
+        s.decode(case["generated"][:end], skip_special=True)
+    assert s.generate(case["prompt_ids"], max_new_tokens=32, stop=False) == case["generated"]
