@@ -194,3 +194,117 @@ def clip_grad_norm(grads, max_norm):
     for g in grads:
         _store(g, _f(g) * coef)
     return total
+
+
+# ---- decode-step kernels: RoPE, the KV cache, attention, sampling -----------------------
+
+def rope(x, pos, inv_freq, y, head_dim, interleaved):
+    """x, y [rows, cols]: every head of row i turned by pos[i] · inv_freq (rows with pos < 0
+    copied). The angle is the f32 product, as Hugging Face computes it."""
+    rows = x.shape[0]
+    v = _f(x).reshape(rows, -1, head_dim)
+    half = head_dim // 2
+    angle = (pos.astype(np.float32)[:, None] * inv_freq.astype(np.float32)[None, :]).astype(np.float64)
+    c, s = np.cos(angle)[:, None, :], np.sin(angle)[:, None, :]
+    a = np.arange(half) * 2 if interleaved else np.arange(half)
+    b = a + 1 if interleaved else a + half
+    r = v.copy()
+    r[:, :, a] = v[:, :, a] * c - v[:, :, b] * s
+    r[:, :, b] = v[:, :, b] * c + v[:, :, a] * s
+    r[pos < 0] = v[pos < 0]
+    _store(y, r.reshape(y.shape))
+
+
+def kv_write(kv, pos, cache):
+    """Row i of kv at position pos[i] of slot i of cache [slots, kv_heads, seq_len, d]."""
+    _, kv_heads, seq_len, d = cache.shape
+    rows = kv.shape[0]
+    v = kv.reshape(rows, kv_heads, d)
+    flags = 0
+    for i in range(rows):
+        if pos[i] < 0:
+            continue
+        if pos[i] >= seq_len:
+            flags |= _lib.FLAG_POSITION_OUT_OF_RANGE
+            continue
+        cache[i, :, pos[i], :] = v[i]
+    return flags
+
+
+def attention(q, k_cache, v_cache, pos, out, scale):
+    """Decode attention of one query row per slot over positions 0..pos[i] of its cache."""
+    _, kv_heads, seq_len, d = k_cache.shape
+    rows = q.shape[0]
+    qf = _f(q).reshape(rows, -1, d)
+    heads = qf.shape[1]
+    group = heads // kv_heads
+    result = np.zeros(qf.shape)
+    flags = 0
+    for i in range(rows):
+        if pos[i] < 0:
+            continue
+        if pos[i] >= seq_len:
+            flags |= _lib.FLAG_POSITION_OUT_OF_RANGE
+            continue
+        n = int(pos[i]) + 1
+        for h in range(heads):
+            k = _f(k_cache[i, h // group, :n])
+            v = _f(v_cache[i, h // group, :n])
+            s = (k @ qf[i, h]) * np.float64(np.float32(scale))
+            p = np.exp(s - s.max())
+            result[i, h] = (p / p.sum()) @ v
+    _store(out, result.reshape(out.shape))
+    return flags
+
+
+_M32 = 0xFFFFFFFF
+
+
+def philox4x32_10(counter, key):
+    """Philox4x32-10 (Salmon et al., "Parallel random numbers: as easy as 1, 2, 3"): four
+    32-bit words of counter and two of key to four random words."""
+    c0, c1, c2, c3 = (int(w) & _M32 for w in counter)
+    k0, k1 = (int(w) & _M32 for w in key)
+    for _ in range(10):
+        p0 = 0xD2511F53 * c0
+        p1 = 0xCD9E8D57 * c2
+        c0, c1, c2, c3 = ((p1 >> 32) ^ c1 ^ k0, p1 & _M32, (p0 >> 32) ^ c3 ^ k1, p0 & _M32)
+        k0 = (k0 + 0x9E3779B9) & _M32
+        k1 = (k1 + 0xBB67AE85) & _M32
+    return c0, c1, c2, c3
+
+
+def sample_uniform(seed, pos):
+    """The uniform number in [0, 1) that sampling draws for (seed, pos) (24 bits, as
+    include/stepgraph/philox.h)."""
+    r = philox4x32_10((pos, 0, 0x5A6E5031, 0), (seed, 0x243F6A88))
+    return (r[0] >> 8) / 16777216.0
+
+
+def sample(logits, seeds, pos, ids, temperature, top_k, top_p):
+    """ids[i] from softmax(logits[i] / temperature), kept to the top_k largest (ties by
+    index) and then to the smallest prefix reaching top_p of their mass, drawn with
+    sample_uniform(seeds[i], pos[i]) over the kept ids in index order."""
+    z = _f(logits)
+    z = np.where(np.isnan(z), -np.inf, z) / np.float64(np.float32(temperature))
+    for i in range(z.shape[0]):
+        order = np.argsort(-z[i], kind="stable")
+        keep = order if top_k <= 0 else order[:top_k]
+        p = np.exp(z[i, keep] - z[i, keep[0]])
+        if top_p < 1.0:
+            cum = np.cumsum(p)
+            stop = int(np.searchsorted(cum, np.float64(np.float32(top_p)) * p.sum()))
+            keep, p = keep[:stop + 1], p[:stop + 1]
+        by_index = np.argsort(keep)
+        keep, p = keep[by_index], p[by_index]
+        cum = np.cumsum(p)
+        target = sample_uniform(int(seeds[i]), int(pos[i])) * cum[-1]
+        ids[i] = keep[min(int(np.searchsorted(cum, target, side="right")), keep.size - 1)]
+
+
+def copy(src, dst):
+    dst[...] = src
+
+
+def advance(pos):
+    pos[pos >= 0] += 1

@@ -25,8 +25,11 @@ import numpy as np
 from . import _arrays, _fallback, _lib
 
 __all__ = ["StepgraphError", "device_available", "add", "mul", "silu", "silu_mul", "scale",
-           "softmax", "rmsnorm", "matmul", "embedding", "argmax", "rope_inv_freq", "topk", "flash_attention", "gemm", "gemm_batched", "cross_entropy",
-           "cross_entropy_backward", "moe_aux_loss", "adamw_step", "clip_grad_norm"]
+           "softmax", "rmsnorm", "matmul", "embedding", "argmax", "argmax_workspace_bytes",
+           "rope_inv_freq", "rope", "kv_write", "attention", "attention_workspace_bytes",
+           "sample", "copy", "advance", "topk", "flash_attention", "gemm", "gemm_batched",
+           "cross_entropy", "cross_entropy_backward", "moe_aux_loss", "adamw_step",
+           "clip_grad_norm"]
 
 
 class StepgraphError(RuntimeError):
@@ -104,6 +107,9 @@ class _Call:
     def _raise_flags(self, flags):
         if flags & _lib.FLAG_TOKEN_OUT_OF_RANGE:
             raise IndexError("%s: an id or target outside its range" % self.name)
+        if flags & _lib.FLAG_POSITION_OUT_OF_RANGE:
+            raise IndexError("%s: a position at or past the cache's seq_len (its row was "
+                             "skipped)" % self.name)
 
     def _on_device(self, fn, args, ptr, stream):
         cuda = _runtime() if self.flags else None
@@ -147,7 +153,8 @@ def _new(like, shape, dtype_code=None):
     dtype_code = like.dtype if dtype_code is None else dtype_code
     if not like.device:
         np_dtype = {_lib.F32: np.float32, _lib.F16: np.float16, _lib.I32: np.int32}[dtype_code]
-        return np.empty(shape, dtype=np_dtype)
+        # Poisoned, so that an element a call leaves unwritten shows.
+        return np.full(shape, -1 if dtype_code == _lib.I32 else np.nan, dtype=np_dtype)
     if not hasattr(like.obj, "new_empty"):
         raise TypeError("cannot make an output like %s: pass out=" % type(like.obj).__name__)
     import torch  # a device tensor with new_empty is a PyTorch tensor
@@ -306,6 +313,162 @@ def rope_inv_freq(head_dim, theta, llama3=None):
     if code != _lib.OK:
         raise StepgraphError("stepgraph_rope_inv_freq", code)
     return out
+
+
+def _workspace_query(name, args):
+    """A *_workspace_bytes call: the bytes, or 0 where there is no device (the NumPy fallback
+    needs none)."""
+    b = ctypes.c_int64(-1)
+    code = getattr(_lib.kernels(), name)(*args, ctypes.byref(b))
+    if code == _lib.ERROR_NO_CUDA:
+        return 0
+    if code == _lib.ERROR_INVALID_VALUE:
+        raise ValueError("%s: %s" % (name, _lib.error_string(code)))
+    if code != _lib.OK:
+        raise StepgraphError(name, code)
+    return int(b.value)
+
+
+def argmax_workspace_bytes(rows, vocab):
+    """The workspace with which argmax splits long rows on this device (0 without one)."""
+    return _workspace_query("stepgraph_argmax_workspace_bytes", (int(rows), int(vocab)))
+
+
+# ---- the decode step: RoPE, the KV cache, attention, sampling ----------------------------
+
+def rope(x, pos, inv_freq, interleaved=False, out=None, stream=None):
+    """Rotates every head of each row of x [rows, ...] (rows = x.shape[0], head_dim =
+    2 · inv_freq.size) by the row's position: pos [rows] int32 (rows with pos < 0 are
+    copied), inv_freq f32 as rope_inv_freq gives it. Pairs (j, j + head_dim/2) (Hugging
+    Face's rotate_half), or (2j, 2j + 1) when interleaved."""
+    vx, vp, vf = _arrays.view(x, "x"), _arrays.view(pos, "pos"), _arrays.view(inv_freq, "inv_freq")
+    if len(vx.shape) < 2 or vx.size == 0:
+        raise ValueError("rope: x must be [rows, ...] with at least one element")
+    rows = vx.shape[0]
+    cols = vx.size // rows
+    head_dim = 2 * vf.size
+    _expect(vf, (vf.size,), "inv_freq", _lib.F32)
+    if head_dim == 0 or cols % head_dim != 0:
+        raise ValueError("rope: a row of %d values is not whole heads of head_dim %d "
+                         "(2 · inv_freq.size)" % (cols, head_dim))
+    _expect(vp, (rows,), "pos", _lib.I32)
+    y, vy = _out(out, vx, vx.shape, "out")
+    _Call("stepgraph_rope", [vx, vp, vf], [vy]).run(
+        lambda p, f, s: (p(vx), p(vp), p(vf), p(vy), rows, cols, head_dim, int(bool(interleaved)),
+                         vx.dtype, s),
+        lambda: _fallback.rope(vx.host.reshape(rows, cols), vp.host, vf.host,
+                               vy.host.reshape(rows, cols), head_dim, bool(interleaved)),
+        stream)
+    return y
+
+
+def _cache_dims(vc, what):
+    if len(vc.shape) != 4:
+        raise ValueError("%s must be [slots, kv_heads, seq_len, head_dim], got %s"
+                         % (what, vc.shape))
+    return vc.shape
+
+
+def kv_write(kv, pos, cache, stream=None):
+    """Stores row i of kv [rows, kv_heads · head_dim] at position pos[i] of slot i of cache
+    [slots, kv_heads, seq_len, head_dim], in place (slots >= rows). pos < 0 writes nothing; a
+    pos >= seq_len writes nothing and raises IndexError once the other rows are written."""
+    vk, vp, vc = _arrays.view(kv, "kv"), _arrays.view(pos, "pos"), _arrays.view(cache, "cache")
+    slots, kv_heads, seq_len, head_dim = _cache_dims(vc, "cache")
+    if len(vk.shape) < 1 or vk.size == 0:
+        raise ValueError("kv_write: kv must be [rows, kv_heads · head_dim]")
+    rows = vk.shape[0]
+    _expect(vk, (rows, kv_heads * head_dim), "kv", vc.dtype)
+    _expect(vp, (rows,), "pos", _lib.I32)
+    if rows > slots:
+        raise ValueError("kv_write: %d rows but the cache has %d slots" % (rows, slots))
+    _Call("stepgraph_kv_write", [vk, vp], [vc], flags=True).run(
+        lambda p, f, s: (p(vk), p(vp), p(vc), rows, slots, kv_heads, seq_len, head_dim, vc.dtype,
+                         f, s),
+        lambda: _fallback.kv_write(vk.host.reshape(rows, -1), vp.host, vc.host), stream)
+    return cache
+
+
+def attention_workspace_bytes(rows, heads, kv_heads, seq_len, head_dim):
+    """The workspace with which attention of this shape splits the keys on this device (0
+    without one)."""
+    return _workspace_query("stepgraph_attention_workspace_bytes",
+                            (int(rows), int(heads), int(kv_heads), int(seq_len), int(head_dim)))
+
+
+def attention(q, k_cache, v_cache, pos, scale=None, out=None, workspace=None, stream=None):
+    """Decode attention: q [rows, heads · head_dim] (or [rows, heads, head_dim]), one query
+    per row, against slot i of k_cache and v_cache [slots, kv_heads, seq_len, head_dim] over
+    positions 0..pos[i] (grouped-query when heads > kv_heads). scale: 1/sqrt(head_dim) by
+    default. Rows with pos < 0 get zeros; pos >= seq_len gets zeros and raises IndexError.
+    workspace: a device buffer of attention_workspace_bytes (device tensors only)."""
+    vq, vk, vv = _arrays.view(q, "q"), _arrays.view(k_cache, "k_cache"), _arrays.view(v_cache, "v_cache")
+    vp = _arrays.view(pos, "pos")
+    slots, kv_heads, seq_len, head_dim = _cache_dims(vk, "k_cache")
+    _expect(vv, vk.shape, "v_cache", vk.dtype)
+    if len(vq.shape) < 2 or vq.size == 0:
+        raise ValueError("attention: q must be [rows, heads · head_dim]")
+    rows = vq.shape[0]
+    if (vq.size // rows) % head_dim != 0:
+        raise ValueError("attention: a q row of %d values is not whole heads of head_dim %d"
+                         % (vq.size // rows, head_dim))
+    heads = vq.size // rows // head_dim
+    _expect(vq, (rows, heads * head_dim), "q", vk.dtype)
+    _expect(vp, (rows,), "pos", _lib.I32)
+    if rows > slots:
+        raise ValueError("attention: %d rows but the caches have %d slots" % (rows, slots))
+    scale = 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
+    vw = _view(workspace, "workspace")
+    if vw is not None and not vw.device:
+        raise ValueError("attention: the workspace is a device buffer")
+    o, vo = _out(out, vq, vq.shape, "out")
+    _Call("stepgraph_attention", [vq, vk, vv, vp] + ([vw] if vw else []), [vo], flags=True).run(
+        lambda p, f, s: (p(vq), p(vk), p(vv), p(vp), p(vo), rows, heads, kv_heads, slots,
+                         seq_len, head_dim, scale, vk.dtype, p(vw) if vw else None,
+                         vw.nbytes if vw else 0, f, s),
+        lambda: _fallback.attention(vq.host.reshape(rows, -1), vk.host, vv.host, vp.host,
+                                    vo.host.reshape(rows, -1), scale), stream)
+    return o
+
+
+def sample(logits, seeds, pos, temperature=1.0, top_k=0, top_p=1.0, out=None, stream=None):
+    """ids [rows] int32 drawn from softmax(logits[i] / temperature) kept to the top_k largest
+    (0: all) and to the smallest prefix of those reaching top_p of their mass; the draw is
+    fixed by (seeds[i], pos[i]) (int32 [rows] each): the same inputs, the same ids."""
+    vl, vs, vp = _arrays.view(logits, "logits"), _arrays.view(seeds, "seeds"), _arrays.view(pos, "pos")
+    rows, vocab = _rows_cols(vl, "logits")
+    _expect(vs, (rows,), "seeds", _lib.I32)
+    _expect(vp, (rows,), "pos", _lib.I32)
+    y, vy = _out(out, vl, (rows,), "out", _lib.I32)
+    _Call("stepgraph_sample", [vl, vs, vp], [vy]).run(
+        lambda p, f, s: (p(vl), p(vs), p(vp), p(vy), rows, vocab, float(temperature), int(top_k),
+                         float(top_p), vl.dtype, s),
+        lambda: _fallback.sample(vl.host.reshape(rows, vocab), vs.host, vp.host, vy.host,
+                                 float(temperature), int(top_k), float(top_p)), stream)
+    return y
+
+
+def copy(src, out=None, stream=None):
+    """out = src (any dtype, int32 included); out must not overlap src unless it is src."""
+    vs = _arrays.view(src, "src")
+    if vs.size == 0:
+        raise ValueError("copy: src has no elements")
+    y, vy = _out(out, vs, vs.shape, "out")
+    _Call("stepgraph_copy", [vs], [vy]).run(
+        lambda p, f, s: (p(vs), p(vy), vs.size, vs.dtype, s),
+        lambda: _fallback.copy(vs.host, vy.host.reshape(vs.host.shape)), stream)
+    return y
+
+
+def advance(pos, stream=None):
+    """pos += 1 in place where pos >= 0 (int32; padding rows with pos < 0 stay)."""
+    vp = _arrays.view(pos, "pos")
+    _expect(vp, (vp.size,), "pos", _lib.I32)
+    if vp.size == 0:
+        raise ValueError("advance: pos has no elements")
+    _Call("stepgraph_advance", [], [vp]).run(
+        lambda p, f, s: (p(vp), vp.size, s), lambda: _fallback.advance(vp.host), stream)
+    return pos
 
 
 # ---- top-k and attention over sequences --------------------------------------------------
