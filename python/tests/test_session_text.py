@@ -142,8 +142,21 @@ def test_smollm2_text_is_transformers():
     assert s.stop_ids() == s.stop_ids(chat=True) == s.encode("<|im_end|>")
 
 
+def test_readme_text_example():
+    # The README's three lines (backend "auto": the CPU reference here, where the text is
+    # transformers' up to the model's end of sequence; a GPU's may part later on).
+    s = stepgraph.Session(smollm2_path())
+    text = s.generate("The capital of France is", max_new_tokens=32)
+    case = fixture("smollm2", "expected.json")["cases"][0]
+    want = s.decode(case["generated"][:case["generated"].index(2)], skip_special=True)
+    if s.backend == "cpu":
+        assert text == want
+    else:
+        assert text.startswith(" Paris."), text
+
+
 def test_smollm2_generates_transformers_text():
-    # The README's lines, on the CPU reference: greedy text, ids and text as transformers'.
+    # Greedy on the CPU reference: ids and text as transformers'.
     s = stepgraph.Session(smollm2_path(), backend="cpu", max_seq=48)
     case = fixture("smollm2", "expected.json")["cases"][0]
     assert not case["chat"]
