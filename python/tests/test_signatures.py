@@ -53,3 +53,25 @@ def test_rust_swaps_constness_and_struct_fields_are_caught():
     assert fields != rust
     assert any("stepgraph_session_options" in p
                for p in check.check_rust(functions, structs, defines, fields))
+
+
+def test_the_text_functions_are_checked_too():
+    functions, structs, defines = check.read_headers(ROOT)
+    assert {"stepgraph_session_encode", "stepgraph_session_decode",
+            "stepgraph_session_stop_ids"} <= set(functions)
+    lib = check.load_python_lib(ROOT)
+    ret, args = lib.DECLARATIONS["stepgraph_session_encode"]
+    args = list(args)
+    args[4], args[6] = args[6], args[4]  # ids <-> count: both pointers, links fine
+    lib.DECLARATIONS["stepgraph_session_encode"] = (ret, args)
+    problems = check.check_python(functions, structs, defines, lib)
+    assert any("stepgraph_session_encode argument 4" in p for p in problems), problems
+    rust = open(os.path.join(ROOT, "rust", "src", "ffi.rs")).read()
+    readonly = rust.replace("flags: u32, text: *mut c_char", "flags: u32, text: *const c_char")
+    assert readonly != rust
+    assert any("stepgraph_session_decode argument 4" in p
+               for p in check.check_rust(functions, structs, defines, readonly))
+    flag = rust.replace("STEPGRAPH_TEXT_SKIP_SPECIAL: u32 = 8", "STEPGRAPH_TEXT_SKIP_SPECIAL: u32 = 4")
+    assert flag != rust
+    assert any("STEPGRAPH_TEXT_SKIP_SPECIAL" in p
+               for p in check.check_rust(functions, structs, defines, flag))

@@ -8,7 +8,9 @@
 //! CUDA, or a machine without a device, gives [`Error::NotAvailable`] for the device
 //! functions once their arguments pass (the same checks run in both builds).
 //!
-//! [`Session`] runs the decode session: on the CPU reference when there is no GPU.
+//! [`Session`] runs the decode session: on the CPU reference when there is no GPU. With a
+//! model that has a tokenizer it also turns text into ids and back ([`Session::encode`],
+//! [`Session::decode`], [`Session::generate_text`]).
 
 use std::ffi::{c_void, CStr};
 use std::fmt;

@@ -23,7 +23,7 @@ fn versions_match_the_headers() {
 
 #[test]
 fn codes_round_trip() {
-    for code in [-1, -2, -3, -4, -77] {
+    for code in [-1, -2, -3, -4, -5, -77] {
         let e = Error::from_code(code, "m").unwrap();
         assert_eq!(e.code(), code);
         assert_eq!(e.message(), "m");
@@ -31,6 +31,7 @@ fn codes_round_trip() {
     assert!(Error::from_code(0, "").is_none());
     assert!(matches!(Error::from_code(-1, ""), Some(Error::NotAvailable(_))));
     assert!(matches!(Error::from_code(-4, ""), Some(Error::OutOfMemory(_))));
+    assert!(matches!(Error::from_code(-5, ""), Some(Error::NoTokenizer(_))));
     assert!(matches!(Error::from_code(5, ""), Some(Error::Unknown(5, _))));
     assert_ne!(error_string(-2), error_string(-3));
 }
