@@ -466,8 +466,9 @@ int32_t stepgraph_session_encode(stepgraph_session* session, const char* text,
     }
     absl::StatusOr<const sg::Tokenizer*> tok = TokenizerOf(*session, kWhat);
     if (!tok.ok()) return FinishText(session, tok.status());
-    const absl::string_view input =
-        text_bytes == 0 ? absl::string_view() : absl::string_view(text, static_cast<size_t>(text_bytes));
+    const absl::string_view input = text_bytes == 0
+                                        ? absl::string_view()
+                                        : absl::string_view(text, static_cast<size_t>(text_bytes));
     absl::StatusOr<std::vector<int32_t>> out;
     if (chat) {
       absl::StatusOr<const sg::ChatTemplate*> tmpl = ChatOf(*session, **tok, kWhat);

@@ -204,7 +204,8 @@ def rope(x, pos, inv_freq, y, head_dim, interleaved):
     rows = x.shape[0]
     v = _f(x).reshape(rows, -1, head_dim)
     half = head_dim // 2
-    angle = (pos.astype(np.float32)[:, None] * inv_freq.astype(np.float32)[None, :]).astype(np.float64)
+    angle = pos.astype(np.float32)[:, None] * inv_freq.astype(np.float32)[None, :]
+    angle = angle.astype(np.float64)
     c, s = np.cos(angle)[:, None, :], np.sin(angle)[:, None, :]
     a = np.arange(half) * 2 if interleaved else np.arange(half)
     b = a + 1 if interleaved else a + half

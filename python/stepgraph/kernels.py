@@ -402,7 +402,8 @@ def attention(q, k_cache, v_cache, pos, scale=None, out=None, workspace=None, st
     positions 0..pos[i] (grouped-query when heads > kv_heads). scale: 1/sqrt(head_dim) by
     default. Rows with pos < 0 get zeros; pos >= seq_len gets zeros and raises IndexError.
     workspace: a device buffer of attention_workspace_bytes (device tensors only)."""
-    vq, vk, vv = _arrays.view(q, "q"), _arrays.view(k_cache, "k_cache"), _arrays.view(v_cache, "v_cache")
+    vq, vk = _arrays.view(q, "q"), _arrays.view(k_cache, "k_cache")
+    vv = _arrays.view(v_cache, "v_cache")
     vp = _arrays.view(pos, "pos")
     slots, kv_heads, seq_len, head_dim = _cache_dims(vk, "k_cache")
     _expect(vv, vk.shape, "v_cache", vk.dtype)
@@ -435,7 +436,8 @@ def sample(logits, seeds, pos, temperature=1.0, top_k=0, top_p=1.0, out=None, st
     """ids [rows] int32 drawn from softmax(logits[i] / temperature) kept to the top_k largest
     (0: all) and to the smallest prefix of those reaching top_p of their mass; the draw is
     fixed by (seeds[i], pos[i]) (int32 [rows] each): the same inputs, the same ids."""
-    vl, vs, vp = _arrays.view(logits, "logits"), _arrays.view(seeds, "seeds"), _arrays.view(pos, "pos")
+    vl = _arrays.view(logits, "logits")
+    vs, vp = _arrays.view(seeds, "seeds"), _arrays.view(pos, "pos")
     rows, vocab = _rows_cols(vl, "logits")
     _expect(vs, (rows,), "seeds", _lib.I32)
     _expect(vp, (rows,), "pos", _lib.I32)

@@ -71,7 +71,8 @@ def test_the_text_functions_are_checked_too():
     assert readonly != rust
     assert any("stepgraph_session_decode argument 4" in p
                for p in check.check_rust(functions, structs, defines, readonly))
-    flag = rust.replace("STEPGRAPH_TEXT_SKIP_SPECIAL: u32 = 8", "STEPGRAPH_TEXT_SKIP_SPECIAL: u32 = 4")
+    flag = rust.replace("STEPGRAPH_TEXT_SKIP_SPECIAL: u32 = 8",
+                        "STEPGRAPH_TEXT_SKIP_SPECIAL: u32 = 4")
     assert flag != rust
     assert any("STEPGRAPH_TEXT_SKIP_SPECIAL" in p
                for p in check.check_rust(functions, structs, defines, flag))

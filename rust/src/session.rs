@@ -291,7 +291,8 @@ impl Session {
             self.check(code)?;
             text.truncate(length as usize);
             return String::from_utf8(text).map_err(|e| {
-                Error::LaunchFailed(format!("stepgraph_session_decode gave text that is not                                              UTF-8: {e}"))
+                Error::LaunchFailed(format!(
+                    "stepgraph_session_decode gave text that is not UTF-8: {e}"))
             });
         }
         Err(Error::LaunchFailed("stepgraph_session_decode: the size it asked for did not suffice"

@@ -235,7 +235,8 @@ impl Drop for TextFolder {
 }
 
 fn corpus() -> Vec<String> {
-    read_json(&fixtures().join("tokenizer/corpus.json")).arr().iter().map(|s| s.str().to_string()).collect()
+    let corpus = read_json(&fixtures().join("tokenizer/corpus.json"));
+    corpus.arr().iter().map(|s| s.str().to_string()).collect()
 }
 
 #[test]
@@ -259,8 +260,8 @@ fn text_round_trips_as_transformers_does() {
     assert!(same >= 300, "{same} round trips");
     // The options reach the tokenizer: a special token in the text is one id, or text.
     let parsed = s.encode("a<|im_end|>b", &EncodeOptions::default()).unwrap();
-    let literal = s.encode("a<|im_end|>b", &EncodeOptions { parse_special: false, ..Default::default() })
-        .unwrap();
+    let literal_options = EncodeOptions { parse_special: false, ..Default::default() };
+    let literal = s.encode("a<|im_end|>b", &literal_options).unwrap();
     assert!(parsed.contains(&2) && !literal.contains(&2), "{parsed:?} {literal:?}");
     assert_eq!(s.decode(&parsed, false).unwrap(), "a<|im_end|>b");
     assert_eq!(s.decode(&parsed, true).unwrap(), "ab");
@@ -370,7 +371,8 @@ fn smollm2_generates_transformers_text() {
     let fixture = read_json(&fixtures().join("smollm2/expected.json"));
     let cases = fixture.get("cases").arr();
     for c in cases {
-        let options = if c.get("chat").bool() { EncodeOptions::chat() } else { EncodeOptions::default() };
+        let options =
+            if c.get("chat").bool() { EncodeOptions::chat() } else { EncodeOptions::default() };
         assert_eq!(s.encode(c.get("text").str(), &options).unwrap(), c.get("prompt_ids").ids());
     }
     // The chat case: 32 ids without stopping, then the same prompt stopping at <|im_end|>.

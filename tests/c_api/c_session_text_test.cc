@@ -183,7 +183,8 @@ TEST_F(TextFolder, ChatTurnIsTheTemplatesAndStopsAtItsEndOfTurn) {
   ASSERT_TRUE(tok.ok()) << tok.status();
   auto chat = sg::ChatTemplate::ForTokenizer(**tok);
   ASSERT_TRUE(chat.ok()) << chat.status();
-  const Json cases = ReadJson(kFixtures + "/tokenizer/chat/expected.json").at("smollm2").at("cases");
+  const Json cases =
+      ReadJson(kFixtures + "/tokenizer/chat/expected.json").at("smollm2").at("cases");
   ASSERT_FALSE(cases.empty());
   for (const Json& c : cases) {
     const std::string user = c.at("user");
