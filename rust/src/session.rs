@@ -110,8 +110,8 @@ fn message(raw: *const ffi::stepgraph_session) -> String {
 }
 
 impl Session {
-    /// Loads a Hugging Face model folder, or the built-in tiny Llama with random weights
-    /// when `model` is None.
+    /// Loads a Hugging Face model folder or a GGUF file, or the built-in tiny Llama with
+    /// random weights (and no tokenizer) when `model` is None.
     pub fn new(model: Option<&Path>, options: &SessionOptions) -> Result<Session> {
         let path = match model {
             None => None,
