@@ -113,12 +113,44 @@ struct Params {
   const int32_t* seq_slots;  // null: row i is slot i
   int rows_per_seq;
   int slots;
+  bool prefetch_before_wait;
 };
+
+// How many of a row's chunks take part at length `len` (see the kernel).
+__device__ __forceinline__ int ActiveChunks(int len, int chunks, int min_keys) {
+  return len <= 2 * min_keys ? 1 : min(chunks, (len + min_keys - 1) / min_keys);
+}
 
 template <typename T, int kHeadDim, int kTile>
 __global__ void __launch_bounds__(kThreads) AttentionKernel(const Params p) {
-  AwaitPrerequisiteGrids();
   using Tr = Traits<T, kHeadDim, kTile>;
+  if (p.prefetch_before_wait) {
+    // Rows before pos were written by earlier steps; pos and the slot may be in flight
+    // (read before the wait), so they are clamped to the cache and used for nothing but
+    // the prefetch's addresses. Threads 0 and 1 ask for this chunk's K and V rows.
+    if (threadIdx.x < 2 && !Tr::kGeneric) {
+      const int row = blockIdx.z;
+      const int pos = min(p.pos[row], p.seq_len - 1);
+      const int slot = p.seq_slots == nullptr ? row : p.seq_slots[row / p.rows_per_seq];
+      if (pos >= 0 && slot >= 0 && slot < p.slots) {
+        const int len = pos + 1;
+        const int active = ActiveChunks(len, p.chunks, kMinKeysPerChunk);
+        const int chunk = blockIdx.x;
+        if (chunk < active) {
+          const int begin = static_cast<int>(static_cast<int64_t>(len) * chunk / active);
+          const int end = static_cast<int>(static_cast<int64_t>(len) * (chunk + 1) / active);
+          const int kv_head = blockIdx.y / p.head_tiles;
+          const int64_t rows_at =
+              ((static_cast<int64_t>(slot) * p.kv_heads + kv_head) * p.seq_len + begin) *
+              p.head_dim;
+          const T* base = static_cast<const T*>(threadIdx.x == 0 ? p.k : p.v) + rows_at;
+          const int64_t bytes = static_cast<int64_t>(end - begin) * p.head_dim * sizeof(T);
+          if (bytes > 0) PrefetchL2(base, static_cast<uint32_t>(bytes));
+        }
+      }
+    }
+  }
+  AwaitPrerequisiteGrids();
   constexpr int kTpk = Tr::kThreadsPerKey;
   constexpr int kVpt = Tr::kVecsPerThread;
   constexpr int kVe = Tr::kVecElems;
@@ -160,10 +192,16 @@ __global__ void __launch_bounds__(kThreads) AttentionKernel(const Params p) {
     return;
   }
 
-  // This chunk's share of keys 0..pos: work follows pos, the grid does not.
+  // The chunks that take part follow pos, the grid does not: the grid is sized for the
+  // longest context, and at a short one most chunks would hold a few keys each and the
+  // merge would cost more than they save. So `active` chunks of at least kMinKeysPerChunk
+  // keys each take part (one chunk, merging nothing, up to twice that), and the others
+  // leave at once without counting.
   const int len = pos + 1;
-  const int begin = static_cast<int>(static_cast<int64_t>(len) * chunk / p.chunks);
-  const int end = static_cast<int>(static_cast<int64_t>(len) * (chunk + 1) / p.chunks);
+  const int active = ActiveChunks(len, p.chunks, kMinKeysPerChunk);
+  if (chunk >= active) return;
+  const int begin = static_cast<int>(static_cast<int64_t>(len) * chunk / active);
+  const int end = static_cast<int>(static_cast<int64_t>(len) * (chunk + 1) / active);
 
   const int lane_in_key = threadIdx.x % kTpk;
   const int key_group = threadIdx.x / kTpk;
@@ -330,7 +368,7 @@ __global__ void __launch_bounds__(kThreads) AttentionKernel(const Params p) {
       sum += s_l[w][g];
       block_max = fmaxf(block_max, s_m[w][g]);
     }
-    if (p.chunks == 1) {
+    if (active == 1) {
       out[i] = FromFloat<T>(o / sum);  // sum > 0: the only chunk holds every key
     } else {
       p.partial_o[(part + static_cast<int64_t>(g) * p.chunks + chunk) * d + e] = o;
@@ -340,14 +378,14 @@ __global__ void __launch_bounds__(kThreads) AttentionKernel(const Params p) {
       }
     }
   }
-  if (p.chunks == 1) return;
+  if (active == 1) return;
 
   // Publish the partial, then count arrivals; the last block merges.
   __threadfence();
   __syncthreads();
   uint32_t* counter =
       p.counters + (static_cast<int64_t>(row) * p.kv_heads + kv_head) * p.head_tiles + tile;
-  if (threadIdx.x == 0) s_last = atomicAdd(counter, 1u) == static_cast<uint32_t>(p.chunks - 1);
+  if (threadIdx.x == 0) s_last = atomicAdd(counter, 1u) == static_cast<uint32_t>(active - 1);
   __syncthreads();
   if (!s_last) return;
   __threadfence();
@@ -363,7 +401,7 @@ __global__ void __launch_bounds__(kThreads) AttentionKernel(const Params p) {
 #pragma unroll
     for (int i = 0; i < kMlPerLane; ++i) {
       const int c = lane + i * kWarpSize;
-      x[i] = c < p.chunks ? __ldcg(&ml[c]) : make_float2(-INFINITY, 0.0f);
+      x[i] = c < active ? __ldcg(&ml[c]) : make_float2(-INFINITY, 0.0f);
     }
     float mx = -INFINITY;
 #pragma unroll
@@ -381,7 +419,7 @@ __global__ void __launch_bounds__(kThreads) AttentionKernel(const Params p) {
 #pragma unroll
     for (int i = 0; i < kMlPerLane; ++i) {
       const int c = lane + i * kWarpSize;
-      if (c < p.chunks) s_weight[g][c] = x[i].y == 0.0f ? 0.0f : exp2f(x[i].x - mx) * inv_total;
+      if (c < active) s_weight[g][c] = x[i].y == 0.0f ? 0.0f : exp2f(x[i].x - mx) * inv_total;
     }
   }
   __syncthreads();
@@ -402,13 +440,13 @@ __global__ void __launch_bounds__(kThreads) AttentionKernel(const Params p) {
     if (lane_c < lanes) {
       const int g = col * kW / d, e = col * kW % d;
       const float* po = p.partial_o + (part + static_cast<int64_t>(g) * p.chunks) * d + e;
-      for (int c0 = lane_c; c0 < p.chunks; c0 += lanes * kBatch) {
+      for (int c0 = lane_c; c0 < active; c0 += lanes * kBatch) {
         Col v[kBatch];
         float w[kBatch];
 #pragma unroll
         for (int i = 0; i < kBatch; ++i) {
           const int c = c0 + i * lanes;
-          if (c < p.chunks) {
+          if (c < active) {
             v[i] = __ldcg(reinterpret_cast<const Col*>(po + static_cast<int64_t>(c) * d));
             w[i] = s_weight[g][c];
           } else {
@@ -544,6 +582,7 @@ cudaError_t LaunchAttention(const AttentionArgs& args, const AttentionShape& s, 
                           reinterpret_cast<char*>(p.partial_ml) +
                           RoundUp256(row_heads * chunks * static_cast<int64_t>(sizeof(float2))));
   p.error_flags = args.error_flags;
+  p.prefetch_before_wait = args.prefetch_before_wait;
   p.seq_slots = args.seq_slots;
   p.rows_per_seq = args.seq_slots == nullptr ? 1 : args.rows_per_seq;
   p.slots = args.seq_slots == nullptr ? s.rows : args.slots;

@@ -1,8 +1,10 @@
 // Launcher for decode attention: one query token per row against the first pos[i] + 1
-// entries of that row's KV-cache slot, split over the KV length into a fixed number of
-// chunks whose partial softmax states are merged inside the same launch (the last block
-// to finish a (row, kv head) merges). The launch shape is a function of the shapes and
-// the device only, never of the positions, so a captured launch stays valid as they move.
+// entries of that row's KV-cache slot, split over the KV length into chunks whose partial
+// softmax states are merged inside the same launch (the last block to finish a (row, kv
+// head) merges). The launch shape is a function of the shapes and the device only, never
+// of the positions, so a captured launch stays valid as they move; how many of its chunks
+// take part is decided in the kernel from each row's position (one chunk, no merge, for
+// short contexts).
 #ifndef STEPGRAPH_KERNELS_ATTENTION_CUH_
 #define STEPGRAPH_KERNELS_ATTENTION_CUH_
 
@@ -58,6 +60,10 @@ struct AttentionArgs {
   const int32_t* seq_slots = nullptr;
   int rows_per_seq = 1;
   int slots = 0;
+  // Before waiting for the previous kernel (programmatic dependent launch), prefetch the
+  // block's K and V rows into L2, from a position read before the wait: a hint (it may
+  // read a position being written and fetch the wrong rows, never a wrong result).
+  bool prefetch_before_wait = false;
 };
 
 // One launch. Rows with pos < 0 get zeros; rows with pos >= seq_len get zeros and raise

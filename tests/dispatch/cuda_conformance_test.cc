@@ -131,11 +131,13 @@ std::vector<OpCase> AllCases() {
          .tolerance = 0.0,
          .int_values = {{"pos", {16, 3}}}});
 
-    // Attention: GQA and MHA; positions 0, S-1, random; padding and out-of-range rows.
+    // Attention: GQA and MHA; positions 0, S-1, random; padding and out-of-range rows; the
+    // lengths where one chunk gives way to several (128 keys: one; 129, 130: three).
     struct At { int64_t m, heads, kv_heads, seq, d; std::vector<int32_t> pos; };
     for (const At& s : {At{1, 32, 8, 4096, 64, {4095}}, At{4, 32, 8, 1024, 64, {0, 1023, 17, 500}},
                         At{3, 8, 8, 256, 128, {255, 0, 100}}, At{8, 32, 8, 512, 64, {}},
-                        At{4, 4, 2, 64, 32, {-1, 64, 10, 63}}}) {
+                        At{4, 4, 2, 64, 32, {-1, 64, 10, 63}},
+                        At{3, 32, 8, 1024, 64, {127, 128, 129}}}) {
       add({.name = Name("Attention", t, absl::StrCat("M", s.m, "/h", s.heads, "/kvh", s.kv_heads,
                                                      "/S", s.seq, "/d", s.d)),
            .build = [=](GraphBuilder& b) {
@@ -266,6 +268,12 @@ std::vector<OpCase> AllCases() {
         {11, 64, {13}, true, Epilogue::kAdd},                 // M > 8: two launches
         {1, 2048, {5000}, true, Epilogue::kArgmax},           // lm head
         {4, 200, {1001}, false, Epilogue::kArgmax},
+        // Eight columns per block for M <= 2 and four above: partial last blocks, blocks
+        // across weight boundaries, and M > 8 whose two launches use different grids.
+        {2, 512, {21, 7, 7}, false, Epilogue::kNone},
+        {1, 4096, {50}, false, Epilogue::kAdd},               // split-K, partial block
+        {10, 96, {50, 50}, false, Epilogue::kSiluMul},
+        {9, 128, {301}, true, Epilogue::kArgmax},
     };
     for (const Fm& f : shapes) {
       std::string shape = absl::StrCat(f.m, "x", f.k, "x");
