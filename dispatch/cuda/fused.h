@@ -18,7 +18,8 @@ class RopeTables;
 absl::StatusOr<std::unique_ptr<PreparedNode>> PrepareFusedMatmul(const ops::FusedMatMul& op,
                                                                 const Graph& graph,
                                                                 const Node& node,
-                                                                const CudaDeviceInfo& info);
+                                                                const CudaDeviceInfo& info,
+                                                                const CudaOptions& options);
 absl::StatusOr<std::unique_ptr<PreparedNode>> PrepareRopeKvWrite(const ops::RopeKvWrite& op,
                                                                 RopeTables& tables);
 
