@@ -5,7 +5,11 @@
 // between them (DecodeSession::TimedSteps: no host wait between steps) and reports them as
 // manual iteration times, so the median and spread are per step:
 //   Decode/<eager|replayed>/pos:<p>   batch 1 at context position p (100, 1000)
-//   Bucket/replayed/batch:<b>         b sequences (buckets 1, 2, 4, 8) at position 100
+//   Bucket/replayed/batch:<b>         b sequences (buckets 1, 2, 4, 8, 16) at position 100
+//   Decode/<variant>/pos:<p>          batch 1, replayed, with other switches: every graph
+//                                     pass ("all_passes"), weights prefetched to L2 before
+//                                     the PDL wait ("prefetch"), eight columns per
+//                                     fused-matmul block ("wide_columns"), or several
 // The floor is the time to read every weight once at the bandwidth of a 1 GiB
 // device-to-device cudaMemcpyAsync measured in the same run, counted as bytes read plus
 // bytes written: floor = weight bytes / copy bandwidth; `floor_ratio` = floor / median
@@ -25,12 +29,14 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "models/llama.h"
 #include "models/session.h"
+#include "stepgraph/passes.h"
 #include "stepgraph/plan.h"
 #include "stepgraph/status.h"
 
@@ -40,7 +46,7 @@ namespace {
 constexpr int kSteps = 64;          // timed steps per case
 constexpr int kWarmSteps = 4;       // untimed steps before each case
 constexpr int kProfileRuns = 15;    // profiled eager steps, medians reported
-constexpr int64_t kMaxSlots = 8;
+constexpr int64_t kMaxSlots = 16;
 constexpr int64_t kMaxSeq = 1280;   // position 1000 + warm-up + timed steps
 constexpr int64_t kCopyBytes = int64_t{1} << 30;
 constexpr int64_t kBucketPosition = 100;
@@ -51,6 +57,8 @@ struct Context {
   std::unique_ptr<DecodeSession> eager;
   // The replayed step without the graph passes (the plain graph), for before/after.
   std::unique_ptr<DecodeSession> unfused;
+  // Batch-1 sessions with other switches, by name.
+  std::vector<std::pair<std::string, std::unique_ptr<DecodeSession>>> variants;
   double copy_bytes_per_s = 0;  // read + write
   double floor_ms = 0;
   double replayed_ms_at_100 = 0;
@@ -88,8 +96,11 @@ absl::Status PrepareSlots(DecodeSession& s, int64_t rows, int64_t position) {
 }
 
 absl::Status TimeSteps(benchmark::State& state, int64_t rows, int64_t position, bool eager,
-                       bool unfused = false) {
-  DecodeSession& s = unfused ? *g->unfused : eager ? *g->eager : *g->session;
+                       bool unfused = false, DecodeSession* variant = nullptr) {
+  DecodeSession& s = variant != nullptr ? *variant
+                     : unfused          ? *g->unfused
+                     : eager            ? *g->eager
+                                        : *g->session;
   SG_RETURN_IF_ERROR(PrepareSlots(s, rows, position));
   absl::StatusOr<std::vector<double>> ms = s.TimedSteps(kSteps);
   SG_RETURN_IF_ERROR(ms.status());
@@ -101,7 +112,7 @@ absl::Status TimeSteps(benchmark::State& state, int64_t rows, int64_t position, 
   state.counters["floor_ms"] = g->floor_ms;
   state.counters["floor_ratio"] = g->floor_ms / median;
   state.counters["nodes"] = s.plan(rows)->graph().num_nodes();
-  if (!eager && !unfused && rows == 1 && position == kBucketPosition) {
+  if (!eager && !unfused && variant == nullptr && rows == 1 && position == kBucketPosition) {
     g->replayed_ms_at_100 = median;
   }
   return absl::OkStatus();
@@ -115,6 +126,12 @@ void BM_Decode(benchmark::State& state, int64_t position, bool eager) {
 
 void BM_DecodeUnfused(benchmark::State& state, int64_t position) {
   if (absl::Status s = TimeSteps(state, 1, position, false, true); !s.ok()) {
+    state.SkipWithError(s.ToString().c_str());
+  }
+}
+
+void BM_Variant(benchmark::State& state, int64_t position, DecodeSession* variant) {
+  if (absl::Status s = TimeSteps(state, 1, position, false, false, variant); !s.ok()) {
     state.SkipWithError(s.ToString().c_str());
   }
 }
@@ -220,7 +237,7 @@ absl::Status Setup() {
   o.backend = Backend::kCuda;
   o.max_slots = kMaxSlots;
   o.max_seq = kMaxSeq;
-  o.buckets = {1, 2, 4, 8};
+  o.buckets = {1, 2, 4, 8, 16};
   const auto t0 = std::chrono::steady_clock::now();
   SG_ASSIGN_OR_RETURN(g->session, DecodeSession::Create(o));
   const double setup_s =
@@ -230,6 +247,24 @@ absl::Status Setup() {
   o.eager = false;
   o.passes.enabled = false;
   SG_ASSIGN_OR_RETURN(g->unfused, DecodeSession::Create(o));
+  o.buckets = {1};
+  struct Variant {
+    const char* name;
+    bool all_passes, early, wide;
+  };
+  for (const Variant& variant : {Variant{"all_passes", true, false, false},
+                                 Variant{"prefetch", false, true, false},
+                                 Variant{"wide_columns", false, false, true},
+                                 Variant{"prefetch+wide_columns", false, true, true},
+                                 Variant{"all_passes+prefetch+wide", true, true, true}}) {
+    const char* name = variant.name;
+    o.passes = variant.all_passes ? PassOptions{} : DefaultPassOptions();
+    o.cuda.prefetch_before_wait = variant.early;
+    o.cuda.fused_wide_columns = variant.wide;
+    SG_ASSIGN_OR_RETURN(std::unique_ptr<DecodeSession> v, DecodeSession::Create(o));
+    std::printf("variant %s: %d nodes\n", name, v->plan(1)->graph().num_nodes());
+    g->variants.emplace_back(name, std::move(v));
+  }
   const ExecutionPlan* fused_plan = g->session->plan(1);
   const ExecutionPlan* plain_plan = g->unfused->plan(1);
   if (fused_plan == nullptr || plain_plan == nullptr) return absl::InternalError("no bucket 1");
@@ -278,7 +313,16 @@ int main(int argc, char** argv) {
         ->Iterations(sg::kSteps)
         ->Unit(benchmark::kMicrosecond);
   }
-  for (const int64_t rows : {int64_t{1}, int64_t{2}, int64_t{4}, int64_t{8}}) {
+  for (const auto& [name, variant] : context.variants) {
+    for (const int64_t position : {int64_t{100}, int64_t{1000}}) {
+      benchmark::RegisterBenchmark(absl::StrCat("Decode/", name, "/pos:", position).c_str(),
+                                   sg::BM_Variant, position, variant.get())
+          ->UseManualTime()
+          ->Iterations(sg::kSteps)
+          ->Unit(benchmark::kMicrosecond);
+    }
+  }
+  for (const int64_t rows : {int64_t{1}, int64_t{2}, int64_t{4}, int64_t{8}, int64_t{16}}) {
     benchmark::RegisterBenchmark(absl::StrCat("Bucket/replayed/batch:", rows).c_str(),
                                  sg::BM_Bucket, rows)
         ->UseManualTime()
@@ -294,5 +338,6 @@ int main(int argc, char** argv) {
   context.session.reset();
   context.eager.reset();
   context.unfused.reset();
+  context.variants.clear();
   return 0;
 }

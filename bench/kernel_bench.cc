@@ -418,19 +418,24 @@ void AddFusedCases(std::vector<Case>& cases, int64_t m) {
   using Epilogue = ops::FusedMatMul::Epilogue;
   const std::string ms = absl::StrCat("M=", m);
   const int64_t h = kHidden, kv = kKvHeads * kHeadDim, q = kHeads * kHeadDim;
-  cases.push_back({.kernel = "Fused/norm+qkv",
-                   .shape = absl::StrCat(ms, " N=", q, "+", kv, "+", kv, " K=", h),
-                   .build = [=](GraphBuilder& b) {
-                     b.Output("y", b.FusedMatMul({.norm = true, .eps = 1e-5f, .weights = 3},
-                                                 {b.Input("x", kT, {m, h}),
-                                                  b.Weight("nw", kT, {h}),
-                                                  b.Weight("wq", kT, {q, h}),
-                                                  b.Weight("wk", kT, {kv, h}),
-                                                  b.Weight("wv", kT, {kv, h})}));
-                   },
-                   .dispatch = g->dispatch.get(),
-                   .bytes = (m * h + h + (q + 2 * kv) * h + m * (q + 2 * kv)) * kE,
-                   .flops = 2.0 * static_cast<double>(m * (q + 2 * kv) * h)});
+  // With and without the folded RmsNorm (the default passes leave it out).
+  for (const bool norm : {true, false}) {
+    cases.push_back({.kernel = norm ? "Fused/norm+qkv" : "Fused/qkv",
+                     .shape = absl::StrCat(ms, " N=", q, "+", kv, "+", kv, " K=", h),
+                     .build = [=](GraphBuilder& b) {
+                       std::vector<TensorId> in = {b.Input("x", kT, {m, h})};
+                       if (norm) in.push_back(b.Weight("nw", kT, {h}));
+                       for (const auto& [name, n] : {std::pair<const char*, int64_t>{"wq", q},
+                                                     {"wk", kv}, {"wv", kv}}) {
+                         in.push_back(b.Weight(name, kT, {n, h}));
+                       }
+                       b.Output("y", b.FusedMatMul({.norm = norm, .eps = 1e-5f, .weights = 3},
+                                                   in));
+                     },
+                     .dispatch = g->dispatch.get(),
+                     .bytes = (m * h + (norm ? h : 0) + (q + 2 * kv) * h + m * (q + 2 * kv)) * kE,
+                     .flops = 2.0 * static_cast<double>(m * (q + 2 * kv) * h)});
+  }
   cases.push_back({.kernel = "Fused/k (split-K)",
                    .shape = absl::StrCat(ms, " N=", kv, " K=", h),
                    .build = [=](GraphBuilder& b) {
@@ -458,19 +463,22 @@ void AddFusedCases(std::vector<Case>& cases, int64_t m) {
                      .bytes = (m * k + n * k + 2 * m * n) * kE,
                      .flops = 2.0 * static_cast<double>(m * n * k)});
   }
-  cases.push_back({.kernel = "Fused/norm+gate/up+silu",
-                   .shape = absl::StrCat(ms, " N=2x", kIntermediate, " K=", h),
-                   .build = [=](GraphBuilder& b) {
-                     b.Output("y", b.FusedMatMul({.norm = true, .eps = 1e-5f, .weights = 2,
-                                                  .epilogue = Epilogue::kSiluMul},
-                                                 {b.Input("x", kT, {m, h}),
-                                                  b.Weight("nw", kT, {h}),
-                                                  b.Weight("wg", kT, {kIntermediate, h}),
-                                                  b.Weight("wu", kT, {kIntermediate, h})}));
-                   },
-                   .dispatch = g->dispatch.get(),
-                   .bytes = (m * h + h + 2 * kIntermediate * h + m * kIntermediate) * kE,
-                   .flops = 4.0 * static_cast<double>(m * kIntermediate * h)});
+  for (const bool norm : {true, false}) {
+    cases.push_back({.kernel = norm ? "Fused/norm+gate/up+silu" : "Fused/gate/up+silu",
+                     .shape = absl::StrCat(ms, " N=2x", kIntermediate, " K=", h),
+                     .build = [=](GraphBuilder& b) {
+                       std::vector<TensorId> in = {b.Input("x", kT, {m, h})};
+                       if (norm) in.push_back(b.Weight("nw", kT, {h}));
+                       in.push_back(b.Weight("wg", kT, {kIntermediate, h}));
+                       in.push_back(b.Weight("wu", kT, {kIntermediate, h}));
+                       b.Output("y", b.FusedMatMul({.norm = norm, .eps = 1e-5f, .weights = 2,
+                                                    .epilogue = Epilogue::kSiluMul},
+                                                   in));
+                     },
+                     .dispatch = g->dispatch.get(),
+                     .bytes = (m * h + (norm ? h : 0) + 2 * kIntermediate * h + m * kIntermediate) * kE,
+                     .flops = 4.0 * static_cast<double>(m * kIntermediate * h)});
+  }
   cases.push_back({.kernel = "Fused/norm+lmhead+argmax",
                    .shape = absl::StrCat(ms, " N=", kVocab, " K=", h),
                    .build = [=](GraphBuilder& b) {
