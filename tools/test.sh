@@ -21,6 +21,10 @@ for c in "${configs[@]}"; do
   echo "== stepgraph: test ($c)" >&2
   (cd "$root/$c" && ctest --no-tests=error --output-on-failure -j "$jobs")
 done
+# ---- package (begin): the CUDA-free build installed and used through find_package ----
+echo "== stepgraph: find_package(stepgraph) consumer (nocuda)" >&2
+tools/package_test.sh "$root/nocuda"
+# ---- package (end) ----
 # ---- bindings (begin): the Python package and the Rust crate over each build's C ABI ----
 # pytest (python/tests) and cargo test (rust/), offline; the signature check runs in ctest
 # and in pytest. GPU cases skip without a device.
