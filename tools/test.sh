@@ -16,7 +16,7 @@ for c in "${configs[@]}"; do
   # The benchmarks build once, in the first configuration (with CUDA when there is nvcc).
   bench=ON; [[ $c == nocuda && ${#configs[@]} -gt 1 ]] && bench=OFF
   cmake -S . -B "$root/$c" -G Ninja -DCMAKE_BUILD_TYPE=Release -DSTEPGRAPH_WITH_CUDA=$cuda \
-        -DSTEPGRAPH_BUILD_BENCH=$bench >&2
+        -DSTEPGRAPH_BUILD_BENCH=$bench -DSTEPGRAPH_WERROR=ON >&2
   cmake --build "$root/$c" -j "$jobs"
   echo "== stepgraph: test ($c)" >&2
   (cd "$root/$c" && ctest --no-tests=error --output-on-failure -j "$jobs")
