@@ -67,18 +67,6 @@ double Tolerance(DType t) {
   }
 }
 
-// The value `v` takes when stored as `t` and read back.
-float Stored(DType t, float v) {
-  switch (t) {
-    case DType::kBF16:
-      return BF16ToFloat(FloatToBF16(v));
-    case DType::kF16:
-      return HalfToFloat(FloatToHalf(v));
-    default:
-      return v;
-  }
-}
-
 int64_t RandInt(std::mt19937_64& rng, int64_t lo, int64_t hi) {  // inclusive
   return std::uniform_int_distribution<int64_t>(lo, hi)(rng);
 }
@@ -348,16 +336,16 @@ TEST_P(CpuFloatOpTest, RmsNormMatchesReferenceAndHfRounding) {
         // the storage dtype before the weight multiplies it, and the product is rounded
         // again. f32 math may put `normed` on either side of a rounding boundary when it
         // lies within f32 noise of one, so both neighbours are accepted there.
-        const float lo = Stored(dtype(), static_cast<float>(normed * (1 - 1e-5)));
-        const float hi = Stored(dtype(), static_cast<float>(normed * (1 + 1e-5)));
+        const float lo = RoundTo(dtype(), static_cast<float>(normed * (1 - 1e-5)));
+        const float hi = RoundTo(dtype(), static_cast<float>(normed * (1 + 1e-5)));
         // The 16-bit products are exact in f32, so the second rounding is unambiguous.
-        const float out_lo = Stored(dtype(), lo * static_cast<float>(ws[c]));
-        const float out_hi = Stored(dtype(), hi * static_cast<float>(ws[c]));
+        const float out_lo = RoundTo(dtype(), lo * static_cast<float>(ws[c]));
+        const float out_hi = RoundTo(dtype(), hi * static_cast<float>(ws[c]));
         const float g = got[i * h + c];
         ASSERT_TRUE(g == out_lo || g == out_hi)
             << "row " << i << " col " << c << ": got " << g << ", HF rounding gives " << out_lo
             << (out_lo != out_hi ? absl::StrCat(" or ", out_hi) : "");
-        if (lo == hi && out_lo != Stored(dtype(), static_cast<float>(normed * ws[c]))) {
+        if (lo == hi && out_lo != RoundTo(dtype(), static_cast<float>(normed * ws[c]))) {
           ++order_matters;
         }
       }
@@ -480,8 +468,8 @@ std::vector<double> RopeReference(const ops::Rope& op, DType t, const std::vecto
       const int64_t base = static_cast<int64_t>(i) * cols + head * d;
       for (int j = 0; j < half; ++j) {
         const float angle = static_cast<float>(pos[i]) * inv_freq[j];
-        const double c = Stored(t, static_cast<float>(std::cos(static_cast<double>(angle))));
-        const double s = Stored(t, static_cast<float>(std::sin(static_cast<double>(angle))));
+        const double c = RoundTo(t, static_cast<float>(std::cos(static_cast<double>(angle))));
+        const double s = RoundTo(t, static_cast<float>(std::sin(static_cast<double>(angle))));
         const int64_t a = base + (op.interleaved ? 2 * j : j);
         const int64_t b = base + (op.interleaved ? 2 * j + 1 : j + half);
         out[a] = x[a] * c - x[b] * s;
@@ -557,7 +545,7 @@ TEST_P(CpuFloatOpTest, RopePairingMatters) {
   op.head_dim = d;
   const std::vector<double> x = [&] {
     std::vector<double> v;
-    for (float f : RandomValues(rng, rows * d)) v.push_back(Stored(dtype(), f));
+    for (float f : RandomValues(rng, rows * d)) v.push_back(RoundTo(dtype(), f));
     return v;
   }();
   ops::Rope inter = op;
