@@ -537,23 +537,65 @@ TEST_P(CpuFloatOpTest, RopeMatchesReference) {
 }
 
 TEST_P(CpuFloatOpTest, RopePairingMatters) {
-  // The two pairings must give different results, or the reference check above could not
-  // tell them apart.
+  // The library's Rope against each pairing written out by hand, pair by pair (not through
+  // RopeReference, which shares the library's choice of pairs): by default element j of a
+  // head turns with j + d/2 (HF's rotate_half), with `interleaved` 2j with 2j + 1. Each
+  // result must match its own pairing and be far from the other, so that a library that
+  // pairs the wrong elements fails here.
+  constexpr int kD = 8;
+  const std::pair<int, int> rotate_half[kD / 2] = {{0, 4}, {1, 5}, {2, 6}, {3, 7}};
+  const std::pair<int, int> interleaved[kD / 2] = {{0, 1}, {2, 3}, {4, 5}, {6, 7}};
+  const int64_t heads = 2, cols = kD * heads;
+  const std::vector<int32_t> pos = {3, 9, 1};
+  const int64_t rows = static_cast<int64_t>(pos.size());
   std::mt19937_64 rng(52);
-  const int64_t d = 8, rows = 2;
-  ops::Rope op;
-  op.head_dim = d;
-  const std::vector<double> x = [&] {
-    std::vector<double> v;
-    for (float f : RandomValues(rng, rows * d)) v.push_back(RoundTo(dtype(), f));
-    return v;
-  }();
-  ops::Rope inter = op;
-  inter.interleaved = true;
-  const std::vector<double> a = RopeReference(op, dtype(), x, {3, 9}, d);
-  const std::vector<double> b = RopeReference(inter, dtype(), x, {3, 9}, d);
-  std::vector<float> af(a.begin(), a.end());
-  EXPECT_GT(NormalizedError(af, b), 0.05);
+  const std::vector<float> input = RandomValues(rng, rows * cols, 0.1f, 2.0f);
+
+  // Pair j of a head turns by pos · 10000^(-2j/d), in float64.
+  auto expected = [&](const std::pair<int, int> (&pairs)[kD / 2], const std::vector<double>& x) {
+    std::vector<double> out = x;
+    for (int64_t i = 0; i < rows; ++i) {
+      for (int64_t h = 0; h < heads; ++h) {
+        const int64_t base = i * cols + h * kD;
+        for (int j = 0; j < kD / 2; ++j) {
+          const double angle = pos[i] * std::pow(10000.0, -2.0 * j / kD);
+          const int64_t a = base + pairs[j].first, b = base + pairs[j].second;
+          out[a] = x[a] * std::cos(angle) - x[b] * std::sin(angle);
+          out[b] = x[b] * std::cos(angle) + x[a] * std::sin(angle);
+        }
+      }
+    }
+    return out;
+  };
+  auto run = [&](bool interleave, std::vector<double>* x) -> std::vector<float> {
+    GraphBuilder b;
+    const TensorId xt = b.Input("x", dtype(), {rows, cols});
+    const TensorId p = b.Input("pos", DType::kI32, {rows});
+    b.Output("y", b.Rope(xt, p, ops::Rope{.head_dim = kD, .theta = 10000.0f,
+                                          .interleaved = interleave}, "y"));
+    auto bench = Bench::Make(b);
+    if (bench == nullptr) return {};
+    *x = bench->Set("x", input);
+    bench->SetInts("pos", pos);
+    bench->Poison("y");
+    CpuDispatch cpu;
+    if (const absl::Status st = bench->Run(cpu); !st.ok()) {
+      ADD_FAILURE() << st;
+      return {};
+    }
+    return bench->Floats("y");
+  };
+
+  std::vector<double> x;
+  const std::vector<float> half_got = run(false, &x);
+  ASSERT_EQ(half_got.size(), x.size());
+  EXPECT_LE(NormalizedError(half_got, expected(rotate_half, x)), tol());
+  EXPECT_GT(NormalizedError(half_got, expected(interleaved, x)), 0.05);
+
+  const std::vector<float> inter_got = run(true, &x);
+  ASSERT_EQ(inter_got.size(), x.size());
+  EXPECT_LE(NormalizedError(inter_got, expected(interleaved, x)), tol());
+  EXPECT_GT(NormalizedError(inter_got, expected(rotate_half, x)), 0.05);
 }
 
 // float64 transcription of transformers' _compute_default_rope_parameters and
