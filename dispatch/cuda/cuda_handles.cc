@@ -1,20 +1,10 @@
 #include "dispatch/cuda/cuda_handles.h"
 
-#include <cstdio>
-
 #include "absl/strings/str_cat.h"
 #include "dispatch/cuda/cuda_status.h"
 #include "stepgraph/status.h"
 
 namespace sg {
-namespace internal {
-
-void LogReleaseFailure(const char* what, int code) {
-  std::fprintf(stderr, "stepgraph: %s failed with code %d while releasing a resource\n", what,
-               code);
-}
-
-}  // namespace internal
 
 absl::StatusOr<DeviceMemory> AllocateDevice(int64_t bytes, const char* what) {
   void* p = nullptr;
