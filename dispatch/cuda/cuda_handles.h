@@ -9,8 +9,11 @@
 #include <cstdint>
 #include <memory>
 #include <type_traits>
+#include <vector>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "dispatch/unique_handle.h"
 
 namespace sg {
@@ -52,6 +55,26 @@ using UniqueMatmulPreference =
 absl::StatusOr<DeviceMemory> AllocateDevice(int64_t bytes, const char* what);
 absl::StatusOr<UniqueStream> CreateStream(const char* what);
 absl::StatusOr<UniqueEvent> CreateEvent(const char* what);
+
+// A device buffer that only grows, zeroed whenever it is (re)allocated: the workspace of
+// kernels that merge partial results across blocks with arrival counters, which they
+// leave at zero. Reserve runs in Prepare, never in Run. An outgrown buffer is kept until
+// the owner is destroyed, since plans prepared and graphs captured earlier point into it.
+class GrowingWorkspace {
+ public:
+  // Grows to at least `bytes`; nothing when it holds them already. `what` names the
+  // workspace in errors. Zeroing runs on the legacy stream and is waited for.
+  absl::Status Reserve(int64_t bytes, const char* what);
+  // The buffer for a node that needs `bytes`: Internal naming the node when Reserve did
+  // not cover them.
+  absl::StatusOr<void*> For(int64_t bytes, absl::string_view op, absl::string_view node) const;
+  int64_t bytes() const { return bytes_; }
+
+ private:
+  DeviceMemory buffer_;
+  int64_t bytes_ = 0;
+  std::vector<DeviceMemory> retired_;
+};
 
 }  // namespace sg
 
