@@ -26,6 +26,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "capture/timing.h"
 #include "dispatch/cuda/cuda_handles.h"
 #include "dispatch/cuda/cuda_status.h"
 #include "kernels/attention.cuh"
@@ -62,12 +63,6 @@ struct Context {
   std::vector<Result> results;
 };
 Context* g = nullptr;
-
-double Median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
 
 void Record(const Result& r) {
   for (Result& old : g->results) {

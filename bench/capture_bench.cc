@@ -21,6 +21,7 @@
 
 #include "absl/strings/str_format.h"
 #include "bench/empty_chain.h"
+#include "capture/timing.h"
 #include "dispatch/cuda/cuda_handles.h"
 #include "dispatch/cuda/cuda_status.h"
 #include "models/llama.h"
@@ -31,12 +32,6 @@
 
 namespace sg {
 namespace {
-
-double Median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
 
 // Device buffers for a plan's inputs, weights and states: small random values, ids 0..,
 // positions `pos`, and the arena.

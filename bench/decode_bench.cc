@@ -34,6 +34,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "capture/timing.h"
 #include "models/llama.h"
 #include "models/session.h"
 #include "stepgraph/passes.h"
@@ -64,12 +65,6 @@ struct Context {
   double replayed_ms_at_100 = 0;
 };
 Context* g = nullptr;
-
-double Median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
 
 std::vector<int32_t> Prompt(int64_t n, int64_t vocab, uint64_t seed) {
   std::vector<int32_t> p(static_cast<size_t>(n));

@@ -27,6 +27,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "capture/timing.h"
 #include "dispatch/cuda/cuda_handles.h"
 #include "dispatch/cuda/cuda_status.h"
 #include "stepgraph/builder.h"
@@ -74,13 +75,6 @@ struct Context {
   std::vector<Result> results;
 };
 Context* g = nullptr;
-
-double Median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 void Record(const Result& r) {
   for (Result& old : g->results) {

@@ -22,6 +22,7 @@
 #include <random>
 #include <vector>
 
+#include "capture/timing.h"
 #include "models/llama.h"
 #include "models/session.h"
 #include "stepgraph/builder.h"
@@ -36,11 +37,6 @@ using Clock = std::chrono::steady_clock;
 
 double Seconds(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
-}
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0.0 : v[v.size() / 2];
 }
 
 std::vector<int32_t> RandomPrompt(int64_t n, int64_t vocab, uint32_t seed) {

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "capture/timing.h"
 #include "dispatch/cuda/cuda_handles.h"
 #include "dispatch/cuda/cuda_status.h"
 #include "kernels/gemv.cuh"
@@ -45,13 +46,6 @@ constexpr int64_t kCopyBytes = int64_t{1} << 30;
 constexpr int64_t kDistinctRows = 64;
 
 int64_t RoundUp(int64_t v, int64_t a) { return (v + a - 1) / a * a; }
-
-double Median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 struct Row {
   std::string name;

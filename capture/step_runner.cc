@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "capture/runner_device.h"
+#include "capture/timing.h"
 #include "stepgraph/builder.h"
 #include "stepgraph/half.h"
 #include "stepgraph/status.h"
@@ -106,8 +107,7 @@ absl::StatusOr<double> StepRunner::CopyBandwidth(int64_t bytes, int repeats) {
         "copy bandwidth: bytes and repeats must be > 0, got ", bytes, " and ", repeats));
   }
   SG_ASSIGN_OR_RETURN(std::vector<double> seconds, device_->TimeCopies(bytes, repeats));
-  std::sort(seconds.begin(), seconds.end());
-  const double median = seconds[seconds.size() / 2];
+  const double median = Median(std::move(seconds));
   if (!(median > 0.0)) return absl::InternalError("copy bandwidth: a copy took no time");
   return 2.0 * static_cast<double>(bytes) / median;
 }
@@ -256,8 +256,7 @@ absl::StatusOr<double> MeasureMatmulTflops(const RunnerOptions& options, int64_t
     SG_RETURN_IF_ERROR(runner->Mark(i + 1));
   }
   SG_ASSIGN_OR_RETURN(std::vector<double> ms, runner->MarkIntervalsMs());
-  std::sort(ms.begin(), ms.end());
-  const double median_s = ms[ms.size() / 2] * 1e-3;
+  const double median_s = Median(std::move(ms)) * 1e-3;
   return 2.0 * static_cast<double>(n) * static_cast<double>(n) * static_cast<double>(n) /
          median_s * 1e-12;
 }

@@ -1,7 +1,7 @@
 // Device-side helpers shared by stepgraph's kernel families (.cu files only; host code
 // includes the per-family launcher headers instead): the runtime-dtype to compile-time-type
-// dispatch, 16-byte vectors, f32 conversions that round as the CPU reference does, and
-// warp/block reductions built on shuffles.
+// dispatch, 16-byte vectors, f32 conversions and loads that round as the CPU reference
+// does, and warp/block reductions built on shuffles.
 #ifndef STEPGRAPH_KERNELS_COMMON_CUH_
 #define STEPGRAPH_KERNELS_COMMON_CUH_
 
@@ -171,6 +171,18 @@ __device__ __forceinline__ T FromFloat(float v) {
 template <typename T>
 __device__ __forceinline__ float RoundTo(float v) {
   return ToFloat(FromFloat<T>(v));
+}
+
+// W consecutive elements of T as f32: one W * sizeof(T)-byte access (W = 1: a scalar one).
+template <typename T, int W>
+__device__ __forceinline__ void LoadFloats(const T* p, float (&f)[W]) {
+  if constexpr (W == 1) {
+    f[0] = ToFloat(p[0]);
+  } else {
+    const Vec<T, W> v = LoadVec<T, W>(p);
+#pragma unroll
+    for (int i = 0; i < W; ++i) f[i] = ToFloat(v.v[i]);
+  }
 }
 
 __device__ __forceinline__ float WarpSum(float v) {

@@ -150,11 +150,7 @@ __global__ void __launch_bounds__(kThreads) FusedMatmulKernel(FusedMatmulArgs a)
     for (int c = 0; c < kCols; ++c) wv[c] = LoadStreaming<T, W>(wrow[c] + v * W);
     float xf[kRows][W];
 #pragma unroll
-    for (int r = 0; r < kRows; ++r) {
-      const Vec<T, W> xv = LoadVec<T, W>(x + r * k + v * W);
-#pragma unroll
-      for (int e = 0; e < W; ++e) xf[r][e] = ToFloat(xv.v[e]);
-    }
+    for (int r = 0; r < kRows; ++r) LoadFloats<T, W>(x + r * k + v * W, xf[r]);
     if (norm_w != nullptr) {
       const Vec<T, W> nv = LoadVec<T, W>(norm_w + v * W);
 #pragma unroll

@@ -25,9 +25,7 @@ constexpr int kMaxWarps = 4;
 template <typename T>
 __device__ __forceinline__ void LoadX4(const T* p, bool vec, float (&out)[4]) {
   if (vec) {
-    const Vec<T, 4> v = LoadVec<T, 4>(p);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) out[i] = ToFloat(v.v[i]);
+    LoadFloats<T, 4>(p, out);
   } else {
 #pragma unroll
     for (int i = 0; i < 4; ++i) out[i] = ToFloat(p[i]);

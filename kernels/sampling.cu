@@ -75,17 +75,6 @@ __device__ __forceinline__ int CombIndex(u64 c) {
 }
 __device__ __forceinline__ uint32_t CombKey(u64 c) { return static_cast<uint32_t>(c >> 32); }
 
-template <typename T, int kVec>
-__device__ __forceinline__ void LoadFloats(const T* p, float (&f)[kVec]) {
-  if constexpr (kVec == 1) {
-    f[0] = ToFloat(p[0]);
-  } else {
-    const Vec<T, kVec> v = LoadVec<T, kVec>(p);
-#pragma unroll
-    for (int i = 0; i < kVec; ++i) f[i] = ToFloat(v.v[i]);
-  }
-}
-
 // ---------------------------------------------------------------------------------------
 // Argmax
 

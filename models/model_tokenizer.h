@@ -1,5 +1,6 @@
 // The tokenizer that comes with a model: a folder's tokenizer.json (with
-// tokenizer_config.json beside it), or a GGUF file's tokenizer.* metadata.
+// tokenizer_config.json beside it), or a GGUF file's tokenizer.* metadata. LoadModelTokenizer
+// is public (stepgraph/tokenizer.h); reading a spec from a GGUF file stays inside.
 #ifndef STEPGRAPH_MODELS_MODEL_TOKENIZER_H_
 #define STEPGRAPH_MODELS_MODEL_TOKENIZER_H_
 
@@ -8,7 +9,7 @@
 
 #include "absl/status/statusor.h"
 #include "models/gguf.h"
-#include "models/tokenizer.h"
+#include "stepgraph/tokenizer.h"
 
 namespace sg {
 
@@ -17,10 +18,6 @@ namespace sg {
 // has no tokenizer (no tokenizer.ggml.model); InvalidArgument naming a key of the wrong
 // type.
 absl::StatusOr<TokenizerSpec> TokenizerSpecFromGguf(const GgufFile& file);
-
-// The tokenizer of the model at `path`: a folder with tokenizer.json, or a GGUF file.
-// NotFound, saying where it looked, when the model has none.
-absl::StatusOr<std::unique_ptr<Tokenizer>> LoadModelTokenizer(const std::string& path);
 
 }  // namespace sg
 

@@ -2,7 +2,7 @@
 // the next step feeds; the ids themselves travel on the device in the closed loop and
 // reach the host through the id ring, which is drained only where the caller asks for ids
 // or the live set changes. Where the steps run is the StepRunner's business.
-#include "models/session.h"
+#include "stepgraph/session.h"
 
 #include <algorithm>
 #include <cmath>
@@ -11,6 +11,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "models/model_files.h"
+#include "models/random_weights.h"
 #include "stepgraph/capture_policy.h"
 #include "stepgraph/error_flags.h"
 #include "stepgraph/half.h"
@@ -128,7 +130,7 @@ absl::Status DecodeSession::Init(const SessionOptions& options) {
   if (!options.model_path.empty()) {
     SG_ASSIGN_OR_RETURN(ModelFiles model, ModelFiles::Open(options.model_path));
     if (options.check_weights) SG_RETURN_IF_ERROR(model.CheckFinite());
-    model_.emplace(std::move(model));
+    model_ = std::make_unique<ModelFiles>(std::move(model));
     config_ = model_->config();
     stop_ids_ = model_->stop_ids();
   } else {
@@ -209,7 +211,7 @@ absl::Status DecodeSession::Init(const SessionOptions& options) {
   }
   // The largest decode step reads every weight and every KV cache.
   const Graph& largest = graphs[decode_graphs - 1];
-  if (model_.has_value()) SG_RETURN_IF_ERROR(model_->CheckAgainstGraph(largest));
+  if (model_ != nullptr) SG_RETURN_IF_ERROR(model_->CheckAgainstGraph(largest));
 
   RunnerOptions ro;
   ro.device = backend == Backend::kCuda ? DeviceKind::kCuda : DeviceKind::kCpu;
@@ -220,18 +222,19 @@ absl::Status DecodeSession::Init(const SessionOptions& options) {
 
   // The KV cache is the one buffer whose size the caller picks freely (max_seq × slots):
   // check it against the device before asking for it.
-  kv_layout_ = LayoutBuffers(largest, TensorKind::kState);
+  const BufferLayout kv_layout = LayoutBuffers(largest, TensorKind::kState);
+  kv_cache_bytes_ = kv_layout.total_bytes;
   SG_ASSIGN_OR_RETURN(const int64_t free_bytes, runner_->FreeBytes());
-  if (kv_layout_.total_bytes > free_bytes) {
+  if (kv_layout.total_bytes > free_bytes) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "session: the KV cache for ", options.max_slots, " slot(s) of max_seq = ", max_seq_,
-        " needs ", kv_layout_.total_bytes, " bytes, but the ", DeviceKindName(ro.device),
+        " needs ", kv_layout.total_bytes, " bytes, but the ", DeviceKindName(ro.device),
         " device has ", free_bytes, " bytes free; ask for fewer positions (max_seq) or slots"));
   }
 
   StepRunner::Binder bind_weights;
   SG_RETURN_IF_ERROR(SetUpWeights(largest, &bind_weights));
-  SG_ASSIGN_OR_RETURN(void* kv, runner_->AllocateZeroed(kv_layout_.total_bytes, "the KV cache"));
+  SG_ASSIGN_OR_RETURN(void* kv, runner_->AllocateZeroed(kv_layout.total_bytes, "the KV cache"));
 
   // Step inputs start as all padding, so that nothing a capture might run writes a cache.
   const InputBlock block(max_slots());
@@ -264,7 +267,7 @@ absl::Status DecodeSession::Init(const SessionOptions& options) {
     const bool prefill = i >= decode_graphs;
     auto bind = [&](const Graph& g, Bindings& b) -> absl::Status {
       SG_RETURN_IF_ERROR(bind_weights(g, b));
-      SG_RETURN_IF_ERROR(BindLayout(g, TensorKind::kState, kv_layout_, kv_base, b));
+      SG_RETURN_IF_ERROR(BindLayout(g, TensorKind::kState, kv_layout, kv_base, b));
       if (!prefill) return BindInputBlock(g, block, inputs_, b);
       const PrefillShape& shape = prefill_shapes_[i - decode_graphs];
       return BindPrefillBlock(prefill_block, prefill_inputs_,
@@ -291,15 +294,15 @@ absl::Status DecodeSession::Init(const SessionOptions& options) {
 absl::Status DecodeSession::SetUpWeights(const Graph& largest, StepRunner::Binder* bind) {
   const BufferLayout layout = LayoutBuffers(largest, TensorKind::kWeight);
   weight_bytes_ = layout.total_bytes;
-  if (model_.has_value() && runner_->device() == DeviceKind::kCpu) {
+  if (model_ != nullptr && runner_->device() == DeviceKind::kCpu) {
     // The CPU reads the mapped files in place.
-    const ModelFiles* model = &*model_;
+    const ModelFiles* model = model_.get();
     *bind = [model](const Graph& g, Bindings& b) { return model->BindInPlace(g, b); };
     return absl::OkStatus();
   }
   SG_ASSIGN_OR_RETURN(void* device_weights, runner_->Allocate(layout.total_bytes, "the weights"));
   auto* base = static_cast<std::byte*>(device_weights);
-  if (model_.has_value()) {
+  if (model_ != nullptr) {
     for (const BufferLayout::Entry& e : layout.entries) {
       SG_ASSIGN_OR_RETURN(absl::Span<const std::byte> data, model_->WeightData(e.name));
       if (static_cast<int64_t>(data.size()) != e.bytes) {

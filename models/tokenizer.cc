@@ -21,6 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "dispatch/unique_handle.h"
 #include "stepgraph/status.h"
 
 namespace sg {
@@ -210,18 +211,13 @@ int ByteTokenValue(absl::string_view token) {
 
 // ---- PCRE2 ----------------------------------------------------------------------------
 
-struct CodeDeleter {
-  void operator()(pcre2_code* c) const noexcept { pcre2_code_free(c); }
-};
-struct MatchDataDeleter {
-  void operator()(pcre2_match_data* m) const noexcept { pcre2_match_data_free(m); }
-};
-struct MatchContextDeleter {
-  void operator()(pcre2_match_context* m) const noexcept { pcre2_match_context_free(m); }
-};
-struct JitStackDeleter {
-  void operator()(pcre2_jit_stack* s) const noexcept { pcre2_jit_stack_free(s); }
-};
+using UniqueCode = UniqueHandle<pcre2_code*, pcre2_code_free, "pcre2_code_free">;
+using UniqueMatchData =
+    UniqueHandle<pcre2_match_data*, pcre2_match_data_free, "pcre2_match_data_free">;
+using UniqueMatchContext =
+    UniqueHandle<pcre2_match_context*, pcre2_match_context_free, "pcre2_match_context_free">;
+using UniqueJitStack =
+    UniqueHandle<pcre2_jit_stack*, pcre2_jit_stack_free, "pcre2_jit_stack_free">;
 
 std::string PcreErrorText(int code) {
   PCRE2_UCHAR buffer[256];
@@ -229,7 +225,7 @@ std::string PcreErrorText(int code) {
   return reinterpret_cast<const char*>(buffer);
 }
 
-absl::StatusOr<std::unique_ptr<pcre2_code, CodeDeleter>> CompilePattern(absl::string_view pattern) {
+absl::StatusOr<UniqueCode> CompilePattern(absl::string_view pattern) {
   if (pattern.empty() || pattern.size() > kMaxPatternBytes) {
     return absl::InvalidArgumentError(absl::StrCat(
         "tokenizer: pre-tokenizer pattern of ", pattern.size(), " bytes (1 to ",
@@ -247,14 +243,14 @@ absl::StatusOr<std::unique_ptr<pcre2_code, CodeDeleter>> CompilePattern(absl::st
   }
   // JIT is an optimisation only: a build of PCRE2 without it still matches.
   (void)pcre2_jit_compile(code, PCRE2_JIT_COMPLETE);
-  return std::unique_ptr<pcre2_code, CodeDeleter>(code);
+  return UniqueCode(code);
 }
 
 // One Encode call's matching state (PCRE2 match data is not shareable between threads).
 struct Matcher {
-  std::unique_ptr<pcre2_match_data, MatchDataDeleter> data;
-  std::unique_ptr<pcre2_match_context, MatchContextDeleter> context;
-  std::unique_ptr<pcre2_jit_stack, JitStackDeleter> jit_stack;
+  UniqueMatchData data;
+  UniqueMatchContext context;
+  UniqueJitStack jit_stack;
 };
 
 absl::StatusOr<Matcher> MakeMatcher() {
@@ -352,7 +348,7 @@ struct Tokenizer::Impl {
   bool byte_level = false;
   absl::flat_hash_map<std::string, int32_t> vocab;  // BPE spelling → id
   absl::flat_hash_map<std::pair<int32_t, int32_t>, MergeInfo> merges;
-  std::vector<std::unique_ptr<pcre2_code, CodeDeleter>> patterns;
+  std::vector<UniqueCode> patterns;
   std::vector<std::string> token_bytes;  // what each id decodes to
   std::vector<uint8_t> control;          // skipped by skip_special
   TokenTrie special_trie, user_trie;     // matched in text: control / user-defined

@@ -32,6 +32,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
+#include "capture/timing.h"
 #include "models/config.h"
 #include "models/chat_template.h"
 #include "models/llama.h"
@@ -516,12 +517,6 @@ std::string Bytes(int64_t b) {
   if (v >= 1 << 20) return absl::StrFormat("%.1f MiB", v / (1 << 20));
   if (v >= 1 << 10) return absl::StrFormat("%.1f KiB", v / (1 << 10));
   return absl::StrCat(b, " B");
-}
-
-double Median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
 }
 
 using Clock = std::chrono::steady_clock;

@@ -16,11 +16,15 @@ for c in "${configs[@]}"; do
   # The benchmarks build once, in the first configuration (with CUDA when there is nvcc).
   bench=ON; [[ $c == nocuda && ${#configs[@]} -gt 1 ]] && bench=OFF
   cmake -S . -B "$root/$c" -G Ninja -DCMAKE_BUILD_TYPE=Release -DSTEPGRAPH_WITH_CUDA=$cuda \
-        -DSTEPGRAPH_BUILD_BENCH=$bench >&2
+        -DSTEPGRAPH_BUILD_BENCH=$bench -DSTEPGRAPH_WERROR=ON >&2
   cmake --build "$root/$c" -j "$jobs"
   echo "== stepgraph: test ($c)" >&2
   (cd "$root/$c" && ctest --no-tests=error --output-on-failure -j "$jobs")
 done
+# ---- package (begin): the CUDA-free build installed and used through find_package ----
+echo "== stepgraph: find_package(stepgraph) consumer (nocuda)" >&2
+tools/package_test.sh "$root/nocuda"
+# ---- package (end) ----
 # ---- bindings (begin): the Python package and the Rust crate over each build's C ABI ----
 # pytest (python/tests) and cargo test (rust/), offline; the signature check runs in ctest
 # and in pytest. GPU cases skip without a device.

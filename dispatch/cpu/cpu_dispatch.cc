@@ -23,19 +23,6 @@
 namespace sg {
 namespace {
 
-
-// v rounded to what `t` can hold, as f32: models a store and reload.
-float RoundTo(DType t, float v) {
-  switch (t) {
-    case DType::kBF16:
-      return BF16ToFloat(FloatToBF16(v));
-    case DType::kF16:
-      return HalfToFloat(FloatToHalf(v));
-    default:
-      return v;
-  }
-}
-
 // Elements [offset, offset + n) of a tensor, as f32.
 std::vector<float> LoadRange(const TensorArg& a, int64_t offset, int64_t n) {
   std::vector<float> out(n);

@@ -58,17 +58,8 @@ absl::Status AttentionWorkspace::Reserve(const ExecutionPlan& plan) {
                                          graph.tensor(node.inputs[1]).shape, node.name));
     need = std::max(need, kernels::AttentionWorkspaceBytes(s, Chunks(s)));
   }
-  if (need <= bytes_) return absl::OkStatus();
-  SG_ASSIGN_OR_RETURN(DeviceMemory grown, AllocateDevice(need, "the attention workspace"));
-  // The arrival counters must start at zero; launches leave them zero. The memset runs on
-  // the legacy stream, so wait for it before any launch on the dispatcher's stream.
-  SG_RETURN_IF_ERROR(ToStatus(cudaMemset(grown.get(), 0, static_cast<size_t>(need)),
-                              "cudaMemset(attention workspace)"));
-  SG_RETURN_IF_ERROR(ToStatus(cudaDeviceSynchronize(), "cudaDeviceSynchronize after cudaMemset"));
-  if (buffer_ != nullptr) retired_.push_back(std::move(buffer_));
-  buffer_ = std::move(grown);
-  bytes_ = need;
-  return absl::OkStatus();
+  // The arrival counters must start at zero; launches leave them zero.
+  return workspace_.Reserve(need, "the attention workspace");
 }
 
 namespace {
@@ -101,12 +92,7 @@ absl::StatusOr<std::unique_ptr<PreparedNode>> AttentionWorkspace::PrepareNode(
   }
   node->chunks = Chunks(node->shape);
   const int64_t need = kernels::AttentionWorkspaceBytes(node->shape, node->chunks);
-  if (need > bytes_) {
-    return absl::InternalError(absl::StrCat("Attention node '", name, "' needs ", need,
-                                            " bytes of workspace but ", bytes_,
-                                            " were reserved"));
-  }
-  node->workspace = buffer_.get();
+  SG_ASSIGN_OR_RETURN(node->workspace, workspace_.For(need, "Attention", name));
   return std::unique_ptr<PreparedNode>(std::move(node));
 }
 

@@ -1,5 +1,5 @@
-// RAII owners for CUDA and cuBLASLt objects. Deleters never throw; a failed release is
-// logged to stderr, since there is nobody to return it to.
+// RAII owners for CUDA and cuBLASLt objects, and the calls that make them. Deleters never
+// throw; a failed release is logged to stderr, since there is nobody to return it to.
 #ifndef STEPGRAPH_DISPATCH_CUDA_CUDA_HANDLES_H_
 #define STEPGRAPH_DISPATCH_CUDA_CUDA_HANDLES_H_
 
@@ -9,115 +9,72 @@
 #include <cstdint>
 #include <memory>
 #include <type_traits>
+#include <vector>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "dispatch/unique_handle.h"
 
 namespace sg {
 
-namespace internal {
-void LogReleaseFailure(const char* what, int code);
-}  // namespace internal
-
-struct StreamDeleter {
-  void operator()(cudaStream_t s) const noexcept {
-    if (cudaError_t e = cudaStreamDestroy(s); e != cudaSuccess) {
-      internal::LogReleaseFailure("cudaStreamDestroy", e);
-    }
-  }
-};
+// One deleter template (dispatch/unique_handle.h) for every CUDA and cuBLASLt object; the
+// names are kept for the code that calls a deleter by hand.
+using StreamDeleter = HandleDeleter<cudaStream_t, cudaStreamDestroy, "cudaStreamDestroy">;
 using UniqueStream = std::unique_ptr<std::remove_pointer_t<cudaStream_t>, StreamDeleter>;
 
-struct EventDeleter {
-  void operator()(cudaEvent_t e) const noexcept {
-    if (cudaError_t r = cudaEventDestroy(e); r != cudaSuccess) {
-      internal::LogReleaseFailure("cudaEventDestroy", r);
-    }
-  }
-};
+using EventDeleter = HandleDeleter<cudaEvent_t, cudaEventDestroy, "cudaEventDestroy">;
 using UniqueEvent = std::unique_ptr<std::remove_pointer_t<cudaEvent_t>, EventDeleter>;
 
-struct DeviceFree {
-  void operator()(void* p) const noexcept {
-    if (cudaError_t e = cudaFree(p); e != cudaSuccess) {
-      internal::LogReleaseFailure("cudaFree", e);
-    }
-  }
-};
 // Device memory from cudaMalloc.
+using DeviceFree = HandleDeleter<void*, cudaFree, "cudaFree">;
 using DeviceMemory = std::unique_ptr<void, DeviceFree>;
 
-struct HostFree {
-  void operator()(void* p) const noexcept {
-    if (cudaError_t e = cudaFreeHost(p); e != cudaSuccess) {
-      internal::LogReleaseFailure("cudaFreeHost", e);
-    }
-  }
-};
 // Pinned host memory from cudaMallocHost.
+using HostFree = HandleDeleter<void*, cudaFreeHost, "cudaFreeHost">;
 using PinnedMemory = std::unique_ptr<void, HostFree>;
 
-struct GraphDeleter {
-  void operator()(cudaGraph_t g) const noexcept {
-    if (cudaError_t e = cudaGraphDestroy(g); e != cudaSuccess) {
-      internal::LogReleaseFailure("cudaGraphDestroy", e);
-    }
-  }
-};
+using GraphDeleter = HandleDeleter<cudaGraph_t, cudaGraphDestroy, "cudaGraphDestroy">;
 using UniqueGraph = std::unique_ptr<std::remove_pointer_t<cudaGraph_t>, GraphDeleter>;
 
-struct GraphExecDeleter {
-  void operator()(cudaGraphExec_t g) const noexcept {
-    if (cudaError_t e = cudaGraphExecDestroy(g); e != cudaSuccess) {
-      internal::LogReleaseFailure("cudaGraphExecDestroy", e);
-    }
-  }
-};
+using GraphExecDeleter =
+    HandleDeleter<cudaGraphExec_t, cudaGraphExecDestroy, "cudaGraphExecDestroy">;
 using UniqueGraphExec =
     std::unique_ptr<std::remove_pointer_t<cudaGraphExec_t>, GraphExecDeleter>;
 
-struct CublasLtDeleter {
-  void operator()(cublasLtHandle_t h) const noexcept {
-    if (cublasStatus_t s = cublasLtDestroy(h); s != CUBLAS_STATUS_SUCCESS) {
-      internal::LogReleaseFailure("cublasLtDestroy", s);
-    }
-  }
-};
-using UniqueCublasLt = std::unique_ptr<std::remove_pointer_t<cublasLtHandle_t>, CublasLtDeleter>;
-
-struct MatmulDescDeleter {
-  void operator()(cublasLtMatmulDesc_t d) const noexcept {
-    if (cublasStatus_t s = cublasLtMatmulDescDestroy(d); s != CUBLAS_STATUS_SUCCESS) {
-      internal::LogReleaseFailure("cublasLtMatmulDescDestroy", s);
-    }
-  }
-};
-using UniqueMatmulDesc =
-    std::unique_ptr<std::remove_pointer_t<cublasLtMatmulDesc_t>, MatmulDescDeleter>;
-
-struct MatrixLayoutDeleter {
-  void operator()(cublasLtMatrixLayout_t l) const noexcept {
-    if (cublasStatus_t s = cublasLtMatrixLayoutDestroy(l); s != CUBLAS_STATUS_SUCCESS) {
-      internal::LogReleaseFailure("cublasLtMatrixLayoutDestroy", s);
-    }
-  }
-};
-using UniqueMatrixLayout =
-    std::unique_ptr<std::remove_pointer_t<cublasLtMatrixLayout_t>, MatrixLayoutDeleter>;
-
-struct MatmulPreferenceDeleter {
-  void operator()(cublasLtMatmulPreference_t p) const noexcept {
-    if (cublasStatus_t s = cublasLtMatmulPreferenceDestroy(p); s != CUBLAS_STATUS_SUCCESS) {
-      internal::LogReleaseFailure("cublasLtMatmulPreferenceDestroy", s);
-    }
-  }
-};
+using UniqueCublasLt = UniqueHandle<cublasLtHandle_t, cublasLtDestroy, "cublasLtDestroy">;
+using UniqueMatmulDesc = UniqueHandle<cublasLtMatmulDesc_t, cublasLtMatmulDescDestroy,
+                                      "cublasLtMatmulDescDestroy">;
+using UniqueMatrixLayout = UniqueHandle<cublasLtMatrixLayout_t, cublasLtMatrixLayoutDestroy,
+                                        "cublasLtMatrixLayoutDestroy">;
 using UniqueMatmulPreference =
-    std::unique_ptr<std::remove_pointer_t<cublasLtMatmulPreference_t>, MatmulPreferenceDeleter>;
+    UniqueHandle<cublasLtMatmulPreference_t, cublasLtMatmulPreferenceDestroy,
+                 "cublasLtMatmulPreferenceDestroy">;
 
 // cudaMalloc of `bytes` as an owner; ResourceExhausted when the device is full.
 absl::StatusOr<DeviceMemory> AllocateDevice(int64_t bytes, const char* what);
 absl::StatusOr<UniqueStream> CreateStream(const char* what);
 absl::StatusOr<UniqueEvent> CreateEvent(const char* what);
+
+// A device buffer that only grows, zeroed whenever it is (re)allocated: the workspace of
+// kernels that merge partial results across blocks with arrival counters, which they
+// leave at zero. Reserve runs in Prepare, never in Run. An outgrown buffer is kept until
+// the owner is destroyed, since plans prepared and graphs captured earlier point into it.
+class GrowingWorkspace {
+ public:
+  // Grows to at least `bytes`; nothing when it holds them already. `what` names the
+  // workspace in errors. Zeroing runs on the legacy stream and is waited for.
+  absl::Status Reserve(int64_t bytes, const char* what);
+  // The buffer for a node that needs `bytes`: Internal naming the node when Reserve did
+  // not cover them.
+  absl::StatusOr<void*> For(int64_t bytes, absl::string_view op, absl::string_view node) const;
+  int64_t bytes() const { return bytes_; }
+
+ private:
+  DeviceMemory buffer_;
+  int64_t bytes_ = 0;
+  std::vector<DeviceMemory> retired_;
+};
 
 }  // namespace sg
 

@@ -40,14 +40,8 @@ absl::Status NvrtcStatus(nvrtcResult r, absl::string_view what) {
   }
 }
 
-struct ProgramDeleter {
-  void operator()(nvrtcProgram p) const noexcept {
-    if (nvrtcResult r = nvrtcDestroyProgram(&p); r != NVRTC_SUCCESS) {
-      internal::LogReleaseFailure("nvrtcDestroyProgram", r);
-    }
-  }
-};
-using UniqueProgram = std::unique_ptr<std::remove_pointer_t<nvrtcProgram>, ProgramDeleter>;
+nvrtcResult DestroyProgram(nvrtcProgram p) { return nvrtcDestroyProgram(&p); }
+using UniqueProgram = UniqueHandle<nvrtcProgram, DestroyProgram, "nvrtcDestroyProgram">;
 
 // NVRTC dlopens libnvrtc-builtins.so.<major>.<minor> by bare name, which the dynamic loader
 // looks for in the default paths and the loader cache, not next to libnvrtc and not in the
@@ -489,12 +483,10 @@ void CubinCache::WriteFile(const std::string& path, const std::string& key, int 
 
 // ---- Loaded modules ---------------------------------------------------------------------
 
-void LibraryDeleter::operator()(cudaLibrary_t library) const noexcept {
+cudaError_t UnloadLibrary(cudaLibrary_t library) {
   const cudaError_t e = cudaLibraryUnload(library);
   // At process exit the runtime may already be gone; the driver frees the module then.
-  if (e != cudaSuccess && e != cudaErrorCudartUnloading) {
-    internal::LogReleaseFailure("cudaLibraryUnload", e);
-  }
+  return e == cudaErrorCudartUnloading ? cudaSuccess : e;
 }
 
 cudaError_t CompiledKernel::Launch(cudaStream_t stream, void** args) const {

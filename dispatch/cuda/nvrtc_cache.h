@@ -37,6 +37,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "dispatch/unique_handle.h"
 
 namespace sg {
 
@@ -132,10 +133,9 @@ class CubinCache {
   absl::flat_hash_map<std::string, std::shared_ptr<const std::string>> memory_;
 };
 
-struct LibraryDeleter {
-  void operator()(cudaLibrary_t library) const noexcept;
-};
-using UniqueLibrary = std::unique_ptr<std::remove_pointer_t<cudaLibrary_t>, LibraryDeleter>;
+// cudaLibraryUnload, but success at process exit, when the runtime may already be gone.
+cudaError_t UnloadLibrary(cudaLibrary_t library);
+using UniqueLibrary = UniqueHandle<cudaLibrary_t, UnloadLibrary, "cudaLibraryUnload">;
 
 // A kernel of a loaded module, ready to launch; what a prepared node keeps. Valid while
 // the CudaModuleCache that made it lives.

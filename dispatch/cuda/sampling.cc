@@ -49,17 +49,8 @@ absl::Status SamplingWorkspace::Reserve(const ExecutionPlan& plan) {
     const int64_t rows = plan.graph().tensor(node.inputs[0]).shape[0];
     need = std::max(need, kernels::ArgmaxWorkspaceBytes(rows));
   }
-  if (need <= bytes_) return absl::OkStatus();
-  SG_ASSIGN_OR_RETURN(DeviceMemory grown, AllocateDevice(need, "the argmax workspace"));
-  // Slots and counters must start at zero; launches leave them zero. The memset runs on
-  // the legacy stream, so wait for it before any launch on the dispatcher's stream.
-  SG_RETURN_IF_ERROR(ToStatus(cudaMemset(grown.get(), 0, static_cast<size_t>(need)),
-                              "cudaMemset(argmax workspace)"));
-  SG_RETURN_IF_ERROR(ToStatus(cudaDeviceSynchronize(), "cudaDeviceSynchronize after cudaMemset"));
-  if (buffer_ != nullptr) retired_.push_back(std::move(buffer_));
-  buffer_ = std::move(grown);
-  bytes_ = need;
-  return absl::OkStatus();
+  // Slots and counters must start at zero; launches leave them zero.
+  return workspace_.Reserve(need, "the argmax workspace");
 }
 
 absl::StatusOr<std::unique_ptr<PreparedNode>> SamplingWorkspace::PrepareArgmax(
@@ -69,12 +60,7 @@ absl::StatusOr<std::unique_ptr<PreparedNode>> SamplingWorkspace::PrepareArgmax(
   node->blocks = ArgmaxBlocks(logits[0], logits[1]);
   if (node->blocks > 1) {
     const int64_t need = kernels::ArgmaxWorkspaceBytes(logits[0]);
-    if (need > bytes_) {
-      return absl::InternalError(absl::StrCat("Argmax node '", name, "' needs ", need,
-                                              " bytes of workspace but ", bytes_,
-                                              " were reserved"));
-    }
-    node->workspace = buffer_.get();
+    SG_ASSIGN_OR_RETURN(node->workspace, workspace_.For(need, "Argmax", name));
   }
   return std::unique_ptr<PreparedNode>(std::move(node));
 }

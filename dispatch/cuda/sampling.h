@@ -38,9 +38,7 @@ class SamplingWorkspace {
   explicit SamplingWorkspace(const CudaDeviceInfo& info) : info_(info) {}
 
   CudaDeviceInfo info_;
-  DeviceMemory buffer_;
-  int64_t bytes_ = 0;
-  std::vector<DeviceMemory> retired_;
+  GrowingWorkspace workspace_;
 };
 
 }  // namespace sg::internal

@@ -68,6 +68,19 @@ inline void StoreElement(void* base, DType t, int64_t i, float v) {
   }
 }
 
+// `v` as a tensor of dtype `t` would hold it, back in f32: a store and a reload (the
+// roundings the CPU reference models). Other dtypes return `v`.
+inline float RoundTo(DType t, float v) {
+  switch (t) {
+    case DType::kBF16:
+      return BF16ToFloat(FloatToBF16(v));
+    case DType::kF16:
+      return HalfToFloat(FloatToHalf(v));
+    default:
+      return v;
+  }
+}
+
 }  // namespace sg
 
 #endif  // STEPGRAPH_HALF_H_

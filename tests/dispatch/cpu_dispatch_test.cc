@@ -67,18 +67,6 @@ double Tolerance(DType t) {
   }
 }
 
-// The value `v` takes when stored as `t` and read back.
-float Stored(DType t, float v) {
-  switch (t) {
-    case DType::kBF16:
-      return BF16ToFloat(FloatToBF16(v));
-    case DType::kF16:
-      return HalfToFloat(FloatToHalf(v));
-    default:
-      return v;
-  }
-}
-
 int64_t RandInt(std::mt19937_64& rng, int64_t lo, int64_t hi) {  // inclusive
   return std::uniform_int_distribution<int64_t>(lo, hi)(rng);
 }
@@ -348,16 +336,16 @@ TEST_P(CpuFloatOpTest, RmsNormMatchesReferenceAndHfRounding) {
         // the storage dtype before the weight multiplies it, and the product is rounded
         // again. f32 math may put `normed` on either side of a rounding boundary when it
         // lies within f32 noise of one, so both neighbours are accepted there.
-        const float lo = Stored(dtype(), static_cast<float>(normed * (1 - 1e-5)));
-        const float hi = Stored(dtype(), static_cast<float>(normed * (1 + 1e-5)));
+        const float lo = RoundTo(dtype(), static_cast<float>(normed * (1 - 1e-5)));
+        const float hi = RoundTo(dtype(), static_cast<float>(normed * (1 + 1e-5)));
         // The 16-bit products are exact in f32, so the second rounding is unambiguous.
-        const float out_lo = Stored(dtype(), lo * static_cast<float>(ws[c]));
-        const float out_hi = Stored(dtype(), hi * static_cast<float>(ws[c]));
+        const float out_lo = RoundTo(dtype(), lo * static_cast<float>(ws[c]));
+        const float out_hi = RoundTo(dtype(), hi * static_cast<float>(ws[c]));
         const float g = got[i * h + c];
         ASSERT_TRUE(g == out_lo || g == out_hi)
             << "row " << i << " col " << c << ": got " << g << ", HF rounding gives " << out_lo
             << (out_lo != out_hi ? absl::StrCat(" or ", out_hi) : "");
-        if (lo == hi && out_lo != Stored(dtype(), static_cast<float>(normed * ws[c]))) {
+        if (lo == hi && out_lo != RoundTo(dtype(), static_cast<float>(normed * ws[c]))) {
           ++order_matters;
         }
       }
@@ -480,8 +468,8 @@ std::vector<double> RopeReference(const ops::Rope& op, DType t, const std::vecto
       const int64_t base = static_cast<int64_t>(i) * cols + head * d;
       for (int j = 0; j < half; ++j) {
         const float angle = static_cast<float>(pos[i]) * inv_freq[j];
-        const double c = Stored(t, static_cast<float>(std::cos(static_cast<double>(angle))));
-        const double s = Stored(t, static_cast<float>(std::sin(static_cast<double>(angle))));
+        const double c = RoundTo(t, static_cast<float>(std::cos(static_cast<double>(angle))));
+        const double s = RoundTo(t, static_cast<float>(std::sin(static_cast<double>(angle))));
         const int64_t a = base + (op.interleaved ? 2 * j : j);
         const int64_t b = base + (op.interleaved ? 2 * j + 1 : j + half);
         out[a] = x[a] * c - x[b] * s;
@@ -549,23 +537,65 @@ TEST_P(CpuFloatOpTest, RopeMatchesReference) {
 }
 
 TEST_P(CpuFloatOpTest, RopePairingMatters) {
-  // The two pairings must give different results, or the reference check above could not
-  // tell them apart.
+  // The library's Rope against each pairing written out by hand, pair by pair (not through
+  // RopeReference, which shares the library's choice of pairs): by default element j of a
+  // head turns with j + d/2 (HF's rotate_half), with `interleaved` 2j with 2j + 1. Each
+  // result must match its own pairing and be far from the other, so that a library that
+  // pairs the wrong elements fails here.
+  constexpr int kD = 8;
+  const std::pair<int, int> rotate_half[kD / 2] = {{0, 4}, {1, 5}, {2, 6}, {3, 7}};
+  const std::pair<int, int> interleaved[kD / 2] = {{0, 1}, {2, 3}, {4, 5}, {6, 7}};
+  const int64_t heads = 2, cols = kD * heads;
+  const std::vector<int32_t> pos = {3, 9, 1};
+  const int64_t rows = static_cast<int64_t>(pos.size());
   std::mt19937_64 rng(52);
-  const int64_t d = 8, rows = 2;
-  ops::Rope op;
-  op.head_dim = d;
-  const std::vector<double> x = [&] {
-    std::vector<double> v;
-    for (float f : RandomValues(rng, rows * d)) v.push_back(Stored(dtype(), f));
-    return v;
-  }();
-  ops::Rope inter = op;
-  inter.interleaved = true;
-  const std::vector<double> a = RopeReference(op, dtype(), x, {3, 9}, d);
-  const std::vector<double> b = RopeReference(inter, dtype(), x, {3, 9}, d);
-  std::vector<float> af(a.begin(), a.end());
-  EXPECT_GT(NormalizedError(af, b), 0.05);
+  const std::vector<float> input = RandomValues(rng, rows * cols, 0.1f, 2.0f);
+
+  // Pair j of a head turns by pos · 10000^(-2j/d), in float64.
+  auto expected = [&](const std::pair<int, int> (&pairs)[kD / 2], const std::vector<double>& x) {
+    std::vector<double> out = x;
+    for (int64_t i = 0; i < rows; ++i) {
+      for (int64_t h = 0; h < heads; ++h) {
+        const int64_t base = i * cols + h * kD;
+        for (int j = 0; j < kD / 2; ++j) {
+          const double angle = pos[i] * std::pow(10000.0, -2.0 * j / kD);
+          const int64_t a = base + pairs[j].first, b = base + pairs[j].second;
+          out[a] = x[a] * std::cos(angle) - x[b] * std::sin(angle);
+          out[b] = x[b] * std::cos(angle) + x[a] * std::sin(angle);
+        }
+      }
+    }
+    return out;
+  };
+  auto run = [&](bool interleave, std::vector<double>* x) -> std::vector<float> {
+    GraphBuilder b;
+    const TensorId xt = b.Input("x", dtype(), {rows, cols});
+    const TensorId p = b.Input("pos", DType::kI32, {rows});
+    b.Output("y", b.Rope(xt, p, ops::Rope{.head_dim = kD, .theta = 10000.0f,
+                                          .interleaved = interleave}, "y"));
+    auto bench = Bench::Make(b);
+    if (bench == nullptr) return {};
+    *x = bench->Set("x", input);
+    bench->SetInts("pos", pos);
+    bench->Poison("y");
+    CpuDispatch cpu;
+    if (const absl::Status st = bench->Run(cpu); !st.ok()) {
+      ADD_FAILURE() << st;
+      return {};
+    }
+    return bench->Floats("y");
+  };
+
+  std::vector<double> x;
+  const std::vector<float> half_got = run(false, &x);
+  ASSERT_EQ(half_got.size(), x.size());
+  EXPECT_LE(NormalizedError(half_got, expected(rotate_half, x)), tol());
+  EXPECT_GT(NormalizedError(half_got, expected(interleaved, x)), 0.05);
+
+  const std::vector<float> inter_got = run(true, &x);
+  ASSERT_EQ(inter_got.size(), x.size());
+  EXPECT_LE(NormalizedError(inter_got, expected(interleaved, x)), tol());
+  EXPECT_GT(NormalizedError(inter_got, expected(rotate_half, x)), 0.05);
 }
 
 // float64 transcription of transformers' _compute_default_rope_parameters and

@@ -28,14 +28,6 @@ using codegen::ElementwiseChain;
 using codegen::EwOp;
 using codegen::GeneratedKernel;
 
-float RoundTo(DType t, float v) {
-  float out = 0.0f;
-  uint32_t storage = 0;
-  StoreElement(&storage, t, 0, v);
-  out = LoadElement(&storage, t, 0);
-  return out;
-}
-
 float Silu(float x) { return x / (1.0f + std::exp(-x)); }
 
 // The chain's meaning, element by element: f32 math, each step rounded to its dtype.

@@ -24,7 +24,8 @@ absl::StatusOr<std::vector<float>> ReadmeExample() {
   SG_ASSIGN_OR_RETURN(Graph graph, std::move(b).Build());
   SG_ASSIGN_OR_RETURN(ExecutionPlan plan, ExecutionPlan::Create(std::move(graph)));
 
-  std::vector<float> xv = {1, 2, 3, 4}, wv(12, 0.5f), gv(4, 1.0f), arena(plan.arena_bytes() / 4);
+  std::vector<float> xv = {1, 2, 3, 4}, gv = {1, 2, 1, 2}, arena(plan.arena_bytes() / 4);
+  std::vector<float> wv = {1, 0, 0, 0,  0, 1, 0, -1,  1, 1, 1, 1};  // y = (h0, h1 - h3, Σh)
   Bindings bind(plan.graph());
   SG_RETURN_IF_ERROR(bind.Bind("x", xv.data(), 16));
   SG_RETURN_IF_ERROR(bind.Bind("w", wv.data(), 48));
@@ -40,9 +41,12 @@ absl::StatusOr<std::vector<float>> ReadmeExample() {
 TEST(ReadmeExampleTest, RunsAndComputesNormThenProjection) {
   absl::StatusOr<std::vector<float>> y = ReadmeExample();
   ASSERT_TRUE(y.ok()) << y.status();
-  // rms of (1,2,3,4) = sqrt(7.5); each output is 0.5 · Σ x / rms.
-  const float want = 0.5f * 10.0f / std::sqrt(7.5f + 1e-6f);
-  for (float v : *y) EXPECT_NEAR(v, want, 1e-5f);
+  // h = x·g / rms(x) = (1, 4, 3, 8) / sqrt(7.5); each weight row picks a different mix of
+  // h, so a wrong row, a transposed w or a misplaced g changes the outputs.
+  const float rms = std::sqrt(7.5f + 1e-6f);
+  const float want[3] = {1.0f / rms, (4.0f - 8.0f) / rms, 16.0f / rms};
+  ASSERT_EQ(y->size(), 3u);
+  for (int i = 0; i < 3; ++i) EXPECT_NEAR((*y)[i], want[i], 1e-5f) << "y[" << i << "]";
 }
 
 }  // namespace

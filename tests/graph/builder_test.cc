@@ -16,25 +16,12 @@
 #include "models/llama.h"
 #include "stepgraph/graph.h"
 #include "stepgraph/ops.h"
+#include "tests/testing/status_matchers.h"
 
 namespace sg {
 namespace {
 
-// The status has `code` and its message contains every one of `parts`.
-::testing::AssertionResult IsError(const absl::Status& status, absl::StatusCode code,
-                                   std::initializer_list<absl::string_view> parts) {
-  if (status.code() != code) {
-    return ::testing::AssertionFailure()
-           << "expected code " << absl::StatusCodeToString(code) << ", got " << status;
-  }
-  for (absl::string_view part : parts) {
-    if (!absl::StrContains(status.message(), part)) {
-      return ::testing::AssertionFailure()
-             << "message \"" << status.message() << "\" does not contain \"" << part << "\"";
-    }
-  }
-  return ::testing::AssertionSuccess();
-}
+using ::sg::testing::IsError;
 
 // The error recorded by the builder, and the same error from Build().
 ::testing::AssertionResult BuildFails(GraphBuilder& b, absl::StatusCode code,

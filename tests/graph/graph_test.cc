@@ -17,24 +17,12 @@
 #include "stepgraph/builder.h"
 #include "stepgraph/ops.h"
 #include "stepgraph/plan.h"
+#include "tests/testing/status_matchers.h"
 
 namespace sg {
 namespace {
 
-::testing::AssertionResult IsError(const absl::Status& status, absl::StatusCode code,
-                                   std::initializer_list<absl::string_view> parts) {
-  if (status.code() != code) {
-    return ::testing::AssertionFailure()
-           << "expected code " << absl::StatusCodeToString(code) << ", got " << status;
-  }
-  for (absl::string_view part : parts) {
-    if (!absl::StrContains(status.message(), part)) {
-      return ::testing::AssertionFailure()
-             << "message \"" << status.message() << "\" does not contain \"" << part << "\"";
-    }
-  }
-  return ::testing::AssertionSuccess();
-}
+using ::sg::testing::IsError;
 
 // Parts of a hand-made graph; every id carries `owner`. The default contents form a valid
 // graph:

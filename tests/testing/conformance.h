@@ -1,7 +1,8 @@
-// The op-conformance harness: a case builds a small graph; the harness runs it on the CPU
-// reference and on CudaDispatch from the same random inputs (never zeros), with the
-// arena poisoned on both sides, and compares every graph output and every State or Input
-// written in place by normalised error (i32 exactly), plus the raised error flags.
+// The op-conformance harness: a case builds a small graph; the harness (conformance.cc,
+// CUDA builds) runs it on the CPU reference and on CudaDispatch from the same random
+// inputs (never zeros), with the arena poisoned on both sides, and compares every graph
+// output and every State or Input written in place by normalised error (i32 exactly),
+// plus the raised error flags.
 #ifndef STEPGRAPH_TESTS_TESTING_CONFORMANCE_H_
 #define STEPGRAPH_TESTS_TESTING_CONFORMANCE_H_
 
@@ -51,6 +52,11 @@ bool HasCudaDevice();
 
 // Runs the case and records gtest failures naming the case and tensor.
 void RunConformance(const OpCase& c);
+
+// The shared table: every op of SG_OP_LIST at decode shapes in each float dtype, and whole
+// Llama steps (tests/testing/conformance_cases.cc). Every op must have a case of its own
+// (op_coverage_test checks it, in builds without CUDA too).
+std::vector<OpCase> ConformanceCases();
 
 }  // namespace sg::testing
 
