@@ -175,6 +175,37 @@ __global__ void __launch_bounds__(kThreads) AttentionKernel(const Params p) {
   const int head0 = kv_head * p.group + tile * kG;
   const int64_t out_offset = (static_cast<int64_t>(row) * p.heads + head0) * d;
   T* out = static_cast<T*>(p.out) + out_offset;
+  const int lane_in_key = threadIdx.x % kTpk;
+  const int key_group = threadIdx.x / kTpk;
+  const int lane = threadIdx.x % kWarpSize;
+  const int warp = threadIdx.x / kWarpSize;
+  // First element of this thread's v-th vector within a head row.
+  auto elem = [&](int v) { return (v * kTpk + lane_in_key) * kVe; };
+  auto in_row = [&](int v) { return !Tr::kGeneric || elem(v) < d; };
+
+  // q does not depend on the position: asked for before it, so the two loads overlap
+  // (a padding row's q is read and not used).
+  float q[kG][kE];
+  {
+    const T* qp = static_cast<const T*>(p.q) + out_offset;
+#pragma unroll
+    for (int g = 0; g < kG; ++g) {
+#pragma unroll
+      for (int v = 0; v < kVpt; ++v) {
+        if (in_row(v)) {
+          uint32_t w[kWords];
+          LoadWords<kWords>(qp + g * d + elem(v), w);
+          WordsToFloats<T, kWords>(w, &q[g][v * kVe]);
+#pragma unroll
+          for (int i = 0; i < kVe; ++i) q[g][v * kVe + i] *= p.scale_log2;
+        } else {
+#pragma unroll
+          for (int i = 0; i < kVe; ++i) q[g][v * kVe + i] = 0.0f;
+        }
+      }
+    }
+  }
+
   const int pos = p.pos[row];
   const int slot = p.seq_slots == nullptr ? row : p.seq_slots[row / p.rows_per_seq];
   const bool bad = pos >= p.seq_len || (pos >= 0 && (slot < 0 || slot >= p.slots));
@@ -202,35 +233,6 @@ __global__ void __launch_bounds__(kThreads) AttentionKernel(const Params p) {
   if (chunk >= active) return;
   const int begin = static_cast<int>(static_cast<int64_t>(len) * chunk / active);
   const int end = static_cast<int>(static_cast<int64_t>(len) * (chunk + 1) / active);
-
-  const int lane_in_key = threadIdx.x % kTpk;
-  const int key_group = threadIdx.x / kTpk;
-  const int lane = threadIdx.x % kWarpSize;
-  const int warp = threadIdx.x / kWarpSize;
-  // First element of this thread's v-th vector within a head row.
-  auto elem = [&](int v) { return (v * kTpk + lane_in_key) * kVe; };
-  auto in_row = [&](int v) { return !Tr::kGeneric || elem(v) < d; };
-
-  float q[kG][kE];
-  {
-    const T* qp = static_cast<const T*>(p.q) + out_offset;
-#pragma unroll
-    for (int g = 0; g < kG; ++g) {
-#pragma unroll
-      for (int v = 0; v < kVpt; ++v) {
-        if (in_row(v)) {
-          uint32_t w[kWords];
-          LoadWords<kWords>(qp + g * d + elem(v), w);
-          WordsToFloats<T, kWords>(w, &q[g][v * kVe]);
-#pragma unroll
-          for (int i = 0; i < kVe; ++i) q[g][v * kVe + i] *= p.scale_log2;
-        } else {
-#pragma unroll
-          for (int i = 0; i < kVe; ++i) q[g][v * kVe + i] = 0.0f;
-        }
-      }
-    }
-  }
 
   float m[kG], l[kG], acc[kG][kE];
 #pragma unroll
