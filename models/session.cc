@@ -183,7 +183,9 @@ absl::Status DecodeSession::Init(const SessionOptions& options) {
     g.sampling = options.sampling;
     g.closed_loop = true;
     SG_ASSIGN_OR_RETURN(Graph graph, BuildLlamaDecodeGraph(config_, g));
-    SG_ASSIGN_OR_RETURN(graph, RunPasses(std::move(graph), options.passes));
+    if (bucket <= options.passes_max_rows) {
+      SG_ASSIGN_OR_RETURN(graph, RunPasses(std::move(graph), options.passes));
+    }
     graphs.push_back(std::move(graph));
   }
   // Prefill steps: rows per sequence chunk, chunk/4, chunk/16, ... (at least

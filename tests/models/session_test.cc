@@ -241,6 +241,30 @@ TEST(SessionCpuTest, TwoSlotsAtDifferentPositionsMatchIndependentSessions) {
   EXPECT_NE((*both)[0], (*both)[1]);
 }
 
+TEST(SessionCpuTest, PassesRunOnBucketsUpToPassesMaxRows) {
+  SessionOptions o = CpuOptions(4, 40);
+  o.buckets = {1, 2, 4};
+  std::unique_ptr<DecodeSession> fused = MakeSession(o);
+  ASSERT_NE(fused, nullptr);
+  o.passes.enabled = false;
+  std::unique_ptr<DecodeSession> plain = MakeSession(o);
+  ASSERT_NE(plain, nullptr);
+  for (int64_t bucket : {1, 2}) {
+    EXPECT_LT(fused->plan(bucket)->graph().num_nodes(), plain->plan(bucket)->graph().num_nodes())
+        << "bucket " << bucket;
+  }
+  EXPECT_EQ(fused->plan(4)->graph().num_nodes(), plain->plan(4)->graph().num_nodes());
+  // The same ids whichever graph a bucket runs.
+  for (DecodeSession* s : {fused.get(), plain.get()}) {
+    for (int64_t slot = 0; slot < 4; ++slot) ASSERT_TRUE(s->Prefill(slot, Prompt(3, slot)).ok());
+  }
+  absl::StatusOr<std::vector<std::vector<int32_t>>> a = fused->Generate(4);
+  absl::StatusOr<std::vector<std::vector<int32_t>>> b = plain->Generate(4);
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(*a, *b);
+}
+
 TEST(SessionCpuTest, PaddingRowsDoNotDisturbLiveRows) {
   SessionOptions o = CpuOptions(4, 40);
   o.buckets = {1, 2, 4};
