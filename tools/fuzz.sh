@@ -36,6 +36,8 @@ command -v "$cxx" >/dev/null || { echo "fuzz: $cxx not found (install clang and 
 
 echo "== stepgraph: fuzz build in $build" >&2
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER="$cxx" \
+  -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -gline-tables-only -DNDEBUG" \
+  -DCMAKE_C_FLAGS_RELWITHDEBINFO="-O1 -gline-tables-only -DNDEBUG" \
   -DCMAKE_C_COMPILER="$cc" -DSTEPGRAPH_WITH_CUDA=OFF -DSTEPGRAPH_FUZZ=ON \
   -DSTEPGRAPH_BUILD_TESTS=OFF -DSTEPGRAPH_BUILD_BENCH=OFF >&2
 cmake --build "$build" -j "$jobs" --target "${names[@]/#/fuzz_}"
