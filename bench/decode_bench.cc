@@ -6,10 +6,7 @@
 // manual iteration times, so the median and spread are per step:
 //   Decode/<eager|replayed>/pos:<p>   batch 1 at context position p (100, 1000)
 //   Bucket/replayed/batch:<b>         b sequences (buckets 1, 2, 4, 8, 16) at position 100
-//   Decode/<variant>/pos:<p>          batch 1, replayed, with other switches: every graph
-//                                     pass ("all_passes"), weights prefetched to L2 before
-//                                     the PDL wait ("prefetch"), eight columns per
-//                                     fused-matmul block ("wide_columns"), or several
+//   Decode/all_passes/pos:<p>         batch 1, replayed, with every graph pass
 // The floor is the time to read every weight once at the bandwidth of a 1 GiB
 // device-to-device cudaMemcpyAsync measured in the same run, counted as bytes read plus
 // bytes written: floor = weight bytes / copy bandwidth; `floor_ratio` = floor / median
@@ -58,8 +55,8 @@ struct Context {
   std::unique_ptr<DecodeSession> eager;
   // The replayed step without the graph passes (the plain graph), for before/after.
   std::unique_ptr<DecodeSession> unfused;
-  // Batch-1 sessions with other switches, by name.
-  std::vector<std::pair<std::string, std::unique_ptr<DecodeSession>>> variants;
+  // Batch 1 with every graph pass (norm_into_matmul too).
+  std::unique_ptr<DecodeSession> all_passes;
   double copy_bytes_per_s = 0;  // read + write
   double floor_ms = 0;
   double replayed_ms_at_100 = 0;
@@ -91,11 +88,8 @@ absl::Status PrepareSlots(DecodeSession& s, int64_t rows, int64_t position) {
 }
 
 absl::Status TimeSteps(benchmark::State& state, int64_t rows, int64_t position, bool eager,
-                       bool unfused = false, DecodeSession* variant = nullptr) {
-  DecodeSession& s = variant != nullptr ? *variant
-                     : unfused          ? *g->unfused
-                     : eager            ? *g->eager
-                                        : *g->session;
+                       DecodeSession* other = nullptr) {
+  DecodeSession& s = other != nullptr ? *other : eager ? *g->eager : *g->session;
   SG_RETURN_IF_ERROR(PrepareSlots(s, rows, position));
   absl::StatusOr<std::vector<double>> ms = s.TimedSteps(kSteps);
   SG_RETURN_IF_ERROR(ms.status());
@@ -107,7 +101,7 @@ absl::Status TimeSteps(benchmark::State& state, int64_t rows, int64_t position, 
   state.counters["floor_ms"] = g->floor_ms;
   state.counters["floor_ratio"] = g->floor_ms / median;
   state.counters["nodes"] = s.plan(rows)->graph().num_nodes();
-  if (!eager && !unfused && variant == nullptr && rows == 1 && position == kBucketPosition) {
+  if (!eager && other == nullptr && rows == 1 && position == kBucketPosition) {
     g->replayed_ms_at_100 = median;
   }
   return absl::OkStatus();
@@ -119,14 +113,9 @@ void BM_Decode(benchmark::State& state, int64_t position, bool eager) {
   }
 }
 
-void BM_DecodeUnfused(benchmark::State& state, int64_t position) {
-  if (absl::Status s = TimeSteps(state, 1, position, false, true); !s.ok()) {
-    state.SkipWithError(s.ToString().c_str());
-  }
-}
-
-void BM_Variant(benchmark::State& state, int64_t position, DecodeSession* variant) {
-  if (absl::Status s = TimeSteps(state, 1, position, false, false, variant); !s.ok()) {
+// Batch 1 through another session: the plain graph, or every pass.
+void BM_DecodeOther(benchmark::State& state, int64_t position, DecodeSession* other) {
+  if (absl::Status s = TimeSteps(state, 1, position, false, other); !s.ok()) {
     state.SkipWithError(s.ToString().c_str());
   }
 }
@@ -243,23 +232,8 @@ absl::Status Setup() {
   o.passes.enabled = false;
   SG_ASSIGN_OR_RETURN(g->unfused, DecodeSession::Create(o));
   o.buckets = {1};
-  struct Variant {
-    const char* name;
-    bool all_passes, early, wide;
-  };
-  for (const Variant& variant : {Variant{"all_passes", true, false, false},
-                                 Variant{"prefetch", false, true, false},
-                                 Variant{"wide_columns", false, false, true},
-                                 Variant{"prefetch+wide_columns", false, true, true},
-                                 Variant{"all_passes+prefetch+wide", true, true, true}}) {
-    const char* name = variant.name;
-    o.passes = variant.all_passes ? PassOptions{} : DefaultPassOptions();
-    o.cuda.prefetch_before_wait = variant.early;
-    o.cuda.fused_wide_columns = variant.wide;
-    SG_ASSIGN_OR_RETURN(std::unique_ptr<DecodeSession> v, DecodeSession::Create(o));
-    std::printf("variant %s: %d nodes\n", name, v->plan(1)->graph().num_nodes());
-    g->variants.emplace_back(name, std::move(v));
-  }
+  o.passes = PassOptions{};
+  SG_ASSIGN_OR_RETURN(g->all_passes, DecodeSession::Create(o));
   const ExecutionPlan* fused_plan = g->session->plan(1);
   const ExecutionPlan* plain_plan = g->unfused->plan(1);
   if (fused_plan == nullptr || plain_plan == nullptr) return absl::InternalError("no bucket 1");
@@ -302,16 +276,11 @@ int main(int argc, char** argv) {
           ->Iterations(sg::kSteps)
           ->Unit(benchmark::kMicrosecond);
     }
-    benchmark::RegisterBenchmark(absl::StrCat("Decode/replayed_unfused/pos:", position).c_str(),
-                                 sg::BM_DecodeUnfused, position)
-        ->UseManualTime()
-        ->Iterations(sg::kSteps)
-        ->Unit(benchmark::kMicrosecond);
-  }
-  for (const auto& [name, variant] : context.variants) {
-    for (const int64_t position : {int64_t{100}, int64_t{1000}}) {
+    for (const auto& [name, other] :
+         {std::pair<const char*, sg::DecodeSession*>{"replayed_unfused", context.unfused.get()},
+          {"all_passes", context.all_passes.get()}}) {
       benchmark::RegisterBenchmark(absl::StrCat("Decode/", name, "/pos:", position).c_str(),
-                                   sg::BM_Variant, position, variant.get())
+                                   sg::BM_DecodeOther, position, other)
           ->UseManualTime()
           ->Iterations(sg::kSteps)
           ->Unit(benchmark::kMicrosecond);
@@ -333,6 +302,6 @@ int main(int argc, char** argv) {
   context.session.reset();
   context.eager.reset();
   context.unfused.reset();
-  context.variants.clear();
+  context.all_passes.reset();
   return 0;
 }

@@ -113,7 +113,6 @@ struct Params {
   const int32_t* seq_slots;  // null: row i is slot i
   int rows_per_seq;
   int slots;
-  bool prefetch_before_wait;
 };
 
 // How many of a row's chunks take part at length `len` (see the kernel).
@@ -124,32 +123,6 @@ __device__ __forceinline__ int ActiveChunks(int len, int chunks, int min_keys) {
 template <typename T, int kHeadDim, int kTile>
 __global__ void __launch_bounds__(kThreads) AttentionKernel(const Params p) {
   using Tr = Traits<T, kHeadDim, kTile>;
-  if (p.prefetch_before_wait) {
-    // Rows before pos were written by earlier steps; pos and the slot may be in flight
-    // (read before the wait), so they are clamped to the cache and used for nothing but
-    // the prefetch's addresses. Threads 0 and 1 ask for this chunk's K and V rows.
-    if (threadIdx.x < 2 && !Tr::kGeneric) {
-      const int row = blockIdx.z;
-      const int pos = min(p.pos[row], p.seq_len - 1);
-      const int slot = p.seq_slots == nullptr ? row : p.seq_slots[row / p.rows_per_seq];
-      if (pos >= 0 && slot >= 0 && slot < p.slots) {
-        const int len = pos + 1;
-        const int active = ActiveChunks(len, p.chunks, kMinKeysPerChunk);
-        const int chunk = blockIdx.x;
-        if (chunk < active) {
-          const int begin = static_cast<int>(static_cast<int64_t>(len) * chunk / active);
-          const int end = static_cast<int>(static_cast<int64_t>(len) * (chunk + 1) / active);
-          const int kv_head = blockIdx.y / p.head_tiles;
-          const int64_t rows_at =
-              ((static_cast<int64_t>(slot) * p.kv_heads + kv_head) * p.seq_len + begin) *
-              p.head_dim;
-          const T* base = static_cast<const T*>(threadIdx.x == 0 ? p.k : p.v) + rows_at;
-          const int64_t bytes = static_cast<int64_t>(end - begin) * p.head_dim * sizeof(T);
-          if (bytes > 0) PrefetchL2(base, static_cast<uint32_t>(bytes));
-        }
-      }
-    }
-  }
   AwaitPrerequisiteGrids();
   constexpr int kTpk = Tr::kThreadsPerKey;
   constexpr int kVpt = Tr::kVecsPerThread;
@@ -584,7 +557,6 @@ cudaError_t LaunchAttention(const AttentionArgs& args, const AttentionShape& s, 
                           reinterpret_cast<char*>(p.partial_ml) +
                           RoundUp256(row_heads * chunks * static_cast<int64_t>(sizeof(float2))));
   p.error_flags = args.error_flags;
-  p.prefetch_before_wait = args.prefetch_before_wait;
   p.seq_slots = args.seq_slots;
   p.rows_per_seq = args.seq_slots == nullptr ? 1 : args.rows_per_seq;
   p.slots = args.seq_slots == nullptr ? s.rows : args.slots;

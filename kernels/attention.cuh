@@ -60,10 +60,6 @@ struct AttentionArgs {
   const int32_t* seq_slots = nullptr;
   int rows_per_seq = 1;
   int slots = 0;
-  // Before waiting for the previous kernel (programmatic dependent launch), prefetch the
-  // block's K and V rows into L2, from a position read before the wait: a hint (it may
-  // read a position being written and fetch the wrong rows, never a wrong result).
-  bool prefetch_before_wait = false;
 };
 
 // One launch. Rows with pos < 0 get zeros; rows with pos >= seq_len get zeros and raise

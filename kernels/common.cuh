@@ -92,14 +92,6 @@ __device__ __forceinline__ void AwaitPrerequisiteGrids() {
 #endif
 }
 
-// Asks L2 for `bytes` bytes at `p` (16-byte aligned, a multiple of 16) without waiting:
-// a hint, on sm_90 and later only.
-__device__ __forceinline__ void PrefetchL2(const void* p, uint32_t bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
-#endif
-}
-
 // Launches `kernel` on `stream`, programmatically serialised when enabled. Returns the
 // launch's error and, like a <<<>>> launch followed by cudaGetLastError, leaves no error
 // pending.

@@ -1,6 +1,6 @@
 // The fused small-M matmul and the fused RoPE + KV-cache write.
 //
-// FusedMatmulKernel: block (b, s) computes kCols "product columns" (rows of the
+// FusedMatmulKernel: block (b, s) computes kFusedCols "product columns" (rows of the
 // grouped weights, see ColumnOf) over split s of K, for all M rows. The block's threads
 // walk its K range in 16-byte vectors of every weight row (streaming loads, as the plain
 // small-M kernel); x is re-read from L1/L2. With a folded RmsNorm the block first computes
@@ -30,24 +30,22 @@ constexpr int kThreads = 256;
 
 // The product column computed by slot c of column block b: consecutive columns, except
 // for kSiluMul, where the first half of the slots are gate columns h·b .. h·b + h - 1 and
-// the second half the matching up columns n + h·b .. (h = kCols / 2; the product's
+// the second half the matching up columns n + h·b .. (h = kFusedCols / 2; the product's
 // columns are gate's then up's).
-template <int kCols>
 __device__ __forceinline__ int64_t ColumnOf(const FusedMatmulArgs& a, int64_t b, int c) {
-  constexpr int h = kCols / 2;
+  constexpr int h = kFusedCols / 2;
   if (a.epilogue == FusedEpilogue::kSiluMul) {
     return c < h ? h * b + c : a.n[0] + h * b + (c - h);
   }
-  return b * kCols + c;
+  return b * kFusedCols + c;
 }
 
 // Whether slot c of block b is a real column (the last block may be partial).
-template <int kCols>
 __device__ __forceinline__ bool ColumnValid(const FusedMatmulArgs& a, int64_t b, int c,
                                             int64_t n_total) {
-  constexpr int h = kCols / 2;
+  constexpr int h = kFusedCols / 2;
   if (a.epilogue == FusedEpilogue::kSiluMul) return h * b + (c % h) < a.n[0];
-  return b * kCols + c < n_total;
+  return b * kFusedCols + c < n_total;
 }
 
 template <typename T>
@@ -69,10 +67,10 @@ __device__ __forceinline__ bool Better(float v, int32_t i, float best, int32_t b
   return v > best || (v == best && i < best_i);
 }
 
-template <typename T, int W, int kRows, int kCols>
+template <typename T, int W, int kRows>
 __global__ void __launch_bounds__(kThreads) FusedMatmulKernel(FusedMatmulArgs a) {
-  if (!a.prefetch_before_wait) AwaitPrerequisiteGrids();
-  constexpr int kAcc = kRows * kCols;
+  AwaitPrerequisiteGrids();
+  constexpr int kAcc = kRows * kFusedCols;
   static_assert(kAcc <= kThreads);
   __shared__ float inv_rms[kRows];
   __shared__ float scratch[kWarpSize + 1];
@@ -92,11 +90,11 @@ __global__ void __launch_bounds__(kThreads) FusedMatmulKernel(FusedMatmulArgs a)
   const T* x = static_cast<const T*>(a.x);
   const T* norm_w = static_cast<const T*>(a.norm_w);
 
-  const T* wrow[kCols];
+  const T* wrow[kFusedCols];
 #pragma unroll
-  for (int c = 0; c < kCols; ++c) {
+  for (int c = 0; c < kFusedCols; ++c) {
     // A slot past the end reads a valid row (the first) and is discarded.
-    const int64_t col = ColumnValid<kCols>(a, b, c, n_total) ? ColumnOf<kCols>(a, b, c) : 0;
+    const int64_t col = ColumnValid(a, b, c, n_total) ? ColumnOf(a, b, c) : 0;
     wrow[c] = WeightRow<T>(a, col);
   }
 
@@ -105,22 +103,6 @@ __global__ void __launch_bounds__(kThreads) FusedMatmulKernel(FusedMatmulArgs a)
   const int64_t per_split = CeilDiv(vectors, a.splits);
   const int64_t v0 = static_cast<int64_t>(s) * per_split;
   const int64_t v1 = std::min<int64_t>(vectors, v0 + per_split);
-
-  // The weights depend on nothing this step computes. With prefetch_before_wait (programmatic
-  // dependent launch) the block asks L2 for its rows of this split before it waits for
-  // the previous kernel, so their DRAM latency overlaps that kernel's tail; the loads
-  // below then find them in L2. One bulk prefetch per row, from threads 0..kCols-1.
-  // (The row is looked up again rather than indexing wrow by thread, which would move
-  // wrow from registers to the stack.)
-  if (a.prefetch_before_wait && W > 1 && threadIdx.x < kCols && v1 > v0) {
-    const int c = threadIdx.x;
-    const T* row = WeightRow<T>(
-        a, ColumnValid<kCols>(a, b, c, n_total) ? ColumnOf<kCols>(a, b, c) : 0);
-    PrefetchL2(row + v0 * W,
-               static_cast<uint32_t>((v1 - v0) * W * static_cast<int64_t>(sizeof(T))));
-  }
-  // Everything below reads what earlier kernels of the step wrote.
-  if (a.prefetch_before_wait) AwaitPrerequisiteGrids();
 
   if (norm_w != nullptr) {
 #pragma unroll
@@ -145,9 +127,9 @@ __global__ void __launch_bounds__(kThreads) FusedMatmulKernel(FusedMatmulArgs a)
   for (int i = 0; i < kAcc; ++i) acc[i] = 0.0f;
 
   for (int64_t v = v0 + threadIdx.x; v < v1; v += blockDim.x) {
-    Vec<T, W> wv[kCols];
+    Vec<T, W> wv[kFusedCols];
 #pragma unroll
-    for (int c = 0; c < kCols; ++c) wv[c] = LoadStreaming<T, W>(wrow[c] + v * W);
+    for (int c = 0; c < kFusedCols; ++c) wv[c] = LoadStreaming<T, W>(wrow[c] + v * W);
     float xf[kRows][W];
 #pragma unroll
     for (int r = 0; r < kRows; ++r) LoadFloats<T, W>(x + r * k + v * W, xf[r]);
@@ -165,11 +147,11 @@ __global__ void __launch_bounds__(kThreads) FusedMatmulKernel(FusedMatmulArgs a)
 #pragma unroll
     for (int e = 0; e < W; ++e) {
 #pragma unroll
-      for (int c = 0; c < kCols; ++c) {
+      for (int c = 0; c < kFusedCols; ++c) {
         const float wf = ToFloat(wv[c].v[e]);
 #pragma unroll
         for (int r = 0; r < kRows; ++r) {
-          acc[r * kCols + c] = fmaf(xf[r][e], wf, acc[r * kCols + c]);
+          acc[r * kFusedCols + c] = fmaf(xf[r][e], wf, acc[r * kFusedCols + c]);
         }
       }
     }
@@ -182,10 +164,10 @@ __global__ void __launch_bounds__(kThreads) FusedMatmulKernel(FusedMatmulArgs a)
   }
   __syncthreads();
 
-  // values[r * kCols + c]: this block's sum for (row r, slot c).
+  // values[r * kFusedCols + c]: this block's sum for (row r, slot c).
   const int i = threadIdx.x;
-  const int r = i / kCols, c = i % kCols;
-  const bool valid = i < kAcc && ColumnValid<kCols>(a, b, c, n_total);
+  const int r = i / kFusedCols, c = i % kFusedCols;
+  const bool valid = i < kAcc && ColumnValid(a, b, c, n_total);
   if (i < kAcc) {
     float total = 0.0f;
     for (int w = 0; w < warps; ++w) total += partial[w][i];
@@ -193,7 +175,7 @@ __global__ void __launch_bounds__(kThreads) FusedMatmulKernel(FusedMatmulArgs a)
   }
   if (a.splits > 1) {
     if (valid) {
-      a.partials[(static_cast<int64_t>(s) * a.m + r) * n_total + ColumnOf<kCols>(a, b, c)] = values[i];
+      a.partials[(static_cast<int64_t>(s) * a.m + r) * n_total + ColumnOf(a, b, c)] = values[i];
     }
     __threadfence();
     __syncthreads();
@@ -210,7 +192,7 @@ __global__ void __launch_bounds__(kThreads) FusedMatmulKernel(FusedMatmulArgs a)
       for (int split = 0; split < a.splits; ++split) {
         // Written by other blocks of this launch: read through L2, not the L1 path.
         total += __ldcg(&a.partials[(static_cast<int64_t>(split) * a.m + r) * n_total +
-                                    ColumnOf<kCols>(a, b, c)]);
+                                    ColumnOf(a, b, c)]);
       }
       values[i] = total;
     }
@@ -221,11 +203,11 @@ __global__ void __launch_bounds__(kThreads) FusedMatmulKernel(FusedMatmulArgs a)
   const float p = valid ? RoundTo<T>(values[i]) : 0.0f;
   switch (a.epilogue) {
     case FusedEpilogue::kNone:
-      if (valid) static_cast<T*>(a.y)[r * n_total + ColumnOf<kCols>(a, b, c)] = FromFloat<T>(p);
+      if (valid) static_cast<T*>(a.y)[r * n_total + ColumnOf(a, b, c)] = FromFloat<T>(p);
       break;
     case FusedEpilogue::kAdd:
       if (valid) {
-        const int64_t o = r * n_total + ColumnOf<kCols>(a, b, c);
+        const int64_t o = r * n_total + ColumnOf(a, b, c);
         static_cast<T*>(a.y)[o] =
             FromFloat<T>(ToFloat(static_cast<const T*>(a.residual)[o]) + p);
       }
@@ -234,7 +216,7 @@ __global__ void __launch_bounds__(kThreads) FusedMatmulKernel(FusedMatmulArgs a)
       __syncthreads();
       if (i < kAcc) values[i] = p;
       __syncthreads();
-      constexpr int h = kCols / 2;
+      constexpr int h = kFusedCols / 2;
       if (valid && c < h) {
         const float g = values[i], u = values[i + h];
         const float silu = g / (1.0f + expf(-g));
@@ -250,10 +232,10 @@ __global__ void __launch_bounds__(kThreads) FusedMatmulKernel(FusedMatmulArgs a)
       if (i < kRows) {
         float best = -INFINITY;
         int32_t best_i = INT32_MAX;
-        for (int cc = 0; cc < kCols; ++cc) {
-          const int32_t col = static_cast<int32_t>(b * kCols + cc);
-          const float val = values[i * kCols + cc];
-          if (ColumnValid<kCols>(a, b, cc, n_total) && Better(val, col, best, best_i)) {
+        for (int cc = 0; cc < kFusedCols; ++cc) {
+          const int32_t col = static_cast<int32_t>(b * kFusedCols + cc);
+          const float val = values[i * kFusedCols + cc];
+          if (ColumnValid(a, b, cc, n_total) && Better(val, col, best, best_i)) {
             best = val;
             best_i = col;
           }
@@ -392,13 +374,7 @@ cudaError_t LaunchRows(const FusedMatmulArgs& a, cudaStream_t stream) {
         const int64_t warps = std::clamp<int64_t>(CeilDiv(per_split, kWarpSize), 1, kMaxWarps);
         const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>(a.splits));
         const dim3 block(static_cast<unsigned>(warps * kWarpSize));
-        if constexpr (kRows <= 2) {
-          if (FusedColumnsPerBlock(a.m, a.wide_columns) == kFusedWideCols) {
-            return LaunchKernel(FusedMatmulKernel<T, W, kRows, kFusedWideCols>, grid, block,
-                                stream, a);
-          }
-        }
-        return LaunchKernel(FusedMatmulKernel<T, W, kRows, kFusedCols>, grid, block, stream, a);
+        return LaunchKernel(FusedMatmulKernel<T, W, kRows>, grid, block, stream, a);
       });
     });
   });
@@ -406,16 +382,11 @@ cudaError_t LaunchRows(const FusedMatmulArgs& a, cudaStream_t stream) {
 
 }  // namespace
 
-int FusedColumnsPerBlock(int64_t m, bool wide_columns) {
-  return wide_columns && m <= 2 ? kFusedWideCols : kFusedCols;
-}
-
 int64_t FusedColumnBlocks(const FusedMatmulArgs& a) {
-  const int cols = FusedColumnsPerBlock(a.m, a.wide_columns);
-  if (a.epilogue == FusedEpilogue::kSiluMul) return CeilDiv(a.n[0], cols / 2);
+  if (a.epilogue == FusedEpilogue::kSiluMul) return CeilDiv(a.n[0], kFusedCols / 2);
   int64_t n = 0;
   for (int g = 0; g < a.weights && g < kFusedMaxWeights; ++g) n += a.n[g];
-  return CeilDiv(n, cols);
+  return CeilDiv(n, kFusedCols);
 }
 
 int FusedSplitsFor(const FusedMatmulArgs& a, int sm_count) {

@@ -16,14 +16,8 @@ namespace sg::kernels {
 
 inline constexpr int kFusedMaxRows = 8;
 inline constexpr int kFusedMaxWeights = 3;
-// Output columns (weight rows) one block computes: kFusedCols, or with wide_columns
-// kFusedWideCols for one or two rows of x (more rows' accumulators would not fit in
-// registers at 8 columns): 128 bytes of weights in flight per thread and half the blocks.
+// Output columns (weight rows) one block computes.
 inline constexpr int kFusedCols = 4;
-inline constexpr int kFusedWideCols = 8;
-
-// Columns per block for m rows of x (a launch takes at most kFusedMaxRows of them).
-int FusedColumnsPerBlock(int64_t m, bool wide_columns);
 
 enum class FusedEpilogue : int { kNone = 0, kAdd = 1, kSiluMul = 2, kArgmax = 3 };
 
@@ -52,18 +46,10 @@ struct FusedMatmulArgs {
   float* argmax_value = nullptr;
   int32_t* argmax_index = nullptr;
   uint32_t* argmax_counter = nullptr;
-  // Prefetch the block's weight rows into L2 before waiting for the previous kernel
-  // (programmatic dependent launch): weights are read-only for the whole step.
-  bool prefetch_before_wait = false;
-  // Eight columns per block for m <= 2 (FusedColumnsPerBlock).
-  bool wide_columns = false;
 };
 
-// Column blocks of a launch (the grid's x): ceil(Σn / c), or ceil(n / (c / 2)) for
-// kSiluMul (each block pairs c / 2 gate with c / 2 up columns), c = FusedColumnsPerBlock(m,
-// wide_columns).
-// For m > kFusedMaxRows (launches of kFusedMaxRows rows, then the rest) it is the largest
-// count any of the launches uses, which is what workspaces are sized by.
+// Column blocks of a launch (the grid's x): ceil(Σn / kFusedCols), or ceil(n / 2) for
+// kSiluMul (each block pairs 2 gate with 2 up columns).
 int64_t FusedColumnBlocks(const FusedMatmulArgs& a);
 
 // The split-K factor for `sm_count` SMs: enough blocks for about two per SM, each split

@@ -112,7 +112,6 @@ absl::Status CudaDispatch::Run(const ops::Attention& op, const NodeArgs& args) {
   a.scale = op.scale;
   a.workspace = node->workspace;
   a.error_flags = error_flags_;
-  a.prefetch_before_wait = options_.prefetch_before_wait && options_.programmatic_launch;
   if (op.has_slots) {
     a.seq_slots = args.inputs[4].as<const int32_t>();
     a.rows_per_seq = node->rows_per_seq;

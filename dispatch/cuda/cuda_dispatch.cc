@@ -92,7 +92,6 @@ struct NodePreparer {
   const internal::AttentionWorkspace& attention;
   const internal::SamplingWorkspace& sampling;
   const CudaDeviceInfo& info;
-  const CudaOptions& options;
 
   const Shape& InputShape(int i) const { return graph.tensor(node.inputs[i]).shape; }
 
@@ -112,7 +111,7 @@ struct NodePreparer {
     return std::unique_ptr<PreparedNode>();
   }
   NodeState operator()(const ops::FusedMatMul& op) const {
-    return internal::PrepareFusedMatmul(op, graph, node, info, options);
+    return internal::PrepareFusedMatmul(op, graph, node, info);
   }
   NodeState operator()(const ops::RopeKvWrite& op) const {
     return internal::PrepareRopeKvWrite(op, rope);
@@ -133,8 +132,7 @@ absl::StatusOr<PreparedPlan> CudaDispatch::Prepare(const ExecutionPlan& plan) {
   std::vector<std::unique_ptr<PreparedNode>> nodes(static_cast<size_t>(graph.num_nodes()));
   for (int32_t i = 0; i < graph.num_nodes(); ++i) {
     const Node& node = graph.nodes()[i];
-    const NodePreparer preparer{graph, node, *matmul_, *rope_, *attention_,
-                                *sampling_, info_, options_};
+    const NodePreparer preparer{graph, node, *matmul_, *rope_, *attention_, *sampling_, info_};
     NodeState state = std::visit(preparer, node.op);
     if (!state.ok()) {
       return absl::Status(state.status().code(),

@@ -39,8 +39,7 @@ int64_t AlignUp(int64_t v) { return (v + 255) / 256 * 256; }
 absl::StatusOr<std::unique_ptr<PreparedNode>> PrepareFusedMatmul(const ops::FusedMatMul& op,
                                                                 const Graph& graph,
                                                                 const Node& node,
-                                                                const CudaDeviceInfo& info,
-                                                                const CudaOptions& options) {
+                                                                const CudaDeviceInfo& info) {
   const Tensor& x = graph.tensor(node.inputs[0]);
   const int first_w = op.norm ? 2 : 1;
   if (op.weights > kernels::kFusedMaxWeights) {
@@ -56,8 +55,6 @@ absl::StatusOr<std::unique_ptr<PreparedNode>> PrepareFusedMatmul(const ops::Fuse
   a.weights = op.weights;
   a.epilogue = KernelEpilogue(op.epilogue);
   a.dtype = x.dtype;
-  a.prefetch_before_wait = options.prefetch_before_wait && options.programmatic_launch;
-  a.wide_columns = options.fused_wide_columns;
   int64_t n_total = 0;
   for (int g = 0; g < op.weights; ++g) {
     const Tensor& w = graph.tensor(node.inputs[first_w + g]);

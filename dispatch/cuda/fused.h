@@ -18,8 +18,7 @@ class RopeTables;
 absl::StatusOr<std::unique_ptr<PreparedNode>> PrepareFusedMatmul(const ops::FusedMatMul& op,
                                                                 const Graph& graph,
                                                                 const Node& node,
-                                                                const CudaDeviceInfo& info,
-                                                                const CudaOptions& options);
+                                                                const CudaDeviceInfo& info);
 absl::StatusOr<std::unique_ptr<PreparedNode>> PrepareRopeKvWrite(const ops::RopeKvWrite& op,
                                                                 RopeTables& tables);
 

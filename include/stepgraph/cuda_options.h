@@ -26,13 +26,6 @@ struct CudaOptions {
   // Programmatic dependent launch on sm_90 and later (each kernel may start while its
   // predecessor drains). Process-wide: see kernels/launch.h.
   bool programmatic_launch = true;
-  // With programmatic launch: before a kernel waits for its predecessor it asks L2 for
-  // what the predecessor cannot be writing (a fused matmul's weights, attention's earlier
-  // KV-cache rows), so that their DRAM latency overlaps the predecessor's tail. A prefetch
-  // is a hint: it never changes a result.
-  bool prefetch_before_wait = false;
-  // Fused matmuls of one or two rows compute eight columns per block instead of four.
-  bool fused_wide_columns = false;
   int64_t matmul_workspace_bytes = int64_t{32} << 20;
 };
 

@@ -25,8 +25,7 @@ namespace {
 using Epilogue = ops::FusedMatMul::Epilogue;
 
 TEST(FusedMatmulSplitsTest, NarrowOutputsSplitK) {
-  // Host-only: the blocks and split choice for the shapes of the Llama-3.2-1B step on 132
-  // SMs, with four columns per block, and eight (wide_columns) for one or two rows.
+  // Host-only: the split choice for the shapes of the Llama-3.2-1B step on 132 SMs.
   kernels::FusedMatmulArgs k;
   k.m = 1;
   k.k = 2048;
@@ -47,18 +46,6 @@ TEST(FusedMatmulSplitsTest, NarrowOutputsSplitK) {
   kernels::FusedMatmulArgs tiny = k;
   tiny.k = 300;  // too short to split
   EXPECT_EQ(kernels::FusedSplitsFor(tiny, 132), 1);
-
-  EXPECT_EQ(kernels::FusedColumnsPerBlock(1, true), kernels::kFusedWideCols);
-  EXPECT_EQ(kernels::FusedColumnsPerBlock(2, true), kernels::kFusedWideCols);
-  EXPECT_EQ(kernels::FusedColumnsPerBlock(3, true), kernels::kFusedCols);
-  EXPECT_EQ(kernels::FusedColumnsPerBlock(1, false), kernels::kFusedCols);
-  k.wide_columns = qkv.wide_columns = silu.wide_columns = true;
-  EXPECT_EQ(kernels::FusedColumnBlocks(k), 64);
-  EXPECT_EQ(kernels::FusedSplitsFor(k, 132), 4);
-  EXPECT_EQ(kernels::FusedColumnBlocks(qkv), 384);
-  EXPECT_EQ(kernels::FusedColumnBlocks(silu), 2048);
-  silu.m = 10;  // launches of 8 rows then 2: sized by the larger grid
-  EXPECT_EQ(kernels::FusedColumnBlocks(silu), 4096);
 }
 
 void RepeatedRuns(DType t, int64_t m, int64_t k, int64_t n, Epilogue e) {

@@ -31,13 +31,6 @@ CudaOptions CudaOptionsFromTestEnvironment() {
   if (const char* v = std::getenv("STEPGRAPH_PDL"); v != nullptr && std::string(v) == "0") {
     o.programmatic_launch = false;
   }
-  // The fused matmul's launch switches, so that a GPU run can test each setting.
-  if (const char* v = std::getenv("STEPGRAPH_PREFETCH"); v != nullptr && v[0] != '\0') {
-    o.prefetch_before_wait = std::string(v) == "1";
-  }
-  if (const char* v = std::getenv("STEPGRAPH_FUSED_WIDE"); v != nullptr && v[0] != '\0') {
-    o.fused_wide_columns = std::string(v) == "1";
-  }
   return o;
 }
 

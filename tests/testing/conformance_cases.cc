@@ -272,8 +272,8 @@ std::vector<OpCase> ConformanceCases() {
         {11, 64, {13}, true, Epilogue::kAdd},                 // M > 8: two launches
         {1, 2048, {5000}, true, Epilogue::kArgmax},           // lm head
         {4, 200, {1001}, false, Epilogue::kArgmax},
-        // Eight columns per block for M <= 2 and four above: partial last blocks, blocks
-        // across weight boundaries, and M > 8 whose two launches use different grids.
+        // Partial last blocks, blocks across weight boundaries, split-K with a partial
+        // block, and M > 8 (a launch of 8 rows, then the rest).
         {2, 512, {21, 7, 7}, false, Epilogue::kNone},
         {1, 4096, {50}, false, Epilogue::kAdd},               // split-K, partial block
         {10, 96, {50, 50}, false, Epilogue::kSiluMul},
