@@ -56,7 +56,9 @@ TEST(SmolLM2, PromptIdsEqualTransformers) {
   SKIP_WITHOUT_MODEL();
   absl::StatusOr<std::unique_ptr<Tokenizer>> tok = LoadModelTokenizer(ModelPath());
   ASSERT_TRUE(tok.ok()) << tok.status();
-  for (const Json& c : Expected().at("cases")) {
+  // The parsed file outlives the loop (a range over Expected().at(...) would not).
+  const Json expected = Expected();
+  for (const Json& c : expected.at("cases")) {
     const std::string text = c.at("text");
     absl::StatusOr<std::vector<int32_t>> ids;
     if (c.at("chat").get<bool>()) {
@@ -85,7 +87,10 @@ TEST(SmolLM2, GreedyIdsEqualTransformersOnTheCpuReference) {
   o.max_seq = longest + n;
   absl::StatusOr<std::unique_ptr<DecodeSession>> s = DecodeSession::Create(o);
   ASSERT_TRUE(s.ok()) << s.status();
-  for (const Json& c : expected.at("cases")) {
+  // Under the sanitizers (ten times slower here) the first case covers every code path.
+  const size_t cases = testing::kSanitizedBuild ? 1 : expected.at("cases").size();
+  for (size_t i = 0; i < cases; ++i) {
+    const Json& c = expected.at("cases").at(i);
     const auto prompt = c.at("prompt_ids").get<std::vector<int32_t>>();
     ASSERT_TRUE((*s)->Prefill(0, prompt).ok());
     absl::StatusOr<std::vector<int32_t>> got = (*s)->Generate(0, n);
