@@ -26,7 +26,13 @@ fi
 
 generator=()
 command -v ninja >/dev/null && generator=(-G Ninja)
+# A build with ASan and UBSan (STEPGRAPH_SANITIZE) installs instrumented libraries: the
+# consumer links the sanitizer runtimes too.
+link_flags=()
+if grep -q "^STEPGRAPH_SANITIZE:BOOL=ON" "$build/CMakeCache.txt"; then
+  link_flags=(-DCMAKE_EXE_LINKER_FLAGS=-fsanitize=address,undefined)
+fi
 run cmake -S tests/package_consumer -B "$work/consumer" "${generator[@]}" \
-    -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$prefix"
+    -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$prefix" "${link_flags[@]}"
 run cmake --build "$work/consumer"
 "$work/consumer/package_consumer"

@@ -2,7 +2,14 @@
 # Builds stepgraph and runs every test. With nvcc present it builds the CUDA targets too
 # (GPU tests skip when no device is found), and it always builds and tests the CUDA-free
 # configuration, which is what a machine without the toolkit gets.
-# Build folders: build/cuda and build/nocuda (override with STEPGRAPH_BUILD_DIR).
+# Build folders: build/cuda and build/nocuda (override build/ with STEPGRAPH_BUILD_DIR).
+#
+# STEPGRAPH_CONFIGS="cuda nocuda" picks the configurations (default: both with nvcc, else
+# nocuda). STEPGRAPH_SANITIZE_NOCUDA=1 builds the CUDA-free configuration with ASan and
+# UBSan instead (-O1 with line tables, in build/sanitize) and runs everything that tests
+# it under them: every ctest suite, the find_package consumer, pytest and cargo test. A
+# sanitizer report fails the test that made it. CI runs this way (the CUDA build's run
+# covers the optimised host code); tools/sanitize.sh is it alone.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source tools/deps.sh
@@ -10,20 +17,51 @@ root=${STEPGRAPH_BUILD_DIR:-build}
 jobs=${STEPGRAPH_JOBS:-$(nproc)}
 configs=(nocuda)
 command -v nvcc >/dev/null && configs=(cuda nocuda)
+[[ -n ${STEPGRAPH_CONFIGS:-} ]] && read -ra configs <<<"$STEPGRAPH_CONFIGS"
+sanitize=${STEPGRAPH_SANITIZE_NOCUDA:-}
+[[ $sanitize == 0 ]] && sanitize=""
+
+# The build folder of a configuration.
+dir_of() {
+  if [[ $1 == nocuda && -n $sanitize ]]; then echo "$root/sanitize"; else echo "$root/$1"; fi
+}
+
+if [[ -n $sanitize ]]; then
+  # Tests that check allocation failure ask for more than exists: let malloc say no.
+  export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:allocator_may_return_null=1:abort_on_error=0}
+  export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
+  # Python and a cargo test binary are not built with the sanitizers, but load
+  # libstepgraph_c.so, which is: their runtimes have to come first. The interpreter's own
+  # allocations are not ours to leak-check.
+  sg_preload="$(c++ -print-file-name=libasan.so):$(c++ -print-file-name=libubsan.so)"
+  sg_host_asan="detect_leaks=0:allocator_may_return_null=1:abort_on_error=0"
+fi
+
 for c in "${configs[@]}"; do
-  cuda=OFF; [[ $c == cuda ]] && cuda=ON
-  echo "== stepgraph: build ($c) in $root/$c" >&2
+  dir=$(dir_of "$c")
+  args=(-DCMAKE_BUILD_TYPE=Release -DSTEPGRAPH_WERROR=ON)
+  [[ $c == cuda ]] && args+=(-DSTEPGRAPH_WITH_CUDA=ON) || args+=(-DSTEPGRAPH_WITH_CUDA=OFF)
   # The benchmarks build once, in the first configuration (with CUDA when there is nvcc).
-  bench=ON; [[ $c == nocuda && ${#configs[@]} -gt 1 ]] && bench=OFF
-  cmake -S . -B "$root/$c" -G Ninja -DCMAKE_BUILD_TYPE=Release -DSTEPGRAPH_WITH_CUDA=$cuda \
-        -DSTEPGRAPH_BUILD_BENCH=$bench -DSTEPGRAPH_WERROR=ON >&2
-  cmake --build "$root/$c" -j "$jobs"
-  echo "== stepgraph: test ($c)" >&2
-  (cd "$root/$c" && ctest --no-tests=error --output-on-failure -j "$jobs")
+  [[ $c == "${configs[0]}" ]] && args+=(-DSTEPGRAPH_BUILD_BENCH=ON) || args+=(-DSTEPGRAPH_BUILD_BENCH=OFF)
+  what=$c
+  if [[ $c == nocuda && -n $sanitize ]]; then
+    what="nocuda, ASan+UBSan"
+    # -O1 with line tables only (-g1): reports keep file and line, and the build takes
+    # about half as long as -O2 -g.
+    args=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DSTEPGRAPH_WITH_CUDA=OFF -DSTEPGRAPH_SANITIZE=ON
+          -DSTEPGRAPH_BUILD_BENCH=OFF -DSTEPGRAPH_WERROR=ON
+          "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g1 -DNDEBUG"
+          "-DCMAKE_C_FLAGS_RELWITHDEBINFO=-O1 -g1 -DNDEBUG")
+  fi
+  echo "== stepgraph: build ($what) in $dir" >&2
+  cmake -S . -B "$dir" -G Ninja "${args[@]}" >&2
+  cmake --build "$dir" -j "$jobs"
+  echo "== stepgraph: test ($what)" >&2
+  (cd "$dir" && ctest --no-tests=error --output-on-failure -j "$jobs")
 done
 # ---- package (begin): the CUDA-free build installed and used through find_package ----
 echo "== stepgraph: find_package(stepgraph) consumer (nocuda)" >&2
-tools/package_test.sh "$root/nocuda"
+tools/package_test.sh "$(dir_of nocuda)"
 # ---- package (end) ----
 # ---- bindings (begin): the Python package and the Rust crate over each build's C ABI ----
 # pytest (python/tests) and cargo test (rust/), offline; the signature check runs in ctest
@@ -43,11 +81,25 @@ command -v cargo >/dev/null || sg_apt cargo
 # (CI: nocuda only, where the stub and the CPU fallbacks run; without a GPU the CUDA
 # build's library adds nothing the nocuda run does not cover).
 for c in ${STEPGRAPH_BINDINGS_CONFIGS:-${configs[@]}}; do
-  lib_dir=$(cd "$root/$c" && pwd)
-  echo "== stepgraph: Python and Rust bindings ($c)" >&2
-  STEPGRAPH_LIB_DIR=$lib_dir python3 -m pytest -q python/tests
+  lib_dir=$(cd "$(dir_of "$c")" && pwd)
+  host_env=()
+  if [[ $c == nocuda && -n $sanitize ]]; then
+    # STEPGRAPH_TEST_SANITIZED: the real-model generation tests make a few tokens, not 32.
+    host_env=(env "LD_PRELOAD=$sg_preload" "ASAN_OPTIONS=$sg_host_asan" STEPGRAPH_TEST_SANITIZED=1)
+    echo "== stepgraph: Python and Rust bindings ($c, ASan+UBSan)" >&2
+  else
+    echo "== stepgraph: Python and Rust bindings ($c)" >&2
+  fi
+  STEPGRAPH_LIB_DIR=$lib_dir "${host_env[@]}" python3 -m pytest -q python/tests
   if command -v cargo >/dev/null; then
-    STEPGRAPH_LIB_DIR=$lib_dir CARGO_TARGET_DIR="$lib_dir/rust-target" \
+    # The runner wraps only the test binaries: cargo and rustc run as they are.
+    runner=()
+    if ((${#host_env[@]})); then
+      host=$(rustc -vV | sed -n 's/^host: //p')
+      host=${host//-/_}
+      runner=("CARGO_TARGET_${host^^}_RUNNER=${host_env[*]}")
+    fi
+    env "${runner[@]}" STEPGRAPH_LIB_DIR=$lib_dir CARGO_TARGET_DIR="$lib_dir/rust-target" \
       cargo test --offline -q --manifest-path rust/Cargo.toml
   else
     echo "stepgraph: cargo not found; the Rust crate's tests did not run" >&2

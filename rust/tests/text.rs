@@ -362,6 +362,12 @@ fn smollm2_text_is_transformers() {
     assert_eq!(s.stop_ids(true).unwrap(), im_end);
 }
 
+// Under the sanitizers (tools/test.sh sets STEPGRAPH_TEST_SANITIZED) the CPU reference runs
+// about ten times slower: the model tests there leave out their longest generation.
+fn sanitized() -> bool {
+    std::env::var_os("STEPGRAPH_TEST_SANITIZED").is_some()
+}
+
 // Greedy text on the CPU reference: the prompt's ids, the 32 new ids and their text are
 // transformers' (tests/fixtures/smollm2/expected.json).
 #[test]
@@ -378,9 +384,11 @@ fn smollm2_generates_transformers_text() {
     // The chat case: 32 ids without stopping, then the same prompt stopping at <|im_end|>.
     let chat = cases.iter().find(|c| c.get("chat").bool()).expect("a chat case");
     let generated = chat.get("generated").ids();
-    let text = s.generate_text(0, chat.get("text").str(), &EncodeOptions::chat(),
-                               generated.len(), false).unwrap();
-    assert_eq!(text, chat.get("generated_text").str());
+    if !sanitized() {
+        let text = s.generate_text(0, chat.get("text").str(), &EncodeOptions::chat(),
+                                   generated.len(), false).unwrap();
+        assert_eq!(text, chat.get("generated_text").str());
+    }
     let stops: HashSet<i32> = s.stop_ids(true).unwrap().into_iter().collect();
     let end = generated.iter().position(|id| stops.contains(id)).expect("the fixture stops");
     let stopped = s.generate_text(0, chat.get("text").str(), &EncodeOptions::chat(),

@@ -545,7 +545,7 @@ TEST(ModelWeightsTest, ConfigAndFileErrorsPropagate) {
     WriteConfig(dir, TinyConfigJson(false));
     const std::vector<StoredTensor> stored = GraphWeights(TinyGraph(false));
     std::vector<std::byte> bytes = FileBytes(LayoutHeader(stored).dump(), Concat(stored));
-    bytes.resize(bytes.size() - 100);
+    bytes.erase(bytes.end() - 100, bytes.end());
     WriteBytes(dir / "model.safetensors", bytes);
     ExpectError(ModelWeights::Open(dir.path()).status(), absl::StatusCode::kInvalidArgument,
                 {"model.safetensors", "run past the data section"});

@@ -528,7 +528,9 @@ TEST(SessionPrefillTest, BadRequestsAreRefusedBeforeAnythingRuns) {
 // the CPU reference in seconds, where token-by-token decode steps over 1,024 rows took
 // hours.
 TEST(SessionPrefillTest, ManyShortPromptsPrefillInSeconds) {
-  constexpr int64_t kPrompts = 1024;
+  // Under the sanitizers the same packing runs at an eighth of the size and the time is
+  // not asserted: there the test is about memory, not speed.
+  constexpr int64_t kPrompts = testing::kSanitizedBuild ? 128 : 1024;
   // max_seq 64 makes the chunk 64 rows: every prompt goes in packed steps of 4 x 16.
   SessionOptions o = CpuOptions(kPrompts, 64);
   o.buckets = {kPrompts};
@@ -544,10 +546,13 @@ TEST(SessionPrefillTest, ManyShortPromptsPrefillInSeconds) {
   ASSERT_TRUE(ids.ok()) << ids.status();
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  EXPECT_LT(seconds, 120.0);
-  std::printf("1024 prompts of 8-16 tokens: prefill + 2 steps in %.2f s, %lld prefill steps\n",
-              seconds, static_cast<long long>(s->prefill_steps()));
-  for (int64_t i : {int64_t{0}, int64_t{513}, kPrompts - 1}) {
+  if (!testing::kSanitizedBuild) {
+    EXPECT_LT(seconds, 120.0);
+  }
+  std::printf("%lld prompts of 8-16 tokens: prefill + 2 steps in %.2f s, %lld prefill steps\n",
+              static_cast<long long>(kPrompts), seconds,
+              static_cast<long long>(s->prefill_steps()));
+  for (int64_t i : {int64_t{0}, kPrompts / 2 + 1, kPrompts - 1}) {
     SessionOptions one = CpuOptions(1, 32);
     EXPECT_EQ((*ids)[i], Alone(one, prompts[i], 2)) << "slot " << i;
   }

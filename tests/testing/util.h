@@ -14,6 +14,20 @@
 
 namespace sg::testing {
 
+// Whether this build runs under AddressSanitizer (tools/sanitize.sh, CI): a few tests
+// whose size only serves a time bound do less work there, and assert no time.
+#if defined(__SANITIZE_ADDRESS__)
+inline constexpr bool kSanitizedBuild = true;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+inline constexpr bool kSanitizedBuild = true;
+#else
+inline constexpr bool kSanitizedBuild = false;
+#endif
+#else
+inline constexpr bool kSanitizedBuild = false;
+#endif
+
 // A host buffer holding one tensor in its storage dtype, 256-byte aligned. Quantized
 // tensors (GGUF block formats) are filled by quantizing f32 values row by row and read
 // back dequantized.
