@@ -240,6 +240,9 @@ void RunMisaligned(const MisalignedCase& c) {
     address[t] = p;
     device.emplace(t, *std::move(mem));
   }
+  // The copies from pageable memory may still be landing; the dispatcher's stream does
+  // not wait on the legacy stream.
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
 
   auto make_args = [&](std::vector<TensorArg>& inputs, bool on_gpu) {
     auto arg = [&](int32_t t) {

@@ -126,6 +126,10 @@ class NvrtcCudaTest : public ::testing::Test {
     EXPECT_TRUE(mem.ok()) << mem.status();
     char* p = static_cast<char*>(mem->get()) + pad;
     EXPECT_EQ(cudaMemcpy(p, t.data(), t.bytes(), cudaMemcpyHostToDevice), cudaSuccess);
+    // From pageable memory cudaMemcpy may return before the DMA lands, and stream_ does
+    // not wait on the legacy stream: without this a kernel could read the copy's source
+    // half-landed, or have its output overwritten by the poison (seen under ctest -j 8).
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     buffers_.push_back(std::move(*mem));
     return p;
   }
