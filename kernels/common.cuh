@@ -79,11 +79,13 @@ cudaError_t DispatchRows(int64_t m, F&& f) {
 // hides most of the gap between dependent kernel nodes. It is safe because every stepgraph
 // kernel calls AwaitPrerequisiteGrids() before its first access to global memory (reads
 // and writes alike: the arena is reused): the call returns only once the kernels it
-// depends on have completed and their writes are visible. Kernels that do not make the
-// call (cuBLASLt's) are launched without the attribute and wait as usual.
+// depends on have completed and their writes are visible. The one exception reads before
+// it what no kernel writes: graph Weights (the fused matmul at M = 1, when its dispatcher
+// says the weights are Weights). Kernels that do not make the call (cuBLASLt's) are
+// launched without the attribute and wait as usual.
 
 // Waits for the prerequisite grids, then lets the next kernel on the stream begin to
-// launch. The first statement of every stepgraph kernel; a no-op when the kernel was not
+// launch. The first statement of every stepgraph kernel (but the one above); a no-op when the kernel was not
 // launched programmatically or is compiled for an architecture before sm_90.
 __device__ __forceinline__ void AwaitPrerequisiteGrids() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && STEPGRAPH_KERNELS_PDL

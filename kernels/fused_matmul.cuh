@@ -33,6 +33,10 @@ struct FusedMatmulArgs {
   const void* residual = nullptr;  // kAdd: [m, Σn]
   void* y = nullptr;               // [m, Σn]; kSiluMul [m, n[0]]; kArgmax i32 [m]
   DType dtype = DType::kF32;
+  // The weights are no node's output in the step (graph Weights): each thread asks for
+  // its first weight vectors before waiting on the kernels it depends on, so the loads
+  // overlap the predecessor's tail.
+  bool weights_constant = false;
   // Split-K: `splits` blocks share a column group; each writes f32 partial sums and the
   // last to finish (counted in counters[column group]) adds them in split order, applies
   // the epilogue and resets its counter to 0, so the next launch (or graph replay) finds

@@ -67,6 +67,11 @@ absl::StatusOr<std::unique_ptr<PreparedNode>> PrepareFusedMatmul(const ops::Fuse
     a.n[g] = w.shape[0];
     n_total += w.shape[0];
   }
+  a.weights_constant = true;
+  for (int g = 0; g < op.weights; ++g) {
+    a.weights_constant =
+        a.weights_constant && graph.tensor(node.inputs[first_w + g]).kind == TensorKind::kWeight;
+  }
   a.splits = kernels::FusedSplitsFor(a, info.sm_count);
   const int64_t blocks = kernels::FusedColumnBlocks(a);
   const int64_t rows = std::min<int64_t>(a.m, kernels::kFusedMaxRows);
