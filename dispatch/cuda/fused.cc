@@ -56,8 +56,10 @@ absl::StatusOr<std::unique_ptr<PreparedNode>> PrepareFusedMatmul(const ops::Fuse
   a.epilogue = KernelEpilogue(op.epilogue);
   a.dtype = x.dtype;
   int64_t n_total = 0;
+  a.weights_constant = true;  // while every weight so far is a graph Weight
   for (int g = 0; g < op.weights; ++g) {
     const Tensor& w = graph.tensor(node.inputs[first_w + g]);
+    a.weights_constant = a.weights_constant && w.kind == TensorKind::kWeight;
     if (w.dtype != x.dtype) {
       return absl::UnimplementedError(absl::StrCat(
           "CUDA FusedMatMul takes weights of x's dtype (", DTypeName(x.dtype), "); weight '",
@@ -66,11 +68,6 @@ absl::StatusOr<std::unique_ptr<PreparedNode>> PrepareFusedMatmul(const ops::Fuse
     }
     a.n[g] = w.shape[0];
     n_total += w.shape[0];
-  }
-  a.weights_constant = true;
-  for (int g = 0; g < op.weights; ++g) {
-    a.weights_constant =
-        a.weights_constant && graph.tensor(node.inputs[first_w + g]).kind == TensorKind::kWeight;
   }
   a.splits = kernels::FusedSplitsFor(a, info.sm_count);
   const int64_t blocks = kernels::FusedColumnBlocks(a);

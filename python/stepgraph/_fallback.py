@@ -216,18 +216,26 @@ def rope(x, pos, inv_freq, y, head_dim, interleaved):
     _store(y, r.reshape(y.shape))
 
 
+def _live_rows(pos, rows, seq_len):
+    """The rows whose position lies in the cache, and the error flags of the others: a
+    negative position is padding (skipped quietly), one past seq_len raises
+    FLAG_POSITION_OUT_OF_RANGE, as the kernels do."""
+    live, flags = [], 0
+    for i in range(rows):
+        if pos[i] >= seq_len:
+            flags |= _lib.FLAG_POSITION_OUT_OF_RANGE
+        elif pos[i] >= 0:
+            live.append(i)
+    return live, flags
+
+
 def kv_write(kv, pos, cache):
     """Row i of kv at position pos[i] of slot i of cache [slots, kv_heads, seq_len, d]."""
     _, kv_heads, seq_len, d = cache.shape
     rows = kv.shape[0]
     v = kv.reshape(rows, kv_heads, d)
-    flags = 0
-    for i in range(rows):
-        if pos[i] < 0:
-            continue
-        if pos[i] >= seq_len:
-            flags |= _lib.FLAG_POSITION_OUT_OF_RANGE
-            continue
+    live, flags = _live_rows(pos, rows, seq_len)
+    for i in live:
         cache[i, :, pos[i], :] = v[i]
     return flags
 
@@ -240,13 +248,8 @@ def attention(q, k_cache, v_cache, pos, out, scale):
     heads = qf.shape[1]
     group = heads // kv_heads
     result = np.zeros(qf.shape)
-    flags = 0
-    for i in range(rows):
-        if pos[i] < 0:
-            continue
-        if pos[i] >= seq_len:
-            flags |= _lib.FLAG_POSITION_OUT_OF_RANGE
-            continue
+    live, flags = _live_rows(pos, rows, seq_len)
+    for i in live:
         n = int(pos[i]) + 1
         for h in range(heads):
             k = _f(k_cache[i, h // group, :n])

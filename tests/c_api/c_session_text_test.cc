@@ -9,9 +9,7 @@
 
 #include <cstdint>
 #include <filesystem>
-#include <fstream>
 #include <memory>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -21,6 +19,7 @@
 #include "models/tokenizer.h"
 #include "nlohmann/json.hpp"
 #include "stepgraph/c_session.h"
+#include "tests/testing/json_file.h"
 #include "tests/testing/util.h"
 
 namespace {
@@ -35,13 +34,7 @@ struct Destroy {
 };
 using Handle = std::unique_ptr<stepgraph_session, Destroy>;
 
-Json ReadJson(const std::string& path) {
-  std::ifstream f(path);
-  EXPECT_TRUE(f.good()) << path;
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return Json::parse(ss.str());
-}
+using sg::testing::ReadJsonFile;
 
 Handle Open(const char* path, int64_t max_seq = 64) {
   stepgraph_session_options o;
@@ -139,8 +132,8 @@ std::string* TextFolder::dir_ = nullptr;
 TEST_F(TextFolder, EncodeAndDecodeAreTheTokenizersAndTransformers) {
   Handle h = Open(dir_->c_str());
   ASSERT_NE(h, nullptr);
-  const std::vector<std::string> corpus = ReadJson(kFixtures + "/tokenizer/corpus.json");
-  const Json expected = ReadJson(kFixtures + "/tokenizer/bl_smollm/expected.json");
+  const std::vector<std::string> corpus = ReadJsonFile(kFixtures + "/tokenizer/corpus.json");
+  const Json expected = ReadJsonFile(kFixtures + "/tokenizer/bl_smollm/expected.json");
   auto tok = sg::Tokenizer::FromTokenizerJson(*dir_);
   ASSERT_TRUE(tok.ok()) << tok.status();
   ASSERT_EQ(corpus.size(), expected.at("ids").size());
@@ -184,7 +177,7 @@ TEST_F(TextFolder, ChatTurnIsTheTemplatesAndStopsAtItsEndOfTurn) {
   auto chat = sg::ChatTemplate::ForTokenizer(**tok);
   ASSERT_TRUE(chat.ok()) << chat.status();
   const Json cases =
-      ReadJson(kFixtures + "/tokenizer/chat/expected.json").at("smollm2").at("cases");
+      ReadJsonFile(kFixtures + "/tokenizer/chat/expected.json").at("smollm2").at("cases");
   ASSERT_FALSE(cases.empty());
   for (const Json& c : cases) {
     const std::string user = c.at("user");
@@ -370,14 +363,14 @@ TEST(CSessionTextTest, SmolLM2TextIsTransformers) {
   Handle h = Open(SmolLM2Path().c_str());
   ASSERT_NE(h, nullptr);
   // The corpus, against transformers' tokenizer of the same file.
-  const std::vector<std::string> corpus = ReadJson(kFixtures + "/tokenizer/corpus.json");
-  const Json expected = ReadJson(kFixtures + "/tokenizer/smollm2.expected.json");
+  const std::vector<std::string> corpus = ReadJsonFile(kFixtures + "/tokenizer/corpus.json");
+  const Json expected = ReadJsonFile(kFixtures + "/tokenizer/smollm2.expected.json");
   for (size_t i = 0; i < corpus.size(); ++i) {
     EXPECT_EQ(Encode(h.get(), corpus[i]), expected.at("ids")[i].get<std::vector<int32_t>>())
         << "#" << i;
   }
   // The prompts of the generation fixture (one a chat turn), and the text of its greedy ids.
-  const Json gen = ReadJson(kFixtures + "/smollm2/expected.json");
+  const Json gen = ReadJsonFile(kFixtures + "/smollm2/expected.json");
   for (const Json& c : gen.at("cases")) {
     const bool chat = c.at("chat");
     EXPECT_EQ(Encode(h.get(), c.at("text"), chat ? STEPGRAPH_TEXT_CHAT : 0),

@@ -13,6 +13,7 @@
 #include "models/model_tokenizer.h"
 #include "models/session.h"
 #include "nlohmann/json.hpp"
+#include "tests/testing/json_file.h"
 #include "tests/testing/util.h"
 
 namespace sg {
@@ -25,8 +26,7 @@ std::string ModelPath() {
 }
 
 Json Expected() {
-  std::ifstream in(std::string(SG_FIXTURES_DIR) + "/smollm2/expected.json");
-  return Json::parse(in);
+  return testing::ReadJsonFile(std::string(SG_FIXTURES_DIR) + "/smollm2/expected.json");
 }
 
 bool HaveModel() { return std::ifstream(ModelPath()).good(); }

@@ -11,13 +11,13 @@
 #include <fstream>
 #include <map>
 #include <random>
-#include <sstream>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/testing/json_file.h"
 #include "tests/testing/util.h"
 
 namespace sg {
@@ -27,16 +27,10 @@ using Json = nlohmann::json;
 
 const std::string kDir = std::string(SG_FIXTURES_DIR) + "/tokenizer";
 
-Json ReadJson(const std::string& path) {
-  std::ifstream f(path);
-  EXPECT_TRUE(f.good()) << path;
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return Json::parse(ss.str());
-}
+using testing::ReadJsonFile;
 
 const std::vector<std::string>& Corpus() {
-  static const auto* corpus = new std::vector<std::string>(ReadJson(kDir + "/corpus.json"));
+  static const auto* corpus = new std::vector<std::string>(ReadJsonFile(kDir + "/corpus.json"));
   return *corpus;
 }
 
@@ -145,7 +139,7 @@ TEST_P(TokenizerJsonFixture, MatchesTransformersOnCorpus) {
   const std::string folder = kDir + "/" + GetParam();
   auto tok = Tokenizer::FromTokenizerJson(folder);
   ASSERT_TRUE(tok.ok()) << tok.status();
-  const Json expected = ReadJson(folder + "/expected.json");
+  const Json expected = ReadJsonFile(folder + "/expected.json");
   CheckAgainst(**tok, expected, GetParam());
   CheckRoundTrip(**tok, expected, GetParam());
 }
@@ -158,9 +152,9 @@ class GgufMetadataFixture : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(GgufMetadataFixture, MatchesTransformersOnCorpus) {
   const std::string base = kDir + "/gguf_" + GetParam();
-  auto tok = Tokenizer::Create(SpecFromGgufMetadata(ReadJson(base + ".json")));
+  auto tok = Tokenizer::Create(SpecFromGgufMetadata(ReadJsonFile(base + ".json")));
   ASSERT_TRUE(tok.ok()) << tok.status();
-  const Json expected = ReadJson(base + ".expected.json");
+  const Json expected = ReadJsonFile(base + ".expected.json");
   CheckAgainst(**tok, expected, "gguf " + GetParam());
   CheckRoundTrip(**tok, expected, "gguf " + GetParam());
 }
@@ -182,7 +176,7 @@ TEST(SmolLM2Tokenizer, TokenizerJsonMatchesTransformers) {
   auto tok = Tokenizer::FromTokenizerJson(folder);
   ASSERT_TRUE(tok.ok()) << tok.status();
   EXPECT_EQ((*tok)->vocab_size(), 49152);
-  const Json expected = ReadJson(kDir + "/smollm2.expected.json");
+  const Json expected = ReadJsonFile(kDir + "/smollm2.expected.json");
   CheckAgainst(**tok, expected, "SmolLM2 tokenizer.json");
   CheckRoundTrip(**tok, expected, "SmolLM2 tokenizer.json");
 }
@@ -192,10 +186,10 @@ TEST(SmolLM2Tokenizer, GgufMetadataMatchesTransformers) {
   if (!FileExists(path)) {
     GTEST_SKIP() << path << " is absent: run tests/fixtures/fetch_smollm2.sh --tokenizer";
   }
-  auto tok = Tokenizer::Create(SpecFromGgufMetadata(ReadJson(path)));
+  auto tok = Tokenizer::Create(SpecFromGgufMetadata(ReadJsonFile(path)));
   ASSERT_TRUE(tok.ok()) << tok.status();
   EXPECT_EQ((*tok)->spec().pre, "smollm");
-  const Json expected = ReadJson(kDir + "/smollm2.expected.json");
+  const Json expected = ReadJsonFile(kDir + "/smollm2.expected.json");
   CheckAgainst(**tok, expected, "SmolLM2 GGUF metadata");
 }
 
@@ -382,7 +376,7 @@ TEST(Tokenizer, StreamOfRandomIdsEqualsDecode) {
 }
 
 TEST(Tokenizer, NfcMatchesPythonsUnicodedata) {
-  const Json cases = ReadJson(kDir + "/nfc.json");
+  const Json cases = ReadJsonFile(kDir + "/nfc.json");
   ASSERT_GE(cases.size(), 300u);
   for (const Json& c : cases) {
     const std::string in = c.at(0).get<std::string>(), want = c.at(1).get<std::string>();
