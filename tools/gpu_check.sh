@@ -4,9 +4,15 @@
 # The machine has no Abseil: Debian's packages are carried in .device-deps/ and unpacked
 # under /tmp/deps (fetch them with:
 #   mkdir -p .device-deps && (cd .device-deps && apt-get download libabsl-dev libabsl20220623 nlohmann-json3-dev libpcre2-dev libpcre2-8-0)).
-# Usage: tools/gpu_check.sh [tests|bench|all] [ctest -R regex] [benchmark filter]
+# The real SmolLM2 file is larger than one call may carry: split it into .device-model/
+# (split -b 50000000 -d FILE part-; its sha256 in .device-model/SHA256; the tokenizer
+# fixtures as extras.tgz) and carry the parts in consecutive calls while the machine stays
+# warm; each call keeps what it was given under /tmp/model-parts and installs the file in
+# the tests' cache folder once the parts add up to the checksum.
+# Usage: tools/gpu_check.sh [tests|bench|sanitize|all|none] [ctest -R regex] [benchmark filter]
 # Environment: SG_TARGETS (targets to build), SG_BENCHES (benchmarks to run),
-# SG_BENCH_TIMEOUT (seconds per benchmark, default 240).
+# SG_BENCH_TIMEOUT (seconds per benchmark, default 240), SG_SANITIZE_TIMEOUT (seconds per
+# compute-sanitizer run, default 300).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 what=${1:-all}
@@ -25,6 +31,23 @@ if [[ -d .device-deps ]]; then
 else
   prefix=()
 fi
+if [[ -d .device-model ]]; then
+  mkdir -p /tmp/model-parts
+  cp -f .device-model/* /tmp/model-parts/ 2>/dev/null
+  cache="${XDG_CACHE_HOME:-$HOME/.cache}/stepgraph-test"
+  mkdir -p "$cache"
+  [[ -f /tmp/model-parts/extras.tgz ]] && tar xzf /tmp/model-parts/extras.tgz -C "$cache"
+  if [[ -f /tmp/model-parts/SHA256 ]] && ls /tmp/model-parts/part-* > /dev/null 2>&1; then
+    cat /tmp/model-parts/part-* > /tmp/model-parts/whole
+    if [[ $(sha256sum < /tmp/model-parts/whole | cut -d' ' -f1) == $(cat /tmp/model-parts/SHA256) ]]; then
+      mv /tmp/model-parts/whole "$cache/SmolLM2-135M-Instruct.Q4_1.gguf"
+      echo "model: SmolLM2 installed in $cache"
+    else
+      rm -f /tmp/model-parts/whole
+      echo "model: $(ls /tmp/model-parts/part-* | wc -l) part(s) so far"
+    fi
+  fi
+fi
 b=/tmp/b
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv > "$out/gpu.txt" 2>&1
 t0=$(date +%s)
@@ -41,6 +64,20 @@ if [[ $what == tests || $what == all ]]; then
   # Count skips: a GPU suite that skipped on the GPU machine is a failure of this check.
   skipped=$(grep -c "Skipped" "$out/ctest.log")
   summary+=("ctest rc=$rc skipped=$skipped")
+fi
+if [[ $what == sanitize || $what == all ]]; then
+  # compute-sanitizer over the test binaries that launch kernels: memcheck over each,
+  # racecheck and synccheck over the kernel suites. Findings make the tool exit non-zero.
+  cs=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+  for t in $(cd $b/tests && ls *cuda*_test c_api_test step_runner_test session_test 2>/dev/null); do
+    for tool in memcheck racecheck synccheck; do
+      if [[ $tool != memcheck && $t != cuda_*_test ]]; then continue; fi
+      echo "=== $tool $t" >> "$out/sanitize.txt"
+      timeout "${SG_SANITIZE_TIMEOUT:-300}" "$cs" --tool "$tool" --error-exitcode 9 \
+        ${SG_SANITIZE_EXTRA:-} "$b/tests/$t" --gtest_brief=1 >> "$out/sanitize.txt" 2>&1
+      summary+=("$tool $t rc=$?")
+    done
+  done
 fi
 if [[ $what == bench || $what == all ]]; then
   # SG_BENCHES names the benchmarks to run (default: every one built). All their output

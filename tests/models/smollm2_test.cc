@@ -1,10 +1,14 @@
 // The real SmolLM2-135M-Instruct (Q4_1 GGUF, fetched by tests/fixtures/fetch_smollm2.sh)
 // against transformers on the same file dequantized to f32
 // (tests/fixtures/make_smollm2_fixture.py): the prompt's ids from stepgraph's tokenizer and
-// chat template, and 32 greedy ids from the CPU reference, token for token.
+// chat template, and 32 greedy ids from the CPU reference, token for token; on a machine
+// with a CUDA device, the GPU session's 32 greedy ids against the CPU reference's.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <fstream>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -13,6 +17,7 @@
 #include "models/model_tokenizer.h"
 #include "models/session.h"
 #include "nlohmann/json.hpp"
+#include "stepgraph/step_runner.h"
 #include "tests/testing/json_file.h"
 #include "tests/testing/util.h"
 
@@ -98,6 +103,41 @@ TEST(SmolLM2, GreedyIdsEqualTransformersOnTheCpuReference) {
     EXPECT_EQ(*got, c.at("generated").get<std::vector<int32_t>>())
         << c.at("text").get<std::string>() << " (transformers: "
         << c.at("generated_text").get<std::string>() << ")";
+  }
+}
+
+// The quantized file on the GPU (its block-format kernels, graph capture, the default
+// passes) gives the CPU reference's greedy ids, 32 per prompt.
+TEST(SmolLM2, GreedyIdsOnTheGpuEqualTheCpuReference) {
+  SKIP_WITHOUT_MODEL();
+  if (!CudaDeviceFound()) GTEST_SKIP() << "no CUDA device";
+  const Json expected = Expected();
+  const int64_t n = expected.at("new_tokens");
+  int64_t longest = 0;
+  for (const Json& c : expected.at("cases")) {
+    longest = std::max<int64_t>(longest, static_cast<int64_t>(c.at("prompt_ids").size()));
+  }
+  std::vector<std::unique_ptr<DecodeSession>> sessions;
+  for (const Backend backend : {Backend::kCpu, Backend::kCuda}) {
+    SessionOptions o;
+    o.model_path = ModelPath();
+    o.backend = backend;
+    o.max_seq = longest + n;
+    absl::StatusOr<std::unique_ptr<DecodeSession>> s = DecodeSession::Create(o);
+    ASSERT_TRUE(s.ok()) << s.status();
+    sessions.push_back(*std::move(s));
+  }
+  for (const Json& c : expected.at("cases")) {
+    const auto prompt = c.at("prompt_ids").get<std::vector<int32_t>>();
+    std::vector<std::vector<int32_t>> ids;
+    for (const std::unique_ptr<DecodeSession>& s : sessions) {
+      ASSERT_TRUE(s->Prefill(0, prompt).ok());
+      absl::StatusOr<std::vector<int32_t>> got = s->Generate(0, n);
+      ASSERT_TRUE(got.ok()) << got.status();
+      ASSERT_EQ(got->size(), static_cast<size_t>(n));
+      ids.push_back(*std::move(got));
+    }
+    EXPECT_EQ(ids[1], ids[0]) << c.at("text").get<std::string>();
   }
 }
 
