@@ -47,6 +47,9 @@ absl::StatusOr<std::unique_ptr<PreparedNode>> PrepareFusedMatmul(const ops::Fuse
                                                  kernels::kFusedMaxWeights, " weights, got ",
                                                  op.weights));
   }
+  if (op.epilogue == ops::FusedMatMul::Epilogue::kRopeKvWrite) {
+    return absl::UnimplementedError("CUDA FusedMatMul has no rope_kv_write epilogue yet");
+  }
   auto node_state = std::make_unique<FusedMatmulNode>();
   kernels::FusedMatmulArgs& a = node_state->launch;
   a.m = x.shape[0];
