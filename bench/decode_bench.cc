@@ -137,6 +137,16 @@ int64_t NodeBytes(const Graph& graph, const Node& node, int64_t position) {
   if (op == "KvWrite") return 2 * bytes(node.inputs[0]) + bytes(node.inputs[1]);
   // Reads q, k, v once, writes q and the k and v rows (the caches are not read).
   if (op == "RopeKvWrite") return 2 * bytes(node.inputs[0]) + bytes(node.inputs[1]);
+  // The q/k/v matmul with RoPE and the cache writes: x, weights and pos read, q written,
+  // and one k and one v row per step row written into the caches (its last two inputs).
+  if (const auto* f = std::get_if<ops::FusedMatMul>(&node.op);
+      f != nullptr && f->epilogue == ops::FusedMatMul::Epilogue::kRopeKvWrite) {
+    int64_t total = out.bytes();
+    for (size_t i = 0; i + 2 < node.inputs.size(); ++i) total += bytes(node.inputs[i]);
+    const Tensor& cache = graph.tensor(node.inputs[node.inputs.size() - 1]);
+    const int64_t rows = out.shape[0];
+    return total + 2 * rows * cache.shape[1] * cache.shape[3] * DTypeBytes(cache.dtype);
+  }
   if (op == "Attention") {
     const Tensor& cache = graph.tensor(node.inputs[1]);  // [slots, kvh, S, d]
     const int64_t rows = cache.shape[1] * (position + 1) * cache.shape[3];

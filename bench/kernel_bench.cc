@@ -430,6 +430,28 @@ void AddFusedCases(std::vector<Case>& cases, int64_t m) {
                      .bytes = (m * h + (norm ? h : 0) + (q + 2 * kv) * h + m * (q + 2 * kv)) * kE,
                      .flops = 2.0 * static_cast<double>(m * (q + 2 * kv) * h)});
   }
+  // The q/k/v matmul with RoPE and the KV-cache write in its epilogue (the default
+  // passes' node): against Fused/qkv plus RopeKvWrite.
+  cases.push_back({.kernel = "Fused/qkv+rope_kv_write",
+                   .shape = absl::StrCat(ms, " N=", q, "+", kv, "+", kv, " K=", h),
+                   .build = [=](GraphBuilder& b) {
+                     ops::Rope rope{.head_dim = kHeadDim, .theta = 500000.0f};
+                     rope.scaling = {ops::RopeScaling::Type::kLlama3, 32.0f, 1.0f, 4.0f, 8192};
+                     b.Output("y", b.FusedMatMul(
+                                       {.weights = 3, .epilogue = Epilogue::kRopeKvWrite,
+                                        .rope = rope},
+                                       {b.Input("x", kT, {m, h}), b.Weight("wq", kT, {q, h}),
+                                        b.Weight("wk", kT, {kv, h}), b.Weight("wv", kT, {kv, h}),
+                                        b.Input("pos", DType::kI32, {m}),
+                                        b.State("kc", kT, {m, kKvHeads, kCacheSeq, kHeadDim}),
+                                        b.State("vc", kT, {m, kKvHeads, kCacheSeq, kHeadDim})}));
+                   },
+                   .specs = {{"pos", {.int_hi = kCacheSeq}},
+                             {"kc", {.shared = true}},
+                             {"vc", {.shared = true}}},
+                   .dispatch = g->dispatch.get(),
+                   .bytes = (m * h + (q + 2 * kv) * h + m * (q + 2 * kv)) * kE + m * 4,
+                   .flops = 2.0 * static_cast<double>(m * (q + 2 * kv) * h)});
   cases.push_back({.kernel = "Fused/k (split-K)",
                    .shape = absl::StrCat(ms, " N=", kv, " K=", h),
                    .build = [=](GraphBuilder& b) {

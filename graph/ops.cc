@@ -52,6 +52,9 @@ std::string Params(const ops::FusedMatMul& op) {
     case ops::FusedMatMul::Epilogue::kAdd: absl::StrAppend(&s, " +add"); break;
     case ops::FusedMatMul::Epilogue::kSiluMul: absl::StrAppend(&s, " +silu_mul"); break;
     case ops::FusedMatMul::Epilogue::kArgmax: absl::StrAppend(&s, " +argmax"); break;
+    case ops::FusedMatMul::Epilogue::kRopeKvWrite:
+      absl::StrAppend(&s, " +rope_kv_write(", Params(op.rope), ")");
+      break;
   }
   return s;
 }
@@ -261,6 +264,25 @@ absl::Status CheckCache(const Checker& c, int i, absl::string_view role, int64_t
   return absl::OkStatus();
 }
 
+// pos[rows], k_cache, v_cache at inputs first .. first + 2 of a RoPE + KV-cache write
+// (ops::RopeKvWrite, or the FusedMatMul epilogue) whose values have x's (input 0's) dtype.
+absl::Status CheckRopeKvWriteInputs(const ops::Rope& rope, const Checker& c, int first,
+                                    int64_t rows) {
+  SG_RETURN_IF_ERROR(c.PerRow(first, rows, "pos"));
+  SG_RETURN_IF_ERROR(CheckCache(c, first + 1, "k_cache", rows));
+  SG_RETURN_IF_ERROR(CheckCache(c, first + 2, "v_cache", rows));
+  SG_RETURN_IF_ERROR(c.SameShape(first + 1, first + 2));
+  SG_RETURN_IF_ERROR(c.SameDType(0, first + 1));
+  SG_RETURN_IF_ERROR(c.SameDType(0, first + 2));
+  const int64_t d = c[first + 1].shape[3];
+  if (rope.head_dim != d || d % 2 != 0) {
+    return c.Error(absl::StrCat("rope head_dim ", rope.head_dim,
+                                " must be even and equal the head_dim of k_cache ",
+                                Describe(c[first + 1])));
+  }
+  return CheckRopeParams(rope, c);
+}
+
 // seq_slots[B] i32 of a step of M rows: B must divide M (B sequences of M / B rows).
 absl::Status CheckSeqSlots(const Checker& c, int i, int64_t rows) {
   SG_RETURN_IF_ERROR(c.Rank(i, 1, "seq_slots"));
@@ -377,8 +399,10 @@ Result Infer(const ops::FusedMatMul& op, const Checker& c) {
     return c.Error(absl::StrCat("weights must be in [1, 3], got ", op.weights));
   }
   const int first_w = op.norm ? 2 : 1;
-  const int with_residual = op.epilogue == Epilogue::kAdd ? 1 : 0;
-  SG_RETURN_IF_ERROR(c.Arity(static_cast<size_t>(first_w + op.weights + with_residual)));
+  const int extra = op.epilogue == Epilogue::kAdd           ? 1
+                    : op.epilogue == Epilogue::kRopeKvWrite ? 3
+                                                            : 0;
+  SG_RETURN_IF_ERROR(c.Arity(static_cast<size_t>(first_w + op.weights + extra)));
   SG_RETURN_IF_ERROR(c.Rank(0, 2, "x"));
   SG_RETURN_IF_ERROR(c.Float(0, "x"));
   const int64_t m = c[0].shape[0], k = c[0].shape[1];
@@ -425,6 +449,24 @@ Result Infer(const ops::FusedMatMul& op, const Checker& c) {
     case Epilogue::kArgmax:
       if (op.weights != 1) return c.Error("the argmax epilogue takes one weight");
       return TensorType{DType::kI32, Shape{m}};
+    case Epilogue::kRopeKvWrite: {
+      if (op.weights != 3) {
+        return c.Error("the rope_kv_write epilogue takes three weights (q, k, v)");
+      }
+      const int p = first_w + op.weights;  // pos, k_cache, v_cache
+      SG_RETURN_IF_ERROR(CheckRopeKvWriteInputs(op.rope, c, p, m));
+      const int64_t kv_cols = c[p + 1].shape[1] * c[p + 1].shape[3];
+      const int64_t d = op.rope.head_dim;
+      const int64_t n_q = c[first_w].shape[0];
+      if (c[first_w + 1].shape[0] != kv_cols || c[first_w + 2].shape[0] != kv_cols ||
+          n_q % d != 0) {
+        return c.Error(absl::StrCat("the rope_kv_write epilogue takes w_q [h*d, K] and w_k, w_v",
+                                    " [kvh*d, K] for caches ", Describe(c[p + 1]), "; got ",
+                                    Describe(c[first_w]), ", ", Describe(c[first_w + 1]), ", ",
+                                    Describe(c[first_w + 2])));
+      }
+      return TensorType{c[0].dtype, Shape{m, n_q}};
+    }
   }
   return c.Error("unknown epilogue");
 }
@@ -434,19 +476,8 @@ Result Infer(const ops::RopeKvWrite& op, const Checker& c) {
   SG_RETURN_IF_ERROR(c.Rank(0, 2, "qkv"));
   SG_RETURN_IF_ERROR(c.Float(0, "qkv"));
   const int64_t rows = c[0].shape[0];
-  SG_RETURN_IF_ERROR(c.PerRow(1, rows, "pos"));
-  SG_RETURN_IF_ERROR(CheckCache(c, 2, "k_cache", rows));
-  SG_RETURN_IF_ERROR(CheckCache(c, 3, "v_cache", rows));
-  SG_RETURN_IF_ERROR(c.SameShape(2, 3));
-  SG_RETURN_IF_ERROR(c.SameDType(0, 2));
-  SG_RETURN_IF_ERROR(c.SameDType(0, 3));
+  SG_RETURN_IF_ERROR(CheckRopeKvWriteInputs(op.rope, c, 1, rows));
   const int64_t kv_heads = c[2].shape[1], d = c[2].shape[3];
-  if (op.rope.head_dim != d || d % 2 != 0) {
-    return c.Error(absl::StrCat("rope head_dim ", op.rope.head_dim,
-                                " must be even and equal the head_dim of k_cache ",
-                                Describe(c[2])));
-  }
-  SG_RETURN_IF_ERROR(CheckRopeParams(op.rope, c));
   const int64_t kv_cols = kv_heads * d;  // the cache's shape was checked for overflow
   const int64_t q_cols = c[0].shape[1] - 2 * kv_cols;
   if (q_cols <= 0 || q_cols % d != 0) {

@@ -285,6 +285,51 @@ absl::StatusOr<Graph> FuseQkvRopeKvWrite(Editor e) {
   return std::move(e).Finish();
 }
 
+// RopeKvWrite(FusedMatMul(x, w_q, w_k, w_v)) -> one FusedMatMul with the kRopeKvWrite
+// epilogue, when the grouped product is read by nothing else. A separate pass from
+// qkv_rope_kv_write so that the RopeKvWrite node can be kept (to measure the epilogue, or
+// to debug it). Only for head_dim % 4 == 0: the CUDA kernel computes four columns per
+// block and needs two whole RoPE pairs in each.
+absl::StatusOr<Graph> FuseRopeKvWriteEpilogue(Editor e) {
+  for (int32_t s = 0; s < static_cast<int32_t>(e.nodes().size()); ++s) {
+    const auto* rope_kv = OpOf<ops::RopeKvWrite>(e, s);
+    if (rope_kv == nullptr || rope_kv->rope.head_dim % 4 != 0) continue;
+    const Node node = e.nodes()[s];
+    const int32_t m = e.Producer(node.inputs[0]);
+    const auto* fused = OpOf<ops::FusedMatMul>(e, m);
+    if (fused == nullptr || fused->epilogue != Epilogue::kNone || fused->weights != 3 ||
+        !e.OnlyReadBy(node.inputs[0], s)) {
+      continue;
+    }
+    const Node product = e.nodes()[m];
+    const int first_w = fused->norm ? 2 : 1;
+    const Tensor& x = e.tensor(product.inputs[0]);
+    const Tensor& k_cache = e.tensor(node.inputs[2]);
+    const int64_t d = rope_kv->rope.head_dim;
+    const int64_t kv_cols = k_cache.shape[1] * k_cache.shape[3];
+    bool fits = e.tensor(product.inputs[first_w]).shape[0] % d == 0;
+    for (int g = 0; g < 3; ++g) {
+      const Tensor& w = e.tensor(product.inputs[first_w + g]);
+      fits = fits && IsFloat(w.dtype) && w.dtype == x.dtype && (g == 0 || w.shape[0] == kv_cols);
+    }
+    // The product moves from node m to node s: nothing between may write what it reads.
+    for (int32_t between = m + 1; fits && between < s; ++between) {
+      if (e.removed(between) || !IsInPlace(e.nodes()[between].op)) continue;
+      const TensorId written = e.nodes()[between].output;
+      fits = std::find(product.inputs.begin(), product.inputs.end(), written) ==
+             product.inputs.end();
+    }
+    if (!fits) continue;
+    ops::FusedMatMul op = *fused;
+    op.epilogue = Epilogue::kRopeKvWrite;
+    op.rope = rope_kv->rope;
+    absl::InlinedVector<TensorId, 4> inputs = product.inputs;
+    inputs.insert(inputs.end(), node.inputs.begin() + 1, node.inputs.end());  // pos, caches
+    e.Replace(s, op, std::move(inputs), product.name + "_rope_kv_write", {m});
+  }
+  return std::move(e).Finish();
+}
+
 // SiluMul(MatMul(x, gate), MatMul(x, up)).
 absl::StatusOr<Graph> FuseGateUpSiluMul(Editor e) {
   for (int32_t s = 0; s < static_cast<int32_t>(e.nodes().size()); ++s) {
@@ -380,8 +425,11 @@ struct PassEntry {
   absl::StatusOr<Graph> (*run)(Editor);
 };
 constexpr PassEntry kPasses[] = {
-    {"qkv_rope_kv_write", FuseQkvRopeKvWrite}, {"gate_up_silu_mul", FuseGateUpSiluMul},
-    {"residual_add", FuseResidualAdd},         {"norm_into_matmul", FuseNormIntoMatMul},
+    {"qkv_rope_kv_write", FuseQkvRopeKvWrite},
+    {"rope_kv_write_epilogue", FuseRopeKvWriteEpilogue},
+    {"gate_up_silu_mul", FuseGateUpSiluMul},
+    {"residual_add", FuseResidualAdd},
+    {"norm_into_matmul", FuseNormIntoMatMul},
     {"lm_head_argmax", FuseLmHeadArgmax},
 };
 

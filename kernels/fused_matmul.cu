@@ -10,16 +10,20 @@
 // (an atomic ticket after a fence) adds the splits in order, so the result does not depend
 // on which block finished last, and resets the ticket for the next launch. The epilogue
 // then rounds the product to T (as a MatMul stores it) and adds the residual, applies
-// SiluMul, or reduces to the row's argmax through per-block bests and a second ticket.
+// SiluMul, reduces to the row's argmax through per-block bests and a second ticket, or
+// rotates q and k and writes k and v into the KV caches (kRopeKvWrite: ColumnOf gives a
+// block two whole RoPE pairs, so each thread finds its partner in shared memory).
 //
 // RopeKvWriteKernel: one thread per rotated pair of the q and k heads, plus one per
-// element pair of v; rotation exactly as RopeKernel.
+// element pair of v. Every rotation is RotatePair's (kernels/rope_rotate.cuh), so the
+// epilogue and the two kernels round as RopeKernel and the CPU reference do.
 #include <algorithm>
 #include <cfloat>
 #include <cstring>
 
 #include "kernels/common.cuh"
 #include "kernels/fused_matmul.cuh"
+#include "kernels/rope_rotate.cuh"
 #include "stepgraph/error_flags.h"
 
 namespace sg::kernels {
@@ -31,11 +35,24 @@ constexpr int kThreads = 256;
 // The product column computed by slot c of column block b: consecutive columns, except
 // for kSiluMul, where the first half of the slots are gate columns h·b .. h·b + h - 1 and
 // the second half the matching up columns n + h·b .. (h = kFusedCols / 2; the product's
-// columns are gate's then up's).
+// columns are gate's then up's), and for kRopeKvWrite's q and k heads in the rotate_half
+// layout, where slots 0, 1 are columns 2j, 2j + 1 of a head and slots 2, 3 their RoPE
+// partners 2j + d/2, 2j + 1 + d/2 (j over the head's d/4 blocks), so that a block holds
+// whole pairs. Interleaved pairs (2j, 2j + 1) and v's columns are consecutive already.
 __device__ __forceinline__ int64_t ColumnOf(const FusedMatmulArgs& a, int64_t b, int c) {
   constexpr int h = kFusedCols / 2;
   if (a.epilogue == FusedEpilogue::kSiluMul) {
     return c < h ? h * b + c : a.n[0] + h * b + (c - h);
+  }
+  if (a.epilogue == FusedEpilogue::kRopeKvWrite && !a.rope.interleaved &&
+      static_cast<int>(b) < a.rope.rotated_blocks) {
+    // 32-bit, from the sizes the launcher derived: at M <= 2 this formulation keeps the
+    // kernel at 58 and 61 registers (bf16) without spills, where computing d / 4 and
+    // n[0] + n[1] here cost a spill in the weight loop.
+    const unsigned bb = static_cast<unsigned>(b), per = a.rope.blocks_per_head;
+    const unsigned head = bb / per;
+    const int j = 2 * static_cast<int>(bb - head * per) + (c & 1);
+    return static_cast<int>(head) * a.rope.head_dim + j + (c >> 1) * a.rope.half;
   }
   return b * kFusedCols + c;
 }
@@ -238,6 +255,44 @@ __global__ void __launch_bounds__(kThreads) FusedMatmulKernel(FusedMatmulArgs a)
       }
       break;
     }
+    case FusedEpilogue::kRopeKvWrite: {
+      __syncthreads();
+      if (i < kAcc) values[i] = p;
+      __syncthreads();
+      if (!valid) break;
+      const FusedRopeArgs& rope = a.rope;
+      const int d = rope.head_dim;
+      const int col = static_cast<int>(ColumnOf(a, b, c));
+      const int q_cols = static_cast<int>(a.n[0]), kv_cols = static_cast<int>(a.n[1]);
+      const int32_t pos = rope.pos[r];
+      if (pos >= rope.seq && b == 0 && c == 0) {
+        atomicOr(rope.error_flags, static_cast<uint32_t>(kErrorPositionOutOfRange));
+      }
+      float out = p;
+      if (col < q_cols + kv_cols && pos >= 0) {
+        // This slot's RoPE partner is in the block (ColumnOf): c ^ 1 for interleaved pairs,
+        // c ^ 2 for rotate_half ones; the pair's first element is the lower column.
+        const bool first = rope.interleaved ? (c & 1) == 0 : c < 2;
+        const int in_head = col % d;
+        const int j = rope.interleaved ? in_head / 2 : (first ? in_head : in_head - d / 2);
+        const float other = values[r * kFusedCols + (rope.interleaved ? c ^ 1 : c ^ 2)];
+        float y1, y2;
+        RotatePair<T>(first ? p : other, first ? other : p, pos, rope.inv_freq[j], y1, y2);
+        out = first ? y1 : y2;
+      }
+      if (col < q_cols) {
+        static_cast<T*>(a.y)[static_cast<int64_t>(r) * q_cols + col] = FromFloat<T>(out);
+      } else if (pos >= 0 && pos < rope.seq) {
+        // Row r is cache slot r (the launcher offsets the caches of later row chunks).
+        const bool is_k = col < q_cols + kv_cols;
+        const int kv_col = col - q_cols - (is_k ? 0 : kv_cols);
+        const int head = kv_col / d;
+        T* cache = static_cast<T*>(is_k ? rope.k_cache : rope.v_cache);
+        cache[((r * rope.kv_heads + head) * rope.seq + pos) * d + (kv_col - head * d)] =
+            FromFloat<T>(out);
+      }
+      break;
+    }
     case FusedEpilogue::kArgmax: {
       const int64_t blocks = gridDim.x;
       __syncthreads();
@@ -352,13 +407,10 @@ __global__ void __launch_bounds__(kThreads)
   const T x1 = in[ia], x2 = in[ib];
   T y1 = x1, y2 = x2;
   if (p >= 0) {
-    float s, c;
-    sincosf(__fmul_rn(static_cast<float>(p), inv_freq[j]), &s, &c);
-    c = RoundTo<T>(c);
-    s = RoundTo<T>(s);
-    const float f1 = ToFloat(x1), f2 = ToFloat(x2);
-    y1 = FromFloat<T>(RoundTo<T>(__fmul_rn(f1, c)) - RoundTo<T>(__fmul_rn(f2, s)));
-    y2 = FromFloat<T>(RoundTo<T>(__fmul_rn(f2, c)) + RoundTo<T>(__fmul_rn(f1, s)));
+    float f1, f2;
+    RotatePair<T>(ToFloat(x1), ToFloat(x2), p, inv_freq[j], f1, f2);
+    y1 = FromFloat<T>(f1);
+    y2 = FromFloat<T>(f2);
   }
   if (base < q_cols) {
     q[row * q_cols + ia] = y1;
@@ -429,22 +481,46 @@ cudaError_t LaunchFusedMatmul(const FusedMatmulArgs& a, cudaStream_t stream) {
   }
   int64_t n_total = 0;
   for (int g = 0; g < a.weights; ++g) n_total += a.n[g];
-  const int64_t out_cols = a.epilogue == FusedEpilogue::kSiluMul ? a.n[0]
-                           : a.epilogue == FusedEpilogue::kArgmax ? 1
-                                                                  : n_total;
+  const FusedRopeArgs& rope = a.rope;
+  if (a.epilogue == FusedEpilogue::kRopeKvWrite &&
+      (a.weights != 3 || rope.head_dim <= 0 || rope.head_dim % kFusedCols != 0 ||
+       a.n[0] <= 0 || a.n[0] % rope.head_dim != 0 || rope.kv_heads <= 0 ||
+       a.n[1] != rope.kv_heads * rope.head_dim || a.n[2] != a.n[1] || rope.seq <= 0 ||
+       n_total > INT32_MAX || rope.pos == nullptr || rope.inv_freq == nullptr ||
+       rope.k_cache == nullptr || rope.v_cache == nullptr || rope.error_flags == nullptr)) {
+    return cudaErrorInvalidValue;
+  }
+  const int64_t out_cols =
+      a.epilogue == FusedEpilogue::kSiluMul || a.epilogue == FusedEpilogue::kRopeKvWrite
+          ? a.n[0]
+      : a.epilogue == FusedEpilogue::kArgmax ? 1
+                                             : n_total;
   const int64_t elem = a.dtype == DType::kF32 ? 4 : 2;
   const int64_t out_elem = a.epilogue == FusedEpilogue::kArgmax ? 4 : elem;
   // More rows than one launch holds: launches of kFusedMaxRows rows one after another on
   // the stream, reusing the workspace (each launch leaves its counters zeroed). Decode
   // steps have M <= 8; larger buckets read the weights once per launch.
+  FusedMatmulArgs sized = a;
+  if (a.epilogue == FusedEpilogue::kRopeKvWrite) {
+    sized.rope.blocks_per_head = rope.head_dim / kFusedCols;
+    sized.rope.half = rope.head_dim / 2;
+    sized.rope.rotated_blocks = static_cast<int>((a.n[0] + a.n[1]) / kFusedCols);
+  }
   for (int64_t r0 = 0; r0 < a.m; r0 += kFusedMaxRows) {
-    FusedMatmulArgs chunk = a;
+    FusedMatmulArgs chunk = sized;
     chunk.m = std::min<int64_t>(kFusedMaxRows, a.m - r0);
     chunk.x = static_cast<const char*>(a.x) + r0 * a.k * elem;
     if (a.residual != nullptr) {
       chunk.residual = static_cast<const char*>(a.residual) + r0 * n_total * elem;
     }
     chunk.y = static_cast<char*>(a.y) + r0 * out_cols * out_elem;
+    if (a.epilogue == FusedEpilogue::kRopeKvWrite) {
+      // Row r of the chunk is row r0 + r of the step: its position and its cache slot.
+      const int64_t slot_bytes = rope.kv_heads * rope.seq * rope.head_dim * elem;
+      chunk.rope.pos = rope.pos + r0;
+      chunk.rope.k_cache = static_cast<char*>(rope.k_cache) + r0 * slot_bytes;
+      chunk.rope.v_cache = static_cast<char*>(rope.v_cache) + r0 * slot_bytes;
+    }
     const cudaError_t e = LaunchRows(chunk, stream);
     if (e != cudaSuccess) return e;
   }

@@ -1,8 +1,9 @@
 // Launchers for the fused ops of the graph passes (ops::FusedMatMul, ops::RopeKvWrite):
 // the small-M matmul with an RmsNorm folded into its loads, several weight matrices in one
 // launch, split-K reduced in the same launch, and an epilogue (residual add, SiluMul,
-// argmax); and RoPE of q and k with the KV-cache write. Plain launchers: pointers, sizes,
-// a stream; the result is the launch's cudaError_t.
+// argmax, RoPE of q and k with the KV-cache write); and RoPE of q and k with the KV-cache
+// write as a launch of its own. Plain launchers: pointers, sizes, a stream; the result is
+// the launch's cudaError_t.
 #ifndef STEPGRAPH_KERNELS_FUSED_MATMUL_CUH_
 #define STEPGRAPH_KERNELS_FUSED_MATMUL_CUH_
 
@@ -19,7 +20,31 @@ inline constexpr int kFusedMaxWeights = 3;
 // Output columns (weight rows) one block computes.
 inline constexpr int kFusedCols = 4;
 
-enum class FusedEpilogue : int { kNone = 0, kAdd = 1, kSiluMul = 2, kArgmax = 3 };
+enum class FusedEpilogue : int {
+  kNone = 0,
+  kAdd = 1,
+  kSiluMul = 2,
+  kArgmax = 3,
+  kRopeKvWrite = 4,
+};
+
+// The kRopeKvWrite epilogue's arguments: the product is q, k, v side by side (n[0] = h·d,
+// n[1] = n[2] = kv_heads·d); the output y is the rotated q [m, n[0]] and the rotated k and
+// the v of row r go to cache slot r at pos[r], as LaunchRopeKvWrite. head_dim % 4 == 0,
+// so that a block's four product columns hold two whole RoPE pairs.
+struct FusedRopeArgs {
+  const int32_t* pos = nullptr;       // [m]
+  const float* inv_freq = nullptr;    // [head_dim / 2]
+  void* k_cache = nullptr;            // [slots >= m, kv_heads, seq, head_dim]
+  void* v_cache = nullptr;
+  uint32_t* error_flags = nullptr;    // kErrorPositionOutOfRange for pos >= seq
+  int64_t kv_heads = 0, seq = 0;
+  int head_dim = 0;
+  bool interleaved = false;
+  // Set by LaunchFusedMatmul: head_dim / 4, head_dim / 2 and (n[0] + n[1]) / 4, the column
+  // blocks of the rotated q and k heads.
+  int blocks_per_head = 0, half = 0, rotated_blocks = 0;
+};
 
 struct FusedMatmulArgs {
   const void* x = nullptr;       // [m, k]
@@ -31,7 +56,7 @@ struct FusedMatmulArgs {
   int weights = 1;
   FusedEpilogue epilogue = FusedEpilogue::kNone;
   const void* residual = nullptr;  // kAdd: [m, Σn]
-  void* y = nullptr;               // [m, Σn]; kSiluMul [m, n[0]]; kArgmax i32 [m]
+  void* y = nullptr;  // [m, Σn]; kSiluMul and kRopeKvWrite [m, n[0]]; kArgmax i32 [m]
   DType dtype = DType::kF32;
   // The weights are no node's output in the step (graph Weights): each thread asks for
   // its first weight vectors before waiting on the kernels it depends on, so the loads
@@ -50,6 +75,7 @@ struct FusedMatmulArgs {
   float* argmax_value = nullptr;
   int32_t* argmax_index = nullptr;
   uint32_t* argmax_counter = nullptr;
+  FusedRopeArgs rope;  // kRopeKvWrite only
 };
 
 // Column blocks of a launch (the grid's x): ceil(Σn / kFusedCols), or ceil(n / 2) for

@@ -1,10 +1,7 @@
 // The rotary family.
 //
-// Rope: one thread per rotated pair, a 1-D grid over rows · cols / 2. The angle is the f32
-// product pos · inv_freq[j] with the host-computed table, and cos/sin are the accurate
-// sincosf (positions reach 131072, far outside what the fast intrinsics keep accurate).
-// Products are rounded explicitly (__fmul_rn, then to the storage type) so that the result
-// follows the reference's order of rounding rather than whatever the compiler contracts.
+// Rope: one thread per rotated pair, a 1-D grid over rows · cols / 2, each pair rotated
+// by RotatePair (kernels/rope_rotate.cuh: the reference's angle and order of rounding).
 //
 // KvWrite: a copy of raw bytes (to slot i, or to the slot of row i's sequence), one thread per 16-byte unit (or per element when a head's
 // row is not a multiple of 16 bytes or a buffer is unaligned), over rows · kv_heads ·
@@ -13,6 +10,7 @@
 
 #include "kernels/common.cuh"
 #include "kernels/rope.cuh"
+#include "kernels/rope_rotate.cuh"
 #include "stepgraph/error_flags.h"
 
 namespace sg::kernels {
@@ -44,14 +42,10 @@ __global__ void __launch_bounds__(kThreads)
     y[b] = x2;
     return;
   }
-  float s, c;
-  sincosf(__fmul_rn(static_cast<float>(p), inv_freq[j]), &s, &c);
-  // HF: cos and sin cast to the model dtype; each product and the sum in that dtype.
-  c = RoundTo<T>(c);
-  s = RoundTo<T>(s);
-  const float f1 = ToFloat(x1), f2 = ToFloat(x2);
-  y[a] = FromFloat<T>(RoundTo<T>(__fmul_rn(f1, c)) - RoundTo<T>(__fmul_rn(f2, s)));
-  y[b] = FromFloat<T>(RoundTo<T>(__fmul_rn(f2, c)) + RoundTo<T>(__fmul_rn(f1, s)));
+  float y1, y2;
+  RotatePair<T>(ToFloat(x1), ToFloat(x2), p, inv_freq[j], y1, y2);
+  y[a] = FromFloat<T>(y1);
+  y[b] = FromFloat<T>(y2);
 }
 
 template <typename U>

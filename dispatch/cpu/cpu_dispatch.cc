@@ -112,6 +112,35 @@ void RotateHeads(const ops::Rope& op, const std::vector<float>& inv_freq, DType 
   }
 }
 
+// ops::RopeKvWrite over `rows` rows of qkv values given as floats of the storage dtype
+// (qkv [rows, cols], q's columns, then k's, then v's): the one definition shared by the
+// RopeKvWrite op and FusedMatMul's kRopeKvWrite epilogue. Row i goes to cache slot i.
+void RopeKvWriteRows(const ops::Rope& rope, const std::vector<float>& inv_freq,
+                     const float* qkv, int64_t rows, int64_t cols, const int32_t* pos,
+                     const TensorArg& kc, const TensorArg& vc, const TensorArg& q,
+                     std::vector<float>& row, uint32_t& error_flags) {
+  const DType t = q.dtype;
+  const int64_t kv_heads = kc.shape[1], seq = kc.shape[2], d = kc.shape[3];
+  const int64_t kv_cols = kv_heads * d, q_cols = cols - 2 * kv_cols;
+  for (int64_t i = 0; i < rows; ++i) {
+    row.assign(qkv + i * cols, qkv + (i + 1) * cols);
+    RotateHeads(rope, inv_freq, t, pos[i], row.data(), q_cols + kv_cols);
+    for (int64_t c = 0; c < q_cols; ++c) StoreElement(q.data, t, i * q_cols + c, row[c]);
+    if (pos[i] < 0) continue;
+    if (pos[i] >= seq) {
+      error_flags |= kErrorPositionOutOfRange;
+      continue;
+    }
+    for (int64_t h = 0; h < kv_heads; ++h) {
+      const int64_t dst = ((i * kv_heads + h) * seq + pos[i]) * d;
+      for (int64_t e = 0; e < d; ++e) {
+        StoreElement(kc.data, t, dst + e, row[q_cols + h * d + e]);
+        StoreElement(vc.data, t, dst + e, row[q_cols + kv_cols + h * d + e]);
+      }
+    }
+  }
+}
+
 }  // namespace
 
 namespace {
@@ -150,6 +179,10 @@ absl::StatusOr<PreparedPlan> CpuDispatch::Prepare(const ExecutionPlan& plan) {
     const ops::Rope* rope = std::get_if<ops::Rope>(&graph.nodes()[i].op);
     if (const auto* fused = std::get_if<ops::RopeKvWrite>(&graph.nodes()[i].op)) {
       rope = &fused->rope;
+    }
+    if (const auto* mm = std::get_if<ops::FusedMatMul>(&graph.nodes()[i].op);
+        mm != nullptr && mm->epilogue == ops::FusedMatMul::Epilogue::kRopeKvWrite) {
+      rope = &mm->rope;
     }
     if (rope != nullptr) {
       auto node = std::make_unique<CpuRopeNode>();
@@ -603,6 +636,24 @@ absl::Status CpuDispatch::Run(const ops::FusedMatMul& op, const NodeArgs& args) 
       }
       break;
     }
+    case Epilogue::kRopeKvWrite: {
+      // As ops::RopeKvWrite reading p from its qkv input.
+      const int first_extra = first_w + op.weights;
+      std::vector<float> unprepared, row;
+      try {
+        if (args.prepared == nullptr) unprepared = RopeInvFreq(op.rope);
+        row.reserve(static_cast<size_t>(n));
+      } catch (const std::bad_alloc&) {
+        return absl::ResourceExhaustedError("CPU reference: no memory for a fused matmul");
+      }
+      const std::vector<float>& inv_freq =
+          args.prepared != nullptr ? static_cast<const CpuRopeNode*>(args.prepared)->inv_freq
+                                   : unprepared;
+      RopeKvWriteRows(op.rope, inv_freq, p.data(), m, n, Ints(args.inputs[first_extra]),
+                      args.inputs[first_extra + 1], args.inputs[first_extra + 2], args.output,
+                      row, error_flags_);
+      break;
+    }
     case Epilogue::kArgmax: {
       int32_t* out = args.output.as<int32_t>();
       for (int64_t i = 0; i < m; ++i) {
@@ -625,35 +676,20 @@ absl::Status CpuDispatch::Run(const ops::FusedMatMul& op, const NodeArgs& args) 
 
 absl::Status CpuDispatch::Run(const ops::RopeKvWrite& op, const NodeArgs& args) {
   const TensorArg& qkv = args.inputs[0];
-  const DType t = qkv.dtype;
-  const int32_t* pos = Ints(args.inputs[1]);
-  const TensorArg& kc = args.inputs[2];
-  const TensorArg& vc = args.inputs[3];
-  const int64_t rows = qkv.shape[0], cols = qkv.shape[1];
-  const int64_t kv_heads = kc.shape[1], seq = kc.shape[2], d = kc.shape[3];
-  const int64_t kv_cols = kv_heads * d, q_cols = cols - 2 * kv_cols;
-  std::vector<float> unprepared;
-  if (args.prepared == nullptr) unprepared = RopeInvFreq(op.rope);
+  std::vector<float> values, unprepared, row;
+  try {
+    values = LoadAll(qkv);
+    if (args.prepared == nullptr) unprepared = RopeInvFreq(op.rope);
+    row.reserve(static_cast<size_t>(qkv.shape[1]));
+  } catch (const std::bad_alloc&) {
+    return absl::ResourceExhaustedError("CPU reference: no memory for a RoPE + KV write");
+  }
   const std::vector<float>& inv_freq =
       args.prepared != nullptr ? static_cast<const CpuRopeNode*>(args.prepared)->inv_freq
                                : unprepared;
-  for (int64_t i = 0; i < rows; ++i) {
-    std::vector<float> v = LoadRange(qkv, i * cols, cols);
-    RotateHeads(op.rope, inv_freq, t, pos[i], v.data(), q_cols + kv_cols);
-    for (int64_t c = 0; c < q_cols; ++c) StoreElement(args.output.data, t, i * q_cols + c, v[c]);
-    if (pos[i] < 0) continue;
-    if (pos[i] >= seq) {
-      error_flags_ |= kErrorPositionOutOfRange;
-      continue;
-    }
-    for (int64_t h = 0; h < kv_heads; ++h) {
-      const int64_t dst = ((i * kv_heads + h) * seq + pos[i]) * d;
-      for (int64_t e = 0; e < d; ++e) {
-        StoreElement(kc.data, t, dst + e, v[q_cols + h * d + e]);
-        StoreElement(vc.data, t, dst + e, v[q_cols + kv_cols + h * d + e]);
-      }
-    }
-  }
+  RopeKvWriteRows(op.rope, inv_freq, values.data(), qkv.shape[0], qkv.shape[1],
+                  Ints(args.inputs[1]), args.inputs[2], args.inputs[3], args.output, row,
+                  error_flags_);
   return absl::OkStatus();
 }
 

@@ -111,7 +111,7 @@ struct NodePreparer {
     return std::unique_ptr<PreparedNode>();
   }
   NodeState operator()(const ops::FusedMatMul& op) const {
-    return internal::PrepareFusedMatmul(op, graph, node, info);
+    return internal::PrepareFusedMatmul(op, graph, node, info, rope);
   }
   NodeState operator()(const ops::RopeKvWrite& op) const {
     return internal::PrepareRopeKvWrite(op, rope);

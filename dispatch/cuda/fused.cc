@@ -1,7 +1,8 @@
 // The fused ops of the graph passes on CUDA (kernels/fused_matmul.cuh). Preparing a
 // FusedMatMul node fixes its launch (split-K factor for this GPU) and allocates its
 // workspace: split-K partial sums and tickets, argmax per-block bests; the tickets are
-// zeroed once here and every launch leaves them zeroed, so replays need no reset.
+// zeroed once here and every launch leaves them zeroed, so replays need no reset. The
+// rope_kv_write epilogue gets its RoPE frequency table here, as RopeKvWrite does.
 #include "dispatch/cuda/fused.h"
 
 #include "absl/strings/str_cat.h"
@@ -28,6 +29,7 @@ kernels::FusedEpilogue KernelEpilogue(ops::FusedMatMul::Epilogue e) {
     case ops::FusedMatMul::Epilogue::kAdd: return kernels::FusedEpilogue::kAdd;
     case ops::FusedMatMul::Epilogue::kSiluMul: return kernels::FusedEpilogue::kSiluMul;
     case ops::FusedMatMul::Epilogue::kArgmax: return kernels::FusedEpilogue::kArgmax;
+    case ops::FusedMatMul::Epilogue::kRopeKvWrite: return kernels::FusedEpilogue::kRopeKvWrite;
     default: return kernels::FusedEpilogue::kNone;
   }
 }
@@ -39,13 +41,21 @@ int64_t AlignUp(int64_t v) { return (v + 255) / 256 * 256; }
 absl::StatusOr<std::unique_ptr<PreparedNode>> PrepareFusedMatmul(const ops::FusedMatMul& op,
                                                                 const Graph& graph,
                                                                 const Node& node,
-                                                                const CudaDeviceInfo& info) {
+                                                                const CudaDeviceInfo& info,
+                                                                RopeTables& tables) {
   const Tensor& x = graph.tensor(node.inputs[0]);
   const int first_w = op.norm ? 2 : 1;
   if (op.weights > kernels::kFusedMaxWeights) {
     return absl::UnimplementedError(absl::StrCat("CUDA FusedMatMul takes at most ",
                                                  kernels::kFusedMaxWeights, " weights, got ",
                                                  op.weights));
+  }
+  const bool rope = op.epilogue == ops::FusedMatMul::Epilogue::kRopeKvWrite;
+  if (rope && op.rope.head_dim % kernels::kFusedCols != 0) {
+    return absl::UnimplementedError(absl::StrCat(
+        "CUDA FusedMatMul's rope_kv_write epilogue takes head_dim a multiple of ",
+        kernels::kFusedCols, " (a block's columns hold whole RoPE pairs), got ",
+        op.rope.head_dim, " (the rope_kv_write_epilogue pass leaves such graphs alone)"));
   }
   auto node_state = std::make_unique<FusedMatmulNode>();
   kernels::FusedMatmulArgs& a = node_state->launch;
@@ -68,6 +78,18 @@ absl::StatusOr<std::unique_ptr<PreparedNode>> PrepareFusedMatmul(const ops::Fuse
     }
     a.n[g] = w.shape[0];
     n_total += w.shape[0];
+  }
+  if (rope) {
+    // The frequency table, made once and shared with the Rope and RopeKvWrite nodes of
+    // the same parameters; pointers to pos and the caches are bound at Run.
+    SG_RETURN_IF_ERROR(tables.PrepareNode(op.rope).status());
+    a.rope.inv_freq = tables.Find(op.rope);
+    if (a.rope.inv_freq == nullptr) return absl::InternalError("RoPE table missing after Prepare");
+    const Tensor& k_cache = graph.tensor(node.inputs[first_w + op.weights + 1]);
+    a.rope.kv_heads = k_cache.shape[1];
+    a.rope.seq = k_cache.shape[2];
+    a.rope.head_dim = op.rope.head_dim;
+    a.rope.interleaved = op.rope.interleaved;
   }
   a.splits = kernels::FusedSplitsFor(a, info.sm_count);
   const int64_t blocks = kernels::FusedColumnBlocks(a);
@@ -121,6 +143,13 @@ absl::Status CudaDispatch::Run(const ops::FusedMatMul& op, const NodeArgs& args)
   for (int g = 0; g < op.weights; ++g) a.w[g] = args.inputs[first_w + g].data;
   if (op.epilogue == ops::FusedMatMul::Epilogue::kAdd) {
     a.residual = args.inputs[first_w + op.weights].data;
+  }
+  if (op.epilogue == ops::FusedMatMul::Epilogue::kRopeKvWrite) {
+    const int p = first_w + op.weights;
+    a.rope.pos = args.inputs[p].as<const int32_t>();
+    a.rope.k_cache = args.inputs[p + 1].data;
+    a.rope.v_cache = args.inputs[p + 2].data;
+    a.rope.error_flags = error_flags_;
   }
   a.y = args.output.data;
   return ToStatus(kernels::LaunchFusedMatmul(a, stream_), "LaunchFusedMatmul");

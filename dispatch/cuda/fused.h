@@ -14,11 +14,14 @@ namespace sg::internal {
 class RopeTables;
 
 // Unimplemented for weights that are not of x's float dtype (quantized weights: the
-// passes leave those matmuls unfused) or more than kFusedMaxWeights weights.
+// passes leave those matmuls unfused), more than kFusedMaxWeights weights, or the
+// rope_kv_write epilogue with head_dim not a multiple of kFusedCols (4). That epilogue's
+// frequency table comes from `tables`.
 absl::StatusOr<std::unique_ptr<PreparedNode>> PrepareFusedMatmul(const ops::FusedMatMul& op,
                                                                 const Graph& graph,
                                                                 const Node& node,
-                                                                const CudaDeviceInfo& info);
+                                                                const CudaDeviceInfo& info,
+                                                                RopeTables& tables);
 absl::StatusOr<std::unique_ptr<PreparedNode>> PrepareRopeKvWrite(const ops::RopeKvWrite& op,
                                                                 RopeTables& tables);
 

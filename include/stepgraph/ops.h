@@ -138,7 +138,8 @@ struct Advance {};
 // A matmul of x[M,K] with `weights` matrices w_g[N_g, K] (one launch over several weight
 // pointers: weights are not concatenated in memory), with an optional RmsNorm of x folded
 // in front and an optional epilogue. Inputs, in order:
-//   x, [norm_w[K] when `norm`], w_0 .. w_{weights-1}, [residual when epilogue == kAdd].
+//   x, [norm_w[K] when `norm`], w_0 .. w_{weights-1}, [residual when epilogue == kAdd],
+//   [pos, k_cache, v_cache when epilogue == kRopeKvWrite].
 // With `norm`, x is first replaced by RmsNorm(x, norm_w, eps) exactly as ops::RmsNorm
 // rounds it. The product p = x·[w_0; ...; w_{g-1}]ᵀ is [M, ΣN_g] (the weights' columns
 // side by side, w_0's first), rounded to x's dtype as a MatMul output is. Then:
@@ -148,13 +149,20 @@ struct Advance {};
 //             as ops::SiluMul of the gate and up products).
 //   kArgmax:  weights == 1: output ids [M] i32, the argmax of each row of p (as
 //             ops::Argmax; p itself is not stored).
+//   kRopeKvWrite: weights == 3 (w_q [h·d, K], w_k and w_v [kvh·d, K]); three more
+//             inputs after the weights: pos[M] i32, k_cache, v_cache [slots, kvh, S, d]
+//             (States). Output ops::RopeKvWrite{rope}(p, pos, k_cache, v_cache): the
+//             rotated q [M, h·d], with the rotated k and the v written into the caches
+//             in place (same padding, out-of-range and error-flag rules). p itself is not
+//             stored. CUDA takes head_dim % 4 == 0 only.
 // w may be a quantized Weight on the CPU reference; CUDA takes float weights of x's dtype.
 struct FusedMatMul {
-  enum class Epilogue : uint8_t { kNone, kAdd, kSiluMul, kArgmax };
+  enum class Epilogue : uint8_t { kNone, kAdd, kSiluMul, kArgmax, kRopeKvWrite };
   bool norm = false;
   float eps = 1e-6f;
   int32_t weights = 1;  // 1 to 3
   Epilogue epilogue = Epilogue::kNone;
+  Rope rope;  // kRopeKvWrite only
 };
 
 // qkv[M, (h + 2·kvh)·d] (q, k and v side by side, as a grouped FusedMatMul writes them),

@@ -8,6 +8,8 @@
 //   qkv_rope_kv_write  q, k, v projections of one x -> one grouped FusedMatMul (three
 //                      weight pointers in one launch; weights are not concatenated in
 //                      memory), and Rope(q), Rope(k), KvWrite(k), KvWrite(v) -> RopeKvWrite
+//   rope_kv_write_epilogue  that FusedMatMul and its RopeKvWrite -> one FusedMatMul with
+//                      the kRopeKvWrite epilogue (head_dim a multiple of 4)
 //   gate_up_silu_mul   MatMul(gate), MatMul(up), SiluMul -> FusedMatMul with kSiluMul
 //   residual_add       MatMul then Add(residual, ·) -> FusedMatMul with kAdd
 //   norm_into_matmul   RmsNorm read only by matmuls -> each matmul normalises its input

@@ -1,8 +1,10 @@
 // What the single-run conformance cases cannot show about the fused matmul: its split-K
 // and argmax tickets are reset by the kernel itself, so one prepared node launched again
-// and again (as a replayed graph does) stays right. Each run gets new random inputs, the
-// output is poisoned first, and the result is compared with the CPU reference. GPU cases
-// GTEST_SKIP without a device.
+// and again (as a replayed graph does) stays right; and the rope_kv_write epilogue's
+// cache writes, checked row by row: the rows (slot, pos) it must write against the CPU
+// reference, every other cache element unchanged to the bit. Each run gets new random
+// inputs, the output is poisoned first, and the result is compared with the CPU
+// reference. GPU cases GTEST_SKIP without a device.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
@@ -133,6 +135,212 @@ TEST(FusedMatmulReplayTest, ArgmaxTicketResetsBetweenRuns) {
   if (!HasCudaDevice()) GTEST_SKIP() << "no CUDA device";
   RepeatedRuns(DType::kF32, 1, 2048, 3001, Epilogue::kArgmax);
   RepeatedRuns(DType::kF32, 2, 1024, 77, Epilogue::kArgmax);  // split-K and argmax
+}
+
+struct RopeCase {
+  DType t;
+  int64_t m, k, h, kvh, d;
+  bool interleaved, norm;
+  std::vector<int32_t> pos;  // m values; < 0 padding, >= kRopeSeq past the cache
+};
+constexpr int64_t kRopeSeq = 16;
+
+// FusedMatMul(kRopeKvWrite) on the GPU against the CPU reference, run three times on one
+// prepared node with new inputs each time.
+void RopeEpilogueRuns(const RopeCase& rc) {
+  SCOPED_TRACE(::testing::Message()
+               << DTypeName(rc.t) << " m=" << rc.m << " k=" << rc.k << " h=" << rc.h
+               << " kvh=" << rc.kvh << " d=" << rc.d << (rc.interleaved ? " interleaved" : "")
+               << (rc.norm ? " norm" : ""));
+  const DType t = rc.t;
+  ops::Rope rope{.head_dim = static_cast<int32_t>(rc.d), .theta = 500000.0f,
+                 .interleaved = rc.interleaved};
+  rope.scaling = {ops::RopeScaling::Type::kLlama3, 32.0f, 1.0f, 4.0f, 8192};
+  GraphBuilder b;
+  std::vector<TensorId> in = {b.Input("x", t, {rc.m, rc.k})};
+  if (rc.norm) in.push_back(b.Weight("norm_w", t, {rc.k}));
+  in.push_back(b.Weight("wq", t, {rc.h * rc.d, rc.k}));
+  in.push_back(b.Weight("wk", t, {rc.kvh * rc.d, rc.k}));
+  in.push_back(b.Weight("wv", t, {rc.kvh * rc.d, rc.k}));
+  in.push_back(b.Input("pos", DType::kI32, {rc.m}));
+  in.push_back(b.State("kc", t, {rc.m + 1, rc.kvh, kRopeSeq, rc.d}));
+  in.push_back(b.State("vc", t, {rc.m + 1, rc.kvh, kRopeSeq, rc.d}));
+  b.Output("q", b.FusedMatMul({.norm = rc.norm, .eps = 1e-5f, .weights = 3,
+                               .epilogue = Epilogue::kRopeKvWrite, .rope = rope},
+                              in));
+  absl::StatusOr<Graph> graph = std::move(b).Build();
+  ASSERT_TRUE(graph.ok()) << graph.status();
+  absl::StatusOr<ExecutionPlan> plan = ExecutionPlan::Create(*std::move(graph));
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  const Graph& g = plan->graph();
+
+  absl::StatusOr<UniqueStream> stream = CreateStream("fused rope test");
+  ASSERT_TRUE(stream.ok());
+  CudaDispatch::Options options;
+  options.stream = stream->get();
+  options.cuda = CudaOptionsFromTestEnvironment();
+  absl::StatusOr<std::unique_ptr<CudaDispatch>> gpu = CudaDispatch::Create(options);
+  ASSERT_TRUE(gpu.ok()) << gpu.status();
+  absl::StatusOr<PreparedPlan> prepared = (*gpu)->Prepare(*plan);
+  ASSERT_TRUE(prepared.ok()) << prepared.status();
+
+  // Bound tensors by index: host values (the CPU side runs on them in place) and a
+  // device copy; the caches' initial values are kept to check what must stay.
+  std::vector<int32_t> index;
+  std::vector<HostTensor> host, initial;
+  std::vector<DeviceMemory> device;
+  for (int32_t i = 0; i < g.num_tensors(); ++i) {
+    const Tensor& tensor = g.tensors()[i];
+    if (tensor.kind == TensorKind::kIntermediate) continue;
+    index.push_back(i);
+    host.emplace_back(tensor.dtype, tensor.shape);
+    initial.emplace_back(tensor.dtype, tensor.shape);
+    absl::StatusOr<DeviceMemory> mem = AllocateDevice(host.back().bytes(), "input");
+    ASSERT_TRUE(mem.ok());
+    device.push_back(*std::move(mem));
+  }
+  HostTensor cpu_arena(DType::kF32, Shape{plan->arena_bytes() / 4 + 1});
+  absl::StatusOr<DeviceMemory> arena = AllocateDevice(plan->arena_bytes() + 256, "arena");
+  ASSERT_TRUE(arena.ok());
+  CpuDispatch cpu;
+  const int32_t out = g.FindOutput("q")->index;
+  for (int run = 0; run < 3; ++run) {
+    SCOPED_TRACE(run);
+    Bindings cpu_bind(g), gpu_bind(g);
+    cpu_bind.SetArena(cpu_arena.data(), plan->arena_bytes());
+    gpu_bind.SetArena(arena->get(), plan->arena_bytes());
+    for (size_t h = 0; h < host.size(); ++h) {
+      const Tensor& tensor = g.tensors()[index[h]];
+      if (tensor.name == "pos") {
+        ASSERT_EQ(static_cast<int64_t>(rc.pos.size()), rc.m);
+        std::memcpy(host[h].data(), rc.pos.data(), host[h].bytes());
+      } else {
+        host[h].FillUniform(1000 * run + index[h] + 1, tensor.name == "norm_w" ? 0.5f : -1.0f,
+                            1.5f);
+      }
+      std::memcpy(initial[h].data(), host[h].data(), host[h].bytes());
+      ASSERT_EQ(cudaMemcpy(device[h].get(), host[h].data(), host[h].bytes(),
+                           cudaMemcpyHostToDevice),
+                cudaSuccess);
+      ASSERT_TRUE(cpu_bind.Bind(g.id(index[h]), host[h].data(), host[h].bytes()).ok());
+      ASSERT_TRUE(gpu_bind.Bind(g.id(index[h]), device[h].get(), host[h].bytes()).ok());
+    }
+    cpu_arena.Poison();
+    ASSERT_EQ(cudaMemset(arena->get(), 0xFF, plan->arena_bytes() + 256), cudaSuccess);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    ASSERT_TRUE(Execute(*plan, cpu_bind, cpu).ok());
+    absl::StatusOr<ExecStats> stats = Execute(*prepared, gpu_bind, **gpu);
+    ASSERT_TRUE(stats.ok()) << stats.status();
+    ASSERT_EQ(cudaStreamSynchronize(stream->get()), cudaSuccess);
+    const double tol = t == DType::kF32 ? 1e-5 : 1e-2;
+
+    const TensorArg c = ResolveTensor(*plan, cpu_bind, out);
+    const TensorArg d = ResolveTensor(*plan, gpu_bind, out);
+    HostTensor want(c.dtype, c.shape), got(d.dtype, d.shape);
+    std::memcpy(want.data(), c.data, c.bytes());
+    ASSERT_EQ(cudaMemcpy(got.data(), d.data, d.bytes(), cudaMemcpyDeviceToHost), cudaSuccess);
+    EXPECT_LE(NormalizedError(got.ToFloat(), want.ToFloat()), tol) << "q";
+
+    for (size_t h = 0; h < host.size(); ++h) {
+      const Tensor& tensor = g.tensors()[index[h]];
+      if (tensor.kind != TensorKind::kState) continue;
+      SCOPED_TRACE(tensor.name);
+      HostTensor cache(tensor.dtype, tensor.shape);
+      ASSERT_EQ(cudaMemcpy(cache.data(), device[h].get(), cache.bytes(), cudaMemcpyDeviceToHost),
+                cudaSuccess);
+      const std::vector<float> gpu_v = cache.ToFloat(), cpu_v = host[h].ToFloat();
+      const int64_t row = rc.d;  // elements of one (slot, head, pos) row
+      std::vector<float> got_rows, want_rows;
+      for (int64_t e = 0; e < cache.size(); e += row) {
+        const int64_t p = (e / row) % kRopeSeq;
+        const int64_t slot = e / (row * kRopeSeq * rc.kvh);
+        const bool written = slot < rc.m && rc.pos[slot] >= 0 && rc.pos[slot] < kRopeSeq &&
+                             p == rc.pos[slot];
+        if (written) {
+          got_rows.insert(got_rows.end(), gpu_v.begin() + e, gpu_v.begin() + e + row);
+          want_rows.insert(want_rows.end(), cpu_v.begin() + e, cpu_v.begin() + e + row);
+        } else {
+          EXPECT_EQ(std::memcmp(static_cast<const std::byte*>(cache.data()) + e * DTypeBytes(t),
+                                static_cast<const std::byte*>(initial[h].data()) +
+                                    e * DTypeBytes(t),
+                                row * DTypeBytes(t)),
+                    0)
+              << "element " << e << " was written (slot " << slot << ", position " << p << ")";
+        }
+      }
+      if (!want_rows.empty()) {
+        EXPECT_LE(NormalizedError(got_rows, want_rows), tol) << "written cache rows";
+      }
+    }
+    // The CPU reference's flags against the dispatcher's: a position past the cache
+    // raises kErrorPositionOutOfRange on both.
+    const uint32_t cpu_flags = cpu.TakeErrorFlags();
+    absl::StatusOr<uint32_t> gpu_flags = (*gpu)->TakeErrorFlags();
+    ASSERT_TRUE(gpu_flags.ok()) << gpu_flags.status();
+    EXPECT_EQ(*gpu_flags, cpu_flags);
+  }
+}
+
+TEST(FusedMatmulRopeTest, SplitChoiceForTheTestShapes) {
+  // Host-only: which shapes below take split-K on an H100 (132 SMs).
+  kernels::FusedMatmulArgs llama;
+  llama.m = 1;
+  llama.k = 2048;
+  llama.weights = 3;
+  llama.n[0] = 2048;
+  llama.n[1] = llama.n[2] = 512;
+  llama.epilogue = kernels::FusedEpilogue::kRopeKvWrite;
+  EXPECT_EQ(kernels::FusedSplitsFor(llama, 132), 1);
+  kernels::FusedMatmulArgs narrow = llama;
+  narrow.k = 4096;
+  narrow.n[0] = 128;
+  narrow.n[1] = narrow.n[2] = 64;
+  EXPECT_GT(kernels::FusedSplitsFor(narrow, 132), 1);
+}
+
+TEST(FusedMatmulRopeTest, EpilogueEqualsTheCpuReference) {
+  if (!HasCudaDevice()) GTEST_SKIP() << "no CUDA device";
+  for (DType t : {DType::kBF16, DType::kF16, DType::kF32}) {
+    for (bool interleaved : {false, true}) {
+      // The Llama-3.2-1B layer (no split-K), M = 1 and 2 (a padding row).
+      RopeEpilogueRuns({t, 1, 2048, 32, 8, 64, interleaved, false, {7}});
+      RopeEpilogueRuns({t, 2, 2048, 32, 8, 64, interleaved, true, {3, -1}});
+      // Narrow: split-K; a row past the cache (the error flag).
+      RopeEpilogueRuns({t, 2, 4096, 2, 1, 64, interleaved, false, {kRopeSeq, 15}});
+      RopeEpilogueRuns({t, 1, 4096, 2, 1, 64, interleaved, true, {0}});
+      // d 128 and d 16 (one and eight blocks per head half), odd K (scalar loads), M > 8
+      // (a second launch that writes slots 8 and 9).
+      RopeEpilogueRuns({t, 2, 512, 4, 2, 128, interleaved, false, {5, 9}});
+      RopeEpilogueRuns({t, 10, 130, 4, 2, 16, interleaved, true,
+                        {1, -1, 2, 3, 15, 0, 4, -1, 6, 11}});
+    }
+  }
+}
+
+TEST(FusedMatmulRopeTest, HeadDimNotAMultipleOfFourIsRefused) {
+  if (!HasCudaDevice()) GTEST_SKIP() << "no CUDA device";
+  GraphBuilder b;
+  const DType t = DType::kBF16;
+  ops::Rope rope{.head_dim = 6};
+  b.Output("q", b.FusedMatMul(
+                    {.weights = 3, .epilogue = Epilogue::kRopeKvWrite, .rope = rope},
+                    {b.Input("x", t, {1, 64}), b.Weight("wq", t, {12, 64}),
+                     b.Weight("wk", t, {6, 64}), b.Weight("wv", t, {6, 64}),
+                     b.Input("pos", DType::kI32, {1}), b.State("kc", t, {1, 1, 8, 6}),
+                     b.State("vc", t, {1, 1, 8, 6})}));
+  absl::StatusOr<Graph> graph = std::move(b).Build();
+  ASSERT_TRUE(graph.ok()) << graph.status();
+  absl::StatusOr<ExecutionPlan> plan = ExecutionPlan::Create(*std::move(graph));
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  CudaDispatch::Options options;
+  options.cuda = CudaOptionsFromTestEnvironment();
+  absl::StatusOr<std::unique_ptr<CudaDispatch>> gpu = CudaDispatch::Create(options);
+  ASSERT_TRUE(gpu.ok()) << gpu.status();
+  absl::StatusOr<PreparedPlan> prepared = (*gpu)->Prepare(*plan);
+  ASSERT_FALSE(prepared.ok());
+  EXPECT_EQ(prepared.status().code(), absl::StatusCode::kUnimplemented) << prepared.status();
+  EXPECT_NE(prepared.status().message().find("head_dim"), std::string::npos)
+      << prepared.status();
 }
 
 }  // namespace

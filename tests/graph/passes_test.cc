@@ -44,17 +44,23 @@ LlamaGraphOptions DecodeOptions(bool closed_loop, int64_t batch = 1) {
 TEST(PassesTest, Llama1BStepHasAtMost100Nodes) {
   const LlamaConfig c = Llama32_1BConfig();
   // Open loop, logits read: the plain step has embedding, 17 nodes per layer, final norm,
-  // lm head and argmax; the fused one 6 per layer (qkv, rope_kv_write, attention, o,
-  // gate_up, down) and lm head + argmax.
+  // lm head and argmax; the fused one 5 per layer (qkv with RoPE and the cache writes,
+  // attention, o, gate_up, down) and lm head + argmax.
   absl::StatusOr<Graph> plain = BuildLlamaDecodeGraph(c, DecodeOptions(false));
   ASSERT_TRUE(plain.ok()) << plain.status();
   EXPECT_EQ(plain->num_nodes(), 1 + 16 * 17 + 3);
   absl::StatusOr<Graph> fused = RunPasses(*plain);
   ASSERT_TRUE(fused.ok()) << fused.status();
-  EXPECT_EQ(fused->num_nodes(), 99) << fused->ToString();
+  EXPECT_EQ(fused->num_nodes(), 83) << fused->ToString();
   std::map<std::string, int> ops = OpCounts(*fused);
   EXPECT_EQ(ops["FusedMatMul"], 16 * 4 + 1);
-  EXPECT_EQ(ops["RopeKvWrite"], 16);
+  EXPECT_EQ(ops.count("RopeKvWrite"), 0u);
+  int rope_epilogues = 0;
+  for (const Node& n : fused->nodes()) {
+    const auto* f = std::get_if<ops::FusedMatMul>(&n.op);
+    rope_epilogues += f != nullptr && f->epilogue == ops::FusedMatMul::Epilogue::kRopeKvWrite;
+  }
+  EXPECT_EQ(rope_epilogues, 16);
   EXPECT_EQ(ops["Attention"], 16);
   EXPECT_EQ(ops["Argmax"], 1);
   EXPECT_EQ(ops["Embedding"], 1);
@@ -63,21 +69,32 @@ TEST(PassesTest, Llama1BStepHasAtMost100Nodes) {
             0u);
 
   // The closed loop (the session's step) with the logits unread: the lm head chooses the
-  // id itself, 100 nodes.
+  // id itself, 84 nodes.
   absl::StatusOr<Graph> loop = BuildLlamaDecodeGraph(c, DecodeOptions(true));
   ASSERT_TRUE(loop.ok());
   PassOptions unread;
   unread.unread_outputs = {kLogitsOutput};
   absl::StatusOr<Graph> loop_fused = RunPasses(*loop, unread);
   ASSERT_TRUE(loop_fused.ok()) << loop_fused.status();
-  EXPECT_EQ(loop_fused->num_nodes(), 100);
+  EXPECT_EQ(loop_fused->num_nodes(), 84);
   EXPECT_EQ(OpCounts(*loop_fused)["Argmax"], 0);
   EXPECT_FALSE(loop_fused->FindOutput(kLogitsOutput).ok());
-  // With the logits read they stay a MatMul output and the argmax stays a node: 101.
+  // With the logits read they stay a MatMul output and the argmax stays a node: 85.
   absl::StatusOr<Graph> loop_logits = RunPasses(*loop);
   ASSERT_TRUE(loop_logits.ok());
-  EXPECT_EQ(loop_logits->num_nodes(), 101);
+  EXPECT_EQ(loop_logits->num_nodes(), 85);
   EXPECT_TRUE(loop_logits->FindOutput(kLogitsOutput).ok());
+  // The session's step with the default passes (the 33 RmsNorms stay): 118 nodes, 134
+  // with the RopeKvWrite nodes kept.
+  absl::StatusOr<Graph> loop_default = RunPasses(*loop, DefaultPassOptions());
+  ASSERT_TRUE(loop_default.ok());
+  EXPECT_EQ(loop_default->num_nodes(), 118);
+  PassOptions keep_rope = DefaultPassOptions();
+  keep_rope.disabled.insert("rope_kv_write_epilogue");
+  absl::StatusOr<Graph> loop_rope_node = RunPasses(*loop, keep_rope);
+  ASSERT_TRUE(loop_rope_node.ok());
+  EXPECT_EQ(loop_rope_node->num_nodes(), 134);
+  EXPECT_EQ(OpCounts(*loop_rope_node)["RopeKvWrite"], 16);
 }
 
 TEST(PassesTest, EachPassCanBeSwitchedOff) {
@@ -96,10 +113,17 @@ TEST(PassesTest, EachPassCanBeSwitchedOff) {
     EXPECT_GT(g->num_nodes(), 0);
     EXPECT_TRUE(g->Validate().ok());
     // Only this pass: something changes for every pass but lm_head_argmax (logits read).
-    absl::StatusOr<Graph> one = RunPass(name, *plain);
+    // rope_kv_write_epilogue fuses what qkv_rope_kv_write made, so it runs on that.
+    Graph before = *plain;
+    if (name == "rope_kv_write_epilogue") {
+      absl::StatusOr<Graph> qkv = RunPass("qkv_rope_kv_write", *plain);
+      ASSERT_TRUE(qkv.ok()) << qkv.status();
+      before = *std::move(qkv);
+    }
+    absl::StatusOr<Graph> one = RunPass(name, before);
     ASSERT_TRUE(one.ok()) << name << ": " << one.status();
     if (name != "lm_head_argmax") {
-      EXPECT_LT(one->num_nodes(), plain->num_nodes()) << name;
+      EXPECT_LT(one->num_nodes(), before.num_nodes()) << name;
     }
   }
   PassOptions bad;
@@ -428,6 +452,80 @@ TEST(PassesTest, RopeKvWriteEqualsRopeAndKvWrites) {
   }
 }
 
+// FusedMatMul(q, k, v) then RopeKvWrite, as qkv_rope_kv_write leaves them, with a
+// head_dim of `d` and `readers` extra readers of the product.
+absl::StatusOr<Graph> QkvThenRopeKvWrite(DType t, int64_t d, bool interleaved, bool norm,
+                                         bool product_read_elsewhere) {
+  const int64_t rows = 3, k = 40, kvh = 2, seq = 8, h = 4;
+  ops::Rope rope{.head_dim = static_cast<int32_t>(d), .theta = 10000.0f,
+                 .interleaved = interleaved};
+  rope.scaling = {ops::RopeScaling::Type::kLlama3, 8.0f, 1.0f, 4.0f, 64};
+  GraphBuilder b;
+  std::vector<TensorId> in = {b.Input("x", t, {rows, k})};
+  if (norm) in.push_back(b.Weight("norm_w", t, {k}));
+  in.push_back(b.Weight("wq", t, {h * d, k}));
+  in.push_back(b.Weight("wk", t, {kvh * d, k}));
+  in.push_back(b.Weight("wv", t, {kvh * d, k}));
+  TensorId pos = b.Input("pos", DType::kI32, {rows});
+  TensorId kc = b.State("kc", t, {rows, kvh, seq, d});
+  TensorId vc = b.State("vc", t, {rows, kvh, seq, d});
+  TensorId qkv = b.FusedMatMul({.norm = norm, .eps = 1e-5f, .weights = 3}, in, "qkv");
+  b.Output("q", b.RopeKvWrite(qkv, pos, kc, vc, rope, "rope_kv"));
+  if (product_read_elsewhere) b.Output("qkv", qkv);
+  return std::move(b).Build();
+}
+
+TEST(PassesTest, RopeKvWriteEpilogueEqualsFusedMatMulThenRopeKvWrite) {
+  // Rows: a live one, a padding row and one past the cache (the error flag), compared
+  // bit for bit with the two nodes: q, both caches and the flags.
+  for (DType t : {DType::kF32, DType::kBF16, DType::kF16}) {
+    for (bool interleaved : {false, true}) {
+      for (bool norm : {false, true}) {
+        SCOPED_TRACE(absl::StrCat(DTypeName(t), interleaved ? " interleaved" : "",
+                                  norm ? " norm" : ""));
+        absl::StatusOr<Graph> plain = QkvThenRopeKvWrite(t, 12, interleaved, norm, false);
+        ASSERT_TRUE(plain.ok()) << plain.status();
+        absl::StatusOr<Graph> fused = RunPass("rope_kv_write_epilogue", *plain);
+        ASSERT_TRUE(fused.ok()) << fused.status();
+        ASSERT_EQ(fused->num_nodes(), 1) << fused->ToString();
+        const auto* f = std::get_if<ops::FusedMatMul>(&fused->nodes()[0].op);
+        ASSERT_NE(f, nullptr);
+        EXPECT_EQ(f->epilogue, ops::FusedMatMul::Epilogue::kRopeKvWrite);
+        EXPECT_EQ(f->norm, norm);
+        EXPECT_EQ(f->rope.interleaved, interleaved);
+        const auto bound = RandomBound(*plain, 11, {}, {4, -1, 9});
+        ExpectSameResults(*plain, *fused, bound);
+        uint32_t flags = 0;
+        std::memcpy(&flags, RunOnCpu(*fused, bound).at("error_flags").data(), 4);
+        EXPECT_NE(flags, 0u) << "position 9 is past a cache of 8";
+      }
+    }
+  }
+}
+
+TEST(PassesTest, RopeKvWriteEpilogueNeedsWholePairsPerFourColumns) {
+  // head_dim 6: a block of four product columns would split a RoPE pair; and a product
+  // that something else reads must stay stored.
+  for (auto [d, read_elsewhere] : {std::pair{6, false}, std::pair{8, true}}) {
+    absl::StatusOr<Graph> plain = QkvThenRopeKvWrite(DType::kF32, d, false, false,
+                                                     read_elsewhere);
+    ASSERT_TRUE(plain.ok()) << plain.status();
+    absl::StatusOr<Graph> out = RunPasses(*plain);
+    ASSERT_TRUE(out.ok()) << out.status();
+    EXPECT_EQ(OpCounts(*out)["RopeKvWrite"], 1) << "d=" << d;
+  }
+  // The full step with head_dim 6 keeps its RopeKvWrite nodes and still equals plain.
+  LlamaConfig c = TinyLlamaConfig();
+  c.head_dim = 6;
+  c.num_hidden_layers = 1;
+  absl::StatusOr<Graph> plain = BuildLlamaDecodeGraph(c, DecodeOptions(false, 2));
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  absl::StatusOr<Graph> fused = RunPasses(*plain);
+  ASSERT_TRUE(fused.ok()) << fused.status();
+  EXPECT_EQ(OpCounts(*fused)["RopeKvWrite"], 1);
+  ExpectSameResults(*plain, *fused, RandomBound(*plain, 4, {5, 9}, {3, 7}));
+}
+
 TEST(PassesTest, FusedOpsRejectBadShapes) {
   GraphBuilder b;
   TensorId x = b.Input("x", DType::kF32, {2, 8});
@@ -457,6 +555,31 @@ TEST(PassesTest, FusedOpsRejectBadShapes) {
   TensorId qkv2 = r.Input("qkv2", DType::kF32, {1, 36});
   r.RopeKvWrite(qkv2, pos, kc, vc, rope);  // 4 columns of q: not whole heads
   EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+
+  // The rope_kv_write epilogue: three weights whose k and v match the caches.
+  const ops::FusedMatMul rope_op{.weights = 3, .epilogue = ops::FusedMatMul::Epilogue::kRopeKvWrite,
+                                 .rope = rope};
+  auto epilogue = [&](int64_t nq, int64_t nk, int64_t nv) {
+    GraphBuilder e;
+    TensorId ex = e.Input("x", DType::kF32, {1, 8});
+    e.FusedMatMul(rope_op,
+                  {ex, e.Weight("wq", DType::kF32, {nq, 8}), e.Weight("wk", DType::kF32, {nk, 8}),
+                   e.Weight("wv", DType::kF32, {nv, 8}), e.Input("pos", DType::kI32, {1}),
+                   e.State("kc", DType::kF32, {1, 2, 16, 8}),
+                   e.State("vc", DType::kF32, {1, 2, 16, 8})});
+    return e.status();
+  };
+  EXPECT_TRUE(epilogue(24, 16, 16).ok()) << epilogue(24, 16, 16);
+  EXPECT_EQ(epilogue(24, 8, 16).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(epilogue(20, 16, 16).code(), absl::StatusCode::kInvalidArgument);  // 2.5 heads
+  GraphBuilder two;
+  two.FusedMatMul({.weights = 2, .epilogue = ops::FusedMatMul::Epilogue::kRopeKvWrite,
+                   .rope = rope},
+                  {two.Input("x", DType::kF32, {1, 8}), two.Weight("wq", DType::kF32, {8, 8}),
+                   two.Weight("wk", DType::kF32, {16, 8}), two.Input("pos", DType::kI32, {1}),
+                   two.State("kc", DType::kF32, {1, 2, 16, 8}),
+                   two.State("vc", DType::kF32, {1, 2, 16, 8})});
+  EXPECT_EQ(two.status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

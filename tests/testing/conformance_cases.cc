@@ -303,6 +303,44 @@ std::vector<OpCase> ConformanceCases() {
            // may break a tie the other way.
            .exact_ids = !ids || t == DType::kF32});
     }
+    // The rope_kv_write epilogue: q, k and v of a Llama-3.2-1B layer (q/k/v at 2048 x
+    // 2048/512/512, d 64, llama3 scaling) at M = 1 and 2 (with the folded norm), a narrow
+    // one that takes split-K, interleaved pairs, d 128, and M > 8 (two launches: the second
+    // writes cache slots 8 and up). Positions include a padding row and one past the cache.
+    struct Rk { int64_t m, k, h, kvh, d; bool norm, interleaved; };
+    const std::vector<Rk> rope_shapes = {
+        {1, 2048, 32, 8, 64, false, false}, {2, 2048, 32, 8, 64, true, false},
+        {3, 4096, 2, 1, 16, false, false},  {2, 512, 4, 2, 32, true, true},
+        {1, 256, 2, 1, 128, false, true},   {10, 128, 4, 2, 16, true, false},
+    };
+    for (const Rk& f : rope_shapes) {
+      add({.name = Name("FusedMatMul", t,
+                        absl::StrCat("rope_kv_write/", f.m, "x", f.k, "/h", f.h, "kv", f.kvh,
+                                     "d", f.d, f.norm ? "/norm" : "",
+                                     f.interleaved ? "/interleaved" : "")),
+           .build = [=](GraphBuilder& b) {
+             ops::Rope rope{.head_dim = static_cast<int32_t>(f.d), .theta = 500000.0f,
+                            .interleaved = f.interleaved};
+             rope.scaling = {ops::RopeScaling::Type::kLlama3, 32.0f, 1.0f, 4.0f, 8192};
+             ops::FusedMatMul op{.norm = f.norm, .eps = 1e-5f, .weights = 3,
+                                 .epilogue = Epilogue::kRopeKvWrite, .rope = rope};
+             std::vector<TensorId> in = {b.Input("x", t, {f.m, f.k})};
+             if (f.norm) in.push_back(b.Weight("norm_w", t, {f.k}));
+             in.push_back(b.Weight("wq", t, {f.h * f.d, f.k}));
+             in.push_back(b.Weight("wk", t, {f.kvh * f.d, f.k}));
+             in.push_back(b.Weight("wv", t, {f.kvh * f.d, f.k}));
+             in.push_back(b.Input("pos", DType::kI32, {f.m}));
+             TensorId kc = b.State("kc", t, {f.m + 1, f.kvh, 32, f.d});
+             TensorId vc = b.State("vc", t, {f.m + 1, f.kvh, 32, f.d});
+             in.push_back(kc);
+             in.push_back(vc);
+             b.Output("q", b.FusedMatMul(op, in));
+             b.Output("kc_out", kc);
+             b.Output("vc_out", vc);
+           },
+           .tolerance = Tol(t),
+           .int_values = {{"pos", std::vector<int32_t>{7, -1, 40, 31, 0, 12, 5, -1, 30, 2}}}});
+    }
     for (int64_t rows : {1, 3}) {
       add({.name = Name("RopeKvWrite", t, absl::StrCat("rows", rows)),
            .build = [=](GraphBuilder& b) {

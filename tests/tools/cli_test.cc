@@ -190,10 +190,15 @@ TEST(CliTest, GraphPrintsTheSummaryAndWritesDot) {
   ASSERT_EQ(r.exit_code, 0) << r.err;
   // The default passes leave each layer's two RmsNorms (norm_into_matmul is off);
   // --passes all folds them too; --no-fuse prints the plain graph (17 nodes per layer).
-  EXPECT_TRUE(absl::StrContains(r.out, "graph: batch 2, 38 nodes")) << r.out;
+  EXPECT_TRUE(absl::StrContains(r.out, "graph: batch 2, 34 nodes")) << r.out;
   const Result all = RunProgram("graph --batch 2 --passes all");
   ASSERT_EQ(all.exit_code, 0) << all.err;
-  EXPECT_TRUE(absl::StrContains(all.out, "graph: batch 2, 29 nodes")) << all.out;
+  EXPECT_TRUE(absl::StrContains(all.out, "graph: batch 2, 25 nodes")) << all.out;
+  // Without the RoPE + cache-write epilogue each layer keeps its RopeKvWrite node.
+  const Result rope_node = RunProgram("graph --batch 2 --passes -norm_into_matmul,"
+                                      "-rope_kv_write_epilogue");
+  ASSERT_EQ(rope_node.exit_code, 0) << rope_node.err;
+  EXPECT_TRUE(absl::StrContains(rope_node.out, "graph: batch 2, 38 nodes")) << rope_node.out;
   const Result plain = RunProgram("graph --batch 2 --no-fuse");
   ASSERT_EQ(plain.exit_code, 0) << plain.err;
   EXPECT_TRUE(absl::StrContains(plain.out, "graph: batch 2, 74 nodes")) << plain.out;
