@@ -7,6 +7,8 @@
 //   Decode/<eager|replayed>/pos:<p>   batch 1 at context position p (100, 1000)
 //   Bucket/replayed/batch:<b>         b sequences (buckets 1, 2, 4, 8, 16) at position 100
 //   Decode/all_passes/pos:<p>         batch 1, replayed, with every graph pass
+//   Decode/no_rope_epilogue/pos:<p>   batch 1, replayed, default passes but
+//                                     rope_kv_write_epilogue (a RopeKvWrite node per layer)
 // The floor is the time to read every weight once at the bandwidth of a 1 GiB
 // device-to-device cudaMemcpyAsync measured in the same run, counted as bytes read plus
 // bytes written: floor = weight bytes / copy bandwidth; `floor_ratio` = floor / median
@@ -57,6 +59,8 @@ struct Context {
   std::unique_ptr<DecodeSession> unfused;
   // Batch 1 with every graph pass (norm_into_matmul too).
   std::unique_ptr<DecodeSession> all_passes;
+  // Batch 1 with the default passes but the RoPE epilogue of the q/k/v matmul.
+  std::unique_ptr<DecodeSession> no_rope_epilogue;
   double copy_bytes_per_s = 0;  // read + write
   double floor_ms = 0;
   double replayed_ms_at_100 = 0;
@@ -244,6 +248,9 @@ absl::Status Setup() {
   o.buckets = {1};
   o.passes = PassOptions{};
   SG_ASSIGN_OR_RETURN(g->all_passes, DecodeSession::Create(o));
+  o.passes = DefaultPassOptions();
+  o.passes.disabled.insert("rope_kv_write_epilogue");
+  SG_ASSIGN_OR_RETURN(g->no_rope_epilogue, DecodeSession::Create(o));
   const ExecutionPlan* fused_plan = g->session->plan(1);
   const ExecutionPlan* plain_plan = g->unfused->plan(1);
   if (fused_plan == nullptr || plain_plan == nullptr) return absl::InternalError("no bucket 1");
@@ -288,7 +295,8 @@ int main(int argc, char** argv) {
     }
     for (const auto& [name, other] :
          {std::pair<const char*, sg::DecodeSession*>{"replayed_unfused", context.unfused.get()},
-          {"all_passes", context.all_passes.get()}}) {
+          {"all_passes", context.all_passes.get()},
+          {"no_rope_epilogue", context.no_rope_epilogue.get()}}) {
       benchmark::RegisterBenchmark(absl::StrCat("Decode/", name, "/pos:", position).c_str(),
                                    sg::BM_DecodeOther, position, other)
           ->UseManualTime()
@@ -313,5 +321,6 @@ int main(int argc, char** argv) {
   context.eager.reset();
   context.unfused.reset();
   context.all_passes.reset();
+  context.no_rope_epilogue.reset();
   return 0;
 }
