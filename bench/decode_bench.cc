@@ -9,6 +9,12 @@
 //   Decode/all_passes/pos:<p>         batch 1, replayed, with every graph pass
 //   Decode/no_rope_epilogue/pos:<p>   batch 1, replayed, default passes but
 //                                     rope_kv_write_epilogue (a RopeKvWrite node per layer)
+//   Quant/<q8_0|q4_0|q4_k_m>/pos:100  batch 1, replayed, the same shape with block-format
+//                                     weights (random blocks): every matrix in Q8_0 or
+//                                     Q4_0, or a Q4_K_M file's mix; the floor is their
+//                                     own weight bytes. Made on first use (quantizing the
+//                                     1.2B weights takes a while), so filter them out to
+//                                     skip it.
 // The floor is the time to read every weight once at the bandwidth of a 1 GiB
 // device-to-device cudaMemcpyAsync measured in the same run, counted as bytes read plus
 // bytes written: floor = weight bytes / copy bandwidth; `floor_ratio` = floor / median
@@ -31,6 +37,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "capture/timing.h"
@@ -61,6 +68,8 @@ struct Context {
   std::unique_ptr<DecodeSession> all_passes;
   // Batch 1 with the default passes but the RoPE epilogue of the q/k/v matmul.
   std::unique_ptr<DecodeSession> no_rope_epilogue;
+  // The quantized models (BM_Quant), made on first use.
+  std::map<int, std::unique_ptr<DecodeSession>> quant;
   double copy_bytes_per_s = 0;  // read + write
   double floor_ms = 0;
   double replayed_ms_at_100 = 0;
@@ -115,6 +124,60 @@ void BM_Decode(benchmark::State& state, int64_t position, bool eager) {
   if (absl::Status s = TimeSteps(state, 1, position, eager); !s.ok()) {
     state.SkipWithError(s.ToString().c_str());
   }
+}
+
+// Quantized models: each matrix (rank-2 weight, the embedding table included) in the
+// dtype `pick` gives for its name.
+template <typename Pick>
+absl::StatusOr<LlamaConfig> Quantized(LlamaConfig c, Pick pick) {
+  SG_ASSIGN_OR_RETURN(const Graph graph, BuildLlamaDecodeGraph(c, {.max_seq = 16}));
+  for (const Tensor& w : graph.tensors()) {
+    if (w.kind == TensorKind::kWeight && w.shape.rank() == 2) c.weight_dtypes[w.name] = pick(w.name);
+  }
+  return c;
+}
+
+// The storage of matrix `name` in a Q4_K_M file: Q4_K for most, Q6_K for the value and
+// down projections and the output head, Q8_0 for the embedding table.
+DType Q4KMix(const std::string& name) {
+  if (absl::StrContains(name, "embed_tokens")) return DType::kQ8_0;
+  if (absl::StrContains(name, "v_proj") || absl::StrContains(name, "down_proj") ||
+      absl::StrContains(name, "lm_head")) {
+    return DType::kQ6_K;
+  }
+  return DType::kQ4_K;
+}
+
+void BM_Quant(benchmark::State& state, int which) {
+  std::unique_ptr<DecodeSession>& s = g->quant[which];
+  absl::Status status;
+  if (s == nullptr) {
+    absl::StatusOr<LlamaConfig> config = Quantized(Llama32_1BConfig(), [which](const std::string& n) {
+      return which == 0 ? DType::kQ8_0 : which == 1 ? DType::kQ4_0 : Q4KMix(n);
+    });
+    status = config.status();
+    if (status.ok()) {
+      SessionOptions o;
+      o.config = *std::move(config);
+      o.backend = Backend::kCuda;
+      o.max_slots = 1;
+      o.max_seq = kMaxSeq;
+      o.buckets = {1};
+      absl::StatusOr<std::unique_ptr<DecodeSession>> made = DecodeSession::Create(o);
+      status = made.status();
+      if (status.ok()) s = *std::move(made);
+    }
+  }
+  if (status.ok()) status = TimeSteps(state, 1, kBucketPosition, false, s.get());
+  if (!status.ok()) {
+    state.SkipWithError(status.ToString().c_str());
+    return;
+  }
+  // The floor of these weights' own bytes.
+  const double floor_ms = 1e3 * static_cast<double>(s->weight_bytes()) / g->copy_bytes_per_s;
+  state.counters["floor_ms"] = floor_ms;
+  state.counters["floor_ratio"] = floor_ms / state.counters["median_ms"];
+  state.counters["weight_gb"] = static_cast<double>(s->weight_bytes()) * 1e-9;
 }
 
 // Batch 1 through another session: the plain graph, or every pass.
@@ -311,6 +374,14 @@ int main(int argc, char** argv) {
         ->Iterations(sg::kSteps)
         ->Unit(benchmark::kMicrosecond);
   }
+  for (const auto& [which, name] :
+       {std::pair<int, const char*>{0, "q8_0"}, {1, "q4_0"}, {2, "q4_k_m"}}) {
+    benchmark::RegisterBenchmark(absl::StrCat("Quant/", name, "/pos:100").c_str(), sg::BM_Quant,
+                                 which)
+        ->UseManualTime()
+        ->Iterations(sg::kSteps)
+        ->Unit(benchmark::kMicrosecond);
+  }
   benchmark::RunSpecifiedBenchmarks();
   if (absl::Status s = sg::PrintKernelTable(); !s.ok()) {
     std::fprintf(stderr, "decode_bench: per-kernel breakdown failed: %s\n", s.ToString().c_str());
@@ -322,5 +393,6 @@ int main(int argc, char** argv) {
   context.unfused.reset();
   context.all_passes.reset();
   context.no_rope_epilogue.reset();
+  context.quant.clear();
   return 0;
 }
