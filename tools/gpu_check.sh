@@ -67,17 +67,31 @@ if [[ $what == tests || $what == all ]]; then
 fi
 if [[ $what == sanitize || $what == all ]]; then
   # compute-sanitizer over the test binaries that launch kernels: memcheck over each,
-  # racecheck and synccheck over the kernel suites. Findings make the tool exit non-zero.
+  # racecheck and synccheck over the kernel suites, SG_SANITIZE_JOBS (8) at a time. A
+  # finding makes the tool exit 9. Left out, with the reason:
+  #  - memcheck reports every failed CUDA call, so the two tests that provoke one on
+  #    purpose (a launch into a capturing legacy stream, a kernel name a module lacks);
+  #  - racecheck reports hazards inside cuBLASLt's own kernels (nvjet_*), so the cases
+  #    that run them (MatMul, the Llama graphs); they run under memcheck and synccheck.
+  #    (--kernel-name-exclude kns=nvjet is no way out: cuBLASLt's launches then fault.)
+  # Never run it beside the benchmarks: it shares the GPU and their times mean nothing.
+  # racecheck over cuda_sampling_test needs more than 400 s on an H100.
   cs=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+  export cs b
   for t in $(cd $b/tests && ls *cuda*_test c_api_test step_runner_test session_test 2>/dev/null); do
-    for tool in memcheck racecheck synccheck; do
-      if [[ $tool != memcheck && $t != cuda_*_test ]]; then continue; fi
-      echo "=== $tool $t" >> "$out/sanitize.txt"
-      timeout "${SG_SANITIZE_TIMEOUT:-300}" "$cs" --tool "$tool" --error-exitcode 9 \
-        ${SG_SANITIZE_EXTRA:-} "$b/tests/$t" --gtest_brief=1 >> "$out/sanitize.txt" 2>&1
-      summary+=("$tool $t rc=$?")
-    done
-  done
+    echo "memcheck $t -CApiGpuTest.RefusedLaunchIsLaunchFailed:NvrtcCudaTest.ModulesAreLoadedOncePerDevice"
+    if [[ $t == cuda_*_test ]]; then
+      echo "racecheck $t -*/MatMul_*:*/Llama_*:*/LlamaFused_*"
+      echo "synccheck $t *"
+    fi
+  done > /tmp/sanitize-jobs
+  mkdir -p /tmp/sanitize
+  xargs -P "${SG_SANITIZE_JOBS:-8}" -L 1 sh -c 'timeout "${SG_SANITIZE_TIMEOUT:-300}" \
+      "$cs" --tool "$0" --error-exitcode 9 "$b/tests/$1" --gtest_brief=1 "--gtest_filter=$2" \
+      > "/tmp/sanitize/$0.$1.log" 2>&1; echo "$0 $1 rc=$?"' < /tmp/sanitize-jobs > /tmp/sanitize/rc
+  cat /tmp/sanitize/rc
+  cat /tmp/sanitize/*.log > "$out/sanitize.txt"
+  summary+=("sanitize: $(grep -vc 'rc=0$' /tmp/sanitize/rc) of $(wc -l < /tmp/sanitize/rc) runs not clean")
 fi
 if [[ $what == bench || $what == all ]]; then
   # SG_BENCHES names the benchmarks to run (default: every one built). All their output
