@@ -52,7 +52,7 @@ struct Decoded {
   std::vector<float> logits;
 };
 
-Decoded Decode(const LlamaConfig& config, Backend backend) {
+Decoded Decode(const LlamaConfig& config, Backend backend, int64_t new_tokens) {
   Decoded out;
   SessionOptions o;
   o.config = config;
@@ -68,7 +68,7 @@ Decoded Decode(const LlamaConfig& config, Backend backend) {
   std::vector<int32_t> prompt(7);
   for (int32_t& p : prompt) p = id(rng);
   EXPECT_TRUE((*s)->Prefill(0, prompt).ok());
-  absl::StatusOr<std::vector<int32_t>> ids = (*s)->Generate(0, 12);
+  absl::StatusOr<std::vector<int32_t>> ids = (*s)->Generate(0, new_tokens);
   EXPECT_TRUE(ids.ok()) << ids.status();
   if (ids.ok()) out.ids = *ids;
   absl::StatusOr<std::vector<float>> logits = (*s)->Logits(0);
@@ -77,10 +77,10 @@ Decoded Decode(const LlamaConfig& config, Backend backend) {
   return out;
 }
 
-void ExpectCudaEqualsCpu(const LlamaConfig& config) {
-  const Decoded cpu = Decode(config, Backend::kCpu);
-  const Decoded gpu = Decode(config, Backend::kCuda);
-  ASSERT_EQ(cpu.ids.size(), 12u);
+void ExpectCudaEqualsCpu(const LlamaConfig& config, int64_t new_tokens = 12) {
+  const Decoded cpu = Decode(config, Backend::kCpu, new_tokens);
+  const Decoded gpu = Decode(config, Backend::kCuda, new_tokens);
+  ASSERT_EQ(cpu.ids.size(), static_cast<size_t>(new_tokens));
   EXPECT_EQ(gpu.ids, cpu.ids);
   EXPECT_LE(testing::NormalizedError(gpu.logits, cpu.logits), 1e-4);
 }
@@ -106,17 +106,50 @@ INSTANTIATE_TEST_SUITE_P(Formats, QuantSessionCudaTest,
 // The mix of a Q4_K_M file: Q4_K for most matrices, Q6_K for the value and down
 // projections and the output head, Q8_0 for the embedding table. (f32 activations: in
 // bf16 the two sides' roundings may legitimately flip a near tie of the greedy pick.)
+DType Q4KMixPick(const std::string& name) {
+  if (absl::StrContains(name, "embed_tokens")) return DType::kQ8_0;
+  if (absl::StrContains(name, "v_proj") || absl::StrContains(name, "down_proj") ||
+      absl::StrContains(name, "lm_head")) {
+    return DType::kQ6_K;
+  }
+  return DType::kQ4_K;
+}
+
 TEST(QuantSessionCudaMixedTest, MixedFormats) {
   if (!CudaDeviceFound()) GTEST_SKIP() << "no CUDA device";
-  ExpectCudaEqualsCpu(Quantized(SmallConfig(), [](const std::string& name) {
-    if (absl::StrContains(name, "embed_tokens")) return DType::kQ8_0;
-    if (absl::StrContains(name, "v_proj") || absl::StrContains(name, "down_proj") ||
-        absl::StrContains(name, "lm_head")) {
-      return DType::kQ6_K;
-    }
-    return DType::kQ4_K;
-  }));
+  ExpectCudaEqualsCpu(Quantized(SmallConfig(), Q4KMixPick));
 }
+
+// The Llama-3.2-1B shape (16 layers, a 128256-id vocabulary, tied embeddings) as
+// decode_bench's Quant rows time it: every matrix in Q8_0 or Q4_0, or the Q4_K_M mix;
+// 32 greedy ids on the GPU against the CPU reference's (f32 activations, as above). Most
+// of its time is the CPU reference's, on every core.
+class Quant1BCudaTest : public ::testing::TestWithParam<int> {
+ protected:
+  void SetUp() override {
+    if (!CudaDeviceFound()) GTEST_SKIP() << "no CUDA device";
+  }
+};
+
+TEST_P(Quant1BCudaTest, ThirtyTwoGreedyIdsEqualTheCpuReference) {
+  LlamaConfig c = Llama32_1BConfig();
+  c.dtype = DType::kF32;
+  const int which = GetParam();
+  ExpectCudaEqualsCpu(Quantized(c,
+                                [which](const std::string& name) {
+                                  return which == 0   ? DType::kQ8_0
+                                         : which == 1 ? DType::kQ4_0
+                                                      : Q4KMixPick(name);
+                                }),
+                      32);
+}
+
+INSTANTIATE_TEST_SUITE_P(Llama1BShape, Quant1BCudaTest, ::testing::Values(0, 1, 2),
+                         [](const ::testing::TestParamInfo<int>& info) {
+                           return std::string(info.param == 0   ? "Q8_0"
+                                              : info.param == 1 ? "Q4_0"
+                                                                : "Q4_K_M");
+                         });
 
 }  // namespace
 }  // namespace sg
