@@ -37,7 +37,6 @@
 #include <utility>
 #include <vector>
 
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "capture/timing.h"
@@ -46,6 +45,7 @@
 #include "stepgraph/passes.h"
 #include "stepgraph/plan.h"
 #include "stepgraph/status.h"
+#include "tests/testing/quantized_config.h"
 
 namespace sg {
 namespace {
@@ -69,7 +69,7 @@ struct Context {
   // Batch 1 with the default passes but the RoPE epilogue of the q/k/v matmul.
   std::unique_ptr<DecodeSession> no_rope_epilogue;
   // The quantized models (BM_Quant), made on first use.
-  std::map<int, std::unique_ptr<DecodeSession>> quant;
+  std::map<testing::MatrixFormat, std::unique_ptr<DecodeSession>> quant;
   double copy_bytes_per_s = 0;  // read + write
   double floor_ms = 0;
   double replayed_ms_at_100 = 0;
@@ -126,35 +126,14 @@ void BM_Decode(benchmark::State& state, int64_t position, bool eager) {
   }
 }
 
-// Quantized models: each matrix (rank-2 weight, the embedding table included) in the
-// dtype `pick` gives for its name.
-template <typename Pick>
-absl::StatusOr<LlamaConfig> Quantized(LlamaConfig c, Pick pick) {
-  SG_ASSIGN_OR_RETURN(const Graph graph, BuildLlamaDecodeGraph(c, {.max_seq = 16}));
-  for (const Tensor& w : graph.tensors()) {
-    if (w.kind == TensorKind::kWeight && w.shape.rank() == 2) c.weight_dtypes[w.name] = pick(w.name);
-  }
-  return c;
-}
-
-// The storage of matrix `name` in a Q4_K_M file: Q4_K for most, Q6_K for the value and
-// down projections and the output head, Q8_0 for the embedding table.
-DType Q4KMix(const std::string& name) {
-  if (absl::StrContains(name, "embed_tokens")) return DType::kQ8_0;
-  if (absl::StrContains(name, "v_proj") || absl::StrContains(name, "down_proj") ||
-      absl::StrContains(name, "lm_head")) {
-    return DType::kQ6_K;
-  }
-  return DType::kQ4_K;
-}
-
-void BM_Quant(benchmark::State& state, int which) {
-  std::unique_ptr<DecodeSession>& s = g->quant[which];
+void BM_Quant(benchmark::State& state, testing::MatrixFormat format) {
+  std::unique_ptr<DecodeSession>& s = g->quant[format];
   absl::Status status;
   if (s == nullptr) {
-    absl::StatusOr<LlamaConfig> config = Quantized(Llama32_1BConfig(), [which](const std::string& n) {
-      return which == 0 ? DType::kQ8_0 : which == 1 ? DType::kQ4_0 : Q4KMix(n);
-    });
+    absl::StatusOr<LlamaConfig> config =
+        testing::WithMatrixDTypes(Llama32_1BConfig(), [format](const std::string& name) {
+          return testing::MatrixDType(format, name);
+        });
     status = config.status();
     if (status.ok()) {
       SessionOptions o;
@@ -374,10 +353,12 @@ int main(int argc, char** argv) {
         ->Iterations(sg::kSteps)
         ->Unit(benchmark::kMicrosecond);
   }
-  for (const auto& [which, name] :
-       {std::pair<int, const char*>{0, "q8_0"}, {1, "q4_0"}, {2, "q4_k_m"}}) {
-    benchmark::RegisterBenchmark(absl::StrCat("Quant/", name, "/pos:100").c_str(), sg::BM_Quant,
-                                 which)
+  for (const sg::testing::MatrixFormat format :
+       {sg::testing::MatrixFormat::kQ8_0, sg::testing::MatrixFormat::kQ4_0,
+        sg::testing::MatrixFormat::kQ4KMix}) {
+    benchmark::RegisterBenchmark(
+        absl::StrCat("Quant/", sg::testing::MatrixFormatName(format), "/pos:100").c_str(),
+        sg::BM_Quant, format)
         ->UseManualTime()
         ->Iterations(sg::kSteps)
         ->Unit(benchmark::kMicrosecond);

@@ -85,8 +85,9 @@ cudaError_t DispatchRows(int64_t m, F&& f) {
 // launched without the attribute and wait as usual.
 
 // Waits for the prerequisite grids, then lets the next kernel on the stream begin to
-// launch. The first statement of every stepgraph kernel (but the one above); a no-op when the kernel was not
-// launched programmatically or is compiled for an architecture before sm_90.
+// launch. The first statement of every stepgraph kernel (but the one above); a no-op when
+// the kernel was not launched programmatically or is compiled for an architecture before
+// sm_90.
 __device__ __forceinline__ void AwaitPrerequisiteGrids() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && STEPGRAPH_KERNELS_PDL
   asm volatile("griddepcontrol.wait;" ::: "memory");

@@ -8,12 +8,13 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
-#include "absl/strings/match.h"
 #include "models/llama.h"
 #include "models/session.h"
 #include "stepgraph/step_runner.h"
+#include "tests/testing/quantized_config.h"
 #include "tests/testing/util.h"
 
 namespace sg {
@@ -36,15 +37,12 @@ LlamaConfig SmallConfig() {
   return c;
 }
 
-// Every matrix (rank-2 weight, the embedding table included) in the dtype `pick` gives
-// for its name.
+// `config` with every matrix in the dtype `pick` gives for its name.
 template <typename Pick>
-LlamaConfig Quantized(LlamaConfig c, Pick pick) {
-  const Graph g = BuildLlamaDecodeGraph(c, {.max_seq = 16}).value();
-  for (const Tensor& w : g.tensors()) {
-    if (w.kind == TensorKind::kWeight && w.shape.rank() == 2) c.weight_dtypes[w.name] = pick(w.name);
-  }
-  return c;
+LlamaConfig Quantized(const LlamaConfig& config, Pick pick) {
+  absl::StatusOr<LlamaConfig> c = testing::WithMatrixDTypes(config, pick);
+  EXPECT_TRUE(c.ok()) << c.status();
+  return c.ok() ? *std::move(c) : config;
 }
 
 struct Decoded {
@@ -103,28 +101,18 @@ INSTANTIATE_TEST_SUITE_P(Formats, QuantSessionCudaTest,
                            return std::string(DTypeName(info.param));
                          });
 
-// The mix of a Q4_K_M file: Q4_K for most matrices, Q6_K for the value and down
-// projections and the output head, Q8_0 for the embedding table. (f32 activations: in
-// bf16 the two sides' roundings may legitimately flip a near tie of the greedy pick.)
-DType Q4KMixPick(const std::string& name) {
-  if (absl::StrContains(name, "embed_tokens")) return DType::kQ8_0;
-  if (absl::StrContains(name, "v_proj") || absl::StrContains(name, "down_proj") ||
-      absl::StrContains(name, "lm_head")) {
-    return DType::kQ6_K;
-  }
-  return DType::kQ4_K;
-}
-
+// The mix of a Q4_K_M file (testing::Q4KMixDType). (f32 activations: in bf16 the two
+// sides' roundings may legitimately flip a near tie of the greedy pick.)
 TEST(QuantSessionCudaMixedTest, MixedFormats) {
   if (!CudaDeviceFound()) GTEST_SKIP() << "no CUDA device";
-  ExpectCudaEqualsCpu(Quantized(SmallConfig(), Q4KMixPick));
+  ExpectCudaEqualsCpu(Quantized(SmallConfig(), testing::Q4KMixDType));
 }
 
 // The Llama-3.2-1B shape (16 layers, a 128256-id vocabulary, tied embeddings) as
 // decode_bench's Quant rows time it: every matrix in Q8_0 or Q4_0, or the Q4_K_M mix;
 // 32 greedy ids on the GPU against the CPU reference's (f32 activations, as above). Most
 // of its time is the CPU reference's, on every core.
-class Quant1BCudaTest : public ::testing::TestWithParam<int> {
+class Quant1BCudaTest : public ::testing::TestWithParam<testing::MatrixFormat> {
  protected:
   void SetUp() override {
     if (!CudaDeviceFound()) GTEST_SKIP() << "no CUDA device";
@@ -134,21 +122,18 @@ class Quant1BCudaTest : public ::testing::TestWithParam<int> {
 TEST_P(Quant1BCudaTest, ThirtyTwoGreedyIdsEqualTheCpuReference) {
   LlamaConfig c = Llama32_1BConfig();
   c.dtype = DType::kF32;
-  const int which = GetParam();
-  ExpectCudaEqualsCpu(Quantized(c,
-                                [which](const std::string& name) {
-                                  return which == 0   ? DType::kQ8_0
-                                         : which == 1 ? DType::kQ4_0
-                                                      : Q4KMixPick(name);
-                                }),
-                      32);
+  const testing::MatrixFormat format = GetParam();
+  ExpectCudaEqualsCpu(
+      Quantized(c, [format](const std::string& name) { return testing::MatrixDType(format, name); }),
+      32);
 }
 
-INSTANTIATE_TEST_SUITE_P(Llama1BShape, Quant1BCudaTest, ::testing::Values(0, 1, 2),
-                         [](const ::testing::TestParamInfo<int>& info) {
-                           return std::string(info.param == 0   ? "Q8_0"
-                                              : info.param == 1 ? "Q4_0"
-                                                                : "Q4_K_M");
+INSTANTIATE_TEST_SUITE_P(Llama1BShape, Quant1BCudaTest,
+                         ::testing::Values(testing::MatrixFormat::kQ8_0,
+                                           testing::MatrixFormat::kQ4_0,
+                                           testing::MatrixFormat::kQ4KMix),
+                         [](const ::testing::TestParamInfo<testing::MatrixFormat>& info) {
+                           return std::string(testing::MatrixFormatName(info.param));
                          });
 
 }  // namespace
