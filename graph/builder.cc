@@ -176,6 +176,11 @@ TensorId GraphBuilder::RopeKvWrite(TensorId qkv, TensorId pos, TensorId k_cache,
                                    absl::string_view name) {
   return AddNode(ops::RopeKvWrite{rope}, name, {qkv, pos, k_cache, v_cache});
 }
+TensorId GraphBuilder::FusedElementwise(const ops::FusedElementwise& op,
+                                        absl::Span<const TensorId> inputs,
+                                        absl::string_view name) {
+  return AddNode(op, name, inputs);
+}
 TensorId GraphBuilder::Add(TensorId a, TensorId b, absl::string_view name) {
   return AddNode(ops::Add{}, name, {a, b});
 }

@@ -1,5 +1,6 @@
 // Op names, parameter printing and shape/dtype inference: one function per op, chosen by
 // overload resolution inside std::visit.
+#include <algorithm>
 #include <cmath>
 #include <string>
 
@@ -59,6 +60,19 @@ std::string Params(const ops::FusedMatMul& op) {
   return s;
 }
 std::string Params(const ops::RopeKvWrite& op) { return Params(op.rope); }
+// "silu_mul(0,1) add(2,0)": each step and the values it reads, numbered as
+// ops::FusedElementwise numbers them (the node's inputs first, then the steps).
+std::string Params(const ops::FusedElementwise& op) {
+  std::string s;
+  const int n = std::clamp(op.num_steps, 0, ops::FusedElementwise::kMaxSteps);
+  for (int i = 0; i < n; ++i) {
+    const ops::FusedElementwise::Step& st = op.steps[i];
+    absl::StrAppend(&s, i == 0 ? "" : " ", ElementwiseKindName(st.kind), "(", int{st.a});
+    if (IsBinaryKind(st.kind)) absl::StrAppend(&s, ",", int{st.b});
+    absl::StrAppend(&s, ")");
+  }
+  return s;
+}
 template <typename T>
 std::string Params(const T&) {
   return "";
@@ -131,6 +145,7 @@ class Checker {
                               "; only a State or Input can be written in place"));
   }
   const Tensor& operator[](int i) const { return *in_[i]; }
+  int size() const { return static_cast<int>(in_.size()); }
 
  private:
   absl::string_view op_name_;
@@ -212,6 +227,39 @@ Result Infer(const ops::SiluMul&, const Checker& c) {
 Result Infer(const ops::Silu&, const Checker& c) {
   SG_RETURN_IF_ERROR(c.Arity(1));
   SG_RETURN_IF_ERROR(c.Float(0, "x"));
+  return TensorType{c[0].dtype, c[0].shape};
+}
+
+Result Infer(const ops::FusedElementwise& op, const Checker& c) {
+  using F = ops::FusedElementwise;
+  const int n = c.size();
+  if (n < 1 || n > F::kMaxInputs) {
+    return c.Error(absl::StrCat("takes 1 to ", F::kMaxInputs, " inputs, got ", n));
+  }
+  if (op.num_steps < 1 || op.num_steps > F::kMaxSteps) {
+    return c.Error(absl::StrCat("has ", op.num_steps, " steps; 1 to ", F::kMaxSteps,
+                                " are allowed"));
+  }
+  SG_RETURN_IF_ERROR(c.Float(0, "input 0"));
+  for (int i = 1; i < n; ++i) {
+    SG_RETURN_IF_ERROR(c.SameDType(0, i));
+    SG_RETURN_IF_ERROR(c.SameShape(0, i));
+  }
+  for (int i = 0; i < op.num_steps; ++i) {
+    const F::Step& st = op.steps[i];
+    const int defined = n + i;  // values a step may read: the inputs and earlier steps
+    const bool binary = IsBinaryKind(st.kind);
+    if (st.kind > F::Kind::kSiluMul) {
+      return c.Error(absl::StrCat("step ", i, " has unknown kind ", static_cast<int>(st.kind)));
+    }
+    if (st.a >= defined || (binary && st.b >= defined) || (!binary && st.b != 0)) {
+      return c.Error(absl::StrCat("step ", i, " (", ElementwiseKindName(st.kind),
+                                  ") reads value ", int{st.a},
+                                  binary ? absl::StrCat(" and ", int{st.b}) : "",
+                                  "; only values 0 to ", defined - 1,
+                                  " exist there", binary ? "" : " (and b must be 0)"));
+    }
+  }
   return TensorType{c[0].dtype, c[0].shape};
 }
 
@@ -493,6 +541,16 @@ absl::string_view OpName(const Op& op) { return kOpNames[op.index()]; }
 
 std::string OpParamsToString(const Op& op) {
   return std::visit([](const auto& o) { return Params(o); }, op);
+}
+
+absl::string_view ElementwiseKindName(ops::FusedElementwise::Kind kind) {
+  switch (kind) {
+    case ops::FusedElementwise::Kind::kAdd: return "add";
+    case ops::FusedElementwise::Kind::kMul: return "mul";
+    case ops::FusedElementwise::Kind::kSilu: return "silu";
+    case ops::FusedElementwise::Kind::kSiluMul: return "silu_mul";
+  }
+  return "unknown";
 }
 
 bool IsInPlace(const Op& op) {

@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/types/span.h"
 #include "stepgraph/status.h"
 
 namespace sg {
@@ -67,7 +68,7 @@ class Editor {
   // The node keeps its output tensor, so its readers need no rewiring; with `rename` the
   // node and that tensor take a new name.
   void Replace(int32_t at, Op op, absl::InlinedVector<TensorId, 4> inputs,
-               std::optional<std::string> rename, std::initializer_list<int32_t> gone) {
+               std::optional<std::string> rename, absl::Span<const int32_t> gone) {
     Node& node = nodes_[at];
     node.op = std::move(op);
     node.inputs = std::move(inputs);
@@ -420,6 +421,141 @@ absl::StatusOr<Graph> FuseLmHeadArgmax(Editor e) {
   return std::move(e).Finish();
 }
 
+// ---- elementwise_chain --------------------------------------------------------------
+
+using Kind = ops::FusedElementwise::Kind;
+
+std::optional<Kind> PlainElementwiseKind(const Op& op) {
+  if (std::holds_alternative<ops::Add>(op)) return Kind::kAdd;
+  if (std::holds_alternative<ops::Mul>(op)) return Kind::kMul;
+  if (std::holds_alternative<ops::Silu>(op)) return Kind::kSilu;
+  if (std::holds_alternative<ops::SiluMul>(op)) return Kind::kSiluMul;
+  return std::nullopt;
+}
+
+// A live Add, Mul, Silu, SiluMul or FusedElementwise over float tensors.
+bool ChainableNode(const Editor& e, int32_t n) {
+  if (n < 0 || e.removed(n)) return false;
+  const Node& node = e.nodes()[n];
+  if (!IsFloat(e.tensor(node.output).dtype)) return false;
+  return PlainElementwiseKind(node.op).has_value() ||
+         std::holds_alternative<ops::FusedElementwise>(node.op);
+}
+
+// A chain while it is assembled: its external inputs and its steps, whose operands refer
+// to an input or to an earlier step.
+struct ChainDraft {
+  struct Ref {
+    bool step = false;
+    int32_t index = 0;
+  };
+  struct Step {
+    Kind kind = Kind::kAdd;
+    Ref a, b;
+  };
+  absl::InlinedVector<TensorId, 8> inputs;
+  std::vector<Step> steps;
+
+  Ref Input(TensorId id) {
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      if (inputs[i] == id) return Ref{false, static_cast<int32_t>(i)};
+    }
+    inputs.push_back(id);
+    return Ref{false, static_cast<int32_t>(inputs.size() - 1)};
+  }
+
+  // Appends node n's computation (a plain elementwise op or a FusedElementwise) with its
+  // inputs given as refs into this draft; returns the ref of its result.
+  Ref Append(const Node& node, absl::Span<const Ref> operands) {
+    const size_t first = steps.size();
+    if (const auto* f = std::get_if<ops::FusedElementwise>(&node.op)) {
+      const int32_t n_in = static_cast<int32_t>(node.inputs.size());
+      auto ref = [&](uint8_t v) {
+        return v < n_in ? operands[v] : Ref{true, static_cast<int32_t>(first) + v - n_in};
+      };
+      for (int i = 0; i < f->num_steps; ++i) {
+        steps.push_back(Step{f->steps[i].kind, ref(f->steps[i].a), ref(f->steps[i].b)});
+      }
+    } else {
+      const Kind kind = *PlainElementwiseKind(node.op);
+      steps.push_back(Step{kind, operands[0], IsBinaryKind(kind) ? operands[1] : operands[0]});
+    }
+    return Ref{true, static_cast<int32_t>(steps.size() - 1)};
+  }
+
+  bool Fits() const {
+    return inputs.size() <= static_cast<size_t>(ops::FusedElementwise::kMaxInputs) &&
+           steps.size() <= static_cast<size_t>(ops::FusedElementwise::kMaxSteps);
+  }
+
+  ops::FusedElementwise ToOp() const {
+    const int32_t n_in = static_cast<int32_t>(inputs.size());
+    auto value = [&](Ref r) { return static_cast<uint8_t>(r.step ? n_in + r.index : r.index); };
+    ops::FusedElementwise op;
+    op.num_steps = static_cast<int32_t>(steps.size());
+    for (size_t i = 0; i < steps.size(); ++i) {
+      op.steps[i] = {steps[i].kind, value(steps[i].a),
+                     IsBinaryKind(steps[i].kind) ? value(steps[i].b) : uint8_t{0}};
+    }
+    return op;
+  }
+};
+
+// Node s's chain with the producers in `absorb` (each an elementwise node whose result
+// only s reads) computed inside it.
+ChainDraft DraftChain(const Editor& e, int32_t s, absl::Span<const int32_t> absorb) {
+  ChainDraft d;
+  const Node& node = e.nodes()[s];
+  absl::InlinedVector<ChainDraft::Ref, 8> operands;
+  for (TensorId in : node.inputs) {
+    const int32_t p = e.Producer(in);
+    if (std::find(absorb.begin(), absorb.end(), p) == absorb.end()) {
+      operands.push_back(d.Input(in));
+      continue;
+    }
+    // Read twice (Mul(p, p)): computed once.
+    bool seen = false;
+    for (size_t i = 0; i < operands.size() && !seen; ++i) {
+      if (node.inputs[i] == in) {
+        operands.push_back(operands[i]);
+        seen = true;
+      }
+    }
+    if (seen) continue;
+    const Node& producer = e.nodes()[p];
+    absl::InlinedVector<ChainDraft::Ref, 8> inner;
+    for (TensorId pin : producer.inputs) inner.push_back(d.Input(pin));
+    operands.push_back(d.Append(producer, inner));
+  }
+  d.Append(node, operands);
+  return d;
+}
+
+// Elementwise nodes whose results only the next elementwise node reads -> one
+// FusedElementwise (compiled for the plan on CUDA), processed in graph order so that a
+// chain grows through every link. Chains stop at kMaxInputs inputs and kMaxSteps steps.
+absl::StatusOr<Graph> FuseElementwiseChains(Editor e) {
+  for (int32_t s = 0; s < static_cast<int32_t>(e.nodes().size()); ++s) {
+    if (!ChainableNode(e, s)) continue;
+    const Node& node = e.nodes()[s];
+    std::vector<int32_t> absorb;
+    for (TensorId in : node.inputs) {
+      const int32_t p = e.Producer(in);
+      if (ChainableNode(e, p) && e.OnlyReadBy(in, s) &&
+          std::find(absorb.begin(), absorb.end(), p) == absorb.end()) {
+        absorb.push_back(p);
+      }
+    }
+    // The most producers that still fit, in input order.
+    while (!absorb.empty() && !DraftChain(e, s, absorb).Fits()) absorb.pop_back();
+    if (absorb.empty()) continue;
+    const ChainDraft d = DraftChain(e, s, absorb);
+    e.Replace(s, d.ToOp(), absl::InlinedVector<TensorId, 4>(d.inputs.begin(), d.inputs.end()),
+              std::nullopt, absorb);
+  }
+  return std::move(e).Finish();
+}
+
 struct PassEntry {
   const char* name;
   absl::StatusOr<Graph> (*run)(Editor);
@@ -431,6 +567,7 @@ constexpr PassEntry kPasses[] = {
     {"residual_add", FuseResidualAdd},
     {"norm_into_matmul", FuseNormIntoMatMul},
     {"lm_head_argmax", FuseLmHeadArgmax},
+    {"elementwise_chain", FuseElementwiseChains},
 };
 
 }  // namespace

@@ -307,6 +307,33 @@ absl::Status CpuDispatch::Run(const ops::SiluMul&, const NodeArgs& args) {
   return absl::OkStatus();
 }
 
+// Element by element: every step from the stored values of its operands, rounded to the
+// dtype as the plain op's output is stored (RoundTo is the identity for f32).
+absl::Status CpuDispatch::Run(const ops::FusedElementwise& op, const NodeArgs& args) {
+  using Kind = ops::FusedElementwise::Kind;
+  const int n_in = static_cast<int>(args.inputs.size());
+  const DType t = args.output.dtype;
+  const int64_t count = args.output.shape.NumElements();
+  float v[ops::FusedElementwise::kMaxInputs + ops::FusedElementwise::kMaxSteps];
+  for (int64_t e = 0; e < count; ++e) {
+    for (int i = 0; i < n_in; ++i) v[i] = LoadElement(args.inputs[i].data, args.inputs[i].dtype, e);
+    for (int s = 0; s < op.num_steps; ++s) {
+      const ops::FusedElementwise::Step& st = op.steps[s];
+      const float a = v[st.a], b = v[st.b];
+      float r = 0.0f;
+      switch (st.kind) {
+        case Kind::kAdd: r = a + b; break;
+        case Kind::kMul: r = a * b; break;
+        case Kind::kSilu: r = SiluOf(a); break;
+        case Kind::kSiluMul: r = SiluOf(a) * b; break;
+      }
+      v[n_in + s] = RoundTo(t, r);
+    }
+    StoreElement(args.output.data, t, e, v[n_in + op.num_steps - 1]);
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CpuDispatch::Run(const ops::Rope& op, const NodeArgs& args) {
   const TensorArg& x = args.inputs[0];
   const DType t = x.dtype;

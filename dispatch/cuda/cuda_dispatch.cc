@@ -1,6 +1,7 @@
 // CudaDispatch: creation, per-plan preparation (one PreparedNode per node that needs
 // one) and the error word. The Run overloads live with their op families (matmul.cc,
-// elementwise.cc, norm.cc, rope.cc, attention.cc, sampling.cc, embedding.cc).
+// elementwise.cc, norm.cc, rope.cc, attention.cc, sampling.cc, embedding.cc, fused.cc,
+// generated.cc).
 #include "stepgraph/cuda_dispatch.h"
 
 #include <variant>
@@ -11,7 +12,9 @@
 #include "dispatch/cuda/cuda_handles.h"
 #include "dispatch/cuda/cuda_status.h"
 #include "dispatch/cuda/fused.h"
+#include "dispatch/cuda/generated.h"
 #include "dispatch/cuda/matmul.h"
+#include "dispatch/cuda/nvrtc_cache.h"
 #include "dispatch/cuda/rope.h"
 #include "dispatch/cuda/sampling.h"
 #include "stepgraph/status.h"
@@ -75,6 +78,8 @@ absl::StatusOr<std::unique_ptr<CudaDispatch>> CudaDispatch::Create(const Options
   SG_ASSIGN_OR_RETURN(dispatch->rope_, internal::RopeTables::Create(info));
   SG_ASSIGN_OR_RETURN(dispatch->attention_, internal::AttentionWorkspace::Create(info));
   SG_ASSIGN_OR_RETURN(dispatch->sampling_, internal::SamplingWorkspace::Create(info));
+  dispatch->modules_ =
+      std::make_unique<CudaModuleCache>(SharedCubinCache(options.cuda.kernel_cache_folder));
   return dispatch;
 }
 
@@ -91,7 +96,9 @@ struct NodePreparer {
   internal::RopeTables& rope;
   const internal::AttentionWorkspace& attention;
   const internal::SamplingWorkspace& sampling;
+  CudaModuleCache& modules;
   const CudaDeviceInfo& info;
+  const CudaOptions& options;
 
   const Shape& InputShape(int i) const { return graph.tensor(node.inputs[i]).shape; }
 
@@ -116,6 +123,13 @@ struct NodePreparer {
   NodeState operator()(const ops::RopeKvWrite& op) const {
     return internal::PrepareRopeKvWrite(op, rope);
   }
+  NodeState operator()(const ops::FusedElementwise& op) const {
+    return internal::PrepareFusedElementwise(op, graph, node, modules);
+  }
+  NodeState operator()(const ops::RmsNorm& op) const {
+    if (!options.compiled_norm) return std::unique_ptr<PreparedNode>();
+    return internal::PrepareCompiledRmsNorm(op, graph, node, modules);
+  }
   template <typename Op>
   NodeState operator()(const Op&) const {
     return std::unique_ptr<PreparedNode>();
@@ -132,7 +146,8 @@ absl::StatusOr<PreparedPlan> CudaDispatch::Prepare(const ExecutionPlan& plan) {
   std::vector<std::unique_ptr<PreparedNode>> nodes(static_cast<size_t>(graph.num_nodes()));
   for (int32_t i = 0; i < graph.num_nodes(); ++i) {
     const Node& node = graph.nodes()[i];
-    const NodePreparer preparer{graph, node, *matmul_, *rope_, *attention_, *sampling_, info_};
+    const NodePreparer preparer{graph,      node,       *matmul_, *rope_,
+                                *attention_, *sampling_, *modules_, info_, options_};
     NodeState state = std::visit(preparer, node.op);
     if (!state.ok()) {
       return absl::Status(state.status().code(),

@@ -506,6 +506,16 @@ cudaError_t CompiledKernel::Launch(cudaStream_t stream, void** args) const {
   return e;
 }
 
+std::shared_ptr<CubinCache> SharedCubinCache(const std::string& folder) {
+  static std::mutex* mu = new std::mutex;
+  // Never destroyed: caches may be reached from destructors of other statics at exit.
+  static auto* caches = new absl::flat_hash_map<std::string, std::shared_ptr<CubinCache>>;
+  std::lock_guard<std::mutex> lock(*mu);
+  std::shared_ptr<CubinCache>& cache = (*caches)[folder];
+  if (cache == nullptr) cache = std::make_shared<CubinCache>(CubinCacheOptions{.folder = folder});
+  return cache;
+}
+
 CudaModuleCache::CudaModuleCache(std::shared_ptr<CubinCache> cubins) : cubins_(std::move(cubins)) {}
 
 absl::StatusOr<CompiledKernel> CudaModuleCache::Load(const KernelSource& source,

@@ -133,6 +133,11 @@ class CubinCache {
   absl::flat_hash_map<std::string, std::shared_ptr<const std::string>> memory_;
 };
 
+// The process's CubinCache for `folder` (empty: memory only), made on first use and kept
+// for the life of the process, so that every dispatcher and session of the process
+// shares what was compiled. Thread safe.
+std::shared_ptr<CubinCache> SharedCubinCache(const std::string& folder);
+
 // cudaLibraryUnload, but success at process exit, when the runtime may already be gone.
 cudaError_t UnloadLibrary(cudaLibrary_t library);
 using UniqueLibrary = UniqueHandle<cudaLibrary_t, UnloadLibrary, "cudaLibraryUnload">;

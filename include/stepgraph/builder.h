@@ -80,6 +80,9 @@ class GraphBuilder {
   // Returns the rotated q; writes k_cache and v_cache in place.
   TensorId RopeKvWrite(TensorId qkv, TensorId pos, TensorId k_cache, TensorId v_cache,
                        const ops::Rope& rope, absl::string_view name = {});
+  // The chain's last value over `inputs` (values 0 .. inputs.size()-1).
+  TensorId FusedElementwise(const ops::FusedElementwise& op, absl::Span<const TensorId> inputs,
+                            absl::string_view name = {});
 
   // Marks `t` as a result the caller reads after a step. Output names are unique.
   void Output(absl::string_view name, TensorId t);

@@ -18,6 +18,8 @@
 
 namespace sg {
 
+class CudaModuleCache;
+
 namespace internal {
 class MatmulRunner;
 class RopeTables;
@@ -50,7 +52,8 @@ class CudaDispatch final : public KernelDispatch {
   CudaDispatch& operator=(const CudaDispatch&) = delete;
 
   // Each node's launch: matmul path and cuBLASLt plan (shared per shape), RoPE table,
-  // attention split and workspace, argmax split and workspace. May be called for several
+  // attention split and workspace, argmax split and workspace, kernels compiled for the
+  // plan (FusedElementwise; RmsNorm with CudaOptions::compiled_norm). May be called for several
   // plans (batch buckets): workspaces grow to the largest need, and buffers outgrown stay
   // alive for plans prepared earlier. Must not be called while a captured graph that uses
   // this dispatcher may be replayed concurrently.
@@ -86,6 +89,7 @@ class CudaDispatch final : public KernelDispatch {
   std::unique_ptr<internal::RopeTables> rope_;
   std::unique_ptr<internal::AttentionWorkspace> attention_;
   std::unique_ptr<internal::SamplingWorkspace> sampling_;
+  std::unique_ptr<CudaModuleCache> modules_;  // kernels compiled for the plan (NVRTC)
 };
 
 }  // namespace sg

@@ -5,6 +5,7 @@
 #define STEPGRAPH_CUDA_OPTIONS_H_
 
 #include <cstdint>
+#include <string>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -27,6 +28,14 @@ struct CudaOptions {
   // predecessor drains). Process-wide: see kernels/launch.h.
   bool programmatic_launch = true;
   int64_t matmul_workspace_bytes = int64_t{32} << 20;
+  // Kernels compiled for the plan through NVRTC (docs/nvrtc.md) are cached in memory per
+  // process and, when this names a folder, on disk there (created if missing; a folder
+  // that cannot be written leaves the cache in memory). The program passes
+  // ${XDG_CACHE_HOME:-$HOME/.cache}/stepgraph/kernels.
+  std::string kernel_cache_folder;
+  // RmsNorm through a kernel compiled for the node's hidden size, eps and dtype (NVRTC)
+  // instead of the built-in kernel. FusedElementwise nodes are always compiled.
+  bool compiled_norm = false;
 };
 
 }  // namespace sg

@@ -5,6 +5,7 @@
 #ifndef STEPGRAPH_OPS_H_
 #define STEPGRAPH_OPS_H_
 
+#include <array>
 #include <cstdint>
 #include <string>
 #include <tuple>
@@ -31,7 +32,8 @@
   V(Copy)             \
   V(Advance)          \
   V(FusedMatMul)      \
-  V(RopeKvWrite)
+  V(RopeKvWrite)      \
+  V(FusedElementwise)
 
 namespace sg::ops {
 
@@ -175,6 +177,26 @@ struct RopeKvWrite {
   Rope rope;
 };
 
+// A chain of elementwise ops as one node, made by the elementwise_chain pass from Add,
+// Mul, Silu and SiluMul nodes whose intermediate results nothing else reads. Inputs
+// x_0 .. x_{n-1} (1 <= n <= kMaxInputs), float tensors of one shape and dtype, are
+// values 0 .. n-1; step i computes value n + i from one (kSilu) or two values numbered
+// below it, in f32 from their stored values, and rounds it to the dtype as the plain op
+// stores its output. The output is the last step's value. So the node computes, bit for
+// bit on the CPU reference, what the chain of plain ops computes.
+struct FusedElementwise {
+  enum class Kind : uint8_t { kAdd, kMul, kSilu, kSiluMul };
+  struct Step {
+    Kind kind = Kind::kAdd;
+    uint8_t a = 0;
+    uint8_t b = 0;  // binary kinds only (kSilu: 0)
+  };
+  static constexpr int kMaxInputs = 8;
+  static constexpr int kMaxSteps = 8;
+  int32_t num_steps = 0;  // 1 .. kMaxSteps
+  std::array<Step, kMaxSteps> steps{};
+};
+
 }  // namespace sg::ops
 
 namespace sg {
@@ -207,6 +229,13 @@ absl::string_view OpName(const Op& op);
 
 // Parameters as "eps=1e-05", "" for ops without any.
 std::string OpParamsToString(const Op& op);
+
+// "add", "mul", "silu", "silu_mul".
+absl::string_view ElementwiseKindName(ops::FusedElementwise::Kind kind);
+// Whether `kind` reads two values (every kind but kSilu).
+inline bool IsBinaryKind(ops::FusedElementwise::Kind kind) {
+  return kind != ops::FusedElementwise::Kind::kSilu;
+}
 
 }  // namespace sg
 

@@ -1,7 +1,7 @@
 // Graph passes: rewrites of a built Graph into an equivalent Graph, run between Build and
 // Plan. Each pass has a name, runs by default and can be switched off (to debug a fusion,
 // or to measure a step before and after). The fused ops they make are ordinary ops
-// (ops::FusedMatMul, ops::RopeKvWrite) whose definition is the plain ops they replace,
+// (ops::FusedMatMul, ops::RopeKvWrite, ops::FusedElementwise) whose definition is the plain ops they replace,
 // so a fused graph computes what the plain graph computes.
 //
 // The passes, in the order they run:
@@ -15,6 +15,9 @@
 //   norm_into_matmul   RmsNorm read only by matmuls -> each matmul normalises its input
 //   lm_head_argmax     MatMul then Argmax -> FusedMatMul with kArgmax, when the logits are
 //                      not a graph output (or are listed in PassOptions::unread_outputs)
+//   elementwise_chain  Add, Mul, Silu and SiluMul nodes whose results only the next of
+//                      them reads -> one FusedElementwise (on CUDA, one kernel compiled
+//                      for the plan through NVRTC)
 // Only matmuls without bias whose weights are f32/bf16/f16 of x's dtype are fused:
 // quantized weights stay on the plain ops, which every dispatcher runs.
 #ifndef STEPGRAPH_PASSES_H_

@@ -301,6 +301,23 @@ TEST(CubinCache, FolderIsCreated) {
   EXPECT_EQ(Entries(dir.sub("a/b/kernels")).size(), 1u);
 }
 
+// One cache per folder and process, so that every dispatcher finds what another compiled.
+TEST(CubinCache, SharedPerFolder) {
+  TempFolder dir;
+  const std::shared_ptr<CubinCache> memory = SharedCubinCache("");
+  EXPECT_EQ(SharedCubinCache(""), memory);
+  EXPECT_FALSE(memory->disk_status().ok());
+  const std::shared_ptr<CubinCache> disk = SharedCubinCache(dir.path());
+  EXPECT_NE(disk, memory);
+  EXPECT_EQ(SharedCubinCache(dir.path()), disk);
+  EXPECT_TRUE(disk->disk_status().ok()) << disk->disk_status();
+  const int64_t compiles = disk->stats().compiles;
+  MustGet(*disk, Program(13.0f));
+  MustGet(*SharedCubinCache(dir.path()), Program(13.0f));
+  EXPECT_EQ(disk->stats().compiles, compiles + 1);
+  EXPECT_EQ(Entries(dir.path()).size(), 1u);
+}
+
 // Processes started at once, compiling the same key into one folder: all succeed, one
 // valid file remains, no temporary file is left.
 TEST(CubinCache, ConcurrentProcessesLeaveOneValidFile) {

@@ -6,8 +6,12 @@
 // skip without a device.
 #include <gtest/gtest.h>
 
+#include <stdlib.h>
+
 #include <cmath>
 #include <cstring>
+#include <filesystem>
+#include <iterator>
 #include <memory>
 #include <string>
 #include <vector>
@@ -17,8 +21,11 @@
 #include "dispatch/cuda/cuda_handles.h"
 #include "dispatch/cuda/cuda_status.h"
 #include "dispatch/cuda/nvrtc_cache.h"
+#include "stepgraph/builder.h"
 #include "stepgraph/cpu_dispatch.h"
+#include "stepgraph/cuda_dispatch.h"
 #include "stepgraph/half.h"
+#include "stepgraph/plan.h"
 #include "tests/testing/util.h"
 
 namespace sg::testing {
@@ -247,6 +254,47 @@ TEST_F(NvrtcCudaTest, ModulesAreLoadedOncePerDevice) {
   EXPECT_FALSE(missing.ok());
   absl::StatusOr<CompiledKernel> too_wide = modules_->Load(g.source, g.entry, dim3(1), dim3(2048));
   EXPECT_FALSE(too_wide.ok());
+}
+
+// CudaDispatch compiles a FusedElementwise node at Prepare through the process's cache for
+// its folder: a second dispatcher compiles nothing, and a folder receives the CUBIN.
+TEST_F(NvrtcCudaTest, DispatchersShareTheProcessCache) {
+  GraphBuilder b;
+  ops::FusedElementwise op;
+  op.num_steps = 2;
+  op.steps[0] = {ops::FusedElementwise::Kind::kMul, 0, 1};
+  op.steps[1] = {ops::FusedElementwise::Kind::kSilu, 2, 0};
+  // A size no other test of this process compiles.
+  b.Output("y", b.FusedElementwise(op, {b.Input("a", DType::kF16, {3, 4099}),
+                                        b.Input("b", DType::kF16, {3, 4099})}));
+  absl::StatusOr<Graph> graph = std::move(b).Build();
+  ASSERT_TRUE(graph.ok()) << graph.status();
+  absl::StatusOr<ExecutionPlan> plan = ExecutionPlan::Create(*std::move(graph));
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  auto prepare = [&](const std::string& folder) {
+    CudaDispatch::Options o;
+    o.stream = stream_.get();
+    o.cuda.kernel_cache_folder = folder;
+    absl::StatusOr<std::unique_ptr<CudaDispatch>> d = CudaDispatch::Create(o);
+    ASSERT_TRUE(d.ok()) << d.status();
+    absl::StatusOr<PreparedPlan> p = (*d)->Prepare(*plan);
+    ASSERT_TRUE(p.ok()) << p.status();
+    EXPECT_NE(p->node(0), nullptr);
+  };
+  const std::shared_ptr<CubinCache> memory = SharedCubinCache("");
+  const CubinCacheStats before = memory->stats();
+  prepare("");
+  prepare("");
+  EXPECT_EQ(memory->stats().compiles, before.compiles + 1);
+  EXPECT_EQ(memory->stats().memory_hits, before.memory_hits + 1);
+
+  std::string folder = (std::filesystem::path(::testing::TempDir()) / "sg_dispatch_XXXXXX").string();
+  ASSERT_NE(mkdtemp(folder.data()), nullptr);
+  prepare(folder);
+  EXPECT_EQ(SharedCubinCache(folder)->stats().disk_writes, 1);
+  EXPECT_EQ(std::distance(std::filesystem::directory_iterator(folder),
+                          std::filesystem::directory_iterator()), 1);
+  std::filesystem::remove_all(folder);
 }
 
 // RmsNorm then a generated residual add reading its output, captured with programmatic

@@ -122,7 +122,9 @@ TEST(PassesTest, EachPassCanBeSwitchedOff) {
     }
     absl::StatusOr<Graph> one = RunPass(name, before);
     ASSERT_TRUE(one.ok()) << name << ": " << one.status();
-    if (name != "lm_head_argmax") {
+    // Nor does a Llama step leave elementwise_chain anything: its Adds and SiluMuls read
+    // matmuls, and each residual sum is read by a norm as well.
+    if (name != "lm_head_argmax" && name != "elementwise_chain") {
       EXPECT_LT(one->num_nodes(), before.num_nodes()) << name;
     }
   }
@@ -580,6 +582,127 @@ TEST(PassesTest, FusedOpsRejectBadShapes) {
                    two.State("kc", DType::kF32, {1, 2, 16, 8}),
                    two.State("vc", DType::kF32, {1, 2, 16, 8})});
   EXPECT_EQ(two.status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// ---- elementwise_chain -------------------------------------------------------------------
+
+const Node* FindNode(const Graph& g, absl::string_view op) {
+  for (const Node& n : g.nodes()) {
+    if (OpName(n.op) == op) return &n;
+  }
+  return nullptr;
+}
+
+TEST(PassesTest, ElementwiseChainsBecomeOneNode) {
+  for (DType t : {DType::kF32, DType::kBF16, DType::kF16}) {
+    SCOPED_TRACE(DTypeName(t));
+    GraphBuilder b;
+    const Shape shape{3, 37};
+    TensorId g = b.Input("g", t, shape), u = b.Input("u", t, shape);
+    TensorId r = b.Input("r", t, shape), z = b.Input("z", t, shape);
+    // A: silu, mul, add, then silu_mul reading the sum twice: one node of four steps.
+    TensorId h = b.Add(b.Mul(b.Silu(g, "a.silu"), u, "a.mul"), r, "a.add");
+    b.Output("a", b.SiluMul(h, h, "a.out"));
+    // B: a sum that is also a graph output stays a node of its own, as does its reader.
+    TensorId p = b.Add(z, r, "b.add");
+    b.Output("p", p);
+    b.Output("q", b.Mul(p, z, "b.mul"));
+    // C: a silu read by two nodes stays; the two and their sum become one node.
+    TensorId c1 = b.Silu(z, "c.silu");
+    b.Output("c", b.Add(b.Add(c1, g, "c.add"), b.Mul(c1, u, "c.mul"), "c.out"));
+    absl::StatusOr<Graph> plain = std::move(b).Build();
+    ASSERT_TRUE(plain.ok()) << plain.status();
+    absl::StatusOr<Graph> fused = RunPass("elementwise_chain", *plain);
+    ASSERT_TRUE(fused.ok()) << fused.status();
+    const std::map<std::string, int> ops = OpCounts(*fused);
+    EXPECT_EQ(ops.at("FusedElementwise"), 2) << fused->ToString();
+    EXPECT_EQ(ops.at("Add"), 1);
+    EXPECT_EQ(ops.at("Mul"), 1);
+    EXPECT_EQ(ops.at("Silu"), 1);
+    EXPECT_EQ(fused->num_nodes(), 5);
+    // A's steps, values numbered inputs first (g, u, r), then steps.
+    const Node* a = FindNode(*fused, "FusedElementwise");
+    ASSERT_NE(a, nullptr);
+    EXPECT_EQ(a->name, "a.out");
+    EXPECT_EQ(a->inputs.size(), 3u);
+    EXPECT_EQ(OpParamsToString(a->op), "silu(0) mul(3,1) add(4,2) silu_mul(5,5)");
+    ExpectSameResults(*plain, *fused, RandomBound(*plain, 11, {}, {}));
+    // Also among the default passes, after the matmul fusions.
+    absl::StatusOr<Graph> all = RunPasses(*plain, DefaultPassOptions());
+    ASSERT_TRUE(all.ok()) << all.status();
+    EXPECT_EQ(OpCounts(*all).at("FusedElementwise"), 2);
+    PassOptions off = DefaultPassOptions();
+    off.disabled.insert("elementwise_chain");
+    absl::StatusOr<Graph> kept = RunPasses(*plain, off);
+    ASSERT_TRUE(kept.ok()) << kept.status();
+    EXPECT_EQ(kept->num_nodes(), plain->num_nodes());
+  }
+}
+
+TEST(PassesTest, ElementwiseChainsStopAtTheLimits) {
+  // Twelve adds of thirteen distinct inputs: more than one FusedElementwise takes.
+  GraphBuilder b;
+  TensorId acc = b.Input("x0", DType::kBF16, {2, 64});
+  for (int i = 1; i <= 12; ++i) {
+    acc = b.Add(acc, b.Input(absl::StrCat("x", i), DType::kBF16, {2, 64}));
+  }
+  b.Output("sum", acc);
+  absl::StatusOr<Graph> plain = std::move(b).Build();
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  absl::StatusOr<Graph> fused = RunPass("elementwise_chain", *plain);
+  ASSERT_TRUE(fused.ok()) << fused.status();
+  EXPECT_EQ(OpCounts(*fused).count("Add"), 0u) << fused->ToString();
+  EXPECT_EQ(OpCounts(*fused).at("FusedElementwise"), 2) << fused->ToString();
+  for (const Node& n : fused->nodes()) {
+    const auto& f = std::get<ops::FusedElementwise>(n.op);
+    EXPECT_LE(n.inputs.size(), static_cast<size_t>(ops::FusedElementwise::kMaxInputs));
+    EXPECT_LE(f.num_steps, ops::FusedElementwise::kMaxSteps);
+  }
+  ExpectSameResults(*plain, *fused, RandomBound(*plain, 12, {}, {}));
+
+  // Integer adds are not chained.
+  GraphBuilder i;
+  TensorId k = i.Input("k", DType::kI32, {4});
+  i.Output("k3", i.Add(i.Add(k, k), k));
+  absl::StatusOr<Graph> ints = std::move(i).Build();
+  ASSERT_TRUE(ints.ok());
+  absl::StatusOr<Graph> same = RunPass("elementwise_chain", *ints);
+  ASSERT_TRUE(same.ok());
+  EXPECT_EQ(OpCounts(*same).at("Add"), 2);
+}
+
+TEST(PassesTest, FusedElementwiseRejectsBadChains) {
+  using F = ops::FusedElementwise;
+  auto build = [](const F& op, int inputs, DType second = DType::kF32) {
+    GraphBuilder b;
+    std::vector<TensorId> in;
+    for (int i = 0; i < inputs; ++i) {
+      in.push_back(b.Input(absl::StrCat("x", i), i == 1 ? second : DType::kF32, {2, 8}));
+    }
+    b.FusedElementwise(op, in, "chain");
+    return b.status();
+  };
+  F ok;
+  ok.num_steps = 2;
+  ok.steps[0] = {F::Kind::kSiluMul, 0, 1};
+  ok.steps[1] = {F::Kind::kSilu, 2, 0};
+  EXPECT_TRUE(build(ok, 2).ok()) << build(ok, 2);
+  F none = ok;
+  none.num_steps = 0;
+  EXPECT_EQ(build(none, 2).code(), absl::StatusCode::kInvalidArgument);
+  F later = ok;
+  later.steps[0].b = 2;  // its own value
+  const absl::Status s = build(later, 2);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("step 0"), std::string::npos) << s;
+  F unary_b = ok;
+  unary_b.steps[1].b = 1;
+  EXPECT_EQ(build(unary_b, 2).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(build(ok, 2, DType::kBF16).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(build(ok, 0).code(), absl::StatusCode::kInvalidArgument);
+  F big = ok;
+  big.num_steps = F::kMaxSteps + 1;
+  EXPECT_EQ(build(big, 2).code(), absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

@@ -741,6 +741,18 @@ TEST_P(SessionCudaTest, GreedyIdsEqualTheCpuReference) {
   EXPECT_LE(testing::NormalizedError(gpu.logits, cpu.logits), 1e-4);
 }
 
+// RmsNorm through the kernel compiled for the plan (NVRTC), in every bucket's graph.
+TEST_P(SessionCudaTest, CompiledNormGivesTheCpuReferenceIds) {
+  SessionOptions o = CpuOptions(2, 64);
+  const Scenario cpu = RunScenario(o);
+  o.backend = Backend::kCuda;
+  o.eager = GetParam();
+  o.cuda.compiled_norm = true;
+  const Scenario gpu = RunScenario(o);
+  EXPECT_EQ(gpu.tokens, cpu.tokens);
+  EXPECT_LE(testing::NormalizedError(gpu.logits, cpu.logits), 1e-4);
+}
+
 TEST_P(SessionCudaTest, SampledIdsEqualTheCpuReference) {
   SessionOptions o = CpuOptions(2, 64);
   o.sampling = ops::Sample{0.8f, 50, 0.9f};

@@ -43,7 +43,8 @@ inline void PrintTo(const OpCase& c, std::ostream* os) { *os << c.name; }
 
 // The CUDA dispatcher's options that the tests' environment asks for (STEPGRAPH_MATMUL
 // picks the matmul path, so that ctest can run the conformance cases on each path;
-// STEPGRAPH_PDL=0 switches programmatic launch off). Test code maps the environment as the
+// STEPGRAPH_PDL=0 switches programmatic launch off; STEPGRAPH_COMPILED_NORM=1 runs RmsNorm
+// through the kernel compiled for the plan). Test code maps the environment as the
 // program does; the library reads none.
 CudaOptions CudaOptionsFromTestEnvironment();
 

@@ -359,6 +359,55 @@ std::vector<OpCase> ConformanceCases() {
     }
   }
 
+  // FusedElementwise (compiled for the plan on CUDA): SwiGLU then a residual add, every
+  // kind with a value read twice, the most inputs and steps, odd sizes (element accesses)
+  // and a chain made by the elementwise_chain pass from plain ops.
+  using Kind = ops::FusedElementwise::Kind;
+  struct Chain {
+    std::string name;
+    int inputs;
+    std::vector<ops::FusedElementwise::Step> steps;
+  };
+  const std::vector<Chain> chains = {
+      {"swiglu_add", 3, {{Kind::kSiluMul, 0, 1}, {Kind::kAdd, 3, 2}}},
+      {"every_kind", 2,
+       {{Kind::kSilu, 0, 0}, {Kind::kMul, 2, 1}, {Kind::kAdd, 3, 0}, {Kind::kSiluMul, 4, 1},
+        {Kind::kMul, 5, 5}}},
+      {"widest", 8,
+       {{Kind::kAdd, 0, 1}, {Kind::kAdd, 8, 2}, {Kind::kMul, 9, 3}, {Kind::kAdd, 10, 4},
+        {Kind::kSilu, 11, 0}, {Kind::kMul, 12, 5}, {Kind::kAdd, 13, 6},
+        {Kind::kSiluMul, 14, 7}}},
+  };
+  for (DType t : kFloatTypes) {
+    for (const Chain& chain : chains) {
+      for (Shape shape : {Shape{1, 2048}, Shape{8, 2048}, Shape{3, 37}}) {
+        add({.name = Name("FusedElementwise", t, absl::StrCat(chain.name, "/", shape[0], "x", shape[1])),
+             .build = [=](GraphBuilder& b) {
+               ops::FusedElementwise op;
+               op.num_steps = static_cast<int32_t>(chain.steps.size());
+               for (size_t i = 0; i < chain.steps.size(); ++i) op.steps[i] = chain.steps[i];
+               std::vector<TensorId> in;
+               for (int i = 0; i < chain.inputs; ++i) in.push_back(b.Input(absl::StrCat("x", i), t, shape));
+               b.Output("out", b.FusedElementwise(op, in));
+             },
+             .tolerance = Tol(t)});
+      }
+    }
+    add({.name = Name("FusedElementwise", t, "from_the_pass/4x1000"),
+         .graph = [=]() -> absl::StatusOr<Graph> {
+           GraphBuilder b;
+           const Shape shape{4, 1000};
+           auto g = b.Input("gate", t, shape), u = b.Input("up", t, shape);
+           auto r = b.Input("residual", t, shape);
+           auto h = b.Add(b.Mul(b.Silu(g), u), r);
+           b.Output("out", b.SiluMul(h, h));
+           absl::StatusOr<Graph> graph = std::move(b).Build();
+           if (!graph.ok()) return graph;
+           return RunPass("elementwise_chain", *std::move(graph));
+         },
+         .tolerance = Tol(t)});
+  }
+
   // Whole Llama steps through the graph passes (f32 and bf16).
   for (DType t : {DType::kF32, DType::kBF16}) {
     for (int64_t batch : {1, 3}) {
