@@ -9,6 +9,8 @@
 //   Decode/all_passes/pos:<p>         batch 1, replayed, with every graph pass
 //   Decode/no_rope_epilogue/pos:<p>   batch 1, replayed, default passes but
 //                                     rope_kv_write_epilogue (a RopeKvWrite node per layer)
+//   Decode/compiled_norm/pos:<p>      batch 1, replayed, default passes, RmsNorm through
+//                                     the kernel compiled for the plan (NVRTC)
 //   Quant/<q8_0|q4_0|q4_k_m>/pos:100  batch 1, replayed, the same shape with block-format
 //                                     weights (random blocks): every matrix in Q8_0 or
 //                                     Q4_0, or a Q4_K_M file's mix; the floor is their
@@ -68,6 +70,8 @@ struct Context {
   std::unique_ptr<DecodeSession> all_passes;
   // Batch 1 with the default passes but the RoPE epilogue of the q/k/v matmul.
   std::unique_ptr<DecodeSession> no_rope_epilogue;
+  // Batch 1 with the default passes and RmsNorm compiled for the plan.
+  std::unique_ptr<DecodeSession> compiled_norm;
   // The quantized models (BM_Quant), made on first use.
   std::map<testing::MatrixFormat, std::unique_ptr<DecodeSession>> quant;
   double copy_bytes_per_s = 0;  // read + write
@@ -293,6 +297,9 @@ absl::Status Setup() {
   o.passes = DefaultPassOptions();
   o.passes.disabled.insert("rope_kv_write_epilogue");
   SG_ASSIGN_OR_RETURN(g->no_rope_epilogue, DecodeSession::Create(o));
+  o.passes = DefaultPassOptions();
+  o.cuda.compiled_norm = true;
+  SG_ASSIGN_OR_RETURN(g->compiled_norm, DecodeSession::Create(o));
   const ExecutionPlan* fused_plan = g->session->plan(1);
   const ExecutionPlan* plain_plan = g->unfused->plan(1);
   if (fused_plan == nullptr || plain_plan == nullptr) return absl::InternalError("no bucket 1");
@@ -338,7 +345,8 @@ int main(int argc, char** argv) {
     for (const auto& [name, other] :
          {std::pair<const char*, sg::DecodeSession*>{"replayed_unfused", context.unfused.get()},
           {"all_passes", context.all_passes.get()},
-          {"no_rope_epilogue", context.no_rope_epilogue.get()}}) {
+          {"no_rope_epilogue", context.no_rope_epilogue.get()},
+          {"compiled_norm", context.compiled_norm.get()}}) {
       benchmark::RegisterBenchmark(absl::StrCat("Decode/", name, "/pos:", position).c_str(),
                                    sg::BM_DecodeOther, position, other)
           ->UseManualTime()
@@ -374,6 +382,7 @@ int main(int argc, char** argv) {
   context.unfused.reset();
   context.all_passes.reset();
   context.no_rope_epilogue.reset();
+  context.compiled_norm.reset();
   context.quant.clear();
   return 0;
 }

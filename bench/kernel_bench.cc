@@ -1,5 +1,5 @@
-// Kernel benchmarks: every kernel of the CUDA dispatcher (and both matmul paths, cuBLASLt
-// and the small-M kernel) at Llama-3.2-1B decode shapes, bf16, M = 1 and 8, run through
+// Kernel benchmarks: every kernel of the CUDA dispatcher (both matmul paths, cuBLASLt and
+// the small-M kernel, and the kernels compiled for the plan through NVRTC) at Llama-3.2-1B decode shapes, bf16, M = 1 and 8, run through
 // CudaDispatch::Run exactly as a step runs them.
 //
 // How it measures. Each case captures a CUDA graph of up to kMaxBatch launches of its node,
@@ -23,6 +23,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -68,6 +69,7 @@ struct Context {
   std::unique_ptr<CudaDispatch> dispatch;  // default matmul policy
   std::unique_ptr<CudaDispatch> cublaslt;  // as with STEPGRAPH_MATMUL=cublaslt
   std::unique_ptr<CudaDispatch> gemv;      // as with STEPGRAPH_MATMUL=gemv
+  std::unique_ptr<CudaDispatch> compiled;  // RmsNorm compiled for the plan (NVRTC)
   DeviceMemory flush;
   int64_t flush_bytes = 0;
   int64_t l2_bytes = 0;
@@ -338,14 +340,36 @@ constexpr int64_t kE = 2;  // bytes per bf16
 
 // The kernels other than the matmuls at M rows.
 void AddMemoryBoundCases(std::vector<Case>& cases, int64_t m) {
-  cases.push_back({.kernel = "RmsNorm",
-                   .shape = absl::StrCat("[", m, ",", kHidden, "]"),
+  // The built-in RmsNorm, and the one compiled for the plan through NVRTC.
+  for (const auto& [kernel, dispatch] :
+       {std::pair<const char*, CudaDispatch*>{"RmsNorm", g->dispatch.get()},
+        {"RmsNorm (compiled)", g->compiled.get()}}) {
+    cases.push_back({.kernel = kernel,
+                     .shape = absl::StrCat("[", m, ",", kHidden, "]"),
+                     .build = [=](GraphBuilder& b) {
+                       b.Output("y", b.RmsNorm(b.Input("x", kT, {m, kHidden}),
+                                               b.Weight("w", kT, {kHidden}), 1e-5f));
+                     },
+                     .dispatch = dispatch,
+                     .bytes = (2 * m * kHidden + kHidden) * kE});
+  }
+  // A chain the elementwise_chain pass makes: silu(g)·u + r in one compiled kernel,
+  // against SiluMul and Add above (two launches, the product written and read back).
+  cases.push_back({.kernel = "FusedElementwise",
+                   .shape = absl::StrCat("silu_mul+add [", m, ",", kIntermediate, "]"),
                    .build = [=](GraphBuilder& b) {
-                     b.Output("y", b.RmsNorm(b.Input("x", kT, {m, kHidden}),
-                                             b.Weight("w", kT, {kHidden}), 1e-5f));
+                     ops::FusedElementwise op;
+                     op.num_steps = 2;
+                     op.steps[0] = {ops::FusedElementwise::Kind::kSiluMul, 0, 1};
+                     op.steps[1] = {ops::FusedElementwise::Kind::kAdd, 3, 2};
+                     b.Output("y", b.FusedElementwise(
+                                       op, {b.Input("g", kT, {m, kIntermediate}),
+                                            b.Input("u", kT, {m, kIntermediate}),
+                                            b.Input("r", kT, {m, kIntermediate})}));
                    },
+                   .specs = {{"g", {.range = 6.0f}}, {"u", {.range = 6.0f}}},
                    .dispatch = g->dispatch.get(),
-                   .bytes = (2 * m * kHidden + kHidden) * kE});
+                   .bytes = 4 * m * kIntermediate * kE});
   cases.push_back({.kernel = "Add",
                    .shape = absl::StrCat("[", m, ",", kIntermediate, "]"),
                    .build = [=](GraphBuilder& b) {
@@ -571,10 +595,12 @@ void PrintTable() {
   std::fflush(stdout);
 }
 
-absl::StatusOr<std::unique_ptr<CudaDispatch>> DispatchWithMatmulPolicy(MatmulPolicy policy) {
+absl::StatusOr<std::unique_ptr<CudaDispatch>> DispatchWithMatmulPolicy(
+    MatmulPolicy policy, bool compiled_norm = false) {
   CudaDispatch::Options options;
   options.stream = g->stream.get();
   options.cuda.matmul = policy;
+  options.cuda.compiled_norm = compiled_norm;
   return CudaDispatch::Create(options);
 }
 
@@ -583,6 +609,7 @@ absl::Status Setup() {
   SG_ASSIGN_OR_RETURN(g->dispatch, DispatchWithMatmulPolicy(MatmulPolicy::kAuto));
   SG_ASSIGN_OR_RETURN(g->cublaslt, DispatchWithMatmulPolicy(MatmulPolicy::kCublasLt));
   SG_ASSIGN_OR_RETURN(g->gemv, DispatchWithMatmulPolicy(MatmulPolicy::kGemv));
+  SG_ASSIGN_OR_RETURN(g->compiled, DispatchWithMatmulPolicy(MatmulPolicy::kAuto, true));
   g->l2_bytes = g->dispatch->device_info().l2_bytes;
   g->flush_bytes = std::max<int64_t>(2 * g->l2_bytes, 64 << 20);
   SG_ASSIGN_OR_RETURN(g->flush, AllocateDevice(g->flush_bytes, "the L2 flush buffer"));

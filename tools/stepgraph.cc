@@ -138,6 +138,10 @@ constexpr char kModelOptions[] =
                          STEPGRAPH_MATMUL)
   --no-pdl               GPU: launch kernels without programmatic dependent launch (also
                          STEPGRAPH_PDL=0)
+  --kernel-cache DIR     GPU: folder of the kernels compiled for the plan (NVRTC), or none
+                         for memory only (default $XDG_CACHE_HOME/stepgraph/kernels, else
+                         ~/.cache/stepgraph/kernels)
+  --compiled-norm        GPU: RmsNorm through a kernel compiled for the model's hidden size
   --passes LIST          graph passes: default (every pass but norm_into_matmul, the
                          fastest measured), all, none, names to run, or -name,... to
                          skip from all (see stepgraph/passes.h)
@@ -292,7 +296,8 @@ constexpr FlagSpec kFlags[] = {
     {"--seed", true, kRun},           {"--dot", true, kGraph},
     {"--steps", true, kBench},        {"--positions", true, kBench},
     {"--profile", false, kBench},     {"--matmul", true, kAll},
-    {"--no-pdl", false, kAll},
+    {"--no-pdl", false, kAll},        {"--kernel-cache", true, kAll},
+    {"--compiled-norm", false, kAll},
     {"--prompt", true, kRun},         {"--chat", false, kRun},
     {"--ignore-eos", false, kRun},    {"--text", true, kTokenize},
     {"--decode", true, kTokenize},
@@ -328,6 +333,11 @@ absl::Status ApplyFlag(absl::string_view name, absl::string_view value, Args& a)
     a.cuda.matmul = *p;
   } else if (name == "--no-pdl") {
     a.cuda.programmatic_launch = false;
+  } else if (name == "--kernel-cache") {
+    if (value.empty()) return absl::InvalidArgumentError("--kernel-cache: give a folder, or none");
+    a.cuda.kernel_cache_folder = value == "none" ? std::string() : std::string(value);
+  } else if (name == "--compiled-norm") {
+    a.cuda.compiled_norm = true;
   } else if (name == "--passes") {
     absl::StatusOr<PassOptions> p = ParsePassList(value);
     if (!p.ok()) return absl::InvalidArgumentError(absl::StrCat("--passes: ", p.status().message()));
@@ -395,6 +405,12 @@ absl::Status ApplyEnvironment(Args& a) {
     return v == nullptr ? absl::string_view() : absl::string_view(v);
   };
   if (absl::string_view v = get("STEPGRAPH_EAGER"); !v.empty() && v != "0") a.eager = true;
+  // Kernels compiled for the plan are kept where the user's caches are.
+  if (absl::string_view xdg = get("XDG_CACHE_HOME"); !xdg.empty()) {
+    a.cuda.kernel_cache_folder = absl::StrCat(xdg, "/stepgraph/kernels");
+  } else if (absl::string_view home = get("HOME"); !home.empty()) {
+    a.cuda.kernel_cache_folder = absl::StrCat(home, "/.cache/stepgraph/kernels");
+  }
   if (absl::string_view v = get("STEPGRAPH_PDL"); v == "0") a.cuda.programmatic_launch = false;
   if (absl::string_view v = get("STEPGRAPH_MATMUL"); !v.empty()) {
     absl::StatusOr<MatmulPolicy> p = ParseMatmulPolicy(v);
