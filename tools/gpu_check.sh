@@ -74,14 +74,18 @@ if [[ $what == sanitize || $what == all ]]; then
   #  - racecheck reports hazards inside cuBLASLt's own kernels (nvjet_*), so the cases
   #    that run them (MatMul, the Llama graphs); they run under memcheck and synccheck.
   #    (--kernel-name-exclude kns=nvjet is no way out: cuBLASLt's launches then fault.)
+  #  - racecheck takes minutes over one launch of the sampling tests' large batches (48
+  #    rows of 128,256 logits; 50,000 rows), so those five run under memcheck and
+  #    synccheck, and racecheck runs EveryPathOnTwoRows, their paths on two rows.
   # Never run it beside the benchmarks: it shares the GPU and their times mean nothing.
-  # racecheck over cuda_sampling_test needs more than 400 s on an H100.
   cs=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+  heavy_sampling="*.TopKNeverLeavesTheTopK:*.MassiveTiesAreCutByIndex:*.TopPStaysInsideTheNucleus"
+  heavy_sampling+=":*.FrequenciesMatchTheDistribution:*.SameSeedsSameIdsDifferentSeedsDifferentIds"
   export cs b
   for t in $(cd $b/tests && ls *cuda*_test c_api_test step_runner_test session_test 2>/dev/null); do
     echo "memcheck $t -CApiGpuTest.RefusedLaunchIsLaunchFailed:NvrtcCudaTest.ModulesAreLoadedOncePerDevice"
     if [[ $t == cuda_*_test ]]; then
-      echo "racecheck $t -*/MatMul_*:*/Llama_*:*/LlamaFused_*"
+      echo "racecheck $t -*/MatMul_*:*/Llama_*:*/LlamaFused_*:$heavy_sampling"
       echo "synccheck $t *"
     fi
   done > /tmp/sanitize-jobs

@@ -346,6 +346,53 @@ TEST_F(CudaSamplingTest, MassiveTiesAreCutByIndex) {
   }
 }
 
+// Each sampling path of the larger tests on two rows, small enough for compute-sanitizer's
+// racecheck, which takes minutes over one of their launches (tools/gpu_check.sh runs this
+// one under racecheck in their place): ties past what shared memory holds, top-k small
+// and large, top-p with and without top-k, no limit. Every draw is inside the kept set of
+// the CPU's order (value descending, index ascending).
+TEST_F(CudaSamplingTest, EveryPathOnTwoRows) {
+  GpuRunner gpu;
+  ASSERT_TRUE(gpu.ok());
+  struct Path {
+    DType dtype;
+    int64_t vocab;
+    bool ties;  // logits of 0, 1 or 2 only
+    ops::Sample op;
+  };
+  const Path paths[] = {
+      {DType::kBF16, 12000, true, {.top_k = 50}},
+      {DType::kBF16, 12000, true, {.top_k = 3000}},
+      {DType::kBF16, 12000, true, {.top_p = 0.3f}},
+      {DType::kBF16, 12000, true, {.top_k = 20000, .top_p = 0.5f}},
+      {DType::kF32, 32000, false, {.temperature = 0.8f, .top_k = 5}},
+      {DType::kBF16, 32000, false, {.temperature = 0.8f, .top_k = 50}},
+      {DType::kF32, 32000, false, {.top_p = 0.9f}},
+      {DType::kBF16, 32000, false, {.top_k = 50, .top_p = 0.5f}},
+      {DType::kF32, 1000, false, {}},
+  };
+  const int64_t rows = 2;
+  uint64_t seed = 0;
+  for (const Path& p : paths) {
+    SCOPED_TRACE(absl::StrCat(DTypeName(p.dtype), " V", p.vocab, p.ties ? " ties" : "", " k",
+                              p.op.top_k, " p", p.op.top_p));
+    Batch b = RandomBatch(p.dtype, rows, p.vocab, 4000 + ++seed, -8, 8);
+    if (p.ties) {
+      std::mt19937 rng(static_cast<uint32_t>(seed));
+      std::vector<float> values(rows * p.vocab);
+      for (float& v : values) v = static_cast<float>(rng() % 3);
+      b.logits.FillFrom(values);
+    }
+    const auto got = gpu.Run(b, Choice{.sample = p.op});
+    ASSERT_EQ(got.size(), 1u);
+    for (int64_t i = 0; i < rows; ++i) {
+      const Kept kept = KeptSet(RowZ(b, i, p.op.temperature), p.op, 1e-6);
+      EXPECT_NE(std::find(kept.ids.begin(), kept.ids.end(), got[0][i]), kept.ids.end())
+          << "row " << i << " drew " << got[0][i] << " outside the kept " << kept.ids.size();
+    }
+  }
+}
+
 TEST_F(CudaSamplingTest, TopPStaysInsideTheNucleus) {
   GpuRunner gpu;
   ASSERT_TRUE(gpu.ok());
