@@ -9,6 +9,8 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <memory>
+#include <optional>
 #include <vector>
 
 #include "dispatch/cuda/cuda_handles.h"
@@ -50,6 +52,32 @@ TEST(FusedMatmulSplitsTest, NarrowOutputsSplitK) {
   EXPECT_EQ(kernels::FusedSplitsFor(tiny, 132), 1);
 }
 
+// A graph's plan, prepared on a CudaDispatch of the tests' options and its own stream.
+struct OnGpu {
+  std::optional<ExecutionPlan> plan;
+  UniqueStream stream;
+  std::unique_ptr<CudaDispatch> gpu;  // destroyed before the stream it launches on
+  std::optional<PreparedPlan> prepared;
+
+  void Prepare(Graph graph) {
+    absl::StatusOr<ExecutionPlan> p = ExecutionPlan::Create(std::move(graph));
+    ASSERT_TRUE(p.ok()) << p.status();
+    plan.emplace(*std::move(p));
+    absl::StatusOr<UniqueStream> s = CreateStream("fused test");
+    ASSERT_TRUE(s.ok()) << s.status();
+    stream = *std::move(s);
+    CudaDispatch::Options options;
+    options.stream = stream.get();
+    options.cuda = CudaOptionsFromTestEnvironment();
+    absl::StatusOr<std::unique_ptr<CudaDispatch>> d = CudaDispatch::Create(options);
+    ASSERT_TRUE(d.ok()) << d.status();
+    gpu = *std::move(d);
+    absl::StatusOr<PreparedPlan> pp = gpu->Prepare(*plan);
+    ASSERT_TRUE(pp.ok()) << pp.status();
+    prepared.emplace(*std::move(pp));
+  }
+};
+
 void RepeatedRuns(DType t, int64_t m, int64_t k, int64_t n, Epilogue e) {
   GraphBuilder b;
   std::vector<TensorId> in = {b.Input("x", t, {m, k}), b.Weight("norm_w", t, {k}),
@@ -58,19 +86,9 @@ void RepeatedRuns(DType t, int64_t m, int64_t k, int64_t n, Epilogue e) {
   b.Output("out", b.FusedMatMul({.norm = true, .eps = 1e-5f, .epilogue = e}, in));
   absl::StatusOr<Graph> graph = std::move(b).Build();
   ASSERT_TRUE(graph.ok()) << graph.status();
-  absl::StatusOr<ExecutionPlan> plan = ExecutionPlan::Create(*std::move(graph));
-  ASSERT_TRUE(plan.ok()) << plan.status();
-  const Graph& g = plan->graph();
-
-  absl::StatusOr<UniqueStream> stream = CreateStream("fused test");
-  ASSERT_TRUE(stream.ok());
-  CudaDispatch::Options options;
-  options.stream = stream->get();
-  options.cuda = CudaOptionsFromTestEnvironment();
-  absl::StatusOr<std::unique_ptr<CudaDispatch>> gpu = CudaDispatch::Create(options);
-  ASSERT_TRUE(gpu.ok()) << gpu.status();
-  absl::StatusOr<PreparedPlan> prepared = (*gpu)->Prepare(*plan);
-  ASSERT_TRUE(prepared.ok()) << prepared.status();
+  OnGpu on;
+  ASSERT_NO_FATAL_FAILURE(on.Prepare(*std::move(graph)));
+  const Graph& g = on.plan->graph();
 
   std::vector<HostTensor> host;
   std::vector<DeviceMemory> device;
@@ -83,11 +101,11 @@ void RepeatedRuns(DType t, int64_t m, int64_t k, int64_t n, Epilogue e) {
     ASSERT_TRUE(mem.ok());
     device.push_back(*std::move(mem));
   }
-  HostTensor cpu_arena(DType::kF32, Shape{plan->arena_bytes() / 4 + 1});
-  absl::StatusOr<DeviceMemory> arena = AllocateDevice(plan->arena_bytes() + 256, "arena");
+  HostTensor cpu_arena(DType::kF32, Shape{on.plan->arena_bytes() / 4 + 1});
+  absl::StatusOr<DeviceMemory> arena = AllocateDevice(on.plan->arena_bytes() + 256, "arena");
   ASSERT_TRUE(arena.ok());
-  cpu_bind.SetArena(cpu_arena.data(), plan->arena_bytes());
-  gpu_bind.SetArena(arena->get(), plan->arena_bytes());
+  cpu_bind.SetArena(cpu_arena.data(), on.plan->arena_bytes());
+  gpu_bind.SetArena(arena->get(), on.plan->arena_bytes());
   CpuDispatch cpu;
   const int32_t out = g.FindOutput("out")->index;
   for (int run = 0; run < 4; ++run) {
@@ -105,14 +123,14 @@ void RepeatedRuns(DType t, int64_t m, int64_t k, int64_t n, Epilogue e) {
       ++h;
     }
     cpu_arena.Poison();
-    ASSERT_EQ(cudaMemset(arena->get(), 0xFF, plan->arena_bytes() + 256), cudaSuccess);
+    ASSERT_EQ(cudaMemset(arena->get(), 0xFF, on.plan->arena_bytes() + 256), cudaSuccess);
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    ASSERT_TRUE(Execute(*plan, cpu_bind, cpu).ok());
-    absl::StatusOr<ExecStats> stats = Execute(*prepared, gpu_bind, **gpu);
+    ASSERT_TRUE(Execute(*on.plan, cpu_bind, cpu).ok());
+    absl::StatusOr<ExecStats> stats = Execute(*on.prepared, gpu_bind, *on.gpu);
     ASSERT_TRUE(stats.ok()) << stats.status();
-    ASSERT_EQ(cudaStreamSynchronize(stream->get()), cudaSuccess);
-    const TensorArg c = ResolveTensor(*plan, cpu_bind, out);
-    const TensorArg d = ResolveTensor(*plan, gpu_bind, out);
+    ASSERT_EQ(cudaStreamSynchronize(on.stream.get()), cudaSuccess);
+    const TensorArg c = ResolveTensor(*on.plan, cpu_bind, out);
+    const TensorArg d = ResolveTensor(*on.plan, gpu_bind, out);
     HostTensor want(c.dtype, c.shape), got(d.dtype, d.shape);
     std::memcpy(want.data(), c.data, c.bytes());
     ASSERT_EQ(cudaMemcpy(got.data(), d.data, d.bytes(), cudaMemcpyDeviceToHost), cudaSuccess);
@@ -170,19 +188,9 @@ void RopeEpilogueRuns(const RopeCase& rc) {
                               in));
   absl::StatusOr<Graph> graph = std::move(b).Build();
   ASSERT_TRUE(graph.ok()) << graph.status();
-  absl::StatusOr<ExecutionPlan> plan = ExecutionPlan::Create(*std::move(graph));
-  ASSERT_TRUE(plan.ok()) << plan.status();
-  const Graph& g = plan->graph();
-
-  absl::StatusOr<UniqueStream> stream = CreateStream("fused rope test");
-  ASSERT_TRUE(stream.ok());
-  CudaDispatch::Options options;
-  options.stream = stream->get();
-  options.cuda = CudaOptionsFromTestEnvironment();
-  absl::StatusOr<std::unique_ptr<CudaDispatch>> gpu = CudaDispatch::Create(options);
-  ASSERT_TRUE(gpu.ok()) << gpu.status();
-  absl::StatusOr<PreparedPlan> prepared = (*gpu)->Prepare(*plan);
-  ASSERT_TRUE(prepared.ok()) << prepared.status();
+  OnGpu on;
+  ASSERT_NO_FATAL_FAILURE(on.Prepare(*std::move(graph)));
+  const Graph& g = on.plan->graph();
 
   // Bound tensors by index: host values (the CPU side runs on them in place) and a
   // device copy; the caches' initial values are kept to check what must stay.
@@ -199,16 +207,16 @@ void RopeEpilogueRuns(const RopeCase& rc) {
     ASSERT_TRUE(mem.ok());
     device.push_back(*std::move(mem));
   }
-  HostTensor cpu_arena(DType::kF32, Shape{plan->arena_bytes() / 4 + 1});
-  absl::StatusOr<DeviceMemory> arena = AllocateDevice(plan->arena_bytes() + 256, "arena");
+  HostTensor cpu_arena(DType::kF32, Shape{on.plan->arena_bytes() / 4 + 1});
+  absl::StatusOr<DeviceMemory> arena = AllocateDevice(on.plan->arena_bytes() + 256, "arena");
   ASSERT_TRUE(arena.ok());
   CpuDispatch cpu;
   const int32_t out = g.FindOutput("q")->index;
   for (int run = 0; run < 3; ++run) {
     SCOPED_TRACE(run);
     Bindings cpu_bind(g), gpu_bind(g);
-    cpu_bind.SetArena(cpu_arena.data(), plan->arena_bytes());
-    gpu_bind.SetArena(arena->get(), plan->arena_bytes());
+    cpu_bind.SetArena(cpu_arena.data(), on.plan->arena_bytes());
+    gpu_bind.SetArena(arena->get(), on.plan->arena_bytes());
     for (size_t h = 0; h < host.size(); ++h) {
       const Tensor& tensor = g.tensors()[index[h]];
       if (tensor.name == "pos") {
@@ -226,16 +234,16 @@ void RopeEpilogueRuns(const RopeCase& rc) {
       ASSERT_TRUE(gpu_bind.Bind(g.id(index[h]), device[h].get(), host[h].bytes()).ok());
     }
     cpu_arena.Poison();
-    ASSERT_EQ(cudaMemset(arena->get(), 0xFF, plan->arena_bytes() + 256), cudaSuccess);
+    ASSERT_EQ(cudaMemset(arena->get(), 0xFF, on.plan->arena_bytes() + 256), cudaSuccess);
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    ASSERT_TRUE(Execute(*plan, cpu_bind, cpu).ok());
-    absl::StatusOr<ExecStats> stats = Execute(*prepared, gpu_bind, **gpu);
+    ASSERT_TRUE(Execute(*on.plan, cpu_bind, cpu).ok());
+    absl::StatusOr<ExecStats> stats = Execute(*on.prepared, gpu_bind, *on.gpu);
     ASSERT_TRUE(stats.ok()) << stats.status();
-    ASSERT_EQ(cudaStreamSynchronize(stream->get()), cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(on.stream.get()), cudaSuccess);
     const double tol = t == DType::kF32 ? 1e-5 : 1e-2;
 
-    const TensorArg c = ResolveTensor(*plan, cpu_bind, out);
-    const TensorArg d = ResolveTensor(*plan, gpu_bind, out);
+    const TensorArg c = ResolveTensor(*on.plan, cpu_bind, out);
+    const TensorArg d = ResolveTensor(*on.plan, gpu_bind, out);
     HostTensor want(c.dtype, c.shape), got(d.dtype, d.shape);
     std::memcpy(want.data(), c.data, c.bytes());
     ASSERT_EQ(cudaMemcpy(got.data(), d.data, d.bytes(), cudaMemcpyDeviceToHost), cudaSuccess);
@@ -275,7 +283,7 @@ void RopeEpilogueRuns(const RopeCase& rc) {
     // The CPU reference's flags against the dispatcher's: a position past the cache
     // raises kErrorPositionOutOfRange on both.
     const uint32_t cpu_flags = cpu.TakeErrorFlags();
-    absl::StatusOr<uint32_t> gpu_flags = (*gpu)->TakeErrorFlags();
+    absl::StatusOr<uint32_t> gpu_flags = on.gpu->TakeErrorFlags();
     ASSERT_TRUE(gpu_flags.ok()) << gpu_flags.status();
     EXPECT_EQ(*gpu_flags, cpu_flags);
   }
