@@ -1,6 +1,7 @@
 // Kernel benchmarks: every kernel of the CUDA dispatcher (both matmul paths, cuBLASLt and
-// the small-M kernel, and the kernels compiled for the plan through NVRTC) at Llama-3.2-1B decode shapes, bf16, M = 1 and 8, run through
-// CudaDispatch::Run exactly as a step runs them.
+// the small-M kernel, and the kernels compiled for the plan through NVRTC) at Llama-3.2-1B
+// decode shapes, bf16, M = 1 and 8, run through CudaDispatch::Run exactly as a step runs
+// them.
 //
 // How it measures. Each case captures a CUDA graph of up to kMaxBatch launches of its node,
 // each on its own set of buffers, and times replays with CUDA events (UseManualTime; the

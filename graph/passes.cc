@@ -502,30 +502,26 @@ struct ChainDraft {
 };
 
 // Node s's chain with the producers in `absorb` (each an elementwise node whose result
-// only s reads) computed inside it.
+// only s reads) computed inside it; a producer s reads twice (Mul(p, p)) is computed once.
 ChainDraft DraftChain(const Editor& e, int32_t s, absl::Span<const int32_t> absorb) {
   ChainDraft d;
   const Node& node = e.nodes()[s];
   absl::InlinedVector<ChainDraft::Ref, 8> operands;
+  absl::InlinedVector<std::pair<int32_t, ChainDraft::Ref>, 4> computed;  // producer, result
   for (TensorId in : node.inputs) {
     const int32_t p = e.Producer(in);
     if (std::find(absorb.begin(), absorb.end(), p) == absorb.end()) {
       operands.push_back(d.Input(in));
       continue;
     }
-    // Read twice (Mul(p, p)): computed once.
-    bool seen = false;
-    for (size_t i = 0; i < operands.size() && !seen; ++i) {
-      if (node.inputs[i] == in) {
-        operands.push_back(operands[i]);
-        seen = true;
-      }
+    auto it = std::find_if(computed.begin(), computed.end(),
+                           [p](const auto& c) { return c.first == p; });
+    if (it == computed.end()) {
+      absl::InlinedVector<ChainDraft::Ref, 8> inner;
+      for (TensorId pin : e.nodes()[p].inputs) inner.push_back(d.Input(pin));
+      it = computed.insert(computed.end(), {p, d.Append(e.nodes()[p], inner)});
     }
-    if (seen) continue;
-    const Node& producer = e.nodes()[p];
-    absl::InlinedVector<ChainDraft::Ref, 8> inner;
-    for (TensorId pin : producer.inputs) inner.push_back(d.Input(pin));
-    operands.push_back(d.Append(producer, inner));
+    operands.push_back(it->second);
   }
   d.Append(node, operands);
   return d;
@@ -537,9 +533,8 @@ ChainDraft DraftChain(const Editor& e, int32_t s, absl::Span<const int32_t> abso
 absl::StatusOr<Graph> FuseElementwiseChains(Editor e) {
   for (int32_t s = 0; s < static_cast<int32_t>(e.nodes().size()); ++s) {
     if (!ChainableNode(e, s)) continue;
-    const Node& node = e.nodes()[s];
     std::vector<int32_t> absorb;
-    for (TensorId in : node.inputs) {
+    for (TensorId in : e.nodes()[s].inputs) {
       const int32_t p = e.Producer(in);
       if (ChainableNode(e, p) && e.OnlyReadBy(in, s) &&
           std::find(absorb.begin(), absorb.end(), p) == absorb.end()) {
@@ -547,9 +542,12 @@ absl::StatusOr<Graph> FuseElementwiseChains(Editor e) {
       }
     }
     // The most producers that still fit, in input order.
-    while (!absorb.empty() && !DraftChain(e, s, absorb).Fits()) absorb.pop_back();
+    ChainDraft d = DraftChain(e, s, absorb);
+    while (!absorb.empty() && !d.Fits()) {
+      absorb.pop_back();
+      d = DraftChain(e, s, absorb);
+    }
     if (absorb.empty()) continue;
-    const ChainDraft d = DraftChain(e, s, absorb);
     e.Replace(s, d.ToOp(), absl::InlinedVector<TensorId, 4>(d.inputs.begin(), d.inputs.end()),
               std::nullopt, absorb);
   }

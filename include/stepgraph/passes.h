@@ -1,8 +1,8 @@
 // Graph passes: rewrites of a built Graph into an equivalent Graph, run between Build and
 // Plan. Each pass has a name, runs by default and can be switched off (to debug a fusion,
 // or to measure a step before and after). The fused ops they make are ordinary ops
-// (ops::FusedMatMul, ops::RopeKvWrite, ops::FusedElementwise) whose definition is the plain ops they replace,
-// so a fused graph computes what the plain graph computes.
+// (ops::FusedMatMul, ops::RopeKvWrite, ops::FusedElementwise) whose definition is the
+// plain ops they replace, so a fused graph computes what the plain graph computes.
 //
 // The passes, in the order they run:
 //   qkv_rope_kv_write  q, k, v projections of one x -> one grouped FusedMatMul (three

@@ -288,7 +288,8 @@ TEST_F(NvrtcCudaTest, DispatchersShareTheProcessCache) {
   EXPECT_EQ(memory->stats().compiles, before.compiles + 1);
   EXPECT_EQ(memory->stats().memory_hits, before.memory_hits + 1);
 
-  std::string folder = (std::filesystem::path(::testing::TempDir()) / "sg_dispatch_XXXXXX").string();
+  std::string folder =
+      (std::filesystem::path(::testing::TempDir()) / "sg_dispatch_XXXXXX").string();
   ASSERT_NE(mkdtemp(folder.data()), nullptr);
   prepare(folder);
   EXPECT_EQ(SharedCubinCache(folder)->stats().disk_writes, 1);

@@ -31,7 +31,8 @@ CudaOptions CudaOptionsFromTestEnvironment() {
   if (const char* v = std::getenv("STEPGRAPH_PDL"); v != nullptr && std::string(v) == "0") {
     o.programmatic_launch = false;
   }
-  if (const char* v = std::getenv("STEPGRAPH_COMPILED_NORM"); v != nullptr && std::string(v) == "1") {
+  if (const char* v = std::getenv("STEPGRAPH_COMPILED_NORM");
+      v != nullptr && std::string(v) == "1") {
     o.compiled_norm = true;
   }
   return o;

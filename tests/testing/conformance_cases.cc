@@ -381,13 +381,16 @@ std::vector<OpCase> ConformanceCases() {
   for (DType t : kFloatTypes) {
     for (const Chain& chain : chains) {
       for (Shape shape : {Shape{1, 2048}, Shape{8, 2048}, Shape{3, 37}}) {
-        add({.name = Name("FusedElementwise", t, absl::StrCat(chain.name, "/", shape[0], "x", shape[1])),
+        add({.name = Name("FusedElementwise", t,
+                          absl::StrCat(chain.name, "/", shape[0], "x", shape[1])),
              .build = [=](GraphBuilder& b) {
                ops::FusedElementwise op;
                op.num_steps = static_cast<int32_t>(chain.steps.size());
                for (size_t i = 0; i < chain.steps.size(); ++i) op.steps[i] = chain.steps[i];
                std::vector<TensorId> in;
-               for (int i = 0; i < chain.inputs; ++i) in.push_back(b.Input(absl::StrCat("x", i), t, shape));
+               for (int i = 0; i < chain.inputs; ++i) {
+                 in.push_back(b.Input(absl::StrCat("x", i), t, shape));
+               }
                b.Output("out", b.FusedElementwise(op, in));
              },
              .tolerance = Tol(t)});
