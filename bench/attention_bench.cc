@@ -26,17 +26,17 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "capture/timing.h"
+#include "runtime/timing.h"
 #include "dispatch/cuda/cuda_handles.h"
 #include "dispatch/cuda/cuda_status.h"
 #include "kernels/attention.cuh"
 #include "kernels/sampling.cuh"
-#include "stepgraph/builder.h"
-#include "stepgraph/cuda_dispatch.h"
-#include "stepgraph/executor.h"
-#include "stepgraph/half.h"
-#include "stepgraph/plan.h"
-#include "stepgraph/status.h"
+#include "stepgraph/graph/builder.h"
+#include "stepgraph/dispatch/cuda_dispatch.h"
+#include "stepgraph/dispatch/executor.h"
+#include "stepgraph/base/half.h"
+#include "stepgraph/graph/memory_plan.h"
+#include "stepgraph/base/status.h"
 
 namespace sg {
 namespace {

@@ -11,8 +11,8 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
-#include "models/llama.h"
-#include "stepgraph/builder.h"
+#include "stepgraph/models/llama.h"
+#include "stepgraph/graph/builder.h"
 
 namespace sg::bench {
 

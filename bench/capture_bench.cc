@@ -21,14 +21,14 @@
 
 #include "absl/strings/str_format.h"
 #include "bench/empty_chain.h"
-#include "capture/timing.h"
+#include "runtime/timing.h"
 #include "dispatch/cuda/cuda_handles.h"
 #include "dispatch/cuda/cuda_status.h"
-#include "models/llama.h"
-#include "stepgraph/builder.h"
-#include "stepgraph/capture.h"
-#include "stepgraph/cuda_dispatch.h"
-#include "stepgraph/status.h"
+#include "stepgraph/models/llama.h"
+#include "stepgraph/graph/builder.h"
+#include "stepgraph/capture/cuda_graph.h"
+#include "stepgraph/dispatch/cuda_dispatch.h"
+#include "stepgraph/base/status.h"
 
 namespace sg {
 namespace {

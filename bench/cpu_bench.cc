@@ -19,11 +19,11 @@
 #include <optional>
 #include <vector>
 
-#include "models/llama.h"
+#include "stepgraph/models/llama.h"
 #include "models/random_weights.h"
-#include "stepgraph/cpu_dispatch.h"
-#include "stepgraph/executor.h"
-#include "stepgraph/plan.h"
+#include "stepgraph/dispatch/cpu_dispatch.h"
+#include "stepgraph/dispatch/executor.h"
+#include "stepgraph/graph/memory_plan.h"
 
 namespace sg {
 namespace {

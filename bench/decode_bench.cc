@@ -41,12 +41,12 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "capture/timing.h"
-#include "models/llama.h"
-#include "models/session.h"
-#include "stepgraph/passes.h"
-#include "stepgraph/plan.h"
-#include "stepgraph/status.h"
+#include "runtime/timing.h"
+#include "stepgraph/models/llama.h"
+#include "stepgraph/runtime/session.h"
+#include "stepgraph/graph/passes.h"
+#include "stepgraph/graph/memory_plan.h"
+#include "stepgraph/base/status.h"
 #include "tests/testing/quantized_config.h"
 
 namespace sg {

@@ -10,10 +10,10 @@
 #include <vector>
 
 #include "bench/bench_graphs.h"
-#include "models/llama.h"
-#include "stepgraph/executor.h"
-#include "stepgraph/mock_dispatch.h"
-#include "stepgraph/plan.h"
+#include "stepgraph/models/llama.h"
+#include "stepgraph/dispatch/executor.h"
+#include "stepgraph/dispatch/mock_dispatch.h"
+#include "stepgraph/graph/memory_plan.h"
 
 namespace sg::bench {
 namespace {

@@ -8,9 +8,9 @@
 #include <utility>
 
 #include "bench/bench_graphs.h"
-#include "models/llama.h"
-#include "stepgraph/graph.h"
-#include "stepgraph/plan.h"
+#include "stepgraph/models/llama.h"
+#include "stepgraph/graph/graph.h"
+#include "stepgraph/graph/memory_plan.h"
 
 namespace sg::bench {
 namespace {

@@ -29,14 +29,14 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "capture/timing.h"
+#include "runtime/timing.h"
 #include "dispatch/cuda/cuda_handles.h"
 #include "dispatch/cuda/cuda_status.h"
-#include "stepgraph/builder.h"
-#include "stepgraph/cuda_dispatch.h"
-#include "stepgraph/half.h"
-#include "stepgraph/plan.h"
-#include "stepgraph/status.h"
+#include "stepgraph/graph/builder.h"
+#include "stepgraph/dispatch/cuda_dispatch.h"
+#include "stepgraph/base/half.h"
+#include "stepgraph/graph/memory_plan.h"
+#include "stepgraph/base/status.h"
 
 namespace sg {
 namespace {
@@ -431,7 +431,7 @@ void AddMemoryBoundCases(std::vector<Case>& cases, int64_t m) {
                    .bytes = 2 * m * kVocab * kE});
 }
 
-// The fused ops of the graph passes (stepgraph/passes.h) at M rows, as the Llama-3.2-1B
+// The fused ops of the graph passes (stepgraph/graph/passes.h) at M rows, as the Llama-3.2-1B
 // step uses them; bytes are the weights, x, the norm weight and the outputs once.
 void AddFusedCases(std::vector<Case>& cases, int64_t m) {
   using Epilogue = ops::FusedMatMul::Epilogue;

@@ -22,13 +22,13 @@
 #include <random>
 #include <vector>
 
-#include "capture/timing.h"
-#include "models/llama.h"
-#include "models/session.h"
-#include "stepgraph/builder.h"
-#include "stepgraph/half.h"
-#include "stepgraph/status.h"
-#include "stepgraph/step_runner.h"
+#include "runtime/timing.h"
+#include "stepgraph/models/llama.h"
+#include "stepgraph/runtime/session.h"
+#include "stepgraph/graph/builder.h"
+#include "stepgraph/base/half.h"
+#include "stepgraph/base/status.h"
+#include "stepgraph/runtime/step_runner.h"
 
 namespace sg {
 namespace {

@@ -24,15 +24,15 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "capture/timing.h"
+#include "runtime/timing.h"
 #include "dispatch/cuda/cuda_handles.h"
 #include "dispatch/cuda/cuda_status.h"
 #include "kernels/gemv.cuh"
 #include "kernels/quant_matmul.cuh"
-#include "stepgraph/half.h"
-#include "stepgraph/quant.h"
-#include "stepgraph/status.h"
-#include "stepgraph/types.h"
+#include "stepgraph/base/half.h"
+#include "stepgraph/base/quant.h"
+#include "stepgraph/base/status.h"
+#include "stepgraph/graph/types.h"
 
 namespace sg {
 namespace {

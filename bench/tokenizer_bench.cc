@@ -7,7 +7,7 @@
 #include <string>
 
 #include "benchmark/benchmark.h"
-#include "models/tokenizer.h"
+#include "stepgraph/text/tokenizer.h"
 #include "nlohmann/json.hpp"
 
 namespace {

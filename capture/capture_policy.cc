@@ -1,13 +1,13 @@
 // Capture safety, update decisions and bucket choice: pure host logic (see
-// capture_policy.h), linked into stepgraph_core.
-#include "stepgraph/capture_policy.h"
+// capture_policy.h), in stepgraph_capture.
+#include "stepgraph/capture/capture_policy.h"
 
 #include <variant>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "stepgraph/status.h"
+#include "stepgraph/base/status.h"
 
 namespace sg {
 

@@ -20,8 +20,8 @@
 #include "absl/strings/str_replace.h"
 #include "dispatch/cuda/cuda_handles.h"
 #include "dispatch/cuda/cuda_status.h"
-#include "stepgraph/capture.h"
-#include "stepgraph/status.h"
+#include "stepgraph/capture/cuda_graph.h"
+#include "stepgraph/base/status.h"
 
 namespace sg {
 namespace internal {

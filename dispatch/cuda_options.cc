@@ -1,6 +1,6 @@
-// Names of the CUDA dispatcher's switches (stepgraph/cuda_options.h); core code, so that
+// Names of the CUDA dispatcher's switches (stepgraph/dispatch/cuda_options.h); core code, so that
 // the program parses them on builds without CUDA too.
-#include "stepgraph/cuda_options.h"
+#include "stepgraph/dispatch/cuda_options.h"
 
 #include "absl/strings/str_cat.h"
 

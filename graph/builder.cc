@@ -7,8 +7,8 @@
 #include "absl/base/optimization.h"
 #include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
-#include "stepgraph/builder.h"
-#include "stepgraph/status.h"
+#include "stepgraph/graph/builder.h"
+#include "stepgraph/base/status.h"
 
 namespace sg {
 

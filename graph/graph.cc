@@ -7,8 +7,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
-#include "stepgraph/graph.h"
-#include "stepgraph/status.h"
+#include "stepgraph/graph/graph.h"
+#include "stepgraph/base/status.h"
 
 namespace sg {
 

@@ -5,8 +5,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "stepgraph/plan.h"
-#include "stepgraph/status.h"
+#include "stepgraph/graph/memory_plan.h"
+#include "stepgraph/base/status.h"
 
 namespace sg {
 namespace {

@@ -6,9 +6,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "stepgraph/graph.h"
-#include "stepgraph/ops.h"
-#include "stepgraph/status.h"
+#include "stepgraph/graph/graph.h"
+#include "stepgraph/graph/ops.h"
+#include "stepgraph/base/status.h"
 
 namespace sg {
 namespace {

@@ -1,9 +1,9 @@
-// The graph passes (stepgraph/passes.h). Each pass edits a mutable copy of the graph:
+// The graph passes (stepgraph/graph/passes.h). Each pass edits a mutable copy of the graph:
 // fused nodes replace groups of nodes, taking the place of the group's last node (every
 // input of the group exists by then, and every reader of the group's result comes after
 // it), intermediates no longer produced are dropped, ids are renumbered under a new owner
 // tag and the result is validated.
-#include "stepgraph/passes.h"
+#include "stepgraph/graph/passes.h"
 
 #include <algorithm>
 #include <functional>
@@ -14,7 +14,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/types/span.h"
-#include "stepgraph/status.h"
+#include "stepgraph/base/status.h"
 
 namespace sg {
 namespace {

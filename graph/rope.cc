@@ -1,6 +1,6 @@
 // RoPE frequencies, following transformers' _compute_default_rope_parameters and
 // _compute_llama3_parameters step by step in f32.
-#include "stepgraph/rope.h"
+#include "stepgraph/graph/rope.h"
 
 #include <cmath>
 

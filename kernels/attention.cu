@@ -15,7 +15,7 @@
 
 #include "kernels/attention.cuh"
 #include "kernels/common.cuh"
-#include "stepgraph/error_flags.h"
+#include "stepgraph/base/error_flags.h"
 
 namespace sg::kernels {
 namespace {

@@ -15,7 +15,7 @@
 #include <utility>
 
 #include "kernels/launch.h"
-#include "stepgraph/dtype.h"
+#include "stepgraph/base/dtype.h"
 
 namespace sg::kernels {
 

@@ -8,7 +8,7 @@
 
 #include "kernels/common.cuh"
 #include "kernels/elementwise.cuh"
-#include "stepgraph/error_flags.h"
+#include "stepgraph/base/error_flags.h"
 
 namespace sg::kernels {
 namespace {

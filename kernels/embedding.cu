@@ -6,7 +6,7 @@
 
 #include "kernels/common.cuh"
 #include "kernels/embedding.cuh"
-#include "stepgraph/error_flags.h"
+#include "stepgraph/base/error_flags.h"
 
 namespace sg::kernels {
 namespace {

@@ -24,7 +24,7 @@
 #include "kernels/common.cuh"
 #include "kernels/fused_matmul.cuh"
 #include "kernels/rope_rotate.cuh"
-#include "stepgraph/error_flags.h"
+#include "stepgraph/base/error_flags.h"
 
 namespace sg::kernels {
 namespace {

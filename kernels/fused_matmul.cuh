@@ -11,7 +11,7 @@
 
 #include <cstdint>
 
-#include "stepgraph/dtype.h"
+#include "stepgraph/base/dtype.h"
 
 namespace sg::kernels {
 

@@ -1,4 +1,4 @@
-// Device-side reading of GGUF's block formats (layouts in stepgraph/quant.h), shared by the
+// Device-side reading of GGUF's block formats (layouts in stepgraph/base/quant.h), shared by the
 // quantized matmul and embedding kernels (.cu files only).
 //
 // A block is read in parts: each part is 8 of the block's values, in two runs of 4
@@ -20,8 +20,8 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "stepgraph/dtype.h"
-#include "stepgraph/quant.h"
+#include "stepgraph/base/dtype.h"
+#include "stepgraph/base/quant.h"
 
 namespace sg::kernels::quant {
 
@@ -254,7 +254,7 @@ static_assert(sizeof(BlockQ6_K) == 210 && offsetof(BlockQ6_K, d) == 208 &&
               offsetof(BlockQ6_K, scales) == 192 && offsetof(BlockQ5_K, qs) == 48 &&
               offsetof(BlockQ5_K, qh) == 16 && offsetof(BlockQ4_K, qs) == 16 &&
               offsetof(BlockQ5_1, qs) == 8 && offsetof(BlockQ5_0, qs) == 6,
-              "the byte offsets Read uses are those of stepgraph/quant.h's layouts");
+              "the byte offsets Read uses are those of stepgraph/base/quant.h's layouts");
 
 // Calls f(Format<t>{}) for a block format t; cudaErrorInvalidValue for any other dtype.
 template <typename F>

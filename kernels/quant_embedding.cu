@@ -7,7 +7,7 @@
 #include "kernels/common.cuh"
 #include "kernels/quant_blocks.cuh"
 #include "kernels/quant_matmul.cuh"
-#include "stepgraph/error_flags.h"
+#include "stepgraph/base/error_flags.h"
 
 namespace sg::kernels {
 namespace {

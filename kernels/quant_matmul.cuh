@@ -1,4 +1,4 @@
-// Launchers for the ops that read weights in GGUF's block formats (stepgraph/quant.h):
+// Launchers for the ops that read weights in GGUF's block formats (stepgraph/base/quant.h):
 // MatMul with a quantized w and Embedding with a quantized table. Blocks are dequantized
 // in registers as they are read, never into a float copy of the weight. One launch on
 // `stream`; the result is cudaGetLastError() after it.
@@ -9,7 +9,7 @@
 
 #include <cstdint>
 
-#include "stepgraph/dtype.h"
+#include "stepgraph/base/dtype.h"
 
 namespace sg::kernels {
 

@@ -11,7 +11,7 @@
 #include "kernels/common.cuh"
 #include "kernels/rope.cuh"
 #include "kernels/rope_rotate.cuh"
-#include "stepgraph/error_flags.h"
+#include "stepgraph/base/error_flags.h"
 
 namespace sg::kernels {
 namespace {

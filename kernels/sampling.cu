@@ -35,8 +35,8 @@
 
 #include "kernels/common.cuh"
 #include "kernels/sampling.cuh"
-#include "stepgraph/error_flags.h"
-#include "stepgraph/philox.h"
+#include "stepgraph/base/error_flags.h"
+#include "stepgraph/base/philox.h"
 
 namespace sg::kernels {
 namespace {

@@ -15,9 +15,9 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "models/small_file.h"
+#include "base/small_file.h"
 #include "nlohmann/json.hpp"
-#include "stepgraph/status.h"
+#include "stepgraph/base/status.h"
 
 namespace sg {
 namespace {

@@ -9,7 +9,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "models/llama.h"
+#include "stepgraph/models/llama.h"
 
 namespace sg {
 

@@ -16,8 +16,8 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
-#include "models/safetensors.h"  // MappedFile
-#include "stepgraph/types.h"
+#include "models/mapped_file.h"
+#include "stepgraph/graph/types.h"
 
 namespace sg {
 

@@ -16,8 +16,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
-#include "stepgraph/rope.h"
-#include "stepgraph/status.h"
+#include "stepgraph/graph/rope.h"
+#include "stepgraph/base/status.h"
 
 namespace sg {
 namespace {

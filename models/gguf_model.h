@@ -21,10 +21,10 @@
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "models/gguf.h"
-#include "models/llama.h"
-#include "stepgraph/executor.h"
-#include "stepgraph/graph.h"
-#include "stepgraph/types.h"
+#include "stepgraph/models/llama.h"
+#include "stepgraph/graph/bindings.h"
+#include "stepgraph/graph/graph.h"
+#include "stepgraph/graph/types.h"
 
 namespace sg {
 

@@ -3,13 +3,13 @@
 // norm, lm head and the token choice. Decode and prefill steps are the same function:
 // a prefill step has several rows (tokens) per sequence and the ops address KV slots by
 // sequence.
-#include "models/llama.h"
+#include "stepgraph/models/llama.h"
 
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
-#include "stepgraph/builder.h"
-#include "stepgraph/status.h"
+#include "stepgraph/graph/builder.h"
+#include "stepgraph/base/status.h"
 
 namespace sg {
 

@@ -10,11 +10,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "models/config.h"
-#include "models/small_file.h"
-#include "stepgraph/half.h"
-#include "stepgraph/quant.h"
+#include "base/small_file.h"
+#include "stepgraph/base/half.h"
+#include "stepgraph/base/quant.h"
 #include "nlohmann/json.hpp"
-#include "stepgraph/status.h"
+#include "stepgraph/base/status.h"
 
 namespace sg {
 namespace {

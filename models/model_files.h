@@ -16,10 +16,10 @@
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "models/gguf_model.h"
-#include "models/llama.h"
+#include "stepgraph/models/llama.h"
 #include "models/safetensors.h"
-#include "stepgraph/executor.h"
-#include "stepgraph/graph.h"
+#include "stepgraph/graph/bindings.h"
+#include "stepgraph/graph/graph.h"
 
 namespace sg {
 

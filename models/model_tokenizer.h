@@ -1,6 +1,6 @@
 // The tokenizer that comes with a model: a folder's tokenizer.json (with
 // tokenizer_config.json beside it), or a GGUF file's tokenizer.* metadata. LoadModelTokenizer
-// is public (stepgraph/tokenizer.h); reading a spec from a GGUF file stays inside.
+// is public (stepgraph/text/tokenizer.h); reading a spec from a GGUF file stays inside.
 #ifndef STEPGRAPH_MODELS_MODEL_TOKENIZER_H_
 #define STEPGRAPH_MODELS_MODEL_TOKENIZER_H_
 
@@ -9,7 +9,7 @@
 
 #include "absl/status/statusor.h"
 #include "models/gguf.h"
-#include "stepgraph/tokenizer.h"
+#include "stepgraph/text/tokenizer.h"
 
 namespace sg {
 

@@ -14,9 +14,9 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "stepgraph/half.h"
-#include "stepgraph/quant.h"
-#include "stepgraph/status.h"
+#include "stepgraph/base/half.h"
+#include "stepgraph/base/quant.h"
+#include "stepgraph/base/status.h"
 
 namespace sg {
 namespace {

@@ -17,8 +17,8 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
-#include "stepgraph/executor.h"
-#include "stepgraph/graph.h"
+#include "stepgraph/graph/bindings.h"
+#include "stepgraph/graph/graph.h"
 
 namespace sg {
 
@@ -57,7 +57,7 @@ float RandomWeightValue(uint64_t seed, absl::string_view name, int64_t index,
 
 // Fills `buffer` (laid out by `layout`, made from `graph`'s weights) with every weight's
 // values in its storage dtype, using up to `threads` threads (0: one per core). A weight in
-// a GGUF block format gets the drawn values quantized (QuantizeRow, stepgraph/quant.h).
+// a GGUF block format gets the drawn values quantized (QuantizeRow, stepgraph/base/quant.h).
 // InvalidArgument when the buffer is too small or a weight is neither float nor quantized.
 absl::Status FillRandomWeights(const Graph& graph, const BufferLayout& layout, uint64_t seed,
                                absl::Span<std::byte> buffer, int threads = 0);

@@ -16,38 +16,13 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
-#include "models/llama.h"
-#include "stepgraph/executor.h"
-#include "stepgraph/graph.h"
-#include "stepgraph/types.h"
+#include "models/mapped_file.h"
+#include "stepgraph/models/llama.h"
+#include "stepgraph/graph/bindings.h"
+#include "stepgraph/graph/graph.h"
+#include "stepgraph/graph/types.h"
 
 namespace sg {
-
-// A whole file mapped read-only. Move-only; the destructor unmaps. The bytes stay at the
-// same address for the object's life, moves included, so spans into them stay valid.
-class MappedFile {
- public:
-  // NotFound (or another errno-derived code) naming the path when it cannot be opened;
-  // InvalidArgument when it is not a regular file. An empty file maps to no bytes.
-  static absl::StatusOr<MappedFile> Open(const std::string& path);
-
-  MappedFile() = default;
-  MappedFile(MappedFile&& other) noexcept;
-  MappedFile& operator=(MappedFile&& other) noexcept;
-  MappedFile(const MappedFile&) = delete;
-  MappedFile& operator=(const MappedFile&) = delete;
-  ~MappedFile();
-
-  absl::Span<const std::byte> bytes() const { return {data_, size_}; }
-  const std::string& path() const { return path_; }
-
- private:
-  void Reset() noexcept;
-
-  const std::byte* data_ = nullptr;
-  size_t size_ = 0;
-  std::string path_;
-};
 
 // One tensor of a safetensors file; `data` lies inside the file's bytes.
 struct SafetensorsTensor {

@@ -42,6 +42,6 @@ fn main() {
     println!("cargo:rustc-link-search=native={}", dir.display());
     println!("cargo:rustc-link-arg=-Wl,-rpath,{}", dir.display());
     // Where the signature check finds the headers this crate mirrors.
-    println!("cargo:rerun-if-changed={}", repo.join("include/stepgraph/c_api.h").display());
-    println!("cargo:rerun-if-changed={}", repo.join("include/stepgraph/c_session.h").display());
+    println!("cargo:rerun-if-changed={}", repo.join("include/stepgraph/c_api/c_api.h").display());
+    println!("cargo:rerun-if-changed={}", repo.join("include/stepgraph/c_api/c_session.h").display());
 }

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Writes models/unicode_nfc_data.inc: the Unicode tables NFC needs (canonical combining
+"""Writes text/unicode_nfc_data.inc: the Unicode tables NFC needs (canonical combining
 classes, canonical decompositions and which of them compose back), from Python's unicodedata.
 The tokenizer applies NFC where a tokenizer.json asks for it (Qwen2's files do).
 

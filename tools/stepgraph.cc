@@ -32,21 +32,21 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
-#include "capture/timing.h"
+#include "runtime/timing.h"
 #include "models/config.h"
-#include "models/chat_template.h"
-#include "models/llama.h"
+#include "stepgraph/text/chat_template.h"
+#include "stepgraph/models/llama.h"
 #include "models/model_files.h"
 #include "models/model_tokenizer.h"
-#include "models/tokenizer.h"
-#include "models/session.h"
-#include "stepgraph/builder.h"
-#include "stepgraph/cuda_options.h"
-#include "stepgraph/half.h"
-#include "stepgraph/step_runner.h"
-#include "stepgraph/passes.h"
-#include "stepgraph/plan.h"
-#include "stepgraph/status.h"
+#include "stepgraph/text/tokenizer.h"
+#include "stepgraph/runtime/session.h"
+#include "stepgraph/graph/builder.h"
+#include "stepgraph/dispatch/cuda_options.h"
+#include "stepgraph/base/half.h"
+#include "stepgraph/runtime/step_runner.h"
+#include "stepgraph/graph/passes.h"
+#include "stepgraph/graph/memory_plan.h"
+#include "stepgraph/base/status.h"
 
 namespace sg {
 namespace {
@@ -144,7 +144,7 @@ constexpr char kModelOptions[] =
   --compiled-norm        GPU: RmsNorm through a kernel compiled for the model's hidden size
   --passes LIST          graph passes: default (every pass but norm_into_matmul, the
                          fastest measured), all, none, names to run, or -name,... to
-                         skip from all (see stepgraph/passes.h)
+                         skip from all (see stepgraph/graph/passes.h)
   --no-fuse              the same as --passes none: run the plain graph
   --max-seq N            KV cache length per sequence (default: what the command needs)
   --verbose              also list the config.json fields accepted as metadata

@@ -1,7 +1,7 @@
 // The CPU reference. Each Run reads its inputs as f32 rows, computes in f32 and stores in
 // the output's dtype. Shapes were checked by inference when the graph was built, so Run
 // only re-checks what inference cannot know (values: ids, positions).
-#include "stepgraph/cpu_dispatch.h"
+#include "stepgraph/dispatch/cpu_dispatch.h"
 
 #include <algorithm>
 #include <cmath>
@@ -11,14 +11,14 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "dispatch/cpu/dot.h"
+#include "base/dot.h"
 #include "dispatch/cpu/thread_pool.h"
-#include "stepgraph/half.h"
-#include "stepgraph/philox.h"
-#include "stepgraph/plan.h"
-#include "stepgraph/quant.h"
-#include "stepgraph/rope.h"
-#include "stepgraph/status.h"
+#include "stepgraph/base/half.h"
+#include "stepgraph/base/philox.h"
+#include "stepgraph/graph/memory_plan.h"
+#include "stepgraph/base/quant.h"
+#include "stepgraph/graph/rope.h"
+#include "stepgraph/base/status.h"
 
 namespace sg {
 namespace {

@@ -12,8 +12,8 @@
 #include "absl/strings/string_view.h"
 #include "dispatch/cuda/cuda_handles.h"
 #include "kernels/attention.cuh"
-#include "stepgraph/cuda_dispatch.h"
-#include "stepgraph/plan.h"
+#include "stepgraph/dispatch/cuda_dispatch.h"
+#include "stepgraph/graph/memory_plan.h"
 
 namespace sg::internal {
 

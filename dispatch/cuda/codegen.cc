@@ -7,7 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "stepgraph/status.h"
+#include "stepgraph/base/status.h"
 
 namespace sg::codegen {
 namespace {

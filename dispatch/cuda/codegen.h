@@ -22,7 +22,7 @@
 
 #include "absl/status/statusor.h"
 #include "dispatch/cuda/nvrtc_cache.h"
-#include "stepgraph/dtype.h"
+#include "stepgraph/base/dtype.h"
 
 namespace sg::codegen {
 
@@ -82,7 +82,7 @@ absl::StatusOr<GeneratedKernel> GenerateElementwise(const ElementwiseChain& chai
 // ---- RmsNorm -----------------------------------------------------------------------------
 
 // y = round(x · rsqrt(mean(x²) + eps)) · w per row of [rows, hidden], f32 math, as
-// ops::RmsNorm (include/stepgraph/ops.h).
+// ops::RmsNorm (include/stepgraph/graph/ops.h).
 struct RmsNormSpec {
   int64_t rows = 0;
   int64_t hidden = 0;

@@ -2,7 +2,7 @@
 // one) and the error word. The Run overloads live with their op families (matmul.cc,
 // elementwise.cc, norm.cc, rope.cc, attention.cc, sampling.cc, embedding.cc, fused.cc,
 // generated.cc).
-#include "stepgraph/cuda_dispatch.h"
+#include "stepgraph/dispatch/cuda_dispatch.h"
 
 #include <variant>
 
@@ -17,7 +17,7 @@
 #include "dispatch/cuda/nvrtc_cache.h"
 #include "dispatch/cuda/rope.h"
 #include "dispatch/cuda/sampling.h"
-#include "stepgraph/status.h"
+#include "stepgraph/base/status.h"
 
 namespace sg {
 

@@ -4,7 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "dispatch/cuda/cuda_status.h"
-#include "stepgraph/status.h"
+#include "stepgraph/base/status.h"
 
 namespace sg {
 

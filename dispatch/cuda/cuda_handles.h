@@ -14,11 +14,11 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "dispatch/unique_handle.h"
+#include "base/unique_handle.h"
 
 namespace sg {
 
-// One deleter template (dispatch/unique_handle.h) for every CUDA and cuBLASLt object; the
+// One deleter template (base/unique_handle.h) for every CUDA and cuBLASLt object; the
 // names are kept for the code that calls a deleter by hand.
 using StreamDeleter = HandleDeleter<cudaStream_t, cudaStreamDestroy, "cudaStreamDestroy">;
 using UniqueStream = std::unique_ptr<std::remove_pointer_t<cudaStream_t>, StreamDeleter>;

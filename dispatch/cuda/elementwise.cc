@@ -2,7 +2,7 @@
 // device-to-device cudaMemcpyAsync, a memcpy node when captured).
 #include "dispatch/cuda/cuda_status.h"
 #include "kernels/elementwise.cuh"
-#include "stepgraph/cuda_dispatch.h"
+#include "stepgraph/dispatch/cuda_dispatch.h"
 
 namespace sg {
 

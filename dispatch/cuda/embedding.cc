@@ -3,7 +3,7 @@
 #include "dispatch/cuda/cuda_status.h"
 #include "dispatch/cuda/quant_matmul.h"
 #include "kernels/embedding.cuh"
-#include "stepgraph/cuda_dispatch.h"
+#include "stepgraph/dispatch/cuda_dispatch.h"
 
 namespace sg {
 

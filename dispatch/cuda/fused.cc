@@ -9,7 +9,7 @@
 #include "dispatch/cuda/cuda_status.h"
 #include "dispatch/cuda/rope.h"
 #include "kernels/fused_matmul.cuh"
-#include "stepgraph/status.h"
+#include "stepgraph/base/status.h"
 
 namespace sg {
 namespace internal {

@@ -6,8 +6,8 @@
 
 #include "absl/status/statusor.h"
 #include "dispatch/cuda/cuda_handles.h"
-#include "stepgraph/cuda_dispatch.h"
-#include "stepgraph/graph.h"
+#include "stepgraph/dispatch/cuda_dispatch.h"
+#include "stepgraph/graph/graph.h"
 
 namespace sg::internal {
 

@@ -7,8 +7,8 @@
 #include "absl/strings/str_cat.h"
 #include "dispatch/cuda/codegen.h"
 #include "dispatch/cuda/cuda_status.h"
-#include "stepgraph/cuda_dispatch.h"
-#include "stepgraph/status.h"
+#include "stepgraph/dispatch/cuda_dispatch.h"
+#include "stepgraph/base/status.h"
 
 namespace sg {
 namespace internal {

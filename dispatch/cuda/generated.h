@@ -9,8 +9,8 @@
 
 #include "absl/status/statusor.h"
 #include "dispatch/cuda/nvrtc_cache.h"
-#include "stepgraph/dispatch.h"
-#include "stepgraph/graph.h"
+#include "stepgraph/dispatch/dispatch.h"
+#include "stepgraph/graph/graph.h"
 
 namespace sg::internal {
 

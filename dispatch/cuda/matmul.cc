@@ -15,7 +15,7 @@
 #include "dispatch/cuda/cuda_status.h"
 #include "dispatch/cuda/quant_matmul.h"
 #include "kernels/gemv.cuh"
-#include "stepgraph/status.h"
+#include "stepgraph/base/status.h"
 
 namespace sg {
 

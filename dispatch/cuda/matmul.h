@@ -12,9 +12,9 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "dispatch/cuda/cuda_handles.h"
-#include "stepgraph/cuda_options.h"
-#include "stepgraph/cuda_dispatch.h"
-#include "stepgraph/plan.h"
+#include "stepgraph/dispatch/cuda_options.h"
+#include "stepgraph/dispatch/cuda_dispatch.h"
+#include "stepgraph/graph/memory_plan.h"
 
 namespace sg::internal {
 

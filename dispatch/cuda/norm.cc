@@ -3,7 +3,7 @@
 #include "dispatch/cuda/cuda_status.h"
 #include "dispatch/cuda/generated.h"
 #include "kernels/norm.cuh"
-#include "stepgraph/cuda_dispatch.h"
+#include "stepgraph/dispatch/cuda_dispatch.h"
 
 namespace sg {
 

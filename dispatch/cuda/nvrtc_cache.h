@@ -37,7 +37,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "dispatch/unique_handle.h"
+#include "base/unique_handle.h"
 
 namespace sg {
 

@@ -12,9 +12,9 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "stepgraph/dispatch.h"
-#include "stepgraph/graph.h"
-#include "stepgraph/ops.h"
+#include "stepgraph/dispatch/dispatch.h"
+#include "stepgraph/graph/graph.h"
+#include "stepgraph/graph/ops.h"
 
 namespace sg::internal {
 

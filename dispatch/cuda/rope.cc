@@ -7,8 +7,8 @@
 #include "absl/strings/str_cat.h"
 #include "dispatch/cuda/cuda_status.h"
 #include "kernels/rope.cuh"
-#include "stepgraph/rope.h"
-#include "stepgraph/status.h"
+#include "stepgraph/graph/rope.h"
+#include "stepgraph/base/status.h"
 
 namespace sg {
 

@@ -11,8 +11,8 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "dispatch/cuda/cuda_handles.h"
-#include "stepgraph/cuda_dispatch.h"
-#include "stepgraph/plan.h"
+#include "stepgraph/dispatch/cuda_dispatch.h"
+#include "stepgraph/graph/memory_plan.h"
 
 namespace sg::internal {
 

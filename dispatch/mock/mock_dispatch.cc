@@ -1,5 +1,5 @@
 // MockDispatch: turns each Run into a trace entry that names the buffers it touches.
-#include "stepgraph/mock_dispatch.h"
+#include "stepgraph/dispatch/mock_dispatch.h"
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"

@@ -280,7 +280,7 @@ def philox4x32_10(counter, key):
 
 def sample_uniform(seed, pos):
     """The uniform number in [0, 1) that sampling draws for (seed, pos) (24 bits, as
-    include/stepgraph/philox.h)."""
+    include/stepgraph/base/philox.h)."""
     r = philox4x32_10((pos, 0, 0x5A6E5031, 0), (seed, 0x243F6A88))
     return (r[0] >> 8) / 16777216.0
 

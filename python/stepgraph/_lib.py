@@ -1,6 +1,6 @@
 """The shared libraries and their C declarations.
 
-DECLARATIONS mirrors include/stepgraph/c_api.h and c_session.h argument by argument (names
+DECLARATIONS mirrors include/stepgraph/c_api/c_api.h and c_session.h argument by argument (names
 and ctypes types); tests/c_api/check_signatures.py checks it against the headers, so a
 changed signature fails CI instead of corrupting memory at run time.
 

@@ -1,4 +1,4 @@
-"""Decode sessions from Python, over the session C ABI (include/stepgraph/c_session.h).
+"""Decode sessions from Python, over the session C ABI (include/stepgraph/c_api/c_session.h).
 
     s = stepgraph.Session("SmolLM2-135M-Instruct.Q4_1.gguf")
     s.generate("The capital of France is", max_new_tokens=32)   # text in, text out

@@ -1,4 +1,4 @@
-//! The raw declarations of include/stepgraph/c_api.h and c_session.h, argument by argument
+//! The raw declarations of include/stepgraph/c_api/c_api.h and c_session.h, argument by argument
 //! (names and types). tests/c_api/check_signatures.py compares this file with the headers,
 //! so a changed or swapped argument fails CI instead of corrupting memory at run time.
 //! Everything here is `unsafe` to call: the safe layer is in lib.rs.

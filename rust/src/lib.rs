@@ -1,4 +1,4 @@
-//! stepgraph from Rust: the kernel library of include/stepgraph/c_api.h and the decode
+//! stepgraph from Rust: the kernel library of include/stepgraph/c_api/c_api.h and the decode
 //! sessions of c_session.h, over the C ABI (the raw declarations are in [`ffi`]).
 //!
 //! Kernels take device memory as [`DeviceSlice`] / [`DeviceSliceMut`]: a pointer and a length

@@ -10,9 +10,9 @@
 #include <string>
 #include <vector>
 
-#include "stepgraph/c_api.h"
-#include "stepgraph/ops.h"
-#include "stepgraph/rope.h"
+#include "stepgraph/c_api/c_api.h"
+#include "stepgraph/graph/ops.h"
+#include "stepgraph/graph/rope.h"
 #include "tests/c_api/header_check.h"
 
 namespace sg::testing {

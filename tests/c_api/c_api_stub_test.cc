@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "stepgraph/c_api.h"
+#include "stepgraph/c_api/c_api.h"
 #include "tests/c_api/header_check.h"
 
 namespace sg::testing {

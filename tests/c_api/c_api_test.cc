@@ -18,10 +18,10 @@
 #include <utility>
 #include <vector>
 
-#include "stepgraph/c_api.h"
-#include "stepgraph/cpu_dispatch.h"
-#include "stepgraph/ops.h"
-#include "stepgraph/rope.h"
+#include "stepgraph/c_api/c_api.h"
+#include "stepgraph/dispatch/cpu_dispatch.h"
+#include "stepgraph/graph/ops.h"
+#include "stepgraph/graph/rope.h"
 #include "tests/c_api/gpu_util.h"
 #include "tests/testing/util.h"
 

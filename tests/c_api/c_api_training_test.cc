@@ -12,7 +12,7 @@
 #include <random>
 #include <vector>
 
-#include "stepgraph/c_api.h"
+#include "stepgraph/c_api/c_api.h"
 #include "tests/c_api/gpu_util.h"
 #include "tests/testing/util.h"
 

@@ -1,7 +1,7 @@
-// The session C ABI (include/stepgraph/c_session.h) on the built-in model and the CPU
+// The session C ABI (include/stepgraph/c_api/c_session.h) on the built-in model and the CPU
 // backend: its ids and logits are the C++ DecodeSession's, every bad argument or state is a
 // code with a message on the handle, and a failed create leaves a handle holding the reason.
-#include "stepgraph/c_session.h"
+#include "stepgraph/c_api/c_session.h"
 
 #include <cmath>
 #include <cstdint>
@@ -11,8 +11,8 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "models/session.h"
-#include "stepgraph/step_runner.h"
+#include "stepgraph/runtime/session.h"
+#include "stepgraph/runtime/step_runner.h"
 
 namespace {
 

@@ -14,11 +14,11 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "models/chat_template.h"
+#include "stepgraph/text/chat_template.h"
 #include "models/model_tokenizer.h"
-#include "models/tokenizer.h"
+#include "stepgraph/text/tokenizer.h"
 #include "nlohmann/json.hpp"
-#include "stepgraph/c_session.h"
+#include "stepgraph/c_api/c_session.h"
 #include "tests/testing/json_file.h"
 #include "tests/testing/util.h"
 

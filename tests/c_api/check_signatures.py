@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The C ABI headers are the one source of truth for the signatures: this check reads every
-function of include/stepgraph/c_api.h and c_session.h (the declarations the build's list
-reads, see dispatch/c_api/c_api_list.cmake), the structs of c_session.h and the integer
+function of include/stepgraph/c_api/c_api.h and c_session.h (the declarations the build's list
+reads, see c_api/c_api_list.cmake), the structs of c_session.h and the integer
 constants, and compares them, argument by argument (name and type), with the Python
 declarations (python/stepgraph/_lib.py) and the Rust ones (rust/src/ffi.rs). A swapped or
 retyped argument links fine and corrupts memory at run time; here it fails CI.
@@ -15,7 +15,7 @@ import os
 import re
 import sys
 
-HEADERS = ("include/stepgraph/c_api.h", "include/stepgraph/c_session.h")
+HEADERS = ("include/stepgraph/c_api/c_api.h", "include/stepgraph/c_api/c_session.h")
 
 _DECL = re.compile(r"STEPGRAPH_C_(?:EXPORT|HOST) ([^;#]*?)\b(stepgraph_[a-z0-9_]+) ?\((.*?)\) "
                    r"STEPGRAPH_C_NOEXCEPT;")

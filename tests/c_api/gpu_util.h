@@ -10,8 +10,8 @@
 #include <cstdint>
 #include <memory>
 
-#include "stepgraph/c_api.h"
-#include "stepgraph/dtype.h"
+#include "stepgraph/c_api/c_api.h"
+#include "stepgraph/base/dtype.h"
 #include "tests/testing/util.h"
 
 namespace sg::testing {

@@ -1,11 +1,11 @@
-/* Compiled as C99 with -pedantic -Werror: proves that stepgraph/c_api.h is C, that the list
+/* Compiled as C99 with -pedantic -Werror: proves that stepgraph/c_api/c_api.h is C, that the list
  * the build reads from it (c_api_list.inc) gives each function its declared type, and
  * makes calls from C code for the C++ tests to judge. */
 #include "tests/c_api/header_check.h"
 
 #include <stddef.h>
 
-#include "stepgraph/c_api.h"
+#include "stepgraph/c_api/c_api.h"
 
 /* A typed pointer to every function, from the list the build read out of c_api.h: each must
  * have exactly the type the list says (so a declaration the reader misread fails to

@@ -1,7 +1,7 @@
 // The host-side decisions of capture, without a GPU: which bucket serves a step, which
 // plans may be captured (through the mock dispatcher and a stand-in for "is device
 // memory"), and whether a change of bindings patches nodes or captures again.
-#include "stepgraph/capture_policy.h"
+#include "stepgraph/capture/capture_policy.h"
 
 #include <gtest/gtest.h>
 
@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "absl/container/flat_hash_set.h"
-#include "models/llama.h"
-#include "stepgraph/mock_dispatch.h"
+#include "stepgraph/models/llama.h"
+#include "stepgraph/dispatch/mock_dispatch.h"
 #include "tests/testing/util.h"
 
 namespace sg {

@@ -5,7 +5,7 @@
 // reference written here from the op semantics (ops.h, DESIGN.md), not from the
 // implementation. Float ops run in f32, bf16 and f16; the reference reads the stored,
 // already-rounded inputs, so only the op's own rounding is measured.
-#include "stepgraph/cpu_dispatch.h"
+#include "stepgraph/dispatch/cpu_dispatch.h"
 
 #include <gtest/gtest.h>
 
@@ -24,14 +24,14 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
-#include "models/llama.h"
-#include "stepgraph/builder.h"
-#include "stepgraph/error_flags.h"
-#include "stepgraph/executor.h"
-#include "stepgraph/half.h"
-#include "stepgraph/philox.h"
-#include "stepgraph/plan.h"
-#include "stepgraph/rope.h"
+#include "stepgraph/models/llama.h"
+#include "stepgraph/graph/builder.h"
+#include "stepgraph/base/error_flags.h"
+#include "stepgraph/dispatch/executor.h"
+#include "stepgraph/base/half.h"
+#include "stepgraph/base/philox.h"
+#include "stepgraph/graph/memory_plan.h"
+#include "stepgraph/graph/rope.h"
 #include "tests/testing/util.h"
 
 namespace sg {

@@ -12,13 +12,13 @@
 #include <string>
 #include <vector>
 
-#include "stepgraph/builder.h"
-#include "stepgraph/cpu_dispatch.h"
-#include "stepgraph/error_flags.h"
-#include "stepgraph/executor.h"
-#include "stepgraph/half.h"
-#include "stepgraph/plan.h"
-#include "stepgraph/quant.h"
+#include "stepgraph/graph/builder.h"
+#include "stepgraph/dispatch/cpu_dispatch.h"
+#include "stepgraph/base/error_flags.h"
+#include "stepgraph/dispatch/executor.h"
+#include "stepgraph/base/half.h"
+#include "stepgraph/graph/memory_plan.h"
+#include "stepgraph/base/quant.h"
 #include "tests/testing/util.h"
 
 namespace sg {

@@ -15,11 +15,11 @@
 
 #include "dispatch/cuda/cuda_handles.h"
 #include "kernels/fused_matmul.cuh"
-#include "stepgraph/builder.h"
-#include "stepgraph/cpu_dispatch.h"
-#include "stepgraph/cuda_dispatch.h"
-#include "stepgraph/executor.h"
-#include "stepgraph/plan.h"
+#include "stepgraph/graph/builder.h"
+#include "stepgraph/dispatch/cpu_dispatch.h"
+#include "stepgraph/dispatch/cuda_dispatch.h"
+#include "stepgraph/dispatch/executor.h"
+#include "stepgraph/graph/memory_plan.h"
 #include "tests/testing/conformance.h"
 #include "tests/testing/util.h"
 

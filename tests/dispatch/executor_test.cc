@@ -1,7 +1,7 @@
 // The executor against MockDispatch: one launch per node in graph order, every binding
 // checked before anything runs (each refusal names the tensor), and a dispatch failure
 // stopping the step with the node's index and name and the original error code.
-#include "stepgraph/executor.h"
+#include "stepgraph/dispatch/executor.h"
 
 #include <cstddef>
 #include <initializer_list>
@@ -15,9 +15,9 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
-#include "stepgraph/builder.h"
-#include "stepgraph/mock_dispatch.h"
-#include "stepgraph/plan.h"
+#include "stepgraph/graph/builder.h"
+#include "stepgraph/dispatch/mock_dispatch.h"
+#include "stepgraph/graph/memory_plan.h"
 #include "tests/testing/status_matchers.h"
 
 namespace sg {

@@ -2,7 +2,7 @@
 // which buffers. The buffers make the memory plan visible: weights and caches by their
 // Hugging Face names, intermediates by arena offset, so the trace shows both that the arena
 // is reused and that nothing alive is overwritten.
-#include "stepgraph/mock_dispatch.h"
+#include "stepgraph/dispatch/mock_dispatch.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -17,9 +17,9 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "models/llama.h"
-#include "stepgraph/executor.h"
-#include "stepgraph/plan.h"
+#include "stepgraph/models/llama.h"
+#include "stepgraph/dispatch/executor.h"
+#include "stepgraph/graph/memory_plan.h"
 #include "tests/testing/util.h"
 
 namespace sg {

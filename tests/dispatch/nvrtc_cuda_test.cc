@@ -21,11 +21,11 @@
 #include "dispatch/cuda/cuda_handles.h"
 #include "dispatch/cuda/cuda_status.h"
 #include "dispatch/cuda/nvrtc_cache.h"
-#include "stepgraph/builder.h"
-#include "stepgraph/cpu_dispatch.h"
-#include "stepgraph/cuda_dispatch.h"
-#include "stepgraph/half.h"
-#include "stepgraph/plan.h"
+#include "stepgraph/graph/builder.h"
+#include "stepgraph/dispatch/cpu_dispatch.h"
+#include "stepgraph/dispatch/cuda_dispatch.h"
+#include "stepgraph/base/half.h"
+#include "stepgraph/graph/memory_plan.h"
 #include "tests/testing/util.h"
 
 namespace sg::testing {

@@ -15,9 +15,9 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_split.h"
-#include "stepgraph/builder.h"
-#include "stepgraph/graph.h"
-#include "stepgraph/ops.h"
+#include "stepgraph/graph/builder.h"
+#include "stepgraph/graph/graph.h"
+#include "stepgraph/graph/ops.h"
 #include "tests/testing/conformance.h"
 
 namespace sg::testing {

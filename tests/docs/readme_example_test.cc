@@ -5,11 +5,11 @@
 #include <cmath>
 #include <vector>
 
-#include "stepgraph/builder.h"
-#include "stepgraph/cpu_dispatch.h"
-#include "stepgraph/executor.h"
-#include "stepgraph/plan.h"
-#include "stepgraph/status.h"
+#include "stepgraph/graph/builder.h"
+#include "stepgraph/dispatch/cpu_dispatch.h"
+#include "stepgraph/dispatch/executor.h"
+#include "stepgraph/graph/memory_plan.h"
+#include "stepgraph/base/status.h"
 
 namespace sg {
 namespace {

@@ -13,8 +13,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "stepgraph/builder.h"
-#include "stepgraph/plan.h"
+#include "stepgraph/graph/builder.h"
+#include "stepgraph/graph/memory_plan.h"
 
 namespace {
 

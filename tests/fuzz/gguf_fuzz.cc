@@ -8,8 +8,8 @@
 
 #include "models/gguf.h"
 #include "models/gguf_model.h"
-#include "models/llama.h"
-#include "stepgraph/executor.h"
+#include "stepgraph/models/llama.h"
+#include "stepgraph/dispatch/executor.h"
 
 namespace {
 

@@ -14,7 +14,7 @@
 
 #include "models/gguf.h"
 #include "models/model_tokenizer.h"
-#include "models/tokenizer.h"
+#include "stepgraph/text/tokenizer.h"
 
 namespace {
 

@@ -1,7 +1,7 @@
 // GraphBuilder: every kind of error it reports (the code, and a message that names the node
 // and the tensors involved), sticky errors, the spent builder after Build(), auto-naming of
 // unnamed nodes and the default attention scale.
-#include "stepgraph/builder.h"
+#include "stepgraph/graph/builder.h"
 
 #include <cmath>
 #include <initializer_list>
@@ -13,9 +13,9 @@
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
 #include "absl/strings/string_view.h"
-#include "models/llama.h"
-#include "stepgraph/graph.h"
-#include "stepgraph/ops.h"
+#include "stepgraph/models/llama.h"
+#include "stepgraph/graph/graph.h"
+#include "stepgraph/graph/ops.h"
 #include "tests/testing/status_matchers.h"
 
 namespace sg {

@@ -1,6 +1,6 @@
 // Graph: Validate() on hand-made graphs (each thing the builder guarantees, broken one at a
 // time), lookups, and the DOT and text dumps.
-#include "stepgraph/graph.h"
+#include "stepgraph/graph/graph.h"
 
 #include <initializer_list>
 #include <string>
@@ -14,9 +14,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
-#include "stepgraph/builder.h"
-#include "stepgraph/ops.h"
-#include "stepgraph/plan.h"
+#include "stepgraph/graph/builder.h"
+#include "stepgraph/graph/ops.h"
+#include "stepgraph/graph/memory_plan.h"
 #include "tests/testing/status_matchers.h"
 
 namespace sg {

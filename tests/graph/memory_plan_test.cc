@@ -2,7 +2,7 @@
 // that tensors alive at the same time never share bytes, that offsets are aligned and lie
 // in the arena, and that bound tensors are never planned; small graphs check exact
 // reuse; the Llama-3.2-1B graph shows how much the arena saves.
-#include "stepgraph/plan.h"
+#include "stepgraph/graph/memory_plan.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -14,9 +14,9 @@
 #include <gtest/gtest.h>
 
 #include "absl/strings/str_cat.h"
-#include "models/llama.h"
-#include "stepgraph/builder.h"
-#include "stepgraph/graph.h"
+#include "stepgraph/models/llama.h"
+#include "stepgraph/graph/builder.h"
+#include "stepgraph/graph/graph.h"
 
 namespace sg {
 namespace {

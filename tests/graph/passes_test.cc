@@ -4,7 +4,7 @@
 // CPU reference: the fused ops are defined with the plain ops' roundings, so outputs and
 // written caches are compared bit for bit, from random inputs and weights, into poisoned
 // arenas.
-#include "stepgraph/passes.h"
+#include "stepgraph/graph/passes.h"
 
 #include <gtest/gtest.h>
 
@@ -15,11 +15,11 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "models/llama.h"
-#include "stepgraph/builder.h"
-#include "stepgraph/cpu_dispatch.h"
-#include "stepgraph/executor.h"
-#include "stepgraph/plan.h"
+#include "stepgraph/models/llama.h"
+#include "stepgraph/graph/builder.h"
+#include "stepgraph/dispatch/cpu_dispatch.h"
+#include "stepgraph/dispatch/executor.h"
+#include "stepgraph/graph/memory_plan.h"
 #include "tests/testing/util.h"
 
 namespace sg {

@@ -11,12 +11,12 @@
 
 #include "gtest/gtest.h"
 #include "models/config.h"
-#include "models/llama.h"
+#include "stepgraph/models/llama.h"
 #include "models/safetensors.h"
-#include "stepgraph/cpu_dispatch.h"
-#include "stepgraph/executor.h"
-#include "stepgraph/half.h"
-#include "stepgraph/plan.h"
+#include "stepgraph/dispatch/cpu_dispatch.h"
+#include "stepgraph/dispatch/executor.h"
+#include "stepgraph/base/half.h"
+#include "stepgraph/graph/memory_plan.h"
 #include "tests/models/parity_expected.h"
 #include "tests/testing/util.h"
 

@@ -8,7 +8,7 @@
 #include <string>
 
 #include "gtest/gtest.h"
-#include "models/session.h"
+#include "stepgraph/runtime/session.h"
 #include "tests/models/session_parity.h"
 
 #ifndef SG_FIXTURES_DIR

@@ -12,12 +12,12 @@
 #include <string>
 #include <vector>
 
-#include "models/llama.h"
+#include "stepgraph/models/llama.h"
 #include "models/random_weights.h"
-#include "stepgraph/cpu_dispatch.h"
-#include "stepgraph/executor.h"
-#include "stepgraph/plan.h"
-#include "stepgraph/quant.h"
+#include "stepgraph/dispatch/cpu_dispatch.h"
+#include "stepgraph/dispatch/executor.h"
+#include "stepgraph/graph/memory_plan.h"
+#include "stepgraph/base/quant.h"
 #include "tests/testing/util.h"
 
 namespace sg {

@@ -18,7 +18,7 @@
 
 #include "gtest/gtest.h"
 #include "models/config.h"
-#include "models/llama.h"
+#include "stepgraph/models/llama.h"
 #include "nlohmann/json.hpp"
 
 namespace sg {

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "models/session.h"
+#include "stepgraph/runtime/session.h"
 #include "tests/models/parity_expected.h"
 #include "tests/testing/util.h"
 

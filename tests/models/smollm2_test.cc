@@ -12,12 +12,12 @@
 #include <string>
 #include <vector>
 
-#include "models/chat_template.h"
+#include "stepgraph/text/chat_template.h"
 #include "models/model_files.h"
 #include "models/model_tokenizer.h"
-#include "models/session.h"
+#include "stepgraph/runtime/session.h"
 #include "nlohmann/json.hpp"
-#include "stepgraph/step_runner.h"
+#include "stepgraph/runtime/step_runner.h"
 #include "tests/testing/json_file.h"
 #include "tests/testing/util.h"
 

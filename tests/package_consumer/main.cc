@@ -9,14 +9,14 @@
 #include <utility>
 #include <vector>
 
-#include "stepgraph/builder.h"
-#include "stepgraph/c_api.h"
-#include "stepgraph/cpu_dispatch.h"
-#include "stepgraph/executor.h"
-#include "stepgraph/plan.h"
-#include "stepgraph/session.h"
-#include "stepgraph/status.h"
-#include "stepgraph/tokenizer.h"
+#include "stepgraph/graph/builder.h"
+#include "stepgraph/c_api/c_api.h"
+#include "stepgraph/dispatch/cpu_dispatch.h"
+#include "stepgraph/dispatch/executor.h"
+#include "stepgraph/graph/memory_plan.h"
+#include "stepgraph/runtime/session.h"
+#include "stepgraph/base/status.h"
+#include "stepgraph/text/tokenizer.h"
 
 namespace {
 

@@ -14,9 +14,9 @@
 #include "absl/strings/str_cat.h"
 #include "dispatch/cuda/cuda_handles.h"
 #include "dispatch/cuda/cuda_status.h"
-#include "stepgraph/cpu_dispatch.h"
-#include "stepgraph/cuda_dispatch.h"
-#include "stepgraph/executor.h"
+#include "stepgraph/dispatch/cpu_dispatch.h"
+#include "stepgraph/dispatch/cuda_dispatch.h"
+#include "stepgraph/dispatch/executor.h"
 #include "tests/testing/util.h"
 
 namespace sg::testing {

@@ -13,8 +13,8 @@
 #include <utility>
 #include <vector>
 
-#include "stepgraph/builder.h"
-#include "stepgraph/cuda_options.h"
+#include "stepgraph/graph/builder.h"
+#include "stepgraph/dispatch/cuda_options.h"
 
 namespace sg::testing {
 

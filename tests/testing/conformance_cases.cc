@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "stepgraph/llama.h"
-#include "stepgraph/passes.h"
+#include "stepgraph/models/llama.h"
+#include "stepgraph/graph/passes.h"
 #include "tests/testing/conformance.h"
 
 namespace sg::testing {

@@ -9,8 +9,8 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/match.h"
-#include "models/llama.h"
-#include "stepgraph/status.h"
+#include "stepgraph/models/llama.h"
+#include "stepgraph/base/status.h"
 
 namespace sg::testing {
 

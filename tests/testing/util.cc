@@ -6,8 +6,8 @@
 #include <algorithm>
 #include <limits>
 
-#include "stepgraph/half.h"
-#include "stepgraph/quant.h"
+#include "stepgraph/base/half.h"
+#include "stepgraph/base/quant.h"
 
 namespace sg::testing {
 namespace {

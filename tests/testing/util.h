@@ -8,9 +8,9 @@
 #include <random>
 #include <vector>
 
-#include "stepgraph/executor.h"
-#include "stepgraph/plan.h"
-#include "stepgraph/types.h"
+#include "stepgraph/dispatch/executor.h"
+#include "stepgraph/graph/memory_plan.h"
+#include "stepgraph/graph/types.h"
 
 namespace sg::testing {
 

@@ -18,7 +18,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "gtest/gtest.h"
-#include "models/session.h"
+#include "stepgraph/runtime/session.h"
 
 #ifndef SG_STEPGRAPH_BIN
 #error "SG_STEPGRAPH_BIN must name the stepgraph program"

@@ -1,21 +1,24 @@
 # stepgraph as a CMake package: the libraries installed and exported as stepgraph::<name>
 # targets, with stepgraphConfig.cmake and its version file, so that another project writes
-#   find_package(stepgraph 0.1 REQUIRED)
-#   target_link_libraries(app PRIVATE stepgraph::session)
+#   find_package(stepgraph 0.2 REQUIRED)
+#   target_link_libraries(app PRIVATE stepgraph::runtime)
 # In this tree the same names are aliases, so code written against the package builds here.
 # tools/package_test.sh installs a build and builds tests/package_consumer against it.
 include(CMakePackageConfigHelpers)
 
-# Library targets and their exported names (stepgraph_<name> -> stepgraph::<name>):
-#   core       graph IR, builder, planner, executor, the mock and the CPU reference
-#   models     Llama graphs, config.json, safetensors and GGUF loading
-#   tokenizer  text <-> ids, chat templates
-#   runner     the step runner (eager or replayed; CUDA inside when built with it)
-#   session    DecodeSession: a model decoding end to end
-#   c, session_c   the C ABI (libstepgraph_c.so, libstepgraph_session_c.so)
-#   kernels, cuda  the CUDA kernels and dispatcher (builds with CUDA only)
-set(_sg_package_targets stepgraph_core stepgraph_models stepgraph_tokenizer stepgraph_runner
-                        stepgraph_session stepgraph_c stepgraph_session_c)
+# Library targets and their exported names (stepgraph_<name> -> stepgraph::<name>), one
+# per room (README.md, Layout):
+#   base, graph, dispatch   dtypes; the IR, builder, passes, planner; the executor, the CPU
+#                           reference and the mock
+#   capture                 capture policy (CUDA-graph capture with CUDA)
+#   text                    tokenizers and chat templates
+#   models                  Llama graphs, config.json, safetensors and GGUF loading
+#   runtime                 the step runner and DecodeSession
+#   c, session_c            the C ABI (libstepgraph_c.so, libstepgraph_session_c.so)
+#   kernels, cuda           the CUDA kernels and dispatcher (builds with CUDA only)
+set(_sg_package_targets stepgraph_base stepgraph_graph stepgraph_dispatch stepgraph_capture
+                        stepgraph_text stepgraph_models stepgraph_runtime stepgraph_c
+                        stepgraph_session_c)
 if(STEPGRAPH_WITH_CUDA)
   list(APPEND _sg_package_targets stepgraph_kernels stepgraph_cuda)
 endif()
@@ -24,8 +27,6 @@ foreach(_t IN LISTS _sg_package_targets)
   set_target_properties(${_t} PROPERTIES EXPORT_NAME ${_name})
   add_library(stepgraph::${_name} ALIAS ${_t})
 endforeach()
-# The public headers are C++20; a consumer gets the standard with the targets.
-target_compile_features(stepgraph_core PUBLIC cxx_std_20)
 
 set(SG_INSTALL_CMAKEDIR ${CMAKE_INSTALL_LIBDIR}/cmake/stepgraph)
 install(TARGETS ${_sg_package_targets} EXPORT stepgraphTargets
@@ -41,7 +42,7 @@ if(STEPGRAPH_WITH_CUDA)
 else()
   install(DIRECTORY include/stepgraph DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}
           FILES_MATCHING PATTERN "*.h"
-          PATTERN "cuda_dispatch.h" EXCLUDE PATTERN "capture.h" EXCLUDE)
+          PATTERN "cuda_dispatch.h" EXCLUDE PATTERN "cuda_graph.h" EXCLUDE)
 endif()
 install(EXPORT stepgraphTargets NAMESPACE stepgraph:: DESTINATION ${SG_INSTALL_CMAKEDIR})
 

@@ -1,0 +1,69 @@
+// CpuDispatch: the f32 reference for every op, and so the definition of what each op
+// means. Storage may be f32, bf16 or f16: values are converted on load and store and all
+// math is f32, with Hugging Face's order of rounding where it matters (RmsNorm, RoPE).
+// Weights that MatMul and Embedding read may also be GGUF block formats, dequantized a
+// block at a time exactly as GGUF's reference does (stepgraph/base/quant.h). Clarity first;
+// MatMul and Attention split their output rows over a small thread pool, each output
+// element computed whole by one thread, so the result is the same with any number of
+// threads. Every other dispatcher is tested against it.
+#ifndef STEPGRAPH_DISPATCH_CPU_DISPATCH_H_
+#define STEPGRAPH_DISPATCH_CPU_DISPATCH_H_
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "stepgraph/dispatch/dispatch.h"
+#include "stepgraph/base/error_flags.h"
+
+namespace sg {
+
+namespace cpu {
+class ThreadPool;
+}
+
+class CpuDispatch final : public KernelDispatch {
+ public:
+  struct Options {
+    // Threads that MatMul and Attention use, the caller's included; 0: one per core.
+    int threads = 0;
+  };
+
+  CpuDispatch();
+  explicit CpuDispatch(Options options);
+  ~CpuDispatch() override;
+  CpuDispatch(const CpuDispatch&) = delete;
+  CpuDispatch& operator=(const CpuDispatch&) = delete;
+
+  // The threads in use (fewer than asked if the system refused some).
+  int threads() const;
+
+  // The RoPE frequency table of each Rope node.
+  absl::StatusOr<PreparedPlan> Prepare(const ExecutionPlan& plan) override;
+
+#define SG_CPU_RUN(Name) absl::Status Run(const ops::Name& op, const NodeArgs& args) override;
+  SG_OP_LIST(SG_CPU_RUN)
+#undef SG_CPU_RUN
+
+  // ErrorFlag bits raised since the last call (out-of-range ids or positions); clears them.
+  uint32_t TakeErrorFlags() {
+    const uint32_t f = error_flags_;
+    error_flags_ = 0;
+    return f;
+  }
+
+ private:
+  // Sizes scratch_ (one row per thread of at least floats_per_thread) before a parallel
+  // loop, so that no part allocates.
+  absl::Status PrepareScratch(int64_t floats_per_thread);
+
+  std::unique_ptr<cpu::ThreadPool> pool_;
+  std::vector<std::vector<float>> scratch_;
+  std::vector<float> x_f32_, out_f32_;  // an op's inputs or outputs stored in bf16/f16
+  uint32_t error_flags_ = 0;
+};
+
+}  // namespace sg
+
+#endif  // STEPGRAPH_DISPATCH_CPU_DISPATCH_H_

@@ -1,0 +1,97 @@
+// CudaDispatch: every op as one launch on one CUDA stream, through stepgraph's kernels and
+// cuBLASLt. Everything a launch needs (cuBLASLt descriptors and algorithms, workspaces,
+// RoPE tables, launch shapes, the error word) is made in Create and Prepare and kept per
+// node in the PreparedPlan; Run only launches, so a plan's execution can be captured into
+// a CUDA graph.
+#ifndef STEPGRAPH_DISPATCH_CUDA_DISPATCH_H_
+#define STEPGRAPH_DISPATCH_CUDA_DISPATCH_H_
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "stepgraph/dispatch/cuda_options.h"
+#include "stepgraph/dispatch/dispatch.h"
+#include "stepgraph/base/error_flags.h"
+
+namespace sg {
+
+class CudaModuleCache;
+
+namespace internal {
+class MatmulRunner;
+class RopeTables;
+class AttentionWorkspace;
+class SamplingWorkspace;
+}  // namespace internal
+
+// What the kernels' launch shapes depend on, read once from the device.
+struct CudaDeviceInfo {
+  int device = 0;
+  int sm_count = 0;
+  int64_t l2_bytes = 0;
+  int compute_capability = 0;  // 90 for Hopper
+};
+
+class CudaDispatch final : public KernelDispatch {
+ public:
+  struct Options {
+    // Every launch goes to this stream (not owned); when null the dispatcher makes a
+    // non-blocking stream of its own. Fixed for the dispatcher's life.
+    cudaStream_t stream = nullptr;
+    CudaOptions cuda;
+  };
+
+  // FailedPrecondition when no device is usable.
+  static absl::StatusOr<std::unique_ptr<CudaDispatch>> Create(const Options& options);
+  static absl::StatusOr<std::unique_ptr<CudaDispatch>> Create() { return Create(Options{}); }
+  ~CudaDispatch() override;
+  CudaDispatch(const CudaDispatch&) = delete;
+  CudaDispatch& operator=(const CudaDispatch&) = delete;
+
+  // Each node's launch: matmul path and cuBLASLt plan (shared per shape), RoPE table,
+  // attention split and workspace, argmax split and workspace, kernels compiled for the
+  // plan (FusedElementwise; RmsNorm with CudaOptions::compiled_norm). May be called for several
+  // plans (batch buckets): workspaces grow to the largest need, and buffers outgrown stay
+  // alive for plans prepared earlier. Must not be called while a captured graph that uses
+  // this dispatcher may be replayed concurrently.
+  absl::StatusOr<PreparedPlan> Prepare(const ExecutionPlan& plan) override;
+
+  // Every Run only enqueues work on the stream.
+  bool CaptureSafe(const Op& op) const override { return true; }
+
+#define SG_CUDA_RUN(Name) absl::Status Run(const ops::Name& op, const NodeArgs& args) override;
+  SG_OP_LIST(SG_CUDA_RUN)
+#undef SG_CUDA_RUN
+
+  cudaStream_t stream() const { return stream_; }
+  const CudaDeviceInfo& device_info() const { return info_; }
+  const CudaOptions& options() const { return options_; }
+
+  // The device word kernels raise ErrorFlag bits in. Stays valid for the dispatcher's life.
+  uint32_t* device_error_flags() const { return error_flags_; }
+  // Waits for the stream, returns the ErrorFlag bits raised since the last call and
+  // clears them. Not for the per-step path of a closed loop: read the word asynchronously.
+  absl::StatusOr<uint32_t> TakeErrorFlags();
+
+ private:
+  CudaDispatch(cudaStream_t stream, bool owns_stream, CudaDeviceInfo info,
+               const CudaOptions& options);
+
+  cudaStream_t stream_;
+  bool owns_stream_;
+  CudaDeviceInfo info_;
+  CudaOptions options_;
+  uint32_t* error_flags_ = nullptr;  // owned: cudaMalloc'd in Create, freed in the destructor
+  std::unique_ptr<internal::MatmulRunner> matmul_;
+  std::unique_ptr<internal::RopeTables> rope_;
+  std::unique_ptr<internal::AttentionWorkspace> attention_;
+  std::unique_ptr<internal::SamplingWorkspace> sampling_;
+  std::unique_ptr<CudaModuleCache> modules_;  // kernels compiled for the plan (NVRTC)
+};
+
+}  // namespace sg
+
+#endif  // STEPGRAPH_DISPATCH_CUDA_DISPATCH_H_

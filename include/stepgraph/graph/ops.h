@@ -1,0 +1,242 @@
+// The one list of ops. Every op is named once in SG_OP_LIST; the Op variant, the op names,
+// the KernelDispatch interface and the mock dispatcher are generated from it, so adding an
+// op cannot leave one of them behind. Semantics are in docs/ops.md and DESIGN.md's table;
+// the CPU reference (dispatch/cpu/) is their executable definition.
+#ifndef STEPGRAPH_GRAPH_OPS_H_
+#define STEPGRAPH_GRAPH_OPS_H_
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <variant>
+
+#include "absl/strings/string_view.h"
+#include "stepgraph/base/dtype.h"
+
+#define SG_OP_LIST(V) \
+  V(Embedding)        \
+  V(MatMul)           \
+  V(RmsNorm)          \
+  V(Add)              \
+  V(Mul)              \
+  V(Silu)             \
+  V(SiluMul)          \
+  V(Rope)             \
+  V(KvWrite)          \
+  V(Attention)        \
+  V(Softmax)          \
+  V(Argmax)           \
+  V(Sample)           \
+  V(Copy)             \
+  V(Advance)          \
+  V(FusedMatMul)      \
+  V(RopeKvWrite)      \
+  V(FusedElementwise)
+
+namespace sg::ops {
+
+// table[V,H], ids[M] i32 -> [M,H]. An id outside [0,V) yields a zero row and raises the
+// dispatcher's error flag. The output has the table's dtype; a quantized table (a Weight
+// in a block format) is dequantized to `dequant_dtype`.
+struct Embedding {
+  DType dequant_dtype = DType::kF32;
+};
+
+// x[M,K], w[N,K] (, bias[N]) -> [M,N]: y = x·wᵀ (+ bias), the PyTorch / HF weight layout.
+// w has x's dtype, or is a Weight in a quantized block format (dequantized on the fly).
+struct MatMul {
+  bool has_bias = false;
+};
+
+// x[M,H], w[H] -> [M,H]: round(x·rsqrt(mean(x²)+eps)) · w, as Hugging Face rounds.
+struct RmsNorm {
+  float eps = 1e-6f;
+};
+
+// a, b -> a + b (same shape and dtype; i32 allowed).
+struct Add {};
+// a, b -> a · b (same shape and dtype).
+struct Mul {};
+// x -> x·sigmoid(x).
+struct Silu {};
+// gate, up -> silu(gate)·up: the fused SwiGLU.
+struct SiluMul {};
+
+// Llama-3 frequency scaling of RoPE ("rope_type": "llama3" in a HF config).
+struct RopeScaling {
+  enum class Type : uint8_t { kNone, kLlama3 };
+  Type type = Type::kNone;
+  float factor = 1.0f;
+  float low_freq_factor = 1.0f;
+  float high_freq_factor = 4.0f;
+  int32_t original_max_position = 8192;
+};
+
+// x[M, n·d], pos[M] i32 -> same. Rotates every head of x by its row's position. By default
+// the HF "rotate_half" pairing (i, i + d/2); `interleaved` pairs (2i, 2i+1) instead.
+struct Rope {
+  int32_t head_dim = 0;
+  float theta = 10000.0f;
+  bool interleaved = false;
+  RopeScaling scaling;
+};
+
+// kv[M, kvh·d], pos[M] i32 (, seq_slots[B] i32), cache[slots, kvh, S, d] (a State, the
+// last input since it is written) -> cache, in place: row i is written at (its slot,
+// pos[i]). Without seq_slots (`has_slots` false, the decode step) row i is slot i. With them the M rows are B sequences of T = M / B
+// consecutive rows each (M a multiple of B), and row i belongs to sequence i / T, whose
+// slot is seq_slots[i / T]: a prefill step of T tokens per sequence. A row with pos < 0 is
+// padding and writes nothing; pos >= S, or a non-padding row whose slot is outside
+// [0, slots), writes nothing and raises the error flag. Rows of one sequence must not
+// share a position (which of them lands is then unspecified).
+struct KvWrite {
+  bool has_slots = false;
+};
+
+// q[M, h·d], k_cache, v_cache [slots, kvh, S, d], pos[M] i32 (, seq_slots[B] i32) ->
+// [M, h·d]. Row i attends to positions 0..pos[i] of its slot (the slot as in KvWrite).
+// Because every KvWrite of a step runs before its Attention, a prefill row sees the
+// cache and the step's own rows at earlier positions of the same sequence: causal over
+// the new tokens and covering what the cache held. GQA maps head j to kv head
+// j / (h / kvh). A padding row (pos < 0) yields zeros; pos >= S or a slot out of range
+// yields zeros and raises the error flag. The launch shape depends on the shapes only,
+// never on pos or the slots.
+struct Attention {
+  float scale = 0.0f;  // the builder sets 1/sqrt(d) unless given
+  bool has_slots = false;
+};
+
+// x[M,N] -> [M,N], row-wise, f32 math, max-subtracted.
+struct Softmax {};
+
+// x[M,V] -> ids[M] i32, the lowest index among equal maxima.
+struct Argmax {};
+
+// logits[M,V], seeds[M] i32, pos[M] i32 -> ids[M] i32. Draws from softmax(logits/T)
+// restricted to the top_k largest (0: no limit) and then to the smallest set whose mass
+// reaches top_p. The random stream is counter based: (seed[i], pos[i]) fixes row i's draw,
+// so the same seeds and positions give the same ids on every run and every dispatcher
+// that implements the same generator.
+struct Sample {
+  float temperature = 1.0f;
+  int32_t top_k = 0;
+  float top_p = 1.0f;
+};
+
+// src, dst -> dst (an Input or State of the same shape and dtype), in place: how a step hands
+// its sampled ids to the next step without the host.
+struct Copy {};
+
+// pos[M] i32 (an Input or State) -> pos, in place: pos + 1 where pos >= 0; padding rows
+// (pos < 0) stay as they are. Ends a step of a closed decode loop.
+struct Advance {};
+
+// ---- Fused ops: made by the graph passes (stepgraph/graph/passes.h), never needed by a model.
+// Each is defined as the plain ops it replaces, with the same roundings, so that a fused
+// graph computes what the plain graph computes.
+
+// A matmul of x[M,K] with `weights` matrices w_g[N_g, K] (one launch over several weight
+// pointers: weights are not concatenated in memory), with an optional RmsNorm of x folded
+// in front and an optional epilogue. Inputs, in order:
+//   x, [norm_w[K] when `norm`], w_0 .. w_{weights-1}, [residual when epilogue == kAdd],
+//   [pos, k_cache, v_cache when epilogue == kRopeKvWrite].
+// With `norm`, x is first replaced by RmsNorm(x, norm_w, eps) exactly as ops::RmsNorm
+// rounds it. The product p = x·[w_0; ...; w_{g-1}]ᵀ is [M, ΣN_g] (the weights' columns
+// side by side, w_0's first), rounded to x's dtype as a MatMul output is. Then:
+//   kNone:    output p.
+//   kAdd:     output residual + p (residual [M, ΣN_g], as ops::Add).
+//   kSiluMul: weights == 2 with N_0 == N_1: output silu(p[:, :N]) · p[:, N:] ([M, N],
+//             as ops::SiluMul of the gate and up products).
+//   kArgmax:  weights == 1: output ids [M] i32, the argmax of each row of p (as
+//             ops::Argmax; p itself is not stored).
+//   kRopeKvWrite: weights == 3 (w_q [h·d, K], w_k and w_v [kvh·d, K]); three more
+//             inputs after the weights: pos[M] i32, k_cache, v_cache [slots, kvh, S, d]
+//             (States). Output ops::RopeKvWrite{rope}(p, pos, k_cache, v_cache): the
+//             rotated q [M, h·d], with the rotated k and the v written into the caches
+//             in place (same padding, out-of-range and error-flag rules). p itself is not
+//             stored. CUDA takes head_dim % 4 == 0 only.
+// w may be a quantized Weight on the CPU reference; CUDA takes float weights of x's dtype.
+struct FusedMatMul {
+  enum class Epilogue : uint8_t { kNone, kAdd, kSiluMul, kArgmax, kRopeKvWrite };
+  bool norm = false;
+  float eps = 1e-6f;
+  int32_t weights = 1;  // 1 to 3
+  Epilogue epilogue = Epilogue::kNone;
+  Rope rope;  // kRopeKvWrite only
+};
+
+// qkv[M, (h + 2·kvh)·d] (q, k and v side by side, as a grouped FusedMatMul writes them),
+// pos[M] i32, k_cache, v_cache [slots, kvh, S, d] (States) -> q [M, h·d]. Rotates q and
+// k as ops::Rope with `rope`, writes the rotated k and v into the caches as ops::KvWrite
+// (same padding and out-of-range rules) and outputs the rotated q. The two caches are
+// written in place as a side effect: the output is q, so that Attention, which reads q,
+// runs after the writes.
+struct RopeKvWrite {
+  Rope rope;
+};
+
+// A chain of elementwise ops as one node, made by the elementwise_chain pass from Add,
+// Mul, Silu and SiluMul nodes whose intermediate results nothing else reads. Inputs
+// x_0 .. x_{n-1} (1 <= n <= kMaxInputs), float tensors of one shape and dtype, are
+// values 0 .. n-1; step i computes value n + i from one (kSilu) or two values numbered
+// below it, in f32 from their stored values, and rounds it to the dtype as the plain op
+// stores its output. The output is the last step's value. So the node computes, bit for
+// bit on the CPU reference, what the chain of plain ops computes.
+struct FusedElementwise {
+  enum class Kind : uint8_t { kAdd, kMul, kSilu, kSiluMul };
+  struct Step {
+    Kind kind = Kind::kAdd;
+    uint8_t a = 0;
+    uint8_t b = 0;  // binary kinds only (kSilu: 0)
+  };
+  static constexpr int kMaxInputs = 8;
+  static constexpr int kMaxSteps = 8;
+  int32_t num_steps = 0;  // 1 .. kMaxSteps
+  std::array<Step, kMaxSteps> steps{};
+};
+
+}  // namespace sg::ops
+
+namespace sg {
+
+namespace internal {
+// SG_OP_LIST expands to "ops::A, ops::B, ..., " with a trailing comma; the list is closed
+// with OpListEnd and the variant is made of every type but that last one.
+struct OpListEnd {};
+template <typename Tuple, typename Indices>
+struct VariantOfLeading;
+template <typename Tuple, size_t... I>
+struct VariantOfLeading<Tuple, std::index_sequence<I...>> {
+  using type = std::variant<std::tuple_element_t<I, Tuple>...>;
+};
+#define SG_OP_TYPE(Name) ops::Name,
+using OpTuple = std::tuple<SG_OP_LIST(SG_OP_TYPE) OpListEnd>;
+#undef SG_OP_TYPE
+}  // namespace internal
+
+// std::variant<ops::Embedding, ops::MatMul, ...>, in SG_OP_LIST order.
+using Op = internal::VariantOfLeading<
+    internal::OpTuple,
+    std::make_index_sequence<std::tuple_size_v<internal::OpTuple> - 1>>::type;
+
+// Number of ops in SG_OP_LIST.
+inline constexpr int kNumOps = static_cast<int>(std::variant_size_v<Op>);
+
+// "MatMul", "Rope", ...
+absl::string_view OpName(const Op& op);
+
+// Parameters as "eps=1e-05", "" for ops without any.
+std::string OpParamsToString(const Op& op);
+
+// "add", "mul", "silu", "silu_mul".
+absl::string_view ElementwiseKindName(ops::FusedElementwise::Kind kind);
+// Whether `kind` reads two values (every kind but kSilu).
+inline bool IsBinaryKind(ops::FusedElementwise::Kind kind) {
+  return kind != ops::FusedElementwise::Kind::kSilu;
+}
+
+}  // namespace sg
+
+#endif  // STEPGRAPH_GRAPH_OPS_H_

@@ -1,0 +1,111 @@
+// Llama-family decode-step graphs (LlamaForCausalLM) written with the builder API, with
+// weight names exactly as Hugging Face stores them.
+#ifndef STEPGRAPH_MODELS_LLAMA_H_
+#define STEPGRAPH_MODELS_LLAMA_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "stepgraph/graph/graph.h"
+#include "stepgraph/graph/ops.h"
+#include "stepgraph/graph/types.h"
+
+namespace sg {
+
+// The fields of a Hugging Face config.json for LlamaForCausalLM that shape the graph.
+struct LlamaConfig {
+  int64_t hidden_size = 0;
+  int64_t intermediate_size = 0;
+  int64_t num_hidden_layers = 0;
+  int64_t num_attention_heads = 0;
+  int64_t num_key_value_heads = 0;
+  int64_t head_dim = 0;  // hidden_size / num_attention_heads unless given
+  float rms_norm_eps = 1e-6f;
+  float rope_theta = 10000.0f;
+  ops::RopeScaling rope_scaling;
+  // RoPE pairs (2i, 2i+1) instead of (i, i + d/2): GGUF files store Q and K permuted so.
+  bool rope_interleaved = false;
+  int64_t vocab_size = 0;
+  int64_t max_position_embeddings = 0;
+  bool tie_word_embeddings = false;
+  bool attention_bias = false;
+  bool mlp_bias = false;
+  DType dtype = DType::kF32;
+  // Storage dtypes of single weights that differ from `dtype`, by name: GGUF block formats
+  // for matrices that MatMul and Embedding read (a quantized model). Activations, the KV
+  // cache and every other weight stay in `dtype`.
+  absl::flat_hash_map<std::string, DType> weight_dtypes;
+  // Keys of config.json accepted as metadata (token ids, writer names, training-only
+  // settings: nothing the computation reads), in file order, for the program's --verbose.
+  std::vector<std::string> metadata_keys;
+
+  // InvalidArgument naming the field when a value is out of range or inconsistent. Every
+  // size is bounded by what a real model can have (the message says the bound and why),
+  // so that nothing is sized from a config asking for terabytes.
+  absl::Status Validate() const;
+  // Bytes of all weights, each stored in `dtype` (weight_dtypes are not counted);
+  // InvalidArgument when a product overflows.
+  absl::StatusOr<int64_t> WeightBytes() const;
+};
+
+// A small Llama with the shape of the real thing, for the default model, tests and
+// benchmarks.
+LlamaConfig TinyLlamaConfig();
+// Llama-3.2-1B's shape (hidden 2048, 16 layers, 32 heads, 8 KV heads, intermediate 8192,
+// vocab 128256, tied embeddings, llama3 RoPE scaling), bf16.
+LlamaConfig Llama32_1BConfig();
+
+// One step of the model: a decode step (one row per sequence) or a prefill step (T rows
+// per sequence, one per token). Both are this one graph with different options.
+struct LlamaGraphOptions {
+  int64_t batch = 1;     // sequences B in the step
+  int64_t slots = 0;     // KV cache slots; 0 means `batch`
+  int64_t max_seq = 0;   // KV cache length S; 0 means max_position_embeddings
+  // Rows per sequence T; the step has M = batch · T rows, each a token with its own
+  // position. T > 1 is a prefill step: the sequences' KV cache slots come from a
+  // "seq_slots" input [batch] (as they do whenever `seq_slots` is set), and attention is
+  // causal among each sequence's rows and covers what its cache held.
+  int64_t rows_per_seq = 1;
+  // Rows address KV slots through "seq_slots" even at T = 1 (without it row i is slot i).
+  bool seq_slots = false;
+  // false: the step only fills the KV cache (a prefill chunk; the prompt's last token goes
+  // through a decode step, which yields the first new id): no lm head and no token
+  // choice, and the last layer stops after its KV write. The graph then has no outputs.
+  bool logits = true;
+  // Greedy (Argmax) when empty; otherwise Sample with these parameters and a "seeds" input.
+  std::optional<ops::Sample> sampling;
+  // Closed decode loop: the step ends by copying the chosen ids into "ids" and advancing
+  // "pos", so consecutive steps need no host writes. Decode steps only (T = 1, logits).
+  bool closed_loop = false;
+};
+
+// Tensor names of the graph's step inputs and outputs.
+inline constexpr char kIdsInput[] = "ids";
+inline constexpr char kPosInput[] = "pos";
+inline constexpr char kSeedsInput[] = "seeds";
+inline constexpr char kSeqSlotsInput[] = "seq_slots";
+inline constexpr char kLogitsOutput[] = "logits";
+inline constexpr char kNextIdsOutput[] = "next_ids";
+
+// Name of layer `layer`'s key or value cache State.
+std::string KCacheName(int64_t layer);
+std::string VCacheName(int64_t layer);
+
+// A step: ids[M], pos[M] (seeds[M] when sampling, seq_slots[B] for prefill) in; logits
+// [M, vocab] and next_ids [M] out unless `logits` is false. Row r is token r % T of
+// sequence r / T.
+absl::StatusOr<Graph> BuildLlamaDecodeGraph(const LlamaConfig& config,
+                                            const LlamaGraphOptions& options);
+
+// FLOPs of prefilling `tokens` tokens into an empty cache, counted as the model defines
+// them (every layer whole; the lm head is not part of prefill): 2 per multiply-add of the
+// projections per token, and QKᵀ plus PV over the causal triangle.
+double PrefillFlops(const LlamaConfig& config, int64_t tokens);
+
+}  // namespace sg
+
+#endif  // STEPGRAPH_MODELS_LLAMA_H_

@@ -1,0 +1,158 @@
+// StepRunner: where steps run. One object owns a set of steps (one graph per batch bucket,
+// or per prefill chunk) with their plans, bindings and preparations, the one arena they
+// share, the device memory the caller asks for (weights, KV cache, step inputs), the
+// stream and the dispatcher. It runs a step eagerly (one Run per node through the
+// executor) or, on CUDA, replays the step captured once as a CUDA graph. The CPU
+// reference and CUDA are the same object with a different device behind it, so callers
+// (the decode session, benchmarks, tools) never include CUDA headers.
+//
+//   auto runner = StepRunner::Create({.device = DeviceKind::kCuda});
+//   void* kv = runner->AllocateZeroed(kv_bytes, "the KV cache");
+//   int step = runner->AddStep(std::move(graph), bind_weights_and_kv);   // per bucket
+//   runner->Finalize();          // arena, prepare every step, capture every step
+//   runner->Run(step);           // one cudaGraphLaunch (or one eager pass)
+//
+// Every copy and step is ordered on the runner's one stream, so the host never needs to
+// synchronise the device except where it reads results (Sync).
+#ifndef STEPGRAPH_RUNTIME_STEP_RUNNER_H_
+#define STEPGRAPH_RUNTIME_STEP_RUNNER_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "stepgraph/dispatch/cuda_options.h"
+#include "stepgraph/dispatch/dispatch.h"
+#include "stepgraph/dispatch/executor.h"
+#include "stepgraph/graph/memory_plan.h"
+
+namespace sg {
+
+enum class DeviceKind : uint8_t { kCpu, kCuda };
+absl::string_view DeviceKindName(DeviceKind d);  // "cpu", "cuda"
+
+// Whether this build includes CUDA, and whether a CUDA device can be used here.
+bool BuiltWithCuda();
+bool CudaDeviceFound();
+
+struct RunnerOptions {
+  DeviceKind device = DeviceKind::kCpu;
+  // CUDA: execute every step node by node instead of replaying captured graphs (for
+  // profilers and debugging). The CPU always runs eagerly. The program maps --eager and
+  // STEPGRAPH_EAGER onto this; it is the only eager switch.
+  bool eager = false;
+  CudaOptions cuda;
+  // CPU: the dispatcher to run with instead of the CPU reference (not owned; e.g. a
+  // MockDispatch in tests). Memory is host memory either way.
+  KernelDispatch* cpu_dispatch = nullptr;
+  // CPU: threads of the reference's parallel ops (0: one per core).
+  int cpu_threads = 0;
+  // Nodes whose arguments moved that a captured step may patch in place.
+  double max_patch_fraction = 0.5;
+};
+
+class StepRunner {
+ public:
+  // The device, its stream and its dispatcher. FailedPrecondition for kCuda where CUDA is
+  // not built or no device is found.
+  static absl::StatusOr<std::unique_ptr<StepRunner>> Create(const RunnerOptions& options);
+  ~StepRunner();
+  StepRunner(const StepRunner&) = delete;
+  StepRunner& operator=(const StepRunner&) = delete;
+
+  DeviceKind device() const { return options_.device; }
+  // Whether Run replays captured graphs (false: every step runs eagerly).
+  bool replays() const { return !eager_; }
+  // "cuda (NVIDIA H100 80GB HBM3, 132 SMs), replayed CUDA graphs", "cpu (the f32 reference)".
+  std::string Describe() const;
+
+  // ---- Memory on the runner's device (host memory on the CPU), owned by the runner.
+  // Not initialised.
+  absl::StatusOr<void*> Allocate(int64_t bytes, absl::string_view what);
+  // Reading as zeros. On the CPU its pages are mapped on first touch, so a large buffer
+  // costs memory only where it is written.
+  absl::StatusOr<void*> AllocateZeroed(int64_t bytes, absl::string_view what);
+  // Host memory that copies to and from the device go through without blocking (pinned on
+  // CUDA).
+  absl::StatusOr<void*> AllocateHost(int64_t bytes, absl::string_view what);
+  // Bytes the device can still allocate (CPU: the memory the system reports available).
+  absl::StatusOr<int64_t> FreeBytes() const;
+  // Copies between any two of runner memory, runner host memory and other host memory,
+  // ordered with the steps on the runner's stream. May return before the copy ends: the
+  // source must stay unchanged and the destination unread until Sync.
+  absl::Status Copy(void* dst, const void* src, int64_t bytes);
+  // Waits for every copy and step enqueued so far.
+  absl::Status Sync();
+  // The bandwidth of a large copy within the device's memory, counted as bytes read plus
+  // bytes written per second (median of `repeats`): the ceiling a memory-bound step is
+  // compared with. Allocates two buffers of `bytes` for the measurement.
+  absl::StatusOr<double> CopyBandwidth(int64_t bytes, int repeats);
+
+  // ---- Steps.
+  // Binds every Input, Weight and State of a step's graph (the runner binds the arena).
+  using Binder = std::function<absl::Status(const Graph& graph, Bindings& bindings)>;
+  // Plans `graph` and binds it; returns the step's index. Before Finalize only.
+  absl::StatusOr<int> AddStep(Graph graph, const Binder& bind);
+  // Allocates the arena for the largest step, prepares every step with the dispatcher and,
+  // unless eager, captures each. Steps run only after this.
+  absl::Status Finalize();
+  // Runs step `step` once: a graph replay, or an eager pass through the executor.
+  absl::Status Run(int step);
+  // Runs `step` eagerly with the time of each node in ms (on CUDA the launches are queued
+  // before the first starts, so each time is the node's device time).
+  absl::StatusOr<std::vector<double>> Profile(int step);
+
+  int num_steps() const { return static_cast<int>(steps_.size()); }
+  const ExecutionPlan& plan(int step) const;
+  const Bindings& bindings(int step) const;
+  // An output of `step` (where it lives and what it holds); NotFound naming it otherwise.
+  absl::StatusOr<TensorArg> Output(int step, absl::string_view name) const;
+  int64_t arena_bytes() const { return arena_bytes_; }
+  // CUDA graph nodes of a captured step (0 when eager).
+  int64_t graph_nodes(int step) const;
+
+  // The error-flag bits (stepgraph/base/error_flags.h) the kernels raised since the last call;
+  // waits for the device.
+  absl::StatusOr<uint32_t> TakeErrorFlags();
+
+  // Time marks on the stream: StartMarks(n), then Mark(i) for i in [0, n), then the n - 1
+  // intervals in ms (waits for the last mark).
+  absl::Status StartMarks(int64_t n);
+  absl::Status Mark(int64_t i);
+  absl::StatusOr<std::vector<double>> MarkIntervalsMs();
+
+  // The runner's device as seen by the steps (internal; runtime/runner_device.h).
+  class Device;
+
+ private:
+  struct Step;
+
+  StepRunner(const RunnerOptions& options, std::unique_ptr<Device> device);
+  absl::Status CheckStep(int step, absl::string_view what) const;
+
+  RunnerOptions options_;
+  bool eager_ = true;
+  bool finalized_ = false;
+  // Declared first, destroyed last: the steps' captures, the arena and every buffer live
+  // on it.
+  std::unique_ptr<Device> device_;
+  void* arena_ = nullptr;  // owned by the device
+  int64_t arena_bytes_ = 0;
+  std::vector<std::unique_ptr<Step>> steps_;
+};
+
+// The bf16 matmul rate of the device `options` names, in TFLOP/s: one n×n×n MatMul node
+// on a runner of its own, through the dispatcher's matmul path (cuBLASLt at the default
+// size), median of `runs` replays: the ceiling a compute-bound step (prefill) is compared
+// with.
+absl::StatusOr<double> MeasureMatmulTflops(const RunnerOptions& options, int64_t n = 4096,
+                                           int runs = 20);
+
+}  // namespace sg
+
+#endif  // STEPGRAPH_RUNTIME_STEP_RUNNER_H_

@@ -1,0 +1,219 @@
+// The CUDA device of a StepRunner: device memory, one non-blocking stream (the
+// dispatcher's, fixed when it is made), CudaDispatch, and each step captured once as a
+// CUDA graph. Every copy goes to that stream too, so setup and steps are ordered without
+// ever synchronising the device.
+#include <cuda_runtime_api.h>
+
+#include <atomic>
+#include <chrono>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "runtime/runner_device.h"
+#include "dispatch/cuda/cuda_handles.h"
+#include "dispatch/cuda/cuda_status.h"
+#include "stepgraph/capture/cuda_graph.h"
+#include "stepgraph/dispatch/cuda_dispatch.h"
+#include "stepgraph/base/status.h"
+
+namespace sg {
+
+bool BuiltWithCuda() { return true; }
+bool CudaDeviceFound() { return CudaDeviceAvailable(); }
+
+namespace {
+
+// Holds a stream's work until the host opens it, so that a profiled step's launches are
+// all queued before the first one runs and each node's events time the device alone. A
+// deadline opens it anyway: a launch queue that fills up blocks the host, which could
+// otherwise never open the gate.
+struct LaunchGate {
+  std::atomic<bool> open{false};
+  static void CUDART_CB Wait(void* p) {
+    auto* gate = static_cast<LaunchGate*>(p);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+    while (!gate->open.load(std::memory_order_acquire) &&
+           std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::yield();
+    }
+  }
+};
+
+class CapturedReplay final : public ReplayableStep {
+ public:
+  explicit CapturedReplay(std::unique_ptr<CapturedStep> step) : step_(std::move(step)) {}
+  absl::Status Replay() override { return step_->Replay(); }
+  int64_t graph_nodes() const override { return step_->num_graph_nodes(); }
+
+ private:
+  std::unique_ptr<CapturedStep> step_;
+};
+
+class CudaRunnerDevice final : public StepRunner::Device {
+ public:
+  ~CudaRunnerDevice() override {
+    // Copies into pinned memory may still be queued.
+    if (dispatch_ != nullptr) {
+      if (cudaError_t e = cudaStreamSynchronize(stream()); e != cudaSuccess) {
+        internal::LogReleaseFailure("cudaStreamSynchronize (step runner teardown)",
+                                    static_cast<int>(e));
+      }
+    }
+  }
+
+  absl::Status Init(const RunnerOptions& options) {
+    CudaDispatch::Options d;
+    d.cuda = options.cuda;
+    SG_ASSIGN_OR_RETURN(dispatch_, CudaDispatch::Create(d));
+    cudaDeviceProp prop{};
+    if (cudaGetDeviceProperties(&prop, dispatch_->device_info().device) == cudaSuccess) {
+      name_ = prop.name;
+    }
+    return absl::OkStatus();
+  }
+
+  std::string Describe() const override {
+    return absl::StrCat("cuda (", name_.empty() ? "device" : name_, ", ",
+                        dispatch_->device_info().sm_count, " SMs)");
+  }
+  KernelDispatch& dispatch() override { return *dispatch_; }
+  bool can_capture() const override { return true; }
+
+  absl::StatusOr<void*> Allocate(int64_t bytes, bool zeroed, absl::string_view what) override {
+    const std::string label(what);
+    SG_ASSIGN_OR_RETURN(DeviceMemory m, AllocateDevice(bytes, label.c_str()));
+    if (zeroed) {
+      SG_RETURN_IF_ERROR(ToStatus(cudaMemsetAsync(m.get(), 0, static_cast<size_t>(bytes), stream()),
+                                  absl::StrCat("cudaMemsetAsync (", what, ")")));
+    }
+    device_.push_back(std::move(m));
+    return device_.back().get();
+  }
+  absl::StatusOr<void*> AllocateHost(int64_t bytes, absl::string_view what) override {
+    if (bytes <= 0) {
+      return absl::InvalidArgumentError(absl::StrCat("cannot allocate ", bytes, " bytes for ", what));
+    }
+    void* p = nullptr;
+    SG_RETURN_IF_ERROR(ToStatus(cudaMallocHost(&p, static_cast<size_t>(bytes)),
+                                absl::StrCat("cudaMallocHost (", bytes, " bytes for ", what, ")")));
+    pinned_.emplace_back(p);
+    return p;
+  }
+  absl::StatusOr<int64_t> FreeBytes() const override {
+    size_t free_bytes = 0, total = 0;
+    SG_RETURN_IF_ERROR(ToStatus(cudaMemGetInfo(&free_bytes, &total), "cudaMemGetInfo"));
+    return static_cast<int64_t>(free_bytes);
+  }
+  absl::Status Copy(void* dst, const void* src, int64_t bytes) override {
+    return ToStatus(cudaMemcpyAsync(dst, src, static_cast<size_t>(bytes), cudaMemcpyDefault,
+                                    stream()),
+                    "cudaMemcpyAsync (step runner copy)");
+  }
+  absl::Status Sync() override {
+    return ToStatus(cudaStreamSynchronize(stream()), "cudaStreamSynchronize (step runner)");
+  }
+  absl::StatusOr<uint32_t> TakeErrorFlags() override { return dispatch_->TakeErrorFlags(); }
+
+  absl::StatusOr<std::vector<double>> TimeCopies(int64_t bytes, int repeats) override {
+    SG_ASSIGN_OR_RETURN(DeviceMemory src, AllocateDevice(bytes, "the copy source"));
+    SG_ASSIGN_OR_RETURN(DeviceMemory dst, AllocateDevice(bytes, "the copy destination"));
+    SG_ASSIGN_OR_RETURN(UniqueEvent start, CreateEvent("copy start"));
+    SG_ASSIGN_OR_RETURN(UniqueEvent stop, CreateEvent("copy stop"));
+    SG_RETURN_IF_ERROR(ToStatus(cudaMemsetAsync(src.get(), 1, bytes, stream()), "cudaMemsetAsync"));
+    std::vector<double> seconds;
+    for (int r = -1; r < repeats; ++r) {  // r = -1 warms up
+      SG_RETURN_IF_ERROR(ToStatus(cudaEventRecord(start.get(), stream()), "cudaEventRecord"));
+      SG_RETURN_IF_ERROR(ToStatus(cudaMemcpyAsync(dst.get(), src.get(), static_cast<size_t>(bytes),
+                                                  cudaMemcpyDeviceToDevice, stream()),
+                                  "cudaMemcpyAsync (device to device)"));
+      SG_RETURN_IF_ERROR(ToStatus(cudaEventRecord(stop.get(), stream()), "cudaEventRecord"));
+      SG_RETURN_IF_ERROR(ToStatus(cudaEventSynchronize(stop.get()), "cudaEventSynchronize"));
+      float ms = 0;
+      SG_RETURN_IF_ERROR(ToStatus(cudaEventElapsedTime(&ms, start.get(), stop.get()),
+                                  "cudaEventElapsedTime"));
+      if (r >= 0) seconds.push_back(ms * 1e-3);
+    }
+    return seconds;
+  }
+
+  absl::StatusOr<std::unique_ptr<ReplayableStep>> Capture(const PreparedPlan& prepared,
+                                                          const Bindings& bindings,
+                                                          double max_patch_fraction) override {
+    CaptureOptions options;
+    options.max_patch_fraction = max_patch_fraction;
+    SG_ASSIGN_OR_RETURN(std::unique_ptr<CapturedStep> step,
+                        CapturedStep::Create(prepared, bindings, *dispatch_, options));
+    return std::unique_ptr<ReplayableStep>(new CapturedReplay(std::move(step)));
+  }
+
+  absl::StatusOr<std::vector<double>> Profile(const PreparedPlan& prepared,
+                                              const Bindings& bindings) override {
+    SG_RETURN_IF_ERROR(StartMarks(prepared.plan().graph().num_nodes() + 1));
+    LaunchGate gate;
+    SG_RETURN_IF_ERROR(ToStatus(cudaLaunchHostFunc(stream(), &LaunchGate::Wait, &gate),
+                                "cudaLaunchHostFunc (profiling gate)"));
+    absl::Status run = Mark(0);
+    if (run.ok()) {
+      ExecOptions options;
+      options.after_node = [this](int32_t node) { return Mark(node + 1); };
+      run = Execute(prepared, bindings, *dispatch_, options).status();
+    }
+    gate.open.store(true, std::memory_order_release);
+    // The gate lives on this stack frame: nothing returns before the stream passed it.
+    const absl::Status synced = Sync();
+    SG_RETURN_IF_ERROR(run);
+    SG_RETURN_IF_ERROR(synced);
+    return MarkIntervalsMs();
+  }
+
+  absl::Status StartMarks(int64_t n) override {
+    marks_.clear();
+    for (int64_t i = 0; i < n; ++i) {
+      SG_ASSIGN_OR_RETURN(UniqueEvent e, CreateEvent("a time mark"));
+      marks_.push_back(std::move(e));
+    }
+    return absl::OkStatus();
+  }
+  absl::Status Mark(int64_t i) override {
+    if (ABSL_PREDICT_FALSE(i < 0 || i >= static_cast<int64_t>(marks_.size()))) {
+      return absl::InvalidArgumentError("time mark was not started");
+    }
+    return ToStatus(cudaEventRecord(marks_[i].get(), stream()), "cudaEventRecord (time mark)");
+  }
+  absl::StatusOr<std::vector<double>> MarkIntervalsMs() override {
+    std::vector<double> ms;
+    if (marks_.empty()) return ms;
+    SG_RETURN_IF_ERROR(ToStatus(cudaEventSynchronize(marks_.back().get()),
+                                "cudaEventSynchronize (time marks)"));
+    for (size_t i = 1; i < marks_.size(); ++i) {
+      float t = 0;
+      SG_RETURN_IF_ERROR(ToStatus(cudaEventElapsedTime(&t, marks_[i - 1].get(), marks_[i].get()),
+                                  "cudaEventElapsedTime"));
+      ms.push_back(t);
+    }
+    return ms;
+  }
+
+ private:
+  cudaStream_t stream() const { return dispatch_->stream(); }
+
+  std::string name_;
+  // Declared first, destroyed last: its stream orders everything below.
+  std::unique_ptr<CudaDispatch> dispatch_;
+  std::vector<DeviceMemory> device_;
+  std::vector<PinnedMemory> pinned_;
+  std::vector<UniqueEvent> marks_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<StepRunner::Device>> MakeCudaRunnerDevice(
+    const RunnerOptions& options) {
+  auto device = std::make_unique<CudaRunnerDevice>();
+  SG_RETURN_IF_ERROR(device->Init(options));
+  return std::unique_ptr<StepRunner::Device>(std::move(device));
+}
+
+}  // namespace sg

@@ -1,0 +1,13 @@
+// A build without CUDA: the StepRunner has the CPU device only.
+#include "runtime/runner_device.h"
+
+namespace sg {
+
+bool BuiltWithCuda() { return false; }
+bool CudaDeviceFound() { return false; }
+
+absl::StatusOr<std::unique_ptr<StepRunner::Device>> MakeCudaRunnerDevice(const RunnerOptions&) {
+  return absl::FailedPreconditionError("this build of stepgraph has no CUDA");
+}
+
+}  // namespace sg

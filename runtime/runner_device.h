@@ -1,0 +1,68 @@
+// The device behind a StepRunner: its memory, its stream, its dispatcher and, on CUDA,
+// capture. Internal to capture/: the CPU device (cpu_runner_device.cc) is core code, the
+// CUDA device (cuda_runner_device.cc) is built only with CUDA.
+#ifndef STEPGRAPH_RUNTIME_RUNNER_DEVICE_H_
+#define STEPGRAPH_RUNTIME_RUNNER_DEVICE_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "stepgraph/dispatch/dispatch.h"
+#include "stepgraph/dispatch/executor.h"
+#include "stepgraph/runtime/step_runner.h"
+
+namespace sg {
+
+// One captured step, replayed as a whole.
+class ReplayableStep {
+ public:
+  virtual ~ReplayableStep() = default;
+  virtual absl::Status Replay() = 0;
+  virtual int64_t graph_nodes() const = 0;
+};
+
+class StepRunner::Device {
+ public:
+  virtual ~Device() = default;
+
+  virtual std::string Describe() const = 0;
+  virtual KernelDispatch& dispatch() = 0;
+  // Whether Capture is available (the CPU runs every step eagerly).
+  virtual bool can_capture() const = 0;
+
+  // Memory the device owns until it is destroyed.
+  virtual absl::StatusOr<void*> Allocate(int64_t bytes, bool zeroed, absl::string_view what) = 0;
+  virtual absl::StatusOr<void*> AllocateHost(int64_t bytes, absl::string_view what) = 0;
+  virtual absl::StatusOr<int64_t> FreeBytes() const = 0;
+  virtual absl::Status Copy(void* dst, const void* src, int64_t bytes) = 0;
+  virtual absl::Status Sync() = 0;
+  virtual absl::StatusOr<uint32_t> TakeErrorFlags() = 0;
+  // Seconds per copy of `bytes` within the device's memory, `repeats` times after one warm-up.
+  virtual absl::StatusOr<std::vector<double>> TimeCopies(int64_t bytes, int repeats) = 0;
+
+  virtual absl::StatusOr<std::unique_ptr<ReplayableStep>> Capture(const PreparedPlan& prepared,
+                                                                  const Bindings& bindings,
+                                                                  double max_patch_fraction) = 0;
+  // One eager pass with each node's time in ms.
+  virtual absl::StatusOr<std::vector<double>> Profile(const PreparedPlan& prepared,
+                                                      const Bindings& bindings) = 0;
+
+  virtual absl::Status StartMarks(int64_t n) = 0;
+  virtual absl::Status Mark(int64_t i) = 0;
+  virtual absl::StatusOr<std::vector<double>> MarkIntervalsMs() = 0;
+};
+
+absl::StatusOr<std::unique_ptr<StepRunner::Device>> MakeCpuRunnerDevice(
+    const RunnerOptions& options);
+// Built with CUDA only.
+absl::StatusOr<std::unique_ptr<StepRunner::Device>> MakeCudaRunnerDevice(
+    const RunnerOptions& options);
+
+}  // namespace sg
+
+#endif  // STEPGRAPH_RUNTIME_RUNNER_DEVICE_H_

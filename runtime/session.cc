@@ -1,0 +1,740 @@
+// DecodeSession's slot bookkeeping. The session keeps, per slot, the position of the id
+// the next step feeds; the ids themselves travel on the device in the closed loop and
+// reach the host through the id ring, which is drained only where the caller asks for ids
+// or the live set changes. Where the steps run is the StepRunner's business.
+#include "stepgraph/runtime/session.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <new>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "models/model_files.h"
+#include "models/random_weights.h"
+#include "stepgraph/capture/capture_policy.h"
+#include "stepgraph/base/error_flags.h"
+#include "stepgraph/base/half.h"
+#include "stepgraph/base/status.h"
+
+namespace sg {
+namespace {
+
+// The step inputs of every bucket live in one block of i32: ids | pos | seeds, each `rows`
+// (the largest bucket) long at a 256-byte-aligned offset; a bucket binds prefixes.
+struct InputBlock {
+  int64_t rows = 0;
+  int64_t stride = 0;  // i32 elements from one array to the next
+  explicit InputBlock(int64_t r) : rows(r), stride((r + 63) / 64 * 64) {}
+  int64_t ints() const { return 3 * stride; }
+  int64_t bytes() const { return ints() * static_cast<int64_t>(sizeof(int32_t)); }
+  int64_t ids() const { return 0; }
+  int64_t pos() const { return stride; }
+  int64_t seeds() const { return 2 * stride; }
+
+  // Every row padding (pos -1, id 0, seed 0).
+  void Clear(int32_t* base) const {
+    std::fill_n(base, ints(), 0);
+    std::fill_n(base + pos(), rows, -1);
+  }
+};
+
+// Binds "ids", "pos" and (when the graph samples) "seeds" of `graph` to prefixes of the
+// block at `base`.
+absl::Status BindInputBlock(const Graph& graph, const InputBlock& block, int32_t* base,
+                            Bindings& bindings) {
+  const int64_t bytes = block.rows * static_cast<int64_t>(sizeof(int32_t));
+  SG_RETURN_IF_ERROR(bindings.Bind(kIdsInput, base + block.ids(), bytes));
+  SG_RETURN_IF_ERROR(bindings.Bind(kPosInput, base + block.pos(), bytes));
+  if (graph.FindTensor(kSeedsInput).ok()) {
+    SG_RETURN_IF_ERROR(bindings.Bind(kSeedsInput, base + block.seeds(), bytes));
+  }
+  return absl::OkStatus();
+}
+
+// Binds a prefill step's "ids" and "pos" (rows long) and "seq_slots" (seqs long) to the
+// prefill block at `base` (its third array holds the sequences' slots).
+absl::Status BindPrefillBlock(const InputBlock& block, int32_t* base, int64_t rows, int64_t seqs,
+                              Bindings& bindings) {
+  SG_RETURN_IF_ERROR(bindings.Bind(kIdsInput, base + block.ids(), rows * 4));
+  SG_RETURN_IF_ERROR(bindings.Bind(kPosInput, base + block.pos(), rows * 4));
+  return bindings.Bind(kSeqSlotsInput, base + block.seeds(), seqs * 4);
+}
+
+// Host staging areas of prefill inputs in flight before the session waits for the device.
+constexpr int64_t kPrefillStaging = 64;
+// The smallest prefill step has at least this many rows per sequence.
+constexpr int64_t kMinPrefillRows = 8;
+// prefill_chunk is at most this (rows of one step).
+constexpr int64_t kMaxPrefillChunk = 16384;
+
+std::vector<float> ToFloats(const void* data, DType dtype, int64_t n) {
+  std::vector<float> out(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) out[i] = LoadElement(data, dtype, i);
+  return out;
+}
+
+absl::Status CheckSampling(const ops::Sample& s) {
+  if (!(s.temperature > 0.0f) || !std::isfinite(s.temperature)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "session: sampling temperature must be > 0 (use greedy decoding for 0), got ",
+        s.temperature));
+  }
+  if (s.top_k < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("session: sampling top_k must be >= 0 (0: no limit), got ", s.top_k));
+  }
+  if (!(s.top_p > 0.0f && s.top_p <= 1.0f)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("session: sampling top_p must be in (0, 1], got ", s.top_p));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::string_view BackendName(Backend b) {
+  switch (b) {
+    case Backend::kAuto:
+      return "auto";
+    case Backend::kCpu:
+      return "cpu";
+    case Backend::kCuda:
+      return "cuda";
+  }
+  return "?";
+}
+
+DecodeSession::~DecodeSession() = default;
+
+absl::StatusOr<std::unique_ptr<DecodeSession>> DecodeSession::Create(
+    const SessionOptions& options) {
+  std::unique_ptr<DecodeSession> s(new DecodeSession());
+  // No allocation failure escapes: a model too large for this machine is an error, not a
+  // crash.
+  absl::Status status;
+  try {
+    status = s->Init(options);
+  } catch (const std::bad_alloc&) {
+    status = absl::ResourceExhaustedError(
+        "session: out of host memory while loading the model and building its steps");
+  }
+  if (!status.ok()) return status;
+  return s;
+}
+
+absl::Status DecodeSession::Init(const SessionOptions& options) {
+  weight_seed_ = options.weight_seed;
+  weight_threads_ = options.weight_threads;
+  if (!options.model_path.empty()) {
+    SG_ASSIGN_OR_RETURN(ModelFiles model, ModelFiles::Open(options.model_path));
+    if (options.check_weights) SG_RETURN_IF_ERROR(model.CheckFinite());
+    model_ = std::make_unique<ModelFiles>(std::move(model));
+    config_ = model_->config();
+    stop_ids_ = model_->stop_ids();
+  } else {
+    SG_RETURN_IF_ERROR(options.config.Validate());
+    config_ = options.config;
+  }
+
+  Backend backend = options.backend;
+  if (backend == Backend::kAuto) backend = CudaDeviceFound() ? Backend::kCuda : Backend::kCpu;
+  backend_ = backend;
+
+  const int64_t max_pos = config_.max_position_embeddings;
+  if (options.max_slots < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("session: max_slots must be >= 1, got ", options.max_slots));
+  }
+  max_seq_ = options.max_seq == 0 ? std::min<int64_t>(max_pos, 4096) : options.max_seq;
+  if (max_seq_ < 1 || max_seq_ > max_pos) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("session: max_seq must be in [1, max_position_embeddings = ", max_pos,
+                     "] (0: min(max_position_embeddings, 4096)), got ", options.max_seq));
+  }
+  if (options.id_ring_steps < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("session: id_ring_steps must be >= 1, got ", options.id_ring_steps));
+  }
+  ring_steps_ = options.id_ring_steps;
+  if (absl::Status st = ValidateBuckets(options.buckets); !st.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("session: buckets: ", st.message()));
+  }
+  for (int64_t b : options.buckets) {
+    if (b < options.max_slots) buckets_.push_back(b);
+  }
+  buckets_.push_back(options.max_slots);
+  if (options.sampling.has_value()) SG_RETURN_IF_ERROR(CheckSampling(*options.sampling));
+
+  if (options.prefill_chunk < 0 || options.prefill_chunk > kMaxPrefillChunk) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "session: prefill_chunk must be in [0, ", kMaxPrefillChunk,
+        "] (0: prompts go through decode steps), got ", options.prefill_chunk));
+  }
+  prefill_chunk_ = std::min(options.prefill_chunk, max_seq_);
+
+  std::vector<Graph> graphs;
+  for (int64_t bucket : buckets_) {
+    LlamaGraphOptions g;
+    g.batch = bucket;
+    g.slots = options.max_slots;
+    g.max_seq = max_seq_;
+    g.sampling = options.sampling;
+    g.closed_loop = true;
+    SG_ASSIGN_OR_RETURN(Graph graph, BuildLlamaDecodeGraph(config_, g));
+    if (bucket <= options.passes_max_rows) {
+      SG_ASSIGN_OR_RETURN(graph, RunPasses(std::move(graph), options.passes));
+    }
+    graphs.push_back(std::move(graph));
+  }
+  // Prefill steps: rows per sequence chunk, chunk/4, chunk/16, ... (at least
+  // kMinPrefillRows), each alone and, where shorter than the chunk, as many sequences as
+  // fill a chunk's rows.
+  if (prefill_chunk_ > 0) {
+    for (int64_t t = prefill_chunk_;; t /= 4) {
+      prefill_shapes_.push_back({1, t, -1});
+      const int64_t seqs = std::min(options.max_slots, prefill_chunk_ / t);
+      if (seqs > 1) prefill_shapes_.push_back({seqs, t, -1});
+      if (t / 4 < kMinPrefillRows) break;
+    }
+  }
+  const size_t decode_graphs = graphs.size();
+  for (const PrefillShape& shape : prefill_shapes_) {
+    LlamaGraphOptions g;
+    g.batch = shape.seqs;
+    g.rows_per_seq = shape.rows_per_seq;
+    g.seq_slots = true;
+    g.slots = options.max_slots;
+    g.max_seq = max_seq_;
+    g.logits = false;
+    SG_ASSIGN_OR_RETURN(Graph graph, BuildLlamaDecodeGraph(config_, g));
+    graphs.push_back(std::move(graph));
+  }
+  // The largest decode step reads every weight and every KV cache.
+  const Graph& largest = graphs[decode_graphs - 1];
+  if (model_ != nullptr) SG_RETURN_IF_ERROR(model_->CheckAgainstGraph(largest));
+
+  RunnerOptions ro;
+  ro.device = backend == Backend::kCuda ? DeviceKind::kCuda : DeviceKind::kCpu;
+  ro.eager = options.eager;
+  ro.cuda = options.cuda;
+  ro.cpu_threads = options.cpu_threads;
+  SG_ASSIGN_OR_RETURN(runner_, StepRunner::Create(ro));
+
+  // The KV cache is the one buffer whose size the caller picks freely (max_seq × slots):
+  // check it against the device before asking for it.
+  const BufferLayout kv_layout = LayoutBuffers(largest, TensorKind::kState);
+  kv_cache_bytes_ = kv_layout.total_bytes;
+  SG_ASSIGN_OR_RETURN(const int64_t free_bytes, runner_->FreeBytes());
+  if (kv_layout.total_bytes > free_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "session: the KV cache for ", options.max_slots, " slot(s) of max_seq = ", max_seq_,
+        " needs ", kv_layout.total_bytes, " bytes, but the ", DeviceKindName(ro.device),
+        " device has ", free_bytes, " bytes free; ask for fewer positions (max_seq) or slots"));
+  }
+
+  StepRunner::Binder bind_weights;
+  SG_RETURN_IF_ERROR(SetUpWeights(largest, &bind_weights));
+  SG_ASSIGN_OR_RETURN(void* kv, runner_->AllocateZeroed(kv_layout.total_bytes, "the KV cache"));
+
+  // Step inputs start as all padding, so that nothing a capture might run writes a cache.
+  const InputBlock block(max_slots());
+  SG_ASSIGN_OR_RETURN(void* inputs, runner_->Allocate(block.bytes(), "the step inputs"));
+  SG_ASSIGN_OR_RETURN(void* prompt, runner_->Allocate(max_seq_ * 4, "the prompt ids"));
+  SG_ASSIGN_OR_RETURN(void* staging,
+                      runner_->AllocateHost(2 * block.bytes() + max_seq_ * 4, "input staging"));
+  SG_ASSIGN_OR_RETURN(void* ring, runner_->AllocateHost(ring_steps_ * max_slots() * 4,
+                                                        "the id ring"));
+  const InputBlock prefill_block(std::max<int64_t>(prefill_chunk_, 1));
+  SG_ASSIGN_OR_RETURN(void* prefill_inputs,
+                      runner_->Allocate(prefill_block.bytes(), "the prefill step inputs"));
+  SG_ASSIGN_OR_RETURN(void* prefill_staging,
+                      runner_->AllocateHost(kPrefillStaging * prefill_block.bytes(),
+                                            "prefill input staging"));
+  prefill_inputs_ = static_cast<int32_t*>(prefill_inputs);
+  prefill_staging_ = static_cast<int32_t*>(prefill_staging);
+  // All padding, like the decode inputs, for whatever a capture runs.
+  prefill_block.Clear(prefill_staging_);
+  SG_RETURN_IF_ERROR(runner_->Copy(prefill_inputs_, prefill_staging_, prefill_block.bytes()));
+  inputs_ = static_cast<int32_t*>(inputs);
+  prompt_ = static_cast<int32_t*>(prompt);
+  staging_ = static_cast<int32_t*>(staging);
+  ring_ = static_cast<int32_t*>(ring);
+  block.Clear(staging_);
+  SG_RETURN_IF_ERROR(runner_->Copy(inputs_, staging_, block.bytes()));
+
+  auto* kv_base = static_cast<std::byte*>(kv);
+  for (size_t i = 0; i < graphs.size(); ++i) {
+    const bool prefill = i >= decode_graphs;
+    auto bind = [&](const Graph& g, Bindings& b) -> absl::Status {
+      SG_RETURN_IF_ERROR(bind_weights(g, b));
+      SG_RETURN_IF_ERROR(BindLayout(g, TensorKind::kState, kv_layout, kv_base, b));
+      if (!prefill) return BindInputBlock(g, block, inputs_, b);
+      const PrefillShape& shape = prefill_shapes_[i - decode_graphs];
+      return BindPrefillBlock(prefill_block, prefill_inputs_,
+                              shape.seqs * shape.rows_per_seq, shape.seqs, b);
+    };
+    SG_ASSIGN_OR_RETURN(const int step, runner_->AddStep(std::move(graphs[i]), bind));
+    if (prefill) prefill_shapes_[i - decode_graphs].step = step;
+  }
+  // Captured now, while every row is padding, rather than on first use in mid-decode.
+  SG_RETURN_IF_ERROR(runner_->Finalize());
+  for (int i = 0; i < static_cast<int>(decode_graphs); ++i) {
+    SG_ASSIGN_OR_RETURN(TensorArg next, runner_->Output(i, kNextIdsOutput));
+    SG_ASSIGN_OR_RETURN(TensorArg logits, runner_->Output(i, kLogitsOutput));
+    next_.push_back(next);
+    logits_.push_back(logits);
+  }
+  slots_.resize(static_cast<size_t>(options.max_slots));
+  // A slot yields at most max_seq ids per sequence; reserving them keeps Drain, and so
+  // the step path, free of allocation.
+  for (Slot& slot : slots_) slot.tokens.reserve(static_cast<size_t>(max_seq_));
+  return runner_->Sync();
+}
+
+absl::Status DecodeSession::SetUpWeights(const Graph& largest, StepRunner::Binder* bind) {
+  const BufferLayout layout = LayoutBuffers(largest, TensorKind::kWeight);
+  weight_bytes_ = layout.total_bytes;
+  if (model_ != nullptr && runner_->device() == DeviceKind::kCpu) {
+    // The CPU reads the mapped files in place.
+    const ModelFiles* model = model_.get();
+    *bind = [model](const Graph& g, Bindings& b) { return model->BindInPlace(g, b); };
+    return absl::OkStatus();
+  }
+  SG_ASSIGN_OR_RETURN(void* device_weights, runner_->Allocate(layout.total_bytes, "the weights"));
+  auto* base = static_cast<std::byte*>(device_weights);
+  if (model_ != nullptr) {
+    for (const BufferLayout::Entry& e : layout.entries) {
+      SG_ASSIGN_OR_RETURN(absl::Span<const std::byte> data, model_->WeightData(e.name));
+      if (static_cast<int64_t>(data.size()) != e.bytes) {
+        return absl::InvalidArgumentError(absl::StrCat("weight '", e.name, "' holds ",
+                                                       data.size(), " bytes in ",
+                                                       model_->path(), ", the graph needs ",
+                                                       e.bytes));
+      }
+      SG_RETURN_IF_ERROR(runner_->Copy(base + e.offset, data.data(), e.bytes));
+    }
+    // The mapping may be dropped only after the copies read it.
+    SG_RETURN_IF_ERROR(runner_->Sync());
+    model_.reset();
+  } else if (runner_->device() == DeviceKind::kCpu) {
+    SG_RETURN_IF_ERROR(FillRandomWeights(largest, layout, weight_seed_,
+                                         {base, static_cast<size_t>(layout.total_bytes)},
+                                         weight_threads_));
+  } else {
+    // Drawn on the host, exactly as the CPU draws them, then uploaded at once.
+    SG_ASSIGN_OR_RETURN(AlignedHostBuffer host,
+                        AlignedHostBuffer::Allocate(layout.total_bytes, "random weights"));
+    SG_RETURN_IF_ERROR(
+        FillRandomWeights(largest, layout, weight_seed_, host.span(), weight_threads_));
+    SG_RETURN_IF_ERROR(runner_->Copy(base, host.data(), layout.total_bytes));
+    SG_RETURN_IF_ERROR(runner_->Sync());
+  }
+  *bind = [layout, base](const Graph& g, Bindings& b) {
+    return BindLayout(g, TensorKind::kWeight, layout, base, b);
+  };
+  return absl::OkStatus();
+}
+
+std::string DecodeSession::Describe() const {
+  return absl::StrCat(runner_->Describe(), "; buckets ", absl::StrJoin(buckets_, ","),
+                      ", max_seq ", max_seq_);
+}
+
+const ExecutionPlan* DecodeSession::plan(int64_t bucket) const {
+  for (size_t i = 0; i < buckets_.size(); ++i) {
+    if (buckets_[i] == bucket) return &runner_->plan(static_cast<int>(i));
+  }
+  return nullptr;
+}
+
+bool DecodeSession::live(int64_t slot) const {
+  return slot >= 0 && slot < max_slots() && slots_[slot].live;
+}
+
+int64_t DecodeSession::position(int64_t slot) const {
+  return live(slot) ? slots_[slot].pos : -1;
+}
+
+absl::Status DecodeSession::CheckSlot(int64_t slot, absl::string_view what) const {
+  if (slot >= 0 && slot < max_slots()) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(what, ": slot ", slot,
+                                                 " is out of range; the session has ",
+                                                 max_slots(), " slot(s) (SessionOptions::max_slots)"));
+}
+
+int64_t DecodeSession::HighestLiveSlot() const {
+  for (int64_t s = max_slots() - 1; s >= 0; --s) {
+    if (slots_[s].live) return s;
+  }
+  return -1;
+}
+
+int64_t DecodeSession::BucketFor(int64_t rows) const {
+  for (size_t i = 0; i < buckets_.size(); ++i) {
+    if (buckets_[i] >= rows) return static_cast<int64_t>(i);
+  }
+  return static_cast<int64_t>(buckets_.size()) - 1;  // rows <= max_slots always
+}
+
+absl::Status DecodeSession::CheckCapacity(int64_t steps) const {
+  for (int64_t s = 0; s < max_slots(); ++s) {
+    const Slot& slot = slots_[s];
+    if (!slot.live || slot.pos + steps <= max_seq_) continue;
+    return absl::OutOfRangeError(absl::StrCat(
+        "slot ", s, " is at position ", slot.pos, ": its KV cache (max_seq = ", max_seq_,
+        ") has room for ", max_seq_ - slot.pos, " more step(s), ", steps,
+        " were asked for; make the session with a larger max_seq"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status DecodeSession::Prefill(int64_t slot, absl::Span<const int32_t> prompt,
+                                    int32_t seed) {
+  const PrefillRequest request{slot, prompt, seed};
+  return Prefill(absl::MakeConstSpan(&request, 1));
+}
+
+absl::Status DecodeSession::Prefill(absl::Span<const PrefillRequest> requests) {
+  std::vector<bool> taken(static_cast<size_t>(max_slots()), false);
+  for (const PrefillRequest& r : requests) {
+    const int64_t slot = r.slot;
+    SG_RETURN_IF_ERROR(CheckSlot(slot, "Prefill"));
+    if (taken[slot]) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("Prefill: slot ", slot, " is named by two requests"));
+    }
+    taken[slot] = true;
+    const int64_t n = static_cast<int64_t>(r.prompt.size());
+    if (n == 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "Prefill(slot ", slot, "): the prompt is empty; a sequence starts with at least one token"));
+    }
+    if (n > max_seq_) {
+      return absl::OutOfRangeError(absl::StrCat("Prefill(slot ", slot, "): the prompt has ", n,
+                                                " tokens, more than the KV cache holds (max_seq = ",
+                                                max_seq_, ")"));
+    }
+    for (int64_t i = 0; i < n; ++i) {
+      if (r.prompt[i] < 0 || r.prompt[i] >= config_.vocab_size) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("Prefill(slot ", slot, "): prompt token ", i, " is id ", r.prompt[i],
+                         ", outside the vocabulary [0, ", config_.vocab_size, ")"));
+      }
+    }
+  }
+  SG_RETURN_IF_ERROR(Drain());
+  for (const PrefillRequest& r : requests) {
+    Slot& s = slots_[r.slot];
+    s.live = false;
+    s.tokens.clear();
+  }
+  inputs_dirty_ = true;
+  last_bucket_ = -1;
+
+  if (prefill_chunk_ == 0) {
+    for (const PrefillRequest& r : requests) SG_RETURN_IF_ERROR(PrefillByDecodeSteps(r));
+  } else {
+    // Every prompt token but the last goes in; long prompts in whole chunks first, then
+    // each remainder in the smallest step whose rows cover it, several sequences to a
+    // step where one is made for that length.
+    const int64_t chunk = prefill_chunk_;
+    std::vector<int64_t> fed(requests.size(), 0);
+    for (size_t i = 0; i < requests.size(); ++i) {
+      const int64_t feed = static_cast<int64_t>(requests[i].prompt.size()) - 1;
+      while (feed - fed[i] >= chunk) {
+        const PrefillPiece piece{&requests[i], fed[i], chunk};
+        SG_RETURN_IF_ERROR(RunPrefillStep(0, absl::MakeConstSpan(&piece, 1)));
+        fed[i] += chunk;
+      }
+    }
+    // Each remainder (shorter than a chunk) goes to the single-sequence step with the
+    // fewest rows that cover it; prefill_shapes_ runs from the longest rows to the
+    // shortest, a packed step (several sequences) right after the single one of its rows.
+    std::vector<std::vector<PrefillPiece>> by_shape(prefill_shapes_.size());
+    for (size_t i = 0; i < requests.size(); ++i) {
+      const int64_t left = static_cast<int64_t>(requests[i].prompt.size()) - 1 - fed[i];
+      if (left <= 0) continue;
+      size_t best = 0;
+      for (size_t k = 0; k < prefill_shapes_.size(); ++k) {
+        if (prefill_shapes_[k].seqs == 1 && prefill_shapes_[k].rows_per_seq >= left) best = k;
+      }
+      by_shape[best].push_back({&requests[i], fed[i], left});
+    }
+    for (size_t k = 0; k < prefill_shapes_.size(); ++k) {
+      const std::vector<PrefillPiece>& pieces = by_shape[k];
+      const bool packed = k + 1 < prefill_shapes_.size() && prefill_shapes_[k + 1].seqs > 1 &&
+                          prefill_shapes_[k + 1].rows_per_seq == prefill_shapes_[k].rows_per_seq;
+      const size_t per_step = packed ? static_cast<size_t>(prefill_shapes_[k + 1].seqs) : 1;
+      for (size_t p = 0; p < pieces.size(); p += per_step) {
+        const size_t n = std::min(pieces.size() - p, per_step);
+        SG_RETURN_IF_ERROR(RunPrefillStep(n > 1 ? k + 1 : k, absl::MakeConstSpan(&pieces[p], n)));
+      }
+    }
+  }
+  for (const PrefillRequest& r : requests) {
+    Slot& s = slots_[r.slot];
+    const int64_t n = static_cast<int64_t>(r.prompt.size());
+    s.live = true;
+    s.pos = static_cast<int32_t>(n - 1);
+    s.pending = r.prompt[n - 1];
+    s.seed = r.seed;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status DecodeSession::RunPrefillStep(size_t shape_index,
+                                           absl::Span<const PrefillPiece> pieces) {
+  const PrefillShape& shape = prefill_shapes_[shape_index];
+  const InputBlock block(prefill_chunk_);
+  // A staging area is rewritten only after the device read it: wait once per ring.
+  if (prefill_staged_ == kPrefillStaging) {
+    SG_RETURN_IF_ERROR(runner_->Sync());
+    prefill_staged_ = 0;
+  }
+  int32_t* area = prefill_staging_ + prefill_staged_ * block.ints();
+  ++prefill_staged_;
+  block.Clear(area);
+  const int64_t t = shape.rows_per_seq;
+  for (size_t b = 0; b < pieces.size(); ++b) {
+    const PrefillPiece& piece = pieces[b];
+    area[block.seeds() + b] = static_cast<int32_t>(piece.request->slot);
+    for (int64_t j = 0; j < piece.count; ++j) {
+      const int64_t row = static_cast<int64_t>(b) * t + j;
+      area[block.ids() + row] = piece.request->prompt[piece.begin + j];
+      area[block.pos() + row] = static_cast<int32_t>(piece.begin + j);
+    }
+  }
+  SG_RETURN_IF_ERROR(runner_->Copy(prefill_inputs_, area, block.bytes()));
+  SG_RETURN_IF_ERROR(runner_->Run(shape.step));
+  ++prefill_steps_run_;
+  return absl::OkStatus();
+}
+
+absl::Status DecodeSession::PrefillByDecodeSteps(const PrefillRequest& request) {
+  const int64_t slot = request.slot;
+  const absl::Span<const int32_t> prompt = request.prompt;
+  const int64_t n = static_cast<int64_t>(prompt.size());
+  if (n < 2) return absl::OkStatus();
+  // Every row but this slot's is padding while the prompt goes in; the closed loop
+  // advances the slot's position, and each later prompt id is copied into its row on
+  // the device from the prompt uploaded once. This runs only after a Drain, and every
+  // staging area below is rewritten only after a Sync (the loop over requests waits).
+  SG_RETURN_IF_ERROR(runner_->Sync());
+  const InputBlock block(max_slots());
+  int32_t* rows = staging_;
+  block.Clear(rows);
+  rows[block.ids() + slot] = prompt[0];
+  rows[block.pos() + slot] = 0;
+  rows[block.seeds() + slot] = request.seed;
+  SG_RETURN_IF_ERROR(runner_->Copy(inputs_, rows, block.bytes()));
+  int32_t* staged_prompt = staging_ + 2 * block.ints();
+  std::copy_n(prompt.data(), n, staged_prompt);
+  SG_RETURN_IF_ERROR(runner_->Copy(prompt_, staged_prompt, n * 4));
+  const int bucket = static_cast<int>(BucketFor(slot + 1));
+  for (int64_t t = 0; t + 1 < n; ++t) {
+    if (t > 0) {
+      SG_RETURN_IF_ERROR(runner_->Copy(inputs_ + block.ids() + slot, prompt_ + t, 4));
+    }
+    SG_RETURN_IF_ERROR(runner_->Run(bucket));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status DecodeSession::Release(int64_t slot) {
+  SG_RETURN_IF_ERROR(CheckSlot(slot, "Release"));
+  SG_RETURN_IF_ERROR(Drain());
+  slots_[slot].live = false;
+  slots_[slot].pos = -1;
+  inputs_dirty_ = true;
+  return absl::OkStatus();
+}
+
+absl::Status DecodeSession::Step() { return StepImpl(nullptr); }
+
+absl::Status DecodeSession::StepImpl(std::vector<double>* node_ms) {
+  const int64_t highest = HighestLiveSlot();
+  if (highest < 0) {
+    return absl::FailedPreconditionError("Step: no slot is live; Prefill one first");
+  }
+  SG_RETURN_IF_ERROR(CheckCapacity(1));
+  if (pending_steps_ == ring_steps_) SG_RETURN_IF_ERROR(Drain());
+  const int bucket = static_cast<int>(BucketFor(highest + 1));
+  if (inputs_dirty_) {
+    // The live set changed, which drained: the host knows every live slot's next id.
+    const InputBlock block(max_slots());
+    int32_t* rows = staging_ + block.ints();
+    block.Clear(rows);
+    for (int64_t i = 0; i < max_slots(); ++i) {
+      const Slot& s = slots_[i];
+      if (!s.live) continue;
+      rows[block.ids() + i] = s.pending;
+      rows[block.pos() + i] = s.pos;
+      rows[block.seeds() + i] = s.seed;
+    }
+    SG_RETURN_IF_ERROR(runner_->Copy(inputs_, rows, block.bytes()));
+    inputs_dirty_ = false;
+  }
+  if (node_ms != nullptr) {
+    SG_ASSIGN_OR_RETURN(*node_ms, runner_->Profile(bucket));
+  } else {
+    SG_RETURN_IF_ERROR(runner_->Run(bucket));
+  }
+  const TensorArg& next = next_[bucket];
+  SG_RETURN_IF_ERROR(runner_->Copy(ring_ + pending_steps_ * max_slots(), next.data, next.bytes()));
+  ++pending_steps_;
+  ++steps_run_;
+  for (Slot& s : slots_) {
+    if (s.live) ++s.pos;
+  }
+  last_bucket_ = bucket;
+  return absl::OkStatus();
+}
+
+absl::Status DecodeSession::Drain() {
+  SG_RETURN_IF_ERROR(runner_->Sync());
+  if (pending_steps_ == 0) return absl::OkStatus();
+  for (int64_t k = 0; k < pending_steps_; ++k) {
+    const int32_t* ids = ring_ + k * max_slots();
+    for (int64_t i = 0; i < max_slots(); ++i) {
+      if (slots_[i].live) slots_[i].tokens.push_back(ids[i]);
+    }
+  }
+  for (Slot& s : slots_) {
+    if (s.live && !s.tokens.empty()) s.pending = s.tokens.back();
+  }
+  pending_steps_ = 0;
+  return absl::OkStatus();
+}
+
+absl::Status DecodeSession::CheckErrorFlags() {
+  SG_ASSIGN_OR_RETURN(uint32_t flags, runner_->TakeErrorFlags());
+  // The flags gather every step since the last check: name them all, or the one.
+  const int64_t first = steps_checked_ + 1, last = steps_run_;
+  steps_checked_ = steps_run_;
+  if (flags & kErrorNonFiniteLogits) {
+    const std::string steps =
+        first >= last ? absl::StrCat("decode step ", last)
+                      : absl::StrCat("one of decode steps ", first, " to ", last);
+    std::string where;
+    for (int64_t i = 0; i < max_slots(); ++i) {
+      if (!slots_[i].live) continue;
+      // Step `last` fed position pos - 1; step k fed pos - 1 - (last - k).
+      const int64_t end = slots_[i].pos - 1, begin = end - (last - first);
+      absl::StrAppend(&where, where.empty() ? "" : ", ", "slot ", i, " at position",
+                      begin == end ? absl::StrCat(" ", end) : absl::StrCat("s ", begin, "-", end));
+    }
+    return absl::DataLossError(absl::StrCat(
+        steps, " of this session (", where.empty() ? "no live slot" : where,
+        ") produced logits holding NaN or infinity (device error flag kErrorNonFiniteLogits): "
+        "the model's weights or activations are not finite; SessionOptions::check_weights "
+        "scans the weights"));
+  }
+  if (flags & kErrorTokenOutOfRange) {
+    return absl::OutOfRangeError(absl::StrCat(
+        "a step fed a token id outside the vocabulary [0, ", config_.vocab_size,
+        "): the embedding wrote a zero row (device error flag kErrorTokenOutOfRange)"));
+  }
+  if (flags & kErrorPositionOutOfRange) {
+    return absl::OutOfRangeError(absl::StrCat(
+        "a step used a position at or beyond the KV cache's max_seq = ", max_seq_,
+        " (device error flag kErrorPositionOutOfRange)"));
+  }
+  if (flags != 0) {
+    return absl::InternalError(absl::StrCat("the device raised unknown error flags ", flags));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<std::vector<int32_t>>> DecodeSession::Generate(int64_t n) {
+  if (n < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("Generate: n must be >= 0, got ", n));
+  }
+  if (HighestLiveSlot() < 0) {
+    return absl::FailedPreconditionError("Generate: no slot is live; Prefill one first");
+  }
+  SG_RETURN_IF_ERROR(CheckCapacity(n));
+  std::vector<size_t> start(slots_.size());
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    start[i] = slots_[i].tokens.size() + static_cast<size_t>(pending_steps_);
+  }
+  for (int64_t i = 0; i < n; ++i) SG_RETURN_IF_ERROR(StepImpl(nullptr));
+  SG_RETURN_IF_ERROR(Drain());
+  SG_RETURN_IF_ERROR(CheckErrorFlags());
+  std::vector<std::vector<int32_t>> out(slots_.size());
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    if (slots_[i].live) out[i].assign(slots_[i].tokens.begin() + start[i], slots_[i].tokens.end());
+  }
+  return out;
+}
+
+absl::StatusOr<std::vector<int32_t>> DecodeSession::Generate(int64_t slot, int64_t n) {
+  SG_RETURN_IF_ERROR(CheckSlot(slot, "Generate"));
+  if (!slots_[slot].live) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("Generate: slot ", slot, " is not live; Prefill it first"));
+  }
+  SG_ASSIGN_OR_RETURN(std::vector<std::vector<int32_t>> all, Generate(n));
+  return std::move(all[slot]);
+}
+
+absl::StatusOr<std::vector<int32_t>> DecodeSession::Tokens(int64_t slot) {
+  SG_RETURN_IF_ERROR(CheckSlot(slot, "Tokens"));
+  SG_RETURN_IF_ERROR(Drain());
+  return slots_[slot].tokens;
+}
+
+absl::StatusOr<std::vector<float>> DecodeSession::Logits(int64_t slot) {
+  SG_RETURN_IF_ERROR(CheckSlot(slot, "Logits"));
+  if (last_bucket_ < 0 || !slots_[slot].live) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "Logits: slot ", slot, " was not live in the last step (or no step ran since a Prefill)"));
+  }
+  SG_RETURN_IF_ERROR(Drain());
+  const TensorArg& l = logits_[last_bucket_];
+  const int64_t vocab = l.shape.cols();
+  const int64_t row_bytes = vocab * DTypeBytes(l.dtype);
+  std::vector<std::byte> host(static_cast<size_t>(row_bytes));
+  SG_RETURN_IF_ERROR(
+      runner_->Copy(host.data(), static_cast<const std::byte*>(l.data) + slot * row_bytes, row_bytes));
+  SG_RETURN_IF_ERROR(runner_->Sync());
+  return ToFloats(host.data(), l.dtype, vocab);
+}
+
+absl::StatusOr<std::vector<double>> DecodeSession::TimedSteps(int64_t n) {
+  if (n < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("TimedSteps: n must be >= 1, got ", n));
+  }
+  if (HighestLiveSlot() < 0) {
+    return absl::FailedPreconditionError("TimedSteps: no slot is live; Prefill one first");
+  }
+  SG_RETURN_IF_ERROR(CheckCapacity(n));
+  SG_RETURN_IF_ERROR(runner_->StartMarks(n + 1));
+  SG_RETURN_IF_ERROR(runner_->Mark(0));
+  for (int64_t i = 0; i < n; ++i) {
+    SG_RETURN_IF_ERROR(StepImpl(nullptr));
+    SG_RETURN_IF_ERROR(runner_->Mark(i + 1));
+  }
+  SG_ASSIGN_OR_RETURN(std::vector<double> ms, runner_->MarkIntervalsMs());
+  SG_RETURN_IF_ERROR(Drain());
+  SG_RETURN_IF_ERROR(CheckErrorFlags());
+  return ms;
+}
+
+absl::StatusOr<std::vector<NodeTime>> DecodeSession::ProfileStep() {
+  std::vector<double> node_ms;
+  SG_RETURN_IF_ERROR(StepImpl(&node_ms));
+  SG_RETURN_IF_ERROR(Drain());
+  SG_RETURN_IF_ERROR(CheckErrorFlags());
+  const Graph& g = runner_->plan(static_cast<int>(last_bucket_)).graph();
+  std::vector<NodeTime> out;
+  out.reserve(node_ms.size());
+  for (int32_t i = 0; i < g.num_nodes() && i < static_cast<int32_t>(node_ms.size()); ++i) {
+    const Node& node = g.nodes()[i];
+    out.push_back({i, node.name, std::string(OpName(node.op)), node_ms[i]});
+  }
+  return out;
+}
+
+}  // namespace sg

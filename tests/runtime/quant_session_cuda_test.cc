@@ -1,0 +1,140 @@
+// A small Llama with quantized weights (LlamaConfig::weight_dtypes, random blocks from
+// RandomWeights) decoded by a CUDA session and by the CPU reference session: the same
+// greedy ids and close logits, for every block format alone and for a mix of formats as
+// in a Q4_K_M file. Skipped without a device.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <memory>
+#include <random>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "stepgraph/models/llama.h"
+#include "stepgraph/runtime/session.h"
+#include "stepgraph/runtime/step_runner.h"
+#include "tests/testing/quantized_config.h"
+#include "tests/testing/util.h"
+
+namespace sg {
+namespace {
+
+// Hidden and intermediate sizes are multiples of 256, so that every format fits every
+// matrix.
+LlamaConfig SmallConfig() {
+  LlamaConfig c;
+  c.hidden_size = 256;
+  c.intermediate_size = 512;
+  c.num_hidden_layers = 2;
+  c.num_attention_heads = 8;
+  c.num_key_value_heads = 2;
+  c.head_dim = 32;
+  c.rms_norm_eps = 1e-5f;
+  c.vocab_size = 512;
+  c.max_position_embeddings = 128;
+  c.tie_word_embeddings = false;
+  return c;
+}
+
+// `config` with every matrix in the dtype `pick` gives for its name.
+template <typename Pick>
+LlamaConfig Quantized(const LlamaConfig& config, Pick pick) {
+  absl::StatusOr<LlamaConfig> c = testing::WithMatrixDTypes(config, pick);
+  EXPECT_TRUE(c.ok()) << c.status();
+  return c.ok() ? *std::move(c) : config;
+}
+
+struct Decoded {
+  std::vector<int32_t> ids;
+  std::vector<float> logits;
+};
+
+Decoded Decode(const LlamaConfig& config, Backend backend, int64_t new_tokens) {
+  Decoded out;
+  SessionOptions o;
+  o.config = config;
+  o.weight_seed = 11;
+  o.backend = backend;
+  o.max_slots = 1;
+  o.max_seq = 64;
+  absl::StatusOr<std::unique_ptr<DecodeSession>> s = DecodeSession::Create(o);
+  EXPECT_TRUE(s.ok()) << s.status();
+  if (!s.ok()) return out;
+  std::mt19937 rng(5);
+  std::uniform_int_distribution<int32_t> id(0, static_cast<int32_t>(config.vocab_size - 1));
+  std::vector<int32_t> prompt(7);
+  for (int32_t& p : prompt) p = id(rng);
+  EXPECT_TRUE((*s)->Prefill(0, prompt).ok());
+  absl::StatusOr<std::vector<int32_t>> ids = (*s)->Generate(0, new_tokens);
+  EXPECT_TRUE(ids.ok()) << ids.status();
+  if (ids.ok()) out.ids = *ids;
+  absl::StatusOr<std::vector<float>> logits = (*s)->Logits(0);
+  EXPECT_TRUE(logits.ok()) << logits.status();
+  if (logits.ok()) out.logits = *logits;
+  return out;
+}
+
+void ExpectCudaEqualsCpu(const LlamaConfig& config, int64_t new_tokens = 12) {
+  const Decoded cpu = Decode(config, Backend::kCpu, new_tokens);
+  const Decoded gpu = Decode(config, Backend::kCuda, new_tokens);
+  ASSERT_EQ(cpu.ids.size(), static_cast<size_t>(new_tokens));
+  EXPECT_EQ(gpu.ids, cpu.ids);
+  EXPECT_LE(testing::NormalizedError(gpu.logits, cpu.logits), 1e-4);
+}
+
+class QuantSessionCudaTest : public ::testing::TestWithParam<DType> {
+ protected:
+  void SetUp() override {
+    if (!CudaDeviceFound()) GTEST_SKIP() << "no CUDA device";
+  }
+};
+
+TEST_P(QuantSessionCudaTest, GreedyIdsEqualTheCpuReference) {
+  ExpectCudaEqualsCpu(Quantized(SmallConfig(), [](const std::string&) { return GetParam(); }));
+}
+
+INSTANTIATE_TEST_SUITE_P(Formats, QuantSessionCudaTest,
+                         ::testing::Values(DType::kQ8_0, DType::kQ4_0, DType::kQ4_1, DType::kQ5_0,
+                                           DType::kQ5_1, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K),
+                         [](const ::testing::TestParamInfo<DType>& info) {
+                           return std::string(DTypeName(info.param));
+                         });
+
+// The mix of a Q4_K_M file (testing::Q4KMixDType). (f32 activations: in bf16 the two
+// sides' roundings may legitimately flip a near tie of the greedy pick.)
+TEST(QuantSessionCudaMixedTest, MixedFormats) {
+  if (!CudaDeviceFound()) GTEST_SKIP() << "no CUDA device";
+  ExpectCudaEqualsCpu(Quantized(SmallConfig(), testing::Q4KMixDType));
+}
+
+// The Llama-3.2-1B shape (16 layers, a 128256-id vocabulary, tied embeddings) as
+// decode_bench's Quant rows time it: every matrix in Q8_0 or Q4_0, or the Q4_K_M mix;
+// 32 greedy ids on the GPU against the CPU reference's (f32 activations, as above). Most
+// of its time is the CPU reference's, on every core.
+class Quant1BCudaTest : public ::testing::TestWithParam<testing::MatrixFormat> {
+ protected:
+  void SetUp() override {
+    if (!CudaDeviceFound()) GTEST_SKIP() << "no CUDA device";
+  }
+};
+
+TEST_P(Quant1BCudaTest, ThirtyTwoGreedyIdsEqualTheCpuReference) {
+  LlamaConfig c = Llama32_1BConfig();
+  c.dtype = DType::kF32;
+  const testing::MatrixFormat format = GetParam();
+  ExpectCudaEqualsCpu(
+      Quantized(c, [format](const std::string& name) { return testing::MatrixDType(format, name); }),
+      32);
+}
+
+INSTANTIATE_TEST_SUITE_P(Llama1BShape, Quant1BCudaTest,
+                         ::testing::Values(testing::MatrixFormat::kQ8_0,
+                                           testing::MatrixFormat::kQ4_0,
+                                           testing::MatrixFormat::kQ4KMix),
+                         [](const ::testing::TestParamInfo<testing::MatrixFormat>& info) {
+                           return std::string(testing::MatrixFormatName(info.param));
+                         });
+
+}  // namespace
+}  // namespace sg
