@@ -2,6 +2,7 @@
 // capture_policy.h), in stepgraph_capture.
 #include "stepgraph/capture/capture_policy.h"
 
+#include <algorithm>
 #include <variant>
 
 #include "absl/strings/str_cat.h"
@@ -35,17 +36,22 @@ absl::Status CheckCaptureSafety(const ExecutionPlan& plan, const Bindings& bindi
           "capture refused: node ", i, " '", node.name, "' (", OpName(node.op),
           ") is not capture-safe on this dispatcher; run the plan eagerly instead"));
     }
-    auto check = [&](TensorId id) -> absl::Status {
+    auto check = [&](TensorId id, bool written) -> absl::Status {
       const Tensor& t = g.tensor(id);
       if (t.kind == TensorKind::kIntermediate) return absl::OkStatus();  // in the arena
       if (is_device_pointer(bindings.buffer(id.index).data)) return absl::OkStatus();
       return absl::FailedPreconditionError(absl::StrCat(
-          "capture refused: node ", i, " '", node.name, "' (", OpName(node.op), ") uses ",
-          TensorKindName(t.kind), " '", t.name,
+          "capture refused: node ", i, " '", node.name, "' (", OpName(node.op), ") ",
+          written ? "writes " : "reads ", TensorKindName(t.kind), " '", t.name,
           "', which is bound to memory the GPU cannot use (host memory?)"));
     };
-    for (const TensorId in : node.inputs) SG_RETURN_IF_ERROR(check(in));
-    SG_RETURN_IF_ERROR(check(node.output));
+    const InputWrites writes = WrittenInputs(node.op);
+    for (int32_t k = 0; k < static_cast<int32_t>(node.inputs.size()); ++k) {
+      const bool written =
+          std::find(writes.inputs.begin(), writes.inputs.end(), k) != writes.inputs.end();
+      SG_RETURN_IF_ERROR(check(node.inputs[k], written));
+    }
+    if (!writes.output_is_written) SG_RETURN_IF_ERROR(check(node.output, true));
   }
   return absl::OkStatus();
 }

@@ -6,9 +6,12 @@
 #include <gtest/gtest.h>
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "stepgraph/graph/passes.h"
 #include "stepgraph/models/llama.h"
 #include "stepgraph/dispatch/mock_dispatch.h"
 #include "tests/testing/util.h"
@@ -94,6 +97,40 @@ TEST(CheckCaptureSafetyTest, RefusesHostBuffersNamingNodeAndTensor) {
   fake.host.insert(memory.bindings().arena().data);
   s = CheckCaptureSafety(plan, memory.bindings(), mock, fake.check());
   EXPECT_NE(s.message().find("arena"), absl::string_view::npos) << s;
+}
+
+TEST(CheckCaptureSafetyTest, SaysWhichNodeWritesAHostCache) {
+  // The first node to touch a KV cache writes it: a KvWrite in place in the plain step,
+  // the FusedMatMul's RoPE + KV-write epilogue, as a side effect, in the fused one.
+  LlamaConfig c = TinyLlamaConfig();
+  c.num_hidden_layers = 1;
+  absl::StatusOr<Graph> plain = BuildLlamaDecodeGraph(c, {.batch = 1, .max_seq = 16});
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  absl::StatusOr<Graph> fused = RunPasses(*plain);
+  ASSERT_TRUE(fused.ok()) << fused.status();
+  for (auto [graph, op] : {std::pair{&*plain, "KvWrite"}, std::pair{&*fused, "FusedMatMul"}}) {
+    absl::StatusOr<ExecutionPlan> plan = ExecutionPlan::Create(*graph);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    testing::HostBindings memory(*plan);
+    MockDispatch mock;
+    FakeMemory fake;
+    const TensorId kc = *plan->graph().FindTensor(KCacheName(0));
+    fake.host.insert(memory.bindings().buffer(kc.index).data);
+    const absl::Status s = CheckCaptureSafety(*plan, memory.bindings(), mock, fake.check());
+    ASSERT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_NE(s.message().find(absl::StrCat("(", op, ") writes State '", KCacheName(0))),
+              absl::string_view::npos)
+        << s;
+  }
+  // A weight is only read.
+  const ExecutionPlan plan = TinyPlan();
+  testing::HostBindings memory(plan);
+  MockDispatch mock;
+  FakeMemory fake;
+  const TensorId w = *plan.graph().FindTensor("model.layers.0.self_attn.q_proj.weight");
+  fake.host.insert(memory.bindings().buffer(w.index).data);
+  const absl::Status s = CheckCaptureSafety(plan, memory.bindings(), mock, fake.check());
+  EXPECT_NE(s.message().find("(MatMul) reads Weight"), absl::string_view::npos) << s;
 }
 
 TEST(CheckCaptureSafetyTest, RefusesMissingBindings) {

@@ -40,7 +40,8 @@ using DevicePointerCheck = std::function<bool(const void* p)>;
 
 // Refuses, naming the node and tensor, a plan that cannot be captured: a node whose op the
 // dispatcher cannot record (KernelDispatch::CaptureSafe), a bound buffer or arena that is
-// not device memory, or bindings that CheckBindings refuses.
+// not device memory (said to be read or written, as WrittenInputs says), or bindings that
+// CheckBindings refuses.
 absl::Status CheckCaptureSafety(const ExecutionPlan& plan, const Bindings& bindings,
                                 const KernelDispatch& dispatch,
                                 const DevicePointerCheck& is_device_pointer);
