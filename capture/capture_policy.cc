@@ -1,9 +1,8 @@
-// Capture safety, update decisions and bucket choice: pure host logic (see
-// capture_policy.h), in stepgraph_capture.
+// Capture safety and bucket choice: pure host logic (see capture_policy.h), in
+// stepgraph_capture.
 #include "stepgraph/capture/capture_policy.h"
 
 #include <algorithm>
-#include <variant>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -13,11 +12,9 @@
 namespace sg {
 
 std::string CaptureStats::ToString() const {
-  return absl::StrFormat(
-      "captures=%d instantiations=%d updates=%d (patches=%d nodes=%d exec_updates=%d "
-      "reinstantiations=%d) replays=%d capture=%.1fus instantiate=%.1fus update=%.1fus",
-      captures, instantiations, updates, node_patches, patched_nodes, exec_updates,
-      reinstantiations, replays, capture_us, instantiate_us, update_us);
+  return absl::StrFormat("captures=%d instantiations=%d replays=%d capture=%.1fus "
+                         "instantiate=%.1fus",
+                         captures, instantiations, replays, capture_us, instantiate_us);
 }
 
 absl::Status CheckCaptureSafety(const ExecutionPlan& plan, const Bindings& bindings,
@@ -56,29 +53,6 @@ absl::Status CheckCaptureSafety(const ExecutionPlan& plan, const Bindings& bindi
   return absl::OkStatus();
 }
 
-UpdateDecision DecideUpdate(const ExecutionPlan& plan, const Bindings& captured,
-                            const Bindings& next, double max_patch_fraction) {
-  const Graph& g = plan.graph();
-  auto moved = [&](TensorId id) {
-    return ResolveTensor(plan, captured, id.index).data != ResolveTensor(plan, next, id.index).data;
-  };
-  UpdateDecision d;
-  for (int32_t i = 0; i < g.num_nodes(); ++i) {
-    const Node& node = g.nodes()[i];
-    bool changed = moved(node.output);
-    for (const TensorId in : node.inputs) changed = changed || moved(in);
-    if (changed) d.nodes.push_back(i);
-  }
-  if (d.nodes.empty()) {
-    d.kind = UpdateDecision::Kind::kNothing;
-  } else if (static_cast<double>(d.nodes.size()) <= max_patch_fraction * g.num_nodes()) {
-    d.kind = UpdateDecision::Kind::kPatchNodes;
-  } else {
-    d.kind = UpdateDecision::Kind::kRecapture;
-  }
-  return d;
-}
-
 absl::Status ValidateBuckets(absl::Span<const int64_t> buckets) {
   if (buckets.empty()) return absl::InvalidArgumentError("bucket list is empty");
   for (size_t i = 0; i < buckets.size(); ++i) {
@@ -91,14 +65,14 @@ absl::Status ValidateBuckets(absl::Span<const int64_t> buckets) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<int64_t> ChooseBucket(absl::Span<const int64_t> buckets, int64_t live_rows) {
+absl::StatusOr<int> ChooseBucket(absl::Span<const int64_t> buckets, int64_t live_rows) {
   SG_RETURN_IF_ERROR(ValidateBuckets(buckets));
   if (live_rows <= 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("a step needs at least one live row, got ", live_rows));
   }
-  for (const int64_t b : buckets) {
-    if (b >= live_rows) return b;
+  for (size_t i = 0; i < buckets.size(); ++i) {
+    if (buckets[i] >= live_rows) return static_cast<int>(i);
   }
   return absl::OutOfRangeError(absl::StrCat(live_rows, " live rows exceed the largest bucket (",
                                             buckets.back(), ")"));

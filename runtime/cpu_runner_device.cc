@@ -116,8 +116,8 @@ class CpuRunnerDevice final : public StepRunner::Device {
     return seconds;
   }
 
-  absl::StatusOr<std::unique_ptr<ReplayableStep>> Capture(const PreparedPlan&, const Bindings&,
-                                                          double) override {
+  absl::StatusOr<std::unique_ptr<ReplayableStep>> Capture(const PreparedPlan&,
+                                                          const Bindings&) override {
     return absl::UnimplementedError("the CPU runs every step eagerly; nothing is captured");
   }
 

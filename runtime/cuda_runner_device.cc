@@ -139,12 +139,9 @@ class CudaRunnerDevice final : public StepRunner::Device {
   }
 
   absl::StatusOr<std::unique_ptr<ReplayableStep>> Capture(const PreparedPlan& prepared,
-                                                          const Bindings& bindings,
-                                                          double max_patch_fraction) override {
-    CaptureOptions options;
-    options.max_patch_fraction = max_patch_fraction;
+                                                          const Bindings& bindings) override {
     SG_ASSIGN_OR_RETURN(std::unique_ptr<CapturedStep> step,
-                        CapturedStep::Create(prepared, bindings, *dispatch_, options));
+                        CapturedStep::Create(prepared, bindings, *dispatch_));
     return std::unique_ptr<ReplayableStep>(new CapturedReplay(std::move(step)));
   }
 

@@ -46,8 +46,7 @@ class StepRunner::Device {
   virtual absl::StatusOr<std::vector<double>> TimeCopies(int64_t bytes, int repeats) = 0;
 
   virtual absl::StatusOr<std::unique_ptr<ReplayableStep>> Capture(const PreparedPlan& prepared,
-                                                                  const Bindings& bindings,
-                                                                  double max_patch_fraction) = 0;
+                                                                  const Bindings& bindings) = 0;
   // One eager pass with each node's time in ms.
   virtual absl::StatusOr<std::vector<double>> Profile(const PreparedPlan& prepared,
                                                       const Bindings& bindings) = 0;

@@ -371,13 +371,6 @@ int64_t DecodeSession::HighestLiveSlot() const {
   return -1;
 }
 
-int64_t DecodeSession::BucketFor(int64_t rows) const {
-  for (size_t i = 0; i < buckets_.size(); ++i) {
-    if (buckets_[i] >= rows) return static_cast<int64_t>(i);
-  }
-  return static_cast<int64_t>(buckets_.size()) - 1;  // rows <= max_slots always
-}
-
 absl::Status DecodeSession::CheckCapacity(int64_t steps) const {
   for (int64_t s = 0; s < max_slots(); ++s) {
     const Slot& slot = slots_[s];
@@ -532,7 +525,7 @@ absl::Status DecodeSession::PrefillByDecodeSteps(const PrefillRequest& request) 
   int32_t* staged_prompt = staging_ + 2 * block.ints();
   std::copy_n(prompt.data(), n, staged_prompt);
   SG_RETURN_IF_ERROR(runner_->Copy(prompt_, staged_prompt, n * 4));
-  const int bucket = static_cast<int>(BucketFor(slot + 1));
+  SG_ASSIGN_OR_RETURN(const int bucket, ChooseBucket(buckets_, slot + 1));
   for (int64_t t = 0; t + 1 < n; ++t) {
     if (t > 0) {
       SG_RETURN_IF_ERROR(runner_->Copy(inputs_ + block.ids() + slot, prompt_ + t, 4));
@@ -560,7 +553,7 @@ absl::Status DecodeSession::StepImpl(std::vector<double>* node_ms) {
   }
   SG_RETURN_IF_ERROR(CheckCapacity(1));
   if (pending_steps_ == ring_steps_) SG_RETURN_IF_ERROR(Drain());
-  const int bucket = static_cast<int>(BucketFor(highest + 1));
+  SG_ASSIGN_OR_RETURN(const int bucket, ChooseBucket(buckets_, highest + 1));
   if (inputs_dirty_) {
     // The live set changed, which drained: the host knows every live slot's next id.
     const InputBlock block(max_slots());

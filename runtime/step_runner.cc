@@ -45,10 +45,6 @@ StepRunner::~StepRunner() {
 }
 
 absl::StatusOr<std::unique_ptr<StepRunner>> StepRunner::Create(const RunnerOptions& options) {
-  if (!(options.max_patch_fraction >= 0.0 && options.max_patch_fraction <= 1.0)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "step runner: max_patch_fraction must be in [0, 1], got ", options.max_patch_fraction));
-  }
   if (options.cpu_threads < 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "step runner: cpu_threads must be >= 0 (0: one per core), got ", options.cpu_threads));
@@ -153,7 +149,7 @@ absl::Status StepRunner::Finalize() {
     for (size_t i = 0; i < steps_.size(); ++i) {
       Step& step = *steps_[i];
       absl::StatusOr<std::unique_ptr<ReplayableStep>> replay =
-          device_->Capture(*step.prepared, *step.bindings, options_.max_patch_fraction);
+          device_->Capture(*step.prepared, *step.bindings);
       if (!replay.ok()) {
         return absl::Status(replay.status().code(), absl::StrCat("capturing step ", i, ": ",
                                                                  replay.status().message()));

@@ -225,8 +225,6 @@ class DecodeSession {
   // Moves the ids of the recorded steps into the slots' histories (waits for the device).
   absl::Status Drain();
   absl::Status CheckErrorFlags();
-  // Index in buckets_ of the smallest bucket with at least `rows` rows.
-  int64_t BucketFor(int64_t rows) const;
   int64_t HighestLiveSlot() const;
 
   Backend backend_ = Backend::kCpu;

@@ -52,8 +52,6 @@ struct RunnerOptions {
   KernelDispatch* cpu_dispatch = nullptr;
   // CPU: threads of the reference's parallel ops (0: one per core).
   int cpu_threads = 0;
-  // Nodes whose arguments moved that a captured step may patch in place.
-  double max_patch_fraction = 0.5;
 };
 
 class StepRunner {
