@@ -14,6 +14,7 @@
 #include "models/model_files.h"
 #include "models/random_weights.h"
 #include "stepgraph/capture/capture_policy.h"
+#include "stepgraph/runtime/measure.h"
 #include "stepgraph/base/error_flags.h"
 #include "stepgraph/base/half.h"
 #include "stepgraph/base/status.h"
@@ -570,7 +571,7 @@ absl::Status DecodeSession::StepImpl(std::vector<double>* node_ms) {
     inputs_dirty_ = false;
   }
   if (node_ms != nullptr) {
-    SG_ASSIGN_OR_RETURN(*node_ms, runner_->Profile(bucket));
+    SG_ASSIGN_OR_RETURN(*node_ms, ProfileNodes(*runner_, bucket));
   } else {
     SG_RETURN_IF_ERROR(runner_->Run(bucket));
   }
@@ -703,13 +704,13 @@ absl::StatusOr<std::vector<double>> DecodeSession::TimedSteps(int64_t n) {
     return absl::FailedPreconditionError("TimedSteps: no slot is live; Prefill one first");
   }
   SG_RETURN_IF_ERROR(CheckCapacity(n));
-  SG_RETURN_IF_ERROR(runner_->StartMarks(n + 1));
-  SG_RETURN_IF_ERROR(runner_->Mark(0));
+  SG_RETURN_IF_ERROR(StartMarks(*runner_, n + 1));
+  SG_RETURN_IF_ERROR(Mark(*runner_, 0));
   for (int64_t i = 0; i < n; ++i) {
     SG_RETURN_IF_ERROR(StepImpl(nullptr));
-    SG_RETURN_IF_ERROR(runner_->Mark(i + 1));
+    SG_RETURN_IF_ERROR(Mark(*runner_, i + 1));
   }
-  SG_ASSIGN_OR_RETURN(std::vector<double> ms, runner_->MarkIntervalsMs());
+  SG_ASSIGN_OR_RETURN(std::vector<double> ms, MarkIntervalsMs(*runner_));
   SG_RETURN_IF_ERROR(Drain());
   SG_RETURN_IF_ERROR(CheckErrorFlags());
   return ms;
