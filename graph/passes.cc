@@ -1,8 +1,9 @@
 // The graph passes (stepgraph/graph/passes.h). Each pass edits a mutable copy of the graph:
 // fused nodes replace groups of nodes, taking the place of the group's last node (every
-// input of the group exists by then, and every reader of the group's result comes after
-// it), intermediates no longer produced are dropped, ids are renumbered under a new owner
-// tag and the result is validated.
+// input of the group exists by then, every reader of the group's result comes after it,
+// and a group is not fused where a node between writes what it reads, as WrittenInputs
+// says), intermediates no longer produced are dropped, ids are renumbered under a new
+// owner tag and the result is validated.
 #include "stepgraph/graph/passes.h"
 
 #include <algorithm>

@@ -59,7 +59,8 @@ absl::StatusOr<double> MeasureMatmulTflops(const RunnerOptions& options, int64_t
   // Small non-zero values: a rate is measured, not a result.
   std::vector<uint16_t> host(static_cast<size_t>(n * n));
   for (size_t i = 0; i < host.size(); ++i) {
-    host[i] = FloatToBF16(static_cast<float>(static_cast<int64_t>(i * 37 % 17) - 8) / 64.0f + 0.01f);
+    const float v = static_cast<float>(static_cast<int64_t>(i * 37 % 17) - 8) / 64.0f + 0.01f;
+    host[i] = FloatToBF16(v);
   }
   SG_ASSIGN_OR_RETURN(void* x, runner->Allocate(bytes, "matmul rate: x"));
   SG_ASSIGN_OR_RETURN(void* w, runner->Allocate(bytes, "matmul rate: w"));

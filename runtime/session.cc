@@ -1,7 +1,8 @@
-// DecodeSession's slot bookkeeping. The session keeps, per slot, the position of the id
-// the next step feeds; the ids themselves travel on the device in the closed loop and
-// reach the host through the id ring, which is drained only where the caller asks for ids
-// or the live set changes. Where the steps run is the StepRunner's business.
+// DecodeSession: its making (Impl::Init, one named step after another) and its slot
+// bookkeeping. The session keeps, per slot, the position of the id the next step feeds;
+// the ids themselves travel on the device in the closed loop and reach the host through
+// the id ring, which is drained only where the caller asks for ids or the live set
+// changes. Where the steps run is the StepRunner's business.
 #include "stepgraph/runtime/session.h"
 
 #include <algorithm>
@@ -99,7 +100,8 @@ absl::Status CheckSampling(const ops::Sample& s) {
 // device. DecodeSession forwards to it.
 class DecodeSession::Impl {
  public:
-  // The steps of Init, in order; each names what it sets up.
+  // Loads the model, builds and plans every step and makes the buffers; see the steps
+  // below, in the order Init takes them.
   absl::Status Init(const SessionOptions& options);
 
   Backend backend() const { return backend_; }
@@ -161,12 +163,13 @@ class DecodeSession::Impl {
   // Every step's graph: one per decode bucket (with the graph passes where they pay), then
   // one per prefill shape. Sets prefill_shapes_.
   absl::StatusOr<std::vector<Graph>> BuildGraphs(const SessionOptions& options);
-  // The runner, and the KV cache on its device after checking that it fits.
-  absl::Status MakeRunnerAndKvCache(const SessionOptions& options, const Graph& largest);
+  // The runner, once the KV cache the largest step binds is known to fit its device.
+  absl::Status MakeRunner(const SessionOptions& options, const Graph& largest);
   // The weights on the runner's device (or bound in place on the CPU): sets `bind`.
   absl::Status SetUpWeights(const Graph& largest, StepRunner::Binder* bind);
-  // The step inputs, the prompt, the host staging areas and the id ring, all padding.
-  absl::Status AllocateStepInputs();
+  // The KV cache (zeros), the step inputs and the prompt on the device, the host staging
+  // areas and the id ring; every row of the inputs is padding.
+  absl::Status AllocateBuffers();
   // Adds every graph to the runner, bound to the weights, the KV cache and its inputs.
   absl::Status AddSteps(std::vector<Graph> graphs, const StepRunner::Binder& bind_weights);
   // Prepares and captures every step and finds each decode step's outputs.
@@ -254,10 +257,10 @@ absl::Status DecodeSession::Impl::Init(const SessionOptions& options) {
   // The largest decode step reads every weight and every KV cache.
   const Graph& largest = graphs[buckets_.size() - 1];
   if (model_ != nullptr) SG_RETURN_IF_ERROR(model_->CheckAgainstGraph(largest));
-  SG_RETURN_IF_ERROR(MakeRunnerAndKvCache(options, largest));
+  SG_RETURN_IF_ERROR(MakeRunner(options, largest));
   StepRunner::Binder bind_weights;
   SG_RETURN_IF_ERROR(SetUpWeights(largest, &bind_weights));
-  SG_RETURN_IF_ERROR(AllocateStepInputs());
+  SG_RETURN_IF_ERROR(AllocateBuffers());
   SG_RETURN_IF_ERROR(AddSteps(std::move(graphs), bind_weights));
   SG_RETURN_IF_ERROR(FinalizeSteps());
   slots_.resize(static_cast<size_t>(max_slots()));
@@ -362,8 +365,8 @@ absl::StatusOr<std::vector<Graph>> DecodeSession::Impl::BuildGraphs(
   return graphs;
 }
 
-absl::Status DecodeSession::Impl::MakeRunnerAndKvCache(const SessionOptions& options,
-                                                       const Graph& largest) {
+absl::Status DecodeSession::Impl::MakeRunner(const SessionOptions& options,
+                                             const Graph& largest) {
   RunnerOptions ro;
   ro.device = backend_ == Backend::kCuda ? DeviceKind::kCuda : DeviceKind::kCpu;
   ro.eager = options.eager;
@@ -385,7 +388,7 @@ absl::Status DecodeSession::Impl::MakeRunnerAndKvCache(const SessionOptions& opt
   return absl::OkStatus();
 }
 
-absl::Status DecodeSession::Impl::AllocateStepInputs() {
+absl::Status DecodeSession::Impl::AllocateBuffers() {
   SG_ASSIGN_OR_RETURN(void* kv, runner_->AllocateZeroed(kv_cache_bytes_, "the KV cache"));
   kv_ = static_cast<std::byte*>(kv);
   // Step inputs start as all padding, so that nothing a capture might run writes a cache.

@@ -55,9 +55,9 @@ class CapturedStep {
 
  private:
   CapturedStep(const PreparedPlan& prepared, const Bindings& bindings, CudaDispatch& dispatch);
-  // Records one execution into a new graph, with the node map.
   // The CUDA graph and, per stepgraph node, the CUDA nodes it launched (cuda_graph.cc).
   struct Recording;
+  // Records one execution into a new graph, with the node map.
   absl::StatusOr<Recording> CaptureOnce();
   absl::Status Instantiate();
 
