@@ -3,9 +3,8 @@
 //      graph launch, reported per node;
 //  (b) a decode step of a small Llama-shaped model (the built-in tiny shape, 4 layers,
 //      random weights) for M = 1 and the buckets 2..32: ms per step;
-//  (c) the cost of making and changing an executable for a Llama-3.2-1B-shaped step:
-//      capture, instantiate, an in-place patch of one rebound weight, and a re-capture
-//      with cudaGraphExecUpdate.
+//  (c) the cost of making an executable for a Llama-3.2-1B-shaped step: capture, then
+//      instantiate and upload.
 // Times are CUDA events around a batch of steps on the step's stream (UseManualTime);
 // tables of medians are printed at the end.
 #include <benchmark/benchmark.h>
@@ -220,9 +219,9 @@ void BM_TinyLlamaStep(benchmark::State& state) {
 BENCHMARK(BM_TinyLlamaStep)->RangeMultiplier(2)->Range(1, 32)->UseManualTime()->Iterations(15)
     ->Unit(benchmark::kMillisecond);
 
-// (c) Making and changing the executable of a Llama-3.2-1B-shaped step (weights are not
-// filled: nothing is replayed, only recorded).
-void BM_CaptureAndUpdate(benchmark::State& state) {
+// (c) Making the executable of a Llama-3.2-1B-shaped step (weights are not filled:
+// nothing is replayed, only recorded).
+void BM_CaptureAndInstantiate(benchmark::State& state) {
   if (!CudaDeviceAvailable()) return state.SkipWithError("no GPU");
   auto fail = [&](const absl::Status& s) { state.SkipWithError(std::string(s.message()).c_str()); };
   auto graph = BuildLlamaDecodeGraph(Llama32_1BConfig(), {.batch = 1, .max_seq = 2048});
@@ -235,11 +234,7 @@ void BM_CaptureAndUpdate(benchmark::State& state) {
   if (!prepared.ok()) return fail(prepared.status());
   auto buffers = DeviceBuffers::Make(*plan, 100, false);
   if (!buffers.ok()) return fail(buffers.status());
-  const std::string weight = "model.layers.7.mlp.up_proj.weight";
-  const Tensor& w = plan->graph().tensor(*plan->graph().FindTensor(weight));
-  auto other = AllocateDevice(w.bytes(), "other weight");
-  if (!other.ok()) return fail(other.status());
-  std::vector<double> capture, instantiate, patch, recapture;
+  std::vector<double> capture, instantiate;
   int64_t nodes = 0;
   for (auto _ : state) {
     auto step = CapturedStep::Create(*prepared, *(*buffers)->bindings, **dispatch);
@@ -247,35 +242,17 @@ void BM_CaptureAndUpdate(benchmark::State& state) {
     nodes = (*step)->num_graph_nodes();
     capture.push_back((*step)->stats().capture_us);
     instantiate.push_back((*step)->stats().instantiate_us);
-    Bindings next = *(*buffers)->bindings;
-    if (auto s = next.Bind(weight, other->get(), w.bytes()); !s.ok()) return fail(s);
-    if (auto s = (*step)->Update(next); !s.ok()) return fail(s);
-    patch.push_back((*step)->stats().update_us);
-    // Moving the arena moves every launch: a re-capture and an executable update.
-    auto arena = AllocateDevice(plan->arena_bytes(), "arena");
-    if (!arena.ok()) return fail(arena.status());
-    next.SetArena(arena->get(), plan->arena_bytes());
-    const double before = (*step)->stats().update_us;
-    if (auto s = (*step)->Update(next); !s.ok()) return fail(s);
-    recapture.push_back((*step)->stats().update_us - before);
     state.SetIterationTime(1e-6 * (capture.back() + instantiate.back()));
-    if ((*step)->stats().node_patches != 1 || (*step)->stats().exec_updates != 1) {
-      return state.SkipWithError((*step)->stats().ToString().c_str());
-    }
   }
   state.counters["graph_nodes"] = static_cast<double>(nodes);
   state.counters["capture_us"] = Median(capture);
   state.counters["instantiate_us"] = Median(instantiate);
-  state.counters["patch_one_weight_us"] = Median(patch);
-  state.counters["recapture_update_us"] = Median(recapture);
   g_rows["(c) 1B step: capture"] = {"(c) 1B step: capture", 0, Median(capture), "us"};
   g_rows["(c) 1B step: instantiate+upload"] = {"(c) 1B step: instantiate+upload", 0,
                                               Median(instantiate), "us"};
-  g_rows["(c) 1B step: patch 1 weight"] = {"(c) 1B step: patch 1 weight", 0, Median(patch), "us"};
-  g_rows["(c) 1B step: recapture+ExecUpdate"] = {"(c) 1B step: recapture+ExecUpdate", 0,
-                                                Median(recapture), "us"};
 }
-BENCHMARK(BM_CaptureAndUpdate)->UseManualTime()->Iterations(7)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_CaptureAndInstantiate)->UseManualTime()->Iterations(7)
+    ->Unit(benchmark::kMillisecond);
 
 }  // namespace
 }  // namespace sg

@@ -43,6 +43,7 @@
 #include "absl/strings/str_format.h"
 #include "runtime/timing.h"
 #include "stepgraph/models/llama.h"
+#include "stepgraph/runtime/measure.h"
 #include "stepgraph/runtime/session.h"
 #include "stepgraph/graph/passes.h"
 #include "stepgraph/graph/memory_plan.h"
@@ -305,7 +306,7 @@ absl::Status Setup() {
   if (fused_plan == nullptr || plain_plan == nullptr) return absl::InternalError("no bucket 1");
   std::printf("batch-1 step: %d nodes with the graph passes, %d without\n",
               fused_plan->graph().num_nodes(), plain_plan->graph().num_nodes());
-  SG_ASSIGN_OR_RETURN(g->copy_bytes_per_s, g->session->runner().CopyBandwidth(kCopyBytes, 10));
+  SG_ASSIGN_OR_RETURN(g->copy_bytes_per_s, CopyBandwidth(g->session->runner(), kCopyBytes, 10));
   g->floor_ms = 1e3 * static_cast<double>(g->session->weight_bytes()) / g->copy_bytes_per_s;
   std::printf("%s\nLlama-3.2-1B shape, random bf16 weights: %.3f GB of weights, KV cache %.1f MB; "
               "session made in %.1f s\n"

@@ -24,6 +24,7 @@
 
 #include "runtime/timing.h"
 #include "stepgraph/models/llama.h"
+#include "stepgraph/runtime/measure.h"
 #include "stepgraph/runtime/session.h"
 #include "stepgraph/graph/builder.h"
 #include "stepgraph/base/half.h"

@@ -1,8 +1,8 @@
-// Capture safety, update decisions and bucket choice: pure host logic (see
-// capture_policy.h), in stepgraph_capture.
+// Capture safety and bucket choice: pure host logic (see capture_policy.h), in
+// stepgraph_capture.
 #include "stepgraph/capture/capture_policy.h"
 
-#include <variant>
+#include <algorithm>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -12,11 +12,9 @@
 namespace sg {
 
 std::string CaptureStats::ToString() const {
-  return absl::StrFormat(
-      "captures=%d instantiations=%d updates=%d (patches=%d nodes=%d exec_updates=%d "
-      "reinstantiations=%d) replays=%d capture=%.1fus instantiate=%.1fus update=%.1fus",
-      captures, instantiations, updates, node_patches, patched_nodes, exec_updates,
-      reinstantiations, replays, capture_us, instantiate_us, update_us);
+  return absl::StrFormat("captures=%d instantiations=%d replays=%d capture=%.1fus "
+                         "instantiate=%.1fus",
+                         captures, instantiations, replays, capture_us, instantiate_us);
 }
 
 absl::Status CheckCaptureSafety(const ExecutionPlan& plan, const Bindings& bindings,
@@ -35,42 +33,24 @@ absl::Status CheckCaptureSafety(const ExecutionPlan& plan, const Bindings& bindi
           "capture refused: node ", i, " '", node.name, "' (", OpName(node.op),
           ") is not capture-safe on this dispatcher; run the plan eagerly instead"));
     }
-    auto check = [&](TensorId id) -> absl::Status {
+    auto check = [&](TensorId id, bool written) -> absl::Status {
       const Tensor& t = g.tensor(id);
       if (t.kind == TensorKind::kIntermediate) return absl::OkStatus();  // in the arena
       if (is_device_pointer(bindings.buffer(id.index).data)) return absl::OkStatus();
       return absl::FailedPreconditionError(absl::StrCat(
-          "capture refused: node ", i, " '", node.name, "' (", OpName(node.op), ") uses ",
-          TensorKindName(t.kind), " '", t.name,
+          "capture refused: node ", i, " '", node.name, "' (", OpName(node.op), ") ",
+          written ? "writes " : "reads ", TensorKindName(t.kind), " '", t.name,
           "', which is bound to memory the GPU cannot use (host memory?)"));
     };
-    for (const TensorId in : node.inputs) SG_RETURN_IF_ERROR(check(in));
-    SG_RETURN_IF_ERROR(check(node.output));
+    const InputWrites writes = WrittenInputs(node.op);
+    for (int32_t k = 0; k < static_cast<int32_t>(node.inputs.size()); ++k) {
+      const bool written =
+          std::find(writes.inputs.begin(), writes.inputs.end(), k) != writes.inputs.end();
+      SG_RETURN_IF_ERROR(check(node.inputs[k], written));
+    }
+    if (!writes.output_is_written) SG_RETURN_IF_ERROR(check(node.output, true));
   }
   return absl::OkStatus();
-}
-
-UpdateDecision DecideUpdate(const ExecutionPlan& plan, const Bindings& captured,
-                            const Bindings& next, double max_patch_fraction) {
-  const Graph& g = plan.graph();
-  auto moved = [&](TensorId id) {
-    return ResolveTensor(plan, captured, id.index).data != ResolveTensor(plan, next, id.index).data;
-  };
-  UpdateDecision d;
-  for (int32_t i = 0; i < g.num_nodes(); ++i) {
-    const Node& node = g.nodes()[i];
-    bool changed = moved(node.output);
-    for (const TensorId in : node.inputs) changed = changed || moved(in);
-    if (changed) d.nodes.push_back(i);
-  }
-  if (d.nodes.empty()) {
-    d.kind = UpdateDecision::Kind::kNothing;
-  } else if (static_cast<double>(d.nodes.size()) <= max_patch_fraction * g.num_nodes()) {
-    d.kind = UpdateDecision::Kind::kPatchNodes;
-  } else {
-    d.kind = UpdateDecision::Kind::kRecapture;
-  }
-  return d;
 }
 
 absl::Status ValidateBuckets(absl::Span<const int64_t> buckets) {
@@ -85,14 +65,14 @@ absl::Status ValidateBuckets(absl::Span<const int64_t> buckets) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<int64_t> ChooseBucket(absl::Span<const int64_t> buckets, int64_t live_rows) {
+absl::StatusOr<int> ChooseBucket(absl::Span<const int64_t> buckets, int64_t live_rows) {
   SG_RETURN_IF_ERROR(ValidateBuckets(buckets));
   if (live_rows <= 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("a step needs at least one live row, got ", live_rows));
   }
-  for (const int64_t b : buckets) {
-    if (b >= live_rows) return b;
+  for (size_t i = 0; i < buckets.size(); ++i) {
+    if (buckets[i] >= live_rows) return static_cast<int>(i);
   }
   return absl::OutOfRangeError(absl::StrCat(live_rows, " live rows exceed the largest bucket (",
                                             buckets.back(), ")"));

@@ -1,7 +1,6 @@
 // CapturedStep: one execution of a plan recorded by stream capture, instantiated once and
 // replayed with one cudaGraphLaunch per step. Every CUDA node the capture made is mapped
-// back to the stepgraph node that launched it, so that a change of bindings can patch
-// just the launches that moved, and so that the DOT dump speaks of our nodes.
+// back to the stepgraph node that launched it, so that the DOT dump speaks of our nodes.
 #include <cuda.h>  // driver types only; driver entry points are fetched at run time
 #include <cudaTypedefs.h>
 #include <cuda_runtime_api.h>
@@ -24,16 +23,13 @@
 #include "stepgraph/base/status.h"
 
 namespace sg {
-namespace internal {
 
 // A captured graph and, per stepgraph node, the CUDA nodes its Run added (in launch order).
-struct CapturedGraph {
+struct CapturedStep::Recording {
   UniqueGraph graph;
   std::vector<std::vector<cudaGraphNode_t>> nodes_of;
   int64_t num_nodes = 0;
 };
-
-}  // namespace internal
 
 namespace {
 
@@ -43,12 +39,11 @@ double MicrosSince(Clock::time_point t0) {
   return std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
 }
 
-// The driver calls that patch a kernel node in place. Kernels launched through the driver
-// (cuBLASLt's) are not visible to the runtime's kernel-node calls, the driver's see both.
-// Fetched through the runtime so that stepgraph never links libcuda itself.
+// The driver calls that name a captured kernel node's function. Kernels launched through
+// the driver (cuBLASLt's) are not visible to the runtime's kernel-node calls, the driver's
+// see both. Fetched through the runtime so that stepgraph never links libcuda itself.
 struct DriverGraphCalls {
   PFN_cuGraphKernelNodeGetParams_v12000 get_kernel_params = nullptr;
-  PFN_cuGraphExecKernelNodeSetParams_v12000 set_exec_kernel_params = nullptr;
   PFN_cuFuncGetName_v12030 func_name = nullptr;
   PFN_cuKernelGetName_v12030 kernel_name = nullptr;
 };
@@ -65,8 +60,6 @@ const DriverGraphCalls& Driver() {
       }
     };
     get("cuGraphKernelNodeGetParams", 12000, reinterpret_cast<void**>(&c.get_kernel_params));
-    get("cuGraphExecKernelNodeSetParams", 12000,
-        reinterpret_cast<void**>(&c.set_exec_kernel_params));
     get("cuFuncGetName", 12030, reinterpret_cast<void**>(&c.func_name));
     get("cuKernelGetName", 12030, reinterpret_cast<void**>(&c.kernel_name));
     return c;
@@ -150,63 +143,6 @@ std::string NodeTypeName(cudaGraphNodeType type) {
   }
 }
 
-// Copies the parameters of `from` (a node of a fresh single-node capture) onto `to`'s
-// instance in `exec`. Both must be of the same type; a kernel must be the same function.
-absl::Status PatchNode(cudaGraphExec_t exec, cudaGraphNode_t to, cudaGraphNode_t from,
-                       absl::string_view where) {
-  cudaGraphNodeType to_type, from_type;
-  SG_RETURN_IF_ERROR(ToStatus(cudaGraphNodeGetType(to, &to_type), "cudaGraphNodeGetType"));
-  SG_RETURN_IF_ERROR(ToStatus(cudaGraphNodeGetType(from, &from_type), "cudaGraphNodeGetType"));
-  if (to_type != from_type) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(where, ": the new capture has a ", NodeTypeName(from_type),
-                     " node where the graph has a ", NodeTypeName(to_type), " node"));
-  }
-  switch (to_type) {
-    case cudaGraphNodeTypeKernel: {
-      const DriverGraphCalls& d = Driver();
-      if (d.get_kernel_params == nullptr || d.set_exec_kernel_params == nullptr) {
-        return absl::FailedPreconditionError("the driver lacks kernel-node patching");
-      }
-      CUDA_KERNEL_NODE_PARAMS params;
-      std::memset(&params, 0, sizeof(params));
-      if (CUresult r = d.get_kernel_params(reinterpret_cast<CUgraphNode>(from), &params);
-          r != CUDA_SUCCESS) {
-        return absl::InternalError(absl::StrCat(where, ": cuGraphKernelNodeGetParams failed (",
-                                                static_cast<int>(r), ")"));
-      }
-      if (CUresult r = d.set_exec_kernel_params(reinterpret_cast<CUgraphExec>(exec),
-                                                reinterpret_cast<CUgraphNode>(to), &params);
-          r != CUDA_SUCCESS) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            where, ": cuGraphExecKernelNodeSetParams failed (", static_cast<int>(r), ")"));
-      }
-      return absl::OkStatus();
-    }
-    case cudaGraphNodeTypeMemcpy: {
-      cudaMemcpy3DParms p;
-      std::memset(&p, 0, sizeof(p));
-      SG_RETURN_IF_ERROR(ToStatus(cudaGraphMemcpyNodeGetParams(from, &p),
-                                  absl::StrCat(where, ": cudaGraphMemcpyNodeGetParams")));
-      return ToStatus(cudaGraphExecMemcpyNodeSetParams(exec, to, &p),
-                      absl::StrCat(where, ": cudaGraphExecMemcpyNodeSetParams"));
-    }
-    case cudaGraphNodeTypeMemset: {
-      cudaMemsetParams p;
-      std::memset(&p, 0, sizeof(p));
-      SG_RETURN_IF_ERROR(ToStatus(cudaGraphMemsetNodeGetParams(from, &p),
-                                  absl::StrCat(where, ": cudaGraphMemsetNodeGetParams")));
-      return ToStatus(cudaGraphExecMemsetNodeSetParams(exec, to, &p),
-                      absl::StrCat(where, ": cudaGraphExecMemsetNodeSetParams"));
-    }
-    case cudaGraphNodeTypeEmpty:
-      return absl::OkStatus();
-    default:
-      return absl::FailedPreconditionError(
-          absl::StrCat(where, ": cannot patch a ", NodeTypeName(to_type), " node"));
-  }
-}
-
 std::string DotEscape(absl::string_view s) {
   return absl::StrReplaceAll(s, {{"\\", "\\\\"}, {"\"", "\\\""}});
 }
@@ -224,8 +160,8 @@ bool IsDevicePointer(const void* p) {
 }
 
 CapturedStep::CapturedStep(const PreparedPlan& prepared, const Bindings& bindings,
-                           CudaDispatch& dispatch, const CaptureOptions& options)
-    : prepared_(&prepared), bindings_(bindings), dispatch_(&dispatch), options_(options) {}
+                           CudaDispatch& dispatch)
+    : prepared_(&prepared), bindings_(bindings), dispatch_(&dispatch) {}
 
 CapturedStep::~CapturedStep() {
   if (exec_ != nullptr) GraphExecDeleter()(exec_);
@@ -233,26 +169,25 @@ CapturedStep::~CapturedStep() {
 }
 
 absl::StatusOr<std::unique_ptr<CapturedStep>> CapturedStep::Create(
-    const PreparedPlan& prepared, const Bindings& bindings, CudaDispatch& dispatch,
-    const CaptureOptions& options) {
+    const PreparedPlan& prepared, const Bindings& bindings, CudaDispatch& dispatch) {
   if (&prepared.dispatch() != &dispatch) {
     return absl::InvalidArgumentError(
         "CapturedStep: the plan was prepared by another dispatcher than the one given");
   }
   SG_RETURN_IF_ERROR(CheckCaptureSafety(prepared.plan(), bindings, dispatch, IsDevicePointer));
-  std::unique_ptr<CapturedStep> step(new CapturedStep(prepared, bindings, dispatch, options));
-  SG_ASSIGN_OR_RETURN(internal::CapturedGraph captured, step->CaptureOnce(step->bindings_));
-  step->graph_ = std::make_unique<internal::CapturedGraph>(std::move(captured));
+  std::unique_ptr<CapturedStep> step(new CapturedStep(prepared, bindings, dispatch));
+  SG_ASSIGN_OR_RETURN(Recording captured, step->CaptureOnce());
+  step->graph_ = std::make_unique<Recording>(std::move(captured));
   SG_RETURN_IF_ERROR(step->Instantiate());
   return step;
 }
 
-absl::StatusOr<internal::CapturedGraph> CapturedStep::CaptureOnce(const Bindings& bindings) {
+absl::StatusOr<CapturedStep::Recording> CapturedStep::CaptureOnce() {
   const auto t0 = Clock::now();
   const cudaStream_t capture_stream = stream();
   SG_RETURN_IF_ERROR(ToStatus(cudaStreamBeginCapture(capture_stream, cudaStreamCaptureModeThreadLocal),
                               "cudaStreamBeginCapture"));
-  internal::CapturedGraph out;
+  Recording out;
   out.nodes_of.resize(plan().graph().num_nodes());
   absl::flat_hash_set<cudaGraphNode_t> seen;
   std::vector<cudaGraphNode_t> scratch;
@@ -270,7 +205,7 @@ absl::StatusOr<internal::CapturedGraph> CapturedStep::CaptureOnce(const Bindings
     SG_ASSIGN_OR_RETURN(out.nodes_of[node], NewNodes(capturing, seen, scratch));
     return absl::OkStatus();
   };
-  absl::StatusOr<ExecStats> run = Execute(*prepared_, bindings, *dispatch_, exec_options);
+  absl::StatusOr<ExecStats> run = Execute(*prepared_, bindings_, *dispatch_, exec_options);
   cudaGraph_t graph = nullptr;
   const cudaError_t end = cudaStreamEndCapture(capture_stream, &graph);
   out.graph.reset(graph);
@@ -291,7 +226,6 @@ absl::Status CapturedStep::Instantiate() {
   cudaGraphExec_t exec = nullptr;
   SG_RETURN_IF_ERROR(ToStatus(cudaGraphInstantiateWithFlags(&exec, graph_->graph.get(), 0),
                               "cudaGraphInstantiateWithFlags"));
-  if (exec_ != nullptr) GraphExecDeleter()(exec_);
   exec_ = exec;
   // Uploading now keeps the first replay from paying for it.
   SG_RETURN_IF_ERROR(ToStatus(cudaGraphUpload(exec_, stream()), "cudaGraphUpload"));
@@ -317,82 +251,6 @@ absl::StatusOr<int64_t> CapturedStep::DeviceGraphMemory() {
 
 int64_t CapturedStep::num_graph_nodes() const {
   return graph_ != nullptr ? graph_->num_nodes : 0;
-}
-
-absl::Status CapturedStep::PatchNodes(const Bindings& next, const std::vector<int32_t>& nodes) {
-  const cudaStream_t capture_stream = stream();
-  for (const int32_t k : nodes) {
-    const Node& node = plan().graph().nodes()[k];
-    const std::string where = absl::StrCat("patching node ", k, " '", node.name, "'");
-    // Capture this node alone with the new bindings: its launch parameters are exactly
-    // what the whole capture would have recorded for it.
-    SG_RETURN_IF_ERROR(ToStatus(cudaStreamBeginCapture(capture_stream, cudaStreamCaptureModeThreadLocal),
-                                "cudaStreamBeginCapture"));
-    const int32_t only[] = {k};
-    ExecOptions exec_options;
-    exec_options.only_nodes = only;
-    absl::StatusOr<ExecStats> run = Execute(*prepared_, next, *dispatch_, exec_options);
-    cudaGraph_t raw = nullptr;
-    const cudaError_t end = cudaStreamEndCapture(capture_stream, &raw);
-    UniqueGraph single(raw);
-    if (!run.ok()) return run.status();
-    SG_RETURN_IF_ERROR(ToStatus(end, "cudaStreamEndCapture"));
-    absl::flat_hash_set<cudaGraphNode_t> seen;
-    std::vector<cudaGraphNode_t> scratch;
-    SG_ASSIGN_OR_RETURN(std::vector<cudaGraphNode_t> fresh,
-                        NewNodes(single.get(), seen, scratch));
-    const std::vector<cudaGraphNode_t>& old = graph_->nodes_of[k];
-    if (fresh.size() != old.size()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          where, ": it now makes ", fresh.size(), " CUDA nodes, the graph has ", old.size()));
-    }
-    for (size_t i = 0; i < old.size(); ++i) {
-      SG_RETURN_IF_ERROR(PatchNode(exec_, old[i], fresh[i], where));
-    }
-    stats_.patched_nodes += static_cast<int64_t>(old.size());
-  }
-  return absl::OkStatus();
-}
-
-absl::Status CapturedStep::Update(const Bindings& next) {
-  if (next.graph_owner() != bindings_.graph_owner()) {
-    return absl::InvalidArgumentError("Update: the bindings were made for another graph");
-  }
-  SG_RETURN_IF_ERROR(CheckCaptureSafety(plan(), next, *dispatch_, IsDevicePointer));
-  const UpdateDecision decision =
-      DecideUpdate(plan(), bindings_, next, options_.max_patch_fraction);
-  if (decision.kind == UpdateDecision::Kind::kNothing) {
-    bindings_ = next;
-    return absl::OkStatus();
-  }
-  const auto t0 = Clock::now();
-  ++stats_.updates;
-  if (decision.kind == UpdateDecision::Kind::kPatchNodes) {
-    if (PatchNodes(next, decision.nodes).ok()) {
-      ++stats_.node_patches;
-      bindings_ = next;
-      stats_.update_us += MicrosSince(t0);
-      return absl::OkStatus();
-    }
-    cudaGetLastError();
-    // A partly patched executable is made whole by the update below.
-  }
-  SG_ASSIGN_OR_RETURN(internal::CapturedGraph fresh, CaptureOnce(next));
-  cudaGraphExecUpdateResultInfo info;
-  std::memset(&info, 0, sizeof(info));
-  if (cudaGraphExecUpdate(exec_, fresh.graph.get(), &info) == cudaSuccess) {
-    // The executable keeps naming its nodes by the graph it was instantiated from, so the
-    // node map of that graph stays the one to patch through.
-    ++stats_.exec_updates;
-  } else {
-    cudaGetLastError();
-    graph_ = std::make_unique<internal::CapturedGraph>(std::move(fresh));
-    SG_RETURN_IF_ERROR(Instantiate());
-    ++stats_.reinstantiations;
-  }
-  bindings_ = next;
-  stats_.update_us += MicrosSince(t0);
-  return absl::OkStatus();
 }
 
 absl::StatusOr<std::string> CapturedStep::ToDot() const {

@@ -441,16 +441,21 @@ Result Infer(const ops::Advance&, const Checker& c) {
   return TensorType{c[0].dtype, c[0].shape};
 }
 
+// A FusedMatMul's inputs: x, [norm_w], the weights from FirstWeight, then the epilogue's
+// (residual, or pos, k_cache, v_cache) from FirstEpilogueInput.
+int FirstWeight(const ops::FusedMatMul& op) { return op.norm ? 2 : 1; }
+int FirstEpilogueInput(const ops::FusedMatMul& op) { return FirstWeight(op) + op.weights; }
+
 Result Infer(const ops::FusedMatMul& op, const Checker& c) {
   using Epilogue = ops::FusedMatMul::Epilogue;
   if (op.weights < 1 || op.weights > 3) {
     return c.Error(absl::StrCat("weights must be in [1, 3], got ", op.weights));
   }
-  const int first_w = op.norm ? 2 : 1;
+  const int first_w = FirstWeight(op);
   const int extra = op.epilogue == Epilogue::kAdd           ? 1
                     : op.epilogue == Epilogue::kRopeKvWrite ? 3
                                                             : 0;
-  SG_RETURN_IF_ERROR(c.Arity(static_cast<size_t>(first_w + op.weights + extra)));
+  SG_RETURN_IF_ERROR(c.Arity(static_cast<size_t>(FirstEpilogueInput(op) + extra)));
   SG_RETURN_IF_ERROR(c.Rank(0, 2, "x"));
   SG_RETURN_IF_ERROR(c.Float(0, "x"));
   const int64_t m = c[0].shape[0], k = c[0].shape[1];
@@ -481,7 +486,7 @@ Result Infer(const ops::FusedMatMul& op, const Checker& c) {
     case Epilogue::kNone:
       return TensorType{c[0].dtype, Shape{m, n_total}};
     case Epilogue::kAdd: {
-      const int r = first_w + op.weights;
+      const int r = FirstEpilogueInput(op);
       SG_RETURN_IF_ERROR(c.SameDType(0, r));
       if (c[r].shape != Shape{m, n_total}) {
         return c.Error(absl::StrCat("residual ", Describe(c[r]), " must be [", m, ",", n_total,
@@ -501,7 +506,7 @@ Result Infer(const ops::FusedMatMul& op, const Checker& c) {
       if (op.weights != 3) {
         return c.Error("the rope_kv_write epilogue takes three weights (q, k, v)");
       }
-      const int p = first_w + op.weights;  // pos, k_cache, v_cache
+      const int p = FirstEpilogueInput(op);  // pos, k_cache, v_cache
       SG_RETURN_IF_ERROR(CheckRopeKvWriteInputs(op.rope, c, p, m));
       const int64_t kv_cols = c[p + 1].shape[1] * c[p + 1].shape[3];
       const int64_t d = op.rope.head_dim;
@@ -535,9 +540,46 @@ Result Infer(const ops::RopeKvWrite& op, const Checker& c) {
   return TensorType{c[0].dtype, Shape{rows, q_cols}};
 }
 
+// What each op writes besides a new output of its own (ops.h, InputWrites). One overload
+// per op and no template default: an op added to the list must say.
+InputWrites Writes(const ops::Embedding&) { return {}; }
+InputWrites Writes(const ops::MatMul&) { return {}; }
+InputWrites Writes(const ops::RmsNorm&) { return {}; }
+InputWrites Writes(const ops::Add&) { return {}; }
+InputWrites Writes(const ops::Mul&) { return {}; }
+InputWrites Writes(const ops::Silu&) { return {}; }
+InputWrites Writes(const ops::SiluMul&) { return {}; }
+InputWrites Writes(const ops::Rope&) { return {}; }
+// The cache, the last input; the node's output is the cache.
+InputWrites Writes(const ops::KvWrite& op) { return {{op.has_slots ? 3 : 2}, true}; }
+InputWrites Writes(const ops::Attention&) { return {}; }
+InputWrites Writes(const ops::Softmax&) { return {}; }
+InputWrites Writes(const ops::Argmax&) { return {}; }
+InputWrites Writes(const ops::Sample&) { return {}; }
+InputWrites Writes(const ops::Copy&) { return {{1}, true}; }     // dst
+InputWrites Writes(const ops::Advance&) { return {{0}, true}; }  // pos
+// The k and v caches beside the output q.
+InputWrites Writes(const ops::RopeKvWrite&) { return {{2, 3}, false}; }
+InputWrites Writes(const ops::FusedMatMul& op) {
+  if (op.epilogue != ops::FusedMatMul::Epilogue::kRopeKvWrite) return {};
+  const int32_t pos = FirstEpilogueInput(op);  // then k_cache, v_cache
+  return {{pos + 1, pos + 2}, false};
+}
+InputWrites Writes(const ops::FusedElementwise&) { return {}; }
+
 }  // namespace
 
 absl::string_view OpName(const Op& op) { return kOpNames[op.index()]; }
+
+absl::Span<const absl::string_view> AllOpNames() { return kOpNames; }
+
+InputWrites WrittenInputs(const Op& op) {
+  return std::visit([](const auto& o) { return Writes(o); }, op);
+}
+
+bool IsInPlace(const Op& op) { return WrittenInputs(op).output_is_written; }
+
+bool WritesInputs(const Op& op) { return !WrittenInputs(op).inputs.empty(); }
 
 std::string OpParamsToString(const Op& op) {
   return std::visit([](const auto& o) { return Params(o); }, op);
@@ -551,11 +593,6 @@ absl::string_view ElementwiseKindName(ops::FusedElementwise::Kind kind) {
     case ops::FusedElementwise::Kind::kSiluMul: return "silu_mul";
   }
   return "unknown";
-}
-
-bool IsInPlace(const Op& op) {
-  return std::holds_alternative<ops::KvWrite>(op) || std::holds_alternative<ops::Copy>(op) ||
-         std::holds_alternative<ops::Advance>(op);
 }
 
 absl::StatusOr<TensorType> InferOutputType(const Op& op, absl::string_view node_name,

@@ -1,8 +1,9 @@
 // The graph passes (stepgraph/graph/passes.h). Each pass edits a mutable copy of the graph:
 // fused nodes replace groups of nodes, taking the place of the group's last node (every
-// input of the group exists by then, and every reader of the group's result comes after
-// it), intermediates no longer produced are dropped, ids are renumbered under a new owner
-// tag and the result is validated.
+// input of the group exists by then, every reader of the group's result comes after it,
+// and a group is not fused where a node between writes what it reads, as WrittenInputs
+// says), intermediates no longer produced are dropped, ids are renumbered under a new
+// owner tag and the result is validated.
 #include "stepgraph/graph/passes.h"
 
 #include <algorithm>
@@ -54,6 +55,21 @@ class Editor {
     const std::vector<int32_t>& r = Readers(id);
     return tensor(id).kind == TensorKind::kIntermediate && !IsOutput(id) && r.size() == 1 &&
            r[0] == reader;
+  }
+
+  // Whether a live node after `from` and before `to`, other than those `moving`, writes
+  // one of `reads` (in place or as a side effect, as WrittenInputs says): then what reads
+  // them cannot move from node `from` to node `to`.
+  bool WrittenBetween(int32_t from, int32_t to, absl::Span<const TensorId> reads,
+                      absl::Span<const int32_t> moving = {}) const {
+    for (const TensorId t : reads) {
+      const std::vector<int32_t>& w = writers_[t.index];
+      for (auto it = std::upper_bound(w.begin(), w.end(), from); it != w.end() && *it < to;
+           ++it) {
+        if (std::find(moving.begin(), moving.end(), *it) == moving.end()) return true;
+      }
+    }
+    return false;
   }
 
   std::string UniqueName(const std::string& base) {
@@ -147,12 +163,19 @@ class Editor {
     removed_.resize(nodes_.size(), false);
     producer_.assign(tensors_.size(), -1);
     readers_.assign(tensors_.size(), {});
+    writers_.assign(tensors_.size(), {});
     for (int32_t n = 0; n < static_cast<int32_t>(nodes_.size()); ++n) {
       if (removed_[n]) continue;
-      producer_[nodes_[n].output.index] = n;
-      for (TensorId in : nodes_[n].inputs) {
+      const Node& node = nodes_[n];
+      producer_[node.output.index] = n;
+      for (TensorId in : node.inputs) {
         std::vector<int32_t>& r = readers_[in.index];
         if (r.empty() || r.back() != n) r.push_back(n);
+      }
+      for (int32_t i : WrittenInputs(node.op).inputs) {
+        if (i >= static_cast<int32_t>(node.inputs.size())) continue;
+        std::vector<int32_t>& w = writers_[node.inputs[i].index];
+        if (w.empty() || w.back() != n) w.push_back(n);
       }
     }
   }
@@ -163,6 +186,7 @@ class Editor {
   std::vector<bool> removed_;
   std::vector<int32_t> producer_;
   std::vector<std::vector<int32_t>> readers_;
+  std::vector<std::vector<int32_t>> writers_;  // live nodes writing each tensor, ascending
   absl::flat_hash_set<std::string> names_;
 };
 
@@ -257,6 +281,16 @@ absl::StatusOr<Graph> FuseQkvRopeKvWrite(Editor e) {
       return true;
     };
     if (!only_writer_and_attention(kc, kw) || !only_writer_and_attention(vc, vw)) continue;
+    // `q` refers into the node list: read everything from it before inserting.
+    const TensorId wq = q.inputs[1], wk = e.nodes()[mk].inputs[1], wv = e.nodes()[mv].inputs[1];
+    // The seven nodes move to the attention: nothing else between may write what they read
+    // or write.
+    const int32_t group[] = {mq, mk, mv, rq, rk, kw, vw};
+    const TensorId touched[] = {x, wq, wk, wv, pos, kc, vc};
+    if (e.WrittenBetween(*std::min_element(std::begin(group), std::end(group)), a, touched,
+                         group)) {
+      continue;
+    }
 
     // Copies: the insertions below grow the tensor and node lists.
     const DType dtype = e.tensor(x).dtype;
@@ -266,8 +300,6 @@ absl::StatusOr<Graph> FuseQkvRopeKvWrite(Editor e) {
     if (e.tensor(e.nodes()[mv].output).shape[1] != kv_cols) continue;
     const ops::Rope rope = *rope_q;
     const std::string scope = Scope(q.name);
-    // `q` refers into the node list: read everything from it before inserting.
-    const TensorId wq = q.inputs[1], wk = e.nodes()[mk].inputs[1], wv = e.nodes()[mv].inputs[1];
     // Both new nodes go right before the attention; every input they read exists by then.
     const TensorId qkv = e.InsertBefore(
         a, ops::FusedMatMul{.weights = 3}, {x, wq, wk, wv}, scope + "qkv_proj",
@@ -314,13 +346,7 @@ absl::StatusOr<Graph> FuseRopeKvWriteEpilogue(Editor e) {
       fits = fits && IsFloat(w.dtype) && w.dtype == x.dtype && (g == 0 || w.shape[0] == kv_cols);
     }
     // The product moves from node m to node s: nothing between may write what it reads.
-    for (int32_t between = m + 1; fits && between < s; ++between) {
-      if (e.removed(between) || !IsInPlace(e.nodes()[between].op)) continue;
-      const TensorId written = e.nodes()[between].output;
-      fits = std::find(product.inputs.begin(), product.inputs.end(), written) ==
-             product.inputs.end();
-    }
-    if (!fits) continue;
+    if (!fits || e.WrittenBetween(m, s, product.inputs)) continue;
     ops::FusedMatMul op = *fused;
     op.epilogue = Epilogue::kRopeKvWrite;
     op.rope = rope_kv->rope;
@@ -343,9 +369,10 @@ absl::StatusOr<Graph> FuseGateUpSiluMul(Editor e) {
     if (g.inputs[0] != u.inputs[0] || !e.OnlyReadBy(g.output, s) || !e.OnlyReadBy(u.output, s)) {
       continue;
     }
+    absl::InlinedVector<TensorId, 4> inputs = {g.inputs[0], g.inputs[1], u.inputs[1]};
+    if (e.WrittenBetween(std::min(mg, mu), s, inputs)) continue;  // both move to s
     e.Replace(s, ops::FusedMatMul{.weights = 2, .epilogue = Epilogue::kSiluMul},
-              {g.inputs[0], g.inputs[1], u.inputs[1]}, Scope(g.name) + "gate_up_proj_silu_mul",
-              {mg, mu});
+              std::move(inputs), Scope(g.name) + "gate_up_proj_silu_mul", {mg, mu});
   }
   return std::move(e).Finish();
 }
@@ -360,7 +387,7 @@ absl::StatusOr<Graph> FuseResidualAdd(Editor e) {
       const int32_t m = e.Producer(node.inputs[side]);
       auto fused = AsFusedMatMul(e, m);
       if (!fused.has_value() || !e.OnlyReadBy(node.inputs[side], s)) continue;
-      if (node.inputs[0] == node.inputs[1]) continue;
+      if (node.inputs[0] == node.inputs[1] || e.WrittenBetween(m, s, fused->second)) continue;
       fused->first.epilogue = Epilogue::kAdd;
       absl::InlinedVector<TensorId, 4> inputs = fused->second;
       inputs.push_back(node.inputs[1 - side]);
@@ -387,7 +414,9 @@ absl::StatusOr<Graph> FuseNormIntoMatMul(Editor e) {
       const auto* f = OpOf<ops::FusedMatMul>(e, m);
       const bool as_x = reader.inputs[0] == node.output &&
                         std::count(reader.inputs.begin(), reader.inputs.end(), node.output) == 1;
-      all = all && as_x && (plain || (f != nullptr && !f->norm));
+      // The norm moves into each reader: nothing between may write x or its weight.
+      all = all && as_x && (plain || (f != nullptr && !f->norm)) &&
+            !e.WrittenBetween(r, m, node.inputs);
     }
     if (!all) continue;
     for (int32_t m : readers) {
@@ -412,7 +441,8 @@ absl::StatusOr<Graph> FuseLmHeadArgmax(Editor e) {
     const Node& node = e.nodes()[s];
     const int32_t m = e.Producer(node.inputs[0]);
     auto fused = AsFusedMatMul(e, m);
-    if (!fused.has_value() || fused->first.weights != 1 || !e.OnlyReadBy(node.inputs[0], s)) {
+    if (!fused.has_value() || fused->first.weights != 1 || !e.OnlyReadBy(node.inputs[0], s) ||
+        e.WrittenBetween(m, s, fused->second)) {
       continue;
     }
     fused->first.epilogue = Epilogue::kArgmax;
@@ -536,8 +566,10 @@ absl::StatusOr<Graph> FuseElementwiseChains(Editor e) {
     std::vector<int32_t> absorb;
     for (TensorId in : e.nodes()[s].inputs) {
       const int32_t p = e.Producer(in);
+      // An absorbed producer is computed at s: nothing between may write what it reads.
       if (ChainableNode(e, p) && e.OnlyReadBy(in, s) &&
-          std::find(absorb.begin(), absorb.end(), p) == absorb.end()) {
+          std::find(absorb.begin(), absorb.end(), p) == absorb.end() &&
+          !e.WrittenBetween(p, s, e.nodes()[p].inputs)) {
         absorb.push_back(p);
       }
     }

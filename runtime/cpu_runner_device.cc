@@ -42,7 +42,7 @@ int64_t AvailableHostBytes() {
   return pages > 0 && page > 0 ? static_cast<int64_t>(pages) * page : 0;
 }
 
-class CpuRunnerDevice final : public StepRunner::Device {
+class CpuRunnerDevice final : public RunnerDevice {
  public:
   explicit CpuRunnerDevice(const RunnerOptions& options) {
     if (options.cpu_dispatch != nullptr) {
@@ -116,8 +116,8 @@ class CpuRunnerDevice final : public StepRunner::Device {
     return seconds;
   }
 
-  absl::StatusOr<std::unique_ptr<ReplayableStep>> Capture(const PreparedPlan&, const Bindings&,
-                                                          double) override {
+  absl::StatusOr<std::unique_ptr<ReplayableStep>> Capture(const PreparedPlan&,
+                                                          const Bindings&) override {
     return absl::UnimplementedError("the CPU runs every step eagerly; nothing is captured");
   }
 
@@ -173,9 +173,9 @@ class CpuRunnerDevice final : public StepRunner::Device {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<StepRunner::Device>> MakeCpuRunnerDevice(
+absl::StatusOr<std::unique_ptr<RunnerDevice>> MakeCpuRunnerDevice(
     const RunnerOptions& options) {
-  return std::unique_ptr<StepRunner::Device>(new CpuRunnerDevice(options));
+  return std::unique_ptr<RunnerDevice>(new CpuRunnerDevice(options));
 }
 
 }  // namespace sg

@@ -51,7 +51,7 @@ class CapturedReplay final : public ReplayableStep {
   std::unique_ptr<CapturedStep> step_;
 };
 
-class CudaRunnerDevice final : public StepRunner::Device {
+class CudaRunnerDevice final : public RunnerDevice {
  public:
   ~CudaRunnerDevice() override {
     // Copies into pinned memory may still be queued.
@@ -139,12 +139,9 @@ class CudaRunnerDevice final : public StepRunner::Device {
   }
 
   absl::StatusOr<std::unique_ptr<ReplayableStep>> Capture(const PreparedPlan& prepared,
-                                                          const Bindings& bindings,
-                                                          double max_patch_fraction) override {
-    CaptureOptions options;
-    options.max_patch_fraction = max_patch_fraction;
+                                                          const Bindings& bindings) override {
     SG_ASSIGN_OR_RETURN(std::unique_ptr<CapturedStep> step,
-                        CapturedStep::Create(prepared, bindings, *dispatch_, options));
+                        CapturedStep::Create(prepared, bindings, *dispatch_));
     return std::unique_ptr<ReplayableStep>(new CapturedReplay(std::move(step)));
   }
 
@@ -209,11 +206,11 @@ class CudaRunnerDevice final : public StepRunner::Device {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<StepRunner::Device>> MakeCudaRunnerDevice(
+absl::StatusOr<std::unique_ptr<RunnerDevice>> MakeCudaRunnerDevice(
     const RunnerOptions& options) {
   auto device = std::make_unique<CudaRunnerDevice>();
   SG_RETURN_IF_ERROR(device->Init(options));
-  return std::unique_ptr<StepRunner::Device>(std::move(device));
+  return std::unique_ptr<RunnerDevice>(std::move(device));
 }
 
 }  // namespace sg

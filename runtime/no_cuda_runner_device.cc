@@ -6,7 +6,7 @@ namespace sg {
 bool BuiltWithCuda() { return false; }
 bool CudaDeviceFound() { return false; }
 
-absl::StatusOr<std::unique_ptr<StepRunner::Device>> MakeCudaRunnerDevice(const RunnerOptions&) {
+absl::StatusOr<std::unique_ptr<RunnerDevice>> MakeCudaRunnerDevice(const RunnerOptions&) {
   return absl::FailedPreconditionError("this build of stepgraph has no CUDA");
 }
 

@@ -1,6 +1,7 @@
-// The device behind a StepRunner: its memory, its stream, its dispatcher and, on CUDA,
-// capture. Internal to capture/: the CPU device (cpu_runner_device.cc) is core code, the
-// CUDA device (cuda_runner_device.cc) is built only with CUDA.
+// The device behind a StepRunner: its memory, its stream, its dispatcher, its clocks and,
+// on CUDA, capture. Internal to runtime/: the CPU device (cpu_runner_device.cc) is core
+// code, the CUDA device (cuda_runner_device.cc) is built only with CUDA. The measurements
+// of stepgraph/runtime/measure.h reach a runner's device through StepRunnerAccess.
 #ifndef STEPGRAPH_RUNTIME_RUNNER_DEVICE_H_
 #define STEPGRAPH_RUNTIME_RUNNER_DEVICE_H_
 
@@ -26,9 +27,9 @@ class ReplayableStep {
   virtual int64_t graph_nodes() const = 0;
 };
 
-class StepRunner::Device {
+class RunnerDevice {
  public:
-  virtual ~Device() = default;
+  virtual ~RunnerDevice() = default;
 
   virtual std::string Describe() const = 0;
   virtual KernelDispatch& dispatch() = 0;
@@ -46,8 +47,7 @@ class StepRunner::Device {
   virtual absl::StatusOr<std::vector<double>> TimeCopies(int64_t bytes, int repeats) = 0;
 
   virtual absl::StatusOr<std::unique_ptr<ReplayableStep>> Capture(const PreparedPlan& prepared,
-                                                                  const Bindings& bindings,
-                                                                  double max_patch_fraction) = 0;
+                                                                  const Bindings& bindings) = 0;
   // One eager pass with each node's time in ms.
   virtual absl::StatusOr<std::vector<double>> Profile(const PreparedPlan& prepared,
                                                       const Bindings& bindings) = 0;
@@ -57,11 +57,23 @@ class StepRunner::Device {
   virtual absl::StatusOr<std::vector<double>> MarkIntervalsMs() = 0;
 };
 
-absl::StatusOr<std::unique_ptr<StepRunner::Device>> MakeCpuRunnerDevice(
-    const RunnerOptions& options);
+absl::StatusOr<std::unique_ptr<RunnerDevice>> MakeCpuRunnerDevice(const RunnerOptions& options);
 // Built with CUDA only.
-absl::StatusOr<std::unique_ptr<StepRunner::Device>> MakeCudaRunnerDevice(
-    const RunnerOptions& options);
+absl::StatusOr<std::unique_ptr<RunnerDevice>> MakeCudaRunnerDevice(const RunnerOptions& options);
+
+// What runtime code beside the runner (measure.cc) reaches inside a StepRunner.
+class StepRunnerAccess {
+ public:
+  static RunnerDevice& Device(StepRunner& runner);
+  // Step `step`, prepared and bound: after Finalize only (FailedPrecondition before,
+  // InvalidArgument for a step that is not there, naming `what`).
+  struct PreparedStep {
+    const PreparedPlan* prepared = nullptr;
+    const Bindings* bindings = nullptr;
+  };
+  static absl::StatusOr<PreparedStep> Prepared(const StepRunner& runner, int step,
+                                               absl::string_view what);
+};
 
 }  // namespace sg
 

@@ -1,7 +1,8 @@
-// DecodeSession's slot bookkeeping. The session keeps, per slot, the position of the id
-// the next step feeds; the ids themselves travel on the device in the closed loop and
-// reach the host through the id ring, which is drained only where the caller asks for ids
-// or the live set changes. Where the steps run is the StepRunner's business.
+// DecodeSession: its making (Impl::Init, one named step after another) and its slot
+// bookkeeping. The session keeps, per slot, the position of the id the next step feeds;
+// the ids themselves travel on the device in the closed loop and reach the host through
+// the id ring, which is drained only where the caller asks for ids or the live set
+// changes. Where the steps run is the StepRunner's business.
 #include "stepgraph/runtime/session.h"
 
 #include <algorithm>
@@ -14,6 +15,7 @@
 #include "models/model_files.h"
 #include "models/random_weights.h"
 #include "stepgraph/capture/capture_policy.h"
+#include "stepgraph/runtime/measure.h"
 #include "stepgraph/base/error_flags.h"
 #include "stepgraph/base/half.h"
 #include "stepgraph/base/status.h"
@@ -94,6 +96,148 @@ absl::Status CheckSampling(const ops::Sample& s) {
 
 }  // namespace
 
+// Everything a session holds: the slots' bookkeeping, the runner and the buffers on its
+// device. DecodeSession forwards to it.
+class DecodeSession::Impl {
+ public:
+  // Loads the model, builds and plans every step and makes the buffers; see the steps
+  // below, in the order Init takes them.
+  absl::Status Init(const SessionOptions& options);
+
+  Backend backend() const { return backend_; }
+  std::string Describe() const;
+  const LlamaConfig& config() const { return config_; }
+  const std::vector<int32_t>& stop_ids() const { return stop_ids_; }
+  int64_t max_slots() const { return buckets_.back(); }
+  int64_t max_seq() const { return max_seq_; }
+  const std::vector<int64_t>& buckets() const { return buckets_; }
+  int64_t weight_bytes() const { return weight_bytes_; }
+  int64_t kv_cache_bytes() const { return kv_cache_bytes_; }
+  const ExecutionPlan* plan(int64_t bucket) const;
+  bool eager() const { return !runner_->replays(); }
+  StepRunner& runner() { return *runner_; }
+
+  absl::Status Prefill(absl::Span<const PrefillRequest> requests);
+  int64_t prefill_steps() const { return prefill_steps_run_; }
+  int64_t prefill_chunk() const { return prefill_chunk_; }
+  absl::Status Release(int64_t slot);
+  bool live(int64_t slot) const;
+  int64_t position(int64_t slot) const;
+  // One step; `node_ms` set: eager with per-node times.
+  absl::Status Step(std::vector<double>* node_ms);
+  absl::StatusOr<std::vector<std::vector<int32_t>>> Generate(int64_t n);
+  absl::StatusOr<std::vector<int32_t>> Generate(int64_t slot, int64_t n);
+  absl::StatusOr<std::vector<int32_t>> Tokens(int64_t slot);
+  absl::StatusOr<std::vector<float>> Logits(int64_t slot);
+  absl::StatusOr<std::vector<double>> TimedSteps(int64_t n);
+  absl::StatusOr<std::vector<NodeTime>> ProfileStep();
+
+ private:
+  struct Slot {
+    bool live = false;
+    int32_t pos = -1;     // position of `pending`
+    int32_t pending = 0;  // the id the next step feeds (known to the host after a drain)
+    int32_t seed = 0;
+    std::vector<int32_t> tokens;  // drained ids since Prefill
+  };
+  // Prefill steps: (sequences B, rows per sequence T), runner step index after the decode
+  // buckets.
+  struct PrefillShape {
+    int64_t seqs = 1;
+    int64_t rows_per_seq = 1;
+    int step = -1;
+  };
+  // A part of a prompt that a prefill step feeds: the request, the first prompt token to
+  // feed and how many.
+  struct PrefillPiece {
+    const PrefillRequest* request = nullptr;
+    int64_t begin = 0;
+    int64_t count = 0;
+  };
+
+  // ---- Init, step by step.
+  // Opens the model files (or takes the config of random weights).
+  absl::Status LoadModel(const SessionOptions& options);
+  // Checks the options and derives the backend, the sizes and the buckets.
+  absl::Status ResolveOptions(const SessionOptions& options);
+  // Every step's graph: one per decode bucket (with the graph passes where they pay), then
+  // one per prefill shape. Sets prefill_shapes_.
+  absl::StatusOr<std::vector<Graph>> BuildGraphs(const SessionOptions& options);
+  // The runner, once the KV cache the largest step binds is known to fit its device.
+  absl::Status MakeRunner(const SessionOptions& options, const Graph& largest);
+  // The weights on the runner's device (or bound in place on the CPU): sets `bind`.
+  absl::Status SetUpWeights(const Graph& largest, StepRunner::Binder* bind);
+  // The KV cache (zeros), the step inputs and the prompt on the device, the host staging
+  // areas and the id ring; every row of the inputs is padding.
+  absl::Status AllocateBuffers();
+  // Adds every graph to the runner, bound to the weights, the KV cache and its inputs.
+  absl::Status AddSteps(std::vector<Graph> graphs, const StepRunner::Binder& bind_weights);
+  // Prepares and captures every step and finds each decode step's outputs.
+  absl::Status FinalizeSteps();
+
+  // Feeds prompts token by token through the decode step (prefill_chunk = 0).
+  absl::Status PrefillByDecodeSteps(const PrefillRequest& request);
+  // Runs prefill step `shape` (index in prefill_shapes_) over `pieces`, one per sequence.
+  absl::Status RunPrefillStep(size_t shape, absl::Span<const PrefillPiece> pieces);
+  absl::Status CheckSlot(int64_t slot, absl::string_view what) const;
+  absl::Status CheckCapacity(int64_t steps) const;
+  // Moves the ids of the recorded steps into the slots' histories (waits for the device).
+  absl::Status Drain();
+  absl::Status CheckErrorFlags();
+  int64_t HighestLiveSlot() const;
+
+  Backend backend_ = Backend::kCpu;
+  LlamaConfig config_;
+  std::vector<int64_t> buckets_;
+  int64_t max_seq_ = 0;
+  int64_t ring_steps_ = 0;
+  int64_t weight_bytes_ = 0;
+  uint64_t weight_seed_ = 0;
+  int weight_threads_ = 0;
+
+  // Host weights the CPU binds in place (a mapped folder or file); the GPU copies them,
+  // then drops the mapping.
+  std::unique_ptr<ModelFiles> model_;
+  std::vector<int32_t> stop_ids_;
+  std::unique_ptr<StepRunner> runner_;
+  int64_t kv_cache_bytes_ = 0;
+  BufferLayout kv_layout_;
+  std::byte* kv_ = nullptr;
+  // On the runner's device: the step inputs (ids | pos | seeds of every row) and the
+  // prompt being fed. On the host (pinned on CUDA): the staged inputs of a Prefill and of
+  // a Step (two areas, each rewritten only after the device read it), the prompt staged,
+  // and the ring of recorded ids.
+  int32_t* inputs_ = nullptr;
+  int32_t* prompt_ = nullptr;
+  int32_t* staging_ = nullptr;
+  int32_t* ring_ = nullptr;
+  std::vector<TensorArg> next_, logits_;  // per bucket
+
+  // Prefill steps. Their inputs (ids | pos | seq_slots) live in their own device block,
+  // staged from a host ring of kPrefillStaging areas (the session waits for the device
+  // when it wraps).
+  std::vector<PrefillShape> prefill_shapes_;
+  int64_t prefill_chunk_ = 0;
+  int32_t* prefill_inputs_ = nullptr;
+  int32_t* prefill_staging_ = nullptr;
+  int64_t prefill_staged_ = 0;  // areas of the ring used since the last wait
+  int64_t prefill_steps_run_ = 0;
+
+  std::vector<Slot> slots_;
+  // The live set changed since the step inputs were last written.
+  bool inputs_dirty_ = true;
+  // Steps recorded in the id ring and not drained; the live set is the same for all of
+  // them, since every change of it drains first.
+  int64_t pending_steps_ = 0;
+  // Steps run by Step and Generate since the session began, and how many of them the last
+  // check of the error flags covered: a raised flag is reported with the steps it may
+  // come from.
+  int64_t steps_run_ = 0;
+  int64_t steps_checked_ = 0;
+  // Bucket index of the last step; -1 when a Prefill ran since (its logits are gone).
+  int64_t last_bucket_ = -1;
+};
+
 absl::string_view BackendName(Backend b) {
   switch (b) {
     case Backend::kAuto:
@@ -106,41 +250,45 @@ absl::string_view BackendName(Backend b) {
   return "?";
 }
 
-DecodeSession::~DecodeSession() = default;
-
-absl::StatusOr<std::unique_ptr<DecodeSession>> DecodeSession::Create(
-    const SessionOptions& options) {
-  std::unique_ptr<DecodeSession> s(new DecodeSession());
-  // No allocation failure escapes: a model too large for this machine is an error, not a
-  // crash.
-  absl::Status status;
-  try {
-    status = s->Init(options);
-  } catch (const std::bad_alloc&) {
-    status = absl::ResourceExhaustedError(
-        "session: out of host memory while loading the model and building its steps");
-  }
-  if (!status.ok()) return status;
-  return s;
+absl::Status DecodeSession::Impl::Init(const SessionOptions& options) {
+  SG_RETURN_IF_ERROR(LoadModel(options));
+  SG_RETURN_IF_ERROR(ResolveOptions(options));
+  SG_ASSIGN_OR_RETURN(std::vector<Graph> graphs, BuildGraphs(options));
+  // The largest decode step reads every weight and every KV cache.
+  const Graph& largest = graphs[buckets_.size() - 1];
+  if (model_ != nullptr) SG_RETURN_IF_ERROR(model_->CheckAgainstGraph(largest));
+  SG_RETURN_IF_ERROR(MakeRunner(options, largest));
+  StepRunner::Binder bind_weights;
+  SG_RETURN_IF_ERROR(SetUpWeights(largest, &bind_weights));
+  SG_RETURN_IF_ERROR(AllocateBuffers());
+  SG_RETURN_IF_ERROR(AddSteps(std::move(graphs), bind_weights));
+  SG_RETURN_IF_ERROR(FinalizeSteps());
+  slots_.resize(static_cast<size_t>(max_slots()));
+  // A slot yields at most max_seq ids per sequence; reserving them keeps Drain, and so
+  // the step path, free of allocation.
+  for (Slot& slot : slots_) slot.tokens.reserve(static_cast<size_t>(max_seq_));
+  return runner_->Sync();
 }
 
-absl::Status DecodeSession::Init(const SessionOptions& options) {
+absl::Status DecodeSession::Impl::LoadModel(const SessionOptions& options) {
   weight_seed_ = options.weight_seed;
   weight_threads_ = options.weight_threads;
-  if (!options.model_path.empty()) {
-    SG_ASSIGN_OR_RETURN(ModelFiles model, ModelFiles::Open(options.model_path));
-    if (options.check_weights) SG_RETURN_IF_ERROR(model.CheckFinite());
-    model_ = std::make_unique<ModelFiles>(std::move(model));
-    config_ = model_->config();
-    stop_ids_ = model_->stop_ids();
-  } else {
+  if (options.model_path.empty()) {
     SG_RETURN_IF_ERROR(options.config.Validate());
     config_ = options.config;
+    return absl::OkStatus();
   }
+  SG_ASSIGN_OR_RETURN(ModelFiles model, ModelFiles::Open(options.model_path));
+  if (options.check_weights) SG_RETURN_IF_ERROR(model.CheckFinite());
+  model_ = std::make_unique<ModelFiles>(std::move(model));
+  config_ = model_->config();
+  stop_ids_ = model_->stop_ids();
+  return absl::OkStatus();
+}
 
-  Backend backend = options.backend;
-  if (backend == Backend::kAuto) backend = CudaDeviceFound() ? Backend::kCuda : Backend::kCpu;
-  backend_ = backend;
+absl::Status DecodeSession::Impl::ResolveOptions(const SessionOptions& options) {
+  backend_ = options.backend;
+  if (backend_ == Backend::kAuto) backend_ = CudaDeviceFound() ? Backend::kCuda : Backend::kCpu;
 
   const int64_t max_pos = config_.max_position_embeddings;
   if (options.max_slots < 1) {
@@ -173,12 +321,16 @@ absl::Status DecodeSession::Init(const SessionOptions& options) {
         "] (0: prompts go through decode steps), got ", options.prefill_chunk));
   }
   prefill_chunk_ = std::min(options.prefill_chunk, max_seq_);
+  return absl::OkStatus();
+}
 
+absl::StatusOr<std::vector<Graph>> DecodeSession::Impl::BuildGraphs(
+    const SessionOptions& options) {
   std::vector<Graph> graphs;
   for (int64_t bucket : buckets_) {
     LlamaGraphOptions g;
     g.batch = bucket;
-    g.slots = options.max_slots;
+    g.slots = max_slots();
     g.max_seq = max_seq_;
     g.sampling = options.sampling;
     g.closed_loop = true;
@@ -194,29 +346,29 @@ absl::Status DecodeSession::Init(const SessionOptions& options) {
   if (prefill_chunk_ > 0) {
     for (int64_t t = prefill_chunk_;; t /= 4) {
       prefill_shapes_.push_back({1, t, -1});
-      const int64_t seqs = std::min(options.max_slots, prefill_chunk_ / t);
+      const int64_t seqs = std::min(max_slots(), prefill_chunk_ / t);
       if (seqs > 1) prefill_shapes_.push_back({seqs, t, -1});
       if (t / 4 < kMinPrefillRows) break;
     }
   }
-  const size_t decode_graphs = graphs.size();
   for (const PrefillShape& shape : prefill_shapes_) {
     LlamaGraphOptions g;
     g.batch = shape.seqs;
     g.rows_per_seq = shape.rows_per_seq;
     g.seq_slots = true;
-    g.slots = options.max_slots;
+    g.slots = max_slots();
     g.max_seq = max_seq_;
     g.logits = false;
     SG_ASSIGN_OR_RETURN(Graph graph, BuildLlamaDecodeGraph(config_, g));
     graphs.push_back(std::move(graph));
   }
-  // The largest decode step reads every weight and every KV cache.
-  const Graph& largest = graphs[decode_graphs - 1];
-  if (model_ != nullptr) SG_RETURN_IF_ERROR(model_->CheckAgainstGraph(largest));
+  return graphs;
+}
 
+absl::Status DecodeSession::Impl::MakeRunner(const SessionOptions& options,
+                                             const Graph& largest) {
   RunnerOptions ro;
-  ro.device = backend == Backend::kCuda ? DeviceKind::kCuda : DeviceKind::kCpu;
+  ro.device = backend_ == Backend::kCuda ? DeviceKind::kCuda : DeviceKind::kCpu;
   ro.eager = options.eager;
   ro.cuda = options.cuda;
   ro.cpu_threads = options.cpu_threads;
@@ -224,20 +376,21 @@ absl::Status DecodeSession::Init(const SessionOptions& options) {
 
   // The KV cache is the one buffer whose size the caller picks freely (max_seq × slots):
   // check it against the device before asking for it.
-  const BufferLayout kv_layout = LayoutBuffers(largest, TensorKind::kState);
-  kv_cache_bytes_ = kv_layout.total_bytes;
+  kv_layout_ = LayoutBuffers(largest, TensorKind::kState);
+  kv_cache_bytes_ = kv_layout_.total_bytes;
   SG_ASSIGN_OR_RETURN(const int64_t free_bytes, runner_->FreeBytes());
-  if (kv_layout.total_bytes > free_bytes) {
+  if (kv_cache_bytes_ > free_bytes) {
     return absl::ResourceExhaustedError(absl::StrCat(
-        "session: the KV cache for ", options.max_slots, " slot(s) of max_seq = ", max_seq_,
-        " needs ", kv_layout.total_bytes, " bytes, but the ", DeviceKindName(ro.device),
+        "session: the KV cache for ", max_slots(), " slot(s) of max_seq = ", max_seq_,
+        " needs ", kv_cache_bytes_, " bytes, but the ", DeviceKindName(ro.device),
         " device has ", free_bytes, " bytes free; ask for fewer positions (max_seq) or slots"));
   }
+  return absl::OkStatus();
+}
 
-  StepRunner::Binder bind_weights;
-  SG_RETURN_IF_ERROR(SetUpWeights(largest, &bind_weights));
-  SG_ASSIGN_OR_RETURN(void* kv, runner_->AllocateZeroed(kv_layout.total_bytes, "the KV cache"));
-
+absl::Status DecodeSession::Impl::AllocateBuffers() {
+  SG_ASSIGN_OR_RETURN(void* kv, runner_->AllocateZeroed(kv_cache_bytes_, "the KV cache"));
+  kv_ = static_cast<std::byte*>(kv);
   // Step inputs start as all padding, so that nothing a capture might run writes a cache.
   const InputBlock block(max_slots());
   SG_ASSIGN_OR_RETURN(void* inputs, runner_->Allocate(block.bytes(), "the step inputs"));
@@ -262,14 +415,19 @@ absl::Status DecodeSession::Init(const SessionOptions& options) {
   staging_ = static_cast<int32_t*>(staging);
   ring_ = static_cast<int32_t*>(ring);
   block.Clear(staging_);
-  SG_RETURN_IF_ERROR(runner_->Copy(inputs_, staging_, block.bytes()));
+  return runner_->Copy(inputs_, staging_, block.bytes());
+}
 
-  auto* kv_base = static_cast<std::byte*>(kv);
+absl::Status DecodeSession::Impl::AddSteps(std::vector<Graph> graphs,
+                                           const StepRunner::Binder& bind_weights) {
+  const InputBlock block(max_slots());
+  const InputBlock prefill_block(std::max<int64_t>(prefill_chunk_, 1));
+  const size_t decode_graphs = buckets_.size();
   for (size_t i = 0; i < graphs.size(); ++i) {
     const bool prefill = i >= decode_graphs;
     auto bind = [&](const Graph& g, Bindings& b) -> absl::Status {
       SG_RETURN_IF_ERROR(bind_weights(g, b));
-      SG_RETURN_IF_ERROR(BindLayout(g, TensorKind::kState, kv_layout, kv_base, b));
+      SG_RETURN_IF_ERROR(BindLayout(g, TensorKind::kState, kv_layout_, kv_, b));
       if (!prefill) return BindInputBlock(g, block, inputs_, b);
       const PrefillShape& shape = prefill_shapes_[i - decode_graphs];
       return BindPrefillBlock(prefill_block, prefill_inputs_,
@@ -278,22 +436,22 @@ absl::Status DecodeSession::Init(const SessionOptions& options) {
     SG_ASSIGN_OR_RETURN(const int step, runner_->AddStep(std::move(graphs[i]), bind));
     if (prefill) prefill_shapes_[i - decode_graphs].step = step;
   }
+  return absl::OkStatus();
+}
+
+absl::Status DecodeSession::Impl::FinalizeSteps() {
   // Captured now, while every row is padding, rather than on first use in mid-decode.
   SG_RETURN_IF_ERROR(runner_->Finalize());
-  for (int i = 0; i < static_cast<int>(decode_graphs); ++i) {
+  for (int i = 0; i < static_cast<int>(buckets_.size()); ++i) {
     SG_ASSIGN_OR_RETURN(TensorArg next, runner_->Output(i, kNextIdsOutput));
     SG_ASSIGN_OR_RETURN(TensorArg logits, runner_->Output(i, kLogitsOutput));
     next_.push_back(next);
     logits_.push_back(logits);
   }
-  slots_.resize(static_cast<size_t>(options.max_slots));
-  // A slot yields at most max_seq ids per sequence; reserving them keeps Drain, and so
-  // the step path, free of allocation.
-  for (Slot& slot : slots_) slot.tokens.reserve(static_cast<size_t>(max_seq_));
-  return runner_->Sync();
+  return absl::OkStatus();
 }
 
-absl::Status DecodeSession::SetUpWeights(const Graph& largest, StepRunner::Binder* bind) {
+absl::Status DecodeSession::Impl::SetUpWeights(const Graph& largest, StepRunner::Binder* bind) {
   const BufferLayout layout = LayoutBuffers(largest, TensorKind::kWeight);
   weight_bytes_ = layout.total_bytes;
   if (model_ != nullptr && runner_->device() == DeviceKind::kCpu) {
@@ -337,48 +495,41 @@ absl::Status DecodeSession::SetUpWeights(const Graph& largest, StepRunner::Binde
   return absl::OkStatus();
 }
 
-std::string DecodeSession::Describe() const {
+std::string DecodeSession::Impl::Describe() const {
   return absl::StrCat(runner_->Describe(), "; buckets ", absl::StrJoin(buckets_, ","),
                       ", max_seq ", max_seq_);
 }
 
-const ExecutionPlan* DecodeSession::plan(int64_t bucket) const {
+const ExecutionPlan* DecodeSession::Impl::plan(int64_t bucket) const {
   for (size_t i = 0; i < buckets_.size(); ++i) {
     if (buckets_[i] == bucket) return &runner_->plan(static_cast<int>(i));
   }
   return nullptr;
 }
 
-bool DecodeSession::live(int64_t slot) const {
+bool DecodeSession::Impl::live(int64_t slot) const {
   return slot >= 0 && slot < max_slots() && slots_[slot].live;
 }
 
-int64_t DecodeSession::position(int64_t slot) const {
+int64_t DecodeSession::Impl::position(int64_t slot) const {
   return live(slot) ? slots_[slot].pos : -1;
 }
 
-absl::Status DecodeSession::CheckSlot(int64_t slot, absl::string_view what) const {
+absl::Status DecodeSession::Impl::CheckSlot(int64_t slot, absl::string_view what) const {
   if (slot >= 0 && slot < max_slots()) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrCat(what, ": slot ", slot,
                                                  " is out of range; the session has ",
                                                  max_slots(), " slot(s) (SessionOptions::max_slots)"));
 }
 
-int64_t DecodeSession::HighestLiveSlot() const {
+int64_t DecodeSession::Impl::HighestLiveSlot() const {
   for (int64_t s = max_slots() - 1; s >= 0; --s) {
     if (slots_[s].live) return s;
   }
   return -1;
 }
 
-int64_t DecodeSession::BucketFor(int64_t rows) const {
-  for (size_t i = 0; i < buckets_.size(); ++i) {
-    if (buckets_[i] >= rows) return static_cast<int64_t>(i);
-  }
-  return static_cast<int64_t>(buckets_.size()) - 1;  // rows <= max_slots always
-}
-
-absl::Status DecodeSession::CheckCapacity(int64_t steps) const {
+absl::Status DecodeSession::Impl::CheckCapacity(int64_t steps) const {
   for (int64_t s = 0; s < max_slots(); ++s) {
     const Slot& slot = slots_[s];
     if (!slot.live || slot.pos + steps <= max_seq_) continue;
@@ -390,13 +541,7 @@ absl::Status DecodeSession::CheckCapacity(int64_t steps) const {
   return absl::OkStatus();
 }
 
-absl::Status DecodeSession::Prefill(int64_t slot, absl::Span<const int32_t> prompt,
-                                    int32_t seed) {
-  const PrefillRequest request{slot, prompt, seed};
-  return Prefill(absl::MakeConstSpan(&request, 1));
-}
-
-absl::Status DecodeSession::Prefill(absl::Span<const PrefillRequest> requests) {
+absl::Status DecodeSession::Impl::Prefill(absl::Span<const PrefillRequest> requests) {
   std::vector<bool> taken(static_cast<size_t>(max_slots()), false);
   for (const PrefillRequest& r : requests) {
     const int64_t slot = r.slot;
@@ -484,7 +629,7 @@ absl::Status DecodeSession::Prefill(absl::Span<const PrefillRequest> requests) {
   return absl::OkStatus();
 }
 
-absl::Status DecodeSession::RunPrefillStep(size_t shape_index,
+absl::Status DecodeSession::Impl::RunPrefillStep(size_t shape_index,
                                            absl::Span<const PrefillPiece> pieces) {
   const PrefillShape& shape = prefill_shapes_[shape_index];
   const InputBlock block(prefill_chunk_);
@@ -512,7 +657,7 @@ absl::Status DecodeSession::RunPrefillStep(size_t shape_index,
   return absl::OkStatus();
 }
 
-absl::Status DecodeSession::PrefillByDecodeSteps(const PrefillRequest& request) {
+absl::Status DecodeSession::Impl::PrefillByDecodeSteps(const PrefillRequest& request) {
   const int64_t slot = request.slot;
   const absl::Span<const int32_t> prompt = request.prompt;
   const int64_t n = static_cast<int64_t>(prompt.size());
@@ -532,7 +677,7 @@ absl::Status DecodeSession::PrefillByDecodeSteps(const PrefillRequest& request) 
   int32_t* staged_prompt = staging_ + 2 * block.ints();
   std::copy_n(prompt.data(), n, staged_prompt);
   SG_RETURN_IF_ERROR(runner_->Copy(prompt_, staged_prompt, n * 4));
-  const int bucket = static_cast<int>(BucketFor(slot + 1));
+  SG_ASSIGN_OR_RETURN(const int bucket, ChooseBucket(buckets_, slot + 1));
   for (int64_t t = 0; t + 1 < n; ++t) {
     if (t > 0) {
       SG_RETURN_IF_ERROR(runner_->Copy(inputs_ + block.ids() + slot, prompt_ + t, 4));
@@ -542,7 +687,7 @@ absl::Status DecodeSession::PrefillByDecodeSteps(const PrefillRequest& request) 
   return absl::OkStatus();
 }
 
-absl::Status DecodeSession::Release(int64_t slot) {
+absl::Status DecodeSession::Impl::Release(int64_t slot) {
   SG_RETURN_IF_ERROR(CheckSlot(slot, "Release"));
   SG_RETURN_IF_ERROR(Drain());
   slots_[slot].live = false;
@@ -551,16 +696,14 @@ absl::Status DecodeSession::Release(int64_t slot) {
   return absl::OkStatus();
 }
 
-absl::Status DecodeSession::Step() { return StepImpl(nullptr); }
-
-absl::Status DecodeSession::StepImpl(std::vector<double>* node_ms) {
+absl::Status DecodeSession::Impl::Step(std::vector<double>* node_ms) {
   const int64_t highest = HighestLiveSlot();
   if (highest < 0) {
     return absl::FailedPreconditionError("Step: no slot is live; Prefill one first");
   }
   SG_RETURN_IF_ERROR(CheckCapacity(1));
   if (pending_steps_ == ring_steps_) SG_RETURN_IF_ERROR(Drain());
-  const int bucket = static_cast<int>(BucketFor(highest + 1));
+  SG_ASSIGN_OR_RETURN(const int bucket, ChooseBucket(buckets_, highest + 1));
   if (inputs_dirty_) {
     // The live set changed, which drained: the host knows every live slot's next id.
     const InputBlock block(max_slots());
@@ -577,7 +720,7 @@ absl::Status DecodeSession::StepImpl(std::vector<double>* node_ms) {
     inputs_dirty_ = false;
   }
   if (node_ms != nullptr) {
-    SG_ASSIGN_OR_RETURN(*node_ms, runner_->Profile(bucket));
+    SG_ASSIGN_OR_RETURN(*node_ms, ProfileNodes(*runner_, bucket));
   } else {
     SG_RETURN_IF_ERROR(runner_->Run(bucket));
   }
@@ -592,7 +735,7 @@ absl::Status DecodeSession::StepImpl(std::vector<double>* node_ms) {
   return absl::OkStatus();
 }
 
-absl::Status DecodeSession::Drain() {
+absl::Status DecodeSession::Impl::Drain() {
   SG_RETURN_IF_ERROR(runner_->Sync());
   if (pending_steps_ == 0) return absl::OkStatus();
   for (int64_t k = 0; k < pending_steps_; ++k) {
@@ -608,7 +751,7 @@ absl::Status DecodeSession::Drain() {
   return absl::OkStatus();
 }
 
-absl::Status DecodeSession::CheckErrorFlags() {
+absl::Status DecodeSession::Impl::CheckErrorFlags() {
   SG_ASSIGN_OR_RETURN(uint32_t flags, runner_->TakeErrorFlags());
   // The flags gather every step since the last check: name them all, or the one.
   const int64_t first = steps_checked_ + 1, last = steps_run_;
@@ -647,7 +790,7 @@ absl::Status DecodeSession::CheckErrorFlags() {
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::vector<std::vector<int32_t>>> DecodeSession::Generate(int64_t n) {
+absl::StatusOr<std::vector<std::vector<int32_t>>> DecodeSession::Impl::Generate(int64_t n) {
   if (n < 0) {
     return absl::InvalidArgumentError(absl::StrCat("Generate: n must be >= 0, got ", n));
   }
@@ -659,7 +802,7 @@ absl::StatusOr<std::vector<std::vector<int32_t>>> DecodeSession::Generate(int64_
   for (size_t i = 0; i < slots_.size(); ++i) {
     start[i] = slots_[i].tokens.size() + static_cast<size_t>(pending_steps_);
   }
-  for (int64_t i = 0; i < n; ++i) SG_RETURN_IF_ERROR(StepImpl(nullptr));
+  for (int64_t i = 0; i < n; ++i) SG_RETURN_IF_ERROR(Step(nullptr));
   SG_RETURN_IF_ERROR(Drain());
   SG_RETURN_IF_ERROR(CheckErrorFlags());
   std::vector<std::vector<int32_t>> out(slots_.size());
@@ -669,7 +812,7 @@ absl::StatusOr<std::vector<std::vector<int32_t>>> DecodeSession::Generate(int64_
   return out;
 }
 
-absl::StatusOr<std::vector<int32_t>> DecodeSession::Generate(int64_t slot, int64_t n) {
+absl::StatusOr<std::vector<int32_t>> DecodeSession::Impl::Generate(int64_t slot, int64_t n) {
   SG_RETURN_IF_ERROR(CheckSlot(slot, "Generate"));
   if (!slots_[slot].live) {
     return absl::FailedPreconditionError(
@@ -679,13 +822,13 @@ absl::StatusOr<std::vector<int32_t>> DecodeSession::Generate(int64_t slot, int64
   return std::move(all[slot]);
 }
 
-absl::StatusOr<std::vector<int32_t>> DecodeSession::Tokens(int64_t slot) {
+absl::StatusOr<std::vector<int32_t>> DecodeSession::Impl::Tokens(int64_t slot) {
   SG_RETURN_IF_ERROR(CheckSlot(slot, "Tokens"));
   SG_RETURN_IF_ERROR(Drain());
   return slots_[slot].tokens;
 }
 
-absl::StatusOr<std::vector<float>> DecodeSession::Logits(int64_t slot) {
+absl::StatusOr<std::vector<float>> DecodeSession::Impl::Logits(int64_t slot) {
   SG_RETURN_IF_ERROR(CheckSlot(slot, "Logits"));
   if (last_bucket_ < 0 || !slots_[slot].live) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -702,7 +845,7 @@ absl::StatusOr<std::vector<float>> DecodeSession::Logits(int64_t slot) {
   return ToFloats(host.data(), l.dtype, vocab);
 }
 
-absl::StatusOr<std::vector<double>> DecodeSession::TimedSteps(int64_t n) {
+absl::StatusOr<std::vector<double>> DecodeSession::Impl::TimedSteps(int64_t n) {
   if (n < 1) {
     return absl::InvalidArgumentError(absl::StrCat("TimedSteps: n must be >= 1, got ", n));
   }
@@ -710,21 +853,21 @@ absl::StatusOr<std::vector<double>> DecodeSession::TimedSteps(int64_t n) {
     return absl::FailedPreconditionError("TimedSteps: no slot is live; Prefill one first");
   }
   SG_RETURN_IF_ERROR(CheckCapacity(n));
-  SG_RETURN_IF_ERROR(runner_->StartMarks(n + 1));
-  SG_RETURN_IF_ERROR(runner_->Mark(0));
+  SG_RETURN_IF_ERROR(StartMarks(*runner_, n + 1));
+  SG_RETURN_IF_ERROR(Mark(*runner_, 0));
   for (int64_t i = 0; i < n; ++i) {
-    SG_RETURN_IF_ERROR(StepImpl(nullptr));
-    SG_RETURN_IF_ERROR(runner_->Mark(i + 1));
+    SG_RETURN_IF_ERROR(Step(nullptr));
+    SG_RETURN_IF_ERROR(Mark(*runner_, i + 1));
   }
-  SG_ASSIGN_OR_RETURN(std::vector<double> ms, runner_->MarkIntervalsMs());
+  SG_ASSIGN_OR_RETURN(std::vector<double> ms, MarkIntervalsMs(*runner_));
   SG_RETURN_IF_ERROR(Drain());
   SG_RETURN_IF_ERROR(CheckErrorFlags());
   return ms;
 }
 
-absl::StatusOr<std::vector<NodeTime>> DecodeSession::ProfileStep() {
+absl::StatusOr<std::vector<NodeTime>> DecodeSession::Impl::ProfileStep() {
   std::vector<double> node_ms;
-  SG_RETURN_IF_ERROR(StepImpl(&node_ms));
+  SG_RETURN_IF_ERROR(Step(&node_ms));
   SG_RETURN_IF_ERROR(Drain());
   SG_RETURN_IF_ERROR(CheckErrorFlags());
   const Graph& g = runner_->plan(static_cast<int>(last_bucket_)).graph();
@@ -735,6 +878,73 @@ absl::StatusOr<std::vector<NodeTime>> DecodeSession::ProfileStep() {
     out.push_back({i, node.name, std::string(OpName(node.op)), node_ms[i]});
   }
   return out;
+}
+
+// ---- DecodeSession: the public face, forwarding to Impl.
+
+DecodeSession::DecodeSession(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+DecodeSession::~DecodeSession() = default;
+
+absl::StatusOr<std::unique_ptr<DecodeSession>> DecodeSession::Create(
+    const SessionOptions& options) {
+  auto impl = std::make_unique<Impl>();
+  // No allocation failure escapes: a model too large for this machine is an error, not a
+  // crash.
+  absl::Status status;
+  try {
+    status = impl->Init(options);
+  } catch (const std::bad_alloc&) {
+    status = absl::ResourceExhaustedError(
+        "session: out of host memory while loading the model and building its steps");
+  }
+  if (!status.ok()) return status;
+  return std::unique_ptr<DecodeSession>(new DecodeSession(std::move(impl)));
+}
+
+Backend DecodeSession::backend() const { return impl_->backend(); }
+std::string DecodeSession::Describe() const { return impl_->Describe(); }
+const LlamaConfig& DecodeSession::config() const { return impl_->config(); }
+const std::vector<int32_t>& DecodeSession::stop_ids() const { return impl_->stop_ids(); }
+int64_t DecodeSession::max_slots() const { return impl_->max_slots(); }
+int64_t DecodeSession::max_seq() const { return impl_->max_seq(); }
+const std::vector<int64_t>& DecodeSession::buckets() const { return impl_->buckets(); }
+int64_t DecodeSession::weight_bytes() const { return impl_->weight_bytes(); }
+int64_t DecodeSession::kv_cache_bytes() const { return impl_->kv_cache_bytes(); }
+const ExecutionPlan* DecodeSession::plan(int64_t bucket) const { return impl_->plan(bucket); }
+bool DecodeSession::eager() const { return impl_->eager(); }
+StepRunner& DecodeSession::runner() { return impl_->runner(); }
+
+absl::Status DecodeSession::Prefill(int64_t slot, absl::Span<const int32_t> prompt,
+                                    int32_t seed) {
+  const PrefillRequest request{slot, prompt, seed};
+  return impl_->Prefill(absl::MakeConstSpan(&request, 1));
+}
+absl::Status DecodeSession::Prefill(absl::Span<const PrefillRequest> requests) {
+  return impl_->Prefill(requests);
+}
+int64_t DecodeSession::prefill_steps() const { return impl_->prefill_steps(); }
+int64_t DecodeSession::prefill_chunk() const { return impl_->prefill_chunk(); }
+absl::Status DecodeSession::Release(int64_t slot) { return impl_->Release(slot); }
+bool DecodeSession::live(int64_t slot) const { return impl_->live(slot); }
+int64_t DecodeSession::position(int64_t slot) const { return impl_->position(slot); }
+absl::Status DecodeSession::Step() { return impl_->Step(nullptr); }
+absl::StatusOr<std::vector<std::vector<int32_t>>> DecodeSession::Generate(int64_t n) {
+  return impl_->Generate(n);
+}
+absl::StatusOr<std::vector<int32_t>> DecodeSession::Generate(int64_t slot, int64_t n) {
+  return impl_->Generate(slot, n);
+}
+absl::StatusOr<std::vector<int32_t>> DecodeSession::Tokens(int64_t slot) {
+  return impl_->Tokens(slot);
+}
+absl::StatusOr<std::vector<float>> DecodeSession::Logits(int64_t slot) {
+  return impl_->Logits(slot);
+}
+absl::StatusOr<std::vector<double>> DecodeSession::TimedSteps(int64_t n) {
+  return impl_->TimedSteps(n);
+}
+absl::StatusOr<std::vector<NodeTime>> DecodeSession::ProfileStep() {
+  return impl_->ProfileStep();
 }
 
 }  // namespace sg

@@ -43,6 +43,7 @@
 #include "stepgraph/graph/builder.h"
 #include "stepgraph/dispatch/cuda_options.h"
 #include "stepgraph/base/half.h"
+#include "stepgraph/runtime/measure.h"
 #include "stepgraph/runtime/step_runner.h"
 #include "stepgraph/graph/passes.h"
 #include "stepgraph/graph/memory_plan.h"
@@ -994,7 +995,7 @@ int Bench(const Args& a) {
 
   double copy_bw = 0;
   if (gpu) {
-    absl::StatusOr<double> bw = session->runner().CopyBandwidth(int64_t{1} << 29, 10);
+    absl::StatusOr<double> bw = CopyBandwidth(session->runner(), int64_t{1} << 29, 10);
     if (!bw.ok()) return RuntimeFailure(bw.status());
     copy_bw = *bw;
     std::printf("device-to-device copy: %.1f GB/s (read + write); weights %s: floor %.4f ms/step\n",

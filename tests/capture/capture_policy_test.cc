@@ -1,14 +1,17 @@
-// The host-side decisions of capture, without a GPU: which bucket serves a step, which
+// The host-side decisions of capture, without a GPU: which bucket serves a step, and which
 // plans may be captured (through the mock dispatcher and a stand-in for "is device
-// memory"), and whether a change of bindings patches nodes or captures again.
+// memory").
 #include "stepgraph/capture/capture_policy.h"
 
 #include <gtest/gtest.h>
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "stepgraph/graph/passes.h"
 #include "stepgraph/models/llama.h"
 #include "stepgraph/dispatch/mock_dispatch.h"
 #include "tests/testing/util.h"
@@ -28,16 +31,23 @@ ExecutionPlan TinyPlan(int64_t layers = 2, int64_t batch = 1) {
 
 TEST(ChooseBucketTest, SmallestBucketThatHoldsTheRows) {
   const std::vector<int64_t> b = {1, 2, 4, 8, 16, 32};
-  EXPECT_EQ(*ChooseBucket(b, 1), 1);
-  EXPECT_EQ(*ChooseBucket(b, 2), 2);
-  EXPECT_EQ(*ChooseBucket(b, 3), 4);
-  EXPECT_EQ(*ChooseBucket(b, 5), 8);
-  EXPECT_EQ(*ChooseBucket(b, 17), 32);
-  EXPECT_EQ(*ChooseBucket(b, 32), 32);
+  // The bucket ChooseBucket picks, by its size.
+  auto chosen = [&](const std::vector<int64_t>& buckets, int64_t rows) {
+    absl::StatusOr<int> i = ChooseBucket(buckets, rows);
+    EXPECT_TRUE(i.ok()) << i.status();
+    return i.ok() ? buckets[*i] : int64_t{-1};
+  };
+  EXPECT_EQ(chosen(b, 1), 1);
+  EXPECT_EQ(chosen(b, 2), 2);
+  EXPECT_EQ(chosen(b, 3), 4);
+  EXPECT_EQ(chosen(b, 5), 8);
+  EXPECT_EQ(chosen(b, 17), 32);
+  EXPECT_EQ(chosen(b, 32), 32);
+  EXPECT_EQ(*ChooseBucket(b, 32), 5);
   EXPECT_EQ(ChooseBucket(b, 33).status().code(), absl::StatusCode::kOutOfRange);
   EXPECT_EQ(ChooseBucket(b, 0).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(ChooseBucket(b, -2).status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(*ChooseBucket(std::vector<int64_t>{3, 6}, 4), 6);
+  EXPECT_EQ(chosen({3, 6}, 4), 6);
 }
 
 TEST(ChooseBucketTest, RefusesBadBucketLists) {
@@ -96,64 +106,46 @@ TEST(CheckCaptureSafetyTest, RefusesHostBuffersNamingNodeAndTensor) {
   EXPECT_NE(s.message().find("arena"), absl::string_view::npos) << s;
 }
 
+TEST(CheckCaptureSafetyTest, SaysWhichNodeWritesAHostCache) {
+  // The first node to touch a KV cache writes it: a KvWrite in place in the plain step,
+  // the FusedMatMul's RoPE + KV-write epilogue, as a side effect, in the fused one.
+  LlamaConfig c = TinyLlamaConfig();
+  c.num_hidden_layers = 1;
+  absl::StatusOr<Graph> plain = BuildLlamaDecodeGraph(c, {.batch = 1, .max_seq = 16});
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  absl::StatusOr<Graph> fused = RunPasses(*plain);
+  ASSERT_TRUE(fused.ok()) << fused.status();
+  for (auto [graph, op] : {std::pair{&*plain, "KvWrite"}, std::pair{&*fused, "FusedMatMul"}}) {
+    absl::StatusOr<ExecutionPlan> plan = ExecutionPlan::Create(*graph);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    testing::HostBindings memory(*plan);
+    MockDispatch mock;
+    FakeMemory fake;
+    const TensorId kc = *plan->graph().FindTensor(KCacheName(0));
+    fake.host.insert(memory.bindings().buffer(kc.index).data);
+    const absl::Status s = CheckCaptureSafety(*plan, memory.bindings(), mock, fake.check());
+    ASSERT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_NE(s.message().find(absl::StrCat("(", op, ") writes State '", KCacheName(0))),
+              absl::string_view::npos)
+        << s;
+  }
+  // A weight is only read.
+  const ExecutionPlan plan = TinyPlan();
+  testing::HostBindings memory(plan);
+  MockDispatch mock;
+  FakeMemory fake;
+  const TensorId w = *plan.graph().FindTensor("model.layers.0.self_attn.q_proj.weight");
+  fake.host.insert(memory.bindings().buffer(w.index).data);
+  const absl::Status s = CheckCaptureSafety(plan, memory.bindings(), mock, fake.check());
+  EXPECT_NE(s.message().find("(MatMul) reads Weight"), absl::string_view::npos) << s;
+}
+
 TEST(CheckCaptureSafetyTest, RefusesMissingBindings) {
   const ExecutionPlan plan = TinyPlan();
   Bindings empty(plan.graph());
   MockDispatch mock;
   FakeMemory fake;
   EXPECT_FALSE(CheckCaptureSafety(plan, empty, mock, fake.check()).ok());
-}
-
-TEST(DecideUpdateTest, SameAddressesNeedNothing) {
-  const ExecutionPlan plan = TinyPlan();
-  testing::HostBindings memory(plan);
-  Bindings copy = memory.bindings();
-  const UpdateDecision d = DecideUpdate(plan, memory.bindings(), copy);
-  EXPECT_EQ(d.kind, UpdateDecision::Kind::kNothing);
-  EXPECT_TRUE(d.nodes.empty());
-}
-
-TEST(DecideUpdateTest, ARebindingPatchesExactlyTheNodesThatUseIt) {
-  const ExecutionPlan plan = TinyPlan();
-  testing::HostBindings memory(plan);
-  Bindings next = memory.bindings();
-  const std::string name = "model.layers.0.self_attn.k_proj.weight";
-  const Tensor& t = plan.graph().tensor(*plan.graph().FindTensor(name));
-  std::vector<uint8_t> other(t.bytes());
-  ASSERT_TRUE(next.Bind(name, other.data(), t.bytes()).ok());
-  const UpdateDecision d = DecideUpdate(plan, memory.bindings(), next);
-  ASSERT_EQ(d.kind, UpdateDecision::Kind::kPatchNodes);
-  ASSERT_EQ(d.nodes.size(), 1u);
-  EXPECT_EQ(plan.graph().nodes()[d.nodes[0]].name, "model.layers.0.self_attn.k_proj");
-
-  // A KV cache is read by attention and written by KvWrite: both move.
-  Bindings cache_moved = memory.bindings();
-  const Tensor& kc = plan.graph().tensor(*plan.graph().FindTensor(KCacheName(1)));
-  std::vector<uint8_t> cache(kc.bytes());
-  ASSERT_TRUE(cache_moved.Bind(KCacheName(1), cache.data(), kc.bytes()).ok());
-  const UpdateDecision dc = DecideUpdate(plan, memory.bindings(), cache_moved);
-  ASSERT_EQ(dc.kind, UpdateDecision::Kind::kPatchNodes);
-  std::vector<std::string> ops;
-  for (int32_t n : dc.nodes) ops.emplace_back(OpName(plan.graph().nodes()[n].op));
-  EXPECT_EQ(ops, (std::vector<std::string>{"KvWrite", "Attention"}));
-}
-
-TEST(DecideUpdateTest, MovingTheArenaCapturesAgain) {
-  const ExecutionPlan plan = TinyPlan();
-  testing::HostBindings memory(plan);
-  Bindings next = memory.bindings();
-  std::vector<uint8_t> arena(plan.arena_bytes());
-  next.SetArena(arena.data(), plan.arena_bytes());
-  const UpdateDecision d = DecideUpdate(plan, memory.bindings(), next);
-  EXPECT_EQ(d.kind, UpdateDecision::Kind::kRecapture);
-  EXPECT_EQ(static_cast<int>(d.nodes.size()), plan.graph().num_nodes());
-  // With no patching allowed even one moved weight captures again.
-  Bindings one = memory.bindings();
-  const Tensor& t = plan.graph().tensor(*plan.graph().FindTensor("lm_head.weight"));
-  std::vector<uint8_t> other(t.bytes());
-  ASSERT_TRUE(one.Bind("lm_head.weight", other.data(), t.bytes()).ok());
-  EXPECT_EQ(DecideUpdate(plan, memory.bindings(), one, 0.0).kind,
-            UpdateDecision::Kind::kRecapture);
 }
 
 }  // namespace

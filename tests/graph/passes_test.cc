@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <functional>
 #include <map>
 #include <random>
 #include <string>
@@ -703,6 +704,153 @@ TEST(PassesTest, FusedElementwiseRejectsBadChains) {
   F big = ok;
   big.num_steps = F::kMaxSteps + 1;
   EXPECT_EQ(build(big, 2).code(), absl::StatusCode::kInvalidArgument);
+}
+
+// ---- Writes besides outputs (WrittenInputs) ---------------------------------------------
+
+TEST(PassesTest, NodesWhoseOnlyEffectIsAWriteAreKeptInOrder) {
+  // No graph output at all: each node's effect is the State it writes (in place, or as the
+  // side effect of a RopeKvWrite whose q nothing reads).
+  const int64_t rows = 2, k = 16, kvh = 1, d = 8, seq = 8, h = 2;
+  const ops::Rope rope{.head_dim = static_cast<int32_t>(d)};
+  GraphBuilder b;
+  TensorId x = b.Input("x", DType::kF32, {rows, k});
+  TensorId pos = b.State("pos", DType::kI32, {rows});
+  TensorId kc = b.State("kc", DType::kF32, {rows, kvh, seq, d});
+  TensorId vc = b.State("vc", DType::kF32, {rows, kvh, seq, d});
+  TensorId kc2 = b.State("kc2", DType::kF32, {rows, kvh, seq, d});
+  TensorId wk = b.Weight("wk", DType::kF32, {kvh * d, k});
+  TensorId qkv = b.FusedMatMul({.weights = 3},
+                               {x, b.Weight("wq", DType::kF32, {h * d, k}), wk,
+                                b.Weight("wv", DType::kF32, {kvh * d, k})},
+                               "qkv");
+  b.RopeKvWrite(qkv, pos, kc, vc, rope, "rope_kv");
+  b.KvWrite(b.Rope(b.MatMul(x, wk, "k2"), pos, rope, "rk2"), pos, kc2, "kw2");
+  b.Advance(pos, "advance");
+  absl::StatusOr<Graph> plain = std::move(b).Build();
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  ASSERT_TRUE(plain->outputs().empty());
+  absl::StatusOr<Graph> fused = RunPasses(*plain);
+  ASSERT_TRUE(fused.ok()) << fused.status();
+  // The product and its RopeKvWrite become one node that still writes both caches; the
+  // other writes stay where they were, the Advance last.
+  std::vector<std::string> names;
+  for (const Node& n : fused->nodes()) names.push_back(n.name);
+  EXPECT_EQ(names, (std::vector<std::string>{"qkv_rope_kv_write", "k2", "rk2", "kw2",
+                                             "advance"}))
+      << fused->ToString();
+  EXPECT_TRUE(WritesInputs(fused->nodes()[0].op));
+  ExpectSameResults(*plain, *fused, RandomBound(*plain, 21, {}, {3, 5}));
+  // The States do change: a run that kept no node would leave them as bound.
+  const auto bound = RandomBound(*plain, 21, {}, {3, 5});
+  const auto after = RunOnCpu(*fused, bound);
+  for (const char* name : {"kc", "vc", "kc2", "pos"}) {
+    const HostTensor& before = bound.at(name);
+    const auto* p = static_cast<const std::byte*>(before.data());
+    EXPECT_NE(after.at(name), std::vector<std::byte>(p, p + before.bytes())) << name;
+  }
+}
+
+// A fusion moves a computation from its producer to its consumer. `write_between` puts a
+// Copy into x (an Input) between them, which the fused node must not read past.
+struct MovePattern {
+  const char* pass;
+  const char* moved_op;  // an op the fusion removes from the graph
+  std::function<void(GraphBuilder&, TensorId x, const std::function<void()>& write)> build;
+};
+
+std::vector<MovePattern> MovePatterns() {
+  constexpr int64_t rows = 2, k = 16, n = 8, kvh = 1, d = 8, seq = 8, h = 2;
+  const DType t = DType::kF32;
+  return {
+      {"residual_add", "MatMul",
+       [=](GraphBuilder& b, TensorId x, const std::function<void()>& write) {
+         TensorId p = b.MatMul(x, b.Weight("w", t, {n, k}), "p");
+         write();
+         b.Output("y", b.Add(b.Input("r", t, {rows, n}), p, "y"));
+       }},
+      {"gate_up_silu_mul", "MatMul",
+       [=](GraphBuilder& b, TensorId x, const std::function<void()>& write) {
+         TensorId g = b.MatMul(x, b.Weight("wg", t, {n, k}), "g");
+         TensorId u = b.MatMul(x, b.Weight("wu", t, {n, k}), "u");
+         write();
+         b.Output("y", b.SiluMul(g, u, "y"));
+       }},
+      {"lm_head_argmax", "Argmax",
+       [=](GraphBuilder& b, TensorId x, const std::function<void()>& write) {
+         TensorId logits = b.MatMul(x, b.Weight("w", t, {n, k}), "logits");
+         write();
+         b.Output("y", b.Argmax(logits, "y"));
+       }},
+      {"norm_into_matmul", "RmsNorm",
+       [=](GraphBuilder& b, TensorId x, const std::function<void()>& write) {
+         TensorId normed = b.RmsNorm(x, b.Weight("norm_w", t, {k}), 1e-5f, "norm");
+         write();
+         b.Output("y", b.MatMul(normed, b.Weight("w", t, {n, k}), "y"));
+       }},
+      {"elementwise_chain", "Silu",
+       [=](GraphBuilder& b, TensorId x, const std::function<void()>& write) {
+         TensorId s = b.Silu(x, "s");
+         write();
+         b.Output("y", b.Mul(s, b.Input("c", t, {rows, k}), "y"));
+       }},
+      {"rope_kv_write_epilogue", "RopeKvWrite",
+       [=](GraphBuilder& b, TensorId x, const std::function<void()>& write) {
+         TensorId qkv = b.FusedMatMul({.weights = 3},
+                                      {x, b.Weight("wq", t, {h * d, k}),
+                                       b.Weight("wk", t, {kvh * d, k}),
+                                       b.Weight("wv", t, {kvh * d, k})},
+                                      "qkv");
+         write();
+         b.Output("y", b.RopeKvWrite(qkv, b.Input("pos", DType::kI32, {rows}),
+                                     b.State("kc", t, {rows, kvh, seq, d}),
+                                     b.State("vc", t, {rows, kvh, seq, d}),
+                                     {.head_dim = static_cast<int32_t>(d)}, "y"));
+       }},
+      {"qkv_rope_kv_write", "KvWrite",
+       [=](GraphBuilder& b, TensorId x, const std::function<void()>& write) {
+         const ops::Rope rope{.head_dim = static_cast<int32_t>(d)};
+         TensorId pos = b.Input("pos", DType::kI32, {rows});
+         TensorId q = b.MatMul(x, b.Weight("wq", t, {h * d, k}), "q");
+         TensorId kk = b.MatMul(x, b.Weight("wk", t, {kvh * d, k}), "k");
+         TensorId v = b.MatMul(x, b.Weight("wv", t, {kvh * d, k}), "v");
+         write();
+         TensorId kc = b.KvWrite(b.Rope(kk, pos, rope, "rk"), pos,
+                                 b.State("kc", t, {rows, kvh, seq, d}), "kw");
+         TensorId vc = b.KvWrite(v, pos, b.State("vc", t, {rows, kvh, seq, d}), "vw");
+         b.Output("y", b.Attention(b.Rope(q, pos, rope, "rq"), kc, vc, pos, "y"));
+       }},
+  };
+}
+
+TEST(PassesTest, FusionsNeverMoveAReadPastAWrite) {
+  for (const MovePattern& m : MovePatterns()) {
+    for (bool write_between : {false, true}) {
+      SCOPED_TRACE(absl::StrCat(m.pass, write_between ? ", x written between" : ""));
+      GraphBuilder b;
+      TensorId x = b.Input("x", DType::kF32, {2, 16});
+      TensorId x_next = b.Input("x_next", DType::kF32, {2, 16});
+      // Without the write, a Copy into another Input takes its place: the same nodes.
+      TensorId other = b.Input("other", DType::kF32, {2, 16});
+      m.build(b, x, [&] { b.Copy(x_next, write_between ? x : other, "overwrite"); });
+      absl::StatusOr<Graph> plain = std::move(b).Build();
+      ASSERT_TRUE(plain.ok()) << plain.status();
+      PassOptions only;
+      for (const std::string& name : PassNames()) {
+        if (name != m.pass) only.disabled.insert(name);
+      }
+      absl::StatusOr<Graph> fused = RunPasses(*plain, only);
+      ASSERT_TRUE(fused.ok()) << fused.status();
+      const int before = OpCounts(*plain)[m.moved_op];
+      const int after = OpCounts(*fused)[m.moved_op];
+      if (write_between) {
+        EXPECT_EQ(after, before) << fused->ToString();
+      } else {
+        EXPECT_LT(after, before) << fused->ToString();
+      }
+      ExpectSameResults(*plain, *fused, RandomBound(*plain, 31, {}, {3, 5}));
+    }
+  }
 }
 
 }  // namespace

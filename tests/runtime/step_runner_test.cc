@@ -2,6 +2,7 @@
 // of its calls, its memory, its outputs checked against the executor run by hand, and the
 // promise that Run allocates nothing.
 #include "stepgraph/runtime/step_runner.h"
+#include "stepgraph/runtime/measure.h"
 
 #include <gtest/gtest.h>
 
@@ -157,7 +158,7 @@ TEST(StepRunnerTest, RunsEveryNodeOfTheChosenStepThroughTheGivenDispatcher) {
   ASSERT_TRUE((*runner)->Run(0).ok());
   ASSERT_TRUE((*runner)->Run(0).ok());
   EXPECT_EQ(mock.launches(), 2 * static_cast<int64_t>((*runner)->plan(0).graph().nodes().size()));
-  absl::StatusOr<std::vector<double>> times = (*runner)->Profile(0);
+  absl::StatusOr<std::vector<double>> times = ProfileNodes(**runner, 0);
   ASSERT_TRUE(times.ok()) << times.status();
   EXPECT_EQ(times->size(), (*runner)->plan(0).graph().nodes().size());
   EXPECT_EQ((*runner)->graph_nodes(0), 0);
@@ -181,6 +182,35 @@ TEST(StepRunnerTest, RefusesCallsOutOfOrderNamingWhatWasWrong) {
   const absl::Status missing = runner->Output(0, "no_such_output").status();
   EXPECT_EQ(missing.code(), absl::StatusCode::kNotFound);
   EXPECT_NE(missing.message().find("no_such_output"), absl::string_view::npos) << missing;
+}
+
+TEST(MeasureTest, CopiesMarksAndProfilesOnTheCpu) {
+  auto runner = *StepRunner::Create({});
+  absl::StatusOr<double> bw = CopyBandwidth(*runner, int64_t{1} << 20, 3);
+  ASSERT_TRUE(bw.ok()) << bw.status();
+  EXPECT_GT(*bw, 0.0);
+  EXPECT_EQ(CopyBandwidth(*runner, 0, 3).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(StartMarks(*runner, 1).code(), absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(StartMarks(*runner, 3).ok());
+  for (int64_t i = 0; i < 3; ++i) ASSERT_TRUE(Mark(*runner, i).ok());
+  EXPECT_FALSE(Mark(*runner, 3).ok());
+  absl::StatusOr<std::vector<double>> ms = MarkIntervalsMs(*runner);
+  ASSERT_TRUE(ms.ok()) << ms.status();
+  ASSERT_EQ(ms->size(), 2u);
+  for (double t : *ms) EXPECT_GE(t, 0.0);
+  // A profile needs a finalized step that exists.
+  TinyModel m;
+  Graph g = TinyGraph();
+  ASSERT_TRUE(m.Allocate(*runner, g).ok());
+  ASSERT_TRUE(runner->AddStep(std::move(g), m.Binder()).ok());
+  EXPECT_EQ(ProfileNodes(*runner, 0).status().code(), absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(runner->Finalize().ok());
+  const absl::Status missing = ProfileNodes(*runner, 1).status();
+  EXPECT_EQ(missing.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(missing.message().find("Profile"), absl::string_view::npos) << missing;
+  absl::StatusOr<std::vector<double>> nodes = ProfileNodes(*runner, 0);
+  ASSERT_TRUE(nodes.ok()) << nodes.status();
+  EXPECT_EQ(nodes->size(), runner->plan(0).graph().nodes().size());
 }
 
 TEST(StepRunnerTest, ABinderErrorComesBackFromAddStep) {

@@ -42,7 +42,7 @@ bool HasCudaDevice() { return CudaDeviceAvailable(); }
 
 namespace {
 
-// The tensors a run is judged by: graph outputs and in-place targets.
+// The tensors a run is judged by: graph outputs and every tensor a node writes.
 std::vector<int32_t> ComparedTensors(const Graph& g) {
   std::vector<int32_t> ids;
   auto add = [&](int32_t i) {
@@ -50,50 +50,22 @@ std::vector<int32_t> ComparedTensors(const Graph& g) {
   };
   for (const GraphOutput& o : g.outputs()) add(o.tensor.index);
   for (const Node& n : g.nodes()) {
-    if (IsInPlace(n.op)) add(n.output.index);
+    for (int32_t w : WrittenInputs(n.op).inputs) add(n.inputs[w].index);
   }
   return ids;
-}
-
-void FillInputs(const OpCase& c, const Graph& g, std::map<int32_t, HostTensor>& host) {
-  for (int32_t i = 0; i < g.num_tensors(); ++i) {
-    const Tensor& t = g.tensors()[i];
-    if (t.kind == TensorKind::kIntermediate) continue;
-    HostTensor h(t.dtype, t.shape);
-    if (t.dtype == DType::kI32) {
-      h.FillUniform(c.seed * 1000 + i, static_cast<float>(c.int_lo),
-                    static_cast<float>(c.int_hi));
-      for (const auto& [name, values] : c.int_values) {
-        if (name != t.name) continue;
-        auto* p = static_cast<int32_t*>(h.data());
-        for (int64_t k = 0; k < h.size() && k < static_cast<int64_t>(values.size()); ++k) {
-          p[k] = values[k];
-        }
-      }
-    } else {
-      h.FillUniform(c.seed * 1000 + i, -c.float_range, c.float_range);
-    }
-    host.emplace(i, std::move(h));
-  }
 }
 
 }  // namespace
 
 void RunConformance(const OpCase& c) {
   SCOPED_TRACE(c.name);
-  absl::StatusOr<Graph> graph = [&] {
-    if (c.graph) return c.graph();
-    GraphBuilder b;
-    c.build(b);
-    return std::move(b).Build();
-  }();
+  absl::StatusOr<Graph> graph = BuildCase(c);
   ASSERT_TRUE(graph.ok()) << graph.status();
   absl::StatusOr<ExecutionPlan> plan = ExecutionPlan::Create(*std::move(graph));
   ASSERT_TRUE(plan.ok()) << plan.status();
   const Graph& g = plan->graph();
 
-  std::map<int32_t, HostTensor> initial;
-  FillInputs(c, g, initial);
+  const std::map<int32_t, HostTensor> initial = CaseInputs(c, g);
 
   // CPU reference run on a copy of the inputs.
   std::map<int32_t, HostTensor> cpu_host;

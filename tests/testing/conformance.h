@@ -1,13 +1,14 @@
 // The op-conformance harness: a case builds a small graph; the harness (conformance.cc,
 // CUDA builds) runs it on the CPU reference and on CudaDispatch from the same random
 // inputs (never zeros), with the arena poisoned on both sides, and compares every graph
-// output and every State or Input written in place by normalised error (i32 exactly),
-// plus the raised error flags.
+// output and every State or Input a node writes (WrittenInputs) by normalised error (i32
+// exactly), plus the raised error flags.
 #ifndef STEPGRAPH_TESTS_TESTING_CONFORMANCE_H_
 #define STEPGRAPH_TESTS_TESTING_CONFORMANCE_H_
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <ostream>
 #include <string>
 #include <utility>
@@ -15,6 +16,7 @@
 
 #include "stepgraph/graph/builder.h"
 #include "stepgraph/dispatch/cuda_options.h"
+#include "tests/testing/util.h"
 
 namespace sg::testing {
 
@@ -53,6 +55,14 @@ bool HasCudaDevice();
 
 // Runs the case and records gtest failures naming the case and tensor.
 void RunConformance(const OpCase& c);
+
+// The case's graph: `graph()` when set, else what `build` adds to a fresh builder.
+absl::StatusOr<Graph> BuildCase(const OpCase& c);
+
+// Random values for every bound tensor of the case's graph `g`, by tensor index: i32
+// tensors from [int_lo, int_hi) or as int_values lists them, float ones uniform in
+// [-float_range, float_range).
+std::map<int32_t, HostTensor> CaseInputs(const OpCase& c, const Graph& g);
 
 // The shared table: every op of SG_OP_LIST at decode shapes in each float dtype, and whole
 // Llama steps (tests/testing/conformance_cases.cc). Every op must have a case of its own

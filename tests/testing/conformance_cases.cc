@@ -4,6 +4,7 @@
 // runs them on the CPU reference and on CudaDispatch and compares (conformance_cuda_test,
 // see tests/testing/conformance.h).
 #include <cstdint>
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -25,6 +26,37 @@ std::string Name(absl::string_view op, DType t, absl::string_view shape) {
 }
 
 }  // namespace
+
+absl::StatusOr<Graph> BuildCase(const OpCase& c) {
+  if (c.graph) return c.graph();
+  GraphBuilder b;
+  c.build(b);
+  return std::move(b).Build();
+}
+
+std::map<int32_t, HostTensor> CaseInputs(const OpCase& c, const Graph& g) {
+  std::map<int32_t, HostTensor> host;
+  for (int32_t i = 0; i < g.num_tensors(); ++i) {
+    const Tensor& t = g.tensors()[i];
+    if (t.kind == TensorKind::kIntermediate) continue;
+    HostTensor h(t.dtype, t.shape);
+    if (t.dtype == DType::kI32) {
+      h.FillUniform(c.seed * 1000 + i, static_cast<float>(c.int_lo),
+                    static_cast<float>(c.int_hi));
+      for (const auto& [name, values] : c.int_values) {
+        if (name != t.name) continue;
+        auto* p = static_cast<int32_t*>(h.data());
+        for (int64_t k = 0; k < h.size() && k < static_cast<int64_t>(values.size()); ++k) {
+          p[k] = values[k];
+        }
+      }
+    } else {
+      h.FillUniform(c.seed * 1000 + i, -c.float_range, c.float_range);
+    }
+    host.emplace(i, std::move(h));
+  }
+  return host;
+}
 
 std::vector<OpCase> ConformanceCases() {
   std::vector<OpCase> cases;

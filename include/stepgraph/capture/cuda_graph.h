@@ -10,7 +10,6 @@
 #include <cstdint>
 #include <memory>
 #include <string>
-#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -20,15 +19,6 @@
 #include "stepgraph/graph/memory_plan.h"
 
 namespace sg {
-
-namespace internal {
-struct CapturedGraph;
-}  // namespace internal
-
-struct CaptureOptions {
-  // Nodes that may be patched in place by Update before it captures again instead.
-  double max_patch_fraction = 0.5;
-};
 
 // True for device or managed memory (cudaPointerGetAttributes).
 bool IsDevicePointer(const void* p);
@@ -41,21 +31,13 @@ class CapturedStep {
   // with one dispatcher share its workspaces and its stream, so their replays are ordered.
   static absl::StatusOr<std::unique_ptr<CapturedStep>> Create(const PreparedPlan& prepared,
                                                               const Bindings& bindings,
-                                                              CudaDispatch& dispatch,
-                                                              const CaptureOptions& options = {});
+                                                              CudaDispatch& dispatch);
   ~CapturedStep();
   CapturedStep(const CapturedStep&) = delete;
   CapturedStep& operator=(const CapturedStep&) = delete;
 
   // Launches the step on stream(): one cudaGraphLaunch.
   absl::Status Replay();
-
-  // Makes later replays use `next` bindings (rebound weights, a replaced state buffer):
-  // patches the launches of the nodes that changed in place, or captures again and
-  // updates the executable (cudaGraphExecUpdate), or, if that fails, instantiates anew.
-  absl::Status Update(const Bindings& next);
-  // The share of nodes later Updates may patch in place (CaptureOptions::max_patch_fraction).
-  void set_max_patch_fraction(double fraction) { options_.max_patch_fraction = fraction; }
 
   cudaStream_t stream() const { return dispatch_->stream(); }
   const ExecutionPlan& plan() const { return prepared_->plan(); }
@@ -72,18 +54,17 @@ class CapturedStep {
   static absl::StatusOr<int64_t> DeviceGraphMemory();
 
  private:
-  CapturedStep(const PreparedPlan& prepared, const Bindings& bindings, CudaDispatch& dispatch,
-               const CaptureOptions& options);
+  CapturedStep(const PreparedPlan& prepared, const Bindings& bindings, CudaDispatch& dispatch);
+  // The CUDA graph and, per stepgraph node, the CUDA nodes it launched (cuda_graph.cc).
+  struct Recording;
   // Records one execution into a new graph, with the node map.
-  absl::StatusOr<internal::CapturedGraph> CaptureOnce(const Bindings& bindings);
-  absl::Status PatchNodes(const Bindings& next, const std::vector<int32_t>& nodes);
+  absl::StatusOr<Recording> CaptureOnce();
   absl::Status Instantiate();
 
   const PreparedPlan* prepared_;
   Bindings bindings_;
   CudaDispatch* dispatch_;
-  CaptureOptions options_;
-  std::unique_ptr<internal::CapturedGraph> graph_;
+  std::unique_ptr<Recording> graph_;
   cudaGraphExec_t exec_ = nullptr;  // owned
   CaptureStats stats_;
 };

@@ -112,9 +112,6 @@ struct TensorType {
 absl::StatusOr<TensorType> InferOutputType(const Op& op, absl::string_view node_name,
                                            absl::Span<const Tensor* const> inputs);
 
-// The in-place ops write an existing State or Input instead of producing a tensor.
-bool IsInPlace(const Op& op);
-
 }  // namespace sg
 
 #endif  // STEPGRAPH_GRAPH_GRAPH_H_

@@ -12,7 +12,9 @@
 #include <utility>
 #include <variant>
 
+#include "absl/container/inlined_vector.h"
 #include "absl/strings/string_view.h"
+#include "absl/types/span.h"
 #include "stepgraph/base/dtype.h"
 
 #define SG_OP_LIST(V) \
@@ -226,9 +228,38 @@ inline constexpr int kNumOps = static_cast<int>(std::variant_size_v<Op>);
 
 // "MatMul", "Rope", ...
 absl::string_view OpName(const Op& op);
+// Every op's name, in SG_OP_LIST order (kNumOps of them).
+absl::Span<const absl::string_view> AllOpNames();
 
 // Parameters as "eps=1e-05", "" for ops without any.
 std::string OpParamsToString(const Op& op);
+
+// ---- What an op writes besides its output ----------------------------------------------
+// Most ops only make their output, a new intermediate. Some write bound tensors that they
+// take as inputs: the in-place ops KvWrite (its cache), Copy (dst) and Advance (pos),
+// whose output is the tensor they write; and RopeKvWrite and a FusedMatMul with the
+// kRopeKvWrite epilogue, which write the k and v caches as a side effect beside an output
+// of their own. Whatever asks which tensors a node changes (the builder and Validate
+// through IsInPlace, the passes when they move a computation past other nodes, capture
+// safety, the conformance comparison) reads this instead of naming ops.
+struct InputWrites {
+  // Indices into the node's inputs of the tensors the node writes (States or Inputs).
+  absl::InlinedVector<int32_t, 2> inputs;
+  // The node's output is its written input (its last one) rather than a new intermediate.
+  bool output_is_written = false;
+};
+
+// Every op answers: graph/ops.cc has one overload per op and no default, so an op added to
+// SG_OP_LIST without saying what it writes does not compile.
+InputWrites WrittenInputs(const Op& op);
+
+// The in-place ops write an existing State or Input instead of producing a tensor:
+// WrittenInputs(op).output_is_written.
+bool IsInPlace(const Op& op);
+
+// Whether a node of `op` writes any of its inputs (in place or as a side effect), so that
+// its effect is more than its output.
+bool WritesInputs(const Op& op);
 
 // "add", "mul", "silu", "silu_mul".
 absl::string_view ElementwiseKindName(ops::FusedElementwise::Kind kind);

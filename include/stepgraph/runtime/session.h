@@ -34,8 +34,6 @@
 
 namespace sg {
 
-class ModelFiles;  // the loaded model folder or GGUF file (internal to the library)
-
 enum class Backend : uint8_t {
   kAuto,  // CUDA when this build has it and a device is found, else the CPU reference
   kCpu,   // the f32 reference (CpuDispatch): slow, always available
@@ -118,25 +116,26 @@ class DecodeSession {
   DecodeSession& operator=(const DecodeSession&) = delete;
 
   // The backend that runs (never kAuto), and a line describing it.
-  Backend backend() const { return backend_; }
+  Backend backend() const;
   std::string Describe() const;
-  const LlamaConfig& config() const { return config_; }
+  const LlamaConfig& config() const;
   // The ids that end a sequence, as the model files state them (ModelFiles::stop_ids);
   // empty for random weights. The session never stops by itself: callers that want text
   // stop at these.
-  const std::vector<int32_t>& stop_ids() const { return stop_ids_; }
-  int64_t max_slots() const { return buckets_.back(); }
-  int64_t max_seq() const { return max_seq_; }
-  const std::vector<int64_t>& buckets() const { return buckets_; }
+  const std::vector<int32_t>& stop_ids() const;
+  int64_t max_slots() const;
+  int64_t max_seq() const;
+  const std::vector<int64_t>& buckets() const;
   // Weights and KV cache in bytes.
-  int64_t weight_bytes() const { return weight_bytes_; }
-  int64_t kv_cache_bytes() const { return kv_cache_bytes_; }
+  int64_t weight_bytes() const;
+  int64_t kv_cache_bytes() const;
   // The plan of `bucket`; nullptr when it is not one of buckets().
   const ExecutionPlan* plan(int64_t bucket) const;
   // Whether steps run eagerly (the CPU always; CUDA when made with `eager`).
-  bool eager() const { return !runner_->replays(); }
-  // Where the steps run (for measurements such as the device's copy bandwidth).
-  StepRunner& runner() { return *runner_; }
+  bool eager() const;
+  // Where the steps run (for measurements such as the device's copy bandwidth,
+  // stepgraph/runtime/measure.h).
+  StepRunner& runner();
 
   // Starts a new sequence in `slot` (ending the one it held): writes the KV cache of every
   // prompt token but the last; the last is fed by the next Step, which yields the first
@@ -155,8 +154,8 @@ class DecodeSession {
   // would hold a decode row of one token next to prefill rows of many; it is not offered.)
   absl::Status Prefill(absl::Span<const PrefillRequest> requests);
   // Prefill steps run since the session was made (each is one replay or eager pass).
-  int64_t prefill_steps() const { return prefill_steps_run_; }
-  int64_t prefill_chunk() const { return prefill_chunk_; }
+  int64_t prefill_steps() const;
+  int64_t prefill_chunk() const;
   // Ends `slot`'s sequence: its row is padding from the next step on.
   absl::Status Release(int64_t slot);
   bool live(int64_t slot) const;
@@ -196,93 +195,11 @@ class DecodeSession {
   absl::StatusOr<std::vector<NodeTime>> ProfileStep();
 
  private:
-  struct Slot {
-    bool live = false;
-    int32_t pos = -1;     // position of `pending`
-    int32_t pending = 0;  // the id the next step feeds (known to the host after a drain)
-    int32_t seed = 0;
-    std::vector<int32_t> tokens;  // drained ids since Prefill
-  };
+  // The slots, the runner and the buffers on its device (runtime/session.cc).
+  class Impl;
+  explicit DecodeSession(std::unique_ptr<Impl> impl);
 
-  DecodeSession() = default;
-
-  absl::Status Init(const SessionOptions& options);
-  // Feeds prompts token by token through the decode step (prefill_chunk = 0).
-  absl::Status PrefillByDecodeSteps(const PrefillRequest& request);
-  // Runs prefill step `shape` (index in prefill_shapes_) over `seqs`: per sequence group,
-  // the request, the first prompt token to feed and how many.
-  struct PrefillPiece {
-    const PrefillRequest* request = nullptr;
-    int64_t begin = 0;
-    int64_t count = 0;
-  };
-  absl::Status RunPrefillStep(size_t shape, absl::Span<const PrefillPiece> pieces);
-  absl::Status SetUpWeights(const Graph& largest, StepRunner::Binder* bind_weights);
-  absl::Status CheckSlot(int64_t slot, absl::string_view what) const;
-  absl::Status CheckCapacity(int64_t steps) const;
-  // One step; `node_ms` set: eager with per-node times.
-  absl::Status StepImpl(std::vector<double>* node_ms);
-  // Moves the ids of the recorded steps into the slots' histories (waits for the device).
-  absl::Status Drain();
-  absl::Status CheckErrorFlags();
-  // Index in buckets_ of the smallest bucket with at least `rows` rows.
-  int64_t BucketFor(int64_t rows) const;
-  int64_t HighestLiveSlot() const;
-
-  Backend backend_ = Backend::kCpu;
-  LlamaConfig config_;
-  std::vector<int64_t> buckets_;
-  int64_t max_seq_ = 0;
-  int64_t ring_steps_ = 0;
-  int64_t weight_bytes_ = 0;
-  uint64_t weight_seed_ = 0;
-  int weight_threads_ = 0;
-
-  // Host weights the CPU binds in place (a mapped folder or file); the GPU copies them,
-  // then drops the mapping.
-  std::unique_ptr<ModelFiles> model_;
-  std::vector<int32_t> stop_ids_;
-  std::unique_ptr<StepRunner> runner_;
-  int64_t kv_cache_bytes_ = 0;
-  // On the runner's device: the step inputs (ids | pos | seeds of every row) and the
-  // prompt being fed. On the host (pinned on CUDA): the staged inputs of a Prefill and of
-  // a Step (two areas, each rewritten only after the device read it), the prompt staged,
-  // and the ring of recorded ids.
-  int32_t* inputs_ = nullptr;
-  int32_t* prompt_ = nullptr;
-  int32_t* staging_ = nullptr;
-  int32_t* ring_ = nullptr;
-  std::vector<TensorArg> next_, logits_;  // per bucket
-
-  // Prefill steps: (sequences B, rows per sequence T), runner step index after the decode
-  // buckets. Their inputs (ids | pos | seq_slots) live in their own device block, staged
-  // from a host ring of kPrefillStaging areas (the session waits for the device when it
-  // wraps).
-  struct PrefillShape {
-    int64_t seqs = 1;
-    int64_t rows_per_seq = 1;
-    int step = -1;
-  };
-  std::vector<PrefillShape> prefill_shapes_;
-  int64_t prefill_chunk_ = 0;
-  int32_t* prefill_inputs_ = nullptr;
-  int32_t* prefill_staging_ = nullptr;
-  int64_t prefill_staged_ = 0;  // areas of the ring used since the last wait
-  int64_t prefill_steps_run_ = 0;
-
-  std::vector<Slot> slots_;
-  // The live set changed since the step inputs were last written.
-  bool inputs_dirty_ = true;
-  // Steps recorded in the id ring and not drained; the live set is the same for all of
-  // them, since every change of it drains first.
-  int64_t pending_steps_ = 0;
-  // Steps run by Step and Generate since the session began, and how many of them the last
-  // check of the error flags covered: a raised flag is reported with the steps it may
-  // come from.
-  int64_t steps_run_ = 0;
-  int64_t steps_checked_ = 0;
-  // Bucket index of the last step; -1 when a Prefill ran since (its logits are gone).
-  int64_t last_bucket_ = -1;
+  std::unique_ptr<Impl> impl_;
 };
 
 }  // namespace sg

@@ -13,7 +13,9 @@
 //   runner->Run(step);           // one cudaGraphLaunch (or one eager pass)
 //
 // Every copy and step is ordered on the runner's one stream, so the host never needs to
-// synchronise the device except where it reads results (Sync).
+// synchronise the device except where it reads results (Sync). Measurements on a runner
+// (copy bandwidth, time marks, per-node profiles, the matmul rate) are in
+// stepgraph/runtime/measure.h.
 #ifndef STEPGRAPH_RUNTIME_STEP_RUNNER_H_
 #define STEPGRAPH_RUNTIME_STEP_RUNNER_H_
 
@@ -21,7 +23,6 @@
 #include <functional>
 #include <memory>
 #include <string>
-#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -52,8 +53,6 @@ struct RunnerOptions {
   KernelDispatch* cpu_dispatch = nullptr;
   // CPU: threads of the reference's parallel ops (0: one per core).
   int cpu_threads = 0;
-  // Nodes whose arguments moved that a captured step may patch in place.
-  double max_patch_fraction = 0.5;
 };
 
 class StepRunner {
@@ -65,9 +64,9 @@ class StepRunner {
   StepRunner(const StepRunner&) = delete;
   StepRunner& operator=(const StepRunner&) = delete;
 
-  DeviceKind device() const { return options_.device; }
+  DeviceKind device() const;
   // Whether Run replays captured graphs (false: every step runs eagerly).
-  bool replays() const { return !eager_; }
+  bool replays() const;
   // "cuda (NVIDIA H100 80GB HBM3, 132 SMs), replayed CUDA graphs", "cpu (the f32 reference)".
   std::string Describe() const;
 
@@ -88,10 +87,6 @@ class StepRunner {
   absl::Status Copy(void* dst, const void* src, int64_t bytes);
   // Waits for every copy and step enqueued so far.
   absl::Status Sync();
-  // The bandwidth of a large copy within the device's memory, counted as bytes read plus
-  // bytes written per second (median of `repeats`): the ceiling a memory-bound step is
-  // compared with. Allocates two buffers of `bytes` for the measurement.
-  absl::StatusOr<double> CopyBandwidth(int64_t bytes, int repeats);
 
   // ---- Steps.
   // Binds every Input, Weight and State of a step's graph (the runner binds the arena).
@@ -103,16 +98,13 @@ class StepRunner {
   absl::Status Finalize();
   // Runs step `step` once: a graph replay, or an eager pass through the executor.
   absl::Status Run(int step);
-  // Runs `step` eagerly with the time of each node in ms (on CUDA the launches are queued
-  // before the first starts, so each time is the node's device time).
-  absl::StatusOr<std::vector<double>> Profile(int step);
 
-  int num_steps() const { return static_cast<int>(steps_.size()); }
+  int num_steps() const;
   const ExecutionPlan& plan(int step) const;
   const Bindings& bindings(int step) const;
   // An output of `step` (where it lives and what it holds); NotFound naming it otherwise.
   absl::StatusOr<TensorArg> Output(int step, absl::string_view name) const;
-  int64_t arena_bytes() const { return arena_bytes_; }
+  int64_t arena_bytes() const;
   // CUDA graph nodes of a captured step (0 when eager).
   int64_t graph_nodes(int step) const;
 
@@ -120,38 +112,16 @@ class StepRunner {
   // waits for the device.
   absl::StatusOr<uint32_t> TakeErrorFlags();
 
-  // Time marks on the stream: StartMarks(n), then Mark(i) for i in [0, n), then the n - 1
-  // intervals in ms (waits for the last mark).
-  absl::Status StartMarks(int64_t n);
-  absl::Status Mark(int64_t i);
-  absl::StatusOr<std::vector<double>> MarkIntervalsMs();
-
-  // The runner's device as seen by the steps (internal; runtime/runner_device.h).
-  class Device;
-
  private:
-  struct Step;
+  // The device, the arena and the steps (runtime/step_runner.cc).
+  struct Impl;
+  // Runtime code beside the runner reaches its device (runtime/runner_device.h).
+  friend class StepRunnerAccess;
 
-  StepRunner(const RunnerOptions& options, std::unique_ptr<Device> device);
-  absl::Status CheckStep(int step, absl::string_view what) const;
+  explicit StepRunner(std::unique_ptr<Impl> impl);
 
-  RunnerOptions options_;
-  bool eager_ = true;
-  bool finalized_ = false;
-  // Declared first, destroyed last: the steps' captures, the arena and every buffer live
-  // on it.
-  std::unique_ptr<Device> device_;
-  void* arena_ = nullptr;  // owned by the device
-  int64_t arena_bytes_ = 0;
-  std::vector<std::unique_ptr<Step>> steps_;
+  std::unique_ptr<Impl> impl_;
 };
-
-// The bf16 matmul rate of the device `options` names, in TFLOP/s: one n×n×n MatMul node
-// on a runner of its own, through the dispatcher's matmul path (cuBLASLt at the default
-// size), median of `runs` replays: the ceiling a compute-bound step (prefill) is compared
-// with.
-absl::StatusOr<double> MeasureMatmulTflops(const RunnerOptions& options, int64_t n = 4096,
-                                           int runs = 20);
 
 }  // namespace sg
 
