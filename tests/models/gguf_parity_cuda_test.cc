@@ -36,14 +36,14 @@ void PrintTo(const Case& c, std::ostream* os) {
   *os << c.fixture << (c.eager ? " eager" : " replayed");
 }
 
-struct Run {
+struct Decoded {
   std::vector<int32_t> ids;
   std::vector<float> prompt_logits;
 };
 
 // Greedy ids of the fixture's prompt on `backend`, and the logits after the prompt.
 void Decode(const std::string& path, const testing::ParityExpected& want, Backend backend,
-            bool eager, Run* out) {
+            bool eager, Decoded* out) {
   SessionOptions options;
   options.model_path = path;
   options.backend = backend;
@@ -88,7 +88,7 @@ TEST_P(GgufParityCudaTest, GreedyIdsAreTheCpuReferences) {
   const double tolerance = want.dtype == "bfloat16" ? testing::kParityBf16Tolerance
                            : want.dtype == "float16" ? 5e-3
                                                      : 1e-4;
-  Run cpu, gpu;
+  Decoded cpu, gpu;
   Decode(dir + "/model.gguf", want, Backend::kCpu, true, &cpu);
   Decode(dir + "/model.gguf", want, Backend::kCuda, GetParam().eager, &gpu);
   ASSERT_EQ(gpu.ids.size(), cpu.ids.size());
