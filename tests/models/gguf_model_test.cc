@@ -407,12 +407,16 @@ struct TinyLlama {
 
 class GgufModelRefusalTest : public ::testing::Test {
  protected:
-  absl::StatusOr<GgufModel> Load(const TinyLlama& t) {
+  // The file `t` describes, built into bytes_ and parsed (its views point into bytes_).
+  absl::StatusOr<GgufFile> Parse(const TinyLlama& t) {
     bytes_ = t.file.Build();
-    absl::StatusOr<GgufFile> f = GgufFile::Parse(
+    return GgufFile::Parse(
         absl::Span<const std::byte>(reinterpret_cast<const std::byte*>(bytes_.data()),
                                     bytes_.size()),
         "tiny.gguf");
+  }
+  absl::StatusOr<GgufModel> Load(const TinyLlama& t) {
+    absl::StatusOr<GgufFile> f = Parse(t);
     if (!f.ok()) return f.status();
     return GgufModel::FromFile(*std::move(f));
   }
@@ -564,11 +568,7 @@ class GgufComputeDTypeTest : public GgufModelRefusalTest {
       if (tensor.dims.size() == 2) tensor.type = type;
     }
     if (fallback.has_value()) t.Tensor("blk.0.ffn_down.weight").type = *fallback;
-    bytes_ = t.file.Build();
-    absl::StatusOr<GgufFile> f = GgufFile::Parse(
-        absl::Span<const std::byte>(reinterpret_cast<const std::byte*>(bytes_.data()),
-                                    bytes_.size()),
-        "tiny.gguf");
+    absl::StatusOr<GgufFile> f = Parse(t);
     if (!f.ok()) return f.status();
     for (const GgufTensor& tensor : f->tensors()) {
       if (tensor.shape.rank() != 1) continue;
