@@ -16,6 +16,7 @@ Needs numpy and the gguf package (gguf_peer.sh puts the prepared wheel on PYTHON
 """
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -100,14 +101,21 @@ def write_gguf(path, shape="1b", seed=0):
     w.add_vocab_size(s["vocab"])
     w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
-    tokens = byte_tokens() + [f"<t{i}>" for i in range(256, s["vocab"] - 2)] + \
+    # A byte-level BPE as Llama 3's: the 256 byte tokens, a few merges and what they make
+    # (llama.cpp refuses a gpt2 vocabulary without merges), fillers, two control tokens.
+    alphabet = byte_tokens()
+    merges = [f"{a} {b}" for a, b in (("\u0120", "t"), ("\u0120", "a"), ("h", "e"), ("i", "n"),
+                                      ("\u0120t", "he"), ("e", "r"), ("o", "n"), ("a", "n"))]
+    made = [m.replace(" ", "") for m in merges]
+    tokens = alphabet + made + [f"<t{i}>" for i in range(len(alphabet) + len(made),
+                                                       s["vocab"] - 2)] + \
         ["<|begin_of_text|>", "<|end_of_text|>"]
     types = [gguf.TokenType.NORMAL] * (s["vocab"] - 2) + [gguf.TokenType.CONTROL] * 2
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("llama-bpe")
     w.add_token_list(tokens)
     w.add_token_types(types)
-    w.add_token_merges([])
+    w.add_token_merges(merges)
     w.add_bos_token_id(s["vocab"] - 2)
     w.add_eos_token_id(s["vocab"] - 1)
 
@@ -244,7 +252,9 @@ class GpuMemory:
             return None
 
     def _poll(self):
-        while not self._stop.wait(0.1):
+        # Twice a second: allocations are held for the whole run, and nvidia-smi itself
+        # should not disturb the timings.
+        while not self._stop.wait(0.5):
             used = self._used()
             if used is not None and (self.peak is None or used > self.peak):
                 self.peak = used
@@ -261,11 +271,11 @@ class GpuMemory:
         return None if self.base is None or self.peak is None else self.peak - self.base
 
 
-def run_logged(cmd, log, timeout):
-    """Runs cmd, writes its output to `log`, returns (output, peak GPU MiB)."""
+def run_logged(cmd, log, timeout, memory=False):
+    """Runs cmd, writes its output to `log`, returns (output, peak GPU MiB when `memory`)."""
     print("gguf_peer: " + " ".join(cmd), flush=True)
     t0 = time.time()
-    with GpuMemory() as mem:
+    with GpuMemory() if memory else contextlib.nullcontext() as mem:
         p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                            timeout=timeout)
     with open(log, "w") as f:
@@ -273,7 +283,7 @@ def run_logged(cmd, log, timeout):
     if p.returncode != 0:
         raise RuntimeError(f"{cmd[0]} exited {p.returncode}; see {log}:\n" + p.stdout[-2000:])
     print(f"gguf_peer:   {time.time() - t0:.1f} s", flush=True)
-    return p.stdout, mem.mib()
+    return p.stdout, mem.mib() if memory else None
 
 
 def model_path(work, name):
@@ -302,10 +312,10 @@ def measure(name, path, args):
     logs = args.logs
     sg, ll = args.stepgraph, args.llama_bin
     r = {"file": os.path.basename(path), "bytes": os.path.getsize(path)}
-    # stepgraph: decode at position 100 and prefill of 512 and 2,048 tokens; then batches.
+    # stepgraph: decode at position 100 and the prefills; then batches.
     text, r["sg_gpu_mib"] = run_logged(
-        [sg, "bench", "--model", path, "--positions", "100", "--ttft-lengths", "512,2048"],
-        os.path.join(logs, f"{name}-stepgraph.log"), 600)
+        [sg, "bench", "--model", path, "--positions", "100", "--ttft-lengths", args.prefill],
+        os.path.join(logs, f"{name}-stepgraph.log"), 600, memory=True)
     r["sg"] = parse_stepgraph_bench(text)
     for batch in (4, 16):
         text, _ = run_logged(
@@ -313,17 +323,25 @@ def measure(name, path, args):
              str(BATCH_POSITION), "--ttft-lengths", "16"],
             os.path.join(logs, f"{name}-stepgraph-b{batch}.log"), 600)
         r["sg"][f"batch{batch}_ms"] = parse_stepgraph_bench(text)["positions"][BATCH_POSITION]
-    # llama.cpp: decode of 128 tokens from an empty context, prefill of 512 and 2,048.
+    # llama.cpp: decode of 128 tokens from an empty context, and the prefills.
     text, r["llama_gpu_mib"] = run_logged(
-        [os.path.join(ll, "llama-bench"), "-m", path, "-ngl", "99", "-fa", "1", "-p", "512,2048",
+        [os.path.join(ll, "llama-bench"), "-m", path, "-ngl", "99", "-fa", "1", "-p", args.prefill,
          "-n", "128", "-o", "json"],
-        os.path.join(logs, f"{name}-llama-bench.log"), 600)
+        os.path.join(logs, f"{name}-llama-bench.log"), 600, memory=True)
     r["llama"] = parse_llama_bench(text)
+    # Its rows go through llama.cpp's asynchronous logger, which drops what is still queued
+    # when the program exits: a last run of one sequence (not used) gives the logger time
+    # to print the rows that count.
     text, _ = run_logged(
         [os.path.join(ll, "llama-batched-bench"), "-m", path, "-ngl", "99", "-fa", "on",
-         "-c", "8192", "-npp", "128", "-ntg", "128", "-npl", "4,16", "--output-format", "jsonl"],
+         "-c", "8192", "-npp", "128", "-ntg", "128", "-npl", "4,16,1",
+         "--output-format", "jsonl"],
         os.path.join(logs, f"{name}-llama-batched-bench.log"), 600)
-    r["llama"]["batched_tg"] = {str(k): v for k, v in parse_batched_bench(text).items()}
+    batched = parse_batched_bench(text)
+    missing = [b for b in (4, 16) if b not in batched]
+    if missing:
+        raise ValueError(f"llama-batched-bench printed no row for batch {missing}")
+    r["llama"]["batched_tg"] = {str(b): batched[b] for b in (4, 16)}
     return r
 
 
@@ -343,6 +361,8 @@ def run(args):
     except OSError:
         gpu = "unknown"
     results["gpu"] = gpu.splitlines()[0] if gpu else "unknown"
+    results["prefill_lengths"] = [int(n) for n in args.prefill.split(",")]
+    results["llama_source"] = args.llama_source
     for name in names:
         path = model_path(args.work, name)
         if name in QUANTS and not os.path.exists(path):
@@ -363,22 +383,27 @@ def run(args):
 
 # ---- the table ----------------------------------------------------------------------------
 
-def _fmt(v, digits=3):
-    if v is None:
-        return "—"
-    if abs(v) >= 1000:
-        return f"{v:,.0f}"
-    return f"{v:.{digits}g}" if abs(v) < 1 else f"{v:.{digits}f}".rstrip("0").rstrip(".")
+def _ms(v):
+    return "—" if v is None else f"{v:.3f}"
+
+
+def _rate(v):
+    return "—" if v is None else f"{v:,.0f}" if v >= 100 else f"{v:.1f}"
 
 
 def _ratio(a, b):
-    return None if a is None or b is None or b == 0 else a / b
+    return "—" if a is None or b is None or b == 0 else f"{a / b:.2f}"
+
+
+def _gib(v):
+    return "—" if not v else f"{v / 2**30:.3f}"
 
 
 def table(results):
     """Markdown tables: decode at batch 1, 4 and 16, prefill, memory; ratios > 1 mean
     stepgraph is faster."""
     rows_decode, rows_prefill, rows_memory = [], [], []
+    prefill = results.get("prefill_lengths", [512, 2048])
     for name in FILES:
         r = results["files"].get(name)
         if not r:
@@ -390,27 +415,25 @@ def table(results):
         sg_ms = sg["positions"].get(100, sg["positions"].get("100"))
         tg = ll["tests"].get("tg128")
         ll_ms = 1e3 / tg if tg else None
-        cells = [name, _fmt(sg_ms, 3), _fmt(ll_ms, 3), _fmt(_ratio(ll_ms, sg_ms), 2)]
+        cells = [name, _ms(sg_ms), _ms(ll_ms), _ratio(ll_ms, sg_ms)]
         for batch in (4, 16):
             ms = sg.get(f"batch{batch}_ms")
             sg_ts = batch * 1e3 / ms if ms else None
             ll_ts = ll.get("batched_tg", {}).get(str(batch))
-            cells += [_fmt(sg_ts), _fmt(ll_ts), _fmt(_ratio(sg_ts, ll_ts), 2)]
+            cells += [_rate(sg_ts), _rate(ll_ts), _ratio(sg_ts, ll_ts)]
         rows_decode.append("| " + " | ".join(cells) + " |")
         cells = [name]
-        for n in (512, 2048):
+        for n in prefill:
             sg_pp = sg["prefill"].get(n, sg["prefill"].get(str(n)))
             ll_pp = ll["tests"].get(f"pp{n}")
-            cells += [_fmt(sg_pp), _fmt(ll_pp), _fmt(_ratio(sg_pp, ll_pp), 2)]
+            cells += [_rate(sg_pp), _rate(ll_pp), _ratio(sg_pp, ll_pp)]
         rows_prefill.append("| " + " | ".join(cells) + " |")
-        gib = 2**30
-        rows_memory.append("| " + " | ".join([
-            name, f"{r['bytes'] / gib:.3f}",
-            _fmt(sg.get("weight_bytes", 0) / gib, 3) if sg.get("weight_bytes") else "—",
-            f"{ll['model_size'] / gib:.3f}",
-            _fmt(r.get("sg_gpu_mib"), 4), _fmt(r.get("llama_gpu_mib"), 4)]) + " |")
-    out = [f"GPU: {results.get('gpu', 'unknown')}; llama.cpp "
-           f"{next((r['llama']['build'] for r in results['files'].values() if 'llama' in r), '?')}",
+        mib = [r.get("sg_gpu_mib"), r.get("llama_gpu_mib")]
+        rows_memory.append("| " + " | ".join(
+            [name, _gib(r["bytes"]), _gib(sg.get("weight_bytes")), _gib(ll.get("model_size"))] +
+            ["—" if m is None else f"{m:,.0f}" for m in mib]) + " |")
+    out = [f"GPU: {results.get('gpu', 'unknown')}; llama.cpp from "
+           f"{results.get('llama_source', '?')}",
            "",
            "Decode (stepgraph bench --positions 100, replayed; llama-bench -ngl 99 -fa 1 -n 128 "
            f"-p 0; batches: stepgraph --batch B --positions {BATCH_POSITION} against "
@@ -420,11 +443,11 @@ def table(results):
            "| sg tok/s b16 | llama tok/s b16 | ratio |",
            "|---|---|---|---|---|---|---|---|---|---|"] + rows_decode + [
            "",
-           "Prefill tokens/s (stepgraph bench's time-to-first-token prefill of 511 / 2,047 "
-           "tokens in chunks of 256; llama-bench pp512 / pp2048)",
+           "Prefill tokens/s (stepgraph bench's time-to-first-token prefill of a prompt of n "
+           "tokens, n - 1 of them in chunks of 256, then the first decode step; llama-bench ppn)",
            "",
-           "| file | sg 512 | llama 512 | ratio | sg 2048 | llama 2048 | ratio |",
-           "|---|---|---|---|---|---|---|"] + rows_prefill + [
+           "| file | " + " | ".join(f"sg {n} | llama {n} | ratio" for n in prefill) + " |",
+           "|---|" + "---|---|---|" * len(prefill)] + rows_prefill + [
            "",
            "Memory (GiB of the file and of the weights each program reports; GPU MiB: peak of "
            "nvidia-smi memory.used during the batch-1 run above the idle GPU, weights, KV "
@@ -441,8 +464,8 @@ def table(results):
 # MeasureTtft on a GPU; llama-bench's JSON printer; llama-batched-bench's jsonl rows), in
 # the shape of a real run, for the parsers.
 SAMPLE_STEPGRAPH_GPU = """\
-stepgraph: f16.gguf on cuda (NVIDIA H100 80GB HBM3), replayed; buckets 1, max_seq 2049
-device-to-device copy: 2987.3 GB/s (read + write); weights 2.30 GiB: floor 0.8268 ms/step
+stepgraph: q4_0.gguf on cuda (NVIDIA H100 80GB HBM3), replayed; buckets 1, max_seq 2049
+device-to-device copy: 2987.3 GB/s (read + write); weights 0.70 GiB: floor 0.2516 ms/step
 time to first token, 512-token prompt: 39.120 ms (prefill 37.900 ms, 13483 tokens/s, chunk 256, 33.5 TFLOP/s = 0.043 of the bf16 matmul rate 781.2 TFLOP/s)
 time to first token, 2048-token prompt: 160.020 ms (prefill 158.800 ms, 12891 tokens/s, chunk 256, 33.0 TFLOP/s = 0.042 of the bf16 matmul rate 781.2 TFLOP/s)
 position 100: replayed 1.1570 ms/step (864.3 tokens/s), eager 1.4212 ms/step (1.23x); floor/replayed 0.715
@@ -503,7 +526,7 @@ def selftest(args):
     sg = parse_stepgraph_bench(SAMPLE_STEPGRAPH_GPU)
     assert sg["positions"] == {100: 1.157}, sg
     assert sg["prefill"] == {512: 13483.0, 2048: 12891.0}, sg
-    assert abs(sg["weight_bytes"] - 2.30 * 2**30) < 1, sg
+    assert abs(sg["weight_bytes"] - 0.70 * 2**30) < 1, sg
     assert sg["matmul_tflops"] == 781.2 and sg["copy_gbs"] == 2987.3, sg
     ll = parse_llama_bench(SAMPLE_LLAMA_BENCH)
     assert ll["tests"] == {"pp512": 43277.1, "tg128": 997.0}, ll
@@ -523,8 +546,10 @@ def selftest(args):
         "llama": dict(ll, batched_tg={"4": 3200.0, "16": 5671.0}),
         "sg_gpu_mib": 2101.0, "llama_gpu_mib": 1480.0}}}
     text = table(fake)
-    assert "| q4_0 | 1.157 | 1.003 | 0.87 | 2,667 | 3,200 | 0.83 | 2,540 | 5,671 | 0.45 |" in text, text
+    assert ("| q4_0 | 1.157 | 1.003 | 0.87 | 2,667 | 3,200 | 0.83 | 2,540 | 5,671 | 0.45 |"
+            in text), text
     assert "| q4_0 | 13,483 | 43,277 | 0.31 | 12,891 | — | — |" in text, text
+    assert "| q4_0 | 0.724 | 0.700 | 0.720 | 2,101 | 1,480 |" in text, text
     print("gguf_peer: parsers and table agree with the samples")
 
     # A small file written as the 1B one is, read by stepgraph (its CPU reference here).
@@ -561,6 +586,8 @@ def main():
     r.add_argument("--files", default="all")
     r.add_argument("--shape", choices=sorted(SHAPES), default="1b",
                    help="of the F16 file when it is not written yet")
+    r.add_argument("--prefill", default="512,2048", help="prompt lengths of the prefill rows")
+    r.add_argument("--llama-source", default="?", help="what llama.cpp was built from")
     t = sub.add_parser("table")
     t.add_argument("--work", required=True)
     s = sub.add_parser("selftest")

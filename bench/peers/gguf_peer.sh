@@ -82,7 +82,8 @@ prepare() {
   local bytes
   bytes=$(du -cb "$deps" | tail -1 | cut -f1)
   (( bytes < 48 * 1024 * 1024 )) || die "$deps holds $bytes bytes; a call carries 64 MiB in all"
-  echo "gguf_peer: $deps ready: $(cat "$deps/SOURCE"), $(ls "$deps" | tr '\n' ' ')($((bytes / 1024)) KiB)"
+  echo "gguf_peer: $deps ready: $(cat "$deps/SOURCE");" \
+       "$(ls "$deps" | tr '\n' ' ')($((bytes / 1024)) KiB)"
 }
 
 llama_build_dir=$work/llama-build
@@ -105,7 +106,8 @@ start_llama_build() {
     cmake -S '$src' -B '$b' -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON \
       -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
       -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF \
-      -DLLAMA_BUILD_APP=OFF -DBUILD_SHARED_LIBS=OFF -DGGML_CCACHE=OFF > '$llama_build_dir/configure.log' 2>&1 &&
+      -DLLAMA_BUILD_APP=OFF -DBUILD_SHARED_LIBS=OFF -DGGML_CCACHE=OFF \
+      > '$llama_build_dir/configure.log' 2>&1 &&
     cmake --build '$b' -j ${LLAMA_JOBS:-10} --target ${llama_bins[*]} \
       > '$llama_build_dir/build.log' 2>&1
     rc=\$?
@@ -158,8 +160,10 @@ case ${1:-} in
     build_stepgraph
     gguf_path
     "$py" "$helper" write --out "$work/files/f16.gguf" || die "writing the F16 file failed"
+    llama_state="still building"
+    [[ -f $llama_build_dir/rc ]] && llama_state="done (rc $(cat "$llama_build_dir/rc"))"
     echo "gguf_peer: stepgraph built and the F16 file written in $(( $(date +%s) - t0 )) s;" \
-         "llama.cpp: $( [[ -f $llama_build_dir/rc ]] && echo "done (rc $(cat "$llama_build_dir/rc"))" || echo "still building")"
+         "llama.cpp: $llama_state"
     ;;
   run)
     gguf_path
@@ -170,7 +174,9 @@ case ${1:-} in
     [[ -f $work/files/f16.gguf ]] ||
       "$py" "$helper" write --out "$work/files/f16.gguf" || die "writing the F16 file failed"
     "$py" "$helper" run --work "$work" --logs "$out" --stepgraph "${SG_BUILD:-/tmp/b}/stepgraph" \
-      --llama-bin "$llama_build_dir/build/bin" --files "${2:-all}"
+      --llama-bin "$llama_build_dir/build/bin" --files "${2:-all}" \
+      --llama-source "$(cut -d' ' -f1 "$deps/SOURCE" 2>/dev/null || echo '?')"
+    cp -f "$work/results.json" "$out/" 2>/dev/null
     ;;
   table)
     "$py" "$helper" table --work "$work"
@@ -183,8 +189,9 @@ case ${1:-} in
     "$py" "$helper" selftest --work "$work/selftest" --stepgraph "$sg" || exit 1
     if [[ -n ${LLAMA_BIN:-} ]]; then
       rm -rf "$work/selftest-run"
-      "$py" "$helper" run --shape small --work "$work/selftest-run" --logs "$work/selftest-run/logs" \
-        --stepgraph "$sg" --llama-bin "$LLAMA_BIN" --files "${2:-f16,q8_0,q4_0,q4_k_m,q5_k_m,q6_k}"
+      "$py" "$helper" run --shape small --work "$work/selftest-run" \
+        --logs "$work/selftest-run/logs" --stepgraph "$sg" --llama-bin "$LLAMA_BIN" \
+        --prefill 64,128 --files "${2:-f16,q8_0,q4_0,q4_k_m,q5_k_m,q6_k}"
     fi
     ;;
   *)
