@@ -368,10 +368,14 @@ TEST(PassesTest, FusedOpsOnOddShapesEqualPlain) {
   }
 }
 
+// Every block format the loader reads (whole K-quant super-blocks at K = 256).
+constexpr DType kBlockFormats[] = {DType::kQ8_0, DType::kQ4_0, DType::kQ4_1, DType::kQ5_0,
+                                   DType::kQ5_1, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K};
+
 TEST(PassesTest, CpuFusedMatMulTakesQuantizedWeights) {
-  // The passes leave quantized matmuls plain, but the reference defines the fused op for
-  // them too: built by hand, it equals MatMul then Add to the bit.
-  for (DType q : {DType::kQ8_0, DType::kQ4_K}) {
+  // The passes fuse quantized matmuls only when told to, but the reference defines the
+  // fused op for them too: built by hand, it equals MatMul then Add to the bit.
+  for (DType q : kBlockFormats) {
     SCOPED_TRACE(DTypeName(q));
     const int64_t m = 2, k = 256, n = 24;
     GraphBuilder plain;
@@ -407,9 +411,6 @@ LlamaConfig BlockFriendlyConfig() {
   c.vocab_size = 300;
   return c;
 }
-
-constexpr DType kBlockFormats[] = {DType::kQ8_0, DType::kQ4_0, DType::kQ4_1, DType::kQ5_0,
-                                   DType::kQ5_1, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K};
 
 // A mix as llama-quantize's Q4_K_M makes it, varied per layer so that every grouped matmul
 // meets several formats: Q4_K for most matrices, Q6_K for v and down on alternate layers,
