@@ -25,7 +25,10 @@ using Epilogue = ops::FusedMatMul::Epilogue;
 class Editor {
  public:
   Editor(Graph g, const PassOptions& options)
-      : tensors_(g.tensors()), nodes_(g.nodes()), outputs_(g.outputs()) {
+      : tensors_(g.tensors()),
+        nodes_(g.nodes()),
+        outputs_(g.outputs()),
+        fuse_quantized_(options.fuse_quantized) {
     for (const Tensor& t : tensors_) names_.insert(t.name);
     for (const Node& n : nodes_) names_.insert(n.name);
     // Outputs the caller never reads are dropped first, so that passes may fuse them away.
@@ -39,6 +42,7 @@ class Editor {
 
   const std::vector<Tensor>& tensors() const { return tensors_; }
   const std::vector<Node>& nodes() const { return nodes_; }
+  bool fuse_quantized() const { return fuse_quantized_; }
   const Tensor& tensor(TensorId id) const { return tensors_[id.index]; }
   bool removed(int32_t node) const { return removed_[node]; }
 
@@ -183,6 +187,7 @@ class Editor {
   std::vector<Tensor> tensors_;
   std::vector<Node> nodes_;
   std::vector<GraphOutput> outputs_;
+  bool fuse_quantized_ = false;
   std::vector<bool> removed_;
   std::vector<int32_t> producer_;
   std::vector<std::vector<int32_t>> readers_;
@@ -196,15 +201,24 @@ std::string Scope(const std::string& name) {
   return dot == std::string::npos ? std::string() : name.substr(0, dot + 1);
 }
 
-// A plain MatMul the fused kernels take: no bias, a float weight of x's dtype.
+// Whether a fused matmul may read weight `w` for activations `x`: a float weight of x's
+// dtype always; a Weight in a block format (each weight of a grouped matmul on its own, so
+// a Q4_K_M file's Q4_K q beside its Q6_K v fuses too) only with
+// PassOptions::fuse_quantized, since only the CPU reference (and the mock) run fused ops
+// on block formats today. The one place that decides it: the backend query replaces the
+// option here.
+bool FusableWeight(const Editor& e, const Tensor& x, const Tensor& w) {
+  if (IsFloat(w.dtype)) return w.dtype == x.dtype;
+  return IsQuantized(w.dtype) && w.kind == TensorKind::kWeight && e.fuse_quantized();
+}
+
+// A plain MatMul the fused kernels take: no bias, a weight FusableWeight accepts.
 bool FusableMatMul(const Editor& e, int32_t n) {
   if (n < 0 || e.removed(n)) return false;
   const Node& node = e.nodes()[n];
   const auto* mm = std::get_if<ops::MatMul>(&node.op);
   if (mm == nullptr || mm->has_bias) return false;
-  const Tensor& x = e.tensor(node.inputs[0]);
-  const Tensor& w = e.tensor(node.inputs[1]);
-  return IsFloat(w.dtype) && w.dtype == x.dtype;
+  return FusableWeight(e, e.tensor(node.inputs[0]), e.tensor(node.inputs[1]));
 }
 
 // A MatMul as above or a FusedMatMul without epilogue: something an epilogue can join.
@@ -343,7 +357,7 @@ absl::StatusOr<Graph> FuseRopeKvWriteEpilogue(Editor e) {
     bool fits = e.tensor(product.inputs[first_w]).shape[0] % d == 0;
     for (int g = 0; g < 3; ++g) {
       const Tensor& w = e.tensor(product.inputs[first_w + g]);
-      fits = fits && IsFloat(w.dtype) && w.dtype == x.dtype && (g == 0 || w.shape[0] == kv_cols);
+      fits = fits && FusableWeight(e, x, w) && (g == 0 || w.shape[0] == kv_cols);
     }
     // The product moves from node m to node s: nothing between may write what it reads.
     if (!fits || e.WrittenBetween(m, s, product.inputs)) continue;

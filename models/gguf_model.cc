@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "stepgraph/base/half.h"
 #include "stepgraph/graph/rope.h"
 #include "stepgraph/base/status.h"
 
@@ -156,6 +157,24 @@ absl::Status ReadRopeFreqs(const GgufFile& f, const GgufTensor& t, LlamaKeys& ke
   return absl::OkStatus();
 }
 
+// The dtype a file is computed in: activations, KV cache and every float weight. F16 or
+// BF16 when every matrix is stored so (llama.cpp's converter with --outtype f16 or bf16),
+// F32 otherwise: quantized files (transformers dequantizes them to float32 and computes in
+// it; so does stepgraph, with the blocks read as stored), F32 files and files mixing F16
+// with BF16 matrices. See docs/gguf.md.
+DType ComputeDType(const GgufFile& f) {
+  std::optional<DType> half;
+  for (const GgufTensor& t : f.tensors()) {
+    if (t.shape.rank() != 2) continue;  // norms, biases, rope_freqs
+    if ((t.dtype != DType::kF16 && t.dtype != DType::kBF16) ||
+        (half.has_value() && *half != t.dtype)) {
+      return DType::kF32;
+    }
+    half = t.dtype;
+  }
+  return half.value_or(DType::kF32);
+}
+
 absl::StatusOr<LlamaConfig> ReadConfig(const GgufFile& f) {
   absl::StatusOr<absl::string_view> arch = f.GetString("general.architecture");
   if (!arch.ok()) return arch.status();
@@ -281,7 +300,7 @@ absl::StatusOr<LlamaConfig> ReadConfig(const GgufFile& f) {
   c.tie_word_embeddings = f.FindTensor("output.weight") == nullptr;
   c.attention_bias = f.FindTensor("blk.0.attn_q.bias") != nullptr;
   c.mlp_bias = f.FindTensor("blk.0.ffn_gate.bias") != nullptr;
-  c.dtype = DType::kF32;
+  c.dtype = ComputeDType(f);
   c.rope_interleaved = true;
   absl::Status valid = c.Validate();
   if (!valid.ok()) {
@@ -320,6 +339,36 @@ std::vector<ExpectedWeight> ExpectedWeights(const LlamaConfig& c) {
   }
   out.push_back({"model.norm.weight", Shape({h}), false});
   if (!c.tie_word_embeddings) out.push_back({"lm_head.weight", Shape({c.vocab_size, h}), true});
+  return out;
+}
+
+// A float tensor stored in another dtype than the file is computed in, rounded to that
+// dtype (round to nearest even, as transformers' .to(dtype) rounds). llama.cpp's
+// converter keeps every 1-D tensor (norms, biases) in F32 whatever the matrices' type, and
+// quantized files may hold an F16 matrix whose rows are not whole blocks: converting these
+// few tensors once at load lets every op and every dispatcher see one float dtype, where a
+// mixed-dtype RmsNorm would need its own kernels and rounding rules (docs/gguf.md compares
+// the two). A value the target cannot hold (past F16's 65504) is refused, not turned into
+// an infinity.
+absl::StatusOr<std::vector<std::byte>> ConvertFloatTensor(const GgufTensor& t, DType to,
+                                                          const std::string& source) {
+  const int64_t n = t.shape.NumElements();
+  int64_t bytes = 0;
+  if (!CheckedMul(n, DTypeBytes(to), &bytes)) {
+    return absl::InvalidArgumentError(absl::StrCat(source, ": tensor '", t.name,
+                                                   "' is too large to convert"));
+  }
+  std::vector<std::byte> out(static_cast<size_t>(bytes));
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = LoadElement(t.data.data(), t.dtype, i);
+    StoreElement(out.data(), to, i, v);
+    if (std::isfinite(v) && !std::isfinite(LoadElement(out.data(), to, i))) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          source, ": tensor '", t.name, "' holds ", v, " at element ", i, ", which ",
+          DTypeName(to), " (the dtype the file's ", DTypeName(to),
+          " matrices are computed in) cannot hold"));
+    }
+  }
   return out;
 }
 
@@ -430,12 +479,20 @@ absl::StatusOr<GgufModel> GgufModel::FromFile(GgufFile file) {
             absl::StrCat(source, ": tensor '", t.name, "' is ", GgufTensorTypeName(t.type),
                          "; norms and biases must be F32, F16 or BF16"));
       }
-      SG_RETURN_IF_ERROR(CheckedAdd(total, static_cast<int64_t>(t.data.size()), &total)
+      GgufWeight w{e.name, t.name, t.dtype, t.dtype, t.shape, t.data};
+      if (IsFloat(t.dtype) && t.dtype != m.config_.dtype) {
+        SG_ASSIGN_OR_RETURN(std::vector<std::byte> converted,
+                            ConvertFloatTensor(t, m.config_.dtype, source));
+        m.converted_.push_back(std::move(converted));  // its bytes stay put when moved
+        w.dtype = m.config_.dtype;
+        w.data = m.converted_.back();
+      }
+      SG_RETURN_IF_ERROR(CheckedAdd(total, static_cast<int64_t>(w.data.size()), &total)
                              ? absl::OkStatus()
                              : absl::InvalidArgumentError(
                                    absl::StrCat(source, ": weight bytes overflow")));
       m.index_.emplace(e.name, m.weights_.size());
-      m.weights_.push_back({e.name, t.name, t.dtype, t.shape, t.data});
+      m.weights_.push_back(std::move(w));
       stored.erase(it);
     }
     if (!stored.empty()) {

@@ -4,6 +4,10 @@
 // changes what the model computes is understood or refused, so that no file is silently
 // run differently from the way it was made.
 //
+// Dtypes: a file is computed in F16 or BF16 when every matrix is stored so, else in F32
+// (quantized files included); float tensors stored otherwise (llama.cpp's converter keeps
+// norms and biases in F32) are rounded to that dtype once, at load (docs/gguf.md).
+//
 // RoPE: the usual converter permutes the rows of Q and K within each head so that the
 // interleaved pairing (2i, 2i+1) on them equals Hugging Face's (i, i + d/2) pairing on the
 // original weights. The config therefore says rope_interleaved, and the weights are used
@@ -28,9 +32,9 @@
 
 namespace sg {
 
-// The LlamaConfig a GGUF file describes. general.architecture must be "llama". dtype is
-// F32 (the activations and KV cache; each weight keeps its stored dtype) and
-// rope_interleaved is true. Refused with InvalidArgument naming the key: other
+// The LlamaConfig a GGUF file describes. general.architecture must be "llama". dtype (the
+// activations and KV cache) is F16 or BF16 when every matrix is stored in that dtype, else
+// F32; rope_interleaved is true. Refused with InvalidArgument naming the key: other
 // architectures, missing required keys, values out of range, per-layer arrays, RoPE
 // scaling other than none, partial rotary dims, mixtures of experts, sliding windows,
 // and any other `llama.*` key stepgraph does not know.
@@ -45,9 +49,12 @@ absl::StatusOr<std::string> HfNameFromGguf(absl::string_view gguf_name);
 struct GgufWeight {
   std::string name;       // the graph's (Hugging Face) name
   absl::string_view gguf_name;
-  DType dtype = DType::kF32;
+  DType dtype = DType::kF32;         // as the graph reads it
+  DType stored_dtype = DType::kF32;  // as the file stores it
   Shape shape;            // as the graph declares it: [out, in] for matrices
-  absl::Span<const std::byte> data;  // inside the mapped file
+  // Inside the mapped file, or, for a float tensor stored in another dtype than the
+  // config's, its values rounded to that dtype at load (held by the GgufModel).
+  absl::Span<const std::byte> data;
 };
 
 // A mapped GGUF Llama model: the file, its config and its weights. Move-only.
@@ -71,7 +78,7 @@ class GgufModel {
   const GgufWeight* Find(absl::string_view name) const;
   // The dtype of each weight by graph name, for building the graph.
   absl::flat_hash_map<std::string, DType> WeightDTypes() const;
-  // Sum of the weights' bytes.
+  // Sum of the weights' bytes, as the graph reads them.
   int64_t weight_bytes() const { return weight_bytes_; }
 
  private:
@@ -80,6 +87,8 @@ class GgufModel {
   GgufFile file_;
   LlamaConfig config_;
   std::vector<GgufWeight> weights_;
+  // Float tensors rounded to config_.dtype at load (GgufWeight::data points into them).
+  std::vector<std::vector<std::byte>> converted_;
   absl::flat_hash_map<std::string, size_t> index_;
   int64_t weight_bytes_ = 0;
 };

@@ -20,7 +20,9 @@
 #include "stepgraph/graph/builder.h"
 #include "stepgraph/dispatch/cpu_dispatch.h"
 #include "stepgraph/dispatch/executor.h"
+#include "stepgraph/dispatch/mock_dispatch.h"
 #include "stepgraph/graph/memory_plan.h"
+#include "tests/testing/quantized_config.h"
 #include "tests/testing/util.h"
 
 namespace sg {
@@ -367,10 +369,14 @@ TEST(PassesTest, FusedOpsOnOddShapesEqualPlain) {
   }
 }
 
+// Every block format the loader reads (whole K-quant super-blocks at K = 256).
+constexpr DType kBlockFormats[] = {DType::kQ8_0, DType::kQ4_0, DType::kQ4_1, DType::kQ5_0,
+                                   DType::kQ5_1, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K};
+
 TEST(PassesTest, CpuFusedMatMulTakesQuantizedWeights) {
-  // The passes leave quantized matmuls plain, but the reference defines the fused op for
-  // them too: built by hand, it equals MatMul then Add to the bit.
-  for (DType q : {DType::kQ8_0, DType::kQ4_K}) {
+  // The passes fuse quantized matmuls only when told to, but the reference defines the
+  // fused op for them too: built by hand, it equals MatMul then Add to the bit.
+  for (DType q : kBlockFormats) {
     SCOPED_TRACE(DTypeName(q));
     const int64_t m = 2, k = 256, n = 24;
     GraphBuilder plain;
@@ -393,6 +399,182 @@ TEST(PassesTest, CpuFusedMatMulTakesQuantizedWeights) {
     ASSERT_TRUE(b.ok()) << b.status();
     ExpectSameResults(*a, *b, RandomBound(*a, 9, {}, {}));
   }
+}
+
+// ---- Quantized weights in the fused step (PassOptions::fuse_quantized) ------------------
+
+// A Llama whose every matrix reads 256 or 512 columns: whole blocks of every format,
+// K-quant super-blocks included.
+LlamaConfig BlockFriendlyConfig() {
+  LlamaConfig c = TinyLlamaConfig();
+  c.intermediate_size = 512;
+  c.num_hidden_layers = 2;
+  c.vocab_size = 300;
+  return c;
+}
+
+// A mix as llama-quantize's Q4_K_M makes it, varied per layer so that every grouped matmul
+// meets several formats: Q4_K for most matrices, Q6_K for v and down on alternate layers,
+// Q5_0 / Q8_0 where a real file falls back from a K-quant, an f32 k in one layer (the
+// float weight of x's dtype beside block formats in one group) and a Q6_K head.
+DType MixedFormat(const std::string& name) {
+  const bool layer0 = name.find("layers.0.") != std::string::npos;
+  if (name.find("embed_tokens") != std::string::npos) return DType::kQ4_K;
+  if (name.find("lm_head") != std::string::npos) return DType::kQ6_K;
+  if (name.find("v_proj") != std::string::npos) return layer0 ? DType::kQ6_K : DType::kQ5_0;
+  if (name.find("k_proj") != std::string::npos) return layer0 ? DType::kQ4_K : DType::kF32;
+  if (name.find("down_proj") != std::string::npos) return layer0 ? DType::kQ8_0 : DType::kQ6_K;
+  if (name.find("up_proj") != std::string::npos) return layer0 ? DType::kQ5_K : DType::kQ4_K;
+  return DType::kQ4_K;
+}
+
+// Fused == plain, bit for bit, on the CPU reference for `c` (f32 activations, matrices in
+// c.weight_dtypes): decode steps open and closed, with a padding row and a position past
+// the cache, a prefill step, every pass (norm_into_matmul included), logits read or not.
+// `check_fused` sees each fused graph.
+template <typename Check>
+void ExpectQuantizedFusedEqualsPlain(const LlamaConfig& c, Check check_fused) {
+  struct Step {
+    const char* what;
+    LlamaGraphOptions options;
+    std::vector<int32_t> ids, pos;
+  };
+  std::vector<Step> steps;
+  steps.push_back({"decode, batch 1, closed loop",
+                   {.batch = 1, .slots = 2, .max_seq = 16, .closed_loop = true}, {7}, {5}});
+  steps.push_back({"decode, batch 3 (padding, a position past the cache)",
+                   {.batch = 3, .slots = 4, .max_seq = 16}, {1, 2, 299}, {4, -1, 16}});
+  steps.push_back({"prefill, 2 sequences of 3 rows",
+                   {.batch = 2, .slots = 3, .max_seq = 16, .rows_per_seq = 3},
+                   {3, 1, 4, 1, 5, 9}, {0, 1, 2, 6, 7, 8}});
+  for (const Step& step : steps) {
+    SCOPED_TRACE(step.what);
+    absl::StatusOr<Graph> plain = BuildLlamaDecodeGraph(c, step.options);
+    ASSERT_TRUE(plain.ok()) << plain.status();
+    auto bound = RandomBound(*plain, 42, step.ids, step.pos);
+    if (bound.contains(kSeqSlotsInput)) {
+      const std::vector<int32_t> slots = {2, 0};
+      std::memcpy(bound.at(kSeqSlotsInput).data(), slots.data(), 8);
+    }
+    for (bool logits_read : {true, false}) {
+      for (bool every_pass : {false, true}) {
+        SCOPED_TRACE(absl::StrCat(logits_read ? "logits read" : "logits unread",
+                                  every_pass ? ", every pass" : ", default passes"));
+        PassOptions options = every_pass ? PassOptions{} : DefaultPassOptions();
+        options.fuse_quantized = true;
+        if (!logits_read) options.unread_outputs = {kLogitsOutput};
+        absl::StatusOr<Graph> fused = RunPasses(*plain, options);
+        ASSERT_TRUE(fused.ok()) << fused.status();
+        EXPECT_LT(fused->num_nodes(), plain->num_nodes());
+        check_fused(*fused, step.options);
+        ExpectSameResults(*plain, *fused, bound);
+      }
+    }
+  }
+}
+
+// Every projection of a fused decode step is fused: at most the lm head stays a plain
+// MatMul (its logits read, and no norm folded into it by the default passes). A prefill
+// step keeps q, k and v apart unless norm_into_matmul folds the norm into them.
+void ExpectNoPlainMatMul(const Graph& g, const LlamaGraphOptions& o) {
+  if (o.rows_per_seq > 1) return;
+  for (const Node& n : g.nodes()) {
+    if (std::holds_alternative<ops::MatMul>(n.op)) {
+      EXPECT_EQ(n.name, "lm_head") << g.ToString();
+    }
+  }
+}
+
+TEST(PassesTest, QuantizedFusedEqualsPlainForEveryFormat) {
+  for (DType q : kBlockFormats) {
+    SCOPED_TRACE(DTypeName(q));
+    LlamaConfig c = BlockFriendlyConfig();
+    absl::StatusOr<LlamaConfig> qc =
+        testing::WithMatrixDTypes(c, [q](const std::string&) { return q; });
+    ASSERT_TRUE(qc.ok()) << qc.status();
+    ExpectQuantizedFusedEqualsPlain(*qc, [q](const Graph& g, const LlamaGraphOptions& o) {
+      ExpectNoPlainMatMul(g, o);
+      int quantized_reads = 0;
+      for (const Node& n : g.nodes()) {
+        if (!std::holds_alternative<ops::FusedMatMul>(n.op)) continue;
+        for (TensorId in : n.inputs) quantized_reads += g.tensor(in).dtype == q;
+      }
+      // Every projection of every layer (prefill: all but q, k and v unless a norm was
+      // folded into them).
+      EXPECT_GE(quantized_reads, o.rows_per_seq > 1 ? 4 * 2 : 7 * 2) << g.ToString();
+    });
+  }
+}
+
+TEST(PassesTest, MixedFormatFusedEqualsPlain) {
+  absl::StatusOr<LlamaConfig> c = testing::WithMatrixDTypes(BlockFriendlyConfig(), MixedFormat);
+  ASSERT_TRUE(c.ok()) << c.status();
+  ExpectQuantizedFusedEqualsPlain(*c, [](const Graph& g, const LlamaGraphOptions& o) {
+    ExpectNoPlainMatMul(g, o);
+    if (o.rows_per_seq > 1) return;  // prefill keeps q, k and v apart
+    // The grouped q/k/v of layer 0 reads Q4_K, Q4_K and Q6_K; of layer 1, Q4_K, f32, Q5_0.
+    std::vector<std::vector<DType>> groups;
+    for (const Node& n : g.nodes()) {
+      const auto* f = std::get_if<ops::FusedMatMul>(&n.op);
+      if (f == nullptr || f->weights != 3) continue;
+      const int first = f->norm ? 2 : 1;
+      groups.push_back({});
+      for (int w = 0; w < 3; ++w) groups.back().push_back(g.tensor(n.inputs[first + w]).dtype);
+    }
+    ASSERT_EQ(groups.size(), 2u) << g.ToString();
+    EXPECT_EQ(groups[0], (std::vector<DType>{DType::kQ4_K, DType::kQ4_K, DType::kQ6_K}));
+    EXPECT_EQ(groups[1], (std::vector<DType>{DType::kQ4_K, DType::kF32, DType::kQ5_0}));
+  });
+  // The mix of tests/testing/quantized_config.h (the GPU checks' and benchmarks' Q4_K_M).
+  absl::StatusOr<LlamaConfig> bench_mix =
+      testing::WithMatrixDTypes(BlockFriendlyConfig(), testing::Q4KMixDType);
+  ASSERT_TRUE(bench_mix.ok()) << bench_mix.status();
+  ExpectQuantizedFusedEqualsPlain(*bench_mix, ExpectNoPlainMatMul);
+}
+
+TEST(PassesTest, QuantizedFusionIsOffByDefaultAndMatchesTheFloatStep) {
+  absl::StatusOr<LlamaConfig> q = testing::WithMatrixDTypes(
+      BlockFriendlyConfig(), [](const std::string&) { return DType::kQ4_K; });
+  ASSERT_TRUE(q.ok()) << q.status();
+  const LlamaGraphOptions o = DecodeOptions(true);
+  absl::StatusOr<Graph> plain = BuildLlamaDecodeGraph(*q, o);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  // Off: the quantized matmuls stay plain (the CUDA fused kernels take float weights).
+  absl::StatusOr<Graph> off = RunPasses(*plain, DefaultPassOptions());
+  ASSERT_TRUE(off.ok()) << off.status();
+  EXPECT_EQ(OpCounts(*off)["MatMul"], 7 * 2 + 1);
+  EXPECT_EQ(OpCounts(*off).count("FusedMatMul"), 0u);
+  // On: the same nodes as the float model's fused step, the head and its argmax included.
+  PassOptions on = DefaultPassOptions();
+  on.fuse_quantized = true;
+  on.unread_outputs = {kLogitsOutput};
+  absl::StatusOr<Graph> fused = RunPasses(*plain, on);
+  ASSERT_TRUE(fused.ok()) << fused.status();
+  absl::StatusOr<Graph> float_plain = BuildLlamaDecodeGraph(BlockFriendlyConfig(), o);
+  ASSERT_TRUE(float_plain.ok()) << float_plain.status();
+  PassOptions float_options = DefaultPassOptions();
+  float_options.unread_outputs = {kLogitsOutput};
+  absl::StatusOr<Graph> float_fused = RunPasses(*float_plain, float_options);
+  ASSERT_TRUE(float_fused.ok()) << float_fused.status();
+  EXPECT_EQ(OpCounts(*fused), OpCounts(*float_fused)) << fused->ToString();
+  EXPECT_EQ(fused->num_nodes(), float_fused->num_nodes());
+
+  // The mock runs the fused quantized step and records the block-format weights it reads.
+  absl::StatusOr<ExecutionPlan> plan = ExecutionPlan::Create(*fused);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  testing::HostBindings host(*plan, 3);
+  const int32_t ids = 1, pos = 0;
+  std::memcpy(host.tensor(kIdsInput).data(), &ids, 4);
+  std::memcpy(host.tensor(kPosInput).data(), &pos, 4);
+  MockDispatch mock;
+  absl::StatusOr<ExecStats> stats = Execute(*plan, host.bindings(), mock);
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  int quantized_fused = 0;
+  for (const TraceEntry& t : mock.trace()) {
+    if (t.op != "FusedMatMul") continue;
+    for (const TraceArg& a : t.inputs) quantized_fused += a.dtype == DType::kQ4_K;
+  }
+  EXPECT_EQ(quantized_fused, 7 * 2 + 1);  // every projection and the head
 }
 
 TEST(PassesTest, RopeKvWriteEqualsRopeAndKvWrites) {

@@ -1,14 +1,19 @@
 // Llama models from GGUF: the committed fixtures (tests/fixtures/gguf_*, made by
-// make_gguf_fixtures.py) load with the config, graph names, dtypes and shapes their
-// writer used; the f32 one decodes token for token as transformers does, which shows the
-// Q/K permutation and interleaved RoPE agree; and files whose metadata or tensors say
-// something stepgraph would run differently are refused, naming the key or tensor.
+// make_gguf_fixtures.py the way llama.cpp's converter writes files: F32 norms and biases
+// beside F32, F16, BF16 or quantized matrices) load with the config, graph names, dtypes
+// and shapes their writer used; every one decodes token for token as transformers does
+// on the CPU reference, plain and fused (the f32 one also shows the Q/K permutation and
+// interleaved RoPE agree); F16 and BF16 files are computed in their dtype with their F32
+// tensors rounded at load; and files whose metadata or tensors say something stepgraph
+// would run differently are refused, naming the key or tensor.
 #include "models/gguf_model.h"
 
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -18,6 +23,8 @@
 #include "stepgraph/dispatch/cpu_dispatch.h"
 #include "stepgraph/dispatch/executor.h"
 #include "stepgraph/graph/memory_plan.h"
+#include "stepgraph/graph/passes.h"
+#include "stepgraph/base/half.h"
 #include "tests/models/gguf_writer.h"
 #include "tests/models/parity_expected.h"
 #include "tests/testing/util.h"
@@ -30,6 +37,10 @@ namespace sg {
 namespace {
 
 namespace v = testing::gguf_value;
+
+// f16 rounds every intermediate as transformers' float16 run does, in another order: a
+// few f16 ulps of the logits, relative to their norm.
+constexpr double kParityF16Tolerance = 5e-3;
 using testing::GgufTestFile;
 using testing::GgufTestTensor;
 
@@ -48,9 +59,15 @@ nlohmann::json FixtureJson(const std::string& name) {
 
 struct FixtureCase {
   const char* name;
-  DType matrices;  // q_proj's dtype
+  DType matrices;  // q_proj's dtype, as stored
   bool wide;       // the K-quant shape (hidden 256)
+  bool biases = false;
 };
+
+// The dtype the file is computed in: its matrices' for F16 and BF16 files, else F32.
+DType ComputeDTypeOf(const FixtureCase& fc) {
+  return fc.matrices == DType::kF16 || fc.matrices == DType::kBF16 ? fc.matrices : DType::kF32;
+}
 
 class GgufFixtureTest : public ::testing::TestWithParam<FixtureCase> {};
 
@@ -74,22 +91,39 @@ TEST_P(GgufFixtureTest, LoadsWithTheWritersConfigNamesDTypesAndShapes) {
   EXPECT_FLOAT_EQ(c.rope_theta, 10000.0f);
   EXPECT_EQ(c.rope_scaling.type, ops::RopeScaling::Type::kNone);
   EXPECT_TRUE(c.rope_interleaved);
-  EXPECT_EQ(c.dtype, DType::kF32);
-  EXPECT_FALSE(c.attention_bias);
-  EXPECT_FALSE(c.mlp_bias);
+  const DType compute = ComputeDTypeOf(fc);
+  EXPECT_EQ(c.dtype, compute);
+  EXPECT_EQ(c.attention_bias, fc.biases);
+  EXPECT_EQ(c.mlp_bias, fc.biases);
   EXPECT_EQ(c.tie_word_embeddings, want.value("tied_embeddings", false));
 
-  // Every weight under its graph name, with the graph's shape; norms F32.
-  const int64_t expected_count = 2 + 2 * 9 + (c.tie_word_embeddings ? 0 : 1);
+  // Every weight under its graph name, with the graph's shape. The file stores every 1-D
+  // tensor in F32, as the converter does; the graph reads it in the compute dtype, rounded
+  // at load when that is not F32, and every other weight in place.
+  const int64_t biases = fc.biases ? 7 : 0;
+  const int64_t expected_count = 2 + 2 * (9 + biases) + (c.tie_word_embeddings ? 0 : 1);
   ASSERT_EQ(static_cast<int64_t>(m->weights().size()), expected_count);
   int64_t bytes = 0;
   for (const GgufWeight& w : m->weights()) {
     bytes += static_cast<int64_t>(w.data.size());
     EXPECT_EQ(static_cast<int64_t>(w.data.size()), TensorBytes(w.dtype, w.shape)) << w.name;
+    const GgufTensor& stored = *m->file().FindTensor(w.gguf_name);
+    EXPECT_EQ(w.stored_dtype, stored.dtype) << w.name;
     if (w.shape.rank() == 1) {
-      EXPECT_EQ(w.dtype, DType::kF32) << w.name;
+      EXPECT_EQ(w.stored_dtype, DType::kF32) << w.name;
+      EXPECT_EQ(w.dtype, compute) << w.name;
     }
-    EXPECT_EQ(m->file().FindTensor(w.gguf_name)->data.data(), w.data.data());
+    if (w.dtype == stored.dtype) {
+      EXPECT_EQ(stored.data.data(), w.data.data()) << w.name;
+      continue;
+    }
+    // Rounded once to the compute dtype, as transformers' .to(dtype) rounds.
+    EXPECT_EQ(w.dtype, compute) << w.name;
+    for (int64_t i = 0; i < w.shape.NumElements(); ++i) {
+      ASSERT_EQ(LoadElement(w.data.data(), w.dtype, i),
+                RoundTo(compute, LoadElement(stored.data.data(), stored.dtype, i)))
+          << w.name << " element " << i;
+    }
   }
   EXPECT_EQ(m->weight_bytes(), bytes);
   auto shape_of = [&](const std::string& name) {
@@ -117,7 +151,7 @@ TEST_P(GgufFixtureTest, LoadsWithTheWritersConfigNamesDTypesAndShapes) {
   EXPECT_EQ(q->gguf_name, "blk.0.attn_q.weight");
   const auto dtypes = m->WeightDTypes();
   EXPECT_EQ(dtypes.size(), m->weights().size());
-  EXPECT_EQ(dtypes.at("model.norm.weight"), DType::kF32);
+  EXPECT_EQ(dtypes.at("model.norm.weight"), compute);
   if (fc.wide) {
     // The Q4_K_M-like mix: K-quants where rows are whole super-blocks, 32-element types
     // where they are not.
@@ -140,7 +174,9 @@ INSTANTIATE_TEST_SUITE_P(
     Fixtures, GgufFixtureTest,
     ::testing::Values(FixtureCase{"f32", DType::kF32, false},
                       FixtureCase{"f16", DType::kF16, false},
+                      FixtureCase{"bf16", DType::kBF16, false, /*biases=*/true},
                       FixtureCase{"q8_0", DType::kQ8_0, false},
+                      FixtureCase{"q8_0_bias", DType::kQ8_0, false, /*biases=*/true},
                       FixtureCase{"q4_0", DType::kQ4_0, false},
                       FixtureCase{"q4_1", DType::kQ4_1, false},
                       FixtureCase{"q5_0", DType::kQ5_0, false},
@@ -155,6 +191,12 @@ TEST(GgufFixturesTest, FixturesCoverTheirFeatures) {
   absl::StatusOr<GgufModel> f16 = GgufModel::Open(FixturePath("f16"));
   ASSERT_TRUE(f16.ok()) << f16.status();
   EXPECT_FALSE(f16->config().tie_word_embeddings);
+  absl::StatusOr<GgufModel> bf16 = GgufModel::Open(FixturePath("bf16"));
+  ASSERT_TRUE(bf16.ok()) << bf16.status();
+  EXPECT_TRUE(bf16->config().tie_word_embeddings);  // a BF16 table read by the lm head
+  EXPECT_TRUE(bf16->config().attention_bias);       // F32 biases rounded to BF16
+  EXPECT_EQ(*bf16->file().GetInt("general.file_type"), 32);  // MOSTLY_BF16
+  EXPECT_EQ(*f16->file().GetInt("general.file_type"), 1);    // MOSTLY_F16
   absl::StatusOr<GgufModel> q41 = GgufModel::Open(FixturePath("q4_1"));
   ASSERT_TRUE(q41.ok()) << q41.status();
   EXPECT_TRUE(q41->config().tie_word_embeddings);  // a quantized table read by the lm head
@@ -162,15 +204,27 @@ TEST(GgufFixturesTest, FixturesCoverTheirFeatures) {
   EXPECT_EQ(q41->file().GetStringArray("tokenizer.ggml.tokens")->size(), 256u);
 }
 
-// Greedy decoding of `prompt` plus `new_tokens` on the CPU reference, one token per step;
-// the logits at the last prompt position go to `prompt_logits`.
+// Greedy decoding of `prompt` plus `new_tokens` on the CPU reference, one token per step,
+// through `passes` (none when null).
+struct Decoded {
+  std::vector<int32_t> ids;
+  std::vector<float> prompt_logits;  // at the last prompt position
+  std::vector<float> final_logits;   // after the last generated id
+};
+
 void Decode(const GgufModel& m, const LlamaConfig& config, const std::vector<int32_t>& prompt,
-            size_t new_tokens, std::vector<int32_t>* got, std::vector<float>* prompt_logits) {
+            size_t new_tokens, const PassOptions* passes, Decoded* out) {
   const int64_t steps = static_cast<int64_t>(prompt.size() + new_tokens);
   LlamaGraphOptions options;
   options.max_seq = steps;
-  absl::StatusOr<Graph> graph = BuildLlamaDecodeGraph(config, options);
+  LlamaConfig c = config;
+  c.weight_dtypes = m.WeightDTypes();  // as ModelFiles sets them: each weight as stored
+  absl::StatusOr<Graph> graph = BuildLlamaDecodeGraph(c, options);
   ASSERT_TRUE(graph.ok()) << graph.status();
+  if (passes != nullptr) {
+    graph = RunPasses(*std::move(graph), *passes);
+    ASSERT_TRUE(graph.ok()) << graph.status();
+  }
   absl::StatusOr<ExecutionPlan> plan = ExecutionPlan::Create(*std::move(graph));
   ASSERT_TRUE(plan.ok()) << plan.status();
   const Graph& g = plan->graph();
@@ -191,51 +245,107 @@ void Decode(const GgufModel& m, const LlamaConfig& config, const std::vector<int
   ASSERT_TRUE(CheckBindings(*plan, bindings).ok()) << CheckBindings(*plan, bindings);
   const int32_t logits_index = g.FindOutput(kLogitsOutput)->index;
   const int32_t next_index = g.FindOutput(kNextIdsOutput)->index;
+  auto logits = [&] {
+    const TensorArg a = ResolveTensor(*plan, bindings, logits_index);
+    std::vector<float> v(static_cast<size_t>(a.shape.NumElements()));
+    for (size_t i = 0; i < v.size(); ++i) v[i] = LoadElement(a.data, a.dtype, i);
+    return v;
+  };
   CpuDispatch dispatch;
   ASSERT_TRUE(dispatch.Prepare(*plan).ok());
-  got->clear();
-  for (int64_t step = 0; step + 1 < steps; ++step) {
-    const int64_t n = static_cast<int64_t>(prompt.size());
-    ids = step < n ? prompt[step] : (*got)[step - n];
+  out->ids.clear();
+  const int64_t n = static_cast<int64_t>(prompt.size());
+  for (int64_t step = 0; step < steps; ++step) {
+    ids = step < n ? prompt[step] : out->ids[step - n];
     pos = static_cast<int32_t>(step);
     std::memset(arena.data(), 0xFF, arena.size());  // every intermediate must be written
     absl::StatusOr<ExecStats> stats = Execute(*plan, bindings, dispatch);
     ASSERT_TRUE(stats.ok()) << "step " << step << ": " << stats.status();
     ASSERT_EQ(dispatch.TakeErrorFlags(), 0u);
-    if (step == n - 1) {
-      const TensorArg a = ResolveTensor(*plan, bindings, logits_index);
-      prompt_logits->resize(a.shape.NumElements());
-      std::memcpy(prompt_logits->data(), a.data, prompt_logits->size() * sizeof(float));
+    if (step == n - 1) out->prompt_logits = logits();
+    if (step == steps - 1) {
+      out->final_logits = logits();
+      break;  // this step's choice is past the recorded tokens
     }
     if (step >= n - 1) {
-      got->push_back(*static_cast<const int32_t*>(ResolveTensor(*plan, bindings, next_index).data));
+      out->ids.push_back(
+          *static_cast<const int32_t*>(ResolveTensor(*plan, bindings, next_index).data));
     }
   }
 }
 
-// The f32 fixture run on the CPU reference with interleaved RoPE and the weights as
-// stored: transformers un-permutes Q and K and pairs (i, i + d/2); the two must agree.
-TEST(GgufParityTest, F32FixtureDecodesAsTransformers) {
+// Every fixture on the CPU reference against transformers' run of the same file
+// (dequantized; in float32, or in the file's own dtype for F16 and BF16 files): its
+// greedy ids (all of them, or the first checked_tokens the fixture guarantees clear
+// margins for) and its logits. Then the fused step (every pass, block formats included)
+// must give the plain step's ids and logits to the bit.
+class GgufParityTest : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(GgufParityTest, DecodesAsTransformersPlainAndFused) {
+  const std::string name = GetParam();
+  absl::StatusOr<GgufModel> m = GgufModel::Open(FixturePath(name));
+  ASSERT_TRUE(m.ok()) << m.status();
+  const testing::ParityExpected want = testing::ReadParityExpected(
+      absl::StrCat(SG_FIXTURES_DIR, "/gguf_", name, "/expected.json"));
+  const nlohmann::json json = FixtureJson(name);
+  ASSERT_GE(want.generated.size(), 32u);
+  const DType t = m->config().dtype;
+  ASSERT_EQ(want.dtype, t == DType::kF16    ? "float16"
+                        : t == DType::kBF16 ? "bfloat16"
+                                            : "float32");
+  const size_t checked = json.value("checked_tokens", want.generated.size());
+  ASSERT_GE(checked, 16u);
+  const double tolerance = t == DType::kBF16  ? testing::kParityBf16Tolerance
+                           : t == DType::kF16 ? kParityF16Tolerance
+                                              : testing::kParityF32Tolerance;
+
+  Decoded plain;
+  Decode(*m, m->config(), want.prompt, want.generated.size(), nullptr, &plain);
+  ASSERT_EQ(plain.ids.size(), want.generated.size());
+  const double err = testing::NormalizedError(plain.prompt_logits, want.prompt_last_logits);
+  size_t matched = 0;
+  while (matched < plain.ids.size() && plain.ids[matched] == want.generated[matched]) ++matched;
+  std::printf("[ gguf_%s ] %s: logits at the last prompt position: normalised error %.3g; "
+              "%zu of %zu greedy ids equal transformers' (%zu required)\n",
+              name.c_str(), std::string(DTypeName(t)).c_str(), err, matched,
+              want.generated.size(), checked);
+  EXPECT_LE(err, tolerance);
+  for (size_t k = 0; k < checked; ++k) {
+    ASSERT_EQ(plain.ids[k], want.generated[k]) << "token " << k;
+  }
+  if (matched == want.generated.size()) {
+    EXPECT_LE(testing::NormalizedError(plain.final_logits, want.final_logits), tolerance);
+  }
+
+  PassOptions every_pass;
+  every_pass.fuse_quantized = true;
+  Decoded fused;
+  Decode(*m, m->config(), want.prompt, want.generated.size(), &every_pass, &fused);
+  EXPECT_EQ(fused.ids, plain.ids);
+  EXPECT_EQ(fused.prompt_logits, plain.prompt_logits);
+  EXPECT_EQ(fused.final_logits, plain.final_logits);
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, GgufParityTest,
+                         ::testing::Values("f32", "f16", "bf16", "q8_0", "q8_0_bias", "q4_0",
+                                           "q4_1", "q5_0", "q5_1", "q4_k_m"),
+                         [](const ::testing::TestParamInfo<const char*>& info) {
+                           return std::string(info.param);
+                         });
+
+// The f32 fixture with the stored weights and the default pairing is wrong: the
+// interleaved RoPE setting matters.
+TEST(GgufParityTest, InterleavedRopeMatters) {
   absl::StatusOr<GgufModel> m = GgufModel::Open(FixturePath("f32"));
   ASSERT_TRUE(m.ok()) << m.status();
   const testing::ParityExpected want = testing::ReadParityExpected(
       absl::StrCat(SG_FIXTURES_DIR, "/gguf_f32/expected.json"));
-  ASSERT_GE(want.generated.size(), 32u);
-  std::vector<int32_t> got;
-  std::vector<float> logits;
-  Decode(*m, m->config(), want.prompt, want.generated.size(), &got, &logits);
-  ASSERT_EQ(got.size(), want.generated.size());
-  const double err = testing::NormalizedError(logits, want.prompt_last_logits);
-  std::printf("[ gguf_f32 ] logits at the last prompt position: normalised error %.3g\n", err);
-  EXPECT_LE(err, testing::kParityF32Tolerance);
-  for (size_t k = 0; k < got.size(); ++k) ASSERT_EQ(got[k], want.generated[k]) << "token " << k;
-
-  // The same stored weights with the default pairing are wrong: the setting matters.
   LlamaConfig plain = m->config();
   plain.rope_interleaved = false;
-  Decode(*m, plain, want.prompt, want.generated.size(), &got, &logits);
-  EXPECT_GT(testing::NormalizedError(logits, want.prompt_last_logits), 1e-2);
-  EXPECT_NE(got, want.generated);
+  Decoded got;
+  Decode(*m, plain, want.prompt, want.generated.size(), nullptr, &got);
+  EXPECT_GT(testing::NormalizedError(got.prompt_logits, want.prompt_last_logits), 1e-2);
+  EXPECT_NE(got.ids, want.generated);
 }
 
 // ---- refusals, on small files the test writes ----
@@ -297,12 +407,16 @@ struct TinyLlama {
 
 class GgufModelRefusalTest : public ::testing::Test {
  protected:
-  absl::StatusOr<GgufModel> Load(const TinyLlama& t) {
+  // The file `t` describes, built into bytes_ and parsed (its views point into bytes_).
+  absl::StatusOr<GgufFile> Parse(const TinyLlama& t) {
     bytes_ = t.file.Build();
-    absl::StatusOr<GgufFile> f = GgufFile::Parse(
+    return GgufFile::Parse(
         absl::Span<const std::byte>(reinterpret_cast<const std::byte*>(bytes_.data()),
                                     bytes_.size()),
         "tiny.gguf");
+  }
+  absl::StatusOr<GgufModel> Load(const TinyLlama& t) {
+    absl::StatusOr<GgufFile> f = Parse(t);
     if (!f.ok()) return f.status();
     return GgufModel::FromFile(*std::move(f));
   }
@@ -439,6 +553,104 @@ TEST_F(GgufModelRefusalTest, TensorsThatDoNotMatchTheConfig) {
   t = TinyLlama();
   t.Tensor("token_embd.weight").dims = {64, 40};
   ExpectRefused(t, "has shape [40,64] but the config needs [32,64]");
+}
+
+// The dtype a file is computed in, and its float tensors of other dtypes rounded to it at
+// load: F16 or BF16 when every matrix is, else F32 (quantized files with an F16 matrix
+// whose rows are not whole blocks, files mixing F16 and BF16 matrices).
+class GgufComputeDTypeTest : public GgufModelRefusalTest {
+ protected:
+  // `t` with every matrix of `type` (`fallback` for the down projection, when given) and
+  // the F32 norms holding `norm_value` + 0.01·i (the file's other bytes are random).
+  absl::StatusOr<GgufModel> LoadWith(TinyLlama t, uint32_t type, float norm_value,
+                                     std::optional<uint32_t> fallback = std::nullopt) {
+    for (GgufTestTensor& tensor : t.file.tensors) {
+      if (tensor.dims.size() == 2) tensor.type = type;
+    }
+    if (fallback.has_value()) t.Tensor("blk.0.ffn_down.weight").type = *fallback;
+    absl::StatusOr<GgufFile> f = Parse(t);
+    if (!f.ok()) return f.status();
+    for (const GgufTensor& tensor : f->tensors()) {
+      if (tensor.shape.rank() != 1) continue;
+      auto* values = reinterpret_cast<float*>(bytes_.data() +
+                                              (tensor.data.data() -
+                                               reinterpret_cast<const std::byte*>(bytes_.data())));
+      for (int64_t i = 0; i < tensor.shape[0]; ++i) values[i] = norm_value + 0.01f * i;
+    }
+    return GgufModel::FromFile(*std::move(f));
+  }
+  bool InFile(const GgufWeight& w) const {
+    const auto* p = reinterpret_cast<const char*>(w.data.data());
+    return p >= bytes_.data() && p < bytes_.data() + bytes_.size();
+  }
+};
+
+TEST_F(GgufComputeDTypeTest, HalfFilesComputeInTheirDTypeWithNormsRoundedAtLoad) {
+  for (const auto& [type, dtype] : {std::pair{testing::kGgufF16, DType::kF16},
+                                    std::pair{testing::kGgufBF16, DType::kBF16}}) {
+    SCOPED_TRACE(DTypeName(dtype));
+    absl::StatusOr<GgufModel> m = LoadWith(TinyLlama(), type, 0.3f);
+    ASSERT_TRUE(m.ok()) << m.status();
+    EXPECT_EQ(m->config().dtype, dtype);
+    for (const GgufWeight& w : m->weights()) {
+      EXPECT_EQ(w.dtype, dtype) << w.name;
+      EXPECT_EQ(InFile(w), w.stored_dtype == dtype) << w.name;  // converted ones are copies
+    }
+    const GgufWeight* norm = m->Find("model.layers.0.input_layernorm.weight");
+    ASSERT_NE(norm, nullptr);
+    EXPECT_EQ(norm->stored_dtype, DType::kF32);
+    for (int64_t i = 0; i < 64; ++i) {
+      // 0.3 + 0.01·i is exact in neither dtype: round to nearest even, once.
+      ASSERT_EQ(LoadElement(norm->data.data(), dtype, i), RoundTo(dtype, 0.3f + 0.01f * i));
+    }
+    // The graph the session builds binds every weight as the config says.
+    LlamaConfig c = m->config();
+    c.weight_dtypes = m->WeightDTypes();
+    absl::StatusOr<Graph> g = BuildLlamaDecodeGraph(c, {.max_seq = 8});
+    ASSERT_TRUE(g.ok()) << g.status();
+    Bindings bindings(*g);
+    EXPECT_TRUE(BindGgufWeights(*m, *g, bindings).ok()) << BindGgufWeights(*m, *g, bindings);
+  }
+}
+
+TEST_F(GgufComputeDTypeTest, ValuesTheComputeDTypeCannotHoldAreRefused) {
+  // 70000 is past F16's largest finite value (65504), not BF16's.
+  absl::StatusOr<GgufModel> f16 = LoadWith(TinyLlama(), testing::kGgufF16, 70000.0f);
+  ASSERT_FALSE(f16.ok());
+  EXPECT_NE(f16.status().message().find("tiny.gguf: tensor 'blk.0.attn_norm.weight' holds 70000 "
+                                        "at element 0, which f16"),
+            absl::string_view::npos)
+      << f16.status().message();
+  EXPECT_TRUE(LoadWith(TinyLlama(), testing::kGgufBF16, 70000.0f).ok());
+}
+
+TEST_F(GgufComputeDTypeTest, QuantizedAndMixedFilesComputeInF32) {
+  // Q8_0 matrices with one F16 matrix (llama-quantize's fallback for rows that are not
+  // whole blocks): F32, the F16 matrix widened exactly.
+  absl::StatusOr<GgufModel> q = LoadWith(TinyLlama(), testing::kGgufQ8_0, 0.5f,
+                                         testing::kGgufF16);
+  ASSERT_TRUE(q.ok()) << q.status();
+  EXPECT_EQ(q->config().dtype, DType::kF32);
+  const GgufWeight* down = q->Find("model.layers.0.mlp.down_proj.weight");
+  ASSERT_NE(down, nullptr);
+  EXPECT_EQ(down->stored_dtype, DType::kF16);
+  EXPECT_EQ(down->dtype, DType::kF32);
+  const GgufTensor& stored = *q->file().FindTensor("blk.0.ffn_down.weight");
+  for (int64_t i = 0; i < down->shape.NumElements(); ++i) {
+    const float want = LoadElement(stored.data.data(), DType::kF16, i);
+    const float got = LoadElement(down->data.data(), DType::kF32, i);
+    ASSERT_TRUE(got == want || (std::isnan(got) && std::isnan(want))) << i;
+  }
+  EXPECT_EQ(q->Find("model.layers.0.self_attn.q_proj.weight")->dtype, DType::kQ8_0);
+  EXPECT_TRUE(InFile(*q->Find("model.layers.0.self_attn.q_proj.weight")));
+  EXPECT_TRUE(InFile(*q->Find("model.norm.weight")));  // F32 norms are read in place
+
+  // F16 and BF16 matrices in one file: no 16-bit dtype holds both exactly.
+  absl::StatusOr<GgufModel> mixed = LoadWith(TinyLlama(), testing::kGgufF16, 0.5f,
+                                             testing::kGgufBF16);
+  ASSERT_TRUE(mixed.ok()) << mixed.status();
+  EXPECT_EQ(mixed->config().dtype, DType::kF32);
+  for (const GgufWeight& w : mixed->weights()) EXPECT_EQ(w.dtype, DType::kF32) << w.name;
 }
 
 // Llama 3 RoPE scaling comes as per-frequency divisors in rope_freqs.weight; they are

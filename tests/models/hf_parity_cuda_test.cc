@@ -4,12 +4,29 @@
 // reference's greedy tokens and its logits within 1e-4 (normalised error); bf16 ones the
 // first 16 tokens. Skipped without a GPU; the same checks run on the CPU session in
 // session_test.
+//
+// The GGUF fixtures (tests/fixtures/gguf_*, written as llama.cpp's converter writes files:
+// F32, F16 and BF16 matrices with F32 norms and biases, every block format and a
+// Q4_K_M-like mix) the same way, against a CPU reference session of the same file (whose
+// fused step takes the block formats too) and transformers' ids: the greedy ids must be
+// the CPU reference's (all of them for files computed in f32, the fixture's
+// checked_tokens for F16 and BF16 files), and the logits after the prompt within a
+// tolerance fitting the dtype.
+#include <cstdio>
+#include <fstream>
+#include <memory>
 #include <ostream>
 #include <string>
+#include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
 #include "stepgraph/runtime/session.h"
+#include "stepgraph/runtime/step_runner.h"
+#include "tests/models/parity_expected.h"
 #include "tests/models/session_parity.h"
+#include "tests/testing/util.h"
 
 #ifndef SG_FIXTURES_DIR
 #error "SG_FIXTURES_DIR must name tests/fixtures"
@@ -40,20 +57,98 @@ TEST_P(HfParityCudaTest, GreedyDecodeMatchesReference) {
                               Backend::kCuda, GetParam().eager);
 }
 
-std::vector<Case> Cases() {
+// Each fixture replayed and eager.
+std::vector<Case> Cases(std::initializer_list<const char*> fixtures) {
   std::vector<Case> cases;
-  for (const char* f : {"f32_gqa", "f32_mha_tied", "f32_llama3_rope", "bf16_gqa", "f32_sharded"}) {
+  for (const char* f : fixtures) {
     cases.push_back({f, false});
     cases.push_back({f, true});
   }
   return cases;
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, HfParityCudaTest, ::testing::ValuesIn(Cases()),
-                         [](const ::testing::TestParamInfo<Case>& info) {
-                           return std::string(info.param.fixture) +
-                                  (info.param.eager ? "_eager" : "_replayed");
-                         });
+std::string CaseName(const ::testing::TestParamInfo<Case>& info) {
+  return std::string(info.param.fixture) + (info.param.eager ? "_eager" : "_replayed");
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, HfParityCudaTest,
+                         ::testing::ValuesIn(Cases({"f32_gqa", "f32_mha_tied",
+                                                    "f32_llama3_rope", "bf16_gqa",
+                                                    "f32_sharded"})),
+                         CaseName);
+
+// ---- GGUF fixtures ----
+
+struct Decoded {
+  std::vector<int32_t> ids;
+  std::vector<float> prompt_logits;
+};
+
+// Greedy ids of the fixture's prompt on `backend`, and the logits after the prompt.
+void Decode(const std::string& path, const testing::ParityExpected& want, Backend backend,
+            bool eager, Decoded* out) {
+  SessionOptions options;
+  options.model_path = path;
+  options.backend = backend;
+  options.eager = eager;
+  options.max_slots = 1;
+  options.max_seq = static_cast<int64_t>(want.prompt.size() + want.generated.size());
+  // The CPU reference fuses matmuls of every weight format; CUDA's fused kernels take
+  // float weights only, so its quantized matmuls stay plain.
+  options.passes.fuse_quantized = backend == Backend::kCpu;
+  absl::StatusOr<std::unique_ptr<DecodeSession>> session = DecodeSession::Create(options);
+  ASSERT_TRUE(session.ok()) << session.status();
+  DecodeSession& s = **session;
+  ASSERT_TRUE(s.Prefill(0, want.prompt).ok());
+  absl::StatusOr<std::vector<int32_t>> first = s.Generate(0, 1);
+  ASSERT_TRUE(first.ok()) << first.status();
+  absl::StatusOr<std::vector<float>> logits = s.Logits(0);
+  ASSERT_TRUE(logits.ok()) << logits.status();
+  absl::StatusOr<std::vector<int32_t>> rest =
+      s.Generate(0, static_cast<int64_t>(want.generated.size()) - 1);
+  ASSERT_TRUE(rest.ok()) << rest.status();
+  out->ids = *first;
+  out->ids.insert(out->ids.end(), rest->begin(), rest->end());
+  out->prompt_logits = *logits;
+}
+
+// Skipped without a GPU, as HfParityCudaTest.
+class GgufParityCudaTest : public HfParityCudaTest {};
+
+TEST_P(GgufParityCudaTest, GreedyIdsAreTheCpuReferences) {
+  const std::string dir = absl::StrCat(SG_FIXTURES_DIR, "/gguf_", GetParam().fixture);
+  const testing::ParityExpected want = testing::ReadParityExpected(dir + "/expected.json");
+  ASSERT_GE(want.generated.size(), 32u);
+  std::ifstream in(dir + "/expected.json");
+  const nlohmann::json json = nlohmann::json::parse(in, nullptr, false);
+  const size_t checked = json.value("checked_tokens", want.generated.size());
+  // A few ulps of the logits, relative to their norm: f32 differs from the reference by
+  // summation order only.
+  const double tolerance = want.dtype == "bfloat16" ? testing::kParityBf16Tolerance
+                           : want.dtype == "float16" ? 5e-3
+                                                     : 1e-4;
+  Decoded cpu, gpu;
+  Decode(dir + "/model.gguf", want, Backend::kCpu, true, &cpu);
+  Decode(dir + "/model.gguf", want, Backend::kCuda, GetParam().eager, &gpu);
+  ASSERT_EQ(gpu.ids.size(), cpu.ids.size());
+  size_t matched = 0;
+  while (matched < gpu.ids.size() && gpu.ids[matched] == cpu.ids[matched]) ++matched;
+  const double err = testing::NormalizedError(gpu.prompt_logits, cpu.prompt_logits);
+  std::printf("[ gguf_%s ] %s: %zu of %zu greedy ids equal the CPU reference's (%zu "
+              "required); logits after the prompt: normalised error %.3g\n",
+              GetParam().fixture, want.dtype.c_str(), matched, cpu.ids.size(), checked, err);
+  EXPECT_LE(err, tolerance);
+  for (size_t k = 0; k < checked; ++k) {
+    ASSERT_EQ(gpu.ids[k], cpu.ids[k]) << "token " << k;
+    ASSERT_EQ(cpu.ids[k], want.generated[k]) << "token " << k << ": the CPU reference left "
+                                             << "transformers' ids";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, GgufParityCudaTest,
+                         ::testing::ValuesIn(Cases({"f32", "f16", "bf16", "q8_0", "q8_0_bias",
+                                                    "q4_0", "q4_1", "q5_0", "q5_1", "q4_k_m"})),
+                         CaseName);
 
 }  // namespace
 }  // namespace sg

@@ -18,8 +18,8 @@
 //   elementwise_chain  Add, Mul, Silu and SiluMul nodes whose results only the next of
 //                      them reads -> one FusedElementwise (on CUDA, one kernel compiled
 //                      for the plan through NVRTC)
-// Only matmuls without bias whose weights are f32/bf16/f16 of x's dtype are fused:
-// quantized weights stay on the plain ops, which every dispatcher runs.
+// Only matmuls without bias are fused, whose weights are f32/bf16/f16 of x's dtype or,
+// with PassOptions::fuse_quantized, Weights in GGUF block formats (any mix of them).
 #ifndef STEPGRAPH_GRAPH_PASSES_H_
 #define STEPGRAPH_GRAPH_PASSES_H_
 
@@ -42,6 +42,11 @@ struct PassOptions {
   // Graph outputs the caller never reads: a pass may drop them (e.g. the logits, so that
   // the lm head and the argmax become one node).
   absl::flat_hash_set<std::string> unread_outputs;
+  // Also fuse matmuls whose weights are in GGUF block formats (every format the loader
+  // reads, mixed freely within a grouped matmul). The CPU reference and the mock run such
+  // fused ops, bit for bit as the plain graph; the CUDA fused kernels take float weights
+  // only, so this is off unless the caller runs on the CPU reference.
+  bool fuse_quantized = false;
 };
 
 // The passes sessions and the program run unless told otherwise: every pass but
