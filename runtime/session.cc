@@ -456,11 +456,7 @@ absl::Status DecodeSession::Prefill(absl::Span<const PrefillRequest> requests) {
     for (size_t i = 0; i < requests.size(); ++i) {
       const int64_t left = static_cast<int64_t>(requests[i].prompt.size()) - 1 - fed[i];
       if (left <= 0) continue;
-      size_t best = 0;
-      for (size_t k = 0; k < prefill_shapes_.size(); ++k) {
-        if (prefill_shapes_[k].seqs == 1 && prefill_shapes_[k].rows_per_seq >= left) best = k;
-      }
-      by_shape[best].push_back({&requests[i], fed[i], left});
+      by_shape[PrefillShapeFor(left)].push_back({&requests[i], fed[i], left});
     }
     for (size_t k = 0; k < prefill_shapes_.size(); ++k) {
       const std::vector<PrefillPiece>& pieces = by_shape[k];
@@ -484,6 +480,67 @@ absl::Status DecodeSession::Prefill(absl::Span<const PrefillRequest> requests) {
   return absl::OkStatus();
 }
 
+size_t DecodeSession::PrefillShapeFor(int64_t rows) const {
+  size_t best = 0;
+  for (size_t k = 0; k < prefill_shapes_.size(); ++k) {
+    if (prefill_shapes_[k].seqs == 1 && prefill_shapes_[k].rows_per_seq >= rows) best = k;
+  }
+  return best;
+}
+
+absl::Status DecodeSession::Append(int64_t slot, absl::Span<const int32_t> tokens) {
+  SG_RETURN_IF_ERROR(CheckSlot(slot, "Append"));
+  if (!slots_[slot].live) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("Append: slot ", slot, " is not live; Prefill it first"));
+  }
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  if (n == 0) {
+    return absl::InvalidArgumentError(absl::StrCat("Append(slot ", slot, "): no tokens"));
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    if (tokens[i] < 0 || tokens[i] >= config_.vocab_size) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("Append(slot ", slot, "): token ", i, " is id ", tokens[i],
+                       ", outside the vocabulary [0, ", config_.vocab_size, ")"));
+    }
+  }
+  // The last appended token takes position pos + n and must fit, as a prompt's last does.
+  const int64_t pos = slots_[slot].pos;
+  if (n > max_seq_ - 1 - pos) {
+    return absl::OutOfRangeError(absl::StrCat(
+        "Append(slot ", slot, "): the slot is at position ", pos, "; ", n,
+        " more tokens do not fit its KV cache (max_seq = ", max_seq_, ")"));
+  }
+  // The host learns the id the slot would feed next.
+  SG_RETURN_IF_ERROR(Drain());
+  Slot& s = slots_[slot];
+  std::vector<int32_t> feed;
+  feed.reserve(static_cast<size_t>(n) + 1);
+  feed.push_back(s.pending);
+  feed.insert(feed.end(), tokens.begin(), tokens.end());
+  const PrefillRequest request{slot, feed, s.seed};
+  inputs_dirty_ = true;
+  last_bucket_ = -1;
+  if (prefill_chunk_ == 0) {
+    SG_RETURN_IF_ERROR(PrefillByDecodeSteps(request, pos));
+  } else {
+    // Whole chunks, then the rest in the smallest step that holds it.
+    int64_t fed = 0;
+    for (; n - fed >= prefill_chunk_; fed += prefill_chunk_) {
+      const PrefillPiece piece{&request, fed, prefill_chunk_, pos};
+      SG_RETURN_IF_ERROR(RunPrefillStep(0, absl::MakeConstSpan(&piece, 1)));
+    }
+    if (n > fed) {
+      const PrefillPiece piece{&request, fed, n - fed, pos};
+      SG_RETURN_IF_ERROR(RunPrefillStep(PrefillShapeFor(n - fed), absl::MakeConstSpan(&piece, 1)));
+    }
+  }
+  s.pos = static_cast<int32_t>(pos + n);
+  s.pending = tokens[n - 1];
+  return absl::OkStatus();
+}
+
 absl::Status DecodeSession::RunPrefillStep(size_t shape_index,
                                            absl::Span<const PrefillPiece> pieces) {
   const PrefillShape& shape = prefill_shapes_[shape_index];
@@ -503,7 +560,7 @@ absl::Status DecodeSession::RunPrefillStep(size_t shape_index,
     for (int64_t j = 0; j < piece.count; ++j) {
       const int64_t row = static_cast<int64_t>(b) * t + j;
       area[block.ids() + row] = piece.request->prompt[piece.begin + j];
-      area[block.pos() + row] = static_cast<int32_t>(piece.begin + j);
+      area[block.pos() + row] = static_cast<int32_t>(piece.first_pos + piece.begin + j);
     }
   }
   SG_RETURN_IF_ERROR(runner_->Copy(prefill_inputs_, area, block.bytes()));
@@ -512,7 +569,8 @@ absl::Status DecodeSession::RunPrefillStep(size_t shape_index,
   return absl::OkStatus();
 }
 
-absl::Status DecodeSession::PrefillByDecodeSteps(const PrefillRequest& request) {
+absl::Status DecodeSession::PrefillByDecodeSteps(const PrefillRequest& request,
+                                                 int64_t first_pos) {
   const int64_t slot = request.slot;
   const absl::Span<const int32_t> prompt = request.prompt;
   const int64_t n = static_cast<int64_t>(prompt.size());
@@ -526,7 +584,7 @@ absl::Status DecodeSession::PrefillByDecodeSteps(const PrefillRequest& request) 
   int32_t* rows = staging_;
   block.Clear(rows);
   rows[block.ids() + slot] = prompt[0];
-  rows[block.pos() + slot] = 0;
+  rows[block.pos() + slot] = static_cast<int32_t>(first_pos);
   rows[block.seeds() + slot] = request.seed;
   SG_RETURN_IF_ERROR(runner_->Copy(inputs_, rows, block.bytes()));
   int32_t* staged_prompt = staging_ + 2 * block.ints();

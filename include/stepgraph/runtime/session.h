@@ -154,6 +154,14 @@ class DecodeSession {
   // slots that are decoding keep their state and go on with the next Step. (A mixed step
   // would hold a decode row of one token next to prefill rows of many; it is not offered.)
   absl::Status Prefill(absl::Span<const PrefillRequest> requests);
+  // Continues `slot`'s live sequence with `tokens` (a conversation's next turn) and feeds
+  // nothing before them again: the KV cache gets the id the next Step would have fed and
+  // every appended token but the last, at the positions that follow (in prefill steps as
+  // Prefill does); the last is fed by the next Step. The slot keeps its seed, and Tokens
+  // keeps the ids produced since the Prefill. FailedPrecondition for a slot that is not
+  // live; InvalidArgument for no tokens or an id outside [0, vocab_size); OutOfRange, before
+  // anything runs, when the tokens do not fit the slot's KV cache.
+  absl::Status Append(int64_t slot, absl::Span<const int32_t> tokens);
   // Prefill steps run since the session was made (each is one replay or eager pass).
   int64_t prefill_steps() const { return prefill_steps_run_; }
   int64_t prefill_chunk() const { return prefill_chunk_; }
@@ -208,14 +216,20 @@ class DecodeSession {
 
   absl::Status Init(const SessionOptions& options);
   // Feeds prompts token by token through the decode step (prefill_chunk = 0).
-  absl::Status PrefillByDecodeSteps(const PrefillRequest& request);
+  // `first_pos` is the position of the prompt's first token (0, or where Append goes on).
+  absl::Status PrefillByDecodeSteps(const PrefillRequest& request, int64_t first_pos = 0);
   // Runs prefill step `shape` (index in prefill_shapes_) over `seqs`: per sequence group,
-  // the request, the first prompt token to feed and how many.
+  // the request, the first prompt token to feed and how many, and the position of the
+  // request's first prompt token.
   struct PrefillPiece {
     const PrefillRequest* request = nullptr;
     int64_t begin = 0;
     int64_t count = 0;
+    int64_t first_pos = 0;
   };
+  // The single-sequence prefill step (index in prefill_shapes_) with the fewest rows that
+  // hold `rows` tokens (at most a chunk).
+  size_t PrefillShapeFor(int64_t rows) const;
   absl::Status RunPrefillStep(size_t shape, absl::Span<const PrefillPiece> pieces);
   absl::Status SetUpWeights(const Graph& largest, StepRunner::Binder* bind_weights);
   absl::Status CheckSlot(int64_t slot, absl::string_view what) const;
