@@ -121,19 +121,35 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> ModelTokenizer(const Options& o,
 
 namespace {
 
-// Tokens per piece where a prompt goes piece by piece: a prefill chunk (the steps stay
-// those of the prompt at once), or a few decode steps' worth without prefill steps.
-int64_t PieceTokens(const DecodeSession& s) {
-  return s.prefill_chunk() > 0 ? s.prefill_chunk() : 64;
-}
+// How many tokens each piece of a prompt fed piece by piece holds: from the rows of the
+// smallest prefill step, four times more after each piece that took under a second, up to
+// a whole chunk. A slow model (a 1B model on the CPU reference) shows progress within
+// seconds; a fast one soon runs whole chunks, the steps of the prompt fed at once.
+class PieceSize {
+ public:
+  explicit PieceSize(const DecodeSession& s)
+      : chunk_(s.prefill_chunk() > 0 ? s.prefill_chunk() : 64), size_(chunk_) {
+    while (size_ / 4 >= 8) size_ /= 4;  // as the session makes its prefill steps
+  }
+  size_t get() const { return static_cast<size_t>(size_); }
+  void Took(double ms) {
+    if (ms < 1000) size_ = std::min(4 * size_, chunk_);
+  }
+
+ private:
+  int64_t chunk_;
+  int64_t size_;
+};
 
 // Appends `tokens` a piece at a time, counting into `progress` from `done`.
 absl::Status AppendInPieces(DecodeSession& s, int64_t slot, absl::Span<const int32_t> tokens,
-                            Progress& progress, int64_t done) {
-  const size_t piece = static_cast<size_t>(PieceTokens(s));
-  for (size_t at = 0; at < tokens.size(); at += piece) {
-    const absl::Span<const int32_t> part = tokens.subspan(at, piece);
+                            PieceSize& piece, Progress& progress, int64_t done) {
+  for (size_t at = 0; at < tokens.size();) {
+    const absl::Span<const int32_t> part = tokens.subspan(at, piece.get());
+    const Clock::time_point t0 = Clock::now();
     SG_RETURN_IF_ERROR(s.Append(slot, part));
+    piece.Took(MsSince(t0));
+    at += part.size();
     done += static_cast<int64_t>(part.size());
     progress.Update(done);
   }
@@ -143,7 +159,8 @@ absl::Status AppendInPieces(DecodeSession& s, int64_t slot, absl::Span<const int
 }  // namespace
 
 absl::Status PrefillShowingProgress(DecodeSession& s, absl::Span<const PrefillRequest> requests) {
-  const size_t head = static_cast<size_t>(PieceTokens(s)) + 1;  // feeds one piece
+  PieceSize piece(s);
+  const size_t head = piece.get() + 1;  // a Prefill of head tokens feeds one piece
   bool long_prompt = false;
   int64_t total = 0;
   for (const PrefillRequest& r : requests) {
@@ -158,12 +175,14 @@ absl::Status PrefillShowingProgress(DecodeSession& s, absl::Span<const PrefillRe
     done += static_cast<int64_t>(r.prompt.size()) - 1;
   }
   Progress progress("prefill", total, "tokens");
+  const Clock::time_point t0 = Clock::now();
   SG_RETURN_IF_ERROR(s.Prefill(heads));
+  piece.Took(MsSince(t0));
   progress.Update(done);
   for (const PrefillRequest& r : requests) {
     if (r.prompt.size() <= head) continue;
     const absl::Span<const int32_t> rest = r.prompt.subspan(head);
-    SG_RETURN_IF_ERROR(AppendInPieces(s, r.slot, rest, progress, done));
+    SG_RETURN_IF_ERROR(AppendInPieces(s, r.slot, rest, piece, progress, done));
     done += static_cast<int64_t>(rest.size());
   }
   return absl::OkStatus();
@@ -172,8 +191,9 @@ absl::Status PrefillShowingProgress(DecodeSession& s, absl::Span<const PrefillRe
 absl::Status AppendShowingProgress(DecodeSession& s, int64_t slot,
                                    absl::Span<const int32_t> tokens) {
   if (s.backend() != Backend::kCpu) return s.Append(slot, tokens);
+  PieceSize piece(s);
   Progress progress("prefill", static_cast<int64_t>(tokens.size()), "tokens");
-  return AppendInPieces(s, slot, tokens, progress, 0);
+  return AppendInPieces(s, slot, tokens, piece, progress, 0);
 }
 
 }  // namespace sg::cli

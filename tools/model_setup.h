@@ -53,11 +53,11 @@ std::string DescribePath(DecodeSession& s);
 absl::StatusOr<std::unique_ptr<Tokenizer>> ModelTokenizer(const Options& o,
                                                           absl::string_view flag);
 
-// Session::Prefill and Session::Append that show progress with an estimate where they
-// take long: on the CPU reference a prompt longer than a prefill chunk goes a chunk at a
-// time (the first by Prefill, the rest by Append: the same steps as at once), with
-// progress on stderr after a couple of seconds. On a GPU, where a chunk takes
-// milliseconds, everything goes at once.
+// DecodeSession::Prefill and Append that show progress with an estimate where they take
+// long: on the CPU reference a long prompt goes in pieces (the first by Prefill, the rest
+// by Append), from the smallest prefill step up to whole chunks, with progress on stderr
+// once it has run a couple of seconds. On a GPU, where a chunk takes milliseconds,
+// everything goes at once.
 absl::Status PrefillShowingProgress(DecodeSession& s, absl::Span<const PrefillRequest> requests);
 absl::Status AppendShowingProgress(DecodeSession& s, int64_t slot,
                                    absl::Span<const int32_t> tokens);

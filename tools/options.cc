@@ -34,6 +34,13 @@ absl::Status SetIds(absl::string_view text, std::vector<int32_t>& out) {
   return absl::OkStatus();
 }
 
+// A switch of the options' own: sets `Field`.
+template <bool Options::*Field>
+absl::Status SetSwitch(absl::string_view, Options& o) {
+  o.*Field = true;
+  return absl::OkStatus();
+}
+
 absl::Status NonEmpty(absl::string_view text, absl::string_view what) {
   if (!text.empty()) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrCat("expected ", what));
@@ -127,10 +134,7 @@ const Flag kFlags[] = {
     {"--chat", nullptr, nullptr, kRun, false,
      "wrap the text prompt as one user turn in the model's chat template", nullptr,
      EnvRule::kNone,
-     [](S, O& o) {
-       o.chat = true;
-       return absl::OkStatus();
-     }},
+     &SetSwitch<&Options::chat>},
     {"--system", nullptr, "TEXT", kChat, false,
      "the system prompt (default: the chat template's own, where it has one)", nullptr,
      EnvRule::kNone,
@@ -140,10 +144,7 @@ const Flag kFlags[] = {
      }},
     {"--ignore-eos", nullptr, nullptr, kRun, false,
      "generate --max-new-tokens tokens even past end-of-sequence", nullptr, EnvRule::kNone,
-     [](S, O& o) {
-       o.ignore_eos = true;
-       return absl::OkStatus();
-     }},
+     &SetSwitch<&Options::ignore_eos>},
     {"--prompt-ids", nullptr, "1,2,3", kRun, false, "prompt token ids (default 1,2,3,4,5,6,7,8)",
      nullptr, EnvRule::kNone,
      [](S v, O& o) {
@@ -213,10 +214,7 @@ const Flag kFlags[] = {
      }},
     {"--profile", nullptr, nullptr, kBench, false,
      "also time every node of an eager step (device time per node)", nullptr, EnvRule::kNone,
-     [](S, O& o) {
-       o.profile = true;
-       return absl::OkStatus();
-     }},
+     &SetSwitch<&Options::profile>},
     {"--prefill-chunk", nullptr, "N", kRun | kChat | kBench, false,
      "prompt tokens per prefill step (default 256; 0: one token per decode step)", nullptr,
      EnvRule::kNone, [](S v, O& o) { return SetInt(v, 0, 16384, o.prefill_chunk); }},
@@ -261,17 +259,11 @@ const Flag kFlags[] = {
      }},
     {"--cpu", nullptr, nullptr, kAll, true,
      "run on the CPU reference even where a GPU is available", nullptr, EnvRule::kNone,
-     [](S, O& o) {
-       o.cpu = true;
-       return absl::OkStatus();
-     }},
+     &SetSwitch<&Options::cpu>},
     {"--eager", nullptr, nullptr, kAll, true,
      "GPU: launch every node each step instead of replaying a graph", "STEPGRAPH_EAGER",
      EnvRule::kSetUnlessZero,
-     [](S, O& o) {
-       o.eager = true;
-       return absl::OkStatus();
-     }},
+     &SetSwitch<&Options::eager>},
     {"--matmul", nullptr, "POLICY", kAll, true, "GPU matmul path: auto (default), cublaslt, gemv",
      "STEPGRAPH_MATMUL", EnvRule::kValue,
      [](S v, O& o) {
@@ -321,22 +313,13 @@ const Flag kFlags[] = {
      nullptr, EnvRule::kNone, [](S v, O& o) { return SetInt(v, 1, INT32_MAX, o.max_seq); }},
     {"--verbose", nullptr, nullptr, kAll & ~kChat, true,
      "also list the config.json fields accepted as metadata", nullptr, EnvRule::kNone,
-     [](S, O& o) {
-       o.verbose = true;
-       return absl::OkStatus();
-     }},
+     &SetSwitch<&Options::verbose>},
     {"--verbose", nullptr, nullptr, kChat, true,
      "also print the speed of every answer (and the config.json fields accepted as metadata)",
      nullptr, EnvRule::kNone,
-     [](S, O& o) {
-       o.verbose = true;
-       return absl::OkStatus();
-     }},
+     &SetSwitch<&Options::verbose>},
     {"--help", "-h", nullptr, kAll, true, "this help", nullptr, EnvRule::kNone,
-     [](S, O& o) {
-       o.help = true;
-       return absl::OkStatus();
-     }},
+     &SetSwitch<&Options::help>},
 };
 
 // The definition of `arg` for `command`; `known` says whether any command has it.
