@@ -119,15 +119,20 @@ void Progress::Update(int64_t done) {
   constexpr double kQuietMs = 2000;  // what ends sooner shows nothing
   const double ms = MsSince(start_);
   const double every_ms = tty_ ? 200 : 5000;  // a log file gets a line now and then
-  if (ms < kQuietMs || (shown_ && MsSince(last_) < every_ms) || done <= 0) return;
+  // The end of a task that never showed needs no line; one that did ends with its time.
+  const bool finished = done >= total_;
+  if (ms < kQuietMs || done <= 0 || (finished && (!shown_ || shown_done_ >= total_))) return;
+  if (shown_ && !finished && MsSince(last_) < every_ms) return;
   last_ = Clock::now();
   shown_ = true;
+  shown_done_ = done;
   const double rate = 1e3 * static_cast<double>(done) / ms;
-  const double left = static_cast<double>(total_ - done) / rate;
-  std::fprintf(stderr, "%sstepgraph: %s %lld/%lld %s, %.1f %s/s, about %s left%s",
-               tty_ ? "\r\033[K" : "", what_.c_str(), static_cast<long long>(done),
-               static_cast<long long>(total_), unit_.c_str(), rate, unit_.c_str(),
-               Duration(left).c_str(), tty_ ? "" : "\n");
+  const double left_s = static_cast<double>(total_ - done) / rate;
+  const std::string when = finished ? absl::StrCat("done in ", Duration(ms / 1e3))
+                                    : absl::StrCat("about ", Duration(left_s), " left");
+  std::fprintf(stderr, "%sstepgraph: %s %lld/%lld %s, %.1f %s/s, %s%s", tty_ ? "\r\033[K" : "",
+               what_.c_str(), static_cast<long long>(done), static_cast<long long>(total_),
+               unit_.c_str(), rate, unit_.c_str(), when.c_str(), tty_ ? "" : "\n");
   std::fflush(stderr);
 }
 

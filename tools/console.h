@@ -65,6 +65,7 @@ class Progress {
   int64_t total_;
   bool tty_;
   bool shown_ = false;
+  int64_t shown_done_ = 0;  // the count last shown
   Clock::time_point start_ = Clock::now();
   Clock::time_point last_ = start_;
 };

@@ -38,12 +38,12 @@ std::string ModelHint(const Options& o, ModelPart part) {
   std::error_code ec;
   if (std::filesystem::is_directory(o.model, ec)) {
     return part == ModelPart::kTokenizer
-               ? "a model folder keeps its tokenizer in tokenizer.json (with "
-                 "tokenizer_config.json beside it)"
+               ? "a model folder keeps its tokenizer and chat template in tokenizer.json and "
+                 "tokenizer_config.json"
                : "a model folder needs config.json and its *.safetensors";
   }
   return part == ModelPart::kTokenizer
-             ? "a GGUF file keeps its tokenizer in its tokenizer.ggml.* metadata"
+             ? "a GGUF file keeps its tokenizer and chat template in its tokenizer.* metadata"
              : "--model FILE takes a GGUF file of a Llama-family model (F32, F16, BF16, Q8_0, "
                "Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K or Q6_K weights); a folder takes "
                "config.json and *.safetensors";

@@ -465,6 +465,21 @@ TEST(CliChatTest, BuiltInModelKeepsTheConversationAcrossTurns) {
   EXPECT_TRUE(absl::StrContains(r.err, "on the CPU reference")) << r.err;
 }
 
+// On a GPU (skipped without one) the chat's turns, appended to the slot in prefill steps
+// of the replayed graphs, give the CPU reference's answers, and the status line names the
+// replayed graphs.
+TEST(CliChatTest, GpuChatGivesTheCpuReferenceAnswers) {
+  if (!CudaDeviceFound()) GTEST_SKIP() << "no CUDA device";
+  const std::string turns = "3,1,4,1,5\n9,2,6\n/reset\n2,7,1,8\n";
+  const Result cpu = RunProgram("chat --cpu --max-new-tokens 6", turns);
+  const Result gpu = RunProgram("chat --max-new-tokens 6", turns);
+  ASSERT_EQ(cpu.exit_code, 0) << cpu.err;
+  ASSERT_EQ(gpu.exit_code, 0) << gpu.err;
+  EXPECT_EQ(Lines(gpu.out).size(), 3u) << gpu.out;
+  EXPECT_EQ(gpu.out, cpu.out);
+  EXPECT_TRUE(absl::StrContains(gpu.err, "replayed CUDA graphs; batch buckets 1")) << gpu.err;
+}
+
 TEST(CliChatTest, BadTurnsAreNotSentAndTheChatGoesOn) {
   // A turn that is not ids, an id outside the vocabulary, an unknown command, then a turn
   // that does not fit a 16-position cache after the first turn and answer hold 11.
@@ -524,9 +539,9 @@ TEST(CliChatTest, SmolLM2ChatsThroughItsTemplateKeepingTheHistory) {
   EXPECT_LT(next, start) << "the second turn prefills only itself";
 }
 
-// A file named like a GGUF model that fails to load gets a hint about GGUF files, not the
-// one about model folders.
-TEST(CliTest, AGgufFileThatDoesNotLoadGetsAGgufHint) {
+// A GGUF file that fails to load gets a hint about GGUF files, not the one about model
+// folders, and a folder the one about folders.
+TEST(CliTest, AModelThatDoesNotLoadGetsTheHintOfWhatWasGiven) {
   const std::string path = TempPath("broken.gguf");
   std::ofstream(path) << "GGUF, but not one";
   const Result r = RunProgram("run --cpu --model '" + path + "'");
@@ -534,6 +549,16 @@ TEST(CliTest, AGgufFileThatDoesNotLoadGetsAGgufHint) {
   EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
   EXPECT_TRUE(absl::StrContains(r.err, "hint: --model FILE takes a GGUF file")) << r.err;
   EXPECT_FALSE(absl::StrContains(r.err, "needs config.json and its *.safetensors")) << r.err;
+
+  const std::string dir = TempPath("empty_folder");
+  std::filesystem::create_directories(dir);
+  const Result folder = RunProgram("graph --model '" + dir + "'");
+  std::filesystem::remove_all(dir);
+  EXPECT_EQ(folder.exit_code, 1) << folder.err;
+  EXPECT_TRUE(absl::StrContains(folder.err, "hint: a model folder needs config.json and its "
+                                            "*.safetensors"))
+      << folder.err;
+  EXPECT_FALSE(absl::StrContains(folder.err, "GGUF")) << folder.err;
 }
 
 // The GPU benchmark on a machine without one says so at once and asks for --cpu, instead

@@ -38,6 +38,15 @@ TEST(ConsoleTest, ProgressIsQuietForShortTasksAndEstimatesLongOnes) {
   EXPECT_TRUE(absl::StrContains(err, " tokens/s, about ")) << err;
   // A quarter done in about 2.1 s leaves about 6 s.
   EXPECT_TRUE(absl::StrContains(err, " s left")) << err;
+
+  // A task that ends before it said anything says nothing at its end either.
+  ::testing::internal::CaptureStderr();
+  {
+    Progress ends("prefill", 1000, "tokens");
+    std::this_thread::sleep_for(std::chrono::milliseconds(2100));
+    ends.Update(1000);
+  }
+  EXPECT_EQ(::testing::internal::GetCapturedStderr(), "");
 }
 
 TEST(ConsoleTest, DurationsReadAsPeopleSayThem) {
