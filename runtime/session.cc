@@ -118,6 +118,7 @@ class DecodeSession::Impl {
   StepRunner& runner() { return *runner_; }
 
   absl::Status Prefill(absl::Span<const PrefillRequest> requests);
+  absl::Status Append(int64_t slot, absl::Span<const int32_t> tokens);
   int64_t prefill_steps() const { return prefill_steps_run_; }
   int64_t prefill_chunk() const { return prefill_chunk_; }
   absl::Status Release(int64_t slot);
@@ -148,11 +149,13 @@ class DecodeSession::Impl {
     int step = -1;
   };
   // A part of a prompt that a prefill step feeds: the request, the first prompt token to
-  // feed and how many.
+  // feed and how many, and the position of the request's first prompt token (0, or where
+  // Append goes on).
   struct PrefillPiece {
     const PrefillRequest* request = nullptr;
     int64_t begin = 0;
     int64_t count = 0;
+    int64_t first_pos = 0;
   };
 
   // ---- Init, step by step.
@@ -176,7 +179,11 @@ class DecodeSession::Impl {
   absl::Status FinalizeSteps();
 
   // Feeds prompts token by token through the decode step (prefill_chunk = 0).
-  absl::Status PrefillByDecodeSteps(const PrefillRequest& request);
+  // `first_pos` is the position of the prompt's first token (0, or where Append goes on).
+  absl::Status PrefillByDecodeSteps(const PrefillRequest& request, int64_t first_pos = 0);
+  // The single-sequence prefill step (index in prefill_shapes_) with the fewest rows that
+  // hold `rows` tokens (at most a chunk).
+  size_t PrefillShapeFor(int64_t rows) const;
   // Runs prefill step `shape` (index in prefill_shapes_) over `pieces`, one per sequence.
   absl::Status RunPrefillStep(size_t shape, absl::Span<const PrefillPiece> pieces);
   absl::Status CheckSlot(int64_t slot, absl::string_view what) const;
@@ -601,11 +608,7 @@ absl::Status DecodeSession::Impl::Prefill(absl::Span<const PrefillRequest> reque
     for (size_t i = 0; i < requests.size(); ++i) {
       const int64_t left = static_cast<int64_t>(requests[i].prompt.size()) - 1 - fed[i];
       if (left <= 0) continue;
-      size_t best = 0;
-      for (size_t k = 0; k < prefill_shapes_.size(); ++k) {
-        if (prefill_shapes_[k].seqs == 1 && prefill_shapes_[k].rows_per_seq >= left) best = k;
-      }
-      by_shape[best].push_back({&requests[i], fed[i], left});
+      by_shape[PrefillShapeFor(left)].push_back({&requests[i], fed[i], left});
     }
     for (size_t k = 0; k < prefill_shapes_.size(); ++k) {
       const std::vector<PrefillPiece>& pieces = by_shape[k];
@@ -629,8 +632,69 @@ absl::Status DecodeSession::Impl::Prefill(absl::Span<const PrefillRequest> reque
   return absl::OkStatus();
 }
 
+size_t DecodeSession::Impl::PrefillShapeFor(int64_t rows) const {
+  size_t best = 0;
+  for (size_t k = 0; k < prefill_shapes_.size(); ++k) {
+    if (prefill_shapes_[k].seqs == 1 && prefill_shapes_[k].rows_per_seq >= rows) best = k;
+  }
+  return best;
+}
+
+absl::Status DecodeSession::Impl::Append(int64_t slot, absl::Span<const int32_t> tokens) {
+  SG_RETURN_IF_ERROR(CheckSlot(slot, "Append"));
+  if (!slots_[slot].live) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("Append: slot ", slot, " is not live; Prefill it first"));
+  }
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  if (n == 0) {
+    return absl::InvalidArgumentError(absl::StrCat("Append(slot ", slot, "): no tokens"));
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    if (tokens[i] < 0 || tokens[i] >= config_.vocab_size) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("Append(slot ", slot, "): token ", i, " is id ", tokens[i],
+                       ", outside the vocabulary [0, ", config_.vocab_size, ")"));
+    }
+  }
+  // The last appended token takes position pos + n and must fit, as a prompt's last does.
+  const int64_t pos = slots_[slot].pos;
+  if (n > max_seq_ - 1 - pos) {
+    return absl::OutOfRangeError(absl::StrCat(
+        "Append(slot ", slot, "): the slot is at position ", pos, "; ", n,
+        " more tokens do not fit its KV cache (max_seq = ", max_seq_, ")"));
+  }
+  // The host learns the id the slot would feed next.
+  SG_RETURN_IF_ERROR(Drain());
+  Slot& s = slots_[slot];
+  std::vector<int32_t> feed;
+  feed.reserve(static_cast<size_t>(n) + 1);
+  feed.push_back(s.pending);
+  feed.insert(feed.end(), tokens.begin(), tokens.end());
+  const PrefillRequest request{slot, feed, s.seed};
+  inputs_dirty_ = true;
+  last_bucket_ = -1;
+  if (prefill_chunk_ == 0) {
+    SG_RETURN_IF_ERROR(PrefillByDecodeSteps(request, pos));
+  } else {
+    // Whole chunks, then the rest in the smallest step that holds it.
+    int64_t fed = 0;
+    for (; n - fed >= prefill_chunk_; fed += prefill_chunk_) {
+      const PrefillPiece piece{&request, fed, prefill_chunk_, pos};
+      SG_RETURN_IF_ERROR(RunPrefillStep(0, absl::MakeConstSpan(&piece, 1)));
+    }
+    if (n > fed) {
+      const PrefillPiece piece{&request, fed, n - fed, pos};
+      SG_RETURN_IF_ERROR(RunPrefillStep(PrefillShapeFor(n - fed), absl::MakeConstSpan(&piece, 1)));
+    }
+  }
+  s.pos = static_cast<int32_t>(pos + n);
+  s.pending = tokens[n - 1];
+  return absl::OkStatus();
+}
+
 absl::Status DecodeSession::Impl::RunPrefillStep(size_t shape_index,
-                                           absl::Span<const PrefillPiece> pieces) {
+                                                 absl::Span<const PrefillPiece> pieces) {
   const PrefillShape& shape = prefill_shapes_[shape_index];
   const InputBlock block(prefill_chunk_);
   // A staging area is rewritten only after the device read it: wait once per ring.
@@ -648,7 +712,7 @@ absl::Status DecodeSession::Impl::RunPrefillStep(size_t shape_index,
     for (int64_t j = 0; j < piece.count; ++j) {
       const int64_t row = static_cast<int64_t>(b) * t + j;
       area[block.ids() + row] = piece.request->prompt[piece.begin + j];
-      area[block.pos() + row] = static_cast<int32_t>(piece.begin + j);
+      area[block.pos() + row] = static_cast<int32_t>(piece.first_pos + piece.begin + j);
     }
   }
   SG_RETURN_IF_ERROR(runner_->Copy(prefill_inputs_, area, block.bytes()));
@@ -657,7 +721,8 @@ absl::Status DecodeSession::Impl::RunPrefillStep(size_t shape_index,
   return absl::OkStatus();
 }
 
-absl::Status DecodeSession::Impl::PrefillByDecodeSteps(const PrefillRequest& request) {
+absl::Status DecodeSession::Impl::PrefillByDecodeSteps(const PrefillRequest& request,
+                                                       int64_t first_pos) {
   const int64_t slot = request.slot;
   const absl::Span<const int32_t> prompt = request.prompt;
   const int64_t n = static_cast<int64_t>(prompt.size());
@@ -671,7 +736,7 @@ absl::Status DecodeSession::Impl::PrefillByDecodeSteps(const PrefillRequest& req
   int32_t* rows = staging_;
   block.Clear(rows);
   rows[block.ids() + slot] = prompt[0];
-  rows[block.pos() + slot] = 0;
+  rows[block.pos() + slot] = static_cast<int32_t>(first_pos);
   rows[block.seeds() + slot] = request.seed;
   SG_RETURN_IF_ERROR(runner_->Copy(inputs_, rows, block.bytes()));
   int32_t* staged_prompt = staging_ + 2 * block.ints();
@@ -924,6 +989,9 @@ absl::Status DecodeSession::Prefill(absl::Span<const PrefillRequest> requests) {
 }
 int64_t DecodeSession::prefill_steps() const { return impl_->prefill_steps(); }
 int64_t DecodeSession::prefill_chunk() const { return impl_->prefill_chunk(); }
+absl::Status DecodeSession::Append(int64_t slot, absl::Span<const int32_t> tokens) {
+  return impl_->Append(slot, tokens);
+}
 absl::Status DecodeSession::Release(int64_t slot) { return impl_->Release(slot); }
 bool DecodeSession::live(int64_t slot) const { return impl_->live(slot); }
 int64_t DecodeSession::position(int64_t slot) const { return impl_->position(slot); }

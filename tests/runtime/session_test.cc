@@ -699,6 +699,114 @@ TEST(SessionCpuTest, BucketsAreTrimmedToTheSlots) {
   EXPECT_EQ(g.tensor(*g.FindTensor(KCacheName(0))).shape[0], 3);
 }
 
+// ---- Append: a conversation's next turn ----------------------------------------------
+
+// Two turns in one slot, the second appended after `answer` generated ids, against the
+// whole history (prompt, answer, next turn) prefilled at once in a fresh session: the CPU
+// computes every row on its own, so the ids after the second turn must be equal. Slot 1
+// decodes beside it all along and must not notice.
+struct AppendRun {
+  std::vector<int32_t> after_append;
+  std::vector<int32_t> history;  // what slot 0's KV cache holds before the last generate
+  std::vector<int32_t> neighbour;
+  int64_t position = -1;
+  int64_t append_steps = 0;
+};
+AppendRun RunAppended(SessionOptions o, const std::vector<int32_t>& first,
+                      const std::vector<int32_t>& next, int64_t answer, int64_t n) {
+  AppendRun out;
+  o.max_slots = 2;
+  std::unique_ptr<DecodeSession> s = MakeSession(o);
+  if (s == nullptr) return out;
+  EXPECT_TRUE(s->Prefill(1, Prompt(5, 77), 2).ok());
+  EXPECT_TRUE(s->Prefill(0, first, 1).ok());
+  absl::StatusOr<std::vector<int32_t>> a = s->Generate(0, answer);
+  EXPECT_TRUE(a.ok()) << a.status();
+  if (!a.ok()) return out;
+  const int64_t steps = s->prefill_steps();
+  const absl::Status st = s->Append(0, next);
+  EXPECT_TRUE(st.ok()) << st;
+  out.append_steps = s->prefill_steps() - steps;
+  out.position = s->position(0);
+  absl::StatusOr<std::vector<int32_t>> b = s->Generate(0, n);
+  EXPECT_TRUE(b.ok()) << b.status();
+  if (b.ok()) out.after_append = *b;
+  out.history = first;
+  out.history.insert(out.history.end(), a->begin(), a->end());
+  out.history.insert(out.history.end(), next.begin(), next.end());
+  // Tokens keeps every id since the Prefill, the answer's and the last generate's.
+  absl::StatusOr<std::vector<int32_t>> tokens = s->Tokens(0);
+  EXPECT_TRUE(tokens.ok());
+  if (tokens.ok()) {
+    EXPECT_EQ(tokens->size(), static_cast<size_t>(answer + n));
+  }
+  out.neighbour = *s->Tokens(1);
+  return out;
+}
+
+TEST(SessionAppendTest, AppendedTurnEqualsTheWholeHistoryPrefilled) {
+  for (const int64_t chunk : {int64_t{0}, int64_t{8}, int64_t{32}}) {
+    for (const int64_t len : {int64_t{1}, int64_t{2}, int64_t{9}, int64_t{40}}) {
+      SCOPED_TRACE(::testing::Message() << "prefill_chunk " << chunk << ", turn of " << len);
+      SessionOptions o = CpuOptions(2, 96);
+      o.prefill_chunk = chunk;
+      const std::vector<int32_t> first = Prompt(7, 11), next = Prompt(len, 12 + len);
+      const AppendRun got = RunAppended(o, first, next, 6, 5);
+      // The pending answer id and all of the turn but its last token went in; the last
+      // waits for the next step.
+      EXPECT_EQ(got.position, static_cast<int64_t>(got.history.size()) - 1);
+      if (chunk > 0) {
+        EXPECT_EQ(got.append_steps, (len + chunk - 1) / chunk);
+      }
+      EXPECT_EQ(got.after_append, Alone(o, got.history, 5, 1));
+      // The neighbour's ids are those of its own session.
+      SessionOptions alone = o;
+      EXPECT_EQ(got.neighbour.size(), 11u);
+      EXPECT_EQ(got.neighbour, Alone(alone, Prompt(5, 77), 11, 2));
+    }
+  }
+}
+
+TEST(SessionAppendTest, BadAppendsAreRefusedBeforeAnythingRuns) {
+  std::unique_ptr<DecodeSession> s = MakeSession(CpuOptions(2, 16));
+  ASSERT_NE(s, nullptr);
+  const std::vector<int32_t> two = {1, 2};
+  ExpectError(s->Append(0, two), absl::StatusCode::kFailedPrecondition, "slot 0 is not live");
+  ExpectError(s->Append(2, two), absl::StatusCode::kInvalidArgument, "slot 2 is out of range");
+  ASSERT_TRUE(s->Prefill(0, {1, 2, 3}).ok());
+  const int64_t steps = s->prefill_steps();
+  ExpectError(s->Append(0, {}), absl::StatusCode::kInvalidArgument, "no tokens");
+  ExpectError(s->Append(0, std::vector<int32_t>{4, 1024}), absl::StatusCode::kInvalidArgument,
+              "token 1 is id 1024, outside the vocabulary [0, 1024)");
+  // At position 2 of 16, 13 more tokens fit (the last at position 15), 14 do not.
+  ExpectError(s->Append(0, std::vector<int32_t>(14, 5)), absl::StatusCode::kOutOfRange,
+              "the slot is at position 2; 14 more tokens do not fit");
+  EXPECT_EQ(s->prefill_steps(), steps);
+  EXPECT_EQ(s->position(0), 2);
+  ASSERT_TRUE(s->Append(0, std::vector<int32_t>(13, 5)).ok());
+  EXPECT_EQ(s->position(0), 15);
+  ExpectError(s->Generate(2).status(), absl::StatusCode::kOutOfRange, "room for 1 more");
+}
+
+// On the GPU, replayed and eager, the same turns give the CPU reference's ids (skipped
+// without a device).
+TEST(SessionAppendTest, CudaAppendGivesTheCpuReferenceIds) {
+  if (!CudaDeviceFound()) GTEST_SKIP() << "no CUDA device";
+  for (const bool eager : {false, true}) {
+    SCOPED_TRACE(eager ? "eager" : "replayed");
+    SessionOptions o = CpuOptions(2, 96);
+    o.prefill_chunk = 16;
+    const std::vector<int32_t> first = Prompt(20, 31), next = Prompt(37, 32);
+    const AppendRun cpu = RunAppended(o, first, next, 6, 8);
+    o.backend = Backend::kCuda;
+    o.eager = eager;
+    const AppendRun gpu = RunAppended(o, first, next, 6, 8);
+    EXPECT_EQ(gpu.history, cpu.history);
+    EXPECT_EQ(gpu.after_append, cpu.after_append);
+    EXPECT_EQ(gpu.neighbour, cpu.neighbour);
+  }
+}
+
 // ---- CUDA against the CPU reference (skipped without a GPU) ----------------------------
 
 class SessionCudaTest : public ::testing::TestWithParam<bool> {

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -19,6 +20,8 @@
 #include "absl/strings/str_split.h"
 #include "gtest/gtest.h"
 #include "stepgraph/runtime/session.h"
+#include "tests/testing/util.h"
+#include "tools/conversation.h"
 
 #ifndef SG_STEPGRAPH_BIN
 #error "SG_STEPGRAPH_BIN must name the stepgraph program"
@@ -46,10 +49,14 @@ std::string TempPath(const std::string& name) {
       .string();
 }
 
-Result RunProgram(const std::string& args) {
-  const std::string out = TempPath("stdout"), err = TempPath("stderr");
-  const std::string command =
-      std::string("'") + SG_STEPGRAPH_BIN + "' " + args + " >'" + out + "' 2>'" + err + "'";
+// The program run with `args`; standard input is `input` (a file holding it) when given,
+// else /dev/null, so that no run waits for a terminal or reads the test's own input.
+Result RunProgram(const std::string& args, std::optional<std::string> input = std::nullopt) {
+  const std::string out = TempPath("stdout"), err = TempPath("stderr"), in = TempPath("stdin");
+  if (input.has_value()) std::ofstream(in, std::ios::binary) << *input;
+  const std::string command = std::string("'") + SG_STEPGRAPH_BIN + "' " + args + " <'" +
+                              (input.has_value() ? in : std::string("/dev/null")) + "' >'" +
+                              out + "' 2>'" + err + "'";
   const int status = std::system(command.c_str());
   Result r;
   r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
@@ -57,6 +64,7 @@ Result RunProgram(const std::string& args) {
   r.err = ReadFile(err);
   std::remove(out.c_str());
   std::remove(err.c_str());
+  std::remove(in.c_str());
   return r;
 }
 
@@ -161,7 +169,8 @@ TEST(CliTest, TinyCpuRunPrintsTheSessionsIds) {
   EXPECT_TRUE(absl::StrContains(r.out, "ms/token on the CPU reference")) << r.out;
   EXPECT_TRUE(absl::StrContains(r.out, "time to first token")) << r.out;
   EXPECT_TRUE(absl::StrContains(r.out, "tokens/s, 1 steps")) << "one prefill step: " << r.out;
-  EXPECT_TRUE(absl::StrContains(r.err, "cpu")) << r.err;
+  EXPECT_TRUE(absl::StrContains(r.out, "timing: 6 tokens made; ")) << r.out;
+  EXPECT_TRUE(absl::StrContains(r.err, "on the CPU reference")) << r.err;
 }
 
 TEST(CliTest, SampledBatchRunUsesOneSeedPerSequence) {
@@ -349,6 +358,232 @@ TEST(CliTest, VerboseListsTheConfigMetadataFields) {
   EXPECT_TRUE(absl::StrContains(r.err, "transformers_version")) << r.err;
   const Result quiet = RunProgram("graph --model '" + dir + "'");
   EXPECT_FALSE(absl::StrContains(quiet.err, "accepted as metadata")) << quiet.err;
+}
+
+
+// ---- the prompt from a file or standard input; the chat; honest output ----------------
+
+std::string SmolLM2Path() { return testing::TestCacheDir() + "/SmolLM2-135M-Instruct.Q4_1.gguf"; }
+
+bool HaveSmolLM2() { return std::filesystem::exists(SmolLM2Path()); }
+
+// The lines of `text`, the last without its newline.
+std::vector<std::string> Lines(const std::string& text) {
+  std::vector<std::string> lines = absl::StrSplit(text, '\n');
+  if (!lines.empty() && lines.back().empty()) lines.pop_back();
+  return lines;
+}
+
+// Comma-separated ids.
+std::vector<int32_t> Ids(absl::string_view text) {
+  std::vector<int32_t> ids;
+  for (absl::string_view id : absl::StrSplit(text, ',')) {
+    int32_t v = 0;
+    EXPECT_TRUE(absl::SimpleAtoi(id, &v)) << "'" << id << "' in '" << text << "'";
+    ids.push_back(v);
+  }
+  return ids;
+}
+
+// The numbers that follow `label` in `text`, in order ("the turn's " -> 37, 14).
+std::vector<int64_t> NumbersAfter(const std::string& text, const std::string& label) {
+  std::vector<int64_t> out;
+  for (size_t at = text.find(label); at != std::string::npos; at = text.find(label, at + 1)) {
+    int64_t v = 0;
+    const size_t begin = at + label.size();
+    const size_t end = text.find_first_not_of("0123456789", begin);
+    EXPECT_TRUE(absl::SimpleAtoi(text.substr(begin, end - begin), &v)) << text.substr(at, 40);
+    out.push_back(v);
+  }
+  return out;
+}
+
+// Without a model, the flags that need its tokenizer say so, and a pipe on standard input
+// is not taken for a prompt (the built-in model runs its default ids).
+TEST(CliTest, TextPromptSourcesNeedAModelWithATokenizer) {
+  const Result dash = RunProgram("run --cpu --prompt -", "hello");
+  EXPECT_EQ(dash.exit_code, 1) << dash.err;
+  EXPECT_TRUE(absl::StrContains(dash.err, "needs a model with a tokenizer")) << dash.err;
+  const Result piped = RunProgram("run --cpu --max-new-tokens 3", "hello");
+  ASSERT_EQ(piped.exit_code, 0) << piped.err;
+  EXPECT_EQ(PrintedIds(piped.out, "generated"), SessionIds({1, 2, 3, 4, 5, 6, 7, 8}, 3,
+                                                           std::nullopt, 0));
+  const Result missing = RunProgram("run --cpu --file /nonexistent/stepgraph_prompt.txt");
+  EXPECT_EQ(missing.exit_code, 1) << missing.err;
+  EXPECT_TRUE(absl::StrContains(missing.err, "--file: cannot open")) << missing.err;
+}
+
+// The same text from --prompt, --file, --prompt - and a pipe gives the same answer (the
+// newline that ends a file or an echo is not part of the prompt); an empty one is refused.
+TEST(CliTest, RunTakesThePromptFromAFileOrStandardInput) {
+  if (!HaveSmolLM2()) GTEST_SKIP() << "SmolLM2 not fetched (tests/fixtures/fetch_smollm2.sh)";
+  const std::string common =
+      "run --cpu --model '" + SmolLM2Path() + "' --chat --max-new-tokens 6 --ignore-eos";
+  const Result flag = RunProgram(common + " --prompt 'What is the capital of France?'");
+  ASSERT_EQ(flag.exit_code, 0) << flag.err;
+  EXPECT_TRUE(absl::StrContains(flag.out, "Paris")) << flag.out;
+  EXPECT_TRUE(absl::StrContains(flag.err, "timing: 6 tokens made; ")) << flag.err;
+  const std::string file = TempPath("prompt.txt");
+  std::ofstream(file) << "What is the capital of France?\n";
+  const Result from_file = RunProgram(common + " --file '" + file + "'");
+  std::remove(file.c_str());
+  const Result dash = RunProgram(common + " --prompt -", "What is the capital of France?\n");
+  const Result piped = RunProgram(common, "What is the capital of France?");
+  for (const Result* r : {&from_file, &dash, &piped}) {
+    EXPECT_EQ(r->exit_code, 0) << r->err;
+    EXPECT_EQ(r->out, flag.out);
+  }
+  const Result empty = RunProgram(common + " --prompt -", "");
+  EXPECT_EQ(empty.exit_code, 2) << empty.err;
+  EXPECT_TRUE(absl::StrContains(empty.err, "the prompt is empty")) << empty.err;
+}
+
+// The chat through standard input with the built-in model (token ids): the second turn
+// goes on from the first (its answer is that of the whole history prefilled in a fresh
+// session), it prefills only its own tokens, and /reset starts over.
+TEST(CliChatTest, BuiltInModelKeepsTheConversationAcrossTurns) {
+  const Result r = RunProgram("chat --cpu --max-new-tokens 6 --verbose",
+                              "3,1,4,1,5\n9,2,6\n/stats\n/reset\n3,1,4,1,5\n/exit\n"
+                              "1,2,3\n");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const std::vector<std::string> answers = Lines(r.out);
+  ASSERT_EQ(answers.size(), 3u) << "nothing after /exit is read: " << r.out;
+  const std::vector<int32_t> first = Ids(answers[0]);
+  EXPECT_EQ(first, SessionIds({3, 1, 4, 1, 5}, 6, std::nullopt, 0));
+  std::vector<int32_t> history = {3, 1, 4, 1, 5};
+  history.insert(history.end(), first.begin(), first.end());
+  history.insert(history.end(), {9, 2, 6});
+  EXPECT_EQ(Ids(answers[1]), SessionIds(history, 6, std::nullopt, 0));
+  EXPECT_EQ(Ids(answers[2]), first) << "after /reset the conversation starts over";
+  // --verbose after every answer, and /stats once more: the turns' own tokens only.
+  EXPECT_EQ(NumbersAfter(r.err, "the turn's "), (std::vector<int64_t>{5, 3, 3, 5})) << r.err;
+  EXPECT_EQ(NumbersAfter(r.err, "the conversation holds "),
+            (std::vector<int64_t>{10, 19, 19, 10}))
+      << r.err;
+  EXPECT_TRUE(absl::StrContains(r.err, "6 tokens made (cut at --max-new-tokens)")) << r.err;
+  EXPECT_TRUE(absl::StrContains(r.err, "stepgraph: a new conversation")) << r.err;
+  EXPECT_TRUE(absl::StrContains(r.err, "on the CPU reference")) << r.err;
+}
+
+// On a GPU (skipped without one) the chat's turns, appended to the slot in prefill steps
+// of the replayed graphs, give the CPU reference's answers, and the status line names the
+// replayed graphs.
+TEST(CliChatTest, GpuChatGivesTheCpuReferenceAnswers) {
+  if (!CudaDeviceFound()) GTEST_SKIP() << "no CUDA device";
+  const std::string turns = "3,1,4,1,5\n9,2,6\n/reset\n2,7,1,8\n";
+  const Result cpu = RunProgram("chat --cpu --max-new-tokens 6", turns);
+  const Result gpu = RunProgram("chat --max-new-tokens 6", turns);
+  ASSERT_EQ(cpu.exit_code, 0) << cpu.err;
+  ASSERT_EQ(gpu.exit_code, 0) << gpu.err;
+  EXPECT_EQ(Lines(gpu.out).size(), 3u) << gpu.out;
+  EXPECT_EQ(gpu.out, cpu.out);
+  EXPECT_TRUE(absl::StrContains(gpu.err, "replayed CUDA graphs; batch buckets 1")) << gpu.err;
+}
+
+TEST(CliChatTest, BadTurnsAreNotSentAndTheChatGoesOn) {
+  // A turn that is not ids, an id outside the vocabulary, an unknown command, then a turn
+  // that does not fit a 16-position cache after the first turn and answer hold 11.
+  const Result r = RunProgram("chat --cpu --max-seq 16 --max-new-tokens 4",
+                              "1,x\n5000\n/frob\n/stats\n1,2,3,4,5,6,7,8\n"
+                              "1,2,3,4,5,6\n2,3\n");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_TRUE(absl::StrContains(r.err, "the turn is not sent: expected an integer")) << r.err;
+  EXPECT_TRUE(absl::StrContains(r.err, "got '5000'")) << r.err;
+  EXPECT_TRUE(absl::StrContains(r.err, "unknown command '/frob'")) << r.err;
+  EXPECT_TRUE(absl::StrContains(r.err, "no answer yet")) << r.err;
+  EXPECT_TRUE(absl::StrContains(r.err, "the turn (6 tokens) does not fit the KV cache: the "
+                                       "conversation holds 11 of 16 positions"))
+      << r.err;
+  const std::vector<std::string> answers = Lines(r.out);
+  ASSERT_EQ(answers.size(), 2u) << r.out;
+  EXPECT_EQ(Ids(answers[0]).size(), 4u);
+  // Positions 13, 14 and 15 are the last three.
+  EXPECT_EQ(Ids(answers[1]).size(), 3u) << "the cache fills after three more tokens";
+  EXPECT_TRUE(absl::StrContains(r.err, "the conversation fills the KV cache")) << r.err;
+}
+
+// The real model through its chat template: the first answer is run --chat's, the second
+// turn prefills exactly the tokens of what follows the first answer (the template's next
+// user turn, from Conversation::Next), and /reset gives the first answer again.
+TEST(CliChatTest, SmolLM2ChatsThroughItsTemplateKeepingTheHistory) {
+  if (!HaveSmolLM2()) GTEST_SKIP() << "SmolLM2 not fetched (tests/fixtures/fetch_smollm2.sh)";
+  const std::string model = "--cpu --model '" + SmolLM2Path() + "'";
+  const Result r = RunProgram("chat " + model + " --max-new-tokens 24",
+                              "What is the capital of France?\n/stats\nAnd of Italy?\n/stats\n"
+                              "/reset\nWhat is the capital of France?\n/stats\n");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const std::vector<std::string> answers = Lines(r.out);
+  ASSERT_EQ(answers.size(), 3u) << r.out;
+  EXPECT_TRUE(absl::StrContains(answers[0], "Paris")) << answers[0];
+  EXPECT_TRUE(absl::StrContains(answers[1], "Rome")) << answers[1];
+  EXPECT_EQ(answers[2], answers[0]);
+  const Result run = RunProgram("run " + model + " --chat --max-new-tokens 24 --prompt "
+                                "'What is the capital of France?'");
+  ASSERT_EQ(run.exit_code, 0) << run.err;
+  EXPECT_EQ(run.out, answers[0] + "\n");
+
+  absl::StatusOr<std::unique_ptr<Tokenizer>> tok = LoadModelTokenizer(SmolLM2Path());
+  ASSERT_TRUE(tok.ok()) << tok.status();
+  absl::StatusOr<cli::Conversation> conv = cli::Conversation::ForTokenizer(**tok, std::nullopt);
+  ASSERT_TRUE(conv.ok()) << conv.status();
+  auto count = [&](const std::string& text) {
+    absl::StatusOr<std::vector<int32_t>> ids = (*tok)->Encode(text, {.add_special = false});
+    EXPECT_TRUE(ids.ok()) << ids.status();
+    return ids.ok() ? static_cast<int64_t>(ids->size()) : -1;
+  };
+  const bool closed = absl::StrContains(r.err, "(the model ended its turn)");
+  const int64_t start = count(conv->Start("What is the capital of France?"));
+  const int64_t next = count(conv->Next("And of Italy?", closed));
+  EXPECT_EQ(NumbersAfter(r.err, "the turn's "), (std::vector<int64_t>{start, next, start}))
+      << r.err;
+  EXPECT_LT(next, start) << "the second turn prefills only itself";
+}
+
+// A GGUF file that fails to load gets a hint about GGUF files, not the one about model
+// folders, and a folder the one about folders.
+TEST(CliTest, AModelThatDoesNotLoadGetsTheHintOfWhatWasGiven) {
+  const std::string path = TempPath("broken.gguf");
+  std::ofstream(path) << "GGUF, but not one";
+  const Result r = RunProgram("run --cpu --model '" + path + "'");
+  std::remove(path.c_str());
+  EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
+  EXPECT_TRUE(absl::StrContains(r.err, "hint: --model FILE takes a GGUF file")) << r.err;
+  EXPECT_FALSE(absl::StrContains(r.err, "needs config.json and its *.safetensors")) << r.err;
+
+  const std::string dir = TempPath("empty_folder");
+  std::filesystem::create_directories(dir);
+  const Result folder = RunProgram("graph --model '" + dir + "'");
+  std::filesystem::remove_all(dir);
+  EXPECT_EQ(folder.exit_code, 1) << folder.err;
+  EXPECT_TRUE(absl::StrContains(folder.err, "hint: a model folder needs config.json and its "
+                                            "*.safetensors"))
+      << folder.err;
+  EXPECT_FALSE(absl::StrContains(folder.err, "GGUF")) << folder.err;
+}
+
+// The GPU benchmark on a machine without one says so at once and asks for --cpu, instead
+// of running the CPU reference for minutes.
+TEST(CliTest, GpuBenchmarkWithoutAGpuAsksForCpu) {
+  if (CudaDeviceFound()) GTEST_SKIP() << "a CUDA device is present";
+  const Result r = RunProgram("bench --model-preset llama-3.2-1b");
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_TRUE(r.out.empty()) << "nothing ran: " << r.out;
+  EXPECT_TRUE(absl::StartsWith(r.err, "stepgraph: error: bench measures the decode step on a "
+                                      "GPU"))
+      << r.err;
+  EXPECT_TRUE(absl::StrContains(r.err, "\nhint: add --cpu to measure the CPU reference anyway\n"))
+      << r.err;
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 2) << r.err;
+}
+
+// On the CPU the status line says what runs there, not the GPU's eager/replayed words.
+TEST(CliTest, TheStatusLineDescribesThePathTaken) {
+  const Result r = RunProgram("run --cpu --prompt-ids 1,2 --max-new-tokens 2");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_TRUE(absl::StrContains(r.err, "on the CPU reference (f32 math, ")) << r.err;
+  EXPECT_TRUE(absl::StrContains(r.err, "KV cache 4 positions x 1 sequence")) << r.err;
+  EXPECT_FALSE(absl::StrContains(r.err, "eager")) << r.err;
+  EXPECT_FALSE(absl::StrContains(r.err, "buckets")) << r.err;
 }
 
 }  // namespace

@@ -153,6 +153,14 @@ class DecodeSession {
   // slots that are decoding keep their state and go on with the next Step. (A mixed step
   // would hold a decode row of one token next to prefill rows of many; it is not offered.)
   absl::Status Prefill(absl::Span<const PrefillRequest> requests);
+  // Continues `slot`'s live sequence with `tokens` (a conversation's next turn) and feeds
+  // nothing before them again: the KV cache gets the id the next Step would have fed and
+  // every appended token but the last, at the positions that follow (in prefill steps as
+  // Prefill does); the last is fed by the next Step. The slot keeps its seed, and Tokens
+  // keeps the ids produced since the Prefill. FailedPrecondition for a slot that is not
+  // live; InvalidArgument for no tokens or an id outside [0, vocab_size); OutOfRange, before
+  // anything runs, when the tokens do not fit the slot's KV cache.
+  absl::Status Append(int64_t slot, absl::Span<const int32_t> tokens);
   // Prefill steps run since the session was made (each is one replay or eager pass).
   int64_t prefill_steps() const;
   int64_t prefill_chunk() const;

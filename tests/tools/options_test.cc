@@ -1,0 +1,190 @@
+// The program's options parser: every kind of bad argument is refused with an error that
+// names the flag and the bad value, the environment maps onto options (and flags override
+// it), and each command's --help lists every flag that command takes.
+#include "tools/options.h"
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_split.h"
+#include "gtest/gtest.h"
+
+namespace sg::cli {
+namespace {
+
+// Parses `args` with the environment `env` (nothing else set).
+absl::StatusOr<Options> Parse(std::vector<const char*> args,
+                              std::map<std::string, std::string> env = {},
+                              std::optional<Command>* named = nullptr) {
+  std::optional<Command> ignored;
+  return ParseArgs(
+      args,
+      [env](const char* name) -> const char* {
+        auto it = env.find(name);
+        return it == env.end() ? nullptr : it->second.c_str();
+      },
+      named != nullptr ? named : &ignored);
+}
+
+void ExpectRefused(std::vector<const char*> args, const std::string& says) {
+  std::string line;
+  for (const char* a : args) line += std::string(a) + " ";
+  SCOPED_TRACE(line);
+  const absl::StatusOr<Options> o = Parse(args);
+  ASSERT_FALSE(o.ok());
+  EXPECT_EQ(o.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(o.status().message(), says)) << o.status().message();
+}
+
+TEST(OptionsTest, UnknownFlagsAndCommandsAreNamed) {
+  ExpectRefused({"--frobnicate"}, "unknown flag '--frobnicate'");
+  ExpectRefused({"run", "--frobnicate=3"}, "unknown flag '--frobnicate'");
+  ExpectRefused({"frob"}, "unknown command 'frob'");
+  ExpectRefused({"run", "stray"}, "unexpected argument 'stray'");
+  // A flag of another command is named with the command that does not take it.
+  ExpectRefused({"run", "--dot", "x.dot"}, "--dot is not an option of 'run'");
+  ExpectRefused({"chat", "--prompt-ids", "1"}, "--prompt-ids is not an option of 'chat'");
+  ExpectRefused({"tokenize", "--batch", "2"}, "--batch is not an option of 'tokenize'");
+}
+
+TEST(OptionsTest, MissingValuesAndValuesOfSwitchesAreRefused) {
+  ExpectRefused({"run", "--max-new-tokens"}, "--max-new-tokens: missing value");
+  ExpectRefused({"chat", "--system"}, "--system: missing value");
+  ExpectRefused({"run", "--cpu=yes"}, "--cpu takes no value");
+  ExpectRefused({"--help=1"}, "--help takes no value");
+}
+
+TEST(OptionsTest, BadNumbersNameTheFlagTheRangeAndTheValue) {
+  ExpectRefused({"run", "--max-new-tokens", "abc"},
+                "--max-new-tokens: expected an integer in [0, 2147483647], got 'abc'");
+  ExpectRefused({"run", "--max-new-tokens=-3"}, "got '-3'");
+  ExpectRefused({"chat", "--max-new-tokens", "0"}, "--max-new-tokens: expected an integer in [1,");
+  ExpectRefused({"run", "--batch", "0"}, "--batch: expected an integer in [1, 1024], got '0'");
+  ExpectRefused({"run", "--temperature", "-1"}, "--temperature: expected a number in [0, 100]");
+  ExpectRefused({"run", "--temperature", "nan"}, "got 'nan'");
+  ExpectRefused({"run", "--top-p", "0"}, "--top-p: expected a number in (0, 1], got '0'");
+  ExpectRefused({"run", "--prompt-ids", "1,x,3"}, "--prompt-ids: expected an integer");
+  ExpectRefused({"run", "--prompt-ids", "1,,3"}, "got ''");
+  ExpectRefused({"bench", "--positions", "100,-1"}, "--positions: expected an integer");
+  ExpectRefused({"--weight-seed", "1e3"}, "--weight-seed: expected an integer >= 0, got '1e3'");
+  ExpectRefused({"--max-seq", "99999999999"}, "--max-seq: expected an integer in [1,");
+  ExpectRefused({"--model-preset", "llama-9"}, "--model-preset: unknown preset 'llama-9'");
+  ExpectRefused({"--matmul", "fast"}, "--matmul: ");
+  ExpectRefused({"--passes", "nonsense"}, "--passes: ");
+  ExpectRefused({"--model", "/nonexistent/stepgraph_model"},
+                "--model: '/nonexistent/stepgraph_model' does not exist");
+}
+
+TEST(OptionsTest, FlagsThatExcludeEachOtherAreRefused) {
+  ExpectRefused({"run", "--prompt", "hi", "--prompt-ids", "1"}, "cannot be used together");
+  ExpectRefused({"run", "--file", "p.txt", "--prompt-ids", "1"}, "cannot be used together");
+  ExpectRefused({"run", "--prompt", "hi", "--file", "p.txt"}, "cannot be used together");
+  ExpectRefused({"run", "--chat"}, "--chat wraps a text prompt");
+  ExpectRefused({"chat", "--system", "be brief"}, "--system needs a --model");
+  ExpectRefused({"tokenize", "--text", "a", "--decode", "1"}, "cannot be used together");
+}
+
+TEST(OptionsTest, ValuesAreParsedForTheCommandNamed) {
+  std::optional<Command> named;
+  absl::StatusOr<Options> o =
+      Parse({"chat", "--max-new-tokens=12", "--temperature", "0.5", "--top-k", "40", "--seed",
+             "-7", "--max-seq", "300"},
+            {}, &named);
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(named, kChat);
+  EXPECT_EQ(o->command, kChat);
+  EXPECT_EQ(o->answer_tokens, 12);
+  EXPECT_EQ(o->max_new_tokens, 32) << "run's limit is not chat's";
+  EXPECT_FLOAT_EQ(o->temperature, 0.5f);
+  EXPECT_EQ(o->top_k, 40);
+  EXPECT_EQ(o->seed, -7);
+  EXPECT_EQ(o->max_seq, 300);
+
+  o = Parse({"--prompt-ids", "5,6", "--batch", "3"}, {}, &named);
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->command, kRun) << "run is the default command";
+  EXPECT_EQ(o->prompt_ids, (std::vector<int32_t>{5, 6}));
+  EXPECT_EQ(o->batch, 3);
+  o = Parse({"bench", "--positions", "3,5", "--ttft-lengths=8"});
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->positions, (std::vector<int64_t>{3, 5}));
+  EXPECT_EQ(o->ttft_lengths, (std::vector<int64_t>{8}));
+  o = Parse({"help"});
+  ASSERT_TRUE(o.ok());
+  EXPECT_TRUE(o->help);
+}
+
+TEST(OptionsTest, TheEnvironmentMapsOntoOptionsAndFlagsOverrideIt) {
+  absl::StatusOr<Options> o = Parse({"run"}, {{"STEPGRAPH_EAGER", "1"},
+                                              {"STEPGRAPH_PDL", "0"},
+                                              {"STEPGRAPH_MATMUL", "gemv"},
+                                              {"XDG_CACHE_HOME", "/xdg"},
+                                              {"HOME", "/home/u"}});
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_TRUE(o->eager);
+  EXPECT_FALSE(o->cuda.programmatic_launch);
+  EXPECT_EQ(o->cuda.matmul, MatmulPolicy::kGemv);
+  EXPECT_EQ(o->cuda.kernel_cache_folder, "/xdg/stepgraph/kernels");
+
+  o = Parse({"run", "--matmul", "cublaslt", "--kernel-cache", "none"},
+            {{"STEPGRAPH_EAGER", "0"}, {"STEPGRAPH_PDL", "1"}, {"STEPGRAPH_MATMUL", "gemv"},
+             {"HOME", "/home/u"}});
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_FALSE(o->eager) << "STEPGRAPH_EAGER=0 leaves the replayed step";
+  EXPECT_TRUE(o->cuda.programmatic_launch) << "only STEPGRAPH_PDL=0 switches PDL off";
+  EXPECT_EQ(o->cuda.matmul, MatmulPolicy::kCublasLt) << "the flag overrides the variable";
+  EXPECT_EQ(o->cuda.kernel_cache_folder, "");
+
+  o = Parse({"graph"}, {{"HOME", "/home/u"}});
+  ASSERT_TRUE(o.ok());
+  EXPECT_EQ(o->cuda.kernel_cache_folder, "/home/u/.cache/stepgraph/kernels");
+
+  o = Parse({"run"}, {{"STEPGRAPH_MATMUL", "fast"}});
+  ASSERT_FALSE(o.ok());
+  EXPECT_TRUE(absl::StrContains(o.status().message(), "environment variable STEPGRAPH_MATMUL: "))
+      << o.status().message();
+}
+
+// Each command's help comes from the flag table: it lists every flag the command takes
+// (with its value and, where one sets it too, its environment variable), and no other.
+TEST(OptionsTest, HelpListsEveryFlagOfTheCommand) {
+  for (const Command c : {kRun, kChat, kGraph, kBench, kTokenize}) {
+    SCOPED_TRACE(std::string(CommandName(c)));
+    const std::string help = HelpText(c);
+    EXPECT_TRUE(absl::StartsWith(help, "usage: stepgraph " + std::string(CommandName(c))))
+        << help;
+    for (const Flag& f : Flags()) {
+      std::string shown = f.name;
+      if (f.value != nullptr) shown += std::string(" ") + f.value;
+      const bool listed = absl::StrContains(help, "  " + shown) ||
+                          absl::StrContains(help, std::string(", ") + shown);
+      if (f.commands & c) {
+        EXPECT_TRUE(listed) << shown;
+        if (f.env != nullptr) {
+          EXPECT_TRUE(absl::StrContains(help, f.env)) << f.env;
+        }
+      } else if (f.value != nullptr) {
+        bool elsewhere = false;  // the same name defined for this command too
+        for (const Flag& g : Flags()) {
+          elsewhere |= g.name == std::string(f.name) && (g.commands & c);
+        }
+        if (!elsewhere) {
+          EXPECT_FALSE(listed) << shown << " is not an option of this command";
+        }
+      }
+    }
+    for (absl::string_view line : absl::StrSplit(help, '\n')) {
+      EXPECT_LE(line.size(), 92u) << line;
+    }
+  }
+  const std::string overview = HelpText(std::nullopt);
+  for (const Command c : {kRun, kChat, kGraph, kBench, kTokenize}) {
+    EXPECT_TRUE(absl::StrContains(overview, "  " + std::string(CommandName(c)) + " "));
+  }
+  EXPECT_TRUE(absl::StrContains(overview, "--model PATH"));
+}
+
+}  // namespace
+}  // namespace sg::cli

@@ -1,0 +1,273 @@
+// `stepgraph bench`: decode speed at given context positions (eager and replayed on a GPU,
+// medians of CUDA-event times per step) against the floor of reading every weight once at
+// the copy bandwidth measured in the same run, and the time to first token. A GPU
+// benchmark: without a GPU it runs only when --cpu asks for the CPU reference.
+#include <algorithm>
+#include <cstdio>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "runtime/timing.h"
+#include "stepgraph/base/status.h"
+#include "stepgraph/runtime/measure.h"
+#include "stepgraph/runtime/session.h"
+#include "stepgraph/runtime/step_runner.h"
+#include "tools/commands.h"
+#include "tools/console.h"
+#include "tools/model_setup.h"
+
+namespace sg::cli {
+namespace {
+
+// The device's ceilings the step is compared with, each measured where the benchmark has
+// always measured it: the device-to-device copy bandwidth (bytes/s, read + write) before
+// the decode steps, the bf16 matmul rate (TFLOP/s) before the time to first token. The
+// program's one use of the step runner's measurement helpers.
+absl::StatusOr<double> MeasureCopyBandwidth(DecodeSession& s) {
+  return CopyBandwidth(s.runner(), int64_t{1} << 29, 10);
+}
+
+absl::StatusOr<double> MeasureMatmulRate(const Options& o) {
+  return MeasureMatmulTflops({.device = DeviceKind::kCuda, .cuda = o.cuda});
+}
+
+// A prompt of `n` ids, the same on every run.
+std::vector<int32_t> BenchPrompt(int64_t n, int64_t vocab, int64_t sequence) {
+  std::vector<int32_t> p(static_cast<size_t>(n));
+  uint64_t x = 0x2545F4914F6CDD1Dull + static_cast<uint64_t>(sequence);
+  for (int32_t& id : p) {
+    x = x * 6364136223846793005ull + 1442695040888963407ull;
+    id = static_cast<int32_t>((x >> 33) % static_cast<uint64_t>(vocab));
+  }
+  return p;
+}
+
+void PrintProfile(const std::vector<std::vector<NodeTime>>& runs, double replayed_ms) {
+  if (runs.empty()) return;
+  const size_t nodes = runs[0].size();
+  std::map<std::string, std::pair<int, double>> by_op;
+  std::vector<std::pair<double, size_t>> by_node;
+  double total = 0;
+  for (size_t i = 0; i < nodes; ++i) {
+    std::vector<double> t;
+    for (const auto& r : runs) t.push_back(r[i].ms);
+    const double ms = Median(t);
+    total += ms;
+    auto& op = by_op[runs[0][i].op];
+    ++op.first;
+    op.second += ms;
+    by_node.push_back({ms, i});
+  }
+  std::printf("profile: one eager step, device time per node (median of %zu): %.3f ms in all",
+              runs.size(), total);
+  if (replayed_ms > 0) std::printf(" (the replayed step takes %.3f ms)", replayed_ms);
+  std::printf("\n  %-12s %6s %10s %7s\n", "op", "nodes", "ms", "share");
+  std::vector<std::pair<double, std::string>> ops;
+  for (const auto& [op, v] : by_op) ops.push_back({v.second, op});
+  std::sort(ops.rbegin(), ops.rend());
+  for (const auto& [ms, op] : ops) {
+    std::printf("  %-12s %6d %10.4f %6.1f%%\n", op.c_str(), by_op[op].first, ms,
+                total > 0 ? 100 * ms / total : 0.0);
+  }
+  std::sort(by_node.rbegin(), by_node.rend());
+  std::printf("  slowest nodes:\n");
+  for (size_t k = 0; k < std::min<size_t>(10, by_node.size()); ++k) {
+    const NodeTime& n = runs[0][by_node[k].second];
+    std::printf("    %8.4f ms  %-10s %s\n", by_node[k].first, n.op.c_str(), n.name.c_str());
+  }
+}
+
+// The median ms per step of `steps` timed steps. On the CPU reference, where a step of a
+// large model takes seconds, one step per call with progress; on a GPU in one call.
+absl::StatusOr<double> MedianStepMs(DecodeSession& s, int64_t steps, const std::string& what) {
+  if (s.backend() != Backend::kCpu) {
+    SG_ASSIGN_OR_RETURN(std::vector<double> t, s.TimedSteps(steps));
+    return Median(t);
+  }
+  std::vector<double> t;
+  Progress progress(what, steps, "steps");
+  for (int64_t i = 0; i < steps; ++i) {
+    SG_ASSIGN_OR_RETURN(std::vector<double> one, s.TimedSteps(1));
+    t.push_back(one[0]);
+    progress.Update(i + 1);
+  }
+  return Median(t);
+}
+
+// Time to first token for a prompt of each length on slot 0 (every other slot released):
+// prefill steps, then the first decode step, host clock to the id (median of 5 after a
+// warm-up), with prefill tokens/s and, given the matmul rate, TFLOP/s.
+absl::Status MeasureTtft(const Options& o, DecodeSession& s, double matmul_tflops) {
+  for (int64_t b = 1; b < s.max_slots(); ++b) SG_RETURN_IF_ERROR(s.Release(b));
+  for (const int64_t len : o.ttft_lengths) {
+    if (len + 1 > s.max_seq()) {
+      std::printf("time to first token, %lld-token prompt: skipped (max_seq %lld)\n",
+                  static_cast<long long>(len), static_cast<long long>(s.max_seq()));
+      continue;
+    }
+    const std::vector<int32_t> prompt = BenchPrompt(len, s.config().vocab_size, 0);
+    std::vector<double> prefill_ms, ttft_ms;
+    constexpr int kRuns = 6;
+    Progress progress(absl::StrCat("time to first token of ", len, " tokens:"), kRuns, "runs");
+    for (int r = 0; r < kRuns; ++r) {
+      SG_RETURN_IF_ERROR(s.runner().Sync());
+      const Clock::time_point t0 = Clock::now();
+      SG_RETURN_IF_ERROR(s.Prefill(0, prompt));
+      SG_RETURN_IF_ERROR(s.Tokens(0).status());  // waits for the prefill steps
+      const double p = MsSince(t0);
+      SG_RETURN_IF_ERROR(s.Generate(0, 1).status());
+      const double t = MsSince(t0);
+      progress.Update(r + 1);
+      if (r == 0) continue;  // warm-up
+      prefill_ms.push_back(p);
+      ttft_ms.push_back(t);
+    }
+    progress.Done();
+    const double p = Median(prefill_ms), t = Median(ttft_ms);
+    std::string rate;
+    if (matmul_tflops > 0) {
+      const double tflops = PrefillFlops(s.config(), len - 1) / (p * 1e-3) * 1e-12;
+      rate = absl::StrFormat(", %.1f TFLOP/s = %.3f of the bf16 matmul rate %.1f TFLOP/s",
+                             tflops, tflops / matmul_tflops, matmul_tflops);
+    }
+    std::printf("time to first token, %lld-token prompt: %.3f ms (prefill %.3f ms, %.0f "
+                "tokens/s, chunk %lld%s)\n",
+                static_cast<long long>(len), t, p, 1e3 * static_cast<double>(len - 1) / p,
+                static_cast<long long>(s.prefill_chunk()), rate.c_str());
+  }
+  std::fflush(stdout);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+int BenchCommand(const Options& o) {
+  // A GPU benchmark that would run for minutes on the CPU reference says so first.
+  if (!o.cpu && !CudaDeviceFound()) {
+    std::fprintf(stderr,
+                 "stepgraph: error: bench measures the decode step on a GPU, and %s; on the "
+                 "CPU reference it is slow (minutes for a 1B model)\n",
+                 BuiltWithCuda() ? "no CUDA device was found" : "this build has no CUDA");
+    std::fprintf(stderr, "hint: add --cpu to measure the CPU reference anyway\n");
+    return kExitUsage;
+  }
+  absl::StatusOr<LlamaConfig> config = ModelConfig(o);
+  if (!config.ok()) return ModelFailure(o, config.status());
+  const int64_t max_pos = *std::max_element(o.positions.begin(), o.positions.end());
+  // Warm-up, eager, replayed and profiled steps all advance the position; the time to
+  // first token needs its longest prompt and one step.
+  int64_t need = max_pos + 1 + 4 + 2 * o.steps + 8;
+  if (o.max_seq == 0) {
+    for (int64_t len : o.ttft_lengths) {
+      if (len + 1 <= config->max_position_embeddings) need = std::max(need, len + 1);
+    }
+  }
+  const int64_t max_seq = o.max_seq > 0 ? o.max_seq : need;
+  if (max_seq < need || need > config->max_position_embeddings) {
+    return UsageFailure(absl::StrCat("positions up to ", max_pos, " with --steps ", o.steps,
+                                     " need a KV cache of ", need, " positions; the ",
+                                     max_seq < need ? "--max-seq given" : "model", " allows ",
+                                     max_seq < need ? max_seq : config->max_position_embeddings),
+                        kBench);
+  }
+  absl::StatusOr<std::unique_ptr<DecodeSession>> made =
+      MakeSession(o, o.batch, max_seq, std::nullopt, o.eager);
+  if (!made.ok()) return ModelFailure(o, made.status());
+  std::unique_ptr<DecodeSession> session = *std::move(made);
+  const bool gpu = session->backend() == Backend::kCuda;
+  const std::string hint = HelpHint(kBench);
+
+  double copy_bw = 0;
+  if (gpu) {
+    absl::StatusOr<double> bw = MeasureCopyBandwidth(*session);
+    if (!bw.ok()) return Failure(bw.status(), hint);
+    copy_bw = *bw;
+    std::printf("device-to-device copy: %.1f GB/s (read + write); weights %s: floor %.4f ms/step\n",
+                copy_bw * 1e-9, Bytes(session->weight_bytes()).c_str(),
+                1e3 * static_cast<double>(session->weight_bytes()) / copy_bw);
+  }
+  const double floor_ms = gpu ? 1e3 * static_cast<double>(session->weight_bytes()) / copy_bw : 0;
+
+  // Median ms per step of `o.steps` steps at context position `pos` (every slot prefilled
+  // with a prompt of pos + 1 ids).
+  auto measure = [&](DecodeSession& s, int64_t pos) -> absl::StatusOr<double> {
+    std::fprintf(stderr, "stepgraph: position %lld: prefilling %lld x %lld tokens\n",
+                 static_cast<long long>(pos), static_cast<long long>(o.batch),
+                 static_cast<long long>(pos + 1));
+    std::vector<std::vector<int32_t>> prompts;
+    for (int64_t b = 0; b < o.batch; ++b) {
+      prompts.push_back(BenchPrompt(pos + 1, s.config().vocab_size, b));
+    }
+    // One slot at a time, as the measurement has always been taken.
+    for (int64_t b = 0; b < o.batch; ++b) {
+      const PrefillRequest r{b, prompts[b], 0};
+      SG_RETURN_IF_ERROR(PrefillShowingProgress(s, absl::MakeConstSpan(&r, 1)));
+    }
+    SG_RETURN_IF_ERROR(s.Generate(4).status());
+    return MedianStepMs(s, o.steps, absl::StrCat("position ", pos, ": timed"));
+  };
+
+  std::vector<double> first(o.positions.size(), 0.0), eager(o.positions.size(), 0.0);
+  for (size_t i = 0; i < o.positions.size(); ++i) {
+    absl::StatusOr<double> ms = measure(*session, o.positions[i]);
+    if (!ms.ok()) return Failure(ms.status(), hint);
+    first[i] = *ms;
+    if (o.profile && i == 0) {
+      std::vector<std::vector<NodeTime>> runs;
+      for (int r = 0; r < 5 && session->position(0) + 1 < session->max_seq(); ++r) {
+        absl::StatusOr<std::vector<NodeTime>> p = session->ProfileStep();
+        if (!p.ok()) return Failure(p.status(), hint);
+        runs.push_back(*std::move(p));
+      }
+      PrintProfile(runs, session->eager() ? 0.0 : first[0]);
+    }
+  }
+  double matmul_tflops = 0;
+  if (gpu) {
+    absl::StatusOr<double> rate = MeasureMatmulRate(o);
+    if (!rate.ok()) return Failure(rate.status(), hint);
+    matmul_tflops = *rate;
+  }
+  if (absl::Status st = MeasureTtft(o, *session, matmul_tflops); !st.ok()) {
+    return Failure(st, hint);
+  }
+  const bool replayed = !session->eager();
+  if (gpu && replayed) {
+    // The same steps launched node by node, from a second session made eager (the first is
+    // released first, so that both never hold the weights at once).
+    session.reset();
+    absl::StatusOr<std::unique_ptr<DecodeSession>> e =
+        MakeSession(o, o.batch, max_seq, std::nullopt, /*eager=*/true);
+    if (!e.ok()) return ModelFailure(o, e.status());
+    for (size_t i = 0; i < o.positions.size(); ++i) {
+      absl::StatusOr<double> ms = measure(**e, o.positions[i]);
+      if (!ms.ok()) return Failure(ms.status(), hint);
+      eager[i] = *ms;
+    }
+  }
+  const double tokens = static_cast<double>(o.batch);
+  for (size_t i = 0; i < o.positions.size(); ++i) {
+    const long long pos = static_cast<long long>(o.positions[i]);
+    if (!gpu) {
+      std::printf("position %lld: %.3f ms/token on the CPU reference (%.1f tokens/s)\n", pos,
+                  first[i], 1e3 * tokens / first[i]);
+    } else if (replayed) {
+      std::printf("position %lld: replayed %.4f ms/step (%.1f tokens/s), eager %.4f ms/step "
+                  "(%.2fx); floor/replayed %.3f\n",
+                  pos, first[i], 1e3 * tokens / first[i], eager[i], eager[i] / first[i],
+                  floor_ms / first[i]);
+    } else {
+      std::printf("position %lld: eager %.4f ms/step (%.1f tokens/s); floor/eager %.3f\n", pos,
+                  first[i], 1e3 * tokens / first[i], floor_ms / first[i]);
+    }
+  }
+  std::fflush(stdout);
+  return kExitOk;
+}
+
+}  // namespace sg::cli

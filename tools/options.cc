@@ -1,0 +1,590 @@
+// The program's flag table, its parser, the help generated from the table and the
+// environment variables it maps onto options; see options.h.
+#include "tools/options.h"
+
+#include <cmath>
+#include <filesystem>
+#include <system_error>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "stepgraph/base/status.h"
+
+namespace sg::cli {
+namespace {
+
+// ---- values -------------------------------------------------------------------------
+
+absl::Status SetInt(absl::string_view text, int64_t min, int64_t max, int64_t& out) {
+  SG_ASSIGN_OR_RETURN(out, ParseInt(text, min, max));
+  return absl::OkStatus();
+}
+
+absl::Status SetInt32(absl::string_view text, int64_t min, int64_t max, int32_t& out) {
+  SG_ASSIGN_OR_RETURN(const int64_t v, ParseInt(text, min, max));
+  out = static_cast<int32_t>(v);
+  return absl::OkStatus();
+}
+
+absl::Status SetIds(absl::string_view text, std::vector<int32_t>& out) {
+  SG_ASSIGN_OR_RETURN(const std::vector<int64_t> ids, ParseIntList(text, 0, INT32_MAX));
+  out.assign(ids.begin(), ids.end());
+  return absl::OkStatus();
+}
+
+// A switch of the options' own: sets `Field`.
+template <bool Options::*Field>
+absl::Status SetSwitch(absl::string_view, Options& o) {
+  o.*Field = true;
+  return absl::OkStatus();
+}
+
+absl::Status NonEmpty(absl::string_view text, absl::string_view what) {
+  if (!text.empty()) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat("expected ", what));
+}
+
+// ---- the commands -------------------------------------------------------------------
+
+struct CommandSpec {
+  Command command;
+  const char* summary;  // one line of the overview
+  const char* about;    // the usage line and what the command does
+};
+
+constexpr CommandSpec kCommands[] = {
+    {kRun, "generate tokens from a prompt (the default command)",
+     R"(usage: stepgraph run [options]
+
+Feeds the prompt, generates tokens, prints them (text as it is generated for a text
+prompt, ids for --prompt-ids) and a last line with the tokens made, ms/token and tokens/s
+(on a GPU of the replayed step, or with --eager of launches per node). A text prompt comes
+from --prompt, --file, or standard input (--prompt -, or a pipe or file there when no
+prompt is given); generation stops at the model's end-of-sequence (or, with --chat,
+end-of-turn) token. Also reports prefill tokens/s and the time to first token (prefill of
+every prompt plus the first decode step).
+)"},
+    {kChat, "a conversation with the model through its chat template",
+     R"(usage: stepgraph chat --model PATH [--system TEXT] [options]
+
+A conversation through the model's chat template: each line read is a user turn (a line
+ending in \ goes on on the next), and the answer is printed as it is made. The KV cache
+keeps the conversation, so a turn prefills only its own tokens. Lines starting with / are
+commands: /reset starts a new conversation, /stats prints the speed of the last answer,
+/exit (or the end of the input) leaves. Ctrl-C stops the answer being written and keeps
+the conversation. Without --model the built-in model talks in token ids ("1,2,3").
+)"},
+    {kGraph, "print the decode step's graph summary; write it as Graphviz DOT",
+     R"(usage: stepgraph graph [options]
+
+Prints the decode step's graph: nodes, launches, arena bytes against the sum of the
+intermediates, weight and KV cache bytes. Needs no weights (only config.json).
+)"},
+    {kBench, "decode speed: ms/token eager vs replayed, and vs the memory-bandwidth floor",
+     R"(usage: stepgraph bench [options]
+
+Decode speed at given context positions: ms/token eager and replayed (GPU), medians of
+CUDA-event times per step, and the ratio to a floor of reading every weight once at the
+device-to-device copy bandwidth measured in the same run. A GPU benchmark: without a GPU
+it runs only with --cpu (the CPU reference, minutes for a 1B model).
+)"},
+    {kTokenize, "the ids of a text with the model's tokenizer, or the text of ids",
+     R"(usage: stepgraph tokenize --model PATH [--text TEXT | --decode 1,2,3]
+
+Prints the ids of the text on standard input (or of --text) as one line of comma-separated
+ids, with the tokenizer of the model (a folder's tokenizer.json or a GGUF file's
+metadata), special tokens added as the model adds them; --decode prints the text of ids.
+)"},
+};
+
+constexpr char kOverview[] =
+    R"(usage: stepgraph [run|chat|graph|bench|tokenize] [options]
+
+Runs a Llama model's decode step as a graph of kernels, captured once as a CUDA graph
+and replayed. With no --model a small built-in model (random weights) is used, so every
+command runs anywhere; without a GPU the CPU reference runs instead (and says so).
+)";
+
+// ---- the flags ----------------------------------------------------------------------
+
+using S = absl::string_view;
+using O = Options;
+constexpr unsigned kAll = kAllCommands;
+constexpr unsigned kSampling = kRun | kChat;
+
+const Flag kFlags[] = {
+    // The command's own options first, then the model's.
+    {"--prompt", nullptr, "TEXT", kRun, false,
+     "the prompt as text (needs a model with a tokenizer); - reads it from standard input",
+     nullptr, EnvRule::kNone,
+     [](S v, O& o) {
+       SG_RETURN_IF_ERROR(NonEmpty(v, "a text, or - for standard input"));
+       o.prompt_text = std::string(v);
+       return absl::OkStatus();
+     }},
+    {"--file", nullptr, "PATH", kRun, false, "the prompt as text, read from a file", nullptr,
+     EnvRule::kNone,
+     [](S v, O& o) {
+       SG_RETURN_IF_ERROR(NonEmpty(v, "a file name"));
+       o.prompt_file = std::string(v);
+       return absl::OkStatus();
+     }},
+    {"--chat", nullptr, nullptr, kRun, false,
+     "wrap the text prompt as one user turn in the model's chat template", nullptr,
+     EnvRule::kNone,
+     &SetSwitch<&Options::chat>},
+    {"--system", nullptr, "TEXT", kChat, false,
+     "the system prompt (default: the chat template's own, where it has one)", nullptr,
+     EnvRule::kNone,
+     [](S v, O& o) {
+       o.system = std::string(v);
+       return absl::OkStatus();
+     }},
+    {"--ignore-eos", nullptr, nullptr, kRun, false,
+     "generate --max-new-tokens tokens even past end-of-sequence", nullptr, EnvRule::kNone,
+     &SetSwitch<&Options::ignore_eos>},
+    {"--prompt-ids", nullptr, "1,2,3", kRun, false, "prompt token ids (default 1,2,3,4,5,6,7,8)",
+     nullptr, EnvRule::kNone,
+     [](S v, O& o) {
+       SG_RETURN_IF_ERROR(SetIds(v, o.prompt_ids));
+       o.prompt_ids_given = true;
+       return absl::OkStatus();
+     }},
+    {"--max-new-tokens", nullptr, "N", kRun, false, "tokens to generate per sequence (default 32)",
+     nullptr, EnvRule::kNone, [](S v, O& o) { return SetInt(v, 0, INT32_MAX, o.max_new_tokens); }},
+    {"--max-new-tokens", nullptr, "N", kChat, false,
+     "the most tokens of one answer (default: until the end of the turn or a full KV cache)",
+     nullptr, EnvRule::kNone, [](S v, O& o) { return SetInt(v, 1, INT32_MAX, o.answer_tokens); }},
+    {"--batch", nullptr, "B", kRun, false, "decode B copies of the prompt together (default 1)",
+     nullptr, EnvRule::kNone, [](S v, O& o) { return SetInt(v, 1, 1024, o.batch); }},
+    {"--batch", nullptr, "B", kGraph, false, "rows (sequences) of the step (default 1)", nullptr,
+     EnvRule::kNone, [](S v, O& o) { return SetInt(v, 1, 1024, o.batch); }},
+    {"--batch", nullptr, "B", kBench, false, "sequences per step (default 1)", nullptr,
+     EnvRule::kNone, [](S v, O& o) { return SetInt(v, 1, 1024, o.batch); }},
+    {"--temperature", nullptr, "T", kSampling, false, "sample at temperature T (default 0: greedy)",
+     nullptr, EnvRule::kNone,
+     [](S v, O& o) {
+       SG_ASSIGN_OR_RETURN(o.temperature, ParseFloat(v, 0.0f, 100.0f, false));
+       return absl::OkStatus();
+     }},
+    {"--top-k", nullptr, "K", kSampling, false,
+     "sample among the K most likely ids only (default 0: all)", nullptr, EnvRule::kNone,
+     [](S v, O& o) { return SetInt32(v, 0, INT32_MAX, o.top_k); }},
+    {"--top-p", nullptr, "P", kSampling, false,
+     "sample from the smallest set of mass >= P (default 1)", nullptr, EnvRule::kNone,
+     [](S v, O& o) {
+       SG_ASSIGN_OR_RETURN(o.top_p, ParseFloat(v, 0.0f, 1.0f, true));
+       return absl::OkStatus();
+     }},
+    {"--seed", nullptr, "S", kRun, false,
+     "sampling seed of sequence 0; sequence i uses S + i (default 0)", nullptr, EnvRule::kNone,
+     [](S v, O& o) { return SetInt32(v, INT32_MIN, INT32_MAX, o.seed); }},
+    {"--seed", nullptr, "S", kChat, false, "sampling seed (default 0)", nullptr, EnvRule::kNone,
+     [](S v, O& o) { return SetInt32(v, INT32_MIN, INT32_MAX, o.seed); }},
+    {"--text", nullptr, "TEXT", kTokenize, false, "the text to encode instead of standard input",
+     nullptr, EnvRule::kNone,
+     [](S v, O& o) {
+       o.text = std::string(v);
+       return absl::OkStatus();
+     }},
+    {"--decode", nullptr, "1,2,3", kTokenize, false, "print the text of these ids", nullptr,
+     EnvRule::kNone,
+     [](S v, O& o) {
+       std::vector<int32_t> ids;
+       SG_RETURN_IF_ERROR(SetIds(v, ids));
+       o.decode = std::move(ids);
+       return absl::OkStatus();
+     }},
+    {"--dot", nullptr, "FILE", kGraph, false, "write the graph as Graphviz DOT to FILE", nullptr,
+     EnvRule::kNone,
+     [](S v, O& o) {
+       SG_RETURN_IF_ERROR(NonEmpty(v, "a file name"));
+       o.dot = std::string(v);
+       return absl::OkStatus();
+     }},
+    {"--steps", nullptr, "N", kBench, false, "timed steps per measurement (default 64)", nullptr,
+     EnvRule::kNone, [](S v, O& o) { return SetInt(v, 1, 1 << 20, o.steps); }},
+    {"--positions", nullptr, "P1,P2,...", kBench, false,
+     "context positions to measure at (default 100,1000)", nullptr, EnvRule::kNone,
+     [](S v, O& o) {
+       SG_ASSIGN_OR_RETURN(o.positions, ParseIntList(v, 0, INT32_MAX));
+       return absl::OkStatus();
+     }},
+    {"--profile", nullptr, nullptr, kBench, false,
+     "also time every node of an eager step (device time per node)", nullptr, EnvRule::kNone,
+     &SetSwitch<&Options::profile>},
+    {"--prefill-chunk", nullptr, "N", kRun | kChat | kBench, false,
+     "prompt tokens per prefill step (default 256; 0: one token per decode step)", nullptr,
+     EnvRule::kNone, [](S v, O& o) { return SetInt(v, 0, 16384, o.prefill_chunk); }},
+    {"--ttft-lengths", nullptr, "L1,...", kBench, false,
+     "prompt lengths whose time to first token is measured (default 128,512,2048; each must "
+     "fit --max-seq when given)",
+     nullptr, EnvRule::kNone,
+     [](S v, O& o) {
+       SG_ASSIGN_OR_RETURN(o.ttft_lengths, ParseIntList(v, 1, INT32_MAX));
+       return absl::OkStatus();
+     }},
+
+    // ---- model options (every command) ----
+    {"--model", nullptr, "PATH", kAll, true,
+     "a Hugging Face Llama folder (config.json + *.safetensors) or a GGUF file (float or "
+     "quantized weights)",
+     nullptr, EnvRule::kNone,
+     [](S v, O& o) {
+       std::error_code ec;
+       if (!std::filesystem::exists(std::string(v), ec)) {
+         return absl::InvalidArgumentError(absl::StrCat("'", v, "' does not exist"));
+       }
+       o.model = std::string(v);
+       return absl::OkStatus();
+     }},
+    {"--model-preset", nullptr, "NAME", kAll, true,
+     "random weights in a known shape: tiny (default), llama-3.2-1b", nullptr, EnvRule::kNone,
+     [](S v, O& o) {
+       if (v != "tiny" && v != "llama-3.2-1b") {
+         return absl::InvalidArgumentError(
+             absl::StrCat("unknown preset '", v, "' (known: tiny, llama-3.2-1b)"));
+       }
+       o.preset = std::string(v);
+       return absl::OkStatus();
+     }},
+    {"--weight-seed", nullptr, "S", kAll, true, "seed of the random weights (default 0)", nullptr,
+     EnvRule::kNone,
+     [](S v, O& o) {
+       SG_ASSIGN_OR_RETURN(const int64_t seed, ParseInt(v, 0));
+       o.weight_seed = static_cast<uint64_t>(seed);
+       return absl::OkStatus();
+     }},
+    {"--cpu", nullptr, nullptr, kAll, true,
+     "run on the CPU reference even where a GPU is available", nullptr, EnvRule::kNone,
+     &SetSwitch<&Options::cpu>},
+    {"--eager", nullptr, nullptr, kAll, true,
+     "GPU: launch every node each step instead of replaying a graph", "STEPGRAPH_EAGER",
+     EnvRule::kSetUnlessZero,
+     &SetSwitch<&Options::eager>},
+    {"--matmul", nullptr, "POLICY", kAll, true, "GPU matmul path: auto (default), cublaslt, gemv",
+     "STEPGRAPH_MATMUL", EnvRule::kValue,
+     [](S v, O& o) {
+       SG_ASSIGN_OR_RETURN(o.cuda.matmul, ParseMatmulPolicy(v));
+       return absl::OkStatus();
+     }},
+    {"--no-pdl", nullptr, nullptr, kAll, true,
+     "GPU: launch kernels without programmatic dependent launch", "STEPGRAPH_PDL",
+     EnvRule::kSetIfZero,
+     [](S, O& o) {
+       o.cuda.programmatic_launch = false;
+       return absl::OkStatus();
+     }},
+    {"--kernel-cache", nullptr, "DIR", kAll, true,
+     "GPU: folder of the kernels compiled for the plan (NVRTC), or none for memory only "
+     "(default $XDG_CACHE_HOME/stepgraph/kernels, else ~/.cache/stepgraph/kernels)",
+     nullptr, EnvRule::kNone,
+     [](S v, O& o) {
+       SG_RETURN_IF_ERROR(NonEmpty(v, "a folder, or none"));
+       o.cuda.kernel_cache_folder = v == "none" ? std::string() : std::string(v);
+       return absl::OkStatus();
+     }},
+    {"--compiled-norm", nullptr, nullptr, kAll, true,
+     "GPU: RmsNorm through a kernel compiled for the model's hidden size", nullptr,
+     EnvRule::kNone,
+     [](S, O& o) {
+       o.cuda.compiled_norm = true;
+       return absl::OkStatus();
+     }},
+    {"--passes", nullptr, "LIST", kAll, true,
+     "graph passes: default (every pass but norm_into_matmul, the fastest measured), all, "
+     "none, names to run, or -name,... to skip from all (see stepgraph/graph/passes.h)",
+     nullptr, EnvRule::kNone,
+     [](S v, O& o) {
+       SG_ASSIGN_OR_RETURN(o.passes, ParsePassList(v));
+       return absl::OkStatus();
+     }},
+    {"--no-fuse", nullptr, nullptr, kAll, true, "the same as --passes none: run the plain graph",
+     nullptr, EnvRule::kNone,
+     [](S, O& o) {
+       o.passes.enabled = false;
+       return absl::OkStatus();
+     }},
+    {"--max-seq", nullptr, "N", kAll, true,
+     "KV cache length per sequence (default: what the command needs; chat: the model's "
+     "context, at most 4096)",
+     nullptr, EnvRule::kNone, [](S v, O& o) { return SetInt(v, 1, INT32_MAX, o.max_seq); }},
+    {"--verbose", nullptr, nullptr, kAll & ~kChat, true,
+     "also list the config.json fields accepted as metadata", nullptr, EnvRule::kNone,
+     &SetSwitch<&Options::verbose>},
+    {"--verbose", nullptr, nullptr, kChat, true,
+     "also print the speed of every answer (and the config.json fields accepted as metadata)",
+     nullptr, EnvRule::kNone,
+     &SetSwitch<&Options::verbose>},
+    {"--help", "-h", nullptr, kAll, true, "this help", nullptr, EnvRule::kNone,
+     &SetSwitch<&Options::help>},
+};
+
+// The definition of `arg` for `command`; `known` says whether any command has it.
+const Flag* FindFlag(absl::string_view arg, Command command, bool* known) {
+  *known = false;
+  for (const Flag& f : kFlags) {
+    if (arg != f.name && (f.short_name == nullptr || arg != f.short_name)) continue;
+    *known = true;
+    if (f.commands & command) return &f;
+  }
+  return nullptr;
+}
+
+// The variables stepgraph knows, mapped onto the flags that name them, and the default
+// of the kernel cache (where the user's caches are). Flags given later override them.
+absl::Status ApplyEnvironment(const Environment& env, Options& o) {
+  auto get = [&](const char* name) -> absl::string_view {
+    const char* v = env(name);
+    return v == nullptr ? absl::string_view() : absl::string_view(v);
+  };
+  if (absl::string_view xdg = get("XDG_CACHE_HOME"); !xdg.empty()) {
+    o.cuda.kernel_cache_folder = absl::StrCat(xdg, "/stepgraph/kernels");
+  } else if (absl::string_view home = get("HOME"); !home.empty()) {
+    o.cuda.kernel_cache_folder = absl::StrCat(home, "/.cache/stepgraph/kernels");
+  }
+  for (const Flag& f : kFlags) {
+    if (f.env == nullptr || (f.commands & o.command) == 0) continue;
+    const absl::string_view v = get(f.env);
+    bool set = false;
+    switch (f.env_rule) {
+      case EnvRule::kNone:
+        break;
+      case EnvRule::kSetUnlessZero:
+        set = !v.empty() && v != "0";
+        break;
+      case EnvRule::kSetIfZero:
+        set = v == "0";
+        break;
+      case EnvRule::kValue:
+        set = !v.empty();
+        break;
+    }
+    if (!set) continue;
+    if (absl::Status st = f.apply(f.env_rule == EnvRule::kValue ? v : "", o); !st.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("environment variable ", f.env, ": ", st.message()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// What no single flag can check: flags that exclude each other.
+absl::Status CheckTogether(const Options& o) {
+  if (!o.model.empty() && o.preset != "tiny") {
+    return absl::InvalidArgumentError("--model and --model-preset cannot be used together");
+  }
+  const bool text = o.prompt_text.has_value() || o.prompt_file.has_value();
+  if (o.prompt_ids_given && text) {
+    const char* flag = o.prompt_text.has_value() ? "--prompt" : "--file";
+    return absl::InvalidArgumentError(
+        absl::StrCat(flag, " and --prompt-ids cannot be used together"));
+  }
+  if (o.prompt_text.has_value() && o.prompt_file.has_value()) {
+    return absl::InvalidArgumentError("--prompt and --file cannot be used together");
+  }
+  if (o.chat && !text && (o.prompt_ids_given || o.model.empty())) {
+    return absl::InvalidArgumentError(
+        "--chat wraps a text prompt: give --prompt TEXT, --file PATH or the text on standard "
+        "input, with a --model that has a tokenizer");
+  }
+  if (o.text.has_value() && o.decode.has_value()) {
+    return absl::InvalidArgumentError("--text and --decode cannot be used together");
+  }
+  if (o.system.has_value() && o.model.empty()) {
+    return absl::InvalidArgumentError(
+        "--system needs a --model with a chat template; the built-in model has none");
+  }
+  return absl::OkStatus();
+}
+
+// `text` wrapped to lines of at most `width` columns, every line after the first
+// indented by `indent` spaces.
+std::string Wrap(absl::string_view text, size_t indent, size_t width) {
+  std::string out;
+  size_t column = indent;
+  bool first = true;
+  for (absl::string_view word : absl::StrSplit(text, ' ', absl::SkipEmpty())) {
+    if (!first && column + 1 + word.size() > width) {
+      absl::StrAppend(&out, "\n", std::string(indent, ' '));
+      column = indent;
+      first = true;
+    }
+    if (!first) {
+      out.push_back(' ');
+      ++column;
+    }
+    absl::StrAppend(&out, word);
+    column += word.size();
+    first = false;
+  }
+  return out;
+}
+
+// One flag's lines of help.
+std::string FlagHelp(const Flag& f) {
+  constexpr size_t kColumn = 25, kWidth = 92;
+  std::string left = f.short_name != nullptr ? absl::StrCat(f.short_name, ", ", f.name) : f.name;
+  if (f.value != nullptr) absl::StrAppend(&left, " ", f.value);
+  std::string help = f.help;
+  if (f.env != nullptr) {
+    absl::StrAppend(&help, " (also ", f.env,
+                    f.env_rule == EnvRule::kSetUnlessZero ? "=1"
+                    : f.env_rule == EnvRule::kSetIfZero   ? "=0"
+                                                          : "",
+                    ")");
+  }
+  std::string line = absl::StrCat("  ", left);
+  if (line.size() + 1 > kColumn) {
+    absl::StrAppend(&line, "\n");
+    line.append(kColumn, ' ');
+  } else {
+    line.append(kColumn - line.size(), ' ');
+  }
+  return absl::StrCat(line, Wrap(help, kColumn, kWidth), "\n");
+}
+
+std::string ModelOptionsHelp(Command command) {
+  std::string out = "model options:\n";
+  for (const Flag& f : kFlags) {
+    if (f.model_section && (f.commands & command)) absl::StrAppend(&out, FlagHelp(f));
+  }
+  return out;
+}
+
+}  // namespace
+
+absl::string_view CommandName(Command c) {
+  switch (c) {
+    case kRun:
+      return "run";
+    case kChat:
+      return "chat";
+    case kGraph:
+      return "graph";
+    case kBench:
+      return "bench";
+    case kTokenize:
+      return "tokenize";
+  }
+  return "run";
+}
+
+absl::Span<const Flag> Flags() { return kFlags; }
+
+absl::StatusOr<int64_t> ParseInt(absl::string_view text, int64_t min, int64_t max) {
+  int64_t v = 0;
+  if (absl::SimpleAtoi(text, &v) && v >= min && v <= max) return v;
+  return absl::InvalidArgumentError(
+      max == INT64_MAX
+          ? absl::StrCat("expected an integer >= ", min, ", got '", text, "'")
+          : absl::StrCat("expected an integer in [", min, ", ", max, "], got '", text, "'"));
+}
+
+absl::StatusOr<float> ParseFloat(absl::string_view text, float lo, float hi, bool lo_open) {
+  float v = 0;
+  if (absl::SimpleAtof(text, &v) && std::isfinite(v) && (lo_open ? v > lo : v >= lo) && v <= hi) {
+    return v;
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "expected a number in ", lo_open ? "(" : "[", lo, ", ", hi, "], got '", text, "'"));
+}
+
+absl::StatusOr<std::vector<int64_t>> ParseIntList(absl::string_view text, int64_t min,
+                                                  int64_t max) {
+  std::vector<int64_t> out;
+  for (absl::string_view part : absl::StrSplit(text, ',')) {
+    SG_ASSIGN_OR_RETURN(const int64_t v, ParseInt(part, min, max));
+    out.push_back(v);
+  }
+  return out;
+}
+
+absl::StatusOr<Options> ParseArgs(absl::Span<const char* const> args, const Environment& env,
+                                  std::optional<Command>* named) {
+  Options o;
+  size_t i = 0;
+  if (i < args.size() && args[i][0] != '-') {
+    const absl::string_view word = args[i];
+    if (word == "help") {
+      o.help = true;
+      return o;
+    }
+    bool found = false;
+    for (const CommandSpec& c : kCommands) {
+      if (word == CommandName(c.command)) {
+        o.command = c.command;
+        found = true;
+      }
+    }
+    if (!found) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "unknown command '", word, "' (commands: run, chat, graph, bench, tokenize)"));
+    }
+    *named = o.command;
+    ++i;
+  }
+  SG_RETURN_IF_ERROR(ApplyEnvironment(env, o));
+  for (; i < args.size(); ++i) {
+    absl::string_view arg = args[i];
+    std::optional<absl::string_view> inline_value;
+    if (const size_t eq = arg.find('='); absl::StartsWith(arg, "--") && eq != arg.npos) {
+      inline_value = arg.substr(eq + 1);
+      arg = arg.substr(0, eq);
+    }
+    bool known = false;
+    const Flag* flag = FindFlag(arg, o.command, &known);
+    if (!known) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          absl::StartsWith(arg, "-") ? "unknown flag '" : "unexpected argument '", arg, "'"));
+    }
+    if (flag == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(arg, " is not an option of '", CommandName(o.command), "'"));
+    }
+    absl::string_view value;
+    if (flag->value != nullptr) {
+      if (inline_value.has_value()) {
+        value = *inline_value;
+      } else if (i + 1 < args.size()) {
+        value = args[++i];
+      } else {
+        return absl::InvalidArgumentError(absl::StrCat(arg, ": missing value"));
+      }
+    } else if (inline_value.has_value()) {
+      return absl::InvalidArgumentError(absl::StrCat(arg, " takes no value"));
+    }
+    if (absl::Status st = flag->apply(value, o); !st.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(arg, ": ", st.message()));
+    }
+  }
+  SG_RETURN_IF_ERROR(CheckTogether(o));
+  return o;
+}
+
+std::string HelpText(std::optional<Command> command) {
+  if (!command.has_value()) {
+    std::string out = absl::StrCat(kOverview, "\ncommands:\n");
+    for (const CommandSpec& c : kCommands) {
+      const absl::string_view name = CommandName(c.command);
+      absl::StrAppend(&out, "  ", name, std::string(9 - name.size(), ' '), c.summary, "\n");
+    }
+    absl::StrAppend(&out, "\n'stepgraph <command> --help' lists the command's options.\n\n",
+                    ModelOptionsHelp(kRun));
+    return out;
+  }
+  std::string out;
+  for (const CommandSpec& c : kCommands) {
+    if (c.command == *command) out = c.about;
+  }
+  absl::StrAppend(&out, "\n", CommandName(*command), " options:\n");
+  for (const Flag& f : kFlags) {
+    if (!f.model_section && (f.commands & *command)) absl::StrAppend(&out, FlagHelp(f));
+  }
+  absl::StrAppend(&out, "\n", ModelOptionsHelp(*command));
+  return out;
+}
+
+}  // namespace sg::cli
