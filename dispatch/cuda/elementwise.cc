@@ -1,10 +1,22 @@
-// Add, Mul, Silu, SiluMul, Copy and Advance on CUDA: one launch each (Copy is one
+// The elementwise unit of CudaDispatch: Add, Mul, Silu, SiluMul, Copy and Advance, one
+// launch each from the node's arguments alone, so they keep no state (Copy is one
 // device-to-device cudaMemcpyAsync, a memcpy node when captured).
 #include "dispatch/cuda/cuda_status.h"
+#include "dispatch/cuda/op_units.h"
 #include "kernels/elementwise.cuh"
 #include "stepgraph/dispatch/cuda_dispatch.h"
 
 namespace sg {
+namespace internal {
+
+PreparedOr Prepare(const ops::Add&, const CudaPrepareContext&) { return NoState(); }
+PreparedOr Prepare(const ops::Mul&, const CudaPrepareContext&) { return NoState(); }
+PreparedOr Prepare(const ops::Silu&, const CudaPrepareContext&) { return NoState(); }
+PreparedOr Prepare(const ops::SiluMul&, const CudaPrepareContext&) { return NoState(); }
+PreparedOr Prepare(const ops::Copy&, const CudaPrepareContext&) { return NoState(); }
+PreparedOr Prepare(const ops::Advance&, const CudaPrepareContext&) { return NoState(); }
+
+}  // namespace internal
 
 absl::Status CudaDispatch::Run(const ops::Add&, const NodeArgs& args) {
   return ToStatus(kernels::LaunchAdd(args.inputs[0].data, args.inputs[1].data, args.output.data,

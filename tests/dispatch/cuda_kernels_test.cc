@@ -158,8 +158,8 @@ TEST(MatmulRunnerTest, PathFollowsPolicyAndShape) {
   }
 }
 
-// A Run whose node carries no prepared state (a plan executed without the PreparedPlan
-// CudaDispatch made) is refused before anything is launched.
+// A Run whose node carries no prepared state, or one of another type (a plan executed
+// without the PreparedPlan CudaDispatch made), is refused before anything is launched.
 TEST(CudaDispatchTest, NodeNotPreparedIsFailedPrecondition) {
   if (!CudaDeviceAvailable()) GTEST_SKIP() << "no CUDA device";
   absl::StatusOr<std::unique_ptr<CudaDispatch>> gpu = CudaDispatch::Create();
@@ -177,6 +177,14 @@ TEST(CudaDispatchTest, NodeNotPreparedIsFailedPrecondition) {
   EXPECT_EQ((*gpu)->Run(ops::Attention{0.125f}, args).code(),
             absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ((*gpu)->Run(ops::Argmax{}, args).code(), absl::StatusCode::kFailedPrecondition);
+  // A state of another type (another dispatcher's, another op's) is refused the same way.
+  struct OtherState final : PreparedState<OtherState> {};
+  const OtherState other;
+  args.prepared = &other;
+  const absl::Status wrong = (*gpu)->Run(ops::MatMul{}, args);
+  EXPECT_EQ(wrong.code(), absl::StatusCode::kFailedPrecondition) << wrong;
+  EXPECT_NE(wrong.message().find("not of the type"), absl::string_view::npos) << wrong;
+  EXPECT_EQ((*gpu)->Run(ops::RmsNorm{}, args).code(), absl::StatusCode::kFailedPrecondition);
 }
 
 // One node run on the CPU reference and on CudaDispatch with every device buffer placed
