@@ -95,22 +95,15 @@ __device__ __forceinline__ void AwaitPrerequisiteGrids() {
 #endif
 }
 
-// Launches `kernel` on `stream`, programmatically serialised when enabled. Returns the
-// launch's error and, like a <<<>>> launch followed by cudaGetLastError, leaves no error
-// pending.
+// Launches `kernel` on `stream`, programmatically serialised when the caller allows it and
+// the kernels and device can take it. Returns the launch's error and, like a <<<>>> launch
+// followed by cudaGetLastError, leaves no error pending.
 template <typename... Params, typename... Args>
-cudaError_t LaunchKernel(void (*kernel)(Params...), dim3 grid, dim3 block, cudaStream_t stream,
+cudaError_t LaunchKernel(void (*kernel)(Params...), dim3 grid, dim3 block, const Stream& stream,
                          Args&&... args) {
   cudaLaunchAttribute attribute[1];
-  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute[0].val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t config = {};
-  config.gridDim = grid;
-  config.blockDim = block;
-  config.dynamicSmemBytes = 0;
-  config.stream = stream;
-  config.attrs = attribute;
-  config.numAttrs = ProgrammaticLaunchEnabled() ? 1 : 0;
+  const cudaLaunchConfig_t config = MakeLaunchConfig(
+      grid, block, 0, stream, stream.programmatic && ProgrammaticLaunchSupported(), attribute);
   const cudaError_t e = cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
   if (e != cudaSuccess) (void)cudaGetLastError();
   return e;

@@ -205,7 +205,7 @@ __global__ void __launch_bounds__(kSoftmaxThreads, 1) __cluster_dims__(kSoftmaxC
 }  // namespace
 
 cudaError_t LaunchRmsNorm(const void* x, const void* w, void* y, int64_t rows, int64_t h,
-                          float eps, DType dtype, cudaStream_t stream) {
+                          float eps, DType dtype, Stream stream) {
   if (rows <= 0 || h <= 0) return cudaErrorInvalidValue;
   return DispatchFloat(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
@@ -222,7 +222,7 @@ cudaError_t LaunchRmsNorm(const void* x, const void* w, void* y, int64_t rows, i
 }
 
 cudaError_t LaunchSoftmax(const void* x, void* y, int64_t rows, int64_t n, DType dtype,
-                          cudaStream_t stream) {
+                          Stream stream) {
   if (rows <= 0 || n <= 0) return cudaErrorInvalidValue;
   return DispatchFloat(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;

@@ -123,11 +123,11 @@ absl::Status CudaDispatch::Run(const ops::Attention& op, const NodeArgs& args) {
     a.rows_per_seq = node->rows_per_seq;
     a.slots = node->slots;
     if (node->prefill_kernel) {
-      return ToStatus(kernels::LaunchPrefillAttention(a, node->shape, q.dtype, stream_),
+      return ToStatus(kernels::LaunchPrefillAttention(a, node->shape, q.dtype, launch()),
                       "LaunchPrefillAttention");
     }
   }
-  return ToStatus(kernels::LaunchAttention(a, node->shape, node->chunks, q.dtype, stream_),
+  return ToStatus(kernels::LaunchAttention(a, node->shape, node->chunks, q.dtype, launch()),
                   "LaunchAttention");
 }
 

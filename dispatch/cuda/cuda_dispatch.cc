@@ -14,7 +14,6 @@
 #include "dispatch/cuda/op_units.h"
 #include "dispatch/cuda/rope.h"
 #include "dispatch/cuda/sampling.h"
-#include "kernels/launch.h"
 #include "stepgraph/base/status.h"
 
 namespace sg {
@@ -61,7 +60,6 @@ absl::StatusOr<std::unique_ptr<CudaDispatch>> CudaDispatch::Create(const Options
     SG_ASSIGN_OR_RETURN(owned, CreateStream("the dispatcher's stream"));
     stream = owned.get();
   }
-  kernels::SetProgrammaticLaunch(options.cuda.programmatic_launch);
   auto dispatch = std::unique_ptr<CudaDispatch>(
       new CudaDispatch(stream, owned != nullptr, info, options.cuda));
   owned.release();

@@ -20,26 +20,26 @@ PreparedOr Prepare(const ops::Advance&, const CudaPrepareContext&) { return NoSt
 
 absl::Status CudaDispatch::Run(const ops::Add&, const NodeArgs& args) {
   return ToStatus(kernels::LaunchAdd(args.inputs[0].data, args.inputs[1].data, args.output.data,
-                                     args.output.shape.NumElements(), args.output.dtype, stream_),
+                                     args.output.shape.NumElements(), args.output.dtype, launch()),
                   "LaunchAdd");
 }
 
 absl::Status CudaDispatch::Run(const ops::Mul&, const NodeArgs& args) {
   return ToStatus(kernels::LaunchMul(args.inputs[0].data, args.inputs[1].data, args.output.data,
-                                     args.output.shape.NumElements(), args.output.dtype, stream_),
+                                     args.output.shape.NumElements(), args.output.dtype, launch()),
                   "LaunchMul");
 }
 
 absl::Status CudaDispatch::Run(const ops::Silu&, const NodeArgs& args) {
   return ToStatus(kernels::LaunchSilu(args.inputs[0].data, args.output.data,
-                                      args.output.shape.NumElements(), args.output.dtype, stream_),
+                                      args.output.shape.NumElements(), args.output.dtype, launch()),
                   "LaunchSilu");
 }
 
 absl::Status CudaDispatch::Run(const ops::SiluMul&, const NodeArgs& args) {
   return ToStatus(
       kernels::LaunchSiluMul(args.inputs[0].data, args.inputs[1].data, args.output.data,
-                             args.output.shape.NumElements(), args.output.dtype, stream_),
+                             args.output.shape.NumElements(), args.output.dtype, launch()),
       "LaunchSiluMul");
 }
 
@@ -54,7 +54,7 @@ absl::Status CudaDispatch::Run(const ops::Copy&, const NodeArgs& args) {
 
 absl::Status CudaDispatch::Run(const ops::Advance&, const NodeArgs& args) {
   return ToStatus(kernels::LaunchAdvance(args.output.as<int32_t>(),
-                                         args.output.shape.NumElements(), stream_, error_flags_),
+                                         args.output.shape.NumElements(), launch(), error_flags_),
                   "LaunchAdvance");
 }
 

@@ -37,12 +37,12 @@ absl::Status CudaDispatch::Run(const ops::Embedding&, const NodeArgs& args) {
     return ToStatus(kernels::LaunchQuantEmbedding(table.data, table.dtype,
                                                   ids.as<const int32_t>(), args.output.data,
                                                   ids.shape[0], table.shape[0], table.shape[1],
-                                                  args.output.dtype, error_flags_, stream_),
+                                                  args.output.dtype, error_flags_, launch()),
                     "LaunchQuantEmbedding");
   }
   return ToStatus(kernels::LaunchEmbedding(table.data, ids.as<const int32_t>(), args.output.data,
                                            ids.shape[0], table.shape[0], table.shape[1],
-                                           table.dtype, error_flags_, stream_),
+                                           table.dtype, error_flags_, launch()),
                   "LaunchEmbedding");
 }
 

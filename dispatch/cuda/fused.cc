@@ -150,7 +150,7 @@ absl::Status CudaDispatch::Run(const ops::FusedMatMul& op, const NodeArgs& args)
     a.rope.error_flags = error_flags_;
   }
   a.y = args.output.data;
-  return ToStatus(kernels::LaunchFusedMatmul(a, stream_), "LaunchFusedMatmul");
+  return ToStatus(kernels::LaunchFusedMatmul(a, launch()), "LaunchFusedMatmul");
 }
 
 absl::Status CudaDispatch::Run(const ops::RopeKvWrite& op, const NodeArgs& args) {
@@ -162,7 +162,7 @@ absl::Status CudaDispatch::Run(const ops::RopeKvWrite& op, const NodeArgs& args)
                                  s->inv_freq, args.output.data, kc.data, args.inputs[3].data,
                                  args.output.shape[0], args.output.shape[1], kc.shape[1],
                                  kc.shape[2], op.rope.head_dim, op.rope.interleaved, kc.dtype,
-                                 error_flags_, stream_),
+                                 error_flags_, launch()),
       "LaunchRopeKvWrite");
 }
 

@@ -37,7 +37,7 @@ absl::StatusOr<CompiledKernel> LoadGenerated(const codegen::GeneratedKernel& g,
 }
 
 absl::Status LaunchCompiled(const CompiledKernel& kernel, const NodeArgs& args,
-                            cudaStream_t stream) {
+                            const kernels::Stream& stream) {
   // Kernel arguments: every input pointer, then the output's.
   void* pointers[kMaxNodeInputs + 1];
   void* arguments[kMaxNodeInputs + 1];
@@ -71,7 +71,7 @@ PreparedOr Prepare(const ops::FusedElementwise& op, const CudaPrepareContext& c)
 absl::Status CudaDispatch::Run(const ops::FusedElementwise&, const NodeArgs& args) {
   SG_ASSIGN_OR_RETURN(const internal::FusedElementwiseState* s,
                       args.PreparedAs<internal::FusedElementwiseState>());
-  return internal::LaunchCompiled(s->kernel, args, stream_);
+  return internal::LaunchCompiled(s->kernel, args, launch());
 }
 
 }  // namespace sg

@@ -6,12 +6,11 @@
 #ifndef STEPGRAPH_DISPATCH_CUDA_GENERATED_H_
 #define STEPGRAPH_DISPATCH_CUDA_GENERATED_H_
 
-#include <cuda_runtime_api.h>
-
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "dispatch/cuda/codegen.h"
 #include "dispatch/cuda/nvrtc_cache.h"
+#include "kernels/launch.h"
 #include "stepgraph/dispatch/dispatch.h"
 
 namespace sg::internal {
@@ -22,7 +21,7 @@ absl::StatusOr<CompiledKernel> LoadGenerated(const codegen::GeneratedKernel& gen
 
 // One launch of `kernel` with the node's input pointers, then its output's, as arguments.
 absl::Status LaunchCompiled(const CompiledKernel& kernel, const NodeArgs& args,
-                            cudaStream_t stream);
+                            const kernels::Stream& stream);
 
 }  // namespace sg::internal
 

@@ -212,7 +212,7 @@ absl::StatusOr<MatmulPath> MatmulRunner::PathFor(const MatmulShape& shape) const
 
 absl::Status MatmulRunner::Launch(const Plan& plan, const MatmulShape& shape, const void* x,
                                   const void* w, const void* bias, void* y,
-                                  cudaStream_t stream) const {
+                                  const kernels::Stream& stream) const {
   if (plan.path == MatmulPath::kGemv) {
     return ToStatus(kernels::LaunchGemv(x, w, bias, y, shape.m, shape.n, shape.k, shape.dtype,
                                         stream),
@@ -241,7 +241,7 @@ absl::Status MatmulRunner::Launch(const Plan& plan, const MatmulShape& shape, co
   return ToStatus(cublasLtMatmul(handle_.get(), plan.desc.get(), &alpha, w, plan.a.get(), x,
                                  plan.b.get(), &beta, y, plan.c.get(), y, plan.c.get(), algo,
                                  workspace_.get(), static_cast<size_t>(workspace_bytes_),
-                                 stream),
+                                 stream.stream),
                   "cublasLtMatmul");
 }
 
@@ -306,10 +306,10 @@ absl::Status CudaDispatch::Run(const ops::MatMul& op, const NodeArgs& args) {
   const internal::MatmulShape& shape = s->shape;
   if (s->path == internal::MatmulPath::kBlockFormat) {
     return ToStatus(kernels::LaunchQuantMatmul(x, w, s->w_dtype, bias, y, shape.m, shape.n,
-                                               shape.k, shape.dtype, stream_),
+                                               shape.k, shape.dtype, launch()),
                     "LaunchQuantMatmul");
   }
-  return matmul_->Launch(*s->plan, shape, x, w, bias, y, stream_);
+  return matmul_->Launch(*s->plan, shape, x, w, bias, y, launch());
 }
 
 }  // namespace sg

@@ -14,6 +14,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "dispatch/cuda/cuda_handles.h"
+#include "kernels/launch.h"
 #include "stepgraph/dispatch/cuda_dispatch.h"
 #include "stepgraph/dispatch/cuda_options.h"
 
@@ -56,7 +57,7 @@ class MatmulRunner {
 
   // One launch of `plan` (made by Prepare for `shape`) on `stream`.
   absl::Status Launch(const Plan& plan, const MatmulShape& shape, const void* x, const void* w,
-                      const void* bias, void* y, cudaStream_t stream) const;
+                      const void* bias, void* y, const kernels::Stream& stream) const;
 
   // The path (kCublasLt or kGemv) Prepare chose for `shape`; NotFound if it was not
   // prepared.

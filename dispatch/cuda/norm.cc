@@ -54,17 +54,17 @@ PreparedOr Prepare(const ops::Softmax&, const CudaPrepareContext&) { return NoSt
 
 absl::Status CudaDispatch::Run(const ops::RmsNorm& op, const NodeArgs& args) {
   SG_ASSIGN_OR_RETURN(const internal::RmsNormState* s, args.PreparedAs<internal::RmsNormState>());
-  if (s->compiled) return internal::LaunchCompiled(s->kernel, args, stream_);
+  if (s->compiled) return internal::LaunchCompiled(s->kernel, args, launch());
   const TensorArg& x = args.inputs[0];
   return ToStatus(kernels::LaunchRmsNorm(x.data, args.inputs[1].data, args.output.data,
-                                         x.shape[0], x.shape[1], op.eps, x.dtype, stream_),
+                                         x.shape[0], x.shape[1], op.eps, x.dtype, launch()),
                   "LaunchRmsNorm");
 }
 
 absl::Status CudaDispatch::Run(const ops::Softmax&, const NodeArgs& args) {
   const TensorArg& x = args.inputs[0];
   return ToStatus(kernels::LaunchSoftmax(x.data, args.output.data, x.shape[0], x.shape[1],
-                                         x.dtype, stream_),
+                                         x.dtype, launch()),
                   "LaunchSoftmax");
 }
 

@@ -17,7 +17,6 @@
 #include "absl/strings/str_format.h"
 #include "dispatch/cuda/cuda_handles.h"
 #include "dispatch/cuda/cuda_status.h"
-#include "kernels/launch.h"
 #include "stepgraph/base/status.h"
 
 namespace sg {
@@ -489,17 +488,10 @@ cudaError_t UnloadLibrary(cudaLibrary_t library) {
   return e == cudaErrorCudartUnloading ? cudaSuccess : e;
 }
 
-cudaError_t CompiledKernel::Launch(cudaStream_t stream, void** args) const {
+cudaError_t CompiledKernel::Launch(const kernels::Stream& stream, void** args) const {
   cudaLaunchAttribute attribute[1];
-  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute[0].val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t config = {};
-  config.gridDim = grid;
-  config.blockDim = block;
-  config.dynamicSmemBytes = dynamic_shared_bytes;
-  config.stream = stream;
-  config.attrs = attribute;
-  config.numAttrs = programmatic ? 1 : 0;
+  const cudaLaunchConfig_t config = kernels::MakeLaunchConfig(
+      grid, block, dynamic_shared_bytes, stream, programmatic_capable, attribute);
   // The runtime takes a cudaKernel_t wherever it takes a kernel's address.
   const cudaError_t e = cudaLaunchKernelExC(&config, reinterpret_cast<const void*>(kernel), args);
   if (e != cudaSuccess) (void)cudaGetLastError();
@@ -532,7 +524,6 @@ absl::StatusOr<CompiledKernel> CudaModuleCache::Load(const KernelSource& source,
         return arch.status();
       }
       it->second.arch = *arch;
-      it->second.programmatic = *arch >= 90 && kernels::ProgrammaticLaunchEnabled();
     }
     const Device& d = it->second;
 
@@ -565,7 +556,7 @@ absl::StatusOr<CompiledKernel> CudaModuleCache::Load(const KernelSource& source,
     k.grid = grid;
     k.block = block;
     k.dynamic_shared_bytes = dynamic_shared_bytes;
-    k.programmatic = d.programmatic;
+    k.programmatic_capable = d.arch >= 90;
     return k;
   } catch (const std::bad_alloc&) {
     return absl::ResourceExhaustedError(absl::StrCat("out of memory loading ", source.name));

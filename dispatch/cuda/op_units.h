@@ -14,6 +14,7 @@
 #include <utility>
 
 #include "absl/status/statusor.h"
+#include "kernels/launch.h"
 #include "stepgraph/dispatch/cuda_dispatch.h"
 #include "stepgraph/graph/graph.h"
 #include "stepgraph/graph/ops.h"
@@ -62,6 +63,11 @@ SG_OP_LIST(SG_CUDA_UNIT)
 #undef SG_CUDA_UNIT
 
 }  // namespace internal
+
+inline kernels::Stream CudaDispatch::launch() const {
+  return kernels::Stream(stream_, options_.programmatic_launch);
+}
+
 }  // namespace sg
 
 #endif  // STEPGRAPH_DISPATCH_CUDA_OP_UNITS_H_

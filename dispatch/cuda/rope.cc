@@ -83,7 +83,7 @@ absl::Status CudaDispatch::Run(const ops::Rope& op, const NodeArgs& args) {
   const TensorArg& x = args.inputs[0];
   return ToStatus(kernels::LaunchRope(x.data, args.inputs[1].as<const int32_t>(), s->inv_freq,
                                       args.output.data, x.shape[0], x.shape[1], op.head_dim,
-                                      op.interleaved, x.dtype, stream_),
+                                      op.interleaved, x.dtype, launch()),
                   "LaunchRope");
 }
 
@@ -100,7 +100,7 @@ absl::Status CudaDispatch::Run(const ops::KvWrite& op, const NodeArgs& args) {
   return ToStatus(kernels::LaunchKvWrite(kv.data, args.inputs[1].as<const int32_t>(),
                                          cache.data, kv.shape[0], cache.shape[1],
                                          cache.shape[2], cache.shape[3], cache.dtype,
-                                         error_flags_, stream_, slots),
+                                         error_flags_, launch(), slots),
                   "LaunchKvWrite");
 }
 

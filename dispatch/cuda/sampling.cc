@@ -78,7 +78,7 @@ absl::Status CudaDispatch::Run(const ops::Argmax&, const NodeArgs& args) {
   SG_ASSIGN_OR_RETURN(const internal::ArgmaxState* node, args.PreparedAs<internal::ArgmaxState>());
   const TensorArg& x = args.inputs[0];
   return ToStatus(kernels::LaunchArgmax(x.data, x.dtype, x.shape[0], x.shape[1], node->blocks,
-                                        node->workspace, args.output.as<int32_t>(), stream_,
+                                        node->workspace, args.output.as<int32_t>(), launch(),
                                         error_flags_),
                   "LaunchArgmax");
 }
@@ -92,7 +92,7 @@ absl::Status CudaDispatch::Run(const ops::Sample& op, const NodeArgs& args) {
   return ToStatus(
       kernels::LaunchSample(logits.data, logits.dtype, logits.shape[0], logits.shape[1],
                             args.inputs[1].as<const int32_t>(), args.inputs[2].as<const int32_t>(),
-                            params, args.output.as<int32_t>(), stream_, error_flags_),
+                            params, args.output.as<int32_t>(), launch(), error_flags_),
       "LaunchSample");
 }
 

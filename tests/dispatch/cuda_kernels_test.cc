@@ -1,11 +1,13 @@
 // What the op-conformance table cannot reach: the kernels' fallbacks for buffers that are
 // not 16-byte aligned (every tensor there is bound at an aligned address), cuBLASLt's
 // element-aligned algorithm, and how MatmulRunner picks a matmul path (the policy parsed
-// from STEPGRAPH_MATMUL, then per shape), and programmatic dependent launch between
-// dependent kernels. GPU cases GTEST_SKIP without a device.
+// from STEPGRAPH_MATMUL, then per shape), programmatic dependent launch between dependent
+// kernels, and that each dispatcher launches as its own options say. GPU cases GTEST_SKIP
+// without a device.
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
@@ -24,6 +26,7 @@
 #include "stepgraph/graph/builder.h"
 #include "stepgraph/dispatch/cpu_dispatch.h"
 #include "stepgraph/dispatch/cuda_dispatch.h"
+#include "stepgraph/dispatch/executor.h"
 #include "stepgraph/graph/memory_plan.h"
 #include "tests/testing/conformance.h"
 #include "tests/testing/util.h"
@@ -43,9 +46,8 @@ TEST(ProgrammaticLaunchTest, DependentKernelsSeeTheirPrerequisitesWrites) {
   ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device),
             cudaSuccess);
   const bool wanted = CudaOptionsFromTestEnvironment().programmatic_launch;
-  kernels::SetProgrammaticLaunch(wanted);
   const bool expect = major >= 9 && wanted;
-  EXPECT_EQ(kernels::ProgrammaticLaunchEnabled(), expect);
+  EXPECT_EQ(kernels::ProgrammaticLaunchSupported(), major >= 9);
 
   constexpr int64_t kN = 1 << 16;
   constexpr int kSteps = 200;
@@ -69,13 +71,15 @@ TEST(ProgrammaticLaunchTest, DependentKernelsSeeTheirPrerequisitesWrites) {
   absl::StatusOr<UniqueStream> stream = CreateStream("programmatic launch test");
   ASSERT_TRUE(stream.ok());
   cudaStream_t s = stream->get();
+  const kernels::Stream launch(s, wanted);
 
   ASSERT_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), cudaSuccess);
-  cudaError_t launched = kernels::LaunchAdd(da->get(), db->get(), ping->get(), kN, DType::kF32, s);
+  cudaError_t launched =
+      kernels::LaunchAdd(da->get(), db->get(), ping->get(), kN, DType::kF32, launch);
   void* in = ping->get();
   void* out = pong->get();
   for (int step = 1; step < kSteps && launched == cudaSuccess; ++step) {
-    launched = kernels::LaunchAdd(in, db->get(), out, kN, DType::kF32, s);
+    launched = kernels::LaunchAdd(in, db->get(), out, kN, DType::kF32, launch);
     std::swap(in, out);
   }
   cudaGraph_t raw = nullptr;
@@ -108,6 +112,116 @@ TEST(ProgrammaticLaunchTest, DependentKernelsSeeTheirPrerequisitesWrites) {
   }
 }
 
+
+// Host side, no device: the launch a kernels::Stream asks for. Programmatic serialisation
+// is set only when the caller allows it and the kernels and device can take it, and a
+// bare stream (the C ABI's, the benchmarks') allows it.
+TEST(ProgrammaticLaunchTest, LaunchConfigFollowsTheCallersStream) {
+  cudaStream_t s = reinterpret_cast<cudaStream_t>(uintptr_t{0x1000});
+  for (bool allowed : {true, false}) {
+    for (bool supported : {true, false}) {
+      cudaLaunchAttribute attribute{};
+      const cudaLaunchConfig_t c = kernels::MakeLaunchConfig(
+          dim3(3), dim3(64), 128, kernels::Stream(s, allowed), supported, &attribute);
+      EXPECT_EQ(c.numAttrs, allowed && supported ? 1u : 0u) << allowed << supported;
+      EXPECT_EQ(c.stream, s);
+      EXPECT_EQ(c.gridDim.x, 3u);
+      EXPECT_EQ(c.blockDim.x, 64u);
+      EXPECT_EQ(c.dynamicSmemBytes, 128u);
+      EXPECT_EQ(c.attrs, &attribute);
+      EXPECT_EQ(attribute.id, cudaLaunchAttributeProgrammaticStreamSerialization);
+    }
+  }
+  const kernels::Stream bare = s;
+  EXPECT_TRUE(bare.programmatic);
+  EXPECT_EQ(bare.stream, s);
+}
+
+// Programmatic edges of the graph captured from one eager pass of `prepared` on
+// `dispatch`'s stream, and all its edges.
+std::pair<int, int> CapturedEdges(CudaDispatch& dispatch, const PreparedPlan& prepared,
+                                  const Bindings& bindings) {
+  cudaStream_t s = dispatch.stream();
+  EXPECT_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  const absl::StatusOr<ExecStats> ran = Execute(prepared, bindings, dispatch);
+  cudaGraph_t raw = nullptr;
+  EXPECT_EQ(cudaStreamEndCapture(s, &raw), cudaSuccess);
+  UniqueGraph graph(raw);
+  EXPECT_TRUE(ran.ok()) << ran.status();
+  size_t edges = 0;
+  EXPECT_EQ(cudaGraphGetEdges(graph.get(), nullptr, nullptr, nullptr, &edges), cudaSuccess);
+  std::vector<cudaGraphNode_t> from(edges), to(edges);
+  std::vector<cudaGraphEdgeData> data(edges);
+  EXPECT_EQ(cudaGraphGetEdges(graph.get(), from.data(), to.data(), data.data(), &edges),
+            cudaSuccess);
+  int programmatic = 0;
+  for (const cudaGraphEdgeData& d : data) {
+    programmatic += d.type == cudaGraphDependencyTypeProgrammatic ? 1 : 0;
+  }
+  return {programmatic, static_cast<int>(edges)};
+}
+
+// CudaOptions::programmatic_launch belongs to its dispatcher: two dispatchers of one
+// process with different settings each launch as their own option says, whichever was made
+// last. The step chains stepgraph's kernels (Add, the small-M matmul, Silu) and a kernel
+// compiled through NVRTC (RmsNorm with compiled_norm), each reading the previous result.
+TEST(ProgrammaticLaunchTest, EachDispatcherLaunchesAsItsOwnOptionSays) {
+  if (!CudaDeviceAvailable()) GTEST_SKIP() << "no CUDA device";
+  int device = 0, major = 0;
+  ASSERT_EQ(cudaGetDevice(&device), cudaSuccess);
+  ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device),
+            cudaSuccess);
+  GraphBuilder b;
+  const Shape shape{4, 256};
+  const TensorId x = b.Input("x", DType::kF32, shape), r = b.Input("r", DType::kF32, shape);
+  const TensorId normed = b.RmsNorm(b.Add(x, r, "add0"), b.Weight("w", DType::kF32, {256}),
+                                    1e-5f, "norm");
+  const TensorId y = b.MatMul(b.Add(normed, r, "add1"), b.Weight("wm", DType::kF32, {256, 256}),
+                              "mm");
+  b.Output("y", b.Silu(y, "silu"));
+  absl::StatusOr<Graph> graph = std::move(b).Build();
+  ASSERT_TRUE(graph.ok()) << graph.status();
+  absl::StatusOr<ExecutionPlan> plan = ExecutionPlan::Create(*std::move(graph));
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  std::vector<DeviceMemory> buffers;
+  Bindings bindings(plan->graph());
+  for (const Tensor& t : plan->graph().tensors()) {
+    if (t.kind == TensorKind::kIntermediate) continue;
+    absl::StatusOr<DeviceMemory> m = AllocateDevice(t.bytes(), "a bound tensor");
+    ASSERT_TRUE(m.ok()) << m.status();
+    ASSERT_TRUE(bindings.Bind(t.name, m->get(), t.bytes()).ok());
+    buffers.push_back(*std::move(m));
+  }
+  absl::StatusOr<DeviceMemory> arena = AllocateDevice(plan->arena_bytes(), "the arena");
+  ASSERT_TRUE(arena.ok()) << arena.status();
+  bindings.SetArena(arena->get(), plan->arena_bytes());
+
+  auto make = [](bool programmatic) {
+    CudaDispatch::Options o;
+    o.cuda.programmatic_launch = programmatic;
+    o.cuda.compiled_norm = true;
+    o.cuda.matmul = MatmulPolicy::kGemv;
+    return CudaDispatch::Create(o);
+  };
+  absl::StatusOr<std::unique_ptr<CudaDispatch>> on = make(true);
+  ASSERT_TRUE(on.ok()) << on.status();
+  absl::StatusOr<std::unique_ptr<CudaDispatch>> off = make(false);
+  ASSERT_TRUE(off.ok()) << off.status();
+  absl::StatusOr<PreparedPlan> on_plan = (*on)->Prepare(*plan);
+  absl::StatusOr<PreparedPlan> off_plan = (*off)->Prepare(*plan);
+  ASSERT_TRUE(on_plan.ok()) << on_plan.status();
+  ASSERT_TRUE(off_plan.ok()) << off_plan.status();
+  const int kEdges = 4;  // add0 -> norm -> add1 -> mm -> silu
+  const int expect_on = major >= 9 ? kEdges : 0;
+  EXPECT_EQ(CapturedEdges(**on, *on_plan, bindings), std::make_pair(expect_on, kEdges))
+      << "made before the dispatcher without programmatic launch";
+  EXPECT_EQ(CapturedEdges(**off, *off_plan, bindings), std::make_pair(0, kEdges));
+  // A third dispatcher, made last and asking for it, changes neither.
+  absl::StatusOr<std::unique_ptr<CudaDispatch>> later = make(true);
+  ASSERT_TRUE(later.ok()) << later.status();
+  EXPECT_EQ(CapturedEdges(**off, *off_plan, bindings), std::make_pair(0, kEdges));
+  EXPECT_EQ(CapturedEdges(**on, *on_plan, bindings), std::make_pair(expect_on, kEdges));
+}
 
 TEST(MatmulRunnerTest, PathFollowsPolicyAndShape) {
   if (!CudaDeviceAvailable()) GTEST_SKIP() << "no CUDA device";

@@ -21,6 +21,10 @@ namespace sg {
 
 class CudaModuleCache;
 
+namespace kernels {
+struct Stream;
+}  // namespace kernels
+
 namespace internal {
 class MatmulRunner;
 class RopeTables;
@@ -80,6 +84,11 @@ class CudaDispatch final : public KernelDispatch {
  private:
   CudaDispatch(cudaStream_t stream, bool owns_stream, CudaDeviceInfo info,
                const CudaOptions& options);
+
+  // The stream and the launch mode of every kernel a Run launches: programmatic as this
+  // dispatcher's options say, whatever other dispatchers of the process say
+  // (dispatch/cuda/op_units.h).
+  kernels::Stream launch() const;
 
   cudaStream_t stream_;
   bool owns_stream_;
