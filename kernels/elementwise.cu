@@ -20,8 +20,6 @@ constexpr int kSmallThreads = 128;
 // is used.
 constexpr int64_t kSmallVectors = int64_t{kThreads} * kUnroll * 132;
 
-__device__ __forceinline__ float SiluOf(float x) { return x / (1.0f + expf(-x)); }
-
 struct AddOp {
   template <typename T>
   __device__ T operator()(T a, T b) const {
@@ -41,13 +39,13 @@ struct MulOp {
 struct SiluOp {
   template <typename T>
   __device__ T operator()(T x) const {
-    return FromFloat<T>(SiluOf(ToFloat(x)));
+    return FromFloat<T>(Silu(ToFloat(x)));
   }
 };
 struct SiluMulOp {
   template <typename T>
   __device__ T operator()(T g, T u) const {
-    return FromFloat<T>(SiluOf(ToFloat(g)) * ToFloat(u));
+    return FromFloat<T>(Silu(ToFloat(g)) * ToFloat(u));
   }
 };
 

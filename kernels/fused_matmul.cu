@@ -250,8 +250,7 @@ __global__ void __launch_bounds__(kThreads) FusedMatmulKernel(FusedMatmulArgs a)
       constexpr int h = kFusedCols / 2;
       if (valid && c < h) {
         const float g = values[i], u = values[i + h];
-        const float silu = g / (1.0f + expf(-g));
-        static_cast<T*>(a.y)[r * a.n[0] + h * b + c] = FromFloat<T>(silu * u);
+        static_cast<T*>(a.y)[r * a.n[0] + h * b + c] = FromFloat<T>(Silu(g) * u);
       }
       break;
     }

@@ -8,11 +8,13 @@
 //                       dtype exactly as the unfused ops would store it;
 //   RmsNormSpec      -> RmsNorm with hidden size, eps and dtype as constants.
 //
-// Generated kernels include no headers (quick to compile), wait on griddepcontrol before
-// their first read of anything an earlier kernel writes (programmatic dependent launch,
-// as kernels/common.cuh's AwaitPrerequisiteGrids), and use 16-byte accesses when every
-// pointer is 16-byte aligned, falling back to element accesses otherwise (checked inside
-// the kernel, so any pointers are accepted).
+// Generated kernels are a few constants and a kernel body over stepgraph's own device
+// headers (kernels/device_common.cuh, kernels/rms_norm_row.cuh), which NVRTC gets embedded
+// (nvrtc_headers.h): no device math is written here. They wait on griddepcontrol before
+// their first read of anything an earlier kernel writes (AwaitPrerequisiteGrids, as every
+// stepgraph kernel), and use 16-byte accesses when every pointer is 16-byte aligned,
+// falling back to element accesses otherwise (checked inside the kernel, so any pointers
+// are accepted).
 #ifndef STEPGRAPH_DISPATCH_CUDA_CODEGEN_H_
 #define STEPGRAPH_DISPATCH_CUDA_CODEGEN_H_
 

@@ -17,6 +17,7 @@
 #include "absl/strings/str_format.h"
 #include "dispatch/cuda/cuda_handles.h"
 #include "dispatch/cuda/cuda_status.h"
+#include "dispatch/cuda/nvrtc_headers.h"
 #include "stepgraph/base/status.h"
 
 namespace sg {
@@ -85,9 +86,19 @@ absl::StatusOr<std::string> Compile(const KernelSource& source, int arch, Output
   LoadNvrtcBuiltins();
   SG_RETURN_IF_ERROR(CheckArchSupported(arch));
   const std::string what = absl::StrCat("compiling ", source.name, " for sm_", arch);
+  // Every program may include the embedded headers (nvrtc_headers.h); NVRTC reads only
+  // those it includes.
+  const absl::Span<const internal::NvrtcHeader> headers = internal::NvrtcHeaders();
+  std::vector<const char*> header_texts, header_names;
+  for (const internal::NvrtcHeader& h : headers) {
+    header_texts.push_back(h.text.data());
+    header_names.push_back(h.include_name);
+  }
   nvrtcProgram raw = nullptr;
   SG_RETURN_IF_ERROR(NvrtcStatus(
-      nvrtcCreateProgram(&raw, source.code.c_str(), source.name.c_str(), 0, nullptr, nullptr),
+      nvrtcCreateProgram(&raw, source.code.c_str(), source.name.c_str(),
+                         static_cast<int>(headers.size()), header_texts.data(),
+                         header_names.data()),
       absl::StrCat(what, ": nvrtcCreateProgram")));
   UniqueProgram program(raw);
 
@@ -299,7 +310,8 @@ CubinCache::CubinCache(CubinCacheOptions options, NvrtcToolchain toolchain)
 }
 
 std::string CubinCache::KeyText(const KernelSource& source) {
-  std::string key = absl::StrCat("stepgraph kernel\noptions ", source.options.size(), "\n");
+  std::string key = absl::StrCat("stepgraph kernel\nheaders ", internal::NvrtcHeadersDigest(),
+                                 "\noptions ", source.options.size(), "\n");
   for (const std::string& o : source.options) absl::StrAppend(&key, o.size(), ":", o, "\n");
   absl::StrAppend(&key, "code ", source.code.size(), ":", source.code);
   return key;
