@@ -1,3 +1,6 @@
+// CUDA source for kernels specialised to what a plan fixes (codegen.h): the elementwise
+// chains of FusedElementwise nodes and RmsNorm, each a few constants and a kernel body over
+// stepgraph's shipped device headers.
 #include "dispatch/cuda/codegen.h"
 
 #include <algorithm>
@@ -76,10 +79,6 @@ const char* OpName(EwOp op) {
       return "silu";
     case EwOp::kSiluMul:
       return "silu_mul";
-    case EwOp::kScale:
-      return "scale";
-    case EwOp::kCast:
-      return "cast";
   }
   return "unknown";
 }
@@ -138,15 +137,7 @@ absl::StatusOr<std::vector<DType>> ChainValueDTypes(const ElementwiseChain& chai
     } else if (step.b != -1) {
       return bad("a unary op takes no operand b (set it to -1)");
     }
-    DType result = dtypes[step.a];
     switch (step.op) {
-      case EwOp::kScale:
-        if (!std::isfinite(step.constant)) return bad("the constant is not finite");
-        break;
-      case EwOp::kCast:
-        if (!IsFloat(step.to)) return bad("casts only to f32, bf16 or f16");
-        result = step.to;
-        break;
       case EwOp::kAdd:
       case EwOp::kMul:
       case EwOp::kSilu:
@@ -155,7 +146,7 @@ absl::StatusOr<std::vector<DType>> ChainValueDTypes(const ElementwiseChain& chai
       default:
         return bad("unknown op");
     }
-    dtypes.push_back(result);
+    dtypes.push_back(dtypes[step.a]);
   }
   for (size_t o = 0; o < chain.outputs.size(); ++o) {
     if (chain.outputs[o] < 0 || chain.outputs[o] >= static_cast<int64_t>(dtypes.size())) {
@@ -285,12 +276,6 @@ absl::StatusOr<GeneratedKernel> GenerateElementwise(const ElementwiseChain& chai
           break;
         case EwOp::kSiluMul:
           expr = absl::StrCat("sg::kernels::Silu(", ref(step.a), ") * ", ref(step.b));
-          break;
-        case EwOp::kScale:
-          expr = absl::StrCat(ref(step.a), " * ", FloatLiteral(step.constant));
-          break;
-        case EwOp::kCast:
-          expr = ref(step.a);
           break;
       }
       absl::StrAppend(&c, "    const float v", value, " = RoundTo<", names[value].storage, ">(",
