@@ -174,6 +174,16 @@ absl::Status DecodeSession::Init(const SessionOptions& options) {
   }
   prefill_chunk_ = std::min(options.prefill_chunk, max_seq_);
 
+  RunnerOptions ro;
+  ro.device = backend == Backend::kCuda ? DeviceKind::kCuda : DeviceKind::kCpu;
+  ro.eager = options.eager;
+  ro.cuda = options.cuda;
+  ro.cpu_threads = options.cpu_threads;
+  SG_ASSIGN_OR_RETURN(runner_, StepRunner::Create(ro));
+  // The passes make only nodes the runner's dispatcher runs.
+  PassOptions passes = options.passes;
+  passes.backend = &runner_->op_support();
+
   std::vector<Graph> graphs;
   for (int64_t bucket : buckets_) {
     LlamaGraphOptions g;
@@ -184,7 +194,7 @@ absl::Status DecodeSession::Init(const SessionOptions& options) {
     g.closed_loop = true;
     SG_ASSIGN_OR_RETURN(Graph graph, BuildLlamaDecodeGraph(config_, g));
     if (bucket <= options.passes_max_rows) {
-      SG_ASSIGN_OR_RETURN(graph, RunPasses(std::move(graph), options.passes));
+      SG_ASSIGN_OR_RETURN(graph, RunPasses(std::move(graph), passes));
     }
     graphs.push_back(std::move(graph));
   }
@@ -214,13 +224,6 @@ absl::Status DecodeSession::Init(const SessionOptions& options) {
   // The largest decode step reads every weight and every KV cache.
   const Graph& largest = graphs[decode_graphs - 1];
   if (model_ != nullptr) SG_RETURN_IF_ERROR(model_->CheckAgainstGraph(largest));
-
-  RunnerOptions ro;
-  ro.device = backend == Backend::kCuda ? DeviceKind::kCuda : DeviceKind::kCpu;
-  ro.eager = options.eager;
-  ro.cuda = options.cuda;
-  ro.cpu_threads = options.cpu_threads;
-  SG_ASSIGN_OR_RETURN(runner_, StepRunner::Create(ro));
 
   // The KV cache is the one buffer whose size the caller picks freely (max_seq × slots):
   // check it against the device before asking for it.

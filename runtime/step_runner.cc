@@ -76,6 +76,8 @@ std::string StepRunner::Describe() const {
                       eager_ ? ", eager (one launch per node)" : ", replayed CUDA graphs");
 }
 
+const OpSupport& StepRunner::op_support() const { return device_->dispatch(); }
+
 absl::StatusOr<void*> StepRunner::Allocate(int64_t bytes, absl::string_view what) {
   return device_->Allocate(bytes, /*zeroed=*/false, what);
 }

@@ -77,6 +77,13 @@ struct AttentionState final : PreparedState<AttentionState> {
 };
 }  // namespace
 
+// The shapes the kernels take (AttentionShapeError), with the slots of a prefill step's
+// cache within 32 bits.
+bool Supports(const ops::Attention& op, const CudaSupportQuery& q) {
+  if (!AttentionShapeOf(q.input(0).shape, q.input(1).shape, "").ok()) return false;
+  return !op.has_slots || q.input(1).shape[0] <= INT_MAX;
+}
+
 PreparedOr Prepare(const ops::Attention& op, const CudaPrepareContext& c) {
   const Tensor& q = c.input(0);
   const Shape& cache = c.input(1).shape;

@@ -1,6 +1,6 @@
 // CudaDispatch: creation, per-plan preparation, which routes each node to its op unit's
-// Prepare (dispatch/cuda/op_units.h; each unit also holds its ops' Run), and the error
-// word.
+// Prepare (dispatch/cuda/op_units.h; each unit also holds its ops' Run), the Supports
+// answer, routed the same way, and the error word.
 #include "stepgraph/dispatch/cuda_dispatch.h"
 
 #include <variant>
@@ -77,6 +77,27 @@ absl::StatusOr<std::unique_ptr<CudaDispatch>> CudaDispatch::Create(const Options
   dispatch->modules_ =
       std::make_unique<CudaModuleCache>(SharedCubinCache(options.cuda.kernel_cache_folder));
   return dispatch;
+}
+
+namespace internal {
+
+bool CudaSupports(const CudaOptions& options, const Op& op,
+                  absl::Span<const Tensor* const> inputs) {
+  // A node the graph would refuse is not one CUDA runs; past this, every unit may rely on
+  // its inputs being what the op takes.
+  if (!InferOutputType(op, "", inputs).ok()) return false;
+  const CudaSupportQuery query{inputs, options};
+  return std::visit([&](const auto& o) { return Supports(o, query); }, op);
+}
+
+}  // namespace internal
+
+bool CudaSupport::Supports(const Op& op, absl::Span<const Tensor* const> inputs) const {
+  return internal::CudaSupports(options_, op, inputs);
+}
+
+bool CudaDispatch::Supports(const Op& op, absl::Span<const Tensor* const> inputs) const {
+  return internal::CudaSupports(options_, op, inputs);
 }
 
 absl::StatusOr<PreparedPlan> CudaDispatch::Prepare(const ExecutionPlan& plan) {

@@ -1,6 +1,7 @@
 // The elementwise unit of CudaDispatch: Add, Mul, Silu, SiluMul, Copy and Advance, one
 // launch each from the node's arguments alone, so they keep no state (Copy is one
-// device-to-device cudaMemcpyAsync, a memcpy node when captured).
+// device-to-device cudaMemcpyAsync, a memcpy node when captured), for every input their
+// shape inference accepts.
 #include "dispatch/cuda/cuda_status.h"
 #include "dispatch/cuda/op_units.h"
 #include "kernels/elementwise.cuh"
@@ -15,6 +16,14 @@ PreparedOr Prepare(const ops::Silu&, const CudaPrepareContext&) { return NoState
 PreparedOr Prepare(const ops::SiluMul&, const CudaPrepareContext&) { return NoState(); }
 PreparedOr Prepare(const ops::Copy&, const CudaPrepareContext&) { return NoState(); }
 PreparedOr Prepare(const ops::Advance&, const CudaPrepareContext&) { return NoState(); }
+
+// Every dtype and shape their shape inference accepts.
+bool Supports(const ops::Add&, const CudaSupportQuery&) { return true; }
+bool Supports(const ops::Mul&, const CudaSupportQuery&) { return true; }
+bool Supports(const ops::Silu&, const CudaSupportQuery&) { return true; }
+bool Supports(const ops::SiluMul&, const CudaSupportQuery&) { return true; }
+bool Supports(const ops::Copy&, const CudaSupportQuery&) { return true; }
+bool Supports(const ops::Advance&, const CudaSupportQuery&) { return true; }
 
 }  // namespace internal
 

@@ -20,6 +20,12 @@ struct EmbeddingState final : PreparedState<EmbeddingState> {
 
 }  // namespace
 
+// A block-format table's kernel takes up to 65535 rows (one grid row each); a plain one,
+// any.
+bool Supports(const ops::Embedding&, const CudaSupportQuery& q) {
+  return !IsQuantized(q.input(0).dtype) || q.input(1).shape[0] <= 65535;
+}
+
 PreparedOr Prepare(const ops::Embedding&, const CudaPrepareContext& c) {
   auto state = std::make_unique<EmbeddingState>();
   state->block_format = IsQuantized(c.input(0).dtype);

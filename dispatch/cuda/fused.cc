@@ -42,24 +42,49 @@ int64_t AlignUp(int64_t v) { return (v + 255) / 256 * 256; }
 
 }  // namespace
 
-// Unimplemented for weights that are not of x's float dtype (quantized weights), more than
-// kFusedMaxWeights weights, or the rope_kv_write epilogue with head_dim not a multiple of
-// kFusedCols.
-PreparedOr Prepare(const ops::FusedMatMul& op, const CudaPrepareContext& c) {
-  const Tensor& x = c.input(0);
-  const int first_w = op.norm ? 2 : 1;
+// What the fused kernel takes of a FusedMatMul over `in` (a CudaPrepareContext or a
+// CudaSupportQuery): at most kFusedMaxWeights weights, every one of x's float dtype (no
+// block formats yet), and the rope_kv_write epilogue only for head_dim a multiple of
+// kFusedCols (a block's four columns hold whole RoPE pairs). Unimplemented naming the
+// limit otherwise; formats only then.
+namespace {
+template <typename Inputs>
+absl::Status FusedKernelTakes(const ops::FusedMatMul& op, const Inputs& in) {
   if (op.weights > kernels::kFusedMaxWeights) {
     return absl::UnimplementedError(absl::StrCat("CUDA FusedMatMul takes at most ",
                                                  kernels::kFusedMaxWeights, " weights, got ",
                                                  op.weights));
   }
-  const bool rope = op.epilogue == ops::FusedMatMul::Epilogue::kRopeKvWrite;
-  if (rope && op.rope.head_dim % kernels::kFusedCols != 0) {
+  if (op.epilogue == ops::FusedMatMul::Epilogue::kRopeKvWrite &&
+      op.rope.head_dim % kernels::kFusedCols != 0) {
     return absl::UnimplementedError(absl::StrCat(
         "CUDA FusedMatMul's rope_kv_write epilogue takes head_dim a multiple of ",
         kernels::kFusedCols, " (a block's columns hold whole RoPE pairs), got ",
-        op.rope.head_dim, " (the rope_kv_write_epilogue pass leaves such graphs alone)"));
+        op.rope.head_dim));
   }
+  const Tensor& x = in.input(0);
+  const int first_w = op.norm ? 2 : 1;
+  for (int g = 0; g < op.weights; ++g) {
+    const Tensor& w = in.input(first_w + g);
+    if (w.dtype != x.dtype) {
+      return absl::UnimplementedError(
+          absl::StrCat("CUDA FusedMatMul takes weights of x's dtype (", DTypeName(x.dtype),
+                       "); weight '", w.name, "' is ", DTypeName(w.dtype)));
+    }
+  }
+  return absl::OkStatus();
+}
+}  // namespace
+
+bool Supports(const ops::FusedMatMul& op, const CudaSupportQuery& q) {
+  return FusedKernelTakes(op, q).ok();
+}
+
+PreparedOr Prepare(const ops::FusedMatMul& op, const CudaPrepareContext& c) {
+  SG_RETURN_IF_ERROR(FusedKernelTakes(op, c));
+  const Tensor& x = c.input(0);
+  const int first_w = op.norm ? 2 : 1;
+  const bool rope = op.epilogue == ops::FusedMatMul::Epilogue::kRopeKvWrite;
   auto node_state = std::make_unique<FusedMatmulState>();
   kernels::FusedMatmulArgs& a = node_state->launch;
   a.m = x.shape[0];
@@ -73,12 +98,6 @@ PreparedOr Prepare(const ops::FusedMatMul& op, const CudaPrepareContext& c) {
   for (int g = 0; g < op.weights; ++g) {
     const Tensor& w = c.input(first_w + g);
     a.weights_constant = a.weights_constant && w.kind == TensorKind::kWeight;
-    if (w.dtype != x.dtype) {
-      return absl::UnimplementedError(absl::StrCat(
-          "CUDA FusedMatMul takes weights of x's dtype (", DTypeName(x.dtype), "); weight '",
-          w.name, "' is ", DTypeName(w.dtype),
-          " (the graph passes leave quantized matmuls unfused)"));
-    }
     a.n[g] = w.shape[0];
     n_total += w.shape[0];
   }
@@ -122,6 +141,9 @@ PreparedOr Prepare(const ops::FusedMatMul& op, const CudaPrepareContext& c) {
   }
   return Keep(std::move(node_state));
 }
+
+// Every head_dim its shape inference accepts.
+bool Supports(const ops::RopeKvWrite&, const CudaSupportQuery&) { return true; }
 
 PreparedOr Prepare(const ops::RopeKvWrite& op, const CudaPrepareContext& c) {
   auto state = std::make_unique<RopeKvWriteState>();

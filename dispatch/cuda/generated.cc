@@ -48,6 +48,13 @@ absl::Status LaunchCompiled(const CompiledKernel& kernel, const NodeArgs& args,
   return ToStatus(kernel.Launch(stream, arguments), "launching a compiled kernel");
 }
 
+// Every chain the op holds fits one generated kernel.
+static_assert(ops::FusedElementwise::kMaxInputs <= codegen::kMaxChainInputs);
+static_assert(ops::FusedElementwise::kMaxSteps <= codegen::kMaxChainSteps);
+bool Supports(const ops::FusedElementwise&, const CudaSupportQuery& q) {
+  return q.input(0).shape.NumElements() <= codegen::kMaxChainElements;
+}
+
 PreparedOr Prepare(const ops::FusedElementwise& op, const CudaPrepareContext& c) {
   const Tensor& x = c.input(0);
   codegen::ElementwiseChain chain;

@@ -113,7 +113,7 @@ absl::StatusOr<std::unique_ptr<MatmulRunner>> MatmulRunner::Create(const CudaDev
 
 absl::StatusOr<const MatmulRunner::Plan*> MatmulRunner::Prepare(const MatmulShape& shape) {
   if (auto it = plans_.find(shape); it != plans_.end()) return it->second.get();
-  if (shape.m <= 0 || shape.n <= 0 || shape.k <= 0 || !IsFloat(shape.dtype)) {
+  if (!Takes(shape)) {
     return absl::InvalidArgumentError(absl::StrCat("no matmul for ", Describe(shape)));
   }
   const bool small = shape.m <= kernels::kGemvMaxRows;
@@ -267,6 +267,18 @@ bool BlockFormatTakes(int64_t m, int64_t n, int64_t k, DType x_dtype, DType w_dt
 }
 
 }  // namespace
+
+// Block-format weights where their kernel takes the shape; float weights of x's dtype (no
+// device is asked: cuBLASLt's algorithm is chosen at Prepare).
+bool Supports(const ops::MatMul& op, const CudaSupportQuery& q) {
+  const Tensor& x = q.input(0);
+  const Tensor& w = q.input(1);
+  if (IsQuantized(w.dtype)) {
+    return BlockFormatTakes(x.shape[0], w.shape[0], x.shape[1], x.dtype, w.dtype);
+  }
+  return w.dtype == x.dtype &&
+         MatmulRunner::Takes({x.shape[0], w.shape[0], x.shape[1], x.dtype, op.has_bias});
+}
 
 PreparedOr Prepare(const ops::MatMul& op, const CudaPrepareContext& c) {
   const Tensor& x = c.input(0);

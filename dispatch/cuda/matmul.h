@@ -51,6 +51,10 @@ class MatmulRunner {
   MatmulRunner(const MatmulRunner&) = delete;
   MatmulRunner& operator=(const MatmulRunner&) = delete;
 
+  // Whether the float paths take `shape` (Prepare refuses it otherwise).
+  static bool Takes(const MatmulShape& shape) {
+    return shape.m > 0 && shape.n > 0 && shape.k > 0 && IsFloat(shape.dtype);
+  }
   // A plan for `shape` (float weights of x's dtype) unless there is one; the plan stays
   // valid while the runner lives.
   absl::StatusOr<const Plan*> Prepare(const MatmulShape& shape);

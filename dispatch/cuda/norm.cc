@@ -50,6 +50,12 @@ PreparedOr Prepare(const ops::RmsNorm& op, const CudaPrepareContext& c) {
 
 PreparedOr Prepare(const ops::Softmax&, const CudaPrepareContext&) { return NoState(); }
 
+bool Supports(const ops::RmsNorm&, const CudaSupportQuery& q) {
+  return !q.options.compiled_norm || q.input(0).shape[1] <= codegen::kMaxRmsNormHidden;
+}
+
+bool Supports(const ops::Softmax&, const CudaSupportQuery&) { return true; }
+
 }  // namespace internal
 
 absl::Status CudaDispatch::Run(const ops::RmsNorm& op, const NodeArgs& args) {

@@ -1,12 +1,16 @@
 // The CUDA dispatcher's op units. Each op family is one .cc file (elementwise.cc,
 // embedding.cc, matmul.cc, norm.cc, rope.cc, attention.cc, sampling.cc, fused.cc,
-// generated.cc) that holds, for every op of the family, two things side by side:
+// generated.cc) that holds, for every op of the family, three things side by side:
 //   Prepare   the node's state, once per plan: a type derived from PreparedState that
 //             records every decision (path, launch shape, workspace, table, kernel);
+//   Supports  whether the dispatcher runs the op over inputs of these types, answered
+//             without a device (graph passes ask it before they make a node); whatever it
+//             says yes to, Prepare accepts;
 //   Run       CudaDispatch::Run, which reads its state back checked (NodeArgs::PreparedAs)
 //             and only launches.
-// Prepare is declared here once for every op of SG_OP_LIST, so an op that no unit
-// defines fails to link; cuda_dispatch.cc routes each node to it with one std::visit.
+// Prepare and Supports are declared here once for every op of SG_OP_LIST, so an op that
+// no unit defines fails to link; cuda_dispatch.cc routes each node to them with one
+// std::visit.
 #ifndef STEPGRAPH_DISPATCH_CUDA_OP_UNITS_H_
 #define STEPGRAPH_DISPATCH_CUDA_OP_UNITS_H_
 
@@ -14,6 +18,7 @@
 #include <utility>
 
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "kernels/launch.h"
 #include "stepgraph/dispatch/cuda_dispatch.h"
 #include "stepgraph/graph/graph.h"
@@ -46,6 +51,21 @@ struct CudaPrepareContext {
   const Tensor& input(int i) const { return graph.tensor(node.inputs[i]); }
 };
 
+// What a unit's Supports may use: the inputs, already accepted by the op's shape inference
+// (so every input the op takes is there, of the kinds, dtypes and shapes it takes), and
+// the dispatcher's options. No device.
+struct CudaSupportQuery {
+  absl::Span<const Tensor* const> inputs;
+  const CudaOptions& options;
+
+  const Tensor& input(int i) const { return *inputs[static_cast<size_t>(i)]; }
+};
+
+// CudaDispatch::Supports and CudaSupport::Supports: the op's shape inference, then its
+// unit's answer.
+bool CudaSupports(const CudaOptions& options, const Op& op,
+                  absl::Span<const Tensor* const> inputs);
+
 using PreparedOr = absl::StatusOr<std::unique_ptr<PreparedNode>>;
 
 // The state of an op that launches from its arguments alone.
@@ -57,8 +77,9 @@ PreparedOr Keep(std::unique_ptr<State> state) {
   return std::unique_ptr<PreparedNode>(std::move(state));
 }
 
-#define SG_CUDA_UNIT(Name) \
-  PreparedOr Prepare(const ops::Name& op, const CudaPrepareContext& context);
+#define SG_CUDA_UNIT(Name)                                                   \
+  PreparedOr Prepare(const ops::Name& op, const CudaPrepareContext& context); \
+  bool Supports(const ops::Name& op, const CudaSupportQuery& query);
 SG_OP_LIST(SG_CUDA_UNIT)
 #undef SG_CUDA_UNIT
 

@@ -76,6 +76,10 @@ PreparedOr Prepare(const ops::Rope& op, const CudaPrepareContext& c) {
 
 PreparedOr Prepare(const ops::KvWrite&, const CudaPrepareContext&) { return NoState(); }
 
+// Every head_dim and shape their shape inference accepts.
+bool Supports(const ops::Rope&, const CudaSupportQuery&) { return true; }
+bool Supports(const ops::KvWrite&, const CudaSupportQuery&) { return true; }
+
 }  // namespace internal
 
 absl::Status CudaDispatch::Run(const ops::Rope& op, const NodeArgs& args) {

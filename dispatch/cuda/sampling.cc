@@ -55,6 +55,15 @@ absl::Status SamplingWorkspace::Reserve(const ExecutionPlan& plan) {
   return workspace_.Reserve(need, "the argmax workspace");
 }
 
+// Rows and vocabulary within the kernels' 32 bits; Argmax's grid takes up to 65535 rows.
+bool Supports(const ops::Argmax&, const CudaSupportQuery& q) {
+  const Shape& logits = q.input(0).shape;
+  return CheckLogits("Argmax", logits, "").ok() && logits[0] <= 65535;
+}
+bool Supports(const ops::Sample&, const CudaSupportQuery& q) {
+  return CheckLogits("Sample", q.input(0).shape, "").ok();
+}
+
 PreparedOr Prepare(const ops::Argmax&, const CudaPrepareContext& c) {
   const Shape& logits = c.input(0).shape;
   SG_RETURN_IF_ERROR(CheckLogits("Argmax", logits, c.node.name));

@@ -2,8 +2,8 @@
 // not 16-byte aligned (every tensor there is bound at an aligned address), cuBLASLt's
 // element-aligned algorithm, and how MatmulRunner picks a matmul path (the policy parsed
 // from STEPGRAPH_MATMUL, then per shape), programmatic dependent launch between dependent
-// kernels, and that each dispatcher launches as its own options say. GPU cases GTEST_SKIP
-// without a device.
+// kernels, and that each dispatcher launches as its own options say; and what CUDA says it
+// runs (CudaSupport), host side. GPU cases GTEST_SKIP without a device.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -20,6 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "dispatch/cuda/cuda_handles.h"
 #include "dispatch/cuda/cuda_status.h"
+#include "dispatch/cuda/codegen.h"
 #include "dispatch/cuda/matmul.h"
 #include "kernels/elementwise.cuh"
 #include "kernels/launch.h"
@@ -28,6 +29,8 @@
 #include "stepgraph/dispatch/cuda_dispatch.h"
 #include "stepgraph/dispatch/executor.h"
 #include "stepgraph/graph/memory_plan.h"
+#include "stepgraph/graph/passes.h"
+#include "stepgraph/models/llama.h"
 #include "tests/testing/conformance.h"
 #include "tests/testing/util.h"
 
@@ -496,6 +499,126 @@ INSTANTIATE_TEST_SUITE_P(Kernels, MisalignedTest, ::testing::ValuesIn(Misaligned
                          [](const ::testing::TestParamInfo<MisalignedCase>& info) {
                            return info.param.name;
                          });
+
+// ---- What CUDA says it runs: answered on the host, without a device (CI) ---------------
+
+Tensor Make(const char* name, TensorKind kind, DType dtype, Shape shape) {
+  return Tensor{name, kind, dtype, std::move(shape)};
+}
+
+bool Asks(const OpSupport& support, const Op& op, const std::vector<Tensor>& inputs) {
+  std::vector<const Tensor*> p;
+  for (const Tensor& t : inputs) p.push_back(&t);
+  return support.Supports(op, p);
+}
+
+TEST(CudaSupportTest, FusedMatMulLimitsWithoutADevice) {
+  const CudaSupport cuda;
+  const int64_t rows = 3, k = 64, kvh = 2, h = 4;
+  auto qkv = [&](int64_t d, DType w_dtype) {
+    return std::vector<Tensor>{
+        Make("x", TensorKind::kInput, DType::kF32, {rows, k}),
+        Make("wq", TensorKind::kWeight, w_dtype, {h * d, k}),
+        Make("wk", TensorKind::kWeight, w_dtype, {kvh * d, k}),
+        Make("wv", TensorKind::kWeight, w_dtype, {kvh * d, k}),
+        Make("pos", TensorKind::kInput, DType::kI32, {rows}),
+        Make("kc", TensorKind::kState, DType::kF32, {rows, kvh, 8, d}),
+        Make("vc", TensorKind::kState, DType::kF32, {rows, kvh, 8, d})};
+  };
+  auto epilogue = [](int32_t d) {
+    return ops::FusedMatMul{.weights = 3,
+                            .epilogue = ops::FusedMatMul::Epilogue::kRopeKvWrite,
+                            .rope = {.head_dim = d, .theta = 10000.0f}};
+  };
+  // The rope_kv_write epilogue: a block's four columns must hold whole RoPE pairs.
+  EXPECT_FALSE(Asks(cuda, epilogue(6), qkv(6, DType::kF32))) << "head_dim 6";
+  EXPECT_FALSE(Asks(cuda, epilogue(10), qkv(10, DType::kF32))) << "head_dim 10";
+  EXPECT_TRUE(Asks(cuda, epilogue(8), qkv(8, DType::kF32))) << "head_dim 8";
+  // The same nodes as RopeKvWrite after a grouped product: any even head_dim.
+  const ops::Rope rope6{.head_dim = 6, .theta = 10000.0f};
+  std::vector<Tensor> rkw = qkv(6, DType::kF32);
+  const std::vector<Tensor> rope_inputs = {
+      Make("qkv", TensorKind::kIntermediate, DType::kF32, {rows, (h + 2 * kvh) * 6}), rkw[4],
+      rkw[5], rkw[6]};
+  EXPECT_TRUE(Asks(cuda, ops::RopeKvWrite{rope6}, rope_inputs));
+
+  // Block-format weights: the plain MatMul yes, the fused kernel (float weights only) no.
+  const std::vector<Tensor> quant = {Make("x", TensorKind::kInput, DType::kF32, {rows, k}),
+                                     Make("w", TensorKind::kWeight, DType::kQ8_0, {96, k})};
+  EXPECT_TRUE(Asks(cuda, ops::MatMul{}, quant));
+  EXPECT_FALSE(Asks(cuda, ops::FusedMatMul{}, quant));
+  const std::vector<Tensor> plain = {Make("x", TensorKind::kInput, DType::kBF16, {rows, k}),
+                                     Make("w", TensorKind::kWeight, DType::kBF16, {96, k})};
+  EXPECT_TRUE(Asks(cuda, ops::FusedMatMul{}, plain));
+  EXPECT_TRUE(Asks(cuda, ops::FusedMatMul{.norm = true},
+                   {plain[0], Make("nw", TensorKind::kWeight, DType::kBF16, {k}), plain[1]}));
+  // A node the graph itself refuses (an input missing) is not one CUDA runs.
+  EXPECT_FALSE(Asks(cuda, ops::FusedMatMul{.weights = 2}, plain));
+
+  // The compiled RmsNorm takes hidden sizes up to its limit; the built-in kernel any.
+  const std::vector<Tensor> wide = {
+      Make("x", TensorKind::kInput, DType::kBF16, {2, codegen::kMaxRmsNormHidden + 64}),
+      Make("w", TensorKind::kWeight, DType::kBF16, {codegen::kMaxRmsNormHidden + 64})};
+  EXPECT_TRUE(Asks(cuda, ops::RmsNorm{}, wide));
+  CudaOptions compiled;
+  compiled.compiled_norm = true;
+  EXPECT_FALSE(Asks(CudaSupport(compiled), ops::RmsNorm{}, wide));
+}
+
+// The passes asking CUDA's answer: the head_dim 6 step keeps its RopeKvWrite nodes, a step
+// with block-format weights keeps its matmuls plain, and a head_dim 8 step gets every
+// fusion; without a backend (the CPU reference's answer) both are fused.
+TEST(CudaSupportTest, PassesMakeOnlyWhatCudaRuns) {
+  const CudaSupport cuda;
+  PassOptions for_cuda;
+  for_cuda.backend = &cuda;
+  auto count = [](const Graph& g, absl::string_view op) {
+    int n = 0;
+    for (const Node& node : g.nodes()) n += OpName(node.op) == op;
+    return n;
+  };
+  auto rope_epilogues = [](const Graph& g) {
+    int n = 0;
+    for (const Node& node : g.nodes()) {
+      const auto* f = std::get_if<ops::FusedMatMul>(&node.op);
+      n += f != nullptr && f->epilogue == ops::FusedMatMul::Epilogue::kRopeKvWrite;
+    }
+    return n;
+  };
+  LlamaGraphOptions o;
+  o.max_seq = 32;
+  o.closed_loop = true;
+  for (int64_t d : {6, 8}) {
+    LlamaConfig c = TinyLlamaConfig();
+    c.head_dim = d;
+    absl::StatusOr<Graph> plain = BuildLlamaDecodeGraph(c, o);
+    ASSERT_TRUE(plain.ok()) << plain.status();
+    absl::StatusOr<Graph> fused = RunPasses(*plain, for_cuda);
+    ASSERT_TRUE(fused.ok()) << fused.status();
+    const int layers = static_cast<int>(c.num_hidden_layers);
+    EXPECT_EQ(rope_epilogues(*fused), d == 8 ? layers : 0) << "head_dim " << d;
+    EXPECT_EQ(count(*fused, "RopeKvWrite"), d == 8 ? 0 : layers) << "head_dim " << d;
+    absl::StatusOr<Graph> on_cpu = RunPasses(*plain);
+    ASSERT_TRUE(on_cpu.ok()) << on_cpu.status();
+    EXPECT_EQ(rope_epilogues(*on_cpu), layers) << "head_dim " << d;
+  }
+  LlamaConfig q = TinyLlamaConfig();
+  q.intermediate_size = 704;  // whole Q8_0 blocks
+  for (int64_t l = 0; l < q.num_hidden_layers; ++l) {
+    for (const char* w : {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
+                          "self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"}) {
+      q.weight_dtypes[absl::StrCat("model.layers.", l, ".", w, ".weight")] = DType::kQ8_0;
+    }
+  }
+  absl::StatusOr<Graph> quant = BuildLlamaDecodeGraph(q, o);
+  ASSERT_TRUE(quant.ok()) << quant.status();
+  absl::StatusOr<Graph> for_gpu = RunPasses(*quant, for_cuda);
+  ASSERT_TRUE(for_gpu.ok()) << for_gpu.status();
+  EXPECT_EQ(count(*for_gpu, "MatMul"), 7 * q.num_hidden_layers);
+  absl::StatusOr<Graph> on_cpu = RunPasses(*quant);
+  ASSERT_TRUE(on_cpu.ok()) << on_cpu.status();
+  EXPECT_EQ(count(*on_cpu, "MatMul"), 0);
+}
 
 }  // namespace
 }  // namespace sg::testing

@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <utility>
 
 #include "absl/status/statusor.h"
 #include "stepgraph/dispatch/cuda_options.h"
@@ -40,6 +41,18 @@ struct CudaDeviceInfo {
   int compute_capability = 0;  // 90 for Hopper
 };
 
+// What a CudaDispatch with `options` runs (OpSupport), answered on the host without a
+// device, so that graphs can be prepared for CUDA where there is none (a CudaDispatch
+// answers the same for its own options).
+class CudaSupport final : public OpSupport {
+ public:
+  explicit CudaSupport(CudaOptions options = {}) : options_(std::move(options)) {}
+  bool Supports(const Op& op, absl::Span<const Tensor* const> inputs) const override;
+
+ private:
+  CudaOptions options_;
+};
+
 class CudaDispatch final : public KernelDispatch {
  public:
   struct Options {
@@ -66,6 +79,12 @@ class CudaDispatch final : public KernelDispatch {
 
   // Every Run only enqueues work on the stream.
   bool CaptureSafe(const Op& op) const override { return true; }
+
+  // Its kernels' limits for these options, without a device (CudaSupport): no quantized
+  // weights in a FusedMatMul, at most kFusedMaxWeights weights, the rope_kv_write epilogue
+  // for head_dim a multiple of kFusedCols; a compiled RmsNorm up to its hidden size; the
+  // shapes the attention and sampling kernels take.
+  bool Supports(const Op& op, absl::Span<const Tensor* const> inputs) const override;
 
 #define SG_CUDA_RUN(Name) absl::Status Run(const ops::Name& op, const NodeArgs& args) override;
   SG_OP_LIST(SG_CUDA_RUN)

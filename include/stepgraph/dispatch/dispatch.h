@@ -13,6 +13,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
+#include "stepgraph/graph/op_support.h"
 #include "stepgraph/graph/ops.h"
 #include "stepgraph/graph/types.h"
 
@@ -122,9 +123,14 @@ struct NodeArgs {
   }
 };
 
-class KernelDispatch {
+class KernelDispatch : public OpSupport {
  public:
-  virtual ~KernelDispatch() = default;
+  ~KernelDispatch() override = default;
+
+  // Whether this dispatcher runs `op` over `inputs` (OpSupport), answered without a device
+  // and before any Prepare: the graph passes ask it (PassOptions::backend) so that they
+  // make only nodes it runs. Whatever it says yes to, its Prepare accepts.
+  bool Supports(const Op& op, absl::Span<const Tensor* const> inputs) const override = 0;
 
   // Everything that must not happen per step (matmul plans, workspaces, tables, launch
   // shapes), done once for a plan before it is executed or captured. The default prepares
