@@ -10,12 +10,14 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "stepgraph/dispatch/cuda_dispatch.h"
 #include "stepgraph/graph/memory_plan.h"
 #include "stepgraph/graph/passes.h"
 #include "stepgraph/models/llama.h"
 #include "tests/testing/conformance.h"
+#include "tests/testing/quantized_config.h"
 
 namespace sg::testing {
 namespace {
@@ -49,13 +51,7 @@ void ExpectSupportedAndPrepared(CudaDispatch& dispatch, Graph graph) {
 
 TEST_P(ConformanceTest, WhatCudaSupportsItPrepares) {
   if (!HasCudaDevice()) GTEST_SKIP() << "no CUDA device";
-  const OpCase& c = GetParam();
-  absl::StatusOr<Graph> graph = [&] {
-    if (c.graph) return c.graph();
-    GraphBuilder b;
-    c.build(b);
-    return std::move(b).Build();
-  }();
+  absl::StatusOr<Graph> graph = CaseGraph(GetParam());
   ASSERT_TRUE(graph.ok()) << graph.status();
   absl::StatusOr<std::unique_ptr<CudaDispatch>> cuda =
       CudaDispatch::Create({.cuda = CudaOptionsFromTestEnvironment()});
@@ -98,15 +94,12 @@ TEST(CudaSupportTest, FusedLlamaStepsForCudaArePrepared) {
     config.dtype = s.dtype;
     config.head_dim = s.head_dim;
     config.intermediate_size = 704;  // whole blocks of every block format
-    if (s.weights != s.dtype) {
-      for (int64_t l = 0; l < config.num_hidden_layers; ++l) {
-        for (const char* w : {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
-                              "self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj",
-                              "mlp.down_proj"}) {
-          config.weight_dtypes[absl::StrCat("model.layers.", l, ".", w, ".weight")] = s.weights;
-        }
-      }
-    }
+    absl::StatusOr<LlamaConfig> with_weights =
+        WithMatrixDTypes(config, [&](const std::string& name) {
+          return absl::StrContains(name, "model.layers.") ? s.weights : s.dtype;
+        });
+    ASSERT_TRUE(with_weights.ok()) << with_weights.status();
+    config = *std::move(with_weights);
     absl::StatusOr<Graph> plain =
         BuildLlamaDecodeGraph(config, {.batch = s.batch, .max_seq = 64, .closed_loop = true});
     ASSERT_TRUE(plain.ok()) << plain.status();

@@ -30,13 +30,6 @@ std::vector<std::string> OpNames(std::index_sequence<I...>) {
 // Every name of SG_OP_LIST, in its order.
 std::vector<std::string> AllOpNames() { return OpNames(std::make_index_sequence<kNumOps>{}); }
 
-absl::StatusOr<Graph> CaseGraph(const OpCase& c) {
-  if (c.graph) return c.graph();
-  GraphBuilder b;
-  c.build(b);
-  return std::move(b).Build();
-}
-
 TEST(OpCoverageTest, TheOpListIsReadWhole) {
   const std::vector<std::string> names = AllOpNames();
   ASSERT_EQ(static_cast<int>(names.size()), kNumOps);

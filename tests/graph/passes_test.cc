@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "stepgraph/models/llama.h"
 #include "stepgraph/graph/builder.h"
@@ -23,6 +24,7 @@
 #include "stepgraph/dispatch/executor.h"
 #include "stepgraph/graph/memory_plan.h"
 #include "stepgraph/graph/op_support.h"
+#include "tests/testing/quantized_config.h"
 #include "tests/testing/util.h"
 
 namespace sg {
@@ -287,14 +289,12 @@ TEST(PassesTest, LeavesBiasAndQuantizedMatmulsAlone) {
 
   // Quantized matmuls stay plain for a backend whose fused kernel takes float weights only
   // (CUDA's); the CPU reference (no backend given) runs them fused, equal to plain.
-  LlamaConfig q = TinyLlamaConfig();
-  q.intermediate_size = 704;  // whole Q8_0 blocks
-  for (int64_t l = 0; l < q.num_hidden_layers; ++l) {
-    for (const char* w : {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
-                          "self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"}) {
-      q.weight_dtypes[absl::StrCat("model.layers.", l, ".", w, ".weight")] = DType::kQ8_0;
-    }
-  }
+  LlamaConfig tiny = TinyLlamaConfig();
+  tiny.intermediate_size = 704;  // whole Q8_0 blocks
+  const LlamaConfig q = testing::WithMatrixDTypes(tiny, [](const std::string& name) {
+                          return absl::StrContains(name, "model.layers.") ? DType::kQ8_0
+                                                                         : DType::kF32;
+                        }).value();
   absl::StatusOr<Graph> quant = BuildLlamaDecodeGraph(q, DecodeOptions(false));
   ASSERT_TRUE(quant.ok()) << quant.status();
   const RefusingBackend float_only(QuantizedFusedMatMul);

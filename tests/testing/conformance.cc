@@ -81,12 +81,7 @@ void FillInputs(const OpCase& c, const Graph& g, std::map<int32_t, HostTensor>& 
 
 void RunConformance(const OpCase& c) {
   SCOPED_TRACE(c.name);
-  absl::StatusOr<Graph> graph = [&] {
-    if (c.graph) return c.graph();
-    GraphBuilder b;
-    c.build(b);
-    return std::move(b).Build();
-  }();
+  absl::StatusOr<Graph> graph = CaseGraph(c);
   ASSERT_TRUE(graph.ok()) << graph.status();
   absl::StatusOr<ExecutionPlan> plan = ExecutionPlan::Create(*std::move(graph));
   ASSERT_TRUE(plan.ok()) << plan.status();

@@ -59,6 +59,10 @@ void RunConformance(const OpCase& c);
 // (op_coverage_test checks it, in builds without CUDA too).
 std::vector<OpCase> ConformanceCases();
 
+// The case's graph: c.graph() when set, else what c.build adds to a builder
+// (conformance_cases.cc, in every build).
+absl::StatusOr<Graph> CaseGraph(const OpCase& c);
+
 }  // namespace sg::testing
 
 #endif  // STEPGRAPH_TESTS_TESTING_CONFORMANCE_H_

@@ -26,6 +26,13 @@ std::string Name(absl::string_view op, DType t, absl::string_view shape) {
 
 }  // namespace
 
+absl::StatusOr<Graph> CaseGraph(const OpCase& c) {
+  if (c.graph) return c.graph();
+  GraphBuilder b;
+  c.build(b);
+  return std::move(b).Build();
+}
+
 std::vector<OpCase> ConformanceCases() {
   std::vector<OpCase> cases;
   auto add = [&](OpCase c) { cases.push_back(std::move(c)); };
