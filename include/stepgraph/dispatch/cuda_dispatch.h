@@ -2,8 +2,8 @@
 // cuBLASLt. Everything a launch needs (cuBLASLt descriptors and algorithms, workspaces,
 // RoPE tables, launch shapes, the error word) is made in Create and Prepare and kept per
 // node in the PreparedPlan; Run only launches, so a plan's execution can be captured into
-// a CUDA graph. Each op family is one unit in dispatch/cuda/ holding its ops' Prepare and
-// Run (dispatch/cuda/op_units.h, docs/cuda_kernels.md).
+// a CUDA graph. Each op family is one unit in dispatch/cuda/ holding its ops' Prepare,
+// Supports answer and Run (dispatch/cuda/op_units.h, docs/cuda_kernels.md).
 #ifndef STEPGRAPH_DISPATCH_CUDA_DISPATCH_H_
 #define STEPGRAPH_DISPATCH_CUDA_DISPATCH_H_
 
