@@ -767,7 +767,7 @@ int64_t ArgmaxWorkspaceBytes(int64_t rows) {
 
 cudaError_t LaunchArgmax(const void* x, DType dtype, int64_t rows, int64_t vocab,
                          int blocks_per_row, void* workspace, int32_t* ids,
-                         cudaStream_t stream, uint32_t* error_flags) {
+                         Stream stream, uint32_t* error_flags) {
   if (rows <= 0 || vocab <= 0 || vocab > INT32_MAX || rows > 65535) return cudaErrorInvalidValue;
   if (blocks_per_row < 1 || blocks_per_row > 1024) return cudaErrorInvalidValue;
   if (blocks_per_row > 1 && workspace == nullptr) return cudaErrorInvalidValue;
@@ -787,7 +787,7 @@ cudaError_t LaunchArgmax(const void* x, DType dtype, int64_t rows, int64_t vocab
 
 cudaError_t LaunchSample(const void* logits, DType dtype, int64_t rows, int64_t vocab,
                          const int32_t* seeds, const int32_t* pos, const SampleParams& params,
-                         int32_t* ids, cudaStream_t stream, uint32_t* error_flags) {
+                         int32_t* ids, Stream stream, uint32_t* error_flags) {
   if (rows <= 0 || vocab <= 0 || vocab > INT32_MAX) return cudaErrorInvalidValue;
   if (!(params.temperature > 0.0f) || params.top_k < 0 ||
       !(params.top_p > 0.0f && params.top_p <= 1.0f)) {
