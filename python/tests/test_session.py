@@ -196,3 +196,23 @@ def test_one_session_shared_by_threads_is_serialised():
     t.join()
     with pytest.raises(SessionError):
         s2.prefill([1])
+
+
+def test_kernel_arguments_are_checked_never_narrowed():
+    # The same rule for the kernel functions: every number is checked against its C type
+    # before the call (ctypes alone would pass top_k = 2**32 + 5 as 5 and 1e39 as inf).
+    import ctypes
+
+    from stepgraph import kernels as k
+
+    x = np.random.default_rng(3).random((2, 50), dtype=np.float32)
+    seeds, pos = np.array([1, 2], np.int32), np.array([0, 0], np.int32)
+    ids = k.sample(x, seeds, pos, 0.7, 5, 0.9)
+    assert ids.shape == (2,)
+    for kw, error in ((dict(top_k=2**32 + 5), ctypes.ArgumentError),
+                      (dict(top_k=2.5), TypeError),
+                      (dict(temperature=1e39), ctypes.ArgumentError)):
+        args = dict(temperature=0.7, top_k=5, top_p=0.9)
+        args.update(kw)
+        with pytest.raises(error):
+            k.sample(x, seeds, pos, **args)
