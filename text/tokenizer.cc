@@ -269,13 +269,14 @@ absl::StatusOr<Pattern> CompilePattern(absl::string_view pattern) {
 // budget proportional to its text, and every match is charged what it was allowed.
 // A match first runs with kFirstMatchLimit and, when that is not enough, again with twice
 // the limit, so one that needs w units is charged less than 4w + kFirstMatchLimit. Real
-// patterns take one match of under 64 units per piece (tokenizer_bench's counters: about
-// 15 units a byte on text, 64 on a pattern that splits every byte), so the budget is at
-// least four times what they need, and a pattern that backtracks catastrophically is
-// stopped after work linear in the text (about 0.3 s per MiB).
-constexpr uint32_t kFirstMatchLimit = 64;
+// patterns take one match of under 32 units per piece (tokenizer_bench's counters: about
+// 7 units a byte on text, 32 on a pattern that splits every byte, no retry on the test
+// corpus), so the budget is at least four times what they need, and a pattern that
+// backtracks catastrophically is stopped after work linear in the text (about 0.3 s of
+// CPU per MiB).
+constexpr uint32_t kFirstMatchLimit = 32;
 constexpr int64_t kRegexBudgetBase = int64_t{1} << 20;
-constexpr int64_t kRegexBudgetPerByte = 256;
+constexpr int64_t kRegexBudgetPerByte = 128;
 // The interpreter's backtracking memory, where the JIT is not available (KiB).
 constexpr uint32_t kHeapLimitKiB = 64 * 1024;
 

@@ -22,7 +22,12 @@
 //     sessions run on the CPU reference (STEPGRAPH_BACKEND_AUTO picks it there).
 //   - No C++ exception and no abort crosses these functions.
 //   - A handle is used by one thread at a time (it holds the session's buffers and the
-//     last error); distinct handles are independent.
+//     last error); distinct handles are independent. The Python binding serialises its
+//     calls with a lock; the Rust Session is Send but not Sync.
+//   - Weights are mapped from the model's files, not copied: a file truncated while a
+//     session has it open (rewritten in place) makes the next read past its new end raise
+//     SIGBUS, as with any mmap loader. Replace model files by renaming a new file over
+//     them (docs/hostile_input.md).
 //
 // Text: stepgraph_session_encode and stepgraph_session_decode turn UTF-8 text into token ids
 // and back with the model's tokenizer (a folder's tokenizer.json, a GGUF file's tokenizer.*

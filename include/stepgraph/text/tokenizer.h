@@ -116,7 +116,7 @@ class Tokenizer {
 
   // Text must be UTF-8. Thread-safe. Time and memory grow linearly with the text (n log n
   // for NFC), whatever it holds: special tokens are found in one pass, and the
-  // pre-tokenizer's patterns get a budget of 2^20 + 256 match steps a byte each; a pattern
+  // pre-tokenizer's patterns get a budget of 2^20 + 128 match steps a byte each; a pattern
   // that needs more (one from a tokenizer.json that backtracks catastrophically, such as
   // (a+)+b) is InvalidArgument naming the pattern.
   absl::StatusOr<std::vector<int32_t>> Encode(absl::string_view text,
