@@ -22,6 +22,9 @@ _DECL = re.compile(r"STEPGRAPH_C_(?:EXPORT|HOST) ([^;#]*?)\b(stepgraph_[a-z0-9_]
 _STRUCT = re.compile(r"typedef struct (stepgraph_[a-z_]+) \{(.*?)\} \1;")
 _DEFINE = re.compile(r"#define (STEPGRAPH_[A-Z0-9_]+) \(?(?:INT64_C\()?(-?\d+)u?\)?"
                      r"(?: << (\d+))?\)?\s*$", re.M)
+# Float constants (a limit such as the smallest sampling temperature), written 1e-5f.
+_DEFINE_FLOAT = re.compile(r"#define (STEPGRAPH_[A-Z0-9_]+) (-?\d+(?:\.\d*)?(?:e-?\d+)?)f\s*$",
+                           re.M)
 
 
 def _flat(text):
@@ -65,6 +68,8 @@ def read_headers(root):
         raw = open(os.path.join(root, h), encoding="utf-8").read()
         for name, value, shift in _DEFINE.findall(raw):
             defines[name] = int(value) << int(shift) if shift else int(value)
+        for name, value in _DEFINE_FLOAT.findall(raw):
+            defines[name] = float(value)
         text = _flat(raw)
         for ret, name, params in _DECL.findall(text):
             args = [] if params.strip() == "void" else [_param(p) for p in params.split(",")]
@@ -136,7 +141,7 @@ def check_python(functions, structs, defines, lib):
     for name, value in defines.items():
         short = name[len("STEPGRAPH_"):]
         if hasattr(lib, short) and getattr(lib, short) != value:
-            problems.append("python: %s = %r, the header's %s = %d"
+            problems.append("python: %s = %r, the header's %s = %r"
                             % (short, getattr(lib, short), name, value))
     for short in ("C_API_VERSION", "SESSION_API_VERSION"):
         if not hasattr(lib, short):
@@ -183,7 +188,8 @@ def read_rust(text):
     for name, value in re.findall(r"pub const (STEPGRAPH_[A-Z0-9_]+): \w+ = ([^;]+);", flat):
         v = value.strip()
         m = re.match(r"^(-?\d+) << (\d+)$", v)
-        consts[name] = int(m.group(1)) << int(m.group(2)) if m else int(v)
+        consts[name] = int(m.group(1)) << int(m.group(2)) if m else \
+            (float(v) if re.search(r"[.e]", v) else int(v))
     return functions, structs, consts
 
 
@@ -220,7 +226,7 @@ def check_rust(functions, structs, defines, rust_text):
         if name not in rconst:
             problems.append("rust: the constant %s is missing" % name)
         elif rconst[name] != value:
-            problems.append("rust: %s = %d, the header's %d" % (name, rconst[name], value))
+            problems.append("rust: %s = %r, the header's %r" % (name, rconst[name], value))
     return problems
 
 
