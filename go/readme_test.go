@@ -1,8 +1,9 @@
-// The README's "From Go" section, run as it is written: its shell lines make a module in a
+// The README's "From Go" section, run as it is written: its go mod lines make a module in a
 // folder outside the repository that depends on this package by path, its program is that
 // module's main.go, and the program, built by the go command, runs with no environment
 // beyond PATH and HOME (no LD_LIBRARY_PATH, no STEPGRAPH_LIB_DIR): the rpath finds the
-// libraries.
+// libraries. (Its cmake lines, which build the libraries in the checkout, are what
+// tools/test.sh's builds do.)
 package stepgraph_test
 
 import (
@@ -83,10 +84,17 @@ func bareEnv() []string {
 }
 
 func TestReadmeProgramRunsFromAnotherFolder(t *testing.T) {
-	shell := readmeBlocks(t, "From Go", "sh")
+	// The block that makes the module (the other builds the libraries in the checkout).
+	var module []string
+	for _, block := range readmeBlocks(t, "From Go", "sh") {
+		if strings.Contains(block, "go mod init") {
+			module = append(module, block)
+		}
+	}
 	program := readmeBlocks(t, "From Go", "go")
-	if len(shell) != 1 || len(program) != 1 {
-		t.Fatalf("%d sh and %d go blocks in the README's From Go", len(shell), len(program))
+	if len(module) != 1 || len(program) != 1 {
+		t.Fatalf("%d go mod and %d go blocks in the README's From Go", len(module),
+			len(program))
 	}
 	pkg, err := filepath.Abs(".")
 	if err != nil {
@@ -94,7 +102,7 @@ func TestReadmeProgramRunsFromAnotherFolder(t *testing.T) {
 	}
 	dir := t.TempDir()
 	goCmd := goTool(t)
-	script := strings.ReplaceAll(shell[0], "/path/to/stepgraph/go", pkg)
+	script := strings.ReplaceAll(module[0], "/path/to/stepgraph/go", pkg)
 	sh := exec.Command("sh", "-e", "-c", script)
 	sh.Dir = dir
 	sh.Env = append(toolEnv(), "PATH="+filepath.Dir(goCmd)+":"+os.Getenv("PATH"))
