@@ -92,23 +92,30 @@ func ropeRef(x []float32, pos []int32, invFreq []float32, cols, d int,
 	return out
 }
 
-// kvWriteRef stores row i of kv at position pos[i] of slot i, skipping pos < 0 and pos >=
-// seq_len (which raises the position flag).
+// liveRows are the rows whose position lies in the cache, and the flags of the others: a
+// negative position is padding (skipped quietly), one at or past seq_len raises the
+// position flag, as the kernels do.
+func liveRows(pos []int32, seq int) (live []int, flags uint32) {
+	for i, p := range pos {
+		switch {
+		case int(p) >= seq:
+			flags |= FlagPositionOutOfRange
+		case p >= 0:
+			live = append(live, i)
+		}
+	}
+	return live, flags
+}
+
+// kvWriteRef stores row i of kv at position pos[i] of slot i.
 func kvWriteRef(kv []float32, pos []int32, cache []float32, s CacheShape) ([]float64, uint32) {
 	out := f64s(cache)
-	var flags uint32
 	kvh, seq, d := int(s.KVHeads), int(s.SeqLen), int(s.HeadDim)
-	for i, p := range pos {
-		if int(p) >= seq {
-			flags |= FlagPositionOutOfRange
-			continue
-		}
-		if p < 0 {
-			continue
-		}
+	live, flags := liveRows(pos, seq)
+	for _, i := range live {
 		for h := 0; h < kvh; h++ {
 			for j := 0; j < d; j++ {
-				out[((i*kvh+h)*seq+int(p))*d+j] = float64(kv[(i*kvh+h)*d+j])
+				out[((i*kvh+h)*seq+int(pos[i]))*d+j] = float64(kv[(i*kvh+h)*d+j])
 			}
 		}
 	}
@@ -120,16 +127,9 @@ func attentionRef(q, kc, vc []float32, pos []int32, heads int, s CacheShape,
 	kvh, seq, d := int(s.KVHeads), int(s.SeqLen), int(s.HeadDim)
 	group := heads / kvh
 	out := make([]float64, len(q))
-	var flags uint32
-	for i, p := range pos {
-		if int(p) >= seq {
-			flags |= FlagPositionOutOfRange
-			continue
-		}
-		if p < 0 {
-			continue
-		}
-		n := int(p) + 1
+	live, flags := liveRows(pos, seq)
+	for _, i := range live {
+		n := int(pos[i]) + 1
 		for h := 0; h < heads; h++ {
 			g := h / group
 			qh := q[(i*heads+h)*d : (i*heads+h+1)*d]
