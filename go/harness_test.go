@@ -151,7 +151,8 @@ func f64s(v []float32) []float64 {
 	return out
 }
 
-// closeTo fails unless ‖got − want‖ / ‖want‖ < tol (a NaN anywhere fails).
+// closeTo fails unless ‖got − want‖ / ‖want‖ <= tol (a NaN anywhere fails; tol 0 asks for
+// the same values).
 func closeTo(t *testing.T, what string, got []float32, want []float64, tol float64) {
 	t.Helper()
 	if len(got) != len(want) {
@@ -164,7 +165,7 @@ func closeTo(t *testing.T, what string, got []float32, want []float64, tol float
 		norm += want[i] * want[i]
 	}
 	err := math.Sqrt(diff) / math.Max(math.Sqrt(norm), 1e-30)
-	if !(err < tol) {
+	if !(err <= tol) {
 		t.Fatalf("%s: normalised error %g (tolerance %g)", what, err, tol)
 	}
 }
