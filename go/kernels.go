@@ -16,13 +16,13 @@ import "unsafe"
 
 // Limits of c_api.h.
 const (
-	MaxElements           = C.STEPGRAPH_MAX_ELEMENTS
-	MatMulMaxRows         = C.STEPGRAPH_MATMUL_MAX_ROWS
-	AttentionMaxHeadDim   = C.STEPGRAPH_ATTENTION_MAX_HEAD_DIM
-	MoEMaxExperts         = C.STEPGRAPH_MOE_MAX_EXPERTS
-	TopKMaxK              = C.STEPGRAPH_TOPK_MAX_K
-	FlashAttentionMaxHead = C.STEPGRAPH_FLASH_MAX_HEAD_DIM
-	ClipMaxBuffers        = C.STEPGRAPH_CLIP_MAX_BUFFERS
+	MaxElements         = C.STEPGRAPH_MAX_ELEMENTS
+	MatMulMaxRows       = C.STEPGRAPH_MATMUL_MAX_ROWS
+	AttentionMaxHeadDim = C.STEPGRAPH_ATTENTION_MAX_HEAD_DIM
+	MoEMaxExperts       = C.STEPGRAPH_MOE_MAX_EXPERTS
+	TopKMaxK            = C.STEPGRAPH_TOPK_MAX_K
+	FlashMaxHeadDim     = C.STEPGRAPH_FLASH_MAX_HEAD_DIM
+	ClipMaxBuffers      = C.STEPGRAPH_CLIP_MAX_BUFFERS
 )
 
 // elements is the product of the dims as a length, or an error when a dim is not positive
