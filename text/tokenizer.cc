@@ -413,7 +413,8 @@ class SpecialTokens {
       }
       node = it->second;
     }
-    (control ? nodes_[node].control : nodes_[node].user) = {static_cast<int32_t>(token.size()), id};
+    Match& slot = control ? nodes_[node].control : nodes_[node].user;
+    slot = Match{static_cast<int32_t>(token.size()), id};
     max_len_ = std::max(max_len_, token.size());
   }
 
