@@ -99,18 +99,9 @@ absl::StatusOr<ExecStats> Execute(const PreparedPlan& prepared, const Bindings& 
   const ExecutionPlan& plan = prepared.plan();
   SG_RETURN_IF_ERROR(CheckBindings(plan, bindings));
   const int32_t num_nodes = plan.graph().num_nodes();
-  for (const int32_t i : options.only_nodes) {
-    if (i < 0 || i >= num_nodes) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("Execute: node index ", i, " is outside the plan's ", num_nodes, " nodes"));
-    }
-  }
   ExecStats stats;
   NodeScratch scratch;
-  const bool subset = !options.only_nodes.empty();
-  const int32_t count = subset ? static_cast<int32_t>(options.only_nodes.size()) : num_nodes;
-  for (int32_t k = 0; k < count; ++k) {
-    const int32_t i = subset ? options.only_nodes[k] : k;
+  for (int32_t i = 0; i < num_nodes; ++i) {
     SG_RETURN_IF_ERROR(RunNode(prepared, bindings, dispatch, i, scratch));
     ++stats.launches;
     if (options.after_node) SG_RETURN_IF_ERROR(options.after_node(i));

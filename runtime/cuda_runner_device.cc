@@ -206,6 +206,10 @@ class CudaRunnerDevice final : public RunnerDevice {
 
 }  // namespace
 
+absl::StatusOr<std::unique_ptr<OpSupport>> CudaOpSupport(const CudaOptions& options) {
+  return std::unique_ptr<OpSupport>(std::make_unique<CudaSupport>(options));
+}
+
 absl::StatusOr<std::unique_ptr<RunnerDevice>> MakeCudaRunnerDevice(
     const RunnerOptions& options) {
   auto device = std::make_unique<CudaRunnerDevice>();

@@ -58,8 +58,9 @@ class RunnerDevice {
 };
 
 absl::StatusOr<std::unique_ptr<RunnerDevice>> MakeCpuRunnerDevice(const RunnerOptions& options);
-// Built with CUDA only.
+// Built with CUDA only (FailedPrecondition otherwise).
 absl::StatusOr<std::unique_ptr<RunnerDevice>> MakeCudaRunnerDevice(const RunnerOptions& options);
+absl::StatusOr<std::unique_ptr<OpSupport>> CudaOpSupport(const CudaOptions& options);
 
 // What runtime code beside the runner (measure.cc) reaches inside a StepRunner.
 class StepRunnerAccess {

@@ -61,6 +61,26 @@ StepRunner::StepRunner(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 StepRunner::~StepRunner() = default;
 
+namespace {
+// The CPU device's answer: the dispatcher it was given, else the reference, which runs
+// every op (CpuDispatch::Supports).
+class CpuOpSupport final : public OpSupport {
+ public:
+  explicit CpuOpSupport(const KernelDispatch* given) : given_(given) {}
+  bool Supports(const Op& op, absl::Span<const Tensor* const> inputs) const override {
+    return given_ == nullptr || given_->Supports(op, inputs);
+  }
+
+ private:
+  const KernelDispatch* given_;
+};
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<OpSupport>> OpSupportFor(const RunnerOptions& options) {
+  if (options.device == DeviceKind::kCuda) return CudaOpSupport(options.cuda);
+  return std::unique_ptr<OpSupport>(std::make_unique<CpuOpSupport>(options.cpu_dispatch));
+}
+
 absl::StatusOr<std::unique_ptr<StepRunner>> StepRunner::Create(const RunnerOptions& options) {
   if (options.cpu_threads < 0) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -13,6 +13,7 @@
 #include "stepgraph/graph/memory_plan.h"
 #include "stepgraph/graph/passes.h"
 #include "stepgraph/models/llama.h"
+#include "stepgraph/runtime/step_runner.h"
 #include "tools/commands.h"
 #include "tools/console.h"
 #include "tools/model_setup.h"
@@ -26,8 +27,16 @@ int GraphCommand(const Options& o) {
   g.batch = o.batch;
   g.max_seq = o.max_seq > 0 ? o.max_seq : std::min<int64_t>(config->max_position_embeddings, 4096);
   g.closed_loop = true;
+  // The graph of the backend `run` would use: the GPU's unless --cpu or a build without
+  // CUDA (its fusions are the ones its kernels take; no device is needed to ask).
+  RunnerOptions runner;
+  runner.device = o.cpu || !BuiltWithCuda() ? DeviceKind::kCpu : DeviceKind::kCuda;
+  absl::StatusOr<std::unique_ptr<OpSupport>> support = OpSupportFor(runner);
+  if (!support.ok()) return ModelFailure(o, support.status());
+  PassOptions passes = o.passes;
+  passes.backend = support->get();
   absl::StatusOr<Graph> graph = BuildLlamaDecodeGraph(*config, g);
-  if (graph.ok()) graph = RunPasses(*std::move(graph), o.passes);
+  if (graph.ok()) graph = RunPasses(*std::move(graph), passes);
   if (!graph.ok()) return ModelFailure(o, graph.status());
   absl::StatusOr<ExecutionPlan> plan = ExecutionPlan::Create(*graph);
   if (!plan.ok()) return ModelFailure(o, plan.status());
@@ -53,9 +62,9 @@ int GraphCommand(const Options& o) {
               static_cast<long long>(c.num_key_value_heads), static_cast<long long>(c.head_dim),
               static_cast<long long>(c.vocab_size), std::string(DTypeName(c.dtype)).c_str());
   std::printf("graph: batch %lld, %d nodes, %d tensors; %d launches per eager step, 1 graph "
-              "launch per replayed step\n",
+              "launch per replayed step (as the %s backend fuses it)\n",
               static_cast<long long>(o.batch), graph->num_nodes(), graph->num_tensors(),
-              graph->num_nodes());
+              graph->num_nodes(), std::string(DeviceKindName(runner.device)).c_str());
   std::printf("ops: %s\n", absl::StrJoin(op_counts, ", ").c_str());
   const MemoryPlan& m = plan->memory();
   std::printf("arena: %s for %s of intermediates (%.1fx reuse)\n", Bytes(m.arena_bytes).c_str(),

@@ -145,9 +145,21 @@ void RopeKvWriteRows(const ops::Rope& rope, const std::vector<float>& inv_freq,
 
 namespace {
 // A Rope node's frequency table, computed once per plan.
-struct CpuRopeNode final : PreparedNode {
+struct CpuRopeNode final : PreparedState<CpuRopeNode> {
   std::vector<float> inv_freq;
 };
+
+// The frequency table Prepare made, checked by type, or for a Run without preparation one
+// computed now into `unprepared`.
+absl::StatusOr<const std::vector<float>*> InvFreqOf(const ops::Rope& rope, const NodeArgs& args,
+                                                    std::vector<float>& unprepared) {
+  if (args.prepared == nullptr) {
+    unprepared = RopeInvFreq(rope);
+    return &unprepared;
+  }
+  SG_ASSIGN_OR_RETURN(const CpuRopeNode* node, args.PreparedAs<CpuRopeNode>());
+  return &node->inv_freq;
+}
 }  // namespace
 
 CpuDispatch::CpuDispatch() : CpuDispatch(Options{}) {}
@@ -341,10 +353,8 @@ absl::Status CpuDispatch::Run(const ops::Rope& op, const NodeArgs& args) {
   const int64_t rows = x.shape[0], cols = x.shape[1];
   // Prepared once per plan; a Run without preparation computes the table itself.
   std::vector<float> unprepared;
-  if (args.prepared == nullptr) unprepared = RopeInvFreq(op);
-  const std::vector<float>& inv_freq =
-      args.prepared != nullptr ? static_cast<const CpuRopeNode*>(args.prepared)->inv_freq
-                               : unprepared;
+  SG_ASSIGN_OR_RETURN(const std::vector<float>* table, InvFreqOf(op, args, unprepared));
+  const std::vector<float>& inv_freq = *table;
   for (int64_t i = 0; i < rows; ++i) {
     std::vector<float> v = LoadRange(x, i * cols, cols);
     RotateHeads(op, inv_freq, t, pos[i], v.data(), cols);
@@ -683,15 +693,15 @@ absl::Status CpuDispatch::Run(const ops::FusedMatMul& op, const NodeArgs& args) 
       // As ops::RopeKvWrite reading p from its qkv input.
       const int first_extra = first_w + op.weights;
       std::vector<float> unprepared, row;
+      absl::StatusOr<const std::vector<float>*> table;
       try {
-        if (args.prepared == nullptr) unprepared = RopeInvFreq(op.rope);
+        table = InvFreqOf(op.rope, args, unprepared);
         row.reserve(static_cast<size_t>(n));
       } catch (const std::bad_alloc&) {
         return absl::ResourceExhaustedError("CPU reference: no memory for a fused matmul");
       }
-      const std::vector<float>& inv_freq =
-          args.prepared != nullptr ? static_cast<const CpuRopeNode*>(args.prepared)->inv_freq
-                                   : unprepared;
+      if (!table.ok()) return table.status();
+      const std::vector<float>& inv_freq = **table;
       RopeKvWriteRows(op.rope, inv_freq, p.data(), m, n, Ints(args.inputs[first_extra]),
                       args.inputs[first_extra + 1], args.inputs[first_extra + 2], args.output,
                       row, error_flags_);
@@ -720,16 +730,16 @@ absl::Status CpuDispatch::Run(const ops::FusedMatMul& op, const NodeArgs& args) 
 absl::Status CpuDispatch::Run(const ops::RopeKvWrite& op, const NodeArgs& args) {
   const TensorArg& qkv = args.inputs[0];
   std::vector<float> values, unprepared, row;
+  absl::StatusOr<const std::vector<float>*> table;
   try {
     values = LoadAll(qkv);
-    if (args.prepared == nullptr) unprepared = RopeInvFreq(op.rope);
+    table = InvFreqOf(op.rope, args, unprepared);
     row.reserve(static_cast<size_t>(qkv.shape[1]));
   } catch (const std::bad_alloc&) {
     return absl::ResourceExhaustedError("CPU reference: no memory for a RoPE + KV write");
   }
-  const std::vector<float>& inv_freq =
-      args.prepared != nullptr ? static_cast<const CpuRopeNode*>(args.prepared)->inv_freq
-                               : unprepared;
+  if (!table.ok()) return table.status();
+  const std::vector<float>& inv_freq = **table;
   RopeKvWriteRows(op.rope, inv_freq, values.data(), qkv.shape[0], qkv.shape[1],
                   Ints(args.inputs[1]), args.inputs[2], args.inputs[3], args.output, row,
                   error_flags_);

@@ -200,6 +200,14 @@ TEST(CliTest, GraphPrintsTheSummaryAndWritesDot) {
   // The default passes leave each layer's two RmsNorms (norm_into_matmul is off);
   // --passes all folds them too; --no-fuse prints the plain graph (17 nodes per layer).
   EXPECT_TRUE(absl::StrContains(r.out, "graph: batch 2, 34 nodes")) << r.out;
+  // The graph is the one the backend `run` would use fuses: the GPU's where CUDA is built.
+  EXPECT_TRUE(absl::StrContains(
+      r.out, BuiltWithCuda() ? "as the cuda backend fuses it" : "as the cpu backend fuses it"))
+      << r.out;
+  const Result cpu = RunProgram("graph --batch 2 --cpu");
+  ASSERT_EQ(cpu.exit_code, 0) << cpu.err;
+  EXPECT_TRUE(absl::StrContains(cpu.out, "graph: batch 2, 34 nodes")) << cpu.out;
+  EXPECT_TRUE(absl::StrContains(cpu.out, "as the cpu backend fuses it")) << cpu.out;
   const Result all = RunProgram("graph --batch 2 --passes all");
   ASSERT_EQ(all.exit_code, 0) << all.err;
   EXPECT_TRUE(absl::StrContains(all.out, "graph: batch 2, 25 nodes")) << all.out;

@@ -21,11 +21,9 @@ struct ExecStats {
   int64_t launches = 0;
 };
 
-// Optional controls of one Execute call, used by capture: a subset of nodes and a hook
-// after each node's Run (to map the launches a node made).
+// Optional controls of one Execute call, used by capture: a hook after each node's Run
+// (to map the launches a node made).
 struct ExecOptions {
-  // When non-empty, only these nodes run, in this order (each once).
-  absl::Span<const int32_t> only_nodes;
   // Called after each node's Run succeeded; an error stops execution and is returned.
   std::function<absl::Status(int32_t node_index)> after_node;
 };

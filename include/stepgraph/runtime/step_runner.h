@@ -55,6 +55,11 @@ struct RunnerOptions {
   int cpu_threads = 0;
 };
 
+// What a StepRunner with `options` would run (the fusions its dispatcher takes), answered
+// without a device, for preparing a graph where there is none (`stepgraph graph`).
+// FailedPrecondition for kCuda in a build without CUDA.
+absl::StatusOr<std::unique_ptr<OpSupport>> OpSupportFor(const RunnerOptions& options);
+
 class StepRunner {
  public:
   // The device, its stream and its dispatcher. FailedPrecondition for kCuda where CUDA is
