@@ -59,8 +59,8 @@ class CpuRunnerDevice final : public RunnerDevice {
   }
 
   std::string Describe() const override {
-    return cpu_ != nullptr ? absl::StrCat("cpu (the f32 reference, ",
-                                          std::thread::hardware_concurrency(), " cores)")
+    return cpu_ != nullptr ? absl::StrCat("cpu (the f32 reference, ", cpu_->threads(),
+                                          cpu_->threads() == 1 ? " thread)" : " threads)")
                            : "cpu (a caller's dispatcher)";
   }
   KernelDispatch& dispatch() override { return *dispatch_; }

@@ -56,13 +56,15 @@ int ModelFailure(const Options& o, const absl::Status& status, ModelPart part) {
   return Failure(status, ModelHint(o, part));
 }
 
-std::string DescribePath(DecodeSession& s) {
+std::string DescribePath(const Options& o, DecodeSession& s) {
   std::string path;
   if (s.backend() == Backend::kCpu) {
     // The CPU runs every step node by node, one step per token, always: only what it
     // computes with is worth saying.
-    path = absl::StrCat("the CPU reference (f32 math, ", std::thread::hardware_concurrency(),
-                        " threads)");
+    const int64_t threads =
+        o.threads > 0 ? o.threads : static_cast<int64_t>(std::thread::hardware_concurrency());
+    path = absl::StrCat("the CPU reference (f32 math, ", threads,
+                        threads == 1 ? " thread)" : " threads)");
   } else {
     path = absl::StrCat(s.runner().Describe(), "; batch buckets ", absl::StrJoin(s.buckets(), ","));
   }
@@ -88,6 +90,7 @@ absl::StatusOr<std::unique_ptr<DecodeSession>> MakeSession(const Options& o, int
   }
   so.weight_seed = o.weight_seed;
   so.backend = o.cpu ? Backend::kCpu : Backend::kAuto;
+  so.cpu_threads = static_cast<int>(o.threads);
   so.max_slots = slots;
   so.max_seq = max_seq;
   so.sampling = sampling;
@@ -101,7 +104,7 @@ absl::StatusOr<std::unique_ptr<DecodeSession>> MakeSession(const Options& o, int
   }
   SG_ASSIGN_OR_RETURN(std::unique_ptr<DecodeSession> session, DecodeSession::Create(so));
   std::fprintf(stderr, "stepgraph: %s on %s\n", ModelName(o).c_str(),
-               DescribePath(*session).c_str());
+               DescribePath(o, *session).c_str());
   return session;
 }
 

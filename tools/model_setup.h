@@ -46,7 +46,7 @@ absl::StatusOr<std::unique_ptr<DecodeSession>> MakeSession(const Options& o, int
                                                            bool eager);
 // "the CPU reference (f32 math, 8 threads), one step per token; prompts in prefill steps
 // of up to 256 tokens; ..." or the CUDA device and whether graphs are replayed.
-std::string DescribePath(DecodeSession& s);
+std::string DescribePath(const Options& o, DecodeSession& s);
 
 // The model's tokenizer for `flag` (--prompt, tokenize, chat); a clear error when the
 // model has none.

@@ -35,6 +35,7 @@ struct Options {
   std::string preset = "tiny";
   uint64_t weight_seed = 0;
   bool cpu = false;
+  int64_t threads = 0;  // the CPU reference's threads; 0: one per core
   bool verbose = false;
   bool eager = false;
   CudaOptions cuda;

@@ -592,6 +592,18 @@ TEST(CliTest, TheStatusLineDescribesThePathTaken) {
   EXPECT_TRUE(absl::StrContains(r.err, "KV cache 4 positions x 1 sequence")) << r.err;
   EXPECT_FALSE(absl::StrContains(r.err, "eager")) << r.err;
   EXPECT_FALSE(absl::StrContains(r.err, "buckets")) << r.err;
+  // --threads sets the reference's workers, and the line says how many; the ids are the
+  // same with any number of them.
+  const Result three = RunProgram("run --cpu --threads 3 --prompt-ids 1,2 --max-new-tokens 2");
+  ASSERT_EQ(three.exit_code, 0) << three.err;
+  EXPECT_TRUE(absl::StrContains(three.err, "on the CPU reference (f32 math, 3 threads)"))
+      << three.err;
+  const Result one = RunProgram("run --cpu -t 1 --prompt-ids 1,2 --max-new-tokens 2");
+  ASSERT_EQ(one.exit_code, 0) << one.err;
+  EXPECT_TRUE(absl::StrContains(one.err, "(f32 math, 1 thread)")) << one.err;
+  EXPECT_EQ(PrintedIds(one.out, "generated"), PrintedIds(three.out, "generated")) << one.out;
+  EXPECT_FALSE(PrintedIds(one.out, "generated").empty()) << one.out;
+  EXPECT_EQ(RunProgram("run --cpu --threads 0").exit_code, 2);
 }
 
 }  // namespace
