@@ -11,7 +11,7 @@ import sys
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-PACKAGE = os.path.join(ROOT, "python", "stepgraph")
+PACKAGE = os.path.join(ROOT, "python", "src", "stepgraph")
 LIBS = ("libstepgraph_c.so", "libstepgraph_session_c.so")
 
 PROBE = """

@@ -153,7 +153,8 @@ def test_smollm2_text_is_transformers():
 
 
 def test_readme_text_example():
-    # The README's three lines (backend "auto": the CPU reference here, where the text is
+    # Text from the SmolLM2 file as the README's script asks for it (tools/install_test.sh
+    # runs the script itself; backend "auto": the CPU reference here, where the text is
     # transformers' up to the model's end of sequence; a GPU's may part later on).
     s = stepgraph.Session(smollm2_path())
     n = new_tokens(32)

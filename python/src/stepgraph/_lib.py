@@ -10,7 +10,7 @@ The libraries are found in one folder, the first of:
     the Go package's builds read too): when set, only there, and its absence is an error;
   - this package's own folder, where `pip install ./python` puts them (the wheel carries
     them); an installed package looks nowhere else, so a stray build folder is never used;
-  - only for a package imported from a source checkout (python/stepgraph beside the
+  - only for a package imported from a source checkout (python/src/stepgraph beside the
     repository's CMakeLists.txt): the checkout's build folders build/cuda, build/nocuda, build.
 """
 
@@ -245,7 +245,7 @@ def set_library_dir(path):
 
 def _in_checkout(here):
     """The repository a package imported from a source checkout sits in, else None."""
-    repo = os.path.dirname(os.path.dirname(here))  # python/stepgraph -> the repository
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(here)))  # python/src/stepgraph
     if (os.path.isfile(os.path.join(repo, "python", "pyproject.toml"))
             and os.path.isfile(os.path.join(repo, "CMakeLists.txt"))
             and os.path.isdir(os.path.join(repo, "c_api"))):
