@@ -55,7 +55,8 @@ fn build_with_cmake(repo: &Path) -> PathBuf {
         .args(["-DCMAKE_BUILD_TYPE=Release", "-DSTEPGRAPH_BUILD_TESTS=OFF",
                "-DSTEPGRAPH_BUILD_BENCH=OFF"]);
     // The generator is fixed at the first configure; Ninja when there is one.
-    let ninja = Command::new("ninja").arg("--version").output().map_or(false, |o| o.status.success());
+    let ninja = Command::new("ninja").arg("--version").output()
+        .map_or(false, |o| o.status.success());
     if ninja && !out.join("CMakeCache.txt").exists() {
         configure.args(["-G", "Ninja"]);
     }

@@ -66,7 +66,8 @@ mkdir "$work/rust"
     grep -qxF "$answer" "$work/log" || { cat "$work/log" >&2; fail "cargo run printed no answer"; }
     "${clean_env[@]}" target/debug/hello "$model" >"$work/out" 2>&1 ||
       { cat "$work/out" >&2; fail "the program failed without an environment"; }
-    grep -qxF "$answer" "$work/out" || { cat "$work/out" >&2; fail "the program printed no answer"; }
+    grep -qxF "$answer" "$work/out" ||
+      { cat "$work/out" >&2; fail "the program printed no answer"; }
   else
     quiet cargo build -q
   fi
@@ -94,7 +95,9 @@ mkdir "$work/python"
   cd "$work/python"
   unset STEPGRAPH_LIB_DIR PYTHONPATH LD_LIBRARY_PATH
   export SKBUILD_BUILD_DIR=$cmake_dir
-  [[ -n ${STEPGRAPH_WITH_CUDA:-} ]] && export SKBUILD_CMAKE_DEFINE="STEPGRAPH_WITH_CUDA=$STEPGRAPH_WITH_CUDA"
+  if [[ -n ${STEPGRAPH_WITH_CUDA:-} ]]; then
+    export SKBUILD_CMAKE_DEFINE="STEPGRAPH_WITH_CUDA=$STEPGRAPH_WITH_CUDA"
+  fi
   block "From Python" sh 0 >setup.sh
   quiet bash -euo pipefail setup.sh
   block "From Python" python 0 >hello.py
@@ -104,11 +107,11 @@ mkdir "$work/python"
   # From there, from the checkout and from its python/ (the src layout keeps the package's
   # sources out of the way): the venv's package.
   for d in "$work/python" "$repo" "$repo/python"; do
-    where=$(cd "$d" && "${py[@]}" -c 'import stepgraph, os; print(os.path.dirname(stepgraph.__file__))')
-    [[ $where == "$work/python/venv/"* ]] || fail "import stepgraph in $d found $where, not the venv's"
+    where=$(cd "$d" && "${py[@]}" -c 'import stepgraph; print(stepgraph.__file__)')
+    [[ $where == "$work/python/venv/"* ]] || fail "import stepgraph in $d found $where"
   done
   for l in libstepgraph_c.so libstepgraph_session_c.so; do
-    [[ -f $where/$l ]] || fail "the installed package lacks $l"
+    [[ -f $(dirname "$where")/$l ]] || fail "the installed package lacks $l"
   done
   if [[ -n $have_model ]]; then
     "${py[@]}" hello.py "$model" >"$work/out" 2>&1 ||
