@@ -84,6 +84,15 @@ RS
   if readelf -d target/debug/hello | grep -q "NEEDED.*stepgraph"; then
     fail "the program links the C libraries (it should open them by path)"
   fi
+  # Without them it says what it could not open (here: unwrap's panic shows the Err).
+  lib=$(ls target/debug/build/stepgraph-*/out/cmake/libstepgraph_session_c.so | head -n1)
+  mv "$lib" "$lib.away"
+  if "${clean_env[@]}" target/debug/hello >"$work/out" 2>&1; then
+    fail "the program ran without its libraries"
+  fi
+  mv "$lib.away" "$lib"
+  grep -q "LibraryNotLoaded(\"cannot open .*libstepgraph_session_c.so" "$work/out" ||
+    { cat "$work/out" >&2; fail "the program did not say which library it could not open"; }
 )
 cmake_dir=$(ls -d "$work"/rust/hello/target/debug/build/stepgraph-*/out/cmake | head -n1)
 [[ -f $cmake_dir/CMakeCache.txt ]] || fail "the crate's build script made no CMake build"
