@@ -129,7 +129,7 @@ impl NotLoaded for i32 {
 }
 impl NotLoaded for *const c_char {
     fn not_loaded() -> *const c_char {
-        c"the stepgraph libraries could not be loaded".as_ptr()
+        b"the stepgraph libraries could not be loaded\0".as_ptr().cast()
     }
 }
 impl NotLoaded for () {
