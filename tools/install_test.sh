@@ -7,7 +7,7 @@
 #   Python: a venv, `pip install` of python/ (scikit-build-core runs the same CMake build),
 #     the README's script, run with an empty environment from a folder that also holds a
 #     `stepgraph/` folder (a clone's name), which must not shadow the installed package,
-#     nor may the checkout's python/ folder when run from there.
+#     nor may the checkout's python/ folder when run from there; then `pip install -e`.
 # Both print the SmolLM2 answer (tests/fixtures/fetch_smollm2.sh); without the file, they
 # run the built-in model instead and say so.
 #
@@ -131,5 +131,11 @@ mkdir "$work/python"
   "${py[@]}" -c 'import stepgraph; s = stepgraph.Session(backend="cpu", max_seq=8)
 assert len(s.generate([1, 2, 3], max_new_tokens=4)) == 4' ||
     fail "the built-in model did not run from the installed package"
+  # An editable install: the modules stay in the checkout, the libraries go to site-packages.
+  quiet venv/bin/pip install -e "$repo/python"
+  "${py[@]}" -c 'import stepgraph; s = stepgraph.Session(backend="cpu", max_seq=8)
+assert stepgraph.__file__.startswith("'"$repo"'/python/src/")
+assert len(s.generate([1, 2, 3], max_new_tokens=4)) == 4' ||
+    fail "the built-in model did not run from an editable install"
 )
 echo "== install_test: both bindings installed and ran" >&2

@@ -9,7 +9,8 @@ The libraries are found in one folder, the first of:
   - $STEPGRAPH_LIB_DIR, read when the first library loads (the variable the Rust crate's and
     the Go package's builds read too): when set, only there, and its absence is an error;
   - this package's own folder, where `pip install ./python` puts them (the wheel carries
-    them); an installed package looks nowhere else, so a stray build folder is never used;
+    them; `pip install -e` puts them in site-packages, in the package's __path__ too); an
+    installed package looks nowhere else, so a stray build folder is never used;
   - only for a package imported from a source checkout (python/src/stepgraph beside the
     repository's CMakeLists.txt): the checkout's build folders build/cuda, build/nocuda, build.
 """
@@ -18,6 +19,7 @@ import ctypes
 import math
 import numbers
 import os
+import sys
 import threading
 from ctypes import (POINTER, Structure, c_char_p, c_float, c_int32, c_int64, c_uint32,
                     c_uint64, c_void_p)
@@ -262,9 +264,12 @@ def library_dirs():
     if env:
         return [env]
     here = os.path.dirname(os.path.abspath(__file__))
-    dirs = [here]
+    # The package's folders: this one, and for an editable install (`pip install -e`) the
+    # one in site-packages that holds the libraries while the modules stay in the checkout.
+    package = sys.modules.get(__package__)
+    dirs = [os.path.abspath(d) for d in getattr(package, "__path__", [])] or [here]
     repo = _in_checkout(here)
-    if repo is not None and not _has_libraries(here):
+    if repo is not None and not any(_has_libraries(d) for d in dirs):
         dirs += [os.path.join(repo, sub) for sub in ("build/cuda", "build/nocuda", "build")]
     return dirs
 
