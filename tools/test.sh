@@ -115,4 +115,9 @@ for c in ${STEPGRAPH_BINDINGS_CONFIGS:-${configs[@]}}; do
      GOCACHE="$lib_dir/go-cache" GOFLAGS=-mod=mod GOPROXY=off GOWORK=off &&
    go vet ./... && go test -count=1 "${go_exec[@]}" ./...)
 done
+# The README's Python and Rust sections as a user runs them: pip install into a venv and a
+# crate depending on rust/ by path, outside the checkout, programs run with no environment
+# (tools/install_test.sh). One CPU-only build of the two C libraries, shared by both.
+python3 -c "import ensurepip" 2>/dev/null || sg_apt python3-venv
+STEPGRAPH_WITH_CUDA=OFF tools/install_test.sh
 # ---- bindings (end) ----

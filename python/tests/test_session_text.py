@@ -153,7 +153,8 @@ def test_smollm2_text_is_transformers():
 
 
 def test_readme_text_example():
-    # The README's three lines (backend "auto": the CPU reference here, where the text is
+    # Text from the SmolLM2 file as the README's script asks for it (tools/install_test.sh
+    # runs the script itself; backend "auto": the CPU reference here, where the text is
     # transformers' up to the model's end of sequence; a GPU's may part later on).
     s = stepgraph.Session(smollm2_path())
     n = new_tokens(32)
@@ -185,3 +186,95 @@ def test_smollm2_generates_transformers_text():
         end = case["generated"].index(2)
         assert s.generate(case["text"], max_new_tokens=full) == \
             s.decode(case["generated"][:end], skip_special=True)
+
+
+# ---- streams and chat -------------------------------------------------------------------
+
+def test_a_stream_is_the_text_in_pieces(text_folder):
+    s = Session(text_folder, backend="cpu", max_seq=64)
+    # (The fixture model's vocabulary is the tokenizer's first 256 ids: "Hello" stays in it.)
+    whole = s.generate("Hello", max_new_tokens=24, stop=False)
+    pieces = list(s.generate("Hello", max_new_tokens=24, stop=False, stream=True))
+    assert "".join(pieces) == whole and len(pieces) > 1
+    assert all(pieces) and not any("\ufffd" in p for p in pieces if "\ufffd" not in whole)
+    # Ids in, ids out, one at a time.
+    prompt = s.encode("Hello")
+    ids = s.generate(prompt, max_new_tokens=10, stop=False)
+    assert list(s.generate(prompt, max_new_tokens=10, stop=False, stream=True)) == ids
+    # A stop id ends the stream where it ends the whole.
+    assert list(s.generate(prompt, max_new_tokens=10, stop=[ids[4]], stream=True)) == \
+        ids[:ids.index(ids[4])]
+
+
+def test_a_stream_holds_a_character_until_its_bytes_are_in(text_folder):
+    # The fixture tokenizer spells most non-ASCII characters in byte tokens, so decoding a
+    # prefix of their ids ends in U+FFFD: no piece may carry one, and the pieces are the text.
+    s = Session(text_folder, backend="cpu", max_seq=64)
+    text = "héllo wörld, 日本語 and ẞ"
+    ids = s.encode(text, add_special=False)
+    assert any("\ufffd" in s.decode(ids[:k]) for k in range(1, len(ids)))
+    pieces = list(s._text_pieces(iter(ids)))
+    assert "".join(pieces) == text
+    assert not any("\ufffd" in p for p in pieces)
+
+
+def test_a_stream_interrupted_by_another_call_says_so(text_folder):
+    s = Session(text_folder, backend="cpu", max_seq=64, slots=2)
+    stream = s.generate([5, 6, 7], max_new_tokens=8, stop=False, stream=True)
+    assert isinstance(next(stream), int)
+    s.generate([8, 9], max_new_tokens=2, slot=1)  # steps every live slot, slot 0's too
+    with pytest.raises(SessionError) as e:
+        next(stream)
+    assert "another call" in str(e.value) and "slot 0" in str(e.value)
+    # A stream left unread holds nothing: the session goes on.
+    s.generate([5, 6, 7], max_new_tokens=8, stream=True)
+    assert len(s.generate([5, 6, 7], max_new_tokens=3, stop=False)) == 3
+
+
+def test_chat_takes_one_user_turn(text_folder):
+    # What chat renders is checked on SmolLM2 below (the fixture model's vocabulary is too
+    # small for the template's ids); here, what it refuses before any work.
+    s = Session(text_folder, backend="cpu", max_seq=96)
+    with pytest.raises(ValueError) as e:
+        s.chat([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}])
+    assert "['system', 'user']" in str(e.value)
+    with pytest.raises(ValueError):
+        s.chat([])
+    for bad in ({"role": "user", "content": "Hi"}, [{"role": "user"}], [("user", "Hi")], 5):
+        with pytest.raises(TypeError):
+            s.chat(bad)
+
+
+def test_sampling_is_named_and_a_session_closes():
+    with pytest.raises(TypeError):
+        Session(None, "cpu")  # everything but the model by name
+    with pytest.raises(ValueError) as e:
+        Session(None, backend="cpu", top_k=5)  # top_k without a temperature would be ignored
+    assert "temperature" in str(e.value)
+    with Session(None, backend="cpu", max_seq=16, temperature=0.8, top_k=5, top_p=0.9,
+                 weight_seed=2) as s:
+        a = s.generate([1, 2, 3], max_new_tokens=6, seed=11)
+        assert s.generate([1, 2, 3], max_new_tokens=6, seed=11) == a
+        assert not s.closed
+    assert s.closed
+    with pytest.raises(SessionError) as e:
+        s.generate([1, 2, 3], max_new_tokens=2)
+    assert "closed" in str(e.value)
+
+
+def test_smollm2_streams_and_chats_as_transformers():
+    s = stepgraph.Session(smollm2_path(), backend="cpu", max_seq=96)
+    cases = fixture("smollm2", "expected.json")["cases"]
+    case = cases[0]
+    n = new_tokens(len(case["generated"]))
+    want = s.decode(case["generated"][:n], skip_special=True)
+    pieces = list(s.generate(case["text"], max_new_tokens=n, stop=False, stream=True))
+    assert "".join(pieces) == want and len(pieces) > 1
+    # chat(): the template's user turn, as transformers rendered it; the reply ends at
+    # <|im_end|> (id 2), in one piece or streamed.
+    c = [c for c in cases if c["chat"]][0]
+    k = new_tokens(len(c["generated"]))
+    end = c["generated"].index(2) if 2 in c["generated"][:k] else k
+    reply = s.decode(c["generated"][:end], skip_special=True)
+    assert s.chat([{"role": "user", "content": c["text"]}], max_new_tokens=k) == reply
+    assert "".join(s.chat(c["text"], max_new_tokens=k, stream=True)) == reply

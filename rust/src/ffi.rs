@@ -1,53 +1,175 @@
 //! The raw declarations of include/stepgraph/c_api/c_api.h and c_session.h, argument by argument
 //! (names and types). tests/c_api/check_signatures.py compares this file with the headers,
 //! so a changed or swapped argument fails CI instead of corrupting memory at run time.
-//! Everything here is `unsafe` to call: the safe layer is in lib.rs.
+//! Everything here is `unsafe` to call and private to the crate: the safe layer is lib.rs,
+//! kernels.rs and session.rs.
+//!
+//! The two libraries are opened at run time (dlopen) from the folder build.rs found or built,
+//! whose path is compiled into the crate. Why not link them: the loader would then need their
+//! folder in the final program's rpath, and a crate cannot give its dependents' programs an
+//! rpath (cargo:rustc-link-arg reaches only this crate's own targets), so a program that
+//! depends on this crate would not start without LD_LIBRARY_PATH. Linking the C ABI
+//! statically instead would mean repeating CMake's link line (every room's archive, Abseil's
+//! shared libraries, CUDA's) in build.rs. Opened by path, the libraries are found by any
+//! program built with the crate, wherever it runs from, as long as the folder stays.
+//!
+//! Each function below is a wrapper of the same name and signature that calls the library's
+//! symbol. When the libraries cannot be opened, the wrappers return LIBRARY_NOT_LOADED (a
+//! code the C ABI never returns; lib.rs makes it [`crate::Error::LibraryNotLoaded`] with the
+//! loader's message) instead of calling anything.
 #![allow(non_camel_case_types)]
 
-use std::ffi::{c_char, c_void};
+use std::ffi::{c_char, c_int, c_void, CStr, CString};
+use std::sync::OnceLock;
 
-pub const STEPGRAPH_C_API_VERSION: i32 = 2;
-pub const STEPGRAPH_SESSION_API_VERSION: i32 = 2;
+/// The headers' constants, public as `stepgraph::consts`.
+pub mod consts {
+    pub const STEPGRAPH_C_API_VERSION: i32 = 2;
+    pub const STEPGRAPH_SESSION_API_VERSION: i32 = 2;
 
-pub const STEPGRAPH_OK: i32 = 0;
-pub const STEPGRAPH_ERROR_NO_CUDA: i32 = -1;
-pub const STEPGRAPH_ERROR_INVALID_VALUE: i32 = -2;
-pub const STEPGRAPH_ERROR_LAUNCH_FAILED: i32 = -3;
-pub const STEPGRAPH_ERROR_OUT_OF_MEMORY: i32 = -4;
+    pub const STEPGRAPH_OK: i32 = 0;
+    pub const STEPGRAPH_ERROR_NO_CUDA: i32 = -1;
+    pub const STEPGRAPH_ERROR_INVALID_VALUE: i32 = -2;
+    pub const STEPGRAPH_ERROR_LAUNCH_FAILED: i32 = -3;
+    pub const STEPGRAPH_ERROR_OUT_OF_MEMORY: i32 = -4;
 
-pub const STEPGRAPH_F32: i32 = 0;
-pub const STEPGRAPH_BF16: i32 = 1;
-pub const STEPGRAPH_F16: i32 = 2;
-pub const STEPGRAPH_I32: i32 = 3;
+    pub const STEPGRAPH_F32: i32 = 0;
+    pub const STEPGRAPH_BF16: i32 = 1;
+    pub const STEPGRAPH_F16: i32 = 2;
+    pub const STEPGRAPH_I32: i32 = 3;
 
-pub const STEPGRAPH_FLAG_TOKEN_OUT_OF_RANGE: u32 = 1;
-pub const STEPGRAPH_FLAG_POSITION_OUT_OF_RANGE: u32 = 2;
+    pub const STEPGRAPH_FLAG_TOKEN_OUT_OF_RANGE: u32 = 1;
+    pub const STEPGRAPH_FLAG_POSITION_OUT_OF_RANGE: u32 = 2;
 
-pub const STEPGRAPH_MAX_ELEMENTS: i64 = 1 << 36;
-pub const STEPGRAPH_MATMUL_MAX_ROWS: i64 = 8;
-pub const STEPGRAPH_ATTENTION_MAX_HEAD_DIM: i64 = 256;
-pub const STEPGRAPH_MOE_MAX_EXPERTS: i64 = 4096;
-pub const STEPGRAPH_TOPK_MAX_K: i64 = 1024;
-pub const STEPGRAPH_FLASH_MAX_HEAD_DIM: i64 = 256;
-pub const STEPGRAPH_CLIP_MAX_BUFFERS: i64 = 65536;
+    pub const STEPGRAPH_MAX_ELEMENTS: i64 = 1 << 36;
+    pub const STEPGRAPH_MATMUL_MAX_ROWS: i64 = 8;
+    pub const STEPGRAPH_ATTENTION_MAX_HEAD_DIM: i64 = 256;
+    pub const STEPGRAPH_MOE_MAX_EXPERTS: i64 = 4096;
+    pub const STEPGRAPH_TOPK_MAX_K: i64 = 1024;
+    pub const STEPGRAPH_FLASH_MAX_HEAD_DIM: i64 = 256;
+    pub const STEPGRAPH_CLIP_MAX_BUFFERS: i64 = 65536;
 
-pub const STEPGRAPH_ROPE_SCALING_NONE: i32 = 0;
-pub const STEPGRAPH_ROPE_SCALING_LLAMA3: i32 = 1;
+    pub const STEPGRAPH_ROPE_SCALING_NONE: i32 = 0;
+    pub const STEPGRAPH_ROPE_SCALING_LLAMA3: i32 = 1;
 
-pub const STEPGRAPH_BACKEND_AUTO: i32 = 0;
-pub const STEPGRAPH_BACKEND_CPU: i32 = 1;
-pub const STEPGRAPH_BACKEND_CUDA: i32 = 2;
-pub const STEPGRAPH_SAMPLING_GREEDY: i32 = 0;
-pub const STEPGRAPH_SAMPLING_SAMPLE: i32 = 1;
-/// Sampling below this temperature is greedy decoding.
-pub const STEPGRAPH_SESSION_MIN_TEMPERATURE: f32 = 1e-5;
-pub const STEPGRAPH_ERROR_NO_TOKENIZER: i32 = -5;
-pub const STEPGRAPH_TEXT_CHAT: u32 = 1;
-pub const STEPGRAPH_TEXT_NO_ADD_SPECIAL: u32 = 2;
-pub const STEPGRAPH_TEXT_LITERAL_SPECIAL: u32 = 4;
-pub const STEPGRAPH_TEXT_SKIP_SPECIAL: u32 = 8;
-pub const STEPGRAPH_SESSION_MAX_TEXT_BYTES: i64 = 1 << 30;
-pub const STEPGRAPH_SESSION_MAX_DECODE_IDS: i64 = 1 << 28;
+    pub const STEPGRAPH_BACKEND_AUTO: i32 = 0;
+    pub const STEPGRAPH_BACKEND_CPU: i32 = 1;
+    pub const STEPGRAPH_BACKEND_CUDA: i32 = 2;
+    pub const STEPGRAPH_SAMPLING_GREEDY: i32 = 0;
+    pub const STEPGRAPH_SAMPLING_SAMPLE: i32 = 1;
+    /// Sampling below this temperature is greedy decoding.
+    pub const STEPGRAPH_SESSION_MIN_TEMPERATURE: f32 = 1e-5;
+    pub const STEPGRAPH_ERROR_NO_TOKENIZER: i32 = -5;
+    pub const STEPGRAPH_TEXT_CHAT: u32 = 1;
+    pub const STEPGRAPH_TEXT_NO_ADD_SPECIAL: u32 = 2;
+    pub const STEPGRAPH_TEXT_LITERAL_SPECIAL: u32 = 4;
+    pub const STEPGRAPH_TEXT_SKIP_SPECIAL: u32 = 8;
+    pub const STEPGRAPH_SESSION_MAX_TEXT_BYTES: i64 = 1 << 30;
+    pub const STEPGRAPH_SESSION_MAX_DECODE_IDS: i64 = 1 << 28;
+}
+pub use consts::*;
+
+/// What a wrapper returns when the libraries could not be opened: outside every C ABI code.
+pub const LIBRARY_NOT_LOADED: i32 = -1000;
+
+/// The folder build.rs found the libraries in, or built them in.
+pub const LIBRARY_DIR: &str = env!("STEPGRAPH_RUST_LIB_DIR");
+const KERNEL_LIBRARY: &str = "libstepgraph_c.so";
+const SESSION_LIBRARY: &str = "libstepgraph_session_c.so";
+
+extern "C" {
+    fn dlopen(filename: *const c_char, flags: c_int) -> *mut c_void;
+    fn dlsym(handle: *mut c_void, symbol: *const c_char) -> *mut c_void;
+    fn dlerror() -> *mut c_char;
+}
+const RTLD_NOW: c_int = 2;
+
+fn loader_message() -> String {
+    // SAFETY: dlerror returns NULL or a NUL-terminated string, copied at once.
+    let e = unsafe { dlerror() };
+    if e.is_null() {
+        "no message from the loader".to_string()
+    } else {
+        unsafe { CStr::from_ptr(e) }.to_string_lossy().into_owned()
+    }
+}
+
+fn open(name: &str) -> Result<*mut c_void, String> {
+    let path = format!("{LIBRARY_DIR}/{name}");
+    let c = CString::new(path.clone()).map_err(|_| format!("{path} holds a NUL byte"))?;
+    // SAFETY: a NUL-terminated path; the handle is kept for the life of the process.
+    let handle = unsafe { dlopen(c.as_ptr(), RTLD_NOW) };
+    if handle.is_null() {
+        return Err(format!("cannot open {path}: {} (rebuild the crate, or set \
+                            STEPGRAPH_LIB_DIR when building it)", loader_message()));
+    }
+    Ok(handle)
+}
+
+fn symbol(libraries: &[*mut c_void], name: &str) -> Result<*mut c_void, String> {
+    let c = CString::new(name).expect("a function name");
+    for &l in libraries {
+        // SAFETY: a handle of dlopen and a NUL-terminated name.
+        let f = unsafe { dlsym(l, c.as_ptr()) };
+        if !f.is_null() {
+            return Ok(f);
+        }
+    }
+    Err(format!("{name} is missing from the libraries in {LIBRARY_DIR}"))
+}
+
+/// The value a wrapper returns without calling, when the libraries are not loaded.
+trait NotLoaded {
+    fn not_loaded() -> Self;
+}
+impl NotLoaded for i32 {
+    fn not_loaded() -> i32 {
+        LIBRARY_NOT_LOADED
+    }
+}
+impl NotLoaded for *const c_char {
+    fn not_loaded() -> *const c_char {
+        b"the stepgraph libraries could not be loaded\0".as_ptr().cast()
+    }
+}
+impl NotLoaded for () {
+    fn not_loaded() {}
+}
+
+/// Why the libraries could not be loaded, or None once they are.
+pub fn load_error() -> Option<&'static str> {
+    functions().err()
+}
+
+/// Declares the C functions: a table of pointers resolved once, and a wrapper per function.
+macro_rules! c_functions {
+    ($(pub fn $name:ident($($arg:ident: $ty:ty),* $(,)?) $(-> $ret:ty)?;)*) => {
+        struct Functions {
+            $($name: unsafe extern "C" fn($($ty),*) $(-> $ret)?,)*
+        }
+
+        fn resolve() -> Result<Functions, String> {
+            let libraries = [open(KERNEL_LIBRARY)?, open(SESSION_LIBRARY)?];
+            // SAFETY: each symbol is the function declared with this signature (the
+            // signature check holds the declarations to the headers).
+            Ok(Functions {
+                $($name: unsafe { std::mem::transmute(symbol(&libraries, stringify!($name))?) },)*
+            })
+        }
+
+        $(pub unsafe fn $name($($arg: $ty),*) $(-> $ret)? {
+            match functions() {
+                Ok(f) => unsafe { (f.$name)($($arg),*) },
+                Err(_) => NotLoaded::not_loaded(),
+            }
+        })*
+    };
+}
+
+fn functions() -> Result<&'static Functions, &'static str> {
+    static FUNCTIONS: OnceLock<Result<Functions, String>> = OnceLock::new();
+    FUNCTIONS.get_or_init(resolve).as_ref().map_err(|e| e.as_str())
+}
 
 /// The opaque session of c_session.h.
 #[repr(C)]
@@ -79,7 +201,7 @@ pub struct stepgraph_session_info {
     pub backend: i32,
 }
 
-extern "C" {
+c_functions! {
     // ---- c_api.h
     pub fn stepgraph_abi_version() -> i32;
     pub fn stepgraph_error_string(code: i32) -> *const c_char;

@@ -1,5 +1,8 @@
 //! stepgraph from Rust: the kernel library of include/stepgraph/c_api/c_api.h and the decode
-//! sessions of c_session.h, over the C ABI (the raw declarations are in [`ffi`]).
+//! sessions of c_session.h, over the C ABI. The raw declarations stay private (ffi.rs): what
+//! is public is safe, takes slices and returns [`Result`]; the headers' constants are
+//! [`consts`]. The libraries are found or built when the crate is built (build.rs) and opened
+//! by path at run time, so a program depending on the crate runs without LD_LIBRARY_PATH.
 //!
 //! Kernels take device memory as [`DeviceSlice`] / [`DeviceSliceMut`]: a pointer and a length
 //! that the caller vouches for once, unsafely, when making them. Every wrapper then checks
@@ -17,7 +20,12 @@ use std::fmt;
 use std::marker::PhantomData;
 use std::ptr;
 
-pub mod ffi;
+mod ffi;
+pub use ffi::consts;
+
+/// The folder the crate opens libstepgraph_c.so and libstepgraph_session_c.so from: the
+/// STEPGRAPH_LIB_DIR the crate was built with, else the CMake build that build.rs ran.
+pub const LIBRARY_DIR: &str = ffi::LIBRARY_DIR;
 
 /// What a call refused or failed with (the C ABI's return codes), with a message.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -33,6 +41,8 @@ pub enum Error {
     /// A text function on a model without a tokenizer (the built-in model; code -5 of
     /// c_session.h).
     NoTokenizer(String),
+    /// The libraries could not be opened from [`LIBRARY_DIR`] (the loader's message).
+    LibraryNotLoaded(String),
     /// A code this crate does not know.
     Unknown(i32, String),
 }
@@ -48,6 +58,9 @@ impl Error {
             ffi::STEPGRAPH_ERROR_LAUNCH_FAILED => Some(Error::LaunchFailed(m)),
             ffi::STEPGRAPH_ERROR_OUT_OF_MEMORY => Some(Error::OutOfMemory(m)),
             ffi::STEPGRAPH_ERROR_NO_TOKENIZER => Some(Error::NoTokenizer(m)),
+            ffi::LIBRARY_NOT_LOADED => {
+                Some(Error::LibraryNotLoaded(ffi::load_error().unwrap_or(&m).to_string()))
+            }
             c => Some(Error::Unknown(c, m)),
         }
     }
@@ -60,6 +73,7 @@ impl Error {
             Error::LaunchFailed(_) => ffi::STEPGRAPH_ERROR_LAUNCH_FAILED,
             Error::OutOfMemory(_) => ffi::STEPGRAPH_ERROR_OUT_OF_MEMORY,
             Error::NoTokenizer(_) => ffi::STEPGRAPH_ERROR_NO_TOKENIZER,
+            Error::LibraryNotLoaded(_) => ffi::LIBRARY_NOT_LOADED,
             Error::Unknown(c, _) => *c,
         }
     }
@@ -71,6 +85,7 @@ impl Error {
             | Error::LaunchFailed(m)
             | Error::OutOfMemory(m)
             | Error::NoTokenizer(m)
+            | Error::LibraryNotLoaded(m)
             | Error::Unknown(_, m) => m,
         }
     }
@@ -92,6 +107,9 @@ pub fn error_string(code: i32) -> String {
     if code == ffi::STEPGRAPH_ERROR_NO_TOKENIZER {
         return "the model has no tokenizer".to_string();
     }
+    if code == ffi::LIBRARY_NOT_LOADED {
+        return "the stepgraph libraries could not be loaded".to_string();
+    }
     // SAFETY: the library returns a static, never-NULL, NUL-terminated string.
     unsafe { CStr::from_ptr(ffi::stepgraph_error_string(code)) }.to_string_lossy().into_owned()
 }
@@ -111,6 +129,20 @@ fn invalid<T>(message: String) -> Result<T> {
 pub fn abi_versions() -> (i32, i32) {
     // SAFETY: no arguments, no state.
     unsafe { (ffi::stepgraph_abi_version(), ffi::stepgraph_session_abi_version()) }
+}
+
+/// Opens the libraries now (the first call of any function does it too): Ok, or
+/// [`Error::LibraryNotLoaded`] saying why they cannot be opened.
+///
+/// The raw C declarations are not part of the crate's API:
+/// ```compile_fail
+/// let _ = stepgraph::ffi::stepgraph_abi_version;
+/// ```
+pub fn load() -> Result<()> {
+    match ffi::load_error() {
+        None => Ok(()),
+        Some(m) => Err(Error::LibraryNotLoaded(m.to_string())),
+    }
 }
 
 /// Whether the kernel library can launch on a device here (built with CUDA, a device found).

@@ -21,7 +21,7 @@ pub enum Backend {
 pub enum Sampling {
     Greedy,
     /// Temperature, top-k (0: no limit) and top-p, with each slot's seed. A temperature
-    /// below [`ffi::STEPGRAPH_SESSION_MIN_TEMPERATURE`] decodes greedily.
+    /// below [`crate::consts::STEPGRAPH_SESSION_MIN_TEMPERATURE`] decodes greedily.
     Sample { temperature: f32, top_k: i32, top_p: f32 },
 }
 

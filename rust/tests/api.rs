@@ -18,7 +18,24 @@ fn is_invalid<T: std::fmt::Debug>(r: Result<T>) -> bool {
 
 #[test]
 fn versions_match_the_headers() {
-    assert_eq!(abi_versions(), (ffi::STEPGRAPH_C_API_VERSION, ffi::STEPGRAPH_SESSION_API_VERSION));
+    let want = (consts::STEPGRAPH_C_API_VERSION, consts::STEPGRAPH_SESSION_API_VERSION);
+    assert_eq!(abi_versions(), want);
+}
+
+#[test]
+fn the_libraries_come_from_the_folder_build_rs_chose() {
+    // STEPGRAPH_LIB_DIR when the crate was built with it (tools/test.sh), else its own
+    // CMake build; opened by path, so this binary needs no LD_LIBRARY_PATH.
+    assert_eq!(load(), Ok(()));
+    let dir = std::path::Path::new(LIBRARY_DIR);
+    for l in ["libstepgraph_c.so", "libstepgraph_session_c.so"] {
+        assert!(dir.join(l).is_file(), "{l} is not in {LIBRARY_DIR}");
+    }
+    if let Some(d) = option_env!("STEPGRAPH_LIB_DIR") {
+        assert_eq!(dir, std::path::Path::new(d).canonicalize().unwrap());
+    }
+    let e = Error::from_code(-1000, "");
+    assert_eq!(e.map(|e| e.code()), Some(-1000));
 }
 
 #[test]

@@ -317,7 +317,7 @@ fn a_model_without_a_tokenizer_says_so() {
         let mut s = Session::new(model, &cpu(32)).unwrap();
         let e = s.encode("hello", &EncodeOptions::default()).unwrap_err();
         assert!(matches!(e, Error::NoTokenizer(_)), "{e:?}");
-        assert_eq!(e.code(), ffi::STEPGRAPH_ERROR_NO_TOKENIZER);
+        assert_eq!(e.code(), consts::STEPGRAPH_ERROR_NO_TOKENIZER);
         let want = if model.is_none() { "built-in" } else { "tokenizer.json" };
         assert!(e.message().contains(want), "{}", e.message());
         assert!(e.to_string().contains("no tokenizer"), "{e}");

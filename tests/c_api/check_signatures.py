@@ -3,7 +3,7 @@
 function of include/stepgraph/c_api/c_api.h and c_session.h (the declarations the build's list
 reads, see c_api/c_api_list.cmake), the structs of c_session.h and the integer
 constants, and compares them, argument by argument (name and type), with the Python
-declarations (python/stepgraph/_lib.py), the Rust ones (rust/src/ffi.rs) and Go's raw cgo
+declarations (python/src/stepgraph/_lib.py), the Rust ones (rust/src/ffi.rs) and Go's raw cgo
 layer (go/raw.go). A swapped or retyped argument links fine and corrupts memory at run time;
 here it fails CI.
 
@@ -391,7 +391,7 @@ def read_go_package(root):
 
 def load_python_lib(root):
     spec = importlib.util.spec_from_file_location(
-        "stepgraph_lib_decls", os.path.join(root, "python", "stepgraph", "_lib.py"))
+        "stepgraph_lib_decls", os.path.join(root, "python", "src", "stepgraph", "_lib.py"))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)  # declarations only: loads no library
     return module
@@ -415,7 +415,7 @@ def main(argv):
         print(p)
     if problems:
         return 1
-    print("%d functions of %s match python/stepgraph/_lib.py, rust/src/ffi.rs and go/raw.go"
+    print("%d functions of %s match python/src/stepgraph/_lib.py, rust/src/ffi.rs and go/raw.go"
           % (len(functions), " and ".join(HEADERS)))
     return 0
 

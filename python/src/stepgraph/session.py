@@ -1,8 +1,10 @@
 """Decode sessions from Python, over the session C ABI (include/stepgraph/c_api/c_session.h).
 
-    s = stepgraph.Session("SmolLM2-135M-Instruct.Q4_1.gguf")
-    s.generate("The capital of France is", max_new_tokens=32)   # text in, text out
-    s.generate("What is the capital of France?", chat=True)     # one user turn of the chat
+    with stepgraph.Session("SmolLM2-135M-Instruct.Q4_1.gguf") as s:
+        s.generate("The capital of France is", max_new_tokens=32)  # text in, text out
+        for piece in s.generate("Once upon a time", stream=True):   # text as it is made
+            print(piece, end="", flush=True)
+        s.chat([{"role": "user", "content": "What is the capital of France?"}])
 
     s = stepgraph.Session(None)          # the built-in tiny model, random weights, no tokenizer
     s.prefill([1, 2, 3])
@@ -12,8 +14,13 @@ Every argument is checked in Python before the C call: token ids must be integer
 int32 (a float, a string or a bool is a TypeError, 2**32 + 5 an OverflowError, never 5),
 slots fit int64, seeds int32, texts are str or bytes, paths hold no NUL. A Session may be
 shared between threads: its calls are serialised by a lock (the C handle is used by one
-thread at a time), and close() waits for a call in progress.
+thread at a time), and close() waits for a call in progress. A stream (generate(...,
+stream=True)) takes the lock one step at a time; a call that prefills or steps the session
+between two of its steps takes its sequence, and the stream's next step raises SessionError
+saying so instead of continuing someone else's.
 """
+
+from __future__ import annotations
 
 import ctypes
 import functools
@@ -21,6 +28,7 @@ import math
 import numbers
 import os
 import threading
+from typing import Iterable, Iterator, List, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
@@ -30,6 +38,14 @@ from . import _lib
 # so (the size-query convention of c_session.h), so a guess only saves a call.
 _SPARE_IDS = 64
 _BYTES_PER_ID = 8
+
+# A stream holds back text that ends in U+FFFD while a character may still be arriving: a
+# UTF-8 character spans at most 4 bytes, so more ids than this behind it make it a real one.
+_HELD_IDS = 8
+
+Ids = Union[Sequence[int], "np.ndarray"]
+Prompt = Union[str, bytes, Ids]
+Message = Mapping[str, str]
 
 _BACKENDS = {"auto": _lib.BACKEND_AUTO, "cpu": _lib.BACKEND_CPU, "cuda": _lib.BACKEND_CUDA}
 
@@ -104,17 +120,33 @@ class SessionError(RuntimeError):
 
 class Session:
     """A model loaded for decoding: `slots` sequences at once, each up to `max_seq`
-    positions (0: the model's, at most 4096). model: a Hugging Face model folder or a GGUF
-    file, or None for the built-in tiny Llama with random weights from `weight_seed` (which
-    has no tokenizer: ids only). backend: "auto", "cpu" or "cuda". Greedy unless
-    `temperature` is given (then sampled, with top_k and top_p)."""
+    positions (0: the model's, at most 4096).
+
+    model: a Hugging Face model folder or a GGUF file (str, bytes or os.PathLike), or None
+      for the built-in tiny Llama with random weights from `weight_seed` (which has no
+      tokenizer: ids only).
+    backend: "auto" (CUDA when the library has it and a device is found, else the CPU),
+      "cpu" or "cuda".
+    temperature, top_k, top_p: sampling, by name. Greedy (argmax) unless `temperature` is
+      given; then each step samples at that temperature from the top_k most likely ids (0:
+      no limit) whose probabilities sum to top_p, with each slot's seed (prefill's and
+      generate's `seed`). The C ABI fixes them when the session is made.
+    cpu_threads: threads of the CPU backend's parallel ops (0: one per core).
+
+    Close it with close() or a `with` block; the garbage collector closes it too.
+    """
 
     NO_TOKENIZER = _lib.ERROR_NO_TOKENIZER
 
-    def __init__(self, model=None, backend="auto", slots=1, max_seq=0, temperature=None,
-                 top_k=0, top_p=1.0, weight_seed=0):
+    def __init__(self, model: Union[str, bytes, os.PathLike, None] = None, *,
+                 backend: str = "auto", slots: int = 1, max_seq: int = 0,
+                 temperature: Optional[float] = None, top_k: int = 0, top_p: float = 1.0,
+                 weight_seed: int = 0, cpu_threads: int = 0) -> None:
         self._lock = threading.RLock()
         self._handle = None
+        # Bumped by every call that prefills, steps or ends a sequence: a stream compares it
+        # with the value its own last call left.
+        self._epoch = 0
         if backend not in _BACKENDS:
             raise ValueError("backend must be one of %s, got %r" % (sorted(_BACKENDS), backend))
         self._lib = _lib.sessions()
@@ -124,6 +156,7 @@ class Session:
         options.max_slots = _int(slots, "slots")
         options.max_seq = _int(max_seq, "max_seq")
         options.weight_seed = _int(weight_seed, "weight_seed", _UINT64)
+        options.cpu_threads = _int(cpu_threads, "cpu_threads", _INT32)
         if temperature is not None:
             options.sampling = _lib.SAMPLING_SAMPLE
             # Finite and in float range: a float32 would make 1e39 infinite.
@@ -132,6 +165,9 @@ class Session:
                 raise OverflowError("temperature %r does not fit a float32" % (temperature,))
             options.top_k = _int(top_k, "top_k", _INT32)
             options.top_p = _float(top_p, "top_p")
+        elif top_k != 0 or top_p != 1.0:
+            raise ValueError("top_k and top_p shape sampling: give a temperature too "
+                             "(without one the session decodes greedily)")
         handle = ctypes.c_void_p()
         path = None
         if model is not None:
@@ -147,10 +183,10 @@ class Session:
         self._handle = handle
         info = _lib.SessionInfo()
         self._check(self._lib.stepgraph_session_get_info(self._handle, ctypes.byref(info)))
-        self.vocab_size = info.vocab_size
-        self.slots = info.max_slots
-        self.max_seq = info.max_seq
-        self.backend = "cuda" if info.backend == _lib.BACKEND_CUDA else "cpu"
+        self.vocab_size: int = info.vocab_size
+        self.slots: int = info.max_slots
+        self.max_seq: int = info.max_seq
+        self.backend: str = "cuda" if info.backend == _lib.BACKEND_CUDA else "cpu"
 
     def _check(self, code):
         if code != _lib.OK:
@@ -162,14 +198,20 @@ class Session:
             raise SessionError("the session is closed", _lib.ERROR_INVALID_VALUE)
         return self._handle
 
+    @property
+    def closed(self) -> bool:
+        """Whether close() ran."""
+        return self._handle is None
+
     @_locked
-    def prefill(self, ids, slot=0, seed=0):
+    def prefill(self, ids: Ids, slot: int = 0, seed: int = 0) -> None:
         """Starts a sequence in `slot` with the prompt token ids (integers fitting int32);
         `seed` (int32) is the slot's sampling seed."""
         handle = self._live()
         prompt = _ids(ids)
         slot = _int(slot, "slot")
         seed = _int(seed, "seed", _INT32)
+        self._epoch += 1
         self._check(self._lib.stepgraph_session_prefill(
             handle, slot, prompt.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)),
             prompt.size, seed))
@@ -181,12 +223,15 @@ class Session:
         if n < 1:
             raise ValueError("the number of steps must be >= 1, got %d" % n)
         out = np.empty(n, dtype=np.int32)
+        self._epoch += 1
         self._check(self._lib.stepgraph_session_generate(
             handle, slot, n, out.ctypes.data_as(ctypes.POINTER(ctypes.c_int32))))
         return out.tolist()
 
-    @_locked
-    def generate(self, prompt, max_new_tokens=None, slot=0, seed=0, chat=False, stop=True):
+    def generate(self, prompt: Union[Prompt, int], max_new_tokens: Optional[int] = None, *,
+                 slot: int = 0, seed: int = 0, chat: bool = False,
+                 stop: Union[bool, Iterable[int], None] = True, stream: bool = False
+                 ) -> Union[str, List[int], Iterator[str], Iterator[int]]:
         """Three forms:
 
         generate("text", max_new_tokens=32): encodes the text with the model's tokenizer
@@ -198,52 +243,142 @@ class Session:
 
         The first two stop before the first of the model's stop ids (stop_ids(chat)) unless
         stop=False; stop may also be a list of ids. At most max_new_tokens (default 32) ids
-        are generated."""
+        are generated; the prompt and them must fit max_seq. `seed` is the slot's sampling
+        seed (see Session).
+
+        stream=True returns an iterator instead: of text pieces for a text prompt (their
+        concatenation is the text generate returns; a character split between ids comes
+        whole, in one piece), of ids for an id prompt. It runs as it is read, one step per
+        piece or id at most; see the module's docstring for sharing a session meanwhile."""
         if isinstance(prompt, numbers.Integral) and not isinstance(prompt, bool):
-            if max_new_tokens is not None or chat or seed != 0:
+            if max_new_tokens is not None or chat or seed != 0 or stream:
                 raise ValueError("generate(n) continues a prefilled slot: give slot= alone "
-                                 "(max_new_tokens, seed and chat belong to a prompt)")
-            return self._steps(prompt, slot)
+                                 "(max_new_tokens, seed, chat and stream belong to a prompt)")
+            with self._lock:
+                return self._steps(prompt, slot)
         text = isinstance(prompt, (str, bytes))
         if chat and not text:
             raise ValueError("chat=True wraps a text prompt")
         n = 32 if max_new_tokens is None else _int(max_new_tokens, "max_new_tokens")
         if n < 1:
             raise ValueError("max_new_tokens must be >= 1, got %d" % n)
-        ids = self.encode(prompt, chat=chat) if text else _ids(prompt, "prompt").tolist()
-        if not ids:
-            raise ValueError("the prompt has no ids")
-        # A prefill feeds every prompt id but the last; each step feeds one more.
-        if len(ids) + n - 1 > self.max_seq:
-            raise ValueError("a prompt of %d ids and %d new ids need %d positions, the session "
-                             "has max_seq %d" % (len(ids), n, len(ids) + n - 1, self.max_seq))
-        if stop is True:
-            stops = set(self.stop_ids(chat=chat))
-        elif stop is False or stop is None:
-            stops = set()
-        else:
-            stops = set(_ids(stop, "stop").tolist())
-        self.prefill(ids, slot=slot, seed=seed)
+        slot = _int(slot, "slot")
+        seed = _int(seed, "seed", _INT32)
+        with self._lock:
+            ids = self.encode(prompt, chat=chat) if text else _ids(prompt, "prompt").tolist()
+            if not ids:
+                raise ValueError("the prompt has no ids")
+            # A prefill feeds every prompt id but the last; each step feeds one more.
+            if len(ids) + n - 1 > self.max_seq:
+                raise ValueError("a prompt of %d ids and %d new ids need %d positions, the "
+                                 "session has max_seq %d"
+                                 % (len(ids), n, len(ids) + n - 1, self.max_seq))
+            if stop is True:
+                stops = set(self.stop_ids(chat=chat))
+            elif stop is False or stop is None:
+                stops = set()
+            else:
+                stops = set(_ids(stop, "stop").tolist())
+        new_ids = self._new_ids(ids, n, slot, seed, stops, stream)
+        if stream:
+            return self._text_pieces(new_ids) if text else new_ids
+        # Whole: one locked call, as before streams existed.
+        with self._lock:
+            out = list(new_ids)
+            return self.decode(out, skip_special=True) if text else out
+
+    def _new_ids(self, ids, n, slot, seed, stops, stream):
+        """The new ids of a prompt, lazily: each step runs under the lock when it is asked
+        for, after checking that no other call used the session since this one's last."""
+        with self._lock:
+            self.prefill(ids, slot=slot, seed=seed)
+            mine = self._epoch
         # Steps in chunks, so that a stop ends the work early; the CPU steps one at a time
-        # (a step there costs far more than a call).
-        chunk = 1 if self.backend == "cpu" else 8
-        out = []
+        # (a step there costs far more than a call), and so does a stream, whose reader
+        # wants each id as soon as it is made.
+        chunk = 1 if self.backend == "cpu" or stream else 8
         done = 0
         while done < n:
-            k = min(chunk, n - done) if stops else n - done
-            got = self._steps(k, slot)
+            k = min(chunk, n - done) if stops or stream else n - done
+            with self._lock:
+                if self._epoch != mine:
+                    raise SessionError(
+                        "slot %d's sequence was taken by another call (a prefill, a step, a "
+                        "release or close) while this generation was under way" % slot,
+                        _lib.ERROR_INVALID_VALUE)
+                got = self._steps(k, slot)
+                mine = self._epoch
             done += k
             for i in got:
                 if i in stops:
-                    done = n
-                    break
-                out.append(i)
-        return self.decode(out, skip_special=True) if text else out
+                    return
+                yield i
+
+    def _text_pieces(self, new_ids):
+        """The text of the ids `new_ids` yields, piece by piece: each piece is the text the
+        newest ids add to that of a few ids before them, so that a tokenizer's word starts
+        (a leading space) come out as in decoding the whole; text ending in U+FFFD, a
+        character whose bytes are still arriving, waits for up to _HELD_IDS more ids. Each
+        piece costs a decode of a few ids, not of everything so far."""
+        ids = []
+        start = done = 0  # ids[start:done] is context already given; ids[done:] is not
+        for i in new_ids:
+            ids.append(i)
+            piece = self._piece(ids, start, done, final=False)
+            if piece is not None:
+                if piece:
+                    yield piece
+                start, done = done, len(ids)
+        piece = self._piece(ids, start, done, final=True)
+        if piece:
+            yield piece
+
+    def _piece(self, ids, start, done, final):
+        with self._lock:
+            before = self.decode(ids[start:done], skip_special=True)
+            after = self.decode(ids[start:], skip_special=True)
+        if (not final and after.endswith("\ufffd")
+                and len(ids) - done < _HELD_IDS):
+            return None
+        return after[len(before):]
+
+    def chat(self, messages: Union[str, Sequence[Message]], max_new_tokens: Optional[int] = None,
+             *, slot: int = 0, seed: int = 0, stop: Union[bool, Iterable[int], None] = True,
+             stream: bool = False) -> Union[str, Iterator[str]]:
+        """The assistant's reply to a conversation, through the model's chat template (as
+        transformers' apply_chat_template(messages, add_generation_prompt=True) renders it):
+        generate(user_text, chat=True, ...), with the same arguments and stream=True.
+
+        messages: [{"role": "user", "content": "..."}], or the user's text alone. The C ABI
+        renders one user turn of the template (STEPGRAPH_TEXT_CHAT; the template's own
+        default system turn included where it has one): a system message or earlier turns
+        are refused with ValueError rather than dropped."""
+        if isinstance(messages, (str, bytes)):
+            user = messages
+        else:
+            if isinstance(messages, Mapping) or not isinstance(messages, Sequence):
+                raise TypeError("messages must be a list of {'role', 'content'} mappings, got %s"
+                                % type(messages).__name__)
+            roles = []
+            for i, m in enumerate(messages):
+                if not isinstance(m, Mapping) or not isinstance(m.get("role"), str) \
+                        or not isinstance(m.get("content"), str):
+                    raise TypeError("messages[%d] must be a mapping with str 'role' and "
+                                    "'content'" % i)
+                roles.append(m["role"])
+            if roles != ["user"]:
+                raise ValueError("stepgraph renders one user turn of the chat template; the "
+                                 "messages' roles are %s (a system prompt and earlier turns "
+                                 "are not supported)" % roles)
+            user = messages[0]["content"]
+        return self.generate(user, max_new_tokens, slot=slot, seed=seed, chat=True, stop=stop,
+                             stream=stream)
 
     # ---- text (the model's tokenizer) ----------------------------------------------------
 
     @_locked
-    def encode(self, text, chat=False, add_special=True, parse_special=True):
+    def encode(self, text: Union[str, bytes], chat: bool = False, add_special: bool = True,
+               parse_special: bool = True) -> List[int]:
         """The token ids of `text` (str, or UTF-8 bytes). chat=True: as one user turn of the
         model's chat template with the assistant's turn opened. add_special: bos / eos where
         the tokenizer's files ask for them. parse_special=False: special tokens written in
@@ -274,7 +409,7 @@ class Session:
                            _lib.ERROR_LAUNCH_FAILED)
 
     @_locked
-    def decode(self, ids, skip_special=False):
+    def decode(self, ids: Ids, skip_special: bool = False) -> str:
         """The text of token ids (a str). skip_special: leave control tokens (bos, eos,
         <|im_end|>, ...) out. Bytes that do not form UTF-8 become U+FFFD."""
         handle = self._live()
@@ -296,7 +431,7 @@ class Session:
                            _lib.ERROR_LAUNCH_FAILED)
 
     @_locked
-    def stop_ids(self, chat=False):
+    def stop_ids(self, chat: bool = False) -> List[int]:
         """The ids that end a sequence, as the model's files state them; chat=True adds the
         chat template's end-of-turn id (which needs the tokenizer)."""
         handle = self._live()
@@ -311,14 +446,15 @@ class Session:
         return out[:count.value].tolist()
 
     @_locked
-    def complete(self, ids, max_new_tokens=32, slot=0, seed=0):
+    def complete(self, ids: Ids, max_new_tokens: int = 32, slot: int = 0, seed: int = 0
+                 ) -> List[int]:
         """Starts `slot` with the prompt ids and returns its max_new_tokens new ids, without
         stopping (generate(ids) stops at the stop ids; generate("text") speaks text)."""
         self.prefill(ids, slot=slot, seed=seed)
         return self._steps(max_new_tokens, slot)
 
     @_locked
-    def logits(self, slot=0):
+    def logits(self, slot: int = 0) -> np.ndarray:
         """The f32 logits of `slot`'s row in the last step (a NumPy array)."""
         handle = self._live()
         slot = _int(slot, "slot")
@@ -328,17 +464,20 @@ class Session:
         return out
 
     @_locked
-    def release(self, slot=0):
+    def release(self, slot: int = 0) -> None:
         """Ends `slot`'s sequence."""
+        self._epoch += 1
         self._check(self._lib.stepgraph_session_release(self._live(), _int(slot, "slot")))
 
     @_locked
-    def close(self):
+    def close(self) -> None:
+        """Frees the session (the model's buffers, its KV cache); later calls raise
+        SessionError. Waits for a call in progress in another thread; twice is harmless."""
         if self._handle is not None:
             self._lib.stepgraph_session_destroy(self._handle)
             self._handle = None
 
-    def __enter__(self):
+    def __enter__(self) -> "Session":
         return self
 
     def __exit__(self, *exc):

@@ -10,4 +10,4 @@ from .session import Session, SessionError
 
 __all__ = ["kernels", "Session", "SessionError", "StepgraphError", "LibraryNotFound",
            "device_available", "set_library_dir"]
-__version__ = "0.1.0"
+__version__ = "0.2.0"

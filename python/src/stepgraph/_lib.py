@@ -4,16 +4,22 @@ DECLARATIONS mirrors include/stepgraph/c_api/c_api.h and c_session.h argument by
 and ctypes types); tests/c_api/check_signatures.py checks it against the headers, so a
 changed signature fails CI instead of corrupting memory at run time.
 
-The libraries are found, in order, in the folder given to set_library_dir (before the first
-call), next to this package, and in the build folders of the repository this package sits in
-(build/cuda, build/nocuda, build: an editable install, `pip install -e python`, keeps it
-there).
+The libraries are found in one folder, the first of:
+  - the folder given to set_library_dir (before the first call that loads one);
+  - $STEPGRAPH_LIB_DIR, read when the first library loads (the variable the Rust crate's and
+    the Go package's builds read too): when set, only there, and its absence is an error;
+  - this package's own folder, where `pip install ./python` puts them (the wheel carries
+    them; `pip install -e` puts them in site-packages, in the package's __path__ too); an
+    installed package looks nowhere else, so a stray build folder is never used;
+  - only for a package imported from a source checkout (python/src/stepgraph beside the
+    repository's CMakeLists.txt): the checkout's build folders build/cuda, build/nocuda, build.
 """
 
 import ctypes
 import math
 import numbers
 import os
+import sys
 import threading
 from ctypes import (POINTER, Structure, c_char_p, c_float, c_int32, c_int64, c_uint32,
                     c_uint64, c_void_p)
@@ -239,15 +245,45 @@ def set_library_dir(path):
         _library_dir = os.fspath(path)
 
 
-def _candidates(name):
-    here = os.path.dirname(os.path.abspath(__file__))
-    dirs = []
+def _in_checkout(here):
+    """The repository a package imported from a source checkout sits in, else None."""
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(here)))  # python/src/stepgraph
+    if (os.path.isfile(os.path.join(repo, "python", "pyproject.toml"))
+            and os.path.isfile(os.path.join(repo, "CMakeLists.txt"))
+            and os.path.isdir(os.path.join(repo, "c_api"))):
+        return repo
+    return None
+
+
+def library_dirs():
+    """The folders searched for the libraries, in order (see the module's docstring): one
+    when set_library_dir or STEPGRAPH_LIB_DIR names it."""
     if _library_dir is not None:
-        dirs.append(_library_dir)
-    dirs.append(here)
-    repo = os.path.dirname(os.path.dirname(here))  # python/stepgraph -> the repository
-    for sub in ("build/cuda", "build/nocuda", "build"):
-        dirs.append(os.path.join(repo, sub))
+        return [_library_dir]
+    env = os.environ.get("STEPGRAPH_LIB_DIR")
+    if env:
+        return [env]
+    here = os.path.dirname(os.path.abspath(__file__))
+    # The package's folders: this one, and for an editable install (`pip install -e`) the
+    # one in site-packages that holds the libraries while the modules stay in the checkout.
+    package = sys.modules.get(__package__)
+    dirs = [os.path.abspath(d) for d in getattr(package, "__path__", [])] or [here]
+    repo = _in_checkout(here)
+    if repo is not None and not any(_has_libraries(d) for d in dirs):
+        dirs += [os.path.join(repo, sub) for sub in ("build/cuda", "build/nocuda", "build")]
+    return dirs
+
+
+def _has_libraries(folder):
+    return all(os.path.isfile(os.path.join(folder, n)) for n in (KERNEL_LIBRARY, SESSION_LIBRARY))
+
+
+def _candidates(name):
+    """Both libraries come from one folder: the first that holds both (a folder with only one
+    of them would pair it with the other from elsewhere)."""
+    dirs = library_dirs()
+    if len(dirs) > 1:
+        dirs = [d for d in dirs if _has_libraries(d)][:1] or dirs
     return [os.path.join(d, name) for d in dirs]
 
 
@@ -319,9 +355,15 @@ def _load(name):
                 _loaded[name] = lib
                 return lib
             tried.append(path)
+        how = ("set_library_dir" if _library_dir is not None else
+               "STEPGRAPH_LIB_DIR" if os.environ.get("STEPGRAPH_LIB_DIR") else None)
+        if how:
+            raise LibraryNotFound("%s not found in %s, the folder %s names" % (
+                name, os.path.dirname(tried[0]), how))
         raise LibraryNotFound(
-            "%s not found; build it with CMake (tools/test.sh or cmake --build build) or call "
-            "stepgraph.set_library_dir with its folder. Looked at: %s" % (name, ", ".join(tried)))
+            "%s not found; install the package with `pip install ./python` (which builds it), "
+            "or name the folder holding it with STEPGRAPH_LIB_DIR or stepgraph.set_library_dir. "
+            "Looked at: %s" % (name, ", ".join(tried)))
 
 
 def kernels():
