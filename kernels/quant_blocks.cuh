@@ -145,6 +145,19 @@ SG_QB float SubRn(float a, float b) {
 #endif
 }
 
+// code − kOffset as f32, exactly, for a code in [0, 2^22). On the device without an
+// integer-to-float conversion, whose throughput (16 per SM and cycle) would bound a 4-bit
+// kernel below the memory's rate: 2^23 + code is an f32 with the code in its mantissa, and
+// subtracting 2^23 + kOffset leaves code − kOffset (both operands and the result exact).
+template <int kOffset>
+SG_QB float CodeValue(uint32_t code) {
+#ifdef __CUDA_ARCH__
+  return __fsub_rn(__uint_as_float(0x4B000000u | code), 8388608.0f + static_cast<float>(kOffset));
+#else
+  return static_cast<float>(static_cast<int>(code) - kOffset);
+#endif
+}
+
 // Word i (a constant once unrolled) of a 16-byte vector.
 SG_QB uint32_t Word(const uint4& v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
 // Byte i (0..15, at run time) of a 16-byte vector.
@@ -178,8 +191,9 @@ SG_QB_UNROLL
       for (int i = 0; i < 8; ++i) {
         const int e = 8 * j + i;
         const uint32_t w = Word(q[e >> 4], (e >> 2) & 3);
-        const int8_t code = static_cast<int8_t>((w >> (8 * (e & 3))) & 0xFFu);
-        v[i] = MulRn(static_cast<float>(code), d);
+        // The int8 code biased by 128 (its sign bit flipped).
+        const uint32_t biased = ((w >> (8 * (e & 3))) & 0xFFu) ^ 0x80u;
+        v[i] = MulRn(CodeValue<128>(biased), d);
       }
     }
   };
@@ -205,12 +219,12 @@ struct Format32 {
 SG_QB_UNROLL
       for (int i = 0; i < 8; ++i) {
         const int e = 8 * j + i;
-        int code = static_cast<int>(Nibble(q, e));
-        if constexpr (kFive) code |= static_cast<int>((qh >> e) & 1u) << 4;
+        uint32_t code = Nibble(q, e);
+        if constexpr (kFive) code |= ((qh >> e) & 1u) << 4;
         if constexpr (kMin) {
-          v[i] = AddRn(MulRn(d, static_cast<float>(code)), m);
+          v[i] = AddRn(MulRn(d, CodeValue<0>(code)), m);
         } else {
-          v[i] = MulRn(d, static_cast<float>(code - (kFive ? 16 : 8)));
+          v[i] = MulRn(d, CodeValue<kFive ? 16 : 8>(code));
         }
       }
     }
@@ -257,9 +271,9 @@ struct FormatK {
 SG_QB_UNROLL
       for (int i = 0; i < 8; ++i) {
         const int e = 8 * j + i;
-        int code = static_cast<int>(Nibble(q, e));
-        if constexpr (kFive) code |= static_cast<int>((qh >> e) & 1u) << 4;
-        v[i] = SubRn(MulRn(d, static_cast<float>(code)), m);
+        uint32_t code = Nibble(q, e);
+        if constexpr (kFive) code |= ((qh >> e) & 1u) << 4;
+        v[i] = SubRn(MulRn(d, CodeValue<0>(code)), m);
       }
     }
   };
@@ -303,8 +317,7 @@ SG_QB_UNROLL
       for (int i = 0; i < 8; ++i) {
         const int e = 8 * j + i;
         const uint32_t high = ((e < 16 ? qh.x : qh.y) >> (2 * (e & 15))) & 3u;
-        const int code = static_cast<int>(Nibble(ql, e) | high << 4);
-        v[i] = MulRn(e < 16 ? d0 : d1, static_cast<float>(code - 32));
+        v[i] = MulRn(e < 16 ? d0 : d1, CodeValue<32>(Nibble(ql, e) | high << 4));
       }
     }
   };
