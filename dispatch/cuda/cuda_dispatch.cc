@@ -102,13 +102,11 @@ bool CudaDispatch::RepacksWeight(const Tensor& weight) const { return IsQuantize
 absl::Status CudaDispatch::RepackWeight(const Tensor& weight,
                                         absl::Span<const std::byte> file_bytes,
                                         absl::Span<std::byte> out) const {
-  if (!RepacksWeight(weight)) return KernelDispatch::RepackWeight(weight, file_bytes, out);
   const int64_t bytes = weight.bytes();
-  if (static_cast<int64_t>(file_bytes.size()) != bytes ||
+  if (!RepacksWeight(weight) || static_cast<int64_t>(file_bytes.size()) != bytes ||
       static_cast<int64_t>(out.size()) != bytes) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "weight '", weight.name, "' holds ", bytes, " bytes; got ", file_bytes.size(),
-        " to repack into ", out.size()));
+    // The file's bytes, or the error naming the sizes.
+    return KernelDispatch::RepackWeight(weight, file_bytes, out);
   }
   if (!kernels::RepackBlocksForDevice(weight.dtype, bytes / DTypeBlockBytes(weight.dtype),
                                       file_bytes.data(), out.data())) {
