@@ -552,11 +552,14 @@ TEST(CudaSupportTest, FusedMatMulLimitsWithoutADevice) {
       rkw[5], rkw[6]};
   EXPECT_TRUE(Asks(cuda, ops::RopeKvWrite{rope6}, rope_inputs));
 
-  // Block-format weights: the plain MatMul yes, the fused kernel (float weights only) no.
+  // Block-format weights: the plain MatMul and the fused kernel; never float and block
+  // weights in one fused op.
   const std::vector<Tensor> quant = {Make("x", TensorKind::kInput, DType::kF32, {rows, k}),
                                      Make("w", TensorKind::kWeight, DType::kQ8_0, {96, k})};
   EXPECT_TRUE(Asks(cuda, ops::MatMul{}, quant));
-  EXPECT_FALSE(Asks(cuda, ops::FusedMatMul{}, quant));
+  EXPECT_TRUE(Asks(cuda, ops::FusedMatMul{}, quant));
+  EXPECT_FALSE(Asks(cuda, ops::FusedMatMul{.weights = 2},
+                    {quant[0], quant[1], Make("w2", TensorKind::kWeight, DType::kF32, {96, k})}));
   const std::vector<Tensor> plain = {Make("x", TensorKind::kInput, DType::kBF16, {rows, k}),
                                      Make("w", TensorKind::kWeight, DType::kBF16, {96, k})};
   EXPECT_TRUE(Asks(cuda, ops::FusedMatMul{}, plain));
