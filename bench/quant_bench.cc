@@ -1,6 +1,9 @@
 // The quantized matmul (kernels/quant_matmul.cuh) at Llama-3.2-1B's decode shapes, M = 1,
-// for every GGUF block format, beside the bf16 small-M kernel at the same shapes: how
-// close each format's kernel comes to streaming its weight at the copy rate.
+// for every GGUF block format, beside the bf16 small-M kernel at the same shapes, and the
+// fused matmul (kernels/fused_matmul.cuh, one weight, no epilogue, split-K as the
+// dispatcher picks it) over the same weights: how close each format's kernel comes to
+// streaming its weight at the copy rate, plain and fused. Block-format weights are
+// repacked into the device layout (kernels/quant_layout.h) as the step runner uploads them.
 //
 // How it measures (as kernel_bench): each case captures a CUDA graph of up to kMaxBatch
 // launches, each on its own copy of the weight, enough copies together to exceed three
@@ -10,7 +13,7 @@
 // `of_copy` is that over a 1 GiB device-to-device cudaMemcpyAsync measured in the same
 // run, counted as bytes read plus bytes written.
 //
-//   quant_bench --benchmark_filter='QuantMatMul'
+//   quant_bench --benchmark_filter='QuantMatMul|Fused'
 #include <benchmark/benchmark.h>
 #include <cuda_runtime_api.h>
 
@@ -27,7 +30,9 @@
 #include "runtime/timing.h"
 #include "dispatch/cuda/cuda_handles.h"
 #include "dispatch/cuda/cuda_status.h"
+#include "kernels/fused_matmul.cuh"
 #include "kernels/gemv.cuh"
+#include "kernels/quant_layout.h"
 #include "kernels/quant_matmul.cuh"
 #include "stepgraph/base/half.h"
 #include "stepgraph/base/quant.h"
@@ -116,12 +121,26 @@ std::vector<uint8_t> WeightBytes(DType w_dtype, int64_t n, int64_t k) {
     std::memcpy(out.data() + r * row_bytes, distinct.data() + (r % kDistinctRows) * row_bytes,
                 static_cast<size_t>(row_bytes));
   }
-  return out;
+  if (!IsQuantized(w_dtype)) return out;
+  std::vector<uint8_t> device(out.size());
+  kernels::RepackBlocksForDevice(w_dtype, n * (k / DTypeBlockElems(w_dtype)), out.data(),
+                                 device.data());
+  return device;
 }
 
-// One case: y[1, n] = x[1, k] · w[n, k]ᵀ with w in `w_dtype` (bf16: the small-M kernel).
+int SmCount() {
+  int device = 0, sms = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
+    return 1;
+  }
+  return sms;
+}
+
+// One case: y[1, n] = x[1, k] · w[n, k]ᵀ with w in `w_dtype` (bf16: the small-M kernel),
+// through the fused matmul when `fused`.
 absl::Status RunCase(benchmark::State& state, const std::string& name, DType w_dtype, int64_t n,
-                     int64_t k) {
+                     int64_t k, bool fused) {
   constexpr DType kT = DType::kBF16;
   constexpr int64_t m = 1;
   const int64_t w_bytes = n * DTypeRowBytes(w_dtype, k);
@@ -153,9 +172,40 @@ absl::Status RunCase(benchmark::State& state, const std::string& name, DType w_d
   }
   SG_RETURN_IF_ERROR(ToStatus(cudaDeviceSynchronize(), "sync after upload"));
 
+  // The fused launch's arguments and its split-K workspace, shared by the sets (each
+  // launch leaves its tickets zeroed for the next).
+  kernels::FusedMatmulArgs fused_args;
+  fused_args.m = m;
+  fused_args.k = k;
+  fused_args.n[0] = n;
+  fused_args.w_dtype[0] = w_dtype;
+  fused_args.dtype = kT;
+  fused_args.weights_constant = true;
+  fused_args.splits = kernels::FusedSplitsFor(fused_args, SmCount());
+  DeviceMemory workspace;
+  if (fused && fused_args.splits > 1) {
+    const int64_t partial_bytes = RoundUp(fused_args.splits * m * n * 4, kAlign);
+    const int64_t counter_bytes = RoundUp(kernels::FusedColumnBlocks(fused_args) * 4, kAlign);
+    SG_ASSIGN_OR_RETURN(workspace,
+                        AllocateDevice(partial_bytes + counter_bytes, "split-K workspace"));
+    SG_RETURN_IF_ERROR(ToStatus(cudaMemset(workspace.get(), 0, partial_bytes + counter_bytes),
+                                "cudaMemset(split-K workspace)"));
+    fused_args.partials = static_cast<float*>(workspace.get());
+    fused_args.counters =
+        reinterpret_cast<uint32_t*>(static_cast<uint8_t*>(workspace.get()) + partial_bytes);
+  }
+  SG_RETURN_IF_ERROR(ToStatus(cudaDeviceSynchronize(), "sync after workspace"));
+
   cudaStream_t stream = g->stream.get();
   auto launch = [&](int s) {
     uint8_t* set = base + s * set_bytes;
+    if (fused) {
+      kernels::FusedMatmulArgs a = fused_args;
+      a.x = set + x_off;
+      a.w[0] = set;
+      a.y = set + y_off;
+      return ToStatus(kernels::LaunchFusedMatmul(a, stream), "fused launch");
+    }
     const cudaError_t e =
         IsQuantized(w_dtype)
             ? kernels::LaunchQuantMatmul(set + x_off, set, w_dtype, nullptr, set + y_off, m, n, k,
@@ -247,19 +297,21 @@ int main(int argc, char** argv) {
                          Shape{"gate/up", 8192, 2048}, Shape{"down", 2048, 8192},
                          Shape{"lm head", 128256, 2048}}) {
     for (sg::DType t : kFormats) {
-      const std::string name = absl::StrCat(sg::IsQuantized(t) ? "QuantMatMul/" : "Gemv/",
-                                            sg::DTypeName(t), "/M=1 N=", s.n, " K=", s.k, " (",
-                                            s.what, ")");
-      benchmark::RegisterBenchmark(name.c_str(),
-                                   [t, s, name](benchmark::State& state) {
-                                     if (absl::Status st = sg::RunCase(state, name, t, s.n, s.k);
-                                         !st.ok()) {
-                                       state.SkipWithError(st.ToString().c_str());
-                                     }
-                                   })
-          ->UseManualTime()
-          ->Iterations(sg::kIterations)
-          ->Unit(benchmark::kMicrosecond);
+      for (bool fused : {false, true}) {
+        const std::string name =
+            absl::StrCat(fused ? "Fused/" : sg::IsQuantized(t) ? "QuantMatMul/" : "Gemv/",
+                         sg::DTypeName(t), "/M=1 N=", s.n, " K=", s.k, " (", s.what, ")");
+        benchmark::RegisterBenchmark(
+            name.c_str(),
+            [t, s, name, fused](benchmark::State& state) {
+              if (absl::Status st = sg::RunCase(state, name, t, s.n, s.k, fused); !st.ok()) {
+                state.SkipWithError(st.ToString().c_str());
+              }
+            })
+            ->UseManualTime()
+            ->Iterations(sg::kIterations)
+            ->Unit(benchmark::kMicrosecond);
+      }
     }
   }
   benchmark::RunSpecifiedBenchmarks();

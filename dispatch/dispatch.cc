@@ -1,7 +1,10 @@
 // PreparedPlan, the default KernelDispatch::Prepare (a dispatcher that keeps no per-node
-// state) and the cold message of a node whose state is missing or of another type.
+// state), the default weight layout (the file's bytes) and the cold message of a node whose state is missing or of another type.
 #include "stepgraph/dispatch/dispatch.h"
 
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
 #include "stepgraph/graph/memory_plan.h"
 
 namespace sg {
@@ -26,6 +29,20 @@ absl::Status WrongPreparedState(bool missing) {
 
 absl::StatusOr<PreparedPlan> KernelDispatch::Prepare(const ExecutionPlan& plan) {
   return PreparedPlan(plan, *this, {});
+}
+
+absl::Status KernelDispatch::RepackWeight(const Tensor& weight,
+                                          absl::Span<const std::byte> file_bytes,
+                                          absl::Span<std::byte> out) const {
+  const int64_t bytes = weight.bytes();
+  if (static_cast<int64_t>(file_bytes.size()) != bytes ||
+      static_cast<int64_t>(out.size()) != bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "weight '", weight.name, "' holds ", bytes, " bytes; got ", file_bytes.size(),
+        " to repack into ", out.size()));
+  }
+  if (bytes > 0) std::memcpy(out.data(), file_bytes.data(), static_cast<size_t>(bytes));
+  return absl::OkStatus();
 }
 
 }  // namespace sg

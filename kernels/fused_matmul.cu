@@ -14,6 +14,14 @@
 // rotates q and k and writes k and v into the KV caches (kRopeKvWrite: ColumnOf gives a
 // block two whole RoPE pairs, so each thread finds its partner in shared memory).
 //
+// Block-format weights (GGUF's, in the device layout of kernels/quant_blocks.cuh): the
+// same kernel with W = 0. The block's threads walk its K range in units of 32 values of
+// each of its four weight rows (one or two 16-byte loads per unit), dequantize them in
+// registers with the quant_blocks.cuh readers and meet activations loaded 8 at a time;
+// the block's format is that of its columns' weight (a switch uniform over the block), so
+// one launch takes weights of different formats (a Q4_K_M file's q, k in Q4_K and v in
+// Q6_K). Norm, split-K and epilogues are the float path's.
+//
 // RopeKvWriteKernel: one thread per rotated pair of the q and k heads, plus one per
 // element pair of v. Every rotation is RotatePair's (kernels/rope_rotate.cuh), so the
 // epilogue and the two kernels round as RopeKernel and the CPU reference do.
@@ -23,6 +31,7 @@
 
 #include "kernels/common.cuh"
 #include "kernels/fused_matmul.cuh"
+#include "kernels/quant_blocks.cuh"
 #include "kernels/rope_rotate.cuh"
 #include "stepgraph/base/error_flags.h"
 
@@ -78,31 +87,130 @@ __device__ __forceinline__ const T* WeightRow(const FusedMatmulArgs& a, int64_t 
   return static_cast<const T*>(a.w[0]);
 }
 
-// Orders (value, index) as Argmax does: larger value wins, NaN never wins, lower index
-// wins a tie.
-__device__ __forceinline__ bool Better(float v, int32_t i, float best, int32_t best_i) {
-  return v > best || (v == best && i < best_i);
+// The weight holding product column `col` and the column's row in it.
+__device__ __forceinline__ int WeightOf(const FusedMatmulArgs& a, int64_t col, int64_t* row) {
+  int64_t start = 0;
+#pragma unroll
+  for (int g = 0; g < kFusedMaxWeights; ++g) {
+    if (g < a.weights && col < start + a.n[g]) {
+      *row = col - start;
+      return g;
+    }
+    start += a.n[g];
+  }
+  *row = 0;
+  return 0;
 }
 
-template <typename T, int W, int kRows>
-__global__ void __launch_bounds__(kThreads) FusedMatmulKernel(FusedMatmulArgs a) {
-  constexpr int kAcc = kRows * kFusedCols;
-  static_assert(kAcc <= kThreads);
-  __shared__ float inv_rms[kRows];
-  __shared__ float scratch[kWarpSize + 1];
-  __shared__ float partial[kMaxWarps][kAcc];
-  __shared__ float values[kAcc];
-  __shared__ float warp_best[kMaxWarps];
-  __shared__ int32_t warp_index[kMaxWarps];
-  __shared__ bool last_block;
+// Each row's 1/rms over the whole of x (k elements), into inv_rms[0 .. kRows).
+template <typename T, int kRows>
+__device__ __forceinline__ void RowsInvRms(const T* x, int64_t k, float eps, float* inv_rms,
+                                           float* scratch) {
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    float sum_sq = 0.0f;
+    for (int64_t e = threadIdx.x; e < k; e += blockDim.x) {
+      const float f = ToFloat(x[r * k + e]);
+      sum_sq = fmaf(f, f, sum_sq);
+    }
+    sum_sq = BlockSum(sum_sq, scratch);
+    if (threadIdx.x == 0) inv_rms[r] = 1.0f / sqrtf(sum_sq / static_cast<float>(k) + eps);
+  }
+  __syncthreads();
+}
 
-  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
-  const int warps = blockDim.x / kWarpSize;
-  const int64_t b = blockIdx.x;
-  const int s = blockIdx.y;
+// The block-format path's products: acc[r · kFusedCols + c] = this thread's share of row r
+// of x (normalised on load when the norm is folded) times the weight row of slot c, over
+// split s of K, every slot of the block in format Q.
+template <typename T, int kRows, typename Q>
+__device__ __forceinline__ void AccumulateUnits(const FusedMatmulArgs& a, int64_t b, int s,
+                                                int64_t n_total, float* inv_rms,
+                                                float* scratch,
+                                                float (&acc)[kRows * kFusedCols]) {
   const int64_t k = a.k;
-  int64_t n_total = 0;
-  for (int g = 0; g < a.weights; ++g) n_total += a.n[g];
+  const int64_t units = k / quant::kUnitElems;
+  const uint8_t* base[kFusedCols];
+  int64_t blocks[kFusedCols], first[kFusedCols];
+#pragma unroll
+  for (int c = 0; c < kFusedCols; ++c) {
+    // A slot past the end reads the block's first column again (of the same format) and
+    // is discarded.
+    const int64_t col = ColumnOf(a, b, ColumnValid(a, b, c, n_total) ? c : 0);
+    int64_t row;
+    const int g = WeightOf(a, col, &row);
+    base[c] = static_cast<const uint8_t*>(a.w[g]);
+    blocks[c] = a.n[g] * (k / Q::kElems);
+    first[c] = row * units;
+  }
+  const int64_t per_split = CeilDiv(units, a.splits);
+  const int64_t u0 = static_cast<int64_t>(s) * per_split;
+  const int64_t u1 = std::min<int64_t>(units, u0 + per_split);
+
+  // As the float path: at M = 1 the first units of constant weights are asked for before
+  // the wait.
+  int64_t t = u0 + threadIdx.x;
+  typename Q::Unit wu[kFusedCols];
+  const bool preloaded = kRows == 1 && a.weights_constant && t < u1;
+  if (preloaded) {
+#pragma unroll
+    for (int c = 0; c < kFusedCols; ++c) wu[c] = Q::Load(base[c], blocks[c], first[c] + t);
+  }
+  AwaitPrerequisiteGrids();
+
+  const T* x = static_cast<const T*>(a.x);
+  const T* norm_w = static_cast<const T*>(a.norm_w);
+  if (norm_w != nullptr) RowsInvRms<T, kRows>(x, k, a.eps, inv_rms, scratch);
+
+#pragma unroll
+  for (int i = 0; i < kRows * kFusedCols; ++i) acc[i] = 0.0f;
+
+  for (bool loaded = preloaded; t < u1; t += blockDim.x, loaded = false) {
+    if (!loaded) {
+#pragma unroll
+      for (int c = 0; c < kFusedCols; ++c) wu[c] = Q::Load(base[c], blocks[c], first[c] + t);
+    }
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int64_t e0 = t * quant::kUnitElems + 8 * j;
+      float xf[kRows][8];
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) quant::LoadX8(x + r * k + e0, a.x_aligned, xf[r]);
+      if (norm_w != nullptr) {
+        float nw[8];
+        quant::LoadX8(norm_w + e0, a.x_aligned, nw);
+#pragma unroll
+        for (int r = 0; r < kRows; ++r) {
+#pragma unroll
+          for (int e = 0; e < 8; ++e) {
+            xf[r][e] = RoundTo<T>(__fmul_rn(RoundTo<T>(__fmul_rn(xf[r][e], inv_rms[r])), nw[e]));
+          }
+        }
+      }
+#pragma unroll
+      for (int c = 0; c < kFusedCols; ++c) {
+        float v[8];
+        wu[c].Values8(j, v);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+#pragma unroll
+          for (int r = 0; r < kRows; ++r) {
+            acc[r * kFusedCols + c] = fmaf(xf[r][e], v[e], acc[r * kFusedCols + c]);
+          }
+        }
+      }
+    }
+  }
+}
+
+// The float path's products (weights of x's dtype, W elements per load), as
+// AccumulateUnits.
+template <typename T, int W, int kRows>
+__device__ __forceinline__ void AccumulateFloat(const FusedMatmulArgs& a, int64_t b, int s,
+                                                int64_t n_total, float* inv_rms,
+                                                float* scratch,
+                                                float (&acc)[kRows * kFusedCols]) {
+  constexpr int kAcc = kRows * kFusedCols;
+  const int64_t k = a.k;
   const T* x = static_cast<const T*>(a.x);
   const T* norm_w = static_cast<const T*>(a.norm_w);
 
@@ -152,7 +260,6 @@ __global__ void __launch_bounds__(kThreads) FusedMatmulKernel(FusedMatmulArgs a)
     __syncthreads();
   }
 
-  float acc[kAcc];
 #pragma unroll
   for (int i = 0; i < kAcc; ++i) acc[i] = 0.0f;
 
@@ -186,6 +293,68 @@ __global__ void __launch_bounds__(kThreads) FusedMatmulKernel(FusedMatmulArgs a)
         }
       }
     }
+  }
+}
+
+// AccumulateUnits in the format of the block's columns (uniform over the block).
+template <typename T, int kRows>
+__device__ __forceinline__ void AccumulateBlocks(const FusedMatmulArgs& a, int64_t b, int s,
+                                                 int64_t n_total, float* inv_rms,
+                                                 float* scratch,
+                                                 float (&acc)[kRows * kFusedCols]) {
+  int64_t row;
+  const DType format = a.w_dtype[WeightOf(a, ColumnOf(a, b, 0), &row)];
+#define SG_FUSED_FORMAT(t)                                                                  \
+  case t:                                                                                  \
+    AccumulateUnits<T, kRows, quant::Format<t>>(a, b, s, n_total, inv_rms, scratch, acc); \
+    break;
+  switch (format) {
+    SG_FUSED_FORMAT(DType::kQ8_0)
+    SG_FUSED_FORMAT(DType::kQ4_0)
+    SG_FUSED_FORMAT(DType::kQ4_1)
+    SG_FUSED_FORMAT(DType::kQ5_0)
+    SG_FUSED_FORMAT(DType::kQ5_1)
+    SG_FUSED_FORMAT(DType::kQ4_K)
+    SG_FUSED_FORMAT(DType::kQ5_K)
+    SG_FUSED_FORMAT(DType::kQ6_K)
+    default:  // the launcher admits none other
+      AwaitPrerequisiteGrids();
+#pragma unroll
+      for (int i = 0; i < kRows * kFusedCols; ++i) acc[i] = 0.0f;
+      break;
+  }
+#undef SG_FUSED_FORMAT
+}
+
+// Orders (value, index) as Argmax does: larger value wins, NaN never wins, lower index
+// wins a tie.
+__device__ __forceinline__ bool Better(float v, int32_t i, float best, int32_t best_i) {
+  return v > best || (v == best && i < best_i);
+}
+
+template <typename T, int W, int kRows>
+__global__ void __launch_bounds__(kThreads) FusedMatmulKernel(FusedMatmulArgs a) {
+  constexpr int kAcc = kRows * kFusedCols;
+  static_assert(kAcc <= kThreads);
+  __shared__ float inv_rms[kRows];
+  __shared__ float scratch[kWarpSize + 1];
+  __shared__ float partial[kMaxWarps][kAcc];
+  __shared__ float values[kAcc];
+  __shared__ float warp_best[kMaxWarps];
+  __shared__ int32_t warp_index[kMaxWarps];
+  __shared__ bool last_block;
+
+  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
+  const int warps = blockDim.x / kWarpSize;
+  const int64_t b = blockIdx.x;
+  const int s = blockIdx.y;
+  int64_t n_total = 0;
+  for (int g = 0; g < a.weights; ++g) n_total += a.n[g];
+  float acc[kAcc];
+  if constexpr (W == 0) {
+    AccumulateBlocks<T, kRows>(a, b, s, n_total, inv_rms, scratch, acc);
+  } else {
+    AccumulateFloat<T, W, kRows>(a, b, s, n_total, inv_rms, scratch, acc);
   }
 
 #pragma unroll
@@ -422,12 +591,39 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// One launch for rows [0, a.m) with a.m <= kFusedMaxRows.
+// Calls f(std::integral_constant<int, m>{}) for m in {1, 2, 4, 8}: the row counts the
+// block-format kernel is compiled for (LaunchFusedMatmul cuts rows into such chunks).
+template <typename F>
+cudaError_t DispatchPowerOfTwoRows(int64_t m, F&& f) {
+  switch (m) {
+    case 1: return f(std::integral_constant<int, 1>{});
+    case 2: return f(std::integral_constant<int, 2>{});
+    case 4: return f(std::integral_constant<int, 4>{});
+    case 8: return f(std::integral_constant<int, 8>{});
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+bool BlockFormats(const FusedMatmulArgs& a) { return IsQuantized(a.w_dtype[0]); }
+
+// One launch for rows [0, a.m) with a.m <= kFusedMaxRows (block formats: a power of two).
 cudaError_t LaunchRows(const FusedMatmulArgs& a, Stream stream) {
   const int64_t blocks = FusedColumnBlocks(a);
   if (blocks <= 0 || blocks > INT32_MAX) return cudaErrorInvalidValue;
   return DispatchFloat(a.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
+    if (BlockFormats(a)) {
+      FusedMatmulArgs aligned = a;
+      aligned.x_aligned = Aligned16(a.x) && (a.norm_w == nullptr || Aligned16(a.norm_w));
+      return DispatchPowerOfTwoRows(a.m, [&](auto rows) {
+        constexpr int kRows = decltype(rows)::value;
+        const int64_t per_split = CeilDiv(a.k / quant::kUnitElems, a.splits);
+        const int64_t warps = std::clamp<int64_t>(CeilDiv(per_split, kWarpSize), 1, kMaxWarps);
+        const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>(a.splits));
+        const dim3 block(static_cast<unsigned>(warps * kWarpSize));
+        return LaunchKernel(FusedMatmulKernel<T, 0, kRows>, grid, block, stream, aligned);
+      });
+    }
     bool vectorize = a.k % kVec16<T> == 0 && Aligned16(a.x) &&
                      (a.norm_w == nullptr || Aligned16(a.norm_w));
     for (int g = 0; g < a.weights; ++g) vectorize = vectorize && Aligned16(a.w[g]);
@@ -454,6 +650,22 @@ int64_t FusedColumnBlocks(const FusedMatmulArgs& a) {
   return CeilDiv(n, kFusedCols);
 }
 
+bool FusedBlockFormatsFit(const FusedMatmulArgs& a) {
+  if (a.weights < 1 || a.weights > kFusedMaxWeights) return false;
+  const bool blocks = IsQuantized(a.w_dtype[0]);
+  bool mixed = false;
+  for (int g = 0; g < a.weights; ++g) {
+    if (IsQuantized(a.w_dtype[g]) != blocks) return false;
+    mixed = mixed || a.w_dtype[g] != a.w_dtype[0];
+  }
+  if (!mixed) return true;
+  if (a.epilogue == FusedEpilogue::kSiluMul) return false;
+  for (int g = 0; g + 1 < a.weights; ++g) {
+    if (a.n[g] % kFusedCols != 0) return false;
+  }
+  return true;
+}
+
 int FusedSplitsFor(const FusedMatmulArgs& a, int sm_count) {
   const int64_t blocks = std::max<int64_t>(FusedColumnBlocks(a), 1);
   const int64_t want = CeilDiv(2 * static_cast<int64_t>(sm_count), blocks);
@@ -477,6 +689,13 @@ cudaError_t LaunchFusedMatmul(const FusedMatmulArgs& a, Stream stream) {
       (a.weights != 1 || a.argmax_value == nullptr || a.argmax_index == nullptr ||
        a.argmax_counter == nullptr)) {
     return cudaErrorInvalidValue;
+  }
+  if (!FusedBlockFormatsFit(a)) return cudaErrorInvalidValue;
+  if (BlockFormats(a)) {
+    for (int g = 0; g < a.weights; ++g) {
+      if (a.k % DTypeBlockElems(a.w_dtype[g]) != 0) return cudaErrorInvalidValue;
+      if (!Aligned16(a.w[g])) return cudaErrorMisalignedAddress;
+    }
   }
   int64_t n_total = 0;
   for (int g = 0; g < a.weights; ++g) n_total += a.n[g];
@@ -505,9 +724,13 @@ cudaError_t LaunchFusedMatmul(const FusedMatmulArgs& a, Stream stream) {
     sized.rope.half = rope.head_dim / 2;
     sized.rope.rotated_blocks = static_cast<int>((a.n[0] + a.n[1]) / kFusedCols);
   }
-  for (int64_t r0 = 0; r0 < a.m; r0 += kFusedMaxRows) {
+  // Block formats take chunks of 8, 4, 2 and 1 rows (a batch of 3 is two launches).
+  const bool powers_of_two = BlockFormats(a);
+  for (int64_t r0 = 0, rows = 0; r0 < a.m; r0 += rows) {
     FusedMatmulArgs chunk = sized;
-    chunk.m = std::min<int64_t>(kFusedMaxRows, a.m - r0);
+    rows = std::min<int64_t>(kFusedMaxRows, a.m - r0);
+    while (powers_of_two && (rows & (rows - 1)) != 0) rows &= rows - 1;
+    chunk.m = rows;
     chunk.x = static_cast<const char*>(a.x) + r0 * a.k * elem;
     if (a.residual != nullptr) {
       chunk.residual = static_cast<const char*>(a.residual) + r0 * n_total * elem;

@@ -54,6 +54,12 @@ struct FusedMatmulArgs {
   float eps = 0.0f;
   const void* w[kFusedMaxWeights] = {};  // w[g]: [n[g], k]
   int64_t n[kFusedMaxWeights] = {};
+  // Each weight's dtype: x's float dtype (any value that is no block format reads so), or
+  // GGUF block formats for all of them, each weight its own, in the device layout of
+  // kernels/quant_blocks.cuh at 16-byte aligned addresses, K a multiple of every
+  // format's block. Weights of different formats must not share a column block
+  // (FusedBlockFormatsFit).
+  DType w_dtype[kFusedMaxWeights] = {DType::kF32, DType::kF32, DType::kF32};
   int weights = 1;
   FusedEpilogue epilogue = FusedEpilogue::kNone;
   const void* residual = nullptr;  // kAdd: [m, Σn]
@@ -77,7 +83,15 @@ struct FusedMatmulArgs {
   int32_t* argmax_index = nullptr;
   uint32_t* argmax_counter = nullptr;
   FusedRopeArgs rope;  // kRopeKvWrite only
+  // Set by LaunchFusedMatmul for block formats: x (and the norm weight) 16-byte aligned.
+  bool x_aligned = false;
 };
+
+// Whether the weights' block formats fit the kernel's column blocks: all weights float or
+// all in block formats; where formats differ, no column block spans two weights (every
+// weight but the last a whole number of kFusedCols columns, and kSiluMul's gate and up,
+// whose columns every block pairs, of one format). Sizes as FusedMatmulArgs says.
+bool FusedBlockFormatsFit(const FusedMatmulArgs& a);
 
 // Column blocks of a launch (the grid's x): ceil(Σn / kFusedCols), or ceil(n / 2) for
 // kSiluMul (each block pairs 2 gate with 2 up columns).
@@ -87,7 +101,10 @@ int64_t FusedColumnBlocks(const FusedMatmulArgs& a);
 // at least 512 elements of K.
 int FusedSplitsFor(const FusedMatmulArgs& a, int sm_count);
 
-// cudaErrorInvalidValue for m outside [1, kFusedMaxRows] or inconsistent arguments.
+// Any m >= 1: launches of at most kFusedMaxRows rows (block formats: 8, 4, 2 or 1 rows
+// each, the row counts their kernel is compiled for). cudaErrorInvalidValue for
+// inconsistent arguments; cudaErrorMisalignedAddress for a block-format weight not 16-byte
+// aligned.
 cudaError_t LaunchFusedMatmul(const FusedMatmulArgs& a, Stream stream);
 
 // qkv [rows, q_cols + 2 * kv_heads * head_dim]; q [rows, q_cols]; caches [slots, kv_heads,

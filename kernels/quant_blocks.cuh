@@ -1,16 +1,32 @@
-// Device-side reading of GGUF's block formats (layouts in stepgraph/base/quant.h), shared by the
-// quantized matmul and embedding kernels (.cu files only).
+// The device layout of GGUF's block formats and its readers: the one definition of how
+// stepgraph's CUDA kernels (quantized matmul, quantized embedding, fused matmul, and the
+// dequantization of the prefill path) find a value of a weight in a block format. .cu
+// files only; host code reaches the layout through kernels/quant_layout.h.
 //
-// A block is read in parts: each part is 8 of the block's values, in two runs of 4
-// consecutive elements (at `first` and `second`, counted from the block's first element),
-// so that a thread can load the matching activations as two short vectors. The 32-element
-// formats have 4 parts per block, the 256-element ones 32, so consecutive threads read
-// consecutive bytes of a block and a warp's loads are contiguous.
+// Layout. At upload a weight's blocks (stepgraph/base/quant.h, as the file stores them,
+// 2-byte aligned) are repacked, in the same number of bytes, into planes: each plane holds
+// one field group of every block of the tensor, plane after plane. The first plane holds
+// the quants (and, for the K formats, the whole block but its f16 scale), a multiple of 16
+// bytes per block, so that a thread reads 32 values with one or two 16-byte loads; the
+// small planes after it hold the remaining scales and high bits, each naturally aligned.
+// Within a block the quants are reordered so that every format reads in units of 32
+// consecutive values, unit u of a row being values 32u .. 32u+31:
+//   Q4_0, Q4_1   [16 qs][2 d | 4 d,m]       qs as the file's (byte i: values i, 16+i)
+//   Q5_0, Q5_1   [16 qs][4 qh][2 d | 4 d,m]
+//   Q8_0         [32 qs][2 d]
+//   Q4_K         [144: d, dmin, scales[12], qs'[8][16]]               qs' per sub-block
+//   Q5_K         [176: d, dmin, scales[12], qs'[8][16], qh'[8] u32]   bit l: value 32u+l
+//   Q6_K         [208: ql'[8][16], qh'[8] u64, scales[16]][2 d]
+// where the 16 quant bytes of a unit hold value i in the low and value 16+i in the high
+// nibble of byte i (as Q4_0 does), and Q6_K's 2-bit highs of value i in bits 2i, 2i+1 of
+// the unit's 64-bit word. Every unit of every format covers the same 32 consecutive
+// values, so a kernel that mixes formats (one per weight) loads the activations once.
 //
 // Every value is computed with the f32 operations, in the order, of the CPU reference's
-// DequantizeRow (which is bit-exact with gguf.quants.dequantize): the _rn intrinsics keep
-// the compiler from contracting d·q + m into one fused multiply-add, so a dequantized
-// value here equals the reference's bit for bit.
+// DequantizeRow (bit-exact with gguf.quants.dequantize): the _rn intrinsics keep the
+// compiler from contracting d·q + m into one fused multiply-add, so a dequantized value
+// here equals the reference's bit for bit. The readers are __host__ __device__, so that
+// kernels/quant_layout.cu checks the layout on the host against the reference.
 #ifndef STEPGRAPH_KERNELS_QUANT_BLOCKS_CUH_
 #define STEPGRAPH_KERNELS_QUANT_BLOCKS_CUH_
 
@@ -19,195 +35,268 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 
+#include "kernels/device_common.cuh"
 #include "stepgraph/base/dtype.h"
 #include "stepgraph/base/quant.h"
 
 namespace sg::kernels::quant {
 
-// 8 values of one block and where they sit in it.
-struct Part {
-  float v[8];
-  int first;   // elements first .. first+3 are v[0..3]
-  int second;  // elements second .. second+3 are v[4..7]
-};
+#define SG_QB __host__ __device__ __forceinline__
+// Unrolled in device code; the host compiler knows no such pragma.
+#ifdef __CUDA_ARCH__
+#define SG_QB_UNROLL _Pragma("unroll")
+#else
+#define SG_QB_UNROLL
+#endif
 
-// An f16 scale (bit pattern) as f32, exactly.
-__device__ __forceinline__ float F16(const uint8_t* p) {
-  return __half2float(__ushort_as_half(__ldg(reinterpret_cast<const unsigned short*>(p))));
+// Values of one unit, the granule every reader works in.
+inline constexpr int kUnitElems = 32;
+
+// ---- loads (device: quants streamed, scales through the read-only cache) ---------------
+
+SG_QB uint4 LoadQuants16(const uint8_t* p) {
+#ifdef __CUDA_ARCH__
+  return __ldcs(reinterpret_cast<const uint4*>(p));
+#else
+  uint4 v;
+  std::memcpy(&v, p, 16);
+  return v;
+#endif
+}
+SG_QB uint2 LoadQuants8(const uint8_t* p) {
+#ifdef __CUDA_ARCH__
+  return __ldcs(reinterpret_cast<const uint2*>(p));
+#else
+  uint2 v;
+  std::memcpy(&v, p, 8);
+  return v;
+#endif
+}
+// A block's head (d, dmin, scales), read by the 8 units of the block: kept in cache.
+SG_QB uint4 LoadCached16(const uint8_t* p) {
+#ifdef __CUDA_ARCH__
+  return __ldg(reinterpret_cast<const uint4*>(p));
+#else
+  uint4 v;
+  std::memcpy(&v, p, 16);
+  return v;
+#endif
+}
+SG_QB uint32_t Load4(const uint8_t* p) {
+#ifdef __CUDA_ARCH__
+  return __ldcs(reinterpret_cast<const unsigned int*>(p));
+#else
+  uint32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+#endif
+}
+SG_QB uint32_t Load2(const uint8_t* p) {
+#ifdef __CUDA_ARCH__
+  return __ldcs(reinterpret_cast<const unsigned short*>(p));
+#else
+  uint16_t v;
+  std::memcpy(&v, p, 2);
+  return v;
+#endif
 }
 
-// n bytes (n even) from an even address, two at a time, with the streaming hint: the
-// bulk of a block is read once per step and should not push the activations out of L2.
-template <int N>
-__device__ __forceinline__ void LoadBytes(const uint8_t* p, uint8_t (&out)[N]) {
-  static_assert(N % 2 == 0);
-#pragma unroll
-  for (int i = 0; i < N / 2; ++i) {
-    const unsigned short u = __ldcs(reinterpret_cast<const unsigned short*>(p) + i);
-    out[2 * i] = static_cast<uint8_t>(u & 0xFF);
-    out[2 * i + 1] = static_cast<uint8_t>(u >> 8);
-  }
+// ---- exact f32 arithmetic --------------------------------------------------------------
+
+// f16 bits to f32, exactly.
+SG_QB float F16(uint32_t bits) {
+#ifdef __CUDA_ARCH__
+  return __half2float(__ushort_as_half(static_cast<unsigned short>(bits)));
+#else
+  // As base/quant.cc: the shifted exponent and mantissa read as an f32 2^112 too small.
+  const uint16_t h = static_cast<uint16_t>(bits);
+  uint32_t u = static_cast<uint32_t>(h & 0x7fffu) << 13;
+  float f;
+  std::memcpy(&f, &u, 4);
+  f *= 0x1p112f;
+  std::memcpy(&u, &f, 4);
+  if (f >= 65536.0f) u |= 0xffu << 23;
+  u |= static_cast<uint32_t>(h & 0x8000u) << 16;
+  std::memcpy(&f, &u, 4);
+  return f;
+#endif
+}
+SG_QB float MulRn(float a, float b) {
+#ifdef __CUDA_ARCH__
+  return __fmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+SG_QB float AddRn(float a, float b) {
+#ifdef __CUDA_ARCH__
+  return __fadd_rn(a, b);
+#else
+  return a + b;
+#endif
+}
+SG_QB float SubRn(float a, float b) {
+#ifdef __CUDA_ARCH__
+  return __fsub_rn(a, b);
+#else
+  return a - b;
+#endif
 }
 
-// The little-endian 32-bit word at an even address (Q5_0/Q5_1's high bits).
-__device__ __forceinline__ uint32_t LoadWord(const uint8_t* p) {
-  const auto* h = reinterpret_cast<const unsigned short*>(p);
-  return static_cast<uint32_t>(__ldg(h)) | static_cast<uint32_t>(__ldg(h + 1)) << 16;
+// code − kOffset as f32, exactly, for a code in [0, 2^22). On the device without an
+// integer-to-float conversion, whose throughput (16 per SM and cycle) would bound a 4-bit
+// kernel below the memory's rate: 2^23 + code is an f32 with the code in its mantissa, and
+// subtracting 2^23 + kOffset leaves code − kOffset (both operands and the result exact).
+template <int kOffset>
+SG_QB float CodeValue(uint32_t code) {
+#ifdef __CUDA_ARCH__
+  return __fsub_rn(__uint_as_float(0x4B000000u | code), 8388608.0f + static_cast<float>(kOffset));
+#else
+  return static_cast<float>(static_cast<int>(code) - kOffset);
+#endif
 }
 
-// d·(q − offset), as DequantBlock of Q4_0/Q5_0/Q6_K; q·d for Q8_0 (same product).
-__device__ __forceinline__ float Scaled(float d, int q) { return __fmul_rn(d, static_cast<float>(q)); }
-// d·q + m (Q4_1, Q5_1).
-__device__ __forceinline__ float ScaledPlus(float d, int q, float m) {
-  return __fadd_rn(__fmul_rn(d, static_cast<float>(q)), m);
+// Word i (a constant once unrolled) of a 16-byte vector.
+SG_QB uint32_t Word(const uint4& v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
+// Byte i (0..15, at run time) of a 16-byte vector.
+SG_QB uint32_t Byte(const uint4& v, int i) { return (Word(v, i >> 2) >> (8 * (i & 3))) & 0xFFu; }
+
+// The 4-bit code of value e (0..31) of a unit whose quants are `q`: the low nibble of byte
+// e for e < 16, the high nibble of byte e - 16 otherwise.
+SG_QB uint32_t Nibble(const uint4& q, int e) {
+  const int byte = e & 15;
+  return (Word(q, byte >> 2) >> (8 * (byte & 3) + 4 * (e >> 4))) & 0xFu;
 }
-// d·q − m (Q4_K, Q5_K).
-__device__ __forceinline__ float ScaledMinus(float d, int q, float m) {
-  return __fsub_rn(__fmul_rn(d, static_cast<float>(q)), m);
-}
+
+// ---- one format per specialisation ------------------------------------------------------
+// Format<t>: kElems, kBytes (as stepgraph/base/quant.h), kUnits = kElems / 32 per block,
+// kPlane0 (bytes of the first plane per block); Unit Load(base, blocks, g): unit g of the
+// tensor (g = row · units per row + unit in the row) of a tensor of `blocks` blocks in the
+// device layout at `base` (16-byte aligned); Unit::Values8(j, v): values 8j .. 8j+7 of the
+// unit (j a constant once unrolled). kernels/quant_layout.cu writes the layout.
 
 template <DType kType>
 struct Format;
 
-// Q8_0: part p holds values 8p .. 8p+7.
 template <>
 struct Format<DType::kQ8_0> {
-  static constexpr int kElems = 32, kParts = 4, kBytes = 34;
-  __device__ static Part Read(const uint8_t* b, int p) {
-    Part r;
-    const float d = F16(b);
-    uint8_t q[8];
-    LoadBytes(b + 2 + 8 * p, q);
-#pragma unroll
-    for (int i = 0; i < 8; ++i) r.v[i] = Scaled(d, static_cast<int8_t>(q[i]));
-    r.first = 8 * p;
-    r.second = 8 * p + 4;
-    return r;
-  }
-};
-
-// Q4_0: part p reads qs[4p .. 4p+3]: values 4p.. (low nibbles) and 16+4p.. (high).
-template <>
-struct Format<DType::kQ4_0> {
-  static constexpr int kElems = 32, kParts = 4, kBytes = 18;
-  __device__ static Part Read(const uint8_t* b, int p) {
-    Part r;
-    const float d = F16(b);
-    uint8_t q[4];
-    LoadBytes(b + 2 + 4 * p, q);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      r.v[i] = Scaled(d, (q[i] & 0xF) - 8);
-      r.v[4 + i] = Scaled(d, (q[i] >> 4) - 8);
-    }
-    r.first = 4 * p;
-    r.second = 16 + 4 * p;
-    return r;
-  }
-};
-
-template <>
-struct Format<DType::kQ4_1> {
-  static constexpr int kElems = 32, kParts = 4, kBytes = 20;
-  __device__ static Part Read(const uint8_t* b, int p) {
-    Part r;
-    const float d = F16(b), m = F16(b + 2);
-    uint8_t q[4];
-    LoadBytes(b + 4 + 4 * p, q);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      r.v[i] = ScaledPlus(d, q[i] & 0xF, m);
-      r.v[4 + i] = ScaledPlus(d, q[i] >> 4, m);
-    }
-    r.first = 4 * p;
-    r.second = 16 + 4 * p;
-    return r;
-  }
-};
-
-// Bit j of qh is bit 4 of value j.
-__device__ __forceinline__ int Code5(uint8_t nibble_byte, bool high_nibble, uint32_t qh, int j) {
-  const int low = high_nibble ? nibble_byte >> 4 : nibble_byte & 0xF;
-  return low | static_cast<int>((qh >> j) & 1u) << 4;
-}
-
-template <>
-struct Format<DType::kQ5_0> {
-  static constexpr int kElems = 32, kParts = 4, kBytes = 22;
-  __device__ static Part Read(const uint8_t* b, int p) {
-    Part r;
-    const float d = F16(b);
-    const uint32_t qh = LoadWord(b + 2);
-    uint8_t q[4];
-    LoadBytes(b + 6 + 4 * p, q);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int j = 4 * p + i;
-      r.v[i] = Scaled(d, Code5(q[i], false, qh, j) - 16);
-      r.v[4 + i] = Scaled(d, Code5(q[i], true, qh, j + 16) - 16);
-    }
-    r.first = 4 * p;
-    r.second = 16 + 4 * p;
-    return r;
-  }
-};
-
-template <>
-struct Format<DType::kQ5_1> {
-  static constexpr int kElems = 32, kParts = 4, kBytes = 24;
-  __device__ static Part Read(const uint8_t* b, int p) {
-    Part r;
-    const float d = F16(b), m = F16(b + 2);
-    const uint32_t qh = LoadWord(b + 4);
-    uint8_t q[4];
-    LoadBytes(b + 8 + 4 * p, q);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int j = 4 * p + i;
-      r.v[i] = ScaledPlus(d, Code5(q[i], false, qh, j), m);
-      r.v[4 + i] = ScaledPlus(d, Code5(q[i], true, qh, j + 16), m);
-    }
-    r.first = 4 * p;
-    r.second = 16 + 4 * p;
-    return r;
-  }
-};
-
-// Q4_K and Q5_K: part p (0..31) reads qs[32c + l0 .. +3] with c = p/8, l0 = 4·(p%8):
-// values 64c + l0.. of sub-block 2c (low nibbles) and 64c + 32 + l0.. of sub-block 2c+1
-// (high nibbles). Q5_K adds bit 2c (low) or 2c+1 (high) of qh[l0 + i] as bit 4.
-template <bool kFiveBit>
-struct FormatK {
-  static constexpr int kElems = 256, kParts = 32, kBytes = kFiveBit ? 176 : 144;
-  __device__ static Part Read(const uint8_t* b, int p) {
-    Part r;
-    const int c = p >> 3, l0 = 4 * (p & 7);
-    const float d = F16(b), dmin = F16(b + 2);
-    // Straight from the block (cached): a local copy indexed by the runtime c would
-    // live in local memory.
-    uint8_t sc0, mn0, sc1, mn1;
-    Q4KScaleMin(b + 4, 2 * c, &sc0, &mn0);
-    Q4KScaleMin(b + 4, 2 * c + 1, &sc1, &mn1);
-    const float d0 = __fmul_rn(d, static_cast<float>(sc0)), m0 = __fmul_rn(dmin, static_cast<float>(mn0));
-    const float d1 = __fmul_rn(d, static_cast<float>(sc1)), m1 = __fmul_rn(dmin, static_cast<float>(mn1));
-    uint8_t q[4];
-    LoadBytes(b + (kFiveBit ? 48 : 16) + 32 * c + l0, q);
-    uint8_t h[4] = {0, 0, 0, 0};
-    if constexpr (kFiveBit) LoadBytes(b + 16 + l0, h);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      int lo = q[i] & 0xF, hi = q[i] >> 4;
-      if constexpr (kFiveBit) {
-        lo |= ((h[i] >> (2 * c)) & 1) << 4;
-        hi |= ((h[i] >> (2 * c + 1)) & 1) << 4;
+  static constexpr int kElems = 32, kBytes = 34, kUnits = 1, kPlane0 = 32;
+  struct Unit {
+    uint4 q[2];
+    float d;
+    SG_QB void Values8(int j, float (&v)[8]) const {
+SG_QB_UNROLL
+      for (int i = 0; i < 8; ++i) {
+        const int e = 8 * j + i;
+        const uint32_t w = Word(q[e >> 4], (e >> 2) & 3);
+        // The int8 code biased by 128 (its sign bit flipped).
+        const uint32_t biased = ((w >> (8 * (e & 3))) & 0xFFu) ^ 0x80u;
+        v[i] = MulRn(CodeValue<128>(biased), d);
       }
-      r.v[i] = ScaledMinus(d0, lo, m0);
-      r.v[4 + i] = ScaledMinus(d1, hi, m1);
     }
-    r.first = 64 * c + l0;
-    r.second = 64 * c + 32 + l0;
-    return r;
+  };
+  SG_QB static Unit Load(const uint8_t* base, int64_t blocks, int64_t g) {
+    Unit u;
+    u.q[0] = LoadQuants16(base + 32 * g);
+    u.q[1] = LoadQuants16(base + 32 * g + 16);
+    u.d = F16(Load2(base + 32 * blocks + 2 * g));
+    return u;
+  }
+};
+
+// Q4_0, Q4_1, Q5_0, Q5_1: one unit per block.
+template <bool kMin, bool kFive>
+struct Format32 {
+  static constexpr int kElems = 32, kUnits = 1, kPlane0 = 16;
+  static constexpr int kBytes = 2 + (kMin ? 2 : 0) + (kFive ? 4 : 0) + 16;
+  struct Unit {
+    uint4 q;
+    uint32_t qh;
+    float d, m;
+    SG_QB void Values8(int j, float (&v)[8]) const {
+SG_QB_UNROLL
+      for (int i = 0; i < 8; ++i) {
+        const int e = 8 * j + i;
+        uint32_t code = Nibble(q, e);
+        if constexpr (kFive) code |= ((qh >> e) & 1u) << 4;
+        if constexpr (kMin) {
+          v[i] = AddRn(MulRn(d, CodeValue<0>(code)), m);
+        } else {
+          v[i] = MulRn(d, CodeValue<kFive ? 16 : 8>(code));
+        }
+      }
+    }
+  };
+  SG_QB static Unit Load(const uint8_t* base, int64_t blocks, int64_t g) {
+    Unit u;
+    u.q = LoadQuants16(base + 16 * g);
+    const uint8_t* after = base + 16 * blocks;
+    u.qh = 0;
+    if constexpr (kFive) {
+      u.qh = Load4(after + 4 * g);
+      after += 4 * blocks;
+    }
+    if constexpr (kMin) {
+      const uint32_t dm = Load4(after + 4 * g);
+      u.d = F16(dm & 0xFFFFu);
+      u.m = F16(dm >> 16);
+    } else {
+      u.d = F16(Load2(after + 2 * g));
+      u.m = 0.0f;
+    }
+    return u;
+  }
+};
+template <>
+struct Format<DType::kQ4_0> : Format32<false, false> {};
+template <>
+struct Format<DType::kQ4_1> : Format32<true, false> {};
+template <>
+struct Format<DType::kQ5_0> : Format32<false, true> {};
+template <>
+struct Format<DType::kQ5_1> : Format32<true, true> {};
+
+// Q4_K and Q5_K: unit u of a block is its sub-block u, with one scale and one min.
+template <bool kFive>
+struct FormatK {
+  static constexpr int kElems = 256, kUnits = 8;
+  static constexpr int kBytes = kFive ? 176 : 144, kPlane0 = kBytes;
+  struct Unit {
+    uint4 q;
+    uint32_t qh;
+    float d, m;  // d·sc and dmin·mn of the sub-block
+    SG_QB void Values8(int j, float (&v)[8]) const {
+SG_QB_UNROLL
+      for (int i = 0; i < 8; ++i) {
+        const int e = 8 * j + i;
+        uint32_t code = Nibble(q, e);
+        if constexpr (kFive) code |= ((qh >> e) & 1u) << 4;
+        v[i] = SubRn(MulRn(d, CodeValue<0>(code)), m);
+      }
+    }
+  };
+  SG_QB static Unit Load(const uint8_t* base, int64_t, int64_t g) {
+    const int64_t b = g >> 3;
+    const int s = static_cast<int>(g & 7);
+    const uint8_t* block = base + kBytes * b;
+    const uint4 head = LoadCached16(block);
+    // Q4KScaleMin over the head's bytes 4..15 (scales[k] is head byte 4 + k).
+    uint32_t sc, mn;
+    if (s < 4) {
+      sc = Byte(head, 4 + s) & 63u;
+      mn = Byte(head, 8 + s) & 63u;
+    } else {
+      sc = (Byte(head, 8 + s) & 0xFu) | ((Byte(head, s) >> 6) << 4);
+      mn = (Byte(head, 8 + s) >> 4) | ((Byte(head, 4 + s) >> 6) << 4);
+    }
+    Unit u;
+    u.d = MulRn(F16(head.x & 0xFFFFu), static_cast<float>(sc));
+    u.m = MulRn(F16(head.x >> 16), static_cast<float>(mn));
+    u.q = LoadQuants16(block + 16 + 16 * s);
+    u.qh = kFive ? Load4(block + 144 + 4 * s) : 0u;
+    return u;
   }
 };
 template <>
@@ -215,50 +304,70 @@ struct Format<DType::kQ4_K> : FormatK<false> {};
 template <>
 struct Format<DType::kQ5_K> : FormatK<true> {};
 
-// Q6_K: part p (0..31) holds the 8 values 128h + 32s + l0 .. +7 with h = p/16,
-// s = (p/4)%4, l0 = 8·(p%4): low 4 bits from ql[64h + 32(s&1) + l0 + i] (low nibble for
-// s < 2, high for s >= 2), high 2 bits from qh[32h + l0 + i] >> 2s; all 8 lie in the
-// sub-block of 16 with scale scales[8h + 2s + l0/16] (see Q6KCode).
+// Q6_K: unit u holds sub-blocks 2u (values 0..15) and 2u+1 (16..31).
 template <>
 struct Format<DType::kQ6_K> {
-  static constexpr int kElems = 256, kParts = 32, kBytes = 210;
-  __device__ static Part Read(const uint8_t* b, int p) {
-    Part r;
-    const int h = p >> 4, s = (p >> 2) & 3, l0 = 8 * (p & 3);
-    const float d = F16(b + 208);
-    const int8_t scale = static_cast<int8_t>(__ldg(b + 192 + 8 * h + 2 * s + (l0 >> 4)));
-    const float ds = __fmul_rn(d, static_cast<float>(scale));
-    uint8_t ql[8], qh[8];
-    LoadBytes(b + 64 * h + 32 * (s & 1) + l0, ql);
-    LoadBytes(b + 128 + 32 * h + l0, qh);
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const int low = (ql[i] >> (4 * (s >> 1))) & 0xF;
-      const int high = (qh[i] >> (2 * s)) & 3;
-      r.v[i] = Scaled(ds, (low | high << 4) - 32);
+  static constexpr int kElems = 256, kBytes = 210, kUnits = 8, kPlane0 = 208;
+  struct Unit {
+    uint4 ql;
+    uint2 qh;
+    float d0, d1;  // d·scales[2u], d·scales[2u+1]
+    SG_QB void Values8(int j, float (&v)[8]) const {
+SG_QB_UNROLL
+      for (int i = 0; i < 8; ++i) {
+        const int e = 8 * j + i;
+        const uint32_t high = ((e < 16 ? qh.x : qh.y) >> (2 * (e & 15))) & 3u;
+        v[i] = MulRn(e < 16 ? d0 : d1, CodeValue<32>(Nibble(ql, e) | high << 4));
+      }
     }
-    r.first = 128 * h + 32 * s + l0;
-    r.second = r.first + 4;
-    return r;
+  };
+  SG_QB static Unit Load(const uint8_t* base, int64_t blocks, int64_t g) {
+    const int64_t b = g >> 3;
+    const int s = static_cast<int>(g & 7);
+    const uint8_t* block = base + kPlane0 * b;
+    const float d = F16(Load2(base + kPlane0 * blocks + 2 * b));
+    const uint32_t scales = Load2(block + 192 + 2 * s);
+    Unit u;
+    u.d0 = MulRn(d, static_cast<float>(static_cast<int8_t>(scales & 0xFFu)));
+    u.d1 = MulRn(d, static_cast<float>(static_cast<int8_t>(scales >> 8)));
+    u.ql = LoadQuants16(block + 16 * s);
+    u.qh = LoadQuants8(block + 128 + 8 * s);
+    return u;
   }
 };
 
 template <DType kType>
 constexpr bool kFormatMatchesDType = Format<kType>::kElems == DTypeBlockElems(kType) &&
-                                     Format<kType>::kBytes == DTypeBlockBytes(kType);
+                                     Format<kType>::kBytes == DTypeBlockBytes(kType) &&
+                                     Format<kType>::kPlane0 % 16 == 0;
 static_assert(kFormatMatchesDType<DType::kQ8_0> && kFormatMatchesDType<DType::kQ4_0> &&
               kFormatMatchesDType<DType::kQ4_1> && kFormatMatchesDType<DType::kQ5_0> &&
               kFormatMatchesDType<DType::kQ5_1> && kFormatMatchesDType<DType::kQ4_K> &&
               kFormatMatchesDType<DType::kQ5_K> && kFormatMatchesDType<DType::kQ6_K>);
-static_assert(sizeof(BlockQ6_K) == 210 && offsetof(BlockQ6_K, d) == 208 &&
-              offsetof(BlockQ6_K, scales) == 192 && offsetof(BlockQ5_K, qs) == 48 &&
-              offsetof(BlockQ5_K, qh) == 16 && offsetof(BlockQ4_K, qs) == 16 &&
-              offsetof(BlockQ5_1, qs) == 8 && offsetof(BlockQ5_0, qs) == 6,
-              "the byte offsets Read uses are those of stepgraph/base/quant.h's layouts");
+
+// The activations that meet values 8j .. 8j+7 of a unit: 8 consecutive elements of x as
+// f32, through 16-byte loads when `vec` (x 16-byte aligned: a unit starts at a multiple of
+// 32 elements), else one element at a time.
+template <typename T>
+__device__ __forceinline__ void LoadX8(const T* p, bool vec, float (&out)[8]) {
+  if (vec) {
+    constexpr int W = kVec16<T>;
+#pragma unroll
+    for (int h = 0; h < 8; h += W) {
+      float f[W];
+      LoadFloats<T, W>(p + h, f);
+#pragma unroll
+      for (int i = 0; i < W; ++i) out[h + i] = f[i];
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) out[i] = ToFloat(p[i]);
+  }
+}
 
 // Calls f(Format<t>{}) for a block format t; cudaErrorInvalidValue for any other dtype.
 template <typename F>
-cudaError_t DispatchFormat(DType t, F&& f) {
+__host__ cudaError_t DispatchFormat(DType t, F&& f) {
   switch (t) {
     case DType::kQ8_0: return f(Format<DType::kQ8_0>{});
     case DType::kQ4_0: return f(Format<DType::kQ4_0>{});
@@ -271,6 +380,9 @@ cudaError_t DispatchFormat(DType t, F&& f) {
     default: return cudaErrorInvalidValue;
   }
 }
+
+#undef SG_QB_UNROLL
+#undef SG_QB
 
 }  // namespace sg::kernels::quant
 

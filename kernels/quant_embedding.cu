@@ -1,7 +1,7 @@
-// Embedding from a table in a GGUF block format: the row of each id dequantized (exactly
-// as the CPU reference's DequantizeRow) and rounded to the output dtype. grid (part
-// groups, rows); each thread dequantizes parts of 8 values (kernels/quant_blocks.cuh). The
-// id is read by the kernel, so the launch shape never depends on it.
+// Embedding from a table in a GGUF block format (device layout: kernels/quant_blocks.cuh):
+// the row of each id dequantized (exactly as the CPU reference's DequantizeRow) and
+// rounded to the output dtype. grid (unit groups, rows); each thread dequantizes units of
+// 32 values. The id is read by the kernel, so the launch shape never depends on it.
 #include <algorithm>
 
 #include "kernels/common.cuh"
@@ -26,20 +26,21 @@ __global__ void __launch_bounds__(kMaxThreads)
   if (!valid && blockIdx.x == 0 && threadIdx.x == 0) {
     atomicOr(error_flags, static_cast<uint32_t>(kErrorTokenOutOfRange));
   }
-  const int64_t blocks = hidden / Q::kElems;
-  const uint8_t* src = table + static_cast<int64_t>(valid ? id : 0) * blocks * Q::kBytes;
+  const int64_t units = hidden / quant::kUnitElems;
+  const int64_t blocks = vocab * (hidden / Q::kElems);
+  // A bad id reads row 0 (in bounds) and writes zeros.
+  const int64_t first = static_cast<int64_t>(valid ? id : 0) * units;
   T* dst = out + row * hidden;
-  const int64_t parts = blocks * Q::kParts;
-  for (int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; t < parts;
+  for (int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; t < units;
        t += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t blk = t / Q::kParts;
-    T* d = dst + blk * Q::kElems;
-    // A bad id reads row 0 (in bounds) for the positions and writes zeros there.
-    const quant::Part part = Q::Read(src + blk * Q::kBytes, static_cast<int>(t % Q::kParts));
+    const typename Q::Unit unit = Q::Load(table, blocks, first + t);
+    T* d = dst + t * quant::kUnitElems;
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      d[part.first + i] = FromFloat<T>(valid ? part.v[i] : 0.0f);
-      d[part.second + i] = FromFloat<T>(valid ? part.v[4 + i] : 0.0f);
+    for (int j = 0; j < 4; ++j) {
+      float v[8];
+      unit.Values8(j, v);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) d[8 * j + i] = FromFloat<T>(valid ? v[i] : 0.0f);
     }
   }
 }
@@ -53,15 +54,15 @@ cudaError_t LaunchQuantEmbedding(const void* table, DType table_dtype, const int
       hidden % DTypeBlockElems(table_dtype) != 0 || error_flags == nullptr) {
     return cudaErrorInvalidValue;
   }
-  if ((reinterpret_cast<uintptr_t>(table) & 1u) != 0) return cudaErrorMisalignedAddress;
+  if (!Aligned16(table)) return cudaErrorMisalignedAddress;
   return DispatchFloat(out_dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     return quant::DispatchFormat(table_dtype, [&](auto format) {
       using Q = decltype(format);
-      const int64_t parts = hidden / Q::kElems * Q::kParts;
+      const int64_t units = hidden / quant::kUnitElems;
       const int64_t threads =
-          std::min<int64_t>(kMaxThreads, CeilDiv(parts, kWarpSize) * kWarpSize);
-      const int64_t blocks = std::min<int64_t>(CeilDiv(parts, threads), 65535);
+          std::min<int64_t>(kMaxThreads, CeilDiv(units, kWarpSize) * kWarpSize);
+      const int64_t blocks = std::min<int64_t>(CeilDiv(units, threads), 65535);
       const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>(rows));
       return LaunchKernel(QuantEmbeddingKernel<T, Q>, grid, dim3(static_cast<unsigned>(threads)),
                           stream, static_cast<const uint8_t*>(table), ids,

@@ -1,15 +1,16 @@
-// The quantized matmul at decode: y = x·wᵀ with w in a GGUF block format. A thread block
-// computes one output column (one row of w) for a group of up to kRows rows of x: its
-// threads walk the row's blocks in parts of 8 values (kernels/quant_blocks.cuh), so a warp
-// reads a contiguous run of the row, each byte once; the parts are dequantized in
-// registers and multiplied with the activations, which stay float (read through L1/L2:
-// every column's block re-reads the same few KiB of x). f32 accumulation, a warp-shuffle
-// and shared-memory reduction per row of x, bias added in f32, one rounding to the
-// output dtype.
+// The quantized matmul at decode: y = x·wᵀ with w in a GGUF block format, held in the
+// device layout of kernels/quant_blocks.cuh. A thread block computes one output column
+// (one row of w) for a group of up to kRows rows of x: its threads walk the row's units
+// of 32 values, each read with one or two 16-byte loads (its scales from a small plane
+// beside the quants), so a warp reads a contiguous run of the row, each byte once; the
+// units are dequantized in registers and multiplied with the activations, which stay
+// float (read through L1/L2: every column's block re-reads the same few KiB of x). f32
+// accumulation, a warp-shuffle and shared-memory reduction per row of x, bias added in
+// f32, one rounding to the output dtype.
 //
-// Quantized rows are short (a 2048-wide Q4_0 row is 1152 bytes), so a block of up to 4
-// warps per column and many resident blocks per SM keep enough loads in flight; the grid
-// has one block per output column and per group of rows.
+// Quantized rows are short (a 2048-wide Q4_0 row is 1152 bytes, 64 units), so a block of
+// up to 4 warps per column and many resident blocks per SM keep enough loads in flight;
+// the grid has one block per output column and per group of rows.
 #include <algorithm>
 
 #include "kernels/common.cuh"
@@ -21,17 +22,6 @@ namespace {
 
 constexpr int kMaxWarps = 4;
 
-// Four consecutive activations as f32: one 16- or 8-byte load when `vec`, else four.
-template <typename T>
-__device__ __forceinline__ void LoadX4(const T* p, bool vec, float (&out)[4]) {
-  if (vec) {
-    LoadFloats<T, 4>(p, out);
-  } else {
-#pragma unroll
-    for (int i = 0; i < 4; ++i) out[i] = ToFloat(p[i]);
-  }
-}
-
 template <typename T, typename Q, int kRows>
 __global__ void __launch_bounds__(kMaxWarps* kWarpSize)
     QuantMatmulKernel(const T* __restrict__ x, const uint8_t* __restrict__ w,
@@ -42,32 +32,31 @@ __global__ void __launch_bounds__(kMaxWarps* kWarpSize)
   const int64_t col = blockIdx.x;
   const int64_t row0 = static_cast<int64_t>(blockIdx.y) * kRows;
   const int rows = static_cast<int>(std::min<int64_t>(kRows, m - row0));
-  const int64_t blocks = k / Q::kElems;
-  const uint8_t* wrow = w + col * blocks * Q::kBytes;
+  const int64_t units = k / quant::kUnitElems;
+  const int64_t blocks = n * (k / Q::kElems);
   const T* xg = x + row0 * k;
 
   float acc[kRows];
 #pragma unroll
   for (int r = 0; r < kRows; ++r) acc[r] = 0.0f;
 
-  const int64_t parts = blocks * Q::kParts;
 #pragma unroll 2
-  for (int64_t t = threadIdx.x; t < parts; t += blockDim.x) {
-    const int64_t blk = t / Q::kParts;
-    const quant::Part part = Q::Read(wrow + blk * Q::kBytes, static_cast<int>(t % Q::kParts));
-    const int64_t e0 = blk * Q::kElems + part.first, e1 = blk * Q::kElems + part.second;
+  for (int64_t t = threadIdx.x; t < units; t += blockDim.x) {
+    const typename Q::Unit unit = Q::Load(w, blocks, col * units + t);
 #pragma unroll
-    for (int r = 0; r < kRows; ++r) {
-      if (r < rows) {
-        float a[4], b[4];
-        LoadX4(xg + r * k + e0, vec_x, a);
-        LoadX4(xg + r * k + e1, vec_x, b);
-        float s = acc[r];
+    for (int j = 0; j < 4; ++j) {
+      float v[8];
+      unit.Values8(j, v);
 #pragma unroll
-        for (int i = 0; i < 4; ++i) s = fmaf(part.v[i], a[i], s);
+      for (int r = 0; r < kRows; ++r) {
+        if (r < rows) {
+          float a[8];
+          quant::LoadX8(xg + r * k + t * quant::kUnitElems + 8 * j, vec_x, a);
+          float s = acc[r];
 #pragma unroll
-        for (int i = 0; i < 4; ++i) s = fmaf(part.v[4 + i], b[i], s);
-        acc[r] = s;
+          for (int i = 0; i < 8; ++i) s = fmaf(v[i], a[i], s);
+          acc[r] = s;
+        }
       }
     }
   }
@@ -110,16 +99,16 @@ cudaError_t LaunchQuantMatmul(const void* x, const void* w, DType w_dtype, const
       (m + kQuantMatmulGroupRows - 1) / kQuantMatmulGroupRows > 65535) {
     return cudaErrorInvalidValue;
   }
-  if ((reinterpret_cast<uintptr_t>(w) & 1u) != 0) return cudaErrorMisalignedAddress;
+  if (!Aligned16(w)) return cudaErrorMisalignedAddress;
   return DispatchFloat(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    // Every run of 4 activations starts at a multiple of 4 elements and k is a multiple
-    // of 32, so one aligned x makes every load of 4 a vector load.
-    const bool vec_x = (reinterpret_cast<uintptr_t>(x) % (4 * sizeof(T))) == 0;
+    // Every unit starts at a multiple of 32 elements, so one aligned x makes every load of
+    // 8 activations a vector load.
+    const bool vec_x = Aligned16(x);
     return quant::DispatchFormat(w_dtype, [&](auto format) {
       using Q = decltype(format);
-      const int64_t parts = k / Q::kElems * Q::kParts;
-      const int64_t warps = std::clamp<int64_t>(CeilDiv(parts, kWarpSize), 1, kMaxWarps);
+      const int64_t units = k / quant::kUnitElems;
+      const int64_t warps = std::clamp<int64_t>(CeilDiv(units, kWarpSize), 1, kMaxWarps);
       return DispatchGroupRows(m, [&](auto rows) {
         constexpr int kRows = decltype(rows)::value;
         const dim3 grid(static_cast<unsigned>(n), static_cast<unsigned>(CeilDiv(m, kRows)));

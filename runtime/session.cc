@@ -488,7 +488,8 @@ absl::Status DecodeSession::Impl::SetUpWeights(const Graph& largest, StepRunner:
                                                        model_->path(), ", the graph needs ",
                                                        e.bytes));
       }
-      SG_RETURN_IF_ERROR(runner_->Copy(base + e.offset, data.data(), e.bytes));
+      SG_RETURN_IF_ERROR(
+          runner_->CopyWeight(base + e.offset, data.data(), largest.tensors()[e.tensor]));
     }
     // The mapping may be dropped only after the copies read it.
     SG_RETURN_IF_ERROR(runner_->Sync());
@@ -503,7 +504,10 @@ absl::Status DecodeSession::Impl::SetUpWeights(const Graph& largest, StepRunner:
                         AlignedHostBuffer::Allocate(layout.total_bytes, "random weights"));
     SG_RETURN_IF_ERROR(
         FillRandomWeights(largest, layout, weight_seed_, host.span(), weight_threads_));
-    SG_RETURN_IF_ERROR(runner_->Copy(base, host.data(), layout.total_bytes));
+    for (const BufferLayout::Entry& e : layout.entries) {
+      SG_RETURN_IF_ERROR(runner_->CopyWeight(base + e.offset, host.data() + e.offset,
+                                             largest.tensors()[e.tensor]));
+    }
     SG_RETURN_IF_ERROR(runner_->Sync());
   }
   *bind = [layout, base](const Graph& g, Bindings& b) {

@@ -4,6 +4,7 @@
 #include "stepgraph/runtime/step_runner.h"
 
 #include <algorithm>
+#include <cstddef>
 #include <optional>
 #include <utility>
 #include <vector>
@@ -138,6 +139,24 @@ absl::Status StepRunner::Copy(void* dst, const void* src, int64_t bytes) {
                                                    " bytes between null or negative buffers"));
   }
   return impl_->device->Copy(dst, src, bytes);
+}
+
+absl::Status StepRunner::CopyWeight(void* dst, const void* src, const Tensor& weight) {
+  KernelDispatch& dispatch = impl_->device->dispatch();
+  const int64_t bytes = weight.bytes();
+  if (!dispatch.RepacksWeight(weight)) return Copy(dst, src, bytes);
+  if (dst == nullptr || src == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("step runner: copy of weight '", weight.name, "' from or to null"));
+  }
+  // Repacked on the host into a buffer of its own (load time, once per weight), which must
+  // outlive the copy: hence the wait.
+  std::vector<std::byte> staging(static_cast<size_t>(bytes));
+  SG_RETURN_IF_ERROR(dispatch.RepackWeight(
+      weight, {static_cast<const std::byte*>(src), static_cast<size_t>(bytes)},
+      absl::MakeSpan(staging)));
+  SG_RETURN_IF_ERROR(impl_->device->Copy(dst, staging.data(), bytes));
+  return impl_->device->Sync();
 }
 
 absl::Status StepRunner::Sync() { return impl_->device->Sync(); }

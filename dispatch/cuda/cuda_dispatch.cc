@@ -14,6 +14,7 @@
 #include "dispatch/cuda/op_units.h"
 #include "dispatch/cuda/rope.h"
 #include "dispatch/cuda/sampling.h"
+#include "kernels/quant_layout.h"
 #include "stepgraph/base/status.h"
 
 namespace sg {
@@ -94,6 +95,25 @@ bool CudaSupports(const CudaOptions& options, const Op& op,
 
 bool CudaSupport::Supports(const Op& op, absl::Span<const Tensor* const> inputs) const {
   return internal::CudaSupports(options_, op, inputs);
+}
+
+bool CudaDispatch::RepacksWeight(const Tensor& weight) const { return IsQuantized(weight.dtype); }
+
+absl::Status CudaDispatch::RepackWeight(const Tensor& weight,
+                                        absl::Span<const std::byte> file_bytes,
+                                        absl::Span<std::byte> out) const {
+  const int64_t bytes = weight.bytes();
+  if (!RepacksWeight(weight) || static_cast<int64_t>(file_bytes.size()) != bytes ||
+      static_cast<int64_t>(out.size()) != bytes) {
+    // The file's bytes, or the error naming the sizes.
+    return KernelDispatch::RepackWeight(weight, file_bytes, out);
+  }
+  if (!kernels::RepackBlocksForDevice(weight.dtype, bytes / DTypeBlockBytes(weight.dtype),
+                                      file_bytes.data(), out.data())) {
+    return absl::InternalError(absl::StrCat("cannot repack weight '", weight.name, "' (",
+                                            DTypeName(weight.dtype), ")"));
+  }
+  return absl::OkStatus();
 }
 
 bool CudaDispatch::Supports(const Op& op, absl::Span<const Tensor* const> inputs) const {

@@ -1,5 +1,6 @@
 // The fused unit of CudaDispatch: the fused ops of the graph passes, FusedMatMul and
-// RopeKvWrite (kernels/fused_matmul.cuh). Preparing a FusedMatMul node fixes its launch
+// RopeKvWrite (kernels/fused_matmul.cuh), over weights of x's dtype or in GGUF block
+// formats (held in the device layout of kernels/quant_blocks.cuh). Preparing a FusedMatMul node fixes its launch
 // (split-K factor for this GPU) and allocates its workspace: split-K partial sums and
 // tickets, argmax per-block bests; the tickets are zeroed once here and every launch
 // leaves them zeroed, so replays need no reset. The rope_kv_write epilogue gets its RoPE
@@ -43,10 +44,11 @@ int64_t AlignUp(int64_t v) { return (v + 255) / 256 * 256; }
 }  // namespace
 
 // What the fused kernel takes of a FusedMatMul over `in` (a CudaPrepareContext or a
-// CudaSupportQuery): at most kFusedMaxWeights weights, every one of x's float dtype (no
-// block formats yet), and the rope_kv_write epilogue only for head_dim a multiple of
-// kFusedCols (a block's four columns hold whole RoPE pairs). Unimplemented naming the
-// limit otherwise; formats only then.
+// CudaSupportQuery): at most kFusedMaxWeights weights, all of x's float dtype or all in
+// GGUF block formats (each weight its own, K whole blocks of each, no column block of the
+// kernel spanning two formats: FusedBlockFormatsFit), and the rope_kv_write epilogue only
+// for head_dim a multiple of kFusedCols (a block's four columns hold whole RoPE pairs).
+// Unimplemented naming the limit otherwise; formats only then.
 namespace {
 template <typename Inputs>
 absl::Status FusedKernelTakes(const ops::FusedMatMul& op, const Inputs& in) {
@@ -64,13 +66,30 @@ absl::Status FusedKernelTakes(const ops::FusedMatMul& op, const Inputs& in) {
   }
   const Tensor& x = in.input(0);
   const int first_w = op.norm ? 2 : 1;
+  const bool blocks = IsQuantized(in.input(first_w).dtype);
+  kernels::FusedMatmulArgs formats;
+  formats.weights = op.weights;
+  formats.epilogue = KernelEpilogue(op.epilogue);
   for (int g = 0; g < op.weights; ++g) {
     const Tensor& w = in.input(first_w + g);
-    if (w.dtype != x.dtype) {
-      return absl::UnimplementedError(
-          absl::StrCat("CUDA FusedMatMul takes weights of x's dtype (", DTypeName(x.dtype),
-                       "); weight '", w.name, "' is ", DTypeName(w.dtype)));
+    if (blocks ? !IsQuantized(w.dtype) : w.dtype != x.dtype) {
+      return absl::UnimplementedError(absl::StrCat(
+          "CUDA FusedMatMul takes weights all of x's dtype (", DTypeName(x.dtype),
+          ") or all in block formats; weight '", w.name, "' is ", DTypeName(w.dtype)));
     }
+    if (blocks && x.shape[1] % DTypeBlockElems(w.dtype) != 0) {
+      return absl::UnimplementedError(absl::StrCat(
+          "CUDA FusedMatMul takes K a multiple of the block of weight '", w.name, "' (",
+          DTypeName(w.dtype), "), got ", x.shape[1]));
+    }
+    formats.n[g] = w.shape[0];
+    formats.w_dtype[g] = w.dtype;
+  }
+  if (!kernels::FusedBlockFormatsFit(formats)) {
+    return absl::UnimplementedError(
+        "CUDA FusedMatMul takes weights of different block formats only where each but "
+        "the last has a multiple of 4 rows (a column block holds one format) and never for "
+        "silu_mul's gate and up");
   }
   return absl::OkStatus();
 }
@@ -99,6 +118,7 @@ PreparedOr Prepare(const ops::FusedMatMul& op, const CudaPrepareContext& c) {
     const Tensor& w = c.input(first_w + g);
     a.weights_constant = a.weights_constant && w.kind == TensorKind::kWeight;
     a.n[g] = w.shape[0];
+    a.w_dtype[g] = w.dtype;
     n_total += w.shape[0];
   }
   if (rope) {

@@ -552,11 +552,14 @@ TEST(CudaSupportTest, FusedMatMulLimitsWithoutADevice) {
       rkw[5], rkw[6]};
   EXPECT_TRUE(Asks(cuda, ops::RopeKvWrite{rope6}, rope_inputs));
 
-  // Block-format weights: the plain MatMul yes, the fused kernel (float weights only) no.
+  // Block-format weights: the plain MatMul and the fused kernel; never float and block
+  // weights in one fused op.
   const std::vector<Tensor> quant = {Make("x", TensorKind::kInput, DType::kF32, {rows, k}),
                                      Make("w", TensorKind::kWeight, DType::kQ8_0, {96, k})};
   EXPECT_TRUE(Asks(cuda, ops::MatMul{}, quant));
-  EXPECT_FALSE(Asks(cuda, ops::FusedMatMul{}, quant));
+  EXPECT_TRUE(Asks(cuda, ops::FusedMatMul{}, quant));
+  EXPECT_FALSE(Asks(cuda, ops::FusedMatMul{.weights = 2},
+                    {quant[0], quant[1], Make("w2", TensorKind::kWeight, DType::kF32, {96, k})}));
   const std::vector<Tensor> plain = {Make("x", TensorKind::kInput, DType::kBF16, {rows, k}),
                                      Make("w", TensorKind::kWeight, DType::kBF16, {96, k})};
   EXPECT_TRUE(Asks(cuda, ops::FusedMatMul{}, plain));
@@ -575,9 +578,10 @@ TEST(CudaSupportTest, FusedMatMulLimitsWithoutADevice) {
   EXPECT_FALSE(Asks(CudaSupport(compiled), ops::RmsNorm{}, wide));
 }
 
-// The passes asking CUDA's answer: the head_dim 6 step keeps its RopeKvWrite nodes, a step
-// with block-format weights keeps its matmuls plain, and a head_dim 8 step gets every
-// fusion; without a backend (the CPU reference's answer) both are fused.
+// The passes asking CUDA's answer: the head_dim 6 step keeps its RopeKvWrite nodes and a
+// head_dim 8 step gets every fusion; without a backend (the CPU reference's answer) both
+// are fused. Block-format weights are fused as on the CPU, but for gate and up in two
+// formats, which the kernel's silu_mul blocks cannot pair.
 TEST(CudaSupportTest, PassesMakeOnlyWhatCudaRuns) {
   const CudaSupport cuda;
   PassOptions for_cuda;
@@ -622,10 +626,34 @@ TEST(CudaSupportTest, PassesMakeOnlyWhatCudaRuns) {
   ASSERT_TRUE(quant.ok()) << quant.status();
   absl::StatusOr<Graph> for_gpu = RunPasses(*quant, for_cuda);
   ASSERT_TRUE(for_gpu.ok()) << for_gpu.status();
-  EXPECT_EQ(count(*for_gpu, "MatMul"), 7 * q.num_hidden_layers);
+  EXPECT_EQ(count(*for_gpu, "MatMul"), 0);
+  EXPECT_EQ(rope_epilogues(*for_gpu), q.num_hidden_layers);
   absl::StatusOr<Graph> on_cpu = RunPasses(*quant);
   ASSERT_TRUE(on_cpu.ok()) << on_cpu.status();
   EXPECT_EQ(count(*on_cpu, "MatMul"), 0);
+
+  auto silu_epilogues = [](const Graph& g) {
+    int n = 0;
+    for (const Node& node : g.nodes()) {
+      const auto* f = std::get_if<ops::FusedMatMul>(&node.op);
+      n += f != nullptr && f->epilogue == ops::FusedMatMul::Epilogue::kSiluMul;
+    }
+    return n;
+  };
+  const LlamaConfig split = WithMatrixDTypes(tiny, [](const std::string& name) {
+                              if (absl::StrContains(name, "up_proj")) return DType::kQ4_0;
+                              return absl::StrContains(name, "model.layers.") ? DType::kQ8_0
+                                                                             : DType::kF32;
+                            }).value();
+  absl::StatusOr<Graph> split_graph = BuildLlamaDecodeGraph(split, o);
+  ASSERT_TRUE(split_graph.ok()) << split_graph.status();
+  absl::StatusOr<Graph> split_gpu = RunPasses(*split_graph, for_cuda);
+  ASSERT_TRUE(split_gpu.ok()) << split_gpu.status();
+  EXPECT_EQ(silu_epilogues(*split_gpu), 0);
+  EXPECT_EQ(rope_epilogues(*split_gpu), split.num_hidden_layers);
+  absl::StatusOr<Graph> split_cpu = RunPasses(*split_graph);
+  ASSERT_TRUE(split_cpu.ok()) << split_cpu.status();
+  EXPECT_EQ(silu_epilogues(*split_cpu), split.num_hidden_layers);
 }
 
 }  // namespace

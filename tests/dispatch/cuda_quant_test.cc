@@ -4,14 +4,21 @@
 // activation dtype × M in {1, 2, 5, 8} (and M = 11, two row groups) at a decode shape and
 // at odd ones (K not a multiple of 256 for the 32-element formats, N odd), with and
 // without bias; Embedding rows, which must equal the reference bit for bit, bad ids
-// included. Skipped without a device.
+// included; FusedMatMul over block formats, every epilogue and formats mixed. Skipped
+// without a device; the host reading of the device layout and CUDA's fusion answers run
+// everywhere.
 #include <gtest/gtest.h>
 
 #include <cctype>
+#include <cstring>
+#include <random>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/quant_layout.h"
+#include "stepgraph/base/quant.h"
+#include "stepgraph/dispatch/cuda_dispatch.h"
 #include "tests/testing/conformance.h"
 
 namespace sg::testing {
@@ -85,6 +92,109 @@ std::vector<OpCase> EmbeddingCases() {
   return cases;
 }
 
+// FusedMatMul over block-format weights (the passes' fused ops on a GGUF file): every
+// format with every epilogue, the folded norm, split-K (narrow outputs, long K), partial
+// column blocks and row counts the block kernel cuts into launches of 8, 4, 2 and 1 rows
+// (3, 5, 11); then weights of different formats in one op, as a Q4_K_M file's q, k (Q4_K)
+// and v (Q6_K). Weights are quantized from random values, as the MatMul cases'.
+using Epilogue = ops::FusedMatMul::Epilogue;
+
+struct FusedShape {
+  int64_t m, k;
+  std::vector<DType> w;  // each weight's format
+  std::vector<int64_t> n;
+  bool norm;
+  Epilogue e;
+};
+
+OpCase FusedCase(const FusedShape& f, DType t) {
+  std::string name = absl::StrCat("FusedMatMul/", DTypeName(t), "/", f.m, "x", f.k);
+  for (size_t g = 0; g < f.n.size(); ++g) {
+    absl::StrAppend(&name, "/", DTypeName(f.w[g]), "x", f.n[g]);
+  }
+  absl::StrAppend(&name, f.norm ? "/norm" : "", "/epilogue", static_cast<int>(f.e));
+  const bool ids = f.e == Epilogue::kArgmax;
+  return {.name = name,
+          .build = [=](GraphBuilder& b) {
+            ops::FusedMatMul op{.norm = f.norm, .eps = 1e-5f,
+                                .weights = static_cast<int32_t>(f.n.size()), .epilogue = f.e};
+            std::vector<TensorId> in = {b.Input("x", t, {f.m, f.k})};
+            if (f.norm) in.push_back(b.Weight("norm_w", t, {f.k}));
+            int64_t total = 0;
+            for (size_t g = 0; g < f.n.size(); ++g) {
+              in.push_back(b.Weight(absl::StrCat("w", g), f.w[g], {f.n[g], f.k}));
+              total += f.n[g];
+            }
+            if (f.e == Epilogue::kAdd) in.push_back(b.Input("residual", t, {f.m, total}));
+            b.Output("out", b.FusedMatMul(op, in));
+          },
+          .tolerance = Tol(t),
+          // Below f32 products tie often; sums in another order may break a tie otherwise.
+          .exact_ids = !ids || t == DType::kF32};
+}
+
+// q, k and v of a layer with the rope_kv_write epilogue: h heads, kvh kv heads of d.
+OpCase FusedRopeCase(int64_t m, int64_t k, int64_t h, int64_t kvh, int64_t d, bool norm,
+                     bool interleaved, DType wq, DType wv, DType t) {
+  return {.name = absl::StrCat("FusedMatMul/", DTypeName(t), "/rope_kv_write/", m, "x", k, "/",
+                               DTypeName(wq), "/v_", DTypeName(wv), "/h", h, "kv", kvh, "d", d,
+                               norm ? "/norm" : "", interleaved ? "/interleaved" : ""),
+          .build = [=](GraphBuilder& b) {
+            ops::Rope rope{.head_dim = static_cast<int32_t>(d), .theta = 500000.0f,
+                           .interleaved = interleaved};
+            ops::FusedMatMul op{.norm = norm, .eps = 1e-5f, .weights = 3,
+                                .epilogue = Epilogue::kRopeKvWrite, .rope = rope};
+            std::vector<TensorId> in = {b.Input("x", t, {m, k})};
+            if (norm) in.push_back(b.Weight("norm_w", t, {k}));
+            in.push_back(b.Weight("wq", wq, {h * d, k}));
+            in.push_back(b.Weight("wk", wq, {kvh * d, k}));
+            in.push_back(b.Weight("wv", wv, {kvh * d, k}));
+            in.push_back(b.Input("pos", DType::kI32, {m}));
+            TensorId kc = b.State("kc", t, {m + 1, kvh, 32, d});
+            TensorId vc = b.State("vc", t, {m + 1, kvh, 32, d});
+            in.push_back(kc);
+            in.push_back(vc);
+            b.Output("q", b.FusedMatMul(op, in));
+            b.Output("kc_out", kc);
+            b.Output("vc_out", vc);
+          },
+          .tolerance = Tol(t),
+          // A padding row and a position past the cache among the rows.
+          .int_values = {{"pos", std::vector<int32_t>{7, -1, 40, 31, 0}}}};
+}
+
+std::vector<OpCase> FusedCases() {
+  std::vector<OpCase> cases;
+  for (DType q : kQuantTypes) {
+    const std::vector<FusedShape> shapes = {
+        {1, 512, {q, q, q}, {256, 64, 64}, true, Epilogue::kNone},  // q/k/v, no rope
+        {3, 512, {q}, {128}, false, Epilogue::kAdd},                // narrow: split-K; 2 + 1 rows
+        {2, 512, {q, q}, {96, 96}, true, Epilogue::kSiluMul},       // gate/up
+        {1, 1024, {q}, {1000}, true, Epilogue::kArgmax},            // lm head
+        {5, 256, {q}, {37}, false, Epilogue::kNone},                // partial block; 4 + 1 rows
+        {11, 256, {q}, {13}, true, Epilogue::kAdd},                 // 8 + 2 + 1 rows
+        {1, 2048, {q}, {64}, false, Epilogue::kAdd},                // long K: many splits
+    };
+    for (DType t : kFloatTypes) {
+      for (const FusedShape& f : shapes) cases.push_back(FusedCase(f, t));
+      cases.push_back(FusedRopeCase(1, 512, 4, 2, 32, true, false, q, q, t));
+      cases.push_back(FusedRopeCase(2, 256, 2, 1, 64, false, true, q, q, t));
+    }
+  }
+  // Formats mixed in one op, as Q4_K_M (and the Q5_0/Q8_0 fallbacks) mix them.
+  for (DType t : kFloatTypes) {
+    cases.push_back(FusedRopeCase(1, 512, 4, 2, 32, true, false, DType::kQ4_K, DType::kQ6_K, t));
+    cases.push_back(FusedRopeCase(3, 512, 4, 2, 32, false, false, DType::kQ4_K, DType::kQ6_K, t));
+    cases.push_back(FusedCase({1, 512, {DType::kQ5_0, DType::kQ8_0, DType::kQ4_1}, {64, 32, 36},
+                               true, Epilogue::kNone},
+                              t));
+    cases.push_back(FusedCase({2, 256, {DType::kQ6_K, DType::kQ5_K}, {128, 40}, false,
+                               Epilogue::kAdd},
+                              t));
+  }
+  return cases;
+}
+
 std::string CaseName(const ::testing::TestParamInfo<OpCase>& info) {
   std::string n = info.param.name;
   for (char& ch : n) {
@@ -104,12 +214,85 @@ INSTANTIATE_TEST_SUITE_P(QuantMatMul, QuantConformanceTest, ::testing::ValuesIn(
                          CaseName);
 INSTANTIATE_TEST_SUITE_P(QuantEmbedding, QuantConformanceTest,
                          ::testing::ValuesIn(EmbeddingCases()), CaseName);
+INSTANTIATE_TEST_SUITE_P(QuantFusedMatMul, QuantConformanceTest,
+                         ::testing::ValuesIn(FusedCases()), CaseName);
+
+// What CUDA says of fused ops over block formats, without a device: every format and mix
+// that the kernel takes, and no column block of the kernel across two formats.
+TEST(QuantFusedSupportTest, BlockFormatsAreFusedWhereTheKernelTakesThem) {
+  const CudaSupport cuda;
+  auto supports = [&](Epilogue e, std::vector<DType> w, std::vector<int64_t> n) {
+    GraphBuilder b;
+    ops::FusedMatMul op{.weights = static_cast<int32_t>(w.size()), .epilogue = e};
+    std::vector<TensorId> in = {b.Input("x", DType::kBF16, {1, 256})};
+    int64_t total = 0;
+    for (size_t g = 0; g < w.size(); ++g) {
+      in.push_back(b.Weight(absl::StrCat("w", g), w[g], {n[g], 256}));
+      total += n[g];
+    }
+    if (e == Epilogue::kAdd) in.push_back(b.Input("residual", DType::kBF16, {1, total}));
+    b.Output("out", b.FusedMatMul(op, in));
+    absl::StatusOr<Graph> g = std::move(b).Build();
+    EXPECT_TRUE(g.ok()) << g.status();
+    if (!g.ok()) return false;
+    const Node& node = g->nodes().back();
+    std::vector<const Tensor*> inputs;
+    for (TensorId id : node.inputs) inputs.push_back(&g->tensor(id));
+    return cuda.Supports(node.op, inputs);
+  };
+  for (DType q : kQuantTypes) {
+    EXPECT_TRUE(supports(Epilogue::kNone, {q, q, q}, {64, 30, 30})) << DTypeName(q);
+    EXPECT_TRUE(supports(Epilogue::kSiluMul, {q, q}, {64, 64})) << DTypeName(q);
+  }
+  EXPECT_TRUE(supports(Epilogue::kNone, {DType::kQ4_K, DType::kQ4_K, DType::kQ6_K},
+                       {64, 32, 32}));
+  // A column block would hold rows of Q4_K and Q6_K.
+  EXPECT_FALSE(supports(Epilogue::kNone, {DType::kQ4_K, DType::kQ6_K}, {30, 32}));
+  // silu_mul pairs gate and up columns in every block.
+  EXPECT_FALSE(supports(Epilogue::kSiluMul, {DType::kQ4_K, DType::kQ6_K}, {64, 64}));
+  // Float and block weights in one op.
+  EXPECT_FALSE(supports(Epilogue::kNone, {DType::kBF16, DType::kQ8_0}, {64, 64}));
+}
+
+// The device layout, read on the host by the kernels' own readers, holds every value of
+// the file's blocks bit for bit as the CPU reference dequantizes them (no device needed).
+TEST(QuantDeviceLayoutTest, ReadersGiveTheReferenceValues) {
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> value(-2.0f, 2.0f);
+  for (DType q : kQuantTypes) {
+    SCOPED_TRACE(DTypeName(q));
+    const int64_t rows = 5, k = 2 * DTypeBlockElems(q) + (DTypeBlockElems(q) == 32 ? 96 : 0);
+    const int64_t blocks = rows * (k / DTypeBlockElems(q));
+    const int64_t row_bytes = k / DTypeBlockElems(q) * DTypeBlockBytes(q);
+    std::vector<std::byte> file(static_cast<size_t>(rows * row_bytes));
+    std::vector<float> values(static_cast<size_t>(k));
+    for (int64_t r = 0; r < rows; ++r) {
+      // Values of several magnitudes, so that scales and mins differ across blocks.
+      for (int64_t i = 0; i < k; ++i) values[i] = value(rng) * static_cast<float>(1 + i % 7);
+      ASSERT_TRUE(QuantizeRow(q, values.data(), file.data() + r * row_bytes, k));
+    }
+    std::vector<std::byte> device(file.size());
+    ASSERT_TRUE(kernels::RepackBlocksForDevice(q, blocks, file.data(), device.data()));
+    std::vector<float> want(static_cast<size_t>(k)), got(static_cast<size_t>(k));
+    for (int64_t r = 0; r < rows; ++r) {
+      ASSERT_TRUE(DequantizeRow(q, file.data() + r * row_bytes, want.data(), k));
+      ASSERT_TRUE(kernels::DequantizeDeviceLayoutRow(q, device.data(), blocks, r, k, got.data()));
+      for (int64_t i = 0; i < k; ++i) {
+        ASSERT_EQ(std::memcmp(&got[i], &want[i], 4), 0)
+            << "row " << r << " value " << i << ": " << got[i] << " != " << want[i];
+      }
+    }
+    // The layout does move the bytes (a reader of the file's layout would not pass).
+    EXPECT_NE(std::memcmp(device.data(), file.data(), file.size()), 0);
+  }
+}
 
 // The cases exist whether or not a device does: a build that lost them would pass
 // silently on a GPU machine.
 TEST(QuantConformanceCasesTest, EveryFormatAndDTypeIsCovered) {
   EXPECT_EQ(MatmulCases().size(), 8u * 3u * (5u + 5u + 4u));
   EXPECT_EQ(EmbeddingCases().size(), 8u * 3u * 3u);
+  EXPECT_EQ(FusedCases().size(), 8u * 3u * (7u + 2u) + 3u * 4u);
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 // A small Llama with quantized weights (LlamaConfig::weight_dtypes, random blocks from
-// RandomWeights) decoded by a CUDA session and by the CPU reference session: the same
+// RandomWeights) decoded by a CUDA session and by the CPU reference session, both running
+// the fused step (FusedMatMul nodes for q/k/v, o, gate/up, down and the lm head): the same
 // greedy ids and close logits, for every block format alone and for a mix of formats as
 // in a Q4_K_M file. Skipped without a device.
 #include <gtest/gtest.h>
@@ -9,6 +10,7 @@
 #include <random>
 #include <string>
 #include <utility>
+#include <variant>
 #include <vector>
 
 #include "stepgraph/models/llama.h"
@@ -61,6 +63,17 @@ Decoded Decode(const LlamaConfig& config, Backend backend, int64_t new_tokens) {
   absl::StatusOr<std::unique_ptr<DecodeSession>> s = DecodeSession::Create(o);
   EXPECT_TRUE(s.ok()) << s.status();
   if (!s.ok()) return out;
+  // The step runs fused on both sides: the passes make FusedMatMul nodes of block-format
+  // weights for CUDA too.
+  const ExecutionPlan* plan = (*s)->plan(1);
+  EXPECT_NE(plan, nullptr);
+  if (plan != nullptr) {
+    int fused = 0;
+    for (const Node& n : plan->graph().nodes()) {
+      fused += std::holds_alternative<ops::FusedMatMul>(n.op) ? 1 : 0;
+    }
+    EXPECT_GE(fused, 4 * config.num_hidden_layers) << "the step was not fused";
+  }
   std::mt19937 rng(5);
   std::uniform_int_distribution<int32_t> id(0, static_cast<int32_t>(config.vocab_size - 1));
   std::vector<int32_t> prompt(7);

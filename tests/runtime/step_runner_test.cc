@@ -252,6 +252,61 @@ TEST(StepRunnerTest, CpuMemoryCopiesAndZeroes) {
   EXPECT_GT(*free_bytes, 0);
 }
 
+// A dispatcher whose kernels read block-format weights in a layout of their own (their
+// bytes reversed), running every op as the CPU reference does.
+class ReversingDispatch final : public KernelDispatch {
+ public:
+  bool Supports(const Op& op, absl::Span<const Tensor* const> inputs) const override {
+    return cpu_.Supports(op, inputs);
+  }
+  bool RepacksWeight(const Tensor& weight) const override { return IsQuantized(weight.dtype); }
+  absl::Status RepackWeight(const Tensor& weight, absl::Span<const std::byte> file_bytes,
+                            absl::Span<std::byte> out) const override {
+    if (!RepacksWeight(weight)) return KernelDispatch::RepackWeight(weight, file_bytes, out);
+    for (size_t i = 0; i < out.size(); ++i) out[i] = file_bytes[file_bytes.size() - 1 - i];
+    return absl::OkStatus();
+  }
+#define SG_FORWARD_RUN(Name) \
+  absl::Status Run(const ops::Name& op, const NodeArgs& args) override { return cpu_.Run(op, args); }
+  SG_OP_LIST(SG_FORWARD_RUN)
+#undef SG_FORWARD_RUN
+
+ private:
+  CpuDispatch cpu_;
+};
+
+// CopyWeight passes a weight through its dispatcher's layout: the CPU reference keeps the
+// file's bytes; a dispatcher that repacks gets them repacked; a size that is not the
+// weight's is refused by the default layout, naming the weight.
+TEST(StepRunnerTest, CopyWeightLaysWeightsOutForTheDispatcher) {
+  const Tensor block{"w", TensorKind::kWeight, DType::kQ8_0, Shape{2, 64}};
+  const Tensor plain{"b", TensorKind::kWeight, DType::kF32, Shape{17}};
+  std::vector<std::byte> src(static_cast<size_t>(block.bytes()));
+  for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<std::byte>(i * 7 + 3);
+
+  auto cpu = *StepRunner::Create({});
+  auto* dst = static_cast<std::byte*>(*cpu->Allocate(block.bytes(), "w"));
+  ASSERT_TRUE(cpu->CopyWeight(dst, src.data(), block).ok());
+  ASSERT_TRUE(cpu->Sync().ok());
+  EXPECT_EQ(std::memcmp(dst, src.data(), src.size()), 0);
+
+  ReversingDispatch reversing;
+  auto runner = *StepRunner::Create({.cpu_dispatch = &reversing});
+  auto* out = static_cast<std::byte*>(*runner->Allocate(block.bytes(), "w"));
+  ASSERT_TRUE(runner->CopyWeight(out, src.data(), block).ok());
+  ASSERT_TRUE(runner->Sync().ok());
+  for (size_t i = 0; i < src.size(); ++i) ASSERT_EQ(out[i], src[src.size() - 1 - i]) << i;
+  ASSERT_TRUE(runner->CopyWeight(out, src.data(), plain).ok());
+  ASSERT_TRUE(runner->Sync().ok());
+  EXPECT_EQ(std::memcmp(out, src.data(), static_cast<size_t>(plain.bytes())), 0);
+
+  std::vector<std::byte> small(8);
+  const absl::Status wrong = reversing.KernelDispatch::RepackWeight(
+      block, src, absl::MakeSpan(small));
+  EXPECT_EQ(wrong.code(), absl::StatusCode::kInvalidArgument) << wrong;
+  EXPECT_NE(wrong.message().find("'w'"), absl::string_view::npos) << wrong;
+}
+
 TEST(StepRunnerTest, CudaWithoutADeviceIsAFailedPrecondition) {
   if (CudaDeviceFound()) GTEST_SKIP() << "a CUDA device is present";
   const absl::Status s = StepRunner::Create({.device = DeviceKind::kCuda}).status();

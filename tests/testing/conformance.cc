@@ -97,7 +97,19 @@ void RunConformance(const OpCase& c) {
   for (auto& [i, h] : initial) {
     absl::StatusOr<DeviceMemory> mem = AllocateDevice(h.bytes(), "conformance input");
     ASSERT_TRUE(mem.ok()) << mem.status();
-    ASSERT_EQ(cudaMemcpy(mem->get(), h.data(), h.bytes(), cudaMemcpyHostToDevice), cudaSuccess);
+    // Weights in the layout the dispatcher reads (block formats repacked), as the step
+    // runner uploads them.
+    const Tensor& t = g.tensors()[i];
+    const void* bytes = h.data();
+    HostTensor repacked(h.dtype(), h.shape());
+    if (t.kind == TensorKind::kWeight && (*gpu)->RepacksWeight(t)) {
+      const absl::Status s = (*gpu)->RepackWeight(
+          t, {static_cast<const std::byte*>(h.data()), static_cast<size_t>(h.bytes())},
+          {static_cast<std::byte*>(repacked.data()), static_cast<size_t>(repacked.bytes())});
+      ASSERT_TRUE(s.ok()) << s;
+      bytes = repacked.data();
+    }
+    ASSERT_EQ(cudaMemcpy(mem->get(), bytes, h.bytes(), cudaMemcpyHostToDevice), cudaSuccess);
     ASSERT_TRUE(gpu_bind.Bind(g.id(i), mem->get(), h.bytes()).ok());
     device.emplace(i, *std::move(mem));
   }

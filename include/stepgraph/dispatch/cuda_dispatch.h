@@ -79,9 +79,14 @@ class CudaDispatch final : public KernelDispatch {
 
   // Every Run only enqueues work on the stream.
   bool CaptureSafe(const Op& op) const override { return true; }
+  // Block-format weights are held in the device layout of kernels/quant_blocks.cuh.
+  bool RepacksWeight(const Tensor& weight) const override;
+  absl::Status RepackWeight(const Tensor& weight, absl::Span<const std::byte> file_bytes,
+                            absl::Span<std::byte> out) const override;
 
-  // Its kernels' limits for these options, without a device (CudaSupport): no quantized
-  // weights in a FusedMatMul, at most kFusedMaxWeights weights, the rope_kv_write epilogue
+  // Its kernels' limits for these options, without a device (CudaSupport): a FusedMatMul's
+  // weights all of x's dtype or all in block formats (kernels/fused_matmul.cuh's
+  // FusedBlockFormatsFit), at most kFusedMaxWeights weights, the rope_kv_write epilogue
   // for head_dim a multiple of kFusedCols; a compiled RmsNorm up to its hidden size; the
   // shapes the attention and sampling kernels take.
   bool Supports(const Op& op, absl::Span<const Tensor* const> inputs) const override;

@@ -3,6 +3,7 @@
 #ifndef STEPGRAPH_DISPATCH_DISPATCH_H_
 #define STEPGRAPH_DISPATCH_DISPATCH_H_
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <type_traits>
@@ -142,6 +143,16 @@ class KernelDispatch : public OpSupport {
   // host synchronisation, allocation or host-side reads of device data), so that it can
   // be recorded by stream capture. Capture refuses a plan with any op that is not.
   virtual bool CaptureSafe(const Op& op) const { return false; }
+
+  // A Weight's bytes as this dispatcher's kernels read them may be laid out otherwise than
+  // a file stores them (stepgraph/base/quant.h): CUDA repacks block formats so that its
+  // kernels read them with 16-byte loads. Whoever places a Weight in the dispatcher's
+  // memory (the step runner, tests) passes its bytes through RepackWeight wherever
+  // RepacksWeight says so; the size never changes. `file_bytes` and `out` are host memory
+  // of weight.bytes() each, not overlapping. The defaults keep the file's bytes.
+  virtual bool RepacksWeight(const Tensor& weight) const { return false; }
+  virtual absl::Status RepackWeight(const Tensor& weight, absl::Span<const std::byte> file_bytes,
+                                    absl::Span<std::byte> out) const;
 
 #define SG_DECLARE_RUN(Name) \
   virtual absl::Status Run(const ops::Name& op, const NodeArgs& args) = 0;

@@ -93,6 +93,11 @@ class StepRunner {
   // ordered with the steps on the runner's stream. May return before the copy ends: the
   // source must stay unchanged and the destination unread until Sync.
   absl::Status Copy(void* dst, const void* src, int64_t bytes);
+  // Copies Weight `weight`'s bytes as a file stores them (host memory, weight.bytes()) to
+  // runner memory at `dst`, in the layout the runner's dispatcher reads
+  // (KernelDispatch::RepackWeight). Ordered as Copy; a repacked weight goes through a host
+  // buffer of the call's own, and the call waits for its copy.
+  absl::Status CopyWeight(void* dst, const void* src, const Tensor& weight);
   // Waits for every copy and step enqueued so far.
   absl::Status Sync();
 
