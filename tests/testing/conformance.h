@@ -38,6 +38,8 @@ struct OpCase {
   // where a near tie may legitimately flip).
   bool exact_ids = true;
   uint64_t seed = 1;
+  // Adjusts the CUDA dispatcher's options after the environment's (e.g. to force a path).
+  std::function<void(CudaOptions&)> cuda_options;
 };
 
 // gtest prints a parameter with this; without it test listings show the struct's bytes.
