@@ -139,28 +139,23 @@ void BM_Decode(benchmark::State& state, int64_t position, bool eager) {
   }
 }
 
-void BM_Quant(benchmark::State& state, testing::MatrixFormat format) {
-  std::unique_ptr<DecodeSession>& s = g->quant[format];
+// Times `rows` sequences on the quantized session `s`, made from `config` with `options`
+// on first use, and reports the floor of its own weight bytes.
+void TimeQuantSession(benchmark::State& state, std::unique_ptr<DecodeSession>& s,
+                      absl::StatusOr<LlamaConfig> config, SessionOptions options, int64_t rows) {
   absl::Status status;
   if (s == nullptr) {
-    absl::StatusOr<LlamaConfig> config =
-        testing::WithMatrixDTypes(Llama32_1BConfig(), [format](const std::string& name) {
-          return testing::MatrixDType(format, name);
-        });
     status = config.status();
     if (status.ok()) {
-      SessionOptions o;
-      o.config = *std::move(config);
-      o.backend = Backend::kCuda;
-      o.max_slots = 1;
-      o.max_seq = kMaxSeq;
-      o.buckets = {1};
-      absl::StatusOr<std::unique_ptr<DecodeSession>> made = DecodeSession::Create(o);
+      options.config = *std::move(config);
+      options.backend = Backend::kCuda;
+      options.max_seq = kMaxSeq;
+      absl::StatusOr<std::unique_ptr<DecodeSession>> made = DecodeSession::Create(options);
       status = made.status();
       if (status.ok()) s = *std::move(made);
     }
   }
-  if (status.ok()) status = TimeSteps(state, 1, kBucketPosition, false, s.get());
+  if (status.ok()) status = TimeSteps(state, rows, kBucketPosition, false, s.get());
   if (!status.ok()) {
     state.SkipWithError(status.ToString().c_str());
     return;
@@ -172,6 +167,18 @@ void BM_Quant(benchmark::State& state, testing::MatrixFormat format) {
   state.counters["weight_gb"] = static_cast<double>(s->weight_bytes()) * 1e-9;
 }
 
+void BM_Quant(benchmark::State& state, testing::MatrixFormat format) {
+  SessionOptions o;
+  o.max_slots = 1;
+  o.buckets = {1};
+  TimeQuantSession(state, g->quant[format],
+                   testing::WithMatrixDTypes(Llama32_1BConfig(),
+                                             [format](const std::string& name) {
+                                               return testing::MatrixDType(format, name);
+                                             }),
+                   o, 1);
+}
+
 // How a QuantBatch session runs its block-format matmuls.
 struct BatchPath {
   const char* name;
@@ -180,35 +187,15 @@ struct BatchPath {
 };
 
 void BM_QuantBatch(benchmark::State& state, BatchPath path, int64_t rows) {
-  std::unique_ptr<DecodeSession>& s = g->quant_batch[path.name];
-  absl::Status status;
-  if (s == nullptr) {
-    LlamaConfig base = Llama32_1BConfig();
-    base.dtype = DType::kF32;
-    absl::StatusOr<LlamaConfig> config = testing::WithMatrixDTypes(base, testing::Q4KMixDType);
-    status = config.status();
-    if (status.ok()) {
-      SessionOptions o;
-      o.config = *std::move(config);
-      o.backend = Backend::kCuda;
-      o.max_slots = 16;
-      o.max_seq = kMaxSeq;
-      o.buckets = {8, 16};
-      o.cuda.block_gemm_min_rows = path.min_rows;
-      o.cuda.block_gemm_precision = path.precision;
-      absl::StatusOr<std::unique_ptr<DecodeSession>> made = DecodeSession::Create(o);
-      status = made.status();
-      if (status.ok()) s = *std::move(made);
-    }
-  }
-  if (status.ok()) status = TimeSteps(state, rows, kBucketPosition, false, s.get());
-  if (!status.ok()) {
-    state.SkipWithError(status.ToString().c_str());
-    return;
-  }
-  const double floor_ms = 1e3 * static_cast<double>(s->weight_bytes()) / g->copy_bytes_per_s;
-  state.counters["floor_ms"] = floor_ms;
-  state.counters["floor_ratio"] = floor_ms / state.counters["median_ms"];
+  LlamaConfig base = Llama32_1BConfig();
+  base.dtype = DType::kF32;  // as a GGUF file with quantized matrices computes
+  SessionOptions o;
+  o.max_slots = 16;
+  o.buckets = {8, 16};
+  o.cuda.block_gemm_min_rows = path.min_rows;
+  o.cuda.block_gemm_precision = path.precision;
+  TimeQuantSession(state, g->quant_batch[path.name],
+                   testing::WithMatrixDTypes(base, testing::Q4KMixDType), o, rows);
 }
 
 // Batch 1 through another session: the plain graph, or every pass.

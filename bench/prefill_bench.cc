@@ -81,12 +81,10 @@ struct GpuContext {
 };
 GpuContext* gpu = nullptr;
 
-void Ttft(benchmark::State& state) {
-  if (gpu == nullptr) {
-    state.SkipWithError("no CUDA device");
-    return;
-  }
-  DecodeSession& s = *gpu->session;
+// Times the prefill of a random prompt of state.range(0) tokens on `s` (host clock around
+// Prefill and the wait for its steps) and, with `first_token`, the first decode step after
+// it in the iteration time; sets the prefill counters (over the bf16 matmul rate).
+void TimePrefill(benchmark::State& state, DecodeSession& s, bool first_token) {
   const int64_t len = state.range(0);
   const std::vector<int32_t> prompt = RandomPrompt(len, s.config().vocab_size, 1);
   std::vector<double> prefill;
@@ -96,7 +94,7 @@ void Ttft(benchmark::State& state) {
     absl::Status st = s.Prefill(0, prompt);
     if (st.ok()) st = s.Tokens(0).status();  // waits for the prefill steps
     const double p = Seconds(t0);
-    if (st.ok()) st = s.Generate(0, 1).status();
+    if (st.ok() && first_token) st = s.Generate(0, 1).status();
     if (!st.ok()) return state.SkipWithError(std::string(st.message()).c_str());
     state.SetIterationTime(Seconds(t0));
     prefill.push_back(p);
@@ -107,6 +105,11 @@ void Ttft(benchmark::State& state) {
   state.counters["prefill_tok_s"] = static_cast<double>(len - 1) / p;
   state.counters["TFLOP_s"] = tflops;
   state.counters["of_matmul"] = tflops / gpu->matmul_tflops;
+}
+
+void Ttft(benchmark::State& state) {
+  if (gpu == nullptr) return state.SkipWithError("no CUDA device");
+  TimePrefill(state, *gpu->session, true);
 }
 BENCHMARK(Ttft)->Arg(128)->Arg(512)->Arg(2048)->UseManualTime()->Iterations(10)->Unit(
     benchmark::kMillisecond);
@@ -169,26 +172,8 @@ void QuantPrefill(benchmark::State& state, QuantSetup q) {
   if (gpu == nullptr) return state.SkipWithError("no CUDA device");
   absl::StatusOr<DecodeSession*> made = QuantSessionFor(q);
   if (!made.ok()) return state.SkipWithError(std::string(made.status().message()).c_str());
-  DecodeSession& s = **made;
-  const int64_t len = state.range(0);
-  const std::vector<int32_t> prompt = RandomPrompt(len, s.config().vocab_size, 1);
-  std::vector<double> prefill;
-  for (auto _ : state) {
-    if (!s.runner().Sync().ok()) return state.SkipWithError("sync failed");
-    const Clock::time_point t0 = Clock::now();
-    absl::Status st = s.Prefill(0, prompt);
-    if (st.ok()) st = s.Tokens(0).status();  // waits for the prefill steps
-    if (!st.ok()) return state.SkipWithError(std::string(st.message()).c_str());
-    prefill.push_back(Seconds(t0));
-    state.SetIterationTime(prefill.back());
-  }
-  const double p = Median(prefill);
-  const double tflops = PrefillFlops(s.config(), len - 1) / p * 1e-12;
-  state.counters["prefill_ms"] = p * 1e3;
-  state.counters["prefill_tok_s"] = static_cast<double>(len - 1) / p;
-  state.counters["TFLOP_s"] = tflops;
-  state.counters["of_matmul"] = tflops / gpu->matmul_tflops;
-  state.counters["weight_gb"] = static_cast<double>(s.weight_bytes()) * 1e-9;
+  TimePrefill(state, **made, false);
+  state.counters["weight_gb"] = static_cast<double>((*made)->weight_bytes()) * 1e-9;
 }
 
 // The matmuls of kLayers Llama-3.2-1B layers: name, N, K.

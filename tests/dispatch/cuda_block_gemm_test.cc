@@ -8,7 +8,6 @@
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
-#include <cctype>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -276,14 +275,6 @@ std::vector<OpCase> BlockGemmCases() {
   return cases;
 }
 
-std::string CaseName(const ::testing::TestParamInfo<OpCase>& info) {
-  std::string n = info.param.name;
-  for (char& ch : n) {
-    if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
-  }
-  return n;
-}
-
 class BlockGemmConformanceTest : public ::testing::TestWithParam<OpCase> {};
 
 TEST_P(BlockGemmConformanceTest, CpuAndCudaAgree) {
@@ -292,7 +283,7 @@ TEST_P(BlockGemmConformanceTest, CpuAndCudaAgree) {
 }
 
 INSTANTIATE_TEST_SUITE_P(MatMul, BlockGemmConformanceTest, ::testing::ValuesIn(BlockGemmCases()),
-                         CaseName);
+                         OpCaseTestName{});
 
 TEST(BlockGemmCasesTest, EveryFormatVariantAndRowCountIsCovered) {
   EXPECT_EQ(BlockGemmCases().size(), 8u * 5u * 2u * 4u);
