@@ -302,6 +302,7 @@ void RegisterQuantCases() {
                                 QuantSetup{format, DType::kF32, BlockGemmPrecision::kBf16}}) {
       benchmark::RegisterBenchmark(
           absl::StrCat("QuantPrefill/", format, "/", SetupName(q)).c_str(), QuantPrefill, q)
+          ->ArgName("len")
           ->Arg(512)
           ->Arg(2048)
           ->UseManualTime()
@@ -321,7 +322,7 @@ void RegisterQuantCases() {
     for (const MatmulPathSetup& p : paths) {
       benchmark::RegisterBenchmark(
           absl::StrCat("BlockMatMul/", DTypeName(q), "/", p.name).c_str(), BlockMatMul, q, p)
-          ->Arg(4)->Arg(8)->Arg(16)->Arg(64)->Arg(512)
+          ->ArgName("m")->Arg(4)->Arg(8)->Arg(16)->Arg(64)->Arg(512)
           ->UseManualTime()
           ->Iterations(1)
           ->Unit(benchmark::kMicrosecond);
@@ -329,7 +330,7 @@ void RegisterQuantCases() {
   }
   benchmark::RegisterBenchmark("BlockMatMul/bf16/cublaslt_or_gemv", BlockMatMul, DType::kBF16,
                                MatmulPathSetup{"bf16", DType::kBF16, 0, BlockGemmPrecision::kF32})
-      ->Arg(4)->Arg(8)->Arg(16)->Arg(64)->Arg(512)
+      ->ArgName("m")->Arg(4)->Arg(8)->Arg(16)->Arg(64)->Arg(512)
       ->UseManualTime()
       ->Iterations(1)
       ->Unit(benchmark::kMicrosecond);

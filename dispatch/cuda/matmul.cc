@@ -17,7 +17,8 @@
 // ld K). So y = x·wᵀ is computed as yᵀ = op(A)·B with A = w laid out K×N and op(A) = Aᵀ,
 // B = x laid out K×M, D = C = y laid out N×M; the bias epilogue adds bias[N] along D's
 // rows, which are y's columns. Compute is CUBLAS_COMPUTE_32F with f32 scale for every
-// dtype: for f32 that rules out TF32, for bf16/f16 it accumulates in f32.
+// dtype: for f32 that rules out TF32 (unless the block GEMM is asked for it), for bf16/f16
+// it accumulates in f32.
 #include "dispatch/cuda/matmul.h"
 
 #include <algorithm>
