@@ -17,6 +17,12 @@
 //                                     own weight bytes. Made on first use (quantizing the
 //                                     1.2B weights takes a while), so filter them out to
 //                                     skip it.
+//   QuantBatch/q4_k_m/<path>/batch:<b> b sequences (8, 16) at position 100 on the Q4_K_M
+//                                     mix with f32 activations, as a GGUF file computes:
+//                                     <path> kernel (the block-format kernel, row groups
+//                                     of 8) or gemm_<f32|tf32|bf16> (the block GEMM in
+//                                     that precision, CudaOptions::block_gemm_*); the
+//                                     floor is the weights' own bytes.
 // The floor is the time to read every weight once at the bandwidth of a 1 GiB
 // device-to-device cudaMemcpyAsync measured in the same run, counted as bytes read plus
 // bytes written: floor = weight bytes / copy bandwidth; `floor_ratio` = floor / median
@@ -75,6 +81,8 @@ struct Context {
   std::unique_ptr<DecodeSession> compiled_norm;
   // The quantized models (BM_Quant), made on first use.
   std::map<testing::MatrixFormat, std::unique_ptr<DecodeSession>> quant;
+  // The Q4_K_M batch sessions (BM_QuantBatch) by path, made on first use.
+  std::map<std::string, std::unique_ptr<DecodeSession>> quant_batch;
   double copy_bytes_per_s = 0;  // read + write
   double floor_ms = 0;
   double replayed_ms_at_100 = 0;
@@ -131,28 +139,23 @@ void BM_Decode(benchmark::State& state, int64_t position, bool eager) {
   }
 }
 
-void BM_Quant(benchmark::State& state, testing::MatrixFormat format) {
-  std::unique_ptr<DecodeSession>& s = g->quant[format];
+// Times `rows` sequences on the quantized session `s`, made from `config` with `options`
+// on first use, and reports the floor of its own weight bytes.
+void TimeQuantSession(benchmark::State& state, std::unique_ptr<DecodeSession>& s,
+                      absl::StatusOr<LlamaConfig> config, SessionOptions options, int64_t rows) {
   absl::Status status;
   if (s == nullptr) {
-    absl::StatusOr<LlamaConfig> config =
-        testing::WithMatrixDTypes(Llama32_1BConfig(), [format](const std::string& name) {
-          return testing::MatrixDType(format, name);
-        });
     status = config.status();
     if (status.ok()) {
-      SessionOptions o;
-      o.config = *std::move(config);
-      o.backend = Backend::kCuda;
-      o.max_slots = 1;
-      o.max_seq = kMaxSeq;
-      o.buckets = {1};
-      absl::StatusOr<std::unique_ptr<DecodeSession>> made = DecodeSession::Create(o);
+      options.config = *std::move(config);
+      options.backend = Backend::kCuda;
+      options.max_seq = kMaxSeq;
+      absl::StatusOr<std::unique_ptr<DecodeSession>> made = DecodeSession::Create(options);
       status = made.status();
       if (status.ok()) s = *std::move(made);
     }
   }
-  if (status.ok()) status = TimeSteps(state, 1, kBucketPosition, false, s.get());
+  if (status.ok()) status = TimeSteps(state, rows, kBucketPosition, false, s.get());
   if (!status.ok()) {
     state.SkipWithError(status.ToString().c_str());
     return;
@@ -162,6 +165,37 @@ void BM_Quant(benchmark::State& state, testing::MatrixFormat format) {
   state.counters["floor_ms"] = floor_ms;
   state.counters["floor_ratio"] = floor_ms / state.counters["median_ms"];
   state.counters["weight_gb"] = static_cast<double>(s->weight_bytes()) * 1e-9;
+}
+
+void BM_Quant(benchmark::State& state, testing::MatrixFormat format) {
+  SessionOptions o;
+  o.max_slots = 1;
+  o.buckets = {1};
+  TimeQuantSession(state, g->quant[format],
+                   testing::WithMatrixDTypes(Llama32_1BConfig(),
+                                             [format](const std::string& name) {
+                                               return testing::MatrixDType(format, name);
+                                             }),
+                   o, 1);
+}
+
+// How a QuantBatch session runs its block-format matmuls.
+struct BatchPath {
+  const char* name;
+  int64_t min_rows;  // CudaOptions::block_gemm_min_rows (0: the kernel)
+  BlockGemmPrecision precision;
+};
+
+void BM_QuantBatch(benchmark::State& state, BatchPath path, int64_t rows) {
+  LlamaConfig base = Llama32_1BConfig();
+  base.dtype = DType::kF32;  // as a GGUF file with quantized matrices computes
+  SessionOptions o;
+  o.max_slots = 16;
+  o.buckets = {8, 16};
+  o.cuda.block_gemm_min_rows = path.min_rows;
+  o.cuda.block_gemm_precision = path.precision;
+  TimeQuantSession(state, g->quant_batch[path.name],
+                   testing::WithMatrixDTypes(base, testing::Q4KMixDType), o, rows);
 }
 
 // Batch 1 through another session: the plain graph, or every pass.
@@ -372,6 +406,20 @@ int main(int argc, char** argv) {
         ->Iterations(sg::kSteps)
         ->Unit(benchmark::kMicrosecond);
   }
+  for (const sg::BatchPath& path :
+       {sg::BatchPath{"kernel", 0, sg::BlockGemmPrecision::kF32},
+        sg::BatchPath{"gemm_f32", 1, sg::BlockGemmPrecision::kF32},
+        sg::BatchPath{"gemm_tf32", 1, sg::BlockGemmPrecision::kTf32},
+        sg::BatchPath{"gemm_bf16", 1, sg::BlockGemmPrecision::kBf16}}) {
+    for (const int64_t rows : {int64_t{8}, int64_t{16}}) {
+      benchmark::RegisterBenchmark(
+          absl::StrCat("QuantBatch/q4_k_m/", path.name, "/batch:", rows).c_str(),
+          sg::BM_QuantBatch, path, rows)
+          ->UseManualTime()
+          ->Iterations(sg::kSteps)
+          ->Unit(benchmark::kMicrosecond);
+    }
+  }
   benchmark::RunSpecifiedBenchmarks();
   if (absl::Status s = sg::PrintKernelTable(); !s.ok()) {
     std::fprintf(stderr, "decode_bench: per-kernel breakdown failed: %s\n", s.ToString().c_str());
@@ -385,5 +433,6 @@ int main(int argc, char** argv) {
   context.no_rope_epilogue.reset();
   context.compiled_norm.reset();
   context.quant.clear();
+  context.quant_batch.clear();
   return 0;
 }

@@ -26,4 +26,25 @@ absl::StatusOr<MatmulPolicy> ParseMatmulPolicy(absl::string_view name) {
       absl::StrCat("matmul policy must be auto, cublaslt or gemv, got '", name, "'"));
 }
 
+absl::string_view BlockGemmPrecisionName(BlockGemmPrecision p) {
+  switch (p) {
+    case BlockGemmPrecision::kF32:
+      return "f32";
+    case BlockGemmPrecision::kTf32:
+      return "tf32";
+    case BlockGemmPrecision::kBf16:
+      return "bf16";
+  }
+  return "?";
+}
+
+absl::StatusOr<BlockGemmPrecision> ParseBlockGemmPrecision(absl::string_view name) {
+  for (BlockGemmPrecision p :
+       {BlockGemmPrecision::kF32, BlockGemmPrecision::kTf32, BlockGemmPrecision::kBf16}) {
+    if (name == BlockGemmPrecisionName(p)) return p;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("block GEMM precision must be f32, tf32 or bf16, got '", name, "'"));
+}
+
 }  // namespace sg

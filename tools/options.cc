@@ -296,6 +296,21 @@ const Flag kFlags[] = {
        o.cuda.compiled_norm = true;
        return absl::OkStatus();
      }},
+    {"--block-gemm-rows", nullptr, "N", kAll, true,
+     "GPU: rows from which a block-format (GGUF) matmul dequantizes its weight in chunks and "
+     "runs cuBLASLt (default 8; 0: always the block-format kernel)",
+     nullptr, EnvRule::kNone,
+     [](S v, O& o) {
+       SG_ASSIGN_OR_RETURN(o.cuda.block_gemm_min_rows, ParseInt(v, 0));
+       return absl::OkStatus();
+     }},
+    {"--block-gemm-precision", nullptr, "P", kAll, true,
+     "GPU: the block GEMM's operands with f32 activations: f32 (default, exact), tf32, bf16",
+     nullptr, EnvRule::kNone,
+     [](S v, O& o) {
+       SG_ASSIGN_OR_RETURN(o.cuda.block_gemm_precision, ParseBlockGemmPrecision(v));
+       return absl::OkStatus();
+     }},
     {"--passes", nullptr, "LIST", kAll, true,
      "graph passes: default (every pass but norm_into_matmul, the fastest measured), all, "
      "none, names to run, or -name,... to skip from all (see stepgraph/graph/passes.h)",

@@ -125,6 +125,7 @@ absl::StatusOr<PreparedPlan> CudaDispatch::Prepare(const ExecutionPlan& plan) {
   // Workspaces are sized for the whole plan first, so every node gets the final buffer.
   SG_RETURN_IF_ERROR(attention_->Reserve(plan));
   SG_RETURN_IF_ERROR(sampling_->Reserve(plan));
+  SG_RETURN_IF_ERROR(matmul_->ReserveBlockGemm(plan, options_));
   std::vector<std::unique_ptr<PreparedNode>> nodes(static_cast<size_t>(graph.num_nodes()));
   for (int32_t i = 0; i < graph.num_nodes(); ++i) {
     const Node& node = graph.nodes()[i];

@@ -1,22 +1,35 @@
 // The MatMul unit of CudaDispatch: its Prepare, its Run, and the MatmulRunner behind the
 // float paths (dispatch/cuda/matmul.h). Prepare decides a node's path once (block-format
-// weights, else cuBLASLt or the small-M kernel by the runner's policy and the shape) and
-// keeps it with the launch's sizes in the node's MatmulState; Run reads it and launches.
+// weights: their kernel below CudaOptions::block_gemm_min_rows rows, the block GEMM from
+// there; float weights: cuBLASLt or the small-M kernel by the runner's policy and the
+// shape) and keeps it with the launch's sizes in the node's MatmulState; Run reads it and
+// launches.
+//
+// The block GEMM (docs/cuda_kernels.md, "Block weights on tensor cores"): w is dequantized
+// a chunk of its rows at a time into the runner's block workspace, and each chunk is one
+// cuBLASLt GEMM writing its columns of y (y's leading dimension stays N). The workspace is
+// sized at Prepare for the plan's largest need, bounded by
+// CudaOptions::block_gemm_workspace_bytes, so an lm head of 128256 rows never needs its
+// whole dequantized copy; the chunks reuse it one after another on the stream.
 //
 // cuBLASLt is column-major; stepgraph's tensors are row-major. Read column-major, the
 // row-major y[M,N] is yᵀ (N×M, ld N), x[M,K] is xᵀ (K×M, ld K) and w[N,K] is wᵀ (K×N,
 // ld K). So y = x·wᵀ is computed as yᵀ = op(A)·B with A = w laid out K×N and op(A) = Aᵀ,
 // B = x laid out K×M, D = C = y laid out N×M; the bias epilogue adds bias[N] along D's
 // rows, which are y's columns. Compute is CUBLAS_COMPUTE_32F with f32 scale for every
-// dtype: for f32 that rules out TF32, for bf16/f16 it accumulates in f32.
+// dtype: for f32 that rules out TF32 (unless the block GEMM is asked for it), for bf16/f16
+// it accumulates in f32.
 #include "dispatch/cuda/matmul.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <variant>
 
 #include "absl/strings/str_cat.h"
 #include "dispatch/cuda/cuda_status.h"
 #include "dispatch/cuda/op_units.h"
+#include "kernels/dequant.cuh"
 #include "kernels/gemv.cuh"
 #include "kernels/quant_matmul.cuh"
 #include "stepgraph/base/status.h"
@@ -55,8 +68,18 @@ cudaDataType_t CudaType(DType t) {
 
 std::string Describe(const MatmulShape& s) {
   return absl::StrCat("M=", s.m, " N=", s.n, " K=", s.k, " ", DTypeName(s.dtype),
-                      s.bias ? " with bias" : "");
+                      s.bias ? " with bias" : "",
+                      s.operands ? absl::StrCat(" from ", DTypeName(*s.operands)) : "",
+                      s.tf32 ? " in TF32" : "", s.ld_y != 0 ? absl::StrCat(" ld_y=", s.ld_y) : "");
 }
+
+// Block GEMM chunks hold a multiple of this many rows of w, so that each chunk's first
+// column of y (and of the bias) keeps cuBLASLt's 256-byte alignment for 16-bit and f32 y.
+constexpr int64_t kBlockGemmRowQuantum = 128;
+// Up to this many rows of x a chunk's GEMM is bound by reading the dequantized chunk: the
+// chunk is then sized to stay in L2 (a quarter of it) between its dequantization and its
+// GEMM. Larger M is bound by the tensor cores and wants wide chunks (whole waves of tiles).
+constexpr int64_t kBlockGemmL2MaxRows = 128;
 
 template <typename T>
 absl::Status SetDesc(cublasLtMatmulDesc_t desc, cublasLtMatmulDescAttributes_t attr,
@@ -117,8 +140,10 @@ absl::StatusOr<const MatmulRunner::Plan*> MatmulRunner::Prepare(const MatmulShap
     return absl::InvalidArgumentError(absl::StrCat("no matmul for ", Describe(shape)));
   }
   const bool small = shape.m <= kernels::kGemvMaxRows;
-  const bool gemv = (policy_ == MatmulPolicy::kGemv && small) ||
-                    (policy_ == MatmulPolicy::kAuto && AutoTakesGemv(shape));
+  // The block GEMM's chunks (marked by their explicit ld_y) always run on cuBLASLt.
+  const bool chunk = shape.ld_y != 0 || shape.operands.has_value() || shape.tf32;
+  const bool gemv = !chunk && ((policy_ == MatmulPolicy::kGemv && small) ||
+                               (policy_ == MatmulPolicy::kAuto && AutoTakesGemv(shape)));
   std::unique_ptr<Plan> plan;
   if (gemv) {
     plan = std::make_unique<Plan>();
@@ -134,10 +159,14 @@ absl::StatusOr<std::unique_ptr<MatmulRunner::Plan>> MatmulRunner::MakeCublasLtPl
   auto plan = std::make_unique<Plan>();
   plan->path = MatmulPath::kCublasLt;
   const cudaDataType_t type = CudaType(s.dtype);
+  const DType operand_dtype = s.operands.value_or(s.dtype);
+  const cudaDataType_t operand = CudaType(operand_dtype);
 
   cublasLtMatmulDesc_t desc = nullptr;
-  SG_RETURN_IF_ERROR(ToStatus(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F),
-                              "cublasLtMatmulDescCreate"));
+  SG_RETURN_IF_ERROR(ToStatus(
+      cublasLtMatmulDescCreate(&desc, s.tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F,
+                               CUDA_R_32F),
+      "cublasLtMatmulDescCreate"));
   plan->desc.reset(desc);
   SG_RETURN_IF_ERROR(SetDesc(desc, CUBLASLT_MATMUL_DESC_TRANSA, CUBLAS_OP_T,
                              "cublasLtMatmulDescSetAttribute(TRANSA)"));
@@ -150,17 +179,17 @@ absl::StatusOr<std::unique_ptr<MatmulRunner::Plan>> MatmulRunner::MakeCublasLtPl
                                "cublasLtMatmulDescSetAttribute(BIAS_DATA_TYPE)"));
   }
 
-  auto layout = [&](uint64_t rows, uint64_t cols, int64_t ld,
+  auto layout = [&](cudaDataType_t t, uint64_t rows, uint64_t cols, int64_t ld,
                     UniqueMatrixLayout& out) -> absl::Status {
     cublasLtMatrixLayout_t l = nullptr;
     SG_RETURN_IF_ERROR(
-        ToStatus(cublasLtMatrixLayoutCreate(&l, type, rows, cols, ld), "cublasLtMatrixLayoutCreate"));
+        ToStatus(cublasLtMatrixLayoutCreate(&l, t, rows, cols, ld), "cublasLtMatrixLayoutCreate"));
     out.reset(l);
     return absl::OkStatus();
   };
-  SG_RETURN_IF_ERROR(layout(s.k, s.n, s.k, plan->a));  // w
-  SG_RETURN_IF_ERROR(layout(s.k, s.m, s.k, plan->b));  // x
-  SG_RETURN_IF_ERROR(layout(s.n, s.m, s.n, plan->c));  // y
+  SG_RETURN_IF_ERROR(layout(operand, s.k, s.n, s.k, plan->a));  // w
+  SG_RETURN_IF_ERROR(layout(operand, s.k, s.m, s.k, plan->b));  // x
+  SG_RETURN_IF_ERROR(layout(type, s.n, s.m, s.ld_y != 0 ? s.ld_y : s.n, plan->c));  // y
 
   // One heuristic query per alignment assumption; element alignment may find nothing.
   auto choose = [&](uint32_t alignment, cublasLtMatmulAlgo_t& algo) -> absl::StatusOr<bool> {
@@ -194,7 +223,9 @@ absl::StatusOr<std::unique_ptr<MatmulRunner::Plan>> MatmulRunner::MakeCublasLtPl
   };
   SG_ASSIGN_OR_RETURN(plan->has_aligned_algo, choose(0, plan->aligned_algo));
   SG_ASSIGN_OR_RETURN(plan->has_any_algo,
-                      choose(static_cast<uint32_t>(DTypeBytes(s.dtype)), plan->any_algo));
+                      choose(static_cast<uint32_t>(std::min(DTypeBytes(s.dtype),
+                                                            DTypeBytes(operand_dtype))),
+                             plan->any_algo));
   if (!plan->has_aligned_algo && !plan->has_any_algo) {
     return absl::UnimplementedError(
         absl::StrCat("cuBLASLt has no algorithm for ", Describe(s)));
@@ -245,6 +276,43 @@ absl::Status MatmulRunner::Launch(const Plan& plan, const MatmulShape& shape, co
                   "cublasLtMatmul");
 }
 
+absl::StatusOr<BlockGemmLayout> BlockGemmLayoutFor(int64_t m, int64_t n, int64_t k,
+                                                   DType x_dtype, const CudaOptions& options,
+                                                   int64_t l2_bytes) {
+  BlockGemmLayout l;
+  l.operand = x_dtype;
+  if (x_dtype == DType::kF32) {
+    l.tf32 = options.block_gemm_precision == BlockGemmPrecision::kTf32;
+    if (options.block_gemm_precision == BlockGemmPrecision::kBf16) {
+      l.operand = DType::kBF16;
+      l.round_x = true;
+    }
+  }
+  const auto overflow = [&] {
+    return absl::InvalidArgumentError(absl::StrCat("block GEMM workspace for M=", m, " N=", n,
+                                                   " K=", k, " overflows"));
+  };
+  int64_t row_bytes = 0, x_bytes = 0, chunk_bytes = 0;
+  if (!CheckedMul(k, DTypeBytes(l.operand), &row_bytes) || row_bytes <= 0) return overflow();
+  if (l.round_x) {
+    if (!CheckedMul(m, row_bytes, &x_bytes) || !CheckedAdd(x_bytes, 255, &x_bytes)) {
+      return overflow();
+    }
+    x_bytes = x_bytes / 256 * 256;  // the chunk after it keeps 256-byte alignment
+  }
+  int64_t budget = std::max<int64_t>(options.block_gemm_workspace_bytes, 0);
+  if (m <= kBlockGemmL2MaxRows && l2_bytes > 0) budget = std::min(budget, l2_bytes / 4);
+  const int64_t rows = std::max(budget / row_bytes / kBlockGemmRowQuantum * kBlockGemmRowQuantum,
+                                kBlockGemmRowQuantum);
+  l.chunk_rows = std::min(rows, n);
+  l.chunk_offset = x_bytes;
+  if (!CheckedMul(l.chunk_rows, row_bytes, &chunk_bytes) ||
+      !CheckedAdd(x_bytes, chunk_bytes, &l.bytes)) {
+    return overflow();
+  }
+  return l;
+}
+
 // ---- The MatMul unit --------------------------------------------------------------------
 
 namespace {
@@ -253,8 +321,14 @@ namespace {
 struct MatmulState final : PreparedState<MatmulState> {
   MatmulPath path = MatmulPath::kGemv;
   MatmulShape shape;                        // dtype: x's and y's
-  const MatmulRunner::Plan* plan = nullptr;  // the float paths; owned by the runner
-  DType w_dtype = DType::kF32;              // kBlockFormat: the weight's block format
+  const MatmulRunner::Plan* plan = nullptr;  // the float paths, the block GEMM's full chunks
+  DType w_dtype = DType::kF32;              // block formats: the weight's format
+  // kBlockGemm: the chunking, the plan of the last chunk when it holds fewer rows, the
+  // workspace, and the bytes of one chunk's rows of w as stored.
+  BlockGemmLayout block;
+  const MatmulRunner::Plan* tail_plan = nullptr;
+  void* workspace = nullptr;
+  int64_t w_chunk_bytes = 0;
 };
 
 // Whether the block-format kernel takes x [m, k] with a w [n, k] in block format w_dtype:
@@ -266,19 +340,78 @@ bool BlockFormatTakes(int64_t m, int64_t n, int64_t k, DType x_dtype, DType w_dt
          k > 0 && k % DTypeBlockElems(w_dtype) == 0 && groups <= 65535;
 }
 
+// Whether the block GEMM runs x [m, k] with a block-format w [n, k] under `options`.
+bool BlockGemmTakes(int64_t m, int64_t n, int64_t k, DType x_dtype, DType w_dtype,
+                    const CudaOptions& options) {
+  return options.block_gemm_min_rows > 0 && m >= options.block_gemm_min_rows &&
+         IsQuantized(w_dtype) && IsFloat(x_dtype) && n > 0 && n <= 0x7fffffff && k > 0 &&
+         k % DTypeBlockElems(w_dtype) == 0;
+}
+
+// x, w and whether the node's w is in a block format the block GEMM takes.
+bool IsBlockGemmNode(const Graph& graph, const Node& node, const CudaOptions& options) {
+  if (!std::holds_alternative<ops::MatMul>(node.op)) return false;
+  const Tensor& x = graph.tensor(node.inputs[0]);
+  const Tensor& w = graph.tensor(node.inputs[1]);
+  return x.shape.rank() == 2 && w.shape.rank() == 2 && w.shape[1] == x.shape[1] &&
+         BlockGemmTakes(x.shape[0], w.shape[0], x.shape[1], x.dtype, w.dtype, options);
+}
+
 }  // namespace
 
-// Block-format weights where their kernel takes the shape; float weights of x's dtype (no
-// device is asked: cuBLASLt's algorithm is chosen at Prepare).
+absl::Status MatmulRunner::ReserveBlockGemm(const ExecutionPlan& plan, const CudaOptions& options) {
+  const Graph& graph = plan.graph();
+  int64_t need = 0;
+  for (const Node& node : graph.nodes()) {
+    if (!IsBlockGemmNode(graph, node, options)) continue;
+    const Tensor& x = graph.tensor(node.inputs[0]);
+    SG_ASSIGN_OR_RETURN(const BlockGemmLayout l,
+                        BlockGemmLayoutFor(x.shape[0], graph.tensor(node.inputs[1]).shape[0],
+                                           x.shape[1], x.dtype, options, info_.l2_bytes));
+    need = std::max(need, l.bytes);
+  }
+  return block_workspace_.Reserve(need, "the block GEMM workspace");
+}
+
+// Block-format weights where their kernel or the block GEMM takes the shape; float weights
+// of x's dtype (no device is asked: cuBLASLt's algorithm is chosen at Prepare).
 bool Supports(const ops::MatMul& op, const CudaSupportQuery& q) {
   const Tensor& x = q.input(0);
   const Tensor& w = q.input(1);
   if (IsQuantized(w.dtype)) {
-    return BlockFormatTakes(x.shape[0], w.shape[0], x.shape[1], x.dtype, w.dtype);
+    return BlockGemmTakes(x.shape[0], w.shape[0], x.shape[1], x.dtype, w.dtype, q.options) ||
+           BlockFormatTakes(x.shape[0], w.shape[0], x.shape[1], x.dtype, w.dtype);
   }
   return w.dtype == x.dtype &&
          MatmulRunner::Takes({x.shape[0], w.shape[0], x.shape[1], x.dtype, op.has_bias});
 }
+
+namespace {
+
+// The block GEMM's state: the chunking, the workspace and a cuBLASLt plan per chunk width.
+absl::Status PrepareBlockGemm(const CudaPrepareContext& c, MatmulState& state) {
+  const MatmulShape& s = state.shape;
+  SG_ASSIGN_OR_RETURN(state.block, BlockGemmLayoutFor(s.m, s.n, s.k, s.dtype, c.options,
+                                                      c.info.l2_bytes));
+  SG_ASSIGN_OR_RETURN(state.workspace, c.matmul.BlockWorkspace(state.block.bytes, c.node.name));
+  // Bounded: at most N rows of the bound weight, whose bytes the graph has checked.
+  state.w_chunk_bytes = state.block.chunk_rows * (s.k / DTypeBlockElems(state.w_dtype)) *
+                        DTypeBlockBytes(state.w_dtype);
+  MatmulShape chunk = s;
+  chunk.n = state.block.chunk_rows;
+  chunk.ld_y = s.n;
+  chunk.tf32 = state.block.tf32;
+  if (state.block.operand != s.dtype) chunk.operands = state.block.operand;
+  SG_ASSIGN_OR_RETURN(state.plan, c.matmul.Prepare(chunk));
+  if (const int64_t tail = s.n % state.block.chunk_rows; tail != 0) {
+    chunk.n = tail;
+    SG_ASSIGN_OR_RETURN(state.tail_plan, c.matmul.Prepare(chunk));
+  }
+  state.path = MatmulPath::kBlockGemm;
+  return absl::OkStatus();
+}
+
+}  // namespace
 
 PreparedOr Prepare(const ops::MatMul& op, const CudaPrepareContext& c) {
   const Tensor& x = c.input(0);
@@ -287,6 +420,11 @@ PreparedOr Prepare(const ops::MatMul& op, const CudaPrepareContext& c) {
   state->shape = MatmulShape{x.shape[0], w.shape[0], x.shape[1], x.dtype, op.has_bias};
   state->w_dtype = w.dtype;
   if (IsQuantized(w.dtype)) {
+    if (w.shape[1] == x.shape[1] && BlockGemmTakes(x.shape[0], w.shape[0], x.shape[1], x.dtype,
+                                                   w.dtype, c.options)) {
+      SG_RETURN_IF_ERROR(PrepareBlockGemm(c, *state));
+      return Keep(std::move(state));
+    }
     if (w.shape[1] != x.shape[1] ||
         !BlockFormatTakes(x.shape[0], w.shape[0], x.shape[1], x.dtype, w.dtype)) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -307,6 +445,47 @@ PreparedOr Prepare(const ops::MatMul& op, const CudaPrepareContext& c) {
   return Keep(std::move(state));
 }
 
+namespace {
+
+// The block GEMM's launches: x rounded into the workspace when the GEMM reads it in
+// another dtype, then per chunk of w's rows its dequantization and its GEMM into y's
+// columns [n0, n0 + rows). Each launch waits for the one before on the stream, so the
+// chunks share one workspace.
+absl::Status RunBlockGemm(const MatmulState& s, const MatmulRunner& runner, const void* x,
+                          const void* w, const void* bias, void* y,
+                          const kernels::Stream& stream) {
+  const MatmulShape& shape = s.shape;
+  auto* workspace = static_cast<uint8_t*>(s.workspace);
+  const void* gemm_x = x;
+  if (s.block.round_x) {
+    SG_RETURN_IF_ERROR(ToStatus(kernels::LaunchRoundFloats(static_cast<const float*>(x), workspace,
+                                                           s.block.operand, shape.m * shape.k,
+                                                           stream),
+                                "LaunchRoundFloats"));
+    gemm_x = workspace;
+  }
+  void* chunk = workspace + s.block.chunk_offset;
+  const int64_t y_bytes = DTypeBytes(shape.dtype);
+  const auto* w_bytes = static_cast<const uint8_t*>(w);
+  for (int64_t n0 = 0; n0 < shape.n; n0 += s.block.chunk_rows) {
+    const int64_t rows = std::min(s.block.chunk_rows, shape.n - n0);
+    const MatmulRunner::Plan& plan = rows == s.block.chunk_rows ? *s.plan : *s.tail_plan;
+    const int64_t index = n0 / s.block.chunk_rows;
+    SG_RETURN_IF_ERROR(ToStatus(kernels::LaunchDequantize(w_bytes + index * s.w_chunk_bytes,
+                                                          s.w_dtype, chunk, s.block.operand,
+                                                          rows, shape.k, stream),
+                                "LaunchDequantize"));
+    MatmulShape chunk_shape = shape;
+    chunk_shape.n = rows;
+    SG_RETURN_IF_ERROR(runner.Launch(
+        plan, chunk_shape, gemm_x, chunk,
+        bias == nullptr ? nullptr : static_cast<const uint8_t*>(bias) + n0 * y_bytes,
+        static_cast<uint8_t*>(y) + n0 * y_bytes, stream));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
 }  // namespace internal
 
 absl::Status CudaDispatch::Run(const ops::MatMul& op, const NodeArgs& args) {
@@ -320,6 +499,9 @@ absl::Status CudaDispatch::Run(const ops::MatMul& op, const NodeArgs& args) {
     return ToStatus(kernels::LaunchQuantMatmul(x, w, s->w_dtype, bias, y, shape.m, shape.n,
                                                shape.k, shape.dtype, launch()),
                     "LaunchQuantMatmul");
+  }
+  if (s->path == internal::MatmulPath::kBlockGemm) {
+    return internal::RunBlockGemm(*s, *matmul_, x, w, bias, y, launch());
   }
   return matmul_->Launch(*s->plan, shape, x, w, bias, y, launch());
 }

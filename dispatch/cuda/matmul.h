@@ -1,7 +1,10 @@
 // The MatMul unit's shared piece (matmul.cc holds the unit): y = x·wᵀ (+ bias), w in the
-// PyTorch / HF layout [N, K]. Three paths: cuBLASLt and stepgraph's small-M kernel
-// (kernels/gemv.cuh) for float weights, picked per shape by the MatmulRunner below, and the
-// block-format kernel (kernels/quant_matmul.cuh) for weights in GGUF block formats.
+// PyTorch / HF layout [N, K]. Four paths: cuBLASLt and stepgraph's small-M kernel
+// (kernels/gemv.cuh) for float weights, picked per shape by the MatmulRunner below; for
+// weights in GGUF block formats the block-format kernel (kernels/quant_matmul.cuh) at few
+// rows and, from CudaOptions::block_gemm_min_rows rows on, the block GEMM: w dequantized
+// in chunks of rows into the runner's block workspace (kernels/dequant.cuh), one cuBLASLt
+// GEMM per chunk.
 // Preparing a node picks its path once; for cuBLASLt the runner makes the descriptors,
 // layouts and algorithm (shared by nodes of one shape); Run only launches.
 #ifndef STEPGRAPH_DISPATCH_CUDA_MATMUL_H_
@@ -9,6 +12,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
@@ -17,10 +21,11 @@
 #include "kernels/launch.h"
 #include "stepgraph/dispatch/cuda_dispatch.h"
 #include "stepgraph/dispatch/cuda_options.h"
+#include "stepgraph/graph/memory_plan.h"
 
 namespace sg::internal {
 
-enum class MatmulPath : uint8_t { kCublasLt, kGemv, kBlockFormat };
+enum class MatmulPath : uint8_t { kCublasLt, kGemv, kBlockFormat, kBlockGemm };
 
 // What a plan is made for: everything cuBLASLt's choice of algorithm depends on.
 struct MatmulShape {
@@ -29,15 +34,40 @@ struct MatmulShape {
   int64_t k = 0;
   DType dtype = DType::kF32;
   bool bias = false;
+  // The block GEMM's chunks (always cuBLASLt): y's leading dimension when it is wider than
+  // n (0: n), w's and x's dtype when not `dtype` (bf16 operands with an f32 y), and TF32
+  // tensor cores for f32 operands.
+  int64_t ld_y = 0;
+  std::optional<DType> operands;
+  bool tf32 = false;
 
   friend bool operator==(const MatmulShape& a, const MatmulShape& b) {
-    return a.m == b.m && a.n == b.n && a.k == b.k && a.dtype == b.dtype && a.bias == b.bias;
+    return a.m == b.m && a.n == b.n && a.k == b.k && a.dtype == b.dtype && a.bias == b.bias &&
+           a.ld_y == b.ld_y && a.operands == b.operands && a.tf32 == b.tf32;
   }
   template <typename H>
   friend H AbslHashValue(H h, const MatmulShape& s) {
-    return H::combine(std::move(h), s.m, s.n, s.k, s.dtype, s.bias);
+    return H::combine(std::move(h), s.m, s.n, s.k, s.dtype, s.bias, s.ld_y, s.operands, s.tf32);
   }
 };
+
+// How a MatMul node with x [m, k] in `x_dtype` and a block-format w [n, k] runs the block
+// GEMM: the dtype w is dequantized into (and x multiplied in), the rows of w per chunk,
+// and where in the block workspace x (when it must be rounded first) and the chunk live.
+struct BlockGemmLayout {
+  DType operand = DType::kF32;
+  bool tf32 = false;
+  bool round_x = false;       // x is f32 and the GEMM reads it as `operand` from the workspace
+  int64_t chunk_rows = 0;     // rows of w per GEMM (the last chunk may hold fewer)
+  int64_t chunk_offset = 0;   // bytes from the workspace's start to the dequantized chunk
+  int64_t bytes = 0;          // workspace bytes the node needs
+};
+
+// The layout for these sizes under `options` on a device with `l2_bytes` of L2; no
+// device is touched. InvalidArgument when a size product overflows.
+absl::StatusOr<BlockGemmLayout> BlockGemmLayoutFor(int64_t m, int64_t n, int64_t k,
+                                                   DType x_dtype, const CudaOptions& options,
+                                                   int64_t l2_bytes);
 
 class MatmulRunner {
  public:
@@ -53,7 +83,9 @@ class MatmulRunner {
 
   // Whether the float paths take `shape` (Prepare refuses it otherwise).
   static bool Takes(const MatmulShape& shape) {
-    return shape.m > 0 && shape.n > 0 && shape.k > 0 && IsFloat(shape.dtype);
+    return shape.m > 0 && shape.n > 0 && shape.k > 0 && IsFloat(shape.dtype) &&
+           (!shape.operands.has_value() || IsFloat(*shape.operands)) &&
+           (shape.ld_y == 0 || shape.ld_y >= shape.n);
   }
   // A plan for `shape` (float weights of x's dtype) unless there is one; the plan stays
   // valid while the runner lives.
@@ -68,6 +100,15 @@ class MatmulRunner {
   absl::StatusOr<MatmulPath> PathFor(const MatmulShape& shape) const;
   MatmulPolicy policy() const { return policy_; }
 
+  // Grows the block workspace to the largest need of the plan's block GEMM nodes under
+  // `options` (Prepare, never Run). Outgrown buffers stay alive for plans prepared earlier.
+  absl::Status ReserveBlockGemm(const ExecutionPlan& plan, const CudaOptions& options);
+  // The block workspace for a node that needs `bytes` (ReserveBlockGemm first).
+  absl::StatusOr<void*> BlockWorkspace(int64_t bytes, absl::string_view node) const {
+    return block_workspace_.For(bytes, "MatMul", node);
+  }
+  const CudaDeviceInfo& info() const { return info_; }
+
  private:
   MatmulRunner(const CudaDeviceInfo& info, MatmulPolicy policy);
   absl::StatusOr<std::unique_ptr<Plan>> MakeCublasLtPlan(const MatmulShape& shape) const;
@@ -78,6 +119,7 @@ class MatmulRunner {
   DeviceMemory workspace_;
   int64_t workspace_bytes_ = 0;
   absl::flat_hash_map<MatmulShape, std::unique_ptr<Plan>> plans_;
+  GrowingWorkspace block_workspace_;
 };
 
 }  // namespace sg::internal

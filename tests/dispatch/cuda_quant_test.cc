@@ -56,7 +56,11 @@ std::vector<OpCase> MatmulCases() {
                  b.Output("out", s.bias ? b.MatMul(x, w, b.Weight("bias", t, {s.n}))
                                         : b.MatMul(x, w));
                },
-               .tolerance = Tol(t)});
+               .tolerance = Tol(t),
+               // The block-format kernel itself, row groups included; the block GEMM that
+               // takes over from CudaOptions::block_gemm_min_rows rows has its own cases
+               // (cuda_block_gemm_test).
+               .cuda_options = [](CudaOptions& o) { o.block_gemm_min_rows = 0; }});
         }
       }
     }

@@ -12,6 +12,10 @@
 // the CPU reference's (all of them for files computed in f32, the fixture's
 // checked_tokens for F16 and BF16 files), and the logits after the prompt within a
 // tolerance fitting the dtype.
+//
+// The quantized GGUF fixtures again with every block-format MatMul on the block GEMM
+// (CudaOptions::block_gemm_*: weights dequantized in chunks and multiplied by cuBLASLt),
+// in f32 exactly as above and, with looser logits, in TF32 and bf16.
 #include <cstdio>
 #include <fstream>
 #include <memory>
@@ -86,11 +90,12 @@ struct Decoded {
 
 // Greedy ids of the fixture's prompt on `backend`, and the logits after the prompt.
 void Decode(const std::string& path, const testing::ParityExpected& want, Backend backend,
-            bool eager, Decoded* out) {
+            bool eager, Decoded* out, const CudaOptions& cuda = {}) {
   SessionOptions options;
   options.model_path = path;
   options.backend = backend;
   options.eager = eager;
+  options.cuda = cuda;
   options.max_slots = 1;
   options.max_seq = static_cast<int64_t>(want.prompt.size() + want.generated.size());
   // Each backend fuses what it runs (PassOptions::backend is the session's dispatcher).
@@ -110,6 +115,13 @@ void Decode(const std::string& path, const testing::ParityExpected& want, Backen
   out->prompt_logits = *logits;
 }
 
+// The greedy ids a fixture's margins make safe to compare (all but F16 and BF16 files').
+size_t CheckedTokens(const std::string& dir, const testing::ParityExpected& want) {
+  std::ifstream in(dir + "/expected.json");
+  const nlohmann::json json = nlohmann::json::parse(in, nullptr, false);
+  return json.value("checked_tokens", want.generated.size());
+}
+
 // Skipped without a GPU, as HfParityCudaTest.
 class GgufParityCudaTest : public HfParityCudaTest {};
 
@@ -117,9 +129,7 @@ TEST_P(GgufParityCudaTest, GreedyIdsAreTheCpuReferences) {
   const std::string dir = absl::StrCat(SG_FIXTURES_DIR, "/gguf_", GetParam().fixture);
   const testing::ParityExpected want = testing::ReadParityExpected(dir + "/expected.json");
   ASSERT_GE(want.generated.size(), 32u);
-  std::ifstream in(dir + "/expected.json");
-  const nlohmann::json json = nlohmann::json::parse(in, nullptr, false);
-  const size_t checked = json.value("checked_tokens", want.generated.size());
+  const size_t checked = CheckedTokens(dir, want);
   // A few ulps of the logits, relative to their norm: f32 differs from the reference by
   // summation order only.
   const double tolerance = want.dtype == "bfloat16" ? testing::kParityBf16Tolerance
@@ -147,6 +157,75 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, GgufParityCudaTest,
                          ::testing::ValuesIn(Cases({"f32", "f16", "bf16", "q8_0", "q8_0_bias",
                                                     "q4_0", "q4_1", "q5_0", "q5_1", "q4_k_m"})),
                          CaseName);
+
+// ---- GGUF fixtures on the block GEMM ----
+
+// Every MatMul of a block-format weight on the block GEMM (prefill and decode; 128-row
+// chunks, so the wider matrices run in several), f32 operands: the CPU reference's greedy
+// ids (the fixture's checked ones, as above) and its logits within the f32 files'
+// tolerance. TF32 and bf16 operands
+// change the logits by their rounding (checked against the bf16 files' tolerance); near
+// ties among the random fixture's logits may then flip, so their ids are only reported.
+struct BlockGemmCase {
+  const char* fixture;
+  BlockGemmPrecision precision;
+};
+
+void PrintTo(const BlockGemmCase& c, std::ostream* os) {
+  *os << c.fixture << " " << BlockGemmPrecisionName(c.precision);
+}
+
+class GgufBlockGemmCudaTest : public ::testing::TestWithParam<BlockGemmCase> {
+ protected:
+  void SetUp() override {
+    if (!CudaDeviceFound()) GTEST_SKIP() << "no CUDA device";
+  }
+};
+
+TEST_P(GgufBlockGemmCudaTest, PrefillGivesTheCpuReferencesIds) {
+  const std::string dir = absl::StrCat(SG_FIXTURES_DIR, "/gguf_", GetParam().fixture);
+  const testing::ParityExpected want = testing::ReadParityExpected(dir + "/expected.json");
+  CudaOptions cuda;
+  cuda.block_gemm_min_rows = 1;
+  cuda.block_gemm_workspace_bytes = 1;
+  cuda.block_gemm_precision = GetParam().precision;
+  Decoded cpu, gpu;
+  Decode(dir + "/model.gguf", want, Backend::kCpu, true, &cpu);
+  Decode(dir + "/model.gguf", want, Backend::kCuda, false, &gpu, cuda);
+  ASSERT_EQ(gpu.ids.size(), cpu.ids.size());
+  size_t matched = 0;
+  while (matched < gpu.ids.size() && gpu.ids[matched] == cpu.ids[matched]) ++matched;
+  const double err = testing::NormalizedError(gpu.prompt_logits, cpu.prompt_logits);
+  std::printf("[ gguf_%s block GEMM %s ] %zu of %zu greedy ids equal the CPU reference's; "
+              "logits after the prompt: normalised error %.3g\n",
+              GetParam().fixture, std::string(BlockGemmPrecisionName(GetParam().precision)).c_str(),
+              matched, cpu.ids.size(), err);
+  if (GetParam().precision == BlockGemmPrecision::kF32) {
+    EXPECT_LE(err, 1e-4);
+    const size_t checked = CheckedTokens(dir, want);
+    ASSERT_LE(checked, cpu.ids.size());
+    for (size_t k = 0; k < checked; ++k) ASSERT_EQ(gpu.ids[k], cpu.ids[k]) << "token " << k;
+  } else {
+    EXPECT_LE(err, testing::kParityBf16Tolerance);
+  }
+}
+
+std::vector<BlockGemmCase> BlockGemmCases() {
+  std::vector<BlockGemmCase> cases;
+  for (const char* f : {"q8_0", "q8_0_bias", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k_m"}) {
+    cases.push_back({f, BlockGemmPrecision::kF32});
+  }
+  cases.push_back({"q4_0", BlockGemmPrecision::kTf32});
+  cases.push_back({"q4_0", BlockGemmPrecision::kBf16});
+  cases.push_back({"q4_k_m", BlockGemmPrecision::kBf16});
+  return cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, GgufBlockGemmCudaTest, ::testing::ValuesIn(BlockGemmCases()),
+                         [](const ::testing::TestParamInfo<BlockGemmCase>& info) {
+                           return absl::StrCat(info.param.fixture, "_",
+                                               BlockGemmPrecisionName(info.param.precision));
+                         });
 
 }  // namespace
 }  // namespace sg

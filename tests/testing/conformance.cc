@@ -90,6 +90,7 @@ void RunConformance(const OpCase& c) {
   CudaDispatch::Options options;
   options.stream = stream->get();
   options.cuda = CudaOptionsFromTestEnvironment();
+  if (c.cuda_options) c.cuda_options(options.cuda);
   absl::StatusOr<std::unique_ptr<CudaDispatch>> gpu = CudaDispatch::Create(options);
   ASSERT_TRUE(gpu.ok()) << gpu.status();
   std::map<int32_t, DeviceMemory> device;

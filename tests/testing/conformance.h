@@ -6,6 +6,7 @@
 #ifndef STEPGRAPH_TESTS_TESTING_CONFORMANCE_H_
 #define STEPGRAPH_TESTS_TESTING_CONFORMANCE_H_
 
+#include <cctype>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -38,10 +39,25 @@ struct OpCase {
   // where a near tie may legitimately flip).
   bool exact_ids = true;
   uint64_t seed = 1;
+  // Adjusts the CUDA dispatcher's options after the environment's (e.g. to force a path).
+  std::function<void(CudaOptions&)> cuda_options;
 };
 
 // gtest prints a parameter with this; without it test listings show the struct's bytes.
 inline void PrintTo(const OpCase& c, std::ostream* os) { *os << c.name; }
+
+// A case's name as gtest takes it for a parameterised test (letters, digits and '_'):
+// INSTANTIATE_TEST_SUITE_P(Prefix, Suite, ::testing::ValuesIn(cases), OpCaseTestName{}).
+struct OpCaseTestName {
+  template <typename ParamInfo>
+  std::string operator()(const ParamInfo& info) const {
+    std::string n = info.param.name;
+    for (char& ch : n) {
+      if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+    }
+    return n;
+  }
+};
 
 // The CUDA dispatcher's options that the tests' environment asks for (STEPGRAPH_MATMUL
 // picks the matmul path, so that ctest can run the conformance cases on each path;

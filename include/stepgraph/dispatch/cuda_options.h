@@ -22,6 +22,19 @@ absl::string_view MatmulPolicyName(MatmulPolicy p);  // "auto", "cublaslt", "gem
 // Inverse of MatmulPolicyName; InvalidArgument naming the choices otherwise.
 absl::StatusOr<MatmulPolicy> ParseMatmulPolicy(absl::string_view name);
 
+// How the block-format GEMM path (CudaOptions::block_gemm_min_rows) computes when x is f32,
+// which is how GGUF files with quantized matrices are computed (docs/gguf.md). With bf16
+// or f16 activations the weight is always dequantized to x's dtype and every choice is the
+// same. kF32: the weight dequantized to f32 exactly and an f32 GEMM (CUDA cores, the
+// reference's values up to the order of additions); kTf32: the same f32 operands on the
+// tensor cores in TF32 (10-bit mantissas); kBf16: weight and x rounded to bf16, the f32
+// result accumulated in f32 (the fastest; 8-bit mantissas). docs/cuda_kernels.md.
+enum class BlockGemmPrecision : uint8_t { kF32, kTf32, kBf16 };
+
+absl::string_view BlockGemmPrecisionName(BlockGemmPrecision p);  // "f32", "tf32", "bf16"
+// Inverse of BlockGemmPrecisionName; InvalidArgument naming the choices otherwise.
+absl::StatusOr<BlockGemmPrecision> ParseBlockGemmPrecision(absl::string_view name);
+
 struct CudaOptions {
   MatmulPolicy matmul = MatmulPolicy::kAuto;
   // Programmatic dependent launch on sm_90 and later (each kernel may start while its
@@ -37,6 +50,15 @@ struct CudaOptions {
   // RmsNorm through a kernel compiled for the node's hidden size, eps and dtype (NVRTC)
   // instead of the built-in kernel. FusedElementwise nodes are always compiled.
   bool compiled_norm = false;
+  // MatMul with w in a GGUF block format: from this many rows of x on, w is dequantized
+  // into a workspace in chunks of its rows and each chunk multiplied by cuBLASLt (tensor
+  // cores); fewer rows run the block-format kernel, which re-reads w per group of 8 rows.
+  // 0: the kernel always. prefill_bench's BlockMatMul cases compare the two per format.
+  int64_t block_gemm_min_rows = 8;
+  // The workspace those chunks are dequantized into (sized at Prepare from the largest
+  // need of the plans prepared, never per step). A chunk holds at least 128 rows of w.
+  int64_t block_gemm_workspace_bytes = int64_t{32} << 20;
+  BlockGemmPrecision block_gemm_precision = BlockGemmPrecision::kF32;
 };
 
 }  // namespace sg

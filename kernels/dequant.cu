@@ -1,0 +1,105 @@
+// Dequantization of block-format weights into float matrices (kernels/dequant.cuh). Blocks
+// are read only through kernels/quant_blocks.cuh's Format<Q>::Read, the one definition of
+// their device layout: a thread takes one part (8 values in two runs of 4), consecutive
+// threads the consecutive parts of a block, so a warp reads a contiguous run of the
+// weight and writes its values as short vectors. Bandwidth-bound: a Q4_0 weight reads
+// 0.56 bytes a value and writes 2 (bf16) or 4 (f32).
+#include <algorithm>
+
+#include "kernels/common.cuh"
+#include "kernels/dequant.cuh"
+#include "kernels/quant_blocks.cuh"
+
+namespace sg::kernels {
+namespace {
+
+constexpr int kThreads = 256;
+// Grid-stride loops over more work than this many blocks would launch.
+constexpr int64_t kMaxBlocks = int64_t{1} << 20;
+
+// Four values as one store (16 bytes of f32, 8 of bf16/f16): the run starts at a multiple
+// of 4 elements and `out` is aligned to 4 of them.
+template <typename T>
+__device__ __forceinline__ void StoreRun(T* p, const float* v) {
+  if constexpr (sizeof(T) == 4) {
+    *reinterpret_cast<float4*>(p) = make_float4(v[0], v[1], v[2], v[3]);
+  } else {
+    struct alignas(8) Four {
+      T e[4];
+    } four;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) four.e[i] = FromFloat<T>(v[i]);
+    *reinterpret_cast<Four*>(p) = four;
+  }
+}
+
+template <typename T, typename Q>
+__global__ void __launch_bounds__(kThreads)
+    DequantizeKernel(const uint8_t* __restrict__ w, T* __restrict__ out, int64_t total_parts) {
+  AwaitPrerequisiteGrids();
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * kThreads;
+  for (int64_t t = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; t < total_parts;
+       t += stride) {
+    const int64_t blk = t / Q::kParts;  // over all rows: rows are consecutive runs of blocks
+    const quant::Part part = Q::Read(w + blk * Q::kBytes, static_cast<int>(t % Q::kParts));
+    // Row r's block j is block r·(k/kElems) + j of the weight and its values start at
+    // r·k + j·kElems, which is that block index times kElems: rows need no index of their own.
+    T* base = out + blk * Q::kElems;
+    StoreRun(base + part.first, part.v);
+    StoreRun(base + part.second, part.v + 4);
+  }
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    RoundFloatsKernel(const float* __restrict__ in, T* __restrict__ out, int64_t count) {
+  AwaitPrerequisiteGrids();
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * kThreads;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; i < count;
+       i += stride) {
+    out[i] = FromFloat<T>(in[i]);
+  }
+}
+
+unsigned GridFor(int64_t work) {
+  return static_cast<unsigned>(std::clamp<int64_t>(CeilDiv(work, kThreads), 1, kMaxBlocks));
+}
+
+}  // namespace
+
+cudaError_t LaunchDequantize(const void* w, DType w_dtype, void* out, DType out_dtype,
+                             int64_t rows, int64_t k, Stream stream) {
+  if (!IsValidDType(w_dtype) || !IsQuantized(w_dtype) || rows < 0 || k <= 0 ||
+      k % DTypeBlockElems(w_dtype) != 0 || rows > (int64_t{1} << 40) / k) {
+    return cudaErrorInvalidValue;
+  }
+  if ((reinterpret_cast<uintptr_t>(w) & 1u) != 0) return cudaErrorMisalignedAddress;
+  if (rows == 0) return cudaSuccess;
+  return DispatchFloat(out_dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    if (reinterpret_cast<uintptr_t>(out) % (4 * sizeof(T)) != 0) {
+      return cudaErrorMisalignedAddress;
+    }
+    return quant::DispatchFormat(w_dtype, [&](auto format) {
+      using Q = decltype(format);
+      const int64_t parts = rows * (k / Q::kElems) * Q::kParts;
+      return LaunchKernel(DequantizeKernel<T, Q>, dim3(GridFor(parts)), dim3(kThreads), stream,
+                          static_cast<const uint8_t*>(w), static_cast<T*>(out), parts);
+    });
+  });
+}
+
+cudaError_t LaunchRoundFloats(const float* in, void* out, DType out_dtype, int64_t count,
+                              Stream stream) {
+  if (count < 0 || (out_dtype != DType::kBF16 && out_dtype != DType::kF16)) {
+    return cudaErrorInvalidValue;
+  }
+  if (count == 0) return cudaSuccess;
+  return DispatchFloat(out_dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    return LaunchKernel(RoundFloatsKernel<T>, dim3(GridFor(count)), dim3(kThreads), stream, in,
+                        static_cast<T*>(out), count);
+  });
+}
+
+}  // namespace sg::kernels

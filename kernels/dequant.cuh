@@ -1,0 +1,36 @@
+// Launchers that turn weights in GGUF's block formats (stepgraph/base/quant.h) into plain
+// float matrices on the device, for the MatMul path that multiplies block weights on the
+// tensor cores through cuBLASLt (dispatch/cuda/matmul.cc): the weight is dequantized in
+// chunks of rows into a workspace and each chunk is one GEMM. One launch on `stream`; the
+// result is cudaGetLastError() after it.
+#ifndef STEPGRAPH_KERNELS_DEQUANT_CUH_
+#define STEPGRAPH_KERNELS_DEQUANT_CUH_
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "kernels/launch.h"
+#include "stepgraph/base/dtype.h"
+
+namespace sg::kernels {
+
+// out[r, c] (row-major, `k` values a row) = value c of row r of `w`, for r in [0, rows):
+// `w` holds `rows` rows of k / DTypeBlockElems(w_dtype) blocks in block format `w_dtype`.
+// Each value is the CPU reference's DequantizeRow value bit for bit, then rounded to
+// `out_dtype` (f32: unchanged; bf16, f16: to nearest even, as base/half.h rounds).
+// cudaErrorInvalidValue for a dtype or size out of range (k not a multiple of the block);
+// cudaErrorMisalignedAddress for a w at an odd address or an `out` not aligned to 4 of its
+// elements.
+cudaError_t LaunchDequantize(const void* w, DType w_dtype, void* out, DType out_dtype,
+                             int64_t rows, int64_t k, Stream stream);
+
+// out[i] = in[i] rounded to `out_dtype` (bf16 or f16) for i in [0, count): f32
+// activations handed to a 16-bit GEMM. cudaErrorInvalidValue for another dtype or a
+// negative count.
+cudaError_t LaunchRoundFloats(const float* in, void* out, DType out_dtype, int64_t count,
+                              Stream stream);
+
+}  // namespace sg::kernels
+
+#endif  // STEPGRAPH_KERNELS_DEQUANT_CUH_

@@ -1,0 +1,293 @@
+// The block GEMM, MatMul's path for weights in GGUF block formats at many rows
+// (dispatch/cuda/matmul.cc): its dequantization kernel against the CPU reference's
+// DequantizeRow bit for bit (kernels/dequant.cuh), the chunking it plans (host only), and
+// MatMul conformance against the CPU reference (tests/testing/conformance.h: random
+// inputs, poisoned arenas, normalised error) for every format × activation dtype ×
+// precision × M in {8, 17, 64, 300}, with the workspace shrunk so that each weight runs
+// in several chunks and a shorter last one. GPU cases skip without a device.
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "dispatch/cuda/cuda_handles.h"
+#include "dispatch/cuda/matmul.h"
+#include "kernels/dequant.cuh"
+#include "stepgraph/base/half.h"
+#include "stepgraph/base/quant.h"
+#include "tests/testing/conformance.h"
+#include "tests/testing/util.h"
+
+namespace sg::testing {
+namespace {
+
+constexpr DType kQuantTypes[] = {DType::kQ8_0, DType::kQ4_0, DType::kQ4_1, DType::kQ5_0,
+                                 DType::kQ5_1, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K};
+constexpr DType kFloatTypes[] = {DType::kF32, DType::kBF16, DType::kF16};
+
+// ---- the chunking (no device) ----
+
+using internal::BlockGemmLayout;
+using internal::BlockGemmLayoutFor;
+
+TEST(BlockGemmLayoutTest, ChunksFillTheWorkspaceInWholeQuanta) {
+  CudaOptions o;
+  o.block_gemm_workspace_bytes = int64_t{32} << 20;
+  // A Llama-3.2-1B lm head at a 512-token prefill: 8192 bf16 rows of 2048 fill 32 MiB.
+  absl::StatusOr<BlockGemmLayout> l =
+      BlockGemmLayoutFor(512, 128256, 2048, DType::kBF16, o, int64_t{50} << 20);
+  ASSERT_TRUE(l.ok()) << l.status();
+  EXPECT_EQ(l->operand, DType::kBF16);
+  EXPECT_FALSE(l->round_x);
+  EXPECT_FALSE(l->tf32);
+  EXPECT_EQ(l->chunk_rows, 8192);
+  EXPECT_EQ(l->chunk_offset, 0);
+  EXPECT_EQ(l->bytes, int64_t{32} << 20);
+  // At 16 rows the GEMM streams the chunk: a quarter of L2 (12.5 MiB: 3200 rows).
+  l = BlockGemmLayoutFor(16, 128256, 2048, DType::kBF16, o, int64_t{50} << 20);
+  ASSERT_TRUE(l.ok()) << l.status();
+  EXPECT_EQ(l->chunk_rows, 3200);
+  // A weight narrower than a chunk is one chunk of its own rows.
+  l = BlockGemmLayoutFor(512, 512, 2048, DType::kF16, o, int64_t{50} << 20);
+  ASSERT_TRUE(l.ok()) << l.status();
+  EXPECT_EQ(l->chunk_rows, 512);
+  EXPECT_EQ(l->bytes, 512 * 2048 * 2);
+  // A workspace below one quantum still holds 128 rows.
+  o.block_gemm_workspace_bytes = 1;
+  l = BlockGemmLayoutFor(512, 1000, 4096, DType::kBF16, o, 0);
+  ASSERT_TRUE(l.ok()) << l.status();
+  EXPECT_EQ(l->chunk_rows, 128);
+}
+
+TEST(BlockGemmLayoutTest, F32ActivationsFollowThePrecision) {
+  CudaOptions o;
+  o.block_gemm_workspace_bytes = int64_t{8} << 20;
+  o.block_gemm_precision = BlockGemmPrecision::kF32;
+  absl::StatusOr<BlockGemmLayout> l = BlockGemmLayoutFor(300, 8192, 2048, DType::kF32, o, 0);
+  ASSERT_TRUE(l.ok()) << l.status();
+  EXPECT_EQ(l->operand, DType::kF32);
+  EXPECT_FALSE(l->tf32);
+  EXPECT_EQ(l->chunk_rows, 1024);  // 8 MiB of f32 rows of 2048
+  o.block_gemm_precision = BlockGemmPrecision::kTf32;
+  l = BlockGemmLayoutFor(300, 8192, 2048, DType::kF32, o, 0);
+  ASSERT_TRUE(l.ok()) << l.status();
+  EXPECT_EQ(l->operand, DType::kF32);
+  EXPECT_TRUE(l->tf32);
+  o.block_gemm_precision = BlockGemmPrecision::kBf16;
+  l = BlockGemmLayoutFor(300, 8192, 2048, DType::kF32, o, 0);
+  ASSERT_TRUE(l.ok()) << l.status();
+  EXPECT_EQ(l->operand, DType::kBF16);
+  EXPECT_TRUE(l->round_x);
+  // x rounded to bf16 first (300·2048·2 bytes, a multiple of 256), the chunk after it.
+  EXPECT_EQ(l->chunk_offset, 300 * 2048 * 2);
+  EXPECT_EQ(l->chunk_rows, 2048);
+  EXPECT_EQ(l->bytes, 300 * 2048 * 2 + 2048 * 2048 * 2);
+  // bf16 activations ignore the f32 precision.
+  l = BlockGemmLayoutFor(300, 8192, 2048, DType::kBF16, o, 0);
+  ASSERT_TRUE(l.ok()) << l.status();
+  EXPECT_FALSE(l->round_x);
+  EXPECT_EQ(l->chunk_offset, 0);
+}
+
+TEST(BlockGemmLayoutTest, OverflowIsAnError) {
+  const absl::StatusOr<BlockGemmLayout> l =
+      BlockGemmLayoutFor(int64_t{1} << 40, 4096, int64_t{1} << 30, DType::kF32,
+                         CudaOptions{.block_gemm_precision = BlockGemmPrecision::kBf16}, 0);
+  EXPECT_EQ(l.status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(BlockGemmPrecisionTest, NamesRoundTrip) {
+  for (BlockGemmPrecision p :
+       {BlockGemmPrecision::kF32, BlockGemmPrecision::kTf32, BlockGemmPrecision::kBf16}) {
+    absl::StatusOr<BlockGemmPrecision> back = ParseBlockGemmPrecision(BlockGemmPrecisionName(p));
+    ASSERT_TRUE(back.ok()) << back.status();
+    EXPECT_EQ(*back, p);
+  }
+  EXPECT_EQ(ParseBlockGemmPrecision("fp8").status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// ---- the dequantization kernel ----
+
+// The CPU reference's value rounded to `t` as base/half.h rounds, as raw bits.
+uint32_t ReferenceBits(float v, DType t) {
+  if (t == DType::kBF16) return FloatToBF16(v);
+  if (t == DType::kF16) return FloatToHalf(v);
+  uint32_t bits;
+  std::memcpy(&bits, &v, 4);
+  return bits;
+}
+
+uint32_t BitsAt(const std::vector<uint8_t>& bytes, int64_t i, DType t) {
+  const int64_t size = DTypeBytes(t);
+  uint32_t bits = 0;
+  std::memcpy(&bits, bytes.data() + i * size, static_cast<size_t>(size));
+  return bits;
+}
+
+class DequantizeTest : public ::testing::TestWithParam<DType> {
+ protected:
+  void SetUp() override {
+    if (!HasCudaDevice()) GTEST_SKIP() << "no CUDA device";
+  }
+};
+
+TEST_P(DequantizeTest, EqualsTheCpuReferenceBitForBit) {
+  const DType q = GetParam();
+  constexpr int64_t kRows = 37;
+  const int64_t k = 3 * DTypeBlockElems(q);
+  HostTensor w(q, Shape{kRows, k});
+  w.FillUniform(7, -2.0f, 2.0f);
+  std::vector<float> want(static_cast<size_t>(kRows * k));
+  const int64_t row_bytes = w.bytes() / kRows;
+  for (int64_t r = 0; r < kRows; ++r) {
+    ASSERT_TRUE(DequantizeRow(q, static_cast<const uint8_t*>(w.data()) + r * row_bytes,
+                              want.data() + r * k, k));
+  }
+  absl::StatusOr<DeviceMemory> dw = AllocateDevice(w.bytes(), "w");
+  ASSERT_TRUE(dw.ok()) << dw.status();
+  ASSERT_EQ(cudaMemcpy(dw->get(), w.data(), w.bytes(), cudaMemcpyHostToDevice), cudaSuccess);
+  for (DType t : kFloatTypes) {
+    SCOPED_TRACE(DTypeName(t));
+    // One row more than written: it must keep its poison.
+    const int64_t out_bytes = (kRows + 1) * k * DTypeBytes(t);
+    absl::StatusOr<DeviceMemory> out = AllocateDevice(out_bytes, "out");
+    ASSERT_TRUE(out.ok()) << out.status();
+    ASSERT_EQ(cudaMemset(out->get(), 0xFF, out_bytes), cudaSuccess);
+    ASSERT_EQ(kernels::LaunchDequantize(dw->get(), q, out->get(), t, kRows, k, nullptr),
+              cudaSuccess);
+    std::vector<uint8_t> got(static_cast<size_t>(out_bytes));
+    ASSERT_EQ(cudaMemcpy(got.data(), out->get(), out_bytes, cudaMemcpyDeviceToHost), cudaSuccess);
+    for (int64_t i = 0; i < kRows * k; ++i) {
+      ASSERT_EQ(BitsAt(got, i, t), ReferenceBits(want[i], t))
+          << "row " << i / k << ", value " << i % k << " (reference " << want[i] << ")";
+    }
+    for (int64_t i = kRows * k; i < (kRows + 1) * k; ++i) {
+      ASSERT_EQ(BitsAt(got, i, t), DTypeBytes(t) == 4 ? 0xFFFFFFFFu : 0xFFFFu)
+          << "value " << i << " past the rows was written";
+    }
+  }
+}
+
+TEST_P(DequantizeTest, RefusesWhatItCannotRead) {
+  const DType q = GetParam();
+  const int64_t k = DTypeBlockElems(q);
+  absl::StatusOr<DeviceMemory> buf = AllocateDevice(4096, "buffer");
+  ASSERT_TRUE(buf.ok()) << buf.status();
+  auto* p = static_cast<uint8_t*>(buf->get());
+  EXPECT_EQ(kernels::LaunchDequantize(p, q, p + 2048, DType::kF32, 1, k + 1, nullptr),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(kernels::LaunchDequantize(p, q, p + 2048, DType::kI32, 1, k, nullptr),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(kernels::LaunchDequantize(p, DType::kBF16, p + 2048, DType::kF32, 1, k, nullptr),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(kernels::LaunchDequantize(p + 1, q, p + 2048, DType::kF32, 1, k, nullptr),
+            cudaErrorMisalignedAddress);
+  EXPECT_EQ(kernels::LaunchDequantize(p, q, p + 2050, DType::kF32, 1, k, nullptr),
+            cudaErrorMisalignedAddress);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+}
+
+std::string FormatName(const ::testing::TestParamInfo<DType>& info) {
+  return std::string(DTypeName(info.param));
+}
+
+INSTANTIATE_TEST_SUITE_P(Formats, DequantizeTest, ::testing::ValuesIn(kQuantTypes), FormatName);
+
+TEST(RoundFloatsTest, RoundsAsTheHostDoes) {
+  if (!HasCudaDevice()) GTEST_SKIP() << "no CUDA device";
+  HostTensor in(DType::kF32, Shape{1001});
+  in.FillUniform(3, -300.0f, 300.0f);
+  absl::StatusOr<DeviceMemory> din = AllocateDevice(in.bytes(), "in");
+  absl::StatusOr<DeviceMemory> dout = AllocateDevice(2 * 1001, "out");
+  ASSERT_TRUE(din.ok() && dout.ok());
+  ASSERT_EQ(cudaMemcpy(din->get(), in.data(), in.bytes(), cudaMemcpyHostToDevice), cudaSuccess);
+  const auto* v = static_cast<const float*>(in.data());
+  for (DType t : {DType::kBF16, DType::kF16}) {
+    ASSERT_EQ(cudaMemset(dout->get(), 0xFF, 2 * 1001), cudaSuccess);
+    ASSERT_EQ(kernels::LaunchRoundFloats(static_cast<const float*>(din->get()), dout->get(), t,
+                                         1001, nullptr),
+              cudaSuccess);
+    std::vector<uint16_t> got(1001);
+    ASSERT_EQ(cudaMemcpy(got.data(), dout->get(), 2 * 1001, cudaMemcpyDeviceToHost), cudaSuccess);
+    for (int i = 0; i < 1001; ++i) {
+      ASSERT_EQ(got[i], ReferenceBits(v[i], t)) << DTypeName(t) << " element " << i;
+    }
+  }
+  EXPECT_EQ(kernels::LaunchRoundFloats(nullptr, nullptr, DType::kF32, 1, nullptr),
+            cudaErrorInvalidValue);
+}
+
+// ---- MatMul through the block GEMM against the CPU reference ----
+
+struct Variant {
+  DType x;
+  BlockGemmPrecision precision;
+  double tolerance;
+};
+
+// f32 operands differ from the reference by the order of the additions only; TF32 rounds
+// both operands to 10-bit mantissas (about 5e-4 each), bf16 to 8 bits, f16 to 11 bits
+// plus the output's rounding.
+constexpr Variant kVariants[] = {
+    {DType::kF32, BlockGemmPrecision::kF32, 1e-5},
+    {DType::kF32, BlockGemmPrecision::kTf32, 3e-3},
+    {DType::kF32, BlockGemmPrecision::kBf16, 1e-2},
+    {DType::kBF16, BlockGemmPrecision::kF32, 1e-2},
+    {DType::kF16, BlockGemmPrecision::kF32, 1e-2},
+};
+
+std::vector<OpCase> BlockGemmCases() {
+  std::vector<OpCase> cases;
+  struct Mm {
+    int64_t k, n;
+    bool bias;
+  };
+  // With 128-row chunks: three whole chunks, then one chunk and a last one of 72 rows with
+  // a bias (the bias and y's columns advance with the chunks).
+  constexpr Mm kShapes[] = {{512, 384, false}, {256, 200, true}};
+  for (DType q : kQuantTypes) {
+    for (const Variant& v : kVariants) {
+      for (const Mm& s : kShapes) {
+        for (int64_t m : {8, 17, 64, 300}) {
+          cases.push_back(
+              {.name = absl::StrCat("BlockGemm/", DTypeName(q), "/", DTypeName(v.x), "_",
+                                    BlockGemmPrecisionName(v.precision), "/", m, "x", s.k, "x",
+                                    s.n, s.bias ? "+bias" : ""),
+               .build = [=](GraphBuilder& b) {
+                 auto x = b.Input("x", v.x, {m, s.k});
+                 auto w = b.Weight("w", q, {s.n, s.k});
+                 b.Output("out", s.bias ? b.MatMul(x, w, b.Weight("bias", v.x, {s.n}))
+                                        : b.MatMul(x, w));
+               },
+               .tolerance = v.tolerance,
+               .cuda_options = [=](CudaOptions& o) {
+                 o.block_gemm_min_rows = 1;
+                 o.block_gemm_workspace_bytes = 1;  // 128-row chunks
+                 o.block_gemm_precision = v.precision;
+               }});
+        }
+      }
+    }
+  }
+  return cases;
+}
+
+class BlockGemmConformanceTest : public ::testing::TestWithParam<OpCase> {};
+
+TEST_P(BlockGemmConformanceTest, CpuAndCudaAgree) {
+  if (!HasCudaDevice()) GTEST_SKIP() << "no CUDA device";
+  RunConformance(GetParam());
+}
+
+INSTANTIATE_TEST_SUITE_P(MatMul, BlockGemmConformanceTest, ::testing::ValuesIn(BlockGemmCases()),
+                         OpCaseTestName{});
+
+TEST(BlockGemmCasesTest, EveryFormatVariantAndRowCountIsCovered) {
+  EXPECT_EQ(BlockGemmCases().size(), 8u * 5u * 2u * 4u);
+}
+
+}  // namespace
+}  // namespace sg::testing
