@@ -1,8 +1,8 @@
 // Dequantization of block-format weights into float matrices (kernels/dequant.cuh). Blocks
-// are read only through kernels/quant_blocks.cuh's Format<Q>::Read, the one definition of
-// their device layout: a thread takes one part (8 values in two runs of 4), consecutive
-// threads the consecutive parts of a block, so a warp reads a contiguous run of the
-// weight and writes its values as short vectors. Bandwidth-bound: a Q4_0 weight reads
+// are read only through kernels/quant_blocks.cuh's Format<t>::Load, the one definition of
+// their device layout: a thread takes one unit (32 values), consecutive threads the
+// consecutive units of the tensor, so a warp reads contiguous runs of each plane and
+// writes its values as short vectors. Bandwidth-bound: a Q4_0 weight reads
 // 0.56 bytes a value and writes 2 (bf16) or 4 (f32).
 #include <algorithm>
 
@@ -33,20 +33,26 @@ __device__ __forceinline__ void StoreRun(T* p, const float* v) {
   }
 }
 
+// Units [first, first + count) of a tensor of `blocks` blocks; unit g's values are
+// elements 32·g .. 32·g + 31 of the tensor (rows are consecutive runs of units), written
+// to out from element 32·first on.
 template <typename T, typename Q>
 __global__ void __launch_bounds__(kThreads)
-    DequantizeKernel(const uint8_t* __restrict__ w, T* __restrict__ out, int64_t total_parts) {
+    DequantizeKernel(const uint8_t* __restrict__ w, int64_t blocks, int64_t first, int64_t count,
+                     T* __restrict__ out) {
   AwaitPrerequisiteGrids();
   const int64_t stride = static_cast<int64_t>(gridDim.x) * kThreads;
-  for (int64_t t = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; t < total_parts;
-       t += stride) {
-    const int64_t blk = t / Q::kParts;  // over all rows: rows are consecutive runs of blocks
-    const quant::Part part = Q::Read(w + blk * Q::kBytes, static_cast<int>(t % Q::kParts));
-    // Row r's block j is block r·(k/kElems) + j of the weight and its values start at
-    // r·k + j·kElems, which is that block index times kElems: rows need no index of their own.
-    T* base = out + blk * Q::kElems;
-    StoreRun(base + part.first, part.v);
-    StoreRun(base + part.second, part.v + 4);
+  for (int64_t u = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; u < count;
+       u += stride) {
+    const typename Q::Unit unit = Q::Load(w, blocks, first + u);
+    T* base = out + u * 32;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      float v[8];
+      unit.Values8(j, v);
+      StoreRun(base + 8 * j, v);
+      StoreRun(base + 8 * j + 4, v + 4);
+    }
   }
 }
 
@@ -67,13 +73,14 @@ unsigned GridFor(int64_t work) {
 
 }  // namespace
 
-cudaError_t LaunchDequantize(const void* w, DType w_dtype, void* out, DType out_dtype,
-                             int64_t rows, int64_t k, Stream stream) {
-  if (!IsValidDType(w_dtype) || !IsQuantized(w_dtype) || rows < 0 || k <= 0 ||
-      k % DTypeBlockElems(w_dtype) != 0 || rows > (int64_t{1} << 40) / k) {
+cudaError_t LaunchDequantize(const void* w, DType w_dtype, int64_t w_rows, int64_t first_row,
+                             int64_t rows, int64_t k, void* out, DType out_dtype, Stream stream) {
+  if (!IsValidDType(w_dtype) || !IsQuantized(w_dtype) || rows < 0 || k <= 0 || first_row < 0 ||
+      w_rows < 0 || k % DTypeBlockElems(w_dtype) != 0 || w_rows > (int64_t{1} << 40) / k ||
+      first_row > w_rows || rows > w_rows - first_row) {
     return cudaErrorInvalidValue;
   }
-  if ((reinterpret_cast<uintptr_t>(w) & 1u) != 0) return cudaErrorMisalignedAddress;
+  if ((reinterpret_cast<uintptr_t>(w) & 15u) != 0) return cudaErrorMisalignedAddress;
   if (rows == 0) return cudaSuccess;
   return DispatchFloat(out_dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
@@ -82,9 +89,11 @@ cudaError_t LaunchDequantize(const void* w, DType w_dtype, void* out, DType out_
     }
     return quant::DispatchFormat(w_dtype, [&](auto format) {
       using Q = decltype(format);
-      const int64_t parts = rows * (k / Q::kElems) * Q::kParts;
-      return LaunchKernel(DequantizeKernel<T, Q>, dim3(GridFor(parts)), dim3(kThreads), stream,
-                          static_cast<const uint8_t*>(w), static_cast<T*>(out), parts);
+      const int64_t units_per_row = k / 32;
+      const int64_t units = rows * units_per_row;
+      return LaunchKernel(DequantizeKernel<T, Q>, dim3(GridFor(units)), dim3(kThreads), stream,
+                          static_cast<const uint8_t*>(w), w_rows * (k / Q::kElems),
+                          first_row * units_per_row, units, static_cast<T*>(out));
     });
   });
 }

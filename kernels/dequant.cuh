@@ -15,15 +15,17 @@
 
 namespace sg::kernels {
 
-// out[r, c] (row-major, `k` values a row) = value c of row r of `w`, for r in [0, rows):
-// `w` holds `rows` rows of k / DTypeBlockElems(w_dtype) blocks in block format `w_dtype`.
-// Each value is the CPU reference's DequantizeRow value bit for bit, then rounded to
-// `out_dtype` (f32: unchanged; bf16, f16: to nearest even, as base/half.h rounds).
-// cudaErrorInvalidValue for a dtype or size out of range (k not a multiple of the block);
-// cudaErrorMisalignedAddress for a w at an odd address or an `out` not aligned to 4 of its
-// elements.
-cudaError_t LaunchDequantize(const void* w, DType w_dtype, void* out, DType out_dtype,
-                             int64_t rows, int64_t k, Stream stream);
+// out[r, c] (row-major, `k` values a row) = value c of row first_row + r of `w`, for r in
+// [0, rows): `w` is a whole [w_rows, k] weight in block format `w_dtype` in the device
+// layout (kernels/quant_layout.h; its planes span the whole tensor, so a chunk of rows is
+// named by its first row, not by an address inside the weight). Each value is the CPU
+// reference's DequantizeRow value bit for bit, then rounded to `out_dtype` (f32:
+// unchanged; bf16, f16: to nearest even, as base/half.h rounds). cudaErrorInvalidValue for
+// a dtype or size out of range (k not a multiple of the block, rows past w_rows);
+// cudaErrorMisalignedAddress for a w not 16-byte aligned or an `out` not aligned to 4 of
+// its elements.
+cudaError_t LaunchDequantize(const void* w, DType w_dtype, int64_t w_rows, int64_t first_row,
+                             int64_t rows, int64_t k, void* out, DType out_dtype, Stream stream);
 
 // out[i] = in[i] rounded to `out_dtype` (bf16 or f16) for i in [0, count): f32
 // activations handed to a 16-bit GEMM. cudaErrorInvalidValue for another dtype or a

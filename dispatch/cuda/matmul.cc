@@ -324,11 +324,11 @@ struct MatmulState final : PreparedState<MatmulState> {
   const MatmulRunner::Plan* plan = nullptr;  // the float paths, the block GEMM's full chunks
   DType w_dtype = DType::kF32;              // block formats: the weight's format
   // kBlockGemm: the chunking, the plan of the last chunk when it holds fewer rows, the
-  // workspace, and the bytes of one chunk's rows of w as stored.
+  // workspace (a chunk of rows of w is named by its first row: the device layout's planes
+  // span the whole weight).
   BlockGemmLayout block;
   const MatmulRunner::Plan* tail_plan = nullptr;
   void* workspace = nullptr;
-  int64_t w_chunk_bytes = 0;
 };
 
 // Whether the block-format kernel takes x [m, k] with a w [n, k] in block format w_dtype:
@@ -394,9 +394,6 @@ absl::Status PrepareBlockGemm(const CudaPrepareContext& c, MatmulState& state) {
   SG_ASSIGN_OR_RETURN(state.block, BlockGemmLayoutFor(s.m, s.n, s.k, s.dtype, c.options,
                                                       c.info.l2_bytes));
   SG_ASSIGN_OR_RETURN(state.workspace, c.matmul.BlockWorkspace(state.block.bytes, c.node.name));
-  // Bounded: at most N rows of the bound weight, whose bytes the graph has checked.
-  state.w_chunk_bytes = state.block.chunk_rows * (s.k / DTypeBlockElems(state.w_dtype)) *
-                        DTypeBlockBytes(state.w_dtype);
   MatmulShape chunk = s;
   chunk.n = state.block.chunk_rows;
   chunk.ld_y = s.n;
@@ -470,10 +467,9 @@ absl::Status RunBlockGemm(const MatmulState& s, const MatmulRunner& runner, cons
   for (int64_t n0 = 0; n0 < shape.n; n0 += s.block.chunk_rows) {
     const int64_t rows = std::min(s.block.chunk_rows, shape.n - n0);
     const MatmulRunner::Plan& plan = rows == s.block.chunk_rows ? *s.plan : *s.tail_plan;
-    const int64_t index = n0 / s.block.chunk_rows;
-    SG_RETURN_IF_ERROR(ToStatus(kernels::LaunchDequantize(w_bytes + index * s.w_chunk_bytes,
-                                                          s.w_dtype, chunk, s.block.operand,
-                                                          rows, shape.k, stream),
+    SG_RETURN_IF_ERROR(ToStatus(kernels::LaunchDequantize(w_bytes, s.w_dtype, shape.n, n0, rows,
+                                                          shape.k, chunk, s.block.operand,
+                                                          stream),
                                 "LaunchDequantize"));
     MatmulShape chunk_shape = shape;
     chunk_shape.n = rows;

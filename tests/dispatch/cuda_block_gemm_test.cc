@@ -16,6 +16,7 @@
 #include "dispatch/cuda/cuda_handles.h"
 #include "dispatch/cuda/matmul.h"
 #include "kernels/dequant.cuh"
+#include "kernels/quant_layout.h"
 #include "stepgraph/base/half.h"
 #include "stepgraph/base/quant.h"
 #include "tests/testing/conformance.h"
@@ -148,7 +149,12 @@ TEST_P(DequantizeTest, EqualsTheCpuReferenceBitForBit) {
   }
   absl::StatusOr<DeviceMemory> dw = AllocateDevice(w.bytes(), "w");
   ASSERT_TRUE(dw.ok()) << dw.status();
-  ASSERT_EQ(cudaMemcpy(dw->get(), w.data(), w.bytes(), cudaMemcpyHostToDevice), cudaSuccess);
+  // The weight as the GPU holds it: in the device layout.
+  std::vector<uint8_t> device_layout(static_cast<size_t>(w.bytes()));
+  ASSERT_TRUE(kernels::RepackBlocksForDevice(q, kRows * k / DTypeBlockElems(q), w.data(),
+                                             device_layout.data()));
+  ASSERT_EQ(cudaMemcpy(dw->get(), device_layout.data(), w.bytes(), cudaMemcpyHostToDevice),
+            cudaSuccess);
   for (DType t : kFloatTypes) {
     SCOPED_TRACE(DTypeName(t));
     // One row more than written: it must keep its poison.
@@ -156,7 +162,13 @@ TEST_P(DequantizeTest, EqualsTheCpuReferenceBitForBit) {
     absl::StatusOr<DeviceMemory> out = AllocateDevice(out_bytes, "out");
     ASSERT_TRUE(out.ok()) << out.status();
     ASSERT_EQ(cudaMemset(out->get(), 0xFF, out_bytes), cudaSuccess);
-    ASSERT_EQ(kernels::LaunchDequantize(dw->get(), q, out->get(), t, kRows, k, nullptr),
+    // Rows 1 .. kRows-1 first (a chunk that starts inside the weight), then row 0 after
+    // them: the whole weight, row by row in place.
+    ASSERT_EQ(kernels::LaunchDequantize(dw->get(), q, kRows, 1, kRows - 1, k,
+                                        static_cast<uint8_t*>(out->get()) + k * DTypeBytes(t), t,
+                                        nullptr),
+              cudaSuccess);
+    ASSERT_EQ(kernels::LaunchDequantize(dw->get(), q, kRows, 0, 1, k, out->get(), t, nullptr),
               cudaSuccess);
     std::vector<uint8_t> got(static_cast<size_t>(out_bytes));
     ASSERT_EQ(cudaMemcpy(got.data(), out->get(), out_bytes, cudaMemcpyDeviceToHost), cudaSuccess);
@@ -177,15 +189,20 @@ TEST_P(DequantizeTest, RefusesWhatItCannotRead) {
   absl::StatusOr<DeviceMemory> buf = AllocateDevice(4096, "buffer");
   ASSERT_TRUE(buf.ok()) << buf.status();
   auto* p = static_cast<uint8_t*>(buf->get());
-  EXPECT_EQ(kernels::LaunchDequantize(p, q, p + 2048, DType::kF32, 1, k + 1, nullptr),
+  EXPECT_EQ(kernels::LaunchDequantize(p, q, 1, 0, 1, k + 1, p + 2048, DType::kF32, nullptr),
             cudaErrorInvalidValue);
-  EXPECT_EQ(kernels::LaunchDequantize(p, q, p + 2048, DType::kI32, 1, k, nullptr),
+  EXPECT_EQ(kernels::LaunchDequantize(p, q, 1, 0, 1, k, p + 2048, DType::kI32, nullptr),
             cudaErrorInvalidValue);
-  EXPECT_EQ(kernels::LaunchDequantize(p, DType::kBF16, p + 2048, DType::kF32, 1, k, nullptr),
+  EXPECT_EQ(kernels::LaunchDequantize(p, DType::kBF16, 1, 0, 1, k, p + 2048, DType::kF32, nullptr),
             cudaErrorInvalidValue);
-  EXPECT_EQ(kernels::LaunchDequantize(p + 1, q, p + 2048, DType::kF32, 1, k, nullptr),
+  // Rows past the weight.
+  EXPECT_EQ(kernels::LaunchDequantize(p, q, 2, 1, 2, k, p + 2048, DType::kF32, nullptr),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(kernels::LaunchDequantize(p, q, 2, -1, 1, k, p + 2048, DType::kF32, nullptr),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(kernels::LaunchDequantize(p + 8, q, 1, 0, 1, k, p + 2048, DType::kF32, nullptr),
             cudaErrorMisalignedAddress);
-  EXPECT_EQ(kernels::LaunchDequantize(p, q, p + 2050, DType::kF32, 1, k, nullptr),
+  EXPECT_EQ(kernels::LaunchDequantize(p, q, 1, 0, 1, k, p + 2050, DType::kF32, nullptr),
             cudaErrorMisalignedAddress);
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
 }
