@@ -74,7 +74,11 @@ std::string CaseName(const ::testing::TestParamInfo<Case>& info) {
 INSTANTIATE_TEST_SUITE_P(Fixtures, HfParityCudaTest,
                          ::testing::ValuesIn(Cases({"f32_gqa", "f32_mha_tied",
                                                     "f32_llama3_rope", "bf16_gqa",
-                                                    "f32_sharded"})),
+                                                    "f32_sharded", "family_qwen2",
+                                                    "family_qwen3", "family_mistral",
+                                                    "family_phi3", "family_gemma",
+                                                    "family_gemma2",
+                                                    "family_qwen2_linear_rope"})),
                          CaseName);
 
 // ---- GGUF fixtures ----
