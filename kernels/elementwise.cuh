@@ -1,6 +1,7 @@
-// Launchers for the elementwise family: Add, Mul, Silu, SiluMul, GeluTanhMul, Softcap (f32, bf16, f16 storage,
-// f32 math; Add also on i32, wrapping) and Advance (pos + 1 where pos >= 0). Each is one
-// launch on `stream`; the result is cudaGetLastError() after it. n counts elements.
+// Launchers for the elementwise family: Add, Mul, Silu, SiluMul, GeluTanhMul, Softcap (f32,
+// bf16, f16 storage, f32 math; Add also on i32, wrapping) and Advance (pos + 1 where
+// pos >= 0). Each is one launch on `stream`; the result is cudaGetLastError() after it. n
+// counts elements.
 #ifndef STEPGRAPH_KERNELS_ELEMENTWISE_CUH_
 #define STEPGRAPH_KERNELS_ELEMENTWISE_CUH_
 

@@ -312,7 +312,9 @@ absl::Status ModelWeights::DeriveFamilyTensors() {
     for (size_t p = 0; p < f.parts.size(); ++p) {
       absl::StatusOr<absl::Span<const std::byte>> part =
           FusedPart(f, p, e.tensor->dtype, e.tensor->data);
-      if (!part.ok()) return absl::InvalidArgumentError(absl::StrCat(part.status().message(), where));
+      if (!part.ok()) {
+        return absl::InvalidArgumentError(absl::StrCat(part.status().message(), where));
+      }
       derive(f.parts[p].name, *e.tensor, {f.parts[p].rows, f.cols}, *part);
     }
     split_.insert(f.stored);

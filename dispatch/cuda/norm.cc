@@ -1,6 +1,7 @@
 // The row-wise unit of CudaDispatch: RmsNorm, HeadRmsNorm and Softmax, one row-wise launch
-// each (kernels/norm.cuh; HeadRmsNorm is the RmsNorm kernel over [M·n, d]). RmsNorm runs the built-in kernel or, when CudaOptions::compiled_norm
-// asks, a kernel compiled for the node's rows, hidden size, eps and dtype (generated.h);
+// each (kernels/norm.cuh; HeadRmsNorm is the RmsNorm kernel over [M·n, d]). RmsNorm runs
+// the built-in kernel or, when CudaOptions::compiled_norm asks, a kernel compiled for the
+// node's rows, hidden size, eps and dtype (generated.h);
 // which one is decided at Prepare. Softmax keeps no state.
 #include <utility>
 

@@ -3,6 +3,7 @@
 // model would be (config.json + safetensors, weights bound straight from the mapping), the
 // prompt is run through the decode graph one token per step, and greedy decoding must
 // reproduce the reference's tokens and logits.
+#include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -11,6 +12,7 @@
 
 #include "gtest/gtest.h"
 #include "models/config.h"
+#include "models/model_files.h"
 #include "stepgraph/models/llama.h"
 #include "models/safetensors.h"
 #include "stepgraph/dispatch/cpu_dispatch.h"
@@ -39,13 +41,15 @@ std::vector<float> ToFloats(const TensorArg& a) {
 
 class HfParityCpuTest : public ::testing::TestWithParam<const char*> {};
 
+// A folder, or a GGUF file beside the folder's expected.json (the family fixtures' files
+// written by llama.cpp's converter, make_family_gguf_fixtures.py).
 TEST_P(HfParityCpuTest, GreedyDecodeMatchesReference) {
   const std::string dir = std::string(SG_FIXTURES_DIR) + "/" + GetParam();
-  const testing::ParityExpected want = testing::ReadParityExpected(dir + "/expected.json");
+  const testing::ParityExpected want = testing::ReadParityExpected(testing::ExpectedJsonOf(dir));
   ASSERT_GE(want.prompt.size(), 5u);
   ASSERT_GE(want.generated.size(), 32u);
 
-  absl::StatusOr<ModelWeights> weights = ModelWeights::Open(dir);
+  absl::StatusOr<ModelFiles> weights = ModelFiles::Open(dir);
   ASSERT_TRUE(weights.ok()) << weights.status();
   const LlamaConfig& config = weights->config();
   const bool bf16 = want.dtype == "bfloat16";
@@ -64,8 +68,8 @@ TEST_P(HfParityCpuTest, GreedyDecodeMatchesReference) {
   const Graph& g = plan->graph();
 
   Bindings bindings(g);
-  ASSERT_TRUE(BindMappedWeights(*weights, g, bindings).ok())
-      << BindMappedWeights(*weights, g, bindings);
+  ASSERT_TRUE(weights->CheckAgainstGraph(g).ok()) << weights->CheckAgainstGraph(g);
+  ASSERT_TRUE(weights->BindInPlace(g, bindings).ok()) << weights->BindInPlace(g, bindings);
   std::vector<std::byte> arena(static_cast<size_t>(plan->arena_bytes()));
   bindings.SetArena(arena.data(), static_cast<int64_t>(arena.size()));
   // Every State is a KV cache; a fresh sequence starts from zeros.
@@ -208,9 +212,16 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, HfParityCpuTest,
                                            "bf16_gqa", "f32_sharded", "family_qwen2",
                                            "family_qwen3", "family_mistral", "family_phi3",
                                            "family_gemma", "family_gemma2",
-                                           "family_qwen2_linear_rope"),
+                                           "family_qwen2_linear_rope",
+                                           "family_qwen2/model.gguf", "family_qwen3/model.gguf",
+                                           "family_phi3/model.gguf", "family_gemma/model.gguf",
+                                           "family_qwen2_linear_rope/model.gguf"),
                          [](const ::testing::TestParamInfo<const char*>& info) {
-                           return std::string(info.param);
+                           std::string name = info.param;
+                           for (char& ch : name) {
+                             ch = std::isalnum(static_cast<unsigned char>(ch)) ? ch : '_';
+                           }
+                           return name;
                          });
 
 }  // namespace

@@ -12,6 +12,7 @@
 // the CPU reference's (all of them for files computed in f32, the fixture's
 // checked_tokens for F16 and BF16 files), and the logits after the prompt within a
 // tolerance fitting the dtype.
+#include <cctype>
 #include <cstdio>
 #include <fstream>
 #include <memory>
@@ -68,7 +69,9 @@ std::vector<Case> Cases(std::initializer_list<const char*> fixtures) {
 }
 
 std::string CaseName(const ::testing::TestParamInfo<Case>& info) {
-  return std::string(info.param.fixture) + (info.param.eager ? "_eager" : "_replayed");
+  std::string name = info.param.fixture;
+  for (char& ch : name) ch = std::isalnum(static_cast<unsigned char>(ch)) ? ch : '_';
+  return name + (info.param.eager ? "_eager" : "_replayed");
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, HfParityCudaTest,
@@ -78,7 +81,11 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, HfParityCudaTest,
                                                     "family_qwen3", "family_mistral",
                                                     "family_phi3", "family_gemma",
                                                     "family_gemma2",
-                                                    "family_qwen2_linear_rope"})),
+                                                    "family_qwen2_linear_rope",
+                                                    "family_qwen2/model.gguf",
+                                                    "family_qwen3/model.gguf",
+                                                    "family_phi3/model.gguf",
+                                                    "family_gemma/model.gguf"})),
                          CaseName);
 
 // ---- GGUF fixtures ----
