@@ -406,12 +406,18 @@ TEST(PassesTest, FusedEqualsPlainForEveryFamily) {
       EXPECT_LT(fused->num_nodes(), plain->num_nodes());
       auto counts = OpCounts(*fused);
       const int64_t layers = config.num_hidden_layers;
-      if (config.qk_norm) EXPECT_EQ(counts["HeadRmsNorm"], 2 * layers);
-      if (config.qkv_bias) EXPECT_EQ(counts["MatMul"], 3 * layers);  // biased q, k, v
+      if (config.qk_norm) {
+        EXPECT_EQ(counts["HeadRmsNorm"], 2 * layers);
+      }
+      if (config.qkv_bias) {
+        EXPECT_EQ(counts["MatMul"], 3 * layers);  // biased q, k, v
+      }
       if (config.activation == MlpActivation::kGeluTanh) {
         EXPECT_EQ(counts["GeluTanhMul"], layers);
       }
-      if (config.final_logit_softcap > 0.0f) EXPECT_EQ(counts["Softcap"], 1);
+      if (config.final_logit_softcap > 0.0f) {
+        EXPECT_EQ(counts["Softcap"], 1);
+      }
       const auto bound = RandomBound(*plain, 31, {5, 77, 300}, {2, 9, 15});
       ExpectSameResults(*plain, *fused, bound);
     }

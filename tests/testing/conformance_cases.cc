@@ -555,11 +555,11 @@ std::vector<OpCase> ConformanceCases() {
              },
              .tolerance = t == DType::kF32 ? 1e-4 : 3e-2,
              .int_hi = 56,
-             .float_range = 0.2f,
              .int_values = rows == 1 ? IntValues{}
                                      : IntValues{{"pos", {10, 11, 12, 13, 14, 15, 16, 17, 40,
                                                           41, 42, 43, 44, 45, 46, 47}},
                                                  {"seq_slots", {1, 0}}},
+             .float_range = 0.2f,
              .exact_ids = t == DType::kF32});
       }
     }
