@@ -229,6 +229,27 @@ TensorId GraphBuilder::Attention(TensorId q, TensorId k_cache, TensorId v_cache,
                                  float scale, absl::string_view name) {
   return AddNode(ops::Attention{.scale = scale}, name, {q, k_cache, v_cache, pos});
 }
+TensorId GraphBuilder::Attention(const ops::Attention& params, TensorId q, TensorId k_cache,
+                                 TensorId v_cache, TensorId pos, TensorId seq_slots,
+                                 absl::string_view name) {
+  ops::Attention op = params;
+  if (op.scale == 0.0f) op.scale = DefaultAttentionScale(k_cache);
+  op.has_slots = seq_slots.valid();
+  if (op.has_slots) return AddNode(op, name, {q, k_cache, v_cache, pos, seq_slots});
+  return AddNode(op, name, {q, k_cache, v_cache, pos});
+}
+TensorId GraphBuilder::HeadRmsNorm(TensorId x, TensorId w, float eps, absl::string_view name) {
+  return AddNode(ops::HeadRmsNorm{eps}, name, {x, w});
+}
+TensorId GraphBuilder::GeluTanhMul(TensorId gate, TensorId up, absl::string_view name) {
+  return AddNode(ops::GeluTanhMul{}, name, {gate, up});
+}
+TensorId GraphBuilder::Scale(TensorId x, float factor, absl::string_view name) {
+  return AddNode(ops::Scale{factor}, name, {x});
+}
+TensorId GraphBuilder::Softcap(TensorId x, float cap, absl::string_view name) {
+  return AddNode(ops::Softcap{cap}, name, {x});
+}
 TensorId GraphBuilder::Softmax(TensorId x, absl::string_view name) {
   return AddNode(ops::Softmax{}, name, {x});
 }

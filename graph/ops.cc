@@ -33,14 +33,22 @@ std::string Params(const ops::Rope& op) {
     absl::StrAppendFormat(&s, " llama3(factor=%g low=%g high=%g original_max=%d)",
                           op.scaling.factor, op.scaling.low_freq_factor,
                           op.scaling.high_freq_factor, op.scaling.original_max_position);
+  } else if (op.scaling.type == ops::RopeScaling::Type::kLinear) {
+    absl::StrAppendFormat(&s, " linear(factor=%g)", op.scaling.factor);
   }
   return s;
 }
 std::string Params(const ops::KvWrite& op) { return op.has_slots ? "slots" : ""; }
 std::string Params(const ops::Attention& op) {
-  return op.has_slots ? absl::StrFormat("scale=%g slots", op.scale)
-                      : absl::StrFormat("scale=%g", op.scale);
+  std::string s = absl::StrFormat("scale=%g", op.scale);
+  if (op.window > 0) absl::StrAppendFormat(&s, " window=%d", op.window);
+  if (op.softcap > 0.0f) absl::StrAppendFormat(&s, " softcap=%g", op.softcap);
+  if (op.has_slots) absl::StrAppend(&s, " slots");
+  return s;
 }
+std::string Params(const ops::HeadRmsNorm& op) { return absl::StrFormat("eps=%g", op.eps); }
+std::string Params(const ops::Scale& op) { return absl::StrFormat("factor=%g", op.factor); }
+std::string Params(const ops::Softcap& op) { return absl::StrFormat("cap=%g", op.cap); }
 std::string Params(const ops::Sample& op) {
   return absl::StrFormat("temperature=%g top_k=%d top_p=%g", op.temperature, op.top_k,
                          op.top_p);
@@ -223,6 +231,43 @@ Result Infer(const ops::Mul&, const Checker& c) { return InferBinary(c, /*allow_
 Result Infer(const ops::SiluMul&, const Checker& c) {
   return InferBinary(c, /*allow_int=*/false);
 }
+Result Infer(const ops::GeluTanhMul&, const Checker& c) {
+  return InferBinary(c, /*allow_int=*/false);
+}
+
+Result Infer(const ops::HeadRmsNorm& op, const Checker& c) {
+  SG_RETURN_IF_ERROR(c.Arity(2));
+  SG_RETURN_IF_ERROR(c.Rank(0, 2, "x"));
+  SG_RETURN_IF_ERROR(c.Rank(1, 1, "w"));
+  SG_RETURN_IF_ERROR(c.Float(0, "x"));
+  SG_RETURN_IF_ERROR(c.SameDType(0, 1));
+  const int64_t d = c[1].shape[0];
+  if (d <= 0 || c[0].shape[1] % d != 0) {
+    return c.Error(absl::StrCat("w ", Describe(c[1]), " must have head_dim entries dividing ",
+                                "the columns of x ", Describe(c[0])));
+  }
+  if (!(op.eps >= 0.0f) || !std::isfinite(op.eps)) {
+    return c.Error(absl::StrCat("eps must be finite and >= 0, got ", op.eps));
+  }
+  return TensorType{c[0].dtype, c[0].shape};
+}
+
+// x -> same shape and dtype, a float; `value` names the parameter that must be finite and
+// positive.
+Result InferUnaryFloat(const Checker& c, absl::string_view what, float value) {
+  SG_RETURN_IF_ERROR(c.Arity(1));
+  SG_RETURN_IF_ERROR(c.Float(0, "x"));
+  if (!(value > 0.0f) || !std::isfinite(value)) {
+    return c.Error(absl::StrCat(what, " must be finite and > 0, got ", value));
+  }
+  return TensorType{c[0].dtype, c[0].shape};
+}
+Result Infer(const ops::Scale& op, const Checker& c) {
+  return InferUnaryFloat(c, "factor", op.factor);
+}
+Result Infer(const ops::Softcap& op, const Checker& c) {
+  return InferUnaryFloat(c, "cap", op.cap);
+}
 
 Result Infer(const ops::Silu&, const Checker& c) {
   SG_RETURN_IF_ERROR(c.Arity(1));
@@ -292,6 +337,11 @@ absl::Status CheckRopeParams(const ops::Rope& op, const Checker& c) {
           s.low_freq_factor, " high_freq_factor=", s.high_freq_factor,
           " original_max_position=", s.original_max_position));
     }
+  }
+  if (op.scaling.type == ops::RopeScaling::Type::kLinear &&
+      (!(op.scaling.factor > 0.0f) || !std::isfinite(op.scaling.factor))) {
+    return c.Error(absl::StrCat("linear rope scaling needs a finite factor > 0, got ",
+                                op.scaling.factor));
   }
   return absl::OkStatus();
 }
@@ -389,6 +439,10 @@ Result Infer(const ops::Attention& op, const Checker& c) {
   }
   if (!(op.scale > 0.0f) || !std::isfinite(op.scale)) {
     return c.Error(absl::StrCat("scale must be finite and > 0, got ", op.scale));
+  }
+  if (op.window < 0) return c.Error(absl::StrCat("window must be >= 0, got ", op.window));
+  if (!(op.softcap >= 0.0f) || !std::isfinite(op.softcap)) {
+    return c.Error(absl::StrCat("softcap must be finite and >= 0, got ", op.softcap));
   }
   return TensorType{c[0].dtype, c[0].shape};
 }
@@ -566,6 +620,10 @@ InputWrites Writes(const ops::FusedMatMul& op) {
   return {{pos + 1, pos + 2}, false};
 }
 InputWrites Writes(const ops::FusedElementwise&) { return {}; }
+InputWrites Writes(const ops::HeadRmsNorm&) { return {}; }
+InputWrites Writes(const ops::GeluTanhMul&) { return {}; }
+InputWrites Writes(const ops::Scale&) { return {}; }
+InputWrites Writes(const ops::Softcap&) { return {}; }
 
 }  // namespace
 

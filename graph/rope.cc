@@ -1,5 +1,6 @@
 // RoPE frequencies, following transformers' _compute_default_rope_parameters and
-// _compute_llama3_parameters step by step in f32.
+// _compute_llama3_parameters (and _compute_linear_scaling_rope_parameters) step by step
+// in f32.
 #include "stepgraph/graph/rope.h"
 
 #include <cmath>
@@ -12,6 +13,10 @@ std::vector<float> RopeInvFreq(const ops::Rope& rope) {
   for (int j = 0; j < half; ++j) {
     const float exponent = static_cast<float>(2 * j) / static_cast<float>(rope.head_dim);
     inv[j] = 1.0f / std::pow(rope.theta, exponent);
+  }
+  if (rope.scaling.type == ops::RopeScaling::Type::kLinear) {
+    for (float& f : inv) f /= rope.scaling.factor;
+    return inv;
   }
   if (rope.scaling.type != ops::RopeScaling::Type::kLlama3) return inv;
 

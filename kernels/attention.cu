@@ -98,7 +98,13 @@ struct Params {
   const void* v;
   const int32_t* pos;
   void* out;
-  float scale_log2;  // scale · log2(e): scores come out in the base-2 domain
+  // q is multiplied by q_scale = scale · log2(e), so that scores come out in the base-2
+  // domain; with soft-capping (inv_softcap > 0) q_scale is the scale alone, and each score
+  // s becomes softcap_log2 · tanh(s · inv_softcap), softcap_log2 = softcap · log2(e).
+  float q_scale;
+  float inv_softcap;
+  float softcap_log2;
+  int window;  // > 0: a row sees its last `window` positions only
   int heads;
   int kv_heads;
   int seq_len;
@@ -170,7 +176,7 @@ __global__ void __launch_bounds__(kThreads) AttentionKernel(const Params p) {
           LoadWords<kWords>(qp + g * d + elem(v), w);
           WordsToFloats<T, kWords>(w, &q[g][v * kVe]);
 #pragma unroll
-          for (int i = 0; i < kVe; ++i) q[g][v * kVe + i] *= p.scale_log2;
+          for (int i = 0; i < kVe; ++i) q[g][v * kVe + i] *= p.q_scale;
         } else {
 #pragma unroll
           for (int i = 0; i < kVe; ++i) q[g][v * kVe + i] = 0.0f;
@@ -201,11 +207,13 @@ __global__ void __launch_bounds__(kThreads) AttentionKernel(const Params p) {
   // merge would cost more than they save. So `active` chunks of at least kMinKeysPerChunk
   // keys each take part (one chunk, merging nothing, up to twice that), and the others
   // leave at once without counting.
-  const int len = pos + 1;
+  // Keys first .. pos: all of them, or the last `window` with a sliding window.
+  const int first = p.window > 0 ? max(0, pos - p.window + 1) : 0;
+  const int len = pos + 1 - first;
   const int active = ActiveChunks(len, p.chunks, kMinKeysPerChunk);
   if (chunk >= active) return;
-  const int begin = static_cast<int>(static_cast<int64_t>(len) * chunk / active);
-  const int end = static_cast<int>(static_cast<int64_t>(len) * (chunk + 1) / active);
+  const int begin = first + static_cast<int>(static_cast<int64_t>(len) * chunk / active);
+  const int end = first + static_cast<int>(static_cast<int64_t>(len) * (chunk + 1) / active);
 
   float m[kG], l[kG], acc[kG][kE];
 #pragma unroll
@@ -263,6 +271,13 @@ __global__ void __launch_bounds__(kThreads) AttentionKernel(const Params p) {
       for (int u = 0; u < kU; ++u) {
 #pragma unroll
         for (int g = 0; g < kG; ++g) s[u][g] += __shfl_xor_sync(kFullMask, s[u][g], off);
+      }
+    }
+    if (p.inv_softcap > 0.0f) {
+#pragma unroll
+      for (int u = 0; u < kU; ++u) {
+#pragma unroll
+        for (int g = 0; g < kG; ++g) s[u][g] = p.softcap_log2 * tanhf(s[u][g] * p.inv_softcap);
       }
     }
 
@@ -536,7 +551,13 @@ cudaError_t LaunchAttention(const AttentionArgs& args, const AttentionShape& s, 
   p.v = args.v_cache;
   p.pos = args.pos;
   p.out = args.out;
-  p.scale_log2 = args.scale * 1.4426950408889634f;
+  constexpr float kLog2e = 1.4426950408889634f;
+  if (args.window < 0 || !(args.softcap >= 0.0f)) return cudaErrorInvalidValue;
+  const bool capped = args.softcap > 0.0f;
+  p.q_scale = capped ? args.scale : args.scale * kLog2e;
+  p.inv_softcap = capped ? 1.0f / args.softcap : 0.0f;
+  p.softcap_log2 = args.softcap * kLog2e;
+  p.window = args.window;
   p.heads = s.heads;
   p.kv_heads = s.kv_heads;
   p.seq_len = s.seq_len;

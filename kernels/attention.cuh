@@ -53,6 +53,11 @@ struct AttentionArgs {
   const int32_t* pos = nullptr;  // device, [rows]
   void* out = nullptr;           // [rows, heads·head_dim], same dtype as q
   float scale = 0.0f;            // multiplies q·k before the softmax
+  // ops::Attention's sliding window (> 0: the last `window` positions) and score
+  // soft-capping (> 0: s -> softcap·tanh(s / softcap)). LaunchAttention only; the prefill
+  // kernel takes neither (PrefillAttentionSupported's caller keeps such nodes off it).
+  int window = 0;
+  float softcap = 0.0f;
   void* workspace = nullptr;     // AttentionWorkspaceBytes(shape, chunks)
   uint32_t* error_flags = nullptr;  // kErrorPositionOutOfRange is OR-ed in for pos >= seq_len
   // A prefill step: rows are sequences of rows_per_seq consecutive rows, sequence b in

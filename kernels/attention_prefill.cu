@@ -258,7 +258,8 @@ cudaError_t PreparePrefillAttention() {
 
 cudaError_t LaunchPrefillAttention(const AttentionArgs& args, const AttentionShape& s,
                                    DType dtype, Stream stream) {
-  if (args.seq_slots == nullptr || !PrefillAttentionSupported(s, dtype, args.rows_per_seq)) {
+  if (args.seq_slots == nullptr || !PrefillAttentionSupported(s, dtype, args.rows_per_seq) ||
+      args.window != 0 || args.softcap != 0.0f) {
     return cudaErrorInvalidValue;
   }
   const void* buffers[] = {args.q, args.k_cache, args.v_cache, args.out};

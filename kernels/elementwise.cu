@@ -49,6 +49,25 @@ struct SiluMulOp {
   }
 };
 
+// PyTorch's gelu(approximate="tanh").
+__device__ __forceinline__ float GeluTanh(float x) {
+  constexpr float kSqrt2OverPi = 0.7978845608028654f;
+  return 0.5f * x * (1.0f + tanhf(kSqrt2OverPi * (x + 0.044715f * x * x * x)));
+}
+struct GeluTanhMulOp {
+  template <typename T>
+  __device__ T operator()(T g, T u) const {
+    return FromFloat<T>(GeluTanh(ToFloat(g)) * ToFloat(u));
+  }
+};
+struct SoftcapOp {
+  float cap;
+  template <typename T>
+  __device__ T operator()(T x) const {
+    return FromFloat<T>(cap * tanhf(ToFloat(x) / cap));
+  }
+};
+
 template <int kInputs, typename T, typename Op>
 __device__ __forceinline__ T Apply(const Op& op, T a, T b) {
   if constexpr (kInputs == 2) {
@@ -161,6 +180,17 @@ cudaError_t LaunchSilu(const void* x, void* y, int64_t n, DType dtype, Stream st
 cudaError_t LaunchSiluMul(const void* gate, const void* up, void* y, int64_t n, DType dtype,
                           Stream stream) {
   return LaunchFloatMap<2>(gate, up, y, n, dtype, SiluMulOp{}, stream);
+}
+
+cudaError_t LaunchGeluTanhMul(const void* gate, const void* up, void* y, int64_t n,
+                              DType dtype, Stream stream) {
+  return LaunchFloatMap<2>(gate, up, y, n, dtype, GeluTanhMulOp{}, stream);
+}
+
+cudaError_t LaunchSoftcap(const void* x, void* y, int64_t n, float cap, DType dtype,
+                          Stream stream) {
+  if (!(cap > 0.0f)) return cudaErrorInvalidValue;
+  return LaunchFloatMap<1>(x, nullptr, y, n, dtype, SoftcapOp{cap}, stream);
 }
 
 cudaError_t LaunchAdvance(int32_t* pos, int64_t n, Stream stream,

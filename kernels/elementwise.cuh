@@ -1,6 +1,7 @@
-// Launchers for the elementwise family: Add, Mul, Silu, SiluMul (f32, bf16, f16 storage,
-// f32 math; Add also on i32, wrapping) and Advance (pos + 1 where pos >= 0). Each is one
-// launch on `stream`; the result is cudaGetLastError() after it. n counts elements.
+// Launchers for the elementwise family: Add, Mul, Silu, SiluMul, GeluTanhMul, Softcap (f32,
+// bf16, f16 storage, f32 math; Add also on i32, wrapping) and Advance (pos + 1 where
+// pos >= 0). Each is one launch on `stream`; the result is cudaGetLastError() after it. n
+// counts elements.
 #ifndef STEPGRAPH_KERNELS_ELEMENTWISE_CUH_
 #define STEPGRAPH_KERNELS_ELEMENTWISE_CUH_
 
@@ -23,6 +24,12 @@ cudaError_t LaunchMul(const void* a, const void* b, void* y, int64_t n, DType dt
 cudaError_t LaunchSilu(const void* x, void* y, int64_t n, DType dtype, Stream stream);
 // y = silu(gate) · up.
 cudaError_t LaunchSiluMul(const void* gate, const void* up, void* y, int64_t n, DType dtype,
+                          Stream stream);
+// y = gelu_tanh(gate) · up (PyTorch's gelu(approximate="tanh")).
+cudaError_t LaunchGeluTanhMul(const void* gate, const void* up, void* y, int64_t n,
+                              DType dtype, Stream stream);
+// y = cap · tanh(x / cap); cap > 0.
+cudaError_t LaunchSoftcap(const void* x, void* y, int64_t n, float cap, DType dtype,
                           Stream stream);
 // pos[i] += 1 where pos[i] >= 0, in place.
 // A position at INT32_MAX stays and raises kErrorPositionOutOfRange in *error_flags

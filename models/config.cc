@@ -274,9 +274,15 @@ absl::StatusOr<RopeSettings> ParseRopeObject(const Json& object, absl::string_vi
     s.low_freq_factor = static_cast<float>(low);
     s.high_freq_factor = static_cast<float>(high);
     s.original_max_position = static_cast<int32_t>(original);
+  } else if (type == "linear") {
+    SG_ASSIGN_OR_RETURN(const double factor, r.RequiredNumber("factor"));
+    if (!(factor > 0.0)) return r.Error("factor", absl::StrCat("must be > 0, got ", factor));
+    out.scaling.type = ops::RopeScaling::Type::kLinear;
+    out.scaling.factor = static_cast<float>(factor);
   } else {
     return r.Error(type_key, absl::StrCat("unsupported value \"", type,
-                                          "\" (stepgraph supports \"default\" and \"llama3\")"));
+                                          "\" (stepgraph supports \"default\", \"linear\" "
+                                          "and \"llama3\")"));
   }
   SG_RETURN_IF_ERROR(r.CheckNoUnknown({}));
   return out;
@@ -297,6 +303,186 @@ absl::StatusOr<DType> ParseTorchDType(FieldReader& r, absl::string_view key,
                                    "\" (expected \"float32\", \"bfloat16\" or \"float16\")"));
 }
 
+// The families stepgraph runs: config.json's model_type, its architectures entry, and what
+// the family's config class defaults to where the file leaves a key out (save_pretrained
+// leaves out values equal to the base config's, such as Gemma's tied embeddings).
+struct Family {
+  absl::string_view model_type;
+  absl::string_view architecture;
+  bool tied_by_default;
+};
+constexpr Family kFamilies[] = {
+    {"llama", "LlamaForCausalLM", false},   {"mistral", "MistralForCausalLM", false},
+    {"qwen2", "Qwen2ForCausalLM", false},   {"qwen3", "Qwen3ForCausalLM", false},
+    {"phi3", "Phi3ForCausalLM", false},     {"gemma", "GemmaForCausalLM", true},
+    {"gemma2", "Gemma2ForCausalLM", true},
+};
+
+std::string FamilyList(bool architectures) {
+  std::string out;
+  for (const Family& f : kFamilies) {
+    absl::StrAppend(&out, out.empty() ? "" : ", ", "\"",
+                    architectures ? f.architecture : f.model_type, "\"");
+  }
+  return out;
+}
+
+// The family from "model_type" and "architectures" (either may be absent; Llama when both
+// are); they must name the same one.
+absl::StatusOr<const Family*> ReadFamily(FieldReader& r) {
+  const Family* family = nullptr;
+  SG_ASSIGN_OR_RETURN(std::optional<std::string> model_type, r.String("model_type"));
+  if (model_type.has_value()) {
+    for (const Family& f : kFamilies) {
+      if (f.model_type == *model_type) family = &f;
+    }
+    if (family == nullptr) {
+      return r.Error("model_type", absl::StrCat("unsupported value \"", *model_type,
+                                                "\" (stepgraph runs ", FamilyList(false), ")"));
+    }
+  }
+  if (const Json* arch = r.Get("architectures")) {
+    if (!arch->is_array() || arch->empty()) {
+      return r.Error("architectures",
+                     absl::StrCat("expected a non-empty list of strings, got ", Render(*arch)));
+    }
+    for (const Json& a : *arch) {
+      const Family* named = nullptr;
+      for (const Family& f : kFamilies) {
+        if (a.is_string() && a.get<std::string>() == f.architecture) named = &f;
+      }
+      if (named == nullptr || (family != nullptr && named != family)) {
+        return r.Error("architectures",
+                       absl::StrCat("unsupported value ", Render(a), " (stepgraph runs ",
+                                    family != nullptr
+                                        ? absl::StrCat("\"", family->architecture,
+                                                       "\" for model_type \"",
+                                                       family->model_type, "\"")
+                                        : FamilyList(true),
+                                    ")"));
+      }
+      family = named;
+    }
+  }
+  return family != nullptr ? family : &kFamilies[0];
+}
+
+// "layer_types": one "full_attention" or "sliding_attention" per layer.
+absl::StatusOr<std::optional<std::vector<bool>>> ReadLayerTypes(FieldReader& r) {
+  const Json* v = r.Get("layer_types");
+  if (v == nullptr) return std::optional<std::vector<bool>>();
+  if (!v->is_array()) {
+    return r.Error("layer_types", absl::StrCat("expected a list, got ", Render(*v)));
+  }
+  std::vector<bool> sliding;
+  for (const Json& e : *v) {
+    if (e == "sliding_attention") {
+      sliding.push_back(true);
+    } else if (e == "full_attention") {
+      sliding.push_back(false);
+    } else {
+      return r.Error("layer_types",
+                     absl::StrCat("unsupported entry ", Render(e),
+                                  " (stepgraph runs \"full_attention\" and "
+                                  "\"sliding_attention\")"));
+    }
+  }
+  return std::optional<std::vector<bool>>(std::move(sliding));
+}
+
+// What a family adds to the Llama fields: biases, norms, the activation, soft-capping and
+// sliding windows, each from the keys its config class writes.
+absl::Status ReadFamilyFields(const Family& family, FieldReader& r, LlamaConfig& c) {
+  c.architecture = std::string(family.model_type);
+  const absl::string_view type = family.model_type;
+  const bool gemma = type == "gemma" || type == "gemma2";
+  c.qkv_bias = type == "qwen2";
+  c.qk_norm = type == "qwen3";
+  c.fused_qkv = c.fused_gate_up = type == "phi3";
+  c.norm_plus_one = c.embedding_scale = gemma;
+  c.sandwich_norms = type == "gemma2";
+
+  // The activation: "hidden_act", or Gemma's "hidden_activation", which wins over it.
+  SG_ASSIGN_OR_RETURN(std::optional<std::string> act, r.String("hidden_act"));
+  absl::string_view act_key = "hidden_act";
+  if (gemma) {
+    SG_ASSIGN_OR_RETURN(std::optional<std::string> gemma_act, r.String("hidden_activation"));
+    if (gemma_act.has_value()) {
+      act = gemma_act;
+      act_key = "hidden_activation";
+    }
+  }
+  const std::string act_name = act.value_or(gemma ? "gelu_pytorch_tanh" : "silu");
+  if (act_name == "silu") {
+    c.activation = MlpActivation::kSilu;
+  } else if (act_name == "gelu_pytorch_tanh") {
+    c.activation = MlpActivation::kGeluTanh;
+  } else {
+    return r.Error(act_key, absl::StrCat("unsupported value \"", act_name,
+                                         "\" (stepgraph supports \"silu\" and "
+                                         "\"gelu_pytorch_tanh\")"));
+  }
+
+  if (type == "phi3") {
+    // Dropout (training only), and the context length only "longrope" scaling reads
+    // (which ParseRopeObject refuses).
+    for (absl::string_view k : {"resid_pdrop", "embd_pdrop", "original_max_position_embeddings"}) {
+      r.Get(k);
+    }
+  }
+  if (type == "gemma2") r.Get("cache_implementation");  // how transformers caches, not math
+  if (type == "llama" || type == "gemma") return absl::OkStatus();  // no sliding window
+
+  // Sliding windows: "sliding_window" (null: none) in the layers "layer_types" marks, or
+  // where the family's config class puts it when the file has no layer_types.
+  SG_ASSIGN_OR_RETURN(std::optional<int64_t> window, r.Int("sliding_window"));
+  SG_ASSIGN_OR_RETURN(std::optional<std::vector<bool>> layer_types, ReadLayerTypes(r));
+  if (type == "qwen2" || type == "qwen3") {
+    // transformers: no window unless use_sliding_window, and then from max_window_layers on.
+    SG_ASSIGN_OR_RETURN(std::optional<bool> use, r.Bool("use_sliding_window"));
+    SG_ASSIGN_OR_RETURN(std::optional<int64_t> max_window_layers, r.Int("max_window_layers"));
+    if (!use.value_or(false)) window.reset();
+    if (window.has_value() && !layer_types.has_value()) {
+      const int64_t from = max_window_layers.value_or(c.num_hidden_layers);
+      std::vector<bool> sliding;
+      for (int64_t l = 0; l < c.num_hidden_layers && l < (int64_t{1} << 20); ++l) {
+        sliding.push_back(l >= from);
+      }
+      layer_types = std::move(sliding);
+    }
+  }
+  if (type == "gemma2") {
+    SG_ASSIGN_OR_RETURN(const double scalar, r.RequiredNumber("query_pre_attn_scalar"));
+    if (!(scalar > 0.0)) {
+      return r.Error("query_pre_attn_scalar", absl::StrCat("must be > 0, got ", scalar));
+    }
+    c.attention_scale = static_cast<float>(std::pow(scalar, -0.5));
+    SG_ASSIGN_OR_RETURN(std::optional<double> attn_cap, r.Number("attn_logit_softcapping"));
+    SG_ASSIGN_OR_RETURN(std::optional<double> final_cap, r.Number("final_logit_softcapping"));
+    c.attn_logit_softcap = static_cast<float>(attn_cap.value_or(0.0));
+    c.final_logit_softcap = static_cast<float>(final_cap.value_or(0.0));
+    if (!layer_types.has_value()) {
+      // transformers' Gemma 2 default: local (sliding) layers first, then alternating.
+      std::vector<bool> sliding;
+      for (int64_t l = 0; l < c.num_hidden_layers && l < (int64_t{1} << 20); ++l) {
+        sliding.push_back(l % 2 == 0);
+      }
+      layer_types = std::move(sliding);
+    }
+  }
+  if (window.has_value()) {
+    if (*window <= 0) {
+      return r.Error("sliding_window", absl::StrCat("must be > 0 or null, got ", *window));
+    }
+    c.sliding_window = *window;
+    if (layer_types.has_value()) c.sliding_layers = *std::move(layer_types);
+  } else if (layer_types.has_value() &&
+             std::find(layer_types->begin(), layer_types->end(), true) != layer_types->end()) {
+    return r.Error("layer_types", "marks sliding_attention layers, but sliding_window is null");
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<LlamaConfig> ParseObject(const Json& root, absl::string_view source) {
   if (!root.is_object()) {
     return absl::InvalidArgumentError(
@@ -305,23 +491,7 @@ absl::StatusOr<LlamaConfig> ParseObject(const Json& root, absl::string_view sour
   FieldReader r(root, "", source);
   LlamaConfig c;
 
-  SG_ASSIGN_OR_RETURN(std::optional<std::string> model_type, r.String("model_type"));
-  if (model_type.has_value() && *model_type != "llama") {
-    return r.Error("model_type", absl::StrCat("unsupported value \"", *model_type,
-                                              "\" (stepgraph runs \"llama\")"));
-  }
-  if (const Json* arch = r.Get("architectures")) {
-    if (!arch->is_array() || arch->empty()) {
-      return r.Error("architectures",
-                     absl::StrCat("expected a non-empty list of strings, got ", Render(*arch)));
-    }
-    for (const Json& a : *arch) {
-      if (!a.is_string() || a.get<std::string>() != "LlamaForCausalLM") {
-        return r.Error("architectures", absl::StrCat("unsupported value ", Render(a),
-                                                     " (stepgraph runs \"LlamaForCausalLM\")"));
-      }
-    }
-  }
+  SG_ASSIGN_OR_RETURN(const Family* family, ReadFamily(r));
 
   SG_ASSIGN_OR_RETURN(c.hidden_size, r.RequiredInt("hidden_size"));
   SG_ASSIGN_OR_RETURN(c.intermediate_size, r.RequiredInt("intermediate_size"));
@@ -349,16 +519,18 @@ absl::StatusOr<LlamaConfig> ParseObject(const Json& root, absl::string_view sour
   c.rms_norm_eps = static_cast<float>(eps.value_or(1e-6));
 
   SG_ASSIGN_OR_RETURN(std::optional<bool> tie, r.Bool("tie_word_embeddings"));
-  c.tie_word_embeddings = tie.value_or(false);
+  c.tie_word_embeddings = tie.value_or(family->tied_by_default);
   SG_ASSIGN_OR_RETURN(std::optional<bool> attention_bias, r.Bool("attention_bias"));
   c.attention_bias = attention_bias.value_or(false);
   SG_ASSIGN_OR_RETURN(std::optional<bool> mlp_bias, r.Bool("mlp_bias"));
   c.mlp_bias = mlp_bias.value_or(false);
 
-  SG_ASSIGN_OR_RETURN(std::optional<std::string> act, r.String("hidden_act"));
-  if (act.has_value() && *act != "silu") {
-    return r.Error("hidden_act",
-                   absl::StrCat("unsupported value \"", *act, "\" (stepgraph supports \"silu\")"));
+  SG_RETURN_IF_ERROR(ReadFamilyFields(*family, r, c));
+  // Phi-3's config class writes the rotary fraction at the top level.
+  SG_ASSIGN_OR_RETURN(std::optional<double> partial, r.Number("partial_rotary_factor"));
+  if (partial.has_value() && *partial != 1.0) {
+    return r.Error("partial_rotary_factor",
+                   absl::StrCat("unsupported value ", *partial, " (only 1.0 is supported)"));
   }
   SG_ASSIGN_OR_RETURN(std::optional<int64_t> tp, r.Int("pretraining_tp"));
   if (tp.has_value() && *tp != 1) {

@@ -4,6 +4,7 @@
 // is built, so a file that lies about its shape is refused here with the tensor's name.
 #include "models/gguf_model.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -17,13 +18,17 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "stepgraph/base/half.h"
+#include "models/family_weights.h"
 #include "stepgraph/graph/rope.h"
 #include "stepgraph/base/status.h"
 
 namespace sg {
 namespace {
 
-constexpr absl::string_view kArch = "llama";
+// The architectures stepgraph reads (general.architecture), the model_type each is.
+// llama.cpp's converter writes Mistral models as "llama" (without their sliding window).
+constexpr absl::string_view kArchitectures[] = {"llama", "qwen2", "qwen3", "phi3", "gemma",
+                                                "gemma2"};
 // Bounds on sizes a real Llama can have; they keep every product below far from
 // overflow before the tensors themselves are compared.
 constexpr int64_t kMaxWidth = int64_t{1} << 20;    // hidden, intermediate, head dims
@@ -41,9 +46,9 @@ constexpr absl::string_view kHarmlessLlamaKeys[] = {
 // refused as unknown.
 class LlamaKeys {
  public:
-  explicit LlamaKeys(const GgufFile& f) : f_(f) {}
+  LlamaKeys(const GgufFile& f, absl::string_view arch) : f_(f), arch_(arch) {}
 
-  std::string Key(absl::string_view k) const { return absl::StrCat(kArch, ".", k); }
+  std::string Key(absl::string_view k) const { return absl::StrCat(arch_, ".", k); }
 
   absl::Status Error(absl::string_view k, absl::string_view what) const {
     return absl::InvalidArgumentError(absl::StrCat(f_.source(), ": key '", Key(k), "': ", what));
@@ -91,7 +96,7 @@ class LlamaKeys {
   }
 
   absl::Status CheckNoUnknown() const {
-    const std::string prefix = absl::StrCat(kArch, ".");
+    const std::string prefix = absl::StrCat(arch_, ".");
     for (const GgufValue& v : f_.metadata()) {
       if (!absl::StartsWith(v.key(), prefix) || seen_.contains(v.key())) continue;
       bool harmless = false;
@@ -107,6 +112,7 @@ class LlamaKeys {
 
  private:
   const GgufFile& f_;
+  absl::string_view arch_;
   absl::flat_hash_set<std::string> seen_;
 };
 
@@ -157,6 +163,41 @@ absl::Status ReadRopeFreqs(const GgufFile& f, const GgufTensor& t, LlamaKeys& ke
   return absl::OkStatus();
 }
 
+// What the families beside Llama add, from their keys: Gemma's embedding scale, (1 + w)
+// norms (stored with the 1 added) and GELU-tanh; Gemma 2's soft-caps, sandwich norms and
+// alternating windows (its query_pre_attn_scalar is not stored: llama.cpp's rule, the
+// head size except for the 46-layer 27B model); Phi-3's fused gate/up and window.
+absl::Status ReadFamilyKeys(LlamaKeys& k, LlamaConfig& c) {
+  const absl::string_view a = c.architecture;
+  if (a == "gemma" || a == "gemma2") {
+    c.embedding_scale = c.norm_plus_one = true;
+    c.activation = MlpActivation::kGeluTanh;
+  }
+  if (a == "phi3") c.fused_gate_up = true;
+  if (a == "gemma2" || a == "phi3") {
+    SG_ASSIGN_OR_RETURN(c.sliding_window,
+                        k.Int("attention.sliding_window", 0, std::numeric_limits<int32_t>::max(),
+                              a == "gemma2" ? 4096 : 0));
+  }
+  if (a == "gemma2") {
+    c.sandwich_norms = true;
+    SG_ASSIGN_OR_RETURN(const double attn_cap, k.Float("attn_logit_softcapping", 0.0));
+    SG_ASSIGN_OR_RETURN(const double final_cap, k.Float("final_logit_softcapping", 0.0));
+    if (attn_cap < 0.0 || final_cap < 0.0) {
+      return k.Error(attn_cap < 0.0 ? "attn_logit_softcapping" : "final_logit_softcapping",
+                     "must be >= 0");
+    }
+    c.attn_logit_softcap = static_cast<float>(attn_cap);
+    c.final_logit_softcap = static_cast<float>(final_cap);
+    const int64_t scaled_by = c.num_hidden_layers == 46 ? c.hidden_size / c.num_attention_heads
+                                                        : c.head_dim;
+    c.attention_scale = 1.0f / std::sqrt(static_cast<float>(scaled_by));
+    c.sliding_layers.clear();
+    for (int64_t l = 0; l < c.num_hidden_layers; ++l) c.sliding_layers.push_back(l % 2 == 0);
+  }
+  return absl::OkStatus();
+}
+
 // The dtype a file is computed in: activations, KV cache and every float weight. F16 or
 // BF16 when every matrix is stored so (llama.cpp's converter with --outtype f16 or bf16),
 // F32 otherwise: quantized files (transformers dequantizes them to float32 and computes in
@@ -178,10 +219,12 @@ DType ComputeDType(const GgufFile& f) {
 absl::StatusOr<LlamaConfig> ReadConfig(const GgufFile& f) {
   absl::StatusOr<absl::string_view> arch = f.GetString("general.architecture");
   if (!arch.ok()) return arch.status();
-  if (*arch != kArch) {
+  if (std::find(std::begin(kArchitectures), std::end(kArchitectures), *arch) ==
+      std::end(kArchitectures)) {
     return absl::InvalidArgumentError(absl::StrCat(
         f.source(), ": architecture '", arch->substr(0, 64),
-        "' is not supported (stepgraph runs 'llama' GGUF models)"));
+        "' is not supported (stepgraph runs 'llama', 'qwen2', 'qwen3', 'phi3', 'gemma' and "
+        "'gemma2' GGUF models)"));
   }
   if (const GgufValue* split = f.Find("split.count")) {
     absl::StatusOr<int64_t> n = split->Int();
@@ -192,8 +235,9 @@ absl::StatusOr<LlamaConfig> ReadConfig(const GgufFile& f) {
     }
   }
 
-  LlamaKeys k(f);
+  LlamaKeys k(f, *arch);
   LlamaConfig c;
+  c.architecture = std::string(*arch);
   SG_ASSIGN_OR_RETURN(c.hidden_size, k.Int("embedding_length", 1, kMaxWidth));
   SG_ASSIGN_OR_RETURN(c.intermediate_size, k.Int("feed_forward_length", 1, kMaxWidth));
   SG_ASSIGN_OR_RETURN(c.num_hidden_layers, k.Int("block_count", 1, kMaxLayers));
@@ -240,22 +284,29 @@ absl::StatusOr<LlamaConfig> ReadConfig(const GgufFile& f) {
 
   // RoPE scaling given by keys: only "none" (or a linear factor of 1) rotates as stepgraph
   // does; Llama 3 scaling comes as the rope_freqs tensor (ReadRopeFreqs).
+  bool linear = false;
   if (const GgufValue* v = k.Find("rope.scaling.type")) {
     absl::StatusOr<absl::string_view> type = v->String();
     if (!type.ok()) return k.Error("rope.scaling.type", "expected a string");
     if (*type != "none" && *type != "linear") {
       return k.Error("rope.scaling.type",
                      absl::StrCat("RoPE scaling '", type->substr(0, 32),
-                                  "' is not supported (stepgraph runs 'none')"));
+                                  "' is not supported (stepgraph runs 'none' and 'linear')"));
     }
+    linear = *type == "linear";
   }
+  // Linear scaling: the converter writes rope.scaling.factor (older files
+  // rope.scale_linear); a factor of 1 (or 0, "unset") is no scaling.
   for (absl::string_view key : {"rope.scaling.factor", "rope.scale_linear"}) {
     SG_ASSIGN_OR_RETURN(const double factor, k.Float(key, 1.0));
-    if (factor != 1.0 && factor != 0.0) {
+    if (factor == 1.0 || factor == 0.0) continue;
+    if (!(factor > 0.0) || (!linear && key == "rope.scaling.factor")) {
       return k.Error(key, absl::StrCat("RoPE scaling factor ", factor,
-                                       " is not supported (only unscaled RoPE)"));
+                                       " is not supported without linear scaling"));
     }
+    c.rope_scaling = {ops::RopeScaling::Type::kLinear, static_cast<float>(factor)};
   }
+  SG_RETURN_IF_ERROR(ReadFamilyKeys(k, c));
   for (absl::string_view key : {"expert_count", "expert_used_count"}) {
     SG_ASSIGN_OR_RETURN(const int64_t experts,
                         k.Int(key, 0, std::numeric_limits<int32_t>::max(), 0));
@@ -298,10 +349,18 @@ absl::StatusOr<LlamaConfig> ReadConfig(const GgufFile& f) {
     SG_RETURN_IF_ERROR(ReadRopeFreqs(f, *freqs, k, c));
   }
   c.tie_word_embeddings = f.FindTensor("output.weight") == nullptr;
-  c.attention_bias = f.FindTensor("blk.0.attn_q.bias") != nullptr;
+  // q/k/v biases with an o bias (Llama's attention_bias) or without (Qwen2).
+  const bool qkv_bias = f.FindTensor("blk.0.attn_q.bias") != nullptr ||
+                        f.FindTensor("blk.0.attn_qkv.bias") != nullptr;
+  c.attention_bias = qkv_bias && f.FindTensor("blk.0.attn_output.bias") != nullptr;
+  c.qkv_bias = qkv_bias && !c.attention_bias;
   c.mlp_bias = f.FindTensor("blk.0.ffn_gate.bias") != nullptr;
+  c.qk_norm = f.FindTensor("blk.0.attn_q_norm.weight") != nullptr;
+  c.fused_qkv = f.FindTensor("blk.0.attn_qkv.weight") != nullptr;
   c.dtype = ComputeDType(f);
-  c.rope_interleaved = true;
+  // Only the llama converter permutes Q and K for interleaved pairs; the others keep
+  // transformers' rotate_half layout (llama.cpp's NEOX RoPE).
+  c.rope_interleaved = c.architecture == "llama";
   absl::Status valid = c.Validate();
   if (!valid.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(f.source(), ": ", valid.message()));
@@ -309,14 +368,17 @@ absl::StatusOr<LlamaConfig> ReadConfig(const GgufFile& f) {
   return c;
 }
 
-// The graph name, dtype rule and shape of one weight the config implies.
+// The graph name, dtype rule and shape of one weight the config implies (or of a stored
+// fused matrix the graph reads as its parts).
 struct ExpectedWeight {
   std::string name;
   Shape shape;
   bool matrix;  // read by MatMul or Embedding: quantized types allowed
+  const FusedWeight* fused = nullptr;  // the parts it is split into
 };
 
-std::vector<ExpectedWeight> ExpectedWeights(const LlamaConfig& c) {
+std::vector<ExpectedWeight> ExpectedWeights(const LlamaConfig& c,
+                                            const std::vector<FusedWeight>& fused) {
   const int64_t h = c.hidden_size, q = c.num_attention_heads * c.head_dim,
                 kv = c.num_key_value_heads * c.head_dim, i = c.intermediate_size;
   std::vector<ExpectedWeight> out;
@@ -325,16 +387,44 @@ std::vector<ExpectedWeight> ExpectedWeights(const LlamaConfig& c) {
     out.push_back({prefix + ".weight", Shape({rows, cols}), true});
     if (bias) out.push_back({prefix + ".bias", Shape({rows}), false});
   };
+  auto stored_fused = [&](const std::string& name) {
+    for (const FusedWeight& f : fused) {
+      if (f.stored != name) continue;
+      int64_t rows = 0;
+      for (const FusedWeight::Part& part : f.parts) rows += part.rows;
+      out.push_back({name, Shape({rows, f.cols}), true, &f});
+    }
+  };
+  auto norm = [&](const std::string& name, int64_t n) {
+    out.push_back({name + ".weight", Shape({n}), false});
+  };
+  const bool qkv_bias = c.attention_bias || c.qkv_bias;
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     const std::string p = absl::StrCat("model.layers.", l, ".");
-    out.push_back({p + "input_layernorm.weight", Shape({h}), false});
-    linear(p + "self_attn.q_proj", q, h, c.attention_bias);
-    linear(p + "self_attn.k_proj", kv, h, c.attention_bias);
-    linear(p + "self_attn.v_proj", kv, h, c.attention_bias);
+    norm(p + "input_layernorm", h);
+    if (c.fused_qkv) {
+      stored_fused(p + "self_attn.qkv_proj.weight");
+    } else {
+      linear(p + "self_attn.q_proj", q, h, qkv_bias);
+      linear(p + "self_attn.k_proj", kv, h, qkv_bias);
+      linear(p + "self_attn.v_proj", kv, h, qkv_bias);
+    }
+    if (c.qk_norm) {
+      norm(p + "self_attn.q_norm", c.head_dim);
+      norm(p + "self_attn.k_norm", c.head_dim);
+    }
     linear(p + "self_attn.o_proj", h, q, c.attention_bias);
-    out.push_back({p + "post_attention_layernorm.weight", Shape({h}), false});
-    linear(p + "mlp.gate_proj", i, h, c.mlp_bias);
-    linear(p + "mlp.up_proj", i, h, c.mlp_bias);
+    norm(p + "post_attention_layernorm", h);
+    if (c.sandwich_norms) {
+      norm(p + "pre_feedforward_layernorm", h);
+      norm(p + "post_feedforward_layernorm", h);
+    }
+    if (c.fused_gate_up) {
+      stored_fused(p + "mlp.gate_up_proj.weight");
+    } else {
+      linear(p + "mlp.gate_proj", i, h, c.mlp_bias);
+      linear(p + "mlp.up_proj", i, h, c.mlp_bias);
+    }
     linear(p + "mlp.down_proj", h, i, c.mlp_bias);
   }
   out.push_back({"model.norm.weight", Shape({h}), false});
@@ -383,6 +473,10 @@ absl::StatusOr<LlamaConfig> LlamaConfigFromGguf(const GgufFile& file) {
 }
 
 absl::StatusOr<std::string> HfNameFromGguf(absl::string_view name) {
+  return HfNameFromGguf(name, LlamaConfig{});
+}
+
+absl::StatusOr<std::string> HfNameFromGguf(absl::string_view name, const LlamaConfig& c) {
   auto refuse = [&](absl::string_view why) {
     return absl::InvalidArgumentError(absl::StrCat("tensor '", name.substr(0, 80), "' ", why));
   };
@@ -409,6 +503,8 @@ absl::StatusOr<std::string> HfNameFromGguf(absl::string_view name) {
   } else {
     return refuse("ends in neither .weight nor .bias");
   }
+  // The names llama.cpp's converter gives each family's tensors (Gemma 2's "ffn_norm" is
+  // its pre-MLP norm; Phi-3's "ffn_up" holds gate and up).
   static constexpr std::pair<absl::string_view, absl::string_view> kParts[] = {
       {"attn_q", "self_attn.q_proj"},      {"attn_k", "self_attn.k_proj"},
       {"attn_v", "self_attn.v_proj"},      {"attn_output", "self_attn.o_proj"},
@@ -416,6 +512,25 @@ absl::StatusOr<std::string> HfNameFromGguf(absl::string_view name) {
       {"ffn_down", "mlp.down_proj"},       {"attn_norm", "input_layernorm"},
       {"ffn_norm", "post_attention_layernorm"},
   };
+  static constexpr std::pair<absl::string_view, absl::string_view> kFamilyParts[] = {
+      {"attn_q_norm", "self_attn.q_norm"},
+      {"attn_k_norm", "self_attn.k_norm"},
+      {"attn_qkv", "self_attn.qkv_proj"},
+      {"post_attention_norm", "post_attention_layernorm"},
+      {"post_ffw_norm", "post_feedforward_layernorm"},
+  };
+  absl::string_view hf_part;
+  if (c.sandwich_norms && rest == "ffn_norm") hf_part = "pre_feedforward_layernorm";
+  if (c.fused_gate_up && rest == "ffn_up") hf_part = "mlp.gate_up_proj";
+  for (const auto& [gguf, hf] : kFamilyParts) {
+    if (rest == gguf) hf_part = hf;
+  }
+  if (!hf_part.empty()) {
+    if (suffix == "bias" && absl::EndsWith(rest, "norm")) {
+      return refuse("is not a tensor of a llama model");
+    }
+    return absl::StrCat("model.layers.", layer, ".", hf_part, ".", suffix);
+  }
   for (const auto& [gguf, hf] : kParts) {
     if (rest != gguf) continue;
     if (suffix == "bias" && absl::EndsWith(gguf, "_norm")) break;  // RmsNorm has no bias
@@ -442,7 +557,7 @@ absl::StatusOr<GgufModel> GgufModel::FromFile(GgufFile file) {
     for (const GgufTensor& t : file.tensors()) {
       quantized = quantized || IsQuantized(t.dtype);
       if (t.name == "rope_freqs.weight") continue;
-      absl::StatusOr<std::string> hf = HfNameFromGguf(t.name);
+      absl::StatusOr<std::string> hf = HfNameFromGguf(t.name, m.config_);
       if (!hf.ok()) {
         return absl::InvalidArgumentError(absl::StrCat(source, ": ", hf.status().message()));
       }
@@ -459,7 +574,8 @@ absl::StatusOr<GgufModel> GgufModel::FromFile(GgufFile file) {
       }
     }
 
-    const std::vector<ExpectedWeight> expected = ExpectedWeights(m.config_);
+    const std::vector<FusedWeight> fused = FusedWeights(m.config_);
+    const std::vector<ExpectedWeight> expected = ExpectedWeights(m.config_, fused);
     int64_t total = 0;
     for (const ExpectedWeight& e : expected) {
       auto it = stored.find(e.name);
@@ -491,9 +607,24 @@ absl::StatusOr<GgufModel> GgufModel::FromFile(GgufFile file) {
                              ? absl::OkStatus()
                              : absl::InvalidArgumentError(
                                    absl::StrCat(source, ": weight bytes overflow")));
-      m.index_.emplace(e.name, m.weights_.size());
-      m.weights_.push_back(std::move(w));
       stored.erase(it);
+      if (e.fused == nullptr) {
+        m.index_.emplace(e.name, m.weights_.size());
+        m.weights_.push_back(std::move(w));
+        continue;
+      }
+      // A fused matrix: the graph's weights are its row ranges, views of its bytes.
+      for (size_t p = 0; p < e.fused->parts.size(); ++p) {
+        absl::StatusOr<absl::Span<const std::byte>> part =
+            FusedPart(*e.fused, p, w.dtype, w.data);
+        if (!part.ok()) {
+          return absl::InvalidArgumentError(absl::StrCat(source, ": ", part.status().message()));
+        }
+        const FusedWeight::Part& fp = e.fused->parts[p];
+        m.index_.emplace(fp.name, m.weights_.size());
+        m.weights_.push_back({fp.name, w.gguf_name, w.dtype, w.stored_dtype,
+                              Shape({fp.rows, e.fused->cols}), *part});
+      }
     }
     if (!stored.empty()) {
       const GgufTensor& extra = *stored.begin()->second;

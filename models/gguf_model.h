@@ -32,7 +32,8 @@
 
 namespace sg {
 
-// The LlamaConfig a GGUF file describes. general.architecture must be "llama". dtype (the
+// The LlamaConfig a GGUF file describes. general.architecture must be "llama", "qwen2",
+// "qwen3", "phi3", "gemma" or "gemma2" (docs/models.md). dtype (the
 // activations and KV cache) is F16 or BF16 when every matrix is stored in that dtype, else
 // F32; rope_interleaved is true. Refused with InvalidArgument naming the key: other
 // architectures, missing required keys, values out of range, per-layer arrays, RoPE
@@ -44,6 +45,10 @@ absl::StatusOr<LlamaConfig> LlamaConfigFromGguf(const GgufFile& file);
 // "model.layers.3.self_attn.q_proj.weight"), or InvalidArgument for a name stepgraph does
 // not map. Block numbers must be plain decimals (no sign or leading zeros).
 absl::StatusOr<std::string> HfNameFromGguf(absl::string_view gguf_name);
+// The same for a model of `config`'s family, whose files name some tensors otherwise
+// (Qwen3's q/k norms, Phi-3's fused q/k/v and gate/up, Gemma 2's four norms).
+absl::StatusOr<std::string> HfNameFromGguf(absl::string_view gguf_name,
+                                           const LlamaConfig& config);
 
 // One weight of a GGUF model, under its graph name.
 struct GgufWeight {

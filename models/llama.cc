@@ -6,6 +6,7 @@
 #include "stepgraph/models/llama.h"
 
 #include <cmath>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "stepgraph/graph/builder.h"
@@ -70,6 +71,25 @@ absl::Status LlamaConfig::Validate() const {
   if (!IsFloat(dtype)) {
     return absl::InvalidArgumentError("llama config: torch_dtype must be a float type");
   }
+  if (sliding_window < 0 || sliding_window > kMaxPositionBound.max) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "llama config: sliding_window must be in [0, ", kMaxPositionBound.max, "], got ",
+        sliding_window));
+  }
+  if (!sliding_layers.empty() &&
+      static_cast<int64_t>(sliding_layers.size()) != num_hidden_layers) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "llama config: the per-layer attention types (layer_types) list ",
+        sliding_layers.size(), " layers, but num_hidden_layers is ", num_hidden_layers));
+  }
+  for (const auto& [name, v] : {std::pair<const char*, float>{"attention scale", attention_scale},
+                                {"attn_logit_softcapping", attn_logit_softcap},
+                                {"final_logit_softcapping", final_logit_softcap}}) {
+    if (!(v >= 0.0f) || !std::isfinite(v)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("llama config: ", name, " must be finite and >= 0, got ", v));
+    }
+  }
   if (!(rms_norm_eps > 0.0f) || !(rope_theta > 0.0f) || !std::isfinite(rms_norm_eps) ||
       !std::isfinite(rope_theta)) {
     return absl::InvalidArgumentError(
@@ -98,6 +118,9 @@ absl::StatusOr<int64_t> LlamaConfig::WeightBytes() const {
   // Two norms, q and o (h x q each), k and v (h x kv each), gate, up and down (h x i each).
   int64_t per_layer = add(add(mul(2, h), mul(2, mul(h, q))), add(mul(2, mul(h, kv)), mul(3, mul(h, i))));
   if (attention_bias) per_layer = add(per_layer, add(add(q, mul(2, kv)), h));
+  if (qkv_bias && !attention_bias) per_layer = add(per_layer, add(q, mul(2, kv)));
+  if (qk_norm) per_layer = add(per_layer, mul(2, head_dim));
+  if (sandwich_norms) per_layer = add(per_layer, mul(2, h));
   if (mlp_bias) per_layer = add(per_layer, add(mul(2, i), h));
   const int64_t embed = mul(vocab_size, h);
   int64_t elems = add(add(mul(num_hidden_layers, per_layer), embed), h);
@@ -193,6 +216,10 @@ absl::StatusOr<Graph> BuildLlamaDecodeGraph(const LlamaConfig& c,
   TensorId x = IsQuantized(weight_dtype(embed_name))
                    ? b.Embedding(embed, ids, t, "model.embed_tokens")
                    : b.Embedding(embed, ids, "model.embed_tokens");
+  if (c.embedding_scale) {
+    // transformers: hidden_size ** 0.5 (a double) as a tensor of the activations' dtype.
+    x = b.Scale(x, static_cast<float>(std::sqrt(static_cast<double>(h))), "model.embed_scale");
+  }
 
   ops::Rope rope;
   rope.head_dim = static_cast<int32_t>(d);
@@ -208,15 +235,29 @@ absl::StatusOr<Graph> BuildLlamaDecodeGraph(const LlamaConfig& c,
     return b.MatMul(in, w, b.Weight(prefix + ".bias", t, {out}), prefix);
   };
 
+  auto norm = [&](TensorId in, const std::string& name) {
+    return b.RmsNorm(in, b.Weight(name + ".weight", t, {h}), c.rms_norm_eps, name);
+  };
+  const bool qkv_bias = c.attention_bias || c.qkv_bias;
+  ops::Attention attention;
+  attention.scale = c.attention_scale;  // 0: the builder's 1/sqrt(d)
+  attention.softcap = c.attn_logit_softcap;
+
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     const std::string p = absl::StrCat("model.layers.", l, ".");
-    const TensorId n1 = b.RmsNorm(x, b.Weight(p + "input_layernorm.weight", t, {h}),
-                                  c.rms_norm_eps, p + "input_layernorm");
+    const TensorId n1 = norm(x, p + "input_layernorm");
     // A step without logits needs only the last layer's keys and values.
     const bool kv_only = !options.logits && l + 1 == c.num_hidden_layers;
-    TensorId q = kv_only ? TensorId{} : linear(n1, p + "self_attn.q_proj", q_cols, h, c.attention_bias);
-    TensorId k = linear(n1, p + "self_attn.k_proj", kv_cols, h, c.attention_bias);
-    const TensorId v = linear(n1, p + "self_attn.v_proj", kv_cols, h, c.attention_bias);
+    TensorId q = kv_only ? TensorId{} : linear(n1, p + "self_attn.q_proj", q_cols, h, qkv_bias);
+    TensorId k = linear(n1, p + "self_attn.k_proj", kv_cols, h, qkv_bias);
+    const TensorId v = linear(n1, p + "self_attn.v_proj", kv_cols, h, qkv_bias);
+    if (c.qk_norm) {
+      auto head_norm = [&](TensorId in, const std::string& name) {
+        return b.HeadRmsNorm(in, b.Weight(name + ".weight", t, {d}), c.rms_norm_eps, name);
+      };
+      if (!kv_only) q = head_norm(q, p + "self_attn.q_norm");
+      k = head_norm(k, p + "self_attn.k_norm");
+    }
     if (!kv_only) q = b.Rope(q, pos, rope, p + "self_attn.q_rope");
     k = b.Rope(k, pos, rope, p + "self_attn.k_rope");
     TensorId kc = b.State(KCacheName(l), t, {slots, c.num_key_value_heads, seq, d});
@@ -230,24 +271,31 @@ absl::StatusOr<Graph> BuildLlamaDecodeGraph(const LlamaConfig& c,
     }
     // Nothing after the last KV write reaches the cache: a step without logits ends here.
     if (kv_only) break;
-    const TensorId attn = by_slot
-                              ? b.Attention(q, kc, vc, pos, seq_slots, p + "self_attn.attention")
-                              : b.Attention(q, kc, vc, pos, p + "self_attn.attention");
-    const TensorId o = linear(attn, p + "self_attn.o_proj", h, q_cols, c.attention_bias);
+    attention.window = c.SlidingLayer(l) ? static_cast<int32_t>(c.sliding_window) : 0;
+    const TensorId attn = b.Attention(attention, q, kc, vc, pos,
+                                      by_slot ? seq_slots : TensorId{}, p + "self_attn.attention");
+    TensorId o = linear(attn, p + "self_attn.o_proj", h, q_cols, c.attention_bias);
+    if (c.sandwich_norms) o = norm(o, p + "post_attention_layernorm");
     x = b.Add(x, o, p + "attn_residual");
-    const TensorId n2 = b.RmsNorm(x, b.Weight(p + "post_attention_layernorm.weight", t, {h}),
-                                  c.rms_norm_eps, p + "post_attention_layernorm");
+    const TensorId n2 = norm(x, c.sandwich_norms ? p + "pre_feedforward_layernorm"
+                                                 : p + "post_attention_layernorm");
     const TensorId gate = linear(n2, p + "mlp.gate_proj", c.intermediate_size, h, c.mlp_bias);
     const TensorId up = linear(n2, p + "mlp.up_proj", c.intermediate_size, h, c.mlp_bias);
-    const TensorId act = b.SiluMul(gate, up, p + "mlp.act");
-    const TensorId down = linear(act, p + "mlp.down_proj", h, c.intermediate_size, c.mlp_bias);
+    const TensorId act = c.activation == MlpActivation::kGeluTanh
+                             ? b.GeluTanhMul(gate, up, p + "mlp.act")
+                             : b.SiluMul(gate, up, p + "mlp.act");
+    TensorId down = linear(act, p + "mlp.down_proj", h, c.intermediate_size, c.mlp_bias);
+    if (c.sandwich_norms) down = norm(down, p + "post_feedforward_layernorm");
     x = b.Add(x, down, p + "mlp_residual");
   }
   if (!options.logits) return std::move(b).Build();
-  x = b.RmsNorm(x, b.Weight("model.norm.weight", t, {h}), c.rms_norm_eps, "model.norm");
+  x = norm(x, "model.norm");
   const TensorId head =
       c.tie_word_embeddings ? embed : weight("lm_head.weight", {c.vocab_size, h});
-  const TensorId logits = b.MatMul(x, head, "lm_head");
+  TensorId logits = b.MatMul(x, head, "lm_head");
+  if (c.final_logit_softcap > 0.0f) {
+    logits = b.Softcap(logits, c.final_logit_softcap, "logit_softcap");
+  }
   TensorId next;
   if (options.sampling.has_value()) {
     const TensorId seeds = b.Input(kSeedsInput, DType::kI32, {m});

@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "models/config.h"
+#include "models/family_weights.h"
 #include "base/small_file.h"
 #include "nlohmann/json.hpp"
 #include "stepgraph/base/half.h"
@@ -279,10 +280,55 @@ absl::Status ModelWeights::IndexFile(size_t file) {
 }
 
 ModelWeights::Entry ModelWeights::Find(absl::string_view name) const {
+  if (auto d = derived_.find(name); d != derived_.end()) {
+    return {d->second.first.get(), &files_[d->second.second]};
+  }
   auto it = index_.find(name);
   if (it == index_.end()) return {nullptr, nullptr};
   const SafetensorsFile& f = files_[it->second.first];
   return {&f.tensors()[it->second.second], &f};
+}
+
+absl::Status ModelWeights::DeriveFamilyTensors() {
+  auto derive = [&](std::string name, const SafetensorsTensor& from, std::vector<int64_t> shape,
+                    absl::Span<const std::byte> data) {
+    auto t = std::make_unique<SafetensorsTensor>();
+    t->name = name;
+    t->dtype = from.dtype;
+    t->shape = std::move(shape);
+    t->data = data;
+    const size_t file = index_.at(from.name).first;
+    derived_.insert_or_assign(std::move(name), std::make_pair(std::move(t), file));
+  };
+  for (const FusedWeight& f : FusedWeights(config_)) {
+    const Entry e = Find(f.stored);
+    if (e.tensor == nullptr) continue;  // the graph check names what is missing
+    const std::string where = absl::StrCat(" (in ", e.file->path(), ")");
+    if (e.tensor->shape.size() != 2 || e.tensor->shape[1] != f.cols) {
+      return absl::InvalidArgumentError(absl::StrCat("tensor '", f.stored, "'", where,
+                                                     " has shape ", e.tensor->ShapeString(),
+                                                     ", not [rows, ", f.cols, "]"));
+    }
+    for (size_t p = 0; p < f.parts.size(); ++p) {
+      absl::StatusOr<absl::Span<const std::byte>> part =
+          FusedPart(f, p, e.tensor->dtype, e.tensor->data);
+      if (!part.ok()) {
+        return absl::InvalidArgumentError(absl::StrCat(part.status().message(), where));
+      }
+      derive(f.parts[p].name, *e.tensor, {f.parts[p].rows, f.cols}, *part);
+    }
+    split_.insert(f.stored);
+  }
+  if (config_.norm_plus_one) {
+    for (const SafetensorsFile& file : files_) {
+      for (const SafetensorsTensor& t : file.tensors()) {
+        if (!IsNormWeight(t.name) || !IsFloat(t.dtype)) continue;
+        folded_.push_back(NormPlusOne(t.dtype, t.data, t.NumElements()));
+        derive(t.name, t, t.shape, folded_.back());  // the bytes stay put when moved
+      }
+    }
+  }
+  return absl::OkStatus();
 }
 
 namespace {
@@ -336,6 +382,7 @@ absl::StatusOr<ModelWeights> ModelWeights::Open(const std::string& model_dir,
       SG_ASSIGN_OR_RETURN(SafetensorsFile f, SafetensorsFile::Open(single, options));
       w.files_.push_back(std::move(f));
       SG_RETURN_IF_ERROR(w.IndexFile(0));
+      SG_RETURN_IF_ERROR(w.DeriveFamilyTensors());
       return w;
     }
     if (!FileExists(index_path)) {
@@ -377,6 +424,7 @@ absl::StatusOr<ModelWeights> ModelWeights::Open(const std::string& model_dir,
         }
       }
     }
+    SG_RETURN_IF_ERROR(w.DeriveFamilyTensors());
     return w;
   } catch (const std::exception& e) {
     return absl::ResourceExhaustedError(absl::StrCat(model_dir, ": ", e.what()));
@@ -487,6 +535,8 @@ absl::Status CheckWeightsAgainstGraph(const ModelWeights& weights, const Graph& 
   for (const SafetensorsFile& f : weights.files()) {
     for (const SafetensorsTensor& t : f.tensors()) {
       if (graph_weights.contains(t.name) || IsRotaryBuffer(t.name)) continue;
+      // A fused matrix the graph reads as its parts (which it needs, as checked above).
+      if (weights.IsSplit(t.name)) continue;
       if (t.name == "lm_head.weight" && weights.config().tie_word_embeddings &&
           embed.tensor != nullptr && t.shape == embed.tensor->shape) {
         continue;  // the stored copy of the tied embedding

@@ -8,10 +8,12 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -86,19 +88,32 @@ class ModelWeights {
   const std::vector<SafetensorsFile>& files() const { return files_; }
   int64_t num_tensors() const { return static_cast<int64_t>(index_.size()); }
 
-  // Entry of `name`; its tensor is nullptr when no file has it.
+  // Entry of `name`; its tensor is nullptr when no file has it. For a family that stores
+  // weights otherwise than the graph reads them (family_weights.h), the graph's names find
+  // views of the stored fused matrices and norm weights with the 1 added, beside the file
+  // that holds the original.
   Entry Find(absl::string_view name) const;
+  // Whether `name` is a stored fused matrix that Find hands out as its parts.
+  bool IsSplit(absl::string_view name) const { return split_.contains(name); }
 
  private:
   ModelWeights() = default;
   // Adds every tensor of files_[file], refusing a name already present.
   absl::Status IndexFile(size_t file);
+  // The views and folded copies of the family's weights, once every file is indexed.
+  absl::Status DeriveFamilyTensors();
 
   LlamaConfig config_;
   std::string dir_;
   std::vector<SafetensorsFile> files_;
   // name -> (file index, tensor index in that file)
   absl::flat_hash_map<std::string, std::pair<size_t, size_t>> index_;
+  // The family's derived tensors by graph name, found before index_; their bytes are views
+  // into the files or folded_.
+  absl::flat_hash_map<std::string, std::pair<std::unique_ptr<SafetensorsTensor>, size_t>>
+      derived_;
+  std::vector<std::vector<std::byte>> folded_;
+  absl::flat_hash_set<std::string> split_;
 };
 
 // The files hold at least as many weight elements as the config describes

@@ -40,6 +40,12 @@ const int32_t* Ints(const TensorArg& a) { return static_cast<const int32_t*>(a.d
 
 float SiluOf(float x) { return x / (1.0f + std::exp(-x)); }
 
+// PyTorch's gelu(approximate="tanh"), in f32.
+float GeluTanhOf(float x) {
+  constexpr float kSqrt2OverPi = 0.7978845608028654f;
+  return 0.5f * x * (1.0f + std::tanh(kSqrt2OverPi * (x + 0.044715f * x * x * x)));
+}
+
 // Resizes a scratch vector, turning allocation failure into a Status.
 absl::Status Resize(std::vector<float>& v, int64_t n, absl::string_view what) {
   try {
@@ -261,20 +267,57 @@ absl::Status CpuDispatch::Run(const ops::MatMul& op, const NodeArgs& args) {
   return absl::OkStatus();
 }
 
-absl::Status CpuDispatch::Run(const ops::RmsNorm& op, const NodeArgs& args) {
-  const TensorArg& x = args.inputs[0];
+namespace {
+// ops::RmsNorm over `rows` rows of h values (HeadRmsNorm: every head is such a row).
+void RmsNormRows(const TensorArg& x, const TensorArg& out, const std::vector<float>& w,
+                 int64_t rows, int64_t h, float eps) {
   const DType t = x.dtype;
-  const int64_t rows = x.shape[0], h = x.shape[1];
-  const std::vector<float> w = LoadAll(args.inputs[1]);
   for (int64_t i = 0; i < rows; ++i) {
     std::vector<float> v = LoadRange(x, i * h, h);
     float sum_sq = 0.0f;
     for (float e : v) sum_sq += e * e;
-    const float inv_rms = 1.0f / std::sqrt(sum_sq / static_cast<float>(h) + op.eps);
+    const float inv_rms = 1.0f / std::sqrt(sum_sq / static_cast<float>(h) + eps);
     // HF: weight * (x * rsqrt(var + eps)).to(input_dtype), the product in input_dtype.
     for (int64_t c = 0; c < h; ++c) v[c] = RoundTo(t, v[c] * inv_rms) * w[c];
-    StoreRange(args.output, i * h, v);
+    StoreRange(out, i * h, v);
   }
+}
+}  // namespace
+
+absl::Status CpuDispatch::Run(const ops::HeadRmsNorm& op, const NodeArgs& args) {
+  const TensorArg& x = args.inputs[0];
+  const int64_t d = args.inputs[1].shape[0];
+  // x [M, n·d] is [M·n, d] in memory.
+  RmsNormRows(x, args.output, LoadAll(args.inputs[1]), x.shape.NumElements() / d, d, op.eps);
+  return absl::OkStatus();
+}
+
+absl::Status CpuDispatch::Run(const ops::GeluTanhMul&, const NodeArgs& args) {
+  std::vector<float> g = LoadAll(args.inputs[0]);
+  const std::vector<float> u = LoadAll(args.inputs[1]);
+  for (size_t i = 0; i < g.size(); ++i) g[i] = GeluTanhOf(g[i]) * u[i];
+  StoreRange(args.output, 0, g);
+  return absl::OkStatus();
+}
+
+absl::Status CpuDispatch::Run(const ops::Scale& op, const NodeArgs& args) {
+  std::vector<float> x = LoadAll(args.inputs[0]);
+  const float factor = RoundTo(args.output.dtype, op.factor);
+  for (float& v : x) v *= factor;
+  StoreRange(args.output, 0, x);
+  return absl::OkStatus();
+}
+
+absl::Status CpuDispatch::Run(const ops::Softcap& op, const NodeArgs& args) {
+  std::vector<float> x = LoadAll(args.inputs[0]);
+  for (float& v : x) v = op.cap * std::tanh(v / op.cap);
+  StoreRange(args.output, 0, x);
+  return absl::OkStatus();
+}
+
+absl::Status CpuDispatch::Run(const ops::RmsNorm& op, const NodeArgs& args) {
+  const TensorArg& x = args.inputs[0];
+  RmsNormRows(x, args.output, LoadAll(args.inputs[1]), x.shape[0], x.shape[1], op.eps);
   return absl::OkStatus();
 }
 
@@ -445,12 +488,16 @@ absl::Status CpuDispatch::Run(const ops::Attention& op, const NodeArgs& args) {
       const int64_t slot = slot_of(i);
       // Padding, or a position or slot out of range: zeros.
       if (pos[i] < 0 || pos[i] >= seq || slot < 0) continue;
-      const int64_t len = pos[i] + 1;
+      // Keys first .. pos[i]: all of them, or the last `window` with a sliding window.
+      const int64_t first = op.window > 0 ? std::max<int64_t>(0, pos[i] - op.window + 1) : 0;
+      const int64_t len = pos[i] + 1 - first;
       const float* qh = qs + i * heads * d + h * d;
-      const int64_t base = (slot * kv_heads + h / group) * seq * d;
+      const int64_t base = (slot * kv_heads + h / group) * seq * d + first * d;
       float max_score = -std::numeric_limits<float>::infinity();
       for (int64_t t = 0; t < len; ++t) {
-        scores[t] = cpu::Dot(qh, F32Row(kc, base + t * d, d, k_buf), d) * op.scale;
+        float score = cpu::Dot(qh, F32Row(kc, base + t * d, d, k_buf), d) * op.scale;
+        if (op.softcap > 0.0f) score = op.softcap * std::tanh(score / op.softcap);
+        scores[t] = score;
         max_score = std::max(max_score, scores[t]);
       }
       float denom = 0.0f;

@@ -99,7 +99,10 @@ PreparedOr Prepare(const ops::Attention& op, const CudaPrepareContext& c) {
             "Attention node '", name, "': ", cache[0], " KV slots do not fit in 32 bits"));
       }
       state->slots = static_cast<int>(cache[0]);
+      // The tensor-core prefill kernel has no sliding window or soft-capping: such nodes
+      // run on the row-by-row kernel, which has both.
       state->prefill_kernel =
+          op.window == 0 && op.softcap == 0.0f &&
           kernels::PrefillAttentionSupported(state->shape, q.dtype, state->rows_per_seq);
     }
   }
@@ -123,6 +126,8 @@ absl::Status CudaDispatch::Run(const ops::Attention& op, const NodeArgs& args) {
   a.pos = args.inputs[3].as<const int32_t>();
   a.out = args.output.data;
   a.scale = op.scale;
+  a.window = op.window;
+  a.softcap = op.softcap;
   a.workspace = node->workspace;
   a.error_flags = error_flags_;
   if (op.has_slots) {

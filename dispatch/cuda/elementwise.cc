@@ -1,10 +1,13 @@
-// The elementwise unit of CudaDispatch: Add, Mul, Silu, SiluMul, Copy and Advance, one
+// The elementwise unit of CudaDispatch: Add, Mul, Silu, SiluMul, GeluTanhMul, Scale,
+// Softcap, Copy and Advance, one
 // launch each from the node's arguments alone, so they keep no state (Copy is one
 // device-to-device cudaMemcpyAsync, a memcpy node when captured), for every input their
 // shape inference accepts.
 #include "dispatch/cuda/cuda_status.h"
 #include "dispatch/cuda/op_units.h"
 #include "kernels/elementwise.cuh"
+#include "kernels/scale.cuh"
+#include "stepgraph/base/half.h"
 #include "stepgraph/dispatch/cuda_dispatch.h"
 
 namespace sg {
@@ -14,6 +17,9 @@ PreparedOr Prepare(const ops::Add&, const CudaPrepareContext&) { return NoState(
 PreparedOr Prepare(const ops::Mul&, const CudaPrepareContext&) { return NoState(); }
 PreparedOr Prepare(const ops::Silu&, const CudaPrepareContext&) { return NoState(); }
 PreparedOr Prepare(const ops::SiluMul&, const CudaPrepareContext&) { return NoState(); }
+PreparedOr Prepare(const ops::GeluTanhMul&, const CudaPrepareContext&) { return NoState(); }
+PreparedOr Prepare(const ops::Scale&, const CudaPrepareContext&) { return NoState(); }
+PreparedOr Prepare(const ops::Softcap&, const CudaPrepareContext&) { return NoState(); }
 PreparedOr Prepare(const ops::Copy&, const CudaPrepareContext&) { return NoState(); }
 PreparedOr Prepare(const ops::Advance&, const CudaPrepareContext&) { return NoState(); }
 
@@ -22,6 +28,9 @@ bool Supports(const ops::Add&, const CudaSupportQuery&) { return true; }
 bool Supports(const ops::Mul&, const CudaSupportQuery&) { return true; }
 bool Supports(const ops::Silu&, const CudaSupportQuery&) { return true; }
 bool Supports(const ops::SiluMul&, const CudaSupportQuery&) { return true; }
+bool Supports(const ops::GeluTanhMul&, const CudaSupportQuery&) { return true; }
+bool Supports(const ops::Scale&, const CudaSupportQuery&) { return true; }
+bool Supports(const ops::Softcap&, const CudaSupportQuery&) { return true; }
 bool Supports(const ops::Copy&, const CudaSupportQuery&) { return true; }
 bool Supports(const ops::Advance&, const CudaSupportQuery&) { return true; }
 
@@ -50,6 +59,29 @@ absl::Status CudaDispatch::Run(const ops::SiluMul&, const NodeArgs& args) {
       kernels::LaunchSiluMul(args.inputs[0].data, args.inputs[1].data, args.output.data,
                              args.output.shape.NumElements(), args.output.dtype, launch()),
       "LaunchSiluMul");
+}
+
+absl::Status CudaDispatch::Run(const ops::GeluTanhMul&, const NodeArgs& args) {
+  return ToStatus(
+      kernels::LaunchGeluTanhMul(args.inputs[0].data, args.inputs[1].data, args.output.data,
+                                 args.output.shape.NumElements(), args.output.dtype, launch()),
+      "LaunchGeluTanhMul");
+}
+
+// The factor rounded to the dtype first, as ops::Scale defines it.
+absl::Status CudaDispatch::Run(const ops::Scale& op, const NodeArgs& args) {
+  return ToStatus(kernels::LaunchScale(args.inputs[0].data, args.output.data,
+                                       args.output.shape.NumElements(),
+                                       RoundTo(args.output.dtype, op.factor), args.output.dtype,
+                                       launch()),
+                  "LaunchScale");
+}
+
+absl::Status CudaDispatch::Run(const ops::Softcap& op, const NodeArgs& args) {
+  return ToStatus(kernels::LaunchSoftcap(args.inputs[0].data, args.output.data,
+                                         args.output.shape.NumElements(), op.cap,
+                                         args.output.dtype, launch()),
+                  "LaunchSoftcap");
 }
 
 absl::Status CudaDispatch::Run(const ops::Copy&, const NodeArgs& args) {

@@ -1,6 +1,7 @@
-// The row-wise unit of CudaDispatch: RmsNorm and Softmax, one row-wise launch each
-// (kernels/norm.cuh). RmsNorm runs the built-in kernel or, when CudaOptions::compiled_norm
-// asks, a kernel compiled for the node's rows, hidden size, eps and dtype (generated.h);
+// The row-wise unit of CudaDispatch: RmsNorm, HeadRmsNorm and Softmax, one row-wise launch
+// each (kernels/norm.cuh; HeadRmsNorm is the RmsNorm kernel over [M·n, d]). RmsNorm runs
+// the built-in kernel or, when CudaOptions::compiled_norm asks, a kernel compiled for the
+// node's rows, hidden size, eps and dtype (generated.h);
 // which one is decided at Prepare. Softmax keeps no state.
 #include <utility>
 
@@ -49,12 +50,14 @@ PreparedOr Prepare(const ops::RmsNorm& op, const CudaPrepareContext& c) {
 }
 
 PreparedOr Prepare(const ops::Softmax&, const CudaPrepareContext&) { return NoState(); }
+PreparedOr Prepare(const ops::HeadRmsNorm&, const CudaPrepareContext&) { return NoState(); }
 
 bool Supports(const ops::RmsNorm&, const CudaSupportQuery& q) {
   return !q.options.compiled_norm || q.input(0).shape[1] <= codegen::kMaxRmsNormHidden;
 }
 
 bool Supports(const ops::Softmax&, const CudaSupportQuery&) { return true; }
+bool Supports(const ops::HeadRmsNorm&, const CudaSupportQuery&) { return true; }
 
 }  // namespace internal
 
@@ -65,6 +68,16 @@ absl::Status CudaDispatch::Run(const ops::RmsNorm& op, const NodeArgs& args) {
   return ToStatus(kernels::LaunchRmsNorm(x.data, args.inputs[1].data, args.output.data,
                                          x.shape[0], x.shape[1], op.eps, x.dtype, launch()),
                   "LaunchRmsNorm");
+}
+
+// x [M, n·d] is [M·n, d] in memory: every head a row of the RmsNorm kernel.
+absl::Status CudaDispatch::Run(const ops::HeadRmsNorm& op, const NodeArgs& args) {
+  const TensorArg& x = args.inputs[0];
+  const int64_t d = args.inputs[1].shape[0];
+  return ToStatus(kernels::LaunchRmsNorm(x.data, args.inputs[1].data, args.output.data,
+                                         x.shape.NumElements() / d, d, op.eps, x.dtype,
+                                         launch()),
+                  "LaunchRmsNorm(HeadRmsNorm)");
 }
 
 absl::Status CudaDispatch::Run(const ops::Softmax&, const NodeArgs& args) {

@@ -28,11 +28,12 @@ RopeTables::Key RopeTables::KeyOf(const ops::Rope& op) {
   };
   const ops::RopeScaling& s = op.scaling;
   const bool llama3 = s.type == ops::RopeScaling::Type::kLlama3;
-  // Without scaling the scaling fields do not change the table: keep them out of the key.
+  const bool scaled = s.type != ops::RopeScaling::Type::kNone;
+  // Only the fields the type reads change the table: keep the others out of the key.
   return Key{op.head_dim,
              bits(op.theta),
              static_cast<uint8_t>(s.type),
-             llama3 ? bits(s.factor) : 0u,
+             scaled ? bits(s.factor) : 0u,
              llama3 ? bits(s.low_freq_factor) : 0u,
              llama3 ? bits(s.high_freq_factor) : 0u,
              llama3 ? s.original_max_position : 0};

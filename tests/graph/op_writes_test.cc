@@ -50,6 +50,10 @@ std::vector<Expected> Documented() {
       // qkv, pos, k_cache, v_cache: the caches beside the output q.
       {ops::RopeKvWrite{}, {2, 3}},
       {ops::FusedElementwise{}, {}},
+      {ops::HeadRmsNorm{}, {}},
+      {ops::GeluTanhMul{}, {}},
+      {ops::Scale{}, {}},
+      {ops::Softcap{}, {}},
   };
   // x, [norm_w], w_0 .. w_{weights-1}, then the epilogue's inputs; only kRopeKvWrite
   // (pos, k_cache, v_cache after three weights) writes.

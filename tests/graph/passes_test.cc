@@ -25,6 +25,7 @@
 #include "stepgraph/dispatch/mock_dispatch.h"
 #include "stepgraph/graph/memory_plan.h"
 #include "stepgraph/graph/op_support.h"
+#include "tests/testing/family_configs.h"
 #include "tests/testing/quantized_config.h"
 #include "tests/testing/util.h"
 
@@ -385,6 +386,41 @@ TEST(PassesTest, FusedEqualsPlainOnRandomConfigs) {
       ExpectSameResults(*plain, *fused, bound);
     }
     ++index;
+  }
+}
+
+// Every family's step: the passes fuse around the pieces they do not take (q/k/v biases,
+// per-head q/k norms, sandwich norms, GELU-tanh, soft-caps) and leave those nodes plain,
+// and the fused step equals the plain one to the bit, positions past the window included.
+TEST(PassesTest, FusedEqualsPlainForEveryFamily) {
+  for (DType t : {DType::kF32, DType::kBF16}) {
+    for (const auto& [name, config] : testing::FamilyTinyConfigs(t)) {
+      SCOPED_TRACE(absl::StrCat(name, " ", DTypeName(t)));
+      LlamaGraphOptions o;
+      o.batch = 3;
+      o.max_seq = 16;
+      absl::StatusOr<Graph> plain = BuildLlamaDecodeGraph(config, o);
+      ASSERT_TRUE(plain.ok()) << plain.status();
+      absl::StatusOr<Graph> fused = RunPasses(*plain);
+      ASSERT_TRUE(fused.ok()) << fused.status();
+      EXPECT_LT(fused->num_nodes(), plain->num_nodes());
+      auto counts = OpCounts(*fused);
+      const int64_t layers = config.num_hidden_layers;
+      if (config.qk_norm) {
+        EXPECT_EQ(counts["HeadRmsNorm"], 2 * layers);
+      }
+      if (config.qkv_bias) {
+        EXPECT_EQ(counts["MatMul"], 3 * layers);  // biased q, k, v
+      }
+      if (config.activation == MlpActivation::kGeluTanh) {
+        EXPECT_EQ(counts["GeluTanhMul"], layers);
+      }
+      if (config.final_logit_softcap > 0.0f) {
+        EXPECT_EQ(counts["Softcap"], 1);
+      }
+      const auto bound = RandomBound(*plain, 31, {5, 77, 300}, {2, 9, 15});
+      ExpectSameResults(*plain, *fused, bound);
+    }
   }
 }
 

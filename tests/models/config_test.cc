@@ -229,7 +229,7 @@ TEST(ConfigTest, DTypes) {
 }
 
 TEST(ConfigTest, UnsupportedRopeTypes) {
-  for (const char* type : {"linear", "dynamic", "yarn", "longrope"}) {
+  for (const char* type : {"dynamic", "yarn", "longrope"}) {
     Json legacy = LegacyLlama32Config();
     legacy["rope_scaling"] = {{"rope_type", type}, {"factor", 2.0}};
     ExpectInvalid(Parse(legacy), {"rope_scaling.rope_type", type, "unsupported"});
@@ -271,7 +271,10 @@ TEST(ConfigTest, UnsupportedValues) {
   };
   for (const Case& c : {Case{"hidden_act", "gelu", "gelu"},
                         Case{"pretraining_tp", 2, "2"},
-                        Case{"model_type", "mistral", "mistral"},
+                        Case{"model_type", "mixtral", "mixtral"},
+                        Case{"architectures", Json::array({"MixtralForCausalLM"}),
+                             "MixtralForCausalLM"},
+                        // Another family than model_type's ("llama").
                         Case{"architectures", Json::array({"MistralForCausalLM"}),
                              "MistralForCausalLM"},
                         Case{"architectures", Json::array(), "[]"}}) {
@@ -279,6 +282,126 @@ TEST(ConfigTest, UnsupportedValues) {
     j[c.field] = c.value;
     ExpectInvalid(Parse(j), {c.field, c.shown});
   }
+}
+
+TEST(ConfigTest, LinearRopeScaling) {
+  Json j = RopeParametersConfig();
+  j["rope_parameters"] = {{"rope_type", "linear"}, {"factor", 4.0}, {"rope_theta", 1e4}};
+  absl::StatusOr<LlamaConfig> c = Parse(j);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->rope_scaling.type, ops::RopeScaling::Type::kLinear);
+  EXPECT_FLOAT_EQ(c->rope_scaling.factor, 4.0f);
+  j["rope_parameters"].erase("factor");
+  ExpectInvalid(Parse(j), {"rope_parameters.factor", "missing"});
+  j["rope_parameters"]["factor"] = -1.0;
+  ExpectInvalid(Parse(j), {"rope_parameters.factor", "-1"});
+}
+
+// A family's config.json as save_pretrained writes it (MinimalConfig plus the type).
+Json FamilyConfig(const char* model_type, const char* architecture) {
+  Json j = MinimalConfig();
+  j["model_type"] = model_type;
+  j["architectures"] = Json::array({architecture});
+  return j;
+}
+
+TEST(ConfigTest, FamiliesSetTheirFields) {
+  absl::StatusOr<LlamaConfig> c = Parse(FamilyConfig("qwen2", "Qwen2ForCausalLM"));
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->qkv_bias);
+  EXPECT_FALSE(c->attention_bias);
+  EXPECT_EQ(c->architecture, "qwen2");
+
+  // Qwen: a window only with use_sliding_window, from max_window_layers on.
+  Json qwen3 = FamilyConfig("qwen3", "Qwen3ForCausalLM");
+  qwen3["sliding_window"] = 64;
+  qwen3["use_sliding_window"] = false;
+  qwen3["max_window_layers"] = 1;
+  c = Parse(qwen3);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->qk_norm);
+  EXPECT_EQ(c->sliding_window, 0);
+  qwen3["use_sliding_window"] = true;
+  c = Parse(qwen3);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->sliding_window, 64);
+  EXPECT_FALSE(c->SlidingLayer(0));
+  EXPECT_TRUE(c->SlidingLayer(1));
+
+  Json mistral = FamilyConfig("mistral", "MistralForCausalLM");
+  mistral["sliding_window"] = 4096;
+  c = Parse(mistral);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->SlidingLayer(0) && c->SlidingLayer(1));
+  mistral["sliding_window"] = nullptr;
+  c = Parse(mistral);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_FALSE(c->SlidingLayer(0));
+
+  Json phi3 = FamilyConfig("phi3", "Phi3ForCausalLM");
+  phi3["resid_pdrop"] = 0.0;
+  phi3["original_max_position_embeddings"] = 4096;
+  c = Parse(phi3);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->fused_qkv && c->fused_gate_up);
+  phi3["partial_rotary_factor"] = 0.75;
+  ExpectInvalid(Parse(phi3), {"partial_rotary_factor", "0.75"});
+
+  // Gemma: tied unless said otherwise, GELU-tanh from hidden_activation over hidden_act.
+  Json gemma = FamilyConfig("gemma", "GemmaForCausalLM");
+  gemma["hidden_act"] = "gelu";
+  gemma["hidden_activation"] = "gelu_pytorch_tanh";
+  c = Parse(gemma);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->tie_word_embeddings && c->norm_plus_one && c->embedding_scale);
+  EXPECT_EQ(c->activation, MlpActivation::kGeluTanh);
+  gemma["hidden_activation"] = "gelu";
+  ExpectInvalid(Parse(gemma), {"hidden_activation", "gelu", "unsupported"});
+
+  Json gemma2 = FamilyConfig("gemma2", "Gemma2ForCausalLM");
+  gemma2["query_pre_attn_scalar"] = 256;
+  gemma2["attn_logit_softcapping"] = 50.0;
+  gemma2["final_logit_softcapping"] = 30.0;
+  gemma2["sliding_window"] = 4096;
+  gemma2["cache_implementation"] = "hybrid";
+  c = Parse(gemma2);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->sandwich_norms);
+  EXPECT_FLOAT_EQ(c->attention_scale, 1.0f / 16.0f);
+  EXPECT_FLOAT_EQ(c->attn_logit_softcap, 50.0f);
+  EXPECT_FLOAT_EQ(c->final_logit_softcap, 30.0f);
+  EXPECT_TRUE(c->SlidingLayer(0));  // local first, then alternating
+  EXPECT_FALSE(c->SlidingLayer(1));
+  gemma2["layer_types"] = {"full_attention", "sliding_attention"};
+  c = Parse(gemma2);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_FALSE(c->SlidingLayer(0));
+  EXPECT_TRUE(c->SlidingLayer(1));
+}
+
+TEST(ConfigTest, FamilyFieldsAreChecked) {
+  Json gemma2 = FamilyConfig("gemma2", "Gemma2ForCausalLM");
+  ExpectInvalid(Parse(gemma2), {"query_pre_attn_scalar", "missing"});
+  gemma2["query_pre_attn_scalar"] = 256;
+  gemma2["sliding_window"] = 16;
+  gemma2["layer_types"] = {"full_attention", "chunked_attention"};
+  ExpectInvalid(Parse(gemma2), {"layer_types", "chunked_attention", "unsupported"});
+  gemma2["layer_types"] = {"full_attention"};
+  ExpectInvalid(Parse(gemma2), {"layer_types", "1 layers", "num_hidden_layers is 2"});
+  gemma2["layer_types"] = {"full_attention", "sliding_attention"};
+  gemma2["sliding_window"] = nullptr;
+  ExpectInvalid(Parse(gemma2), {"layer_types", "sliding_window is null"});
+  gemma2["sliding_window"] = 0;
+  ExpectInvalid(Parse(gemma2), {"sliding_window", "must be > 0"});
+  // A key of another family is unknown to this one.
+  Json qwen2 = FamilyConfig("qwen2", "Qwen2ForCausalLM");
+  qwen2["attn_logit_softcapping"] = 50.0;
+  ExpectInvalid(Parse(qwen2), {"attn_logit_softcapping", "unknown field"});
+  Json model_type_only = MinimalConfig();
+  model_type_only["model_type"] = "gemma";
+  absl::StatusOr<LlamaConfig> c = Parse(model_type_only);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->norm_plus_one);
 }
 
 TEST(ConfigTest, UnknownFieldIsNamed) {

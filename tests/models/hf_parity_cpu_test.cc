@@ -3,6 +3,7 @@
 // model would be (config.json + safetensors, weights bound straight from the mapping), the
 // prompt is run through the decode graph one token per step, and greedy decoding must
 // reproduce the reference's tokens and logits.
+#include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -11,6 +12,7 @@
 
 #include "gtest/gtest.h"
 #include "models/config.h"
+#include "models/model_files.h"
 #include "stepgraph/models/llama.h"
 #include "models/safetensors.h"
 #include "stepgraph/dispatch/cpu_dispatch.h"
@@ -39,13 +41,15 @@ std::vector<float> ToFloats(const TensorArg& a) {
 
 class HfParityCpuTest : public ::testing::TestWithParam<const char*> {};
 
+// A folder, or a GGUF file beside the folder's expected.json (the family fixtures' files
+// written by llama.cpp's converter, make_family_gguf_fixtures.py).
 TEST_P(HfParityCpuTest, GreedyDecodeMatchesReference) {
   const std::string dir = std::string(SG_FIXTURES_DIR) + "/" + GetParam();
-  const testing::ParityExpected want = testing::ReadParityExpected(dir + "/expected.json");
+  const testing::ParityExpected want = testing::ReadParityExpected(testing::ExpectedJsonOf(dir));
   ASSERT_GE(want.prompt.size(), 5u);
   ASSERT_GE(want.generated.size(), 32u);
 
-  absl::StatusOr<ModelWeights> weights = ModelWeights::Open(dir);
+  absl::StatusOr<ModelFiles> weights = ModelFiles::Open(dir);
   ASSERT_TRUE(weights.ok()) << weights.status();
   const LlamaConfig& config = weights->config();
   const bool bf16 = want.dtype == "bfloat16";
@@ -64,8 +68,8 @@ TEST_P(HfParityCpuTest, GreedyDecodeMatchesReference) {
   const Graph& g = plan->graph();
 
   Bindings bindings(g);
-  ASSERT_TRUE(BindMappedWeights(*weights, g, bindings).ok())
-      << BindMappedWeights(*weights, g, bindings);
+  ASSERT_TRUE(weights->CheckAgainstGraph(g).ok()) << weights->CheckAgainstGraph(g);
+  ASSERT_TRUE(weights->BindInPlace(g, bindings).ok()) << weights->BindInPlace(g, bindings);
   std::vector<std::byte> arena(static_cast<size_t>(plan->arena_bytes()));
   bindings.SetArena(arena.data(), static_cast<int64_t>(arena.size()));
   // Every State is a KV cache; a fresh sequence starts from zeros.
@@ -166,11 +170,58 @@ TEST(HfParityFixturesTest, FixturesCoverTheirFeatures) {
   EXPECT_EQ(sharded->config().num_key_value_heads, 1);
 }
 
+// The other families (make_family_fixtures.py): each changes the Llama layer where its
+// name says.
+TEST(HfParityFixturesTest, FamilyFixturesCoverTheirFeatures) {
+  auto config = [](const char* name) {
+    absl::StatusOr<ModelWeights> w =
+        ModelWeights::Open(std::string(SG_FIXTURES_DIR) + "/family_" + name);
+    EXPECT_TRUE(w.ok()) << w.status();
+    return w.ok() ? w->config() : LlamaConfig{};
+  };
+  const LlamaConfig qwen2 = config("qwen2");
+  EXPECT_TRUE(qwen2.qkv_bias);
+  EXPECT_FALSE(qwen2.attention_bias);  // no o bias
+  EXPECT_EQ(qwen2.sliding_window, 0);
+  EXPECT_TRUE(config("qwen3").qk_norm);
+  const LlamaConfig mistral = config("mistral");
+  EXPECT_EQ(mistral.sliding_window, 8);  // shorter than the 46 positions decoded
+  EXPECT_TRUE(mistral.SlidingLayer(0) && mistral.SlidingLayer(1));
+  const LlamaConfig phi3 = config("phi3");
+  EXPECT_TRUE(phi3.fused_qkv && phi3.fused_gate_up);
+  EXPECT_EQ(phi3.sliding_window, 12);
+  const LlamaConfig gemma = config("gemma");
+  EXPECT_TRUE(gemma.norm_plus_one && gemma.embedding_scale && gemma.tie_word_embeddings);
+  EXPECT_EQ(gemma.activation, MlpActivation::kGeluTanh);
+  const LlamaConfig gemma2 = config("gemma2");
+  EXPECT_TRUE(gemma2.sandwich_norms && gemma2.norm_plus_one && gemma2.embedding_scale);
+  EXPECT_EQ(gemma2.activation, MlpActivation::kGeluTanh);
+  EXPECT_TRUE(gemma2.SlidingLayer(0));  // local, then global
+  EXPECT_FALSE(gemma2.SlidingLayer(1));
+  EXPECT_EQ(gemma2.sliding_window, 8);
+  EXPECT_FLOAT_EQ(gemma2.attention_scale, 0.25f);  // query_pre_attn_scalar 16
+  EXPECT_FLOAT_EQ(gemma2.attn_logit_softcap, 2.0f);
+  EXPECT_FLOAT_EQ(gemma2.final_logit_softcap, 3.0f);
+  const LlamaConfig linear = config("qwen2_linear_rope");
+  EXPECT_EQ(linear.rope_scaling.type, ops::RopeScaling::Type::kLinear);
+  EXPECT_FLOAT_EQ(linear.rope_scaling.factor, 4.0f);
+}
+
 INSTANTIATE_TEST_SUITE_P(Fixtures, HfParityCpuTest,
                          ::testing::Values("f32_gqa", "f32_mha_tied", "f32_llama3_rope",
-                                           "bf16_gqa", "f32_sharded"),
+                                           "bf16_gqa", "f32_sharded", "family_qwen2",
+                                           "family_qwen3", "family_mistral", "family_phi3",
+                                           "family_gemma", "family_gemma2",
+                                           "family_qwen2_linear_rope",
+                                           "family_qwen2/model.gguf", "family_qwen3/model.gguf",
+                                           "family_phi3/model.gguf", "family_gemma/model.gguf",
+                                           "family_qwen2_linear_rope/model.gguf"),
                          [](const ::testing::TestParamInfo<const char*>& info) {
-                           return std::string(info.param);
+                           std::string name = info.param;
+                           for (char& ch : name) {
+                             ch = std::isalnum(static_cast<unsigned char>(ch)) ? ch : '_';
+                           }
+                           return name;
                          });
 
 }  // namespace

@@ -16,6 +16,7 @@
 // The quantized GGUF fixtures again with every block-format MatMul on the block GEMM
 // (CudaOptions::block_gemm_*: weights dequantized in chunks and multiplied by cuBLASLt),
 // in f32 exactly as above and, with looser logits, in TF32 and bf16.
+#include <cctype>
 #include <cstdio>
 #include <fstream>
 #include <memory>
@@ -72,13 +73,23 @@ std::vector<Case> Cases(std::initializer_list<const char*> fixtures) {
 }
 
 std::string CaseName(const ::testing::TestParamInfo<Case>& info) {
-  return std::string(info.param.fixture) + (info.param.eager ? "_eager" : "_replayed");
+  std::string name = info.param.fixture;
+  for (char& ch : name) ch = std::isalnum(static_cast<unsigned char>(ch)) ? ch : '_';
+  return name + (info.param.eager ? "_eager" : "_replayed");
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, HfParityCudaTest,
                          ::testing::ValuesIn(Cases({"f32_gqa", "f32_mha_tied",
                                                     "f32_llama3_rope", "bf16_gqa",
-                                                    "f32_sharded"})),
+                                                    "f32_sharded", "family_qwen2",
+                                                    "family_qwen3", "family_mistral",
+                                                    "family_phi3", "family_gemma",
+                                                    "family_gemma2",
+                                                    "family_qwen2_linear_rope",
+                                                    "family_qwen2/model.gguf",
+                                                    "family_qwen3/model.gguf",
+                                                    "family_phi3/model.gguf",
+                                                    "family_gemma/model.gguf"})),
                          CaseName);
 
 // ---- GGUF fixtures ----

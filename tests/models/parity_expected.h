@@ -41,6 +41,14 @@ inline ParityExpected ReadParityExpected(const std::string& path) {
   return e;
 }
 
+// The expected.json of a fixture: in the folder, or beside a GGUF file in it.
+inline std::string ExpectedJsonOf(const std::string& model_path) {
+  const std::string gguf = ".gguf";
+  const bool file = model_path.size() > gguf.size() &&
+                    model_path.compare(model_path.size() - gguf.size(), gguf.size(), gguf) == 0;
+  return (file ? model_path.substr(0, model_path.rfind('/')) : model_path) + "/expected.json";
+}
+
 // bf16 rounds every intermediate, and not in the same order as the reference's kernels,
 // so only the first tokens are required to agree (the fixtures are chosen with clear
 // top-2 margins over these).

@@ -17,11 +17,12 @@
 
 namespace sg::testing {
 
-// Greedy decoding of fixture folder `dir` on `backend` (replayed or eager) against
-// expected.json: every generated id for f32 (the first 16 for bf16), and the logits at
-// the last prompt position and after the last generated id.
+// Greedy decoding of fixture `dir` (a folder, or a GGUF file beside an expected.json) on
+// `backend` (replayed or eager) against expected.json: every generated id for f32 (the
+// first 16 for bf16), and the logits at the last prompt position and after the last
+// generated id.
 inline void CheckSessionParity(const std::string& dir, Backend backend, bool eager) {
-  const ParityExpected want = ReadParityExpected(dir + "/expected.json");
+  const ParityExpected want = ReadParityExpected(ExpectedJsonOf(dir));
   ASSERT_GE(want.prompt.size(), 5u);
   ASSERT_GE(want.generated.size(), 32u);
   const bool bf16 = want.dtype == "bfloat16";

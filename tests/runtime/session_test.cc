@@ -374,6 +374,18 @@ TEST(SessionCpuTest, FixtureFoldersMatchTransformers) {
   }
 }
 
+// The other families (make_family_fixtures.py), through the session's prefill steps: the
+// sliding windows, q/k norms, biases and soft-caps in prefill as in decode.
+TEST(SessionCpuTest, FamilyFixtureFoldersMatchTransformers) {
+  for (const char* name : {"family_qwen2", "family_qwen3", "family_mistral", "family_phi3",
+                           "family_gemma", "family_gemma2", "family_qwen2_linear_rope",
+                           "family_qwen3/model.gguf", "family_phi3/model.gguf",
+                           "family_gemma/model.gguf"}) {
+    SCOPED_TRACE(name);
+    testing::CheckSessionParity(std::string(SG_FIXTURES_DIR) + "/" + name, Backend::kCpu, false);
+  }
+}
+
 // ---- prefill steps ---------------------------------------------------------------------
 
 // Ids and last logits of `prompts` (one per slot) after Prefill(requests) and `n` steps.

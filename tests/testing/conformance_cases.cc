@@ -13,6 +13,7 @@
 #include "stepgraph/models/llama.h"
 #include "stepgraph/graph/passes.h"
 #include "tests/testing/conformance.h"
+#include "tests/testing/family_configs.h"
 
 namespace sg::testing {
 namespace {
@@ -123,8 +124,46 @@ std::vector<OpCase> ConformanceCases() {
         add({.name = Name("Softmax", t, shape),
              .build = [=](GraphBuilder& b) { b.Output("out", b.Softmax(b.Input("x", t, {rows, h}))); },
              .tolerance = Tol(t), .float_range = 8.0f});
+        add({.name = Name("GeluTanhMul", t, shape),
+             .build = [=](GraphBuilder& b) {
+               b.Output("out", b.GeluTanhMul(b.Input("g", t, {rows, h}), b.Input("u", t, {rows, h})));
+             },
+             .tolerance = Tol(t), .float_range = 6.0f});
+        // Gemma's embedding scale √2304 = 48 and an inexact one (√2048, rounded to t).
+        for (float factor : {48.0f, 45.254834f}) {
+          add({.name = Name("Scale", t, absl::StrCat(shape, "/", factor)),
+               .build = [=](GraphBuilder& b) {
+                 b.Output("out", b.Scale(b.Input("x", t, {rows, h}), factor));
+               },
+               .tolerance = Tol(t)});
+        }
+        // Gemma 2's final cap 30 over logits that reach past it.
+        add({.name = Name("Softcap", t, shape),
+             .build = [=](GraphBuilder& b) {
+               b.Output("out", b.Softcap(b.Input("x", t, {rows, h}), 30.0f));
+             },
+             .tolerance = Tol(t), .float_range = 90.0f});
       }
     }
+    // HeadRmsNorm: Qwen3's q and k norms (head_dim 128, 16 and 8 heads) and a small head.
+    struct Hn { int64_t rows, heads, d; };
+    for (Hn s : {Hn{1, 16, 128}, Hn{8, 8, 128}, Hn{3, 4, 16}}) {
+      add({.name = Name("HeadRmsNorm", t, absl::StrCat(s.rows, "x", s.heads, "x", s.d)),
+           .build = [=](GraphBuilder& b) {
+             b.Output("out", b.HeadRmsNorm(b.Input("x", t, {s.rows, s.heads * s.d}),
+                                           b.Weight("w", t, {s.d}), 1e-6f));
+           },
+           .tolerance = Tol(t)});
+    }
+    // Linear RoPE scaling.
+    add({.name = Name("Rope", t, "4x8x64/linear"),
+         .build = [=](GraphBuilder& b) {
+           ops::Rope rope{.head_dim = 64, .theta = 10000.0f};
+           rope.scaling = {ops::RopeScaling::Type::kLinear, 4.0f};
+           b.Output("out", b.Rope(b.Input("x", t, {4, 8 * 64}), b.Input("pos", DType::kI32, {4}), rope));
+         },
+         .tolerance = Tol(t),
+         .int_values = {{"pos", {0, 1, 4095, -1}}}});
     add({.name = Name("Softmax", t, "2x128256"),
          .build = [=](GraphBuilder& b) { b.Output("out", b.Softmax(b.Input("x", t, {2, 128256}))); },
          .tolerance = Tol(t), .float_range = 8.0f});
@@ -221,6 +260,41 @@ std::vector<OpCase> ConformanceCases() {
            .tolerance = Tol(t),
            .int_values = {{"pos", pos}, {"seq_slots", s.seq_slots}}});
     }
+    // Sliding windows (Mistral, Gemma 2's local layers) and score soft-capping (Gemma 2):
+    // windows shorter and longer than the positions, one chunk and several, decode and
+    // prefill (which runs on CUDA's row-by-row kernel).
+    struct Sw { int64_t m, heads, kv_heads, seq, d; int32_t window; float softcap;
+                std::vector<int32_t> pos; };
+    for (const Sw& s : {Sw{4, 8, 2, 512, 64, 64, 0.0f, {0, 511, 200, 63}},
+                        Sw{3, 8, 2, 1024, 64, 300, 0.0f, {1023, 299, 700}},
+                        Sw{4, 4, 2, 256, 32, 0, 1.5f, {255, 0, 100, 31}},
+                        Sw{2, 8, 4, 512, 128, 100, 1.5f, {511, 60}}}) {
+      add({.name = Name("Attention", t, absl::StrCat("M", s.m, "/h", s.heads, "/kvh", s.kv_heads,
+                                                     "/S", s.seq, "/d", s.d, "/window",
+                                                     s.window, "/softcap", s.softcap)),
+           .build = [=](GraphBuilder& b) {
+             auto q = b.Input("q", t, {s.m, s.heads * s.d});
+             auto kc = b.State("k_cache", t, {s.m, s.kv_heads, s.seq, s.d});
+             auto vc = b.State("v_cache", t, {s.m, s.kv_heads, s.seq, s.d});
+             b.Output("out", b.Attention({.window = s.window, .softcap = s.softcap}, q, kc, vc,
+                                         b.Input("pos", DType::kI32, {s.m}), TensorId{}));
+           },
+           .tolerance = Tol(t),
+           .int_values = {{"pos", s.pos}}});
+    }
+    add({.name = Name("Attention", t, "prefill/B2xT32/window20/softcap2"),
+         .build = [=](GraphBuilder& b) {
+           auto q = b.Input("q", t, {64, 8 * 64});
+           auto kc = b.State("k_cache", t, {2, 4, 128, 64});
+           auto vc = b.State("v_cache", t, {2, 4, 128, 64});
+           b.Output("out", b.Attention({.window = 20, .softcap = 2.0f}, q, kc, vc,
+                                       b.Input("pos", DType::kI32, {64}),
+                                       b.Input("seq_slots", DType::kI32, {2})));
+         },
+         .tolerance = Tol(t),
+         .int_lo = 0,
+         .int_hi = 128,
+         .int_values = {{"seq_slots", {1, 0}}}});
     // A slot out of range: zeros and the error flag, on both.
     add({.name = Name("Attention", t, "prefill/bad_slot"),
          .build = [=](GraphBuilder& b) {
@@ -460,6 +534,34 @@ std::vector<OpCase> ConformanceCases() {
            .int_hi = 64,
            .float_range = 0.2f,
            .exact_ids = t == DType::kF32});
+    }
+  }
+
+  using IntValues = std::vector<std::pair<std::string, std::vector<int32_t>>>;
+  // Whole steps of every other family through the passes (the backend's: CUDA fuses what
+  // it runs), decode and prefill (two sequences of 8 rows), positions past the windows.
+  for (DType t : {DType::kF32, DType::kBF16}) {
+    for (const auto& [family, config] : FamilyTinyConfigs(t)) {
+      for (int64_t rows : {1, 8}) {
+        const LlamaConfig c = config;
+        add({.name = absl::StrCat("Family/", family, "/", DTypeName(t),
+                                  rows == 1 ? "/decode3" : "/prefill/B2xT8"),
+             .graph = [=]() -> absl::StatusOr<Graph> {
+               LlamaGraphOptions o{.batch = rows == 1 ? 3 : 2, .max_seq = 64};
+               o.rows_per_seq = rows;
+               absl::StatusOr<Graph> g = BuildLlamaDecodeGraph(c, o);
+               if (!g.ok()) return g;
+               return RunPasses(*std::move(g));
+             },
+             .tolerance = t == DType::kF32 ? 1e-4 : 3e-2,
+             .int_hi = 56,
+             .int_values = rows == 1 ? IntValues{}
+                                     : IntValues{{"pos", {10, 11, 12, 13, 14, 15, 16, 17, 40,
+                                                          41, 42, 43, 44, 45, 46, 47}},
+                                                 {"seq_slots", {1, 0}}},
+             .float_range = 0.2f,
+             .exact_ids = t == DType::kF32});
+      }
     }
   }
 

@@ -64,6 +64,11 @@ class GraphBuilder {
                    absl::string_view name = {});
   TensorId Attention(TensorId q, TensorId k_cache, TensorId v_cache, TensorId pos,
                      TensorId seq_slots, absl::string_view name = {});
+  // Any form: `params` as given (scale 0 takes 1/sqrt(head_dim), has_slots is set from
+  // whether `seq_slots` is a valid id).
+  TensorId Attention(const ops::Attention& params, TensorId q, TensorId k_cache,
+                     TensorId v_cache, TensorId pos, TensorId seq_slots,
+                     absl::string_view name = {});
   TensorId Softmax(TensorId x, absl::string_view name = {});
   TensorId Argmax(TensorId x, absl::string_view name = {});
   TensorId Sample(TensorId logits, TensorId seeds, TensorId pos, const ops::Sample& params,
@@ -83,6 +88,12 @@ class GraphBuilder {
   // The chain's last value over `inputs` (values 0 .. inputs.size()-1).
   TensorId FusedElementwise(const ops::FusedElementwise& op, absl::Span<const TensorId> inputs,
                             absl::string_view name = {});
+
+  // Pieces of other model families (ops.h).
+  TensorId HeadRmsNorm(TensorId x, TensorId w, float eps, absl::string_view name = {});
+  TensorId GeluTanhMul(TensorId gate, TensorId up, absl::string_view name = {});
+  TensorId Scale(TensorId x, float factor, absl::string_view name = {});
+  TensorId Softcap(TensorId x, float cap, absl::string_view name = {});
 
   // Marks `t` as a result the caller reads after a step. Output names are unique.
   void Output(absl::string_view name, TensorId t);

@@ -35,7 +35,11 @@
   V(Advance)          \
   V(FusedMatMul)      \
   V(RopeKvWrite)      \
-  V(FusedElementwise)
+  V(FusedElementwise)  \
+  V(HeadRmsNorm)       \
+  V(GeluTanhMul)       \
+  V(Scale)             \
+  V(Softcap)
 
 namespace sg::ops {
 
@@ -66,9 +70,10 @@ struct Silu {};
 // gate, up -> silu(gate)·up: the fused SwiGLU.
 struct SiluMul {};
 
-// Llama-3 frequency scaling of RoPE ("rope_type": "llama3" in a HF config).
+// RoPE frequency scaling: Llama 3's ("rope_type": "llama3" in a HF config, all fields) or
+// linear position interpolation ("linear": every frequency divided by `factor`).
 struct RopeScaling {
-  enum class Type : uint8_t { kNone, kLlama3 };
+  enum class Type : uint8_t { kNone, kLlama3, kLinear };
   Type type = Type::kNone;
   float factor = 1.0f;
   float low_freq_factor = 1.0f;
@@ -105,9 +110,15 @@ struct KvWrite {
 // j / (h / kvh). A padding row (pos < 0) yields zeros; pos >= S or a slot out of range
 // yields zeros and raises the error flag. The launch shape depends on the shapes only,
 // never on pos or the slots.
+// `window` > 0 is sliding-window attention (Mistral, Gemma 2's local layers): row i sees
+// only positions pos[i] - window + 1 .. pos[i], `window` keys including its own, as
+// transformers masks them. `softcap` > 0 caps every score s = scale·q·k as
+// softcap·tanh(s / softcap) before the softmax (Gemma 2).
 struct Attention {
   float scale = 0.0f;  // the builder sets 1/sqrt(d) unless given
   bool has_slots = false;
+  int32_t window = 0;   // 0: every position up to pos[i]
+  float softcap = 0.0f;  // 0: no capping
 };
 
 // x[M,N] -> [M,N], row-wise, f32 math, max-subtracted.
@@ -197,6 +208,30 @@ struct FusedElementwise {
   static constexpr int kMaxSteps = 8;
   int32_t num_steps = 0;  // 1 .. kMaxSteps
   std::array<Step, kMaxSteps> steps{};
+};
+
+// ---- Pieces of other model families (docs/models.md). Each is what transformers computes,
+// with its roundings.
+
+// x[M, n·d], w[d] -> [M, n·d]: ops::RmsNorm of every head of d values of each row, each
+// with the one weight w (Qwen3's q_norm and k_norm), as RmsNorm rounds.
+struct HeadRmsNorm {
+  float eps = 1e-6f;
+};
+
+// gate, up -> gelu_tanh(gate)·up (Gemma's GeGLU; PyTorch's gelu(approximate="tanh"):
+// 0.5·g·(1 + tanh(√(2/π)·(g + 0.044715·g³)))), f32 math, one rounding as SiluMul.
+struct GeluTanhMul {};
+
+// x -> x·factor', with factor' the factor rounded to x's dtype (Gemma's embedding scale
+// √hidden, a tensor of the activations' dtype in transformers), f32 math, one rounding.
+struct Scale {
+  float factor = 1.0f;
+};
+
+// x -> cap·tanh(x / cap), f32 math, one rounding (Gemma 2's final logit soft-capping).
+struct Softcap {
+  float cap = 1.0f;
 };
 
 }  // namespace sg::ops

@@ -1,5 +1,7 @@
-// Llama-family decode-step graphs (LlamaForCausalLM) written with the builder API, with
-// weight names exactly as Hugging Face stores them.
+// Decode-step graphs of Llama and the dense families that differ from it in a few places
+// (Mistral, Qwen2, Qwen3, Phi-3, Gemma, Gemma 2), written with the builder API, with weight
+// names exactly as Hugging Face stores them. One description (LlamaConfig, with its family
+// fields) and one builder: a family is data, not a copy of the builder (docs/models.md).
 #ifndef STEPGRAPH_MODELS_LLAMA_H_
 #define STEPGRAPH_MODELS_LLAMA_H_
 
@@ -16,7 +18,15 @@
 
 namespace sg {
 
-// The fields of a Hugging Face config.json for LlamaForCausalLM that shape the graph.
+// The activation of the gated MLP: act(gate) · up.
+enum class MlpActivation : uint8_t {
+  kSilu,      // SwiGLU (Llama, Mistral, Qwen, Phi-3)
+  kGeluTanh,  // GeGLU with PyTorch's gelu(approximate="tanh") (Gemma)
+};
+
+// The model description: the fields of a Hugging Face config.json (or a GGUF file's
+// metadata) that shape the graph. The Llama fields come first; the family fields after
+// them say what a layer has beyond Llama's, and their defaults are Llama's.
 struct LlamaConfig {
   int64_t hidden_size = 0;
   int64_t intermediate_size = 0;
@@ -32,9 +42,52 @@ struct LlamaConfig {
   int64_t vocab_size = 0;
   int64_t max_position_embeddings = 0;
   bool tie_word_embeddings = false;
-  bool attention_bias = false;
+  bool attention_bias = false;  // q, k, v and o biases
   bool mlp_bias = false;
   DType dtype = DType::kF32;
+
+  // ---- The family: what each layer has beyond Llama's (docs/models.md).
+  // config.json's model_type or GGUF's general.architecture, for messages.
+  std::string architecture = "llama";
+  // q, k and v biases without an o bias (Qwen2).
+  bool qkv_bias = false;
+  // An RmsNorm of every q and k head over head_dim before RoPE, weights
+  // "self_attn.q_norm.weight" and "self_attn.k_norm.weight" [head_dim] (Qwen3).
+  bool qk_norm = false;
+  // Gemma 2's four norms a layer: the attention's and the MLP's outputs are normed
+  // ("post_attention_layernorm", "post_feedforward_layernorm") before their residual adds,
+  // and the MLP's input by "pre_feedforward_layernorm".
+  bool sandwich_norms = false;
+  // Norms scale by (1 + w) (Gemma). The graph's norms scale by w: the loaders add the 1 to
+  // every norm weight once, at load (docs/models.md says where that is exact).
+  bool norm_plus_one = false;
+  // Embeddings multiplied by √hidden_size rounded to dtype (Gemma).
+  bool embedding_scale = false;
+  MlpActivation activation = MlpActivation::kSilu;
+  // The attention's score scale; 0 means 1/√head_dim (Gemma 2: query_pre_attn_scalar^-½).
+  float attention_scale = 0.0f;
+  // Soft-capping (0: none) of the attention scores and of the final logits (Gemma 2).
+  float attn_logit_softcap = 0.0f;
+  float final_logit_softcap = 0.0f;
+  // Sliding-window attention over the last `sliding_window` positions (0: none), in every
+  // layer, or in the layers `sliding_layers` marks (one entry per layer) when it is not
+  // empty (Gemma 2 alternates; Qwen2 slides above max_window_layers).
+  int64_t sliding_window = 0;
+  std::vector<bool> sliding_layers;
+  // Stored fused (Phi-3): "self_attn.qkv_proj.weight" [q + 2·kv, h] and
+  // "mlp.gate_up_proj.weight" [2·intermediate, h]. The graph reads q/k/v_proj and
+  // gate/up_proj; the loaders hand out the stored rows of each as views, without copies.
+  bool fused_qkv = false;
+  bool fused_gate_up = false;
+
+  // Whether layer `layer` attends through the sliding window.
+  bool SlidingLayer(int64_t layer) const {
+    if (sliding_window <= 0) return false;
+    return sliding_layers.empty() ||
+           (layer >= 0 && layer < static_cast<int64_t>(sliding_layers.size()) &&
+            sliding_layers[static_cast<size_t>(layer)]);
+  }
+
   // Storage dtypes of single weights that differ from `dtype`, by name: GGUF block formats
   // for matrices that MatMul and Embedding read (a quantized model). Activations, the KV
   // cache and every other weight stay in `dtype`.

@@ -1,0 +1,53 @@
+// Tiny configs of every dense family stepgraph runs beside Llama (TinyLlamaConfig with
+// each family's fields set as its config.json would set them), for the tests that compare
+// whole steps: fused == plain on the CPU reference, CUDA == CPU in the conformance table.
+#ifndef STEPGRAPH_TESTS_TESTING_FAMILY_CONFIGS_H_
+#define STEPGRAPH_TESTS_TESTING_FAMILY_CONFIGS_H_
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "stepgraph/models/llama.h"
+
+namespace sg::testing {
+
+// (name, config) per family, in `dtype`, with windows short enough (4) that steps at
+// positions past them slide.
+inline std::vector<std::pair<std::string, LlamaConfig>> FamilyTinyConfigs(DType dtype) {
+  std::vector<std::pair<std::string, LlamaConfig>> out;
+  LlamaConfig base = TinyLlamaConfig();
+  base.dtype = dtype;
+  base.num_hidden_layers = 2;
+  auto add = [&](const char* name, auto set) {
+    LlamaConfig c = base;
+    c.architecture = name;
+    set(c);
+    out.emplace_back(name, std::move(c));
+  };
+  add("qwen2", [](LlamaConfig& c) { c.qkv_bias = true; });
+  add("qwen3", [](LlamaConfig& c) { c.qk_norm = true; });
+  add("mistral", [](LlamaConfig& c) { c.sliding_window = 4; });
+  add("phi3", [](LlamaConfig& c) {
+    c.sliding_window = 4;
+    c.rope_scaling = {ops::RopeScaling::Type::kLinear, 2.0f};
+  });
+  add("gemma", [](LlamaConfig& c) {
+    c.norm_plus_one = c.embedding_scale = c.tie_word_embeddings = true;
+    c.activation = MlpActivation::kGeluTanh;
+  });
+  add("gemma2", [](LlamaConfig& c) {
+    c.norm_plus_one = c.embedding_scale = c.tie_word_embeddings = c.sandwich_norms = true;
+    c.activation = MlpActivation::kGeluTanh;
+    c.attention_scale = 0.125f;
+    c.attn_logit_softcap = 2.0f;
+    c.final_logit_softcap = 3.0f;
+    c.sliding_window = 4;
+    c.sliding_layers = {true, false};
+  });
+  return out;
+}
+
+}  // namespace sg::testing
+
+#endif  // STEPGRAPH_TESTS_TESTING_FAMILY_CONFIGS_H_
