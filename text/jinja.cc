@@ -42,8 +42,19 @@ void Dict::Set(std::string key, Value value) {
 }
 
 Value::Value(std::string s) : kind_(Kind::kString), ptr_(std::make_shared<std::string>(std::move(s))) {}
-Value::Value(List l) : kind_(Kind::kList), ptr_(std::make_shared<List>(std::move(l))) {}
-Value::Value(Dict d) : kind_(Kind::kDict), ptr_(std::make_shared<Dict>(std::move(d))) {}
+Value::Value(List l) : kind_(Kind::kList) {
+  int deepest = 0;
+  for (const Value& e : l) deepest = std::max(deepest, e.depth());
+  depth_ = static_cast<uint16_t>(std::min(deepest + 1, 0xFFFF));
+  ptr_ = std::make_shared<List>(std::move(l));
+}
+
+Value::Value(Dict d) : kind_(Kind::kDict) {
+  int deepest = 0;
+  for (const auto& e : d.entries()) deepest = std::max(deepest, e.second.depth());
+  depth_ = static_cast<uint16_t>(std::min(deepest + 1, 0xFFFF));
+  ptr_ = std::make_shared<Dict>(std::move(d));
+}
 
 Value Value::Namespace(Dict d) {
   Value v(std::move(d));
@@ -98,13 +109,14 @@ bool IsPythonSpace(uint32_t cp) {
 
 // strip / lstrip / rstrip: whitespace, or the code points of `chars`.
 std::string Strip(absl::string_view s, const std::string* chars, bool left, bool right) {
-  std::vector<uint32_t> set;
+  std::vector<uint32_t> set;  // sorted: n log m for n characters against m
   if (chars != nullptr) {
     size_t len;
     for (size_t i = 0; i < chars->size(); i += len) set.push_back(CodePointAt(*chars, i, &len));
+    std::sort(set.begin(), set.end());
   }
   auto strips = [&](uint32_t cp) {
-    return chars == nullptr ? IsPythonSpace(cp) : std::find(set.begin(), set.end(), cp) != set.end();
+    return chars == nullptr ? IsPythonSpace(cp) : std::binary_search(set.begin(), set.end(), cp);
   };
   size_t b = 0, e = s.size(), len;
   if (left) {
@@ -156,7 +168,9 @@ std::string FloatRepr(double d) {
   return out;
 }
 
-void AppendRepr(const Value& v, std::string* out);
+// str() and repr() stop adding items once `out` passes `max` bytes: the caller's bound on
+// what it makes then refuses the text, without it having been built whole.
+void AppendRepr(const Value& v, size_t max, std::string* out);
 
 void AppendStringRepr(const std::string& s, std::string* out) {
   const char q = s.find('\'') != std::string::npos && s.find('"') == std::string::npos ? '"' : '\'';
@@ -184,15 +198,15 @@ void AppendStringRepr(const std::string& s, std::string* out) {
 }
 
 // str(v): what {{ v }} and ~ write.
-void AppendStr(const Value& v, std::string* out) {
+void AppendStr(const Value& v, size_t max, std::string* out) {
   switch (v.kind()) {
     case Value::Kind::kUndefined: return;
     case Value::Kind::kString: out->append(v.as_string()); return;
-    default: AppendRepr(v, out);
+    default: AppendRepr(v, max, out);
   }
 }
 
-void AppendRepr(const Value& v, std::string* out) {
+void AppendRepr(const Value& v, size_t max, std::string* out) {
   switch (v.kind()) {
     case Value::Kind::kUndefined: return;
     case Value::Kind::kNone: out->append("None"); return;
@@ -204,9 +218,10 @@ void AppendRepr(const Value& v, std::string* out) {
       out->push_back('[');
       bool first = true;
       for (const Value& e : v.as_list()) {
+        if (out->size() > max) return;
         if (!first) out->append(", ");
         first = false;
-        AppendRepr(e, out);
+        AppendRepr(e, max, out);
       }
       out->push_back(']');
       return;
@@ -216,11 +231,12 @@ void AppendRepr(const Value& v, std::string* out) {
       out->push_back('{');
       bool first = true;
       for (const auto& [k, e] : v.as_dict().entries()) {
+        if (out->size() > max) return;
         if (!first) out->append(", ");
         first = false;
         AppendStringRepr(k, out);
         out->append(": ");
-        AppendRepr(e, out);
+        AppendRepr(e, max, out);
       }
       out->push_back('}');
       if (v.is_namespace()) out->push_back('>');
@@ -230,9 +246,9 @@ void AppendRepr(const Value& v, std::string* out) {
   }
 }
 
-std::string Str(const Value& v) {
+std::string Str(const Value& v, size_t max) {
   std::string s;
-  AppendStr(v, &s);
+  AppendStr(v, max, &s);
   return s;
 }
 
@@ -280,7 +296,9 @@ struct JsonStyle {
   bool sort_keys = false;
 };
 
-absl::Status AppendJson(const Value& v, const JsonStyle& style, int level, int line, std::string* out) {
+absl::Status AppendJson(const Value& v, const JsonStyle& style, int level, int line, size_t max,
+                        std::string* out) {
+  if (out->size() > max) return Error(line, absl::StrCat("tojson passes ", max, " bytes"));
   auto newline = [&](int l) {
     if (style.indent < 0) return;
     out->push_back('\n');
@@ -308,7 +326,7 @@ absl::Status AppendJson(const Value& v, const JsonStyle& style, int level, int l
         if (!first) out->append(style.item_sep.data(), style.item_sep.size());
         first = false;
         newline(level + 1);
-        SG_RETURN_IF_ERROR(AppendJson(e, style, level + 1, line, out));
+        SG_RETURN_IF_ERROR(AppendJson(e, style, level + 1, line, max, out));
       }
       newline(level);
       out->push_back(']');
@@ -332,7 +350,7 @@ absl::Status AppendJson(const Value& v, const JsonStyle& style, int level, int l
         newline(level + 1);
         AppendJsonString(e->first, style.ensure_ascii, out);
         out->append(style.key_sep.data(), style.key_sep.size());
-        SG_RETURN_IF_ERROR(AppendJson(e->second, style, level + 1, line, out));
+        SG_RETURN_IF_ERROR(AppendJson(e->second, style, level + 1, line, max, out));
       }
       newline(level);
       out->push_back('}');
@@ -1286,6 +1304,11 @@ class Renderer {
     return absl::OkStatus();
   }
   absl::Status ChargeItems(size_t n, int line) { return Charge(n * sizeof(Value), line); }
+  // Checks a list being built against the bound without charging for it yet.
+  absl::Status BoundItems(size_t n, int line) const {
+    if (n * sizeof(Value) <= limits_.max_output_bytes) return absl::OkStatus();
+    return Error(line, absl::StrCat("a list of ", n, " items (at most ", limits_.max_output_bytes / sizeof(Value), ")"));
+  }
 
   absl::Status Write(absl::string_view s, int line) {
     if (out_->size() + s.size() > limits_.max_output_bytes) {
@@ -1295,6 +1318,8 @@ class Renderer {
     out_->append(s.data(), s.size());
     return absl::OkStatus();
   }
+
+  std::string S(const Value& v) const { return Str(v, limits_.max_output_bytes); }
 
   const Value* Lookup(const std::string& name) const {
     for (size_t i = scopes_.size(); i-- > frame_;) {
@@ -1323,7 +1348,7 @@ class Renderer {
       case St::kOutput: {
         SG_ASSIGN_OR_RETURN(Value v, Eval(*s.expr));
         if (v.is_string()) return Write(v.as_string(), s.line);
-        return Write(Str(v), s.line);
+        return Write(S(v), s.line);
       }
       case St::kIf:
         for (const auto& [cond, body] : s.branches) {
@@ -1366,6 +1391,7 @@ class Renderer {
         return Error(s.line, absl::StrCat("'", s.targets[0], "' is not a namespace: set ", s.targets[0], ".",
                                           s.attr, " needs one"));
       }
+      SG_RETURN_IF_ERROR(NotNamespace(v, s.line));
       ns->mutable_namespace().Set(s.attr, std::move(v));
       return absl::OkStatus();
     }
@@ -1486,7 +1512,10 @@ class Renderer {
     }
   }
 
-  static bool Equal(const Value& a, const Value& b) {
+  // Python's ==. Each item compared is a step; past the budget it answers false, and the
+  // caller's CheckSteps reports it.
+  bool Equal(const Value& a, const Value& b) {
+    if (++steps_ > limits_.max_steps) return false;
     if (a.is_number() || a.kind() == Value::Kind::kBool) {
       if (!(b.is_number() || b.kind() == Value::Kind::kBool)) return false;
       if (a.kind() == Value::Kind::kFloat || b.kind() == Value::Kind::kFloat) return a.as_float() == b.as_float();
@@ -1518,7 +1547,8 @@ class Renderer {
   }
 
   // a < b as Python orders numbers, strings and lists; -2 when they do not compare.
-  static int Order(const Value& a, const Value& b) {
+  int Order(const Value& a, const Value& b) {
+    if (++steps_ > limits_.max_steps) return 0;
     const bool an = a.is_number() || a.kind() == Value::Kind::kBool;
     const bool bn = b.is_number() || b.kind() == Value::Kind::kBool;
     if (an && bn) {
@@ -1553,6 +1583,7 @@ class Renderer {
         for (const Value& e : container.as_list()) {
           if (Equal(e, item)) return true;
         }
+        SG_RETURN_IF_ERROR(CheckSteps(line));
         return false;
       case Value::Kind::kDict: return item.is_string() && container.as_dict().Find(item.as_string()) != nullptr;
       case Value::Kind::kUndefined: return Error(line, "'in' an undefined value");
@@ -1560,7 +1591,26 @@ class Renderer {
     }
   }
 
+  // Values nest no deeper than this, so that comparing, printing and freeing them recurses
+  // a bounded depth.
+  static constexpr int kMaxValueDepth = 128;
+
   absl::StatusOr<Value> Eval(const Expr& e) {
+    SG_ASSIGN_OR_RETURN(Value v, EvalNode(e));
+    if (v.depth() > kMaxValueDepth) {
+      return Error(e.line, absl::StrCat("lists and dicts nested more than ", kMaxValueDepth, " deep"));
+    }
+    return v;
+  }
+
+  // A namespace is shared and changes; kept out of lists, dicts and other namespaces, it
+  // can never hold itself.
+  static absl::Status NotNamespace(const Value& v, int line) {
+    if (v.is_namespace()) return Error(line, "a namespace cannot be put in a list, dict or namespace");
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<Value> EvalNode(const Expr& e) {
     Depth d(&depth_);
     SG_RETURN_IF_ERROR(Enter(e.line));
     switch (e.kind) {
@@ -1628,6 +1678,7 @@ class Renderer {
         List l;
         for (const ExprPtr& a : e.args) {
           SG_ASSIGN_OR_RETURN(Value v, Eval(*a));
+          SG_RETURN_IF_ERROR(NotNamespace(v, e.line));
           l.push_back(std::move(v));
         }
         return Value(std::move(l));
@@ -1638,6 +1689,7 @@ class Renderer {
           SG_ASSIGN_OR_RETURN(Value k, Eval(*e.args[i]));
           SG_ASSIGN_OR_RETURN(Value v, Eval(*e.args[i + 1]));
           if (!k.is_string()) return Error(e.line, "dict keys other than strings are not supported");
+          SG_RETURN_IF_ERROR(NotNamespace(v, e.line));
           d.Set(k.as_string(), std::move(v));
         }
         return Value(std::move(d));
@@ -1652,7 +1704,18 @@ class Renderer {
     return Value();
   }
 
+  absl::Status CheckSteps(int line) const {
+    if (steps_ > limits_.max_steps) return Error(line, absl::StrCat("more than ", limits_.max_steps, " steps"));
+    return absl::OkStatus();
+  }
+
   absl::StatusOr<bool> Compare(const std::string& op, const Value& a, const Value& b, int line) {
+    SG_ASSIGN_OR_RETURN(bool r, CompareUnchecked(op, a, b, line));
+    SG_RETURN_IF_ERROR(CheckSteps(line));
+    return r;
+  }
+
+  absl::StatusOr<bool> CompareUnchecked(const std::string& op, const Value& a, const Value& b, int line) {
     if (op == "==") return Equal(a, b);
     if (op == "!=") return !Equal(a, b);
     if (op == "in" || op == "not in") {
@@ -1671,8 +1734,8 @@ class Renderer {
 
   absl::StatusOr<Value> Binary(const std::string& op, const Value& a, const Value& b, int line) {
     if (op == "~") {
-      std::string s = Str(a);
-      const std::string t = Str(b);
+      std::string s = S(a);
+      const std::string t = S(b);
       SG_RETURN_IF_ERROR(Charge(s.size() + t.size(), line));
       s += t;
       return Value(std::move(s));
@@ -1935,11 +1998,14 @@ class Renderer {
           if (args.pos.size() > 1 || !args.pos[0].is_dict()) return Error(e.line, "namespace() takes a dict or names");
           d = args.pos[0].as_dict();
         }
-        for (auto& [k, v] : args.named) d.Set(k, v);
+        for (auto& [k, v] : args.named) {
+          SG_RETURN_IF_ERROR(NotNamespace(v, e.line));
+          d.Set(k, v);
+        }
         return c.kind == Callable::Kind::kNamespace ? Value::Namespace(std::move(d)) : Value(std::move(d));
       }
       case Callable::Kind::kRaise: {
-        const std::string message = args.pos.empty() ? "" : Str(args.pos[0]);
+        const std::string message = args.pos.empty() ? "" : S(args.pos[0]);
         return Error(e.line, absl::StrCat("the template raised: ", message));
       }
       case Callable::Kind::kStrftime: {
@@ -2137,6 +2203,7 @@ class Renderer {
         size_t e = i;
         while (e < s.size() && !IsPythonSpace(CodePointAt(s, e, &len))) e += len;
         parts.emplace_back(s.substr(i, e - i));
+        SG_RETURN_IF_ERROR(BoundItems(parts.size(), line));
         ++splits;
         i = e;
       }
@@ -2147,6 +2214,7 @@ class Renderer {
         const size_t hit = s.find(*sep, at);
         if (hit == std::string::npos) break;
         parts.emplace_back(s.substr(at, hit - at));
+        SG_RETURN_IF_ERROR(BoundItems(parts.size(), line));
         at = hit + sep->size();
       }
       parts.emplace_back(s.substr(at));
@@ -2165,7 +2233,7 @@ class Renderer {
         v = l[i].is_dict() ? l[i].as_dict().Find(*attr) : nullptr;
         if (v == nullptr) continue;
       }
-      AppendStr(*v, &out);
+      AppendStr(*v, limits_.max_output_bytes, &out);
       SG_RETURN_IF_ERROR(Charge(out.size() > limits_.max_output_bytes ? out.size() : 0, line));
     }
     SG_RETURN_IF_ERROR(Charge(out.size(), line));
@@ -2186,7 +2254,7 @@ class Renderer {
     };
     if (x.is_string()) SG_RETURN_IF_ERROR(Charge(x.as_string().size(), line));
     if (name == "trim") {
-      const std::string s = Str(x);
+      const std::string s = S(x);
       const Value* chars = a.Get(0, "chars");
       return Value(Strip(s, chars != nullptr && chars->is_string() ? &chars->as_string() : nullptr,
                          true, true));
@@ -2195,15 +2263,15 @@ class Renderer {
       if (name != "safe") return bad("HTML escaping is not supported");
       return x;
     }
-    if (name == "string") return x.is_string() ? x : Value(Str(x));
+    if (name == "string") return x.is_string() ? x : Value(S(x));
     if (name == "upper" || name == "lower" || name == "capitalize" || name == "title") {
-      const std::string s = Str(x);
+      const std::string s = S(x);
       return Value(name == "upper" ? absl::AsciiStrToUpper(s) : name == "lower" ? absl::AsciiStrToLower(s)
                    : name == "title" ? Title(s) : Capitalize(s));
     }
     if (name == "replace") {
       if (a.pos.size() < 2 || !a.pos[0].is_string() || !a.pos[1].is_string()) return bad("needs two strings");
-      return Replace(Str(x), a.pos[0].as_string(), a.pos[1].as_string(),
+      return Replace(S(x), a.pos[0].as_string(), a.pos[1].as_string(),
                      a.pos.size() > 2 ? a.pos[2].as_int() : -1, line);
     }
     if (name == "length" || name == "count") {
@@ -2241,7 +2309,7 @@ class Renderer {
     if (name == "join") {
       const Value* sep = a.Get(0, "d");
       const Value* attr = a.Get(1, "attribute");
-      return Join(x, sep != nullptr ? Str(*sep) : "", line,
+      return Join(x, sep != nullptr ? S(*sep) : "", line,
                   attr != nullptr && attr->is_string() ? &attr->as_string() : nullptr);
     }
     if (name == "first" || name == "last") {
@@ -2396,8 +2464,8 @@ class Renderer {
   }
 
   absl::Status Json(const Value& x, const JsonStyle& style, int level, int line, std::string* out) {
-    // Containers nest no deeper than the template could build them; the size is charged after.
-    SG_RETURN_IF_ERROR(AppendJson(x, style, level, line, out));
+    // Values nest at most kMaxValueDepth deep (Eval checks); the size is charged after.
+    SG_RETURN_IF_ERROR(AppendJson(x, style, level, line, limits_.max_output_bytes, out));
     return Charge(out->size(), line);
   }
 
@@ -2416,6 +2484,12 @@ class Renderer {
   }
 
   absl::StatusOr<bool> Test(const std::string& name, const Value& x, const Args& a, int line) {
+    SG_ASSIGN_OR_RETURN(bool r, TestUnchecked(name, x, a, line));
+    SG_RETURN_IF_ERROR(CheckSteps(line));
+    return r;
+  }
+
+  absl::StatusOr<bool> TestUnchecked(const std::string& name, const Value& x, const Args& a, int line) {
     const Value* arg = a.pos.empty() ? nullptr : &a.pos[0];
     const Value::Kind k = x.kind();
     if (name == "defined") return !x.is_undefined();
@@ -2437,7 +2511,7 @@ class Renderer {
       return (x.as_int() % 2 != 0) == (name == "odd");
     }
     if (name == "lower" || name == "upper") {
-      const std::string s = Str(x);
+      const std::string s = S(x);
       return s == (name == "lower" ? absl::AsciiStrToLower(s) : absl::AsciiStrToUpper(s));
     }
     if (arg == nullptr) return Error(line, absl::StrCat("the test '", name, "' is not supported or needs an argument"));

@@ -76,6 +76,8 @@ class Value {
   bool is_dict() const { return kind_ == Kind::kDict; }
   bool is_number() const { return kind_ == Kind::kInt || kind_ == Kind::kFloat; }
   bool is_namespace() const { return kind_ == Kind::kDict && is_namespace_; }
+  // How deeply lists and dicts nest in it: 0 for a scalar.
+  int depth() const { return depth_; }
 
   bool as_bool() const { return int_ != 0; }
   int64_t as_int() const { return int_; }
@@ -91,6 +93,7 @@ class Value {
   explicit Value(Kind k) : kind_(k) {}
   Kind kind_ = Kind::kUndefined;
   bool is_namespace_ = false;
+  uint16_t depth_ = 0;  // saturates
   union {
     int64_t int_ = 0;
     double float_;

@@ -224,6 +224,33 @@ TEST(Jinja, BoundsHold) {
   EXPECT_FALSE(Render("{{ 'x' * 1000000000 }}").ok());
   EXPECT_FALSE(Render("{{ range(1000000000) | length }}").ok());
 
+  // Values: nested without end, holding themselves, printed or compared at a size far
+  // past the bounds (a list repeated holds references, not copies).
+  absl::StatusOr<std::string> deep = Render(
+      "{% set ns = namespace(x=[]) %}{% for i in range(100000) %}{% set ns.x = [ns.x] %}{% endfor %}");
+  ASSERT_FALSE(deep.ok());
+  EXPECT_TRUE(absl::StrContains(deep.status().message(), "nested more than 128 deep")) << deep.status();
+  for (const char* self : {"{% set ns = namespace() %}{% set ns.me = ns %}",
+                           "{% set ns = namespace() %}{% set ns.l = [ns] %}",
+                           "{% set ns = namespace() %}{% set ns.d = {'k': ns} %}",
+                           "{% set ns = namespace() %}{% set ns.n = namespace(o=ns) %}"}) {
+    absl::StatusOr<std::string> r = Render(self);
+    ASSERT_FALSE(r.ok()) << self;
+    EXPECT_TRUE(absl::StrContains(r.status().message(), "a namespace cannot be put")) << r.status();
+  }
+  absl::StatusOr<std::string> printed =
+      Render("{% set a = range(200000) %}{{ [a, a, a, a, a, a, a, a, a, a] * 20000 }}");
+  ASSERT_FALSE(printed.ok());
+  EXPECT_TRUE(absl::StrContains(printed.status().message(), "bytes")) << printed.status();
+  absl::StatusOr<std::string> json =
+      Render("{% set a = range(200000) %}{{ ([a, a, a, a, a, a, a, a, a, a] * 20000) | tojson }}");
+  ASSERT_FALSE(json.ok());
+  EXPECT_TRUE(absl::StrContains(json.status().message(), "bytes")) << json.status();
+  absl::StatusOr<std::string> compared =
+      Render("{% set a = range(200000) %}{% set b = [a] * 200000 %}{{ b == b[:] }}{{ a in b }}");
+  ASSERT_FALSE(compared.ok());
+  EXPECT_TRUE(absl::StrContains(compared.status().message(), "steps")) << compared.status();
+
   // Output.
   Limits out;
   out.max_output_bytes = 1000;
