@@ -13,8 +13,14 @@ namespace {
 
 // Stand for an earlier user message and answer while the text after them is read: no
 // template writes them, and Python's strip() keeps them whole.
-constexpr char kUserMark[] = "\x01" "user" "\x02";
-constexpr char kAnswerMark[] = "\x01" "answer" "\x02";
+constexpr char kUserMark[] =
+    "\x01"
+    "user"
+    "\x02";
+constexpr char kAnswerMark[] =
+    "\x01"
+    "answer"
+    "\x02";
 constexpr size_t kAnswerMarkSize = sizeof(kAnswerMark) - 1;
 // The most bytes between an answer and the next turn besides the end of turn.
 constexpr size_t kMaxAnswerClose = 64;
@@ -33,9 +39,11 @@ std::vector<ChatMessage> ChatConversation::Before(bool later) const {
   return m;
 }
 
-absl::StatusOr<ChatConversation> ChatConversation::Create(
-    absl::string_view template_text, absl::string_view bos_token, absl::string_view eos_token,
-    const std::optional<std::string>& system, absl::string_view date_string) {
+absl::StatusOr<ChatConversation> ChatConversation::Create(absl::string_view template_text,
+                                                          absl::string_view bos_token,
+                                                          absl::string_view eos_token,
+                                                          const std::optional<std::string>& system,
+                                                          absl::string_view date_string) {
   SG_ASSIGN_OR_RETURN(ChatTemplate t,
                       ChatTemplate::Create(template_text, bos_token, eos_token, date_string));
   ChatConversation c(std::move(t));
@@ -56,8 +64,9 @@ absl::StatusOr<ChatConversation> ChatConversation::Create(
   two.push_back({"user", "Next"});
   absl::StatusOr<std::string> whole = c.template_.Render(two, true);
   if (!whole.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "chat template: a conversation of two user turns does not render: ", whole.status().message()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("chat template: a conversation of two user turns does not render: ",
+                     whole.status().message()));
   }
   // The whole conversation is the first turn, then the answer: the first turn's generation
   // prompt may open the answer with more than the template keeps of an earlier one
@@ -125,8 +134,8 @@ absl::StatusOr<std::string> ChatConversation::NextOrError(absl::string_view user
   while (end < whole.size() && IsAsciiSpace(whole[end])) ++end;
   const std::string& eot = template_.end_of_turn();
   if (whole.compare(end, eot.size(), eot) != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "chat template: an answer is not closed by ", eot, " in the conversation"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("chat template: an answer is not closed by ", eot, " in the conversation"));
   }
   end += eot.size();
   return absl::StrCat(answer_closed ? "" : eot, absl::string_view(whole).substr(end));

@@ -13,7 +13,10 @@ namespace sg {
 namespace {
 
 // Stands for an answer while the template's text around it is read: no template writes it.
-constexpr char kAnswerMark[] = "\x01" "answer" "\x02";
+constexpr char kAnswerMark[] =
+    "\x01"
+    "answer"
+    "\x02";
 
 bool IsAsciiSpace(char c) { return c == ' ' || c == '\n' || c == '\t' || c == '\r'; }
 
@@ -52,8 +55,9 @@ absl::StatusOr<ChatTemplate> ChatTemplate::Create(absl::string_view text,
 
   absl::StatusOr<std::string> one = ct.Render({{"user", "Hi"}}, true);
   if (!one.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "chat template: a conversation of one user message does not render: ", one.status().message()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("chat template: a conversation of one user message does not render: ",
+                     one.status().message()));
   }
 
   // The end of an answer: what the template writes right after one.
@@ -91,8 +95,8 @@ absl::StatusOr<ChatTemplate> ChatTemplate::ForTokenizer(const Tokenizer& tokeniz
                                                         absl::string_view date_string) {
   const TokenizerSpec& spec = tokenizer.spec();
   auto name = [&](int32_t id) { return id >= 0 ? spec.tokens[id] : std::string(); };
-  SG_ASSIGN_OR_RETURN(ChatTemplate ct,
-                      Create(spec.chat_template, name(spec.bos_id), name(spec.eos_id), date_string));
+  SG_ASSIGN_OR_RETURN(ChatTemplate ct, Create(spec.chat_template, name(spec.bos_id),
+                                              name(spec.eos_id), date_string));
   // Generation stops at one token: a written end that is not one falls back to eos.
   if (tokenizer.TokenId(ct.end_of_turn_) < 0 && !ct.eos_.empty()) {
     ct.end_of_turn_ = ct.eos_;

@@ -41,7 +41,8 @@ void Dict::Set(std::string key, Value value) {
   entries_.emplace_back(std::move(key), std::move(value));
 }
 
-Value::Value(std::string s) : kind_(Kind::kString), ptr_(std::make_shared<std::string>(std::move(s))) {}
+Value::Value(std::string s)
+    : kind_(Kind::kString), ptr_(std::make_shared<std::string>(std::move(s))) {}
 Value::Value(List l) : kind_(Kind::kList) {
   int deepest = 0;
   for (const Value& e : l) deepest = std::max(deepest, e.depth());
@@ -163,7 +164,8 @@ std::string FloatRepr(double d) {
   } else {
     if (digits.size() <= static_cast<size_t>(exp) + 1) digits.append(exp + 1 - digits.size(), '0');
     out += digits.substr(0, exp + 1);
-    absl::StrAppend(&out, ".", digits.size() > static_cast<size_t>(exp) + 1 ? digits.substr(exp + 1) : "0");
+    absl::StrAppend(&out, ".",
+                    digits.size() > static_cast<size_t>(exp) + 1 ? digits.substr(exp + 1) : "0");
   }
   return out;
 }
@@ -290,7 +292,7 @@ void AppendJsonString(absl::string_view s, bool ensure_ascii, std::string* out) 
 }
 
 struct JsonStyle {
-  int indent = -1;  // none: one line
+  int indent = -1;                                    // none: one line
   absl::string_view item_sep = ", ", key_sep = ": ";  // point into the filter's arguments
   bool ensure_ascii = false;
   bool sort_keys = false;
@@ -311,10 +313,14 @@ absl::Status AppendJson(const Value& v, const JsonStyle& style, int level, int l
     case Value::Kind::kInt: absl::StrAppend(out, v.as_int()); return absl::OkStatus();
     case Value::Kind::kFloat: {
       const double d = v.as_float();
-      out->append(std::isnan(d) ? "NaN" : std::isinf(d) ? (d > 0 ? "Infinity" : "-Infinity") : FloatRepr(d));
+      out->append(std::isnan(d)   ? "NaN"
+                  : std::isinf(d) ? (d > 0 ? "Infinity" : "-Infinity")
+                                  : FloatRepr(d));
       return absl::OkStatus();
     }
-    case Value::Kind::kString: AppendJsonString(v.as_string(), style.ensure_ascii, out); return absl::OkStatus();
+    case Value::Kind::kString:
+      AppendJsonString(v.as_string(), style.ensure_ascii, out);
+      return absl::OkStatus();
     case Value::Kind::kList: {
       if (v.as_list().empty()) {
         out->append("[]");
@@ -340,7 +346,8 @@ absl::Status AppendJson(const Value& v, const JsonStyle& style, int level, int l
       std::vector<const std::pair<std::string, Value>*> entries;
       for (const auto& e : v.as_dict().entries()) entries.push_back(&e);
       if (style.sort_keys) {
-        std::sort(entries.begin(), entries.end(), [](auto* a, auto* b) { return a->first < b->first; });
+        std::sort(entries.begin(), entries.end(),
+                  [](auto* a, auto* b) { return a->first < b->first; });
       }
       out->push_back('{');
       bool first = true;
@@ -364,7 +371,19 @@ absl::Status AppendJson(const Value& v, const JsonStyle& style, int level, int l
 // ---------------------------------------------------------------------------------------
 // Lexer: the template as a flat list of tokens, text and tag markers included.
 
-enum class Tok { kText, kVarBegin, kVarEnd, kBlockBegin, kBlockEnd, kName, kString, kInt, kFloat, kOp, kEof };
+enum class Tok {
+  kText,
+  kVarBegin,
+  kVarEnd,
+  kBlockBegin,
+  kBlockEnd,
+  kName,
+  kString,
+  kInt,
+  kFloat,
+  kOp,
+  kEof
+};
 
 struct Token {
   Tok kind;
@@ -376,7 +395,9 @@ struct Token {
 
 bool IsNameStart(char c) { return absl::ascii_isalpha(static_cast<unsigned char>(c)) || c == '_'; }
 bool IsNameChar(char c) { return absl::ascii_isalnum(static_cast<unsigned char>(c)) || c == '_'; }
-bool IsSpace(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v'; }
+bool IsSpace(char c) {
+  return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v';
+}
 
 class Lexer {
  public:
@@ -437,7 +458,8 @@ class Lexer {
       trim_newline = kind == '%' && !strip_next;
       pos = at;
       if (kind == '%' && tokens_.size() >= 3 && tokens_[tokens_.size() - 2].kind == Tok::kName &&
-          tokens_[tokens_.size() - 2].text == "raw" && tokens_[tokens_.size() - 3].kind == Tok::kBlockBegin) {
+          tokens_[tokens_.size() - 2].text == "raw" &&
+          tokens_[tokens_.size() - 3].kind == Tok::kBlockBegin) {
         SG_ASSIGN_OR_RETURN(pos, Raw(pos, strip_next, &strip_next));
         trim_newline = !strip_next;
       }
@@ -472,7 +494,8 @@ class Lexer {
       const char c = s_[at];
       const char end = var ? '}' : '%';
       const bool dash = c == '-' && s_.compare(at + 1, 2, std::string{end, '}'}) == 0;
-      if ((balance == 0 || !var) && (dash || (c == end && at + 1 < s_.size() && s_[at + 1] == '}'))) {
+      if ((balance == 0 || !var) &&
+          (dash || (c == end && at + 1 < s_.size() && s_[at + 1] == '}'))) {
         *strip_next = dash;
         Emit(var ? Tok::kVarEnd : Tok::kBlockEnd, "", at);
         return at + (dash ? 3 : 2);
@@ -488,8 +511,9 @@ class Lexer {
       } else if (c == '\'' || c == '"') {
         SG_ASSIGN_OR_RETURN(at, String(at, line));
       } else {
-        static const char* const kOps[] = {"**", "//", "==", "!=", "<=", ">=", "+", "-", "*", "/", "%", "~",
-                                           "<",  ">",  "=",  "(",  ")",  "[",  "]", "{", "}", ",", ".", ":", "|"};
+        static const char* const kOps[] = {"**", "//", "==", "!=", "<=", ">=", "+", "-", "*",
+                                           "/",  "%",  "~",  "<",  ">",  "=",  "(", ")", "[",
+                                           "]",  "{",  "}",  ",",  ".",  ":",  "|"};
         const char* found = nullptr;
         for (const char* op : kOps) {
           if (s_.compare(at, std::strlen(op), op) == 0) {
@@ -497,7 +521,8 @@ class Lexer {
             break;
           }
         }
-        if (found == nullptr) return Error(line, absl::StrCat("unexpected character '", std::string(1, c), "'"));
+        if (found == nullptr)
+          return Error(line, absl::StrCat("unexpected character '", std::string(1, c), "'"));
         if (*found == '(' || *found == '[' || *found == '{') ++balance;
         if (*found == ')' || *found == ']' || *found == '}') --balance;
         tokens_.push_back(Token{Tok::kOp, found, 0, 0, line});
@@ -509,8 +534,11 @@ class Lexer {
   absl::StatusOr<size_t> Number(size_t at, int line) {
     size_t e = at;
     bool is_float = false;
-    while (e < s_.size() && (absl::ascii_isdigit(static_cast<unsigned char>(s_[e])) || s_[e] == '_')) ++e;
-    if (e + 1 < s_.size() && s_[e] == '.' && absl::ascii_isdigit(static_cast<unsigned char>(s_[e + 1]))) {
+    while (e < s_.size() &&
+           (absl::ascii_isdigit(static_cast<unsigned char>(s_[e])) || s_[e] == '_'))
+      ++e;
+    if (e + 1 < s_.size() && s_[e] == '.' &&
+        absl::ascii_isdigit(static_cast<unsigned char>(s_[e + 1]))) {
       is_float = true;
       for (++e; e < s_.size() && absl::ascii_isdigit(static_cast<unsigned char>(s_[e]));) ++e;
     }
@@ -531,7 +559,8 @@ class Lexer {
       t.f = std::strtod(digits.c_str(), nullptr);
     } else {
       const auto r = std::from_chars(digits.data(), digits.data() + digits.size(), t.i);
-      if (r.ec != std::errc()) return Error(line, absl::StrCat("integer ", digits, " out of range"));
+      if (r.ec != std::errc())
+        return Error(line, absl::StrCat("integer ", digits, " out of range"));
     }
     tokens_.push_back(std::move(t));
     return e;
@@ -556,16 +585,23 @@ class Lexer {
         case 'v': v.push_back('\v'); break;
         case 'a': v.push_back('\a'); break;
         case '0': v.push_back('\0'); break;
-        case '\\': case '\'': case '"': v.push_back(e); break;
+        case '\\':
+        case '\'':
+        case '"': v.push_back(e); break;
         case '\n': break;  // a line continuation
-        case 'x': case 'u': case 'U': {
+        case 'x':
+        case 'u':
+        case 'U': {
           const size_t n = e == 'x' ? 2 : e == 'u' ? 4 : 8;
           uint32_t cp = 0;
           if (k + n >= s_.size()) return Error(line, "truncated escape in a string");
           for (size_t d = 1; d <= n; ++d) {
             const char h = s_[k + d];
-            if (!absl::ascii_isxdigit(static_cast<unsigned char>(h))) return Error(line, "bad escape in a string");
-            cp = cp * 16 + (absl::ascii_isdigit(static_cast<unsigned char>(h)) ? h - '0' : (h | 0x20) - 'a' + 10);
+            if (!absl::ascii_isxdigit(static_cast<unsigned char>(h)))
+              return Error(line, "bad escape in a string");
+            cp = cp * 16 + (absl::ascii_isdigit(static_cast<unsigned char>(h))
+                                ? h - '0'
+                                : (h | 0x20) - 'a' + 10);
           }
           if (cp > 0x10FFFF) return Error(line, "escape beyond Unicode in a string");
           k += n;
@@ -635,8 +671,23 @@ class Lexer {
 // The syntax tree.
 
 enum class Ex {
-  kLiteral, kName, kAttr, kIndex, kSlice, kNeg, kNot, kChain, kCompare, kAnd, kOr, kTernary,
-  kList, kDict, kCall, kFilter, kTest
+  kLiteral,
+  kName,
+  kAttr,
+  kIndex,
+  kSlice,
+  kNeg,
+  kNot,
+  kChain,
+  kCompare,
+  kAnd,
+  kOr,
+  kTernary,
+  kList,
+  kDict,
+  kCall,
+  kFilter,
+  kTest
 };
 
 struct Expr;
@@ -645,12 +696,12 @@ using ExprPtr = std::unique_ptr<Expr>;
 struct Expr {
   Ex kind;
   int line;
-  Value value;                    // kLiteral
-  std::string name;               // kName, kAttr, kFilter, kTest
-  std::vector<ExprPtr> args;      // operands; args[0] is the object of a postfix, filter or test
-  std::vector<std::string> ops;   // kChain, kCompare: the operator between args[i] and args[i+1]
+  Value value;                   // kLiteral
+  std::string name;              // kName, kAttr, kFilter, kTest
+  std::vector<ExprPtr> args;     // operands; args[0] is the object of a postfix, filter or test
+  std::vector<std::string> ops;  // kChain, kCompare: the operator between args[i] and args[i+1]
   std::vector<std::pair<std::string, ExprPtr>> kwargs;
-  bool negated = false;           // kTest: `is not`
+  bool negated = false;  // kTest: `is not`
   int height = 1;
 };
 
@@ -662,15 +713,15 @@ using Body = std::vector<std::unique_ptr<Stmt>>;
 struct Stmt {
   St kind;
   int line;
-  std::string text;                  // kText
-  ExprPtr expr;                      // kOutput, kSet value, kFor iterable
-  ExprPtr filter;                    // kFor: `if` after the iterable
-  std::vector<std::string> targets;  // kFor / kSet names; kMacro: its name
-  std::string attr;                  // kSet / kSetBlock of `ns.attr`
+  std::string text;                                // kText
+  ExprPtr expr;                                    // kOutput, kSet value, kFor iterable
+  ExprPtr filter;                                  // kFor: `if` after the iterable
+  std::vector<std::string> targets;                // kFor / kSet names; kMacro: its name
+  std::string attr;                                // kSet / kSetBlock of `ns.attr`
   std::vector<std::pair<ExprPtr, Body>> branches;  // kIf
-  Body body, else_body;              // kFor, kSetBlock, kMacro, kBlock; kIf / kFor else
-  std::vector<std::string> params;   // kMacro
-  std::vector<ExprPtr> defaults;     // kMacro: a default per parameter, or null
+  Body body, else_body;             // kFor, kSetBlock, kMacro, kBlock; kIf / kFor else
+  std::vector<std::string> params;  // kMacro
+  std::vector<ExprPtr> defaults;    // kMacro: a default per parameter, or null
 };
 
 }  // namespace
@@ -707,7 +758,8 @@ class Parser {
     const Token& t = Peek();
     std::string got = t.kind == Tok::kEof ? "the end of the template"
                       : t.kind == Tok::kVarEnd || t.kind == Tok::kBlockEnd ? "the end of the tag"
-                      : t.kind == Tok::kString ? "a string" : absl::StrCat("'", t.text, "'");
+                      : t.kind == Tok::kString                             ? "a string"
+                                               : absl::StrCat("'", t.text, "'");
     return Error(t.line, absl::StrCat("expected ", wanted, ", found ", got));
   }
   absl::Status Expect(absl::string_view op) {
@@ -753,7 +805,8 @@ class Parser {
     }
     for (const auto& kw : e->kwargs) h = std::max(h, kw.second->height);
     e->height = h + 1;
-    if (e->height > max_depth_) return Error(e->line, absl::StrCat("expression nested more than ", max_depth_, " deep"));
+    if (e->height > max_depth_)
+      return Error(e->line, absl::StrCat("expression nested more than ", max_depth_, " deep"));
     return e;
   }
 
@@ -979,8 +1032,9 @@ class Parser {
     ExprPtr e;
     while (true) {
       std::string op;
-      if (Peek().kind == Tok::kOp && (Peek().text == "==" || Peek().text == "!=" || Peek().text == "<" ||
-                                      Peek().text == "<=" || Peek().text == ">" || Peek().text == ">=")) {
+      if (Peek().kind == Tok::kOp &&
+          (Peek().text == "==" || Peek().text == "!=" || Peek().text == "<" ||
+           Peek().text == "<=" || Peek().text == ">" || Peek().text == ">=")) {
         op = Next().text;
       } else if (IsName("in")) {
         ++p_;
@@ -1011,8 +1065,8 @@ class Parser {
     if (level == static_cast<int>(kLevels.size())) return ParseUnary();
     SG_ASSIGN_OR_RETURN(ExprPtr first, ParseChain(level + 1));
     ExprPtr e;
-    while (Peek().kind == Tok::kOp &&
-           std::find(kLevels[level].begin(), kLevels[level].end(), Peek().text) != kLevels[level].end()) {
+    while (Peek().kind == Tok::kOp && std::find(kLevels[level].begin(), kLevels[level].end(),
+                                                Peek().text) != kLevels[level].end()) {
       if (!e) {
         e = Make(Ex::kChain, first->line);
         e->args.push_back(std::move(first));
@@ -1088,9 +1142,11 @@ class Parser {
         if (IsOp("(")) {
           ++p_;
           SG_RETURN_IF_ERROR(ParseArgs(t.get()));
-        } else if (Peek().kind == Tok::kString || Peek().kind == Tok::kInt || Peek().kind == Tok::kFloat ||
-                   (Peek().kind == Tok::kName && !IsName("and") && !IsName("or") && !IsName("else") &&
-                    !IsName("if") && !IsName("in") && !IsName("not") && !IsName("is"))) {
+        } else if (Peek().kind == Tok::kString || Peek().kind == Tok::kInt ||
+                   Peek().kind == Tok::kFloat ||
+                   (Peek().kind == Tok::kName && !IsName("and") && !IsName("or") &&
+                    !IsName("else") && !IsName("if") && !IsName("in") && !IsName("not") &&
+                    !IsName("is"))) {
           // `is equalto 'user'`: one argument without parentheses.
           SG_ASSIGN_OR_RETURN(ExprPtr arg, ParsePrimary());
           SG_ASSIGN_OR_RETURN(arg, ParsePostfixNoFilter(std::move(arg)));
@@ -1156,7 +1212,8 @@ class Parser {
         SG_ASSIGN_OR_RETURN(ExprPtr v, ParseExpression());
         call->kwargs.emplace_back(std::move(name), std::move(v));
       } else {
-        if (!call->kwargs.empty()) return Error(Peek().line, "a positional argument after a named one");
+        if (!call->kwargs.empty())
+          return Error(Peek().line, "a positional argument after a named one");
         SG_ASSIGN_OR_RETURN(ExprPtr v, ParseExpression());
         call->args.push_back(std::move(v));
       }
@@ -1194,7 +1251,8 @@ class Parser {
         e->value = Value(std::move(s));
         return e;
       }
-      case Tok::kInt: case Tok::kFloat: {
+      case Tok::kInt:
+      case Tok::kFloat: {
         ExprPtr e = Make(Ex::kLiteral, line);
         e->value = t.kind == Tok::kInt ? Value(t.i) : Value(t.f);
         ++p_;
@@ -1287,7 +1345,8 @@ class Renderer {
     int* depth;
   };
   absl::Status Enter(int line) {
-    if (++steps_ > limits_.max_steps) return Error(line, absl::StrCat("more than ", limits_.max_steps, " steps"));
+    if (++steps_ > limits_.max_steps)
+      return Error(line, absl::StrCat("more than ", limits_.max_steps, " steps"));
     if (depth_ > 4 * limits_.max_depth) {
       return Error(line, absl::StrCat("rendering nested more than ", 4 * limits_.max_depth,
                                       " deep (macros calling themselves?)"));
@@ -1297,17 +1356,20 @@ class Renderer {
   // Work in proportion to `bytes` made; and no single value beyond the output's bound.
   absl::Status Charge(size_t bytes, int line) {
     if (bytes > limits_.max_output_bytes) {
-      return Error(line, absl::StrCat("a value of ", bytes, " bytes (at most ", limits_.max_output_bytes, ")"));
+      return Error(line, absl::StrCat("a value of ", bytes, " bytes (at most ",
+                                      limits_.max_output_bytes, ")"));
     }
     steps_ += static_cast<int64_t>(bytes / 16);
-    if (steps_ > limits_.max_steps) return Error(line, absl::StrCat("more than ", limits_.max_steps, " steps"));
+    if (steps_ > limits_.max_steps)
+      return Error(line, absl::StrCat("more than ", limits_.max_steps, " steps"));
     return absl::OkStatus();
   }
   absl::Status ChargeItems(size_t n, int line) { return Charge(n * sizeof(Value), line); }
   // Checks a list being built against the bound without charging for it yet.
   absl::Status BoundItems(size_t n, int line) const {
     if (n * sizeof(Value) <= limits_.max_output_bytes) return absl::OkStatus();
-    return Error(line, absl::StrCat("a list of ", n, " items (at most ", limits_.max_output_bytes / sizeof(Value), ")"));
+    return Error(line, absl::StrCat("a list of ", n, " items (at most ",
+                                    limits_.max_output_bytes / sizeof(Value), ")"));
   }
 
   absl::Status Write(absl::string_view s, int line) {
@@ -1388,8 +1450,8 @@ class Renderer {
     if (!s.attr.empty()) {
       const Value* ns = Lookup(s.targets[0]);
       if (ns == nullptr || !ns->is_namespace()) {
-        return Error(s.line, absl::StrCat("'", s.targets[0], "' is not a namespace: set ", s.targets[0], ".",
-                                          s.attr, " needs one"));
+        return Error(s.line, absl::StrCat("'", s.targets[0], "' is not a namespace: set ",
+                                          s.targets[0], ".", s.attr, " needs one"));
       }
       SG_RETURN_IF_ERROR(NotNamespace(v, s.line));
       ns->mutable_namespace().Set(s.attr, std::move(v));
@@ -1405,7 +1467,8 @@ class Renderer {
     }
     SG_ASSIGN_OR_RETURN(List items, Iterate(v, line));
     if (items.size() != targets.size()) {
-      return Error(line, absl::StrCat("cannot unpack ", items.size(), " values into ", targets.size()));
+      return Error(line,
+                   absl::StrCat("cannot unpack ", items.size(), " values into ", targets.size()));
     }
     for (size_t i = 0; i < targets.size(); ++i) scopes_.back()[targets[i]] = std::move(items[i]);
     return absl::OkStatus();
@@ -1459,8 +1522,10 @@ class Renderer {
 
   static bool Truthy(const Value& v) {
     switch (v.kind()) {
-      case Value::Kind::kUndefined: case Value::Kind::kNone: return false;
-      case Value::Kind::kBool: case Value::Kind::kInt: return v.as_int() != 0;
+      case Value::Kind::kUndefined:
+      case Value::Kind::kNone: return false;
+      case Value::Kind::kBool:
+      case Value::Kind::kInt: return v.as_int() != 0;
       case Value::Kind::kFloat: return v.as_float() != 0;
       case Value::Kind::kString: return !v.as_string().empty();
       case Value::Kind::kList: return !v.as_list().empty();
@@ -1518,7 +1583,8 @@ class Renderer {
     if (++steps_ > limits_.max_steps) return false;
     if (a.is_number() || a.kind() == Value::Kind::kBool) {
       if (!(b.is_number() || b.kind() == Value::Kind::kBool)) return false;
-      if (a.kind() == Value::Kind::kFloat || b.kind() == Value::Kind::kFloat) return a.as_float() == b.as_float();
+      if (a.kind() == Value::Kind::kFloat || b.kind() == Value::Kind::kFloat)
+        return a.as_float() == b.as_float();
       return a.as_int() == b.as_int();
     }
     if (a.kind() != b.kind()) return false;
@@ -1585,7 +1651,8 @@ class Renderer {
         }
         SG_RETURN_IF_ERROR(CheckSteps(line));
         return false;
-      case Value::Kind::kDict: return item.is_string() && container.as_dict().Find(item.as_string()) != nullptr;
+      case Value::Kind::kDict:
+        return item.is_string() && container.as_dict().Find(item.as_string()) != nullptr;
       case Value::Kind::kUndefined: return Error(line, "'in' an undefined value");
       default: return Error(line, absl::StrCat("'in' a ", TypeName(container)));
     }
@@ -1598,7 +1665,8 @@ class Renderer {
   absl::StatusOr<Value> Eval(const Expr& e) {
     SG_ASSIGN_OR_RETURN(Value v, EvalNode(e));
     if (v.depth() > kMaxValueDepth) {
-      return Error(e.line, absl::StrCat("lists and dicts nested more than ", kMaxValueDepth, " deep"));
+      return Error(e.line,
+                   absl::StrCat("lists and dicts nested more than ", kMaxValueDepth, " deep"));
     }
     return v;
   }
@@ -1606,7 +1674,8 @@ class Renderer {
   // A namespace is shared and changes; kept out of lists, dicts and other namespaces, it
   // can never hold itself.
   static absl::Status NotNamespace(const Value& v, int line) {
-    if (v.is_namespace()) return Error(line, "a namespace cannot be put in a list, dict or namespace");
+    if (v.is_namespace())
+      return Error(line, "a namespace cannot be put in a list, dict or namespace");
     return absl::OkStatus();
   }
 
@@ -1642,7 +1711,8 @@ class Renderer {
         SG_ASSIGN_OR_RETURN(Value x, Eval(*e.args[0]));
         return Value(!Truthy(x));
       }
-      case Ex::kAnd: case Ex::kOr: {
+      case Ex::kAnd:
+      case Ex::kOr: {
         // Python returns the deciding operand, not a bool.
         Value v;
         for (const ExprPtr& a : e.args) {
@@ -1688,7 +1758,8 @@ class Renderer {
         for (size_t i = 0; i + 1 < e.args.size(); i += 2) {
           SG_ASSIGN_OR_RETURN(Value k, Eval(*e.args[i]));
           SG_ASSIGN_OR_RETURN(Value v, Eval(*e.args[i + 1]));
-          if (!k.is_string()) return Error(e.line, "dict keys other than strings are not supported");
+          if (!k.is_string())
+            return Error(e.line, "dict keys other than strings are not supported");
           SG_RETURN_IF_ERROR(NotNamespace(v, e.line));
           d.Set(k.as_string(), std::move(v));
         }
@@ -1705,7 +1776,8 @@ class Renderer {
   }
 
   absl::Status CheckSteps(int line) const {
-    if (steps_ > limits_.max_steps) return Error(line, absl::StrCat("more than ", limits_.max_steps, " steps"));
+    if (steps_ > limits_.max_steps)
+      return Error(line, absl::StrCat("more than ", limits_.max_steps, " steps"));
     return absl::OkStatus();
   }
 
@@ -1715,7 +1787,8 @@ class Renderer {
     return r;
   }
 
-  absl::StatusOr<bool> CompareUnchecked(const std::string& op, const Value& a, const Value& b, int line) {
+  absl::StatusOr<bool> CompareUnchecked(const std::string& op, const Value& a, const Value& b,
+                                        int line) {
     if (op == "==") return Equal(a, b);
     if (op == "!=") return !Equal(a, b);
     if (op == "in" || op == "not in") {
@@ -1724,7 +1797,8 @@ class Renderer {
     }
     const int c = Order(a, b);
     if (c == -2) {
-      return Error(line, absl::StrCat("'", op, "' between a ", TypeName(a), " and a ", TypeName(b)));
+      return Error(line,
+                   absl::StrCat("'", op, "' between a ", TypeName(a), " and a ", TypeName(b)));
     }
     if (op == "<") return c < 0;
     if (op == "<=") return c <= 0;
@@ -1757,8 +1831,10 @@ class Renderer {
     if (op == "*" && (a.is_string() || a.is_list() || b.is_string() || b.is_list()) && (an || bn)) {
       const Value& seq = an ? b : a;
       const int64_t times = std::max<int64_t>(0, (an ? a : b).as_int());
-      if ((an ? a : b).kind() == Value::Kind::kFloat) return Error(line, "a sequence times a float");
-      const size_t unit = seq.is_string() ? seq.as_string().size() : seq.as_list().size() * sizeof(Value);
+      if ((an ? a : b).kind() == Value::Kind::kFloat)
+        return Error(line, "a sequence times a float");
+      const size_t unit =
+          seq.is_string() ? seq.as_string().size() : seq.as_list().size() * sizeof(Value);
       if (unit != 0 && static_cast<uint64_t>(times) > limits_.max_output_bytes / unit) {
         return Error(line, absl::StrCat("a repetition past ", limits_.max_output_bytes, " bytes"));
       }
@@ -1769,11 +1845,13 @@ class Renderer {
         return Value(std::move(s));
       }
       List l;
-      for (int64_t i = 0; i < times; ++i) l.insert(l.end(), seq.as_list().begin(), seq.as_list().end());
+      for (int64_t i = 0; i < times; ++i)
+        l.insert(l.end(), seq.as_list().begin(), seq.as_list().end());
       return Value(std::move(l));
     }
     if (!an || !bn) {
-      return Error(line, absl::StrCat("'", op, "' between a ", TypeName(a), " and a ", TypeName(b)));
+      return Error(line,
+                   absl::StrCat("'", op, "' between a ", TypeName(a), " and a ", TypeName(b)));
     }
     const bool floats = a.kind() == Value::Kind::kFloat || b.kind() == Value::Kind::kFloat;
     if (op == "/") {
@@ -1820,7 +1898,8 @@ class Renderer {
     return Error(line, "integer overflow");
   }
 
-  absl::StatusOr<Value> Attribute(const Value& obj, const std::string& name, const Expr& of, int line) {
+  absl::StatusOr<Value> Attribute(const Value& obj, const std::string& name, const Expr& of,
+                                  int line) {
     if (obj.is_undefined()) return Undefined(of, line);
     if (obj.is_dict()) {
       const Value* v = obj.as_dict().Find(name);
@@ -1960,18 +2039,23 @@ class Renderer {
     }
     SG_ASSIGN_OR_RETURN(Value f, Eval(callee));
     if (f.kind() != Value::Kind::kCallable) {
-      return Error(e.line, absl::StrCat(callee.kind == Ex::kName ? absl::StrCat("'", callee.name, "'") : "the value",
-                                        f.is_undefined() ? " is undefined" : " is not a function"));
+      return Error(
+          e.line,
+          absl::StrCat(callee.kind == Ex::kName ? absl::StrCat("'", callee.name, "'") : "the value",
+                       f.is_undefined() ? " is undefined" : " is not a function"));
     }
     SG_ASSIGN_OR_RETURN(Args args, EvalArgs(e, 1));
     const Callable& c = f.as_callable();
     switch (c.kind) {
-      case Callable::Kind::kMacro: return CallMacro(*static_cast<const Stmt*>(c.macro), args, e.line);
+      case Callable::Kind::kMacro:
+        return CallMacro(*static_cast<const Stmt*>(c.macro), args, e.line);
       case Callable::Kind::kRange: {
         int64_t r[3] = {0, 0, 1};
-        if (args.pos.empty() || args.pos.size() > 3) return Error(e.line, "range() takes 1 to 3 arguments");
+        if (args.pos.empty() || args.pos.size() > 3)
+          return Error(e.line, "range() takes 1 to 3 arguments");
         for (size_t i = 0; i < args.pos.size(); ++i) {
-          if (args.pos[i].kind() != Value::Kind::kInt) return Error(e.line, "range() takes integers");
+          if (args.pos[i].kind() != Value::Kind::kInt)
+            return Error(e.line, "range() takes integers");
         }
         if (args.pos.size() == 1) {
           r[1] = args.pos[0].as_int();
@@ -1981,7 +2065,8 @@ class Renderer {
           if (args.pos.size() == 3) r[2] = args.pos[2].as_int();
         }
         if (r[2] == 0) return Error(e.line, "range() step cannot be zero");
-        const double count = std::ceil((static_cast<double>(r[1]) - static_cast<double>(r[0])) / r[2]);
+        const double count =
+            std::ceil((static_cast<double>(r[1]) - static_cast<double>(r[0])) / r[2]);
         if (count > static_cast<double>(limits_.max_output_bytes / sizeof(Value))) {
           return Error(e.line, absl::StrCat("range() of ", count, " numbers"));
         }
@@ -1992,24 +2077,28 @@ class Renderer {
         for (size_t i = 0; i < n; ++i) l.emplace_back(r[0] + static_cast<int64_t>(i) * r[2]);
         return Value(std::move(l));
       }
-      case Callable::Kind::kNamespace: case Callable::Kind::kDict: {
+      case Callable::Kind::kNamespace:
+      case Callable::Kind::kDict: {
         Dict d;
         if (!args.pos.empty()) {
-          if (args.pos.size() > 1 || !args.pos[0].is_dict()) return Error(e.line, "namespace() takes a dict or names");
+          if (args.pos.size() > 1 || !args.pos[0].is_dict())
+            return Error(e.line, "namespace() takes a dict or names");
           d = args.pos[0].as_dict();
         }
         for (auto& [k, v] : args.named) {
           SG_RETURN_IF_ERROR(NotNamespace(v, e.line));
           d.Set(k, v);
         }
-        return c.kind == Callable::Kind::kNamespace ? Value::Namespace(std::move(d)) : Value(std::move(d));
+        return c.kind == Callable::Kind::kNamespace ? Value::Namespace(std::move(d))
+                                                    : Value(std::move(d));
       }
       case Callable::Kind::kRaise: {
         const std::string message = args.pos.empty() ? "" : S(args.pos[0]);
         return Error(e.line, absl::StrCat("the template raised: ", message));
       }
       case Callable::Kind::kStrftime: {
-        if (args.pos.size() != 1 || !args.pos[0].is_string() || args.pos[0].as_string().size() > 64) {
+        if (args.pos.size() != 1 || !args.pos[0].is_string() ||
+            args.pos[0].as_string().size() > 64) {
           return Error(e.line, "strftime_now() takes one format of at most 64 bytes");
         }
         std::tm when{};
@@ -2017,11 +2106,13 @@ class Renderer {
           when = *env_.now;
         } else {
           const std::time_t now = std::time(nullptr);
-          if (localtime_r(&now, &when) == nullptr) return Error(e.line, "strftime_now(): no local time");
+          if (localtime_r(&now, &when) == nullptr)
+            return Error(e.line, "strftime_now(): no local time");
         }
         char buf[512];
         const size_t n = std::strftime(buf, sizeof(buf), args.pos[0].as_string().c_str(), &when);
-        if (n == 0 && !args.pos[0].as_string().empty()) return Error(e.line, "strftime_now(): bad format");
+        if (n == 0 && !args.pos[0].as_string().empty())
+          return Error(e.line, "strftime_now(): bad format");
         return Value(std::string(buf, n));
       }
     }
@@ -2030,7 +2121,8 @@ class Renderer {
 
   absl::StatusOr<Value> CallMacro(const Stmt& m, const Args& args, int line) {
     if (args.pos.size() > m.params.size()) {
-      return Error(line, absl::StrCat("macro '", m.targets[0], "' takes ", m.params.size(), " arguments"));
+      return Error(
+          line, absl::StrCat("macro '", m.targets[0], "' takes ", m.params.size(), " arguments"));
     }
     // The macro sees the globals and its arguments, not the caller's locals.
     const size_t saved_frame = frame_;
@@ -2075,7 +2167,8 @@ class Renderer {
       if (name == "strip" || name == "lstrip" || name == "rstrip") {
         const Value* chars = a.Get(0, "chars");
         if (chars != nullptr && !chars->is_string() && !chars->is_none()) return bad();
-        return Value(Strip(s, chars != nullptr && chars->is_string() ? &chars->as_string() : nullptr,
+        return Value(Strip(s,
+                           chars != nullptr && chars->is_string() ? &chars->as_string() : nullptr,
                            name != "rstrip", name != "lstrip"));
       }
       if (name == "startswith" || name == "endswith") {
@@ -2084,7 +2177,8 @@ class Renderer {
         List options = p->is_list() ? p->as_list() : List{*p};
         for (const Value& o : options) {
           if (!o.is_string()) return bad();
-          if (name == "startswith" ? absl::StartsWith(s, o.as_string()) : absl::EndsWith(s, o.as_string())) {
+          if (name == "startswith" ? absl::StartsWith(s, o.as_string())
+                                   : absl::EndsWith(s, o.as_string())) {
             return Value(true);
           }
         }
@@ -2117,7 +2211,8 @@ class Renderer {
         }
         if (sub->empty()) return Value(static_cast<int64_t>(CodePointOffsets(s).size()));
         int64_t n = 0;
-        for (size_t at = s.find(*sub); at != std::string::npos; at = s.find(*sub, at + sub->size())) ++n;
+        for (size_t at = s.find(*sub); at != std::string::npos; at = s.find(*sub, at + sub->size()))
+          ++n;
         return Value(n);
       }
       if (name == "join") {
@@ -2167,8 +2262,8 @@ class Renderer {
     return out;
   }
 
-  absl::StatusOr<Value> Replace(const std::string& s, const std::string& from, const std::string& to,
-                                int64_t count, int line) {
+  absl::StatusOr<Value> Replace(const std::string& s, const std::string& from,
+                                const std::string& to, int64_t count, int line) {
     if (from.empty()) return Error(line, "replace() of an empty string is not supported");
     std::string out;
     size_t at = 0;
@@ -2185,8 +2280,8 @@ class Renderer {
     return Value(std::move(out));
   }
 
-  absl::StatusOr<Value> Split(const std::string& s, const std::string* sep, int64_t max, bool from_right,
-                              int line) {
+  absl::StatusOr<Value> Split(const std::string& s, const std::string* sep, int64_t max,
+                              bool from_right, int line) {
     if (from_right && max >= 0) return Error(line, "rsplit() with maxsplit is not supported");
     List parts;
     if (sep == nullptr) {
@@ -2223,7 +2318,8 @@ class Renderer {
     return Value(std::move(parts));
   }
 
-  absl::StatusOr<Value> Join(const Value& items, absl::string_view sep, int line, const std::string* attr = nullptr) {
+  absl::StatusOr<Value> Join(const Value& items, absl::string_view sep, int line,
+                             const std::string* attr = nullptr) {
     SG_ASSIGN_OR_RETURN(List l, Iterate(items, line));
     std::string out;
     for (size_t i = 0; i < l.size(); ++i) {
@@ -2266,17 +2362,21 @@ class Renderer {
     if (name == "string") return x.is_string() ? x : Value(S(x));
     if (name == "upper" || name == "lower" || name == "capitalize" || name == "title") {
       const std::string s = S(x);
-      return Value(name == "upper" ? absl::AsciiStrToUpper(s) : name == "lower" ? absl::AsciiStrToLower(s)
-                   : name == "title" ? Title(s) : Capitalize(s));
+      return Value(name == "upper"   ? absl::AsciiStrToUpper(s)
+                   : name == "lower" ? absl::AsciiStrToLower(s)
+                   : name == "title" ? Title(s)
+                                     : Capitalize(s));
     }
     if (name == "replace") {
-      if (a.pos.size() < 2 || !a.pos[0].is_string() || !a.pos[1].is_string()) return bad("needs two strings");
+      if (a.pos.size() < 2 || !a.pos[0].is_string() || !a.pos[1].is_string())
+        return bad("needs two strings");
       return Replace(S(x), a.pos[0].as_string(), a.pos[1].as_string(),
                      a.pos.size() > 2 ? a.pos[2].as_int() : -1, line);
     }
     if (name == "length" || name == "count") {
       switch (x.kind()) {
-        case Value::Kind::kString: return Value(static_cast<int64_t>(CodePointOffsets(x.as_string()).size() - 1));
+        case Value::Kind::kString:
+          return Value(static_cast<int64_t>(CodePointOffsets(x.as_string()).size() - 1));
         case Value::Kind::kList: return Value(static_cast<int64_t>(x.as_list().size()));
         case Value::Kind::kDict: return Value(static_cast<int64_t>(x.as_dict().size()));
         case Value::Kind::kUndefined: return Value(0);
@@ -2352,7 +2452,8 @@ class Renderer {
     if (name == "int") {
       const Value* dflt = a.Get(0, "default");
       switch (x.kind()) {
-        case Value::Kind::kInt: case Value::Kind::kBool: return Value(x.as_int());
+        case Value::Kind::kInt:
+        case Value::Kind::kBool: return Value(x.as_int());
         case Value::Kind::kFloat:
           if (std::isfinite(x.as_float()) && std::fabs(x.as_float()) < 9.2e18) {
             return Value(static_cast<int64_t>(x.as_float()));
@@ -2361,11 +2462,13 @@ class Renderer {
         case Value::Kind::kString: {
           const std::string s = Strip(x.as_string(), nullptr, true, true);
           int64_t i = 0;
-          const auto r = std::from_chars(s.data() + (!s.empty() && s[0] == '+'), s.data() + s.size(), i);
+          const auto r =
+              std::from_chars(s.data() + (!s.empty() && s[0] == '+'), s.data() + s.size(), i);
           if (r.ec == std::errc() && r.ptr == s.data() + s.size()) return Value(i);
           char* end = nullptr;
           const double d = std::strtod(s.c_str(), &end);
-          if (!s.empty() && end == s.c_str() + s.size() && std::isfinite(d) && std::fabs(d) < 9.2e18) {
+          if (!s.empty() && end == s.c_str() + s.size() && std::isfinite(d) &&
+              std::fabs(d) < 9.2e18) {
             return Value(static_cast<int64_t>(d));
           }
           break;
@@ -2386,14 +2489,16 @@ class Renderer {
     }
     if (name == "abs") {
       if (x.kind() == Value::Kind::kFloat) return Value(std::fabs(x.as_float()));
-      if (x.kind() == Value::Kind::kInt && x.as_int() != INT64_MIN) return Value(x.as_int() < 0 ? -x.as_int() : x.as_int());
+      if (x.kind() == Value::Kind::kInt && x.as_int() != INT64_MIN)
+        return Value(x.as_int() < 0 ? -x.as_int() : x.as_int());
       return bad(absl::StrCat("not for a ", TypeName(x)));
     }
     if (name == "selectattr" || name == "rejectattr" || name == "select" || name == "reject") {
       const bool by_attr = name == "selectattr" || name == "rejectattr";
       const bool keep_if = name == "selectattr" || name == "select";
       SG_ASSIGN_OR_RETURN(List l, Iterate(x, line));
-      if (by_attr && (a.pos.empty() || !a.pos[0].is_string())) return bad("needs an attribute name");
+      if (by_attr && (a.pos.empty() || !a.pos[0].is_string()))
+        return bad("needs an attribute name");
       const size_t test_at = by_attr ? 1 : 0;
       std::string test;
       if (a.pos.size() > test_at) {
@@ -2453,7 +2558,8 @@ class Renderer {
       if (v.is_dict()) {
         const Value* next = v.as_dict().Find(part);
         v = next != nullptr ? *next : Value();
-      } else if (v.is_list() && !part.empty() && absl::ascii_isdigit(static_cast<unsigned char>(part[0]))) {
+      } else if (v.is_list() && !part.empty() &&
+                 absl::ascii_isdigit(static_cast<unsigned char>(part[0]))) {
         const size_t i = static_cast<size_t>(std::atoll(std::string(part).c_str()));
         v = i < v.as_list().size() ? v.as_list()[i] : Value();
       } else {
@@ -2489,7 +2595,8 @@ class Renderer {
     return r;
   }
 
-  absl::StatusOr<bool> TestUnchecked(const std::string& name, const Value& x, const Args& a, int line) {
+  absl::StatusOr<bool> TestUnchecked(const std::string& name, const Value& x, const Args& a,
+                                     int line) {
     const Value* arg = a.pos.empty() ? nullptr : &a.pos[0];
     const Value::Kind k = x.kind();
     if (name == "defined") return !x.is_undefined();
@@ -2514,14 +2621,19 @@ class Renderer {
       const std::string s = S(x);
       return s == (name == "lower" ? absl::AsciiStrToLower(s) : absl::AsciiStrToUpper(s));
     }
-    if (arg == nullptr) return Error(line, absl::StrCat("the test '", name, "' is not supported or needs an argument"));
-    if (name == "equalto" || name == "eq" || name == "==" || name == "sameas") return Equal(x, *arg);
+    if (arg == nullptr)
+      return Error(line,
+                   absl::StrCat("the test '", name, "' is not supported or needs an argument"));
+    if (name == "equalto" || name == "eq" || name == "==" || name == "sameas")
+      return Equal(x, *arg);
     if (name == "ne" || name == "!=") return !Equal(x, *arg);
     if (name == "in") return Contains(*arg, x, line);
     for (const char* op : {"lt", "le", "gt", "ge"}) {
       if (name == op) {
         const int c = Order(x, *arg);
-        if (c == -2) return Error(line, absl::StrCat("'", name, "' between a ", TypeName(x), " and a ", TypeName(*arg)));
+        if (c == -2)
+          return Error(line, absl::StrCat("'", name, "' between a ", TypeName(x), " and a ",
+                                          TypeName(*arg)));
         return name == "lt" ? c < 0 : name == "le" ? c <= 0 : name == "gt" ? c > 0 : c >= 0;
       }
     }
@@ -2545,8 +2657,8 @@ Template& Template::operator=(Template&&) noexcept = default;
 
 absl::StatusOr<Template> Template::Parse(absl::string_view text, const Limits& limits) {
   if (text.size() > limits.max_template_bytes) {
-    return absl::InvalidArgumentError(absl::StrCat("chat template of ", text.size(), " bytes (at most ",
-                                                   limits.max_template_bytes, ")"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "chat template of ", text.size(), " bytes (at most ", limits.max_template_bytes, ")"));
   }
   // Jinja reads every line ending as \n and drops one final newline.
   std::string source;

@@ -56,15 +56,15 @@ class Value {
 
   Value() = default;  // undefined
   static Value None() { return Value(Kind::kNone); }
-  Value(bool b) : kind_(Kind::kBool), int_(b) {}  // NOLINT: literals read naturally
-  Value(int64_t i) : kind_(Kind::kInt), int_(i) {}  // NOLINT
-  Value(int i) : kind_(Kind::kInt), int_(i) {}  // NOLINT
+  Value(bool b) : kind_(Kind::kBool), int_(b) {}         // NOLINT: literals read naturally
+  Value(int64_t i) : kind_(Kind::kInt), int_(i) {}       // NOLINT
+  Value(int i) : kind_(Kind::kInt), int_(i) {}           // NOLINT
   Value(double d) : kind_(Kind::kFloat) { float_ = d; }  // NOLINT
-  Value(std::string s);  // NOLINT
-  Value(const char* s) : Value(std::string(s)) {}  // NOLINT
+  Value(std::string s);                                  // NOLINT
+  Value(const char* s) : Value(std::string(s)) {}        // NOLINT
   Value(absl::string_view s) : Value(std::string(s)) {}  // NOLINT
-  Value(List l);  // NOLINT
-  Value(Dict d);  // NOLINT
+  Value(List l);                                         // NOLINT
+  Value(Dict d);                                         // NOLINT
   static Value Namespace(Dict d);  // namespace(): a dict whose attributes `set` may change
   static Value Function(std::shared_ptr<const Callable> f);
 

@@ -19,11 +19,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   sg::jinja::Limits limits;
   limits.max_steps = 200000;
   limits.max_output_bytes = size_t{1} << 20;
-  absl::StatusOr<sg::jinja::Template> t =
-      sg::jinja::Template::Parse(absl::string_view(reinterpret_cast<const char*>(data), size), limits);
+  absl::StatusOr<sg::jinja::Template> t = sg::jinja::Template::Parse(
+      absl::string_view(reinterpret_cast<const char*>(data), size), limits);
   if (!t.ok()) return 0;
   List messages;
-  const char* turns[][2] = {{"system", " Be brief.\n"}, {"user", "Hi <b>'\"\\"}, {"assistant", "<think>x</think>Hello"},
+  const char* turns[][2] = {{"system", " Be brief.\n"},
+                            {"user", "Hi <b>'\"\\"},
+                            {"assistant", "<think>x</think>Hello"},
                             {"user", "  And?  "}};
   for (const auto& turn : turns) {
     Dict m;

@@ -37,14 +37,15 @@ Json Expected() { return Json::parse(ReadText(kFixtures + "/chat_templates/expec
 
 std::vector<ChatMessage> Messages(const Json& j) {
   std::vector<ChatMessage> m;
-  for (const Json& x : j) m.push_back({x.at("role").get<std::string>(), x.at("content").get<std::string>()});
+  for (const Json& x : j)
+    m.push_back({x.at("role").get<std::string>(), x.at("content").get<std::string>()});
   return m;
 }
 
 absl::StatusOr<ChatTemplate> Load(const Json& fixture, const std::string& path, const Json& t) {
-  return ChatTemplate::Create(ReadText(kFixtures + "/" + path), t.at("bos_token").get<std::string>(),
-                              t.at("eos_token").get<std::string>(),
-                              fixture.at("date_string").get<std::string>());
+  return ChatTemplate::Create(
+      ReadText(kFixtures + "/" + path), t.at("bos_token").get<std::string>(),
+      t.at("eos_token").get<std::string>(), fixture.at("date_string").get<std::string>());
 }
 
 TEST(ChatTemplate, RendersEveryFixtureLikeTransformers) {
@@ -111,20 +112,22 @@ TEST(ChatTemplate, RenderUserTurnIsOneUserMessage) {
   EXPECT_EQ(ct->RenderUserTurn("Hi"),
             "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging "
             "Face<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
-  EXPECT_EQ(ct->RenderUserTurn("What is the capital of France?"), t.at("cases")[0].at("text").get<std::string>());
+  EXPECT_EQ(ct->RenderUserTurn("What is the capital of France?"),
+            t.at("cases")[0].at("text").get<std::string>());
 }
 
 // Without a date, a template that reads the clock writes today's local date.
 TEST(ChatTemplate, ClockTemplatesWriteTodaysDate) {
-  auto ct = ChatTemplate::Create(ReadText(kFixtures + "/tokenizer/chat/llama32.jinja"), "<|begin_of_text|>",
-                                 "<|eot_id|>");
+  auto ct = ChatTemplate::Create(ReadText(kFixtures + "/tokenizer/chat/llama32.jinja"),
+                                 "<|begin_of_text|>", "<|eot_id|>");
   ASSERT_TRUE(ct.ok()) << ct.status();
   const std::string text = ct->RenderUserTurn("hi");
   const size_t at = text.find("Today Date: ");
   ASSERT_NE(at, std::string::npos) << text;
   const std::string date = text.substr(at + 12, 11);  // "%d %b %Y"
-  EXPECT_TRUE(std::isdigit(date[0]) && std::isdigit(date[1]) && date[2] == ' ' && std::isupper(date[3]) &&
-              std::islower(date[4]) && date[6] == ' ' && std::isdigit(date[7]) && std::isdigit(date[10]))
+  EXPECT_TRUE(std::isdigit(date[0]) && std::isdigit(date[1]) && date[2] == ' ' &&
+              std::isupper(date[3]) && std::islower(date[4]) && date[6] == ' ' &&
+              std::isdigit(date[7]) && std::isdigit(date[10]))
       << date;
   EXPECT_EQ(text.find("26 Jul 2024"), std::string::npos);
 }
@@ -143,19 +146,22 @@ TEST(ChatTemplate, RendersATemplateOfItsOwn) {
 
 TEST(ChatTemplate, RefusesWhatItCannotRender) {
   EXPECT_FALSE(ChatTemplate::Create("", "<s>", "</s>").ok());
-  for (const char* bad : {"{{ '<|im_start|>", "{% for message in messages %}", "{% if x %}{% endfor %}",
-                          "{{ raise_exception('no') }}", "{% call foo() %}{% endcall %}"}) {
+  for (const char* bad :
+       {"{{ '<|im_start|>", "{% for message in messages %}", "{% if x %}{% endfor %}",
+        "{{ raise_exception('no') }}", "{% call foo() %}{% endcall %}"}) {
     auto ct = ChatTemplate::Create(bad, "", "</s>");
     ASSERT_FALSE(ct.ok()) << bad;
     EXPECT_EQ(ct.status().code(), absl::StatusCode::kInvalidArgument);
     EXPECT_TRUE(absl::StrContains(ct.status().message(), "chat template")) << ct.status();
   }
   // A conversation the template refuses: an error naming why, and no text.
-  auto gemma = ChatTemplate::Create(ReadText(kFixtures + "/chat_templates/gemma2.jinja"), "<bos>", "<eos>");
+  auto gemma =
+      ChatTemplate::Create(ReadText(kFixtures + "/chat_templates/gemma2.jinja"), "<bos>", "<eos>");
   ASSERT_TRUE(gemma.ok()) << gemma.status();
   auto text = gemma->Render({{"system", "s"}, {"user", "u"}}, true);
   ASSERT_FALSE(text.ok());
-  EXPECT_TRUE(absl::StrContains(text.status().message(), "System role not supported")) << text.status();
+  EXPECT_TRUE(absl::StrContains(text.status().message(), "System role not supported"))
+      << text.status();
 }
 
 TEST(ChatTemplate, ForTokenizerUsesTheSpec) {
@@ -176,7 +182,8 @@ TEST(ChatTemplate, ForTokenizerUsesTheSpec) {
   EXPECT_EQ(ct->end_of_turn(), "<|im_end|>");
   // An end of turn that is no token of the vocabulary falls back to eos.
   spec.chat_template =
-      "{% for m in messages %}{{ m.content }}<|end|>{% endfor %}{% if add_generation_prompt %}>{% endif %}";
+      "{% for m in messages %}{{ m.content }}<|end|>{% endfor %}{% if add_generation_prompt %}>{% "
+      "endif %}";
   tok = Tokenizer::Create(spec);
   ASSERT_TRUE(tok.ok()) << tok.status();
   ct = ChatTemplate::ForTokenizer(**tok);
@@ -197,19 +204,22 @@ TEST(ChatConversation, PiecesAddUpToTheWholeConversation) {
       SCOPED_TRACE(path + (with_system ? " with a system message" : ""));
       const std::optional<std::string> system =
           with_system ? std::optional<std::string>("Be brief.") : std::nullopt;
-      auto conv = ChatConversation::Create(ReadText(kFixtures + "/" + path), t.at("bos_token").get<std::string>(),
+      auto conv = ChatConversation::Create(ReadText(kFixtures + "/" + path),
+                                           t.at("bos_token").get<std::string>(),
                                            t.at("eos_token").get<std::string>(), system,
                                            fixture.at("date_string").get<std::string>());
       if (!conv.ok() && path == "tokenizer/chat/refused_gemma.jinja") {
         // Gemma 1 prompts "<start_of_turn>model" but writes an earlier answer as
         // "<start_of_turn>assistant": a kept cache would differ from the conversation.
-        EXPECT_TRUE(absl::StrContains(conv.status().message(), "written differently")) << conv.status();
+        EXPECT_TRUE(absl::StrContains(conv.status().message(), "written differently"))
+            << conv.status();
         continue;
       }
       if (!conv.ok()) {
         // Otherwise only a system message may be refused, and then with the way out named.
         ASSERT_TRUE(with_system) << conv.status();
-        EXPECT_TRUE(absl::StrContains(conv.status().message(), "chat without --system")) << conv.status();
+        EXPECT_TRUE(absl::StrContains(conv.status().message(), "chat without --system"))
+            << conv.status();
         continue;
       }
       ++followed;
@@ -224,7 +234,8 @@ TEST(ChatConversation, PiecesAddUpToTheWholeConversation) {
       const std::string whole = *conv->chat_template().Render(m, true);
       const std::string next = conv->Next("And Italy?", true);
       size_t common = 0;
-      while (common < start.size() && common < whole.size() && start[common] == whole[common]) ++common;
+      while (common < start.size() && common < whole.size() && start[common] == whole[common])
+        ++common;
       const std::string opening = start.substr(common);
       if (absl::StrContains(path, "deepseek_r1") || absl::StrContains(path, "qwq")) {
         EXPECT_TRUE(absl::StartsWith(opening, "<think>\n")) << start;
