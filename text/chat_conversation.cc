@@ -110,6 +110,8 @@ absl::StatusOr<ChatConversation> ChatConversation::ForTokenizer(
                       Create(spec.chat_template, name(spec.bos_id), name(spec.eos_id), system));
   // The end of turn as ChatTemplate::ForTokenizer checks it against the vocabulary.
   SG_ASSIGN_OR_RETURN(c.template_, ChatTemplate::ForTokenizer(tokenizer));
+  // An end of turn that fell back to eos must still close an answer in the template.
+  SG_RETURN_IF_ERROR(c.NextOrError("Next", true).status());
   return c;
 }
 

@@ -118,6 +118,9 @@ absl::StatusOr<std::string> ChatTemplate::Render(absl::Span<const ChatMessage> m
   jinja::Dict vars;
   vars.Set("messages", jinja::Value(std::move(list)));
   vars.Set("add_generation_prompt", jinja::Value(add_generation_prompt));
+  // As transformers: no tools and no documents are none, not undefined.
+  vars.Set("tools", jinja::Value::None());
+  vars.Set("documents", jinja::Value::None());
   if (!bos_.empty()) vars.Set("bos_token", jinja::Value(bos_));
   if (!eos_.empty()) vars.Set("eos_token", jinja::Value(eos_));
   if (!date_.empty()) vars.Set("date_string", jinja::Value(date_));

@@ -1383,8 +1383,11 @@ class Renderer {
 
   std::string S(const Value& v) const { return Str(v, limits_.max_output_bytes); }
 
-  const Value* Lookup(const std::string& name) const {
+  // Each scope looked in is a step, so that deep nesting cannot multiply the work a step
+  // stands for.
+  const Value* Lookup(const std::string& name) {
     for (size_t i = scopes_.size(); i-- > frame_;) {
+      ++steps_;
       const auto it = scopes_[i].find(name);
       if (it != scopes_[i].end()) return &it->second;
     }
@@ -1535,17 +1538,18 @@ class Renderer {
     return false;
   }
 
+  // "a string", "an int": for messages.
   static const char* TypeName(const Value& v) {
     switch (v.kind()) {
-      case Value::Kind::kUndefined: return "undefined";
+      case Value::Kind::kUndefined: return "an undefined value";
       case Value::Kind::kNone: return "none";
-      case Value::Kind::kBool: return "bool";
-      case Value::Kind::kInt: return "int";
-      case Value::Kind::kFloat: return "float";
-      case Value::Kind::kString: return "string";
-      case Value::Kind::kList: return "list";
-      case Value::Kind::kDict: return v.is_namespace() ? "namespace" : "dict";
-      case Value::Kind::kCallable: return "function";
+      case Value::Kind::kBool: return "a bool";
+      case Value::Kind::kInt: return "an int";
+      case Value::Kind::kFloat: return "a float";
+      case Value::Kind::kString: return "a string";
+      case Value::Kind::kList: return "a list";
+      case Value::Kind::kDict: return v.is_namespace() ? "a namespace" : "a dict";
+      case Value::Kind::kCallable: return "a function";
     }
     return "?";
   }
@@ -1573,7 +1577,7 @@ class Renderer {
         }
         return chars;
       }
-      default: return Error(line, absl::StrCat("a ", TypeName(v), " is not iterable"));
+      default: return Error(line, absl::StrCat(TypeName(v), " is not iterable"));
     }
   }
 
@@ -1653,8 +1657,8 @@ class Renderer {
         return false;
       case Value::Kind::kDict:
         return item.is_string() && container.as_dict().Find(item.as_string()) != nullptr;
-      case Value::Kind::kUndefined: return Error(line, "'in' an undefined value");
-      default: return Error(line, absl::StrCat("'in' a ", TypeName(container)));
+      case Value::Kind::kUndefined: return false;  // Jinja's Undefined holds nothing
+      default: return Error(line, absl::StrCat("'in' ", TypeName(container)));
     }
   }
 
@@ -1705,7 +1709,7 @@ class Renderer {
           if (x.as_int() == INT64_MIN) return Error(e.line, "integer overflow");
           return Value(-x.as_int());
         }
-        return Error(e.line, absl::StrCat("'-' of a ", TypeName(x)));
+        return Error(e.line, absl::StrCat("'-' of ", TypeName(x)));
       }
       case Ex::kNot: {
         SG_ASSIGN_OR_RETURN(Value x, Eval(*e.args[0]));
@@ -1798,7 +1802,7 @@ class Renderer {
     const int c = Order(a, b);
     if (c == -2) {
       return Error(line,
-                   absl::StrCat("'", op, "' between a ", TypeName(a), " and a ", TypeName(b)));
+                   absl::StrCat("'", op, "' between ", TypeName(a), " and ", TypeName(b)));
     }
     if (op == "<") return c < 0;
     if (op == "<=") return c <= 0;
@@ -1851,7 +1855,7 @@ class Renderer {
     }
     if (!an || !bn) {
       return Error(line,
-                   absl::StrCat("'", op, "' between a ", TypeName(a), " and a ", TypeName(b)));
+                   absl::StrCat("'", op, "' between ", TypeName(a), " and ", TypeName(b)));
     }
     const bool floats = a.kind() == Value::Kind::kFloat || b.kind() == Value::Kind::kFloat;
     if (op == "/") {
@@ -1975,7 +1979,7 @@ class Renderer {
     } else if (obj.is_undefined()) {
       return Undefined(*e.args[0], e.line);
     } else {
-      return Error(e.line, absl::StrCat("slice of a ", TypeName(obj)));
+      return Error(e.line, absl::StrCat("slice of ", TypeName(obj)));
     }
     // Python's slice.indices().
     auto adjust = [&](int k, int64_t dflt) {
@@ -2155,7 +2159,7 @@ class Renderer {
 
   absl::StatusOr<Value> Method(const Value& obj, const std::string& name, const Args& a, int line) {
     auto bad = [&]() {
-      return Error(line, absl::StrCat("a ", TypeName(obj), " has no method '", name, "' here"));
+      return Error(line, absl::StrCat(TypeName(obj), " has no method '", name, "' here"));
     };
     auto str_arg = [&](size_t i, absl::string_view n) -> const std::string* {
       const Value* v = a.Get(i, n);
@@ -2380,7 +2384,7 @@ class Renderer {
         case Value::Kind::kList: return Value(static_cast<int64_t>(x.as_list().size()));
         case Value::Kind::kDict: return Value(static_cast<int64_t>(x.as_dict().size()));
         case Value::Kind::kUndefined: return Value(0);
-        default: return bad(absl::StrCat("a ", TypeName(x), " has no length"));
+        default: return bad(absl::StrCat(TypeName(x), " has no length"));
       }
     }
     if (name == "tojson") {
@@ -2431,7 +2435,7 @@ class Renderer {
     }
     if (name == "items") {
       if (x.is_undefined()) return Value(List());
-      if (!x.is_dict()) return bad(absl::StrCat("not for a ", TypeName(x)));
+      if (!x.is_dict()) return bad(absl::StrCat("not for ", TypeName(x)));
       return Method(x, "items", Args(), line);
     }
     if (name == "list") {
@@ -2491,12 +2495,13 @@ class Renderer {
       if (x.kind() == Value::Kind::kFloat) return Value(std::fabs(x.as_float()));
       if (x.kind() == Value::Kind::kInt && x.as_int() != INT64_MIN)
         return Value(x.as_int() < 0 ? -x.as_int() : x.as_int());
-      return bad(absl::StrCat("not for a ", TypeName(x)));
+      return bad(absl::StrCat("not for ", TypeName(x)));
     }
     if (name == "selectattr" || name == "rejectattr" || name == "select" || name == "reject") {
       const bool by_attr = name == "selectattr" || name == "rejectattr";
       const bool keep_if = name == "selectattr" || name == "select";
-      SG_ASSIGN_OR_RETURN(List l, Iterate(x, line));
+      // Jinja goes through a false sequence (none) as an empty one here.
+      SG_ASSIGN_OR_RETURN(List l, Truthy(x) ? Iterate(x, line) : List());
       if (by_attr && (a.pos.empty() || !a.pos[0].is_string()))
         return bad("needs an attribute name");
       const size_t test_at = by_attr ? 1 : 0;
@@ -2525,7 +2530,7 @@ class Renderer {
       return Value(std::move(kept));
     }
     if (name == "map") {
-      SG_ASSIGN_OR_RETURN(List l, Iterate(x, line));
+      SG_ASSIGN_OR_RETURN(List l, Truthy(x) ? Iterate(x, line) : List());
       const Value* attr = a.Get(99, "attribute");
       List mapped;
       if (attr != nullptr) {
@@ -2632,7 +2637,7 @@ class Renderer {
       if (name == op) {
         const int c = Order(x, *arg);
         if (c == -2)
-          return Error(line, absl::StrCat("'", name, "' between a ", TypeName(x), " and a ",
+          return Error(line, absl::StrCat("'", name, "' between ", TypeName(x), " and ",
                                           TypeName(*arg)));
         return name == "lt" ? c < 0 : name == "le" ? c <= 0 : name == "gt" ? c > 0 : c >= 0;
       }

@@ -64,6 +64,7 @@ TEST(Jinja, Expressions) {
             "TrueTrueTrueTrueFalse");
   EXPECT_EQ(Ok("{{ 'b' in 'abc' }}{{ 2 in [1, 2] }}{{ 'k' in {'k': 1} }}{{ 3 not in [3] }}"),
             "TrueTrueTrueFalse");
+  EXPECT_EQ(Ok("{{ 'a' in undefined_name }}"), "False");
   EXPECT_EQ(Ok("{{ not true or false }}{{ 0 and 1 }}{{ '' or 'x' }}"), "False0x");
   EXPECT_EQ(Ok("{{ 'y' if 1 > 2 else 'n' }}|{{ 'x' if false }}|"), "n||");
   EXPECT_EQ(
@@ -133,6 +134,7 @@ TEST(Jinja, FiltersTestsAndMethods) {
          "{{ messages | map(attribute='role') | map('upper') | join(',') }}",
          Messages()),
       "1HelloUSER,ASSISTANT");
+  EXPECT_EQ(Ok("{{ none | selectattr('type') | list }}{{ none | map(attribute='x') | list }}"), "[][]");
   EXPECT_EQ(Ok("{{ 'a b  c'.split() }}{{ 'a,b'.split(',') }}{{ 'a</t>b'.split('</t>')[-1] }}"),
             "['a', 'b', 'c']['a', 'b']b");
   EXPECT_EQ(Ok("{{ 'abc'.startswith('ab') }}{{ 'abc'.endswith(('x', 'c')) }}{{ 'ABC'.lower() }}{{ "
@@ -172,7 +174,7 @@ TEST(Jinja, Functions) {
 // What Python would refuse is an error naming the line, never a guess.
 TEST(Jinja, ErrorsNameWhatAndWhere) {
   const std::vector<std::pair<const char*, const char*>> cases = {
-      {"{{ 'a' + 1 }}", "'+' between a string and a int"},
+      {"{{ 'a' + 1 }}", "'+' between a string and an int"},
       {"{{ x.y }}", "'x' is undefined"},
       {"{{ 1 // 0 }}", "division by zero"},
       {"{{ 9223372036854775807 + 1 }}", "integer overflow"},
