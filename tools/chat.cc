@@ -276,8 +276,9 @@ absl::StatusOr<std::vector<int32_t>> TurnTokens(const Chat& c, const std::string
                         ParseIntList(line, 0, c.session.config().vocab_size - 1));
     return std::vector<int32_t>(ids.begin(), ids.end());
   }
-  const std::string text =
-      c.started ? c.conversation->Next(line, c.closed) : c.conversation->Start(line);
+  SG_ASSIGN_OR_RETURN(const std::string text, c.started
+                                                   ? c.conversation->NextOrError(line, c.closed)
+                                                   : c.conversation->StartOrError(line));
   return c.tokenizer->Encode(text, {.add_special = false});
 }
 
@@ -319,8 +320,8 @@ int ChatCommand(const Options& o) {
     absl::StatusOr<Conversation> conv = Conversation::ForTokenizer(*tokenizer, o.system);
     if (!conv.ok()) {
       return Failure(conv.status(),
-                     "chat follows a model's chat template (the ChatML, Llama 3 and [INST] "
-                     "families); 'stepgraph run --prompt' takes plain text");
+                     "chat follows a model's chat template (docs/chat_templates.md); "
+                     "'stepgraph run --prompt' takes plain text");
     }
     conversation = *std::move(conv);
   }

@@ -11,7 +11,7 @@ cd "$(dirname "$0")/.."
 seconds=${1:-60}
 shift || true
 names=("$@")
-[[ ${#names[@]} -gt 0 ]] || names=(safetensors config builder gguf tokenizer tokenizer_json)
+[[ ${#names[@]} -gt 0 ]] || names=(safetensors config builder gguf tokenizer tokenizer_json jinja)
 build=${STEPGRAPH_FUZZ_BUILD_DIR:-build/fuzz}
 jobs=${STEPGRAPH_JOBS:-$(nproc)}
 cxx=${STEPGRAPH_FUZZ_CXX:-clang++}

@@ -69,8 +69,8 @@ absl::StatusOr<TextPrompt> EncodePrompt(const Options& o, const PromptSource& so
   if (o.chat) {
     SG_ASSIGN_OR_RETURN(ChatTemplate chat, ChatTemplate::ForTokenizer(*p.tokenizer));
     // The rendered turn carries its own special tokens.
-    SG_ASSIGN_OR_RETURN(p.ids, p.tokenizer->Encode(chat.RenderUserTurn(*source.text),
-                                                   {.add_special = false}));
+    SG_ASSIGN_OR_RETURN(const std::string turn, chat.Render({{"user", *source.text}}, true));
+    SG_ASSIGN_OR_RETURN(p.ids, p.tokenizer->Encode(turn, {.add_special = false}));
     if (!chat.end_of_turn().empty()) p.end_of_turn = p.tokenizer->TokenId(chat.end_of_turn());
   } else {
     SG_ASSIGN_OR_RETURN(p.ids, p.tokenizer->Encode(*source.text));

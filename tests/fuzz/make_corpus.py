@@ -288,9 +288,42 @@ def make_builder():
             f.write(bytes(rng.randrange(256) for _ in range(64 * (i + 1))))
 
 
+def make_jinja():
+    """Seeds of the chat template harness: the real templates of the fixtures, and hostile
+    ones (deep nesting of each kind, loops and strings that grow past the bounds, a macro
+    calling itself, unclosed tags)."""
+    d = folder("jinja")
+    for sub in ("chat_templates", os.path.join("tokenizer", "chat")):
+        src = os.path.join(FIXTURES, sub)
+        for name in sorted(os.listdir(src)):
+            if name.endswith(".jinja"):
+                shutil.copyfile(os.path.join(src, name), os.path.join(d, name[:-6]))
+    hostile = {
+        "deep_parens": "{{ " + "(" * 5000 + "1" + ")" * 5000 + " }}",
+        "deep_ifs": "{% if 1 %}" * 3000,
+        "deep_filters": "{{ 'a'" + "|trim" * 3000 + " }}",
+        "deep_lists": "{{ " + "[" * 5000 + "]" * 5000 + " }}",
+        "nested_loops": "{% for i in range(100000) %}{% for j in range(100000) %}{{ i }}"
+                        "{% endfor %}{% endfor %}",
+        "doubling": "{% set ns = namespace(s='ab') %}{% for i in range(64) %}"
+                    "{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s }}",
+        "repeat": "{{ 'x' * 100000000 }}{{ [1] * 100000000 }}",
+        "macro_recursion": "{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}",
+        "unclosed": "{% for m in messages %}{{ m.content",
+        "everything": "{%- set ns = namespace(n=0) -%}{% for m in messages[::-1] if m.role %}"
+                      "{{ loop.index ~ m.role | upper }}{{ m.content.split(' ')[-1].strip() }}"
+                      "{% set ns.n = ns.n + 1 %}{% endfor %}{{ ns.n }}{{ messages | tojson(indent=2) }}"
+                      "{{ messages | selectattr('role', 'equalto', 'user') | map(attribute='content') "
+                      "| join(', ') }}{{ strftime_now('%d %b %Y') }}{{ raise_exception('end') }}",
+    }
+    for name, text in hostile.items():
+        with open(os.path.join(d, name), "w", encoding="utf-8") as f:
+            f.write(text)
+
+
 MAKERS = {"safetensors": make_safetensors, "config": make_config, "gguf": make_gguf,
           "builder": make_builder, "tokenizer": make_tokenizer,
-          "tokenizer_json": make_tokenizer_json}
+          "tokenizer_json": make_tokenizer_json, "jinja": make_jinja}
 
 if __name__ == "__main__":
     for name in sys.argv[1:] or MAKERS:

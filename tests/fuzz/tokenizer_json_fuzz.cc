@@ -2,7 +2,7 @@
 // the input is tokenizer.json, tokenizer_config.json, chat_template.jinja and a text,
 // separated by NUL bytes (absent parts are absent files). The folder becomes a tokenizer
 // (Tokenizer::SpecFromTokenizerJsonText, Tokenizer::Create), its chat template is
-// recognised (ChatTemplate::ForTokenizer), and the text is encoded plainly and as a user
+// parsed and run (ChatTemplate::ForTokenizer), and the text is encoded plainly and as a user
 // turn, then decoded: an error or a result, never a crash, leak or hang, and every id in
 // the vocabulary. Seeds (corpus/tokenizer_json, from make_corpus.py) carry the shapes that
 // used to crash or hang: deep nesting, patterns that match empty or backtrack, long

@@ -12,6 +12,7 @@
 #include <fstream>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -417,29 +418,26 @@ TEST(HostileNfc, MatchesTheReferenceOnEveryCombiningClass) {
   EXPECT_EQ(failures, 0);
 }
 
-// ---- 14: chat templates the recogniser cannot render faithfully ----------------------------
+// ---- 14: chat templates are run, not recognised: odd ones render as they are written -----
 
-TEST(HostileChatTemplate, InstTagsOutOfOrderAreRefused) {
-  for (const char* t : {
-           "{{ bos_token }}{% for message in messages %}{{ '[/INST]' + message['content'] + "
-           "'[INST]' }}{% endfor %}",
-           "{% for message in messages %}{{ '[/INST] [INST]' + message['content'] }}{% endfor %}",
-           "{% for message in messages %}{{ '[INST] [/INST]' + message['content'] }}{% endfor %}",
-       }) {
+TEST(HostileChatTemplate, InstTagsOutOfOrderRenderAsWritten) {
+  const std::vector<std::pair<const char*, const char*>> cases = {
+      {"{{ bos_token }}{% for message in messages %}{{ '[/INST]' + message['content'] + "
+       "'[INST]' }}{% endfor %}",
+       "<s>[/INST]hi[INST]"},
+      {"{% for message in messages %}{{ '[/INST] [INST]' + message['content'] }}{% endfor %}",
+       "[/INST] [INST]hi"},
+      {"{% for message in messages %}{{ '[INST] [/INST]' + message['content'] }}{% endfor %}",
+       "[INST] [/INST]hi"},
+      {"{% for message in messages %}{{ '[INST] ' + message['content'] + ' [/INST]' }}"
+       "{% endfor %}",
+       "[INST] hi [/INST]"},
+  };
+  for (const auto& [t, want] : cases) {
     auto ct = ChatTemplate::Create(t, "<s>", "</s>");
-    EXPECT_FALSE(ct.ok()) << t << " renders as \""
-                          << (ct.ok() ? ct->RenderUserTurn("hi") : std::string()) << "\"";
-    if (!ct.ok()) {
-      EXPECT_TRUE(Says(ct.status(), "[INST]"));
-    }
+    ASSERT_TRUE(ct.ok()) << t << ": " << ct.status();
+    EXPECT_EQ(ct->RenderUserTurn("hi"), want) << t;
   }
-  // The usual order still renders.
-  auto ok = ChatTemplate::Create(
-      "{% for message in messages %}{{ '[INST] ' + message['content'] + ' [/INST]' }}"
-      "{% endfor %}",
-      "<s>", "</s>");
-  ASSERT_TRUE(ok.ok()) << ok.status();
-  EXPECT_EQ(ok->RenderUserTurn("hi"), "[INST] hi [/INST]");
 }
 
 // ---- the JSON bounds themselves --------------------------------------------------------------

@@ -85,11 +85,25 @@ TEST(ConversationTest, TurnsAddUpToTransformersConversations) {
   }
 }
 
-TEST(ConversationTest, TemplatesOutsideTheFamiliesAreRefused) {
-  const absl::StatusOr<Conversation> c =
-      Conversation::Create(Template("refused_gemma"), "<bos>", "<eos>", std::nullopt);
-  ASSERT_FALSE(c.ok());
-  EXPECT_TRUE(absl::StrContains(c.status().message(), "not recognised")) << c.status();
+// Templates outside the old families are followed (Gemma 2's here); one that refuses a
+// conversation is refused with its own reason.
+TEST(ConversationTest, TemplatesOfAnyFamilyAreFollowed) {
+  std::ifstream f(std::string(SG_FIXTURES_DIR) + "/chat_templates/gemma2.jinja");
+  std::stringstream gemma2;
+  gemma2 << f.rdbuf();
+  const absl::StatusOr<Conversation> gemma =
+      Conversation::Create(gemma2.str(), "<bos>", "<eos>", std::nullopt);
+  ASSERT_TRUE(gemma.ok()) << gemma.status();
+  EXPECT_EQ(gemma->Start("Hi"),
+            "<bos><start_of_turn>user\nHi<end_of_turn>\n<start_of_turn>model\n");
+  EXPECT_EQ(gemma->Next("More", true),
+            "\n<start_of_turn>user\nMore<end_of_turn>\n<start_of_turn>model\n");
+  EXPECT_EQ(gemma->end_of_turn(), "<end_of_turn>");
+  const absl::StatusOr<Conversation> refusing = Conversation::Create(
+      "{{ raise_exception('no conversations here') }}", "<s>", "</s>", std::nullopt);
+  ASSERT_FALSE(refusing.ok());
+  EXPECT_TRUE(absl::StrContains(refusing.status().message(), "no conversations here"))
+      << refusing.status();
   const absl::StatusOr<Conversation> none =
       Conversation::Create("", "<s>", "</s>", std::nullopt);
   EXPECT_FALSE(none.ok());

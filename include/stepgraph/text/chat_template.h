@@ -1,55 +1,87 @@
-// Chat templates: the model's own wrapping of a user turn, from `tokenizer.chat_template`.
-// Templates are Jinja programs; instead of running Jinja, stepgraph recognises the common
-// families (ChatML as in SmolLM2 and Qwen, Llama 3 / 3.1 / 3.2, Llama 2 / Mistral [INST]),
-// reads from the template's string literals the parts that vary within a family (a default
-// system prompt, the spacing around [INST], Llama 3.1's dated system turn), and renders one
-// user turn with the generation prompt exactly as transformers'
-// apply_chat_template(..., add_generation_prompt=True, tokenize=False) does.
-// Anything else is refused with a message, never rendered approximately.
+// Chat templates: the model's own wrapping of a conversation, from
+// `tokenizer.chat_template`. stepgraph runs the template itself with a Jinja-subset
+// interpreter (text/jinja.h; docs/chat_templates.md lists the subset and its bounds) in the
+// environment transformers' apply_chat_template gives it (messages, add_generation_prompt,
+// bos_token, eos_token, date_string, raise_exception, strftime_now), so a model's template
+// renders here byte for byte as it does there, whatever family it belongs to.
 #ifndef STEPGRAPH_TEXT_CHAT_TEMPLATE_H_
 #define STEPGRAPH_TEXT_CHAT_TEMPLATE_H_
 
+#include <ctime>
+#include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/types/span.h"
 #include "stepgraph/text/tokenizer.h"
 
 namespace sg {
 
-enum class ChatFamily { kChatMl, kLlama3, kInst };
+namespace jinja {
+class Template;
+}
+
+// The convention a template ends an answer with: kChatMl (<|im_end|>), kLlama3
+// (<|eot_id|>), kInst ([INST] templates ending answers with eos), or kOther (any other
+// template: Gemma's <end_of_turn>, Phi's <|end|>, DeepSeek's eos...).
+enum class ChatFamily { kChatMl, kLlama3, kInst, kOther };
+
+struct ChatMessage {
+  std::string role;  // "system", "user", "assistant" or what the template knows
+  std::string content;
+};
 
 class ChatTemplate {
  public:
+  ~ChatTemplate();
+  ChatTemplate(ChatTemplate&&) noexcept;
+  ChatTemplate& operator=(ChatTemplate&&) noexcept;
+
   // `bos_token` and `eos_token` are the strings the template writes for bos_token and
-  // eos_token (empty when the tokenizer has none). `date_string` is the date that Llama 3.1
-  // and later templates write in their system turn ("02 Jan 2025"); empty: the template's
-  // own default, which for templates that read the clock (strftime_now) is today's local
-  // date, taken here once.
+  // eos_token (empty: the tokenizer has none, and the template sees them undefined).
+  // `date_string` ("02 Jan 2025") is given to the template as date_string, which Llama 3.1
+  // and later write in their system turn; empty: undefined, so the template uses its own
+  // default or strftime_now, which reads the local time taken here, once.
+  // InvalidArgument for a template outside the subset, over a bound, or that does not
+  // render a conversation of one user message.
   static absl::StatusOr<ChatTemplate> Create(absl::string_view template_text,
                                              absl::string_view bos_token,
                                              absl::string_view eos_token,
                                              absl::string_view date_string = "");
-  // From the tokenizer's spec.chat_template and its bos / eos tokens.
+  // From the tokenizer's spec.chat_template and its bos / eos tokens; end_of_turn() is
+  // checked to be one token of its vocabulary (else it is eos).
   static absl::StatusOr<ChatTemplate> ForTokenizer(const Tokenizer& tokenizer,
                                                    absl::string_view date_string = "");
 
-  // One user turn and the generation prompt. The text carries its own special tokens (bos
-  // included where the template writes it): encode it with EncodeOptions{.add_special =
-  // false}, as apply_chat_template(tokenize=True) does.
+  // The conversation as the template writes it, with the generation prompt (the opening of
+  // the assistant's answer) when `add_generation_prompt`. The text carries its own special
+  // tokens (bos included where the template writes it): encode it with
+  // EncodeOptions{.add_special = false}, as apply_chat_template(tokenize=True) does.
+  // InvalidArgument when the template refuses the conversation (raise_exception: roles
+  // that do not alternate, a system message it does not take) or a bound is passed.
+  absl::StatusOr<std::string> Render(absl::Span<const ChatMessage> messages,
+                                     bool add_generation_prompt) const;
+
+  // One user message and the generation prompt: Render({{"user", user_text}}, true). A
+  // template that refuses the text, or a text past the output bound, gives an empty
+  // string; Render says why.
   std::string RenderUserTurn(absl::string_view user_text) const;
 
   ChatFamily family() const { return family_; }
   absl::string_view family_name() const;
-  // The token that ends the assistant's turn ("<|im_end|>", "<|eot_id|>", or eos for
-  // [INST] templates): generation stops there.
+  // The token that ends the assistant's turn, where generation stops: what the template
+  // writes right after an assistant message ("<|im_end|>", "<|eot_id|>",
+  // "<end_of_turn>", "<|end|>"), or eos where that is eos or nothing special follows.
   const std::string& end_of_turn() const { return end_of_turn_; }
 
  private:
-  ChatFamily family_ = ChatFamily::kChatMl;
-  std::string prefix_;       // before the user text
-  std::string suffix_;       // after it, generation prompt included
-  bool trim_user_ = false;   // the template strips the user text
+  ChatTemplate();
+  std::unique_ptr<jinja::Template> template_;
+  std::string bos_, eos_, date_;
+  std::tm now_{};  // what strftime_now formats
+  ChatFamily family_ = ChatFamily::kOther;
   std::string end_of_turn_;
 };
 
