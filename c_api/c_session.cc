@@ -162,6 +162,9 @@ absl::Status ToOptions(const char* model_path, const stepgraph_session_options& 
     case STEPGRAPH_SAMPLING_GREEDY:
       break;
     case STEPGRAPH_SAMPLING_SAMPLE: {
+      // Below the documented minimum the session decodes greedily, the limit of sampling
+      // as T -> 0 (the Sample op does the same on every backend; argmax is cheaper).
+      if (o.temperature > 0.0f && o.temperature < STEPGRAPH_SESSION_MIN_TEMPERATURE) break;
       // The Sample op's own checks refuse bad values when the session builds its graph.
       sg::ops::Sample s;
       s.temperature = o.temperature;

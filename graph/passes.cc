@@ -3,7 +3,8 @@
 // input of the group exists by then, every reader of the group's result comes after it,
 // and a group is not fused where a node between writes what it reads, as WrittenInputs
 // says), intermediates no longer produced are dropped, ids are renumbered under a new
-// owner tag and the result is validated.
+// owner tag and the result is validated. A node is made only where the backend the graph
+// is prepared for runs it (PassOptions::backend); no backend's limits are written here.
 #include "stepgraph/graph/passes.h"
 
 #include <algorithm>
@@ -28,7 +29,7 @@ class Editor {
       : tensors_(g.tensors()),
         nodes_(g.nodes()),
         outputs_(g.outputs()),
-        fuse_quantized_(options.fuse_quantized) {
+        backend_(options.backend) {
     for (const Tensor& t : tensors_) names_.insert(t.name);
     for (const Node& n : nodes_) names_.insert(n.name);
     // Outputs the caller never reads are dropped first, so that passes may fuse them away.
@@ -42,7 +43,6 @@ class Editor {
 
   const std::vector<Tensor>& tensors() const { return tensors_; }
   const std::vector<Node>& nodes() const { return nodes_; }
-  bool fuse_quantized() const { return fuse_quantized_; }
   const Tensor& tensor(TensorId id) const { return tensors_[id.index]; }
   bool removed(int32_t node) const { return removed_[node]; }
 
@@ -74,6 +74,16 @@ class Editor {
       }
     }
     return false;
+  }
+  // Whether the backend runs `op` over `inputs`; without a backend, the CPU reference's
+  // answer: every op.
+  bool BackendRuns(const Op& op, absl::Span<const Tensor* const> inputs) const {
+    return backend_ == nullptr || backend_->Supports(op, inputs);
+  }
+  bool BackendRuns(const Op& op, absl::Span<const TensorId> inputs) const {
+    absl::InlinedVector<const Tensor*, kMaxNodeInputs> t;
+    for (TensorId id : inputs) t.push_back(&tensor(id));
+    return BackendRuns(op, absl::Span<const Tensor* const>(t));
   }
 
   std::string UniqueName(const std::string& base) {
@@ -187,12 +197,12 @@ class Editor {
   std::vector<Tensor> tensors_;
   std::vector<Node> nodes_;
   std::vector<GraphOutput> outputs_;
-  bool fuse_quantized_ = false;
   std::vector<bool> removed_;
   std::vector<int32_t> producer_;
   std::vector<std::vector<int32_t>> readers_;
   std::vector<std::vector<int32_t>> writers_;  // live nodes writing each tensor, ascending
   absl::flat_hash_set<std::string> names_;
+  const OpSupport* backend_;
 };
 
 // The prefix of a node name up to and including its last '.', e.g. "model.layers.0.mlp.".
@@ -201,24 +211,13 @@ std::string Scope(const std::string& name) {
   return dot == std::string::npos ? std::string() : name.substr(0, dot + 1);
 }
 
-// Whether a fused matmul may read weight `w` for activations `x`: a float weight of x's
-// dtype always; a Weight in a block format (each weight of a grouped matmul on its own, so
-// a Q4_K_M file's Q4_K q beside its Q6_K v fuses too) only with
-// PassOptions::fuse_quantized, since only the CPU reference (and the mock) run fused ops
-// on block formats today. The one place that decides it: the backend query replaces the
-// option here.
-bool FusableWeight(const Editor& e, const Tensor& x, const Tensor& w) {
-  if (IsFloat(w.dtype)) return w.dtype == x.dtype;
-  return IsQuantized(w.dtype) && w.kind == TensorKind::kWeight && e.fuse_quantized();
-}
-
-// A plain MatMul the fused kernels take: no bias, a weight FusableWeight accepts.
+// A plain MatMul that a FusedMatMul can stand for: no bias (the fused op takes none).
+// Whether the backend runs the fused node (float weights of x's dtype, block formats mixed
+// freely within a group) is asked where it is made.
 bool FusableMatMul(const Editor& e, int32_t n) {
   if (n < 0 || e.removed(n)) return false;
-  const Node& node = e.nodes()[n];
-  const auto* mm = std::get_if<ops::MatMul>(&node.op);
-  if (mm == nullptr || mm->has_bias) return false;
-  return FusableWeight(e, e.tensor(node.inputs[0]), e.tensor(node.inputs[1]));
+  const auto* mm = std::get_if<ops::MatMul>(&e.nodes()[n].op);
+  return mm != nullptr && !mm->has_bias;
 }
 
 // A MatMul as above or a FusedMatMul without epilogue: something an epilogue can join.
@@ -314,10 +313,16 @@ absl::StatusOr<Graph> FuseQkvRopeKvWrite(Editor e) {
     if (e.tensor(e.nodes()[mv].output).shape[1] != kv_cols) continue;
     const ops::Rope rope = *rope_q;
     const std::string scope = Scope(q.name);
+    const ops::FusedMatMul product{.weights = 3};
+    const Tensor qkv_type{"", TensorKind::kIntermediate, dtype, Shape{rows, q_cols + 2 * kv_cols}};
+    if (!e.BackendRuns(product, {x, wq, wk, wv}) ||
+        !e.BackendRuns(ops::RopeKvWrite{rope},
+                       {&qkv_type, &e.tensor(pos), &e.tensor(kc), &e.tensor(vc)})) {
+      continue;
+    }
     // Both new nodes go right before the attention; every input they read exists by then.
-    const TensorId qkv = e.InsertBefore(
-        a, ops::FusedMatMul{.weights = 3}, {x, wq, wk, wv}, scope + "qkv_proj",
-        TensorType{dtype, Shape{rows, q_cols + 2 * kv_cols}});
+    const TensorId qkv = e.InsertBefore(a, product, {x, wq, wk, wv}, scope + "qkv_proj",
+                                        TensorType{dtype, qkv_type.shape});
     const int32_t a2 = a + 1;
     const TensorId q_rot = e.InsertBefore(a2, ops::RopeKvWrite{rope}, {qkv, pos, kc, vc},
                                           scope + "rope_kv_write",
@@ -335,12 +340,11 @@ absl::StatusOr<Graph> FuseQkvRopeKvWrite(Editor e) {
 // RopeKvWrite(FusedMatMul(x, w_q, w_k, w_v)) -> one FusedMatMul with the kRopeKvWrite
 // epilogue, when the grouped product is read by nothing else. A separate pass from
 // qkv_rope_kv_write so that the RopeKvWrite node can be kept (to measure the epilogue, or
-// to debug it). Only for head_dim % 4 == 0: the CUDA kernel computes four columns per
-// block and needs two whole RoPE pairs in each.
+// to debug it).
 absl::StatusOr<Graph> FuseRopeKvWriteEpilogue(Editor e) {
   for (int32_t s = 0; s < static_cast<int32_t>(e.nodes().size()); ++s) {
     const auto* rope_kv = OpOf<ops::RopeKvWrite>(e, s);
-    if (rope_kv == nullptr || rope_kv->rope.head_dim % 4 != 0) continue;
+    if (rope_kv == nullptr) continue;
     const Node node = e.nodes()[s];
     const int32_t m = e.Producer(node.inputs[0]);
     const auto* fused = OpOf<ops::FusedMatMul>(e, m);
@@ -350,14 +354,12 @@ absl::StatusOr<Graph> FuseRopeKvWriteEpilogue(Editor e) {
     }
     const Node product = e.nodes()[m];
     const int first_w = fused->norm ? 2 : 1;
-    const Tensor& x = e.tensor(product.inputs[0]);
     const Tensor& k_cache = e.tensor(node.inputs[2]);
     const int64_t d = rope_kv->rope.head_dim;
     const int64_t kv_cols = k_cache.shape[1] * k_cache.shape[3];
     bool fits = e.tensor(product.inputs[first_w]).shape[0] % d == 0;
-    for (int g = 0; g < 3; ++g) {
-      const Tensor& w = e.tensor(product.inputs[first_w + g]);
-      fits = fits && FusableWeight(e, x, w) && (g == 0 || w.shape[0] == kv_cols);
+    for (int g = 1; g < 3; ++g) {
+      fits = fits && e.tensor(product.inputs[first_w + g]).shape[0] == kv_cols;
     }
     // The product moves from node m to node s: nothing between may write what it reads.
     if (!fits || e.WrittenBetween(m, s, product.inputs)) continue;
@@ -366,6 +368,7 @@ absl::StatusOr<Graph> FuseRopeKvWriteEpilogue(Editor e) {
     op.rope = rope_kv->rope;
     absl::InlinedVector<TensorId, 4> inputs = product.inputs;
     inputs.insert(inputs.end(), node.inputs.begin() + 1, node.inputs.end());  // pos, caches
+    if (!e.BackendRuns(op, inputs)) continue;
     e.Replace(s, op, std::move(inputs), product.name + "_rope_kv_write", {m});
   }
   return std::move(e).Finish();
@@ -383,10 +386,11 @@ absl::StatusOr<Graph> FuseGateUpSiluMul(Editor e) {
     if (g.inputs[0] != u.inputs[0] || !e.OnlyReadBy(g.output, s) || !e.OnlyReadBy(u.output, s)) {
       continue;
     }
-    absl::InlinedVector<TensorId, 4> inputs = {g.inputs[0], g.inputs[1], u.inputs[1]};
+    const ops::FusedMatMul op{.weights = 2, .epilogue = Epilogue::kSiluMul};
+    const absl::InlinedVector<TensorId, 4> inputs = {g.inputs[0], g.inputs[1], u.inputs[1]};
     if (e.WrittenBetween(std::min(mg, mu), s, inputs)) continue;  // both move to s
-    e.Replace(s, ops::FusedMatMul{.weights = 2, .epilogue = Epilogue::kSiluMul},
-              std::move(inputs), Scope(g.name) + "gate_up_proj_silu_mul", {mg, mu});
+    if (!e.BackendRuns(op, inputs)) continue;
+    e.Replace(s, op, inputs, Scope(g.name) + "gate_up_proj_silu_mul", {mg, mu});
   }
   return std::move(e).Finish();
 }
@@ -405,6 +409,7 @@ absl::StatusOr<Graph> FuseResidualAdd(Editor e) {
       fused->first.epilogue = Epilogue::kAdd;
       absl::InlinedVector<TensorId, 4> inputs = fused->second;
       inputs.push_back(node.inputs[1 - side]);
+      if (!e.BackendRuns(fused->first, inputs)) continue;
       e.Replace(s, fused->first, std::move(inputs), e.nodes()[m].name + "_add", {m});
       break;
     }
@@ -421,6 +426,8 @@ absl::StatusOr<Graph> FuseNormIntoMatMul(Editor e) {
     const float eps = norm->eps;
     if (e.IsOutput(node.output)) continue;
     const std::vector<int32_t> readers = e.Readers(node.output);
+    // Each reader as it would become: the same op normalising its own x.
+    std::vector<std::pair<ops::FusedMatMul, absl::InlinedVector<TensorId, 4>>> folded;
     bool all = !readers.empty();
     for (int32_t m : readers) {
       const Node& reader = e.nodes()[m];
@@ -431,17 +438,19 @@ absl::StatusOr<Graph> FuseNormIntoMatMul(Editor e) {
       // The norm moves into each reader: nothing between may write x or its weight.
       all = all && as_x && (plain || (f != nullptr && !f->norm)) &&
             !e.WrittenBetween(r, m, node.inputs);
-    }
-    if (!all) continue;
-    for (int32_t m : readers) {
-      const Node& reader = e.nodes()[m];
+      if (!all) break;
       ops::FusedMatMul op;
-      if (const auto* f = OpOf<ops::FusedMatMul>(e, m)) op = *f;
+      if (f != nullptr) op = *f;
       op.norm = true;
       op.eps = eps;
       absl::InlinedVector<TensorId, 4> inputs = {node.inputs[0], node.inputs[1]};
       inputs.insert(inputs.end(), reader.inputs.begin() + 1, reader.inputs.end());
-      e.Replace(m, op, std::move(inputs), std::nullopt, {});
+      all = e.BackendRuns(op, inputs);
+      folded.emplace_back(op, std::move(inputs));
+    }
+    if (!all) continue;
+    for (size_t i = 0; i < readers.size(); ++i) {
+      e.Replace(readers[i], folded[i].first, std::move(folded[i].second), std::nullopt, {});
     }
     e.Remove(r);
   }
@@ -460,6 +469,7 @@ absl::StatusOr<Graph> FuseLmHeadArgmax(Editor e) {
       continue;
     }
     fused->first.epilogue = Epilogue::kArgmax;
+    if (!e.BackendRuns(fused->first, fused->second)) continue;
     e.Replace(s, fused->first, fused->second, e.nodes()[m].name + "_argmax", {m});
   }
   return std::move(e).Finish();
@@ -587,9 +597,9 @@ absl::StatusOr<Graph> FuseElementwiseChains(Editor e) {
         absorb.push_back(p);
       }
     }
-    // The most producers that still fit, in input order.
+    // The most producers that still fit and the backend runs, in input order.
     ChainDraft d = DraftChain(e, s, absorb);
-    while (!absorb.empty() && !d.Fits()) {
+    while (!absorb.empty() && (!d.Fits() || !e.BackendRuns(d.ToOp(), d.inputs))) {
       absorb.pop_back();
       d = DraftChain(e, s, absorb);
     }

@@ -469,13 +469,13 @@ bool AlignedTo(const void* p, int bytes) {
 }
 
 template <typename T, int kHeadDim, int kTile>
-cudaError_t Launch(const Params& p, int rows, cudaStream_t stream) {
+cudaError_t Launch(const Params& p, int rows, Stream stream) {
   const dim3 grid(p.chunks, p.kv_heads * p.head_tiles, rows);
   return LaunchKernel(AttentionKernel<T, kHeadDim, kTile>, grid, dim3(kThreads), stream, p);
 }
 
 template <typename T, int kHeadDim>
-cudaError_t LaunchForTile(const Params& p, int rows, int tile, cudaStream_t stream) {
+cudaError_t LaunchForTile(const Params& p, int rows, int tile, Stream stream) {
   switch (tile) {
     case 8:
       return Launch<T, kHeadDim, 8>(p, rows, stream);
@@ -525,7 +525,7 @@ int64_t AttentionWorkspaceBytes(const AttentionShape& s, int chunks) {
 }
 
 cudaError_t LaunchAttention(const AttentionArgs& args, const AttentionShape& s, int chunks,
-                            DType dtype, cudaStream_t stream) {
+                            DType dtype, Stream stream) {
   if (AttentionShapeError(s)[0] != '\0') return cudaErrorInvalidValue;
   if (chunks < 1 || chunks > kAttentionMaxChunks) return cudaErrorInvalidValue;
   if (chunks > 1 && args.workspace == nullptr) return cudaErrorInvalidValue;

@@ -12,6 +12,7 @@
 
 #include <cstdint>
 
+#include "kernels/launch.h"
 #include "stepgraph/base/dtype.h"
 
 namespace sg::kernels {
@@ -66,7 +67,7 @@ struct AttentionArgs {
 // the flag. cudaErrorInvalidValue for a shape AttentionShapeError refuses, a chunk count
 // outside [1, kAttentionMaxChunks] or buffers not aligned to two elements.
 cudaError_t LaunchAttention(const AttentionArgs& args, const AttentionShape& shape, int chunks,
-                            DType dtype, cudaStream_t stream);
+                            DType dtype, Stream stream);
 
 // ---- Prefill: many query rows per sequence (kernels/attention_prefill.cu).
 //
@@ -90,7 +91,7 @@ cudaError_t PreparePrefillAttention();
 // One launch; args.seq_slots must be set. cudaErrorInvalidValue where
 // PrefillAttentionSupported refuses or buffers are not 16-byte aligned.
 cudaError_t LaunchPrefillAttention(const AttentionArgs& args, const AttentionShape& shape,
-                                   DType dtype, cudaStream_t stream);
+                                   DType dtype, Stream stream);
 
 }  // namespace sg::kernels
 

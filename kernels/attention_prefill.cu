@@ -227,18 +227,13 @@ cudaError_t SetSmem() {
 }
 
 template <typename T, int D>
-cudaError_t LaunchPrefill(const PrefillParams& p, int tiles, int seqs, cudaStream_t stream) {
+cudaError_t LaunchPrefill(const PrefillParams& p, int tiles, int seqs, Stream stream) {
   cudaLaunchAttribute attribute[1];
-  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute[0].val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(p.heads),
-                        static_cast<unsigned>(seqs));
-  config.blockDim = dim3(kThreadsP);
-  config.dynamicSmemBytes = static_cast<size_t>(SmemBytes<T, D>());
-  config.stream = stream;
-  config.attrs = attribute;
-  config.numAttrs = ProgrammaticLaunchEnabled() ? 1 : 0;
+  const cudaLaunchConfig_t config = MakeLaunchConfig(
+      dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(p.heads),
+           static_cast<unsigned>(seqs)),
+      dim3(kThreadsP), static_cast<size_t>(SmemBytes<T, D>()), stream,
+      stream.programmatic && ProgrammaticLaunchSupported(), attribute);
   const cudaError_t e = cudaLaunchKernelEx(&config, PrefillAttentionKernel<T, D>, p);
   if (e != cudaSuccess) (void)cudaGetLastError();
   return e;
@@ -262,7 +257,7 @@ cudaError_t PreparePrefillAttention() {
 }
 
 cudaError_t LaunchPrefillAttention(const AttentionArgs& args, const AttentionShape& s,
-                                   DType dtype, cudaStream_t stream) {
+                                   DType dtype, Stream stream) {
   if (args.seq_slots == nullptr || !PrefillAttentionSupported(s, dtype, args.rows_per_seq)) {
     return cudaErrorInvalidValue;
   }

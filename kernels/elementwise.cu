@@ -20,8 +20,6 @@ constexpr int kSmallThreads = 128;
 // is used.
 constexpr int64_t kSmallVectors = int64_t{kThreads} * kUnroll * 132;
 
-__device__ __forceinline__ float SiluOf(float x) { return x / (1.0f + expf(-x)); }
-
 struct AddOp {
   template <typename T>
   __device__ T operator()(T a, T b) const {
@@ -41,13 +39,13 @@ struct MulOp {
 struct SiluOp {
   template <typename T>
   __device__ T operator()(T x) const {
-    return FromFloat<T>(SiluOf(ToFloat(x)));
+    return FromFloat<T>(Silu(ToFloat(x)));
   }
 };
 struct SiluMulOp {
   template <typename T>
   __device__ T operator()(T g, T u) const {
-    return FromFloat<T>(SiluOf(ToFloat(g)) * ToFloat(u));
+    return FromFloat<T>(Silu(ToFloat(g)) * ToFloat(u));
   }
 };
 
@@ -100,7 +98,7 @@ __global__ void __launch_bounds__(kThreads)
 
 template <typename T, int kInputs, typename Op>
 cudaError_t LaunchMap(const void* a, const void* b, void* y, int64_t n, Op op,
-                      cudaStream_t stream) {
+                      Stream stream) {
   const bool vectorize = Aligned16(a) && Aligned16(y) && (kInputs == 1 || Aligned16(b));
   return DispatchVecWidth<T>(vectorize, [&](auto width) {
     constexpr int W = decltype(width)::value;
@@ -120,7 +118,7 @@ cudaError_t LaunchMap(const void* a, const void* b, void* y, int64_t n, Op op,
 
 template <int kInputs, typename Op>
 cudaError_t LaunchFloatMap(const void* a, const void* b, void* y, int64_t n, DType dtype,
-                           Op op, cudaStream_t stream) {
+                           Op op, Stream stream) {
   if (n <= 0) return n == 0 ? cudaSuccess : cudaErrorInvalidValue;
   return DispatchFloat(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
@@ -143,7 +141,7 @@ __global__ void AdvanceKernel(int32_t* pos, int64_t n, uint32_t* error_flags) {
 }  // namespace
 
 cudaError_t LaunchAdd(const void* a, const void* b, void* y, int64_t n, DType dtype,
-                      cudaStream_t stream) {
+                      Stream stream) {
   if (dtype == DType::kI32) {
     if (n <= 0) return n == 0 ? cudaSuccess : cudaErrorInvalidValue;
     return LaunchMap<int32_t, 2>(a, b, y, n, AddOp{}, stream);
@@ -152,20 +150,20 @@ cudaError_t LaunchAdd(const void* a, const void* b, void* y, int64_t n, DType dt
 }
 
 cudaError_t LaunchMul(const void* a, const void* b, void* y, int64_t n, DType dtype,
-                      cudaStream_t stream) {
+                      Stream stream) {
   return LaunchFloatMap<2>(a, b, y, n, dtype, MulOp{}, stream);
 }
 
-cudaError_t LaunchSilu(const void* x, void* y, int64_t n, DType dtype, cudaStream_t stream) {
+cudaError_t LaunchSilu(const void* x, void* y, int64_t n, DType dtype, Stream stream) {
   return LaunchFloatMap<1>(x, nullptr, y, n, dtype, SiluOp{}, stream);
 }
 
 cudaError_t LaunchSiluMul(const void* gate, const void* up, void* y, int64_t n, DType dtype,
-                          cudaStream_t stream) {
+                          Stream stream) {
   return LaunchFloatMap<2>(gate, up, y, n, dtype, SiluMulOp{}, stream);
 }
 
-cudaError_t LaunchAdvance(int32_t* pos, int64_t n, cudaStream_t stream,
+cudaError_t LaunchAdvance(int32_t* pos, int64_t n, Stream stream,
                           uint32_t* error_flags) {
   if (n <= 0) return n == 0 ? cudaSuccess : cudaErrorInvalidValue;
   constexpr int kAdvanceThreads = 128;

@@ -8,25 +8,26 @@
 
 #include <cstdint>
 
+#include "kernels/launch.h"
 #include "stepgraph/base/dtype.h"
 
 namespace sg::kernels {
 
 // y = a + b.
 cudaError_t LaunchAdd(const void* a, const void* b, void* y, int64_t n, DType dtype,
-                      cudaStream_t stream);
+                      Stream stream);
 // y = a · b.
 cudaError_t LaunchMul(const void* a, const void* b, void* y, int64_t n, DType dtype,
-                      cudaStream_t stream);
+                      Stream stream);
 // y = x · sigmoid(x).
-cudaError_t LaunchSilu(const void* x, void* y, int64_t n, DType dtype, cudaStream_t stream);
+cudaError_t LaunchSilu(const void* x, void* y, int64_t n, DType dtype, Stream stream);
 // y = silu(gate) · up.
 cudaError_t LaunchSiluMul(const void* gate, const void* up, void* y, int64_t n, DType dtype,
-                          cudaStream_t stream);
+                          Stream stream);
 // pos[i] += 1 where pos[i] >= 0, in place.
 // A position at INT32_MAX stays and raises kErrorPositionOutOfRange in *error_flags
 // (when given) instead of wrapping.
-cudaError_t LaunchAdvance(int32_t* pos, int64_t n, cudaStream_t stream,
+cudaError_t LaunchAdvance(int32_t* pos, int64_t n, Stream stream,
                           uint32_t* error_flags = nullptr);
 
 }  // namespace sg::kernels

@@ -37,7 +37,7 @@ __global__ void __launch_bounds__(kMaxThreads)
 template <typename U>
 cudaError_t Launch(const void* table, const int32_t* ids, void* out, int64_t rows,
                    int64_t vocab, int64_t row_bytes, uint32_t* error_flags,
-                   cudaStream_t stream) {
+                   Stream stream) {
   const int64_t units = row_bytes / static_cast<int64_t>(sizeof(U));
   const int64_t threads = std::min<int64_t>(kMaxThreads, CeilDiv(units, kWarpSize) * kWarpSize);
   const int64_t blocks = std::min<int64_t>(CeilDiv(units, threads), 65535);
@@ -51,7 +51,7 @@ cudaError_t Launch(const void* table, const int32_t* ids, void* out, int64_t row
 
 cudaError_t LaunchEmbedding(const void* table, const int32_t* ids, void* out, int64_t rows,
                             int64_t vocab, int64_t hidden, DType dtype, uint32_t* error_flags,
-                            cudaStream_t stream) {
+                            Stream stream) {
   if (rows <= 0 || rows > 65535 || vocab <= 0 || hidden <= 0 || !IsFloat(dtype) ||
       error_flags == nullptr) {
     return cudaErrorInvalidValue;

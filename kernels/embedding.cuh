@@ -8,6 +8,7 @@
 
 #include <cstdint>
 
+#include "kernels/launch.h"
 #include "stepgraph/base/dtype.h"
 
 namespace sg::kernels {
@@ -15,7 +16,7 @@ namespace sg::kernels {
 // table [vocab, hidden], ids [rows] (device memory, read by the kernel), out [rows, hidden].
 cudaError_t LaunchEmbedding(const void* table, const int32_t* ids, void* out, int64_t rows,
                             int64_t vocab, int64_t hidden, DType dtype, uint32_t* error_flags,
-                            cudaStream_t stream);
+                            Stream stream);
 
 }  // namespace sg::kernels
 

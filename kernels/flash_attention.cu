@@ -72,7 +72,7 @@ __global__ void FlashAttentionKernel(const T* __restrict__ q, const T* __restric
 cudaError_t LaunchFlashAttention(const void* q, const void* k, const void* v, void* out,
                                  int64_t batch, int64_t seq, int64_t heads, int64_t kv_heads,
                                  int64_t head_dim, float scale, bool causal, DType dtype,
-                                 cudaStream_t stream) {
+                                 Stream stream) {
   if (batch <= 0 || batch > 65535 || seq <= 0 || seq > 0x7fffffff || heads <= 0 ||
       heads > 65535 || kv_heads <= 0 || heads % kv_heads != 0 || head_dim <= 0 ||
       head_dim > kFlashMaxHeadDim) {

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 
+#include "kernels/launch.h"
 #include "stepgraph/base/dtype.h"
 
 namespace sg::kernels {
@@ -19,7 +20,7 @@ constexpr int64_t kFlashMaxHeadDim = 256;
 cudaError_t LaunchFlashAttention(const void* q, const void* k, const void* v, void* out,
                                  int64_t batch, int64_t seq, int64_t heads, int64_t kv_heads,
                                  int64_t head_dim, float scale, bool causal, DType dtype,
-                                 cudaStream_t stream);
+                                 Stream stream);
 
 }  // namespace sg::kernels
 

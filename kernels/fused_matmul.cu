@@ -250,8 +250,7 @@ __global__ void __launch_bounds__(kThreads) FusedMatmulKernel(FusedMatmulArgs a)
       constexpr int h = kFusedCols / 2;
       if (valid && c < h) {
         const float g = values[i], u = values[i + h];
-        const float silu = g / (1.0f + expf(-g));
-        static_cast<T*>(a.y)[r * a.n[0] + h * b + c] = FromFloat<T>(silu * u);
+        static_cast<T*>(a.y)[r * a.n[0] + h * b + c] = FromFloat<T>(Silu(g) * u);
       }
       break;
     }
@@ -424,7 +423,7 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // One launch for rows [0, a.m) with a.m <= kFusedMaxRows.
-cudaError_t LaunchRows(const FusedMatmulArgs& a, cudaStream_t stream) {
+cudaError_t LaunchRows(const FusedMatmulArgs& a, Stream stream) {
   const int64_t blocks = FusedColumnBlocks(a);
   if (blocks <= 0 || blocks > INT32_MAX) return cudaErrorInvalidValue;
   return DispatchFloat(a.dtype, [&](auto tag) {
@@ -462,7 +461,7 @@ int FusedSplitsFor(const FusedMatmulArgs& a, int sm_count) {
   return static_cast<int>(std::clamp<int64_t>(want, 1, std::min<int64_t>(most, 16)));
 }
 
-cudaError_t LaunchFusedMatmul(const FusedMatmulArgs& a, cudaStream_t stream) {
+cudaError_t LaunchFusedMatmul(const FusedMatmulArgs& a, Stream stream) {
   if (a.m < 1 || a.k <= 0 || a.weights < 1 || a.weights > kFusedMaxWeights || a.splits < 1 ||
       a.x == nullptr || a.y == nullptr) {
     return cudaErrorInvalidValue;
@@ -531,7 +530,7 @@ cudaError_t LaunchRopeKvWrite(const void* qkv, const int32_t* pos, const float* 
                               void* q, void* k_cache, void* v_cache, int64_t rows,
                               int64_t q_cols, int64_t kv_heads, int64_t seq, int head_dim,
                               bool interleaved, DType dtype, uint32_t* error_flags,
-                              cudaStream_t stream) {
+                              Stream stream) {
   if (rows <= 0 || head_dim <= 0 || head_dim % 2 != 0 || q_cols % head_dim != 0) {
     return cudaErrorInvalidValue;
   }

@@ -11,6 +11,7 @@
 
 #include <cstdint>
 
+#include "kernels/launch.h"
 #include "stepgraph/base/dtype.h"
 
 namespace sg::kernels {
@@ -87,7 +88,7 @@ int64_t FusedColumnBlocks(const FusedMatmulArgs& a);
 int FusedSplitsFor(const FusedMatmulArgs& a, int sm_count);
 
 // cudaErrorInvalidValue for m outside [1, kFusedMaxRows] or inconsistent arguments.
-cudaError_t LaunchFusedMatmul(const FusedMatmulArgs& a, cudaStream_t stream);
+cudaError_t LaunchFusedMatmul(const FusedMatmulArgs& a, Stream stream);
 
 // qkv [rows, q_cols + 2 * kv_heads * head_dim]; q [rows, q_cols]; caches [slots, kv_heads,
 // seq, head_dim]; inv_freq [head_dim / 2]. Rotates the q and k heads (as LaunchRope), writes
@@ -96,7 +97,7 @@ cudaError_t LaunchRopeKvWrite(const void* qkv, const int32_t* pos, const float* 
                               void* q, void* k_cache, void* v_cache, int64_t rows,
                               int64_t q_cols, int64_t kv_heads, int64_t seq, int head_dim,
                               bool interleaved, DType dtype, uint32_t* error_flags,
-                              cudaStream_t stream);
+                              Stream stream);
 
 }  // namespace sg::kernels
 

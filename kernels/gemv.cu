@@ -127,7 +127,7 @@ static_assert(kGemvMaxRows == kMaxDispatchRows, "DispatchRows covers every row c
 }  // namespace
 
 cudaError_t LaunchGemv(const void* x, const void* w, const void* bias, void* y, int64_t m,
-                       int64_t n, int64_t k, DType dtype, cudaStream_t stream) {
+                       int64_t n, int64_t k, DType dtype, Stream stream) {
   if (n <= 0 || k <= 0) return cudaErrorInvalidValue;
   return DispatchFloat(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;

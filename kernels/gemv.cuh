@@ -9,6 +9,7 @@
 
 #include <cstdint>
 
+#include "kernels/launch.h"
 #include "stepgraph/base/dtype.h"
 
 namespace sg::kernels {
@@ -18,7 +19,7 @@ inline constexpr int64_t kGemvMaxRows = 8;
 // x [m, k], w [n, k], bias [n] or nullptr, y [m, n], all of `dtype` (f32, bf16, f16);
 // f32 accumulation. cudaErrorInvalidValue for m outside [1, kGemvMaxRows].
 cudaError_t LaunchGemv(const void* x, const void* w, const void* bias, void* y, int64_t m,
-                       int64_t n, int64_t k, DType dtype, cudaStream_t stream);
+                       int64_t n, int64_t k, DType dtype, Stream stream);
 
 }  // namespace sg::kernels
 

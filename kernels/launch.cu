@@ -1,5 +1,6 @@
-// Whether stepgraph's kernels are launched with programmatic dependent launch (see
-// AwaitPrerequisiteGrids and LaunchKernel in common.cuh).
+// Whether the current device can take stepgraph's kernels launched with programmatic
+// dependent launch (see AwaitPrerequisiteGrids and LaunchKernel in common.cuh). Whether a
+// launch uses it is its caller's choice (kernels::Stream), never a process-wide switch.
 #include <atomic>
 
 #include <cuda_runtime.h>
@@ -8,23 +9,14 @@
 
 namespace sg::kernels {
 
-namespace {
-std::atomic<bool> programmatic_launch_switch{true};
-}  // namespace
-
-void SetProgrammaticLaunch(bool enabled) {
-  programmatic_launch_switch.store(enabled, std::memory_order_relaxed);
-}
-
-bool ProgrammaticLaunchEnabled() {
+bool ProgrammaticLaunchSupported() {
 #if STEPGRAPH_KERNELS_PDL
-  if (!programmatic_launch_switch.load(std::memory_order_relaxed)) return false;
   int device = 0;
   if (cudaGetDevice(&device) != cudaSuccess) {
     (void)cudaGetLastError();
     return false;
   }
-  // Per device: 0 not yet known, 1 enabled, 2 not.
+  // Per device: 0 not yet known, 1 supported, 2 not.
   constexpr int kDevices = 64;
   static std::atomic<int> known[kDevices];
   if (device < 0 || device >= kDevices) return false;

@@ -2,7 +2,8 @@
 //
 // RmsNorm: one block per row, up to 1024 threads, 16-byte vectors. Each thread keeps its
 // first kRowCache vectors of the row in registers between the sum-of-squares pass and the
-// write pass, so a row of up to 1024 * kRowCache vectors is read from memory once.
+// write pass, so a row of up to 1024 * kRowCache vectors is read from memory once
+// (kernels/rms_norm_row.cuh, shared with the RmsNorm compiled for a plan).
 //
 // Softmax: rows reach 128256 elements (a vocabulary), too long for one SM to finish fast,
 // so each row is spread over a cluster of kSoftmaxCluster blocks. Every block makes one
@@ -16,69 +17,25 @@
 
 #include "kernels/common.cuh"
 #include "kernels/norm.cuh"
+#include "kernels/rms_norm_row.cuh"
 
 namespace sg::kernels {
 namespace {
 
 namespace cg = cooperative_groups;
 
-constexpr int kRowCache = 4;
+constexpr int kRowCache = kRmsNormRowCache;
 constexpr int kMaxThreads = 1024;
 
+// One block per row; the row math is kernels/rms_norm_row.cuh's, which the RmsNorm
+// compiled for a plan runs too.
 template <typename T, int W>
 __global__ void __launch_bounds__(kMaxThreads)
     RmsNormKernel(const T* __restrict__ x, const T* __restrict__ w, T* __restrict__ y,
                   int64_t h, float eps) {
-  AwaitPrerequisiteGrids();
   __shared__ float scratch[kWarpSize + 1];
-  const T* xr = x + static_cast<int64_t>(blockIdx.x) * h;
-  T* yr = y + static_cast<int64_t>(blockIdx.x) * h;
-  const int64_t vectors = h / W;
-  const int64_t stride = blockDim.x;
-
-  Vec<T, W> cache[kRowCache];
-  float sum_sq = 0.0f;
-  auto accumulate = [&](const Vec<T, W>& v) {
-#pragma unroll
-    for (int e = 0; e < W; ++e) {
-      const float f = ToFloat(v.v[e]);
-      sum_sq += f * f;
-    }
-  };
-#pragma unroll
-  for (int c = 0; c < kRowCache; ++c) {
-    const int64_t i = threadIdx.x + c * stride;
-    if (i < vectors) cache[c] = LoadVec<T, W>(xr + i * W);
-  }
-#pragma unroll
-  for (int c = 0; c < kRowCache; ++c) {
-    if (threadIdx.x + c * stride < vectors) accumulate(cache[c]);
-  }
-  for (int64_t i = threadIdx.x + kRowCache * stride; i < vectors; i += stride) {
-    accumulate(LoadVec<T, W>(xr + i * W));
-  }
-  sum_sq = BlockSum(sum_sq, scratch);
-  // 1 / sqrt rather than rsqrtf: both correctly rounded, as the reference computes it.
-  const float inv_rms = 1.0f / sqrtf(sum_sq / static_cast<float>(h) + eps);
-
-  auto write = [&](int64_t i, const Vec<T, W>& v) {
-    const Vec<T, W> wv = LoadVec<T, W>(w + i * W);
-    Vec<T, W> out;
-#pragma unroll
-    for (int e = 0; e < W; ++e) {
-      // HF: weight * (x * rsqrt(var + eps)).to(input_dtype).
-      out.v[e] = FromFloat<T>(RoundTo<T>(ToFloat(v.v[e]) * inv_rms) * ToFloat(wv.v[e]));
-    }
-    StoreVec<T, W>(yr + i * W, out);
-  };
-#pragma unroll
-  for (int c = 0; c < kRowCache; ++c) {
-    const int64_t i = threadIdx.x + c * stride;
-    if (i < vectors) write(i, cache[c]);
-  }
-  for (int64_t i = threadIdx.x + kRowCache * stride; i < vectors; i += stride) {
-    write(i, LoadVec<T, W>(xr + i * W));
-  }
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * h;
+  RmsNormRow<T, W, kRowCache, false>(x + row, w, y + row, h, eps, scratch);
 }
 
 constexpr int kSoftmaxCluster = 8;
@@ -205,7 +162,7 @@ __global__ void __launch_bounds__(kSoftmaxThreads, 1) __cluster_dims__(kSoftmaxC
 }  // namespace
 
 cudaError_t LaunchRmsNorm(const void* x, const void* w, void* y, int64_t rows, int64_t h,
-                          float eps, DType dtype, cudaStream_t stream) {
+                          float eps, DType dtype, Stream stream) {
   if (rows <= 0 || h <= 0) return cudaErrorInvalidValue;
   return DispatchFloat(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
@@ -222,7 +179,7 @@ cudaError_t LaunchRmsNorm(const void* x, const void* w, void* y, int64_t rows, i
 }
 
 cudaError_t LaunchSoftmax(const void* x, void* y, int64_t rows, int64_t n, DType dtype,
-                          cudaStream_t stream) {
+                          Stream stream) {
   if (rows <= 0 || n <= 0) return cudaErrorInvalidValue;
   return DispatchFloat(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 
+#include "kernels/launch.h"
 #include "stepgraph/base/dtype.h"
 
 namespace sg::kernels {
@@ -15,12 +16,12 @@ namespace sg::kernels {
 // y = round(x · rsqrt(mean(x²) + eps)) · w per row, x and y [rows, h], w [h], with the
 // intermediate rounded to `dtype` as Hugging Face does.
 cudaError_t LaunchRmsNorm(const void* x, const void* w, void* y, int64_t rows, int64_t h,
-                          float eps, DType dtype, cudaStream_t stream);
+                          float eps, DType dtype, Stream stream);
 
 // y = exp(x − max) / Σ exp(x − max) per row of [rows, n]. Needs compute capability 9.0
 // (each row is spread over a cluster of blocks).
 cudaError_t LaunchSoftmax(const void* x, void* y, int64_t rows, int64_t n, DType dtype,
-                          cudaStream_t stream);
+                          Stream stream);
 
 }  // namespace sg::kernels
 

@@ -48,7 +48,7 @@ __global__ void __launch_bounds__(kMaxThreads)
 
 cudaError_t LaunchQuantEmbedding(const void* table, DType table_dtype, const int32_t* ids,
                                  void* out, int64_t rows, int64_t vocab, int64_t hidden,
-                                 DType out_dtype, uint32_t* error_flags, cudaStream_t stream) {
+                                 DType out_dtype, uint32_t* error_flags, Stream stream) {
   if (!IsQuantized(table_dtype) || rows <= 0 || rows > 65535 || vocab <= 0 || hidden <= 0 ||
       hidden % DTypeBlockElems(table_dtype) != 0 || error_flags == nullptr) {
     return cudaErrorInvalidValue;

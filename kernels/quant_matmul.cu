@@ -104,7 +104,7 @@ static_assert(kQuantMatmulGroupRows == 8, "DispatchGroupRows tops out at 8");
 
 cudaError_t LaunchQuantMatmul(const void* x, const void* w, DType w_dtype, const void* bias,
                               void* y, int64_t m, int64_t n, int64_t k, DType dtype,
-                              cudaStream_t stream) {
+                              Stream stream) {
   if (!IsQuantized(w_dtype) || m <= 0 || n <= 0 || k <= 0 || n > 0x7fffffff ||
       k % DTypeBlockElems(w_dtype) != 0 ||
       (m + kQuantMatmulGroupRows - 1) / kQuantMatmulGroupRows > 65535) {

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 
+#include "kernels/launch.h"
 #include "stepgraph/base/dtype.h"
 
 namespace sg::kernels {
@@ -24,7 +25,7 @@ inline constexpr int64_t kQuantMatmulGroupRows = 8;
 // (k not a multiple of the block); cudaErrorMisalignedAddress for a w at an odd address.
 cudaError_t LaunchQuantMatmul(const void* x, const void* w, DType w_dtype, const void* bias,
                               void* y, int64_t m, int64_t n, int64_t k, DType dtype,
-                              cudaStream_t stream);
+                              Stream stream);
 
 // out[i, :] = table[ids[i], :] dequantized and rounded to `out_dtype` (f32, bf16, f16),
 // bit for bit the CPU reference's row. table [vocab, hidden] in block format `table_dtype`.
@@ -33,7 +34,7 @@ cudaError_t LaunchQuantMatmul(const void* x, const void* w, DType w_dtype, const
 // cudaErrorMisalignedAddress for a table at an odd address.
 cudaError_t LaunchQuantEmbedding(const void* table, DType table_dtype, const int32_t* ids,
                                  void* out, int64_t rows, int64_t vocab, int64_t hidden,
-                                 DType out_dtype, uint32_t* error_flags, cudaStream_t stream);
+                                 DType out_dtype, uint32_t* error_flags, Stream stream);
 
 }  // namespace sg::kernels
 

@@ -75,7 +75,7 @@ __global__ void __launch_bounds__(kThreads)
 template <typename U>
 cudaError_t LaunchKvUnits(const void* kv, const int32_t* pos, void* cache, int64_t rows,
                           int64_t kv_heads, int64_t seq, int64_t head_bytes,
-                          uint32_t* error_flags, const KvSlots& slots, cudaStream_t stream) {
+                          uint32_t* error_flags, const KvSlots& slots, Stream stream) {
   const int64_t units_per_head = head_bytes / static_cast<int64_t>(sizeof(U));
   const int64_t blocks = CeilDiv(rows * kv_heads * units_per_head, kThreads);
   return LaunchKernel(KvWriteKernel<U>, dim3(static_cast<unsigned>(blocks)), dim3(kThreads), stream,
@@ -87,7 +87,7 @@ cudaError_t LaunchKvUnits(const void* kv, const int32_t* pos, void* cache, int64
 
 cudaError_t LaunchRope(const void* x, const int32_t* pos, const float* inv_freq, void* y,
                        int64_t rows, int64_t cols, int head_dim, bool interleaved, DType dtype,
-                       cudaStream_t stream) {
+                       Stream stream) {
   if (rows <= 0 || head_dim <= 0 || head_dim % 2 != 0 || cols <= 0 || cols % head_dim != 0 ||
       inv_freq == nullptr) {
     return cudaErrorInvalidValue;
@@ -103,7 +103,7 @@ cudaError_t LaunchRope(const void* x, const int32_t* pos, const float* inv_freq,
 
 cudaError_t LaunchKvWrite(const void* kv, const int32_t* pos, void* cache, int64_t rows,
                           int64_t kv_heads, int64_t seq, int64_t head_dim, DType dtype,
-                          uint32_t* error_flags, cudaStream_t stream, const KvSlots& in_slots) {
+                          uint32_t* error_flags, Stream stream, const KvSlots& in_slots) {
   if (rows <= 0 || kv_heads <= 0 || seq <= 0 || head_dim <= 0 || !IsFloat(dtype) ||
       error_flags == nullptr || in_slots.rows_per_seq <= 0 || rows % in_slots.rows_per_seq != 0) {
     return cudaErrorInvalidValue;

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 
+#include "kernels/launch.h"
 #include "stepgraph/base/dtype.h"
 
 namespace sg::kernels {
@@ -19,7 +20,7 @@ namespace sg::kernels {
 // types. Rows with pos < 0 are copied unchanged.
 cudaError_t LaunchRope(const void* x, const int32_t* pos, const float* inv_freq, void* y,
                        int64_t rows, int64_t cols, int head_dim, bool interleaved, DType dtype,
-                       cudaStream_t stream);
+                       Stream stream);
 
 // kv [rows, kv_heads * head_dim]; cache [slots, kv_heads, seq, head_dim]. Row i goes to
 // (its slot, pos[i]) of every head: slot i when seq_slots is null (slots >= rows), else
@@ -33,7 +34,7 @@ struct KvSlots {
 };
 cudaError_t LaunchKvWrite(const void* kv, const int32_t* pos, void* cache, int64_t rows,
                           int64_t kv_heads, int64_t seq, int64_t head_dim, DType dtype,
-                          uint32_t* error_flags, cudaStream_t stream,
+                          uint32_t* error_flags, Stream stream,
                           const KvSlots& slots = KvSlots{});
 
 }  // namespace sg::kernels

@@ -325,8 +325,8 @@ class RowSampler {
   // logit / temperature as the CPU divides it; NaN counts as -inf, -0 as +0. A logit
   // that is not finite is remembered for the error flag.
   __device__ __forceinline__ float Z(float x) const {
-    nonfinite_ |= !isfinite(x);
     float z = x / temperature_;
+    nonfinite_ |= !isfinite(z);  // a finite x whose z overflows too: the draw would be NaN
     if (z != z) z = -INFINITY;
     if (z == 0.0f) z = 0.0f;
     return z;
@@ -709,6 +709,10 @@ class RowSampler {
   mutable bool nonfinite_ = false;
 };
 
+// Sampling below this temperature is greedy: 1 / T would overflow float (the CPU
+// reference's and c_session.h's STEPGRAPH_SESSION_MIN_TEMPERATURE are the same).
+constexpr float kGreedyTemperature = 1e-5f;
+
 struct SampleArgs {
   const void* logits;
   int vocab;
@@ -724,9 +728,12 @@ __device__ __forceinline__ void SampleRow(const SampleArgs& a) {
   using Sampler = RowSampler<T, kVec, kThreads, kGroup>;
   __shared__ typename Sampler::Smem sm;
   const int64_t row = blockIdx.x / kGroup;
+  // Below kGreedyTemperature the draw is the argmax, as on the CPU (cpu_dispatch.cc).
+  const bool greedy = a.params.temperature < kGreedyTemperature;
   Sampler sampler(sm, static_cast<const T*>(a.logits) + row * a.vocab, a.vocab,
-                  a.params.temperature);
-  const int id = sampler.Run(a.params.top_k, a.params.top_p, a.seeds[row], a.pos[row]);
+                  greedy ? 1.0f : a.params.temperature);
+  const int id = sampler.Run(greedy ? 1 : a.params.top_k, a.params.top_p, a.seeds[row],
+                             a.pos[row]);
   if (sampler.rank() == 0 && threadIdx.x == 0) a.ids[row] = id;
   // Run's first pass reads every logit of the block's slice, whatever it returns early.
   if (sampler.nonfinite() && a.error_flags != nullptr) {
@@ -767,7 +774,7 @@ int64_t ArgmaxWorkspaceBytes(int64_t rows) {
 
 cudaError_t LaunchArgmax(const void* x, DType dtype, int64_t rows, int64_t vocab,
                          int blocks_per_row, void* workspace, int32_t* ids,
-                         cudaStream_t stream, uint32_t* error_flags) {
+                         Stream stream, uint32_t* error_flags) {
   if (rows <= 0 || vocab <= 0 || vocab > INT32_MAX || rows > 65535) return cudaErrorInvalidValue;
   if (blocks_per_row < 1 || blocks_per_row > 1024) return cudaErrorInvalidValue;
   if (blocks_per_row > 1 && workspace == nullptr) return cudaErrorInvalidValue;
@@ -787,7 +794,7 @@ cudaError_t LaunchArgmax(const void* x, DType dtype, int64_t rows, int64_t vocab
 
 cudaError_t LaunchSample(const void* logits, DType dtype, int64_t rows, int64_t vocab,
                          const int32_t* seeds, const int32_t* pos, const SampleParams& params,
-                         int32_t* ids, cudaStream_t stream, uint32_t* error_flags) {
+                         int32_t* ids, Stream stream, uint32_t* error_flags) {
   if (rows <= 0 || vocab <= 0 || vocab > INT32_MAX) return cudaErrorInvalidValue;
   if (!(params.temperature > 0.0f) || params.top_k < 0 ||
       !(params.top_p > 0.0f && params.top_p <= 1.0f)) {

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 
+#include "kernels/launch.h"
 #include "stepgraph/base/dtype.h"
 
 namespace sg::kernels {
@@ -27,7 +28,7 @@ int64_t ArgmaxWorkspaceBytes(int64_t rows);
 // *error_flags (when given).
 cudaError_t LaunchArgmax(const void* x, DType dtype, int64_t rows, int64_t vocab,
                          int blocks_per_row, void* workspace, int32_t* ids,
-                         cudaStream_t stream, uint32_t* error_flags = nullptr);
+                         Stream stream, uint32_t* error_flags = nullptr);
 
 struct SampleParams {
   float temperature = 1.0f;  // > 0
@@ -45,7 +46,7 @@ struct SampleParams {
 // shared by a cluster of 8 blocks.
 cudaError_t LaunchSample(const void* logits, DType dtype, int64_t rows, int64_t vocab,
                          const int32_t* seeds, const int32_t* pos, const SampleParams& params,
-                         int32_t* ids, cudaStream_t stream, uint32_t* error_flags = nullptr);
+                         int32_t* ids, Stream stream, uint32_t* error_flags = nullptr);
 
 }  // namespace sg::kernels
 

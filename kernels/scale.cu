@@ -28,7 +28,7 @@ __global__ void ScaleKernel(const T* __restrict__ x, T* __restrict__ y, int64_t 
 }  // namespace
 
 cudaError_t LaunchScale(const void* x, void* y, int64_t n, float alpha, DType dtype,
-                        cudaStream_t stream) {
+                        Stream stream) {
   if (n <= 0) return cudaErrorInvalidValue;
   return DispatchFloat(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;

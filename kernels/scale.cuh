@@ -7,12 +7,13 @@
 
 #include <cstdint>
 
+#include "kernels/launch.h"
 #include "stepgraph/base/dtype.h"
 
 namespace sg::kernels {
 
 cudaError_t LaunchScale(const void* x, void* y, int64_t n, float alpha, DType dtype,
-                        cudaStream_t stream);
+                        Stream stream);
 
 }  // namespace sg::kernels
 

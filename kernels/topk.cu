@@ -75,7 +75,7 @@ __global__ void TopkKernel(const T* __restrict__ x, T* __restrict__ values,
 }  // namespace
 
 cudaError_t LaunchTopk(const void* x, void* values, int32_t* indices, int64_t rows, int64_t n,
-                       int64_t k, DType dtype, cudaStream_t stream) {
+                       int64_t k, DType dtype, Stream stream) {
   if (rows <= 0 || rows > 0x7fffffff || n <= 0 || n > 0x7fffffff || k <= 0 || k > n ||
       k > kTopkMaxK) {
     return cudaErrorInvalidValue;

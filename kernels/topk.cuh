@@ -7,6 +7,7 @@
 
 #include <cstdint>
 
+#include "kernels/launch.h"
 #include "stepgraph/base/dtype.h"
 
 namespace sg::kernels {
@@ -16,7 +17,7 @@ constexpr int64_t kTopkMaxK = 1024;
 // values [rows, k] of dtype, indices [rows, k] int32, from x [rows, n]; n < 2^31,
 // 1 <= k <= min(n, kTopkMaxK), rows < 2^31.
 cudaError_t LaunchTopk(const void* x, void* values, int32_t* indices, int64_t rows, int64_t n,
-                       int64_t k, DType dtype, cudaStream_t stream);
+                       int64_t k, DType dtype, Stream stream);
 
 }  // namespace sg::kernels
 

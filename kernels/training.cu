@@ -212,7 +212,7 @@ __global__ void ClipKernel(T* __restrict__ g, int64_t n, const float* __restrict
 cudaError_t LaunchCrossEntropy(const void* logits, const int32_t* targets, float* loss,
                                void* log_probs, int64_t rows, int64_t vocab,
                                int32_t ignore_index, DType dtype, uint32_t* error_flags,
-                               uint32_t token_flag, cudaStream_t stream) {
+                               uint32_t token_flag, Stream stream) {
   if (rows <= 0 || rows > 0x7fffffff || vocab <= 0) return cudaErrorInvalidValue;
   return DispatchFloat(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
@@ -227,7 +227,7 @@ cudaError_t LaunchCrossEntropyBackward(const void* logits, const int32_t* target
                                        const float* dloss, void* dlogits, int64_t rows,
                                        int64_t vocab, int32_t ignore_index, DType dtype,
                                        uint32_t* error_flags, uint32_t token_flag,
-                                       cudaStream_t stream) {
+                                       Stream stream) {
   if (rows <= 0 || rows > 0x7fffffff || vocab <= 0) return cudaErrorInvalidValue;
   return DispatchFloat(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
@@ -240,7 +240,7 @@ cudaError_t LaunchCrossEntropyBackward(const void* logits, const int32_t* target
 
 cudaError_t LaunchMoeAuxLoss(const void* router_probs, const int32_t* expert_ids, float* loss,
                              int64_t tokens, int64_t experts, int64_t top_k, DType dtype,
-                             uint32_t* error_flags, uint32_t token_flag, cudaStream_t stream) {
+                             uint32_t* error_flags, uint32_t token_flag, Stream stream) {
   if (tokens <= 0 || experts <= 0 || experts > kMoeMaxExperts || top_k <= 0 ||
       top_k > experts) {
     return cudaErrorInvalidValue;
@@ -256,7 +256,7 @@ cudaError_t LaunchMoeAuxLoss(const void* router_probs, const int32_t* expert_ids
 cudaError_t LaunchAdamW(float* param, const void* grad, float* exp_avg, float* exp_avg_sq,
                         int64_t n, float beta1, float beta2, float eps, float decay,
                         float step_size, float bc2_sqrt, DType grad_dtype,
-                        cudaStream_t stream) {
+                        Stream stream) {
   if (n <= 0) return cudaErrorInvalidValue;
   return DispatchFloat(grad_dtype, [&](auto tag) {
     using G = typename decltype(tag)::type;
@@ -268,11 +268,11 @@ cudaError_t LaunchAdamW(float* param, const void* grad, float* exp_avg, float* e
 
 cudaError_t LaunchClipGradNorm(void* const* grads, const int64_t* sizes, int64_t count,
                                float max_norm, DType dtype, float* total_norm,
-                               cudaStream_t stream) {
+                               Stream stream) {
   if (count <= 0) return cudaErrorInvalidValue;
   return DispatchFloat(dtype, [&](auto tag) -> cudaError_t {
     using T = typename decltype(tag)::type;
-    cudaError_t e = cudaMemsetAsync(total_norm, 0, sizeof(float), stream);
+    cudaError_t e = cudaMemsetAsync(total_norm, 0, sizeof(float), stream.stream);
     for (int64_t b = 0; b < count && e == cudaSuccess; ++b) {
       e = LaunchKernel(SumSquaresKernel<T>, dim3(GridFor(sizes[b])), dim3(kThreads), stream,
                        static_cast<const T*>(grads[b]), sizes[b], total_norm);

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 
+#include "kernels/launch.h"
 #include "stepgraph/base/dtype.h"
 
 namespace sg::kernels {
@@ -19,7 +20,7 @@ namespace sg::kernels {
 cudaError_t LaunchCrossEntropy(const void* logits, const int32_t* targets, float* loss,
                                void* log_probs, int64_t rows, int64_t vocab,
                                int32_t ignore_index, DType dtype, uint32_t* error_flags,
-                               uint32_t token_flag, cudaStream_t stream);
+                               uint32_t token_flag, Stream stream);
 
 // dlogits[i, j] = dloss[i] · (softmax(logits[i])_j − [j == targets[i]]); zero rows where
 // the target is ignore_index or out of range (which raises token_flag).
@@ -27,7 +28,7 @@ cudaError_t LaunchCrossEntropyBackward(const void* logits, const int32_t* target
                                        const float* dloss, void* dlogits, int64_t rows,
                                        int64_t vocab, int32_t ignore_index, DType dtype,
                                        uint32_t* error_flags, uint32_t token_flag,
-                                       cudaStream_t stream);
+                                       Stream stream);
 
 // *loss = experts · Σ_e (count_e / tokens) · (Σ_t router_probs[t, e] / tokens), count_e the
 // number of (token, choice) pairs of expert_ids [tokens, top_k] naming e. An id outside
@@ -35,7 +36,7 @@ cudaError_t LaunchCrossEntropyBackward(const void* logits, const int32_t* target
 constexpr int64_t kMoeMaxExperts = 4096;
 cudaError_t LaunchMoeAuxLoss(const void* router_probs, const int32_t* expert_ids, float* loss,
                              int64_t tokens, int64_t experts, int64_t top_k, DType dtype,
-                             uint32_t* error_flags, uint32_t token_flag, cudaStream_t stream);
+                             uint32_t* error_flags, uint32_t token_flag, Stream stream);
 
 // One AdamW step over n f32 parameters with the gradient of `grad_dtype`, in place:
 //   param *= decay; m = β1·m + (1−β1)·g; v = β2·v + (1−β2)·g²;
@@ -45,13 +46,13 @@ cudaError_t LaunchMoeAuxLoss(const void* router_probs, const int32_t* expert_ids
 cudaError_t LaunchAdamW(float* param, const void* grad, float* exp_avg, float* exp_avg_sq,
                         int64_t n, float beta1, float beta2, float eps, float decay,
                         float step_size, float bc2_sqrt, DType grad_dtype,
-                        cudaStream_t stream);
+                        Stream stream);
 
 // *total_norm = sqrt(Σ over the buffers of g²); then each buffer is scaled in place by
 // min(1, max_norm / (total_norm + 1e-6)).
 cudaError_t LaunchClipGradNorm(void* const* grads, const int64_t* sizes, int64_t count,
                                float max_norm, DType dtype, float* total_norm,
-                               cudaStream_t stream);
+                               Stream stream);
 
 }  // namespace sg::kernels
 

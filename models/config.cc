@@ -18,11 +18,16 @@
 #include "base/small_file.h"
 #include "nlohmann/json.hpp"
 #include "stepgraph/base/status.h"
+#include "text/bounded_json.h"
 
 namespace sg {
 namespace {
 
 using Json = nlohmann::json;
+
+// config.json nests 3 deep (rope_scaling, task_specific_params); a file of 1 MiB holds at
+// most half a million values.
+constexpr JsonLimits kConfigJsonLimits = {.max_depth = 32, .max_values = int64_t{1} << 20};
 
 // Keys written by the config writers (the common base config, generation defaults of old
 // writers, token ids, training-only settings) that do not change the inference math.
@@ -88,11 +93,8 @@ constexpr absl::string_view kHarmlessKeys[] = {
     "use_cache",
 };
 
-std::string Render(const Json& v) {
-  std::string s = v.dump(-1, ' ', false, Json::error_handler_t::replace);
-  if (s.size() > 80) s = s.substr(0, 77) + "...";
-  return s;
-}
+// A value quoted in a message: its first 80 characters, however large it is.
+std::string Render(const Json& v) { return JsonPreview(v, 80); }
 
 absl::string_view TypeName(const Json& v) {
   if (v.is_number_integer()) return "integer";
@@ -447,12 +449,7 @@ absl::StatusOr<LlamaConfig> ParseLlamaConfig(absl::string_view json_text,
   // nlohmann throws on malformed text and on some type errors; nothing may escape.
   try {
     Json root;
-    try {
-      root = Json::parse(json_text.begin(), json_text.end());
-    } catch (const Json::parse_error& e) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(source, ": invalid JSON: ", e.what()));
-    }
+    SG_RETURN_IF_ERROR(ParseBoundedJson(json_text, kConfigJsonLimits, source, &root));
     return ParseObject(root, source);
   } catch (const std::bad_alloc&) {
     return absl::ResourceExhaustedError(

@@ -15,6 +15,7 @@
 #include "stepgraph/base/quant.h"
 #include "nlohmann/json.hpp"
 #include "stepgraph/base/status.h"
+#include "text/bounded_json.h"
 
 namespace sg {
 namespace {
@@ -27,8 +28,10 @@ absl::StatusOr<std::optional<std::vector<int32_t>>> EosIdsFromJson(const std::st
   absl::StatusOr<std::string> text = ReadSmallFile(path, kMaxConfigFileBytes, "config file");
   if (absl::IsNotFound(text.status())) return std::optional<std::vector<int32_t>>();
   if (!text.ok()) return text.status();
-  Json root = Json::parse(*text, nullptr, /*allow_exceptions=*/false);
-  if (root.is_discarded() || !root.is_object()) {
+  Json root;
+  SG_RETURN_IF_ERROR(ParseBoundedJson(*text, {.max_depth = 32, .max_values = int64_t{1} << 20},
+                                      path, &root));
+  if (!root.is_object()) {
     return absl::InvalidArgumentError(absl::StrCat(path, ": not a JSON object"));
   }
   if (!root.contains("eos_token_id") || root["eos_token_id"].is_null()) {
@@ -39,7 +42,8 @@ absl::StatusOr<std::optional<std::vector<int32_t>>> EosIdsFromJson(const std::st
   auto add = [&](const Json& v) -> absl::Status {
     if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > INT32_MAX) {
       return absl::InvalidArgumentError(
-          absl::StrCat(path, ": eos_token_id must be an id or a list of ids, got ", v.dump()));
+          absl::StrCat(path, ": eos_token_id must be an id or a list of ids, got ",
+                       JsonPreview(v, 80)));
     }
     ids.push_back(static_cast<int32_t>(v.get<int64_t>()));
     return absl::OkStatus();
@@ -80,7 +84,8 @@ absl::StatusOr<LlamaConfig> ModelFiles::ReadConfig(const std::string& path) {
   return m.config_;
 }
 
-absl::StatusOr<ModelFiles> ModelFiles::Open(const std::string& path) {
+absl::StatusOr<ModelFiles> ModelFiles::Open(const std::string& path,
+                                            const ModelOpenOptions& options) {
   struct stat st;
   if (::stat(path.c_str(), &st) != 0) {
     const int err = errno;
@@ -93,7 +98,8 @@ absl::StatusOr<ModelFiles> ModelFiles::Open(const std::string& path) {
   std::vector<int32_t> stop;
   if (S_ISDIR(st.st_mode)) {
     m.format_ = ModelFormat::kSafetensorsFolder;
-    SG_ASSIGN_OR_RETURN(ModelWeights w, ModelWeights::Open(path));
+    SG_ASSIGN_OR_RETURN(ModelWeights w,
+                        ModelWeights::Open(path, {.copy = options.copy_weights}));
     // Before any graph is built from the config: the files hold what it describes.
     SG_RETURN_IF_ERROR(CheckWeightsFitConfig(w));
     m.folder_.emplace(std::move(w));
@@ -105,8 +111,17 @@ absl::StatusOr<ModelFiles> ModelFiles::Open(const std::string& path) {
     if (gen.has_value()) stop = *gen;
   } else if (S_ISREG(st.st_mode)) {
     m.format_ = ModelFormat::kGguf;
-    SG_ASSIGN_OR_RETURN(GgufModel g, GgufModel::Open(path));
-    m.gguf_.emplace(std::move(g));
+    if (options.copy_weights) {
+      // The copy's address stays put when it moves, so the file's views stay valid.
+      SG_ASSIGN_OR_RETURN(MappedFile copy, MappedFile::Open(path, {.copy = true}));
+      m.gguf_copy_.emplace(std::move(copy));
+      SG_ASSIGN_OR_RETURN(GgufFile file, GgufFile::Parse(m.gguf_copy_->bytes(), path));
+      SG_ASSIGN_OR_RETURN(GgufModel g, GgufModel::FromFile(std::move(file)));
+      m.gguf_.emplace(std::move(g));
+    } else {
+      SG_ASSIGN_OR_RETURN(GgufModel g, GgufModel::Open(path));
+      m.gguf_.emplace(std::move(g));
+    }
     m.config_ = m.gguf_->config();
     // Each weight keeps the dtype it is stored in (F32 norms, quantized matrices).
     m.config_.weight_dtypes = m.gguf_->WeightDTypes();

@@ -26,11 +26,19 @@ namespace sg {
 enum class ModelFormat : uint8_t { kSafetensorsFolder, kGguf };
 absl::string_view ModelFormatName(ModelFormat f);  // "safetensors folder", "GGUF file"
 
+struct ModelOpenOptions {
+  // Copy the weight files into memory instead of mapping them, so that a file truncated
+  // or rewritten while the model is open cannot end the process with SIGBUS (see
+  // mapped_file.h); costs the files' size in resident memory and a read at load.
+  bool copy_weights = false;
+};
+
 class ModelFiles {
  public:
   // A directory is a Hugging Face folder; a regular file is read as GGUF (its magic is
   // checked). NotFound when `path` does not exist; every error names the path.
-  static absl::StatusOr<ModelFiles> Open(const std::string& path);
+  static absl::StatusOr<ModelFiles> Open(const std::string& path,
+                                         const ModelOpenOptions& options = {});
 
   // The config alone: a folder's config.json (its weights are not opened), or a GGUF
   // file's metadata.
@@ -72,6 +80,9 @@ class ModelFiles {
   std::string path_;
   LlamaConfig config_;
   std::optional<ModelWeights> folder_;
+  // The bytes of a GGUF file read with copy_weights; declared before gguf_, whose views
+  // point into them, so that they outlive it.
+  std::optional<MappedFile> gguf_copy_;
   std::optional<GgufModel> gguf_;
   std::vector<int32_t> stop_ids_;
 };

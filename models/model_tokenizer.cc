@@ -53,7 +53,15 @@ absl::StatusOr<TokenizerSpec> TokenizerSpecFromGguf(const GgufFile& f) {
   if (f.Find("tokenizer.ggml.token_type") != nullptr) {
     SG_ASSIGN_OR_RETURN(std::vector<int64_t> types, f.GetIntArray("tokenizer.ggml.token_type"));
     spec.token_types.reserve(types.size());
-    for (int64_t t : types) spec.token_types.push_back(static_cast<int32_t>(t));
+    for (size_t i = 0; i < types.size(); ++i) {
+      // Checked in 64 bits: narrowed first, 2^32 + 3 would pass as 3 (a control token).
+      if (types[i] < 0 || types[i] > static_cast<int64_t>(TokenType::kByte)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            f.source(), ": tokenizer.ggml.token_type of token ", i, " is ", types[i],
+            " (0 to 6 are known)"));
+      }
+      spec.token_types.push_back(static_cast<int32_t>(types[i]));
+    }
   }
   if (f.Find("tokenizer.ggml.merges") != nullptr) {
     SG_ASSIGN_OR_RETURN(absl::Span<const absl::string_view> merges,

@@ -22,6 +22,7 @@
 #include "nlohmann/json.hpp"
 #include "stepgraph/base/half.h"
 #include "stepgraph/base/status.h"
+#include "text/bounded_json.h"
 
 namespace sg {
 namespace {
@@ -32,11 +33,13 @@ using Json = nlohmann::json;
 // refusing it keeps a hostile file from making the parser allocate without bound.
 constexpr uint64_t kMaxHeaderBytes = 100u << 20;
 
-std::string Render(const Json& v) {
-  std::string s = v.dump(-1, ' ', false, Json::error_handler_t::replace);
-  if (s.size() > 80) s = s.substr(0, 77) + "...";
-  return s;
-}
+// Headers nest 3 deep (name, entry, shape); 2^22 values are 500k tensors. The index nests
+// 2 deep and lists one file per tensor.
+constexpr JsonLimits kHeaderJsonLimits = {.max_depth = 16, .max_values = int64_t{1} << 22};
+constexpr JsonLimits kIndexJsonLimits = {.max_depth = 16, .max_values = int64_t{1} << 22};
+
+// A value quoted in a message: its first 80 characters, however large it is.
+std::string Render(const Json& v) { return JsonPreview(v, 80); }
 
 // Storage dtypes stepgraph runs, by their safetensors names. Any other name is refused.
 bool DTypeFromSafetensors(const std::string& name, DType* out) {
@@ -104,11 +107,8 @@ absl::StatusOr<std::vector<SafetensorsTensor>> ParseChecked(absl::Span<const std
   }
   const char* header_begin = reinterpret_cast<const char*>(file.data() + 8);
   Json header;
-  try {
-    header = Json::parse(header_begin, header_begin + header_len);
-  } catch (const Json::parse_error& e) {
-    return error("invalid JSON header: ", e.what());
-  }
+  SG_RETURN_IF_ERROR(ParseBoundedJson(absl::string_view(header_begin, header_len),
+                                      kHeaderJsonLimits, source, &header));
   if (!header.is_object()) return error("header is not a JSON object");
 
   const std::byte* data = file.data() + 8 + header_len;
@@ -238,8 +238,19 @@ SafetensorsFile::SafetensorsFile(MappedFile file, std::vector<SafetensorsTensor>
   for (size_t i = 0; i < tensors_.size(); ++i) index_.emplace(tensors_[i].name, i);
 }
 
-absl::StatusOr<SafetensorsFile> SafetensorsFile::Open(const std::string& path) {
-  SG_ASSIGN_OR_RETURN(MappedFile mapped, MappedFile::Open(path));
+absl::StatusOr<SafetensorsFile> SafetensorsFile::Open(const std::string& path,
+                                                      const MapOptions& options) {
+  SG_ASSIGN_OR_RETURN(MappedFile mapped, MappedFile::Open(path, options));
+  // The first bytes parsing touches: the length, then the header it gives (checked against
+  // the file's size by the parser).
+  SG_RETURN_IF_ERROR(mapped.Prefault(0, 8));
+  if (mapped.bytes().size() >= 8) {
+    uint64_t header_len = 0;  // little-endian
+    for (int i = 7; i >= 0; --i) {
+      header_len = (header_len << 8) | static_cast<uint8_t>(mapped.bytes()[static_cast<size_t>(i)]);
+    }
+    SG_RETURN_IF_ERROR(mapped.Prefault(8, std::min<uint64_t>(header_len, kMaxHeaderBytes)));
+  }
   SG_ASSIGN_OR_RETURN(std::vector<SafetensorsTensor> tensors,
                       ParseSafetensors(mapped.bytes(), path));
   // The spans point into the mapping, whose address a move does not change.
@@ -282,11 +293,7 @@ absl::StatusOr<std::vector<std::pair<std::string, std::string>>> ReadIndex(
   SG_ASSIGN_OR_RETURN(const std::string text,
                       ReadSmallFile(path, kMaxIndexFileBytes, "safetensors index"));
   Json index;
-  try {
-    index = Json::parse(text);
-  } catch (const Json::parse_error& e) {
-    return absl::InvalidArgumentError(absl::StrCat(path, ": invalid JSON: ", e.what()));
-  }
+  SG_RETURN_IF_ERROR(ParseBoundedJson(text, kIndexJsonLimits, path, &index));
   if (!index.is_object()) {
     return absl::InvalidArgumentError(absl::StrCat(path, ": expected a JSON object"));
   }
@@ -316,7 +323,8 @@ absl::StatusOr<std::vector<std::pair<std::string, std::string>>> ReadIndex(
 
 }  // namespace
 
-absl::StatusOr<ModelWeights> ModelWeights::Open(const std::string& model_dir) {
+absl::StatusOr<ModelWeights> ModelWeights::Open(const std::string& model_dir,
+                                                const MapOptions& options) {
   try {
     ModelWeights w;
     w.dir_ = model_dir;
@@ -325,7 +333,7 @@ absl::StatusOr<ModelWeights> ModelWeights::Open(const std::string& model_dir) {
     const std::string single = JoinPath(model_dir, "model.safetensors");
     const std::string index_path = JoinPath(model_dir, "model.safetensors.index.json");
     if (FileExists(single)) {
-      SG_ASSIGN_OR_RETURN(SafetensorsFile f, SafetensorsFile::Open(single));
+      SG_ASSIGN_OR_RETURN(SafetensorsFile f, SafetensorsFile::Open(single, options));
       w.files_.push_back(std::move(f));
       SG_RETURN_IF_ERROR(w.IndexFile(0));
       return w;
@@ -340,7 +348,7 @@ absl::StatusOr<ModelWeights> ModelWeights::Open(const std::string& model_dir) {
     for (const auto& [tensor, file] : weight_map) {
       if (file_by_name.contains(file)) continue;
       const std::string shard = JoinPath(model_dir, file);
-      absl::StatusOr<SafetensorsFile> f = SafetensorsFile::Open(shard);
+      absl::StatusOr<SafetensorsFile> f = SafetensorsFile::Open(shard, options);
       if (!f.ok()) {
         return absl::Status(f.status().code(),
                             absl::StrCat(index_path, " lists '", file, "' for tensor '", tensor,

@@ -46,7 +46,10 @@ absl::StatusOr<std::vector<SafetensorsTensor>> ParseSafetensors(absl::Span<const
 // A mapped and checked safetensors file. Move-only.
 class SafetensorsFile {
  public:
-  static absl::StatusOr<SafetensorsFile> Open(const std::string& path);
+  // Maps the file (or copies it, see MapOptions) and parses its header; in a mapping the
+  // header's bytes are prefaulted first, so a file truncated under it is an error.
+  static absl::StatusOr<SafetensorsFile> Open(const std::string& path,
+                                              const MapOptions& options = {});
 
   const std::string& path() const { return file_.path(); }
   // In the order of their data in the file.
@@ -75,7 +78,8 @@ class ModelWeights {
   // Reads config.json (see LoadLlamaConfig) and maps the weights. For an index, every
   // listed file must exist, every name must be in the file the index names, and every
   // tensor of those files must be listed; a name may be stored only once.
-  static absl::StatusOr<ModelWeights> Open(const std::string& model_dir);
+  static absl::StatusOr<ModelWeights> Open(const std::string& model_dir,
+                                           const MapOptions& options = {});
 
   const LlamaConfig& config() const { return config_; }
   const std::string& dir() const { return dir_; }

@@ -179,11 +179,15 @@ class DecodeSession::Impl {
   absl::Status LoadModel(const SessionOptions& options);
   // Checks the options and derives the backend, the sizes and the buckets.
   absl::Status ResolveOptions(const SessionOptions& options);
-  // Every step's graph: one per decode bucket (with the graph passes where they pay), then
-  // one per prefill shape. Sets prefill_shapes_.
+  // The runner: its device and dispatcher, which the passes ask what they may fuse.
+  absl::Status MakeRunner(const SessionOptions& options);
+  // Every step's graph: one per decode bucket (with the graph passes where they pay, making
+  // only nodes the runner's dispatcher runs), then one per prefill shape. Sets
+  // prefill_shapes_.
   absl::StatusOr<std::vector<Graph>> BuildGraphs(const SessionOptions& options);
-  // The runner, once the KV cache the largest step binds is known to fit its device.
-  absl::Status MakeRunner(const SessionOptions& options, const Graph& largest);
+  // Refuses a KV cache (the buffer whose size the caller picks freely) larger than the
+  // device's free memory, before asking for it.
+  absl::Status CheckKvCacheFits(const Graph& largest);
   // The weights on the runner's device (or bound in place on the CPU): sets `bind`.
   absl::Status SetUpWeights(const Graph& largest, StepRunner::Binder* bind);
   // The KV cache (zeros), the step inputs and the prompt on the device, the host staging
@@ -290,11 +294,12 @@ absl::string_view BackendName(Backend b) {
 absl::Status DecodeSession::Impl::Init(const SessionOptions& options) {
   SG_RETURN_IF_ERROR(LoadModel(options));
   SG_RETURN_IF_ERROR(ResolveOptions(options));
+  SG_RETURN_IF_ERROR(MakeRunner(options));
   SG_ASSIGN_OR_RETURN(std::vector<Graph> graphs, BuildGraphs(options));
   // The largest decode step reads every weight and every KV cache.
   const Graph& largest = graphs[buckets_.size() - 1];
   if (model_ != nullptr) SG_RETURN_IF_ERROR(model_->CheckAgainstGraph(largest));
-  SG_RETURN_IF_ERROR(MakeRunner(options, largest));
+  SG_RETURN_IF_ERROR(CheckKvCacheFits(largest));
   StepRunner::Binder bind_weights;
   SG_RETURN_IF_ERROR(SetUpWeights(largest, &bind_weights));
   SG_RETURN_IF_ERROR(AllocateBuffers());
@@ -363,8 +368,21 @@ absl::Status DecodeSession::Impl::ResolveOptions(const SessionOptions& options) 
   return absl::OkStatus();
 }
 
+absl::Status DecodeSession::Impl::MakeRunner(const SessionOptions& options) {
+  RunnerOptions ro;
+  ro.device = backend_ == Backend::kCuda ? DeviceKind::kCuda : DeviceKind::kCpu;
+  ro.eager = options.eager;
+  ro.cuda = options.cuda;
+  ro.cpu_threads = options.cpu_threads;
+  SG_ASSIGN_OR_RETURN(runner_, StepRunner::Create(ro));
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::vector<Graph>> DecodeSession::Impl::BuildGraphs(
     const SessionOptions& options) {
+  // The passes make only nodes the runner's dispatcher runs.
+  PassOptions passes = options.passes;
+  passes.backend = &runner_->op_support();
   std::vector<Graph> graphs;
   for (int64_t bucket : buckets_) {
     LlamaGraphOptions g;
@@ -375,7 +393,7 @@ absl::StatusOr<std::vector<Graph>> DecodeSession::Impl::BuildGraphs(
     g.closed_loop = true;
     SG_ASSIGN_OR_RETURN(Graph graph, BuildLlamaDecodeGraph(config_, g));
     if (bucket <= options.passes_max_rows) {
-      SG_ASSIGN_OR_RETURN(graph, RunPasses(std::move(graph), options.passes));
+      SG_ASSIGN_OR_RETURN(graph, RunPasses(std::move(graph), passes));
     }
     graphs.push_back(std::move(graph));
   }
@@ -404,15 +422,7 @@ absl::StatusOr<std::vector<Graph>> DecodeSession::Impl::BuildGraphs(
   return graphs;
 }
 
-absl::Status DecodeSession::Impl::MakeRunner(const SessionOptions& options,
-                                             const Graph& largest) {
-  RunnerOptions ro;
-  ro.device = backend_ == Backend::kCuda ? DeviceKind::kCuda : DeviceKind::kCpu;
-  ro.eager = options.eager;
-  ro.cuda = options.cuda;
-  ro.cpu_threads = options.cpu_threads;
-  SG_ASSIGN_OR_RETURN(runner_, StepRunner::Create(ro));
-
+absl::Status DecodeSession::Impl::CheckKvCacheFits(const Graph& largest) {
   // The KV cache is the one buffer whose size the caller picks freely (max_seq × slots):
   // check it against the device before asking for it.
   kv_layout_ = LayoutBuffers(largest, TensorKind::kState);
@@ -421,7 +431,7 @@ absl::Status DecodeSession::Impl::MakeRunner(const SessionOptions& options,
   if (kv_cache_bytes_ > free_bytes) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "session: the KV cache for ", max_slots(), " slot(s) of max_seq = ", max_seq_,
-        " needs ", kv_cache_bytes_, " bytes, but the ", DeviceKindName(ro.device),
+        " needs ", kv_cache_bytes_, " bytes, but the ", DeviceKindName(runner_->device()),
         " device has ", free_bytes, " bytes free; ask for fewer positions (max_seq) or slots"));
   }
   return absl::OkStatus();

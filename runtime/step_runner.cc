@@ -95,6 +95,8 @@ std::string StepRunner::Describe() const {
                                                               : ", replayed CUDA graphs");
 }
 
+const OpSupport& StepRunner::op_support() const { return impl_->device->dispatch(); }
+
 absl::StatusOr<void*> StepRunner::Allocate(int64_t bytes, absl::string_view what) {
   return impl_->device->Allocate(bytes, /*zeroed=*/false, what);
 }

@@ -2,6 +2,7 @@
 #include "stepgraph/text/chat_template.h"
 
 #include <ctime>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -13,8 +14,11 @@ namespace {
 
 constexpr size_t kMaxTemplateBytes = size_t{1} << 20;
 
-// The string literals inside the template's {{ }} and {% %} tags, unescaped as Jinja does.
-absl::StatusOr<std::vector<std::string>> StringLiterals(absl::string_view t) {
+// The string literals inside the template's {{ }} and {% %} tags, unescaped as Jinja does;
+// `spans` (optional) receives where each is in the template, quotes included.
+using LiteralSpan = std::pair<size_t, size_t>;  // [begin, end) in the template's text
+absl::StatusOr<std::vector<std::string>> StringLiterals(absl::string_view t,
+                                                        std::vector<LiteralSpan>* spans = nullptr) {
   std::vector<std::string> out;
   size_t i = 0;
   while (i < t.size()) {
@@ -55,6 +59,7 @@ absl::StatusOr<std::vector<std::string>> StringLiterals(absl::string_view t) {
         }
         if (j >= t.size()) return absl::InvalidArgumentError("chat template: unclosed string literal");
         out.push_back(std::move(lit));
+        if (spans != nullptr) spans->emplace_back(k, j + 1);
         k = j + 1;
         continue;
       }
@@ -160,6 +165,44 @@ absl::StatusOr<std::string> DatedSystemTurn(absl::string_view t, const std::vect
                       "\n\n<|eot_id|>");
 }
 
+// Whether the template writes "[INST]", then the message's content, then "[/INST]": the
+// first literal holding [INST] comes before the first literal holding [/INST] after it
+// (in one literal, [INST] first), and "content" is read between the two. Templates that
+// write them otherwise would render as something other than what stepgraph writes.
+absl::Status CheckInstOrder(absl::string_view t, const std::vector<std::string>& literals,
+                            const std::vector<LiteralSpan>& spans) {
+  const auto refuse = [](absl::string_view why) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "chat template: ", why,
+        "; stepgraph renders [INST] templates only as \"[INST]\" + content + \"[/INST]\""));
+  };
+  size_t open = literals.size();
+  for (size_t i = 0; i < literals.size() && open == literals.size(); ++i) {
+    if (literals[i].find("[INST]") != std::string::npos) open = i;
+  }
+  if (open == literals.size()) return refuse("no literal writes [INST]");
+  const std::string& first = literals[open];
+  if (first.find("[/INST]") != std::string::npos) {
+    return refuse(first.find("[/INST]") < first.find("[INST]")
+                      ? "[/INST] is written before [INST]"
+                      : "[INST] and [/INST] are written together, with no content between");
+  }
+  for (size_t i = 0; i < open; ++i) {
+    if (literals[i].find("[/INST]") != std::string::npos) {
+      return refuse("[/INST] is written before [INST]");
+    }
+  }
+  for (size_t i = open + 1; i < literals.size(); ++i) {
+    if (literals[i].find("[/INST]") == std::string::npos) continue;
+    const size_t from = spans[open].second, to = spans[i].first;
+    if (to <= from || t.substr(from, to - from).find("content") == absl::string_view::npos) {
+      return refuse("the message's content is not written between [INST] and [/INST]");
+    }
+    return absl::OkStatus();
+  }
+  return refuse("no literal writes [/INST] after [INST]");
+}
+
 }  // namespace
 
 absl::StatusOr<ChatTemplate> ChatTemplate::Create(absl::string_view text, absl::string_view bos_token,
@@ -170,7 +213,8 @@ absl::StatusOr<ChatTemplate> ChatTemplate::Create(absl::string_view text, absl::
     return absl::InvalidArgumentError(absl::StrCat("chat template of ", text.size(),
                                                    " bytes (at most ", kMaxTemplateBytes, ")"));
   }
-  SG_ASSIGN_OR_RETURN(std::vector<std::string> literals, StringLiterals(text));
+  std::vector<LiteralSpan> spans;
+  SG_ASSIGN_OR_RETURN(std::vector<std::string> literals, StringLiterals(text, &spans));
   auto any_literal = [&](absl::string_view needle) {
     for (const std::string& l : literals) {
       if (absl::StrContains(l, needle)) return true;
@@ -214,6 +258,9 @@ absl::StatusOr<ChatTemplate> ChatTemplate::Create(absl::string_view text, absl::
       return absl::InvalidArgumentError(
           "chat template: an [INST] template with a default system prompt is not supported");
     }
+    // Rendered as "[INST]" + content + "[/INST]": refused unless the template writes them
+    // in that order, [INST] first, the message's content between, [/INST] after.
+    SG_RETURN_IF_ERROR(CheckInstOrder(text, literals, spans));
     ct.family_ = ChatFamily::kInst;
     // The spacing varies ("[INST] " + text + " [/INST]" in Mistral v0.1 and Llama 2,
     // "[/INST]" without the space in v0.3): take it from the literals.

@@ -225,35 +225,74 @@ std::string PcreErrorText(int code) {
   return reinterpret_cast<const char*>(buffer);
 }
 
-absl::StatusOr<UniqueCode> CompilePattern(absl::string_view pattern) {
-  if (pattern.empty() || pattern.size() > kMaxPatternBytes) {
+// A pattern quoted in a message: at most 100 bytes of it.
+std::string QuotedPattern(absl::string_view p) {
+  if (p.size() <= 100) return absl::StrCat("\"", p, "\"");
+  size_t cut = 100;
+  while (cut > 0 && (static_cast<uint8_t>(p[cut]) & 0xC0) == 0x80) --cut;
+  return absl::StrCat("\"", p.substr(0, cut), "...\"");
+}
+
+// A compiled pre-tokenizer pattern and its text, for messages.
+struct Pattern {
+  UniqueCode code;
+  std::string text;
+};
+
+absl::StatusOr<Pattern> CompilePattern(absl::string_view pattern) {
+  if (pattern.size() > kMaxPatternBytes) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "tokenizer: pre-tokenizer pattern of ", pattern.size(), " bytes (1 to ",
+        "tokenizer: pre-tokenizer pattern of ", pattern.size(), " bytes (at most ",
         kMaxPatternBytes, " allowed)"));
   }
   int error = 0;
   PCRE2_SIZE offset = 0;
   // UTF: patterns and text are UTF-8; UCP: \s, \w, \d and [[:classes:]] follow Unicode.
+  // MULTILINE: ^ and $ match at every line, as in the Ruby syntax of Oniguruma, which the
+  // reference compiles tokenizer.json's patterns with.
   pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
-                                   PCRE2_UTF | PCRE2_UCP, &error, &offset, nullptr);
+                                   PCRE2_UTF | PCRE2_UCP | PCRE2_MULTILINE, &error, &offset,
+                                   nullptr);
   if (code == nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat("tokenizer: pre-tokenizer pattern \"", pattern,
-                                                   "\" does not compile at offset ", offset, ": ",
-                                                   PcreErrorText(error)));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tokenizer: pre-tokenizer pattern ", QuotedPattern(pattern),
+        " does not compile at offset ", offset, ": ", PcreErrorText(error)));
   }
   // JIT is an optimisation only: a build of PCRE2 without it still matches.
   (void)pcre2_jit_compile(code, PCRE2_JIT_COMPLETE);
-  return UniqueCode(code);
+  return Pattern{UniqueCode(code), std::string(pattern)};
 }
+
+// Bounds on the work of the pre-tokenizer's patterns, in PCRE2's match-limit units (about
+// one per backtracking step). A pattern from a tokenizer.json may backtrack exponentially
+// ((a+)+b) or polynomially on the right text; instead of trusting it, each Encode gets a
+// budget proportional to its text, and every match is charged what it was allowed.
+// A match first runs with kFirstMatchLimit and, when that is not enough, again with twice
+// the limit, so one that needs w units is charged less than 4w + kFirstMatchLimit. Real
+// patterns take one match of under 32 units per piece (tokenizer_bench's counters: about
+// 7 units a byte on text, 32 on a pattern that splits every byte, no retry on the test
+// corpus), so the budget is at least four times what they need, and a pattern that
+// backtracks catastrophically is stopped after work linear in the text (about 0.3 s of
+// CPU per MiB).
+constexpr uint32_t kFirstMatchLimit = 32;
+constexpr int64_t kRegexBudgetBase = int64_t{1} << 20;
+constexpr int64_t kRegexBudgetPerByte = 128;
+// The interpreter's backtracking memory, where the JIT is not available (KiB).
+constexpr uint32_t kHeapLimitKiB = 64 * 1024;
 
 // One Encode call's matching state (PCRE2 match data is not shareable between threads).
 struct Matcher {
   UniqueMatchData data;
   UniqueMatchContext context;
   UniqueJitStack jit_stack;
+  int64_t budget = 0;         // match-limit units left for this Encode
+  size_t text_bytes = 0;      // what the budget was given for, for messages
+  int64_t regex_matches = 0;  // counted for EncodeWork
+  int64_t regex_steps = 0;
+  int64_t nfc_steps = 0;
 };
 
-absl::StatusOr<Matcher> MakeMatcher() {
+absl::StatusOr<Matcher> MakeMatcher(size_t text_bytes, size_t num_patterns) {
   Matcher m;
   m.data.reset(pcre2_match_data_create(1, nullptr));
   m.context.reset(pcre2_match_context_create(nullptr));
@@ -261,77 +300,219 @@ absl::StatusOr<Matcher> MakeMatcher() {
   m.jit_stack.reset(pcre2_jit_stack_create(32 * 1024, 8 * 1024 * 1024, nullptr));
   if (!m.data || !m.context) return absl::ResourceExhaustedError("tokenizer: out of memory for PCRE2");
   if (m.jit_stack) pcre2_jit_stack_assign(m.context.get(), nullptr, m.jit_stack.get());
+  pcre2_set_heap_limit(m.context.get(), kHeapLimitKiB);
+  m.text_bytes = text_bytes;
+  m.budget = kRegexBudgetBase + kRegexBudgetPerByte * static_cast<int64_t>(text_bytes) *
+                                    static_cast<int64_t>(std::max<size_t>(1, num_patterns));
   return m;
 }
 
-// Splits `piece` into the matches of `code` and the text between them, in order.
-absl::Status SplitIsolated(const pcre2_code* code, Matcher& m, absl::string_view piece,
-                           std::vector<absl::string_view>* out) {
-  size_t start = 0, last = 0;
-  while (start < piece.size()) {
-    const int rc = pcre2_match(code, reinterpret_cast<PCRE2_SPTR>(piece.data()), piece.size(),
-                               start, PCRE2_NO_UTF_CHECK, m.data.get(), m.context.get());
-    if (rc == PCRE2_ERROR_NOMATCH) break;
-    if (rc < 0) {
-      return absl::InternalError(absl::StrCat("tokenizer: pre-tokenizer match failed: ",
-                                              PcreErrorText(rc)));
+// The first match of `p` in `piece` at or after `start`: true with [*begin, *end), false
+// when there is none; InvalidArgument naming the pattern when its budget or memory runs
+// out (see kFirstMatchLimit).
+absl::StatusOr<bool> FindMatch(const Pattern& p, Matcher& m, absl::string_view piece,
+                               size_t start, size_t* begin, size_t* end) {
+  uint32_t limit = kFirstMatchLimit;
+  for (;;) {
+    const uint32_t allowed = static_cast<uint32_t>(std::min<int64_t>(limit, m.budget));
+    pcre2_set_match_limit(m.context.get(), allowed);
+    const int rc = pcre2_match(p.code.get(), reinterpret_cast<PCRE2_SPTR>(piece.data()),
+                               piece.size(), start, PCRE2_NO_UTF_CHECK, m.data.get(),
+                               m.context.get());
+    ++m.regex_matches;
+    m.regex_steps += allowed;
+    m.budget -= allowed;
+    if (rc >= 0) {
+      const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(m.data.get());
+      *begin = ov[0];
+      *end = ov[1];
+      return true;
     }
-    const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(m.data.get());
-    const size_t b = ov[0], e = ov[1];
-    if (e == b) {  // an empty match splits nothing; step over one character
-      int needed;
-      start = b + std::max(1, Utf8SequenceAt(piece, b, &needed));
+    if (rc == PCRE2_ERROR_NOMATCH) return false;
+    if (rc == PCRE2_ERROR_MATCHLIMIT && allowed == limit && m.budget > 0 &&
+        limit <= (uint32_t{1} << 30)) {
+      limit *= 2;
       continue;
     }
-    if (b > last) out->push_back(piece.substr(last, b - last));
-    out->push_back(piece.substr(b, e - b));
-    last = start = e;
+    if (rc == PCRE2_ERROR_MATCHLIMIT) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tokenizer: pre-tokenizer pattern ", QuotedPattern(p.text),
+          " backtracks catastrophically on this text: splitting its ", m.text_bytes,
+          " bytes needs more than the ", m.regex_steps,
+          " match steps allowed for them (the limit grows with the text)"));
+    }
+    if (rc == PCRE2_ERROR_JIT_STACKLIMIT || rc == PCRE2_ERROR_HEAPLIMIT ||
+        rc == PCRE2_ERROR_DEPTHLIMIT) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tokenizer: pre-tokenizer pattern ", QuotedPattern(p.text),
+          " needs more backtracking memory than allowed on this text (", PcreErrorText(rc),
+          ")"));
+    }
+    return absl::InternalError(absl::StrCat("tokenizer: pre-tokenizer pattern ",
+                                            QuotedPattern(p.text),
+                                            " failed to match: ", PcreErrorText(rc)));
   }
-  if (last < piece.size()) out->push_back(piece.substr(last));
+}
+
+// Splits `piece` into the matches of `p` and the text between them, in order, as the
+// reference's Split with the Isolated behaviour does over Oniguruma's find_iter: each match
+// and each stretch between matches is a piece; a match may be empty (a* or $ match
+// nothing) and still splits there, except where the previous match ended; empty pieces
+// are dropped.
+absl::Status SplitIsolated(const Pattern& p, Matcher& m, absl::string_view piece,
+                           std::vector<absl::string_view>* out) {
+  const size_t n = piece.size();
+  size_t search = 0, prev = 0;
+  size_t last_match_end = absl::string_view::npos;
+  while (search <= n) {
+    size_t b = 0, e = 0;
+    SG_ASSIGN_OR_RETURN(const bool found, FindMatch(p, m, piece, search, &b, &e));
+    if (!found) break;
+    if (b == e && e == last_match_end) {
+      // Not the same empty match twice: search again one character on.
+      if (search >= n) break;
+      int needed;
+      search += static_cast<size_t>(std::max(1, Utf8SequenceAt(piece, search, &needed)));
+      continue;
+    }
+    search = last_match_end = e;
+    if (b > prev) out->push_back(piece.substr(prev, b - prev));
+    if (e > b) out->push_back(piece.substr(b, e - b));
+    prev = e;
+  }
+  if (prev < n) out->push_back(piece.substr(prev));
   return absl::OkStatus();
 }
 
 // ---- special tokens written in the text -------------------------------------------------
 
-// A byte trie of the tokens matched whole in text; finds the leftmost-longest match.
-class TokenTrie {
+// The tokens matched whole in text (control tokens when special tokens are parsed,
+// user-defined ones always): at each position, the longest of each kind that starts there.
+// Trying a trie at every position costs up to the longest token per position (a 4 KiB
+// token against a prompt of its prefixes: 4096 steps a byte). Instead, an Aho-Corasick
+// automaton over the reversed tokens reads the text from right to left: after reading
+// text[i] its state is the longest reversed token prefix that the text from i spells
+// backwards, and the longest token starting at i is the longest output of that state.
+// Every position costs O(1) amortised steps.
+class SpecialTokens {
  public:
-  void Add(absl::string_view token, int32_t id) {
-    int node = 0;
-    for (char c : token) {
-      auto key = std::make_pair(node, static_cast<uint8_t>(c));
+  struct Match {
+    int32_t len = 0;  // 0: none
+    int32_t id = -1;
+  };
+
+  // A later token of the same spelling and kind replaces an earlier one.
+  void Add(absl::string_view token, int32_t id, bool control) {
+    int32_t node = 0;
+    for (size_t k = token.size(); k-- > 0;) {
+      const uint64_t key = Key(node, static_cast<uint8_t>(token[k]));
       auto it = edges_.find(key);
       if (it == edges_.end()) {
-        ids_.push_back(-1);
-        it = edges_.emplace(key, static_cast<int>(ids_.size()) - 1).first;
+        nodes_.push_back(Node{});
+        it = edges_.emplace(key, static_cast<int32_t>(nodes_.size() - 1)).first;
       }
       node = it->second;
     }
-    ids_[node] = id;
-    first_bytes_[static_cast<uint8_t>(token[0])] = true;
-  }
-  bool empty() const { return ids_.size() == 1; }
-  // Longest token starting at text[i]: its length and id, or 0.
-  size_t MatchAt(absl::string_view text, size_t i, int32_t* id) const {
-    if (!first_bytes_[static_cast<uint8_t>(text[i])]) return 0;
-    int node = 0;
-    size_t best = 0;
-    for (size_t k = i; k < text.size(); ++k) {
-      auto it = edges_.find(std::make_pair(node, static_cast<uint8_t>(text[k])));
-      if (it == edges_.end()) break;
-      node = it->second;
-      if (ids_[node] >= 0) {
-        best = k + 1 - i;
-        *id = ids_[node];
-      }
-    }
-    return best;
+    (control ? nodes_[node].control : nodes_[node].user) = {static_cast<int32_t>(token.size()), id};
+    max_len_ = std::max(max_len_, token.size());
   }
 
+  // Failure links and each state's longest outputs, breadth first (a state's failure is
+  // shallower, so it is done before the state).
+  void Build() {
+    std::vector<std::vector<std::pair<uint8_t, int32_t>>> children(nodes_.size());
+    for (const auto& [key, child] : edges_) {
+      children[key >> 8].emplace_back(static_cast<uint8_t>(key & 0xFF), child);
+    }
+    std::vector<int32_t> queue = {0};
+    for (size_t q = 0; q < queue.size(); ++q) {
+      const int32_t u = queue[q];
+      for (const auto& [byte, v] : children[u]) {
+        int32_t f = 0;
+        if (u != 0) {
+          f = nodes_[u].fail;
+          int64_t ignored = 0;
+          f = Step(f, byte, &ignored);
+        }
+        Node& node = nodes_[v];
+        node.fail = f;
+        if (node.control.len == 0) node.control = nodes_[f].control;
+        if (node.user.len == 0) node.user = nodes_[f].user;
+        queue.push_back(v);
+      }
+    }
+  }
+
+  bool empty() const { return nodes_.size() == 1; }
+  size_t max_len() const { return max_len_; }
+
+  // The state after reading `byte` in state `node`; *steps counts the transitions taken.
+  int32_t Step(int32_t node, uint8_t byte, int64_t* steps) const {
+    for (;;) {
+      ++*steps;
+      auto it = edges_.find(Key(node, byte));
+      if (it != edges_.end()) return it->second;
+      if (node == 0) return 0;
+      node = nodes_[node].fail;
+    }
+  }
+  const Match& control(int32_t state) const { return nodes_[state].control; }
+  const Match& user(int32_t state) const { return nodes_[state].user; }
+
  private:
-  absl::flat_hash_map<std::pair<int, uint8_t>, int> edges_;
-  std::vector<int32_t> ids_ = {-1};
-  std::array<bool, 256> first_bytes_{};
+  struct Node {
+    int32_t fail = 0;
+    Match control, user;  // the longest output of each kind
+  };
+  static uint64_t Key(int32_t node, uint8_t byte) {
+    return (static_cast<uint64_t>(node) << 8) | byte;
+  }
+
+  std::vector<Node> nodes_ = {Node{}};
+  absl::flat_hash_map<uint64_t, int32_t> edges_;
+  size_t max_len_ = 0;
+};
+
+// The longest special tokens starting at each position of one text, read in windows so
+// that memory stays bounded whatever the text's size: a window's states come from a scan
+// that starts max_len bytes after it, enough for the automaton to be in step.
+class SpecialTokenScan {
+ public:
+  SpecialTokenScan(const SpecialTokens& tokens, absl::string_view text)
+      : tokens_(tokens), text_(text),
+        window_(std::max<size_t>(size_t{1} << 16, 4 * tokens.max_len())) {}
+
+  // The token at text[i] (positions asked in increasing order), or len 0. A user-defined
+  // token is taken over a control one only when longer, as the two tries did.
+  SpecialTokens::Match At(size_t i, bool parse_special) {
+    if (i < begin_ || i >= begin_ + states_.size()) Scan(i);
+    const int32_t state = states_[i - begin_];
+    SpecialTokens::Match m = parse_special ? tokens_.control(state) : SpecialTokens::Match{};
+    const SpecialTokens::Match& u = tokens_.user(state);
+    if (u.len > m.len) m = u;
+    return m;
+  }
+  int64_t steps() const { return steps_; }
+
+ private:
+  void Scan(size_t from) {
+    begin_ = from;
+    const size_t to = std::min(text_.size(), from + window_);
+    const size_t start = std::min(text_.size(), to + tokens_.max_len());
+    states_.assign(to - from, 0);
+    int32_t state = 0;
+    for (size_t j = start; j-- > from;) {
+      state = tokens_.Step(state, static_cast<uint8_t>(text_[j]), &steps_);
+      if (j < to) states_[j - from] = state;
+    }
+  }
+
+  const SpecialTokens& tokens_;
+  absl::string_view text_;
+  size_t window_;
+  size_t begin_ = 0;
+  std::vector<int32_t> states_;
+  int64_t steps_ = 0;
 };
 
 struct MergeInfo {
@@ -348,10 +529,10 @@ struct Tokenizer::Impl {
   bool byte_level = false;
   absl::flat_hash_map<std::string, int32_t> vocab;  // BPE spelling → id
   absl::flat_hash_map<std::pair<int32_t, int32_t>, MergeInfo> merges;
-  std::vector<UniqueCode> patterns;
+  std::vector<Pattern> patterns;
   std::vector<std::string> token_bytes;  // what each id decodes to
   std::vector<uint8_t> control;          // skipped by skip_special
-  TokenTrie special_trie, user_trie;     // matched in text: control / user-defined
+  SpecialTokens special;                 // matched in text: control and user-defined
   std::array<int32_t, 256> byte_tokens;  // <0xNN> ids for byte fallback, -1 if missing
   bool strip_leading_space = false;
 
@@ -576,9 +757,9 @@ absl::StatusOr<std::unique_ptr<Tokenizer::Impl>> BuildImpl(TokenizerSpec spec) {
                        static_cast<int32_t>(i) == spec.pad_id;
     if (type == TokenType::kControl || named) {
       impl->control[i] = 1;
-      if (!t.empty()) impl->special_trie.Add(t, static_cast<int32_t>(i));
+      if (!t.empty()) impl->special.Add(t, static_cast<int32_t>(i), /*control=*/true);
     } else if (type == TokenType::kUserDefined && !t.empty()) {
-      impl->user_trie.Add(t, static_cast<int32_t>(i));
+      impl->special.Add(t, static_cast<int32_t>(i), /*control=*/false);
     }
   }
   if (!impl->byte_level && spec.byte_fallback) {
@@ -590,6 +771,7 @@ absl::StatusOr<std::unique_ptr<Tokenizer::Impl>> BuildImpl(TokenizerSpec spec) {
       }
     }
   }
+  impl->special.Build();
   impl->strip_leading_space = !impl->byte_level && (spec.add_space_prefix || spec.space_prefix_every_piece);
   impl->spec = std::move(spec);
   return impl;
@@ -705,7 +887,7 @@ absl::Status Tokenizer::Impl::EncodeSegment(absl::string_view text, bool at_star
   if (text.empty()) return absl::OkStatus();
   std::string nfc;
   if (spec.normalize_nfc) {
-    nfc = NormalizeNfc(text);
+    nfc = NormalizeNfc(text, &m.nfc_steps);
     text = nfc;
   }
   std::string normalized;
@@ -723,9 +905,9 @@ absl::Status Tokenizer::Impl::EncodeSegment(absl::string_view text, bool at_star
     whole = normalized;
   }
   std::vector<absl::string_view> pieces = {whole}, next;
-  for (const auto& code : patterns) {
+  for (const Pattern& pattern : patterns) {
     next.clear();
-    for (absl::string_view p : pieces) SG_RETURN_IF_ERROR(SplitIsolated(code.get(), m, p, &next));
+    for (absl::string_view p : pieces) SG_RETURN_IF_ERROR(SplitIsolated(pattern, m, p, &next));
     pieces.swap(next);
   }
   for (absl::string_view p : pieces) {
@@ -762,28 +944,36 @@ absl::StatusOr<std::vector<int32_t>> Tokenizer::Encode(absl::string_view text,
   }
   try {
     const Impl& im = *impl_;
-    SG_ASSIGN_OR_RETURN(Matcher m, MakeMatcher());
+    SG_ASSIGN_OR_RETURN(Matcher m, MakeMatcher(text.size(), im.patterns.size()));
     std::vector<int32_t> ids;
     ids.reserve(text.size() / 3 + 2);
     if (options.add_special && im.spec.add_bos) ids.push_back(im.spec.bos_id);
-    size_t segment = 0;
-    for (size_t i = 0; i < text.size();) {
-      int32_t id = -1;
-      size_t len = 0;
-      if (options.parse_special && !im.special_trie.empty()) len = im.special_trie.MatchAt(text, i, &id);
-      int32_t user_id = -1;
-      const size_t user_len = im.user_trie.empty() ? 0 : im.user_trie.MatchAt(text, i, &user_id);
-      if (user_len > len) len = user_len, id = user_id;
-      if (len == 0) {
-        ++i;
-        continue;
+    SpecialTokenScan scan(im.special, text);
+    const auto encode = [&]() -> absl::Status {
+      size_t segment = 0;
+      for (size_t i = 0; i < text.size() && !im.special.empty();) {
+        const SpecialTokens::Match token = scan.At(i, options.parse_special);
+        if (token.len == 0) {
+          ++i;
+          continue;
+        }
+        SG_RETURN_IF_ERROR(
+            im.EncodeSegment(text.substr(segment, i - segment), segment == 0, m, &ids));
+        ids.push_back(token.id);
+        i += static_cast<size_t>(token.len);
+        segment = i;
       }
-      SG_RETURN_IF_ERROR(im.EncodeSegment(text.substr(segment, i - segment), segment == 0, m, &ids));
-      ids.push_back(id);
-      i += len;
-      segment = i;
+      return im.EncodeSegment(text.substr(segment), segment == 0, m, &ids);
+    };
+    const absl::Status encoded = encode();
+    // Counted whether or not the text was refused: a refusal's cost is bounded too.
+    if (options.work != nullptr) {
+      options.work->special_steps += scan.steps();
+      options.work->regex_matches += m.regex_matches;
+      options.work->regex_steps += m.regex_steps;
+      options.work->nfc_steps += m.nfc_steps;
     }
-    SG_RETURN_IF_ERROR(im.EncodeSegment(text.substr(segment), segment == 0, m, &ids));
+    SG_RETURN_IF_ERROR(encoded);
     if (options.add_special && im.spec.add_eos) ids.push_back(im.spec.eos_id);
     return ids;
   } catch (const std::bad_alloc&) {

@@ -6,23 +6,34 @@
 
 #include <cstring>
 #include <new>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "base/small_file.h"
-#include "stepgraph/text/tokenizer.h"
 #include "nlohmann/json.hpp"
 #include "stepgraph/base/status.h"
+#include "stepgraph/text/tokenizer.h"
+#include "text/bounded_json.h"
 
 namespace sg {
 namespace {
 
 using Json = nlohmann::json;
 
+// tokenizer.json: the largest real ones (Gemma 3's 262k tokens) are about 35 MB and hold
+// about a million JSON values (vocabulary, merges as pairs, added tokens); nest 8 deep.
+// The bounds are checked before anything is built, so a hostile file costs no more than
+// its bytes.
+constexpr int64_t kMaxTokenizerJsonBytes = int64_t{64} << 20;
+constexpr JsonLimits kTokenizerJsonLimits = {.max_depth = 64, .max_values = int64_t{1} << 22};
 // tokenizer_config.json and chat_template.jinja carry chat templates of tens of kilobytes.
 constexpr int64_t kMaxTokenizerConfigBytes = int64_t{16} << 20;
+constexpr JsonLimits kTokenizerConfigLimits = {.max_depth = 64, .max_values = int64_t{1} << 20};
+// The largest id a vocabulary may use (Tokenizer::Create's bound on the vocabulary size).
+constexpr int64_t kMaxTokenId = (int64_t{1} << 22) - 1;
 constexpr char kGpt2Pattern[] =
     R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
 constexpr char kSpaceMarker[] = "\xE2\x96\x81";
@@ -39,6 +50,27 @@ bool Exists(const std::string& path) {
 
 absl::Status Unsupported(const std::string& path, absl::string_view what) {
   return absl::InvalidArgumentError(absl::StrCat(path, ": ", what));
+}
+
+// A string from the file quoted for a message: at most 64 bytes of it, cut on a character.
+std::string Quoted(absl::string_view s) {
+  if (s.size() <= 64) return absl::StrCat("\"", s, "\"");
+  size_t cut = 64;
+  while (cut > 0 && (static_cast<uint8_t>(s[cut]) & 0xC0) == 0x80) --cut;
+  return absl::StrCat("\"", s.substr(0, cut), "...\"");
+}
+
+// An id from the file: an integer in [0, kMaxTokenId]. A float (1e30) or a string is
+// refused before any conversion, which for a float out of range would be undefined.
+absl::StatusOr<int64_t> TokenIdOf(const Json& v, const std::string& path, absl::string_view what) {
+  if (v.is_number_integer() && !v.is_number_unsigned()) {
+    const int64_t id = v.get<int64_t>();
+    if (id >= 0 && id <= kMaxTokenId) return id;
+  } else if (v.is_number_unsigned() && v.get<uint64_t>() <= static_cast<uint64_t>(kMaxTokenId)) {
+    return static_cast<int64_t>(v.get<uint64_t>());
+  }
+  return absl::InvalidArgumentError(absl::StrCat(path, ": ", what, " has id ", JsonPreview(v, 32),
+                                                 ", not an integer in [0, ", kMaxTokenId, "]"));
 }
 
 std::string TypeOf(const Json& j) {
@@ -78,7 +110,7 @@ absl::Status ReadNormalizer(const Json& n, const std::string& path, Pipeline* p)
     return absl::OkStatus();
   }
   // NFD, NFKC, lowercasing and the rest are not used by the supported families.
-  return Unsupported(path, absl::StrCat("normalizer \"", type, "\" is not supported"));
+  return Unsupported(path, absl::StrCat("normalizer ", Quoted(type), " is not supported"));
 }
 
 // PCRE2 reads \Q...\E as a literal; a literal that contains \E is split around it.
@@ -113,8 +145,8 @@ absl::Status ReadPreTokenizer(const Json& t, const std::string& path, Pipeline* 
   if (type == "Split") {
     const std::string behavior = t.at("behavior").get<std::string>();
     if (behavior != "Isolated" || t.value("invert", false)) {
-      return Unsupported(path, absl::StrCat("Split pre-tokenizer with behavior \"", behavior,
-                                            "\"", t.value("invert", false) ? " inverted" : "",
+      return Unsupported(path, absl::StrCat("Split pre-tokenizer with behavior ", Quoted(behavior),
+                                            t.value("invert", false) ? " inverted" : "",
                                             " is not supported (only Isolated)"));
     }
     const Json& pattern = t.at("pattern");
@@ -139,14 +171,14 @@ absl::Status ReadPreTokenizer(const Json& t, const std::string& path, Pipeline* 
     if (scheme == "first") {
       p->prefix_first = true;
     } else if (scheme != "never") {
-      return Unsupported(path, absl::StrCat("Metaspace prepend_scheme \"", scheme,
-                                            "\" is not supported (first, never)"));
+      return Unsupported(path, absl::StrCat("Metaspace prepend_scheme ", Quoted(scheme),
+                                            " is not supported (first, never)"));
     }
     // split: each ▁ starts a new piece.
     if (t.value("split", true)) p->patterns.push_back("\xE2\x96\x81[^\xE2\x96\x81]*|[^\xE2\x96\x81]+");
     return absl::OkStatus();
   }
-  return Unsupported(path, absl::StrCat("pre-tokenizer \"", type, "\" is not supported"));
+  return Unsupported(path, absl::StrCat("pre-tokenizer ", Quoted(type), " is not supported"));
 }
 
 absl::Status ReadDecoder(const Json& d, const std::string& path, Pipeline* p) {
@@ -169,8 +201,9 @@ absl::Status ReadDecoder(const Json& d, const std::string& path, Pipeline* p) {
     return Unsupported(path, "Replace decoder other than U+2581 → space");
   }
   if (type == "Strip") {
-    if (d.at("content").get<std::string>() == " " && d.at("start").get<int>() == 1 &&
-        d.at("stop").get<int>() == 0) {
+    // Compared as JSON numbers: a start of 1e30 is unequal, not a float-to-int conversion.
+    if (d.at("content").get<std::string>() == " " && d.at("start") == Json(1) &&
+        d.at("stop") == Json(0)) {
       p->decoder_strips = true;
       return absl::OkStatus();
     }
@@ -180,7 +213,7 @@ absl::Status ReadDecoder(const Json& d, const std::string& path, Pipeline* p) {
     p->decoder_strips = d.value("prepend_scheme", std::string("always")) != "never";
     return absl::OkStatus();
   }
-  return Unsupported(path, absl::StrCat("decoder \"", type, "\" is not supported"));
+  return Unsupported(path, absl::StrCat("decoder ", Quoted(type), " is not supported"));
 }
 
 // bos / eos from the post-processor: tokens around the single sequence.
@@ -206,7 +239,7 @@ absl::Status ReadPostProcessor(const Json& pp, const std::string& path,
     }
     return absl::OkStatus();
   }
-  return Unsupported(path, absl::StrCat("post-processor \"", type, "\" is not supported"));
+  return Unsupported(path, absl::StrCat("post-processor ", Quoted(type), " is not supported"));
 }
 
 // A token named in tokenizer_config.json: a string or an AddedToken object.
@@ -218,29 +251,43 @@ std::string TokenName(const Json& config, const char* key) {
   return "";
 }
 
-absl::StatusOr<TokenizerSpec> ParseTokenizerJson(const std::string& json_path,
-                                                 const std::string& folder) {
-  SG_ASSIGN_OR_RETURN(std::string text, ReadSmallFile(json_path, kMaxTokenizerFileBytes, "tokenizer file"));
-  Json root = Json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (root.is_discarded() || !root.is_object()) {
-    return absl::InvalidArgumentError(absl::StrCat(json_path, ": not a JSON object"));
+// The contents of a tokenizer folder's files, and the names they go by in messages.
+struct TokenizerFiles {
+  absl::string_view json;
+  std::string json_path;
+  std::optional<absl::string_view> config;  // tokenizer_config.json, when there is one
+  std::string config_path;
+  std::optional<absl::string_view> jinja;  // chat_template.jinja, when there is one
+};
+
+absl::Status ParseObject(absl::string_view text, const JsonLimits& limits,
+                         const std::string& path, Json* out) {
+  SG_RETURN_IF_ERROR(ParseBoundedJson(text, limits, path, out));
+  if (!out->is_object()) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": not a JSON object"));
   }
-  text.clear();
-  text.shrink_to_fit();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<TokenizerSpec> ParseTokenizerFiles(const TokenizerFiles& files) {
+  const std::string& json_path = files.json_path;
+  if (static_cast<int64_t>(files.json.size()) > kMaxTokenizerJsonBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(json_path, " is ", files.json.size(),
+                                                   " bytes, more than the ",
+                                                   kMaxTokenizerJsonBytes, " a tokenizer needs"));
+  }
+  Json root;
+  SG_RETURN_IF_ERROR(ParseObject(files.json, kTokenizerJsonLimits, json_path, &root));
   Json config = Json::object();
-  const std::string config_path = folder + "/tokenizer_config.json";
-  if (Exists(config_path)) {
-    SG_ASSIGN_OR_RETURN(std::string config_text, ReadSmallFile(config_path, kMaxTokenizerConfigBytes, "tokenizer config"));
-    config = Json::parse(config_text, nullptr, false);
-    if (config.is_discarded() || !config.is_object()) {
-      return absl::InvalidArgumentError(absl::StrCat(config_path, ": not a JSON object"));
-    }
+  if (files.config.has_value()) {
+    SG_RETURN_IF_ERROR(
+        ParseObject(*files.config, kTokenizerConfigLimits, files.config_path, &config));
   }
 
   const Json& model = root.at("model");
   if (TypeOf(model) != "BPE") {
-    return Unsupported(json_path, absl::StrCat("model \"", TypeOf(model),
-                                               "\" is not supported (only BPE)"));
+    return Unsupported(json_path, absl::StrCat("model ", Quoted(TypeOf(model)),
+                                               " is not supported (only BPE)"));
   }
   if (!model.value("dropout", Json()).is_null()) {
     return Unsupported(json_path, "BPE dropout is not supported");
@@ -283,25 +330,24 @@ absl::StatusOr<TokenizerSpec> ParseTokenizerJson(const std::string& json_path,
   // The vocabulary and the added tokens, which may extend it.
   const Json& vocab = model.at("vocab");
   const Json added = root.value("added_tokens", Json::array());
+  if (!vocab.is_object() || !added.is_array()) {
+    return Unsupported(json_path, "the vocabulary is not an object or added_tokens not a list");
+  }
   int64_t size = 0;
-  auto check_id = [&](int64_t id, absl::string_view what) -> absl::Status {
-    if (id < 0 || id >= (int64_t{1} << 22)) {
-      return absl::InvalidArgumentError(absl::StrCat(json_path, ": ", what, " has id ", id));
-    }
-    size = std::max(size, id + 1);
-    return absl::OkStatus();
-  };
   for (auto it = vocab.begin(); it != vocab.end(); ++it) {
-    SG_RETURN_IF_ERROR(check_id(it.value().get<int64_t>(), absl::StrCat("token \"", it.key(), "\"")));
+    SG_ASSIGN_OR_RETURN(const int64_t id,
+                        TokenIdOf(it.value(), json_path, absl::StrCat("token ", Quoted(it.key()))));
+    size = std::max(size, id + 1);
   }
   for (const Json& a : added) {
-    SG_RETURN_IF_ERROR(check_id(a.at("id").get<int64_t>(), "an added token"));
+    SG_ASSIGN_OR_RETURN(const int64_t id, TokenIdOf(a.at("id"), json_path, "an added token"));
+    size = std::max(size, id + 1);
   }
   spec.tokens.assign(size, std::string());
   spec.token_types.assign(size, static_cast<int32_t>(TokenType::kNormal));
   std::vector<uint8_t> filled(size, 0);
   for (auto it = vocab.begin(); it != vocab.end(); ++it) {
-    const int64_t id = it.value().get<int64_t>();
+    const int64_t id = it.value().get<int64_t>();  // checked above
     spec.tokens[id] = it.key();
     filled[id] = 1;
     const std::string& t = spec.tokens[id];
@@ -313,13 +359,14 @@ absl::StatusOr<TokenizerSpec> ParseTokenizerJson(const std::string& json_path,
     const int64_t id = a.at("id").get<int64_t>();
     const std::string content = a.at("content").get<std::string>();
     if (a.value("lstrip", false) || a.value("rstrip", false) || a.value("single_word", false)) {
-      return Unsupported(json_path, absl::StrCat("added token \"", content,
-                                                 "\" strips spaces or matches single words only, "
+      return Unsupported(json_path, absl::StrCat("added token ", Quoted(content),
+                                                 " strips spaces or matches single words only, "
                                                  "which is not supported"));
     }
     if (filled[id] && spec.tokens[id] != content) {
-      return absl::InvalidArgumentError(absl::StrCat(json_path, ": added token \"", content,
-                                                     "\" takes id ", id, " of \"", spec.tokens[id], "\""));
+      return absl::InvalidArgumentError(absl::StrCat(json_path, ": added token ",
+                                                     Quoted(content), " takes id ", id, " of ",
+                                                     Quoted(spec.tokens[id])));
     }
     spec.tokens[id] = content;
     filled[id] = 1;
@@ -350,8 +397,8 @@ absl::StatusOr<TokenizerSpec> ParseTokenizerJson(const std::string& json_path,
     if (name.empty()) return absl::OkStatus();
     auto it = ids.find(name);
     if (it == ids.end()) {
-      return absl::InvalidArgumentError(absl::StrCat(json_path, ": the ", what, " \"", name,
-                                                     "\" is not a token"));
+      return absl::InvalidArgumentError(absl::StrCat(json_path, ": the ", what, " ", Quoted(name),
+                                                     " is not a token"));
     }
     *out = it->second;
     return absl::OkStatus();
@@ -373,8 +420,8 @@ absl::StatusOr<TokenizerSpec> ParseTokenizerJson(const std::string& json_path,
     int32_t named = -1;
     SG_RETURN_IF_ERROR(id_of(names[0], what, &named));
     if (*id >= 0 && *id != named) {
-      return Unsupported(json_path, absl::StrCat("the post-processor adds \"", names[0],
-                                                 "\", which is not the ", what));
+      return Unsupported(json_path, absl::StrCat("the post-processor adds ", Quoted(names[0]),
+                                                 ", which is not the ", what));
     }
     *id = named;
     *add = true;
@@ -400,11 +447,23 @@ absl::StatusOr<TokenizerSpec> ParseTokenizerJson(const std::string& json_path,
       }
     }
   }
-  const std::string jinja_path = folder + "/chat_template.jinja";
-  if (spec.chat_template.empty() && Exists(jinja_path)) {
-    SG_ASSIGN_OR_RETURN(spec.chat_template, ReadSmallFile(jinja_path, kMaxTokenizerConfigBytes, "chat template"));
+  if (spec.chat_template.empty() && files.jinja.has_value()) {
+    spec.chat_template = std::string(*files.jinja);
   }
   return spec;
+}
+
+// ParseTokenizerFiles, with what nlohmann throws on content of the wrong shape (a string
+// where a list belongs) turned into a message naming the file.
+absl::StatusOr<TokenizerSpec> Guarded(const std::string& json_path,
+                                      const TokenizerFiles& files) {
+  try {
+    return ParseTokenizerFiles(files);
+  } catch (const Json::exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat(json_path, ": unexpected content: ", e.what()));
+  } catch (const std::bad_alloc&) {
+    return absl::ResourceExhaustedError(absl::StrCat(json_path, ": out of memory reading it"));
+  }
 }
 
 }  // namespace
@@ -418,13 +477,46 @@ absl::StatusOr<TokenizerSpec> Tokenizer::SpecFromTokenizerJson(const std::string
     const size_t slash = path.rfind('/');
     folder = slash == std::string::npos ? "." : path.substr(0, slash);
   }
-  try {
-    return ParseTokenizerJson(json_path, folder);
-  } catch (const Json::exception& e) {
-    return absl::InvalidArgumentError(absl::StrCat(json_path, ": unexpected content: ", e.what()));
-  } catch (const std::bad_alloc&) {
-    return absl::ResourceExhaustedError(absl::StrCat(json_path, ": out of memory reading it"));
+  // Refused by size before a byte is read.
+  SG_ASSIGN_OR_RETURN(const std::string text,
+                      ReadSmallFile(json_path, kMaxTokenizerJsonBytes, "tokenizer file"));
+  TokenizerFiles files{.json = text, .json_path = json_path};
+  std::string config_text, jinja_text;
+  files.config_path = folder + "/tokenizer_config.json";
+  if (Exists(files.config_path)) {
+    SG_ASSIGN_OR_RETURN(config_text, ReadSmallFile(files.config_path, kMaxTokenizerConfigBytes,
+                                                   "tokenizer config"));
+    files.config = config_text;
   }
+  const std::string jinja_path = folder + "/chat_template.jinja";
+  if (Exists(jinja_path)) {
+    SG_ASSIGN_OR_RETURN(jinja_text,
+                        ReadSmallFile(jinja_path, kMaxTokenizerConfigBytes, "chat template"));
+    files.jinja = jinja_text;
+  }
+  return Guarded(json_path, files);
+}
+
+absl::StatusOr<TokenizerSpec> Tokenizer::SpecFromTokenizerJsonText(
+    absl::string_view tokenizer_json, std::optional<absl::string_view> tokenizer_config,
+    std::optional<absl::string_view> chat_template, absl::string_view source) {
+  TokenizerFiles files{.json = tokenizer_json,
+                       .json_path = absl::StrCat(source, "/tokenizer.json"),
+                       .config = tokenizer_config,
+                       .config_path = absl::StrCat(source, "/tokenizer_config.json")};
+  if (chat_template.has_value() && chat_template->size() > kMaxTokenizerConfigBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(source, "/chat_template.jinja is ",
+                                                   chat_template->size(), " bytes, more than the ",
+                                                   kMaxTokenizerConfigBytes, " allowed"));
+  }
+  if (tokenizer_config.has_value() && tokenizer_config->size() > kMaxTokenizerConfigBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(files.config_path, " is ",
+                                                   tokenizer_config->size(),
+                                                   " bytes, more than the ",
+                                                   kMaxTokenizerConfigBytes, " allowed"));
+  }
+  files.jinja = chat_template;
+  return Guarded(files.json_path, files);
 }
 
 absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromTokenizerJson(const std::string& path) {

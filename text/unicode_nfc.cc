@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -89,6 +91,8 @@ uint32_t Compose(uint32_t a, uint32_t b) {
 
 }  // namespace
 
+absl::string_view NfcUnicodeVersion() { return kNfcUnicodeVersion; }
+
 void AppendUtf8(uint32_t cp, std::string* out) {
   if (cp < 0x80) {
     out->push_back(static_cast<char>(cp));
@@ -107,7 +111,7 @@ void AppendUtf8(uint32_t cp, std::string* out) {
   }
 }
 
-std::string NormalizeNfc(absl::string_view text) {
+std::string NormalizeNfc(absl::string_view text, int64_t* work) {
   // U+0300 is the first code point that NFC may change; its UTF-8 lead byte is 0xCC.
   if (std::none_of(text.begin(), text.end(), [](char c) { return static_cast<uint8_t>(c) >= 0xCC; })) {
     return std::string(text);
@@ -124,15 +128,31 @@ std::string NormalizeNfc(absl::string_view text) {
     Decompose(cp, &cps);
     i += n;
   }
-  // Canonical ordering: marks between starters sorted by class, stably.
+  // Canonical ordering: each run of marks (nonzero class) sorted by class, stably. A run is
+  // as long as the text makes it, so it is sorted in O(r log r), never by insertion.
   std::vector<uint8_t> ccc(cps.size());
   for (size_t i = 0; i < cps.size(); ++i) ccc[i] = CombiningClass(cps[i]);
-  for (size_t i = 1; i < cps.size(); ++i) {
-    for (size_t k = i; k > 0 && ccc[k] != 0 && ccc[k - 1] > ccc[k]; --k) {
-      std::swap(cps[k], cps[k - 1]);
-      std::swap(ccc[k], ccc[k - 1]);
+  int64_t steps = static_cast<int64_t>(cps.size());
+  std::vector<std::pair<uint8_t, uint32_t>> run;
+  for (size_t i = 0; i < cps.size();) {
+    if (ccc[i] == 0) {
+      ++i;
+      continue;
     }
+    size_t end = i + 1;
+    while (end < cps.size() && ccc[end] != 0) ++end;
+    if (end - i > 1) {
+      run.clear();
+      for (size_t k = i; k < end; ++k) run.emplace_back(ccc[k], cps[k]);
+      std::stable_sort(run.begin(), run.end(), [&steps](const auto& a, const auto& b) {
+        ++steps;
+        return a.first < b.first;
+      });
+      for (size_t k = i; k < end; ++k) std::tie(ccc[k], cps[k]) = run[k - i];
+    }
+    i = end;
   }
+  if (work != nullptr) *work += steps;
   // Canonical composition.
   if (!cps.empty()) {
     size_t starter = 0, out = 1;

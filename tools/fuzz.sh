@@ -11,7 +11,7 @@ cd "$(dirname "$0")/.."
 seconds=${1:-60}
 shift || true
 names=("$@")
-[[ ${#names[@]} -gt 0 ]] || names=(safetensors config builder gguf tokenizer)
+[[ ${#names[@]} -gt 0 ]] || names=(safetensors config builder gguf tokenizer tokenizer_json)
 build=${STEPGRAPH_FUZZ_BUILD_DIR:-build/fuzz}
 jobs=${STEPGRAPH_JOBS:-$(nproc)}
 cxx=${STEPGRAPH_FUZZ_CXX:-clang++}
@@ -48,10 +48,13 @@ for name in "${names[@]}"; do
   scratch=$(mktemp -d)
   echo "== stepgraph: fuzz $name for ${seconds}s" >&2
   # -rss_limit_mb also bounds any single allocation (malloc_limit defaults to it).
+  # -max_len: inputs may grow to 256 KiB, where nesting, long special tokens and long runs
+  # of marks are deep and long enough to matter (the default is the largest seed's size).
   if ! ASAN_OPTIONS=detect_leaks=1:allocator_may_return_null=1 \
        UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
        "$build/tests/fuzz/fuzz_$name" -max_total_time="$seconds" -rss_limit_mb=2048 \
-         -timeout=10 -print_final_stats=1 -artifact_prefix="$build/artifacts/$name-" \
+         -max_len=262144 -timeout=10 -print_final_stats=1 \
+         -artifact_prefix="$build/artifacts/$name-" \
          "$scratch" "tests/fuzz/corpus/$name" 2> "$build/fuzz_$name.log"; then
     echo "fuzz: $name FAILED; log $build/fuzz_$name.log, inputs $build/artifacts/$name-*" >&2
     tail -n 60 "$build/fuzz_$name.log" >&2

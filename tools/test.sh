@@ -63,9 +63,9 @@ done
 echo "== stepgraph: find_package(stepgraph) consumer (nocuda)" >&2
 tools/package_test.sh "$(dir_of nocuda)"
 # ---- package (end) ----
-# ---- bindings (begin): the Python package and the Rust crate over each build's C ABI ----
-# pytest (python/tests) and cargo test (rust/), offline; the signature check runs in ctest
-# and in pytest. GPU cases skip without a device.
+# ---- bindings (begin): the Python package, Rust crate and Go package over each C ABI ----
+# pytest (python/tests), cargo test (rust/) and go vet + go test (go/), offline; the
+# signature check runs in ctest and in pytest. GPU cases skip without a device.
 # Missing tools come from Debian (a system Python refuses pip installs), or from pip where
 # python3 is not the system's.
 sg_apt() {
@@ -77,6 +77,7 @@ if ! python3 -c "import numpy, pytest" 2>/dev/null; then
   python3 -m pip install -q numpy pytest >&2 2>/dev/null || sg_apt python3-numpy python3-pytest
 fi
 command -v cargo >/dev/null || sg_apt cargo
+command -v go >/dev/null || sg_apt golang-go
 # STEPGRAPH_BINDINGS_CONFIGS narrows the configurations the bindings are tested against
 # (CI: nocuda only, where the stub and the CPU fallbacks run; without a GPU the CUDA
 # build's library adds nothing the nocuda run does not cover).
@@ -86,9 +87,9 @@ for c in ${STEPGRAPH_BINDINGS_CONFIGS:-${configs[@]}}; do
   if [[ $c == nocuda && -n $sanitize ]]; then
     # STEPGRAPH_TEST_SANITIZED: the real-model generation tests make a few tokens, not 32.
     host_env=(env "LD_PRELOAD=$sg_preload" "ASAN_OPTIONS=$sg_host_asan" STEPGRAPH_TEST_SANITIZED=1)
-    echo "== stepgraph: Python and Rust bindings ($c, ASan+UBSan)" >&2
+    echo "== stepgraph: Python, Rust and Go bindings ($c, ASan+UBSan)" >&2
   else
-    echo "== stepgraph: Python and Rust bindings ($c)" >&2
+    echo "== stepgraph: Python, Rust and Go bindings ($c)" >&2
   fi
   STEPGRAPH_LIB_DIR=$lib_dir "${host_env[@]}" python3 -m pytest -q python/tests
   if command -v cargo >/dev/null; then
@@ -105,5 +106,13 @@ for c in ${STEPGRAPH_BINDINGS_CONFIGS:-${configs[@]}}; do
     echo "stepgraph: cargo not found; the Rust crate's tests did not run" >&2
     exit 1
   fi
+  # Go links the folder named in CGO_LDFLAGS, with an rpath (go/README.md); -exec wraps only
+  # the test binary, as cargo's runner does. -count=1: the go command's test cache does not
+  # see the libraries change.
+  go_exec=()
+  ((${#host_env[@]})) && go_exec=(-exec "${host_env[*]}")
+  (cd go && export STEPGRAPH_LIB_DIR=$lib_dir CGO_LDFLAGS="-L$lib_dir -Wl,-rpath,$lib_dir" \
+     GOCACHE="$lib_dir/go-cache" GOFLAGS=-mod=mod GOPROXY=off GOWORK=off &&
+   go vet ./... && go test -count=1 "${go_exec[@]}" ./...)
 done
 # ---- bindings (end) ----

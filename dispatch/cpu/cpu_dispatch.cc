@@ -508,23 +508,39 @@ absl::Status CpuDispatch::Run(const ops::Sample& op, const NodeArgs& args) {
   const int32_t* pos = Ints(args.inputs[2]);
   const int64_t rows = logits.shape[0], n = logits.shape[1];
   int32_t* out = args.output.as<int32_t>();
+  // Below kGreedyTemperature the draw is the argmax, the limit softmax(z / T) tends to:
+  // 1 / T would overflow float there (1e-40 is a denormal) and the probabilities would be
+  // NaN. The same threshold is kernels/sampling.cu's and c_session.h's
+  // STEPGRAPH_SESSION_MIN_TEMPERATURE.
+  constexpr float kGreedyTemperature = 1e-5f;
+  const bool greedy = op.temperature < kGreedyTemperature;
+  const float temperature = greedy ? 1.0f : op.temperature;
+  const int64_t top_k = greedy ? 1 : op.top_k;
   for (int64_t i = 0; i < rows; ++i) {
     std::vector<float> z = LoadRange(logits, i * n, n);
     for (float& v : z) {
+      v /= temperature;
       if (std::isfinite(v)) continue;
+      // A NaN or an infinity, read or made by the division (a finite logit / T past the
+      // float range), means the model or the settings broke: the step says so.
       error_flags_ |= kErrorNonFiniteLogits;
       // NaN counts as -inf (as on the GPU), which also keeps the sort below well defined.
       if (std::isnan(v)) v = -std::numeric_limits<float>::infinity();
     }
-    for (float& v : z) v /= op.temperature;
     // Candidates by value, descending; equal values by index, ascending.
     std::vector<int32_t> order(n);
     std::iota(order.begin(), order.end(), 0);
     std::stable_sort(order.begin(), order.end(),
                      [&](int32_t a, int32_t b) { return z[a] > z[b]; });
     int64_t keep = n;
-    if (op.top_k > 0) keep = std::min<int64_t>(keep, op.top_k);
+    if (top_k > 0) keep = std::min<int64_t>(keep, top_k);
     const float mx = z[order[0]];
+    // All -inf, an infinite maximum (where exp(z - mx) would be NaN), or one candidate:
+    // the top token, as Argmax and the GPU take it.
+    if (!std::isfinite(mx) || keep == 1) {
+      out[i] = order[0];
+      continue;
+    }
     std::vector<float> p(keep);
     float total = 0.0f;
     for (int64_t r = 0; r < keep; ++r) {

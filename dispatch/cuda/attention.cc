@@ -1,7 +1,8 @@
-// Attention on CUDA: one launch per node, of kernels/attention.cu (decode, and prefill
-// steps the flash kernel does not take) or kernels/attention_prefill.cu (prefill). The KV-chunk count is a
-// function of the shapes and the device (never of positions), and the workspace the
-// chunks merge in is made in Prepare, so Run only launches and can be captured.
+// The Attention unit of CudaDispatch: one launch per node, of kernels/attention.cu (decode,
+// and prefill steps the prefill kernel does not take) or kernels/attention_prefill.cu
+// (prefill). The KV-chunk count is a function of the shapes and the device (never of
+// positions), and the workspace the chunks merge in is made in Prepare, where the kernel
+// is chosen too, so Run only launches and can be captured.
 #include "dispatch/cuda/attention.h"
 
 #include <algorithm>
@@ -11,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "dispatch/cuda/cuda_status.h"
+#include "dispatch/cuda/op_units.h"
 #include "stepgraph/base/status.h"
 
 namespace sg {
@@ -63,44 +65,55 @@ absl::Status AttentionWorkspace::Reserve(const ExecutionPlan& plan) {
 }
 
 namespace {
-struct AttentionNode final : PreparedNode {
+struct AttentionState final : PreparedState<AttentionState> {
   kernels::AttentionShape shape;
   int chunks = 0;
   void* workspace = nullptr;
   // Prefill steps (seq_slots): rows per sequence, the cache's slots, and whether the
-  // flash kernel runs (else the row-by-row kernel serves them).
+  // prefill kernel runs (else the row-by-row kernel serves them).
   int rows_per_seq = 1;
   int slots = 0;
   bool prefill_kernel = false;
 };
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<PreparedNode>> AttentionWorkspace::PrepareNode(
-    const ops::Attention& op, const Tensor& q, const Shape& cache, const Shape* seq_slots,
-    absl::string_view name) const {
-  auto node = std::make_unique<AttentionNode>();
-  SG_ASSIGN_OR_RETURN(node->shape, AttentionShapeOf(q.shape, cache, name));
-  if (op.has_slots && seq_slots != nullptr && seq_slots->rank() == 1 && (*seq_slots)[0] > 0) {
-    node->rows_per_seq = static_cast<int>(q.shape[0] / (*seq_slots)[0]);
-    if (cache[0] > INT_MAX) {
-      return absl::InvalidArgumentError(absl::StrCat("Attention node '", name, "': ", cache[0],
-                                                     " KV slots do not fit in 32 bits"));
+// The shapes the kernels take (AttentionShapeError), with the slots of a prefill step's
+// cache within 32 bits.
+bool Supports(const ops::Attention& op, const CudaSupportQuery& q) {
+  if (!AttentionShapeOf(q.input(0).shape, q.input(1).shape, "").ok()) return false;
+  return !op.has_slots || q.input(1).shape[0] <= INT_MAX;
+}
+
+PreparedOr Prepare(const ops::Attention& op, const CudaPrepareContext& c) {
+  const Tensor& q = c.input(0);
+  const Shape& cache = c.input(1).shape;
+  const absl::string_view name = c.node.name;
+  auto state = std::make_unique<AttentionState>();
+  SG_ASSIGN_OR_RETURN(state->shape, AttentionShapeOf(q.shape, cache, name));
+  if (op.has_slots) {
+    const Shape& seq_slots = c.input(4).shape;
+    if (seq_slots.rank() == 1 && seq_slots[0] > 0) {
+      state->rows_per_seq = static_cast<int>(q.shape[0] / seq_slots[0]);
+      if (cache[0] > INT_MAX) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "Attention node '", name, "': ", cache[0], " KV slots do not fit in 32 bits"));
+      }
+      state->slots = static_cast<int>(cache[0]);
+      state->prefill_kernel =
+          kernels::PrefillAttentionSupported(state->shape, q.dtype, state->rows_per_seq);
     }
-    node->slots = static_cast<int>(cache[0]);
-    node->prefill_kernel =
-        kernels::PrefillAttentionSupported(node->shape, q.dtype, node->rows_per_seq);
   }
-  node->chunks = Chunks(node->shape);
-  const int64_t need = kernels::AttentionWorkspaceBytes(node->shape, node->chunks);
-  SG_ASSIGN_OR_RETURN(node->workspace, workspace_.For(need, "Attention", name));
-  return std::unique_ptr<PreparedNode>(std::move(node));
+  state->chunks = c.attention.Chunks(state->shape);
+  const int64_t need = kernels::AttentionWorkspaceBytes(state->shape, state->chunks);
+  SG_ASSIGN_OR_RETURN(state->workspace, c.attention.For(need, name));
+  return Keep(std::move(state));
 }
 
 }  // namespace internal
 
 absl::Status CudaDispatch::Run(const ops::Attention& op, const NodeArgs& args) {
-  const auto* node = static_cast<const internal::AttentionNode*>(args.prepared);
-  if (ABSL_PREDICT_FALSE(node == nullptr)) return NotPrepared();
+  SG_ASSIGN_OR_RETURN(const internal::AttentionState* node,
+                      args.PreparedAs<internal::AttentionState>());
   const TensorArg& q = args.inputs[0];
   const TensorArg& k_cache = args.inputs[1];
   kernels::AttentionArgs a;
@@ -117,11 +130,11 @@ absl::Status CudaDispatch::Run(const ops::Attention& op, const NodeArgs& args) {
     a.rows_per_seq = node->rows_per_seq;
     a.slots = node->slots;
     if (node->prefill_kernel) {
-      return ToStatus(kernels::LaunchPrefillAttention(a, node->shape, q.dtype, stream_),
+      return ToStatus(kernels::LaunchPrefillAttention(a, node->shape, q.dtype, launch()),
                       "LaunchPrefillAttention");
     }
   }
-  return ToStatus(kernels::LaunchAttention(a, node->shape, node->chunks, q.dtype, stream_),
+  return ToStatus(kernels::LaunchAttention(a, node->shape, node->chunks, q.dtype, launch()),
                   "LaunchAttention");
 }
 

@@ -1,12 +1,12 @@
-// The attention family of CudaDispatch: the workspace its launches merge their KV chunks
-// in (per-(row, head) arrival counters and partial softmax states), sized in Prepare for
-// the largest Attention node of every plan prepared, so that Run never allocates.
+// The Attention unit's shared piece (attention.cc holds the unit): the workspace its
+// launches merge their KV chunks in (per-(row, head) arrival counters and partial softmax
+// states), sized in Prepare for the largest Attention node of every plan prepared, so that
+// Run never allocates.
 #ifndef STEPGRAPH_DISPATCH_CUDA_ATTENTION_H_
 #define STEPGRAPH_DISPATCH_CUDA_ATTENTION_H_
 
 #include <cstdint>
 #include <memory>
-#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -31,16 +31,13 @@ class AttentionWorkspace {
   // prepared and graphs captured earlier still point into it.
   absl::Status Reserve(const ExecutionPlan& plan);
 
-  // An Attention node's launch: its shape, KV chunks and workspace (Reserve first); for a
-  // node with seq_slots (a prefill step), `seq_slots` is their shape and the node runs the
-  // prefill kernel where it takes the shape and dtype.
-  absl::StatusOr<std::unique_ptr<PreparedNode>> PrepareNode(const ops::Attention& op,
-                                                            const Tensor& q, const Shape& cache,
-                                                            const Shape* seq_slots,
-                                                            absl::string_view node) const;
-
   // KV chunks per launch for `shape` on this device; a function of the shape only.
   int Chunks(const kernels::AttentionShape& shape) const;
+  // The workspace for a node that needs `bytes` (Reserve first); Internal naming the node
+  // when Reserve did not cover them.
+  absl::StatusOr<void*> For(int64_t bytes, absl::string_view node) const {
+    return workspace_.For(bytes, "Attention", node);
+  }
 
  private:
   explicit AttentionWorkspace(const CudaDeviceInfo& info) : info_(info) {}

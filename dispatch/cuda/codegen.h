@@ -8,11 +8,13 @@
 //                       dtype exactly as the unfused ops would store it;
 //   RmsNormSpec      -> RmsNorm with hidden size, eps and dtype as constants.
 //
-// Generated kernels include no headers (quick to compile), wait on griddepcontrol before
-// their first read of anything an earlier kernel writes (programmatic dependent launch,
-// as kernels/common.cuh's AwaitPrerequisiteGrids), and use 16-byte accesses when every
-// pointer is 16-byte aligned, falling back to element accesses otherwise (checked inside
-// the kernel, so any pointers are accepted).
+// Generated kernels are a few constants and a kernel body over stepgraph's own device
+// headers (kernels/device_common.cuh, kernels/rms_norm_row.cuh), which NVRTC gets embedded
+// (nvrtc_headers.h): no device math is written here. They wait on griddepcontrol before
+// their first read of anything an earlier kernel writes (AwaitPrerequisiteGrids, as every
+// stepgraph kernel), and use 16-byte accesses when every pointer is 16-byte aligned,
+// falling back to element accesses otherwise (checked inside the kernel, so any pointers
+// are accepted).
 #ifndef STEPGRAPH_DISPATCH_CUDA_CODEGEN_H_
 #define STEPGRAPH_DISPATCH_CUDA_CODEGEN_H_
 
@@ -37,25 +39,22 @@ struct GeneratedKernel {
 
 // ---- Elementwise chains ------------------------------------------------------------------
 
+// The ops of ops::FusedElementwise, which the elementwise_chain pass makes.
 enum class EwOp : uint8_t {
   kAdd,      // a + b
   kMul,      // a · b
   kSilu,     // a · sigmoid(a)
   kSiluMul,  // silu(a) · b (SwiGLU)
-  kScale,    // a · constant
-  kCast,     // a rounded to `to`
 };
 
 // One step. Values are numbered: the chain's inputs first (0 .. inputs-1), then each
 // step's result (inputs + i for step i). A step reads values numbered below its own.
-// The result has the operands' dtype (binary ops need both alike), except kCast's, which
-// is `to`; math is f32 and the result is rounded to its dtype, as a stored tensor is.
+// The result has the operands' dtype (binary ops need both alike); math is f32 and the
+// result is rounded to its dtype, as a stored tensor is.
 struct EwStep {
   EwOp op = EwOp::kAdd;
   int32_t a = -1;
-  int32_t b = -1;         // binary ops only; -1 otherwise
-  float constant = 1.0f;  // kScale only; finite
-  DType to = DType::kF32; // kCast only
+  int32_t b = -1;  // binary ops only; -1 otherwise
 };
 
 struct ElementwiseChain {

@@ -1,20 +1,17 @@
-// CudaDispatch: creation, per-plan preparation (one PreparedNode per node that needs
-// one) and the error word. The Run overloads live with their op families (matmul.cc,
-// elementwise.cc, norm.cc, rope.cc, attention.cc, sampling.cc, embedding.cc, fused.cc,
-// generated.cc).
+// CudaDispatch: creation, per-plan preparation, which routes each node to its op unit's
+// Prepare (dispatch/cuda/op_units.h; each unit also holds its ops' Run), the Supports
+// answer, routed the same way, and the error word.
 #include "stepgraph/dispatch/cuda_dispatch.h"
 
 #include <variant>
 
 #include "absl/strings/str_cat.h"
-#include "kernels/launch.h"
 #include "dispatch/cuda/attention.h"
 #include "dispatch/cuda/cuda_handles.h"
 #include "dispatch/cuda/cuda_status.h"
-#include "dispatch/cuda/fused.h"
-#include "dispatch/cuda/generated.h"
 #include "dispatch/cuda/matmul.h"
 #include "dispatch/cuda/nvrtc_cache.h"
+#include "dispatch/cuda/op_units.h"
 #include "dispatch/cuda/rope.h"
 #include "dispatch/cuda/sampling.h"
 #include "stepgraph/base/status.h"
@@ -63,7 +60,6 @@ absl::StatusOr<std::unique_ptr<CudaDispatch>> CudaDispatch::Create(const Options
     SG_ASSIGN_OR_RETURN(owned, CreateStream("the dispatcher's stream"));
     stream = owned.get();
   }
-  kernels::SetProgrammaticLaunch(options.cuda.programmatic_launch);
   auto dispatch = std::unique_ptr<CudaDispatch>(
       new CudaDispatch(stream, owned != nullptr, info, options.cuda));
   owned.release();
@@ -83,60 +79,26 @@ absl::StatusOr<std::unique_ptr<CudaDispatch>> CudaDispatch::Create(const Options
   return dispatch;
 }
 
-namespace {
+namespace internal {
 
-using NodeState = absl::StatusOr<std::unique_ptr<PreparedNode>>;
+bool CudaSupports(const CudaOptions& options, const Op& op,
+                  absl::Span<const Tensor* const> inputs) {
+  // A node the graph would refuse is not one CUDA runs; past this, every unit may rely on
+  // its inputs being what the op takes.
+  if (!InferOutputType(op, "", inputs).ok()) return false;
+  const CudaSupportQuery query{inputs, options};
+  return std::visit([&](const auto& o) { return Supports(o, query); }, op);
+}
 
-// One overload per op family that keeps state; every other op launches from its
-// arguments alone.
-struct NodePreparer {
-  const Graph& graph;
-  const Node& node;
-  internal::MatmulRunner& matmul;
-  internal::RopeTables& rope;
-  const internal::AttentionWorkspace& attention;
-  const internal::SamplingWorkspace& sampling;
-  CudaModuleCache& modules;
-  const CudaDeviceInfo& info;
-  const CudaOptions& options;
+}  // namespace internal
 
-  const Shape& InputShape(int i) const { return graph.tensor(node.inputs[i]).shape; }
+bool CudaSupport::Supports(const Op& op, absl::Span<const Tensor* const> inputs) const {
+  return internal::CudaSupports(options_, op, inputs);
+}
 
-  NodeState operator()(const ops::MatMul& op) const {
-    return matmul.PrepareNode(op, graph.tensor(node.inputs[0]), graph.tensor(node.inputs[1]));
-  }
-  NodeState operator()(const ops::Rope& op) const { return rope.PrepareNode(op); }
-  NodeState operator()(const ops::Attention& op) const {
-    return attention.PrepareNode(op, graph.tensor(node.inputs[0]), InputShape(1),
-                                 op.has_slots ? &InputShape(4) : nullptr, node.name);
-  }
-  NodeState operator()(const ops::Argmax&) const {
-    return sampling.PrepareArgmax(InputShape(0), node.name);
-  }
-  NodeState operator()(const ops::Sample&) const {
-    SG_RETURN_IF_ERROR(internal::SamplingWorkspace::CheckSample(InputShape(0), node.name));
-    return std::unique_ptr<PreparedNode>();
-  }
-  NodeState operator()(const ops::FusedMatMul& op) const {
-    return internal::PrepareFusedMatmul(op, graph, node, info, rope);
-  }
-  NodeState operator()(const ops::RopeKvWrite& op) const {
-    return internal::PrepareRopeKvWrite(op, rope);
-  }
-  NodeState operator()(const ops::FusedElementwise& op) const {
-    return internal::PrepareFusedElementwise(op, graph, node, modules);
-  }
-  NodeState operator()(const ops::RmsNorm& op) const {
-    if (!options.compiled_norm) return std::unique_ptr<PreparedNode>();
-    return internal::PrepareCompiledRmsNorm(op, graph, node, modules);
-  }
-  template <typename Op>
-  NodeState operator()(const Op&) const {
-    return std::unique_ptr<PreparedNode>();
-  }
-};
-
-}  // namespace
+bool CudaDispatch::Supports(const Op& op, absl::Span<const Tensor* const> inputs) const {
+  return internal::CudaSupports(options_, op, inputs);
+}
 
 absl::StatusOr<PreparedPlan> CudaDispatch::Prepare(const ExecutionPlan& plan) {
   const Graph& graph = plan.graph();
@@ -146,9 +108,11 @@ absl::StatusOr<PreparedPlan> CudaDispatch::Prepare(const ExecutionPlan& plan) {
   std::vector<std::unique_ptr<PreparedNode>> nodes(static_cast<size_t>(graph.num_nodes()));
   for (int32_t i = 0; i < graph.num_nodes(); ++i) {
     const Node& node = graph.nodes()[i];
-    const NodePreparer preparer{graph,      node,       *matmul_, *rope_,
-                                *attention_, *sampling_, *modules_, info_, options_};
-    NodeState state = std::visit(preparer, node.op);
+    const internal::CudaPrepareContext context{graph,    node,        info_,      options_,
+                                               *matmul_, *rope_,      *attention_, *sampling_,
+                                               *modules_};
+    internal::PreparedOr state =
+        std::visit([&](const auto& op) { return internal::Prepare(op, context); }, node.op);
     if (!state.ok()) {
       return absl::Status(state.status().code(),
                           absl::StrCat("preparing node ", i, " '", node.name, "' (",

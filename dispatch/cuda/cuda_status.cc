@@ -42,12 +42,6 @@ absl::Status CublasError(cublasStatus_t s, absl::string_view what) {
 
 }  // namespace internal
 
-absl::Status NotPrepared() {
-  return absl::FailedPreconditionError(
-      "the node has no prepared launch: execute the PreparedPlan that CudaDispatch::Prepare "
-      "made for this plan");
-}
-
 bool CudaDeviceAvailable() {
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess) {

@@ -29,11 +29,6 @@ inline absl::Status ToStatus(cublasStatus_t s, absl::string_view what) {
   return internal::CublasError(s, what);
 }
 
-// FailedPrecondition for a Run whose node carries no prepared state: the plan executed
-// was not the PreparedPlan that CudaDispatch::Prepare made. Cold; the executor adds the
-// node's name.
-absl::Status NotPrepared();
-
 // True when the CUDA runtime sees at least one device (tests skip otherwise).
 bool CudaDeviceAvailable();
 

@@ -1,26 +1,30 @@
-// The fused ops of the graph passes on CUDA (kernels/fused_matmul.cuh). Preparing a
-// FusedMatMul node fixes its launch (split-K factor for this GPU) and allocates its
-// workspace: split-K partial sums and tickets, argmax per-block bests; the tickets are
-// zeroed once here and every launch leaves them zeroed, so replays need no reset. The
-// rope_kv_write epilogue gets its RoPE frequency table here, as RopeKvWrite does.
-#include "dispatch/cuda/fused.h"
+// The fused unit of CudaDispatch: the fused ops of the graph passes, FusedMatMul and
+// RopeKvWrite (kernels/fused_matmul.cuh). Preparing a FusedMatMul node fixes its launch
+// (split-K factor for this GPU) and allocates its workspace: split-K partial sums and
+// tickets, argmax per-block bests; the tickets are zeroed once here and every launch
+// leaves them zeroed, so replays need no reset. The rope_kv_write epilogue gets its RoPE
+// frequency table here, as RopeKvWrite does.
+#include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "dispatch/cuda/cuda_handles.h"
 #include "dispatch/cuda/cuda_status.h"
+#include "dispatch/cuda/op_units.h"
 #include "dispatch/cuda/rope.h"
 #include "kernels/fused_matmul.cuh"
 #include "stepgraph/base/status.h"
+#include "stepgraph/dispatch/cuda_dispatch.h"
 
 namespace sg {
 namespace internal {
 namespace {
 
-struct FusedMatmulNode final : PreparedNode {
+struct FusedMatmulState final : PreparedState<FusedMatmulState> {
   kernels::FusedMatmulArgs launch;  // shapes, split and workspace; pointers bound at Run
   DeviceMemory workspace;
 };
 
-struct RopeKvWriteNode final : PreparedNode {
+struct RopeKvWriteState final : PreparedState<RopeKvWriteState> {
   const float* inv_freq = nullptr;
 };
 
@@ -38,26 +42,50 @@ int64_t AlignUp(int64_t v) { return (v + 255) / 256 * 256; }
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<PreparedNode>> PrepareFusedMatmul(const ops::FusedMatMul& op,
-                                                                const Graph& graph,
-                                                                const Node& node,
-                                                                const CudaDeviceInfo& info,
-                                                                RopeTables& tables) {
-  const Tensor& x = graph.tensor(node.inputs[0]);
-  const int first_w = op.norm ? 2 : 1;
+// What the fused kernel takes of a FusedMatMul over `in` (a CudaPrepareContext or a
+// CudaSupportQuery): at most kFusedMaxWeights weights, every one of x's float dtype (no
+// block formats yet), and the rope_kv_write epilogue only for head_dim a multiple of
+// kFusedCols (a block's four columns hold whole RoPE pairs). Unimplemented naming the
+// limit otherwise; formats only then.
+namespace {
+template <typename Inputs>
+absl::Status FusedKernelTakes(const ops::FusedMatMul& op, const Inputs& in) {
   if (op.weights > kernels::kFusedMaxWeights) {
     return absl::UnimplementedError(absl::StrCat("CUDA FusedMatMul takes at most ",
                                                  kernels::kFusedMaxWeights, " weights, got ",
                                                  op.weights));
   }
-  const bool rope = op.epilogue == ops::FusedMatMul::Epilogue::kRopeKvWrite;
-  if (rope && op.rope.head_dim % kernels::kFusedCols != 0) {
+  if (op.epilogue == ops::FusedMatMul::Epilogue::kRopeKvWrite &&
+      op.rope.head_dim % kernels::kFusedCols != 0) {
     return absl::UnimplementedError(absl::StrCat(
         "CUDA FusedMatMul's rope_kv_write epilogue takes head_dim a multiple of ",
         kernels::kFusedCols, " (a block's columns hold whole RoPE pairs), got ",
-        op.rope.head_dim, " (the rope_kv_write_epilogue pass leaves such graphs alone)"));
+        op.rope.head_dim));
   }
-  auto node_state = std::make_unique<FusedMatmulNode>();
+  const Tensor& x = in.input(0);
+  const int first_w = op.norm ? 2 : 1;
+  for (int g = 0; g < op.weights; ++g) {
+    const Tensor& w = in.input(first_w + g);
+    if (w.dtype != x.dtype) {
+      return absl::UnimplementedError(
+          absl::StrCat("CUDA FusedMatMul takes weights of x's dtype (", DTypeName(x.dtype),
+                       "); weight '", w.name, "' is ", DTypeName(w.dtype)));
+    }
+  }
+  return absl::OkStatus();
+}
+}  // namespace
+
+bool Supports(const ops::FusedMatMul& op, const CudaSupportQuery& q) {
+  return FusedKernelTakes(op, q).ok();
+}
+
+PreparedOr Prepare(const ops::FusedMatMul& op, const CudaPrepareContext& c) {
+  SG_RETURN_IF_ERROR(FusedKernelTakes(op, c));
+  const Tensor& x = c.input(0);
+  const int first_w = op.norm ? 2 : 1;
+  const bool rope = op.epilogue == ops::FusedMatMul::Epilogue::kRopeKvWrite;
+  auto node_state = std::make_unique<FusedMatmulState>();
   kernels::FusedMatmulArgs& a = node_state->launch;
   a.m = x.shape[0];
   a.k = x.shape[1];
@@ -68,30 +96,22 @@ absl::StatusOr<std::unique_ptr<PreparedNode>> PrepareFusedMatmul(const ops::Fuse
   int64_t n_total = 0;
   a.weights_constant = true;  // while every weight so far is a graph Weight
   for (int g = 0; g < op.weights; ++g) {
-    const Tensor& w = graph.tensor(node.inputs[first_w + g]);
+    const Tensor& w = c.input(first_w + g);
     a.weights_constant = a.weights_constant && w.kind == TensorKind::kWeight;
-    if (w.dtype != x.dtype) {
-      return absl::UnimplementedError(absl::StrCat(
-          "CUDA FusedMatMul takes weights of x's dtype (", DTypeName(x.dtype), "); weight '",
-          w.name, "' is ", DTypeName(w.dtype),
-          " (the graph passes leave quantized matmuls unfused)"));
-    }
     a.n[g] = w.shape[0];
     n_total += w.shape[0];
   }
   if (rope) {
     // The frequency table, made once and shared with the Rope and RopeKvWrite nodes of
     // the same parameters; pointers to pos and the caches are bound at Run.
-    SG_RETURN_IF_ERROR(tables.PrepareNode(op.rope).status());
-    a.rope.inv_freq = tables.Find(op.rope);
-    if (a.rope.inv_freq == nullptr) return absl::InternalError("RoPE table missing after Prepare");
-    const Tensor& k_cache = graph.tensor(node.inputs[first_w + op.weights + 1]);
+    SG_ASSIGN_OR_RETURN(a.rope.inv_freq, c.rope.Table(op.rope));
+    const Tensor& k_cache = c.input(first_w + op.weights + 1);
     a.rope.kv_heads = k_cache.shape[1];
     a.rope.seq = k_cache.shape[2];
     a.rope.head_dim = op.rope.head_dim;
     a.rope.interleaved = op.rope.interleaved;
   }
-  a.splits = kernels::FusedSplitsFor(a, info.sm_count);
+  a.splits = kernels::FusedSplitsFor(a, c.info.sm_count);
   const int64_t blocks = kernels::FusedColumnBlocks(a);
   const int64_t rows = std::min<int64_t>(a.m, kernels::kFusedMaxRows);
   const int64_t partial_bytes = a.splits > 1 ? AlignUp(a.splits * rows * n_total * 4) : 0;
@@ -119,24 +139,24 @@ absl::StatusOr<std::unique_ptr<PreparedNode>> PrepareFusedMatmul(const ops::Fuse
       a.argmax_counter = reinterpret_cast<uint32_t*>(base + at);
     }
   }
-  return std::unique_ptr<PreparedNode>(std::move(node_state));
+  return Keep(std::move(node_state));
 }
 
-absl::StatusOr<std::unique_ptr<PreparedNode>> PrepareRopeKvWrite(const ops::RopeKvWrite& op,
-                                                                RopeTables& tables) {
-  SG_RETURN_IF_ERROR(tables.PrepareNode(op.rope).status());
-  auto node = std::make_unique<RopeKvWriteNode>();
-  node->inv_freq = tables.Find(op.rope);
-  if (node->inv_freq == nullptr) return absl::InternalError("RoPE table missing after Prepare");
-  return std::unique_ptr<PreparedNode>(std::move(node));
+// Every head_dim its shape inference accepts.
+bool Supports(const ops::RopeKvWrite&, const CudaSupportQuery&) { return true; }
+
+PreparedOr Prepare(const ops::RopeKvWrite& op, const CudaPrepareContext& c) {
+  auto state = std::make_unique<RopeKvWriteState>();
+  SG_ASSIGN_OR_RETURN(state->inv_freq, c.rope.Table(op.rope));
+  return Keep(std::move(state));
 }
 
 }  // namespace internal
 
 absl::Status CudaDispatch::Run(const ops::FusedMatMul& op, const NodeArgs& args) {
-  const auto* node = static_cast<const internal::FusedMatmulNode*>(args.prepared);
-  if (ABSL_PREDICT_FALSE(node == nullptr)) return NotPrepared();
-  kernels::FusedMatmulArgs a = node->launch;
+  SG_ASSIGN_OR_RETURN(const internal::FusedMatmulState* s,
+                      args.PreparedAs<internal::FusedMatmulState>());
+  kernels::FusedMatmulArgs a = s->launch;
   const int first_w = op.norm ? 2 : 1;
   a.x = args.inputs[0].data;
   a.norm_w = op.norm ? args.inputs[1].data : nullptr;
@@ -152,19 +172,19 @@ absl::Status CudaDispatch::Run(const ops::FusedMatMul& op, const NodeArgs& args)
     a.rope.error_flags = error_flags_;
   }
   a.y = args.output.data;
-  return ToStatus(kernels::LaunchFusedMatmul(a, stream_), "LaunchFusedMatmul");
+  return ToStatus(kernels::LaunchFusedMatmul(a, launch()), "LaunchFusedMatmul");
 }
 
 absl::Status CudaDispatch::Run(const ops::RopeKvWrite& op, const NodeArgs& args) {
-  const auto* node = static_cast<const internal::RopeKvWriteNode*>(args.prepared);
-  if (ABSL_PREDICT_FALSE(node == nullptr)) return NotPrepared();
+  SG_ASSIGN_OR_RETURN(const internal::RopeKvWriteState* s,
+                      args.PreparedAs<internal::RopeKvWriteState>());
   const TensorArg& kc = args.inputs[2];
   return ToStatus(
       kernels::LaunchRopeKvWrite(args.inputs[0].data, args.inputs[1].as<const int32_t>(),
-                                 node->inv_freq, args.output.data, kc.data, args.inputs[3].data,
+                                 s->inv_freq, args.output.data, kc.data, args.inputs[3].data,
                                  args.output.shape[0], args.output.shape[1], kc.shape[1],
                                  kc.shape[2], op.rope.head_dim, op.rope.interleaved, kc.dtype,
-                                 error_flags_, stream_),
+                                 error_flags_, launch()),
       "LaunchRopeKvWrite");
 }
 

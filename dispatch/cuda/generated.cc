@@ -1,18 +1,23 @@
-// FusedElementwise (and, when asked, RmsNorm) on CUDA: kernels generated for the node's
-// sizes (codegen.h), compiled and loaded at Prepare, one launch per Run.
+// The FusedElementwise unit of CudaDispatch: each chain is one kernel generated for the
+// node's element count (codegen.h), compiled and loaded at Prepare and launched by Run;
+// and the loading and launching of compiled kernels that the RmsNorm unit shares
+// (generated.h).
 #include "dispatch/cuda/generated.h"
 
 #include <utility>
 
-#include "absl/strings/str_cat.h"
-#include "dispatch/cuda/codegen.h"
 #include "dispatch/cuda/cuda_status.h"
-#include "stepgraph/dispatch/cuda_dispatch.h"
+#include "dispatch/cuda/op_units.h"
 #include "stepgraph/base/status.h"
+#include "stepgraph/dispatch/cuda_dispatch.h"
 
 namespace sg {
 namespace internal {
 namespace {
+
+struct FusedElementwiseState final : PreparedState<FusedElementwiseState> {
+  CompiledKernel kernel;
+};
 
 codegen::EwOp ChainOp(ops::FusedElementwise::Kind kind) {
   switch (kind) {
@@ -24,57 +29,15 @@ codegen::EwOp ChainOp(ops::FusedElementwise::Kind kind) {
   return codegen::EwOp::kAdd;
 }
 
-absl::StatusOr<std::unique_ptr<PreparedNode>> Load(const codegen::GeneratedKernel& g,
-                                                   CudaModuleCache& modules) {
-  auto node = std::make_unique<CompiledNode>();
-  SG_ASSIGN_OR_RETURN(node->kernel,
-                      modules.Load(g.source, g.entry, dim3(g.grid), dim3(g.block)));
-  return std::unique_ptr<PreparedNode>(std::move(node));
-}
-
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<PreparedNode>> PrepareFusedElementwise(
-    const ops::FusedElementwise& op, const Graph& graph, const Node& node,
-    CudaModuleCache& modules) {
-  const Tensor& x = graph.tensor(node.inputs[0]);
-  codegen::ElementwiseChain chain;
-  chain.inputs.assign(node.inputs.size(), x.dtype);
-  for (int i = 0; i < op.num_steps; ++i) {
-    const ops::FusedElementwise::Step& st = op.steps[i];
-    chain.steps.push_back(codegen::EwStep{.op = ChainOp(st.kind),
-                                          .a = st.a,
-                                          .b = IsBinaryKind(st.kind) ? st.b : -1});
-  }
-  chain.outputs = {static_cast<int32_t>(node.inputs.size()) + op.num_steps - 1};
-  chain.elements = x.shape.NumElements();
-  SG_ASSIGN_OR_RETURN(codegen::GeneratedKernel g, codegen::GenerateElementwise(chain));
-  return Load(g, modules);
+absl::StatusOr<CompiledKernel> LoadGenerated(const codegen::GeneratedKernel& g,
+                                             CudaModuleCache& modules) {
+  return modules.Load(g.source, g.entry, dim3(g.grid), dim3(g.block));
 }
 
-absl::StatusOr<std::unique_ptr<PreparedNode>> PrepareCompiledRmsNorm(const ops::RmsNorm& op,
-                                                                    const Graph& graph,
-                                                                    const Node& node,
-                                                                    CudaModuleCache& modules) {
-  const Tensor& x = graph.tensor(node.inputs[0]);
-  if (x.shape[1] > codegen::kMaxRmsNormHidden) {
-    return absl::UnimplementedError(absl::StrCat("a compiled RmsNorm takes hidden sizes up to ",
-                                                 codegen::kMaxRmsNormHidden, ", got ",
-                                                 x.shape[1]));
-  }
-  const codegen::RmsNormSpec spec{
-      .rows = x.shape[0],
-      .hidden = x.shape[1],
-      .eps = op.eps,
-      .dtype = x.dtype,
-      .weight_is_constant = graph.tensor(node.inputs[1]).kind == TensorKind::kWeight};
-  SG_ASSIGN_OR_RETURN(codegen::GeneratedKernel g, codegen::GenerateRmsNorm(spec));
-  return Load(g, modules);
-}
-
-absl::Status LaunchCompiled(const PreparedNode* prepared, const NodeArgs& args,
-                            cudaStream_t stream) {
-  const auto* node = static_cast<const CompiledNode*>(prepared);
+absl::Status LaunchCompiled(const CompiledKernel& kernel, const NodeArgs& args,
+                            const kernels::Stream& stream) {
   // Kernel arguments: every input pointer, then the output's.
   void* pointers[kMaxNodeInputs + 1];
   void* arguments[kMaxNodeInputs + 1];
@@ -82,14 +45,40 @@ absl::Status LaunchCompiled(const PreparedNode* prepared, const NodeArgs& args,
   for (size_t i = 0; i < n; ++i) pointers[i] = args.inputs[i].data;
   pointers[n] = args.output.data;
   for (size_t i = 0; i <= n; ++i) arguments[i] = &pointers[i];
-  return ToStatus(node->kernel.Launch(stream, arguments), "launching a compiled kernel");
+  return ToStatus(kernel.Launch(stream, arguments), "launching a compiled kernel");
+}
+
+// Every chain the op holds fits one generated kernel.
+static_assert(ops::FusedElementwise::kMaxInputs <= codegen::kMaxChainInputs);
+static_assert(ops::FusedElementwise::kMaxSteps <= codegen::kMaxChainSteps);
+bool Supports(const ops::FusedElementwise&, const CudaSupportQuery& q) {
+  return q.input(0).shape.NumElements() <= codegen::kMaxChainElements;
+}
+
+PreparedOr Prepare(const ops::FusedElementwise& op, const CudaPrepareContext& c) {
+  const Tensor& x = c.input(0);
+  codegen::ElementwiseChain chain;
+  chain.inputs.assign(c.node.inputs.size(), x.dtype);
+  for (int i = 0; i < op.num_steps; ++i) {
+    const ops::FusedElementwise::Step& st = op.steps[i];
+    chain.steps.push_back(codegen::EwStep{.op = ChainOp(st.kind),
+                                          .a = st.a,
+                                          .b = IsBinaryKind(st.kind) ? st.b : -1});
+  }
+  chain.outputs = {static_cast<int32_t>(c.node.inputs.size()) + op.num_steps - 1};
+  chain.elements = x.shape.NumElements();
+  SG_ASSIGN_OR_RETURN(const codegen::GeneratedKernel g, codegen::GenerateElementwise(chain));
+  auto state = std::make_unique<FusedElementwiseState>();
+  SG_ASSIGN_OR_RETURN(state->kernel, LoadGenerated(g, c.modules));
+  return Keep(std::move(state));
 }
 
 }  // namespace internal
 
 absl::Status CudaDispatch::Run(const ops::FusedElementwise&, const NodeArgs& args) {
-  if (ABSL_PREDICT_FALSE(args.prepared == nullptr)) return NotPrepared();
-  return internal::LaunchCompiled(args.prepared, args, stream_);
+  SG_ASSIGN_OR_RETURN(const internal::FusedElementwiseState* s,
+                      args.PreparedAs<internal::FusedElementwiseState>());
+  return internal::LaunchCompiled(s->kernel, args, launch());
 }
 
 }  // namespace sg

@@ -1,4 +1,7 @@
-// MatMul on CUDA and the MatmulRunner behind it.
+// The MatMul unit of CudaDispatch: its Prepare, its Run, and the MatmulRunner behind the
+// float paths (dispatch/cuda/matmul.h). Prepare decides a node's path once (block-format
+// weights, else cuBLASLt or the small-M kernel by the runner's policy and the shape) and
+// keeps it with the launch's sizes in the node's MatmulState; Run reads it and launches.
 //
 // cuBLASLt is column-major; stepgraph's tensors are row-major. Read column-major, the
 // row-major y[M,N] is yᵀ (N×M, ld N), x[M,K] is xᵀ (K×M, ld K) and w[N,K] is wᵀ (K×N,
@@ -13,26 +16,12 @@
 
 #include "absl/strings/str_cat.h"
 #include "dispatch/cuda/cuda_status.h"
-#include "dispatch/cuda/quant_matmul.h"
+#include "dispatch/cuda/op_units.h"
 #include "kernels/gemv.cuh"
+#include "kernels/quant_matmul.cuh"
 #include "stepgraph/base/status.h"
 
 namespace sg {
-
-absl::Status CudaDispatch::Run(const ops::MatMul& op, const NodeArgs& args) {
-  return matmul_->Run(op, args, stream_);
-}
-
-namespace internal {
-namespace {
-// A MatMul node's launch: its shape and the plan of that shape (owned by the runner).
-struct MatmulNode final : PreparedNode {
-  MatmulShape shape;
-  const MatmulRunner::Plan* plan = nullptr;
-};
-}  // namespace
-}  // namespace internal
-
 namespace internal {
 namespace {
 
@@ -122,24 +111,9 @@ absl::StatusOr<std::unique_ptr<MatmulRunner>> MatmulRunner::Create(const CudaDev
   return runner;
 }
 
-absl::StatusOr<std::unique_ptr<PreparedNode>> MatmulRunner::PrepareNode(const ops::MatMul& op,
-                                                                        const Tensor& x,
-                                                                        const Tensor& w) {
-  if (IsQuantized(w.dtype)) return PrepareQuantMatmul(op, x, w);  // quant_matmul.cc
-  if (w.dtype != x.dtype) {
-    return absl::UnimplementedError(
-        absl::StrCat("no CUDA matmul for ", DTypeName(w.dtype), " weights yet"));
-  }
-  auto node = std::make_unique<MatmulNode>();
-  node->shape = MatmulShape{x.shape[0], w.shape[0], x.shape[1], x.dtype, op.has_bias};
-  SG_RETURN_IF_ERROR(Prepare(node->shape));
-  node->plan = plans_.find(node->shape)->second.get();
-  return std::unique_ptr<PreparedNode>(std::move(node));
-}
-
-absl::Status MatmulRunner::Prepare(const MatmulShape& shape) {
-  if (plans_.contains(shape)) return absl::OkStatus();
-  if (shape.m <= 0 || shape.n <= 0 || shape.k <= 0 || !IsFloat(shape.dtype)) {
+absl::StatusOr<const MatmulRunner::Plan*> MatmulRunner::Prepare(const MatmulShape& shape) {
+  if (auto it = plans_.find(shape); it != plans_.end()) return it->second.get();
+  if (!Takes(shape)) {
     return absl::InvalidArgumentError(absl::StrCat("no matmul for ", Describe(shape)));
   }
   const bool small = shape.m <= kernels::kGemvMaxRows;
@@ -152,8 +126,7 @@ absl::Status MatmulRunner::Prepare(const MatmulShape& shape) {
   } else {
     SG_ASSIGN_OR_RETURN(plan, MakeCublasLtPlan(shape));
   }
-  plans_.emplace(shape, std::move(plan));
-  return absl::OkStatus();
+  return plans_.emplace(shape, std::move(plan)).first->second.get();
 }
 
 absl::StatusOr<std::unique_ptr<MatmulRunner::Plan>> MatmulRunner::MakeCublasLtPlan(
@@ -237,25 +210,15 @@ absl::StatusOr<MatmulPath> MatmulRunner::PathFor(const MatmulShape& shape) const
   return it->second->path;
 }
 
-absl::Status MatmulRunner::Run(const ops::MatMul& op, const NodeArgs& args,
-                               cudaStream_t stream) const {
-  if (IsQuantized(args.inputs[1].dtype)) return RunQuantMatmul(op, args, stream);
-  const auto* node = static_cast<const MatmulNode*>(args.prepared);
-  if (ABSL_PREDICT_FALSE(node == nullptr)) return NotPrepared();
-  const TensorArg& x = args.inputs[0];
-  const TensorArg& w = args.inputs[1];
-  const void* bias = op.has_bias ? args.inputs[2].data : nullptr;
-  void* y = args.output.data;
-  const MatmulShape& shape = node->shape;
-  const Plan& plan = *node->plan;
+absl::Status MatmulRunner::Launch(const Plan& plan, const MatmulShape& shape, const void* x,
+                                  const void* w, const void* bias, void* y,
+                                  const kernels::Stream& stream) const {
   if (plan.path == MatmulPath::kGemv) {
-    return ToStatus(kernels::LaunchGemv(x.data, w.data, bias, y, shape.m, shape.n, shape.k,
-                                        shape.dtype, stream),
+    return ToStatus(kernels::LaunchGemv(x, w, bias, y, shape.m, shape.n, shape.k, shape.dtype,
+                                        stream),
                     "LaunchGemv");
   }
-
-  const uintptr_t addresses = reinterpret_cast<uintptr_t>(x.data) |
-                              reinterpret_cast<uintptr_t>(w.data) |
+  const uintptr_t addresses = reinterpret_cast<uintptr_t>(x) | reinterpret_cast<uintptr_t>(w) |
                               reinterpret_cast<uintptr_t>(y) | reinterpret_cast<uintptr_t>(bias);
   const bool aligned = addresses % kCublasLtAlignment == 0;
   const cublasLtMatmulAlgo_t* algo = nullptr;
@@ -275,12 +238,90 @@ absl::Status MatmulRunner::Run(const ops::MatMul& op, const NodeArgs& args,
                                "cublasLtMatmulDescSetAttribute(BIAS_POINTER)"));
   }
   const float alpha = 1.0f, beta = 0.0f;
-  return ToStatus(cublasLtMatmul(handle_.get(), plan.desc.get(), &alpha, w.data, plan.a.get(),
-                                 x.data, plan.b.get(), &beta, y, plan.c.get(), y, plan.c.get(),
-                                 algo, workspace_.get(), static_cast<size_t>(workspace_bytes_),
-                                 stream),
+  return ToStatus(cublasLtMatmul(handle_.get(), plan.desc.get(), &alpha, w, plan.a.get(), x,
+                                 plan.b.get(), &beta, y, plan.c.get(), y, plan.c.get(), algo,
+                                 workspace_.get(), static_cast<size_t>(workspace_bytes_),
+                                 stream.stream),
                   "cublasLtMatmul");
 }
 
+// ---- The MatMul unit --------------------------------------------------------------------
+
+namespace {
+
+// A MatMul node's launch, its path decided once at Prepare.
+struct MatmulState final : PreparedState<MatmulState> {
+  MatmulPath path = MatmulPath::kGemv;
+  MatmulShape shape;                        // dtype: x's and y's
+  const MatmulRunner::Plan* plan = nullptr;  // the float paths; owned by the runner
+  DType w_dtype = DType::kF32;              // kBlockFormat: the weight's block format
+};
+
+// Whether the block-format kernel takes x [m, k] with a w [n, k] in block format w_dtype:
+// whole blocks per row, N within 32 bits and the rows in at most 65535 groups.
+bool BlockFormatTakes(int64_t m, int64_t n, int64_t k, DType x_dtype, DType w_dtype) {
+  const int64_t groups =
+      (m + kernels::kQuantMatmulGroupRows - 1) / kernels::kQuantMatmulGroupRows;
+  return IsQuantized(w_dtype) && IsFloat(x_dtype) && m > 0 && n > 0 && n <= 0x7fffffff &&
+         k > 0 && k % DTypeBlockElems(w_dtype) == 0 && groups <= 65535;
+}
+
+}  // namespace
+
+// Block-format weights where their kernel takes the shape; float weights of x's dtype (no
+// device is asked: cuBLASLt's algorithm is chosen at Prepare).
+bool Supports(const ops::MatMul& op, const CudaSupportQuery& q) {
+  const Tensor& x = q.input(0);
+  const Tensor& w = q.input(1);
+  if (IsQuantized(w.dtype)) {
+    return BlockFormatTakes(x.shape[0], w.shape[0], x.shape[1], x.dtype, w.dtype);
+  }
+  return w.dtype == x.dtype &&
+         MatmulRunner::Takes({x.shape[0], w.shape[0], x.shape[1], x.dtype, op.has_bias});
+}
+
+PreparedOr Prepare(const ops::MatMul& op, const CudaPrepareContext& c) {
+  const Tensor& x = c.input(0);
+  const Tensor& w = c.input(1);
+  auto state = std::make_unique<MatmulState>();
+  state->shape = MatmulShape{x.shape[0], w.shape[0], x.shape[1], x.dtype, op.has_bias};
+  state->w_dtype = w.dtype;
+  if (IsQuantized(w.dtype)) {
+    if (w.shape[1] != x.shape[1] ||
+        !BlockFormatTakes(x.shape[0], w.shape[0], x.shape[1], x.dtype, w.dtype)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "no CUDA matmul for x ", x.shape.ToString(), " ", DTypeName(x.dtype), " with w ",
+          w.shape.ToString(), " ", DTypeName(w.dtype), " (a block-format w needs K a multiple of ",
+          DTypeBlockElems(w.dtype), ", N <= 2^31-1 and M <= ",
+          65535 * kernels::kQuantMatmulGroupRows, ")"));
+    }
+    state->path = MatmulPath::kBlockFormat;
+    return Keep(std::move(state));
+  }
+  if (w.dtype != x.dtype) {
+    return absl::UnimplementedError(
+        absl::StrCat("no CUDA matmul for ", DTypeName(w.dtype), " weights yet"));
+  }
+  SG_ASSIGN_OR_RETURN(state->plan, c.matmul.Prepare(state->shape));
+  state->path = state->plan->path;
+  return Keep(std::move(state));
+}
+
 }  // namespace internal
+
+absl::Status CudaDispatch::Run(const ops::MatMul& op, const NodeArgs& args) {
+  SG_ASSIGN_OR_RETURN(const internal::MatmulState* s, args.PreparedAs<internal::MatmulState>());
+  const void* x = args.inputs[0].data;
+  const void* w = args.inputs[1].data;
+  const void* bias = op.has_bias ? args.inputs[2].data : nullptr;
+  void* y = args.output.data;
+  const internal::MatmulShape& shape = s->shape;
+  if (s->path == internal::MatmulPath::kBlockFormat) {
+    return ToStatus(kernels::LaunchQuantMatmul(x, w, s->w_dtype, bias, y, shape.m, shape.n,
+                                               shape.k, shape.dtype, launch()),
+                    "LaunchQuantMatmul");
+  }
+  return matmul_->Launch(*s->plan, shape, x, w, bias, y, launch());
+}
+
 }  // namespace sg

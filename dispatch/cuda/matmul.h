@@ -1,7 +1,9 @@
-// The matmul family of CudaDispatch: y = x·wᵀ (+ bias), w in the PyTorch / HF layout
-// [N, K]. Two paths: cuBLASLt, and stepgraph's small-M kernel (kernels/gemv.cuh) for
-// decode. Preparing a node picks the path for its shape and, for cuBLASLt, makes the
-// descriptors, layouts and algorithm (shared by nodes of one shape); Run only launches.
+// The MatMul unit's shared piece (matmul.cc holds the unit): y = x·wᵀ (+ bias), w in the
+// PyTorch / HF layout [N, K]. Three paths: cuBLASLt and stepgraph's small-M kernel
+// (kernels/gemv.cuh) for float weights, picked per shape by the MatmulRunner below, and the
+// block-format kernel (kernels/quant_matmul.cuh) for weights in GGUF block formats.
+// Preparing a node picks its path once; for cuBLASLt the runner makes the descriptors,
+// layouts and algorithm (shared by nodes of one shape); Run only launches.
 #ifndef STEPGRAPH_DISPATCH_CUDA_MATMUL_H_
 #define STEPGRAPH_DISPATCH_CUDA_MATMUL_H_
 
@@ -12,13 +14,13 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "dispatch/cuda/cuda_handles.h"
-#include "stepgraph/dispatch/cuda_options.h"
+#include "kernels/launch.h"
 #include "stepgraph/dispatch/cuda_dispatch.h"
-#include "stepgraph/graph/memory_plan.h"
+#include "stepgraph/dispatch/cuda_options.h"
 
 namespace sg::internal {
 
-enum class MatmulPath : uint8_t { kCublasLt, kGemv };
+enum class MatmulPath : uint8_t { kCublasLt, kGemv, kBlockFormat };
 
 // What a plan is made for: everything cuBLASLt's choice of algorithm depends on.
 struct MatmulShape {
@@ -49,16 +51,20 @@ class MatmulRunner {
   MatmulRunner(const MatmulRunner&) = delete;
   MatmulRunner& operator=(const MatmulRunner&) = delete;
 
-  // The prepared state of one MatMul node with inputs `x` and `w`.
-  absl::StatusOr<std::unique_ptr<PreparedNode>> PrepareNode(const ops::MatMul& op,
-                                                            const Tensor& x, const Tensor& w);
-  // A plan for `shape` unless there is one.
-  absl::Status Prepare(const MatmulShape& shape);
+  // Whether the float paths take `shape` (Prepare refuses it otherwise).
+  static bool Takes(const MatmulShape& shape) {
+    return shape.m > 0 && shape.n > 0 && shape.k > 0 && IsFloat(shape.dtype);
+  }
+  // A plan for `shape` (float weights of x's dtype) unless there is one; the plan stays
+  // valid while the runner lives.
+  absl::StatusOr<const Plan*> Prepare(const MatmulShape& shape);
 
-  // One launch of a prepared node on `stream`.
-  absl::Status Run(const ops::MatMul& op, const NodeArgs& args, cudaStream_t stream) const;
+  // One launch of `plan` (made by Prepare for `shape`) on `stream`.
+  absl::Status Launch(const Plan& plan, const MatmulShape& shape, const void* x, const void* w,
+                      const void* bias, void* y, const kernels::Stream& stream) const;
 
-  // The path Prepare chose for `shape`; NotFound if it was not prepared.
+  // The path (kCublasLt or kGemv) Prepare chose for `shape`; NotFound if it was not
+  // prepared.
   absl::StatusOr<MatmulPath> PathFor(const MatmulShape& shape) const;
   MatmulPolicy policy() const { return policy_; }
 

@@ -17,7 +17,7 @@
 #include "absl/strings/str_format.h"
 #include "dispatch/cuda/cuda_handles.h"
 #include "dispatch/cuda/cuda_status.h"
-#include "kernels/launch.h"
+#include "dispatch/cuda/nvrtc_headers.h"
 #include "stepgraph/base/status.h"
 
 namespace sg {
@@ -86,9 +86,19 @@ absl::StatusOr<std::string> Compile(const KernelSource& source, int arch, Output
   LoadNvrtcBuiltins();
   SG_RETURN_IF_ERROR(CheckArchSupported(arch));
   const std::string what = absl::StrCat("compiling ", source.name, " for sm_", arch);
+  // Every program may include the embedded headers (nvrtc_headers.h); NVRTC reads only
+  // those it includes.
+  const absl::Span<const internal::NvrtcHeader> headers = internal::NvrtcHeaders();
+  std::vector<const char*> header_texts, header_names;
+  for (const internal::NvrtcHeader& h : headers) {
+    header_texts.push_back(h.text.data());
+    header_names.push_back(h.include_name);
+  }
   nvrtcProgram raw = nullptr;
   SG_RETURN_IF_ERROR(NvrtcStatus(
-      nvrtcCreateProgram(&raw, source.code.c_str(), source.name.c_str(), 0, nullptr, nullptr),
+      nvrtcCreateProgram(&raw, source.code.c_str(), source.name.c_str(),
+                         static_cast<int>(headers.size()), header_texts.data(),
+                         header_names.data()),
       absl::StrCat(what, ": nvrtcCreateProgram")));
   UniqueProgram program(raw);
 
@@ -300,7 +310,8 @@ CubinCache::CubinCache(CubinCacheOptions options, NvrtcToolchain toolchain)
 }
 
 std::string CubinCache::KeyText(const KernelSource& source) {
-  std::string key = absl::StrCat("stepgraph kernel\noptions ", source.options.size(), "\n");
+  std::string key = absl::StrCat("stepgraph kernel\nheaders ", internal::NvrtcHeadersDigest(),
+                                 "\noptions ", source.options.size(), "\n");
   for (const std::string& o : source.options) absl::StrAppend(&key, o.size(), ":", o, "\n");
   absl::StrAppend(&key, "code ", source.code.size(), ":", source.code);
   return key;
@@ -489,17 +500,10 @@ cudaError_t UnloadLibrary(cudaLibrary_t library) {
   return e == cudaErrorCudartUnloading ? cudaSuccess : e;
 }
 
-cudaError_t CompiledKernel::Launch(cudaStream_t stream, void** args) const {
+cudaError_t CompiledKernel::Launch(const kernels::Stream& stream, void** args) const {
   cudaLaunchAttribute attribute[1];
-  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute[0].val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t config = {};
-  config.gridDim = grid;
-  config.blockDim = block;
-  config.dynamicSmemBytes = dynamic_shared_bytes;
-  config.stream = stream;
-  config.attrs = attribute;
-  config.numAttrs = programmatic ? 1 : 0;
+  const cudaLaunchConfig_t config = kernels::MakeLaunchConfig(
+      grid, block, dynamic_shared_bytes, stream, programmatic_capable, attribute);
   // The runtime takes a cudaKernel_t wherever it takes a kernel's address.
   const cudaError_t e = cudaLaunchKernelExC(&config, reinterpret_cast<const void*>(kernel), args);
   if (e != cudaSuccess) (void)cudaGetLastError();
@@ -532,7 +536,6 @@ absl::StatusOr<CompiledKernel> CudaModuleCache::Load(const KernelSource& source,
         return arch.status();
       }
       it->second.arch = *arch;
-      it->second.programmatic = *arch >= 90 && kernels::ProgrammaticLaunchEnabled();
     }
     const Device& d = it->second;
 
@@ -565,7 +568,7 @@ absl::StatusOr<CompiledKernel> CudaModuleCache::Load(const KernelSource& source,
     k.grid = grid;
     k.block = block;
     k.dynamic_shared_bytes = dynamic_shared_bytes;
-    k.programmatic = d.programmatic;
+    k.programmatic_capable = d.arch >= 90;
     return k;
   } catch (const std::bad_alloc&) {
     return absl::ResourceExhaustedError(absl::StrCat("out of memory loading ", source.name));

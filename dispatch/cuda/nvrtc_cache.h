@@ -38,6 +38,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "base/unique_handle.h"
+#include "kernels/launch.h"
 
 namespace sg {
 
@@ -149,15 +150,16 @@ struct CompiledKernel {
   dim3 grid;
   dim3 block;
   unsigned dynamic_shared_bytes = 0;
-  // Launched with programmatic stream serialisation, as stepgraph's own kernels are
-  // (kernels/launch.h); the generated kernels wait on griddepcontrol before touching
-  // anything a previous kernel may write.
-  bool programmatic = false;
+  // Compiled for sm_90 or later, where the generated kernels wait on griddepcontrol before
+  // touching anything a previous kernel may write: they may be launched with programmatic
+  // stream serialisation, as stepgraph's own kernels are (kernels/launch.h), when the
+  // launch's caller allows it.
+  bool programmatic_capable = false;
 
   // Enqueues one launch on `stream`: args[i] points at the i-th kernel argument. No
   // allocation and no synchronisation, so it may be captured into a CUDA graph. Leaves no
   // error pending.
-  cudaError_t Launch(cudaStream_t stream, void** args) const;
+  cudaError_t Launch(const kernels::Stream& stream, void** args) const;
 };
 
 // Loaded modules per device, over a CubinCache that may be shared between dispatchers.
@@ -179,7 +181,6 @@ class CudaModuleCache {
  private:
   struct Device {
     int arch = 0;
-    bool programmatic = false;
   };
   std::shared_ptr<CubinCache> cubins_;
   absl::flat_hash_map<int, Device> devices_;

@@ -1,4 +1,6 @@
-// Rope and KvWrite on CUDA, and the RoPE frequency tables.
+// The rotary unit of CudaDispatch: Rope (its state points at the frequency table of its
+// parameters, uploaded at Prepare) and KvWrite (no state); and the RoPE frequency tables
+// (rope.h).
 #include "dispatch/cuda/rope.h"
 
 #include <cstring>
@@ -6,47 +8,12 @@
 
 #include "absl/strings/str_cat.h"
 #include "dispatch/cuda/cuda_status.h"
+#include "dispatch/cuda/op_units.h"
 #include "kernels/rope.cuh"
-#include "stepgraph/graph/rope.h"
 #include "stepgraph/base/status.h"
+#include "stepgraph/graph/rope.h"
 
 namespace sg {
-
-namespace internal {
-namespace {
-struct RopeNode final : PreparedNode {
-  const float* inv_freq = nullptr;
-};
-}  // namespace
-}  // namespace internal
-
-absl::Status CudaDispatch::Run(const ops::Rope& op, const NodeArgs& args) {
-  const auto* node = static_cast<const internal::RopeNode*>(args.prepared);
-  if (ABSL_PREDICT_FALSE(node == nullptr)) return NotPrepared();
-  const TensorArg& x = args.inputs[0];
-  return ToStatus(kernels::LaunchRope(x.data, args.inputs[1].as<const int32_t>(), node->inv_freq,
-                                      args.output.data, x.shape[0], x.shape[1], op.head_dim,
-                                      op.interleaved, x.dtype, stream_),
-                  "LaunchRope");
-}
-
-absl::Status CudaDispatch::Run(const ops::KvWrite& op, const NodeArgs& args) {
-  const TensorArg& kv = args.inputs[0];
-  const TensorArg& cache = args.output;  // [slots, kv_heads, seq, head_dim], the last input
-  kernels::KvSlots slots;
-  if (op.has_slots) {
-    const TensorArg& seq_slots = args.inputs[2];
-    slots.seq_slots = seq_slots.as<const int32_t>();
-    slots.rows_per_seq = kv.shape[0] / seq_slots.shape[0];
-    slots.slots = cache.shape[0];
-  }
-  return ToStatus(kernels::LaunchKvWrite(kv.data, args.inputs[1].as<const int32_t>(),
-                                         cache.data, kv.shape[0], cache.shape[1],
-                                         cache.shape[2], cache.shape[3], cache.dtype,
-                                         error_flags_, stream_, slots),
-                  "LaunchKvWrite");
-}
-
 namespace internal {
 
 absl::StatusOr<std::unique_ptr<RopeTables>> RopeTables::Create(const CudaDeviceInfo&) {
@@ -71,16 +38,11 @@ RopeTables::Key RopeTables::KeyOf(const ops::Rope& op) {
              llama3 ? s.original_max_position : 0};
 }
 
-absl::StatusOr<std::unique_ptr<PreparedNode>> RopeTables::PrepareNode(const ops::Rope& op) {
-  SG_RETURN_IF_ERROR(Add(op));
-  auto node = std::make_unique<RopeNode>();
-  node->inv_freq = Find(op);
-  return std::unique_ptr<PreparedNode>(std::move(node));
-}
-
-absl::Status RopeTables::Add(const ops::Rope& op) {
+absl::StatusOr<const float*> RopeTables::Table(const ops::Rope& op) {
   const Key key = KeyOf(op);
-  if (tables_.contains(key)) return absl::OkStatus();
+  if (auto it = tables_.find(key); it != tables_.end()) {
+    return static_cast<const float*>(it->second.get());
+  }
   if (op.head_dim <= 0 || op.head_dim % 2 != 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("RoPE head_dim must be even and positive, got ", op.head_dim));
@@ -95,14 +57,55 @@ absl::Status RopeTables::Add(const ops::Rope& op) {
   // stream does not wait on the legacy stream, so wait here, once, at setup.
   SG_RETURN_IF_ERROR(ToStatus(cudaStreamSynchronize(cudaStreamLegacy),
                               "cudaStreamSynchronize(RoPE frequency table)"));
-  tables_.emplace(key, std::move(table));
-  return absl::OkStatus();
+  return static_cast<const float*>(tables_.emplace(key, std::move(table)).first->second.get());
 }
 
-const float* RopeTables::Find(const ops::Rope& op) const {
-  auto it = tables_.find(KeyOf(op));
-  return it == tables_.end() ? nullptr : static_cast<const float*>(it->second.get());
+// ---- The Rope and KvWrite unit ----------------------------------------------------------
+
+namespace {
+struct RopeState final : PreparedState<RopeState> {
+  const float* inv_freq = nullptr;  // owned by the dispatcher's RopeTables
+};
+}  // namespace
+
+PreparedOr Prepare(const ops::Rope& op, const CudaPrepareContext& c) {
+  auto state = std::make_unique<RopeState>();
+  SG_ASSIGN_OR_RETURN(state->inv_freq, c.rope.Table(op));
+  return Keep(std::move(state));
 }
+
+PreparedOr Prepare(const ops::KvWrite&, const CudaPrepareContext&) { return NoState(); }
+
+// Every head_dim and shape their shape inference accepts.
+bool Supports(const ops::Rope&, const CudaSupportQuery&) { return true; }
+bool Supports(const ops::KvWrite&, const CudaSupportQuery&) { return true; }
 
 }  // namespace internal
+
+absl::Status CudaDispatch::Run(const ops::Rope& op, const NodeArgs& args) {
+  SG_ASSIGN_OR_RETURN(const internal::RopeState* s, args.PreparedAs<internal::RopeState>());
+  const TensorArg& x = args.inputs[0];
+  return ToStatus(kernels::LaunchRope(x.data, args.inputs[1].as<const int32_t>(), s->inv_freq,
+                                      args.output.data, x.shape[0], x.shape[1], op.head_dim,
+                                      op.interleaved, x.dtype, launch()),
+                  "LaunchRope");
+}
+
+absl::Status CudaDispatch::Run(const ops::KvWrite& op, const NodeArgs& args) {
+  const TensorArg& kv = args.inputs[0];
+  const TensorArg& cache = args.output;  // [slots, kv_heads, seq, head_dim], the last input
+  kernels::KvSlots slots;
+  if (op.has_slots) {
+    const TensorArg& seq_slots = args.inputs[2];
+    slots.seq_slots = seq_slots.as<const int32_t>();
+    slots.rows_per_seq = kv.shape[0] / seq_slots.shape[0];
+    slots.slots = cache.shape[0];
+  }
+  return ToStatus(kernels::LaunchKvWrite(kv.data, args.inputs[1].as<const int32_t>(),
+                                         cache.data, kv.shape[0], cache.shape[1],
+                                         cache.shape[2], cache.shape[3], cache.dtype,
+                                         error_flags_, launch(), slots),
+                  "LaunchKvWrite");
+}
+
 }  // namespace sg

@@ -1,7 +1,8 @@
-// The rotary family of CudaDispatch (Rope, KvWrite) and the RoPE frequency tables it
-// needs: RopeInvFreq's f32 values, computed on the host like the CPU reference's and
-// uploaded once per distinct set of Rope parameters in Prepare, so both dispatchers rotate
-// by bit-identical angles' inputs and Run only looks a table up.
+// The RoPE frequency tables of CudaDispatch, shared by the units that rotate (rope.cc,
+// which holds the Rope and KvWrite unit, and fused.cc): RopeInvFreq's f32 values, computed
+// on the host like the CPU reference's and uploaded once per distinct set of Rope
+// parameters in Prepare, so both dispatchers rotate by bit-identical angles' inputs and Run
+// only reads the table its state points at.
 #ifndef STEPGRAPH_DISPATCH_CUDA_ROPE_H_
 #define STEPGRAPH_DISPATCH_CUDA_ROPE_H_
 
@@ -13,7 +14,7 @@
 #include "absl/status/statusor.h"
 #include "dispatch/cuda/cuda_handles.h"
 #include "stepgraph/dispatch/cuda_dispatch.h"
-#include "stepgraph/graph/memory_plan.h"
+#include "stepgraph/graph/ops.h"
 
 namespace sg::internal {
 
@@ -21,17 +22,9 @@ class RopeTables {
  public:
   static absl::StatusOr<std::unique_ptr<RopeTables>> Create(const CudaDeviceInfo& info);
 
-  // A Rope node's launch: the device table of head_dim / 2 frequencies for `op`'s
-  // parameters, uploaded on first use and shared by every node with the same parameters.
-  absl::StatusOr<std::unique_ptr<PreparedNode>> PrepareNode(const ops::Rope& op);
-
-  // The table for `op`'s parameters, or nullptr when none was prepared.
-  const float* Find(const ops::Rope& op) const;
-
- private:
-  absl::Status Add(const ops::Rope& op);
-
- public:
+  // The device table of head_dim / 2 frequencies for `op`'s parameters, uploaded on first
+  // use and shared by every node with the same parameters; valid while the tables live.
+  absl::StatusOr<const float*> Table(const ops::Rope& op);
 
  private:
   // The parameters the frequencies depend on (not `interleaved`); floats by their bits.

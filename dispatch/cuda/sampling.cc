@@ -1,6 +1,7 @@
-// Argmax and Sample on CUDA: one launch of kernels/sampling.cu per node. Argmax splits
-// long rows over several blocks that merge through the workspace made in Prepare; Sample
-// takes a row per block (or per cluster of blocks) and needs no workspace.
+// The sampling unit of CudaDispatch: Argmax and Sample, one launch of kernels/sampling.cu
+// per node. Argmax splits long rows over several blocks that merge through the workspace
+// made in Prepare; Sample takes a row per block (or per cluster of blocks) and needs no
+// workspace, so no state.
 #include "dispatch/cuda/sampling.h"
 
 #include <algorithm>
@@ -10,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "dispatch/cuda/cuda_status.h"
+#include "dispatch/cuda/op_units.h"
 #include "kernels/sampling.cuh"
 #include "stepgraph/base/status.h"
 
@@ -26,7 +28,7 @@ absl::Status CheckLogits(absl::string_view op, const Shape& x, absl::string_view
   return absl::OkStatus();
 }
 
-struct ArgmaxNode final : PreparedNode {
+struct ArgmaxState final : PreparedState<ArgmaxState> {
   int blocks = 1;
   void* workspace = nullptr;
 };
@@ -53,30 +55,39 @@ absl::Status SamplingWorkspace::Reserve(const ExecutionPlan& plan) {
   return workspace_.Reserve(need, "the argmax workspace");
 }
 
-absl::StatusOr<std::unique_ptr<PreparedNode>> SamplingWorkspace::PrepareArgmax(
-    const Shape& logits, absl::string_view name) const {
-  SG_RETURN_IF_ERROR(CheckLogits("Argmax", logits, name));
-  auto node = std::make_unique<ArgmaxNode>();
-  node->blocks = ArgmaxBlocks(logits[0], logits[1]);
-  if (node->blocks > 1) {
-    const int64_t need = kernels::ArgmaxWorkspaceBytes(logits[0]);
-    SG_ASSIGN_OR_RETURN(node->workspace, workspace_.For(need, "Argmax", name));
-  }
-  return std::unique_ptr<PreparedNode>(std::move(node));
+// Rows and vocabulary within the kernels' 32 bits; Argmax's grid takes up to 65535 rows.
+bool Supports(const ops::Argmax&, const CudaSupportQuery& q) {
+  const Shape& logits = q.input(0).shape;
+  return CheckLogits("Argmax", logits, "").ok() && logits[0] <= 65535;
+}
+bool Supports(const ops::Sample&, const CudaSupportQuery& q) {
+  return CheckLogits("Sample", q.input(0).shape, "").ok();
 }
 
-absl::Status SamplingWorkspace::CheckSample(const Shape& logits, absl::string_view name) {
-  return CheckLogits("Sample", logits, name);
+PreparedOr Prepare(const ops::Argmax&, const CudaPrepareContext& c) {
+  const Shape& logits = c.input(0).shape;
+  SG_RETURN_IF_ERROR(CheckLogits("Argmax", logits, c.node.name));
+  auto state = std::make_unique<ArgmaxState>();
+  state->blocks = c.sampling.ArgmaxBlocks(logits[0], logits[1]);
+  if (state->blocks > 1) {
+    SG_ASSIGN_OR_RETURN(state->workspace,
+                        c.sampling.For(kernels::ArgmaxWorkspaceBytes(logits[0]), c.node.name));
+  }
+  return Keep(std::move(state));
+}
+
+PreparedOr Prepare(const ops::Sample&, const CudaPrepareContext& c) {
+  SG_RETURN_IF_ERROR(CheckLogits("Sample", c.input(0).shape, c.node.name));
+  return NoState();
 }
 
 }  // namespace internal
 
 absl::Status CudaDispatch::Run(const ops::Argmax&, const NodeArgs& args) {
-  const auto* node = static_cast<const internal::ArgmaxNode*>(args.prepared);
-  if (ABSL_PREDICT_FALSE(node == nullptr)) return NotPrepared();
+  SG_ASSIGN_OR_RETURN(const internal::ArgmaxState* node, args.PreparedAs<internal::ArgmaxState>());
   const TensorArg& x = args.inputs[0];
   return ToStatus(kernels::LaunchArgmax(x.data, x.dtype, x.shape[0], x.shape[1], node->blocks,
-                                        node->workspace, args.output.as<int32_t>(), stream_,
+                                        node->workspace, args.output.as<int32_t>(), launch(),
                                         error_flags_),
                   "LaunchArgmax");
 }
@@ -90,7 +101,7 @@ absl::Status CudaDispatch::Run(const ops::Sample& op, const NodeArgs& args) {
   return ToStatus(
       kernels::LaunchSample(logits.data, logits.dtype, logits.shape[0], logits.shape[1],
                             args.inputs[1].as<const int32_t>(), args.inputs[2].as<const int32_t>(),
-                            params, args.output.as<int32_t>(), stream_, error_flags_),
+                            params, args.output.as<int32_t>(), launch(), error_flags_),
       "LaunchSample");
 }
 

@@ -1,12 +1,12 @@
-// The sampling family of CudaDispatch (Argmax, Sample): the workspace Argmax merges the
-// blocks of a row in (a best key and an arrival counter per row), sized in Prepare for
-// the largest Argmax node of every plan prepared. Sample needs none.
+// The sampling unit's shared piece (sampling.cc holds the Argmax and Sample unit): the
+// workspace Argmax merges the blocks of a row in (a best key and an arrival counter per
+// row), sized in Prepare for the largest Argmax node of every plan prepared. Sample needs
+// none.
 #ifndef STEPGRAPH_DISPATCH_CUDA_SAMPLING_H_
 #define STEPGRAPH_DISPATCH_CUDA_SAMPLING_H_
 
 #include <cstdint>
 #include <memory>
-#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -25,14 +25,13 @@ class SamplingWorkspace {
   // point into it).
   absl::Status Reserve(const ExecutionPlan& plan);
 
-  // An Argmax node's launch over `logits` [rows, vocab]: blocks per row and workspace
-  // (Reserve first). A Sample node's shape check (it needs no state).
-  absl::StatusOr<std::unique_ptr<PreparedNode>> PrepareArgmax(const Shape& logits,
-                                                              absl::string_view node) const;
-  static absl::Status CheckSample(const Shape& logits, absl::string_view node);
-
   // Blocks per row of an Argmax over [rows, vocab] on this device.
   int ArgmaxBlocks(int64_t rows, int64_t vocab) const;
+  // The workspace for a node that needs `bytes` (Reserve first); Internal naming the node
+  // when Reserve did not cover them.
+  absl::StatusOr<void*> For(int64_t bytes, absl::string_view node) const {
+    return workspace_.For(bytes, "Argmax", node);
+  }
 
  private:
   explicit SamplingWorkspace(const CudaDeviceInfo& info) : info_(info) {}

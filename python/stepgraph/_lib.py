@@ -11,6 +11,8 @@ there).
 """
 
 import ctypes
+import math
+import numbers
 import os
 import threading
 from ctypes import (POINTER, Structure, c_char_p, c_float, c_int32, c_int64, c_uint32,
@@ -40,6 +42,7 @@ SESSION_API_VERSION = 2
 ERROR_NO_TOKENIZER = -5
 BACKEND_AUTO, BACKEND_CPU, BACKEND_CUDA = 0, 1, 2
 SAMPLING_GREEDY, SAMPLING_SAMPLE = 0, 1
+SESSION_MIN_TEMPERATURE = 1e-5  # sampling below it is greedy decoding
 TEXT_CHAT = 1
 TEXT_NO_ADD_SPECIAL = 2
 TEXT_LITERAL_SPECIAL = 4
@@ -248,13 +251,56 @@ def _candidates(name):
     return [os.path.join(d, name) for d in dirs]
 
 
+def _checked_int(base, bits, signed):
+    """`base` whose conversion of a call's argument refuses what the C type cannot hold:
+    ctypes itself would pass 2**32 + 5 as a 32-bit 5, 2.5 as an error only sometimes and a
+    bool as 0 or 1."""
+    lo, hi = (-(1 << (bits - 1)), (1 << (bits - 1)) - 1) if signed else (0, (1 << bits) - 1)
+
+    class Checked(base):
+        @classmethod
+        def from_param(cls, value):
+            if isinstance(value, base):
+                return value
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+                raise TypeError("expected an integer, got %s" % type(value).__name__)
+            if not lo <= int(value) <= hi:
+                raise OverflowError("%d does not fit %s" % (int(value), base.__name__))
+            return base(int(value))
+
+    Checked.__name__ = "checked_" + base.__name__
+    return Checked
+
+
+class _CheckedFloat(c_float):
+    """c_float whose conversion refuses a finite number that would become infinite."""
+
+    @classmethod
+    def from_param(cls, value):
+        if isinstance(value, c_float):
+            return value
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            raise TypeError("expected a number, got %s" % type(value).__name__)
+        v = float(value)
+        if math.isfinite(v) and abs(v) > _FLOAT_MAX:
+            raise OverflowError("%r does not fit a float32" % v)
+        return c_float(v)
+
+
+_FLOAT_MAX = 3.4028234663852886e38
+_CHECKED = {c_int32: _checked_int(c_int32, 32, True), c_int64: _checked_int(c_int64, 64, True),
+            c_uint32: _checked_int(c_uint32, 32, False),
+            c_uint64: _checked_int(c_uint64, 64, False), c_float: _CheckedFloat}
+
+
 def _call_type(library, t):
     """The ctypes type a call passes. The kernel library's buffers are addresses (ints, from
     NumPy, DLPack or __cuda_array_interface__), so its typed data pointers are passed as
-    c_void_p: same size and calling convention; the signature check reads DECLARATIONS."""
+    c_void_p: same size and calling convention; the signature check reads DECLARATIONS.
+    Numbers are checked against their C type before the call (TypeError, OverflowError)."""
     if library == KERNEL_LIBRARY and isinstance(t, type) and issubclass(t, ctypes._Pointer):
         return c_void_p
-    return t
+    return _CHECKED.get(t, t)
 
 
 def _load(name):

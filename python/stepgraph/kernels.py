@@ -18,6 +18,7 @@ wait for the device).
 
 import ctypes
 import math
+import operator
 import threading
 
 import numpy as np
@@ -31,6 +32,10 @@ __all__ = ["StepgraphError", "device_available", "add", "mul", "silu", "silu_mul
            "cross_entropy", "cross_entropy_backward", "moe_aux_loss", "adamw_step",
            "clip_grad_norm"]
 
+
+# A scalar integer argument as an int: an integer type only (operator.index), never a
+# float truncated (top_k=2.5 is a TypeError, not 2); the C call then checks its range.
+_index = operator.index
 
 class StepgraphError(RuntimeError):
     def __init__(self, function, code):
@@ -306,8 +311,8 @@ def rope_inv_freq(head_dim, theta, llama3=None):
         scaling, params = _lib.ROPE_SCALING_LLAMA3, tuple(llama3)
     buf = out.ctypes.data_as(ctypes.POINTER(ctypes.c_float)) if out.size else None
     code = _lib.kernels().stepgraph_rope_inv_freq(
-        int(head_dim), float(theta), scaling, float(params[0]), float(params[1]),
-        float(params[2]), int(params[3]), buf)
+        _index(head_dim), float(theta), scaling, float(params[0]), float(params[1]),
+        float(params[2]), _index(params[3]), buf)
     if code == _lib.ERROR_INVALID_VALUE:
         raise ValueError("rope_inv_freq: %s" % _lib.error_string(code))
     if code != _lib.OK:
@@ -331,7 +336,7 @@ def _workspace_query(name, args):
 
 def argmax_workspace_bytes(rows, vocab):
     """The workspace with which argmax splits long rows on this device (0 without one)."""
-    return _workspace_query("stepgraph_argmax_workspace_bytes", (int(rows), int(vocab)))
+    return _workspace_query("stepgraph_argmax_workspace_bytes", (_index(rows), _index(vocab)))
 
 
 # ---- the decode step: RoPE, the KV cache, attention, sampling ----------------------------
@@ -393,7 +398,8 @@ def attention_workspace_bytes(rows, heads, kv_heads, seq_len, head_dim):
     """The workspace with which attention of this shape splits the keys on this device (0
     without one)."""
     return _workspace_query("stepgraph_attention_workspace_bytes",
-                            (int(rows), int(heads), int(kv_heads), int(seq_len), int(head_dim)))
+                            (_index(rows), _index(heads), _index(kv_heads), _index(seq_len),
+                             _index(head_dim)))
 
 
 def attention(q, k_cache, v_cache, pos, scale=None, out=None, workspace=None, stream=None):
@@ -443,10 +449,10 @@ def sample(logits, seeds, pos, temperature=1.0, top_k=0, top_p=1.0, out=None, st
     _expect(vp, (rows,), "pos", _lib.I32)
     y, vy = _out(out, vl, (rows,), "out", _lib.I32)
     _Call("stepgraph_sample", [vl, vs, vp], [vy]).run(
-        lambda p, f, s: (p(vl), p(vs), p(vp), p(vy), rows, vocab, float(temperature), int(top_k),
+        lambda p, f, s: (p(vl), p(vs), p(vp), p(vy), rows, vocab, float(temperature), _index(top_k),
                          float(top_p), vl.dtype, s),
         lambda: _fallback.sample(vl.host.reshape(rows, vocab), vs.host, vp.host, vy.host,
-                                 float(temperature), int(top_k), float(top_p)), stream)
+                                 float(temperature), _index(top_k), float(top_p)), stream)
     return y
 
 
@@ -480,13 +486,13 @@ def topk(x, k, values=None, indices=None, stream=None):
     first, as torch.topk): (values [rows, k], indices [rows, k] int32)."""
     vx = _arrays.view(x, "x")
     rows, n = _rows_cols(vx, "x")
-    shape = (rows, int(k)) if len(vx.shape) > 1 else (int(k),)
+    shape = (rows, _index(k)) if len(vx.shape) > 1 else (_index(k),)
     v, vv = _out(values, vx, shape, "values")
     i, vi = _out(indices, vx, shape, "indices", _lib.I32)
     _Call("stepgraph_topk", [vx], [vv, vi]).run(
-        lambda p, f, s: (p(vx), p(vv), p(vi), rows, n, int(k), vx.dtype, s),
+        lambda p, f, s: (p(vx), p(vv), p(vi), rows, n, _index(k), vx.dtype, s),
         lambda: _fallback.topk(vx.host.reshape(rows, n), vv.host.reshape(rows, -1),
-                               vi.host.reshape(rows, -1), int(k)), stream)
+                               vi.host.reshape(rows, -1), _index(k)), stream)
     return v, i
 
 
@@ -534,9 +540,9 @@ def gemm(a, b, c=None, alpha=1.0, beta=0.0, trans_a=False, trans_b=False, worksp
     out, vc = _out(c, va, (m, n), "c")
     vw = _view(workspace, "workspace")
     _Call("stepgraph_gemm", [va, vb] + ([vw] if vw else []), [vc]).run(
-        lambda p, f, s: (p(va), p(vb), p(vc), m, n, k, int(trans_a), int(trans_b), float(alpha),
-                         float(beta), va.dtype, p(vw) if vw else None, vw.nbytes if vw else 0,
-                         s),
+        lambda p, f, s: (p(va), p(vb), p(vc), m, n, k, _index(trans_a), _index(trans_b),
+                         float(alpha), float(beta), va.dtype, p(vw) if vw else None,
+                         vw.nbytes if vw else 0, s),
         lambda: _fallback.gemm(va.host, vb.host, vc.host.reshape(m, n), trans_a, trans_b, alpha,
                                beta), stream)
     return out
@@ -562,8 +568,8 @@ def gemm_batched(a, b, c=None, alpha=1.0, beta=0.0, trans_a=False, trans_b=False
             _fallback.gemm(va.host[i], vb.host[i], cc[i], trans_a, trans_b, alpha, beta)
 
     _Call("stepgraph_gemm_batched", [va, vb] + ([vw] if vw else []), [vc]).run(
-        lambda p, f, s: (p(va), p(vb), p(vc), batch, m, n, k, m * k, k * n, m * n, int(trans_a),
-                         int(trans_b), float(alpha), float(beta), va.dtype,
+        lambda p, f, s: (p(va), p(vb), p(vc), batch, m, n, k, m * k, k * n, m * n, _index(trans_a),
+                         _index(trans_b), float(alpha), float(beta), va.dtype,
                          p(vw) if vw else None, vw.nbytes if vw else 0, s),
         fallback, stream)
     return out
@@ -584,7 +590,7 @@ def cross_entropy(logits, targets, ignore_index=-100, log_probs=False, loss=None
         lp, vlp = _out(None, vl, vl.shape, "log_probs")
     _Call("stepgraph_cross_entropy", [vl, vt], [vo, vlp], flags=True).run(
         lambda p, f, s: (p(vl), p(vt), p(vo), p(vlp) if vlp else None, rows, vocab,
-                         int(ignore_index), vl.dtype, f, s),
+                         _index(ignore_index), vl.dtype, f, s),
         lambda: _fallback.cross_entropy(vl.host.reshape(rows, vocab), vt.host, vo.host,
                                         vlp.host.reshape(rows, vocab) if vlp else None,
                                         ignore_index), stream)
@@ -600,7 +606,7 @@ def cross_entropy_backward(logits, targets, dloss, ignore_index=-100, out=None, 
     _expect(vd, (rows,), "dloss", _lib.F32)
     g, vg = _out(out, vl, vl.shape, "out")
     _Call("stepgraph_cross_entropy_backward", [vl, vt, vd], [vg], flags=True).run(
-        lambda p, f, s: (p(vl), p(vt), p(vd), p(vg), rows, vocab, int(ignore_index), vl.dtype,
+        lambda p, f, s: (p(vl), p(vt), p(vd), p(vg), rows, vocab, _index(ignore_index), vl.dtype,
                          f, s),
         lambda: _fallback.cross_entropy_backward(vl.host.reshape(rows, vocab), vt.host, vd.host,
                                                  vg.host.reshape(rows, vocab), ignore_index),
@@ -638,9 +644,9 @@ def adamw_step(param, grad, exp_avg, exp_avg_sq, step, lr=1e-3, betas=(0.9, 0.99
     beta1, beta2 = betas
     _Call("stepgraph_adamw_step", [vg], [vp, vm, vv]).run(
         lambda p, f, s: (p(vp), p(vg), p(vm), p(vv), vp.size, float(lr), float(beta1),
-                         float(beta2), float(eps), float(weight_decay), int(step), vg.dtype, s),
+                         float(beta2), float(eps), float(weight_decay), _index(step), vg.dtype, s),
         lambda: _fallback.adamw_step(vp.host, vg.host, vm.host, vv.host, lr, beta1, beta2, eps,
-                                     weight_decay, int(step)), stream)
+                                     weight_decay, _index(step)), stream)
 
 
 def clip_grad_norm(grads, max_norm, stream=None):

@@ -39,6 +39,8 @@ pub const STEPGRAPH_BACKEND_CPU: i32 = 1;
 pub const STEPGRAPH_BACKEND_CUDA: i32 = 2;
 pub const STEPGRAPH_SAMPLING_GREEDY: i32 = 0;
 pub const STEPGRAPH_SAMPLING_SAMPLE: i32 = 1;
+/// Sampling below this temperature is greedy decoding.
+pub const STEPGRAPH_SESSION_MIN_TEMPERATURE: f32 = 1e-5;
 pub const STEPGRAPH_ERROR_NO_TOKENIZER: i32 = -5;
 pub const STEPGRAPH_TEXT_CHAT: u32 = 1;
 pub const STEPGRAPH_TEXT_NO_ADD_SPECIAL: u32 = 2;

@@ -20,7 +20,8 @@ pub enum Backend {
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Sampling {
     Greedy,
-    /// Temperature, top-k (0: no limit) and top-p, with each slot's seed.
+    /// Temperature, top-k (0: no limit) and top-p, with each slot's seed. A temperature
+    /// below [`ffi::STEPGRAPH_SESSION_MIN_TEMPERATURE`] decodes greedily.
     Sample { temperature: f32, top_k: i32, top_p: f32 },
 }
 
@@ -93,14 +94,30 @@ pub struct SessionInfo {
     pub backend: Backend,
 }
 
-/// A loaded model with its KV cache slots. Used by one thread at a time (it may move
-/// between threads).
+/// A loaded model with its KV cache slots.
+///
+/// Threads: a `Session` is `Send` but not `Sync`, on purpose. The C handle may be used by
+/// one thread at a time (it holds the session's buffers and its last error), so every call
+/// that runs takes `&mut self`, and the compiler refuses to share a `&Session` between
+/// threads. Move it to the thread that uses it, or put it in a `Mutex` to share it: the
+/// lock is then the caller's choice, not a cost every single-threaded user pays.
+///
+/// ```
+/// fn movable<T: Send>() {}
+/// movable::<stepgraph::Session>();
+/// ```
+///
+/// ```compile_fail
+/// fn shareable<T: Sync>() {}
+/// shareable::<stepgraph::Session>(); // a Session cannot be used from two threads at once
+/// ```
 pub struct Session {
     raw: NonNull<ffi::stepgraph_session>,
     info: SessionInfo,
 }
 
-// The handle is used by one thread at a time (&mut self for every call that runs).
+// SAFETY: the handle has no tie to the thread that made it; it is used by one thread at a
+// time, which &mut self on every call that runs guarantees (Session is not Sync).
 unsafe impl Send for Session {}
 
 fn message(raw: *const ffi::stepgraph_session) -> String {

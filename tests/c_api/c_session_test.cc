@@ -238,4 +238,31 @@ TEST(CSessionTest, SamplingFollowsTheSlotSeed) {
   EXPECT_NE(a, c);
 }
 
+// A temperature so small that 1/T overflows float (1e-40 is a denormal) samples as greedy
+// decoding does, on every seed, instead of ids from a distribution of NaNs; below
+// STEPGRAPH_SESSION_MIN_TEMPERATURE the session decodes greedily.
+TEST(CSessionTest, TinyTemperaturesDecodeGreedily) {
+  const stepgraph_session_options greedy = CpuOptions(31);
+  Handle g = Create(greedy);
+  ASSERT_NE(g, nullptr);
+  const std::vector<int32_t> prompt = RandomIds(4, 1024, 8);
+  std::vector<int32_t> want(10, -1);
+  ASSERT_EQ(stepgraph_session_prefill(g.get(), 0, prompt.data(), 4, 0), STEPGRAPH_OK);
+  ASSERT_EQ(stepgraph_session_generate(g.get(), 0, 10, want.data()), STEPGRAPH_OK);
+  for (float t : {1e-40f, 1e-30f, 1e-6f, 0.5f * STEPGRAPH_SESSION_MIN_TEMPERATURE}) {
+    stepgraph_session_options o = CpuOptions(31);
+    o.sampling = STEPGRAPH_SAMPLING_SAMPLE;
+    o.temperature = t;
+    Handle h = Create(o);
+    ASSERT_NE(h, nullptr);
+    for (int32_t seed : {0, 1, 77}) {
+      std::vector<int32_t> ids(10, -1);
+      ASSERT_EQ(stepgraph_session_prefill(h.get(), 0, prompt.data(), 4, seed), STEPGRAPH_OK);
+      ASSERT_EQ(stepgraph_session_generate(h.get(), 0, 10, ids.data()), STEPGRAPH_OK)
+          << "temperature " << t << ": " << stepgraph_session_error(h.get());
+      EXPECT_EQ(ids, want) << "temperature " << t << ", seed " << seed;
+    }
+  }
+}
+
 }  // namespace

@@ -3,8 +3,9 @@
 function of include/stepgraph/c_api/c_api.h and c_session.h (the declarations the build's list
 reads, see c_api/c_api_list.cmake), the structs of c_session.h and the integer
 constants, and compares them, argument by argument (name and type), with the Python
-declarations (python/stepgraph/_lib.py) and the Rust ones (rust/src/ffi.rs). A swapped or
-retyped argument links fine and corrupts memory at run time; here it fails CI.
+declarations (python/stepgraph/_lib.py), the Rust ones (rust/src/ffi.rs) and Go's raw cgo
+layer (go/raw.go). A swapped or retyped argument links fine and corrupts memory at run time;
+here it fails CI.
 
 Usage: check_signatures.py [repository root]. Exit status 1 and one line per mismatch.
 """
@@ -22,6 +23,9 @@ _DECL = re.compile(r"STEPGRAPH_C_(?:EXPORT|HOST) ([^;#]*?)\b(stepgraph_[a-z0-9_]
 _STRUCT = re.compile(r"typedef struct (stepgraph_[a-z_]+) \{(.*?)\} \1;")
 _DEFINE = re.compile(r"#define (STEPGRAPH_[A-Z0-9_]+) \(?(?:INT64_C\()?(-?\d+)u?\)?"
                      r"(?: << (\d+))?\)?\s*$", re.M)
+# Float constants (a limit such as the smallest sampling temperature), written 1e-5f.
+_DEFINE_FLOAT = re.compile(r"#define (STEPGRAPH_[A-Z0-9_]+) (-?\d+(?:\.\d*)?(?:e-?\d+)?)f\s*$",
+                           re.M)
 
 
 def _flat(text):
@@ -65,6 +69,8 @@ def read_headers(root):
         raw = open(os.path.join(root, h), encoding="utf-8").read()
         for name, value, shift in _DEFINE.findall(raw):
             defines[name] = int(value) << int(shift) if shift else int(value)
+        for name, value in _DEFINE_FLOAT.findall(raw):
+            defines[name] = float(value)
         text = _flat(raw)
         for ret, name, params in _DECL.findall(text):
             args = [] if params.strip() == "void" else [_param(p) for p in params.split(",")]
@@ -136,7 +142,7 @@ def check_python(functions, structs, defines, lib):
     for name, value in defines.items():
         short = name[len("STEPGRAPH_"):]
         if hasattr(lib, short) and getattr(lib, short) != value:
-            problems.append("python: %s = %r, the header's %s = %d"
+            problems.append("python: %s = %r, the header's %s = %r"
                             % (short, getattr(lib, short), name, value))
     for short in ("C_API_VERSION", "SESSION_API_VERSION"):
         if not hasattr(lib, short):
@@ -183,7 +189,8 @@ def read_rust(text):
     for name, value in re.findall(r"pub const (STEPGRAPH_[A-Z0-9_]+): \w+ = ([^;]+);", flat):
         v = value.strip()
         m = re.match(r"^(-?\d+) << (\d+)$", v)
-        consts[name] = int(m.group(1)) << int(m.group(2)) if m else int(v)
+        consts[name] = int(m.group(1)) << int(m.group(2)) if m else \
+            (float(v) if re.search(r"[.e]", v) else int(v))
     return functions, structs, consts
 
 
@@ -220,8 +227,166 @@ def check_rust(functions, structs, defines, rust_text):
         if name not in rconst:
             problems.append("rust: the constant %s is missing" % name)
         elif rconst[name] != value:
-            problems.append("rust: %s = %d, the header's %d" % (name, rconst[name], value))
+            problems.append("rust: %s = %r, the header's %r" % (name, rconst[name], value))
     return problems
+
+
+
+# ---- Go (cgo) --------------------------------------------------------------------------
+# go/raw.go has one unexported Go function per C function, named as it, whose parameters
+# are the header's names with Go types, and whose body passes them, in order, to the C
+# function (cgo compiles that call against the header itself, so a C type that changes
+# fails the build; a swap between two arguments of one type does not, and is caught here).
+# The Go constants are the header's macros through cgo (C.STEPGRAPH_*), so they cannot
+# drift; the two structs are mirrored field by field.
+
+_GO = {"int32_t": "int32", "int64_t": "int64", "uint32_t": "uint32", "uint64_t": "uint64",
+       "float": "float32"}
+_GO_OPAQUE = {"stepgraph_session": "sessionHandle", "stepgraph_session_options": "sessionOptions",
+              "stepgraph_session_info": "sessionInfo", "char": "byte"}
+
+
+def _expected_go(t):
+    """The Go type of a C type in raw.go (Go has no const: constness is not compared)."""
+    base, depth, _ = t
+    if depth == 0:
+        return None if base == "void" else _GO[base]
+    if base == "void":
+        return "*" * (depth - 1) + "unsafe.Pointer"
+    return "*" * depth + _GO_OPAQUE.get(base, _GO.get(base, base))
+
+
+def _go_params(text):
+    """'a, b unsafe.Pointer, n int64' -> [('a', 'unsafe.Pointer'), ('b', ...), ('n', 'int64')]"""
+    params, pending = [], []
+    for p in [p.strip() for p in text.split(",") if p.strip()]:
+        words = p.split()
+        if len(words) == 1:
+            pending.append(words[0])  # a name whose type comes with a later one
+            continue
+        for n in pending + [words[0]]:
+            params.append((n, " ".join(words[1:])))
+        pending = []
+    if pending:
+        raise ValueError("cannot read the Go parameters %r" % text)
+    return params
+
+
+def _go_call_args(body, name):
+    """The argument expressions of the call C.<name>(...) in a function body."""
+    start = body.find("C.%s(" % name)
+    if start < 0:
+        return None
+    i = start + len("C.%s(" % name)
+    depth, args, cur = 1, [], ""
+    while depth:
+        c = body[i]
+        i += 1
+        if c == "(":
+            depth += 1
+        elif c == ")":
+            depth -= 1
+            if not depth:
+                break
+        if c == "," and depth == 1:
+            args.append(cur.strip())
+            cur = ""
+        else:
+            cur += c
+    if cur.strip():
+        args.append(cur.strip())
+    return args
+
+
+def read_go(text):
+    """{name: (return type or None, [(name, type)], [argument expressions])},
+    {struct: [(field, type)]}"""
+    text = re.sub(r"//[^\n]*", "", text)
+    flat = re.sub(r"\s+", " ", text)
+    functions, structs = {}, {}
+    for m in re.finditer(r"func (stepgraph_[a-z0-9_]+)\((.*?)\) ?([^{]*)\{(.*?)\n\}",
+                         re.sub(r"[ \t]+", " ", text), re.S):
+        name, params, ret, body = m.groups()
+        params = re.sub(r"\s+", " ", params)
+        body = re.sub(r"\s+", " ", body)
+        functions[name] = (ret.strip() or None, _go_params(params), _go_call_args(body, name))
+    for name, body in re.findall(r"type (session[A-Za-z]+) struct \{(.*?)\}", flat):
+        fields = []
+        for f in re.findall(r"([A-Za-z_][A-Za-z0-9_]*) ([A-Za-z0-9_.*]+)", body):
+            fields.append(f)
+        structs[name] = fields
+    return functions, structs
+
+
+def _go_arg_names(expr):
+    """The Go identifiers an argument expression names, leaving out cgo's types and
+    conversions: '(*C.int32_t)(unsafe.Pointer(ids))' -> ['ids']."""
+    expr = re.sub(r"\bC\.[A-Za-z0-9_]+", "", expr)
+    expr = expr.replace("unsafe.Pointer", "")
+    return re.findall(r"[A-Za-z_][A-Za-z0-9_]*", expr)
+
+
+def check_go(functions, structs, go_text, other_go_texts=()):
+    problems = []
+    gfun, gstruct = read_go(go_text)
+    for name in sorted(set(functions) | set(gfun)):
+        if name not in gfun:
+            problems.append("go: %s is missing from raw.go" % name)
+            continue
+        if name not in functions:
+            problems.append("go: %s is declared but is in no header" % name)
+            continue
+        ret, args = functions[name]
+        g_ret, g_args, g_call = gfun[name]
+        if _expected_go(ret) != g_ret:
+            problems.append("go: %s returns %s, the header says %s" % (name, g_ret, ret))
+        if len(g_args) != len(args):
+            problems.append("go: %s has %d arguments, the header %d"
+                            % (name, len(g_args), len(args)))
+        for i, ((cn, ct), (gn, gt)) in enumerate(zip(args, g_args)):
+            if cn != gn:
+                problems.append("go: %s argument %d is %r, the header's is %r" % (name, i, gn, cn))
+            if _expected_go(ct) != gt:
+                problems.append("go: %s argument %d (%s) is %s, the header says %s"
+                                % (name, i, cn, gt, _expected_go(ct)))
+        if g_call is None:
+            problems.append("go: %s does not call C.%s" % (name, name))
+            continue
+        if len(g_call) != len(g_args):
+            problems.append("go: %s passes %d arguments to C.%s, it takes %d"
+                            % (name, len(g_call), name, len(g_args)))
+        for i, (expr, (gn, _)) in enumerate(zip(g_call, g_args)):
+            if _go_arg_names(expr) != [gn]:
+                problems.append("go: %s passes %r as C argument %d, not its parameter %r"
+                                % (name, expr, i, gn))
+    for cname, gname in (("stepgraph_session_options", "sessionOptions"),
+                         ("stepgraph_session_info", "sessionInfo")):
+        want = [(n, _expected_go(t)) for n, t in structs.get(cname, [])]
+        if gstruct.get(gname) != want:
+            problems.append("go: struct %s is %s, the header's %s is %s"
+                            % (gname, gstruct.get(gname), cname, want))
+    # raw.go is the one place that calls the C functions.
+    for path, text in other_go_texts:
+        for name in sorted(set(re.findall(r"\bC\.(stepgraph_[a-z0-9_]+)\(", text))):
+            if name in functions:
+                problems.append("go: %s calls C.%s directly; call raw.go's %s" % (path, name, name))
+    return problems
+
+
+def read_go_package(root):
+    """raw.go's text and [(path, text)] of the package's other Go files (tests left out:
+    cgo is not allowed in them)."""
+    go_dir = os.path.join(root, "go")
+    raw = open(os.path.join(go_dir, "raw.go"), encoding="utf-8").read()
+    others = []
+    for dirpath, _, files in os.walk(go_dir):
+        for f in sorted(files):
+            path = os.path.join(dirpath, f)
+            if (f.endswith(".go") and not f.endswith("_test.go")
+                    and path != os.path.join(go_dir, "raw.go")):
+                others.append((os.path.relpath(path, root),
+                               open(path, encoding="utf-8").read()))
+    return raw, others
 
 
 def load_python_lib(root):
@@ -237,6 +402,8 @@ def check_all(root):
     problems = check_python(functions, structs, defines, load_python_lib(root))
     rust = open(os.path.join(root, "rust", "src", "ffi.rs"), encoding="utf-8").read()
     problems += check_rust(functions, structs, defines, rust)
+    go_raw, go_others = read_go_package(root)
+    problems += check_go(functions, structs, go_raw, go_others)
     return functions, problems
 
 
@@ -248,7 +415,7 @@ def main(argv):
         print(p)
     if problems:
         return 1
-    print("%d functions of %s match python/stepgraph/_lib.py and rust/src/ffi.rs"
+    print("%d functions of %s match python/stepgraph/_lib.py, rust/src/ffi.rs and go/raw.go"
           % (len(functions), " and ".join(HEADERS)))
     return 0
 

@@ -1231,6 +1231,61 @@ TEST_P(CpuFloatOpTest, SampleStaysInTopKAndTopPSets) {
   }
 }
 
+// A temperature below ops::Sample's greedy threshold (1e-5; 1e-40 is a float denormal
+// whose reciprocal overflows) draws the argmax on every seed, lowest index on ties, as the
+// limit of softmax(z / T) does, and raises nothing. A finite logit whose z = logit / T
+// overflows raises kErrorNonFiniteLogits: the draw would otherwise be made from NaNs.
+TEST_P(CpuFloatOpTest, SampleBelowTheGreedyTemperatureIsArgmax) {
+  std::mt19937_64 rng(94);
+  const int64_t rows = 16, n = 257;
+  for (const float t : {1e-40f, 1e-30f, 9e-6f}) {
+    for (const ops::Sample& params : {ops::Sample{.temperature = t},
+                                      ops::Sample{.temperature = t, .top_k = 7, .top_p = 0.5f}}) {
+      SCOPED_TRACE(absl::StrCat("temperature ", t, " top_k ", params.top_k));
+      GraphBuilder b;
+      const TensorId x = b.Input("x", dtype(), {rows, n});
+      b.Output("y", b.Sample(x, b.Input("seeds", DType::kI32, {rows}),
+                             b.Input("pos", DType::kI32, {rows}), params, "y"));
+      auto bench = Bench::Make(b);
+      ASSERT_NE(bench, nullptr);
+      std::vector<float> values = RandomValues(rng, rows * n, 0.1f, 8.0f);
+      values[3 * n + 200] = values[3 * n + 100] = 9.0f;  // a tie: the lower index wins
+      const std::vector<double> xs = bench->Set("x", values);
+      bench->SetInts("seeds", DistinctSeeds(rows, 5));
+      bench->SetInts("pos", std::vector<int32_t>(rows, 3));
+      bench->Poison("y");
+      CpuDispatch cpu;
+      SG_ASSERT_OK(bench->Run(cpu));
+      EXPECT_EQ(cpu.TakeErrorFlags(), 0u);
+      const std::vector<int32_t> got = bench->Ints("y");
+      for (int64_t i = 0; i < rows; ++i) {
+        int32_t best = 0;
+        for (int32_t c = 1; c < n; ++c) {
+          if (xs[i * n + c] > xs[i * n + best]) best = c;
+        }
+        EXPECT_EQ(got[i], best) << "row " << i;
+      }
+    }
+  }
+  if (dtype() == DType::kF16) return;  // its largest logit / 0.5 stays finite
+  GraphBuilder b;
+  const TensorId x = b.Input("x", dtype(), {1, n});
+  b.Output("y", b.Sample(x, b.Input("seeds", DType::kI32, {1}), b.Input("pos", DType::kI32, {1}),
+                         ops::Sample{.temperature = 0.5f}, "y"));
+  auto bench = Bench::Make(b);
+  ASSERT_NE(bench, nullptr);
+  std::vector<float> values = RandomValues(rng, n, 0.1f, 8.0f);
+  values[17] = 3e38f;
+  bench->Set("x", values);
+  bench->SetInts("seeds", {1});
+  bench->SetInts("pos", {0});
+  bench->Poison("y");
+  CpuDispatch cpu;
+  SG_ASSERT_OK(bench->Run(cpu));
+  EXPECT_EQ(cpu.TakeErrorFlags(), static_cast<uint32_t>(kErrorNonFiniteLogits));
+  EXPECT_EQ(bench->Ints("y")[0], 17);
+}
+
 TEST_P(CpuFloatOpTest, SampleIsReproducible) {
   const int64_t rows = 400, vocab = 29;
   const ops::Sample op{0.9f, 0, 0.95f};

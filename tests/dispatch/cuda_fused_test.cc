@@ -349,6 +349,11 @@ TEST(FusedMatmulRopeTest, HeadDimNotAMultipleOfFourIsRefused) {
   EXPECT_EQ(prepared.status().code(), absl::StatusCode::kUnimplemented) << prepared.status();
   EXPECT_NE(prepared.status().message().find("head_dim"), std::string::npos)
       << prepared.status();
+  // What the passes ask before making such a node says so too.
+  const Node& node = plan->graph().nodes()[0];
+  std::vector<const Tensor*> inputs;
+  for (TensorId in : node.inputs) inputs.push_back(&plan->graph().tensor(in));
+  EXPECT_FALSE((*gpu)->Supports(node.op, inputs));
 }
 
 }  // namespace

@@ -1,11 +1,13 @@
 // What the op-conformance table cannot reach: the kernels' fallbacks for buffers that are
 // not 16-byte aligned (every tensor there is bound at an aligned address), cuBLASLt's
 // element-aligned algorithm, and how MatmulRunner picks a matmul path (the policy parsed
-// from STEPGRAPH_MATMUL, then per shape), and programmatic dependent launch between
-// dependent kernels. GPU cases GTEST_SKIP without a device.
+// from STEPGRAPH_MATMUL, then per shape), programmatic dependent launch between dependent
+// kernels, and that each dispatcher launches as its own options say; and what CUDA says it
+// runs (CudaSupport), host side. GPU cases GTEST_SKIP without a device.
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
@@ -15,21 +17,57 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "dispatch/cuda/cuda_handles.h"
 #include "dispatch/cuda/cuda_status.h"
+#include "dispatch/cuda/codegen.h"
 #include "dispatch/cuda/matmul.h"
 #include "kernels/elementwise.cuh"
 #include "kernels/launch.h"
 #include "stepgraph/graph/builder.h"
 #include "stepgraph/dispatch/cpu_dispatch.h"
 #include "stepgraph/dispatch/cuda_dispatch.h"
+#include "stepgraph/dispatch/executor.h"
 #include "stepgraph/graph/memory_plan.h"
+#include "stepgraph/graph/passes.h"
+#include "stepgraph/models/llama.h"
 #include "tests/testing/conformance.h"
+#include "tests/testing/quantized_config.h"
 #include "tests/testing/util.h"
 
 namespace sg::testing {
 namespace {
+
+// The current device's compute capability major (9 on Hopper); 0 when it cannot be read.
+int ComputeCapabilityMajor() {
+  int device = 0, major = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) {
+    return 0;
+  }
+  return major;
+}
+
+// The edges of a captured graph, and how many of them are programmatic (the kernel after
+// may launch while the one before drains).
+struct EdgeCount {
+  int all = 0;
+  int programmatic = 0;
+};
+EdgeCount CountEdges(cudaGraph_t graph) {
+  size_t edges = 0;
+  EXPECT_EQ(cudaGraphGetEdges(graph, nullptr, nullptr, nullptr, &edges), cudaSuccess);
+  std::vector<cudaGraphNode_t> from(edges), to(edges);
+  std::vector<cudaGraphEdgeData> data(edges);
+  EXPECT_EQ(cudaGraphGetEdges(graph, from.data(), to.data(), data.data(), &edges), cudaSuccess);
+  EdgeCount count;
+  count.all = static_cast<int>(edges);
+  for (const cudaGraphEdgeData& d : data) {
+    count.programmatic += d.type == cudaGraphDependencyTypeProgrammatic ? 1 : 0;
+  }
+  return count;
+}
 
 // A chain of dependent Adds, each reading the previous one's output and overwriting the
 // buffer the one before it read, captured and replayed: on sm_90 the edges are
@@ -38,14 +76,11 @@ namespace {
 // prerequisite finished.
 TEST(ProgrammaticLaunchTest, DependentKernelsSeeTheirPrerequisitesWrites) {
   if (!CudaDeviceAvailable()) GTEST_SKIP() << "no CUDA device";
-  int device = 0, major = 0;
-  ASSERT_EQ(cudaGetDevice(&device), cudaSuccess);
-  ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device),
-            cudaSuccess);
+  const int major = ComputeCapabilityMajor();
+  ASSERT_GT(major, 0);
   const bool wanted = CudaOptionsFromTestEnvironment().programmatic_launch;
-  kernels::SetProgrammaticLaunch(wanted);
   const bool expect = major >= 9 && wanted;
-  EXPECT_EQ(kernels::ProgrammaticLaunchEnabled(), expect);
+  EXPECT_EQ(kernels::ProgrammaticLaunchSupported(), major >= 9);
 
   constexpr int64_t kN = 1 << 16;
   constexpr int kSteps = 200;
@@ -69,13 +104,15 @@ TEST(ProgrammaticLaunchTest, DependentKernelsSeeTheirPrerequisitesWrites) {
   absl::StatusOr<UniqueStream> stream = CreateStream("programmatic launch test");
   ASSERT_TRUE(stream.ok());
   cudaStream_t s = stream->get();
+  const kernels::Stream launch(s, wanted);
 
   ASSERT_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), cudaSuccess);
-  cudaError_t launched = kernels::LaunchAdd(da->get(), db->get(), ping->get(), kN, DType::kF32, s);
+  cudaError_t launched =
+      kernels::LaunchAdd(da->get(), db->get(), ping->get(), kN, DType::kF32, launch);
   void* in = ping->get();
   void* out = pong->get();
   for (int step = 1; step < kSteps && launched == cudaSuccess; ++step) {
-    launched = kernels::LaunchAdd(in, db->get(), out, kN, DType::kF32, s);
+    launched = kernels::LaunchAdd(in, db->get(), out, kN, DType::kF32, launch);
     std::swap(in, out);
   }
   cudaGraph_t raw = nullptr;
@@ -83,18 +120,9 @@ TEST(ProgrammaticLaunchTest, DependentKernelsSeeTheirPrerequisitesWrites) {
   UniqueGraph graph(raw);
   ASSERT_EQ(launched, cudaSuccess);
 
-  size_t edges = 0;
-  ASSERT_EQ(cudaGraphGetEdges(graph.get(), nullptr, nullptr, nullptr, &edges), cudaSuccess);
-  ASSERT_EQ(edges, static_cast<size_t>(kSteps - 1));
-  std::vector<cudaGraphNode_t> from(edges), to(edges);
-  std::vector<cudaGraphEdgeData> data(edges);
-  ASSERT_EQ(cudaGraphGetEdges(graph.get(), from.data(), to.data(), data.data(), &edges),
-            cudaSuccess);
-  int programmatic = 0;
-  for (const cudaGraphEdgeData& d : data) {
-    programmatic += d.type == cudaGraphDependencyTypeProgrammatic ? 1 : 0;
-  }
-  EXPECT_EQ(programmatic, expect ? kSteps - 1 : 0);
+  const EdgeCount edges = CountEdges(graph.get());
+  ASSERT_EQ(edges.all, kSteps - 1);
+  EXPECT_EQ(edges.programmatic, expect ? kSteps - 1 : 0);
 
   cudaGraphExec_t exec_raw = nullptr;
   ASSERT_EQ(cudaGraphInstantiate(&exec_raw, graph.get(), 0), cudaSuccess);
@@ -108,6 +136,105 @@ TEST(ProgrammaticLaunchTest, DependentKernelsSeeTheirPrerequisitesWrites) {
   }
 }
 
+
+// Host side, no device: the launch a kernels::Stream asks for. Programmatic serialisation
+// is set only when the caller allows it and the kernels and device can take it, and a
+// bare stream (the C ABI's, the benchmarks') allows it.
+TEST(ProgrammaticLaunchTest, LaunchConfigFollowsTheCallersStream) {
+  cudaStream_t s = reinterpret_cast<cudaStream_t>(uintptr_t{0x1000});
+  for (bool allowed : {true, false}) {
+    for (bool supported : {true, false}) {
+      cudaLaunchAttribute attribute{};
+      const cudaLaunchConfig_t c = kernels::MakeLaunchConfig(
+          dim3(3), dim3(64), 128, kernels::Stream(s, allowed), supported, &attribute);
+      EXPECT_EQ(c.numAttrs, allowed && supported ? 1u : 0u) << allowed << supported;
+      EXPECT_EQ(c.stream, s);
+      EXPECT_EQ(c.gridDim.x, 3u);
+      EXPECT_EQ(c.blockDim.x, 64u);
+      EXPECT_EQ(c.dynamicSmemBytes, 128u);
+      EXPECT_EQ(c.attrs, &attribute);
+      EXPECT_EQ(attribute.id, cudaLaunchAttributeProgrammaticStreamSerialization);
+    }
+  }
+  const kernels::Stream bare = s;
+  EXPECT_TRUE(bare.programmatic);
+  EXPECT_EQ(bare.stream, s);
+}
+
+// Programmatic edges of the graph captured from one eager pass of `prepared` on
+// `dispatch`'s stream, and all its edges.
+std::pair<int, int> CapturedEdges(CudaDispatch& dispatch, const PreparedPlan& prepared,
+                                  const Bindings& bindings) {
+  cudaStream_t s = dispatch.stream();
+  EXPECT_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  const absl::StatusOr<ExecStats> ran = Execute(prepared, bindings, dispatch);
+  cudaGraph_t raw = nullptr;
+  EXPECT_EQ(cudaStreamEndCapture(s, &raw), cudaSuccess);
+  UniqueGraph graph(raw);
+  EXPECT_TRUE(ran.ok()) << ran.status();
+  const EdgeCount edges = CountEdges(graph.get());
+  return {edges.programmatic, edges.all};
+}
+
+// CudaOptions::programmatic_launch belongs to its dispatcher: two dispatchers of one
+// process with different settings each launch as their own option says, whichever was made
+// last. The step chains stepgraph's kernels (Add, the small-M matmul, Silu) and a kernel
+// compiled through NVRTC (RmsNorm with compiled_norm), each reading the previous result.
+TEST(ProgrammaticLaunchTest, EachDispatcherLaunchesAsItsOwnOptionSays) {
+  if (!CudaDeviceAvailable()) GTEST_SKIP() << "no CUDA device";
+  const int major = ComputeCapabilityMajor();
+  ASSERT_GT(major, 0);
+  GraphBuilder b;
+  const Shape shape{4, 256};
+  const TensorId x = b.Input("x", DType::kF32, shape), r = b.Input("r", DType::kF32, shape);
+  const TensorId normed = b.RmsNorm(b.Add(x, r, "add0"), b.Weight("w", DType::kF32, {256}),
+                                    1e-5f, "norm");
+  const TensorId y = b.MatMul(b.Add(normed, r, "add1"), b.Weight("wm", DType::kF32, {256, 256}),
+                              "mm");
+  b.Output("y", b.Silu(y, "silu"));
+  absl::StatusOr<Graph> graph = std::move(b).Build();
+  ASSERT_TRUE(graph.ok()) << graph.status();
+  absl::StatusOr<ExecutionPlan> plan = ExecutionPlan::Create(*std::move(graph));
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  std::vector<DeviceMemory> buffers;
+  Bindings bindings(plan->graph());
+  for (const Tensor& t : plan->graph().tensors()) {
+    if (t.kind == TensorKind::kIntermediate) continue;
+    absl::StatusOr<DeviceMemory> m = AllocateDevice(t.bytes(), "a bound tensor");
+    ASSERT_TRUE(m.ok()) << m.status();
+    ASSERT_TRUE(bindings.Bind(t.name, m->get(), t.bytes()).ok());
+    buffers.push_back(*std::move(m));
+  }
+  absl::StatusOr<DeviceMemory> arena = AllocateDevice(plan->arena_bytes(), "the arena");
+  ASSERT_TRUE(arena.ok()) << arena.status();
+  bindings.SetArena(arena->get(), plan->arena_bytes());
+
+  auto make = [](bool programmatic) {
+    CudaDispatch::Options o;
+    o.cuda.programmatic_launch = programmatic;
+    o.cuda.compiled_norm = true;
+    o.cuda.matmul = MatmulPolicy::kGemv;
+    return CudaDispatch::Create(o);
+  };
+  absl::StatusOr<std::unique_ptr<CudaDispatch>> on = make(true);
+  ASSERT_TRUE(on.ok()) << on.status();
+  absl::StatusOr<std::unique_ptr<CudaDispatch>> off = make(false);
+  ASSERT_TRUE(off.ok()) << off.status();
+  absl::StatusOr<PreparedPlan> on_plan = (*on)->Prepare(*plan);
+  absl::StatusOr<PreparedPlan> off_plan = (*off)->Prepare(*plan);
+  ASSERT_TRUE(on_plan.ok()) << on_plan.status();
+  ASSERT_TRUE(off_plan.ok()) << off_plan.status();
+  const int kEdges = 4;  // add0 -> norm -> add1 -> mm -> silu
+  const int expect_on = major >= 9 ? kEdges : 0;
+  EXPECT_EQ(CapturedEdges(**on, *on_plan, bindings), std::make_pair(expect_on, kEdges))
+      << "made before the dispatcher without programmatic launch";
+  EXPECT_EQ(CapturedEdges(**off, *off_plan, bindings), std::make_pair(0, kEdges));
+  // A third dispatcher, made last and asking for it, changes neither.
+  absl::StatusOr<std::unique_ptr<CudaDispatch>> later = make(true);
+  ASSERT_TRUE(later.ok()) << later.status();
+  EXPECT_EQ(CapturedEdges(**off, *off_plan, bindings), std::make_pair(0, kEdges));
+  EXPECT_EQ(CapturedEdges(**on, *on_plan, bindings), std::make_pair(expect_on, kEdges));
+}
 
 TEST(MatmulRunnerTest, PathFollowsPolicyAndShape) {
   if (!CudaDeviceAvailable()) GTEST_SKIP() << "no CUDA device";
@@ -158,8 +285,8 @@ TEST(MatmulRunnerTest, PathFollowsPolicyAndShape) {
   }
 }
 
-// A Run whose node carries no prepared state (a plan executed without the PreparedPlan
-// CudaDispatch made) is refused before anything is launched.
+// A Run whose node carries no prepared state, or one of another type (a plan executed
+// without the PreparedPlan CudaDispatch made), is refused before anything is launched.
 TEST(CudaDispatchTest, NodeNotPreparedIsFailedPrecondition) {
   if (!CudaDeviceAvailable()) GTEST_SKIP() << "no CUDA device";
   absl::StatusOr<std::unique_ptr<CudaDispatch>> gpu = CudaDispatch::Create();
@@ -177,6 +304,14 @@ TEST(CudaDispatchTest, NodeNotPreparedIsFailedPrecondition) {
   EXPECT_EQ((*gpu)->Run(ops::Attention{0.125f}, args).code(),
             absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ((*gpu)->Run(ops::Argmax{}, args).code(), absl::StatusCode::kFailedPrecondition);
+  // A state of another type (another dispatcher's, another op's) is refused the same way.
+  struct OtherState final : PreparedState<OtherState> {};
+  const OtherState other;
+  args.prepared = &other;
+  const absl::Status wrong = (*gpu)->Run(ops::MatMul{}, args);
+  EXPECT_EQ(wrong.code(), absl::StatusCode::kFailedPrecondition) << wrong;
+  EXPECT_NE(wrong.message().find("not of the type"), absl::string_view::npos) << wrong;
+  EXPECT_EQ((*gpu)->Run(ops::RmsNorm{}, args).code(), absl::StatusCode::kFailedPrecondition);
 }
 
 // One node run on the CPU reference and on CudaDispatch with every device buffer placed
@@ -374,6 +509,124 @@ INSTANTIATE_TEST_SUITE_P(Kernels, MisalignedTest, ::testing::ValuesIn(Misaligned
                          [](const ::testing::TestParamInfo<MisalignedCase>& info) {
                            return info.param.name;
                          });
+
+// ---- What CUDA says it runs: answered on the host, without a device (CI) ---------------
+
+Tensor Make(const char* name, TensorKind kind, DType dtype, Shape shape) {
+  return Tensor{name, kind, dtype, std::move(shape)};
+}
+
+bool Asks(const OpSupport& support, const Op& op, const std::vector<Tensor>& inputs) {
+  std::vector<const Tensor*> p;
+  for (const Tensor& t : inputs) p.push_back(&t);
+  return support.Supports(op, p);
+}
+
+TEST(CudaSupportTest, FusedMatMulLimitsWithoutADevice) {
+  const CudaSupport cuda;
+  const int64_t rows = 3, k = 64, kvh = 2, h = 4;
+  auto qkv = [&](int64_t d, DType w_dtype) {
+    return std::vector<Tensor>{
+        Make("x", TensorKind::kInput, DType::kF32, {rows, k}),
+        Make("wq", TensorKind::kWeight, w_dtype, {h * d, k}),
+        Make("wk", TensorKind::kWeight, w_dtype, {kvh * d, k}),
+        Make("wv", TensorKind::kWeight, w_dtype, {kvh * d, k}),
+        Make("pos", TensorKind::kInput, DType::kI32, {rows}),
+        Make("kc", TensorKind::kState, DType::kF32, {rows, kvh, 8, d}),
+        Make("vc", TensorKind::kState, DType::kF32, {rows, kvh, 8, d})};
+  };
+  auto epilogue = [](int32_t d) {
+    return ops::FusedMatMul{.weights = 3,
+                            .epilogue = ops::FusedMatMul::Epilogue::kRopeKvWrite,
+                            .rope = {.head_dim = d, .theta = 10000.0f}};
+  };
+  // The rope_kv_write epilogue: a block's four columns must hold whole RoPE pairs.
+  EXPECT_FALSE(Asks(cuda, epilogue(6), qkv(6, DType::kF32))) << "head_dim 6";
+  EXPECT_FALSE(Asks(cuda, epilogue(10), qkv(10, DType::kF32))) << "head_dim 10";
+  EXPECT_TRUE(Asks(cuda, epilogue(8), qkv(8, DType::kF32))) << "head_dim 8";
+  // The same nodes as RopeKvWrite after a grouped product: any even head_dim.
+  const ops::Rope rope6{.head_dim = 6, .theta = 10000.0f};
+  std::vector<Tensor> rkw = qkv(6, DType::kF32);
+  const std::vector<Tensor> rope_inputs = {
+      Make("qkv", TensorKind::kIntermediate, DType::kF32, {rows, (h + 2 * kvh) * 6}), rkw[4],
+      rkw[5], rkw[6]};
+  EXPECT_TRUE(Asks(cuda, ops::RopeKvWrite{rope6}, rope_inputs));
+
+  // Block-format weights: the plain MatMul yes, the fused kernel (float weights only) no.
+  const std::vector<Tensor> quant = {Make("x", TensorKind::kInput, DType::kF32, {rows, k}),
+                                     Make("w", TensorKind::kWeight, DType::kQ8_0, {96, k})};
+  EXPECT_TRUE(Asks(cuda, ops::MatMul{}, quant));
+  EXPECT_FALSE(Asks(cuda, ops::FusedMatMul{}, quant));
+  const std::vector<Tensor> plain = {Make("x", TensorKind::kInput, DType::kBF16, {rows, k}),
+                                     Make("w", TensorKind::kWeight, DType::kBF16, {96, k})};
+  EXPECT_TRUE(Asks(cuda, ops::FusedMatMul{}, plain));
+  EXPECT_TRUE(Asks(cuda, ops::FusedMatMul{.norm = true},
+                   {plain[0], Make("nw", TensorKind::kWeight, DType::kBF16, {k}), plain[1]}));
+  // A node the graph itself refuses (an input missing) is not one CUDA runs.
+  EXPECT_FALSE(Asks(cuda, ops::FusedMatMul{.weights = 2}, plain));
+
+  // The compiled RmsNorm takes hidden sizes up to its limit; the built-in kernel any.
+  const std::vector<Tensor> wide = {
+      Make("x", TensorKind::kInput, DType::kBF16, {2, codegen::kMaxRmsNormHidden + 64}),
+      Make("w", TensorKind::kWeight, DType::kBF16, {codegen::kMaxRmsNormHidden + 64})};
+  EXPECT_TRUE(Asks(cuda, ops::RmsNorm{}, wide));
+  CudaOptions compiled;
+  compiled.compiled_norm = true;
+  EXPECT_FALSE(Asks(CudaSupport(compiled), ops::RmsNorm{}, wide));
+}
+
+// The passes asking CUDA's answer: the head_dim 6 step keeps its RopeKvWrite nodes, a step
+// with block-format weights keeps its matmuls plain, and a head_dim 8 step gets every
+// fusion; without a backend (the CPU reference's answer) both are fused.
+TEST(CudaSupportTest, PassesMakeOnlyWhatCudaRuns) {
+  const CudaSupport cuda;
+  PassOptions for_cuda;
+  for_cuda.backend = &cuda;
+  auto count = [](const Graph& g, absl::string_view op) {
+    int n = 0;
+    for (const Node& node : g.nodes()) n += OpName(node.op) == op;
+    return n;
+  };
+  auto rope_epilogues = [](const Graph& g) {
+    int n = 0;
+    for (const Node& node : g.nodes()) {
+      const auto* f = std::get_if<ops::FusedMatMul>(&node.op);
+      n += f != nullptr && f->epilogue == ops::FusedMatMul::Epilogue::kRopeKvWrite;
+    }
+    return n;
+  };
+  LlamaGraphOptions o;
+  o.max_seq = 32;
+  o.closed_loop = true;
+  for (int64_t d : {6, 8}) {
+    LlamaConfig c = TinyLlamaConfig();
+    c.head_dim = d;
+    absl::StatusOr<Graph> plain = BuildLlamaDecodeGraph(c, o);
+    ASSERT_TRUE(plain.ok()) << plain.status();
+    absl::StatusOr<Graph> fused = RunPasses(*plain, for_cuda);
+    ASSERT_TRUE(fused.ok()) << fused.status();
+    const int layers = static_cast<int>(c.num_hidden_layers);
+    EXPECT_EQ(rope_epilogues(*fused), d == 8 ? layers : 0) << "head_dim " << d;
+    EXPECT_EQ(count(*fused, "RopeKvWrite"), d == 8 ? 0 : layers) << "head_dim " << d;
+    absl::StatusOr<Graph> on_cpu = RunPasses(*plain);
+    ASSERT_TRUE(on_cpu.ok()) << on_cpu.status();
+    EXPECT_EQ(rope_epilogues(*on_cpu), layers) << "head_dim " << d;
+  }
+  LlamaConfig tiny = TinyLlamaConfig();
+  tiny.intermediate_size = 704;  // whole Q8_0 blocks
+  const LlamaConfig q = WithMatrixDTypes(tiny, [](const std::string& name) {
+                          return absl::StrContains(name, "model.layers.") ? DType::kQ8_0
+                                                                         : DType::kF32;
+                        }).value();
+  absl::StatusOr<Graph> quant = BuildLlamaDecodeGraph(q, o);
+  ASSERT_TRUE(quant.ok()) << quant.status();
+  absl::StatusOr<Graph> for_gpu = RunPasses(*quant, for_cuda);
+  ASSERT_TRUE(for_gpu.ok()) << for_gpu.status();
+  EXPECT_EQ(count(*for_gpu, "MatMul"), 7 * q.num_hidden_layers);
+  absl::StatusOr<Graph> on_cpu = RunPasses(*quant);
+  ASSERT_TRUE(on_cpu.ok()) << on_cpu.status();
+  EXPECT_EQ(count(*on_cpu, "MatMul"), 0);
+}
 
 }  // namespace
 }  // namespace sg::testing

@@ -293,6 +293,31 @@ TEST_F(CudaSamplingTest, TopKOneIsArgmaxOfScaledLogits) {
   }
 }
 
+// Below the greedy temperature (1e-5; 1e-40 is a float denormal whose reciprocal
+// overflows) every seed draws the argmax of the logits, as on the CPU, whatever top_k and
+// top_p say: not the lowest index among the logits that overflowed to +inf.
+TEST_F(CudaSamplingTest, TinyTemperatureIsArgmax) {
+  GpuRunner gpu;
+  ASSERT_TRUE(gpu.ok());
+  for (DType t : {DType::kF32, DType::kBF16}) {
+    for (int64_t vocab : {1000, 128256}) {
+      for (float temperature : {1e-40f, 1e-30f, 9e-6f}) {
+        SCOPED_TRACE(absl::StrCat(DTypeName(t), " V", vocab, " T", temperature));
+        Batch b = RandomBatch(t, 16, vocab, vocab + 5, -2, 2);
+        const std::vector<int32_t> argmax = CpuIds(b, Choice{.argmax = true});
+        for (const ops::Sample& op : {ops::Sample{.temperature = temperature},
+                                      ops::Sample{.temperature = temperature, .top_k = 40,
+                                                  .top_p = 0.9f}}) {
+          const auto got = gpu.Run(b, Choice{.sample = op});
+          ASSERT_EQ(got.size(), 1u);
+          EXPECT_EQ(got[0], argmax);
+          EXPECT_EQ(CpuIds(b, Choice{.sample = op}), argmax);
+        }
+      }
+    }
+  }
+}
+
 TEST_F(CudaSamplingTest, TopKNeverLeavesTheTopK) {
   GpuRunner gpu;
   ASSERT_TRUE(gpu.ok());

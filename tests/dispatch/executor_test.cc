@@ -328,5 +328,38 @@ TEST(CheckBindingsTest, HugeTensorNeedsItsTrueSize) {
       << st;
 }
 
+// A Run reads its node's state back by type: the state Prepare made for it is returned, a
+// missing one or one of another type is FailedPrecondition (a plan executed with another
+// dispatcher's or another node's state), never reinterpreted.
+struct StateA final : PreparedState<StateA> {
+  int value = 7;
+};
+struct StateB final : PreparedState<StateB> {
+  double other = 0.5;
+};
+
+TEST(PreparedStateTest, RunGetsItsOwnTypeOrAnError) {
+  StateA a;
+  StateB b;
+  EXPECT_NE(PreparedState<StateA>::Tag(), PreparedState<StateB>::Tag());
+  NodeArgs args;
+  args.prepared = &a;
+  absl::StatusOr<const StateA*> got = args.PreparedAs<StateA>();
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(*got, &a);
+  EXPECT_EQ((*got)->value, 7);
+  absl::StatusOr<const StateB*> wrong = args.PreparedAs<StateB>();
+  EXPECT_EQ(wrong.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(absl::StrContains(wrong.status().message(), "not of the type")) << wrong.status();
+  args.prepared = &b;
+  EXPECT_FALSE(args.PreparedAs<StateA>().ok());
+  EXPECT_TRUE(args.PreparedAs<StateB>().ok());
+  args.prepared = nullptr;
+  absl::StatusOr<const StateA*> missing = args.PreparedAs<StateA>();
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(absl::StrContains(missing.status().message(), "no prepared state"))
+      << missing.status();
+}
+
 }  // namespace
 }  // namespace sg

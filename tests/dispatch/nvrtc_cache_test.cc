@@ -27,10 +27,13 @@ namespace fs = std::filesystem;
 
 constexpr int kArch = 90;
 
-// A program per `variant` (a scale constant), so tests do not share keys.
+// A program per `variant` (a multiple of 0.5, giving its element count), so tests do not
+// share keys.
 KernelSource Program(float variant) {
-  codegen::ElementwiseChain chain{
-      {DType::kF32}, {{codegen::EwOp::kScale, 0, -1, variant}}, {1}, 256};
+  codegen::ElementwiseChain chain{{DType::kF32},
+                                  {{codegen::EwOp::kSilu, 0}},
+                                  {1},
+                                  256 + static_cast<int64_t>(variant * 2.0f)};
   return codegen::GenerateElementwise(chain).value().source;
 }
 

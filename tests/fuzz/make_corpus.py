@@ -1,16 +1,21 @@
 #!/usr/bin/env python3
 """Writes the fuzz seed corpora (tests/fuzz/corpus/<harness>/): small valid inputs of each
-kind, so that the fuzzers start from the formats' structure rather than from nothing.
-Deterministic; rerun after changing a format. Needs numpy and gguf."""
+kind, so that the fuzzers start from the formats' structure rather than from nothing, and
+structure-aware hostile seeds (deep nesting, long special tokens against their prefixes,
+long runs of combining marks, patterns that match empty or backtrack) that random
+mutation of small inputs would not reach. Every seed is also a ctest replay case: keep
+them small. Deterministic; rerun after changing a format. Needs numpy and gguf for the
+gguf corpus.
+
+    python3 tests/fuzz/make_corpus.py [corpus names...]   (default: all)
+"""
 
 import json
 import os
 import random
 import shutil
 import struct
-
-import gguf
-import numpy as np
+import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 FIXTURES = os.path.join(HERE, "..", "fixtures")
@@ -48,6 +53,15 @@ def make_safetensors():
     safetensors(os.path.join(d, "empty_tensor"), [("e", "F32", [0, 4], 0), ("x", "F32", [1], 4)])
     with open(os.path.join(d, "no_tensors"), "wb") as f:
         f.write(struct.pack("<Q", 2) + b"{}")
+    # A header nested past the bound, where a shape belongs.
+    header = ('{"t": {"dtype": "F32", "shape": ' + deep_array(3000) +
+              ', "data_offsets": [0, 4]}}').encode()
+    with open(os.path.join(d, "hostile_deep_header"), "wb") as f:
+        f.write(struct.pack("<Q", len(header)) + header + bytes(4))
+
+
+def deep_array(depth):
+    return "[" * depth + "1" + "]" * depth
 
 
 def make_config():
@@ -56,12 +70,25 @@ def make_config():
         src = os.path.join(FIXTURES, name, "config.json")
         if os.path.isfile(src):
             shutil.copy(src, os.path.join(d, name))
+    minimal = dict(hidden_size=8, intermediate_size=16, num_hidden_layers=1,
+                   num_attention_heads=2, vocab_size=10)
     with open(os.path.join(d, "minimal"), "w") as f:
-        json.dump(dict(hidden_size=8, intermediate_size=16, num_hidden_layers=1,
-                       num_attention_heads=2, vocab_size=10), f)
+        json.dump(minimal, f)
+    # Nesting past the bound in an unknown key and in a field of the wrong type (both used
+    # to be serialised whole for the message), and a number the parser quotes in its error.
+    body = json.dumps(minimal)[:-1]
+    with open(os.path.join(d, "hostile_deep_unknown_key"), "w") as f:
+        f.write(body + ', "unknown": ' + deep_array(3000) + "}")
+    with open(os.path.join(d, "hostile_deep_rope_scaling"), "w") as f:
+        f.write(body + ', "rope_scaling": ' + deep_array(3000) + "}")
+    with open(os.path.join(d, "hostile_long_number"), "w") as f:
+        f.write(body + ', "unknown": ' + "7" * 20000 + "}")
 
 
 def make_gguf():
+    import gguf
+    import numpy as np
+
     d = folder("gguf")
     # Every value type and a tensor of each type stepgraph reads.
     w = gguf.GGUFWriter(os.path.join(d, "values_and_types"), "llama")
@@ -123,6 +150,123 @@ def make_gguf():
     w.close()
 
 
+def gguf_bytes(metadata):
+    """A GGUF v3 file of metadata only: [(key, type, encoded value)]."""
+    out = b"GGUF" + struct.pack("<IQQ", 3, 0, len(metadata))
+    for key, value_type, value in metadata:
+        k = key.encode()
+        out += struct.pack("<Q", len(k)) + k + struct.pack("<I", value_type) + value
+    return out
+
+
+def gguf_string(s):
+    b = s.encode()
+    return struct.pack("<Q", len(b)) + b
+
+
+def gguf_array(element_type, encoded):
+    return struct.pack("<IQ", element_type, len(encoded)) + b"".join(encoded)
+
+
+def byte_level_alphabet():
+    """GPT-2's byte -> character table."""
+    out, n = {}, 0
+    for b in range(256):
+        if 33 <= b <= 126 or 161 <= b <= 172 or b >= 174:
+            out[b] = chr(b)
+        else:
+            out[b] = chr(256 + n)
+            n += 1
+    return out
+
+
+def byte_tokenizer(pre_tokenizer, added=(), normalizer=None):
+    """tokenizer.json of a byte-level BPE over the 256 byte characters, one merge."""
+    alphabet = byte_level_alphabet()
+    vocab = {alphabet[b]: b for b in range(256)}
+    vocab["ab"] = 256
+    return {"model": {"type": "BPE", "vocab": vocab, "merges": ["a b"]},
+            "added_tokens": list(added), "normalizer": normalizer,
+            "pre_tokenizer": pre_tokenizer, "decoder": {"type": "ByteLevel"}}
+
+
+def split_then_bytes(*patterns):
+    return {"type": "Sequence", "pretokenizers": [
+        {"type": "Split", "pattern": {"Regex": p}, "behavior": "Isolated", "invert": False}
+        for p in patterns] + [{"type": "ByteLevel", "add_prefix_space": False,
+                               "use_regex": False}]}
+
+
+def make_tokenizer():
+    # The corpus also holds seeds made by hand (text_ascii, gguf_spm, ...): only these are
+    # rewritten.
+    d = os.path.join(HERE, "corpus", "tokenizer")
+    # Text seeds (first byte even) for the bl_smollm fixture, whose special tokens are
+    # <|im_start|>, <|im_end|> and <|endoftext|>: prefixes of them over and over, and a
+    # long run of marks of two classes.
+    with open(os.path.join(d, "text_special_prefixes"), "wb") as f:
+        f.write(b"\x00" + b"<|im_star" * 1500 + b"<|im_start|>user")
+    with open(os.path.join(d, "text_mark_run"), "wb") as f:
+        f.write(b"\x00" + ("a" + "\u0301" * 3000 + "\u0316" * 3000).encode())
+    # GGUF seeds (first byte odd): a token type that only fits 64 bits.
+    tokens = gguf_array(8, [gguf_string(t) for t in ("a", "b", "ab")])
+    metadata = [("tokenizer.ggml.model", 8, gguf_string("gpt2")),
+                ("tokenizer.ggml.tokens", 9, tokens),
+                ("tokenizer.ggml.merges", 9, gguf_array(8, [gguf_string("a b")])),
+                ("tokenizer.ggml.token_type", 9,
+                 gguf_array(11, [struct.pack("<q", v) for v in (1, 1, (1 << 32) + 3)]))]
+    with open(os.path.join(d, "hostile_gguf_token_type_64_bit"), "wb") as f:
+        f.write(b"\x01" + gguf_bytes(metadata))
+
+
+def make_tokenizer_json():
+    """Seeds of the tokenizer.json + chat template harness: tokenizer.json, NUL,
+    tokenizer_config.json, NUL, chat_template.jinja, NUL, text."""
+    d = folder("tokenizer_json")
+
+    def seed(name, tokenizer, config=None, jinja=None, text=""):
+        parts = [tokenizer if isinstance(tokenizer, str) else json.dumps(tokenizer),
+                 "" if config is None else json.dumps(config), jinja or "", text]
+        with open(os.path.join(d, name), "wb") as f:
+            f.write(b"\0".join(p.encode() for p in parts))
+
+    fixtures = os.path.join(FIXTURES, "tokenizer")
+    with open(os.path.join(fixtures, "bl_smollm", "tokenizer.json"), encoding="utf-8") as f:
+        smollm = f.read()
+    with open(os.path.join(fixtures, "chat", "smollm2.jinja"), encoding="utf-8") as f:
+        smollm2_template = f.read()
+    seed("smollm_chatml", smollm,
+         {"bos_token": "<|im_start|>", "eos_token": "<|im_end|>"}, smollm2_template,
+         "Hi <|im_end|> there \u00e9\u0301 123")
+    seed("split_empty_matches", byte_tokenizer(split_then_bytes("$", "a*", "\\b", "\\z")),
+         text="aab ba\nab\n \u00e9 x")
+    seed("hostile_backtracking", byte_tokenizer(split_then_bytes("(a+)+b|.")),
+         text=("a" * 19 + "c") * 200)
+    deep = {"type": "NFC"}
+    for _ in range(300):
+        deep = {"type": "Sequence", "normalizers": [deep]}
+    seed("hostile_deep_sequence", byte_tokenizer(split_then_bytes("."), normalizer=deep))
+    long_token = "a" * 4095 + "b"
+    seed("hostile_long_special_token",
+         byte_tokenizer(split_then_bytes("."),
+                        added=[{"id": 257, "content": long_token, "special": True}]),
+         text="a" * 12000 + long_token)
+    seed("hostile_nfc_mark_run", byte_tokenizer(split_then_bytes("."), normalizer={"type": "NFC"}),
+         text="a" + "\u0301" * 3000 + "\u0316" * 3000 + "\u0598\u1ac3")
+    huge_id = json.dumps(byte_tokenizer(split_then_bytes("."))).replace(
+        '"ab": 256', '"ab": 1e30')
+    seed("hostile_float_id", huge_id, text="ab")
+    seed("hostile_inst_reversed", byte_tokenizer(split_then_bytes("."),
+                                                added=[{"id": 257, "content": "</s>",
+                                                        "special": True}]),
+         {"eos_token": "</s>",
+          "chat_template": "{% for message in messages %}{{ '[/INST]' + message['content'] "
+                           "+ '[INST]' }}{% endfor %}"},
+         text="hi")
+    seed("hostile_deep_config", byte_tokenizer(split_then_bytes(".")),
+         {"chat_template": json.loads(deep_array(200))}, text="x")
+
+
 def make_builder():
     d = folder("builder")
     # A valid small graph (see builder_fuzz.cc for the encoding): ids input, an f32
@@ -144,8 +288,10 @@ def make_builder():
             f.write(bytes(rng.randrange(256) for _ in range(64 * (i + 1))))
 
 
+MAKERS = {"safetensors": make_safetensors, "config": make_config, "gguf": make_gguf,
+          "builder": make_builder, "tokenizer": make_tokenizer,
+          "tokenizer_json": make_tokenizer_json}
+
 if __name__ == "__main__":
-    make_safetensors()
-    make_config()
-    make_gguf()
-    make_builder()
+    for name in sys.argv[1:] or MAKERS:
+        MAKERS[name]()

@@ -1,6 +1,7 @@
 // The graph passes: what they fuse (node counts and op mixes, including the Llama-3.2-1B
-// shape's step), what they must leave alone (biases, quantized weights, logits that are
-// read), switches, and that a fused graph computes what the plain graph computes on the
+// shape's step), what they must leave alone (biases, logits that are read, and whatever
+// the backend says it does not run: quantized weights and odd RoPE pairs for CUDA's fused
+// kernel), switches, and that a fused graph computes what the plain graph computes on the
 // CPU reference: the fused ops are defined with the plain ops' roundings, so outputs and
 // written caches are compared bit for bit, from random inputs and weights, into poisoned
 // arenas.
@@ -15,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "stepgraph/models/llama.h"
 #include "stepgraph/graph/builder.h"
@@ -22,6 +24,7 @@
 #include "stepgraph/dispatch/executor.h"
 #include "stepgraph/dispatch/mock_dispatch.h"
 #include "stepgraph/graph/memory_plan.h"
+#include "stepgraph/graph/op_support.h"
 #include "tests/testing/quantized_config.h"
 #include "tests/testing/util.h"
 
@@ -34,6 +37,38 @@ std::map<std::string, int> OpCounts(const Graph& g) {
   std::map<std::string, int> counts;
   for (const Node& n : g.nodes()) ++counts[std::string(OpName(n.op))];
   return counts;
+}
+
+// A backend that runs every op but those `refuses` says no to, counting the questions.
+class RefusingBackend final : public OpSupport {
+ public:
+  using Rule = std::function<bool(const Op&, absl::Span<const Tensor* const>)>;
+  explicit RefusingBackend(Rule refuses) : refuses_(std::move(refuses)) {}
+  bool Supports(const Op& op, absl::Span<const Tensor* const> inputs) const override {
+    ++asked_;
+    return !refuses_(op, inputs);
+  }
+  int asked() const { return asked_; }
+
+ private:
+  Rule refuses_;
+  mutable int asked_ = 0;
+};
+
+// What the CUDA dispatcher refuses of what the passes make (its answer is tested in
+// tests/dispatch/cuda_kernels_test.cc): block-format weights in a FusedMatMul, and the
+// rope_kv_write epilogue with head_dim not a multiple of 4.
+bool QuantizedFusedMatMul(const Op& op, absl::Span<const Tensor* const> inputs) {
+  if (!std::holds_alternative<ops::FusedMatMul>(op)) return false;
+  for (const Tensor* t : inputs) {
+    if (IsQuantized(t->dtype)) return true;
+  }
+  return false;
+}
+bool RopeEpilogueOfOddPairs(const Op& op, absl::Span<const Tensor* const>) {
+  const auto* f = std::get_if<ops::FusedMatMul>(&op);
+  return f != nullptr && f->epilogue == ops::FusedMatMul::Epilogue::kRopeKvWrite &&
+         f->rope.head_dim % 4 != 0;
 }
 
 LlamaGraphOptions DecodeOptions(bool closed_loop, int64_t batch = 1) {
@@ -157,39 +192,6 @@ TEST(PassesTest, ParsePassList) {
   EXPECT_FALSE(ParsePassList("residual_add,-lm_head_argmax").ok());
 }
 
-TEST(PassesTest, LeavesBiasAndQuantizedMatmulsAlone) {
-  LlamaConfig c = TinyLlamaConfig();
-  c.attention_bias = true;
-  c.mlp_bias = true;
-  absl::StatusOr<Graph> biased = BuildLlamaDecodeGraph(c, DecodeOptions(false));
-  ASSERT_TRUE(biased.ok()) << biased.status();
-  absl::StatusOr<Graph> fused = RunPasses(*biased);
-  ASSERT_TRUE(fused.ok()) << fused.status();
-  EXPECT_EQ(OpCounts(*fused)["FusedMatMul"], 1);  // the lm head and its norm only
-  EXPECT_EQ(OpCounts(*fused)["MatMul"], 7 * c.num_hidden_layers);
-
-  LlamaConfig q = TinyLlamaConfig();
-  q.intermediate_size = 704;  // whole Q8_0 blocks
-  for (int64_t l = 0; l < q.num_hidden_layers; ++l) {
-    for (const char* w : {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
-                          "self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"}) {
-      q.weight_dtypes[absl::StrCat("model.layers.", l, ".", w, ".weight")] = DType::kQ8_0;
-    }
-  }
-  absl::StatusOr<Graph> quant = BuildLlamaDecodeGraph(q, DecodeOptions(false));
-  ASSERT_TRUE(quant.ok()) << quant.status();
-  absl::StatusOr<Graph> qf = RunPasses(*quant);
-  ASSERT_TRUE(qf.ok()) << qf.status();
-  for (const Node& n : qf->nodes()) {
-    if (const auto* f = std::get_if<ops::FusedMatMul>(&n.op)) {
-      for (TensorId in : n.inputs) EXPECT_FALSE(IsQuantized(qf->tensor(in).dtype)) << n.name;
-      (void)f;
-    }
-  }
-  EXPECT_EQ(OpCounts(*qf)["MatMul"], 7 * q.num_hidden_layers);
-  EXPECT_EQ(OpCounts(*qf)["RmsNorm"], 2 * q.num_hidden_layers);
-}
-
 // ---- Fused == plain on the CPU reference -------------------------------------------------
 
 // Runs `g` on the CPU reference with every bound tensor taken (copied) from `bound` by
@@ -273,6 +275,55 @@ void ExpectSameResults(const Graph& plain, const Graph& fused,
   // Every State and output of the fused graph was compared; the plain graph has no
   // others but dropped outputs.
   EXPECT_GE(a.size(), b.size());
+}
+
+TEST(PassesTest, LeavesBiasAndQuantizedMatmulsAlone) {
+  LlamaConfig c = TinyLlamaConfig();
+  c.attention_bias = true;
+  c.mlp_bias = true;
+  absl::StatusOr<Graph> biased = BuildLlamaDecodeGraph(c, DecodeOptions(false));
+  ASSERT_TRUE(biased.ok()) << biased.status();
+  absl::StatusOr<Graph> fused = RunPasses(*biased);
+  ASSERT_TRUE(fused.ok()) << fused.status();
+  EXPECT_EQ(OpCounts(*fused)["FusedMatMul"], 1);  // the lm head and its norm only
+  EXPECT_EQ(OpCounts(*fused)["MatMul"], 7 * c.num_hidden_layers);
+
+  // Quantized matmuls stay plain for a backend whose fused kernel takes float weights only
+  // (CUDA's); the CPU reference (no backend given) runs them fused, equal to plain.
+  LlamaConfig tiny = TinyLlamaConfig();
+  tiny.intermediate_size = 704;  // whole Q8_0 blocks
+  const LlamaConfig q = testing::WithMatrixDTypes(tiny, [](const std::string& name) {
+                          return absl::StrContains(name, "model.layers.") ? DType::kQ8_0
+                                                                         : DType::kF32;
+                        }).value();
+  absl::StatusOr<Graph> quant = BuildLlamaDecodeGraph(q, DecodeOptions(false));
+  ASSERT_TRUE(quant.ok()) << quant.status();
+  const RefusingBackend float_only(QuantizedFusedMatMul);
+  PassOptions for_float_only;
+  for_float_only.backend = &float_only;
+  absl::StatusOr<Graph> qf = RunPasses(*quant, for_float_only);
+  ASSERT_TRUE(qf.ok()) << qf.status();
+  EXPECT_GT(float_only.asked(), 0);
+  for (const Node& n : qf->nodes()) {
+    if (std::holds_alternative<ops::FusedMatMul>(n.op)) {
+      for (TensorId in : n.inputs) EXPECT_FALSE(IsQuantized(qf->tensor(in).dtype)) << n.name;
+    }
+  }
+  EXPECT_EQ(OpCounts(*qf)["MatMul"], 7 * q.num_hidden_layers);
+  EXPECT_EQ(OpCounts(*qf)["RmsNorm"], 2 * q.num_hidden_layers);
+  const auto bound = RandomBound(*quant, 17, {5}, {3});
+  ExpectSameResults(*quant, *qf, bound);
+
+  absl::StatusOr<Graph> on_cpu = RunPasses(*quant);
+  ASSERT_TRUE(on_cpu.ok()) << on_cpu.status();
+  EXPECT_EQ(OpCounts(*on_cpu).count("MatMul"), 0u) << on_cpu->ToString();
+  int quantized_fused = 0;
+  for (const Node& n : on_cpu->nodes()) {
+    if (!std::holds_alternative<ops::FusedMatMul>(n.op)) continue;
+    for (TensorId in : n.inputs) quantized_fused += IsQuantized(on_cpu->tensor(in).dtype);
+  }
+  EXPECT_EQ(quantized_fused, 7 * q.num_hidden_layers);
+  ExpectSameResults(*quant, *on_cpu, bound);
 }
 
 struct RandomConfig {
@@ -374,8 +425,8 @@ constexpr DType kBlockFormats[] = {DType::kQ8_0, DType::kQ4_0, DType::kQ4_1, DTy
                                    DType::kQ5_1, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K};
 
 TEST(PassesTest, CpuFusedMatMulTakesQuantizedWeights) {
-  // The passes fuse quantized matmuls only when told to, but the reference defines the
-  // fused op for them too: built by hand, it equals MatMul then Add to the bit.
+  // The reference defines the fused op for every block format: built by hand, it equals
+  // MatMul then Add to the bit.
   for (DType q : kBlockFormats) {
     SCOPED_TRACE(DTypeName(q));
     const int64_t m = 2, k = 256, n = 24;
@@ -401,7 +452,7 @@ TEST(PassesTest, CpuFusedMatMulTakesQuantizedWeights) {
   }
 }
 
-// ---- Quantized weights in the fused step (PassOptions::fuse_quantized) ------------------
+// ---- Quantized weights in the fused step, where the backend runs them ------------------
 
 // A Llama whose every matrix reads 256 or 512 columns: whole blocks of every format,
 // K-quant super-blocks included.
@@ -461,7 +512,6 @@ void ExpectQuantizedFusedEqualsPlain(const LlamaConfig& c, Check check_fused) {
         SCOPED_TRACE(absl::StrCat(logits_read ? "logits read" : "logits unread",
                                   every_pass ? ", every pass" : ", default passes"));
         PassOptions options = every_pass ? PassOptions{} : DefaultPassOptions();
-        options.fuse_quantized = true;
         if (!logits_read) options.unread_outputs = {kLogitsOutput};
         absl::StatusOr<Graph> fused = RunPasses(*plain, options);
         ASSERT_TRUE(fused.ok()) << fused.status();
@@ -532,21 +582,24 @@ TEST(PassesTest, MixedFormatFusedEqualsPlain) {
   ExpectQuantizedFusedEqualsPlain(*bench_mix, ExpectNoPlainMatMul);
 }
 
-TEST(PassesTest, QuantizedFusionIsOffByDefaultAndMatchesTheFloatStep) {
+TEST(PassesTest, QuantizedFusionFollowsTheBackendAndMatchesTheFloatStep) {
   absl::StatusOr<LlamaConfig> q = testing::WithMatrixDTypes(
       BlockFriendlyConfig(), [](const std::string&) { return DType::kQ4_K; });
   ASSERT_TRUE(q.ok()) << q.status();
   const LlamaGraphOptions o = DecodeOptions(true);
   absl::StatusOr<Graph> plain = BuildLlamaDecodeGraph(*q, o);
   ASSERT_TRUE(plain.ok()) << plain.status();
-  // Off: the quantized matmuls stay plain (the CUDA fused kernels take float weights).
-  absl::StatusOr<Graph> off = RunPasses(*plain, DefaultPassOptions());
+  // A backend that refuses block formats in a FusedMatMul: the quantized matmuls stay plain.
+  const RefusingBackend refuses(QuantizedFusedMatMul);
+  PassOptions off_options = DefaultPassOptions();
+  off_options.backend = &refuses;
+  absl::StatusOr<Graph> off = RunPasses(*plain, off_options);
   ASSERT_TRUE(off.ok()) << off.status();
   EXPECT_EQ(OpCounts(*off)["MatMul"], 7 * 2 + 1);
   EXPECT_EQ(OpCounts(*off).count("FusedMatMul"), 0u);
-  // On: the same nodes as the float model's fused step, the head and its argmax included.
+  // The CPU reference's answer (no backend): the same nodes as the float model's fused
+  // step, the head and its argmax included.
   PassOptions on = DefaultPassOptions();
-  on.fuse_quantized = true;
   on.unread_outputs = {kLogitsOutput};
   absl::StatusOr<Graph> fused = RunPasses(*plain, on);
   ASSERT_TRUE(fused.ok()) << fused.status();
@@ -688,27 +741,115 @@ TEST(PassesTest, RopeKvWriteEpilogueEqualsFusedMatMulThenRopeKvWrite) {
   }
 }
 
-TEST(PassesTest, RopeKvWriteEpilogueNeedsWholePairsPerFourColumns) {
-  // head_dim 6: a block of four product columns would split a RoPE pair; and a product
-  // that something else reads must stay stored.
+TEST(PassesTest, RopeKvWriteEpilogueOnlyWhereTheBackendRunsIt) {
+  // head_dim 6: for a backend whose block of four product columns would split a RoPE pair
+  // (CUDA's), the RopeKvWrite stays; and a product that something else reads must stay
+  // stored, whatever the backend.
+  const RefusingBackend whole_pairs(RopeEpilogueOfOddPairs);
+  PassOptions for_whole_pairs;
+  for_whole_pairs.backend = &whole_pairs;
   for (auto [d, read_elsewhere] : {std::pair{6, false}, std::pair{8, true}}) {
     absl::StatusOr<Graph> plain = QkvThenRopeKvWrite(DType::kF32, d, false, false,
                                                      read_elsewhere);
     ASSERT_TRUE(plain.ok()) << plain.status();
-    absl::StatusOr<Graph> out = RunPasses(*plain);
+    absl::StatusOr<Graph> out = RunPasses(*plain, for_whole_pairs);
     ASSERT_TRUE(out.ok()) << out.status();
     EXPECT_EQ(OpCounts(*out)["RopeKvWrite"], 1) << "d=" << d;
   }
-  // The full step with head_dim 6 keeps its RopeKvWrite nodes and still equals plain.
+  // The reference runs the epilogue at head_dim 6.
+  absl::StatusOr<Graph> six = QkvThenRopeKvWrite(DType::kF32, 6, false, false, false);
+  ASSERT_TRUE(six.ok()) << six.status();
+  absl::StatusOr<Graph> six_on_cpu = RunPasses(*six);
+  ASSERT_TRUE(six_on_cpu.ok()) << six_on_cpu.status();
+  EXPECT_EQ(OpCounts(*six_on_cpu).count("RopeKvWrite"), 0u);
+  ExpectSameResults(*six, *six_on_cpu, RandomBound(*six, 12, {}, {4, -1, 9}));
+  // The full step with head_dim 6 keeps its RopeKvWrite nodes for such a backend, and
+  // equals plain either way.
   LlamaConfig c = TinyLlamaConfig();
   c.head_dim = 6;
   c.num_hidden_layers = 1;
   absl::StatusOr<Graph> plain = BuildLlamaDecodeGraph(c, DecodeOptions(false, 2));
   ASSERT_TRUE(plain.ok()) << plain.status();
-  absl::StatusOr<Graph> fused = RunPasses(*plain);
+  absl::StatusOr<Graph> fused = RunPasses(*plain, for_whole_pairs);
   ASSERT_TRUE(fused.ok()) << fused.status();
   EXPECT_EQ(OpCounts(*fused)["RopeKvWrite"], 1);
-  ExpectSameResults(*plain, *fused, RandomBound(*plain, 4, {5, 9}, {3, 7}));
+  const auto bound = RandomBound(*plain, 4, {5, 9}, {3, 7});
+  ExpectSameResults(*plain, *fused, bound);
+  absl::StatusOr<Graph> on_cpu = RunPasses(*plain);
+  ASSERT_TRUE(on_cpu.ok()) << on_cpu.status();
+  EXPECT_EQ(OpCounts(*on_cpu).count("RopeKvWrite"), 0u);
+  ExpectSameResults(*plain, *on_cpu, bound);
+}
+
+// A backend that refuses an op gets no node of it from any pass, and the graph the passes
+// leave still computes what the plain one does; one that refuses everything gets the
+// plain graph back.
+TEST(PassesTest, WhatTheBackendRefusesStaysUnfused) {
+  struct Refusal {
+    const char* name;
+    RefusingBackend::Rule rule;
+  };
+  const Refusal refusals[] = {
+      {"every FusedMatMul",
+       [](const Op& op, auto) { return std::holds_alternative<ops::FusedMatMul>(op); }},
+      {"FusedMatMul with a norm",
+       [](const Op& op, auto) {
+         const auto* f = std::get_if<ops::FusedMatMul>(&op);
+         return f != nullptr && f->norm;
+       }},
+      {"the silu_mul and add epilogues",
+       [](const Op& op, auto) {
+         const auto* f = std::get_if<ops::FusedMatMul>(&op);
+         return f != nullptr && (f->epilogue == ops::FusedMatMul::Epilogue::kSiluMul ||
+                                 f->epilogue == ops::FusedMatMul::Epilogue::kAdd);
+       }},
+      {"RopeKvWrite",
+       [](const Op& op, auto) { return std::holds_alternative<ops::RopeKvWrite>(op); }},
+      {"FusedElementwise of more than one step",
+       [](const Op& op, auto) {
+         const auto* f = std::get_if<ops::FusedElementwise>(&op);
+         return f != nullptr && f->num_steps > 1;
+       }},
+      {"everything", [](const Op&, auto) { return true; }},
+  };
+  LlamaConfig c = TinyLlamaConfig();
+  c.num_hidden_layers = 2;
+  LlamaGraphOptions o = DecodeOptions(true, 2);
+  o.slots = 3;
+  absl::StatusOr<Graph> plain = BuildLlamaDecodeGraph(c, o);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  const auto bound = RandomBound(*plain, 31, {7, 11}, {2, 5});
+  for (const Refusal& r : refusals) {
+    SCOPED_TRACE(r.name);
+    const RefusingBackend backend(r.rule);
+    PassOptions options;  // every pass, the logits unread: every fusion is tried
+    options.unread_outputs = {kLogitsOutput};
+    options.backend = &backend;
+    absl::StatusOr<Graph> fused = RunPasses(*plain, options);
+    ASSERT_TRUE(fused.ok()) << fused.status();
+    EXPECT_GT(backend.asked(), 0);
+    // The nodes the passes made (the plain step has no fused op).
+    std::vector<const Tensor*> inputs;
+    for (const Node& n : fused->nodes()) {
+      if (!std::holds_alternative<ops::FusedMatMul>(n.op) &&
+          !std::holds_alternative<ops::RopeKvWrite>(n.op) &&
+          !std::holds_alternative<ops::FusedElementwise>(n.op)) {
+        continue;
+      }
+      inputs.clear();
+      for (TensorId in : n.inputs) inputs.push_back(&fused->tensor(in));
+      EXPECT_FALSE(r.rule(n.op, inputs)) << n.name << " was made though refused";
+    }
+    EXPECT_LE(fused->num_nodes(), plain->num_nodes());
+    if (std::string(r.name) == "everything") {
+      ASSERT_EQ(fused->num_nodes(), plain->num_nodes());
+      for (int32_t i = 0; i < plain->num_nodes(); ++i) {
+        EXPECT_EQ(fused->nodes()[i].name, plain->nodes()[i].name);
+        EXPECT_EQ(OpName(fused->nodes()[i].op), OpName(plain->nodes()[i].op));
+      }
+    }
+    ExpectSameResults(*plain, *fused, bound);
+  }
 }
 
 TEST(PassesTest, FusedOpsRejectBadShapes) {

@@ -318,7 +318,6 @@ TEST_P(GgufParityTest, DecodesAsTransformersPlainAndFused) {
   }
 
   PassOptions every_pass;
-  every_pass.fuse_quantized = true;
   Decoded fused;
   Decode(*m, m->config(), want.prompt, want.generated.size(), &every_pass, &fused);
   EXPECT_EQ(fused.ids, plain.ids);

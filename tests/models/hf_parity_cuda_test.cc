@@ -93,9 +93,7 @@ void Decode(const std::string& path, const testing::ParityExpected& want, Backen
   options.eager = eager;
   options.max_slots = 1;
   options.max_seq = static_cast<int64_t>(want.prompt.size() + want.generated.size());
-  // The CPU reference fuses matmuls of every weight format; CUDA's fused kernels take
-  // float weights only, so its quantized matmuls stay plain.
-  options.passes.fuse_quantized = backend == Backend::kCpu;
+  // Each backend fuses what it runs (PassOptions::backend is the session's dispatcher).
   absl::StatusOr<std::unique_ptr<DecodeSession>> session = DecodeSession::Create(options);
   ASSERT_TRUE(session.ok()) << session.status();
   DecodeSession& s = **session;

@@ -22,7 +22,12 @@
 //     sessions run on the CPU reference (STEPGRAPH_BACKEND_AUTO picks it there).
 //   - No C++ exception and no abort crosses these functions.
 //   - A handle is used by one thread at a time (it holds the session's buffers and the
-//     last error); distinct handles are independent.
+//     last error); distinct handles are independent. The Python binding serialises its
+//     calls with a lock; the Rust Session is Send but not Sync.
+//   - Weights are mapped from the model's files, not copied: a file truncated while a
+//     session has it open (rewritten in place) makes the next read past its new end raise
+//     SIGBUS, as with any mmap loader. Replace model files by renaming a new file over
+//     them (docs/hostile_input.md).
 //
 // Text: stepgraph_session_encode and stepgraph_session_decode turn UTF-8 text into token ids
 // and back with the model's tokenizer (a folder's tokenizer.json, a GGUF file's tokenizer.*
@@ -60,6 +65,11 @@ extern "C" {
 #define STEPGRAPH_SAMPLING_GREEDY 0  // argmax
 #define STEPGRAPH_SAMPLING_SAMPLE 1  // temperature, top_k, top_p, with each slot's seed
 
+// Sampling at a temperature below this is greedy decoding (argmax, lowest id on ties), the
+// limit the distribution tends to; the Sample op does the same on every backend. Below it
+// logits / temperature can overflow float and the probabilities would become NaN.
+#define STEPGRAPH_SESSION_MIN_TEMPERATURE 1e-5f
+
 // Flags of the text functions (OR them; a flag a function does not take is refused).
 // encode and stop_ids: the text is one user turn of the model's chat template, followed by
 // the prompt that opens the assistant's turn (transformers' apply_chat_template with
@@ -89,7 +99,8 @@ typedef struct stepgraph_session_options {
   uint64_t weight_seed;  // the built-in model's random weights (model_path NULL)
   int32_t backend;       // STEPGRAPH_BACKEND_*; default AUTO
   int32_t sampling;      // STEPGRAPH_SAMPLING_*; default GREEDY
-  float temperature;     // sampling: finite and > 0; default 1
+  float temperature;     // sampling: finite and > 0 (greedy below
+                         // STEPGRAPH_SESSION_MIN_TEMPERATURE); default 1
   int32_t top_k;         // sampling: >= 0, 0 for no limit; default 0
   float top_p;           // sampling: in (0, 1]; default 1
   int32_t cpu_threads;   // CPU backend: threads of the reference's parallel ops; 0: one per core

@@ -2,7 +2,8 @@
 // cuBLASLt. Everything a launch needs (cuBLASLt descriptors and algorithms, workspaces,
 // RoPE tables, launch shapes, the error word) is made in Create and Prepare and kept per
 // node in the PreparedPlan; Run only launches, so a plan's execution can be captured into
-// a CUDA graph.
+// a CUDA graph. Each op family is one unit in dispatch/cuda/ holding its ops' Prepare,
+// Supports answer and Run (dispatch/cuda/op_units.h, docs/cuda_kernels.md).
 #ifndef STEPGRAPH_DISPATCH_CUDA_DISPATCH_H_
 #define STEPGRAPH_DISPATCH_CUDA_DISPATCH_H_
 
@@ -10,6 +11,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <utility>
 
 #include "absl/status/statusor.h"
 #include "stepgraph/dispatch/cuda_options.h"
@@ -19,6 +21,10 @@
 namespace sg {
 
 class CudaModuleCache;
+
+namespace kernels {
+struct Stream;
+}  // namespace kernels
 
 namespace internal {
 class MatmulRunner;
@@ -33,6 +39,18 @@ struct CudaDeviceInfo {
   int sm_count = 0;
   int64_t l2_bytes = 0;
   int compute_capability = 0;  // 90 for Hopper
+};
+
+// What a CudaDispatch with `options` runs (OpSupport), answered on the host without a
+// device, so that graphs can be prepared for CUDA where there is none (a CudaDispatch
+// answers the same for its own options).
+class CudaSupport final : public OpSupport {
+ public:
+  explicit CudaSupport(CudaOptions options = {}) : options_(std::move(options)) {}
+  bool Supports(const Op& op, absl::Span<const Tensor* const> inputs) const override;
+
+ private:
+  CudaOptions options_;
 };
 
 class CudaDispatch final : public KernelDispatch {
@@ -62,6 +80,12 @@ class CudaDispatch final : public KernelDispatch {
   // Every Run only enqueues work on the stream.
   bool CaptureSafe(const Op& op) const override { return true; }
 
+  // Its kernels' limits for these options, without a device (CudaSupport): no quantized
+  // weights in a FusedMatMul, at most kFusedMaxWeights weights, the rope_kv_write epilogue
+  // for head_dim a multiple of kFusedCols; a compiled RmsNorm up to its hidden size; the
+  // shapes the attention and sampling kernels take.
+  bool Supports(const Op& op, absl::Span<const Tensor* const> inputs) const override;
+
 #define SG_CUDA_RUN(Name) absl::Status Run(const ops::Name& op, const NodeArgs& args) override;
   SG_OP_LIST(SG_CUDA_RUN)
 #undef SG_CUDA_RUN
@@ -79,6 +103,11 @@ class CudaDispatch final : public KernelDispatch {
  private:
   CudaDispatch(cudaStream_t stream, bool owns_stream, CudaDeviceInfo info,
                const CudaOptions& options);
+
+  // The stream and the launch mode of every kernel a Run launches: programmatic as this
+  // dispatcher's options say, whatever other dispatchers of the process say
+  // (dispatch/cuda/op_units.h).
+  kernels::Stream launch() const;
 
   cudaStream_t stream_;
   bool owns_stream_;

@@ -25,7 +25,8 @@ absl::StatusOr<MatmulPolicy> ParseMatmulPolicy(absl::string_view name);
 struct CudaOptions {
   MatmulPolicy matmul = MatmulPolicy::kAuto;
   // Programmatic dependent launch on sm_90 and later (each kernel may start while its
-  // predecessor drains). Process-wide: see kernels/launch.h.
+  // predecessor drains). The dispatcher's own: other dispatchers of the process launch as
+  // their options say.
   bool programmatic_launch = true;
   int64_t matmul_workspace_bytes = int64_t{32} << 20;
   // Kernels compiled for the plan through NVRTC (docs/nvrtc.md) are cached in memory per

@@ -5,12 +5,15 @@
 
 #include <cstdint>
 #include <memory>
+#include <type_traits>
 #include <vector>
 
+#include "absl/base/optimization.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
+#include "stepgraph/graph/op_support.h"
 #include "stepgraph/graph/ops.h"
 #include "stepgraph/graph/types.h"
 
@@ -37,10 +40,42 @@ struct TensorArg {
 
 // What a dispatcher worked out once for one node of a plan (a matmul's path and cuBLASLt
 // plan, an attention launch's split and workspace, a RoPE table): Run receives it as
-// NodeArgs::prepared and only launches. Each dispatcher derives its own node types.
-struct PreparedNode {
+// NodeArgs::prepared and only launches. Each dispatcher derives its own state types from
+// PreparedState (below), which tags every object with its type, so that a Run reads its
+// own type back checked (NodeArgs::PreparedAs) rather than through an unchecked cast.
+class PreparedNode {
+ public:
   virtual ~PreparedNode() = default;
+  // Identifies the derived type: PreparedState<T>::Tag() for a T; null for a state made
+  // without PreparedState, which PreparedAs never accepts.
+  const void* tag() const { return tag_; }
+
+ protected:
+  PreparedNode() = default;
+  explicit PreparedNode(const void* tag) : tag_(tag) {}
+
+ private:
+  const void* tag_ = nullptr;
 };
+
+// Base of a dispatcher's state type: `struct MatmulState final : PreparedState<MatmulState>`.
+template <typename Self>
+class PreparedState : public PreparedNode {
+ public:
+  // One address per state type: a non-const variable, so that no linker folds two alike.
+  static const void* Tag() { return &tag_storage_; }
+
+ protected:
+  PreparedState() : PreparedNode(Tag()) {}
+
+ private:
+  static inline char tag_storage_ = 0;
+};
+
+namespace internal {
+// Cold: the message of a Run whose node has no state of the type it expects.
+absl::Status WrongPreparedState(bool missing);
+}  // namespace internal
 
 class KernelDispatch;
 
@@ -72,11 +107,30 @@ struct NodeArgs {
   TensorArg output;
   // This node's state from Prepare, or null.
   const PreparedNode* prepared = nullptr;
+
+  // The node's state as the State type its Run expects; FailedPrecondition when it has
+  // none or one of another type (the plan executed is not the PreparedPlan this
+  // dispatcher's Prepare made). A comparison of two pointers: no allocation and no
+  // formatting unless it fails, so Run may call it on every step.
+  template <typename State>
+  absl::StatusOr<const State*> PreparedAs() const {
+    static_assert(std::is_base_of_v<PreparedState<State>, State>,
+                  "a state type derives from PreparedState<itself>");
+    if (ABSL_PREDICT_TRUE(prepared != nullptr && prepared->tag() == PreparedState<State>::Tag())) {
+      return static_cast<const State*>(prepared);
+    }
+    return internal::WrongPreparedState(prepared == nullptr);
+  }
 };
 
-class KernelDispatch {
+class KernelDispatch : public OpSupport {
  public:
-  virtual ~KernelDispatch() = default;
+  ~KernelDispatch() override = default;
+
+  // Whether this dispatcher runs `op` over `inputs` (OpSupport), answered without a device
+  // and before any Prepare: the graph passes ask it (PassOptions::backend) so that they
+  // make only nodes it runs. Whatever it says yes to, its Prepare accepts.
+  bool Supports(const Op& op, absl::Span<const Tensor* const> inputs) const override = 0;
 
   // Everything that must not happen per step (matmul plans, workspaces, tables, launch
   // shapes), done once for a plan before it is executed or captured. The default prepares

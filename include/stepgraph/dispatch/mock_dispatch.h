@@ -45,6 +45,9 @@ class MockDispatch final : public KernelDispatch {
     fail_status_ = std::move(status);
   }
 
+  // Records every op, so it takes every node the graph accepts.
+  bool Supports(const Op&, absl::Span<const Tensor* const>) const override { return true; }
+
   // Marks an op (by name, e.g. "Sample") as not capture-safe, to test capture's refusal.
   void SetCaptureUnsafe(absl::string_view op_name) { capture_unsafe_.emplace(op_name); }
   bool CaptureSafe(const Op& op) const override {

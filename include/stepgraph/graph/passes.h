@@ -9,7 +9,7 @@
 //                      weight pointers in one launch; weights are not concatenated in
 //                      memory), and Rope(q), Rope(k), KvWrite(k), KvWrite(v) -> RopeKvWrite
 //   rope_kv_write_epilogue  that FusedMatMul and its RopeKvWrite -> one FusedMatMul with
-//                      the kRopeKvWrite epilogue (head_dim a multiple of 4)
+//                      the kRopeKvWrite epilogue
 //   gate_up_silu_mul   MatMul(gate), MatMul(up), SiluMul -> FusedMatMul with kSiluMul
 //   residual_add       MatMul then Add(residual, ·) -> FusedMatMul with kAdd
 //   norm_into_matmul   RmsNorm read only by matmuls -> each matmul normalises its input
@@ -18,8 +18,10 @@
 //   elementwise_chain  Add, Mul, Silu and SiluMul nodes whose results only the next of
 //                      them reads -> one FusedElementwise (on CUDA, one kernel compiled
 //                      for the plan through NVRTC)
-// Only matmuls without bias are fused, whose weights are f32/bf16/f16 of x's dtype or,
-// with PassOptions::fuse_quantized, Weights in GGUF block formats (any mix of them).
+// Only matmuls without bias are fused (FusedMatMul takes none). A pass makes a node only
+// where PassOptions::backend says it runs it (stepgraph/graph/op_support.h): the CUDA
+// dispatcher, for one, answers no for quantized weights in a FusedMatMul and for the
+// rope_kv_write epilogue with head_dim not a multiple of 4, and those nodes stay plain.
 #ifndef STEPGRAPH_GRAPH_PASSES_H_
 #define STEPGRAPH_GRAPH_PASSES_H_
 
@@ -31,6 +33,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "stepgraph/graph/graph.h"
+#include "stepgraph/graph/op_support.h"
 
 namespace sg {
 
@@ -42,11 +45,9 @@ struct PassOptions {
   // Graph outputs the caller never reads: a pass may drop them (e.g. the logits, so that
   // the lm head and the argmax become one node).
   absl::flat_hash_set<std::string> unread_outputs;
-  // Also fuse matmuls whose weights are in GGUF block formats (every format the loader
-  // reads, mixed freely within a grouped matmul). The CPU reference and the mock run such
-  // fused ops, bit for bit as the plain graph; the CUDA fused kernels take float weights
-  // only, so this is off unless the caller runs on the CPU reference.
-  bool fuse_quantized = false;
+  // The backend the graph is prepared for, asked before each node a pass makes (not owned;
+  // must outlive RunPasses). Null: the CPU reference's answer, which runs every op.
+  const OpSupport* backend = nullptr;
 };
 
 // The passes sessions and the program run unless told otherwise: every pass but

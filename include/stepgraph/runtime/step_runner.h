@@ -69,6 +69,9 @@ class StepRunner {
   bool replays() const;
   // "cuda (NVIDIA H100 80GB HBM3, 132 SMs), replayed CUDA graphs", "cpu (the f32 reference)".
   std::string Describe() const;
+  // What the runner's dispatcher runs: the backend graph passes ask (PassOptions::backend)
+  // when they make graphs for its steps.
+  const OpSupport& op_support() const;
 
   // ---- Memory on the runner's device (host memory on the CPU), owned by the runner.
   // Not initialised.

@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -71,9 +72,19 @@ struct TokenizerSpec {
   bool normalize_nfc = false;
 };
 
+// The work one Encode does, counted for tests of its complexity and for benchmarks: each
+// count grows at most in proportion to the text (NFC: n log n), whatever the text is.
+struct EncodeWork {
+  int64_t special_steps = 0;  // automaton steps finding special tokens written in the text
+  int64_t regex_matches = 0;  // pre-tokenizer pattern matches run
+  int64_t regex_steps = 0;    // PCRE2 match-limit units those matches were allowed
+  int64_t nfc_steps = 0;      // code points decomposed, compared and composed by NFC
+};
+
 struct EncodeOptions {
   bool add_special = true;    // add bos / eos where the spec asks for them
   bool parse_special = true;  // control tokens written in the text become their ids
+  EncodeWork* work = nullptr;  // when set, Encode adds its work to it
 };
 
 struct DecodeOptions {
@@ -88,14 +99,26 @@ class Tokenizer {
 
   // A Hugging Face tokenizer folder: `path` is the folder or its tokenizer.json; the
   // tokenizer_config.json (and chat_template.jinja) beside it are read when present.
+  // tokenizer.json may be at most 64 MiB, hold at most 2^22 JSON values and nest at most
+  // 64 deep; its config and template 16 MiB. Files past a bound are refused before
+  // anything is built from them.
   static absl::StatusOr<TokenizerSpec> SpecFromTokenizerJson(const std::string& path);
+  // The same from the files' contents (nullopt: the file is absent); `source` stands for
+  // the folder in messages.
+  static absl::StatusOr<TokenizerSpec> SpecFromTokenizerJsonText(
+      absl::string_view tokenizer_json, std::optional<absl::string_view> tokenizer_config,
+      std::optional<absl::string_view> chat_template, absl::string_view source);
   static absl::StatusOr<std::unique_ptr<Tokenizer>> FromTokenizerJson(const std::string& path);
 
   ~Tokenizer();
   Tokenizer(const Tokenizer&) = delete;
   Tokenizer& operator=(const Tokenizer&) = delete;
 
-  // Text must be UTF-8. Thread-safe.
+  // Text must be UTF-8. Thread-safe. Time and memory grow linearly with the text (n log n
+  // for NFC), whatever it holds: special tokens are found in one pass, and the
+  // pre-tokenizer's patterns get a budget of 2^20 + 128 match steps a byte each; a pattern
+  // that needs more (one from a tokenizer.json that backtracks catastrophically, such as
+  // (a+)+b) is InvalidArgument naming the pattern.
   absl::StatusOr<std::vector<int32_t>> Encode(absl::string_view text,
                                               const EncodeOptions& options = {}) const;
   // Invalid UTF-8 in the decoded bytes becomes U+FFFD. Thread-safe.

@@ -1,0 +1,432 @@
+package stepgraph
+
+// The decode session of c_session.h: a model loaded once, slots prefilled with prompt ids,
+// ids generated step by step, and text turned into ids and back with the model's
+// tokenizer. Runs on the CPU reference where there is no GPU.
+
+/*
+#include "stepgraph/c_api/c_session.h"
+*/
+import "C"
+
+import (
+	"runtime"
+	"strconv"
+	"sync"
+)
+
+// Backend is where a session runs.
+type Backend int32
+
+const (
+	// CUDA when built with it and a device is found, else the CPU.
+	BackendAuto Backend = C.STEPGRAPH_BACKEND_AUTO
+	// The f32 CPU reference: slow, always there.
+	BackendCPU Backend = C.STEPGRAPH_BACKEND_CPU
+	// Each step captured as a CUDA graph and replayed.
+	BackendCUDA Backend = C.STEPGRAPH_BACKEND_CUDA
+)
+
+func (b Backend) String() string {
+	switch b {
+	case BackendAuto:
+		return "auto"
+	case BackendCPU:
+		return "cpu"
+	case BackendCUDA:
+		return "cuda"
+	}
+	return "Backend(" + strconv.Itoa(int(b)) + ")"
+}
+
+// Sampling picks ids from the logits with a temperature (finite, > 0), top-k (0: no
+// limit) and top-p (in (0, 1]), with each slot's seed; Options.Sampling nil is greedy.
+type Sampling struct {
+	Temperature float32
+	TopK        int32
+	TopP        float32
+}
+
+// Options of Open and OpenBuiltin. The zero value is the library's defaults: one slot, the
+// model's context (at most 4096 positions), the backend picked, greedy, a thread per core.
+type Options struct {
+	MaxSlots   int64  // sequences decoded together (KV cache slots); 0 is 1
+	MaxSeq     int64  // positions per slot (prompt + generated); 0: the model's, at most 4096
+	WeightSeed uint64 // the built-in model's random weights
+	Backend    Backend
+	Sampling   *Sampling
+	CPUThreads int32 // the CPU backend's threads; 0: one per core
+}
+
+// Info is what a session holds, for sizing buffers.
+type Info struct {
+	VocabSize int64 // logits per slot; ids are in [0, VocabSize)
+	MaxSlots  int64
+	MaxSeq    int64
+	Backend   Backend // the one that runs: BackendCPU or BackendCUDA
+}
+
+// Session is a loaded model with its KV cache slots.
+//
+// Safe for concurrent use: the C handle is used by one thread at a time (c_session.h), so
+// every method takes the session's lock, and calls from several goroutines run one after
+// another, never together. For decoding in parallel, open one Session per goroutine (they
+// are independent) or use several slots of one. Close waits for a call in progress, and
+// every call after it returns ErrClosed; a Session that is not closed is freed by a
+// finalizer once unreachable, but a model holds much memory: close it.
+type Session struct {
+	mu   sync.Mutex
+	h    *sessionHandle
+	info Info
+}
+
+// Open loads a Hugging Face model folder (config.json, safetensors, tokenizer.json) or a
+// GGUF file.
+func Open(model string, options *Options) (*Session, error) {
+	if model == "" {
+		return nil, invalid("stepgraph_session_create", "the model path is empty: "+
+			"OpenBuiltin opens the built-in model")
+	}
+	path := append([]byte(model), 0)
+	return open(&path[0], options)
+}
+
+// OpenBuiltin makes the built-in tiny Llama with random weights from options.WeightSeed.
+// It has no tokenizer: ids only.
+func OpenBuiltin(options *Options) (*Session, error) {
+	return open(nil, options)
+}
+
+func open(path *byte, options *Options) (*Session, error) {
+	const f = "stepgraph_session_create"
+	var o sessionOptions
+	if code := stepgraph_session_options_init(&o); code != C.STEPGRAPH_OK {
+		return nil, check(code, "stepgraph_session_options_init")
+	}
+	if options != nil {
+		if options.MaxSlots != 0 {
+			o.max_slots = options.MaxSlots
+		}
+		o.max_seq = options.MaxSeq
+		o.weight_seed = options.WeightSeed
+		o.backend = int32(options.Backend)
+		o.cpu_threads = options.CPUThreads
+		if s := options.Sampling; s != nil {
+			o.sampling = C.STEPGRAPH_SAMPLING_SAMPLE
+			o.temperature, o.top_k, o.top_p = s.Temperature, s.TopK, s.TopP
+		}
+	}
+	var h *sessionHandle
+	if code := stepgraph_session_create(path, &o, &h); code != C.STEPGRAPH_OK {
+		message := "no handle was made (out of memory)"
+		if h != nil {
+			message = goString(stepgraph_session_error(h))
+			stepgraph_session_destroy(h)
+		}
+		return nil, &Error{Code: code, Func: f, Message: message}
+	}
+	s := &Session{h: h}
+	var info sessionInfo
+	if code := stepgraph_session_get_info(h, &info); code != C.STEPGRAPH_OK {
+		err := s.fail(code, "stepgraph_session_get_info")
+		stepgraph_session_destroy(h)
+		return nil, err
+	}
+	s.info = Info{VocabSize: info.vocab_size, MaxSlots: info.max_slots,
+		MaxSeq: info.max_seq, Backend: Backend(info.backend)}
+	runtime.SetFinalizer(s, (*Session).Close)
+	return s, nil
+}
+
+// Close frees the session; later calls return ErrClosed, and a second Close returns nil.
+func (s *Session) Close() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.h != nil {
+		stepgraph_session_destroy(s.h)
+		s.h = nil
+		runtime.SetFinalizer(s, nil)
+	}
+	return nil
+}
+
+// Info says what the session holds (fixed when it is opened).
+func (s *Session) Info() Info { return s.info }
+
+// fail is the *Error of a code, with the message the library left on the handle.
+func (s *Session) fail(code int32, function string) error {
+	return &Error{Code: code, Func: function, Message: goString(stepgraph_session_error(s.h))}
+}
+
+// call runs one C call on the handle under the lock.
+func (s *Session) call(function string, c func(h *sessionHandle) int32) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.h == nil {
+		return ErrClosed
+	}
+	if code := c(s.h); code != C.STEPGRAPH_OK {
+		return s.fail(code, function)
+	}
+	return nil
+}
+
+// ptr32 is the address of a slice's first element, or nil for an empty slice (the C ABI
+// takes NULL with a count of 0).
+func ptr32(ids []int32) *int32 {
+	if len(ids) == 0 {
+		return nil
+	}
+	return &ids[0]
+}
+
+// Prefill starts a sequence in slot (ending the one it held) with the prompt ids; seed is
+// the slot's sampling seed.
+func (s *Session) Prefill(slot int, ids []int32, seed int32) error {
+	return s.call("stepgraph_session_prefill", func(h *sessionHandle) int32 {
+		return stepgraph_session_prefill(h, int64(slot), ptr32(ids), int64(len(ids)), seed)
+	})
+}
+
+// GenerateInto runs len(ids) decode steps of every live slot and writes slot's new ids
+// into ids.
+func (s *Session) GenerateInto(slot int, ids []int32) error {
+	return s.call("stepgraph_session_generate", func(h *sessionHandle) int32 {
+		return stepgraph_session_generate(h, int64(slot), int64(len(ids)), ptr32(ids))
+	})
+}
+
+// Generate runs n decode steps and returns slot's n new ids.
+func (s *Session) Generate(slot, n int) ([]int32, error) {
+	if n < 0 {
+		return nil, invalid("stepgraph_session_generate", "n %d < 0", n)
+	}
+	ids := make([]int32, n)
+	if err := s.GenerateInto(slot, ids); err != nil {
+		return nil, err
+	}
+	return ids, nil
+}
+
+// Logits are the VocabSize f32 logits of slot's row in the last step.
+func (s *Session) Logits(slot int) ([]float32, error) {
+	out := make([]float32, s.info.VocabSize)
+	err := s.call("stepgraph_session_logits", func(h *sessionHandle) int32 {
+		return stepgraph_session_logits(h, int64(slot), &out[0], int64(len(out)))
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// Release ends slot's sequence.
+func (s *Session) Release(slot int) error {
+	return s.call("stepgraph_session_release", func(h *sessionHandle) int32 {
+		return stepgraph_session_release(h, int64(slot))
+	})
+}
+
+// ---- text (the model's tokenizer) ----------------------------------------------------
+
+// EncodeOptions say how Encode reads a text; the zero value is plain text with the
+// tokenizer's bos / eos, special tokens written in it ("<|im_end|>") becoming their ids.
+type EncodeOptions struct {
+	// The text is one user turn of the model's chat template, with the assistant's turn
+	// opened after it (as `stepgraph run --chat`).
+	Chat bool
+	// No bos / eos, even where the tokenizer's files ask for them.
+	NoAddSpecial bool
+	// Special tokens written in the text stay text. Not with Chat.
+	LiteralSpecial bool
+}
+
+func (o EncodeOptions) flags() uint32 {
+	var f uint32
+	if o.Chat {
+		f |= C.STEPGRAPH_TEXT_CHAT
+	}
+	if o.NoAddSpecial {
+		f |= C.STEPGRAPH_TEXT_NO_ADD_SPECIAL
+	}
+	if o.LiteralSpecial {
+		f |= C.STEPGRAPH_TEXT_LITERAL_SPECIAL
+	}
+	return f
+}
+
+// A first guess of a text call's buffer; the library says what it needs when the guess
+// is short (c_session.h's size query), so a guess only saves a call.
+const (
+	spareIDs   = 64
+	bytesPerID = 8
+)
+
+// sized runs a text call of c_session.h's size-query convention under one lock: with the
+// guessed capacity, then once more with the size the library asked for.
+func (s *Session) sized(function string, guess int,
+	c func(h *sessionHandle, capacity int) (code int32, need int64)) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.h == nil {
+		return 0, ErrClosed
+	}
+	capacity := guess
+	for try := 0; try < 2; try++ {
+		code, need := c(s.h, capacity)
+		if code == C.STEPGRAPH_OK {
+			return int(need), nil
+		}
+		if code != C.STEPGRAPH_ERROR_INVALID_VALUE || need <= int64(capacity) {
+			return 0, s.fail(code, function)
+		}
+		capacity = int(need)
+	}
+	return 0, &Error{Code: C.STEPGRAPH_ERROR_LAUNCH_FAILED, Func: function,
+		Message: "the size it asked for did not suffice"}
+}
+
+// Encode gives the token ids of text (UTF-8; other bytes are ErrInvalidArgument) as the
+// model's tokenizer makes them. ErrNoTokenizer for a model without one (the built-in).
+func (s *Session) Encode(text string, options EncodeOptions) ([]int32, error) {
+	const f = "stepgraph_session_encode"
+	var bytes []byte
+	if len(text) > 0 {
+		bytes = []byte(text)
+	}
+	var ids []int32
+	n, err := s.sized(f, len(text)+spareIDs, func(h *sessionHandle, capacity int) (int32, int64) {
+		if len(ids) < capacity {
+			ids = make([]int32, capacity)
+		}
+		var count int64
+		var p *byte
+		if len(bytes) > 0 {
+			p = &bytes[0]
+		}
+		code := stepgraph_session_encode(h, p, int64(len(bytes)), options.flags(), &ids[0],
+			int64(len(ids)), &count)
+		return code, count
+	})
+	if err != nil {
+		return nil, err
+	}
+	return ids[:n], nil
+}
+
+// Decode gives the text of ids; skipSpecial leaves control tokens (bos, eos, <|im_end|>,
+// ...) out. Bytes that do not form UTF-8 become U+FFFD; an id outside the tokenizer's
+// vocabulary is ErrInvalidArgument.
+func (s *Session) Decode(ids []int32, skipSpecial bool) (string, error) {
+	const f = "stepgraph_session_decode"
+	var flags uint32
+	if skipSpecial {
+		flags = C.STEPGRAPH_TEXT_SKIP_SPECIAL
+	}
+	var text []byte
+	n, err := s.sized(f, len(ids)*bytesPerID+spareIDs,
+		func(h *sessionHandle, capacity int) (int32, int64) {
+			// The text and its terminating NUL: a length of `capacity` needs one more byte.
+			if len(text) <= capacity {
+				text = make([]byte, capacity+1)
+			}
+			var length int64
+			code := stepgraph_session_decode(h, ptr32(ids), int64(len(ids)), flags, &text[0],
+				int64(len(text)), &length)
+			return code, length
+		})
+	if err != nil {
+		return "", err
+	}
+	return string(text[:n]), nil
+}
+
+// StopIDs are the ids that end a sequence, as the model's files state them; chat adds the
+// chat template's end-of-turn id (which needs the tokenizer). The session never stops by
+// itself: GenerateText and GenerateUntil stop at them.
+func (s *Session) StopIDs(chat bool) ([]int32, error) {
+	const f = "stepgraph_session_stop_ids"
+	var flags uint32
+	if chat {
+		flags = C.STEPGRAPH_TEXT_CHAT
+	}
+	var ids []int32
+	n, err := s.sized(f, spareIDs, func(h *sessionHandle, capacity int) (int32, int64) {
+		if len(ids) < capacity {
+			ids = make([]int32, capacity)
+		}
+		var count int64
+		code := stepgraph_session_stop_ids(h, flags, &ids[0], int64(len(ids)), &count)
+		return code, count
+	})
+	if err != nil {
+		return nil, err
+	}
+	return ids[:n], nil
+}
+
+// GenerateText starts slot with prompt (read as Encode reads it) and returns the text of at
+// most maxNewTokens new ids, ending before the first stop id (of StopIDs) unless stop is
+// false; special tokens are left out of the text.
+func (s *Session) GenerateText(slot int, prompt string, options EncodeOptions,
+	maxNewTokens int, stop bool) (string, error) {
+	ids, err := s.Encode(prompt, options)
+	if err != nil {
+		return "", err
+	}
+	var stops []int32
+	if stop {
+		if stops, err = s.StopIDs(options.Chat); err != nil {
+			return "", err
+		}
+	}
+	out, err := s.GenerateUntil(slot, ids, maxNewTokens, stops)
+	if err != nil {
+		return "", err
+	}
+	return s.Decode(out, true)
+}
+
+// GenerateUntil starts slot with the prompt ids and returns at most maxNewTokens new ids,
+// ending before the first id in stops.
+func (s *Session) GenerateUntil(slot int, prompt []int32, maxNewTokens int,
+	stops []int32) ([]int32, error) {
+	if maxNewTokens < 1 {
+		return nil, invalid("stepgraph_session_generate", "maxNewTokens %d < 1", maxNewTokens)
+	}
+	if err := s.Prefill(slot, prompt, 0); err != nil {
+		return nil, err
+	}
+	stop := make(map[int32]bool, len(stops))
+	for _, id := range stops {
+		stop[id] = true
+	}
+	// Steps in chunks so that a stop ends the work early; the CPU steps one at a time (a
+	// step there costs far more than a call).
+	chunk := 8
+	switch {
+	case len(stop) == 0:
+		chunk = maxNewTokens
+	case s.info.Backend == BackendCPU:
+		chunk = 1
+	}
+	out := make([]int32, 0, maxNewTokens)
+	buf := make([]int32, chunk)
+	for done := 0; done < maxNewTokens; {
+		k := chunk
+		if rest := maxNewTokens - done; k > rest {
+			k = rest
+		}
+		if err := s.GenerateInto(slot, buf[:k]); err != nil {
+			return nil, err
+		}
+		done += k
+		for _, id := range buf[:k] {
+			if stop[id] {
+				return out, nil
+			}
+			out = append(out, id)
+		}
+	}
+	return out, nil
+}
