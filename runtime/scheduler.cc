@@ -206,14 +206,16 @@ void Scheduler::EndRequest(int64_t slot, FinishReason reason, absl::Status statu
   // A failed release leaves the slot as it is; the next Prefill into it starts over.
   if (session_->live(slot)) session_->Release(slot).IgnoreError();
   prefilling_.erase(std::remove(prefilling_.begin(), prefilling_.end(), slot), prefilling_.end());
-  a->stream->Finish(reason, std::move(status));
   {
+    // The request leaves the counts before its reader learns that it ended: a client that
+    // sends its next request on the answer must find the slot free, not a 503.
     std::lock_guard<std::mutex> lock(mu_);
     ++stats_.finished[static_cast<int>(reason)];
     --stats_.active;
     if (a->decoding) --stats_.decoding;
     --in_flight_;
   }
+  a->stream->Finish(reason, std::move(status));
   settled_.notify_all();
 }
 

@@ -159,6 +159,9 @@ const Flag kFlags[] = {
     {"--ignore-eos", nullptr, nullptr, kRun, false,
      "generate --max-new-tokens tokens even past end-of-sequence", nullptr, EnvRule::kNone,
      &SetSwitch<&Options::ignore_eos>},
+    {"--ignore-eos", nullptr, nullptr, kServe, false,
+     "answer max_tokens tokens even past end-of-sequence (benchmarks: equal lengths)", nullptr,
+     EnvRule::kNone, &SetSwitch<&Options::ignore_eos>},
     {"--prompt-ids", nullptr, "1,2,3", kRun, false, "prompt token ids (default 1,2,3,4,5,6,7,8)",
      nullptr, EnvRule::kNone,
      [](S v, O& o) {

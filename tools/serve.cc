@@ -2,18 +2,26 @@
 // (stepgraph/runtime/scheduler.h) running the model for every request. HTTP threads only
 // parse, queue and stream: each request is checked (serve_api.h), its ids submitted, and
 // its answer decoded to text as the ids come, stop strings held back until they cannot
-// match. A client that goes away is noticed at the next write (a streamed answer writes at
-// least once a second) and its request cancelled; the slot is free before the next step.
+// match. A client that goes away is noticed at the reader's next wake (each step that
+// makes one of its ids, at least once a second) by polling its connection, streamed or
+// not, and its request cancelled; the slot is free before the next step.
 // SIGTERM and SIGINT stop taking requests, let those in flight finish and exit.
+#include <dirent.h>
+#include <netinet/in.h>
+#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
+#include <sys/socket.h>
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cinttypes>
 #include <cstdio>
+#include <cstdlib>
 #include <ctime>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -127,7 +135,8 @@ struct Metrics {
         "Sequences moved to a lower slot so that steps run in a smaller bucket.", st.compactions);
     one("stepgraph_last_step_bucket", "gauge", "Rows of the last decode step's bucket.",
         st.last_bucket);
-    absl::StrAppend(&out, "# HELP stepgraph_requests_finished_total Requests ended, by how.\n"
+    absl::StrAppend(&out, "# HELP stepgraph_requests_finished_total Requests ended, by how "
+                          "(cancelled: a stop string or a client gone).\n"
                           "# TYPE stepgraph_requests_finished_total counter\n");
     for (int r = 1; r < 6; ++r) {
       absl::StrAppend(&out, "stepgraph_requests_finished_total{reason=\"",
@@ -181,13 +190,57 @@ ApiError SubmitError(const absl::Status& st) {
   }
 }
 
+// The port of a socket address (IPv4 or IPv6); -1 for another family.
+int PortOf(const sockaddr_storage& a) {
+  if (a.ss_family == AF_INET) return ntohs(reinterpret_cast<const sockaddr_in&>(a).sin_port);
+  if (a.ss_family == AF_INET6) return ntohs(reinterpret_cast<const sockaddr_in6&>(a).sin6_port);
+  return -1;
+}
+
+// The request's connection: the socket whose two ends are the request's ports. httplib
+// hands handlers no descriptor, and without one a client that went away is seen only when
+// a write fails (two writes after it left, and never for an answer that is not streamed).
+// The handler's thread owns the connection until it returns, so the descriptor stays its.
+// -1 when none matches. One pass over the process's descriptors.
+int ConnectionFd(const httplib::Request& req) {
+  DIR* dir = opendir("/proc/self/fd");
+  if (dir == nullptr) return -1;
+  int found = -1;
+  while (const dirent* e = readdir(dir)) {
+    char* end = nullptr;
+    const long fd = std::strtol(e->d_name, &end, 10);
+    if (end == e->d_name || *end != '\0' || fd < 0 || fd == dirfd(dir)) continue;
+    sockaddr_storage local{}, peer{};
+    socklen_t n = sizeof(local), m = sizeof(peer);
+    if (getsockname(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&local), &n) != 0 ||
+        getpeername(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&peer), &m) != 0) {
+      continue;
+    }
+    if (PortOf(local) == req.local_port && PortOf(peer) == req.remote_port) {
+      found = static_cast<int>(fd);
+      break;
+    }
+  }
+  closedir(dir);
+  return found;
+}
+
+// True when the peer closed its side (or the connection failed): nothing it could still
+// read would reach it. A client that only shut down its sending side counts as gone.
+bool ClientGone(int fd) {
+  if (fd < 0) return false;
+  pollfd p{fd, POLLRDHUP, 0};
+  return poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0;
+}
+
 // The answer of one request as it is made: text decoded from the ids, stop strings held
 // back, the tokens counted and the times observed.
 class Answer {
  public:
   Answer(Server& server, const CompletionRequest& request, std::shared_ptr<GenerationStream> s,
-         SteadyClock::time_point arrival)
+         SteadyClock::time_point arrival, int connection)
       : server_(server),
+        connection_(connection),
         stream_(std::move(s)),
         decoder_(*server.model.tokenizer, DecodeOptions{.skip_special = true}),
         matcher_(request.stop),
@@ -204,6 +257,12 @@ class Answer {
     ids_.clear();
     const FinishReason f = stream_->Wait(&ids_, SteadyClock::now() + wait);
     const SteadyClock::time_point now = SteadyClock::now();
+    if (f == FinishReason::kNone && ClientGone(connection_)) {
+      // Nobody reads the rest: the request ends, its slot free before the next step.
+      stream_->Cancel();
+      error_ = ApiError{499, "the client closed the connection", "", "client_closed"};
+      return true;
+    }
     if (!ids_.empty()) {
       const double seconds = std::chrono::duration<double>(now - last_).count();
       if (first_) {
@@ -261,6 +320,7 @@ class Answer {
 
  private:
   Server& server_;
+  const int connection_;  // the client's socket; -1: unknown (noticed at a failed write)
   std::shared_ptr<GenerationStream> stream_;
   TokenStreamDecoder decoder_;
   StopMatcher matcher_;
@@ -317,7 +377,8 @@ void HandleCompletion(Server& server, Endpoint endpoint, const httplib::Request&
                          server.next_id.fetch_add(1));
   head.created = static_cast<int64_t>(std::time(nullptr));
   head.model = server.model.name;
-  auto answer = std::make_shared<Answer>(server, r, *std::move(stream), arrival);
+  auto answer =
+      std::make_shared<Answer>(server, r, *std::move(stream), arrival, ConnectionFd(req));
 
   if (!r.stream) {
     std::string text;
@@ -341,6 +402,7 @@ void HandleCompletion(Server& server, Endpoint endpoint, const httplib::Request&
           std::string text;
           const bool done = answer->Next(&text, std::chrono::milliseconds(1000));
           if (done && answer->error().has_value()) {
+            if (answer->error()->status == 499) return false;  // nobody to tell
             send(Sse(json::parse(ErrorJson(*answer->error()))));
             break;
           }
@@ -451,8 +513,8 @@ int ServeCommand(const Options& o) {
     server.model.name = std::filesystem::path(o.model).parent_path().filename().string();
   }
   server.model.name = std::string(absl::StripSuffix(server.model.name, ".gguf"));
-  server.model.stop_ids = session->stop_ids();
-  if (conversation.has_value()) {
+  if (!o.ignore_eos) server.model.stop_ids = session->stop_ids();
+  if (conversation.has_value() && !o.ignore_eos) {
     const int32_t eot = (*tokenizer)->TokenId(conversation->end_of_turn());
     if (eot >= 0 && std::find(server.model.stop_ids.begin(), server.model.stop_ids.end(), eot) ==
                         server.model.stop_ids.end()) {

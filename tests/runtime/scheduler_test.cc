@@ -325,6 +325,24 @@ TEST(SchedulerTest, TheQueueIsBoundedAndEveryAcceptedRequestEnds) {
   EXPECT_EQ(sch->stats().refused, 7);
 }
 
+// A client that sends its next request as soon as its answer ended (as an HTTP client on
+// one connection does) always finds room: the request leaves the counts before its reader
+// learns that it ended.
+TEST(SchedulerTest, ARequestSubmittedOnTheEndOfTheLastFindsItsSlotFree) {
+  std::unique_ptr<DecodeSession> s = Make(Tiny(1));
+  ASSERT_NE(s, nullptr);
+  std::unique_ptr<Scheduler> sch = StartScheduler(s.get(), {.max_queue = 0});
+  for (int i = 0; i < 40; ++i) {
+    GenerationRequest r;
+    r.prompt = RandomPrompt(3, 500 + i);
+    r.max_tokens = 1 + i % 3;
+    absl::StatusOr<std::shared_ptr<GenerationStream>> stream = sch->Submit(r);
+    ASSERT_TRUE(stream.ok()) << "request " << i << ": " << stream.status();
+    EXPECT_EQ(ReadAll(**stream).finish, FinishReason::kLength);
+  }
+  EXPECT_EQ(sch->stats().refused, 0);
+}
+
 TEST(SchedulerTest, CancelledRequestsFreeTheirSlotsBeforeTheNextStep) {
   std::unique_ptr<DecodeSession> s = Make(Tiny(2, 400));
   ASSERT_NE(s, nullptr);
