@@ -17,8 +17,8 @@ import http.client
 import json
 import os
 import random
+import re
 import signal
-import statistics
 import subprocess
 import sys
 import threading
@@ -169,6 +169,17 @@ def serve(name, argv, url, log_path, args, model, extra):
     return rows
 
 
+def run_ms_per_token(args, file):
+    """`stepgraph run`'s ms/token on the same file and prompt: one stream through the
+    server should be within 5% of it."""
+    argv = [args.stepgraph, "run", "--model", file, "--prompt", prompt_text(0, args.prompt_words),
+            "--max-new-tokens", str(args.max_tokens), "--ignore-eos", "--max-seq",
+            str(args.context), *args.stepgraph_flags.split()]
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=900)
+    m = re.search(r"([0-9.]+) ms/token", out.stdout + out.stderr)
+    return float(m.group(1)) if m else float("nan")
+
+
 def stepgraph_argv(args, file, port):
     return [args.stepgraph, "serve", "--model", file, "--port", str(port), "--slots",
             str(args.slots), "--max-seq", str(args.context), "--max-queue", "1024",
@@ -192,6 +203,9 @@ def run(args):
         print(f"{label}:", flush=True)
         rows = []
         if not args.skip_stepgraph:
+            ms = run_ms_per_token(args, file)
+            rows.append({"server": "run", "concurrency": 1, "tpot_p50_ms": ms})
+            print(f"  stepgraph run: {ms:.3f} ms/token", flush=True)
             rows += serve("stepgraph", stepgraph_argv(args, file, 18080), "http://127.0.0.1:18080",
                           os.path.join(args.logs, f"serve-stepgraph-{label}.log"), args, label, {})
         if args.llama_bin:
@@ -208,8 +222,15 @@ def table(results):
     print("\nfile / streams | server    |    tok/s | TTFT p50 / p99 ms | per token p50 / p99 ms"
           " | tok/s ratio")
     for label, rows in results.items():
-        by = {(r["server"], r["concurrency"]): r for r in rows}
-        for (server, c), r in sorted(by.items(), key=lambda kv: (kv[0][1], kv[0][0] != "stepgraph")):
+        by = {(r["server"], r["concurrency"]): r for r in rows if r["server"] != "run"}
+        run = [r for r in rows if r["server"] == "run"]
+        one = by.get(("stepgraph", 1))
+        if run and one:
+            print(f"{label[:22]:22s}   1 stream through the server: {one['tpot_p50_ms']:.3f} "
+                  f"ms/token; stepgraph run: {run[0]['tpot_p50_ms']:.3f} ms/token "
+                  f"({one['tpot_p50_ms'] / run[0]['tpot_p50_ms']:.3f}x)")
+        order = sorted(by.items(), key=lambda kv: (kv[0][1], kv[0][0] != "stepgraph"))
+        for (server, c), r in order:
             ratio = ""
             peer = by.get(("llama", c))
             if server == "stepgraph" and peer and peer["tokens_per_s"] > 0:

@@ -94,7 +94,7 @@ case ${1:-} in
     "$py" "$loadgen" run --stepgraph "${SG_BUILD:-$root/build/nocuda}/stepgraph" \
       --files "$smollm2" --work "$work/selftest-serve" --logs "$work/selftest-serve" \
       --concurrency 1,4 --seconds 3 --max-tokens 8 --prompt-words 8 --slots 4 --context 256 \
-      --stepgraph-flags "--cpu"
+      --stepgraph-flags=--cpu
     ;;
   *)
     sed -n '2,/^llama_build_dir=/p' "$0" | sed '$d'

@@ -16,6 +16,7 @@
 
 #include "gtest/gtest.h"
 #include "stepgraph/runtime/session.h"
+#include "stepgraph/runtime/step_runner.h"
 
 namespace sg {
 namespace {
@@ -184,7 +185,9 @@ bool Eventually(const Scheduler& sch, F done) {
   return false;
 }
 
-TEST(SchedulerTest, ConcurrentRequestsGetTheIdsEachGetsAlone) {
+// Requests from many threads through a scheduler over a session on `backend` (replayed
+// steps on CUDA) get the ids each gets alone on the CPU reference.
+void ConcurrentRequestsGetTheIdsEachGetsAloneOn(Backend backend) {
   const SessionOptions o = Tiny(4);
   constexpr int kRequests = 12;
   std::vector<std::vector<int32_t>> prompts;
@@ -196,7 +199,9 @@ TEST(SchedulerTest, ConcurrentRequestsGetTheIdsEachGetsAlone) {
     lengths.push_back(4 + (i * 5) % 11);
     want.push_back(Alone(o, prompts[i], lengths[i]));
   }
-  std::unique_ptr<DecodeSession> s = Make(o);
+  SessionOptions on = o;
+  on.backend = backend;
+  std::unique_ptr<DecodeSession> s = Make(on);
   ASSERT_NE(s, nullptr);
   std::unique_ptr<Scheduler> sch = StartScheduler(s.get(), {.max_queue = 16, .prefill_budget = 16});
   ASSERT_NE(sch, nullptr);
@@ -228,6 +233,17 @@ TEST(SchedulerTest, ConcurrentRequestsGetTheIdsEachGetsAlone) {
   for (int64_t n : lengths) made += n;
   EXPECT_EQ(st.generated_tokens, made);
   EXPECT_GT(st.prefill_calls, kRequests / 3) << "long prompts went in one piece";
+}
+
+TEST(SchedulerTest, ConcurrentRequestsGetTheIdsEachGetsAlone) {
+  ConcurrentRequestsGetTheIdsEachGetsAloneOn(Backend::kCpu);
+}
+
+// The same on the GPU (held slots, moved slots and every bucket's captured step), against
+// the CPU reference's ids; skipped without a device.
+TEST(SchedulerTest, OnTheGpuConcurrentRequestsGetTheCpuReferenceIds) {
+  if (!CudaDeviceFound()) GTEST_SKIP() << "no CUDA device";
+  ConcurrentRequestsGetTheIdsEachGetsAloneOn(Backend::kCuda);
 }
 
 TEST(SchedulerTest, StopIdsEndARequestWithoutGivingTheId) {

@@ -15,6 +15,7 @@ tests/fixtures/fetch_smollm2.sh has not fetched the model or the program has no 
 
 SG_SERVE_LOAD=N changes the load run's request count (default 200).
 """
+import ctypes
 import http.client
 import json
 import os
@@ -38,13 +39,18 @@ def check(ok, what):
         print(f"FAILED: {what}", flush=True)
 
 
+def die_with_parent():
+    """The server is killed when the test is (ctest's timeout): prctl(PR_SET_PDEATHSIG)."""
+    ctypes.CDLL(None).prctl(1, signal.SIGKILL)
+
+
 class Server:
     """One `stepgraph serve` on a free port; its stderr kept for the messages."""
 
     def __init__(self, program, model, *flags):
         argv = [program, "serve", "--model", model, "--port", "0", *flags]
         self.proc = subprocess.Popen(argv, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                                     text=True)
+                                     text=True, preexec_fn=die_with_parent)
         self.log = []
         self.port = None
         listening = threading.Event()
