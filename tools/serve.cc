@@ -477,6 +477,10 @@ class ShutdownSignals {
 }  // namespace
 
 int ServeCommand(const Options& o) {
+  // SIGTERM and SIGINT are blocked before any thread starts (the session's CPU threads
+  // included: one that did not block them would die of them), so that only the signal
+  // thread sees them.
+  ShutdownSignals signals;
   if (o.model.empty()) {
     return UsageFailure("serve needs --model (a folder or a GGUF file with a tokenizer)", kServe);
   }
@@ -529,8 +533,6 @@ int ServeCommand(const Options& o) {
   server.limits.top_p = o.top_p;
   server.limits.top_k = o.top_k;
 
-  // Signals are blocked before any thread starts, so that only the signal thread sees them.
-  ShutdownSignals signals;
   absl::StatusOr<std::unique_ptr<Scheduler>> scheduler =
       Scheduler::Start(session.get(), {.max_queue = o.max_queue});
   if (!scheduler.ok()) return Failure(scheduler.status(), HelpHint(kServe));

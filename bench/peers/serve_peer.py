@@ -182,7 +182,7 @@ def run_ms_per_token(args, file):
 
 def stepgraph_argv(args, file, port):
     return [args.stepgraph, "serve", "--model", file, "--port", str(port), "--slots",
-            str(args.slots), "--max-seq", str(args.context), "--max-queue", "1024",
+            str(args.slots), "--max-seq", str(args.context), "--max-queue", "128",
             "--ignore-eos", *args.stepgraph_flags.split()]
 
 
