@@ -15,6 +15,7 @@
 #include "models/model_files.h"
 #include "models/random_weights.h"
 #include "stepgraph/capture/capture_policy.h"
+#include "stepgraph/dispatch/cpu_dispatch.h"
 #include "stepgraph/runtime/measure.h"
 #include "stepgraph/base/error_flags.h"
 #include "stepgraph/base/half.h"
@@ -94,6 +95,12 @@ absl::Status CheckSampling(const ops::Sample& s) {
   return absl::OkStatus();
 }
 
+// Whether two ways of choosing ids are the same (both greedy, or the same parameters).
+bool SameSampling(const std::optional<ops::Sample>& a, const std::optional<ops::Sample>& b) {
+  if (!a.has_value() || !b.has_value()) return a.has_value() == b.has_value();
+  return a->temperature == b->temperature && a->top_k == b->top_k && a->top_p == b->top_p;
+}
+
 }  // namespace
 
 // Everything a session holds: the slots' bookkeeping, the runner and the buffers on its
@@ -123,6 +130,9 @@ class DecodeSession::Impl {
   int64_t prefill_chunk() const { return prefill_chunk_; }
   absl::Status Release(int64_t slot);
   bool live(int64_t slot) const;
+  absl::Status Hold(int64_t slot, bool held);
+  absl::Status MoveSlot(int64_t from, int64_t to);
+  bool held(int64_t slot) const { return live(slot) && slots_[slot].held; }
   int64_t position(int64_t slot) const;
   // One step; `node_ms` set: eager with per-node times.
   absl::Status Step(std::vector<double>* node_ms);
@@ -140,7 +150,13 @@ class DecodeSession::Impl {
     int32_t pending = 0;  // the id the next step feeds (known to the host after a drain)
     int32_t seed = 0;
     std::vector<int32_t> tokens;  // drained ids since Prefill
+    bool held = false;            // out of decode steps (Hold)
+    // The slot chooses its ids on the host (its own sampling differs from the steps').
+    bool host_pick = false;
+    std::optional<ops::Sample> sample;  // how, when host_pick: greedy when empty
   };
+  // Whether the slot takes part in decode steps.
+  static bool Steps(const Slot& s) { return s.live && !s.held; }
   // Prefill steps: (sequences B, rows per sequence T), runner step index after the decode
   // buckets.
   struct PrefillShape {
@@ -195,7 +211,13 @@ class DecodeSession::Impl {
   // Moves the ids of the recorded steps into the slots' histories (waits for the device).
   absl::Status Drain();
   absl::Status CheckErrorFlags();
-  int64_t HighestLiveSlot() const;
+  // The highest slot that takes part in decode steps (live, not held), or -1.
+  int64_t HighestSteppingSlot() const;
+  // Host buffers of the slots that choose their ids on the host.
+  absl::Status AllocateHostPicks();
+  // After a step of `bucket` (recorded at ring row `ring_row`): the ids of the slots that
+  // choose on the host, chosen from their logits, put in the ring and the next step's input.
+  absl::Status PickOnHost(int64_t bucket, int64_t ring_row);
 
   Backend backend_ = Backend::kCpu;
   LlamaConfig config_;
@@ -247,6 +269,14 @@ class DecodeSession::Impl {
   int64_t steps_checked_ = 0;
   // Bucket index of the last step; -1 when a Prefill ran since (its logits are gone).
   int64_t last_bucket_ = -1;
+
+  // How the steps choose ids (SessionOptions::sampling), and for slots that choose
+  // otherwise: the CPU reference that chooses for them, their logits rows copied to the
+  // host and their chosen ids (host memory the runner copies from).
+  std::optional<ops::Sample> sampling_;
+  std::unique_ptr<CpuDispatch> picker_;
+  std::byte* host_logits_ = nullptr;
+  int32_t* picked_ = nullptr;
 };
 
 absl::string_view BackendName(Backend b) {
@@ -275,6 +305,7 @@ absl::Status DecodeSession::Impl::Init(const SessionOptions& options) {
   SG_RETURN_IF_ERROR(AllocateBuffers());
   SG_RETURN_IF_ERROR(AddSteps(std::move(graphs), bind_weights));
   SG_RETURN_IF_ERROR(FinalizeSteps());
+  SG_RETURN_IF_ERROR(AllocateHostPicks());
   slots_.resize(static_cast<size_t>(max_slots()));
   // A slot yields at most max_seq ids per sequence; reserving them keeps Drain, and so
   // the step path, free of allocation.
@@ -326,6 +357,7 @@ absl::Status DecodeSession::Impl::ResolveOptions(const SessionOptions& options) 
   }
   buckets_.push_back(options.max_slots);
   if (options.sampling.has_value()) SG_RETURN_IF_ERROR(CheckSampling(*options.sampling));
+  sampling_ = options.sampling;
 
   if (options.prefill_chunk < 0 || options.prefill_chunk > kMaxPrefillChunk) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -543,9 +575,9 @@ absl::Status DecodeSession::Impl::CheckSlot(int64_t slot, absl::string_view what
                                                  max_slots(), " slot(s) (SessionOptions::max_slots)"));
 }
 
-int64_t DecodeSession::Impl::HighestLiveSlot() const {
+int64_t DecodeSession::Impl::HighestSteppingSlot() const {
   for (int64_t s = max_slots() - 1; s >= 0; --s) {
-    if (slots_[s].live) return s;
+    if (Steps(slots_[s])) return s;
   }
   return -1;
 }
@@ -553,7 +585,7 @@ int64_t DecodeSession::Impl::HighestLiveSlot() const {
 absl::Status DecodeSession::Impl::CheckCapacity(int64_t steps) const {
   for (int64_t s = 0; s < max_slots(); ++s) {
     const Slot& slot = slots_[s];
-    if (!slot.live || slot.pos + steps <= max_seq_) continue;
+    if (!Steps(slot) || slot.pos + steps <= max_seq_) continue;
     return absl::OutOfRangeError(absl::StrCat(
         "slot ", s, " is at position ", slot.pos, ": its KV cache (max_seq = ", max_seq_,
         ") has room for ", max_seq_ - slot.pos, " more step(s), ", steps,
@@ -639,9 +671,12 @@ absl::Status DecodeSession::Impl::Prefill(absl::Span<const PrefillRequest> reque
     Slot& s = slots_[r.slot];
     const int64_t n = static_cast<int64_t>(r.prompt.size());
     s.live = true;
+    s.held = false;
     s.pos = static_cast<int32_t>(n - 1);
     s.pending = r.prompt[n - 1];
     s.seed = r.seed;
+    s.host_pick = r.sampling.has_value() && !SameSampling(r.sampling->sample, sampling_);
+    s.sample = r.sampling.has_value() ? r.sampling->sample : sampling_;
   }
   return absl::OkStatus();
 }
@@ -770,13 +805,61 @@ absl::Status DecodeSession::Impl::Release(int64_t slot) {
   SG_RETURN_IF_ERROR(CheckSlot(slot, "Release"));
   SG_RETURN_IF_ERROR(Drain());
   slots_[slot].live = false;
+  slots_[slot].held = false;
   slots_[slot].pos = -1;
   inputs_dirty_ = true;
   return absl::OkStatus();
 }
 
+absl::Status DecodeSession::Impl::Hold(int64_t slot, bool held) {
+  const char* what = held ? "Hold" : "Resume";
+  SG_RETURN_IF_ERROR(CheckSlot(slot, what));
+  if (!slots_[slot].live) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(what, ": slot ", slot, " is not live; Prefill it first"));
+  }
+  if (slots_[slot].held == held) return absl::OkStatus();
+  // The steps recorded so far included the slot or left it out as a whole.
+  SG_RETURN_IF_ERROR(Drain());
+  slots_[slot].held = held;
+  inputs_dirty_ = true;
+  return absl::OkStatus();
+}
+
+absl::Status DecodeSession::Impl::MoveSlot(int64_t from, int64_t to) {
+  SG_RETURN_IF_ERROR(CheckSlot(from, "MoveSlot"));
+  SG_RETURN_IF_ERROR(CheckSlot(to, "MoveSlot"));
+  if (from == to || !slots_[from].live || slots_[to].live) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "MoveSlot(", from, ", ", to, "): needs a live slot and another that is not live"));
+  }
+  SG_RETURN_IF_ERROR(Drain());
+  // Every state is a KV cache [slots, kv_heads, max_seq, head_dim]: each head of a slot
+  // holds max_seq rows, of which the first pos are written.
+  const int64_t heads = config_.num_key_value_heads;
+  const int64_t used = slots_[from].pos;
+  for (const BufferLayout::Entry& e : kv_layout_.entries) {
+    const int64_t per_head = e.bytes / (max_slots() * heads);
+    const int64_t bytes = per_head / max_seq_ * used;
+    for (int64_t h = 0; h < heads && bytes > 0; ++h) {
+      std::byte* base = kv_ + e.offset + h * per_head;
+      SG_RETURN_IF_ERROR(runner_->Copy(base + to * heads * per_head,
+                                       base + from * heads * per_head, bytes));
+    }
+  }
+  std::swap(slots_[from], slots_[to]);  // the ids keep their reserved room
+  Slot& freed = slots_[from];
+  freed.live = false;
+  freed.held = false;
+  freed.pos = -1;
+  freed.tokens.clear();
+  inputs_dirty_ = true;
+  last_bucket_ = -1;
+  return absl::OkStatus();
+}
+
 absl::Status DecodeSession::Impl::Step(std::vector<double>* node_ms) {
-  const int64_t highest = HighestLiveSlot();
+  const int64_t highest = HighestSteppingSlot();
   if (highest < 0) {
     return absl::FailedPreconditionError("Step: no slot is live; Prefill one first");
   }
@@ -790,7 +873,7 @@ absl::Status DecodeSession::Impl::Step(std::vector<double>* node_ms) {
     block.Clear(rows);
     for (int64_t i = 0; i < max_slots(); ++i) {
       const Slot& s = slots_[i];
-      if (!s.live) continue;
+      if (!Steps(s)) continue;
       rows[block.ids() + i] = s.pending;
       rows[block.pos() + i] = s.pos;
       rows[block.seeds() + i] = s.seed;
@@ -805,10 +888,11 @@ absl::Status DecodeSession::Impl::Step(std::vector<double>* node_ms) {
   }
   const TensorArg& next = next_[bucket];
   SG_RETURN_IF_ERROR(runner_->Copy(ring_ + pending_steps_ * max_slots(), next.data, next.bytes()));
+  SG_RETURN_IF_ERROR(PickOnHost(bucket, pending_steps_));
   ++pending_steps_;
   ++steps_run_;
   for (Slot& s : slots_) {
-    if (s.live) ++s.pos;
+    if (Steps(s)) ++s.pos;
   }
   last_bucket_ = bucket;
   return absl::OkStatus();
@@ -820,13 +904,72 @@ absl::Status DecodeSession::Impl::Drain() {
   for (int64_t k = 0; k < pending_steps_; ++k) {
     const int32_t* ids = ring_ + k * max_slots();
     for (int64_t i = 0; i < max_slots(); ++i) {
-      if (slots_[i].live) slots_[i].tokens.push_back(ids[i]);
+      if (Steps(slots_[i])) slots_[i].tokens.push_back(ids[i]);
     }
   }
   for (Slot& s : slots_) {
-    if (s.live && !s.tokens.empty()) s.pending = s.tokens.back();
+    if (Steps(s) && !s.tokens.empty()) s.pending = s.tokens.back();
   }
   pending_steps_ = 0;
+  return absl::OkStatus();
+}
+
+absl::Status DecodeSession::Impl::AllocateHostPicks() {
+  int64_t row_bytes = 0;
+  for (const TensorArg& l : logits_) {
+    row_bytes = std::max(row_bytes, l.shape.cols() * DTypeBytes(l.dtype));
+  }
+  SG_ASSIGN_OR_RETURN(void* logits,
+                      runner_->AllocateHost(max_slots() * row_bytes, "logits chosen on the host"));
+  SG_ASSIGN_OR_RETURN(void* picked, runner_->AllocateHost(max_slots() * 4, "ids chosen on the host"));
+  host_logits_ = static_cast<std::byte*>(logits);
+  picked_ = static_cast<int32_t*>(picked);
+  picker_ = std::make_unique<CpuDispatch>(CpuDispatch::Options{.threads = 1});
+  return absl::OkStatus();
+}
+
+absl::Status DecodeSession::Impl::PickOnHost(int64_t bucket, int64_t ring_row) {
+  bool any = false;
+  for (const Slot& s : slots_) any = any || (Steps(s) && s.host_pick);
+  if (!any) return absl::OkStatus();
+  const TensorArg& l = logits_[bucket];
+  const int64_t vocab = l.shape.cols();
+  const int64_t row_bytes = vocab * DTypeBytes(l.dtype);
+  for (int64_t i = 0; i < max_slots(); ++i) {
+    if (!Steps(slots_[i]) || !slots_[i].host_pick) continue;
+    SG_RETURN_IF_ERROR(runner_->Copy(host_logits_ + i * row_bytes,
+                                     static_cast<const std::byte*>(l.data) + i * row_bytes,
+                                     row_bytes));
+  }
+  // The logits and the step's ids in the ring are read here; the picked ids of the last
+  // step were copied out by now.
+  SG_RETURN_IF_ERROR(runner_->Sync());
+  const InputBlock block(max_slots());
+  int32_t* ring = ring_ + ring_row * max_slots();
+  for (int64_t i = 0; i < max_slots(); ++i) {
+    const Slot& s = slots_[i];
+    if (!Steps(s) || !s.host_pick) continue;
+    // The row as the step's own Argmax or Sample saw it: the position it fed, not yet
+    // advanced on the host.
+    int32_t seed = s.seed, pos = s.pos;
+    const TensorArg inputs[] = {
+        {.data = host_logits_ + i * row_bytes, .dtype = l.dtype, .shape = Shape{1, vocab}},
+        {.data = &seed, .dtype = DType::kI32, .shape = Shape{1}},
+        {.data = &pos, .dtype = DType::kI32, .shape = Shape{1}}};
+    NodeArgs args;
+    args.node_name = "host pick";
+    args.inputs = inputs;
+    args.output = {.data = picked_ + i, .dtype = DType::kI32, .shape = Shape{1}};
+    if (s.sample.has_value()) {
+      SG_RETURN_IF_ERROR(picker_->Run(*s.sample, args));
+    } else {
+      SG_RETURN_IF_ERROR(picker_->Run(ops::Argmax{}, args));
+    }
+    ring[i] = picked_[i];
+    SG_RETURN_IF_ERROR(runner_->Copy(inputs_ + block.ids() + i, picked_ + i, 4));
+  }
+  // A non-finite row raised the same flag in the step's own Argmax or Sample.
+  picker_->TakeErrorFlags();
   return absl::OkStatus();
 }
 
@@ -841,7 +984,7 @@ absl::Status DecodeSession::Impl::CheckErrorFlags() {
                       : absl::StrCat("one of decode steps ", first, " to ", last);
     std::string where;
     for (int64_t i = 0; i < max_slots(); ++i) {
-      if (!slots_[i].live) continue;
+      if (!Steps(slots_[i])) continue;
       // Step `last` fed position pos - 1; step k fed pos - 1 - (last - k).
       const int64_t end = slots_[i].pos - 1, begin = end - (last - first);
       absl::StrAppend(&where, where.empty() ? "" : ", ", "slot ", i, " at position",
@@ -873,20 +1016,20 @@ absl::StatusOr<std::vector<std::vector<int32_t>>> DecodeSession::Impl::Generate(
   if (n < 0) {
     return absl::InvalidArgumentError(absl::StrCat("Generate: n must be >= 0, got ", n));
   }
-  if (HighestLiveSlot() < 0) {
+  if (HighestSteppingSlot() < 0) {
     return absl::FailedPreconditionError("Generate: no slot is live; Prefill one first");
   }
   SG_RETURN_IF_ERROR(CheckCapacity(n));
   std::vector<size_t> start(slots_.size());
   for (size_t i = 0; i < slots_.size(); ++i) {
-    start[i] = slots_[i].tokens.size() + static_cast<size_t>(pending_steps_);
+    start[i] = slots_[i].tokens.size() + (Steps(slots_[i]) ? static_cast<size_t>(pending_steps_) : 0);
   }
   for (int64_t i = 0; i < n; ++i) SG_RETURN_IF_ERROR(Step(nullptr));
   SG_RETURN_IF_ERROR(Drain());
   SG_RETURN_IF_ERROR(CheckErrorFlags());
   std::vector<std::vector<int32_t>> out(slots_.size());
   for (size_t i = 0; i < slots_.size(); ++i) {
-    if (slots_[i].live) out[i].assign(slots_[i].tokens.begin() + start[i], slots_[i].tokens.end());
+    if (Steps(slots_[i])) out[i].assign(slots_[i].tokens.begin() + start[i], slots_[i].tokens.end());
   }
   return out;
 }
@@ -909,7 +1052,7 @@ absl::StatusOr<std::vector<int32_t>> DecodeSession::Impl::Tokens(int64_t slot) {
 
 absl::StatusOr<std::vector<float>> DecodeSession::Impl::Logits(int64_t slot) {
   SG_RETURN_IF_ERROR(CheckSlot(slot, "Logits"));
-  if (last_bucket_ < 0 || !slots_[slot].live) {
+  if (last_bucket_ < 0 || !Steps(slots_[slot])) {
     return absl::FailedPreconditionError(absl::StrCat(
         "Logits: slot ", slot, " was not live in the last step (or no step ran since a Prefill)"));
   }
@@ -928,7 +1071,7 @@ absl::StatusOr<std::vector<double>> DecodeSession::Impl::TimedSteps(int64_t n) {
   if (n < 1) {
     return absl::InvalidArgumentError(absl::StrCat("TimedSteps: n must be >= 1, got ", n));
   }
-  if (HighestLiveSlot() < 0) {
+  if (HighestSteppingSlot() < 0) {
     return absl::FailedPreconditionError("TimedSteps: no slot is live; Prefill one first");
   }
   SG_RETURN_IF_ERROR(CheckCapacity(n));
@@ -1008,6 +1151,12 @@ absl::Status DecodeSession::Append(int64_t slot, absl::Span<const int32_t> token
 }
 absl::Status DecodeSession::Release(int64_t slot) { return impl_->Release(slot); }
 bool DecodeSession::live(int64_t slot) const { return impl_->live(slot); }
+absl::Status DecodeSession::Hold(int64_t slot) { return impl_->Hold(slot, true); }
+absl::Status DecodeSession::Resume(int64_t slot) { return impl_->Hold(slot, false); }
+bool DecodeSession::held(int64_t slot) const { return impl_->held(slot); }
+absl::Status DecodeSession::MoveSlot(int64_t from, int64_t to) {
+  return impl_->MoveSlot(from, to);
+}
 int64_t DecodeSession::position(int64_t slot) const { return impl_->position(slot); }
 absl::Status DecodeSession::Step() { return impl_->Step(nullptr); }
 absl::StatusOr<std::vector<std::vector<int32_t>>> DecodeSession::Generate(int64_t n) {

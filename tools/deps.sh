@@ -4,7 +4,7 @@
 # missing.
 set -euo pipefail
 sg_packages=(cmake ninja-build g++ pkg-config libabsl-dev nlohmann-json3-dev libgtest-dev
-             libgmock-dev libbenchmark-dev libpcre2-dev)
+             libgmock-dev libbenchmark-dev libpcre2-dev libcpp-httplib-dev)
 sg_missing=()
 for p in "${sg_packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || sg_missing+=("$p")

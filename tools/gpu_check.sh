@@ -3,7 +3,10 @@
 # benchmarks, write every log under $OUT (or /tmp/sg-out), and print a short table last.
 # The machine has no Abseil: Debian's packages are carried in .device-deps/ and unpacked
 # under /tmp/deps (fetch them with:
-#   mkdir -p .device-deps && (cd .device-deps && apt-get download libabsl-dev libabsl20220623 nlohmann-json3-dev libpcre2-dev libpcre2-8-0)).
+#   mkdir -p .device-deps && (cd .device-deps && apt-get download libabsl-dev libabsl20220623 nlohmann-json3-dev libpcre2-dev libpcre2-8-0)
+# and, for `stepgraph serve` (without them it builds without HTTP), cpp-httplib with what its
+# pkg-config file requires: apt-get download libcpp-httplib-dev libcpp-httplib0.11 libssl-dev
+# libssl3 zlib1g-dev libbrotli-dev libbrotli1).
 # The real SmolLM2 file is larger than one call may carry: split it into .device-model/
 # (split -b 50000000 -d FILE part-; its sha256 in .device-model/SHA256; the tokenizer
 # fixtures as extras.tgz) and carry the parts in consecutive calls while the machine stays

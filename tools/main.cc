@@ -1,8 +1,8 @@
 // The `stepgraph` program: decode with a Llama model end to end (run), talk to it (chat),
 // show the decode step's graph (graph), measure decode speed against the memory-bandwidth
-// floor (bench) and use its tokenizer (tokenize). With no --model it uses a small built-in
-// model with deterministic random weights, so every command runs anywhere; without a GPU
-// it runs the CPU reference.
+// floor (bench), use its tokenizer (tokenize) and serve it over HTTP (serve). With no
+// --model it uses a small built-in model with deterministic random weights, so every
+// command runs anywhere; without a GPU it runs the CPU reference.
 //
 // Exit status: 0 done (or --help), 1 a runtime error (a model that fails to load, a device
 // error), 2 a usage error (unknown flag, bad value); errors are one line plus a hint.
@@ -41,6 +41,8 @@ int Main(int argc, char** argv) {
       return BenchCommand(*o);
     case kTokenize:
       return TokenizeCommand(*o);
+    case kServe:
+      return ServeCommand(*o);
   }
   return kExitOk;
 }

@@ -90,6 +90,20 @@ CUDA-event times per step, and the ratio to a floor of reading every weight once
 device-to-device copy bandwidth measured in the same run. A GPU benchmark: without a GPU
 it runs only with --cpu (the CPU reference, minutes for a 1B model).
 )"},
+    {kServe, "an OpenAI-compatible HTTP server with continuous batching",
+     R"(usage: stepgraph serve --model PATH [--host 127.0.0.1] [--port 8080] [--slots N]
+                       [--max-seq N] [--api-key KEY]
+
+Serves the model over HTTP with the OpenAI API: POST /v1/chat/completions (messages
+through the model's chat template) and /v1/completions, streamed (server-sent events) or
+not; GET /v1/models, /health and /metrics (Prometheus text). One scheduler runs the model
+for every request: requests join and leave the decode batch between steps, and a new
+prompt is fed a chunk (--prefill-chunk) at a time between the running requests' steps.
+Requests beyond the --slots running wait in a queue of --max-queue; beyond that the answer
+is 503 with Retry-After. SIGTERM (or Ctrl-C) stops taking requests, lets those in flight
+finish (at most --drain-seconds) and exits. Sampling: a request's temperature, top_p,
+top_k and seed, else the server's flags (default greedy).
+)"},
     {kTokenize, "the ids of a text with the model's tokenizer, or the text of ids",
      R"(usage: stepgraph tokenize --model PATH [--text TEXT | --decode 1,2,3]
 
@@ -100,7 +114,7 @@ metadata), special tokens added as the model adds them; --decode prints the text
 };
 
 constexpr char kOverview[] =
-    R"(usage: stepgraph [run|chat|graph|bench|tokenize] [options]
+    R"(usage: stepgraph [run|chat|graph|bench|tokenize|serve] [options]
 
 Runs a Llama model's decode step as a graph of kernels, captured once as a CUDA graph
 and replayed. With no --model a small built-in model (random weights) is used, so every
@@ -112,7 +126,7 @@ command runs anywhere; without a GPU the CPU reference runs instead (and says so
 using S = absl::string_view;
 using O = Options;
 constexpr unsigned kAll = kAllCommands;
-constexpr unsigned kSampling = kRun | kChat;
+constexpr unsigned kSampling = kRun | kChat | kServe;
 
 const Flag kFlags[] = {
     // The command's own options first, then the model's.
@@ -145,6 +159,9 @@ const Flag kFlags[] = {
     {"--ignore-eos", nullptr, nullptr, kRun, false,
      "generate --max-new-tokens tokens even past end-of-sequence", nullptr, EnvRule::kNone,
      &SetSwitch<&Options::ignore_eos>},
+    {"--ignore-eos", nullptr, nullptr, kServe, false,
+     "answer max_tokens tokens even past end-of-sequence (benchmarks: equal lengths)", nullptr,
+     EnvRule::kNone, &SetSwitch<&Options::ignore_eos>},
     {"--prompt-ids", nullptr, "1,2,3", kRun, false, "prompt token ids (default 1,2,3,4,5,6,7,8)",
      nullptr, EnvRule::kNone,
      [](S v, O& o) {
@@ -183,6 +200,50 @@ const Flag kFlags[] = {
      [](S v, O& o) { return SetInt32(v, INT32_MIN, INT32_MAX, o.seed); }},
     {"--seed", nullptr, "S", kChat, false, "sampling seed (default 0)", nullptr, EnvRule::kNone,
      [](S v, O& o) { return SetInt32(v, INT32_MIN, INT32_MAX, o.seed); }},
+    {"--host", nullptr, "ADDR", kServe, false,
+     "the address to listen on (default 127.0.0.1: this machine only; 0.0.0.0 for all)",
+     nullptr, EnvRule::kNone,
+     [](S v, O& o) {
+       SG_RETURN_IF_ERROR(NonEmpty(v, "an address"));
+       o.host = std::string(v);
+       return absl::OkStatus();
+     }},
+    {"--port", nullptr, "N", kServe, false,
+     "the TCP port (default 8080; 0: any free one, printed when listening)", nullptr,
+     EnvRule::kNone, [](S v, O& o) { return SetInt(v, 0, 65535, o.port); }},
+    {"--slots", nullptr, "N", kServe, false,
+     "requests decoded together (KV cache slots; default 16)", nullptr, EnvRule::kNone,
+     [](S v, O& o) { return SetInt(v, 1, 1024, o.slots); }},
+    {"--api-key", nullptr, "KEY", kServe, false,
+     "ask every /v1 request for 'Authorization: Bearer KEY' (401 otherwise)",
+     "STEPGRAPH_API_KEY", EnvRule::kValue,
+     [](S v, O& o) {
+       SG_RETURN_IF_ERROR(NonEmpty(v, "a key"));
+       o.api_key = std::string(v);
+       return absl::OkStatus();
+     }},
+    {"--max-queue", nullptr, "N", kServe, false,
+     "requests that may wait for a slot; more are answered 503 (default 64)", nullptr,
+     EnvRule::kNone, [](S v, O& o) { return SetInt(v, 0, 1 << 20, o.max_queue); }},
+    {"--max-body-bytes", nullptr, "N", kServe, false,
+     "the largest request body; larger ones are answered 413 (default 1048576)", nullptr,
+     EnvRule::kNone,
+     [](S v, O& o) { return SetInt(v, 1024, int64_t{1} << 30, o.max_body_bytes); }},
+    {"--max-prompt-tokens", nullptr, "N", kServe, false,
+     "the longest prompt in tokens, after the chat template (400 beyond; default: the "
+     "context)",
+     nullptr, EnvRule::kNone,
+     [](S v, O& o) { return SetInt(v, 1, INT32_MAX, o.max_prompt_tokens); }},
+    {"--max-tokens", nullptr, "N", kServe, false,
+     "the most tokens a request may ask for, and a chat's default (400 beyond; default: the "
+     "context)",
+     nullptr, EnvRule::kNone, [](S v, O& o) { return SetInt(v, 1, INT32_MAX, o.max_tokens); }},
+    {"--http-threads", nullptr, "N", kServe, false,
+     "connections served at once, each streaming one answer (default slots + max-queue + 8)",
+     nullptr, EnvRule::kNone, [](S v, O& o) { return SetInt(v, 1, 4096, o.http_threads); }},
+    {"--drain-seconds", nullptr, "S", kServe, false,
+     "on SIGTERM, how long requests in flight may take to finish (default 30)", nullptr,
+     EnvRule::kNone, [](S v, O& o) { return SetInt(v, 0, 86400, o.drain_seconds); }},
     {"--text", nullptr, "TEXT", kTokenize, false, "the text to encode instead of standard input",
      nullptr, EnvRule::kNone,
      [](S v, O& o) {
@@ -215,7 +276,7 @@ const Flag kFlags[] = {
     {"--profile", nullptr, nullptr, kBench, false,
      "also time every node of an eager step (device time per node)", nullptr, EnvRule::kNone,
      &SetSwitch<&Options::profile>},
-    {"--prefill-chunk", nullptr, "N", kRun | kChat | kBench, false,
+    {"--prefill-chunk", nullptr, "N", kRun | kChat | kBench | kServe, false,
      "prompt tokens per prefill step (default 256; 0: one token per decode step)", nullptr,
      EnvRule::kNone, [](S v, O& o) { return SetInt(v, 0, 16384, o.prefill_chunk); }},
     {"--ttft-lengths", nullptr, "L1,...", kBench, false,
@@ -326,11 +387,15 @@ const Flag kFlags[] = {
        return absl::OkStatus();
      }},
     {"--max-seq", nullptr, "N", kAll, true,
-     "KV cache length per sequence (default: what the command needs; chat: the model's "
-     "context, at most 4096)",
+     "KV cache length per sequence (default: what the command needs; chat and serve: the "
+     "model's context, at most 4096)",
      nullptr, EnvRule::kNone, [](S v, O& o) { return SetInt(v, 1, INT32_MAX, o.max_seq); }},
-    {"--verbose", nullptr, nullptr, kAll & ~kChat, true,
+    {"--verbose", nullptr, nullptr, kAll & ~kChat & ~kServe, true,
      "also list the config.json fields accepted as metadata", nullptr, EnvRule::kNone,
+     &SetSwitch<&Options::verbose>},
+    {"--verbose", nullptr, nullptr, kServe, true,
+     "also log every request on stderr (and the config.json fields accepted as metadata)",
+     nullptr, EnvRule::kNone,
      &SetSwitch<&Options::verbose>},
     {"--verbose", nullptr, nullptr, kChat, true,
      "also print the speed of every answer (and the config.json fields accepted as metadata)",
@@ -486,6 +551,8 @@ absl::string_view CommandName(Command c) {
       return "bench";
     case kTokenize:
       return "tokenize";
+    case kServe:
+      return "serve";
   }
   return "run";
 }
@@ -539,7 +606,7 @@ absl::StatusOr<Options> ParseArgs(absl::Span<const char* const> args, const Envi
     }
     if (!found) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "unknown command '", word, "' (commands: run, chat, graph, bench, tokenize)"));
+          "unknown command '", word, "' (commands: run, chat, graph, bench, tokenize, serve)"));
     }
     *named = o.command;
     ++i;

@@ -22,8 +22,15 @@
 namespace sg::cli {
 
 // A bit each, so that a flag names the commands that take it as a mask.
-enum Command : unsigned { kRun = 1, kChat = 2, kGraph = 4, kBench = 8, kTokenize = 16 };
-constexpr unsigned kAllCommands = kRun | kChat | kGraph | kBench | kTokenize;
+enum Command : unsigned {
+  kRun = 1,
+  kChat = 2,
+  kGraph = 4,
+  kBench = 8,
+  kTokenize = 16,
+  kServe = 32,
+};
+constexpr unsigned kAllCommands = kRun | kChat | kGraph | kBench | kTokenize | kServe;
 absl::string_view CommandName(Command c);  // "run", "chat", ...
 
 struct Options {
@@ -67,6 +74,18 @@ struct Options {
 
   // graph
   std::string dot;
+
+  // serve (its limits are answered with HTTP errors: 413, 400, 503)
+  std::string host = "127.0.0.1";
+  int64_t port = 8080;  // 0: any free port (the line that says where it listens tells)
+  int64_t slots = 16;
+  std::string api_key;  // empty: no key asked for
+  int64_t max_queue = 64;
+  int64_t max_body_bytes = int64_t{1} << 20;
+  int64_t max_prompt_tokens = 0;  // 0: the context (--max-seq)
+  int64_t max_tokens = 0;         // 0: the context
+  int64_t http_threads = 0;       // 0: slots + max_queue + 8
+  int64_t drain_seconds = 30;
 
   // bench
   int64_t steps = 64;

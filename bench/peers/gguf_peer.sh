@@ -68,11 +68,15 @@ prepare() {
   tar xzf "$sdist" -C "$tmp" || die "cannot unpack $sdist"
   local src
   src=$(ls -d "$tmp"/llama_cpp_python-*/vendor/llama.cpp | head -1)
-  # What the CUDA build of llama-bench, llama-batched-bench and llama-quantize does not
-  # read: models, docs, tests, examples, the web UI, the app and every ggml backend but
-  # the CPU's and CUDA's (vendor/ stays: its CMakeLists is always read).
-  (cd "$src" && rm -rf models docs media tests examples pocs benches app tools/ui/* \
-                       tools/server/public* .github) || die "cannot trim $src"
+  # What the CUDA build of llama-bench, llama-batched-bench, llama-quantize and
+  # llama-server (serve_peer.sh) does not read: models, docs, tests, examples, the web UI's
+  # sources (its CMake file and templates stay: llama-server embeds no UI without them),
+  # the app and every ggml backend but the CPU's and CUDA's (vendor/ stays: its CMakeLists
+  # is always read).
+  (cd "$src" && rm -rf models docs media tests examples pocs benches app \
+                       tools/server/public* .github &&
+   find tools/ui -mindepth 1 -maxdepth 1 ! -name CMakeLists.txt ! -name 'ui.*.in' \
+     ! -name sources.cmake -exec rm -rf {} +) || die "cannot trim $src"
   for b in "$src"/ggml/src/ggml-*/; do
     case $(basename "$b") in ggml-cpu|ggml-cuda) ;; *) rm -rf "$b" ;; esac
   done
@@ -86,8 +90,10 @@ prepare() {
        "$(ls "$deps" | tr '\n' ' ')($((bytes / 1024)) KiB)"
 }
 
-llama_build_dir=$work/llama-build
-llama_bins=(llama-bench llama-batched-bench llama-quantize)
+# serve_peer.sh sources this file and sets these three for its llama-server build.
+llama_build_dir=${llama_build_dir:-$work/llama-build}
+[[ -n ${llama_bins+x} ]] || llama_bins=(llama-bench llama-batched-bench llama-quantize)
+llama_cmake_extra=${llama_cmake_extra:--DLLAMA_BUILD_SERVER=OFF}
 
 # llama.cpp with CUDA, in the background (setsid: it outlives this call while the machine
 # stays warm); its log and exit status land in $llama_build_dir.
@@ -105,7 +111,7 @@ start_llama_build() {
     t0=\$(date +%s)
     cmake -S '$src' -B '$b' -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON \
       -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
-      -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF \
+      -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF $llama_cmake_extra \
       -DLLAMA_BUILD_APP=OFF -DBUILD_SHARED_LIBS=OFF -DGGML_CCACHE=OFF \
       > '$llama_build_dir/configure.log' 2>&1 &&
     cmake --build '$b' -j ${LLAMA_JOBS:-10} --target ${llama_bins[*]} \
@@ -149,6 +155,9 @@ device_env() {
     export LD_LIBRARY_PATH=/tmp/deps/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
   return 0
 }
+
+# Sourced (serve_peer.sh): the functions only.
+[[ ${BASH_SOURCE[0]} == "$0" ]] || return 0
 
 case ${1:-} in
   prepare)

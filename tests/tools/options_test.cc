@@ -150,7 +150,7 @@ TEST(OptionsTest, TheEnvironmentMapsOntoOptionsAndFlagsOverrideIt) {
 // Each command's help comes from the flag table: it lists every flag the command takes
 // (with its value and, where one sets it too, its environment variable), and no other.
 TEST(OptionsTest, HelpListsEveryFlagOfTheCommand) {
-  for (const Command c : {kRun, kChat, kGraph, kBench, kTokenize}) {
+  for (const Command c : {kRun, kChat, kGraph, kBench, kTokenize, kServe}) {
     SCOPED_TRACE(std::string(CommandName(c)));
     const std::string help = HelpText(c);
     EXPECT_TRUE(absl::StartsWith(help, "usage: stepgraph " + std::string(CommandName(c))))
@@ -180,7 +180,7 @@ TEST(OptionsTest, HelpListsEveryFlagOfTheCommand) {
     }
   }
   const std::string overview = HelpText(std::nullopt);
-  for (const Command c : {kRun, kChat, kGraph, kBench, kTokenize}) {
+  for (const Command c : {kRun, kChat, kGraph, kBench, kTokenize, kServe}) {
     EXPECT_TRUE(absl::StrContains(overview, "  " + std::string(CommandName(c)) + " "));
   }
   EXPECT_TRUE(absl::StrContains(overview, "--model PATH"));

@@ -96,11 +96,23 @@ struct NodeTime {
   double ms = 0;
 };
 
+// How one slot chooses its ids: greedy (Argmax) when `sample` is empty, otherwise drawn as
+// ops::Sample does with these parameters and the slot's seed.
+struct SlotSampling {
+  std::optional<ops::Sample> sample;
+};
+
 // One sequence to start: its slot, its prompt and its sampling seed.
 struct PrefillRequest {
   int64_t slot = 0;
   absl::Span<const int32_t> prompt;
   int32_t seed = 0;
+  // The slot's own way of choosing ids; empty: the steps' (SessionOptions::sampling).
+  // Where it differs from the steps', the host chooses the slot's id after each step from
+  // its logits, exactly as the CPU reference's Argmax or Sample does, and writes it into
+  // the next step's input: such a step waits for the device, and a draw sorts the
+  // vocabulary on the host. A server pays that only for requests that ask for their own.
+  std::optional<SlotSampling> sampling;
 };
 
 class DecodeSession {
@@ -167,13 +179,30 @@ class DecodeSession {
   // Ends `slot`'s sequence: its row is padding from the next step on.
   absl::Status Release(int64_t slot);
   bool live(int64_t slot) const;
+  // Keeps live `slot` out of decode steps until Resume: its row is padding (no KV write,
+  // no new id, no advance) and does not count for the bucket, while Append still feeds it.
+  // A server prefills a long prompt so, a chunk at a time between the other slots' steps:
+  // Prefill of the first chunk, Hold, Append of each later chunk, Resume. Prefill and
+  // Release end the hold. FailedPrecondition for a slot that is not live.
+  absl::Status Hold(int64_t slot);
+  absl::Status Resume(int64_t slot);
+  bool held(int64_t slot) const;
+  // Moves live slot `from`'s sequence (its KV cache, position, seed, sampling, ids and
+  // hold) into slot `to`, which must not be live; `from` is free afterwards. What it
+  // draws does not change (Sample's draws depend on the seed and the position, not the
+  // slot). A server moves its highest slot down when the others left, so that the steps
+  // run in a smaller bucket. Costs a copy of the positions the sequence holds.
+  // InvalidArgument for slots out of range or equal; FailedPrecondition unless `from` is
+  // live and `to` is not.
+  absl::Status MoveSlot(int64_t from, int64_t to);
   // The position the slot's next fed token takes (prompt length - 1 after Prefill, + 1 per
   // step); -1 when the slot is not live.
   int64_t position(int64_t slot) const;
 
-  // One decode step of every live slot. Enqueues only: its ids are read by Tokens or
-  // Generate. FailedPrecondition when no slot is live; OutOfRange, before anything runs,
-  // when a live slot's KV cache is full.
+  // One decode step of every live slot (held ones aside). Enqueues only: its ids are read
+  // by Tokens or Generate (a slot with its own sampling waits for the device, see
+  // PrefillRequest::sampling). FailedPrecondition when no slot is live; OutOfRange, before
+  // anything runs, when a live slot's KV cache is full.
   absl::Status Step();
 
   // `n` steps; every live slot advances. Waits for the device once at the end, checks the
