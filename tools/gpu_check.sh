@@ -13,7 +13,8 @@
 # warm; each call keeps what it was given under /tmp/model-parts and installs the file in
 # the tests' cache folder once the parts add up to the checksum.
 # Usage: tools/gpu_check.sh [tests|bench|sanitize|all|none] [ctest -R regex] [benchmark filter]
-# Environment: SG_TARGETS (targets to build), SG_BENCHES (benchmarks to run),
+# Environment: SG_TARGETS (targets to build), SG_BENCHES (benchmarks to run), SG_CTEST_JOBS
+# (tests at once, default 4),
 # SG_BENCH_TIMEOUT (seconds per benchmark, default 240), SG_SANITIZE_TIMEOUT (seconds per
 # compute-sanitizer run, default 300).
 set -uo pipefail
@@ -61,7 +62,7 @@ cmake --build $b -j "$(nproc)" ${SG_TARGETS:+--target $SG_TARGETS} > "$out/build
 echo "build: $(( $(date +%s) - t0 )) s"
 summary=()
 if [[ $what == tests || $what == all ]]; then
-  (cd $b && ctest --no-tests=error --output-on-failure -j 4 ${test_filter:+-R "$test_filter"}) > "$out/ctest.log" 2>&1
+  (cd $b && ctest --no-tests=error --output-on-failure -j "${SG_CTEST_JOBS:-4}" ${test_filter:+-R "$test_filter"}) > "$out/ctest.log" 2>&1
   rc=$?
   grep -E "tests passed|tests failed|\*\*\*Failed|\*\*\*Exception|Timeout" "$out/ctest.log" | head -40
   # Count skips: a GPU suite that skipped on the GPU machine is a failure of this check.
