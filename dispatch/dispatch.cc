@@ -1,5 +1,6 @@
 // PreparedPlan, the default KernelDispatch::Prepare (a dispatcher that keeps no per-node
-// state), the default weight layout (the file's bytes) and the cold message of a node whose state is missing or of another type.
+// state), the default weight layout (the file's bytes) and the cold message of a node
+// whose state is missing or of another type.
 #include "stepgraph/dispatch/dispatch.h"
 
 #include <cstring>

@@ -159,7 +159,9 @@ SG_QB float CodeValue(uint32_t code) {
 }
 
 // Word i (a constant once unrolled) of a 16-byte vector.
-SG_QB uint32_t Word(const uint4& v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
+SG_QB uint32_t Word(const uint4& v, int i) {
+  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
 // Byte i (0..15, at run time) of a 16-byte vector.
 SG_QB uint32_t Byte(const uint4& v, int i) { return (Word(v, i >> 2) >> (8 * (i & 3))) & 0xFFu; }
 

@@ -1,8 +1,8 @@
 // The fused unit of CudaDispatch: the fused ops of the graph passes, FusedMatMul and
 // RopeKvWrite (kernels/fused_matmul.cuh), over weights of x's dtype or in GGUF block
-// formats (held in the device layout of kernels/quant_blocks.cuh). Preparing a FusedMatMul node fixes its launch
-// (split-K factor for this GPU) and allocates its workspace: split-K partial sums and
-// tickets, argmax per-block bests; the tickets are zeroed once here and every launch
+// formats (held in the device layout of kernels/quant_blocks.cuh). Preparing a FusedMatMul
+// node fixes its launch (split-K factor for this GPU) and allocates its workspace: split-K
+// partial sums and tickets, argmax per-block bests; the tickets are zeroed once here and every launch
 // leaves them zeroed, so replays need no reset. The rope_kv_write epilogue gets its RoPE
 // frequency table here, as RopeKvWrite does.
 #include <algorithm>

@@ -266,8 +266,10 @@ class ReversingDispatch final : public KernelDispatch {
     for (size_t i = 0; i < out.size(); ++i) out[i] = file_bytes[file_bytes.size() - 1 - i];
     return absl::OkStatus();
   }
-#define SG_FORWARD_RUN(Name) \
-  absl::Status Run(const ops::Name& op, const NodeArgs& args) override { return cpu_.Run(op, args); }
+#define SG_FORWARD_RUN(Name)                                        \
+  absl::Status Run(const ops::Name& op, const NodeArgs& args) override { \
+    return cpu_.Run(op, args);                                         \
+  }
   SG_OP_LIST(SG_FORWARD_RUN)
 #undef SG_FORWARD_RUN
 

@@ -1,8 +1,9 @@
 // The op-conformance harness: a case builds a small graph; the harness (conformance.cc,
 // CUDA builds) runs it on the CPU reference and on CudaDispatch from the same random
-// inputs (never zeros), with the arena poisoned on both sides, and compares every graph
-// output and every State or Input a node writes (WrittenInputs) by normalised error (i32
-// exactly), plus the raised error flags.
+// inputs (never zeros; Weights uploaded in the layout the dispatcher reads,
+// KernelDispatch::RepackWeight), with the arena poisoned on both sides, and compares every
+// graph output and every State or Input a node writes (WrittenInputs) by normalised error
+// (i32 exactly), plus the raised error flags.
 #ifndef STEPGRAPH_TESTS_TESTING_CONFORMANCE_H_
 #define STEPGRAPH_TESTS_TESTING_CONFORMANCE_H_
 
