@@ -75,6 +75,7 @@ struct Scheduler::Active {
   int64_t fed = 0;        // prompt ids in the slot so far (0: not started)
   bool decoding = false;  // the whole prompt is in and the slot steps
   int64_t made = 0;       // ids given to the reader
+  bool stopped = false;   // the last step made a stop id
 };
 
 Scheduler::Scheduler(DecodeSession* session, const SchedulerOptions& options)
@@ -374,21 +375,31 @@ absl::Status Scheduler::DecodeStep() {
     }
     const int32_t id = ids[slot][0];
     const std::vector<int32_t>& stop = a->request.stop_ids;
-    if (std::find(stop.begin(), stop.end(), id) != stop.end()) {
-      EndRequest(slot, FinishReason::kStop);
-      continue;
-    }
+    a->stopped = std::find(stop.begin(), stop.end(), id) != stop.end();
+    if (a->stopped) continue;
     a->stream->Push(id);
     ++made;
-    if (++a->made == a->request.max_tokens) EndRequest(slot, FinishReason::kLength);
+    ++a->made;
   }
-  std::lock_guard<std::mutex> lock(mu_);
-  ++stats_.decode_steps;
-  stats_.generated_tokens += made;
-  for (int64_t b : session_->buckets()) {
-    if (b > highest) {
-      stats_.last_bucket = b;
-      break;
+  {
+    // The step's counts first: whoever sees a request end sees its ids counted.
+    std::lock_guard<std::mutex> lock(mu_);
+    ++stats_.decode_steps;
+    stats_.generated_tokens += made;
+    for (int64_t b : session_->buckets()) {
+      if (b > highest) {
+        stats_.last_bucket = b;
+        break;
+      }
+    }
+  }
+  for (int64_t slot = 0; slot <= highest; ++slot) {
+    const Active* a = slots_[slot].get();
+    if (a == nullptr || !a->decoding) continue;
+    if (a->stopped) {
+      EndRequest(slot, FinishReason::kStop);
+    } else if (a->made == a->request.max_tokens) {
+      EndRequest(slot, FinishReason::kLength);
     }
   }
   return absl::OkStatus();

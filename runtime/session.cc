@@ -921,7 +921,8 @@ absl::Status DecodeSession::Impl::AllocateHostPicks() {
   }
   SG_ASSIGN_OR_RETURN(void* logits,
                       runner_->AllocateHost(max_slots() * row_bytes, "logits chosen on the host"));
-  SG_ASSIGN_OR_RETURN(void* picked, runner_->AllocateHost(max_slots() * 4, "ids chosen on the host"));
+  SG_ASSIGN_OR_RETURN(void* picked,
+                      runner_->AllocateHost(max_slots() * 4, "ids chosen on the host"));
   host_logits_ = static_cast<std::byte*>(logits);
   picked_ = static_cast<int32_t*>(picked);
   picker_ = std::make_unique<CpuDispatch>(CpuDispatch::Options{.threads = 1});
@@ -1022,14 +1023,17 @@ absl::StatusOr<std::vector<std::vector<int32_t>>> DecodeSession::Impl::Generate(
   SG_RETURN_IF_ERROR(CheckCapacity(n));
   std::vector<size_t> start(slots_.size());
   for (size_t i = 0; i < slots_.size(); ++i) {
-    start[i] = slots_[i].tokens.size() + (Steps(slots_[i]) ? static_cast<size_t>(pending_steps_) : 0);
+    start[i] = slots_[i].tokens.size() +
+               (Steps(slots_[i]) ? static_cast<size_t>(pending_steps_) : 0);
   }
   for (int64_t i = 0; i < n; ++i) SG_RETURN_IF_ERROR(Step(nullptr));
   SG_RETURN_IF_ERROR(Drain());
   SG_RETURN_IF_ERROR(CheckErrorFlags());
   std::vector<std::vector<int32_t>> out(slots_.size());
   for (size_t i = 0; i < slots_.size(); ++i) {
-    if (Steps(slots_[i])) out[i].assign(slots_[i].tokens.begin() + start[i], slots_[i].tokens.end());
+    if (Steps(slots_[i])) {
+      out[i].assign(slots_[i].tokens.begin() + start[i], slots_[i].tokens.end());
+    }
   }
   return out;
 }

@@ -442,9 +442,19 @@ std::variant<CompletionRequest, ApiError> ParseCompletionRequest(Endpoint endpoi
 std::string StopMatcher::Push(absl::string_view text) {
   if (stopped_) return "";
   held_.append(text.data(), text.size());
-  // The earliest complete stop string ends the text there.
-  size_t first = std::string::npos;
-  for (const std::string& s : stops_) first = std::min(first, held_.find(s));
+  // The stop string that completes first ends the text where it begins (of two that
+  // complete together, the longer): a server stops the moment one is complete, before it
+  // could know of a longer one that began earlier and would have completed later.
+  size_t first = std::string::npos, first_end = std::string::npos;
+  for (const std::string& s : stops_) {
+    const size_t at = held_.find(s);
+    if (at == std::string::npos) continue;
+    const size_t end = at + s.size();
+    if (end < first_end || (end == first_end && at < first)) {
+      first = at;
+      first_end = end;
+    }
+  }
   if (first != std::string::npos) {
     stopped_ = true;
     std::string out = held_.substr(0, first);

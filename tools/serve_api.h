@@ -72,8 +72,9 @@ std::variant<CompletionRequest, ApiError> ParseCompletionRequest(Endpoint endpoi
 
 // Stop strings matched across token boundaries on the decoded text. Push returns the text
 // that can be sent: the longest end of the text so far that could still begin a stop
-// string is held back, and once a stop string is complete nothing from its start on is
-// ever returned. In time linear in the text times the stop strings' total length.
+// string is held back, and once a stop string is complete (the first to complete; of two
+// completing at the same character, the longer) nothing from its start on is ever
+// returned. In time linear in the text times the stop strings' total length.
 class StopMatcher {
  public:
   explicit StopMatcher(std::vector<std::string> stops) : stops_(std::move(stops)) {}

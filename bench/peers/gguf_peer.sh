@@ -156,6 +156,23 @@ device_env() {
   return 0
 }
 
+# A build call's start: llama.cpp in the background, stepgraph meanwhile.
+start_builds() {
+  start_llama_build
+  build_stepgraph
+  gguf_path
+}
+
+# A run call's start: the gguf package, stepgraph (built if the machine lost it) and
+# llama.cpp's build done.
+ready_to_run() {
+  gguf_path
+  device_env
+  [[ -x ${SG_BUILD:-/tmp/b}/stepgraph ]] || build_stepgraph
+  device_env
+  wait_llama_build
+}
+
 # Sourced (serve_peer.sh): the functions only.
 [[ ${BASH_SOURCE[0]} == "$0" ]] || return 0
 
@@ -164,10 +181,8 @@ case ${1:-} in
     prepare
     ;;
   build)
-    start_llama_build
     t0=$(date +%s)
-    build_stepgraph
-    gguf_path
+    start_builds
     "$py" "$helper" write --out "$work/files/f16.gguf" || die "writing the F16 file failed"
     llama_state="still building"
     [[ -f $llama_build_dir/rc ]] && llama_state="done (rc $(cat "$llama_build_dir/rc"))"
@@ -175,11 +190,7 @@ case ${1:-} in
          "llama.cpp: $llama_state"
     ;;
   run)
-    gguf_path
-    device_env
-    [[ -x ${SG_BUILD:-/tmp/b}/stepgraph ]] || build_stepgraph
-    device_env
-    wait_llama_build
+    ready_to_run
     [[ -f $work/files/f16.gguf ]] ||
       "$py" "$helper" write --out "$work/files/f16.gguf" || die "writing the F16 file failed"
     "$py" "$helper" run --work "$work" --logs "$out" --stepgraph "${SG_BUILD:-/tmp/b}/stepgraph" \

@@ -65,19 +65,13 @@ case ${1:-} in
     prepare
     ;;
   build)
-    start_llama_build
     t0=$(date +%s)
-    build_stepgraph
-    gguf_path
+    start_builds
     files_for f16 > /dev/null
     echo "serve_peer: stepgraph built and the F16 file written in $(( $(date +%s) - t0 )) s"
     ;;
   run)
-    gguf_path
-    device_env
-    [[ -x ${SG_BUILD:-/tmp/b}/stepgraph ]] || build_stepgraph
-    device_env
-    wait_llama_build
+    ready_to_run
     files=$(files_for "${2:-f16,q4_k_m,smollm2}") || exit 1
     # shellcheck disable=SC2086
     "$py" "$loadgen" run --stepgraph "${SG_BUILD:-/tmp/b}/stepgraph" \

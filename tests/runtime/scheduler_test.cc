@@ -43,7 +43,8 @@ std::unique_ptr<DecodeSession> Make(const SessionOptions& o) {
 
 std::vector<int32_t> RandomPrompt(int64_t n, uint32_t seed) {
   std::mt19937 rng(seed);
-  std::uniform_int_distribution<int32_t> id(0, static_cast<int32_t>(TinyLlamaConfig().vocab_size - 1));
+  std::uniform_int_distribution<int32_t> id(
+      0, static_cast<int32_t>(TinyLlamaConfig().vocab_size - 1));
   std::vector<int32_t> p(static_cast<size_t>(n));
   for (int32_t& v : p) v = id(rng);
   return p;

@@ -9,19 +9,27 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
 #include "gtest/gtest.h"
 
 namespace sg::cli {
 namespace {
 
-// The text before the earliest stop string, and whether one came.
+// The text before the stop string that completes first (of those completing at the same
+// character, the longest), read one character at a time; and whether one came.
 std::pair<std::string, bool> Expected(const std::string& text,
                                       const std::vector<std::string>& stops) {
-  size_t first = std::string::npos;
-  for (const std::string& s : stops) first = std::min(first, text.find(s));
-  if (first == std::string::npos) return {text, false};
-  return {text.substr(0, first), true};
+  for (size_t end = 1; end <= text.size(); ++end) {
+    size_t start = std::string::npos;
+    for (const std::string& s : stops) {
+      if (s.size() <= end && text.compare(end - s.size(), s.size(), s) == 0) {
+        start = std::min(start, end - s.size());
+      }
+    }
+    if (start != std::string::npos) return {text.substr(0, start), true};
+  }
+  return {text, false};
 }
 
 TEST(StopMatcherTest, RandomPiecesSendExactlyTheTextBeforeTheFirstStop) {
@@ -47,7 +55,9 @@ TEST(StopMatcherTest, RandomPiecesSendExactlyTheTextBeforeTheFirstStop) {
       sent += m.Push(absl::string_view(text).substr(at, n));
       at += n;
       // Nothing sent is ever past the text that may be sent.
-      ASSERT_EQ(want.compare(0, sent.size(), sent), 0) << "sent " << sent << " of " << text;
+      ASSERT_EQ(want.compare(0, sent.size(), sent), 0)
+          << "sent '" << sent << "' of '" << text << "', want '" << want << "', stops '"
+          << absl::StrJoin(stops, "' '") << "'";
     }
     if (!m.stopped()) sent += m.Finish();
     EXPECT_EQ(sent, want) << "text '" << text << "' stops '" << stops[0] << "'";
@@ -66,6 +76,16 @@ TEST(StopMatcherTest, HoldsBackOnlyWhatCouldBeginAStop) {
   EXPECT_TRUE(m.stopped());
   EXPECT_EQ(m.Push("after"), "");
   EXPECT_EQ(m.Finish(), "");
+}
+
+TEST(StopMatcherTest, TheStopThatCompletesFirstEndsTheText) {
+  // "bcacc" began first but "c" completed first: a server cannot wait to see.
+  StopMatcher m({"bcacc", "c"});
+  EXPECT_EQ(m.Push("ab"), "a");
+  EXPECT_EQ(m.Push("cacc"), "b");  // "ab" in all
+  EXPECT_TRUE(m.stopped());
+  StopMatcher together({"c", "abc"});
+  EXPECT_EQ(together.Push("xabcd"), "x");  // both complete at 'c': the longer wins
 }
 
 TEST(StopMatcherTest, TheEndReleasesTheHeldText) {
