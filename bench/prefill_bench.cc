@@ -191,7 +191,9 @@ constexpr Projection kProjections[] = {{"q", 2048, 2048},    {"k", 512, 2048},
 // traffic, and quantizing every row would dominate the run).
 constexpr int64_t kDistinctRows = 64;
 
-// A weight [n, k] in `t` whose rows repeat kDistinctRows random ones, in runner memory.
+// A matrix [n, k] in `t` whose rows repeat kDistinctRows random ones, in runner memory,
+// laid out as the runner's dispatcher reads a Weight of that dtype (block formats are
+// repacked on the way, as a loaded model's are).
 absl::StatusOr<void*> RandomMatrix(StepRunner& runner, DType t, int64_t n, int64_t k,
                                    uint32_t seed) {
   const int64_t row_bytes = TensorBytes(t, Shape{1, k});
@@ -214,7 +216,12 @@ absl::StatusOr<void*> RandomMatrix(StepRunner& runner, DType t, int64_t n, int64
                 static_cast<size_t>(row_bytes));
   }
   SG_ASSIGN_OR_RETURN(void* w, runner.Allocate(n * row_bytes, "BlockMatMul weight"));
-  SG_RETURN_IF_ERROR(runner.Copy(w, all.data(), n * row_bytes));
+  Tensor weight;
+  weight.name = "BlockMatMul weight";
+  weight.kind = TensorKind::kWeight;
+  weight.dtype = t;
+  weight.shape = Shape{n, k};
+  SG_RETURN_IF_ERROR(runner.CopyWeight(w, all.data(), weight));
   SG_RETURN_IF_ERROR(runner.Sync());  // `all` goes out of scope
   return w;
 }
@@ -239,9 +246,10 @@ absl::StatusOr<double> TimeLayerMatmuls(DType w_dtype, const MatmulPathSetup& p,
   uint32_t seed = 1;
   for (int l = 0; l < kLayers; ++l) {
     for (const Projection& pr : kProjections) {
+      // The weight and the product need names of their own: a graph's names are unique.
       const std::string name = absl::StrCat("l", l, "_", pr.name);
       const TensorId w = b.Weight(name, w_dtype, {pr.n, pr.k});
-      b.Output(name, b.MatMul(pr.k == 2048 ? x : x_down, w, name));
+      b.Output(name + "_y", b.MatMul(pr.k == 2048 ? x : x_down, w, name + "_matmul"));
       SG_ASSIGN_OR_RETURN(void* mem, RandomMatrix(*runner, w_dtype, pr.n, pr.k, seed++));
       weights.emplace_back(name, mem);
     }
