@@ -21,7 +21,9 @@
 #include "models/model_tokenizer.h"
 #include "stepgraph/runtime/session.h"
 #include "stepgraph/text/tokenizer.h"
+#include "text/bounded_json.h"
 #include "stepgraph/runtime/step_runner.h"
+#include "stepgraph/base/status.h"
 #include "stepgraph/c_api/c_session.h"
 
 struct stepgraph_session {
@@ -296,6 +298,57 @@ int32_t Deliver(stepgraph_session* h, const std::vector<T>& items, T* out, int64
   return Finish(h, absl::OkStatus());
 }
 
+// The messages of encode_chat's JSON: an array of {"role": string, "content": string}.
+absl::StatusOr<std::vector<sg::ChatMessage>> ChatMessages(absl::string_view text,
+                                                          absl::string_view what) {
+  nlohmann::json parsed;
+  // An array of objects of two strings: three values a message, nested two deep.
+  SG_RETURN_IF_ERROR(sg::ParseBoundedJson(
+      text, {.max_depth = 2, .max_values = 3 * STEPGRAPH_SESSION_MAX_CHAT_MESSAGES + 1},
+      absl::StrCat(what, ": messages_json"), &parsed));
+  if (!parsed.is_array()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ": messages_json must be an array of messages, got ", sg::JsonPreview(parsed)));
+  }
+  if (parsed.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": messages_json holds no messages"));
+  }
+  if (static_cast<int64_t>(parsed.size()) > STEPGRAPH_SESSION_MAX_CHAT_MESSAGES) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": ", parsed.size(),
+                                                   " messages, at most ",
+                                                   STEPGRAPH_SESSION_MAX_CHAT_MESSAGES));
+  }
+  std::vector<sg::ChatMessage> messages;
+  messages.reserve(parsed.size());
+  for (size_t i = 0; i < parsed.size(); ++i) {
+    const nlohmann::json& m = parsed[i];
+    const std::string where = absl::StrCat(what, ": messages[", i, "]");
+    if (!m.is_object()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, " must be an object {\"role\", \"content\"}, got ",
+                       sg::JsonPreview(m)));
+    }
+    for (const auto& [key, value] : m.items()) {
+      if (key != "role" && key != "content") {
+        return absl::InvalidArgumentError(absl::StrCat(
+            where, ".", sg::JsonPreview(nlohmann::json(key), 40),
+            " is not taken (role and content only)"));
+      }
+    }
+    for (const char* field : {"role", "content"}) {
+      if (!m.contains(field) || !m[field].is_string()) {
+        return absl::InvalidArgumentError(absl::StrCat(where, ".", field, " must be a string",
+                                                       m.contains(field) ? ", got " : " (missing)",
+                                                       m.contains(field)
+                                                           ? sg::JsonPreview(m[field])
+                                                           : std::string()));
+      }
+    }
+    messages.push_back({m["role"].get<std::string>(), m["content"].get<std::string>()});
+  }
+  return messages;
+}
+
 }  // namespace
 
 extern "C" {
@@ -478,12 +531,52 @@ int32_t stepgraph_session_encode(stepgraph_session* session, const char* text,
       if (!tmpl.ok()) return Finish(session, tmpl.status());
       // The rendered turn carries its own special tokens (bos included where the template
       // writes it), as `stepgraph run --chat` encodes it.
-      out = (*tok)->Encode((*tmpl)->RenderUserTurn(input), {.add_special = false});
+      absl::StatusOr<std::string> turn = (*tmpl)->Render({{"user", std::string(input)}}, true);
+      if (!turn.ok()) {
+        return Fail(session, kInvalid, absl::StrCat(kWhat, ": ", turn.status().message()));
+      }
+      out = (*tok)->Encode(*turn, {.add_special = false});
     } else {
       out = (*tok)->Encode(input, {.add_special = (flags & STEPGRAPH_TEXT_NO_ADD_SPECIAL) == 0,
                                    .parse_special =
                                        (flags & STEPGRAPH_TEXT_LITERAL_SPECIAL) == 0});
     }
+    if (!out.ok()) {
+      return Fail(session, CodeOf(out.status()), absl::StrCat(kWhat, ": ", out.status().message()));
+    }
+    return Deliver(session, *out, ids, capacity, count, kWhat, "ids");
+  });
+}
+
+int32_t stepgraph_session_encode_chat(stepgraph_session* session, const char* messages_json,
+                                      int64_t json_bytes, int32_t* ids, int64_t capacity,
+                                      int64_t* count) noexcept {
+  constexpr const char* kWhat = "stepgraph_session_encode_chat";
+  return Guarded(session, kWhat, [&](sg::DecodeSession&) {
+    if (count == nullptr) return Fail(session, kInvalid, absl::StrCat(kWhat, ": count is NULL"));
+    *count = 0;
+    if (messages_json == nullptr || json_bytes < 0 ||
+        json_bytes > STEPGRAPH_SESSION_MAX_TEXT_BYTES) {
+      return Fail(session, kInvalid,
+                  absl::StrCat(kWhat, ": messages_json must hold json_bytes in [0, ",
+                               STEPGRAPH_SESSION_MAX_TEXT_BYTES, "] bytes, got ", json_bytes,
+                               messages_json == nullptr ? " with NULL" : ""));
+    }
+    if (absl::Status room = CheckRoom(ids, capacity, 0, kWhat, "ids"); !room.ok()) {
+      return Finish(session, room);
+    }
+    absl::StatusOr<const sg::Tokenizer*> tok = TokenizerOf(*session, kWhat);
+    if (!tok.ok()) return FinishText(session, tok.status());
+    absl::StatusOr<const sg::ChatTemplate*> tmpl = ChatOf(*session, **tok, kWhat);
+    if (!tmpl.ok()) return Finish(session, tmpl.status());
+    absl::StatusOr<std::vector<sg::ChatMessage>> messages = ChatMessages(
+        absl::string_view(messages_json, static_cast<size_t>(json_bytes)), kWhat);
+    if (!messages.ok()) return Finish(session, messages.status());
+    absl::StatusOr<std::string> text = (*tmpl)->Render(*messages, true);
+    if (!text.ok()) {
+      return Fail(session, kInvalid, absl::StrCat(kWhat, ": ", text.status().message()));
+    }
+    absl::StatusOr<std::vector<int32_t>> out = (*tok)->Encode(*text, {.add_special = false});
     if (!out.ok()) {
       return Fail(session, CodeOf(out.status()), absl::StrCat(kWhat, ": ", out.status().message()));
     }

@@ -346,6 +346,14 @@ func stepgraph_session_encode(session *sessionHandle, text *byte, text_bytes int
 		C.int64_t(capacity), (*C.int64_t)(unsafe.Pointer(count))))
 }
 
+func stepgraph_session_encode_chat(session *sessionHandle, messages_json *byte,
+	json_bytes int64, ids *int32, capacity int64, count *int64) int32 {
+	return int32(C.stepgraph_session_encode_chat(session,
+		(*C.char)(unsafe.Pointer(messages_json)), C.int64_t(json_bytes),
+		(*C.int32_t)(unsafe.Pointer(ids)), C.int64_t(capacity),
+		(*C.int64_t)(unsafe.Pointer(count))))
+}
+
 func stepgraph_session_decode(session *sessionHandle, ids *int32, n int64, flags uint32,
 	text *byte, capacity int64, length *int64) int32 {
 	return int32(C.stepgraph_session_decode(session, (*C.int32_t)(unsafe.Pointer(ids)),

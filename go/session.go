@@ -10,6 +10,7 @@ package stepgraph
 import "C"
 
 import (
+	"encoding/json"
 	"runtime"
 	"strconv"
 	"sync"
@@ -317,6 +318,41 @@ func (s *Session) Encode(text string, options EncodeOptions) ([]int32, error) {
 	return ids[:n], nil
 }
 
+// Message is one message of a conversation for EncodeChat and GenerateChat.
+type Message struct {
+	Role    string `json:"role"` // "system", "user", "assistant", or what the template knows
+	Content string `json:"content"`
+}
+
+// EncodeChat gives the token ids of a conversation through the model's chat template,
+// followed by the prompt that opens the assistant's turn: what transformers'
+// apply_chat_template(messages, add_generation_prompt=True, tokenize=True) gives. The
+// template decides which roles and orders it takes (ErrInvalidArgument says why not).
+func (s *Session) EncodeChat(messages []Message) ([]int32, error) {
+	const f = "stepgraph_session_encode_chat"
+	if messages == nil {
+		messages = []Message{} // "[]", which the library refuses as no messages, not "null"
+	}
+	data, err := json.Marshal(messages)
+	if err != nil {
+		return nil, invalid(f, "the messages do not make JSON: %v", err)
+	}
+	var ids []int32
+	n, err := s.sized(f, len(data)+spareIDs, func(h *sessionHandle, capacity int) (int32, int64) {
+		if len(ids) < capacity {
+			ids = make([]int32, capacity)
+		}
+		var count int64
+		code := stepgraph_session_encode_chat(h, &data[0], int64(len(data)), &ids[0],
+			int64(len(ids)), &count)
+		return code, count
+	})
+	if err != nil {
+		return nil, err
+	}
+	return ids[:n], nil
+}
+
 // Decode gives the text of ids; skipSpecial leaves control tokens (bos, eos, <|im_end|>,
 // ...) out. Bytes that do not form UTF-8 become U+FFFD; an id outside the tokenizer's
 // vocabulary is ErrInvalidArgument.
@@ -380,6 +416,28 @@ func (s *Session) GenerateText(slot int, prompt string, options EncodeOptions,
 	var stops []int32
 	if stop {
 		if stops, err = s.StopIDs(options.Chat); err != nil {
+			return "", err
+		}
+	}
+	out, err := s.GenerateUntil(slot, ids, maxNewTokens, stops)
+	if err != nil {
+		return "", err
+	}
+	return s.Decode(out, true)
+}
+
+// GenerateChat starts slot with the conversation (rendered as EncodeChat renders it) and
+// returns the text of the assistant's reply: at most maxNewTokens new ids, ending before
+// the chat's first stop id (StopIDs(true)) unless stop is false, special tokens left out.
+func (s *Session) GenerateChat(slot int, messages []Message, maxNewTokens int,
+	stop bool) (string, error) {
+	ids, err := s.EncodeChat(messages)
+	if err != nil {
+		return "", err
+	}
+	var stops []int32
+	if stop {
+		if stops, err = s.StopIDs(true); err != nil {
 			return "", err
 		}
 	}

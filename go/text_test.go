@@ -156,6 +156,50 @@ func TestChatTurnsAreTheTemplatesAndStopAtItsEndOfTurn(t *testing.T) {
 	}
 }
 
+// Whole conversations (system message, earlier turns) through the template, as
+// transformers rendered them (the template fixtures, generation prompt added).
+func TestConversationsRenderAsTransformersRendersThem(t *testing.T) {
+	s := textFolder(t)
+	var fixture struct {
+		Templates map[string]struct {
+			Cases []struct {
+				Messages            []Message `json:"messages"`
+				AddGenerationPrompt bool      `json:"add_generation_prompt"`
+				Text                string    `json:"text"`
+			} `json:"cases"`
+		} `json:"templates"`
+	}
+	readJSON(t, "chat_templates/expected.json", &fixture)
+	several := 0
+	for _, c := range fixture.Templates["tokenizer/chat/smollm2.jinja"].Cases {
+		if !c.AddGenerationPrompt {
+			continue
+		}
+		ids, err := s.EncodeChat(c.Messages)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if text, _ := s.Decode(ids, false); text != c.Text {
+			t.Fatalf("%v: %q, want %q", c.Messages, text, c.Text)
+		}
+		if len(c.Messages) > 1 {
+			several++
+		}
+	}
+	if several < 2 {
+		t.Fatalf("%d conversations of several messages", several)
+	}
+	one, err := s.EncodeChat([]Message{{Role: "user", Content: "Hi"}})
+	turn, err2 := s.Encode("Hi", EncodeOptions{Chat: true})
+	if err != nil || err2 != nil || !reflect.DeepEqual(one, turn) {
+		t.Fatalf("one user message %v (%v), the chat turn %v (%v)", one, err, turn, err2)
+	}
+	if _, err := s.EncodeChat(nil); !errors.Is(err, ErrInvalidArgument) ||
+		!strings.Contains(err.Error(), "no messages") {
+		t.Fatalf("no messages: %v", err)
+	}
+}
+
 func TestBadTextAndIDsAreRefusedWithMessages(t *testing.T) {
 	s := textFolder(t)
 	for _, bad := range []string{"ab\xff", "\xe2\x82", "\xc0\xaf", "x\xed\xa0\x80y"} {
@@ -325,6 +369,12 @@ func TestSmolLM2GeneratesTransformersText(t *testing.T) {
 			true)
 		if err != nil || text != "The capital of France is Paris." {
 			t.Fatalf("%q, %v", text, err)
+		}
+		// The same question as a conversation of one message.
+		text, err = s.GenerateChat(0, []Message{{Role: "user", Content: c.Text}},
+			len(c.Generated), true)
+		if err != nil || text != "The capital of France is Paris." {
+			t.Fatalf("GenerateChat: %q, %v", text, err)
 		}
 		return
 	}

@@ -231,15 +231,30 @@ def test_a_stream_interrupted_by_another_call_says_so(text_folder):
     assert len(s.generate([5, 6, 7], max_new_tokens=3, stop=False)) == 3
 
 
-def test_chat_takes_one_user_turn(text_folder):
-    # What chat renders is checked on SmolLM2 below (the fixture model's vocabulary is too
-    # small for the template's ids); here, what it refuses before any work.
+def test_conversations_render_as_transformers(text_folder):
+    # Whole conversations (system message, earlier turns) through the template, as
+    # transformers rendered them; what chat generates from them is checked on SmolLM2 below
+    # (the fixture model's vocabulary is too small for the template's ids).
     s = Session(text_folder, backend="cpu", max_seq=96)
-    with pytest.raises(ValueError) as e:
-        s.chat([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}])
-    assert "['system', 'user']" in str(e.value)
-    with pytest.raises(ValueError):
-        s.chat([])
+    cases = fixture("chat_templates", "expected.json")["templates"][
+        "tokenizer/chat/smollm2.jinja"]["cases"]
+    several = 0
+    for c in cases:
+        if c["add_generation_prompt"]:
+            assert s.decode(s.encode_chat(c["messages"])) == c["text"], c["messages"]
+            several += len(c["messages"]) > 1
+    assert several >= 2
+    assert s.encode_chat([{"role": "user", "content": "Hi"}]) == s.encode("Hi", chat=True)
+    with pytest.raises(SessionError) as e:
+        s.encode_chat([])
+    assert "no messages" in str(e.value)
+    with pytest.raises(SessionError) as e:  # refused by name, not dropped
+        s.encode_chat([{"role": "user", "content": "Hi", "name": "x"}])
+    assert '"name" is not taken' in str(e.value)
+    for bad in ({"role": "user", "content": "Hi"}, [{"role": "user"}], [("user", "Hi")], 5,
+                "Hi"):
+        with pytest.raises(TypeError):
+            s.encode_chat(bad)
     for bad in ({"role": "user", "content": "Hi"}, [{"role": "user"}], [("user", "Hi")], 5):
         with pytest.raises(TypeError):
             s.chat(bad)
@@ -278,3 +293,14 @@ def test_smollm2_streams_and_chats_as_transformers():
     reply = s.decode(c["generated"][:end], skip_special=True)
     assert s.chat([{"role": "user", "content": c["text"]}], max_new_tokens=k) == reply
     assert "".join(s.chat(c["text"], max_new_tokens=k, stream=True)) == reply
+    # A conversation of several turns: the reply is generate() of its rendered ids.
+    talk = [{"role": "system", "content": "You answer in one word."},
+            {"role": "user", "content": "Hi!"},
+            {"role": "assistant", "content": "Hello."},
+            {"role": "user", "content": c["text"]}]
+    ids = s.encode_chat(talk)
+    assert s.decode(ids).startswith("<|im_start|>system\nYou answer in one word.<|im_end|>")
+    assert s.decode(ids).endswith("<|im_start|>assistant\n")
+    want = s.decode(s.generate(ids, max_new_tokens=k, stop=s.stop_ids(chat=True)),
+                    skip_special=True)
+    assert s.chat(talk, max_new_tokens=k) == want and want

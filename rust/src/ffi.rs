@@ -65,6 +65,7 @@ pub mod consts {
     pub const STEPGRAPH_TEXT_LITERAL_SPECIAL: u32 = 4;
     pub const STEPGRAPH_TEXT_SKIP_SPECIAL: u32 = 8;
     pub const STEPGRAPH_SESSION_MAX_TEXT_BYTES: i64 = 1 << 30;
+    pub const STEPGRAPH_SESSION_MAX_CHAT_MESSAGES: i64 = 1 << 16;
     pub const STEPGRAPH_SESSION_MAX_DECODE_IDS: i64 = 1 << 28;
 }
 pub use consts::*;
@@ -313,6 +314,9 @@ c_functions! {
     pub fn stepgraph_session_encode(session: *mut stepgraph_session, text: *const c_char,
                                     text_bytes: i64, flags: u32, ids: *mut i32, capacity: i64,
                                     count: *mut i64) -> i32;
+    pub fn stepgraph_session_encode_chat(session: *mut stepgraph_session,
+                                         messages_json: *const c_char, json_bytes: i64,
+                                         ids: *mut i32, capacity: i64, count: *mut i64) -> i32;
     pub fn stepgraph_session_decode(session: *mut stepgraph_session, ids: *const i32, n: i64,
                                     flags: u32, text: *mut c_char, capacity: i64,
                                     length: *mut i64) -> i32;

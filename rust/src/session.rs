@@ -84,6 +84,47 @@ impl EncodeOptions {
 const SPARE: usize = 64;
 const BYTES_PER_ID: usize = 8;
 
+/// One message of a conversation, for [`Session::encode_chat`] and
+/// [`Session::generate_chat`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ChatMessage<'a> {
+    /// "system", "user", "assistant", or what the model's template knows.
+    pub role: &'a str,
+    pub content: &'a str,
+}
+
+// The messages as the JSON array stepgraph_session_encode_chat reads.
+fn messages_json(messages: &[ChatMessage]) -> String {
+    fn string(out: &mut String, s: &str) {
+        out.push('"');
+        for c in s.chars() {
+            match c {
+                '"' => out.push_str("\\\""),
+                '\\' => out.push_str("\\\\"),
+                '\n' => out.push_str("\\n"),
+                '\r' => out.push_str("\\r"),
+                '\t' => out.push_str("\\t"),
+                c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
+                c => out.push(c),
+            }
+        }
+        out.push('"');
+    }
+    let mut out = String::from("[");
+    for (i, m) in messages.iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        out.push_str("{\"role\":");
+        string(&mut out, m.role);
+        out.push_str(",\"content\":");
+        string(&mut out, m.content);
+        out.push('}');
+    }
+    out.push(']');
+    out
+}
+
 /// What a session holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SessionInfo {
@@ -266,15 +307,42 @@ impl Session {
         }
         let bytes = i64::try_from(text.len())
             .map_err(|_| Error::InvalidArgument(format!("a text of {} bytes", text.len())))?;
-        let mut ids = vec![0i32; text.len() + SPARE];
+        let raw = self.raw.as_ptr();
+        self.sized_ids("stepgraph_session_encode", text.len(), |ids, capacity, count| {
+            // SAFETY: text holds `bytes` bytes and ids `capacity` values, the sizes passed.
+            unsafe {
+                ffi::stepgraph_session_encode(raw, text.as_ptr() as *const c_char, bytes, flags,
+                                              ids, capacity, count)
+            }
+        })
+    }
+
+    /// The token ids of a conversation through the model's chat template, followed by the
+    /// prompt that opens the assistant's turn: what transformers'
+    /// `apply_chat_template(messages, add_generation_prompt=True, tokenize=True)` gives. The
+    /// template decides which roles and orders it takes (InvalidArgument says why not).
+    pub fn encode_chat(&mut self, messages: &[ChatMessage]) -> Result<Vec<i32>> {
+        let json = messages_json(messages);
+        let bytes = i64::try_from(json.len())
+            .map_err(|_| Error::InvalidArgument(format!("messages of {} bytes", json.len())))?;
+        let raw = self.raw.as_ptr();
+        self.sized_ids("stepgraph_session_encode_chat", json.len(), |ids, capacity, count| {
+            // SAFETY: json holds `bytes` bytes and ids `capacity` values, the sizes passed.
+            unsafe {
+                ffi::stepgraph_session_encode_chat(raw, json.as_ptr() as *const c_char, bytes,
+                                                   ids, capacity, count)
+            }
+        })
+    }
+
+    // The ids a text call writes: call(ids, capacity, count) with room for the guess and a
+    // few more, then once more with the size the library asks for.
+    fn sized_ids(&mut self, function: &str, guess: usize,
+                 mut call: impl FnMut(*mut i32, i64, *mut i64) -> i32) -> Result<Vec<i32>> {
+        let mut ids = vec![0i32; guess + SPARE];
         for _ in 0..2 {
             let mut count = 0i64;
-            // SAFETY: text holds `bytes` bytes and ids ids.len() values, the sizes passed.
-            let code = unsafe {
-                ffi::stepgraph_session_encode(self.raw.as_ptr(), text.as_ptr() as *const c_char,
-                                              bytes, flags, ids.as_mut_ptr(), ids.len() as i64,
-                                              &mut count)
-            };
+            let code = call(ids.as_mut_ptr(), ids.len() as i64, &mut count);
             if code == ffi::STEPGRAPH_ERROR_INVALID_VALUE && count > ids.len() as i64 {
                 ids.resize(count as usize, 0);
                 continue;
@@ -283,8 +351,7 @@ impl Session {
             ids.truncate(count as usize);
             return Ok(ids);
         }
-        Err(Error::LaunchFailed("stepgraph_session_encode: the size it asked for did not suffice"
-            .to_string()))
+        Err(Error::LaunchFailed(format!("{function}: the size it asked for did not suffice")))
     }
 
     /// The text of token ids; `skip_special` leaves control tokens (bos, eos, <|im_end|>, ...)
@@ -346,6 +413,19 @@ impl Session {
         let ids = self.encode(prompt, options)?;
         let stops: HashSet<i32> =
             if stop { self.stop_ids(options.chat)?.into_iter().collect() } else { HashSet::new() };
+        let new = self.generate_until(slot, &ids, max_new_tokens, &stops)?;
+        self.decode(&new, true)
+    }
+
+    /// Starts `slot` with the conversation (rendered as [`Session::encode_chat`] renders it)
+    /// and returns the text of the assistant's reply: at most `max_new_tokens` new ids,
+    /// ending before the chat's first stop id unless `stop` is false, special tokens left
+    /// out.
+    pub fn generate_chat(&mut self, slot: i64, messages: &[ChatMessage], max_new_tokens: usize,
+                         stop: bool) -> Result<String> {
+        let ids = self.encode_chat(messages)?;
+        let stops: HashSet<i32> =
+            if stop { self.stop_ids(true)?.into_iter().collect() } else { HashSet::new() };
         let new = self.generate_until(slot, &ids, max_new_tokens, &stops)?;
         self.decode(&new, true)
     }

@@ -283,6 +283,36 @@ fn chat_turns_are_the_templates_and_stop_at_its_end_of_turn() {
     assert_eq!(s.stop_ids(true).unwrap(), vec![2]);
 }
 
+// Whole conversations (system message, earlier turns) through the template, as
+// transformers rendered them (the template fixtures, generation prompt added).
+#[test]
+fn conversations_render_as_transformers_renders_them() {
+    let folder = TextFolder::new("conversations");
+    let mut s = Session::new(Some(&folder.0), &cpu(96)).unwrap();
+    let fixture = read_json(&fixtures().join("chat_templates/expected.json"));
+    let mut several = 0;
+    for c in fixture.get("templates").get("tokenizer/chat/smollm2.jinja").get("cases").arr() {
+        if !c.get("add_generation_prompt").bool() {
+            continue;
+        }
+        let messages: Vec<ChatMessage> = c.get("messages").arr().iter()
+            .map(|m| ChatMessage { role: m.get("role").str(), content: m.get("content").str() })
+            .collect();
+        let ids = s.encode_chat(&messages).unwrap();
+        assert_eq!(s.decode(&ids, false).unwrap(), c.get("text").str(), "{messages:?}");
+        several += (messages.len() > 1) as i32;
+    }
+    assert!(several >= 2, "{several} conversations of several messages");
+    // Quotes, backslashes and control characters reach the template as written.
+    let odd = "say \"hi\" \\ then\n\ttab \u{1}";
+    let one = s.encode_chat(&[ChatMessage { role: "user", content: odd }]).unwrap();
+    assert_eq!(one, s.encode(odd, &EncodeOptions::chat()).unwrap());
+    match s.encode_chat(&[]) {
+        Err(Error::InvalidArgument(m)) => assert!(m.contains("no messages"), "{m}"),
+        other => panic!("no messages: {other:?}"),
+    }
+}
+
 #[test]
 fn bad_text_and_ids_are_refused_with_messages() {
     let folder = TextFolder::new("bad");
@@ -395,4 +425,7 @@ fn smollm2_generates_transformers_text() {
                                   generated.len(), true).unwrap();
     assert_eq!(stopped, s.decode(&generated[..end], true).unwrap());
     assert_eq!(stopped, "The capital of France is Paris.");
+    // The same question as a conversation of one message.
+    let asked = [ChatMessage { role: "user", content: chat.get("text").str() }];
+    assert_eq!(s.generate_chat(0, &asked, generated.len(), true).unwrap(), stopped);
 }

@@ -191,6 +191,79 @@ TEST_F(TextFolder, ChatTurnIsTheTemplatesAndStopsAtItsEndOfTurn) {
   EXPECT_EQ(StopIds(h.get(), STEPGRAPH_TEXT_CHAT), std::vector<int32_t>{2});
 }
 
+// encode_chat renders whole conversations as transformers' apply_chat_template does (the
+// multi-turn cases of the template fixtures, generation prompt added), and refuses
+// malformed message lists and what the template itself refuses, writing nothing.
+TEST_F(TextFolder, ConversationsAreRenderedAsTransformersRendersThem) {
+  Handle h = Open(dir_->c_str());
+  ASSERT_NE(h, nullptr);
+  stepgraph_session* s = h.get();
+  const Json templates = ReadJsonFile(kFixtures + "/chat_templates/expected.json").at("templates");
+  int checked = 0;
+  for (const Json& c : templates.at("tokenizer/chat/smollm2.jinja").at("cases")) {
+    if (!c.at("add_generation_prompt").get<bool>()) continue;
+    const std::string json = c.at("messages").dump();
+    int64_t count = -1;
+    ASSERT_EQ(stepgraph_session_encode_chat(s, json.data(), static_cast<int64_t>(json.size()),
+                                            nullptr, 0, &count),
+              STEPGRAPH_OK)
+        << stepgraph_session_error(s) << "\n" << json;
+    std::vector<int32_t> ids(static_cast<size_t>(count) + 1, -7);  // one poisoned spare
+    int64_t written = -1;
+    ASSERT_EQ(stepgraph_session_encode_chat(s, json.data(), static_cast<int64_t>(json.size()),
+                                            ids.data(), static_cast<int64_t>(ids.size()),
+                                            &written),
+              STEPGRAPH_OK);
+    EXPECT_EQ(written, count);
+    EXPECT_EQ(ids.back(), -7) << "wrote past *count";
+    ids.resize(static_cast<size_t>(count));
+    EXPECT_EQ(Decode(s, ids), c.at("text").get<std::string>()) << json;
+    checked += c.at("messages").size() > 1;
+  }
+  EXPECT_GE(checked, 2) << "the fixture's conversations of several messages";
+  // One user message is the STEPGRAPH_TEXT_CHAT turn.
+  const std::string one = R"([{"role": "user", "content": "Hello there"}])";
+  std::vector<int32_t> ids(256, -7);
+  int64_t count = -1;
+  ASSERT_EQ(stepgraph_session_encode_chat(s, one.data(), static_cast<int64_t>(one.size()),
+                                          ids.data(), 256, &count),
+            STEPGRAPH_OK);
+  ids.resize(static_cast<size_t>(count));
+  EXPECT_EQ(ids, Encode(s, "Hello there", STEPGRAPH_TEXT_CHAT));
+
+  const std::pair<std::string, std::string> bad[] = {
+      {"", "messages_json"},
+      {"[]", "no messages"},
+      {"{\"role\": \"user\"}", "array"},
+      {"[1]", "messages[0] must be an object"},
+      {R"([{"role": "user"}])", "messages[0].content must be a string (missing)"},
+      {R"([{"role": "user", "content": 5}])", "messages[0].content must be a string, got 5"},
+      {R"([{"role": 1, "content": "x"}])", "messages[0].role must be a string"},
+      {R"([{"role": "user", "content": "x", "name": "a"}])", "\"name\" is not taken"},
+      {R"([[[[{"role": "user"}]]]])", "deep"},
+      {"[{\"role\": \"user\", \"content\": \"\xff\"}]", "messages_json"},
+  };
+  for (const auto& [json, says] : bad) {
+    std::vector<int32_t> out(8, -7);
+    count = -1;
+    EXPECT_EQ(stepgraph_session_encode_chat(s, json.data(), static_cast<int64_t>(json.size()),
+                                            out.data(), 8, &count),
+              STEPGRAPH_ERROR_INVALID_VALUE)
+        << json;
+    EXPECT_NE(std::string(stepgraph_session_error(s)).find(says), std::string::npos)
+        << json << " -> " << stepgraph_session_error(s);
+    EXPECT_EQ(count, 0);
+    EXPECT_EQ(out, std::vector<int32_t>(8, -7)) << json;
+  }
+  EXPECT_EQ(stepgraph_session_encode_chat(s, nullptr, 4, ids.data(), 8, &count),
+            STEPGRAPH_ERROR_INVALID_VALUE);
+  EXPECT_EQ(stepgraph_session_encode_chat(s, one.data(), -1, ids.data(), 8, &count),
+            STEPGRAPH_ERROR_INVALID_VALUE);
+  EXPECT_EQ(stepgraph_session_encode_chat(s, one.data(), static_cast<int64_t>(one.size()),
+                                          ids.data(), 8, nullptr),
+            STEPGRAPH_ERROR_INVALID_VALUE);
+}
+
 TEST_F(TextFolder, BadArgumentsAreCodesWithMessagesAndWriteNothing) {
   Handle h = Open(dir_->c_str());
   ASSERT_NE(h, nullptr);

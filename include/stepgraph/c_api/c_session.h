@@ -32,12 +32,13 @@
 // Text: stepgraph_session_encode and stepgraph_session_decode turn UTF-8 text into token ids
 // and back with the model's tokenizer (a folder's tokenizer.json, a GGUF file's tokenizer.*
 // metadata), as Hugging Face transformers does with the same files; the chat flag wraps a
-// text as one user turn of the model's chat template, as `stepgraph run --chat` does. The
+// text as one user turn of the model's chat template, as `stepgraph run --chat` does, and
+// stepgraph_session_encode_chat renders a whole conversation (JSON messages) through it. The
 // tokenizer is loaded by the first text call on a handle. Functions that return a variable
-// amount (encode, decode, stop_ids) follow one size-query convention: the caller passes a
-// buffer and its capacity, and always gets the size needed in *count / *length; a NULL
-// buffer with capacity 0 only asks for that size (STEPGRAPH_OK); a buffer too small is
-// STEPGRAPH_ERROR_INVALID_VALUE with nothing written.
+// amount (encode, encode_chat, decode, stop_ids) follow one size-query convention: the
+// caller passes a buffer and its capacity, and always gets the size needed in *count /
+// *length; a NULL buffer with capacity 0 only asks for that size (STEPGRAPH_OK); a buffer
+// too small is STEPGRAPH_ERROR_INVALID_VALUE with nothing written.
 #ifndef STEPGRAPH_C_API_C_SESSION_H_
 #define STEPGRAPH_C_API_C_SESSION_H_
 
@@ -87,6 +88,8 @@ extern "C" {
 // The longest text encode takes, in bytes, and the most ids decode takes.
 #define STEPGRAPH_SESSION_MAX_TEXT_BYTES (INT64_C(1) << 30)
 #define STEPGRAPH_SESSION_MAX_DECODE_IDS (INT64_C(1) << 28)
+// The most messages encode_chat takes.
+#define STEPGRAPH_SESSION_MAX_CHAT_MESSAGES (INT64_C(1) << 16)
 
 typedef struct stepgraph_session stepgraph_session;
 
@@ -182,6 +185,20 @@ STEPGRAPH_C_EXPORT int32_t stepgraph_session_encode(stepgraph_session* session,
                                                     uint32_t flags, int32_t* ids,
                                                     int64_t capacity,
                                                     int64_t* count) STEPGRAPH_C_NOEXCEPT;
+
+// The token ids of a conversation through the model's chat template, followed by the prompt
+// that opens the assistant's turn: what transformers' apply_chat_template(messages,
+// add_generation_prompt=True, tokenize=True) gives. messages_json[0..json_bytes) is UTF-8
+// JSON (no terminating NUL needed), an array of 1 to STEPGRAPH_SESSION_MAX_CHAT_MESSAGES
+// objects {"role": string, "content": string} with no other keys, json_bytes at most
+// STEPGRAPH_SESSION_MAX_TEXT_BYTES. The template decides which roles and orders it takes
+// (most refuse turns that do not alternate between user and assistant) and says why in the
+// error (STEPGRAPH_ERROR_INVALID_VALUE). *count, ids and capacity as for encode.
+STEPGRAPH_C_EXPORT int32_t stepgraph_session_encode_chat(stepgraph_session* session,
+                                                         const char* messages_json,
+                                                         int64_t json_bytes, int32_t* ids,
+                                                         int64_t capacity,
+                                                         int64_t* count) STEPGRAPH_C_NOEXCEPT;
 
 // The UTF-8 text of ids[0..n) (NULL with n 0 is no ids; n <= STEPGRAPH_SESSION_MAX_DECODE_IDS).
 // flags: STEPGRAPH_TEXT_SKIP_SPECIAL. *length (length non-NULL) receives the text's size in

@@ -214,6 +214,9 @@ DECLARATIONS = {
     "stepgraph_session_encode": (c_int32, [
         ("session", _SESSION), ("text", c_char_p), ("text_bytes", c_int64), ("flags", c_uint32),
         ("ids", _P_I32), ("capacity", c_int64), ("count", _P_I64)]),
+    "stepgraph_session_encode_chat": (c_int32, [
+        ("session", _SESSION), ("messages_json", c_char_p), ("json_bytes", c_int64),
+        ("ids", _P_I32), ("capacity", c_int64), ("count", _P_I64)]),
     "stepgraph_session_decode": (c_int32, [
         ("session", _SESSION), ("ids", _P_I32), ("n", c_int64), ("flags", c_uint32),
         ("text", c_char_p), ("capacity", c_int64), ("length", _P_I64)]),

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import json
 import math
 import numbers
 import os
@@ -345,34 +346,27 @@ class Session:
     def chat(self, messages: Union[str, Sequence[Message]], max_new_tokens: Optional[int] = None,
              *, slot: int = 0, seed: int = 0, stop: Union[bool, Iterable[int], None] = True,
              stream: bool = False) -> Union[str, Iterator[str]]:
-        """The assistant's reply to a conversation, through the model's chat template (as
-        transformers' apply_chat_template(messages, add_generation_prompt=True) renders it):
-        generate(user_text, chat=True, ...), with the same arguments and stream=True.
+        """The assistant's reply to a conversation: the messages through the model's chat
+        template as transformers' apply_chat_template(messages, add_generation_prompt=True)
+        renders them (encode_chat), then generated as generate(ids, ...) and returned as
+        text, special tokens left out; stream=True gives an iterator of text pieces.
 
-        messages: [{"role": "user", "content": "..."}], or the user's text alone. The C ABI
-        renders one user turn of the template (STEPGRAPH_TEXT_CHAT; the template's own
-        default system turn included where it has one): a system message or earlier turns
-        are refused with ValueError rather than dropped."""
+        messages: [{"role": "system" | "user" | "assistant", "content": "..."}, ...], or
+        the user's text alone. stop=True stops at the chat's stop ids (stop_ids(chat=True)).
+        Each call renders and prefills the whole conversation."""
         if isinstance(messages, (str, bytes)):
-            user = messages
-        else:
-            if isinstance(messages, Mapping) or not isinstance(messages, Sequence):
-                raise TypeError("messages must be a list of {'role', 'content'} mappings, got %s"
-                                % type(messages).__name__)
-            roles = []
-            for i, m in enumerate(messages):
-                if not isinstance(m, Mapping) or not isinstance(m.get("role"), str) \
-                        or not isinstance(m.get("content"), str):
-                    raise TypeError("messages[%d] must be a mapping with str 'role' and "
-                                    "'content'" % i)
-                roles.append(m["role"])
-            if roles != ["user"]:
-                raise ValueError("stepgraph renders one user turn of the chat template; the "
-                                 "messages' roles are %s (a system prompt and earlier turns "
-                                 "are not supported)" % roles)
-            user = messages[0]["content"]
-        return self.generate(user, max_new_tokens, slot=slot, seed=seed, chat=True, stop=stop,
-                             stream=stream)
+            text = messages if isinstance(messages, str) else messages.decode("utf-8")
+            messages = [{"role": "user", "content": text}]
+        ids = self.encode_chat(messages)
+        if not ids:
+            raise ValueError("the chat template rendered no ids")
+        if stop is True:
+            stop = self.stop_ids(chat=True)
+        new_ids = self.generate(ids, max_new_tokens, slot=slot, seed=seed, stop=stop,
+                                stream=stream)
+        if stream:
+            return self._text_pieces(new_ids)
+        return self.decode(new_ids, skip_special=True)
 
     # ---- text (the model's tokenizer) ----------------------------------------------------
 
@@ -392,21 +386,50 @@ class Session:
             raise TypeError("text must be str or bytes, got %s" % type(text).__name__)
         flags = ((_lib.TEXT_CHAT if chat else 0) | (0 if add_special else _lib.TEXT_NO_ADD_SPECIAL)
                  | (0 if parse_special else _lib.TEXT_LITERAL_SPECIAL))
+        return self._sized_ids("stepgraph_session_encode", len(data),
+                               lambda out, capacity, count: self._lib.stepgraph_session_encode(
+                                   handle, data, len(data), flags, out, capacity, count))
+
+    def _sized_ids(self, function, guess, call):
+        """The ids a text call writes: call(ids pointer, capacity, count pointer) with room
+        for guess + a few ids, then once more with the size the library asks for."""
         count = ctypes.c_int64(0)
-        capacity = len(data) + _SPARE_IDS
+        capacity = guess + _SPARE_IDS
         for _ in range(2):
             out = np.empty(capacity, dtype=np.int32)
-            code = self._lib.stepgraph_session_encode(
-                handle, data, len(data), flags,
-                out.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)), capacity,
-                ctypes.byref(count))
+            code = call(out.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)), capacity,
+                        ctypes.byref(count))
             if code == _lib.ERROR_INVALID_VALUE and count.value > capacity:
                 capacity = count.value
                 continue
             self._check(code)
             return out[:count.value].tolist()
-        raise SessionError("stepgraph_session_encode: the size it asked for did not suffice",
+        raise SessionError("%s: the size it asked for did not suffice" % function,
                            _lib.ERROR_LAUNCH_FAILED)
+
+    @_locked
+    def encode_chat(self, messages: Sequence[Message]) -> List[int]:
+        """The token ids of a conversation through the model's chat template, with the
+        prompt that opens the assistant's turn: what transformers'
+        apply_chat_template(messages, add_generation_prompt=True, tokenize=True) gives.
+        messages: [{"role": "system" | "user" | "assistant", "content": "..."}, ...]; the
+        template decides which roles and orders it takes (SessionError says why not)."""
+        handle = self._live()
+        if isinstance(messages, (str, bytes, Mapping)) or not isinstance(messages, Sequence):
+            raise TypeError("messages must be a list of {'role', 'content'} mappings, got %s"
+                            % type(messages).__name__)
+        for i, m in enumerate(messages):
+            if not isinstance(m, Mapping) or not isinstance(m.get("role"), str) \
+                    or not isinstance(m.get("content"), str):
+                raise TypeError("messages[%d] must be a mapping with str 'role' and "
+                                "'content'" % i)
+        # Every key goes to the library, which refuses those it does not take by name.
+        data = json.dumps([dict(m) for m in messages],
+                          ensure_ascii=False).encode("utf-8", "surrogatepass")
+        return self._sized_ids("stepgraph_session_encode_chat", len(data),
+                               lambda out, capacity, count:
+                               self._lib.stepgraph_session_encode_chat(
+                                   handle, data, len(data), out, capacity, count))
 
     @_locked
     def decode(self, ids: Ids, skip_special: bool = False) -> str:
