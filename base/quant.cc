@@ -10,6 +10,7 @@
 #include <type_traits>
 
 #include "base/dot.h"
+#include "base/quant_isa.h"
 #include "stepgraph/base/half.h"
 
 namespace sg {
@@ -330,9 +331,12 @@ bool DequantizeRow(DType t, const void* blocks, float* out, int64_t n) {
   });
 }
 
-bool DotQuantizedRow(DType t, const void* blocks, int64_t n, const float* x, int64_t x_stride,
-                     int64_t m, float* out, int64_t out_stride) {
-  if (!ValidRow(t, n) || m < 0) return false;
+namespace {
+
+// The dot products for every ISA: the same source, so the same f32 operations in the same
+// order (kLanes independent partial sums; no contraction in this file), and the same bits.
+bool DotRows(DType t, const void* blocks, int64_t n, const float* x, int64_t x_stride, int64_t m,
+             float* out, int64_t out_stride) {
   return WithBlockType(t, [&](auto* tag) {
     using Block = std::remove_cv_t<std::remove_pointer_t<decltype(tag)>>;
     constexpr int kBlock = kElems<Block>;
@@ -353,6 +357,59 @@ bool DotQuantizedRow(DType t, const void* blocks, int64_t n, const float* x, int
       for (int64_t i = 0; i < group; ++i) out[(i0 + i) * out_stride] = cpu::Fold(acc[i]);
     }
   });
+}
+
+#if SG_QUANT_X86_PATHS
+// DotRows compiled for wider vectors: `flatten` inlines everything it calls (the block
+// dequantizers, the lane sums) into this function, so all of it is generated for the
+// target, while the out-of-line copies the rest of the program uses stay baseline.
+[[gnu::target("avx2"), gnu::flatten]] bool DotRowsAvx2(DType t, const void* blocks, int64_t n,
+                                                      const float* x, int64_t x_stride,
+                                                      int64_t m, float* out,
+                                                      int64_t out_stride) {
+  return DotRows(t, blocks, n, x, x_stride, m, out, out_stride);
+}
+
+[[gnu::target("avx512f"), gnu::flatten]] bool DotRowsAvx512(DType t, const void* blocks,
+                                                           int64_t n, const float* x,
+                                                           int64_t x_stride, int64_t m,
+                                                           float* out, int64_t out_stride) {
+  return DotRows(t, blocks, n, x, x_stride, m, out, out_stride);
+}
+#endif
+
+QuantIsa BestQuantIsa() {
+#if SG_QUANT_X86_PATHS
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f")) return QuantIsa::kAvx512;
+  if (__builtin_cpu_supports("avx2")) return QuantIsa::kAvx2;
+#endif
+  return QuantIsa::kBaseline;
+}
+
+}  // namespace
+
+bool QuantIsaSupported(QuantIsa isa) {
+  static const QuantIsa best = BestQuantIsa();
+  return static_cast<int>(isa) <= static_cast<int>(best);
+}
+
+bool DotQuantizedRowWith(QuantIsa isa, DType t, const void* blocks, int64_t n, const float* x,
+                         int64_t x_stride, int64_t m, float* out, int64_t out_stride) {
+  if (!ValidRow(t, n) || m < 0 || !QuantIsaSupported(isa)) return false;
+  switch (isa) {
+#if SG_QUANT_X86_PATHS
+    case QuantIsa::kAvx512: return DotRowsAvx512(t, blocks, n, x, x_stride, m, out, out_stride);
+    case QuantIsa::kAvx2: return DotRowsAvx2(t, blocks, n, x, x_stride, m, out, out_stride);
+#endif
+    default: return DotRows(t, blocks, n, x, x_stride, m, out, out_stride);
+  }
+}
+
+bool DotQuantizedRow(DType t, const void* blocks, int64_t n, const float* x, int64_t x_stride,
+                     int64_t m, float* out, int64_t out_stride) {
+  static const QuantIsa best = BestQuantIsa();
+  return DotQuantizedRowWith(best, t, blocks, n, x, x_stride, m, out, out_stride);
 }
 
 bool QuantizeRow(DType t, const float* in, void* blocks, int64_t n) {

@@ -7,6 +7,7 @@
 
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -17,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "base/quant_isa.h"
 #include "stepgraph/base/half.h"
 #include "stepgraph/graph/types.h"
 #include "tests/testing/util.h"
@@ -101,6 +103,46 @@ TEST_P(QuantFormatTest, DotMatchesDequantizedRow) {
     }
     EXPECT_NEAR(out[i * out_stride], want, 1e-5 * norm) << "vector " << i;
   }
+}
+
+// Every vector width the processor has gives the baseline path's bits, for m = 1..6 (the
+// groups of four vectors and their remainders).
+TEST_P(QuantFormatTest, EveryIsaGivesTheBaselineBits) {
+  const DType t = GetParam();
+  const int64_t n = 3 * 256;
+  std::mt19937 rng(19);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> src(n);
+  for (float& v : src) v = normal(rng);
+  std::vector<uint8_t> blocks(DTypeRowBytes(t, n));
+  ASSERT_TRUE(QuantizeRow(t, src.data(), blocks.data(), n));
+  const int64_t m = 6;
+  std::vector<float> x(m * n);
+  for (float& v : x) v = normal(rng);
+  std::vector<float> want(m, std::nanf(""));
+  ASSERT_TRUE(DotQuantizedRowWith(QuantIsa::kBaseline, t, blocks.data(), n, x.data(), n, m,
+                                  want.data(), 1));
+  int paths = 0;
+  for (const QuantIsa isa : {QuantIsa::kAvx2, QuantIsa::kAvx512}) {
+    std::vector<float> got(m, std::nanf(""));
+    if (!QuantIsaSupported(isa)) {
+      EXPECT_FALSE(DotQuantizedRowWith(isa, t, blocks.data(), n, x.data(), n, m, got.data(), 1));
+      continue;
+    }
+    ++paths;
+    ASSERT_TRUE(DotQuantizedRowWith(isa, t, blocks.data(), n, x.data(), n, m, got.data(), 1));
+    for (int64_t i = 0; i < m; ++i) {
+      EXPECT_EQ(std::bit_cast<uint32_t>(got[i]), std::bit_cast<uint32_t>(want[i]))
+          << "path " << static_cast<int>(isa) << ", vector " << i;
+    }
+  }
+  // The default entry point takes one of them.
+  std::vector<float> chosen(m, std::nanf(""));
+  ASSERT_TRUE(DotQuantizedRow(t, blocks.data(), n, x.data(), n, m, chosen.data(), 1));
+  for (int64_t i = 0; i < m; ++i) {
+    EXPECT_EQ(std::bit_cast<uint32_t>(chosen[i]), std::bit_cast<uint32_t>(want[i]));
+  }
+  RecordProperty("wider_paths", paths);
 }
 
 // Quantize, then dequantize: close to the input, relative to the format's resolution.
