@@ -333,83 +333,87 @@ bool DequantizeRow(DType t, const void* blocks, float* out, int64_t n) {
 
 namespace {
 
-// The dot products for every ISA: the same source, so the same f32 operations in the same
-// order (kLanes independent partial sums; no contraction in this file), and the same bits.
-bool DotRows(DType t, const void* blocks, int64_t n, const float* x, int64_t x_stride, int64_t m,
-             float* out, int64_t out_stride) {
+// The scalar dot products, the definition the vector paths are tested against: blocks
+// dequantized one at a time as DequantizeRow does, kLanes independent partial sums.
+bool DotRows(DType t, const void* blocks, int64_t rows, int64_t n, const float* x,
+             int64_t x_stride, int64_t m, float* out, int64_t out_stride) {
   return WithBlockType(t, [&](auto* tag) {
     using Block = std::remove_cv_t<std::remove_pointer_t<decltype(tag)>>;
     constexpr int kBlock = kElems<Block>;
-    const auto* b = static_cast<const Block*>(blocks);
+    const int64_t nb = n / kBlock;
     // Up to kGroup vectors at a time, each with its own lane sums: a block is dequantized
     // once per group.
     constexpr int64_t kGroup = 4;
     float values[kBlock];
-    for (int64_t i0 = 0; i0 < m; i0 += kGroup) {
-      const int64_t group = std::min(kGroup, m - i0);
-      float acc[kGroup][cpu::kLanes] = {};
-      for (int64_t blk = 0; blk < n / kBlock; ++blk) {
-        DequantBlock(b[blk], values);
-        for (int64_t i = 0; i < group; ++i) {
-          cpu::AccumulateFixed<kBlock>(values, x + (i0 + i) * x_stride + blk * kBlock, acc[i]);
+    for (int64_t r = 0; r < rows; ++r) {
+      const Block* b = static_cast<const Block*>(blocks) + r * nb;
+      for (int64_t i0 = 0; i0 < m; i0 += kGroup) {
+        const int64_t group = std::min(kGroup, m - i0);
+        float acc[kGroup][cpu::kLanes] = {};
+        for (int64_t blk = 0; blk < nb; ++blk) {
+          DequantBlock(b[blk], values);
+          for (int64_t i = 0; i < group; ++i) {
+            cpu::AccumulateFixed<kBlock>(values, x + (i0 + i) * x_stride + blk * kBlock, acc[i]);
+          }
         }
+        for (int64_t i = 0; i < group; ++i) out[(i0 + i) * out_stride + r] = cpu::Fold(acc[i]);
       }
-      for (int64_t i = 0; i < group; ++i) out[(i0 + i) * out_stride] = cpu::Fold(acc[i]);
     }
   });
 }
 
-#if SG_QUANT_X86_PATHS
-// DotRows compiled for wider vectors: `flatten` inlines everything it calls (the block
-// dequantizers, the lane sums) into this function, so all of it is generated for the
-// target, while the out-of-line copies the rest of the program uses stay baseline.
-[[gnu::target("avx2"), gnu::flatten]] bool DotRowsAvx2(DType t, const void* blocks, int64_t n,
-                                                      const float* x, int64_t x_stride,
-                                                      int64_t m, float* out,
-                                                      int64_t out_stride) {
-  return DotRows(t, blocks, n, x, x_stride, m, out, out_stride);
-}
-
-[[gnu::target("avx512f"), gnu::flatten]] bool DotRowsAvx512(DType t, const void* blocks,
-                                                           int64_t n, const float* x,
-                                                           int64_t x_stride, int64_t m,
-                                                           float* out, int64_t out_stride) {
-  return DotRows(t, blocks, n, x, x_stride, m, out, out_stride);
-}
-#endif
-
-QuantIsa BestQuantIsa() {
+QuantIsa ProbeQuantIsa() {
 #if SG_QUANT_X86_PATHS
   __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx512f")) return QuantIsa::kAvx512;
-  if (__builtin_cpu_supports("avx2")) return QuantIsa::kAvx2;
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("f16c") &&
+      __builtin_cpu_supports("fma")) {
+    return QuantIsa::kAvx512;
+  }
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+      __builtin_cpu_supports("f16c")) {
+    return QuantIsa::kAvx2;
+  }
 #endif
   return QuantIsa::kBaseline;
 }
 
 }  // namespace
 
-bool QuantIsaSupported(QuantIsa isa) {
-  static const QuantIsa best = BestQuantIsa();
-  return static_cast<int>(isa) <= static_cast<int>(best);
+QuantIsa BestQuantIsa() {
+  static const QuantIsa best = ProbeQuantIsa();
+  return best;
 }
 
-bool DotQuantizedRowWith(QuantIsa isa, DType t, const void* blocks, int64_t n, const float* x,
-                         int64_t x_stride, int64_t m, float* out, int64_t out_stride) {
-  if (!ValidRow(t, n) || m < 0 || !QuantIsaSupported(isa)) return false;
+bool QuantIsaSupported(QuantIsa isa) {
+  return static_cast<int>(isa) <= static_cast<int>(BestQuantIsa());
+}
+
+bool DotQuantizedRowsWith(QuantIsa isa, DType t, const void* blocks, int64_t rows, int64_t n,
+                          const float* x, int64_t x_stride, int64_t m, float* out,
+                          int64_t out_stride) {
+  if (!ValidRow(t, n) || m < 0 || rows < 0 || !QuantIsaSupported(isa)) return false;
   switch (isa) {
 #if SG_QUANT_X86_PATHS
-    case QuantIsa::kAvx512: return DotRowsAvx512(t, blocks, n, x, x_stride, m, out, out_stride);
-    case QuantIsa::kAvx2: return DotRowsAvx2(t, blocks, n, x, x_stride, m, out, out_stride);
+    case QuantIsa::kAvx512:
+      return DotRowsAvx512(t, blocks, rows, n, x, x_stride, m, out, out_stride);
+    case QuantIsa::kAvx2:
+      return DotRowsAvx2(t, blocks, rows, n, x, x_stride, m, out, out_stride);
 #endif
-    default: return DotRows(t, blocks, n, x, x_stride, m, out, out_stride);
+    default: return DotRows(t, blocks, rows, n, x, x_stride, m, out, out_stride);
   }
+}
+
+bool DotQuantizedRows(DType t, const void* blocks, int64_t rows, int64_t n, const float* x,
+                      int64_t x_stride, int64_t m, float* out, int64_t out_stride) {
+  return DotQuantizedRowsWith(BestQuantIsa(), t, blocks, rows, n, x, x_stride, m, out,
+                              out_stride);
 }
 
 bool DotQuantizedRow(DType t, const void* blocks, int64_t n, const float* x, int64_t x_stride,
                      int64_t m, float* out, int64_t out_stride) {
-  static const QuantIsa best = BestQuantIsa();
-  return DotQuantizedRowWith(best, t, blocks, n, x, x_stride, m, out, out_stride);
+  // One row: out[i·out_stride] is the rows form's element (i, 0).
+  return DotQuantizedRows(t, blocks, 1, n, x, x_stride, m, out, out_stride);
 }
 
 bool QuantizeRow(DType t, const float* in, void* blocks, int64_t n) {

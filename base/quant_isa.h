@@ -1,7 +1,8 @@
-// The CPU paths of the quantized dot product (DotQuantizedRow): one source compiled for
-// several x86 vector widths, chosen once at run time by what the processor has. Every path
-// computes the same f32 operations in the same order, so they give the same bits; this
-// header lets tests and benchmarks run each path by name.
+// The CPU paths of the quantized dot products (DotQuantizedRows): the scalar definition
+// (quant.cc) and, on x86-64, vector paths for AVX2 + FMA + F16C and AVX-512
+// (quant_dot.cc), chosen once at run time by what the processor has. The paths differ only
+// in the order and rounding of the dot's sums (the dequantized values are the same bits);
+// this header lets tests and benchmarks run each path by name.
 #ifndef STEPGRAPH_BASE_QUANT_ISA_H_
 #define STEPGRAPH_BASE_QUANT_ISA_H_
 
@@ -23,10 +24,23 @@ enum class QuantIsa : int { kBaseline = 0, kAvx2 = 1, kAvx512 = 2 };
 
 bool QuantIsaSupported(QuantIsa isa);
 
-// DotQuantizedRow on the given path; false where DotQuantizedRow is, or for a path this
+// The widest supported path (the one DotQuantizedRows takes).
+QuantIsa BestQuantIsa();
+
+// DotQuantizedRows on the given path; false where DotQuantizedRows is, or for a path this
 // processor lacks.
-bool DotQuantizedRowWith(QuantIsa isa, DType t, const void* blocks, int64_t n, const float* x,
-                         int64_t x_stride, int64_t m, float* out, int64_t out_stride);
+bool DotQuantizedRowsWith(QuantIsa isa, DType t, const void* blocks, int64_t rows, int64_t n,
+                          const float* x, int64_t x_stride, int64_t m, float* out,
+                          int64_t out_stride);
+
+#if SG_QUANT_X86_PATHS
+// The vector paths (quant_dot.cc), for arguments already checked; false for a dtype that
+// is not a block format.
+bool DotRowsAvx2(DType t, const void* blocks, int64_t rows, int64_t n, const float* x,
+                 int64_t x_stride, int64_t m, float* out, int64_t out_stride);
+bool DotRowsAvx512(DType t, const void* blocks, int64_t rows, int64_t n, const float* x,
+                   int64_t x_stride, int64_t m, float* out, int64_t out_stride);
+#endif
 
 }  // namespace sg
 
