@@ -364,16 +364,14 @@ bool DotRows(DType t, const void* blocks, int64_t rows, int64_t n, const float* 
 
 QuantIsa ProbeQuantIsa() {
 #if SG_QUANT_X86_PATHS
+  // The paths also use F16C, which every processor with AVX2 has (and not every compiler
+  // can ask about).
   __builtin_cpu_init();
   if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("f16c") &&
-      __builtin_cpu_supports("fma")) {
+      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("fma")) {
     return QuantIsa::kAvx512;
   }
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-      __builtin_cpu_supports("f16c")) {
-    return QuantIsa::kAvx2;
-  }
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return QuantIsa::kAvx2;
 #endif
   return QuantIsa::kBaseline;
 }

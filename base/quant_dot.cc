@@ -24,12 +24,25 @@
 // 64-byte vectors passed between helpers, all inlined: no call's ABI is involved (the
 // warning comes at the end of the file, so it stays off to the end).
 #pragma GCC diagnostic ignored "-Wpsabi"
+#if !defined(__clang__)
 // GCC 12 warns inside its own AVX-512 headers (their _mm512_undefined_* operands).
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 
 // Each path is the kernels compiled under its target, in a namespace of its own.
-#pragma GCC push_options
-#pragma GCC target("avx2,fma,f16c")
+#if defined(__clang__)
+#define SG_TARGET_BEGIN(isa) \
+  _Pragma(SG_STR(clang attribute push(__attribute__((target(isa))), apply_to = function)))
+#define SG_TARGET_END _Pragma("clang attribute pop")
+#else
+#define SG_TARGET_BEGIN(isa) _Pragma("GCC push_options") _Pragma(SG_STR(GCC target(isa)))
+#define SG_TARGET_END _Pragma("GCC pop_options")
+#endif
+#define SG_STR(x) #x
+#define SG_AVX2 "avx2,fma,f16c"
+#define SG_AVX512 "avx512f,avx512bw,avx512vl,avx2,fma,f16c"
+
+SG_TARGET_BEGIN(SG_AVX2)
 namespace sg::quant_avx2 {
 struct Isa {
   struct V {
@@ -65,10 +78,9 @@ struct Isa {
 
 #include "base/quant_dot_kernels.inc"
 }  // namespace sg::quant_avx2
-#pragma GCC pop_options
+SG_TARGET_END
 
-#pragma GCC push_options
-#pragma GCC target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")
+SG_TARGET_BEGIN(SG_AVX512)
 namespace sg::quant_avx512 {
 struct Isa {
   using V = __m512;
@@ -98,19 +110,19 @@ struct Isa {
 
 #include "base/quant_dot_kernels.inc"
 }  // namespace sg::quant_avx512
-#pragma GCC pop_options
+SG_TARGET_END
 
 namespace sg {
 
 // AVX2 has 16 registers of 8 lanes (a 16-lane sum takes two): 4 rows or 4 vectors at once.
-[[gnu::target("avx2,fma,f16c")]] bool DotRowsAvx2(DType t, const void* blocks, int64_t rows,
+[[gnu::target(SG_AVX2)]] bool DotRowsAvx2(DType t, const void* blocks, int64_t rows,
                                                   int64_t n, const float* x, int64_t x_stride,
                                                   int64_t m, float* out, int64_t out_stride) {
   return quant_avx2::AllFormats<4, 4>(t, blocks, rows, n, x, x_stride, m, out, out_stride);
 }
 
 // AVX-512 has 32 registers of 16 lanes: 4 rows or 8 vectors at once.
-[[gnu::target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")]] bool DotRowsAvx512(
+[[gnu::target(SG_AVX512)]] bool DotRowsAvx512(
     DType t, const void* blocks, int64_t rows, int64_t n, const float* x, int64_t x_stride,
     int64_t m, float* out, int64_t out_stride) {
   return quant_avx512::AllFormats<4, 8>(t, blocks, rows, n, x, x_stride, m, out, out_stride);
