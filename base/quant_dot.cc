@@ -3,7 +3,7 @@
 // for bit: every product of a scale and a code is exact in f32, so a fused multiply-add
 // there rounds as the reference's multiply then add), and multiplied into 16-lane partial
 // sums with fused multiply-adds. Only the order and rounding of the dot's own sums differ
-// from the scalar path (quant.cc), as DotQuantizedRow allows.
+// from the scalar path (quant.cc), as DotQuantizedRows allows.
 //
 // One source for both widths (quant_dot_kernels.inc: the blocks unpacked to 16 bytes of
 // codes with SSE, the tiles of rows and vectors), compiled twice under target pragmas
