@@ -13,6 +13,17 @@
 #include "base/quant_isa.h"
 #include "stepgraph/base/half.h"
 
+// Sanitizer builds compile this file uninstrumented (base/CMakeLists.txt): its loops check
+// each byte and float they load, which made the CPU reference ten times slower there. The
+// entry points check their whole buffers against ASan's shadow once instead (CheckRange).
+#ifdef SG_CHECK_RANGES_AT_ENTRY
+#include <sanitizer/asan_interface.h>
+#include <sanitizer/common_interface_defs.h>
+
+#include <cstdio>
+#include <cstdlib>
+#endif
+
 namespace sg {
 namespace {
 
@@ -320,10 +331,29 @@ bool ValidRow(DType t, int64_t n) {
   return IsQuantized(t) && n >= 0 && n % DTypeBlockElems(t) == 0;
 }
 
+// In sanitizer builds, what an instrumented load or store in the loops would have reported:
+// the first unaddressable byte of [p, p + bytes), described by ASan, then the abort that
+// ASan's own reports end in. Nothing in other builds.
+inline void CheckRange([[maybe_unused]] const void* p, [[maybe_unused]] int64_t bytes,
+                       [[maybe_unused]] const char* what) {
+#ifdef SG_CHECK_RANGES_AT_ENTRY
+  if (bytes <= 0) return;
+  void* bad = __asan_region_is_poisoned(const_cast<void*>(p), static_cast<size_t>(bytes));
+  if (bad == nullptr) return;
+  std::fprintf(stderr, "stepgraph: %s [%p, +%lld bytes) reaches unaddressable memory at %p\n",
+               what, p, static_cast<long long>(bytes), bad);
+  __asan_describe_address(bad);
+  __sanitizer_print_stack_trace();
+  std::abort();
+#endif
+}
+
 }  // namespace
 
 bool DequantizeRow(DType t, const void* blocks, float* out, int64_t n) {
   if (!ValidRow(t, n)) return false;
+  CheckRange(blocks, DTypeRowBytes(t, n), "DequantizeRow: blocks");
+  CheckRange(out, n * 4, "DequantizeRow: out");
   return WithBlockType(t, [&](auto* tag) {
     using Block = std::remove_cv_t<std::remove_pointer_t<decltype(tag)>>;
     const auto* b = static_cast<const Block*>(blocks);
@@ -391,6 +421,11 @@ bool DotQuantizedRowsWith(QuantIsa isa, DType t, const void* blocks, int64_t row
                           const float* x, int64_t x_stride, int64_t m, float* out,
                           int64_t out_stride) {
   if (!ValidRow(t, n) || m < 0 || rows < 0 || !QuantIsaSupported(isa)) return false;
+  CheckRange(blocks, rows * DTypeRowBytes(t, n), "DotQuantizedRows: blocks");
+  for (int64_t i = 0; i < m; ++i) {
+    CheckRange(x + i * x_stride, n * 4, "DotQuantizedRows: x row");
+    CheckRange(out + i * out_stride, rows * 4, "DotQuantizedRows: out");
+  }
   switch (isa) {
 #if SG_QUANT_X86_PATHS
     case QuantIsa::kAvx512:
@@ -416,6 +451,8 @@ bool DotQuantizedRow(DType t, const void* blocks, int64_t n, const float* x, int
 
 bool QuantizeRow(DType t, const float* in, void* blocks, int64_t n) {
   if (!ValidRow(t, n)) return false;
+  CheckRange(in, n * 4, "QuantizeRow: in");
+  CheckRange(blocks, DTypeRowBytes(t, n), "QuantizeRow: blocks");
   return WithBlockType(t, [&](auto* tag) {
     using Block = std::remove_cv_t<std::remove_pointer_t<decltype(tag)>>;
     auto* b = static_cast<Block*>(blocks);

@@ -68,6 +68,30 @@ func TestCodesAreErrors(t *testing.T) {
 	}
 }
 
+// A STEPGRAPH_LIB_DIR that the program was not linked against (no CGO_LDFLAGS) is refused
+// by name when a session opens, not silently replaced by the repository's libraries.
+func TestALibraryFolderNotLinkedIsRefused(t *testing.T) {
+	other := t.TempDir()
+	t.Setenv("STEPGRAPH_LIB_DIR", other)
+	err := CheckLibraries()
+	if !errors.Is(err, ErrInvalidArgument) || !strings.Contains(err.Error(), other) ||
+		!strings.Contains(err.Error(), "CGO_LDFLAGS") {
+		t.Fatalf("CheckLibraries with %s: %v", other, err)
+	}
+	if s, err := OpenBuiltin(nil); err == nil || !strings.Contains(err.Error(), "CGO_LDFLAGS") {
+		if s != nil {
+			s.Close()
+		}
+		t.Fatalf("OpenBuiltin with STEPGRAPH_LIB_DIR=%s: %v", other, err)
+	}
+	// The folder the libraries were loaded from passes.
+	kernels, _ := LibraryFiles()
+	t.Setenv("STEPGRAPH_LIB_DIR", filepath.Dir(kernels))
+	if err := CheckLibraries(); err != nil {
+		t.Fatalf("the loaded folder %s: %v", filepath.Dir(kernels), err)
+	}
+}
+
 // The package runs against the libraries named by STEPGRAPH_LIB_DIR when it is set (the
 // folder tools/test.sh passes through CGO_LDFLAGS), else those of a build folder of the
 // repository, in link.go's order.

@@ -99,6 +99,9 @@ func OpenBuiltin(options *Options) (*Session, error) {
 
 func open(path *byte, options *Options) (*Session, error) {
 	const f = "stepgraph_session_create"
+	if err := CheckLibraries(); err != nil {
+		return nil, err
+	}
 	var o sessionOptions
 	if code := stepgraph_session_options_init(&o); code != C.STEPGRAPH_OK {
 		return nil, check(code, "stepgraph_session_options_init")

@@ -314,5 +314,35 @@ TEST(QuantTest, PlainTypesAreRefused) {
   }
 }
 
+// Sanitizer builds compile base/quant.cc uninstrumented and check each entry's whole
+// buffers against ASan's shadow instead (base/CMakeLists.txt): a row whose blocks or
+// output end one byte early is still reported, before any of it is read.
+TEST(QuantDeathTest, SanitizersStillSeeBuffersThatEndEarly) {
+#ifndef __SANITIZE_ADDRESS__
+  GTEST_SKIP() << "checked under AddressSanitizer only";
+#else
+  const int64_t n = 64;
+  std::mt19937 rng(7);
+  std::vector<uint8_t> short_blocks(DTypeRowBytes(DType::kQ4_0, n) - 1);
+  for (uint8_t& b : short_blocks) b = static_cast<uint8_t>(rng());
+  std::vector<float> x(n);
+  for (float& v : x) v = std::uniform_real_distribution<float>(-1, 1)(rng);
+  float out = 0;
+  EXPECT_DEATH(DotQuantizedRow(DType::kQ4_0, short_blocks.data(), n, x.data(), n, 1, &out, 1),
+               "DotQuantizedRows: blocks .* reaches unaddressable memory");
+  std::vector<uint8_t> blocks(DTypeRowBytes(DType::kQ4_0, n));
+  for (uint8_t& b : blocks) b = static_cast<uint8_t>(rng());
+  std::vector<float> short_out(n - 1);
+  EXPECT_DEATH(DequantizeRow(DType::kQ4_0, blocks.data(), short_out.data(), n),
+               "DequantizeRow: out .* reaches unaddressable memory");
+  EXPECT_DEATH(QuantizeRow(DType::kQ4_0, short_out.data(), blocks.data(), n),
+               "QuantizeRow: in .* reaches unaddressable memory");
+  // Whole buffers pass.
+  std::vector<float> row(n);
+  EXPECT_TRUE(DequantizeRow(DType::kQ4_0, blocks.data(), row.data(), n));
+  EXPECT_TRUE(DotQuantizedRow(DType::kQ4_0, blocks.data(), n, x.data(), n, 1, &out, 1));
+#endif
+}
+
 }  // namespace
 }  // namespace sg
