@@ -8,7 +8,8 @@
 #   LLAMA_BENCH=/path/to/llama-bench bench/peers/cpu_peer.sh [MODEL.gguf]
 #
 # MODEL defaults to the tests' SmolLM2-135M-Instruct Q4_1 file. llama-bench comes from a
-# CPU build of llama.cpp (e.g. the sources in the llama-cpp-python sdist, see gguf_peer.sh).
+# build of llama.cpp (e.g. the sources in the llama-cpp-python sdist, see gguf_peer.sh); it
+# runs with -ngl 0, on the CPU, also where it was built with CUDA.
 # Environment: SG_BIN (stepgraph, default build/stepgraph), THREADS (default "1 2"), REPS
 # (default 5), GEN (decode tokens, default 64), PROMPT (prompt tokens, default 128).
 #
@@ -42,8 +43,9 @@ def run(cmd):
 
 
 def llama_once(t):
-    out = run([llama, "-m", model, "-t", str(t), "-p", str(prompt), "-n", str(gen), "-r", "1",
-               "-o", "json"])
+    # -ngl 0: a CUDA build of llama.cpp runs on the CPU too.
+    out = run([llama, "-m", model, "-ngl", "0", "-t", str(t), "-p", str(prompt), "-n", str(gen),
+               "-r", "1", "-o", "json"])
     rows = json.loads(out[out.index("["):])
     tg = next(r["avg_ts"] for r in rows if r["n_gen"] == gen and r["n_prompt"] == 0)
     pp = next(r["avg_ts"] for r in rows if r["n_prompt"] == prompt and r["n_gen"] == 0)
