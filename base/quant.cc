@@ -10,6 +10,7 @@
 #include <type_traits>
 
 #include "base/dot.h"
+#include "base/quant_isa.h"
 #include "stepgraph/base/half.h"
 
 // Sanitizer builds compile this file uninstrumented (base/CMakeLists.txt): its loops check
@@ -360,34 +361,92 @@ bool DequantizeRow(DType t, const void* blocks, float* out, int64_t n) {
   });
 }
 
-bool DotQuantizedRow(DType t, const void* blocks, int64_t n, const float* x, int64_t x_stride,
-                     int64_t m, float* out, int64_t out_stride) {
-  if (!ValidRow(t, n) || m < 0) return false;
-  CheckRange(blocks, DTypeRowBytes(t, n), "DotQuantizedRow: blocks");
-  for (int64_t i = 0; i < m; ++i) {
-    CheckRange(x + i * x_stride, n * 4, "DotQuantizedRow: x row");
-    CheckRange(out + i * out_stride, 4, "DotQuantizedRow: out");
-  }
+namespace {
+
+// The scalar dot products, the definition the vector paths are tested against: blocks
+// dequantized one at a time as DequantizeRow does, kLanes independent partial sums.
+bool DotRows(DType t, const void* blocks, int64_t rows, int64_t n, const float* x,
+             int64_t x_stride, int64_t m, float* out, int64_t out_stride) {
   return WithBlockType(t, [&](auto* tag) {
     using Block = std::remove_cv_t<std::remove_pointer_t<decltype(tag)>>;
     constexpr int kBlock = kElems<Block>;
-    const auto* b = static_cast<const Block*>(blocks);
+    const int64_t nb = n / kBlock;
     // Up to kGroup vectors at a time, each with its own lane sums: a block is dequantized
     // once per group.
     constexpr int64_t kGroup = 4;
     float values[kBlock];
-    for (int64_t i0 = 0; i0 < m; i0 += kGroup) {
-      const int64_t group = std::min(kGroup, m - i0);
-      float acc[kGroup][cpu::kLanes] = {};
-      for (int64_t blk = 0; blk < n / kBlock; ++blk) {
-        DequantBlock(b[blk], values);
-        for (int64_t i = 0; i < group; ++i) {
-          cpu::AccumulateFixed<kBlock>(values, x + (i0 + i) * x_stride + blk * kBlock, acc[i]);
+    for (int64_t r = 0; r < rows; ++r) {
+      const Block* b = static_cast<const Block*>(blocks) + r * nb;
+      for (int64_t i0 = 0; i0 < m; i0 += kGroup) {
+        const int64_t group = std::min(kGroup, m - i0);
+        float acc[kGroup][cpu::kLanes] = {};
+        for (int64_t blk = 0; blk < nb; ++blk) {
+          DequantBlock(b[blk], values);
+          for (int64_t i = 0; i < group; ++i) {
+            cpu::AccumulateFixed<kBlock>(values, x + (i0 + i) * x_stride + blk * kBlock, acc[i]);
+          }
         }
+        for (int64_t i = 0; i < group; ++i) out[(i0 + i) * out_stride + r] = cpu::Fold(acc[i]);
       }
-      for (int64_t i = 0; i < group; ++i) out[(i0 + i) * out_stride] = cpu::Fold(acc[i]);
     }
   });
+}
+
+QuantIsa ProbeQuantIsa() {
+#if SG_QUANT_X86_PATHS
+  // The paths also use F16C, which every processor with AVX2 has (and not every compiler
+  // can ask about).
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("fma")) {
+    return QuantIsa::kAvx512;
+  }
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return QuantIsa::kAvx2;
+#endif
+  return QuantIsa::kBaseline;
+}
+
+}  // namespace
+
+QuantIsa BestQuantIsa() {
+  static const QuantIsa best = ProbeQuantIsa();
+  return best;
+}
+
+bool QuantIsaSupported(QuantIsa isa) {
+  return static_cast<int>(isa) <= static_cast<int>(BestQuantIsa());
+}
+
+bool DotQuantizedRowsWith(QuantIsa isa, DType t, const void* blocks, int64_t rows, int64_t n,
+                          const float* x, int64_t x_stride, int64_t m, float* out,
+                          int64_t out_stride) {
+  if (!ValidRow(t, n) || m < 0 || rows < 0 || !QuantIsaSupported(isa)) return false;
+  CheckRange(blocks, rows * DTypeRowBytes(t, n), "DotQuantizedRows: blocks");
+  for (int64_t i = 0; i < m; ++i) {
+    CheckRange(x + i * x_stride, n * 4, "DotQuantizedRows: x row");
+    CheckRange(out + i * out_stride, rows * 4, "DotQuantizedRows: out");
+  }
+  switch (isa) {
+#if SG_QUANT_X86_PATHS
+    case QuantIsa::kAvx512:
+      return DotRowsAvx512(t, blocks, rows, n, x, x_stride, m, out, out_stride);
+    case QuantIsa::kAvx2:
+      return DotRowsAvx2(t, blocks, rows, n, x, x_stride, m, out, out_stride);
+#endif
+    default: return DotRows(t, blocks, rows, n, x, x_stride, m, out, out_stride);
+  }
+}
+
+bool DotQuantizedRows(DType t, const void* blocks, int64_t rows, int64_t n, const float* x,
+                      int64_t x_stride, int64_t m, float* out, int64_t out_stride) {
+  return DotQuantizedRowsWith(BestQuantIsa(), t, blocks, rows, n, x, x_stride, m, out,
+                              out_stride);
+}
+
+bool DotQuantizedRow(DType t, const void* blocks, int64_t n, const float* x, int64_t x_stride,
+                     int64_t m, float* out, int64_t out_stride) {
+  // One row: out[i·out_stride] is the rows form's element (i, 0).
+  return DotQuantizedRows(t, blocks, 1, n, x, x_stride, m, out, out_stride);
 }
 
 bool QuantizeRow(DType t, const float* in, void* blocks, int64_t n) {

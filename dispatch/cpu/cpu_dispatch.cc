@@ -251,10 +251,11 @@ absl::Status CpuDispatch::Run(const ops::MatMul& op, const NodeArgs& args) {
   // weight row is read once per step whatever m is.
   pool_->ParallelFor(n, MinItemsPerChunk(m * k), [&](int thread, int64_t j0, int64_t j1) {
     const auto* w_bytes = static_cast<const std::byte*>(w.data);
+    if (quantized) {
+      DotQuantizedRows(w.dtype, w_bytes + j0 * w_row_bytes, j1 - j0, k, xs, k, m, out + j0, n);
+    }
     for (int64_t j = j0; j < j1; ++j) {
-      if (quantized) {
-        DotQuantizedRow(w.dtype, w_bytes + j * w_row_bytes, k, xs, k, m, out + j, n);
-      } else {
+      if (!quantized) {
         const float* wj = F32Row(w, j * k, k, scratch_[thread].data());
         for (int64_t i = 0; i < m; ++i) out[i * n + j] = cpu::Dot(xs + i * k, wj, k);
       }
@@ -705,9 +706,12 @@ absl::Status CpuDispatch::Run(const ops::FusedMatMul& op, const NodeArgs& args) 
       const TensorArg& w = args.inputs[first_w + g];
       const int64_t r = j - col_start[g];
       if (IsQuantized(w.dtype)) {
+        // The chunk's rows of this weight in one call.
+        const int64_t rows = std::min(j1, col_start[g + 1]) - j;
         const auto* w_bytes = static_cast<const std::byte*>(w.data);
-        DotQuantizedRow(w.dtype, w_bytes + r * DTypeRowBytes(w.dtype, k), k, xs.data(), k, m,
-                        p.data() + j, n);
+        DotQuantizedRows(w.dtype, w_bytes + r * DTypeRowBytes(w.dtype, k), rows, k, xs.data(),
+                         k, m, p.data() + j, n);
+        j += rows - 1;
       } else {
         const float* wr = F32Row(w, r * k, k, scratch_[thread].data());
         for (int64_t i = 0; i < m; ++i) p[i * n + j] = cpu::Dot(xs.data() + i * k, wr, k);

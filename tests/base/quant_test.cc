@@ -7,7 +7,9 @@
 
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <fstream>
@@ -17,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "base/quant_isa.h"
 #include "stepgraph/base/half.h"
 #include "stepgraph/graph/types.h"
 #include "tests/testing/util.h"
@@ -101,6 +104,118 @@ TEST_P(QuantFormatTest, DotMatchesDequantizedRow) {
     }
     EXPECT_NEAR(out[i * out_stride], want, 1e-5 * norm) << "vector " << i;
   }
+}
+
+// A random f16 scale: either sign, a normal magnitude between 2^-6 and 2^5, never zero.
+uint16_t RandomScale(std::mt19937& rng) {
+  const uint32_t sign = rng() & 1, exponent = 9 + rng() % 12, mantissa = rng() & 0x3ff;
+  return static_cast<uint16_t>(sign << 15 | exponent << 10 | mantissa);
+}
+
+// `count` blocks of random bytes (every code pattern) whose f16 scales are RandomScale;
+// the K formats' packed 6-bit scales and Q6_K's int8 scales random and nonzero.
+std::vector<uint8_t> RandomBlocks(DType t, int64_t count, std::mt19937& rng) {
+  const int64_t bytes = DTypeBlockBytes(t);
+  std::vector<uint8_t> out(static_cast<size_t>(count * bytes));
+  for (uint8_t& b : out) b = static_cast<uint8_t>(rng());
+  for (int64_t i = 0; i < count; ++i) {
+    uint8_t* block = out.data() + i * bytes;
+    auto scale = [&](size_t offset) {
+      const uint16_t h = RandomScale(rng);
+      std::memcpy(block + offset, &h, 2);
+    };
+    switch (t) {
+      case DType::kQ8_0: case DType::kQ4_0: case DType::kQ5_0: scale(0); break;
+      case DType::kQ4_1: case DType::kQ5_1: scale(0); scale(2); break;
+      case DType::kQ4_K: case DType::kQ5_K:
+        scale(0);
+        scale(2);
+        for (int j = 4; j < 16; ++j) block[j] |= 0x11;  // no 6-bit scale or min is zero
+        break;
+      case DType::kQ6_K:
+        for (int j = 192; j < 208; ++j) block[j] = block[j] == 0 ? 1 : block[j];
+        scale(offsetof(BlockQ6_K, d));
+        break;
+      default: break;
+    }
+  }
+  return out;
+}
+
+// Every vector path the processor has against the scalar path, on random blocks: rows not a
+// multiple of the paths' row groups, vector counts that leave every remainder of their
+// vector groups, strided x and out. Only the order and rounding of the sums may differ, so
+// each result is within a few f32 roundings of the scalar one, relative to Σ|value·x|.
+TEST_P(QuantFormatTest, EveryIsaMatchesTheScalarPath) {
+  const DType t = GetParam();
+  const int64_t n = 3 * 256, rows = 7, x_stride = n + 3;
+  std::mt19937 rng(19);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  const std::vector<uint8_t> blocks = RandomBlocks(t, rows * n / DTypeBlockElems(t), rng);
+  const int64_t row_bytes = DTypeRowBytes(t, n);
+  std::vector<float> values(rows * n);
+  for (int64_t r = 0; r < rows; ++r) {
+    ASSERT_TRUE(DequantizeRow(t, blocks.data() + r * row_bytes, values.data() + r * n, n));
+  }
+  int paths = 0;
+  for (const int64_t m : {1, 2, 3, 5, 9, 16, 17}) {
+    const int64_t out_stride = rows + 2;
+    std::vector<float> x(m * x_stride);
+    for (float& v : x) v = normal(rng);
+    std::vector<float> want(m * out_stride, std::nanf(""));
+    ASSERT_TRUE(DotQuantizedRowsWith(QuantIsa::kBaseline, t, blocks.data(), rows, n, x.data(),
+                                     x_stride, m, want.data(), out_stride));
+    for (const QuantIsa isa : {QuantIsa::kAvx2, QuantIsa::kAvx512}) {
+      std::vector<float> got(m * out_stride, std::nanf(""));
+      if (!QuantIsaSupported(isa)) {
+        EXPECT_FALSE(DotQuantizedRowsWith(isa, t, blocks.data(), rows, n, x.data(), x_stride,
+                                          m, got.data(), out_stride));
+        continue;
+      }
+      paths += m == 1;
+      ASSERT_TRUE(DotQuantizedRowsWith(isa, t, blocks.data(), rows, n, x.data(), x_stride, m,
+                                       got.data(), out_stride));
+      for (int64_t i = 0; i < m; ++i) {
+        for (int64_t r = 0; r < rows; ++r) {
+          double norm = 0;
+          for (int64_t c = 0; c < n; ++c) {
+            norm += std::fabs(static_cast<double>(values[r * n + c]) * x[i * x_stride + c]);
+          }
+          ASSERT_GT(norm, 0.0);
+          const float g = got[i * out_stride + r], w = want[i * out_stride + r];
+          EXPECT_LE(std::fabs(static_cast<double>(g) - w), 4e-7 * norm)
+              << "path " << static_cast<int>(isa) << ", m " << m << ", vector " << i
+              << ", row " << r << ": got " << g << ", scalar " << w;
+        }
+        // The padding between rows of out stays untouched.
+        EXPECT_TRUE(std::isnan(got[i * out_stride + rows]));
+      }
+      // A row's result is the same bits whatever the call's rows and m: one row and one
+      // vector at a time.
+      for (int64_t i = 0; i < m; i += 4) {
+        for (int64_t r = 0; r < rows; r += 3) {
+          float one = std::nanf("");
+          ASSERT_TRUE(DotQuantizedRowsWith(isa, t, blocks.data() + r * row_bytes, 1, n,
+                                           x.data() + i * x_stride, 0, 1, &one, 0));
+          EXPECT_EQ(std::bit_cast<uint32_t>(one), std::bit_cast<uint32_t>(got[i * out_stride + r]))
+              << "path " << static_cast<int>(isa) << ", m " << m << ", vector " << i
+              << ", row " << r;
+        }
+      }
+    }
+    // The default entry point takes the widest path the processor has.
+    std::vector<float> chosen(m * out_stride, std::nanf("")), best(m * out_stride, std::nanf(""));
+    ASSERT_TRUE(DotQuantizedRows(t, blocks.data(), rows, n, x.data(), x_stride, m,
+                                 chosen.data(), out_stride));
+    ASSERT_TRUE(DotQuantizedRowsWith(BestQuantIsa(), t, blocks.data(), rows, n, x.data(),
+                                     x_stride, m, best.data(), out_stride));
+    for (int64_t e = 0; e < m * out_stride; ++e) {
+      if (e % out_stride < rows) {
+        EXPECT_EQ(std::bit_cast<uint32_t>(chosen[e]), std::bit_cast<uint32_t>(best[e]));
+      }
+    }
+  }
+  RecordProperty("vector_paths", paths);
 }
 
 // Quantize, then dequantize: close to the input, relative to the format's resolution.
@@ -214,7 +329,7 @@ TEST(QuantDeathTest, SanitizersStillSeeBuffersThatEndEarly) {
   for (float& v : x) v = std::uniform_real_distribution<float>(-1, 1)(rng);
   float out = 0;
   EXPECT_DEATH(DotQuantizedRow(DType::kQ4_0, short_blocks.data(), n, x.data(), n, 1, &out, 1),
-               "DotQuantizedRow: blocks .* reaches unaddressable memory");
+               "DotQuantizedRows: blocks .* reaches unaddressable memory");
   std::vector<uint8_t> blocks(DTypeRowBytes(DType::kQ4_0, n));
   for (uint8_t& b : blocks) b = static_cast<uint8_t>(rng());
   std::vector<float> short_out(n - 1);

@@ -124,6 +124,14 @@ bool DequantizeRow(DType t, const void* blocks, float* out, int64_t n);
 bool DotQuantizedRow(DType t, const void* blocks, int64_t n, const float* x, int64_t x_stride,
                      int64_t m, float* out, int64_t out_stride);
 
+// out[i·out_stride + r] = the dot product of row r of `rows` consecutive quantized rows of
+// n values with vector i, for r in [0, rows), i in [0, m): DotQuantizedRow over a range of
+// weight rows in one call. On x86-64 the blocks are unpacked in vector registers (AVX2 or
+// AVX-512, whichever the processor has) into the same values; only the order and rounding
+// of the sums differ from the scalar path. A row's result does not depend on `rows` or m.
+bool DotQuantizedRows(DType t, const void* blocks, int64_t rows, int64_t n, const float* x,
+                      int64_t x_stride, int64_t m, float* out, int64_t out_stride);
+
 // Blocks of n values quantized from `in`. For Q8_0, Q4_0, Q4_1, Q5_0 and Q5_1 the result
 // is byte for byte what gguf.quants.quantize writes. The K formats get a simple quantizer
 // (one pass, nearest codes for rounded scales): valid blocks whose dequantized values
