@@ -260,6 +260,14 @@ TensorId GraphBuilder::Sample(TensorId logits, TensorId seeds, TensorId pos,
                               const ops::Sample& params, absl::string_view name) {
   return AddNode(params, name, {logits, seeds, pos});
 }
+TensorId GraphBuilder::Penalize(TensorId logits, TensorId params, TensorId counts,
+                                absl::string_view name) {
+  return AddNode(ops::Penalize{}, name, {logits, params, counts});
+}
+TensorId GraphBuilder::CountIds(TensorId ids, TensorId pos, TensorId counts,
+                                absl::string_view name) {
+  return AddNode(ops::CountIds{}, name, {ids, pos, counts});
+}
 TensorId GraphBuilder::Copy(TensorId src, TensorId dst, absl::string_view name) {
   return AddNode(ops::Copy{}, name, {src, dst});
 }

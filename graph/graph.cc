@@ -145,7 +145,8 @@ absl::Status Graph::Validate() const {
       }
     } else if (out.kind != TensorKind::kIntermediate) {
       return invalid("node '", node.name, "' writes ", TensorKindName(out.kind), " '", out.name,
-                     "'; only the in-place ops KvWrite, Copy and Advance write bound tensors");
+                     "'; only the in-place ops KvWrite, Copy, Advance and CountIds write ",
+                     "bound tensors");
     }
     if (producer[node.output.index] >= 0) {
       return invalid(TensorKindName(out.kind), " '", out.name, "' is written by two nodes, '",

@@ -479,6 +479,41 @@ Result Infer(const ops::Sample& op, const Checker& c) {
   return TensorType{DType::kI32, Shape{rows}};
 }
 
+Result Infer(const ops::Penalize&, const Checker& c) {
+  SG_RETURN_IF_ERROR(c.Arity(3));
+  SG_RETURN_IF_ERROR(c.Rank(0, 2, "logits"));
+  SG_RETURN_IF_ERROR(c.Float(0, "logits"));
+  SG_RETURN_IF_ERROR(c.Rank(1, 2, "params"));
+  SG_RETURN_IF_ERROR(c.Rank(2, 2, "counts"));
+  if (c[1].dtype != DType::kF32 || c[1].shape[1] != ops::kPenaltyParams) {
+    return c.Error(absl::StrCat("params ", Describe(c[1]), " must be f32 [slots, ",
+                                ops::kPenaltyParams, "]"));
+  }
+  SG_RETURN_IF_ERROR(c.Int(2, "counts"));
+  if (c[2].shape[1] != c[0].shape[1] || c[2].shape[0] != c[1].shape[0] ||
+      c[2].shape[0] < c[0].shape[0]) {
+    return c.Error(absl::StrCat("counts ", Describe(c[2]), " must be [slots, vocab] with the ",
+                                "params' slots and the logits' vocab, slots >= rows (logits ",
+                                Describe(c[0]), ", params ", Describe(c[1]), ")"));
+  }
+  return TensorType{DType::kF32, c[0].shape};
+}
+
+Result Infer(const ops::CountIds&, const Checker& c) {
+  SG_RETURN_IF_ERROR(c.Arity(3));
+  SG_RETURN_IF_ERROR(c.Rank(0, 1, "ids"));
+  SG_RETURN_IF_ERROR(c.Int(0, "ids"));
+  SG_RETURN_IF_ERROR(c.PerRow(1, c[0].shape[0], "pos"));
+  SG_RETURN_IF_ERROR(c.Rank(2, 2, "counts"));
+  SG_RETURN_IF_ERROR(c.Int(2, "counts"));
+  SG_RETURN_IF_ERROR(c.Writable(2, "counts"));
+  if (c[2].shape[0] < c[0].shape[0]) {
+    return c.Error(absl::StrCat("counts ", Describe(c[2]), " has fewer slots than the ",
+                                c[0].shape[0], " rows of ids"));
+  }
+  return TensorType{c[2].dtype, c[2].shape};
+}
+
 Result Infer(const ops::Copy&, const Checker& c) {
   SG_RETURN_IF_ERROR(c.Arity(2));
   SG_RETURN_IF_ERROR(c.Writable(1, "dst"));
@@ -610,6 +645,8 @@ InputWrites Writes(const ops::Attention&) { return {}; }
 InputWrites Writes(const ops::Softmax&) { return {}; }
 InputWrites Writes(const ops::Argmax&) { return {}; }
 InputWrites Writes(const ops::Sample&) { return {}; }
+InputWrites Writes(const ops::Penalize&) { return {}; }
+InputWrites Writes(const ops::CountIds&) { return {{2}, true}; }  // counts
 InputWrites Writes(const ops::Copy&) { return {{1}, true}; }     // dst
 InputWrites Writes(const ops::Advance&) { return {{0}, true}; }  // pos
 // The k and v caches beside the output q.

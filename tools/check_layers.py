@@ -31,7 +31,7 @@ ALLOWED = {
 # The base headers a kernel may include: plain C++ that nvcc compiles for the device.
 KERNEL_BASE_HEADERS = {'stepgraph/base/dtype.h', 'stepgraph/base/quant.h',
                        'stepgraph/base/error_flags.h', 'stepgraph/base/philox.h',
-                       'stepgraph/base/half.h'}
+                       'stepgraph/base/half.h', 'stepgraph/base/penalty_params.h'}
 SOURCE_EXTS = ('.cc', '.h', '.cu', '.cuh', '.inc')
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"')
 

@@ -643,6 +643,63 @@ absl::Status CpuDispatch::Run(const ops::Sample& op, const NodeArgs& args) {
   return absl::OkStatus();
 }
 
+absl::Status CpuDispatch::Run(const ops::Penalize&, const NodeArgs& args) {
+  const TensorArg& logits = args.inputs[0];
+  const float* params = static_cast<const float*>(args.inputs[1].data);
+  const int32_t* counts = Ints(args.inputs[2]);
+  const int64_t rows = logits.shape[0], n = logits.shape[1];
+  for (int64_t i = 0; i < rows; ++i) {
+    std::vector<float> l = LoadRange(logits, i * n, n);
+    const float* p = params + i * ops::kPenaltyParams;
+    const float rep = p[ops::kPenaltyRepetition], presence = p[ops::kPenaltyPresence];
+    const float frequency = p[ops::kPenaltyFrequency], margin = p[ops::kPenaltyMinPMargin];
+    const float nb = p[ops::kPenaltyBiasCount];
+    const int biases = nb > 0.0f ? static_cast<int>(std::min<float>(nb, ops::kMaxLogitBias)) : 0;
+    const bool min_p = margin > -std::numeric_limits<float>::infinity();
+    if (rep != 1.0f || presence != 0.0f || frequency != 0.0f) {
+      const int32_t* c = counts + i * n;
+      for (int64_t v = 0; v < n; ++v) {
+        if (c[v] == 0) continue;
+        l[v] = l[v] > 0.0f ? l[v] / rep : l[v] * rep;
+        const int32_t g = c[v] >> 1;
+        if (g > 0) l[v] = l[v] - (presence + frequency * static_cast<float>(g));
+      }
+    }
+    for (int j = 0; j < biases; ++j) {
+      const float id = p[ops::kPenaltyBiasFirst + 2 * j];
+      if (!(id >= 0.0f && id < static_cast<float>(n))) continue;  // NaN too
+      const int64_t v = static_cast<int64_t>(id);
+      l[v] = l[v] + p[ops::kPenaltyBiasFirst + 2 * j + 1];
+    }
+    if (min_p) {
+      float mx = -std::numeric_limits<float>::infinity();
+      for (float x : l) mx = x > mx ? x : mx;  // NaN never wins
+      for (float& x : l) {
+        if (x - mx < margin) x = -std::numeric_limits<float>::infinity();
+      }
+    }
+    StoreRange(args.output, i * n, l);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CpuDispatch::Run(const ops::CountIds&, const NodeArgs& args) {
+  const int32_t* ids = Ints(args.inputs[0]);
+  const int32_t* pos = Ints(args.inputs[1]);
+  int32_t* counts = args.output.as<int32_t>();
+  const int64_t rows = args.inputs[0].shape[0], n = args.output.shape[1];
+  for (int64_t i = 0; i < rows; ++i) {
+    if (pos[i] < 0) continue;
+    if (ids[i] < 0 || ids[i] >= n) {
+      error_flags_ |= kErrorTokenOutOfRange;
+      continue;
+    }
+    int32_t& c = counts[i * n + ids[i]];
+    if (c <= std::numeric_limits<int32_t>::max() - 2) c += 2;  // saturates, never wraps
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CpuDispatch::Run(const ops::Copy&, const NodeArgs& args) {
   if (args.inputs[0].data != args.output.data) {
     std::memmove(args.output.data, args.inputs[0].data, args.output.bytes());

@@ -1,7 +1,8 @@
 // The sampling unit of CudaDispatch: Argmax and Sample, one launch of kernels/sampling.cu
-// per node. Argmax splits long rows over several blocks that merge through the workspace
-// made in Prepare; Sample takes a row per block (or per cluster of blocks) and needs no
-// workspace, so no state.
+// per node, and the per-sequence controls in front of them, Penalize and CountIds (one
+// launch of kernels/penalties.cu each, no state). Argmax splits long rows over several
+// blocks that merge through the workspace made in Prepare; Sample takes a row per block
+// (or per cluster of blocks) and needs no workspace, so no state.
 #include "dispatch/cuda/sampling.h"
 
 #include <algorithm>
@@ -12,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "dispatch/cuda/cuda_status.h"
 #include "dispatch/cuda/op_units.h"
+#include "kernels/penalties.cuh"
 #include "kernels/sampling.cuh"
 #include "stepgraph/base/status.h"
 
@@ -64,6 +66,18 @@ bool Supports(const ops::Sample&, const CudaSupportQuery& q) {
   return CheckLogits("Sample", q.input(0).shape, "").ok();
 }
 
+bool Supports(const ops::Penalize&, const CudaSupportQuery& q) {
+  return CheckLogits("Penalize", q.input(0).shape, "").ok();
+}
+bool Supports(const ops::CountIds&, const CudaSupportQuery& q) {
+  return q.input(2).shape[1] <= INT_MAX;
+}
+PreparedOr Prepare(const ops::Penalize&, const CudaPrepareContext& c) {
+  SG_RETURN_IF_ERROR(CheckLogits("Penalize", c.input(0).shape, c.node.name));
+  return NoState();
+}
+PreparedOr Prepare(const ops::CountIds&, const CudaPrepareContext&) { return NoState(); }
+
 PreparedOr Prepare(const ops::Argmax&, const CudaPrepareContext& c) {
   const Shape& logits = c.input(0).shape;
   SG_RETURN_IF_ERROR(CheckLogits("Argmax", logits, c.node.name));
@@ -103,6 +117,24 @@ absl::Status CudaDispatch::Run(const ops::Sample& op, const NodeArgs& args) {
                             args.inputs[1].as<const int32_t>(), args.inputs[2].as<const int32_t>(),
                             params, args.output.as<int32_t>(), launch(), error_flags_),
       "LaunchSample");
+}
+
+absl::Status CudaDispatch::Run(const ops::Penalize&, const NodeArgs& args) {
+  const TensorArg& logits = args.inputs[0];  // shape checked in Prepare
+  return ToStatus(kernels::LaunchPenalize(logits.data, logits.dtype, logits.shape[0],
+                                          logits.shape[1], args.inputs[1].as<const float>(),
+                                          args.inputs[1].shape[1],
+                                          args.inputs[2].as<const int32_t>(),
+                                          args.output.as<float>(), launch()),
+                  "LaunchPenalize");
+}
+
+absl::Status CudaDispatch::Run(const ops::CountIds&, const NodeArgs& args) {
+  return ToStatus(kernels::LaunchCountIds(args.inputs[0].as<const int32_t>(),
+                                          args.inputs[1].as<const int32_t>(),
+                                          args.inputs[0].shape[0], args.output.shape[1],
+                                          args.output.as<int32_t>(), launch(), error_flags_),
+                  "LaunchCountIds");
 }
 
 }  // namespace sg

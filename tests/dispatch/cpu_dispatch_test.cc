@@ -1502,6 +1502,137 @@ TEST(CpuDispatchTest, AdvanceAtInt32MaxRaisesTheFlagInsteadOfWrapping) {
 }
 
 // ---------------------------------------------------------------------------------------
+// Penalize, CountIds
+
+// The controls as their sources define them, in double from the sequences' ids: transformers'
+// RepetitionPenaltyLogitsProcessor over prompt and generated ids, OpenAI's presence and
+// frequency penalties over the generated ids, the biases, then min-p on softmax(l / T).
+struct PenaltyRef {
+  double rep = 1, presence = 0, frequency = 0, min_p = 0, temperature = 1;
+  std::vector<std::pair<int32_t, float>> bias;
+  std::vector<int32_t> prompt, generated;
+};
+
+std::vector<double> ReferencePenalties(std::vector<double> l, const PenaltyRef& r) {
+  const int64_t n = static_cast<int64_t>(l.size());
+  std::vector<int> in_seq(n, 0), gen(n, 0);
+  for (int32_t id : r.prompt) in_seq[id] = 1;
+  for (int32_t id : r.generated) {
+    in_seq[id] = 1;
+    ++gen[id];
+  }
+  for (int64_t v = 0; v < n; ++v) {
+    if (in_seq[v]) l[v] = l[v] < 0 ? l[v] * r.rep : l[v] / r.rep;
+    l[v] -= r.presence * (gen[v] > 0 ? 1 : 0) + r.frequency * gen[v];
+  }
+  for (const auto& [id, b] : r.bias) l[id] += b;
+  if (r.min_p > 0) {
+    const double mx = *std::max_element(l.begin(), l.end());
+    for (double& x : l) {
+      if (std::exp((x - mx) / r.temperature) < r.min_p) x = -INFINITY;
+    }
+  }
+  return l;
+}
+
+TEST_P(CpuFloatOpTest, PenalizeMatchesAnIndependentReference) {
+  std::mt19937_64 rng(331);
+  constexpr int64_t kRows = 4, kSlots = 6, kVocab = 777;
+  GraphBuilder b;
+  b.Output("out", b.Penalize(b.Input("logits", dtype(), {kRows, kVocab}),
+                             b.State("params", DType::kF32, {kSlots, ops::kPenaltyParams}),
+                             b.State("counts", DType::kI32, {kSlots, kVocab}), "out"));
+  auto bench = Bench::Make(b);
+  ASSERT_NE(bench, nullptr);
+  std::vector<PenaltyRef> refs(kRows);
+  refs[0] = {};  // neutral: the logits as they are
+  refs[1] = {.rep = 1.3, .presence = 0.4, .frequency = 0.25};
+  refs[2] = {.bias = {{5, 3.5f}, {kVocab - 1, -2.25f}, {5, 0.5f}}};
+  refs[3] = {.rep = 0.85, .presence = -0.3, .frequency = 0.6, .min_p = 0.1, .temperature = 0.7,
+             .bias = {{17, 2.0f}, {0, -100.0f}}};
+  std::uniform_int_distribution<int32_t> id(0, kVocab - 1);
+  std::vector<float> params(kSlots * ops::kPenaltyParams, 0.0f);
+  std::vector<int32_t> counts(kSlots * kVocab, 0);
+  for (int64_t i = 0; i < kRows; ++i) {
+    PenaltyRef& r = refs[i];
+    for (int k = 0; k < 40; ++k) r.prompt.push_back(id(rng));
+    for (int k = 0; k < 60; ++k) r.generated.push_back(id(rng) % 50);  // repeats
+    float* p = params.data() + i * ops::kPenaltyParams;
+    p[ops::kPenaltyRepetition] = static_cast<float>(r.rep);
+    p[ops::kPenaltyPresence] = static_cast<float>(r.presence);
+    p[ops::kPenaltyFrequency] = static_cast<float>(r.frequency);
+    p[ops::kPenaltyMinPMargin] = r.min_p > 0 ? static_cast<float>(r.temperature * std::log(r.min_p))
+                                             : -INFINITY;
+    p[ops::kPenaltyBiasCount] = static_cast<float>(r.bias.size());
+    for (size_t j = 0; j < r.bias.size(); ++j) {
+      p[ops::kPenaltyBiasFirst + 2 * j] = static_cast<float>(r.bias[j].first);
+      p[ops::kPenaltyBiasFirst + 2 * j + 1] = r.bias[j].second;
+    }
+    for (int32_t v : r.prompt) counts[i * kVocab + v] |= 1;
+    for (int32_t v : r.generated) counts[i * kVocab + v] += 2;
+  }
+  bench->SetInts("counts", counts);
+  HostTensor& pt = bench->Bound("params");
+  std::memcpy(pt.data(), params.data(), params.size() * sizeof(float));
+  std::vector<float> logits(kRows * kVocab);
+  std::normal_distribution<float> normal(0.0f, 3.0f);
+  for (float& x : logits) x = normal(rng);
+  const std::vector<double> stored = bench->Set("logits", logits);
+  bench->Poison("out");
+  CpuDispatch cpu;
+  SG_ASSERT_OK(bench->Run(cpu));
+  const std::vector<float> got = bench->Floats("out");
+  for (int64_t i = 0; i < kRows; ++i) {
+    SCOPED_TRACE(absl::StrCat("row ", i));
+    const std::vector<double> want = ReferencePenalties(
+        std::vector<double>(stored.begin() + i * kVocab, stored.begin() + (i + 1) * kVocab),
+        refs[i]);
+    int64_t kept = 0, changed = 0;
+    for (int64_t v = 0; v < kVocab; ++v) {
+      const double g = got[i * kVocab + v];
+      changed += g != stored[i * kVocab + v];
+      if (std::isinf(want[v])) {
+        EXPECT_TRUE(std::isinf(g) && g < 0) << "id " << v << " should be cut by min-p, got " << g;
+        continue;
+      }
+      ++kept;
+      EXPECT_NEAR(g, want[v], 1e-5 * (1 + std::abs(want[v]))) << "id " << v;
+    }
+    if (i == 0) {
+      EXPECT_EQ(changed, 0);
+    } else {
+      EXPECT_GT(changed, 0);
+    }
+    if (i == 3) {
+      EXPECT_GT(kept, 1);
+      EXPECT_LT(kept, kVocab / 2) << "min-p cut too little to test anything";
+    }
+  }
+  EXPECT_EQ(bench->Ints("counts"), counts) << "Penalize must not write the counts";
+}
+
+TEST(CpuDispatchTest, CountIdsCountsChosenIdsOfLiveRowsOnly) {
+  GraphBuilder b;
+  b.CountIds(b.Input("ids", DType::kI32, {4}), b.Input("pos", DType::kI32, {4}),
+             b.State("counts", DType::kI32, {5, 100}), "count");
+  auto bench = Bench::Make(b);
+  ASSERT_NE(bench, nullptr);
+  std::mt19937_64 rng(17);
+  std::vector<int32_t> counts(500);
+  for (int32_t& c : counts) c = static_cast<int32_t>(rng() % 7);
+  counts[1 * 100 + 42] = std::numeric_limits<int32_t>::max() - 1;  // saturates
+  bench->SetInts("counts", counts);
+  bench->SetInts("ids", {3, 42, 9, 100});
+  bench->SetInts("pos", {0, 7, -1, 2});
+  CpuDispatch cpu;
+  SG_ASSERT_OK(bench->Run(cpu));
+  std::vector<int32_t> want = counts;
+  want[0 * 100 + 3] += 2;  // row 1 saturated, row 2 padding, row 3 out of range
+  EXPECT_EQ(bench->Ints("counts"), want);
+  EXPECT_EQ(cpu.TakeErrorFlags(), static_cast<uint32_t>(kErrorTokenOutOfRange));
+}
+
+// ---------------------------------------------------------------------------------------
 // Half conversions
 
 float Bits(uint32_t b) {

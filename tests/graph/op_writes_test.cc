@@ -45,6 +45,8 @@ std::vector<Expected> Documented() {
       {ops::Softmax{}, {}},
       {ops::Argmax{}, {}},
       {ops::Sample{}, {}},
+      {ops::Penalize{}, {}},
+      {ops::CountIds{}, {2}, true},  // ids, pos, counts
       {ops::Copy{}, {1}, true},     // src, dst
       {ops::Advance{}, {0}, true},  // pos
       // qkv, pos, k_cache, v_cache: the caches beside the output q.

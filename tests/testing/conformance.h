@@ -34,8 +34,10 @@ struct OpCase {
   int32_t int_lo = 0;
   int32_t int_hi = 16;
   std::vector<std::pair<std::string, std::vector<int32_t>>> int_values;
-  // Float inputs, weights and states are uniform in [-float_range, float_range).
+  // Float inputs, weights and states are uniform in [-float_range, float_range), but for
+  // the leading elements of those named in float_values (parameters that must be valid).
   float float_range = 1.0f;
+  std::vector<std::pair<std::string, std::vector<float>>> float_values;
   // i32 outputs must match exactly unless this is false (e.g. argmax of bf16 logits,
   // where a near tie may legitimately flip).
   bool exact_ids = true;

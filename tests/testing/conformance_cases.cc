@@ -3,7 +3,9 @@
 // checks that every case builds and that every op has one (op_coverage_test); the GPU
 // runs them on the CPU reference and on CudaDispatch and compares (conformance_cuda_test,
 // see tests/testing/conformance.h).
+#include <cmath>
 #include <cstdint>
+#include <limits>
 #include <map>
 #include <string>
 #include <utility>
@@ -24,6 +26,35 @@ double Tol(DType t) { return t == DType::kF32 ? 1e-5 : 1e-2; }
 
 std::string Name(absl::string_view op, DType t, absl::string_view shape) {
   return absl::StrCat(op, "/", DTypeName(t), "/", shape);
+}
+
+// Penalize's params for 5 slots over a vocabulary of v: slot 0 neutral, 1 repetition with
+// presence and frequency, 2 biases only (one id twice, one out of range), 3 min-p only, 4
+// everything; the rest of each row stays random (beyond the bias count, never read).
+std::vector<float> PenaltyCaseParams(int64_t v) {
+  constexpr int64_t p = ops::kPenaltyParams;
+  std::vector<float> out(5 * p, 0.0f);
+  auto row = [&](int64_t s, float r, float a, float f, float margin,
+                 std::vector<std::pair<float, float>> bias) {
+    float* q = out.data() + s * p;
+    q[ops::kPenaltyRepetition] = r;
+    q[ops::kPenaltyPresence] = a;
+    q[ops::kPenaltyFrequency] = f;
+    q[ops::kPenaltyMinPMargin] = margin;
+    q[ops::kPenaltyBiasCount] = static_cast<float>(bias.size());
+    for (size_t j = 0; j < bias.size(); ++j) {
+      q[ops::kPenaltyBiasFirst + 2 * j] = bias[j].first;
+      q[ops::kPenaltyBiasFirst + 2 * j + 1] = bias[j].second;
+    }
+  };
+  const float off = -std::numeric_limits<float>::infinity();
+  const float last = static_cast<float>(v - 1);
+  row(0, 1.0f, 0.0f, 0.0f, off, {});
+  row(1, 1.3f, 0.4f, 0.15f, off, {});
+  row(2, 1.0f, 0.0f, 0.0f, off, {{5, 3.5f}, {last, -2.25f}, {5, 0.3f}, {static_cast<float>(v), 9}});
+  row(3, 1.0f, 0.0f, 0.0f, 0.7f * std::log(0.05f), {});
+  row(4, 0.8f, -0.3f, 0.7f, 1.2f * std::log(0.1f), {{17, 100.0f}, {0, -100.0f}});
+  return out;
 }
 
 }  // namespace
@@ -53,6 +84,13 @@ std::map<int32_t, HostTensor> CaseInputs(const OpCase& c, const Graph& g) {
       }
     } else {
       h.FillUniform(c.seed * 1000 + i, -c.float_range, c.float_range);
+      for (const auto& [name, values] : c.float_values) {
+        if (name != t.name || t.dtype != DType::kF32) continue;
+        auto* p = static_cast<float*>(h.data());
+        for (int64_t k = 0; k < h.size() && k < static_cast<int64_t>(values.size()); ++k) {
+          p[k] = values[k];
+        }
+      }
     }
     host.emplace(i, std::move(h));
   }
@@ -335,6 +373,22 @@ std::vector<OpCase> ConformanceCases() {
          },
          .tolerance = 0.0, .int_hi = 1000});
 
+    // Penalize: one slot per kind of control, the counts a mix of prompt-only (odd 1),
+    // generated (2, 4) and both (3, 5); ids of the bias lists repeat and fall outside.
+    for (int64_t v : {1000, 128256}) {
+      add({.name = Name("Penalize", t, absl::StrCat("4x", v)),
+           .build = [=](GraphBuilder& b) {
+             b.Output("out", b.Penalize(b.Input("x", t, {4, v}),
+                                        b.State("params", DType::kF32, {5, ops::kPenaltyParams}),
+                                        b.State("counts", DType::kI32, {5, v})));
+           },
+           .tolerance = 0.0,
+           .int_lo = 0,
+           .int_hi = 6,
+           .float_range = 4.0f,
+           .float_values = {{"params", PenaltyCaseParams(v)}}});
+    }
+
     add({.name = Name("Copy", t, "8x16"),
          .build = [=](GraphBuilder& b) {
            auto dst = b.State("dst", t, {8, 16});
@@ -353,6 +407,13 @@ std::vector<OpCase> ConformanceCases() {
          auto ids = b.Input("ids", DType::kI32, {5});
          b.Copy(b.Input("next", DType::kI32, {5}), ids);
        }});
+  add({.name = "CountIds/i32/4x1000",
+       .build = [](GraphBuilder& b) {
+         b.CountIds(b.Input("ids", DType::kI32, {4}), b.Input("pos", DType::kI32, {4}),
+                    b.State("counts", DType::kI32, {6, 1000}));
+       },
+       .int_hi = 100,
+       .int_values = {{"ids", {7, 999, 3, 1000}}, {"pos", {0, 12, -1, 5}}}});
   add({.name = "Advance/i32/pos",
        .build = [](GraphBuilder& b) { b.Advance(b.Input("pos", DType::kI32, {6})); },
        .int_values = {{"pos", {0, 5, -1, 100, -7, 4094}}}});

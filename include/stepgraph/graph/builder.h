@@ -74,6 +74,11 @@ class GraphBuilder {
   TensorId Sample(TensorId logits, TensorId seeds, TensorId pos, const ops::Sample& params,
                   absl::string_view name = {});
   // Copies src into dst (an Input or State) in place and returns dst.
+  // Per-sequence penalties, bias and min-p (ops::Penalize), and the count of the chosen ids
+  // that feeds them (ops::CountIds, in place on `counts`).
+  TensorId Penalize(TensorId logits, TensorId params, TensorId counts,
+                    absl::string_view name = {});
+  TensorId CountIds(TensorId ids, TensorId pos, TensorId counts, absl::string_view name = {});
   TensorId Copy(TensorId src, TensorId dst, absl::string_view name = {});
   // Advances positions (an Input or State) in place and returns them.
   TensorId Advance(TensorId pos, absl::string_view name = {});

@@ -29,7 +29,7 @@ struct Tensor {
 };
 
 // One launch. `output` is a new Intermediate, except for the in-place ops (KvWrite, Copy,
-// Advance): their output is the State or Input they update, which is also their last
+// Advance, CountIds): their output is the State or Input they update, which is also their last
 // input, so that a dispatcher sees it in both places and inference sees its type.
 struct Node {
   std::string name;

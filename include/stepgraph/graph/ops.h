@@ -16,6 +16,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "stepgraph/base/dtype.h"
+#include "stepgraph/base/penalty_params.h"
 
 #define SG_OP_LIST(V) \
   V(Embedding)        \
@@ -31,6 +32,8 @@
   V(Softmax)          \
   V(Argmax)           \
   V(Sample)           \
+  V(Penalize)         \
+  V(CountIds)         \
   V(Copy)             \
   V(Advance)          \
   V(FusedMatMul)      \
@@ -137,6 +140,39 @@ struct Sample {
   int32_t top_k = 0;
   float top_p = 1.0f;
 };
+
+// Per-sequence sampling controls, read from device memory so that a replayed step needs
+// no host work and the rows of one step may each ask for their own. Row i of the step is
+// sequence slot i (the decode step's layout; M <= slots).
+//
+// The parameters of slot s, params[s, kPenaltyParams] f32 (see PenaltyParam):
+//   repetition r (1: off), presence a and frequency f (0: off), the min-p margin
+//   (-inf: off), the count n of logit biases, then n pairs (id, bias), n <= kMaxLogitBias
+//   (ids are stored as floats: exact below 2^24).
+// counts[s, V] i32: bit 0 says the id occurs in the sequence's prompt, the bits above
+// count how often the sequence generated it (CountIds adds 2 per chosen id).
+// (kMaxLogitBias, PenaltyParam and kPenaltyParams: stepgraph/base/penalty_params.h.)
+
+// logits[M,V] (float), params[S, kPenaltyParams] f32, counts[S,V] i32 -> [M,V] f32,
+// computed in f32 from the stored logits. For each id v of row i (slot i),
+// in this order and with these roundings (each step one f32 operation):
+//   1. c = counts[i,v]; where c != 0 (the id is in the prompt or was generated):
+//      l = l > 0 ? l / r : l * r                     (transformers' repetition penalty)
+//   2. g = c >> 1 (times generated); where g > 0: l = l - (a + f * g)       (OpenAI)
+//   3. l[id_j] = l[id_j] + bias_j for each pair j in order (ids outside [0,V) skipped)
+//   4. with a finite margin m: l = -inf where l - max_v(l) < m. The session sets
+//      m = T * ln(min_p), so the kept ids are those with
+//      exp((l - max) / T) >= min_p: probability at least min_p times the top one's
+//      after temperature T, as llama.cpp's and transformers' min-p.
+// A row whose parameters are all neutral is its logits as f32. Min-p here comes before
+// Sample's top-k and top-p (docs/ops.md, "Penalize", says what that changes).
+struct Penalize {};
+
+// ids[M] i32, pos[M] i32, counts[S,V] i32 (a State) -> counts, in place: counts[i, ids[i]]
+// += 2 for each row i with pos[i] >= 0 (padding rows count nothing); an id outside [0,V)
+// counts nothing and raises the error flag (token out of range).
+// Follows Sample or Argmax so that the next step's Penalize sees the chosen id.
+struct CountIds {};
 
 // src, dst -> dst (an Input or State of the same shape and dtype), in place: how a step hands
 // its sampled ids to the next step without the host.
