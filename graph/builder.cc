@@ -256,17 +256,19 @@ TensorId GraphBuilder::MoeTopK(TensorId logits, int32_t top_k, absl::string_view
   return AddNode(ops::MoeTopK{top_k}, name, {logits});
 }
 
-TensorId GraphBuilder::MoeRouteWeights(TensorId logits, TensorId ids, bool renormalize,
+TensorId GraphBuilder::MoeRouteWeights(TensorId logits, TensorId ids,
+                                       const ops::MoeRouteWeights& params,
                                        absl::string_view name) {
-  return AddNode(ops::MoeRouteWeights{renormalize}, name, {logits, ids});
+  return AddNode(params, name, {logits, ids});
 }
 
 TensorId GraphBuilder::MoeMatMul(TensorId x, TensorId w, TensorId ids, absl::string_view name) {
   return AddNode(ops::MoeMatMul{}, name, {x, w, ids});
 }
 
-TensorId GraphBuilder::MoeCombine(TensorId y, TensorId weights, absl::string_view name) {
-  return AddNode(ops::MoeCombine{}, name, {y, weights});
+TensorId GraphBuilder::MoeCombine(TensorId y, TensorId weights, TensorId ids,
+                                  absl::string_view name) {
+  return AddNode(ops::MoeCombine{}, name, {y, weights, ids});
 }
 TensorId GraphBuilder::Softmax(TensorId x, absl::string_view name) {
   return AddNode(ops::Softmax{}, name, {x});

@@ -51,7 +51,9 @@ std::string Params(const ops::Scale& op) { return absl::StrFormat("factor=%g", o
 std::string Params(const ops::Softcap& op) { return absl::StrFormat("cap=%g", op.cap); }
 std::string Params(const ops::MoeTopK& op) { return absl::StrCat("top_k=", op.top_k); }
 std::string Params(const ops::MoeRouteWeights& op) {
-  return op.renormalize ? "renormalize" : "";
+  std::string s = op.renormalize ? "renormalize" : "";
+  if (op.round_to_dtype) absl::StrAppend(&s, s.empty() ? "" : " ", "round_to_dtype");
+  return s;
 }
 std::string Params(const ops::Sample& op) {
   return absl::StrFormat("temperature=%g top_k=%d top_p=%g", op.temperature, op.top_k,
@@ -624,7 +626,7 @@ Result Infer(const ops::MoeRouteWeights&, const Checker& c) {
   SG_RETURN_IF_ERROR(c.Rank(0, 2, "logits"));
   SG_RETURN_IF_ERROR(c.Float(0, "logits"));
   SG_RETURN_IF_ERROR(CheckExpertIds(c, 1, c[0].shape[0]));
-  return TensorType{c[0].dtype, c[1].shape};
+  return TensorType{DType::kF32, c[1].shape};
 }
 
 Result Infer(const ops::MoeMatMul&, const Checker& c) {
@@ -651,11 +653,13 @@ Result Infer(const ops::MoeMatMul&, const Checker& c) {
 }
 
 Result Infer(const ops::MoeCombine&, const Checker& c) {
-  SG_RETURN_IF_ERROR(c.Arity(2));
+  SG_RETURN_IF_ERROR(c.Arity(3));
   SG_RETURN_IF_ERROR(c.Rank(0, 2, "y"));
   SG_RETURN_IF_ERROR(c.Float(0, "y"));
   SG_RETURN_IF_ERROR(c.Rank(1, 2, "weights"));
-  SG_RETURN_IF_ERROR(c.SameDType(0, 1));
+  SG_RETURN_IF_ERROR(c.Float(1, "weights"));
+  SG_RETURN_IF_ERROR(CheckExpertIds(c, 2, c[0].shape[0]));
+  SG_RETURN_IF_ERROR(c.SameShape(1, 2));
   const int64_t top_k = c[1].shape[1];
   if (c[1].shape[0] != c[0].shape[0] || top_k < 1 || c[0].shape[1] % top_k != 0) {
     return c.Error(absl::StrCat("weights ", Describe(c[1]), " must be [M, top_k] with top_k ",

@@ -844,9 +844,10 @@ absl::Status CpuDispatch::Run(const ops::MoeRouteWeights& op, const NodeArgs& ar
       w[j] = std::exp(z[e] - mx) / total;
       chosen += w[j];
     }
+    float* out = args.output.as<float>() + i * top_k;
     for (int64_t j = 0; j < top_k; ++j) {
       const float v = op.renormalize ? w[j] / chosen : w[j];
-      StoreElement(args.output.data, args.output.dtype, i * top_k + j, v);
+      out[j] = op.round_to_dtype ? RoundTo(logits.dtype, v) : v;
     }
   }
   return absl::OkStatus();
@@ -898,15 +899,29 @@ absl::Status CpuDispatch::Run(const ops::MoeMatMul&, const NodeArgs& args) {
 absl::Status CpuDispatch::Run(const ops::MoeCombine&, const NodeArgs& args) {
   const TensorArg& y = args.inputs[0];
   const TensorArg& weights = args.inputs[1];
+  const int32_t* ids = Ints(args.inputs[2]);
+  const DType t = args.output.dtype;
   const int64_t m = y.shape[0], top_k = weights.shape[1], n = y.shape[1] / top_k;
+  std::vector<int64_t> order;
+  try {
+    order.resize(static_cast<size_t>(top_k));
+  } catch (const std::bad_alloc&) {
+    return absl::ResourceExhaustedError("CPU reference: no memory for a MoE combine");
+  }
   for (int64_t i = 0; i < m; ++i) {
+    // transformers adds the experts' outputs in ascending expert id.
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
+      return ids[i * top_k + a] < ids[i * top_k + b];
+    });
     for (int64_t c = 0; c < n; ++c) {
       float sum = 0.0f;
-      for (int64_t j = 0; j < top_k; ++j) {
-        sum += LoadElement(weights.data, weights.dtype, i * top_k + j) *
-               LoadElement(y.data, y.dtype, i * top_k * n + j * n + c);
+      for (int64_t j : order) {
+        const float w = LoadElement(weights.data, weights.dtype, i * top_k + j);
+        const float term = w * LoadElement(y.data, y.dtype, i * top_k * n + j * n + c);
+        sum = RoundTo(t, sum + RoundTo(t, term));
       }
-      StoreElement(args.output.data, args.output.dtype, i * n + c, sum);
+      StoreElement(args.output.data, t, i * n + c, sum);
     }
   }
   return absl::OkStatus();

@@ -1809,12 +1809,12 @@ TEST_P(CpuFloatOpTest, MoeMlpMatchesReference) {
     const TensorId x = b.Input("x", dtype(), {m, h});
     const TensorId logits = b.Input("logits", dtype(), {m, experts});
     const TensorId ids = b.MoeTopK(logits, top_k, "ids");
-    const TensorId weights = b.MoeRouteWeights(logits, ids, renormalize, "weights");
+    const TensorId weights = b.MoeRouteWeights(logits, ids, {renormalize}, "weights");
     const TensorId gate = b.MoeMatMul(x, b.Weight("gate", dtype(), {experts, inter, h}), ids, "g");
     const TensorId up = b.MoeMatMul(x, b.Weight("up", dtype(), {experts, inter, h}), ids, "u");
     const TensorId act = b.SiluMul(gate, up, "act");
     const TensorId down = b.MoeMatMul(act, b.Weight("down", dtype(), {experts, h, inter}), ids, "d");
-    b.Output("y", b.MoeCombine(down, weights, "y"));
+    b.Output("y", b.MoeCombine(down, weights, ids, "y"));
     b.Output("ids", ids);
     auto bench = Bench::Make(b);
     ASSERT_NE(bench, nullptr);

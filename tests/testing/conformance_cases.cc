@@ -167,12 +167,16 @@ std::vector<OpCase> ConformanceCases() {
                                        static_cast<int32_t>(s.top_k)));
            },
            .tolerance = 0.0, .float_range = 4.0f});
-      for (bool renormalize : {false, true}) {
-        add({.name = Name("MoeRouteWeights", t, absl::StrCat(shape, renormalize ? "/norm" : "")),
+      for (ops::MoeRouteWeights route : {ops::MoeRouteWeights{false, false},
+                                         ops::MoeRouteWeights{true, false},
+                                         ops::MoeRouteWeights{true, true}}) {
+        add({.name = Name("MoeRouteWeights", t,
+                          absl::StrCat(shape, route.renormalize ? "/norm" : "",
+                                       route.round_to_dtype ? "/round" : "")),
              .build = [=](GraphBuilder& b) {
                b.Output("out", b.MoeRouteWeights(b.Input("logits", t, {s.rows, s.experts}),
                                                  b.Input("ids", DType::kI32, {s.rows, s.top_k}),
-                                                 renormalize));
+                                                 route));
              },
              .tolerance = Tol(t), .int_hi = static_cast<int32_t>(s.experts),
              .float_range = 4.0f});
@@ -202,9 +206,10 @@ std::vector<OpCase> ConformanceCases() {
       add({.name = Name("MoeCombine", t, absl::StrCat("3x", top_k, "x256")),
            .build = [=](GraphBuilder& b) {
              b.Output("out", b.MoeCombine(b.Input("y", t, {3, top_k * 256}),
-                                          b.Input("weights", t, {3, top_k})));
+                                          b.Input("weights", DType::kF32, {3, top_k}),
+                                          b.Input("ids", DType::kI32, {3, top_k})));
            },
-           .tolerance = Tol(t)});
+           .tolerance = Tol(t), .int_hi = 128});
     }
     // Linear RoPE scaling.
     add({.name = Name("Rope", t, "4x8x64/linear"),

@@ -251,14 +251,15 @@ struct MoeTopK {
   int32_t top_k = 1;
 };
 
-// logits [M, E] float, ids [M, k] i32 -> weights [M, k] of the logits' dtype:
-// p = softmax(logits) over all E experts in f32, w_j = p[ids_j]; with `renormalize` each
-// w_j is divided by Σ_j w_j (Mixtral always, which equals a softmax over the chosen
-// logits; Qwen3-MoE when norm_topk_prob). Rounded once to the dtype, as transformers
-// casts the routing weights to the activations' dtype. An id outside [0, E) gets weight 0
-// and raises kErrorExpertOutOfRange.
+// logits [M, E] float, ids [M, k] i32 -> weights [M, k] f32: p = softmax(logits) over
+// all E experts in f32, w_j = p[ids_j]; with `renormalize` each w_j is divided by Σ_j w_j
+// (Mixtral always, which equals a softmax over the chosen logits; Qwen3-MoE when
+// norm_topk_prob). With `round_to_dtype` each weight is rounded to the logits' dtype (and
+// stored in f32), as Qwen3-MoE casts them; Mixtral keeps them in f32. An id outside
+// [0, E) gets weight 0 and raises kErrorExpertOutOfRange.
 struct MoeRouteWeights {
   bool renormalize = true;
+  bool round_to_dtype = false;
 };
 
 // x [M, K] or [M, k·K], w [E, N, K] (x's dtype or a quantized Weight), ids [M, k] i32 ->
@@ -270,8 +271,11 @@ struct MoeRouteWeights {
 // once.
 struct MoeMatMul {};
 
-// y [M, k·N], weights [M, k] (y's dtype) -> [M, N]: Σ_j weights[i, j] · y[i, j·N ..], in
-// f32 in slot order, rounded once: the weighted sum of the chosen experts' outputs.
+// y [M, k·N] float, weights [M, k] float, ids [M, k] i32 -> [M, N] of y's dtype: the
+// weighted sum of the chosen experts' outputs as transformers adds them: each term
+// weights[i, j] · y[i, j·N ..] rounded to y's dtype, the terms added in ascending expert
+// id (ties by slot) into a zero row of y's dtype, each partial sum rounded (index_add_ of
+// every expert's output in expert order). In f32 every rounding is f32's own.
 struct MoeCombine {};
 
 }  // namespace sg::ops
