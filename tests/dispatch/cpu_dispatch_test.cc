@@ -1813,7 +1813,8 @@ TEST_P(CpuFloatOpTest, MoeMlpMatchesReference) {
     const TensorId gate = b.MoeMatMul(x, b.Weight("gate", dtype(), {experts, inter, h}), ids, "g");
     const TensorId up = b.MoeMatMul(x, b.Weight("up", dtype(), {experts, inter, h}), ids, "u");
     const TensorId act = b.SiluMul(gate, up, "act");
-    const TensorId down = b.MoeMatMul(act, b.Weight("down", dtype(), {experts, h, inter}), ids, "d");
+    const TensorId down =
+        b.MoeMatMul(act, b.Weight("down", dtype(), {experts, h, inter}), ids, "d");
     b.Output("y", b.MoeCombine(down, weights, ids, "y"));
     b.Output("ids", ids);
     auto bench = Bench::Make(b);
