@@ -809,13 +809,14 @@ absl::Status CpuDispatch::Run(const ops::MoeTopK& op, const NodeArgs& args) {
   }
   for (int64_t i = 0; i < rows; ++i) {
     for (int64_t e = 0; e < experts; ++e) {
-      const float v = LoadElement(logits.data, logits.dtype, i * experts + e);
-      z[e] = std::isnan(v) ? -std::numeric_limits<float>::infinity() : v;
+      z[e] = LoadElement(logits.data, logits.dtype, i * experts + e);
     }
     std::iota(order.begin(), order.end(), 0);
-    // Largest first; equal values by index, lower first.
-    std::stable_sort(order.begin(), order.end(),
-                     [&](int32_t a, int32_t b) { return z[a] > z[b]; });
+    // Largest first, NaN above every number (torch.topk); equal values by index.
+    std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
+      if (std::isnan(z[b])) return false;
+      return std::isnan(z[a]) || z[a] > z[b];
+    });
     std::copy_n(order.begin(), op.top_k, out + i * op.top_k);
   }
   return absl::OkStatus();

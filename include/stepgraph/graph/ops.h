@@ -245,8 +245,9 @@ struct Softcap {
 // sums the experts' outputs by weight.
 
 // logits [M, E] float -> ids [M, top_k] i32: the indices of each row's top_k largest
-// logits, largest first; among equal values the lower index first (torch.topk's order on
-// the CPU). NaN counts as -inf. 1 <= top_k <= E.
+// logits, largest first; NaN above every number (as torch.topk), and among equal values
+// the lower index first (the C ABI's stepgraph_topk's order; torch.topk's order among
+// ties is unspecified). 1 <= top_k <= E.
 struct MoeTopK {
   int32_t top_k = 1;
 };
