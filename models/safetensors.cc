@@ -320,8 +320,16 @@ absl::Status ModelWeights::DeriveFamilyTensors() {
     split_.insert(f.stored);
   }
   // Experts stored one matrix each are copied side by side into the [E, rows, cols] the
-  // graph reads (GGUF files store them so and are read in place).
-  for (const StackedWeight& s : StackedWeights(config_)) {
+  // graph reads (GGUF files store them so and are read in place). The names are listed
+  // only when the files hold at least as many tensors as they would be: a config that
+  // claims more experts than its files store must not size the list (the graph check
+  // then names what is missing).
+  int64_t routed = 0;
+  for (int64_t l = 0; l < config_.num_hidden_layers; ++l) routed += config_.MoeLayer(l);
+  const bool may_be_per_expert =
+      routed > 0 && static_cast<int64_t>(index_.size()) >= routed * 3 * config_.num_experts;
+  for (const StackedWeight& s :
+       may_be_per_expert ? StackedWeights(config_) : std::vector<StackedWeight>()) {
     std::vector<Entry> parts;
     for (const std::string& name : s.parts) {
       const Entry e = Find(name);

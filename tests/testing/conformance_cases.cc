@@ -166,7 +166,7 @@ std::vector<OpCase> ConformanceCases() {
              b.Output("out", b.MoeTopK(b.Input("logits", t, {s.rows, s.experts}),
                                        static_cast<int32_t>(s.top_k)));
            },
-           .tolerance = 0.0, .float_range = 4.0f});
+           .tolerance = 0.0, .float_range = 4.0f, .cuda = false});
       for (ops::MoeRouteWeights route : {ops::MoeRouteWeights{false, false},
                                          ops::MoeRouteWeights{true, false},
                                          ops::MoeRouteWeights{true, true}}) {
@@ -179,7 +179,7 @@ std::vector<OpCase> ConformanceCases() {
                                                  route));
              },
              .tolerance = Tol(t), .int_hi = static_cast<int32_t>(s.experts),
-             .float_range = 4.0f});
+             .float_range = 4.0f, .cuda = false});
       }
     }
     struct MoeMm { int64_t rows, experts, top_k, n, k; bool per_slot; };
@@ -193,7 +193,7 @@ std::vector<OpCase> ConformanceCases() {
                                  b.Weight("w", t, {s.experts, s.n, s.k}),
                                  b.Input("ids", DType::kI32, {s.rows, s.top_k})));
            },
-           .tolerance = Tol(t), .int_hi = static_cast<int32_t>(s.experts)});
+           .tolerance = Tol(t), .int_hi = static_cast<int32_t>(s.experts), .cuda = false});
     }
     add({.name = Name("MoeMatMul", t, "bad_ids"),
          .build = [=](GraphBuilder& b) {
@@ -201,7 +201,7 @@ std::vector<OpCase> ConformanceCases() {
                                        b.Input("ids", DType::kI32, {2, 3})));
          },
          .tolerance = Tol(t),
-         .int_values = {{"ids", {0, -1, 3, 4, 2, 1000}}}});
+         .int_values = {{"ids", {0, -1, 3, 4, 2, 1000}}}, .cuda = false});
     for (int64_t top_k : {2, 8}) {
       add({.name = Name("MoeCombine", t, absl::StrCat("3x", top_k, "x256")),
            .build = [=](GraphBuilder& b) {
@@ -209,7 +209,7 @@ std::vector<OpCase> ConformanceCases() {
                                           b.Input("weights", DType::kF32, {3, top_k}),
                                           b.Input("ids", DType::kI32, {3, top_k})));
            },
-           .tolerance = Tol(t), .int_hi = 128});
+           .tolerance = Tol(t), .int_hi = 128, .cuda = false});
     }
     // Linear RoPE scaling.
     add({.name = Name("Rope", t, "4x8x64/linear"),
