@@ -60,11 +60,12 @@ TensorId GraphBuilder::Declare(absl::string_view name, TensorKind kind, DType dt
   }
   if (IsQuantized(dtype)) {
     // Block formats hold weights only, as rows of whole blocks; which ops may read them is
-    // shape inference's to say (MatMul's w, Embedding's table).
-    if (kind != TensorKind::kWeight || shape.rank() != 2) {
+    // shape inference's to say (MatMul's w, Embedding's table, MoeMatMul's stacked experts).
+    if (kind != TensorKind::kWeight || shape.rank() < 2 || shape.rank() > 3) {
       return Fail(absl::InvalidArgumentError(absl::StrCat(
           TensorKindName(kind), " '", name, "' ", shape.ToString(), " is ", DTypeName(dtype),
-          ": a quantized dtype is only for rank-2 weights (those MatMul and Embedding read)")));
+          ": a quantized dtype is only for rank-2 weights (those MatMul and Embedding read) ",
+          "and rank-3 stacked expert weights (MoeMatMul)")));
     }
     if (shape.cols() % DTypeBlockElems(dtype) != 0) {
       return Fail(absl::InvalidArgumentError(absl::StrCat(
@@ -249,6 +250,25 @@ TensorId GraphBuilder::Scale(TensorId x, float factor, absl::string_view name) {
 }
 TensorId GraphBuilder::Softcap(TensorId x, float cap, absl::string_view name) {
   return AddNode(ops::Softcap{cap}, name, {x});
+}
+
+TensorId GraphBuilder::MoeTopK(TensorId logits, int32_t top_k, absl::string_view name) {
+  return AddNode(ops::MoeTopK{top_k}, name, {logits});
+}
+
+TensorId GraphBuilder::MoeRouteWeights(TensorId logits, TensorId ids,
+                                       const ops::MoeRouteWeights& params,
+                                       absl::string_view name) {
+  return AddNode(params, name, {logits, ids});
+}
+
+TensorId GraphBuilder::MoeMatMul(TensorId x, TensorId w, TensorId ids, absl::string_view name) {
+  return AddNode(ops::MoeMatMul{}, name, {x, w, ids});
+}
+
+TensorId GraphBuilder::MoeCombine(TensorId y, TensorId weights, TensorId ids,
+                                  absl::string_view name) {
+  return AddNode(ops::MoeCombine{}, name, {y, weights, ids});
 }
 TensorId GraphBuilder::Softmax(TensorId x, absl::string_view name) {
   return AddNode(ops::Softmax{}, name, {x});

@@ -49,6 +49,12 @@ std::string Params(const ops::Attention& op) {
 std::string Params(const ops::HeadRmsNorm& op) { return absl::StrFormat("eps=%g", op.eps); }
 std::string Params(const ops::Scale& op) { return absl::StrFormat("factor=%g", op.factor); }
 std::string Params(const ops::Softcap& op) { return absl::StrFormat("cap=%g", op.cap); }
+std::string Params(const ops::MoeTopK& op) { return absl::StrCat("top_k=", op.top_k); }
+std::string Params(const ops::MoeRouteWeights& op) {
+  std::string s = op.renormalize ? "renormalize" : "";
+  if (op.round_to_dtype) absl::StrAppend(&s, s.empty() ? "" : " ", "round_to_dtype");
+  return s;
+}
 std::string Params(const ops::Sample& op) {
   return absl::StrFormat("temperature=%g top_k=%d top_p=%g", op.temperature, op.top_k,
                          op.top_p);
@@ -629,6 +635,74 @@ Result Infer(const ops::RopeKvWrite& op, const Checker& c) {
   return TensorType{c[0].dtype, Shape{rows, q_cols}};
 }
 
+// ---- Mixture of experts: logits [M, E], ids [M, k], stacked weights [E, N, K].
+
+Result Infer(const ops::MoeTopK& op, const Checker& c) {
+  SG_RETURN_IF_ERROR(c.Arity(1));
+  SG_RETURN_IF_ERROR(c.Rank(0, 2, "logits"));
+  SG_RETURN_IF_ERROR(c.Float(0, "logits"));
+  if (op.top_k < 1 || op.top_k > c[0].shape[1]) {
+    return c.Error(absl::StrCat("top_k must be in [1, ", c[0].shape[1], "] (the experts of ",
+                                "logits ", Describe(c[0]), "), got ", op.top_k));
+  }
+  return TensorType{DType::kI32, Shape{c[0].shape[0], op.top_k}};
+}
+
+// ids [M, k] i32 at input i for a step of `rows` rows.
+absl::Status CheckExpertIds(const Checker& c, int i, int64_t rows) {
+  SG_RETURN_IF_ERROR(c.Rank(i, 2, "ids"));
+  SG_RETURN_IF_ERROR(c.Int(i, "ids"));
+  if (c[i].shape[0] == rows && c[i].shape[1] >= 1) return absl::OkStatus();
+  return c.Error(absl::StrCat("ids ", Describe(c[i]), " must be [", rows, ", top_k]"));
+}
+
+Result Infer(const ops::MoeRouteWeights&, const Checker& c) {
+  SG_RETURN_IF_ERROR(c.Arity(2));
+  SG_RETURN_IF_ERROR(c.Rank(0, 2, "logits"));
+  SG_RETURN_IF_ERROR(c.Float(0, "logits"));
+  SG_RETURN_IF_ERROR(CheckExpertIds(c, 1, c[0].shape[0]));
+  return TensorType{DType::kF32, c[1].shape};
+}
+
+Result Infer(const ops::MoeMatMul&, const Checker& c) {
+  SG_RETURN_IF_ERROR(c.Arity(3));
+  SG_RETURN_IF_ERROR(c.Rank(0, 2, "x"));
+  SG_RETURN_IF_ERROR(c.Float(0, "x"));
+  SG_RETURN_IF_ERROR(c.Rank(1, 3, "w"));
+  SG_RETURN_IF_ERROR(c.FloatOrQuantizedWeight(1, "w"));
+  if (!IsQuantized(c[1].dtype)) SG_RETURN_IF_ERROR(c.SameDType(0, 1));
+  const int64_t m = c[0].shape[0], n = c[1].shape[1], k = c[1].shape[2];
+  SG_RETURN_IF_ERROR(CheckExpertIds(c, 2, m));
+  const int64_t top_k = c[2].shape[1];
+  int64_t per_slot = 0, out_cols = 0;
+  if (!CheckedMul(top_k, k, &per_slot) || !CheckedMul(top_k, n, &out_cols)) {
+    return c.Error("top_k * N or top_k * K overflows");
+  }
+  if (c[0].shape[1] != k && c[0].shape[1] != per_slot) {
+    return c.Error(absl::StrCat("shape mismatch: x ", Describe(c[0]), " must have K=", k,
+                                " columns (one input for every chosen expert) or top_k*K=",
+                                per_slot, " (one per expert) for w ", Describe(c[1]),
+                                " [E,N,K]"));
+  }
+  return TensorType{c[0].dtype, Shape{m, out_cols}};
+}
+
+Result Infer(const ops::MoeCombine&, const Checker& c) {
+  SG_RETURN_IF_ERROR(c.Arity(3));
+  SG_RETURN_IF_ERROR(c.Rank(0, 2, "y"));
+  SG_RETURN_IF_ERROR(c.Float(0, "y"));
+  SG_RETURN_IF_ERROR(c.Rank(1, 2, "weights"));
+  SG_RETURN_IF_ERROR(c.Float(1, "weights"));
+  SG_RETURN_IF_ERROR(CheckExpertIds(c, 2, c[0].shape[0]));
+  SG_RETURN_IF_ERROR(c.SameShape(1, 2));
+  const int64_t top_k = c[1].shape[1];
+  if (c[1].shape[0] != c[0].shape[0] || top_k < 1 || c[0].shape[1] % top_k != 0) {
+    return c.Error(absl::StrCat("weights ", Describe(c[1]), " must be [M, top_k] with top_k ",
+                                "dividing the columns of y ", Describe(c[0])));
+  }
+  return TensorType{c[0].dtype, Shape{c[0].shape[0], c[0].shape[1] / top_k}};
+}
+
 // What each op writes besides a new output of its own (ops.h, InputWrites). One overload
 // per op and no template default: an op added to the list must say.
 InputWrites Writes(const ops::Embedding&) { return {}; }
@@ -661,6 +735,10 @@ InputWrites Writes(const ops::HeadRmsNorm&) { return {}; }
 InputWrites Writes(const ops::GeluTanhMul&) { return {}; }
 InputWrites Writes(const ops::Scale&) { return {}; }
 InputWrites Writes(const ops::Softcap&) { return {}; }
+InputWrites Writes(const ops::MoeTopK&) { return {}; }
+InputWrites Writes(const ops::MoeRouteWeights&) { return {}; }
+InputWrites Writes(const ops::MoeMatMul&) { return {}; }
+InputWrites Writes(const ops::MoeCombine&) { return {}; }
 
 }  // namespace
 

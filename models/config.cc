@@ -315,7 +315,8 @@ constexpr Family kFamilies[] = {
     {"llama", "LlamaForCausalLM", false},   {"mistral", "MistralForCausalLM", false},
     {"qwen2", "Qwen2ForCausalLM", false},   {"qwen3", "Qwen3ForCausalLM", false},
     {"phi3", "Phi3ForCausalLM", false},     {"gemma", "GemmaForCausalLM", true},
-    {"gemma2", "Gemma2ForCausalLM", true},
+    {"gemma2", "Gemma2ForCausalLM", true}, {"mixtral", "MixtralForCausalLM", false},
+    {"qwen3_moe", "Qwen3MoeForCausalLM", false},
 };
 
 std::string FamilyList(bool architectures) {
@@ -390,6 +391,74 @@ absl::StatusOr<std::optional<std::vector<bool>>> ReadLayerTypes(FieldReader& r) 
   return std::optional<std::vector<bool>>(std::move(sliding));
 }
 
+// The experts of Mixtral and Qwen3-MoE, with their config classes' defaults where a key
+// is absent. transformers maps "num_experts" and "num_local_experts" onto one attribute,
+// so either may be written (both must then agree).
+absl::Status ReadExperts(absl::string_view type, FieldReader& r, LlamaConfig& c) {
+  const bool mixtral = type == "mixtral";
+  SG_ASSIGN_OR_RETURN(std::optional<int64_t> experts, r.Int("num_experts"));
+  SG_ASSIGN_OR_RETURN(std::optional<int64_t> local, r.Int("num_local_experts"));
+  if (experts && local && *experts != *local) {
+    return r.Error("num_local_experts",
+                   absl::StrCat(*local, " contradicts num_experts ", *experts));
+  }
+  c.num_experts = experts.value_or(local.value_or(mixtral ? 8 : 128));
+  SG_ASSIGN_OR_RETURN(std::optional<int64_t> top_k, r.Int("num_experts_per_tok"));
+  c.experts_per_token = top_k.value_or(mixtral ? 2 : 8);
+  // Training only: the balance loss, the router's jitter, returning the router's logits.
+  for (absl::string_view k : {"router_aux_loss_coef", "output_router_logits",
+                              "router_jitter_noise"}) {
+    r.Get(k);
+  }
+  if (c.num_experts <= 0) {
+    return r.Error(experts ? "num_experts" : "num_local_experts",
+                   absl::StrCat("must be > 0, got ", c.num_experts));
+  }
+  if (mixtral) {
+    c.moe_prefix = "block_sparse_moe";
+    c.moe_intermediate_size = c.intermediate_size;
+    c.moe_renormalize = true;
+    return absl::OkStatus();
+  }
+  c.moe_prefix = "mlp";
+  c.moe_round_weights = true;
+  SG_ASSIGN_OR_RETURN(std::optional<int64_t> inter, r.Int("moe_intermediate_size"));
+  c.moe_intermediate_size = inter.value_or(768);
+  SG_ASSIGN_OR_RETURN(std::optional<bool> norm, r.Bool("norm_topk_prob"));
+  c.moe_renormalize = norm.value_or(false);
+  // transformers: layer l is routed unless listed in mlp_only_layers, and only when
+  // (l + 1) % decoder_sparse_step == 0.
+  SG_ASSIGN_OR_RETURN(std::optional<int64_t> step, r.Int("decoder_sparse_step"));
+  const int64_t sparse_step = step.value_or(1);
+  if (sparse_step < 1) {
+    return r.Error("decoder_sparse_step", absl::StrCat("must be >= 1, got ", sparse_step));
+  }
+  std::vector<bool> dense(static_cast<size_t>(std::clamp<int64_t>(c.num_hidden_layers, 0, 1024)),
+                          false);
+  if (const Json* only = r.Get("mlp_only_layers")) {
+    if (!only->is_array()) {
+      return r.Error("mlp_only_layers", absl::StrCat("expected a list, got ", Render(*only)));
+    }
+    for (const Json& e : *only) {
+      if (!e.is_number_integer() || e.get<int64_t>() < 0 ||
+          e.get<int64_t>() >= static_cast<int64_t>(dense.size())) {
+        return r.Error("mlp_only_layers",
+                       absl::StrCat("entry ", Render(e), " is not a layer index in [0, ",
+                                    dense.size(), ")"));
+      }
+      dense[static_cast<size_t>(e.get<int64_t>())] = true;
+    }
+  }
+  c.moe_layers.clear();
+  bool all = true;
+  for (size_t l = 0; l < dense.size(); ++l) {
+    c.moe_layers.push_back(!dense[l] && (static_cast<int64_t>(l) + 1) % sparse_step == 0);
+    all = all && c.moe_layers.back();
+  }
+  if (all) c.moe_layers.clear();  // every layer routed: the description's default
+  return absl::OkStatus();
+}
+
 // What a family adds to the Llama fields: biases, norms, the activation, soft-capping and
 // sliding windows, each from the keys its config class writes.
 absl::Status ReadFamilyFields(const Family& family, FieldReader& r, LlamaConfig& c) {
@@ -397,7 +466,8 @@ absl::Status ReadFamilyFields(const Family& family, FieldReader& r, LlamaConfig&
   const absl::string_view type = family.model_type;
   const bool gemma = type == "gemma" || type == "gemma2";
   c.qkv_bias = type == "qwen2";
-  c.qk_norm = type == "qwen3";
+  c.qk_norm = type == "qwen3" || type == "qwen3_moe";
+  if (type == "mixtral" || type == "qwen3_moe") SG_RETURN_IF_ERROR(ReadExperts(type, r, c));
   c.fused_qkv = c.fused_gate_up = type == "phi3";
   c.norm_plus_one = c.embedding_scale = gemma;
   c.sandwich_norms = type == "gemma2";
@@ -437,6 +507,13 @@ absl::Status ReadFamilyFields(const Family& family, FieldReader& r, LlamaConfig&
   // where the family's config class puts it when the file has no layer_types.
   SG_ASSIGN_OR_RETURN(std::optional<int64_t> window, r.Int("sliding_window"));
   SG_ASSIGN_OR_RETURN(std::optional<std::vector<bool>> layer_types, ReadLayerTypes(r));
+  if (type == "qwen3_moe") {
+    // transformers: the window in every layer when use_sliding_window, else none
+    // (max_window_layers, which old files carry, is not read by its attention).
+    SG_ASSIGN_OR_RETURN(std::optional<bool> use, r.Bool("use_sliding_window"));
+    r.Get("max_window_layers");
+    if (!use.value_or(false)) window.reset();
+  }
   if (type == "qwen2" || type == "qwen3") {
     // transformers: no window unless use_sliding_window, and then from max_window_layers on.
     SG_ASSIGN_OR_RETURN(std::optional<bool> use, r.Bool("use_sliding_window"));

@@ -51,6 +51,31 @@ absl::StatusOr<absl::Span<const std::byte>> FusedPart(const FusedWeight& fused, 
                       static_cast<size_t>(fused.parts[part].rows * row_bytes));
 }
 
+std::vector<StackedWeight> StackedWeights(const LlamaConfig& c) {
+  std::vector<StackedWeight> out;
+  const int64_t h = c.hidden_size, i = c.moe_intermediate_size;
+  const bool mixtral = c.moe_prefix == "block_sparse_moe";
+  struct Projection {
+    const char* graph;
+    const char* mixtral;
+    int64_t rows, cols;
+  };
+  const Projection projections[] = {
+      {"gate_proj", "w1", i, h}, {"up_proj", "w3", i, h}, {"down_proj", "w2", h, i}};
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    if (!c.MoeLayer(l)) continue;
+    const std::string p = absl::StrCat("model.layers.", l, ".", c.moe_prefix, ".experts.");
+    for (const Projection& proj : projections) {
+      StackedWeight s{absl::StrCat(p, proj.graph, ".weight"), {}, proj.rows, proj.cols};
+      for (int64_t e = 0; e < c.num_experts; ++e) {
+        s.parts.push_back(absl::StrCat(p, e, ".", mixtral ? proj.mixtral : proj.graph, ".weight"));
+      }
+      out.push_back(std::move(s));
+    }
+  }
+  return out;
+}
+
 bool IsNormWeight(absl::string_view name) { return absl::EndsWith(name, "norm.weight"); }
 
 std::vector<std::byte> NormPlusOne(DType dtype, absl::Span<const std::byte> data,

@@ -38,6 +38,20 @@ absl::StatusOr<absl::Span<const std::byte>> FusedPart(const FusedWeight& fused, 
                                                       DType dtype,
                                                       absl::Span<const std::byte> data);
 
+// A graph weight [E, rows, cols] that a folder stores as E matrices [rows, cols], one per
+// expert: the experts of Mixtral and Qwen3-MoE, which GGUF stores stacked.
+struct StackedWeight {
+  std::string name;                // e.g. "model.layers.0.mlp.experts.gate_proj.weight"
+  std::vector<std::string> parts;  // e.g. "model.layers.0.mlp.experts.3.gate_proj.weight"
+  int64_t rows = 0;
+  int64_t cols = 0;
+};
+
+// The stacked expert weights of the routed layers (empty for a dense model). The stored
+// names are transformers': Mixtral's experts.{e}.w1 (gate), w3 (up) and w2 (down),
+// Qwen3-MoE's experts.{e}.gate_proj, up_proj and down_proj.
+std::vector<StackedWeight> StackedWeights(const LlamaConfig& c);
+
 // Whether `name` is a norm weight the (1 + w) rule applies to (every RmsNorm weight of the
 // graph: "...layernorm.weight", "...norm.weight").
 bool IsNormWeight(absl::string_view name);

@@ -26,9 +26,10 @@ namespace sg {
 namespace {
 
 // The architectures stepgraph reads (general.architecture), the model_type each is.
-// llama.cpp's converter writes Mistral models as "llama" (without their sliding window).
-constexpr absl::string_view kArchitectures[] = {"llama", "qwen2", "qwen3", "phi3", "gemma",
-                                                "gemma2"};
+// llama.cpp's converter writes Mistral models as "llama" (without their sliding window),
+// and Mixtral as "llama" with expert keys and tensors.
+constexpr absl::string_view kArchitectures[] = {"llama", "qwen2", "qwen3",   "phi3",
+                                                "gemma", "gemma2", "qwen3moe"};
 // Bounds on sizes a real Llama can have; they keep every product below far from
 // overflow before the tensors themselves are compared.
 constexpr int64_t kMaxWidth = int64_t{1} << 20;    // hidden, intermediate, head dims
@@ -198,6 +199,41 @@ absl::Status ReadFamilyKeys(LlamaKeys& k, LlamaConfig& c) {
   return absl::OkStatus();
 }
 
+// Experts (Mixtral as "llama", "qwen3moe"): llama.cpp routes both by a softmax over all
+// experts, the top expert_used_count, renormalised (its build_moe_ffn with norm_w), which
+// is Mixtral's rule and Qwen3-MoE's with norm_topk_prob (what Qwen3-MoE models set). Other
+// expert keys (shared experts, weight scales, other gating functions) stay unknown and are
+// refused.
+absl::Status ReadExpertKeys(LlamaKeys& k, LlamaConfig& c) {
+  SG_ASSIGN_OR_RETURN(const int64_t experts, k.Int("expert_count", 0, 4096, 0));
+  SG_ASSIGN_OR_RETURN(const int64_t used, k.Int("expert_used_count", 0, 4096, 0));
+  if (experts == 0 && used == 0) {
+    if (c.architecture == "qwen3moe") return k.Error("expert_count", "missing required key");
+    return absl::OkStatus();
+  }
+  if (c.architecture != "llama" && c.architecture != "qwen3moe") {
+    return k.Error("expert_count", absl::StrCat(experts, ": '", c.architecture,
+                                                "' models with experts are not supported"));
+  }
+  if (used < 1 || used > experts) {
+    return k.Error("expert_used_count",
+                   absl::StrCat(used, " must be in [1, expert_count = ", experts, "]"));
+  }
+  c.num_experts = experts;
+  c.experts_per_token = used;
+  c.moe_renormalize = true;
+  if (c.architecture == "llama") {
+    c.moe_prefix = "block_sparse_moe";
+    c.moe_intermediate_size = c.intermediate_size;
+  } else {
+    c.moe_prefix = "mlp";
+    c.moe_round_weights = true;
+    SG_ASSIGN_OR_RETURN(c.moe_intermediate_size,
+                        k.Int("expert_feed_forward_length", 1, kMaxWidth));
+  }
+  return absl::OkStatus();
+}
+
 // The dtype a file is computed in: activations, KV cache and every float weight. F16 or
 // BF16 when every matrix is stored so (llama.cpp's converter with --outtype f16 or bf16),
 // F32 otherwise: quantized files (transformers dequantizes them to float32 and computes in
@@ -206,7 +242,7 @@ absl::Status ReadFamilyKeys(LlamaKeys& k, LlamaConfig& c) {
 DType ComputeDType(const GgufFile& f) {
   std::optional<DType> half;
   for (const GgufTensor& t : f.tensors()) {
-    if (t.shape.rank() != 2) continue;  // norms, biases, rope_freqs
+    if (t.shape.rank() < 2) continue;  // norms, biases, rope_freqs
     if ((t.dtype != DType::kF16 && t.dtype != DType::kBF16) ||
         (half.has_value() && *half != t.dtype)) {
       return DType::kF32;
@@ -223,8 +259,8 @@ absl::StatusOr<LlamaConfig> ReadConfig(const GgufFile& f) {
       std::end(kArchitectures)) {
     return absl::InvalidArgumentError(absl::StrCat(
         f.source(), ": architecture '", arch->substr(0, 64),
-        "' is not supported (stepgraph runs 'llama', 'qwen2', 'qwen3', 'phi3', 'gemma' and "
-        "'gemma2' GGUF models)"));
+        "' is not supported (stepgraph runs 'llama', 'qwen2', 'qwen3', 'phi3', 'gemma', "
+        "'gemma2' and 'qwen3moe' GGUF models)"));
   }
   if (const GgufValue* split = f.Find("split.count")) {
     absl::StatusOr<int64_t> n = split->Int();
@@ -307,13 +343,7 @@ absl::StatusOr<LlamaConfig> ReadConfig(const GgufFile& f) {
     c.rope_scaling = {ops::RopeScaling::Type::kLinear, static_cast<float>(factor)};
   }
   SG_RETURN_IF_ERROR(ReadFamilyKeys(k, c));
-  for (absl::string_view key : {"expert_count", "expert_used_count"}) {
-    SG_ASSIGN_OR_RETURN(const int64_t experts,
-                        k.Int(key, 0, std::numeric_limits<int32_t>::max(), 0));
-    if (experts != 0) {
-      return k.Error(key, absl::StrCat(experts, ": mixtures of experts are not supported"));
-    }
-  }
+  SG_RETURN_IF_ERROR(ReadExpertKeys(k, c));
   if (const GgufValue* v = k.Find("tensor_data_layout")) {
     // Meta's original checkpoints already pair (2i, 2i+1), which is what the converter's
     // permutation produces for the others: both run with interleaved RoPE.
@@ -419,6 +449,16 @@ std::vector<ExpectedWeight> ExpectedWeights(const LlamaConfig& c,
       norm(p + "pre_feedforward_layernorm", h);
       norm(p + "post_feedforward_layernorm", h);
     }
+    if (c.MoeLayer(l)) {
+      // The router and the experts stacked [E, rows, cols], read in place.
+      const std::string e = p + c.moe_prefix + ".";
+      const int64_t experts = c.num_experts, moe_i = c.moe_intermediate_size;
+      out.push_back({e + "gate.weight", Shape({experts, h}), true});
+      out.push_back({e + "experts.gate_proj.weight", Shape({experts, moe_i, h}), true});
+      out.push_back({e + "experts.up_proj.weight", Shape({experts, moe_i, h}), true});
+      out.push_back({e + "experts.down_proj.weight", Shape({experts, h, moe_i}), true});
+      continue;
+    }
     if (c.fused_gate_up) {
       stored_fused(p + "mlp.gate_up_proj.weight");
     } else {
@@ -519,6 +559,19 @@ absl::StatusOr<std::string> HfNameFromGguf(absl::string_view name, const LlamaCo
       {"post_attention_norm", "post_attention_layernorm"},
       {"post_ffw_norm", "post_feedforward_layernorm"},
   };
+  if (c.num_experts > 0 && suffix == "weight") {
+    // The router and the stacked experts of a routed layer.
+    static constexpr std::pair<absl::string_view, absl::string_view> kExpertParts[] = {
+        {"ffn_gate_inp", "gate"},
+        {"ffn_gate_exps", "experts.gate_proj"},
+        {"ffn_up_exps", "experts.up_proj"},
+        {"ffn_down_exps", "experts.down_proj"},
+    };
+    for (const auto& [gguf, hf] : kExpertParts) {
+      if (rest != gguf) continue;
+      return absl::StrCat("model.layers.", layer, ".", c.moe_prefix, ".", hf, ".weight");
+    }
+  }
   absl::string_view hf_part;
   if (c.sandwich_norms && rest == "ffn_norm") hf_part = "pre_feedforward_layernorm";
   if (c.fused_gate_up && rest == "ffn_up") hf_part = "mlp.gate_up_proj";

@@ -33,6 +33,9 @@ constexpr FieldBound kHeadDimBound{"head_dim", 1024, "256"};
 constexpr FieldBound kVocabBound{"vocab_size", int64_t{1} << 24, "about 256000"};
 constexpr FieldBound kMaxPositionBound{"max_position_embeddings", int64_t{1} << 26,
                                        "about 10 million"};
+constexpr FieldBound kExpertsBound{"num_experts", 4096, "384"};
+constexpr FieldBound kMoeIntermediateBound{"moe_intermediate_size", int64_t{1} << 18,
+                                          "about 16384"};
 
 absl::Status CheckField(const FieldBound& b, int64_t v) {
   if (v <= 0) {
@@ -90,6 +93,28 @@ absl::Status LlamaConfig::Validate() const {
           absl::StrCat("llama config: ", name, " must be finite and >= 0, got ", v));
     }
   }
+  if (num_experts != 0) {
+    SG_RETURN_IF_ERROR(CheckField(kExpertsBound, num_experts));
+    SG_RETURN_IF_ERROR(CheckField(kMoeIntermediateBound, moe_intermediate_size));
+    if (experts_per_token < 1 || experts_per_token > num_experts) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "llama config: num_experts_per_tok must be in [1, num_experts = ", num_experts,
+          "], got ", experts_per_token));
+    }
+    if (mlp_bias) {
+      return absl::InvalidArgumentError("llama config: mlp_bias with experts is not supported");
+    }
+    if (!moe_layers.empty() && static_cast<int64_t>(moe_layers.size()) != num_hidden_layers) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "llama config: the per-layer MoE list has ", moe_layers.size(),
+          " layers, but num_hidden_layers is ", num_hidden_layers));
+    }
+    if (moe_prefix != "mlp" && moe_prefix != "block_sparse_moe") {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "llama config: the experts' weight prefix must be \"mlp\" or \"block_sparse_moe\", "
+          "got \"", moe_prefix, "\""));
+    }
+  }
   if (!(rms_norm_eps > 0.0f) || !(rope_theta > 0.0f) || !std::isfinite(rms_norm_eps) ||
       !std::isfinite(rope_theta)) {
     return absl::InvalidArgumentError(
@@ -115,15 +140,23 @@ absl::StatusOr<int64_t> LlamaConfig::WeightBytes() const {
   };
   const int64_t h = hidden_size, i = intermediate_size;
   const int64_t q = mul(num_attention_heads, head_dim), kv = mul(num_key_value_heads, head_dim);
-  // Two norms, q and o (h x q each), k and v (h x kv each), gate, up and down (h x i each).
-  int64_t per_layer = add(add(mul(2, h), mul(2, mul(h, q))), add(mul(2, mul(h, kv)), mul(3, mul(h, i))));
+  // Two norms, q and o (h x q each), k and v (h x kv each); the MLPs below.
+  int64_t per_layer = add(add(mul(2, h), mul(2, mul(h, q))), mul(2, mul(h, kv)));
   if (attention_bias) per_layer = add(per_layer, add(add(q, mul(2, kv)), h));
   if (qkv_bias && !attention_bias) per_layer = add(per_layer, add(q, mul(2, kv)));
   if (qk_norm) per_layer = add(per_layer, mul(2, head_dim));
   if (sandwich_norms) per_layer = add(per_layer, mul(2, h));
   if (mlp_bias) per_layer = add(per_layer, add(mul(2, i), h));
+  // Gate, up and down (h x i each) of a dense layer; the router (E x h) and E experts'
+  // three (h x moe_i) of a routed one.
+  const int64_t dense_mlp = mul(3, mul(h, i));
+  const int64_t moe_mlp =
+      add(mul(num_experts, h), mul(num_experts, mul(3, mul(h, moe_intermediate_size))));
+  int64_t moe_count = 0;
+  for (int64_t l = 0; l < num_hidden_layers && l < kLayersBound.max; ++l) moe_count += MoeLayer(l);
+  const int64_t mlps = add(mul(num_hidden_layers - moe_count, dense_mlp), mul(moe_count, moe_mlp));
   const int64_t embed = mul(vocab_size, h);
-  int64_t elems = add(add(mul(num_hidden_layers, per_layer), embed), h);
+  int64_t elems = add(add(add(mul(num_hidden_layers, per_layer), mlps), embed), h);
   if (!tie_word_embeddings) elems = add(elems, embed);
   const int64_t bytes = mul(elems, DTypeBytes(dtype));
   if (!ok || hidden_size < 0 || intermediate_size < 0 || num_hidden_layers < 0 ||
@@ -279,12 +312,33 @@ absl::StatusOr<Graph> BuildLlamaDecodeGraph(const LlamaConfig& c,
     x = b.Add(x, o, p + "attn_residual");
     const TensorId n2 = norm(x, c.sandwich_norms ? p + "pre_feedforward_layernorm"
                                                  : p + "post_attention_layernorm");
-    const TensorId gate = linear(n2, p + "mlp.gate_proj", c.intermediate_size, h, c.mlp_bias);
-    const TensorId up = linear(n2, p + "mlp.up_proj", c.intermediate_size, h, c.mlp_bias);
-    const TensorId act = c.activation == MlpActivation::kGeluTanh
-                             ? b.GeluTanhMul(gate, up, p + "mlp.act")
-                             : b.SiluMul(gate, up, p + "mlp.act");
-    TensorId down = linear(act, p + "mlp.down_proj", h, c.intermediate_size, c.mlp_bias);
+    auto activate = [&](TensorId gate, TensorId up, const std::string& name) {
+      return c.activation == MlpActivation::kGeluTanh ? b.GeluTanhMul(gate, up, name)
+                                                      : b.SiluMul(gate, up, name);
+    };
+    TensorId down;
+    if (c.MoeLayer(l)) {
+      // The router chooses; only the chosen experts' matrices are read (docs/ops.md).
+      const std::string e = p + c.moe_prefix + ".";
+      const int64_t experts = c.num_experts, inter = c.moe_intermediate_size;
+      const TensorId logits = linear(n2, e + "gate", experts, h, false);
+      const TensorId ids =
+          b.MoeTopK(logits, static_cast<int32_t>(c.experts_per_token), e + "top_k");
+      const TensorId route = b.MoeRouteWeights(
+          logits, ids, {c.moe_renormalize, c.moe_round_weights}, e + "route_weights");
+      auto experts_matmul = [&](TensorId in, const std::string& name, int64_t n, int64_t k) {
+        return b.MoeMatMul(in, weight(e + "experts." + name + ".weight", {experts, n, k}), ids,
+                           e + "experts." + name);
+      };
+      const TensorId act = activate(experts_matmul(n2, "gate_proj", inter, h),
+                                    experts_matmul(n2, "up_proj", inter, h), e + "experts.act");
+      down = b.MoeCombine(experts_matmul(act, "down_proj", h, inter), route, ids, e + "combine");
+    } else {
+      const TensorId gate = linear(n2, p + "mlp.gate_proj", c.intermediate_size, h, c.mlp_bias);
+      const TensorId up = linear(n2, p + "mlp.up_proj", c.intermediate_size, h, c.mlp_bias);
+      down = linear(activate(gate, up, p + "mlp.act"), p + "mlp.down_proj", h,
+                    c.intermediate_size, c.mlp_bias);
+    }
     if (c.sandwich_norms) down = norm(down, p + "post_feedforward_layernorm");
     x = b.Add(x, down, p + "mlp_residual");
   }
@@ -319,8 +373,17 @@ double PrefillFlops(const LlamaConfig& c, int64_t tokens) {
   const double inter = static_cast<double>(c.intermediate_size);
   const double n = static_cast<double>(tokens);
   const double keys = n * (n + 1) / 2;
-  return static_cast<double>(c.num_hidden_layers) *
-         (2 * (h * q + 2 * h * kv + q * h + 3 * h * inter) * n + 4 * q * keys);
+  double flops = 0.0;
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    // A routed layer computes its router and the chosen experts only.
+    const double mlp = c.MoeLayer(l)
+                           ? h * static_cast<double>(c.num_experts) +
+                                 3 * h * static_cast<double>(c.moe_intermediate_size) *
+                                     static_cast<double>(c.experts_per_token)
+                           : 3 * h * inter;
+    flops += 2 * (h * q + 2 * h * kv + q * h + mlp) * n + 4 * q * keys;
+  }
+  return flops;
 }
 
 }  // namespace sg

@@ -319,6 +319,54 @@ absl::Status ModelWeights::DeriveFamilyTensors() {
     }
     split_.insert(f.stored);
   }
+  // Experts stored one matrix each are copied side by side into the [E, rows, cols] the
+  // graph reads (GGUF files store them so and are read in place). The names are listed
+  // only when the files hold at least as many tensors as they would be: a config that
+  // claims more experts than its files store must not size the list (the graph check
+  // then names what is missing).
+  int64_t routed = 0;
+  for (int64_t l = 0; l < config_.num_hidden_layers; ++l) routed += config_.MoeLayer(l);
+  const bool may_be_per_expert =
+      routed > 0 && static_cast<int64_t>(index_.size()) >= routed * 3 * config_.num_experts;
+  for (const StackedWeight& s :
+       may_be_per_expert ? StackedWeights(config_) : std::vector<StackedWeight>()) {
+    std::vector<Entry> parts;
+    for (const std::string& name : s.parts) {
+      const Entry e = Find(name);
+      if (e.tensor != nullptr) parts.push_back(e);
+    }
+    if (parts.empty()) continue;  // stored stacked, or missing: the graph check says
+    const SafetensorsTensor& first = *parts[0].tensor;
+    for (size_t p = 0; p < s.parts.size(); ++p) {
+      const Entry e = p < parts.size() ? parts[p] : Entry{nullptr, nullptr};
+      if (e.tensor == nullptr || e.tensor->name != s.parts[p]) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "expert tensor '", s.parts[p], "' is missing (", parts.size(), " of the ",
+            s.parts.size(), " experts of '", s.name, "' are stored)"));
+      }
+      if (e.tensor->dtype != first.dtype || e.tensor->shape.size() != 2 ||
+          e.tensor->shape[0] != s.rows || e.tensor->shape[1] != s.cols) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "expert tensor '", s.parts[p], "' (in ", e.file->path(), ") is ",
+            e.tensor->ShapeString(), " ", DTypeName(e.tensor->dtype), ", not [", s.rows, ", ",
+            s.cols, "] ", DTypeName(first.dtype), " as the config and expert 0 say"));
+      }
+    }
+    std::vector<std::byte> stacked;
+    try {
+      stacked.reserve(parts.size() * first.data.size());
+      for (const Entry& e : parts) {
+        stacked.insert(stacked.end(), e.tensor->data.begin(), e.tensor->data.end());
+      }
+    } catch (const std::bad_alloc&) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("no memory to stack the experts of '", s.name, "'"));
+    }
+    folded_.push_back(std::move(stacked));
+    derive(s.name, first, {static_cast<int64_t>(parts.size()), s.rows, s.cols},
+           folded_.back());
+    for (const std::string& name : s.parts) split_.insert(name);
+  }
   if (config_.norm_plus_one) {
     for (const SafetensorsFile& file : files_) {
       for (const SafetensorsTensor& t : file.tensors()) {

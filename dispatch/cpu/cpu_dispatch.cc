@@ -854,4 +854,139 @@ absl::Status CpuDispatch::Run(const ops::RopeKvWrite& op, const NodeArgs& args) 
   return absl::OkStatus();
 }
 
+// ---- Mixture of experts.
+
+absl::Status CpuDispatch::Run(const ops::MoeTopK& op, const NodeArgs& args) {
+  const TensorArg& logits = args.inputs[0];
+  const int64_t rows = logits.shape[0], experts = logits.shape[1];
+  int32_t* out = args.output.as<int32_t>();
+  std::vector<int32_t> order;
+  std::vector<float> z;
+  try {
+    order.resize(static_cast<size_t>(experts));
+    z.resize(static_cast<size_t>(experts));
+  } catch (const std::bad_alloc&) {
+    return absl::ResourceExhaustedError("CPU reference: no memory for a top-k");
+  }
+  for (int64_t i = 0; i < rows; ++i) {
+    for (int64_t e = 0; e < experts; ++e) {
+      z[e] = LoadElement(logits.data, logits.dtype, i * experts + e);
+    }
+    std::iota(order.begin(), order.end(), 0);
+    // Largest first, NaN above every number (torch.topk); equal values by index.
+    std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
+      if (std::isnan(z[b])) return false;
+      return std::isnan(z[a]) || z[a] > z[b];
+    });
+    std::copy_n(order.begin(), op.top_k, out + i * op.top_k);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CpuDispatch::Run(const ops::MoeRouteWeights& op, const NodeArgs& args) {
+  const TensorArg& logits = args.inputs[0];
+  const int64_t rows = logits.shape[0], experts = logits.shape[1];
+  const int64_t top_k = args.inputs[1].shape[1];
+  const int32_t* ids = Ints(args.inputs[1]);
+  for (int64_t i = 0; i < rows; ++i) {
+    const std::vector<float> z = LoadRange(logits, i * experts, experts);
+    // transformers: softmax(router_logits, dtype=float) over every expert.
+    float mx = -std::numeric_limits<float>::infinity();
+    for (float v : z) mx = std::max(mx, v);
+    float total = 0.0f;
+    for (float v : z) total += std::exp(v - mx);
+    std::vector<float> w(static_cast<size_t>(top_k), 0.0f);
+    float chosen = 0.0f;
+    for (int64_t j = 0; j < top_k; ++j) {
+      const int32_t e = ids[i * top_k + j];
+      if (e < 0 || e >= experts) {
+        error_flags_ |= kErrorExpertOutOfRange;
+        continue;
+      }
+      w[j] = std::exp(z[e] - mx) / total;
+      chosen += w[j];
+    }
+    float* out = args.output.as<float>() + i * top_k;
+    for (int64_t j = 0; j < top_k; ++j) {
+      const float v = op.renormalize ? w[j] / chosen : w[j];
+      out[j] = op.round_to_dtype ? RoundTo(logits.dtype, v) : v;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CpuDispatch::Run(const ops::MoeMatMul&, const NodeArgs& args) {
+  const TensorArg& x = args.inputs[0];
+  const TensorArg& w = args.inputs[1];
+  const TensorArg& ids_arg = args.inputs[2];
+  const int64_t m = x.shape[0], experts = w.shape[0], n = w.shape[1], k = w.shape[2];
+  const int64_t top_k = ids_arg.shape[1];
+  const bool per_slot = x.shape[1] != k;
+  const int32_t* ids = Ints(ids_arg);
+  SG_ASSIGN_OR_RETURN(const float* xs, F32Input(x, x_f32_));
+  SG_ASSIGN_OR_RETURN(float* out, F32Output(args.output, out_f32_));
+  const bool quantized = IsQuantized(w.dtype);
+  const int64_t w_row_bytes = DTypeRowBytes(w.dtype, k);
+  SG_RETURN_IF_ERROR(PrepareScratch(quantized ? 0 : k));
+  for (int64_t s = 0; s < m * top_k; ++s) {
+    if (ids[s] < 0 || ids[s] >= experts) error_flags_ |= kErrorExpertOutOfRange;
+  }
+  // One (row, chosen expert) pair per item: only the chosen experts' rows are read.
+  const int64_t out_cols = top_k * n;
+  pool_->ParallelFor(m * top_k, MinItemsPerChunk(n * k), [&](int thread, int64_t s0, int64_t s1) {
+    const auto* w_bytes = static_cast<const std::byte*>(w.data);
+    for (int64_t s = s0; s < s1; ++s) {
+      const int64_t i = s / top_k, j = s % top_k;
+      float* y = out + i * out_cols + j * n;
+      const int32_t e = ids[s];
+      if (e < 0 || e >= experts) {
+        std::fill(y, y + n, 0.0f);
+        continue;
+      }
+      const float* xr = xs + (per_slot ? i * top_k * k + j * k : i * k);
+      for (int64_t r = 0; r < n; ++r) {
+        const int64_t row = e * n + r;
+        if (quantized) {
+          DotQuantizedRow(w.dtype, w_bytes + row * w_row_bytes, k, xr, k, 1, y + r, n);
+        } else {
+          y[r] = cpu::Dot(xr, F32Row(w, row * k, k, scratch_[thread].data()), k);
+        }
+      }
+    }
+  });
+  FinishF32Output(args.output, out);
+  return absl::OkStatus();
+}
+
+absl::Status CpuDispatch::Run(const ops::MoeCombine&, const NodeArgs& args) {
+  const TensorArg& y = args.inputs[0];
+  const TensorArg& weights = args.inputs[1];
+  const int32_t* ids = Ints(args.inputs[2]);
+  const DType t = args.output.dtype;
+  const int64_t m = y.shape[0], top_k = weights.shape[1], n = y.shape[1] / top_k;
+  std::vector<int64_t> order;
+  try {
+    order.resize(static_cast<size_t>(top_k));
+  } catch (const std::bad_alloc&) {
+    return absl::ResourceExhaustedError("CPU reference: no memory for a MoE combine");
+  }
+  for (int64_t i = 0; i < m; ++i) {
+    // transformers adds the experts' outputs in ascending expert id.
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
+      return ids[i * top_k + a] < ids[i * top_k + b];
+    });
+    for (int64_t c = 0; c < n; ++c) {
+      float sum = 0.0f;
+      for (int64_t j : order) {
+        const float w = LoadElement(weights.data, weights.dtype, i * top_k + j);
+        const float term = w * LoadElement(y.data, y.dtype, i * top_k * n + j * n + c);
+        sum = RoundTo(t, sum + RoundTo(t, term));
+      }
+      StoreElement(args.output.data, t, i * n + c, sum);
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace sg

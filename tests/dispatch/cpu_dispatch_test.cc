@@ -30,6 +30,7 @@
 #include "stepgraph/dispatch/executor.h"
 #include "stepgraph/base/half.h"
 #include "stepgraph/base/philox.h"
+#include "stepgraph/base/quant.h"
 #include "stepgraph/graph/memory_plan.h"
 #include "stepgraph/graph/rope.h"
 #include "tests/testing/util.h"
@@ -1921,6 +1922,139 @@ TEST(CpuDispatchTest, TinyLlamaDecodesDeterministicallyWithIndependentRows) {
     const std::vector<float> row0(a->logits[step].begin(), a->logits[step].begin() + vocab);
     ASSERT_EQ(*logits, row0) << "step " << step;
     ASSERT_EQ(next[0], a->chosen[step][0]) << "step " << step;
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// Mixture of experts
+
+// A routed MLP as a MoE layer builds it (MoeTopK, MoeRouteWeights, the gate and up
+// MoeMatMuls sharing x, SiluMul, the per-expert down MoeMatMul, MoeCombine) against a
+// float64 evaluation of transformers' Mixtral / Qwen3-MoE block.
+TEST_P(CpuFloatOpTest, MoeMlpMatchesReference) {
+  std::mt19937_64 rng(77);
+  const int64_t m = 4, h = 24, inter = 16, experts = 6, top_k = 2;
+  for (const bool renormalize : {true, false}) {
+    SCOPED_TRACE(absl::StrCat("renormalize=", renormalize));
+    GraphBuilder b;
+    const TensorId x = b.Input("x", dtype(), {m, h});
+    const TensorId logits = b.Input("logits", dtype(), {m, experts});
+    const TensorId ids = b.MoeTopK(logits, top_k, "ids");
+    const TensorId weights = b.MoeRouteWeights(logits, ids, {renormalize}, "weights");
+    const TensorId gate = b.MoeMatMul(x, b.Weight("gate", dtype(), {experts, inter, h}), ids, "g");
+    const TensorId up = b.MoeMatMul(x, b.Weight("up", dtype(), {experts, inter, h}), ids, "u");
+    const TensorId act = b.SiluMul(gate, up, "act");
+    const TensorId down =
+        b.MoeMatMul(act, b.Weight("down", dtype(), {experts, h, inter}), ids, "d");
+    b.Output("y", b.MoeCombine(down, weights, ids, "y"));
+    b.Output("ids", ids);
+    auto bench = Bench::Make(b);
+    ASSERT_NE(bench, nullptr);
+    const std::vector<double> xs = bench->Set("x", RandomValues(rng, m * h));
+    const std::vector<double> gs = bench->Set("gate", RandomValues(rng, experts * inter * h));
+    const std::vector<double> us = bench->Set("up", RandomValues(rng, experts * inter * h));
+    const std::vector<double> ds = bench->Set("down", RandomValues(rng, experts * h * inter));
+    // Distinct logits that every dtype stores exactly, so the choice is not a near tie.
+    std::vector<float> lv;
+    for (int64_t i = 0; i < m; ++i) {
+      std::vector<int> perm(experts);
+      std::iota(perm.begin(), perm.end(), 0);
+      std::shuffle(perm.begin(), perm.end(), rng);
+      for (int p : perm) lv.push_back(0.5f * static_cast<float>(p) - 1.0f);
+    }
+    const std::vector<double> ls = bench->Set("logits", lv);
+    bench->PoisonArena();
+    CpuDispatch cpu;
+    SG_ASSERT_OK(bench->Run(cpu));
+    EXPECT_EQ(cpu.TakeErrorFlags(), 0u);
+    std::vector<double> want(m * h, 0.0);
+    const std::vector<int32_t> got_ids = bench->Ints("ids");
+    for (int64_t i = 0; i < m; ++i) {
+      std::vector<int> order(experts);
+      std::iota(order.begin(), order.end(), 0);
+      std::sort(order.begin(), order.end(),
+                [&](int a, int c) { return ls[i * experts + a] > ls[i * experts + c]; });
+      double total = 0.0, chosen = 0.0;
+      for (int64_t e = 0; e < experts; ++e) total += std::exp(ls[i * experts + e]);
+      for (int64_t j = 0; j < top_k; ++j) chosen += std::exp(ls[i * experts + order[j]]) / total;
+      for (int64_t j = 0; j < top_k; ++j) {
+        const int e = order[j];
+        EXPECT_EQ(got_ids[i * top_k + j], e) << "row " << i << " slot " << j;
+        double w = std::exp(ls[i * experts + e]) / total;
+        if (renormalize) w /= chosen;
+        std::vector<double> a(inter);
+        for (int64_t r = 0; r < inter; ++r) {
+          double g = 0.0, u = 0.0;
+          for (int64_t c = 0; c < h; ++c) {
+            g += xs[i * h + c] * gs[(e * inter + r) * h + c];
+            u += xs[i * h + c] * us[(e * inter + r) * h + c];
+          }
+          a[r] = g / (1.0 + std::exp(-g)) * u;
+        }
+        for (int64_t c = 0; c < h; ++c) {
+          double y = 0.0;
+          for (int64_t r = 0; r < inter; ++r) y += a[r] * ds[(e * h + c) * inter + r];
+          want[i * h + c] += w * y;
+        }
+      }
+    }
+    EXPECT_LE(NormalizedError(bench->Floats("y"), want), 3 * tol());
+  }
+}
+
+TEST(CpuDispatchTest, MoeTopKPutsNaNFirstAndTiesByIndex) {
+  GraphBuilder b;
+  b.Output("ids", b.MoeTopK(b.Input("logits", DType::kF32, {2, 6}), 4, "ids"));
+  auto bench = Bench::Make(b);
+  ASSERT_NE(bench, nullptr);
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float inf = std::numeric_limits<float>::infinity();
+  bench->Set("logits", {1.0f, 3.0f, 3.0f, nan, 2.0f, -inf,  //
+                        nan, nan, nan, nan, nan, nan});
+  bench->PoisonArena();
+  CpuDispatch cpu;
+  SG_ASSERT_OK(bench->Run(cpu));
+  // NaN above every number; equal values (and NaNs) by index.
+  EXPECT_EQ(bench->Ints("ids"), (std::vector<int32_t>{3, 1, 2, 4, 0, 1, 2, 3}));
+}
+
+// Stacked quantized experts [E, N, K]: each chosen expert's rows dequantized as GGUF
+// does, dotted with its input; an id out of range gives zeros and the flag.
+TEST(CpuDispatchTest, MoeMatMulReadsQuantizedExpertsAndFlagsBadIds) {
+  const int64_t experts = 3, n = 8, k = 256, m = 2, top_k = 2;
+  for (const DType q : {DType::kQ8_0, DType::kQ4_K, DType::kQ6_K}) {
+    SCOPED_TRACE(DTypeName(q));
+    GraphBuilder b;
+    b.Output("y", b.MoeMatMul(b.Input("x", DType::kF32, {m, k}),
+                              b.Weight("w", q, {experts, n, k}),
+                              b.Input("ids", DType::kI32, {m, top_k}), "y"));
+    auto bench = Bench::Make(b);
+    ASSERT_NE(bench, nullptr);
+    std::mt19937_64 rng(5);
+    const std::vector<double> xs = bench->Set("x", RandomValues(rng, m * k));
+    bench->SetInts("ids", {2, 0, 1, experts});
+    bench->PoisonArena();
+    CpuDispatch cpu;
+    SG_ASSERT_OK(bench->Run(cpu));
+    EXPECT_EQ(cpu.TakeErrorFlags(), static_cast<uint32_t>(kErrorExpertOutOfRange));
+    const auto* blocks = static_cast<const std::byte*>(bench->Bound("w").data());
+    const int64_t row_bytes = DTypeRowBytes(q, k);
+    const int32_t chosen[] = {2, 0, 1, -1};
+    std::vector<double> want(m * top_k * n, 0.0);
+    std::vector<float> row(k);
+    for (int64_t s = 0; s < m * top_k; ++s) {
+      if (chosen[s] < 0) continue;
+      const int64_t i = s / top_k;
+      for (int64_t r = 0; r < n; ++r) {
+        ASSERT_TRUE(DequantizeRow(q, blocks + (chosen[s] * n + r) * row_bytes, row.data(), k));
+        double acc = 0.0;
+        for (int64_t c = 0; c < k; ++c) acc += xs[i * k + c] * row[c];
+        want[s * n + r] = acc;
+      }
+    }
+    const std::vector<float> got = bench->Floats("y");
+    EXPECT_LE(NormalizedError(got, want), 1e-5);
+    for (int64_t r = 0; r < n; ++r) EXPECT_EQ(got[3 * n + r], 0.0f);
   }
 }
 

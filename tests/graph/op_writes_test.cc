@@ -56,6 +56,10 @@ std::vector<Expected> Documented() {
       {ops::GeluTanhMul{}, {}},
       {ops::Scale{}, {}},
       {ops::Softcap{}, {}},
+      {ops::MoeTopK{}, {}},
+      {ops::MoeRouteWeights{}, {}},
+      {ops::MoeMatMul{}, {}},
+      {ops::MoeCombine{}, {}},
   };
   // x, [norm_w], w_0 .. w_{weights-1}, then the epilogue's inputs; only kRopeKvWrite
   // (pos, k_cache, v_cache after three weights) writes.

@@ -424,6 +424,32 @@ TEST(PassesTest, FusedEqualsPlainForEveryFamily) {
   }
 }
 
+// The routed MLPs stay as they are (no pass fuses a MoE op); everything around them fuses,
+// and the fused step computes what the plain one does.
+TEST(PassesTest, FusedEqualsPlainForMoeFamilies) {
+  for (DType t : {DType::kF32, DType::kBF16}) {
+    for (const auto& [name, config] : testing::MoeTinyConfigs(t)) {
+      SCOPED_TRACE(absl::StrCat(name, " ", DTypeName(t)));
+      LlamaGraphOptions o;
+      o.batch = 3;
+      o.max_seq = 16;
+      absl::StatusOr<Graph> plain = BuildLlamaDecodeGraph(config, o);
+      ASSERT_TRUE(plain.ok()) << plain.status();
+      absl::StatusOr<Graph> fused = RunPasses(*plain);
+      ASSERT_TRUE(fused.ok()) << fused.status();
+      EXPECT_LT(fused->num_nodes(), plain->num_nodes());
+      auto counts = OpCounts(*fused);
+      int64_t routed = 0;
+      for (int64_t l = 0; l < config.num_hidden_layers; ++l) routed += config.MoeLayer(l);
+      EXPECT_EQ(counts["MoeTopK"], routed);
+      EXPECT_EQ(counts["MoeMatMul"], 3 * routed);
+      EXPECT_EQ(counts["MoeCombine"], routed);
+      const auto bound = RandomBound(*plain, 31, {5, 77, 300}, {2, 9, 15});
+      ExpectSameResults(*plain, *fused, bound);
+    }
+  }
+}
+
 TEST(PassesTest, FusedOpsOnOddShapesEqualPlain) {
   // A hand-made graph: norm read by three matmuls (one of them not part of a q/k/v
   // pattern), gate/up with SiluMul, a residual add with the matmul on the left.

@@ -404,6 +404,66 @@ TEST(ConfigTest, FamilyFieldsAreChecked) {
   EXPECT_TRUE(c->norm_plus_one);
 }
 
+TEST(ConfigTest, ExpertFieldsAreReadAndChecked) {
+  // Qwen3-MoE's defaults (its config class), and its per-layer choice of routed MLPs.
+  Json qwen = FamilyConfig("qwen3_moe", "Qwen3MoeForCausalLM");
+  absl::StatusOr<LlamaConfig> c = Parse(qwen);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->num_experts, 128);
+  EXPECT_EQ(c->experts_per_token, 8);
+  EXPECT_EQ(c->moe_intermediate_size, 768);
+  EXPECT_FALSE(c->moe_renormalize);  // norm_topk_prob defaults to false
+  EXPECT_TRUE(c->qk_norm && c->moe_round_weights && c->MoeLayer(0) && c->MoeLayer(1));
+  qwen["num_experts"] = 16;
+  qwen["num_experts_per_tok"] = 4;
+  qwen["moe_intermediate_size"] = 32;
+  qwen["norm_topk_prob"] = true;
+  qwen["decoder_sparse_step"] = 2;  // layer l routed when (l + 1) % 2 == 0
+  c = Parse(qwen);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->num_experts, 16);
+  EXPECT_TRUE(c->moe_renormalize);
+  EXPECT_FALSE(c->MoeLayer(0));
+  EXPECT_TRUE(c->MoeLayer(1));
+  qwen["decoder_sparse_step"] = 1;
+  qwen["mlp_only_layers"] = {1};
+  c = Parse(qwen);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->MoeLayer(0));
+  EXPECT_FALSE(c->MoeLayer(1));
+  qwen["mlp_only_layers"] = {2};
+  ExpectInvalid(Parse(qwen), {"mlp_only_layers", "not a layer index"});
+  qwen["mlp_only_layers"] = Json::array();
+  qwen["decoder_sparse_step"] = 0;
+  ExpectInvalid(Parse(qwen), {"decoder_sparse_step", "must be >= 1"});
+  qwen["decoder_sparse_step"] = 1;
+  qwen["num_local_experts"] = 8;  // what transformers 5 writes; both must agree
+  ExpectInvalid(Parse(qwen), {"num_local_experts", "contradicts num_experts"});
+  qwen.erase("num_local_experts");
+  qwen["num_experts_per_tok"] = 17;
+  ExpectInvalid(Parse(qwen), {"num_experts_per_tok", "[1, num_experts = 16]"});
+  qwen["num_experts_per_tok"] = 4;
+  qwen["num_experts"] = 1 << 20;
+  ExpectInvalid(Parse(qwen), {"num_experts", "larger than"});
+  // Mixtral: its experts are intermediate_size wide; a Qwen3-MoE key is unknown to it.
+  Json mixtral = FamilyConfig("mixtral", "MixtralForCausalLM");
+  mixtral["num_local_experts"] = 8;
+  mixtral["router_jitter_noise"] = 0.1;  // training only
+  c = Parse(mixtral);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->num_experts, 8);
+  EXPECT_EQ(c->experts_per_token, 2);
+  EXPECT_EQ(c->moe_intermediate_size, c->intermediate_size);
+  EXPECT_EQ(c->moe_prefix, "block_sparse_moe");
+  EXPECT_TRUE(c->moe_renormalize && !c->moe_round_weights);
+  mixtral["norm_topk_prob"] = false;
+  ExpectInvalid(Parse(mixtral), {"norm_topk_prob", "unknown field"});
+  // And an expert key is unknown to a dense family.
+  Json qwen3 = FamilyConfig("qwen3", "Qwen3ForCausalLM");
+  qwen3["num_experts"] = 8;
+  ExpectInvalid(Parse(qwen3), {"num_experts", "unknown field"});
+}
+
 TEST(ConfigTest, UnknownFieldIsNamed) {
   for (const char* field : {"quantization_config", "sliding_window", "use_sliding_window"}) {
     Json j = LegacyLlama32Config();

@@ -16,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "stepgraph/models/llama.h"
@@ -504,7 +505,7 @@ TEST_F(GgufModelRefusalTest, ArchitecturesAndKeysThatChangeTheComputation) {
   ExpectRefused(t, "RoPE scaling factor 4 is not supported");
   t = TinyLlama();
   t.Set("llama.expert_count", v::U32(8));
-  ExpectRefused(t, "mixtures of experts are not supported");
+  ExpectRefused(t, "key 'llama.expert_used_count': 0 must be in [1, expert_count = 8]");
   t = TinyLlama();
   t.Set("llama.attention.sliding_window", v::U32(4096));
   ExpectRefused(t, "key 'llama.attention.sliding_window' (value 4096) is unknown");
@@ -526,6 +527,59 @@ TEST_F(GgufModelRefusalTest, ArchitecturesAndKeysThatChangeTheComputation) {
   t = TinyLlama();
   t.Set("llama.attention.head_count", v::U32(3));
   ExpectRefused(t, "embedding_length 64 is not a multiple of the 3 heads");
+}
+
+// Mixtral as llama.cpp writes it: "llama" with expert keys, the router ffn_gate_inp and
+// the stacked experts ffn_{gate,up,down}_exps [E, rows, cols], here in Q8_0, read in place.
+TEST_F(GgufModelRefusalTest, ExpertsLoadStackedAndTheirKeysAreChecked) {
+  auto mixtral = [] {
+    TinyLlama t;
+    t.Set("llama.expert_count", v::U32(4));
+    t.Set("llama.expert_used_count", v::U32(2));
+    std::erase_if(t.file.tensors, [](const GgufTestTensor& x) {
+      return absl::StartsWith(x.name, "blk.0.ffn_") && x.name != "blk.0.ffn_norm.weight";
+    });
+    t.file.tensors.push_back({"blk.0.ffn_gate_inp.weight", {64, 4}, testing::kGgufF32});
+    t.file.tensors.push_back({"blk.0.ffn_gate_exps.weight", {64, 32, 4}, testing::kGgufQ8_0});
+    t.file.tensors.push_back({"blk.0.ffn_up_exps.weight", {64, 32, 4}, testing::kGgufQ8_0});
+    t.file.tensors.push_back({"blk.0.ffn_down_exps.weight", {32, 64, 4}, testing::kGgufQ8_0});
+    return t;
+  };
+  TinyLlama t = mixtral();
+  absl::StatusOr<GgufModel> m = Load(t);
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->config().num_experts, 4);
+  EXPECT_EQ(m->config().experts_per_token, 2);
+  EXPECT_EQ(m->config().moe_intermediate_size, 32);
+  EXPECT_TRUE(m->config().moe_renormalize);
+  const GgufWeight* down = m->Find("model.layers.0.block_sparse_moe.experts.down_proj.weight");
+  ASSERT_NE(down, nullptr);
+  EXPECT_EQ(down->dtype, DType::kQ8_0);
+  EXPECT_EQ(down->shape, Shape({4, 64, 32}));
+  // In place: the weight's bytes are the file's.
+  const std::byte* begin = reinterpret_cast<const std::byte*>(bytes_.data());
+  EXPECT_TRUE(down->data.data() >= begin && down->data.data() < begin + bytes_.size());
+
+  t = mixtral();
+  t.Set("llama.expert_used_count", v::U32(5));
+  ExpectRefused(t, "key 'llama.expert_used_count': 5 must be in [1, expert_count = 4]");
+  t = mixtral();
+  t.Set("llama.expert_weights_scale", v::F32(2.5f));
+  ExpectRefused(t, "key 'llama.expert_weights_scale' (value 2.5) is unknown");
+  t = mixtral();
+  t.Tensor("blk.0.ffn_up_exps.weight").dims = {64, 32, 3};
+  ExpectRefused(t, "tensor 'blk.0.ffn_up_exps.weight' "
+                   "(model.layers.0.block_sparse_moe.experts.up_proj.weight) has shape "
+                   "[3,32,64] but the config needs [4,32,64]");
+  t = mixtral();
+  std::erase_if(t.file.tensors,
+                [](const GgufTestTensor& x) { return x.name == "blk.0.ffn_gate_inp.weight"; });
+  ExpectRefused(t, "needs tensor 'model.layers.0.block_sparse_moe.gate.weight' [4,64]");
+  // Without the expert keys the stacked tensors belong to no model.
+  t = mixtral();
+  t.Remove("llama.expert_count");
+  t.Remove("llama.expert_used_count");
+  ExpectRefused(t, "tensor 'blk.0.ffn_gate_inp.weight' is not a tensor of a llama model");
 }
 
 TEST_F(GgufModelRefusalTest, TensorsThatDoNotMatchTheConfig) {

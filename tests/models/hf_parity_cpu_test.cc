@@ -205,6 +205,20 @@ TEST(HfParityFixturesTest, FamilyFixturesCoverTheirFeatures) {
   const LlamaConfig linear = config("qwen2_linear_rope");
   EXPECT_EQ(linear.rope_scaling.type, ops::RopeScaling::Type::kLinear);
   EXPECT_FLOAT_EQ(linear.rope_scaling.factor, 4.0f);
+  const LlamaConfig mixtral = config("mixtral");
+  EXPECT_EQ(mixtral.num_experts, 4);
+  EXPECT_EQ(mixtral.experts_per_token, 2);
+  EXPECT_TRUE(mixtral.moe_renormalize && mixtral.MoeLayer(0) && mixtral.MoeLayer(1));
+  EXPECT_EQ(mixtral.moe_prefix, "block_sparse_moe");
+  const LlamaConfig qwen3_moe = config("qwen3_moe");
+  EXPECT_EQ(qwen3_moe.num_experts, 8);
+  EXPECT_TRUE(qwen3_moe.qk_norm && qwen3_moe.moe_renormalize && qwen3_moe.moe_round_weights);
+  EXPECT_EQ(qwen3_moe.moe_intermediate_size, 16);
+  const LlamaConfig mixed = config("qwen3_moe_mixed");
+  EXPECT_FALSE(mixed.moe_renormalize);
+  EXPECT_EQ(mixed.experts_per_token, 3);
+  EXPECT_FALSE(mixed.MoeLayer(0));  // mlp_only_layers [0]: a dense MLP
+  EXPECT_TRUE(mixed.MoeLayer(1));
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, HfParityCpuTest,
@@ -215,7 +229,10 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, HfParityCpuTest,
                                            "family_qwen2_linear_rope",
                                            "family_qwen2/model.gguf", "family_qwen3/model.gguf",
                                            "family_phi3/model.gguf", "family_gemma/model.gguf",
-                                           "family_qwen2_linear_rope/model.gguf"),
+                                           "family_qwen2_linear_rope/model.gguf",
+                                           "family_mixtral", "family_qwen3_moe",
+                                           "family_qwen3_moe_mixed", "family_mixtral/model.gguf",
+                                           "family_qwen3_moe/model.gguf", "family_mixtral_q8_0/model.gguf"),
                          [](const ::testing::TestParamInfo<const char*>& info) {
                            std::string name = info.param;
                            for (char& ch : name) {

@@ -193,6 +193,62 @@ std::vector<OpCase> ConformanceCases() {
            },
            .tolerance = Tol(t)});
     }
+    // Mixture of experts: Qwen3-30B-A3B's routing (128 experts, top 8) and Mixtral's (8,
+    // top 2); the experts' matmuls at small shapes, an expert input shared by the chosen
+    // experts (gate, up) and one per expert (down), and ids out of range.
+    struct Moe { int64_t rows, experts, top_k; };
+    for (Moe s : {Moe{1, 128, 8}, Moe{5, 8, 2}}) {
+      const std::string shape = absl::StrCat(s.rows, "x", s.experts, "/top", s.top_k);
+      add({.name = Name("MoeTopK", t, shape),
+           .build = [=](GraphBuilder& b) {
+             b.Output("out", b.MoeTopK(b.Input("logits", t, {s.rows, s.experts}),
+                                       static_cast<int32_t>(s.top_k)));
+           },
+           .tolerance = 0.0, .float_range = 4.0f, .cuda = false});
+      for (ops::MoeRouteWeights route : {ops::MoeRouteWeights{false, false},
+                                         ops::MoeRouteWeights{true, false},
+                                         ops::MoeRouteWeights{true, true}}) {
+        add({.name = Name("MoeRouteWeights", t,
+                          absl::StrCat(shape, route.renormalize ? "/norm" : "",
+                                       route.round_to_dtype ? "/round" : "")),
+             .build = [=](GraphBuilder& b) {
+               b.Output("out", b.MoeRouteWeights(b.Input("logits", t, {s.rows, s.experts}),
+                                                 b.Input("ids", DType::kI32, {s.rows, s.top_k}),
+                                                 route));
+             },
+             .tolerance = Tol(t), .int_hi = static_cast<int32_t>(s.experts),
+             .float_range = 4.0f, .cuda = false});
+      }
+    }
+    struct MoeMm { int64_t rows, experts, top_k, n, k; bool per_slot; };
+    for (MoeMm s : {MoeMm{1, 16, 4, 96, 128, false}, MoeMm{3, 8, 2, 64, 96, true}}) {
+      const std::string shape = absl::StrCat(s.rows, "x", s.experts, "x", s.n, "x", s.k, "/top",
+                                             s.top_k, s.per_slot ? "/per_slot" : "");
+      add({.name = Name("MoeMatMul", t, shape),
+           .build = [=](GraphBuilder& b) {
+             b.Output("out", b.MoeMatMul(
+                                 b.Input("x", t, {s.rows, s.per_slot ? s.top_k * s.k : s.k}),
+                                 b.Weight("w", t, {s.experts, s.n, s.k}),
+                                 b.Input("ids", DType::kI32, {s.rows, s.top_k})));
+           },
+           .tolerance = Tol(t), .int_hi = static_cast<int32_t>(s.experts), .cuda = false});
+    }
+    add({.name = Name("MoeMatMul", t, "bad_ids"),
+         .build = [=](GraphBuilder& b) {
+           b.Output("out", b.MoeMatMul(b.Input("x", t, {2, 32}), b.Weight("w", t, {4, 16, 32}),
+                                       b.Input("ids", DType::kI32, {2, 3})));
+         },
+         .tolerance = Tol(t),
+         .int_values = {{"ids", {0, -1, 3, 4, 2, 1000}}}, .cuda = false});
+    for (int64_t top_k : {2, 8}) {
+      add({.name = Name("MoeCombine", t, absl::StrCat("3x", top_k, "x256")),
+           .build = [=](GraphBuilder& b) {
+             b.Output("out", b.MoeCombine(b.Input("y", t, {3, top_k * 256}),
+                                          b.Input("weights", DType::kF32, {3, top_k}),
+                                          b.Input("ids", DType::kI32, {3, top_k})));
+           },
+           .tolerance = Tol(t), .int_hi = 128, .cuda = false});
+    }
     // Linear RoPE scaling.
     add({.name = Name("Rope", t, "4x8x64/linear"),
          .build = [=](GraphBuilder& b) {

@@ -48,6 +48,32 @@ inline std::vector<std::pair<std::string, LlamaConfig>> FamilyTinyConfigs(DType 
   return out;
 }
 
+// Tiny mixture-of-experts configs (Mixtral's routing, and Qwen3-MoE's with a dense first
+// layer and weights not renormalised). Apart from the dense families: CUDA has no MoE
+// kernels yet (dispatch/cuda/moe.cc), so the CUDA comparisons do not take them.
+inline std::vector<std::pair<std::string, LlamaConfig>> MoeTinyConfigs(DType dtype) {
+  std::vector<std::pair<std::string, LlamaConfig>> out;
+  LlamaConfig base = TinyLlamaConfig();
+  base.dtype = dtype;
+  base.num_hidden_layers = 2;
+  base.num_experts = 8;
+  base.experts_per_token = 2;
+  base.moe_intermediate_size = 96;
+  LlamaConfig mixtral = base;
+  mixtral.architecture = "mixtral";
+  mixtral.moe_prefix = "block_sparse_moe";
+  out.emplace_back("mixtral", mixtral);
+  LlamaConfig qwen3_moe = base;
+  qwen3_moe.architecture = "qwen3_moe";
+  qwen3_moe.qk_norm = true;
+  qwen3_moe.experts_per_token = 3;
+  qwen3_moe.moe_renormalize = false;
+  qwen3_moe.moe_round_weights = true;
+  qwen3_moe.moe_layers = {false, true};
+  out.emplace_back("qwen3_moe", qwen3_moe);
+  return out;
+}
+
 }  // namespace sg::testing
 
 #endif  // STEPGRAPH_TESTS_TESTING_FAMILY_CONFIGS_H_

@@ -15,6 +15,8 @@ enum ErrorFlag : uint32_t {
                                        // Advance at INT32_MAX: the position stays
   kErrorNonFiniteLogits = 1u << 2,     // Argmax/Sample read a NaN or an infinity: the model
                                        // (weights or activations) overflowed or is corrupt
+  kErrorExpertOutOfRange = 1u << 3,    // MoeMatMul/MoeRouteWeights read an expert id outside
+                                       // [0, E): zeros / weight 0 were used instead
 };
 
 }  // namespace sg

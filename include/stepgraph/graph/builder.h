@@ -100,6 +100,13 @@ class GraphBuilder {
   TensorId Scale(TensorId x, float factor, absl::string_view name = {});
   TensorId Softcap(TensorId x, float cap, absl::string_view name = {});
 
+  // Mixture of experts (ops.h): the routing, the chosen experts' matmul and their sum.
+  TensorId MoeTopK(TensorId logits, int32_t top_k, absl::string_view name = {});
+  TensorId MoeRouteWeights(TensorId logits, TensorId ids, const ops::MoeRouteWeights& params,
+                           absl::string_view name = {});
+  TensorId MoeMatMul(TensorId x, TensorId w, TensorId ids, absl::string_view name = {});
+  TensorId MoeCombine(TensorId y, TensorId weights, TensorId ids, absl::string_view name = {});
+
   // Marks `t` as a result the caller reads after a step. Output names are unique.
   void Output(absl::string_view name, TensorId t);
 

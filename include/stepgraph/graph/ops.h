@@ -42,7 +42,11 @@
   V(HeadRmsNorm)       \
   V(GeluTanhMul)       \
   V(Scale)             \
-  V(Softcap)
+  V(Softcap)           \
+  V(MoeTopK)           \
+  V(MoeRouteWeights)   \
+  V(MoeMatMul)         \
+  V(MoeCombine)
 
 namespace sg::ops {
 
@@ -269,6 +273,47 @@ struct Scale {
 struct Softcap {
   float cap = 1.0f;
 };
+
+// ---- Mixture of experts (Mixtral, Qwen3-MoE; docs/models.md). A layer's MLP is routed:
+// MoeTopK picks each row's experts from the router's logits, MoeRouteWeights gives their
+// weights, MoeMatMul multiplies each row by its chosen experts' matrices only (the ids are
+// a tensor the kernels read, so the launch never depends on the routing), and MoeCombine
+// sums the experts' outputs by weight.
+
+// logits [M, E] float -> ids [M, top_k] i32: the indices of each row's top_k largest
+// logits, largest first; NaN above every number (as torch.topk), and among equal values
+// the lower index first (the C ABI's stepgraph_topk's order; torch.topk's order among
+// ties is unspecified). 1 <= top_k <= E.
+struct MoeTopK {
+  int32_t top_k = 1;
+};
+
+// logits [M, E] float, ids [M, k] i32 -> weights [M, k] f32: p = softmax(logits) over
+// all E experts in f32, w_j = p[ids_j]; with `renormalize` each w_j is divided by Σ_j w_j
+// (Mixtral always, which equals a softmax over the chosen logits; Qwen3-MoE when
+// norm_topk_prob). With `round_to_dtype` each weight is rounded to the logits' dtype (and
+// stored in f32), as Qwen3-MoE casts them; Mixtral keeps them in f32. An id outside
+// [0, E) gets weight 0 and raises kErrorExpertOutOfRange.
+struct MoeRouteWeights {
+  bool renormalize = true;
+  bool round_to_dtype = false;
+};
+
+// x [M, K] or [M, k·K], w [E, N, K] (x's dtype or a quantized Weight), ids [M, k] i32 ->
+// [M, k·N]: y[i, j·N .. (j+1)·N) = x_ij · w[ids[i, j]]ᵀ, where x_ij is row i of x when x
+// has K columns (the same input for every chosen expert: gate and up projections) and its
+// j-th slice of K when it has k·K (each expert's own input: the down projection). Only
+// the chosen experts' rows of w are read. An id outside [0, E) gives zeros and raises
+// kErrorExpertOutOfRange. Each output as MatMul computes it: an f32 dot product rounded
+// once.
+struct MoeMatMul {};
+
+// y [M, k·N] float, weights [M, k] float, ids [M, k] i32 -> [M, N] of y's dtype: the
+// weighted sum of the chosen experts' outputs as transformers adds them: each term
+// weights[i, j] · y[i, j·N ..] rounded to y's dtype, the terms added in ascending expert
+// id (ties by slot) into a zero row of y's dtype, each partial sum rounded (index_add_ of
+// every expert's output in expert order). In f32 every rounding is f32's own.
+struct MoeCombine {};
 
 }  // namespace sg::ops
 

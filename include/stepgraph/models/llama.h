@@ -80,12 +80,40 @@ struct LlamaConfig {
   bool fused_qkv = false;
   bool fused_gate_up = false;
 
+  // ---- Mixture of experts (Mixtral, Qwen3-MoE). With num_experts > 0 the MLP of every
+  // layer that `moe_layers` marks (all when it is empty) is routed: a router
+  // "<moe_prefix>.gate.weight" [E, h] chooses experts_per_token of the E experts per token
+  // (ops::MoeTopK), their weights are the softmax of the router's logits over the chosen
+  // (`moe_renormalize`) or over all experts, and each expert is a gated MLP of
+  // moe_intermediate_size whose matrices the graph reads stacked:
+  // "<moe_prefix>.experts.{gate,up}_proj.weight" [E, i, h] and
+  // "<moe_prefix>.experts.down_proj.weight" [E, h, i] (the loaders stack the per-expert
+  // matrices of a folder; GGUF stores them so). Other layers keep the dense MLP.
+  int64_t num_experts = 0;
+  int64_t experts_per_token = 0;
+  int64_t moe_intermediate_size = 0;
+  bool moe_renormalize = true;
+  // The routing weights rounded to dtype before use (Qwen3-MoE), or kept in f32 (Mixtral).
+  bool moe_round_weights = false;
+  std::vector<bool> moe_layers;
+  // Where a layer's router and experts live: "mlp" (Qwen3-MoE), "block_sparse_moe"
+  // (Mixtral).
+  std::string moe_prefix = "mlp";
+
   // Whether layer `layer` attends through the sliding window.
   bool SlidingLayer(int64_t layer) const {
     if (sliding_window <= 0) return false;
     return sliding_layers.empty() ||
            (layer >= 0 && layer < static_cast<int64_t>(sliding_layers.size()) &&
             sliding_layers[static_cast<size_t>(layer)]);
+  }
+
+  // Whether layer `layer`'s MLP is routed over experts.
+  bool MoeLayer(int64_t layer) const {
+    if (num_experts <= 0) return false;
+    return moe_layers.empty() ||
+           (layer >= 0 && layer < static_cast<int64_t>(moe_layers.size()) &&
+            moe_layers[static_cast<size_t>(layer)]);
   }
 
   // Storage dtypes of single weights that differ from `dtype`, by name: GGUF block formats
