@@ -21,7 +21,6 @@
 #include "models/model_tokenizer.h"
 #include "stepgraph/runtime/session.h"
 #include "stepgraph/text/tokenizer.h"
-#include "text/bounded_json.h"
 #include "stepgraph/runtime/step_runner.h"
 #include "stepgraph/base/status.h"
 #include "stepgraph/c_api/c_session.h"
@@ -298,57 +297,6 @@ int32_t Deliver(stepgraph_session* h, const std::vector<T>& items, T* out, int64
   return Finish(h, absl::OkStatus());
 }
 
-// The messages of encode_chat's JSON: an array of {"role": string, "content": string}.
-absl::StatusOr<std::vector<sg::ChatMessage>> ChatMessages(absl::string_view text,
-                                                          absl::string_view what) {
-  nlohmann::json parsed;
-  // An array of objects of two strings: three values a message, nested two deep.
-  SG_RETURN_IF_ERROR(sg::ParseBoundedJson(
-      text, {.max_depth = 2, .max_values = 3 * STEPGRAPH_SESSION_MAX_CHAT_MESSAGES + 1},
-      absl::StrCat(what, ": messages_json"), &parsed));
-  if (!parsed.is_array()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        what, ": messages_json must be an array of messages, got ", sg::JsonPreview(parsed)));
-  }
-  if (parsed.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(what, ": messages_json holds no messages"));
-  }
-  if (static_cast<int64_t>(parsed.size()) > STEPGRAPH_SESSION_MAX_CHAT_MESSAGES) {
-    return absl::InvalidArgumentError(absl::StrCat(what, ": ", parsed.size(),
-                                                   " messages, at most ",
-                                                   STEPGRAPH_SESSION_MAX_CHAT_MESSAGES));
-  }
-  std::vector<sg::ChatMessage> messages;
-  messages.reserve(parsed.size());
-  for (size_t i = 0; i < parsed.size(); ++i) {
-    const nlohmann::json& m = parsed[i];
-    const std::string where = absl::StrCat(what, ": messages[", i, "]");
-    if (!m.is_object()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(where, " must be an object {\"role\", \"content\"}, got ",
-                       sg::JsonPreview(m)));
-    }
-    for (const auto& [key, value] : m.items()) {
-      if (key != "role" && key != "content") {
-        return absl::InvalidArgumentError(absl::StrCat(
-            where, ".", sg::JsonPreview(nlohmann::json(key), 40),
-            " is not taken (role and content only)"));
-      }
-    }
-    for (const char* field : {"role", "content"}) {
-      if (!m.contains(field) || !m[field].is_string()) {
-        return absl::InvalidArgumentError(absl::StrCat(where, ".", field, " must be a string",
-                                                       m.contains(field) ? ", got " : " (missing)",
-                                                       m.contains(field)
-                                                           ? sg::JsonPreview(m[field])
-                                                           : std::string()));
-      }
-    }
-    messages.push_back({m["role"].get<std::string>(), m["content"].get<std::string>()});
-  }
-  return messages;
-}
-
 }  // namespace
 
 extern "C" {
@@ -569,9 +517,13 @@ int32_t stepgraph_session_encode_chat(stepgraph_session* session, const char* me
     if (!tok.ok()) return FinishText(session, tok.status());
     absl::StatusOr<const sg::ChatTemplate*> tmpl = ChatOf(*session, **tok, kWhat);
     if (!tmpl.ok()) return Finish(session, tmpl.status());
-    absl::StatusOr<std::vector<sg::ChatMessage>> messages = ChatMessages(
-        absl::string_view(messages_json, static_cast<size_t>(json_bytes)), kWhat);
-    if (!messages.ok()) return Finish(session, messages.status());
+    absl::StatusOr<std::vector<sg::ChatMessage>> messages = sg::ChatMessagesFromJson(
+        absl::string_view(messages_json, static_cast<size_t>(json_bytes)),
+        STEPGRAPH_SESSION_MAX_CHAT_MESSAGES);
+    if (!messages.ok()) {
+      return Finish(session, absl::Status(messages.status().code(),
+                                          absl::StrCat(kWhat, ": ", messages.status().message())));
+    }
     absl::StatusOr<std::string> text = (*tmpl)->Render(*messages, true);
     if (!text.ok()) {
       return Fail(session, kInvalid, absl::StrCat(kWhat, ": ", text.status().message()));

@@ -7,6 +7,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "stepgraph/base/status.h"
+#include "text/bounded_json.h"
 #include "text/jinja.h"
 
 namespace sg {
@@ -142,6 +143,50 @@ absl::string_view ChatTemplate::family_name() const {
     case ChatFamily::kOther: return "other";
   }
   return "?";
+}
+
+absl::StatusOr<std::vector<ChatMessage>> ChatMessagesFromJson(absl::string_view json,
+                                                              int64_t max_messages) {
+  nlohmann::json parsed;
+  // An array of objects of two strings: three values a message, nested two deep.
+  SG_RETURN_IF_ERROR(ParseBoundedJson(json, {.max_depth = 2, .max_values = 3 * max_messages + 1},
+                                      "messages_json", &parsed));
+  if (!parsed.is_array()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("messages_json must be an array of messages, got ", JsonPreview(parsed)));
+  }
+  if (parsed.empty()) return absl::InvalidArgumentError("messages_json holds no messages");
+  if (static_cast<int64_t>(parsed.size()) > max_messages) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(parsed.size(), " messages, at most ", max_messages));
+  }
+  std::vector<ChatMessage> messages;
+  messages.reserve(parsed.size());
+  for (size_t i = 0; i < parsed.size(); ++i) {
+    const nlohmann::json& m = parsed[i];
+    const std::string where = absl::StrCat("messages[", i, "]");
+    if (!m.is_object()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, " must be an object {\"role\", \"content\"}, got ", JsonPreview(m)));
+    }
+    for (const auto& [key, value] : m.items()) {
+      if (key != "role" && key != "content") {
+        return absl::InvalidArgumentError(
+            absl::StrCat(where, ".", JsonPreview(nlohmann::json(key), 40),
+                         " is not taken (role and content only)"));
+      }
+    }
+    for (const char* field : {"role", "content"}) {
+      if (!m.contains(field) || !m[field].is_string()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(where, ".", field, " must be a string",
+                         m.contains(field) ? ", got " : " (missing)",
+                         m.contains(field) ? JsonPreview(m[field]) : std::string()));
+      }
+    }
+    messages.push_back({m["role"].get<std::string>(), m["content"].get<std::string>()});
+  }
+  return messages;
 }
 
 }  // namespace sg

@@ -7,6 +7,7 @@
 #ifndef STEPGRAPH_TEXT_CHAT_TEMPLATE_H_
 #define STEPGRAPH_TEXT_CHAT_TEMPLATE_H_
 
+#include <cstdint>
 #include <ctime>
 #include <memory>
 #include <string>
@@ -84,6 +85,12 @@ class ChatTemplate {
   ChatFamily family_ = ChatFamily::kOther;
   std::string end_of_turn_;
 };
+
+// The messages of a JSON array of 1 to max_messages objects {"role": string, "content":
+// string} with no other keys (what the C ABI's stepgraph_session_encode_chat takes), parsed
+// with bounds set before anything is built. InvalidArgument naming the message and field.
+absl::StatusOr<std::vector<ChatMessage>> ChatMessagesFromJson(absl::string_view json,
+                                                              int64_t max_messages);
 
 }  // namespace sg
 
