@@ -41,7 +41,7 @@ class Dict {
   const Value* Find(absl::string_view key) const;
   void Set(std::string key, Value value);
   const std::vector<std::pair<std::string, Value>>& entries() const { return entries_; }
-  size_t size() const { return entries_.size(); }
+  size_t size() const;  // defined below, where Value is complete
 
  private:
   std::vector<std::pair<std::string, Value>> entries_;
@@ -102,6 +102,8 @@ class Value {
   // so that copying a value is cheap.
   std::shared_ptr<void> ptr_;
 };
+
+inline size_t Dict::size() const { return entries_.size(); }
 
 // What a render may read besides the variables.
 struct Environment {
