@@ -111,7 +111,7 @@ __global__ void __launch_bounds__(kArgmaxThreads)
 #pragma unroll
       for (int e = 0; e < kVec; ++e) {
         float z = f[u][e];
-        nonfinite |= !isfinite(z);
+        nonfinite |= !(z < INFINITY);    // NaN or +inf; -inf is an id masked out
         if (!(z > -INFINITY)) continue;  // NaN and -inf never win
         if (z == 0.0f) z = 0.0f;         // -0 ties with +0, as on the CPU
         key = MaxOp()(key, Comb(OrderedKey(z), static_cast<int>(v * kVec + e)));
@@ -326,7 +326,9 @@ class RowSampler {
   // that is not finite is remembered for the error flag.
   __device__ __forceinline__ float Z(float x) const {
     float z = x / temperature_;
-    nonfinite_ |= !isfinite(z);  // a finite x whose z overflows too: the draw would be NaN
+    // NaN or +inf (a finite x whose z overflows too: the draw would be NaN); -inf is an
+    // id masked out, which is never drawn.
+    nonfinite_ |= !(z < INFINITY);
     if (z != z) z = -INFINITY;
     if (z == 0.0f) z = 0.0f;
     return z;

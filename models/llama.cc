@@ -227,6 +227,11 @@ absl::StatusOr<Graph> BuildLlamaDecodeGraph(const LlamaConfig& c,
         "llama graph: a closed loop feeds each row's chosen id back as its next token, so it "
         "needs rows_per_seq = 1 and logits");
   }
+  if (options.penalties && (per_seq != 1 || options.seq_slots || !options.logits)) {
+    return absl::InvalidArgumentError(
+        "llama graph: penalties read row i's parameters and counts from slot i, so they need "
+        "the decode step's layout (rows_per_seq = 1, no seq_slots) and logits");
+  }
   const bool by_slot = per_seq > 1 || options.seq_slots;
   const DType t = c.dtype;
   const int64_t h = c.hidden_size, d = c.head_dim;
@@ -350,14 +355,24 @@ absl::StatusOr<Graph> BuildLlamaDecodeGraph(const LlamaConfig& c,
   if (c.final_logit_softcap > 0.0f) {
     logits = b.Softcap(logits, c.final_logit_softcap, "logit_softcap");
   }
+  TensorId chosen_from = logits;
+  TensorId counts;
+  if (options.penalties) {
+    const TensorId params =
+        b.Input(kPenaltyParamsInput, DType::kF32, {slots, ops::kPenaltyParams});
+    counts = b.Input(kTokenCountsInput, DType::kI32, {slots, c.vocab_size});
+    chosen_from = b.Penalize(logits, params, counts, "penalize");
+  }
   TensorId next;
   if (options.sampling.has_value()) {
     const TensorId seeds = b.Input(kSeedsInput, DType::kI32, {m});
-    next = b.Sample(logits, seeds, pos, *options.sampling, "sample");
+    next = b.Sample(chosen_from, seeds, pos, *options.sampling, "sample");
   } else {
-    next = b.Argmax(logits, "argmax");
+    next = b.Argmax(chosen_from, "argmax");
   }
+  if (options.penalties) b.CountIds(next, pos, counts, "count_ids");
   b.Output(kLogitsOutput, logits);
+  if (options.penalties) b.Output(kPenalizedLogitsOutput, chosen_from);
   b.Output(kNextIdsOutput, next);
   if (options.closed_loop) {
     b.Copy(next, ids, "feed_next_ids");

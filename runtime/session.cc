@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <new>
 
 #include "absl/strings/str_cat.h"
@@ -101,7 +102,70 @@ bool SameSampling(const std::optional<ops::Sample>& a, const std::optional<ops::
   return a->temperature == b->temperature && a->top_k == b->top_k && a->top_p == b->top_p;
 }
 
+// The row of ops::Penalize's parameters for `p`, choosing as `sample` does (greedy when
+// empty: min-p cannot change the top id, so it is off).
+void FillPenaltyRow(const Penalties& p, const std::optional<ops::Sample>& sample, float* row) {
+  std::fill_n(row, ops::kPenaltyParams, 0.0f);
+  row[ops::kPenaltyRepetition] = p.repetition;
+  row[ops::kPenaltyPresence] = p.presence;
+  row[ops::kPenaltyFrequency] = p.frequency;
+  row[ops::kPenaltyMinPMargin] = p.min_p > 0.0f && sample.has_value()
+                                     ? sample->temperature * std::log(p.min_p)
+                                     : -std::numeric_limits<float>::infinity();
+  row[ops::kPenaltyBiasCount] = static_cast<float>(p.logit_bias.size());
+  for (size_t j = 0; j < p.logit_bias.size(); ++j) {
+    row[ops::kPenaltyBiasFirst + 2 * j] = static_cast<float>(p.logit_bias[j].first);
+    row[ops::kPenaltyBiasFirst + 2 * j + 1] = p.logit_bias[j].second;
+  }
+}
+
 }  // namespace
+
+absl::Status CheckPenalties(const Penalties& p, int64_t vocab_size) {
+  if (!(p.repetition > 0.0f) || !std::isfinite(p.repetition)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "penalties: repetition must be finite and > 0 (1: off), got ", p.repetition));
+  }
+  const float kMax = Penalties::kMaxPenalty;
+  if (!(p.presence >= -kMax && p.presence <= kMax)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "penalties: presence must be in [", -kMax, ", ", kMax, "] (0: off), got ", p.presence));
+  }
+  if (!(p.frequency >= -kMax && p.frequency <= kMax)) {
+    return absl::InvalidArgumentError(absl::StrCat("penalties: frequency must be in [", -kMax,
+                                                   ", ", kMax, "] (0: off), got ", p.frequency));
+  }
+  if (!(p.min_p >= 0.0f && p.min_p <= 1.0f)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("penalties: min_p must be in [0, 1] (0: off), got ", p.min_p));
+  }
+  if (p.logit_bias.size() > static_cast<size_t>(ops::kMaxLogitBias)) {
+    return absl::InvalidArgumentError(absl::StrCat("penalties: at most ", ops::kMaxLogitBias,
+                                                   " logit biases, got ", p.logit_bias.size()));
+  }
+  // Ids travel as floats: exact below 2^24.
+  const int64_t ids = std::min<int64_t>(vocab_size, int64_t{1} << 24);
+  for (size_t j = 0; j < p.logit_bias.size(); ++j) {
+    const auto [id, bias] = p.logit_bias[j];
+    if (id < 0 || id >= ids) {
+      return absl::InvalidArgumentError(absl::StrCat("penalties: logit bias ", j, " is for id ",
+                                                     id, ", outside the vocabulary [0, ", ids,
+                                                     ")"));
+    }
+    if (!(bias >= -Penalties::kMaxBias && bias <= Penalties::kMaxBias)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "penalties: logit bias ", j, " (id ", id, ") must be in [", -Penalties::kMaxBias,
+          ", ", Penalties::kMaxBias, "], got ", bias));
+    }
+    for (size_t k = 0; k < j; ++k) {
+      if (p.logit_bias[k].first == id) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("penalties: id ", id, " has two logit biases (", k, " and ", j, ")"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
 
 // Everything a session holds: the slots' bookkeeping, the runner and the buffers on its
 // device. DecodeSession forwards to it.
@@ -140,6 +204,7 @@ class DecodeSession::Impl {
   absl::StatusOr<std::vector<int32_t>> Generate(int64_t slot, int64_t n);
   absl::StatusOr<std::vector<int32_t>> Tokens(int64_t slot);
   absl::StatusOr<std::vector<float>> Logits(int64_t slot);
+  bool penalties() const { return penalties_; }
   absl::StatusOr<std::vector<double>> TimedSteps(int64_t n);
   absl::StatusOr<std::vector<NodeTime>> ProfileStep();
 
@@ -154,6 +219,11 @@ class DecodeSession::Impl {
     // The slot chooses its ids on the host (its own sampling differs from the steps').
     bool host_pick = false;
     std::optional<ops::Sample> sample;  // how, when host_pick: greedy when empty
+    Penalties penalties;
+    // With penalties: the ids fed since Prefill (the prompt and every Append), which the
+    // counts mark as the prompt's.
+    std::vector<int32_t> context;
+    size_t tokens_in_context = 0;  // of `tokens`, those already in `context`
   };
   // Whether the slot takes part in decode steps.
   static bool Steps(const Slot& s) { return s.live && !s.held; }
@@ -218,6 +288,12 @@ class DecodeSession::Impl {
   // After a step of `bucket` (recorded at ring row `ring_row`): the ids of the slots that
   // choose on the host, chosen from their logits, put in the ring and the next step's input.
   absl::Status PickOnHost(int64_t bucket, int64_t ring_row);
+  // With penalties: writes `slot`'s penalty parameters and its counts (bit 0 for every id
+  // of its context, nothing generated) to the device; waits for the copies.
+  absl::Status WritePenaltyRows(int64_t slot);
+  // With penalties, after the host chose `picked` for `slot` where the step chose `chosen`:
+  // moves the step's count from one to the other.
+  absl::Status RecountHostPick(int64_t slot, int32_t chosen, int32_t picked);
 
   Backend backend_ = Backend::kCpu;
   LlamaConfig config_;
@@ -277,6 +353,17 @@ class DecodeSession::Impl {
   std::unique_ptr<CpuDispatch> picker_;
   std::byte* host_logits_ = nullptr;
   int32_t* picked_ = nullptr;
+  std::vector<TensorArg> pick_from_;  // per bucket: the logits the step chose from
+
+  // SessionOptions::penalties. On the device: the parameters [slots, kPenaltyParams] f32
+  // and the counts [slots, vocab] i32 the steps read; on the host: their staging (one
+  // parameter row per slot, one counts row) and two counts being moved (RecountHostPick).
+  bool penalties_ = false;
+  float* penalty_params_ = nullptr;
+  int32_t* token_counts_ = nullptr;
+  float* params_staging_ = nullptr;
+  int32_t* counts_staging_ = nullptr;
+  int32_t* recount_ = nullptr;
 };
 
 absl::string_view BackendName(Backend b) {
@@ -309,7 +396,10 @@ absl::Status DecodeSession::Impl::Init(const SessionOptions& options) {
   slots_.resize(static_cast<size_t>(max_slots()));
   // A slot yields at most max_seq ids per sequence; reserving them keeps Drain, and so
   // the step path, free of allocation.
-  for (Slot& slot : slots_) slot.tokens.reserve(static_cast<size_t>(max_seq_));
+  for (Slot& slot : slots_) {
+    slot.tokens.reserve(static_cast<size_t>(max_seq_));
+    if (penalties_) slot.context.reserve(static_cast<size_t>(max_seq_));
+  }
   return runner_->Sync();
 }
 
@@ -358,6 +448,7 @@ absl::Status DecodeSession::Impl::ResolveOptions(const SessionOptions& options) 
   buckets_.push_back(options.max_slots);
   if (options.sampling.has_value()) SG_RETURN_IF_ERROR(CheckSampling(*options.sampling));
   sampling_ = options.sampling;
+  penalties_ = options.penalties;
 
   if (options.prefill_chunk < 0 || options.prefill_chunk > kMaxPrefillChunk) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -390,6 +481,7 @@ absl::StatusOr<std::vector<Graph>> DecodeSession::Impl::BuildGraphs(
     g.slots = max_slots();
     g.max_seq = max_seq_;
     g.sampling = options.sampling;
+    g.penalties = options.penalties;
     g.closed_loop = true;
     SG_ASSIGN_OR_RETURN(Graph graph, BuildLlamaDecodeGraph(config_, g));
     if (bucket <= options.passes_max_rows) {
@@ -464,7 +556,28 @@ absl::Status DecodeSession::Impl::AllocateBuffers() {
   staging_ = static_cast<int32_t*>(staging);
   ring_ = static_cast<int32_t*>(ring);
   block.Clear(staging_);
-  return runner_->Copy(inputs_, staging_, block.bytes());
+  SG_RETURN_IF_ERROR(runner_->Copy(inputs_, staging_, block.bytes()));
+  if (!penalties_) return absl::OkStatus();
+  // Every slot neutral until a Prefill writes its row.
+  const int64_t params = max_slots() * ops::kPenaltyParams;
+  SG_ASSIGN_OR_RETURN(void* device_params,
+                      runner_->Allocate(params * 4, "the penalty parameters"));
+  SG_ASSIGN_OR_RETURN(void* counts, runner_->AllocateZeroed(max_slots() * config_.vocab_size * 4,
+                                                            "the token counts"));
+  SG_ASSIGN_OR_RETURN(void* params_staging,
+                      runner_->AllocateHost(params * 4, "penalty parameter staging"));
+  SG_ASSIGN_OR_RETURN(void* counts_staging,
+                      runner_->AllocateHost(config_.vocab_size * 4, "token count staging"));
+  SG_ASSIGN_OR_RETURN(void* recount, runner_->AllocateHost(2 * 4, "token recount"));
+  penalty_params_ = static_cast<float*>(device_params);
+  token_counts_ = static_cast<int32_t*>(counts);
+  params_staging_ = static_cast<float*>(params_staging);
+  counts_staging_ = static_cast<int32_t*>(counts_staging);
+  recount_ = static_cast<int32_t*>(recount);
+  for (int64_t i = 0; i < max_slots(); ++i) {
+    FillPenaltyRow(Penalties{}, std::nullopt, params_staging_ + i * ops::kPenaltyParams);
+  }
+  return runner_->Copy(penalty_params_, params_staging_, params * 4);
 }
 
 absl::Status DecodeSession::Impl::AddSteps(std::vector<Graph> graphs,
@@ -477,7 +590,13 @@ absl::Status DecodeSession::Impl::AddSteps(std::vector<Graph> graphs,
     auto bind = [&](const Graph& g, Bindings& b) -> absl::Status {
       SG_RETURN_IF_ERROR(bind_weights(g, b));
       SG_RETURN_IF_ERROR(BindLayout(g, TensorKind::kState, kv_layout_, kv_, b));
-      if (!prefill) return BindInputBlock(g, block, inputs_, b);
+      if (!prefill) {
+        SG_RETURN_IF_ERROR(BindInputBlock(g, block, inputs_, b));
+        if (!penalties_) return absl::OkStatus();
+        SG_RETURN_IF_ERROR(b.Bind(kPenaltyParamsInput, penalty_params_,
+                                  max_slots() * ops::kPenaltyParams * 4));
+        return b.Bind(kTokenCountsInput, token_counts_, max_slots() * config_.vocab_size * 4);
+      }
       const PrefillShape& shape = prefill_shapes_[i - decode_graphs];
       return BindPrefillBlock(prefill_block, prefill_inputs_,
                               shape.seqs * shape.rows_per_seq, shape.seqs, b);
@@ -496,6 +615,12 @@ absl::Status DecodeSession::Impl::FinalizeSteps() {
     SG_ASSIGN_OR_RETURN(TensorArg logits, runner_->Output(i, kLogitsOutput));
     next_.push_back(next);
     logits_.push_back(logits);
+    if (penalties_) {
+      SG_ASSIGN_OR_RETURN(TensorArg penalized, runner_->Output(i, kPenalizedLogitsOutput));
+      pick_from_.push_back(penalized);
+    } else {
+      pick_from_.push_back(logits);
+    }
   }
   return absl::OkStatus();
 }
@@ -621,6 +746,22 @@ absl::Status DecodeSession::Impl::Prefill(absl::Span<const PrefillRequest> reque
                          ", outside the vocabulary [0, ", config_.vocab_size, ")"));
       }
     }
+    if (r.sampling.has_value()) {
+      if (r.sampling->sample.has_value()) {
+        if (absl::Status st = CheckSampling(*r.sampling->sample); !st.ok()) {
+          return absl::InvalidArgumentError(absl::StrCat("Prefill(slot ", slot, "): ", st.message()));
+        }
+      }
+      const Penalties& p = r.sampling->penalties;
+      if (absl::Status st = CheckPenalties(p, config_.vocab_size); !st.ok()) {
+        return absl::InvalidArgumentError(absl::StrCat("Prefill(slot ", slot, "): ", st.message()));
+      }
+      if (!p.neutral() && !penalties_) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "Prefill(slot ", slot, "): penalties, min-p and logit bias need a session made "
+            "with SessionOptions::penalties"));
+      }
+    }
   }
   SG_RETURN_IF_ERROR(Drain());
   for (const PrefillRequest& r : requests) {
@@ -677,8 +818,43 @@ absl::Status DecodeSession::Impl::Prefill(absl::Span<const PrefillRequest> reque
     s.seed = r.seed;
     s.host_pick = r.sampling.has_value() && !SameSampling(r.sampling->sample, sampling_);
     s.sample = r.sampling.has_value() ? r.sampling->sample : sampling_;
+    s.penalties = r.sampling.has_value() ? r.sampling->penalties : Penalties{};
+    if (penalties_) {
+      // After the prefill steps: prompts fed through decode steps were counted as chosen.
+      s.context.assign(r.prompt.begin(), r.prompt.end());
+      s.tokens_in_context = 0;
+      SG_RETURN_IF_ERROR(WritePenaltyRows(r.slot));
+    }
   }
   return absl::OkStatus();
+}
+
+absl::Status DecodeSession::Impl::WritePenaltyRows(int64_t slot) {
+  const Slot& s = slots_[slot];
+  float* params = params_staging_ + slot * ops::kPenaltyParams;
+  FillPenaltyRow(s.penalties, s.sample, params);
+  const int64_t vocab = config_.vocab_size;
+  // The staging row is rewritten only after the device read it.
+  SG_RETURN_IF_ERROR(runner_->Sync());
+  std::fill_n(counts_staging_, vocab, 0);
+  for (int32_t id : s.context) counts_staging_[id] = 1;
+  SG_RETURN_IF_ERROR(runner_->Copy(penalty_params_ + slot * ops::kPenaltyParams, params,
+                                   ops::kPenaltyParams * 4));
+  SG_RETURN_IF_ERROR(runner_->Copy(token_counts_ + slot * vocab, counts_staging_, vocab * 4));
+  return runner_->Sync();
+}
+
+absl::Status DecodeSession::Impl::RecountHostPick(int64_t slot, int32_t chosen, int32_t picked) {
+  int32_t* row = token_counts_ + slot * config_.vocab_size;
+  SG_RETURN_IF_ERROR(runner_->Copy(recount_, row + chosen, 4));
+  SG_RETURN_IF_ERROR(runner_->Copy(recount_ + 1, row + picked, 4));
+  SG_RETURN_IF_ERROR(runner_->Sync());
+  recount_[0] -= 2;
+  recount_[1] += 2;
+  SG_RETURN_IF_ERROR(runner_->Copy(row + chosen, recount_, 4));
+  SG_RETURN_IF_ERROR(runner_->Copy(row + picked, recount_ + 1, 4));
+  // recount_ is rewritten only after these copies read it.
+  return runner_->Sync();
 }
 
 size_t DecodeSession::Impl::PrefillShapeFor(int64_t rows) const {
@@ -739,6 +915,13 @@ absl::Status DecodeSession::Impl::Append(int64_t slot, absl::Span<const int32_t>
   }
   s.pos = static_cast<int32_t>(pos + n);
   s.pending = tokens[n - 1];
+  if (penalties_) {
+    // The sequence so far is the next turn's prompt (the generated ids are drained).
+    s.context.insert(s.context.end(), s.tokens.begin() + s.tokens_in_context, s.tokens.end());
+    s.tokens_in_context = s.tokens.size();
+    s.context.insert(s.context.end(), tokens.begin(), tokens.end());
+    SG_RETURN_IF_ERROR(WritePenaltyRows(slot));
+  }
   return absl::OkStatus();
 }
 
@@ -847,6 +1030,16 @@ absl::Status DecodeSession::Impl::MoveSlot(int64_t from, int64_t to) {
                                        base + from * heads * per_head, bytes));
     }
   }
+  if (penalties_) {
+    const int64_t vocab = config_.vocab_size;
+    SG_RETURN_IF_ERROR(runner_->Copy(penalty_params_ + to * ops::kPenaltyParams,
+                                     penalty_params_ + from * ops::kPenaltyParams,
+                                     ops::kPenaltyParams * 4));
+    SG_RETURN_IF_ERROR(
+        runner_->Copy(token_counts_ + to * vocab, token_counts_ + from * vocab, vocab * 4));
+    std::copy_n(params_staging_ + from * ops::kPenaltyParams, ops::kPenaltyParams,
+                params_staging_ + to * ops::kPenaltyParams);
+  }
   std::swap(slots_[from], slots_[to]);  // the ids keep their reserved room
   Slot& freed = slots_[from];
   freed.live = false;
@@ -916,7 +1109,7 @@ absl::Status DecodeSession::Impl::Drain() {
 
 absl::Status DecodeSession::Impl::AllocateHostPicks() {
   int64_t row_bytes = 0;
-  for (const TensorArg& l : logits_) {
+  for (const TensorArg& l : pick_from_) {
     row_bytes = std::max(row_bytes, l.shape.cols() * DTypeBytes(l.dtype));
   }
   SG_ASSIGN_OR_RETURN(void* logits,
@@ -933,7 +1126,7 @@ absl::Status DecodeSession::Impl::PickOnHost(int64_t bucket, int64_t ring_row) {
   bool any = false;
   for (const Slot& s : slots_) any = any || (Steps(s) && s.host_pick);
   if (!any) return absl::OkStatus();
-  const TensorArg& l = logits_[bucket];
+  const TensorArg& l = pick_from_[bucket];
   const int64_t vocab = l.shape.cols();
   const int64_t row_bytes = vocab * DTypeBytes(l.dtype);
   for (int64_t i = 0; i < max_slots(); ++i) {
@@ -965,6 +1158,9 @@ absl::Status DecodeSession::Impl::PickOnHost(int64_t bucket, int64_t ring_row) {
       SG_RETURN_IF_ERROR(picker_->Run(*s.sample, args));
     } else {
       SG_RETURN_IF_ERROR(picker_->Run(ops::Argmax{}, args));
+    }
+    if (penalties_ && ring[i] != picked_[i]) {
+      SG_RETURN_IF_ERROR(RecountHostPick(i, ring[i], picked_[i]));
     }
     ring[i] = picked_[i];
     SG_RETURN_IF_ERROR(runner_->Copy(inputs_ + block.ids() + i, picked_ + i, 4));
@@ -1133,6 +1329,7 @@ const LlamaConfig& DecodeSession::config() const { return impl_->config(); }
 const std::vector<int32_t>& DecodeSession::stop_ids() const { return impl_->stop_ids(); }
 int64_t DecodeSession::max_slots() const { return impl_->max_slots(); }
 int64_t DecodeSession::max_seq() const { return impl_->max_seq(); }
+bool DecodeSession::penalties() const { return impl_->penalties(); }
 const std::vector<int64_t>& DecodeSession::buckets() const { return impl_->buckets(); }
 int64_t DecodeSession::weight_bytes() const { return impl_->weight_bytes(); }
 int64_t DecodeSession::kv_cache_bytes() const { return impl_->kv_cache_bytes(); }

@@ -540,21 +540,22 @@ absl::Status CpuDispatch::Run(const ops::Argmax&, const NodeArgs& args) {
   int32_t* out = args.output.as<int32_t>();
   for (int64_t i = 0; i < rows; ++i) {
     // Strictly greater wins, so the lowest index is kept among equal maxima; NaN never
-    // wins, and a row of NaN or -inf gives 0.
+    // wins, and a row of NaN or -inf gives 0. -inf is an id masked out (ops::Penalize's
+    // min-p), not a fault.
     float best = -std::numeric_limits<float>::infinity();
     int32_t best_index = 0;
     bool finite = true;
     for (int64_t j = 0; j < n; ++j) {
       const float v = LoadElement(x.data, x.dtype, i * n + j);
-      finite = finite && std::isfinite(v);
+      finite = finite && v < std::numeric_limits<float>::infinity();
       if (v > best) {
         best = v;
         best_index = static_cast<int32_t>(j);
       }
     }
     out[i] = best_index;
-    // The id is still defined, but a NaN or an infinity means the model broke: the step
-    // says so rather than printing plausible ids.
+    // The id is still defined, but a NaN or +inf means the model broke: the step says so
+    // rather than printing plausible ids.
     if (!finite) error_flags_ |= kErrorNonFiniteLogits;
   }
   return absl::OkStatus();
@@ -578,9 +579,10 @@ absl::Status CpuDispatch::Run(const ops::Sample& op, const NodeArgs& args) {
     std::vector<float> z = LoadRange(logits, i * n, n);
     for (float& v : z) {
       v /= temperature;
-      if (std::isfinite(v)) continue;
-      // A NaN or an infinity, read or made by the division (a finite logit / T past the
-      // float range), means the model or the settings broke: the step says so.
+      // -inf (read, or a very negative logit / T) is an id that cannot be drawn.
+      if (v < std::numeric_limits<float>::infinity()) continue;
+      // A NaN or +inf, read or made by the division (a finite logit / T past the float
+      // range), means the model or the settings broke: the step says so.
       error_flags_ |= kErrorNonFiniteLogits;
       // NaN counts as -inf (as on the GPU), which also keeps the sort below well defined.
       if (std::isnan(v)) v = -std::numeric_limits<float>::infinity();

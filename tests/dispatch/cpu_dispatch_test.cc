@@ -1065,15 +1065,15 @@ TEST_P(CpuFloatOpTest, ArgmaxExactWithLowestIndexOnTies) {
   }
 }
 
-// A NaN or an infinity anywhere in the logits raises kErrorNonFiniteLogits in Argmax and
-// Sample (the ids stay defined); finite logits raise nothing.
+// A NaN or +inf anywhere in the logits raises kErrorNonFiniteLogits in Argmax and Sample
+// (the ids stay defined); finite logits raise nothing, and neither do -inf ones (ids masked
+// out), which are never chosen.
 TEST_P(CpuFloatOpTest, NonFiniteLogitsRaiseTheFlag) {
   std::mt19937_64 rng(93);
   const int64_t rows = 3, n = 101;
   for (const bool sample : {false, true}) {
     for (const float bad : {std::numeric_limits<float>::quiet_NaN(),
-                            std::numeric_limits<float>::infinity(),
-                            -std::numeric_limits<float>::infinity()}) {
+                            std::numeric_limits<float>::infinity()}) {
       SCOPED_TRACE(absl::StrCat(sample ? "Sample" : "Argmax", " with ", bad));
       GraphBuilder b;
       const TensorId x = b.Input("x", dtype(), {rows, n});
@@ -1103,6 +1103,33 @@ TEST_P(CpuFloatOpTest, NonFiniteLogitsRaiseTheFlag) {
       for (const int32_t id : bench->Ints("y")) {
         EXPECT_TRUE(id >= 0 && id < n) << id;
       }
+    }
+    // Every id of row 1 but three masked: one of the three is chosen, and nothing is raised.
+    std::vector<float> masked = RandomValues(rng, rows * n, 0.1f, 8.0f);
+    for (int64_t j = 0; j < n; ++j) {
+      if (j != 5 && j != 50 && j != 99) masked[1 * n + j] = -std::numeric_limits<float>::infinity();
+    }
+    GraphBuilder b;
+    const TensorId x = b.Input("x", dtype(), {rows, n});
+    b.Output("y", sample ? b.Sample(x, b.Input("seeds", DType::kI32, {rows}),
+                                    b.Input("pos", DType::kI32, {rows}),
+                                    ops::Sample{.temperature = 50.0f}, "y")
+                         : b.Argmax(x, "y"));
+    auto bench = Bench::Make(b);
+    ASSERT_NE(bench, nullptr);
+    if (sample) {
+      bench->SetInts("seeds", {1, 2, 3});
+      bench->SetInts("pos", {0, 4, 9});
+    }
+    bench->Set("x", masked);
+    CpuDispatch cpu;
+    for (int trial = 0; trial < 8; ++trial) {
+      if (sample) bench->SetInts("seeds", {trial, 100 + trial, 7});
+      bench->Poison("y");
+      SG_ASSERT_OK(bench->Run(cpu));
+      EXPECT_EQ(cpu.TakeErrorFlags(), 0u) << "-inf logits raised a flag";
+      const int32_t id = bench->Ints("y")[1];
+      EXPECT_TRUE(id == 5 || id == 50 || id == 99) << id;
     }
   }
 }

@@ -159,6 +159,11 @@ struct LlamaGraphOptions {
   bool logits = true;
   // Greedy (Argmax) when empty; otherwise Sample with these parameters and a "seeds" input.
   std::optional<ops::Sample> sampling;
+  // Per-sequence penalties (ops::Penalize) between the logits and the choice, from the
+  // inputs "penalty_params" [slots, ops::kPenaltyParams] f32 and "token_counts" [slots,
+  // vocab] i32, and the chosen ids counted into "token_counts" (ops::CountIds). The logits
+  // output stays the model's; "penalized_logits" [M, vocab] f32 is what was chosen from.
+  bool penalties = false;
   // Closed decode loop: the step ends by copying the chosen ids into "ids" and advancing
   // "pos", so consecutive steps need no host writes. Decode steps only (T = 1, logits).
   bool closed_loop = false;
@@ -171,6 +176,9 @@ inline constexpr char kSeedsInput[] = "seeds";
 inline constexpr char kSeqSlotsInput[] = "seq_slots";
 inline constexpr char kLogitsOutput[] = "logits";
 inline constexpr char kNextIdsOutput[] = "next_ids";
+inline constexpr char kPenaltyParamsInput[] = "penalty_params";
+inline constexpr char kTokenCountsInput[] = "token_counts";
+inline constexpr char kPenalizedLogitsOutput[] = "penalized_logits";
 
 // Name of layer `layer`'s key or value cache State.
 std::string KCacheName(int64_t layer);

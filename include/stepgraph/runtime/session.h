@@ -21,6 +21,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -69,6 +70,12 @@ struct SessionOptions {
   int64_t max_seq = 0;
   // Greedy (argmax) when empty; otherwise sampled, with a per-slot seed (see Prefill).
   std::optional<ops::Sample> sampling;
+  // Decode steps apply each slot's Penalties (PrefillRequest::sampling) on the device and
+  // count the ids each slot chooses (ops::Penalize and ops::CountIds between the logits and
+  // the choice). Costs per step a pass over the logits and the counts ([slots, vocab] i32
+  // on the device), and on the GPU the lm head's fused argmax. Without it a Prefill asking
+  // for penalties other than neutral is FailedPrecondition.
+  bool penalties = false;
   // Batch buckets: one graph each. Buckets at or above max_slots are replaced by max_slots.
   std::vector<int64_t> buckets = {1, 2, 4, 8, 16, 32};
   // Prefill: the rows of the longest prefill step (a prompt goes in chunks of this many
@@ -96,10 +103,43 @@ struct NodeTime {
   double ms = 0;
 };
 
+// What a slot does to its logits before it chooses (ops::Penalize, on the device, in the
+// decode step; SessionOptions::penalties). The prompt is what Prefill and Append fed; the
+// generated ids are those chosen since the last Prefill or Append.
+struct Penalties {
+  // transformers' repetition_penalty over the prompt's and the generated ids: a logit l
+  // becomes l / r where positive, l · r otherwise. > 0; 1: off.
+  float repetition = 1.0f;
+  // OpenAI's presence_penalty and frequency_penalty over the generated ids: l - (presence +
+  // frequency · times generated). Finite, in [-kMaxPenalty, kMaxPenalty]; 0: off.
+  float presence = 0.0f;
+  float frequency = 0.0f;
+  // Ids whose probability (after temperature) is below min_p times the top one's are never
+  // chosen, as llama.cpp's and transformers' min-p. In [0, 1]; 0: off. Greedy slots
+  // ignore it (the top id always passes).
+  float min_p = 0.0f;
+  // (id, bias) added to the id's logit, OpenAI's logit_bias: at most ops::kMaxLogitBias,
+  // ids in [0, vocab_size), biases finite in [-kMaxBias, kMaxBias], an id at most once.
+  std::vector<std::pair<int32_t, float>> logit_bias;
+
+  static constexpr float kMaxPenalty = 2.0f;  // OpenAI's range
+  static constexpr float kMaxBias = 100.0f;   // OpenAI's range
+  // Whether nothing changes the logits.
+  bool neutral() const {
+    return repetition == 1.0f && presence == 0.0f && frequency == 0.0f && min_p == 0.0f &&
+           logit_bias.empty();
+  }
+};
+// InvalidArgument naming the field and the bound where `p` is out of range for a model of
+// `vocab_size` ids.
+absl::Status CheckPenalties(const Penalties& p, int64_t vocab_size);
+
 // How one slot chooses its ids: greedy (Argmax) when `sample` is empty, otherwise drawn as
-// ops::Sample does with these parameters and the slot's seed.
+// ops::Sample does with these parameters and the slot's seed, in both cases from the logits
+// after `penalties`.
 struct SlotSampling {
   std::optional<ops::Sample> sample;
+  Penalties penalties;
 };
 
 // One sequence to start: its slot, its prompt and its sampling seed.
@@ -108,10 +148,11 @@ struct PrefillRequest {
   absl::Span<const int32_t> prompt;
   int32_t seed = 0;
   // The slot's own way of choosing ids; empty: the steps' (SessionOptions::sampling).
-  // Where it differs from the steps', the host chooses the slot's id after each step from
-  // its logits, exactly as the CPU reference's Argmax or Sample does, and writes it into
-  // the next step's input: such a step waits for the device, and a draw sorts the
-  // vocabulary on the host. A server pays that only for requests that ask for their own.
+  // Where its `sample` differs from the steps', the host chooses the slot's id after each
+  // step from its logits (after the penalties), exactly as the CPU reference's Argmax or
+  // Sample does, and writes it into the next step's input: such a step waits for the
+  // device, and a draw sorts the vocabulary on the host. A server pays that only for
+  // requests that ask for their own. Penalties always run on the device.
   std::optional<SlotSampling> sampling;
 };
 
@@ -156,7 +197,9 @@ class DecodeSession {
   // slot's sampling seed (with the same seed, prompt and model a slot draws the same ids
   // whichever slot it is in and whoever else is live). InvalidArgument for a slot outside
   // [0, max_slots), an empty prompt, a token id outside [0, vocab_size); OutOfRange for a
-  // prompt longer than max_seq.
+  // prompt longer than max_seq; for penalties out of range (CheckPenalties);
+  // FailedPrecondition for penalties other than neutral in a session made without
+  // SessionOptions::penalties.
   absl::Status Prefill(int64_t slot, absl::Span<const int32_t> prompt, int32_t seed = 0);
   // Several sequences at once (distinct slots), packed several to a prefill step where
   // they are short. Everything is checked before anything runs.
@@ -168,8 +211,10 @@ class DecodeSession {
   // Continues `slot`'s live sequence with `tokens` (a conversation's next turn) and feeds
   // nothing before them again: the KV cache gets the id the next Step would have fed and
   // every appended token but the last, at the positions that follow (in prefill steps as
-  // Prefill does); the last is fed by the next Step. The slot keeps its seed, and Tokens
-  // keeps the ids produced since the Prefill. FailedPrecondition for a slot that is not
+  // Prefill does); the last is fed by the next Step. The slot keeps its seed, its sampling
+  // and its penalties, and Tokens keeps the ids produced since the Prefill. For the
+  // penalties the sequence so far becomes the prompt: a next turn is penalised as a
+  // request whose prompt is the whole conversation would be. FailedPrecondition for a slot that is not
   // live; InvalidArgument for no tokens or an id outside [0, vocab_size); OutOfRange, before
   // anything runs, when the tokens do not fit the slot's KV cache.
   absl::Status Append(int64_t slot, absl::Span<const int32_t> tokens);
@@ -218,9 +263,12 @@ class DecodeSession {
   // Every id `slot` produced since its Prefill (waits for the device).
   absl::StatusOr<std::vector<int32_t>> Tokens(int64_t slot);
 
-  // The logits of `slot`'s row in the last step, as f32 (waits for the device).
-  // FailedPrecondition when the slot was not live in the last step.
+  // The logits of `slot`'s row in the last step, as f32 (waits for the device), as the
+  // model made them (before the slot's penalties). FailedPrecondition when the slot was not
+  // live in the last step.
   absl::StatusOr<std::vector<float>> Logits(int64_t slot);
+  // Whether decode steps apply penalties (SessionOptions::penalties).
+  bool penalties() const;
 
   // `n` steps (as Step) with the time of each, in ms: CUDA events between steps on the
   // GPU (no wait between steps), the host clock on the CPU.
