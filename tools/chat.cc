@@ -25,6 +25,7 @@
 #include "tools/console.h"
 #include "tools/conversation.h"
 #include "tools/model_setup.h"
+#include "tools/stop_matcher.h"
 
 namespace sg::cli {
 namespace {
@@ -149,7 +150,7 @@ class TurnReader {
   bool eof_ = false;
 };
 
-enum class Ending { kEndOfTurn, kEndOfSequence, kLimit, kInterrupted, kFull };
+enum class Ending { kEndOfTurn, kEndOfSequence, kStopString, kLimit, kInterrupted, kFull };
 
 absl::string_view EndingName(Ending e) {
   switch (e) {
@@ -157,6 +158,8 @@ absl::string_view EndingName(Ending e) {
       return "the model ended its turn";
     case Ending::kEndOfSequence:
       return "the model ended the sequence";
+    case Ending::kStopString:
+      return "ended at a --stop string";
     case Ending::kLimit:
       return "cut at --max-new-tokens";
     case Ending::kInterrupted:
@@ -199,6 +202,7 @@ struct Chat {
   DecodeSession& session;
   const Tokenizer* tokenizer = nullptr;  // null: the built-in model, in ids
   std::optional<Conversation> conversation;
+  std::optional<SlotSampling> sampling;  // with penalties only: the slot's, and the sampling
   std::vector<int32_t> stop;
   int32_t end_of_turn = -1;
   bool started = false;  // slot 0 holds a conversation
@@ -206,7 +210,9 @@ struct Chat {
 };
 
 // Feeds the turn's tokens (Prefill for the first, Append after), then generates and
-// prints the answer until a stop id, the token limit, Ctrl-C or a full KV cache.
+// prints the answer until a stop id, a stop string, the token limit, Ctrl-C or a full KV
+// cache. A stop string is not printed, yet the conversation keeps the tokens that made it
+// (the KV cache holds them): the next turn follows what the model wrote.
 absl::StatusOr<AnswerStats> Answer(Chat& c, const std::vector<int32_t>& turn) {
   DecodeSession& s = c.session;
   AnswerStats a;
@@ -217,7 +223,7 @@ absl::StatusOr<AnswerStats> Answer(Chat& c, const std::vector<int32_t>& turn) {
   if (c.started) {
     SG_RETURN_IF_ERROR(AppendShowingProgress(s, 0, turn));
   } else {
-    const PrefillRequest r{0, turn, c.options.seed};
+    const PrefillRequest r{0, turn, c.options.seed, c.sampling};
     SG_RETURN_IF_ERROR(PrefillShowingProgress(s, absl::MakeConstSpan(&r, 1)));
     c.started = true;
   }
@@ -226,6 +232,7 @@ absl::StatusOr<AnswerStats> Answer(Chat& c, const std::vector<int32_t>& turn) {
 
   std::optional<TokenStreamDecoder> stream;
   if (c.tokenizer != nullptr) stream.emplace(*c.tokenizer, DecodeOptions{.skip_special = true});
+  StopMatcher matcher(c.options.stop);
   Clock::time_point t0 = start;
   for (;;) {
     if (g_interrupted) {
@@ -250,18 +257,27 @@ absl::StatusOr<AnswerStats> Answer(Chat& c, const std::vector<int32_t>& turn) {
       a.ending = id == c.end_of_turn ? Ending::kEndOfTurn : Ending::kEndOfSequence;
       break;
     }
+    ++a.tokens;
     if (stream.has_value()) {
       SG_ASSIGN_OR_RETURN(std::string piece, stream->Push(id));
-      std::fputs(piece.c_str(), stdout);
+      std::fputs(matcher.Push(piece).c_str(), stdout);
     } else {
-      std::printf("%s%d", a.tokens > 0 ? "," : "", id);
+      std::printf("%s%d", a.tokens > 1 ? "," : "", id);
     }
     std::fflush(stdout);
-    ++a.tokens;
+    if (matcher.stopped()) {
+      a.ending = Ending::kStopString;
+      break;
+    }
   }
   if (a.steps > 0) a.decode_ms = MsSince(t0);
   ClearInterrupt();  // it stopped this answer, or came as it ended: not the next read's
-  std::printf("%s\n", stream.has_value() ? stream->Finish().c_str() : "");
+  std::string rest;
+  if (stream.has_value()) {
+    rest = matcher.Push(stream->Finish());
+    if (!matcher.stopped()) rest += matcher.Finish();
+  }
+  std::printf("%s\n", rest.c_str());
   std::fflush(stdout);
   c.closed = a.ending == Ending::kEndOfTurn;
   a.position = s.position(0);
@@ -327,15 +343,21 @@ int ChatCommand(const Options& o) {
   }
   const int64_t max_seq =
       o.max_seq > 0 ? o.max_seq : std::min<int64_t>(config->max_position_embeddings, 4096);
+  if (absl::Status st = CheckPenaltyFlags(o.penalties, config->vocab_size); !st.ok()) {
+    return UsageFailure(st.message(), kChat);
+  }
   std::optional<ops::Sample> sampling;
   if (o.temperature > 0.0f) sampling = ops::Sample{o.temperature, o.top_k, o.top_p};
+  // Penalties cost a GPU step its fused argmax: the session has them only when asked.
+  const bool penalize = !o.penalties.neutral();
   absl::StatusOr<std::unique_ptr<DecodeSession>> made =
-      MakeSession(o, 1, max_seq, sampling, o.eager);
+      MakeSession(o, 1, max_seq, sampling, o.eager, penalize);
   if (!made.ok()) return ModelFailure(o, made.status());
   DecodeSession& s = **made;
 
   Chat chat{.options = o, .session = s, .tokenizer = tokenizer.get()};
   chat.conversation = std::move(conversation);
+  if (penalize) chat.sampling = SlotSampling{sampling, o.penalties};
   if (chat.conversation.has_value()) {
     chat.stop = s.stop_ids();
     chat.end_of_turn = tokenizer->TokenId(chat.conversation->end_of_turn());

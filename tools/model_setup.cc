@@ -82,7 +82,7 @@ std::string DescribePath(const Options& o, DecodeSession& s) {
 absl::StatusOr<std::unique_ptr<DecodeSession>> MakeSession(const Options& o, int64_t slots,
                                                            int64_t max_seq,
                                                            std::optional<ops::Sample> sampling,
-                                                           bool eager) {
+                                                           bool eager, bool penalties) {
   SessionOptions so;
   so.model_path = o.model;
   if (o.model.empty()) {
@@ -95,6 +95,7 @@ absl::StatusOr<std::unique_ptr<DecodeSession>> MakeSession(const Options& o, int
   so.max_seq = max_seq;
   so.sampling = sampling;
   so.eager = eager;
+  so.penalties = penalties;
   so.cuda = o.cuda;
   so.prefill_chunk = o.prefill_chunk;
   so.passes = o.passes;

@@ -39,11 +39,12 @@ int ModelFailure(const Options& o, const absl::Status& status,
 
 // A session of `slots` sequences of `max_seq` positions, on the GPU unless --cpu or none
 // is found (which is said on stderr), then a status line on stderr naming the model and
-// the path its steps take.
+// the path its steps take. `penalties`: its steps apply per-slot penalties
+// (SessionOptions::penalties).
 absl::StatusOr<std::unique_ptr<DecodeSession>> MakeSession(const Options& o, int64_t slots,
                                                            int64_t max_seq,
                                                            std::optional<ops::Sample> sampling,
-                                                           bool eager);
+                                                           bool eager, bool penalties = false);
 // "the CPU reference (f32 math, 8 threads), one step per token; prompts in prefill steps
 // of up to 256 tokens; ..." or the CUDA device and whether graphs are replayed.
 std::string DescribePath(const Options& o, DecodeSession& s);

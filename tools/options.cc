@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "stepgraph/base/status.h"
+#include "tools/stop_matcher.h"
 
 namespace sg::cli {
 namespace {
@@ -44,6 +45,55 @@ absl::Status SetSwitch(absl::string_view, Options& o) {
 absl::Status NonEmpty(absl::string_view text, absl::string_view what) {
   if (!text.empty()) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrCat("expected ", what));
+}
+
+// A number; its range is checked where it is used (CheckPenalties for the penalties).
+absl::StatusOr<float> Number(absl::string_view text) {
+  float v = 0;
+  if (absl::SimpleAtof(text, &v)) return v;
+  return absl::InvalidArgumentError(absl::StrCat("expected a number, got '", text, "'"));
+}
+
+// Each penalty flag with the part of Penalties it sets, so that CheckPenalties' message
+// about that part is said of the flag.
+struct PenaltyFlag {
+  const char* name;
+  void (*copy)(const Penalties& from, Penalties& to);
+};
+constexpr PenaltyFlag kPenaltyFlags[] = {
+    {"--repeat-penalty", [](const Penalties& f, Penalties& t) { t.repetition = f.repetition; }},
+    {"--presence-penalty", [](const Penalties& f, Penalties& t) { t.presence = f.presence; }},
+    {"--frequency-penalty", [](const Penalties& f, Penalties& t) { t.frequency = f.frequency; }},
+    {"--min-p", [](const Penalties& f, Penalties& t) { t.min_p = f.min_p; }},
+    {"--logit-bias", [](const Penalties& f, Penalties& t) { t.logit_bias = f.logit_bias; }},
+};
+
+// CheckPenalties of what `flag` sets of `p`, the rest neutral; the message without its
+// "penalties: " (the flag's name goes before it).
+absl::Status CheckPenaltyFlag(const PenaltyFlag& flag, const Penalties& p, int64_t vocab_size) {
+  Penalties alone;
+  flag.copy(p, alone);
+  absl::Status st = CheckPenalties(alone, vocab_size);
+  if (st.ok()) return st;
+  absl::string_view message = st.message();
+  absl::ConsumePrefix(&message, "penalties: ");
+  return absl::Status(st.code(), message);
+}
+
+// What the parser checks of a penalty flag's value: everything but the logit biases'
+// ids, which need the model's vocabulary.
+absl::Status CheckPenaltyFlagValue(absl::string_view name, const Penalties& p) {
+  for (const PenaltyFlag& f : kPenaltyFlags) {
+    if (f.name == name) return CheckPenaltyFlag(f, p, INT64_MAX);
+  }
+  return absl::InternalError(absl::StrCat(name, " is not a penalty flag"));
+}
+
+// Sets a float of the penalties.
+template <float Penalties::*Field>
+absl::Status SetPenalty(absl::string_view name, absl::string_view text, Options& o) {
+  SG_ASSIGN_OR_RETURN(o.penalties.*Field, Number(text));
+  return CheckPenaltyFlagValue(name, o.penalties);
 }
 
 // ---- the commands -------------------------------------------------------------------
@@ -102,7 +152,8 @@ prompt is fed a chunk (--prefill-chunk) at a time between the running requests' 
 Requests beyond the --slots running wait in a queue of --max-queue; beyond that the answer
 is 503 with Retry-After. SIGTERM (or Ctrl-C) stops taking requests, lets those in flight
 finish (at most --drain-seconds) and exits. Sampling: a request's temperature, top_p,
-top_k and seed, else the server's flags (default greedy).
+top_k, seed, presence_penalty, frequency_penalty, logit_bias, repetition_penalty and
+min_p, else the server's flags (default greedy, no penalties).
 )"},
     {kTokenize, "the ids of a text with the model's tokenizer, or the text of ids",
      R"(usage: stepgraph tokenize --model PATH [--text TEXT | --decode 1,2,3]
@@ -120,6 +171,9 @@ Runs a Llama model's decode step as a graph of kernels, captured once as a CUDA 
 and replayed. With no --model a small built-in model (random weights) is used, so every
 command runs anywhere; without a GPU the CPU reference runs instead (and says so).
 )";
+
+// The help of --logit-bias and --stop says these.
+static_assert(ops::kMaxLogitBias == 64 && kMaxStopStrings == 4, "say the new limits in help");
 
 // ---- the flags ----------------------------------------------------------------------
 
@@ -193,6 +247,54 @@ const Flag kFlags[] = {
      "sample from the smallest set of mass >= P (default 1)", nullptr, EnvRule::kNone,
      [](S v, O& o) {
        SG_ASSIGN_OR_RETURN(o.top_p, ParseFloat(v, 0.0f, 1.0f, true));
+       return absl::OkStatus();
+     }},
+    {"--repeat-penalty", nullptr, "F", kSampling, false,
+     "divide the positive logits of ids in the prompt or the answer so far by F and multiply "
+     "the negative ones (transformers' repetition_penalty; F > 0, default 1: off)",
+     nullptr, EnvRule::kNone,
+     [](S v, O& o) { return SetPenalty<&Penalties::repetition>("--repeat-penalty", v, o); }},
+    {"--presence-penalty", nullptr, "F", kSampling, false,
+     "subtract F from the logit of every id generated so far (OpenAI's presence_penalty; in "
+     "[-2, 2], default 0: off)",
+     nullptr, EnvRule::kNone,
+     [](S v, O& o) { return SetPenalty<&Penalties::presence>("--presence-penalty", v, o); }},
+    {"--frequency-penalty", nullptr, "F", kSampling, false,
+     "subtract F times the times each id was generated so far from its logit (OpenAI's "
+     "frequency_penalty; in [-2, 2], default 0: off)",
+     nullptr, EnvRule::kNone,
+     [](S v, O& o) { return SetPenalty<&Penalties::frequency>("--frequency-penalty", v, o); }},
+    {"--min-p", nullptr, "P", kSampling, false,
+     "when sampling, leave out the ids less likely than P times the most likely one (in "
+     "[0, 1], default 0: off)",
+     nullptr, EnvRule::kNone,
+     [](S v, O& o) { return SetPenalty<&Penalties::min_p>("--min-p", v, o); }},
+    {"--logit-bias", nullptr, "ID=BIAS", kSampling, false,
+     "add BIAS (in [-100, 100]) to the logit of token id ID: 100 all but forces it, -100 all "
+     "but bans it; repeat for more ids, at most 64",
+     nullptr, EnvRule::kNone,
+     [](S v, O& o) {
+       const size_t eq = v.find('=');
+       if (eq == v.npos) {
+         return absl::InvalidArgumentError(
+             absl::StrCat("expected ID=BIAS (a token id and a number), got '", v, "'"));
+       }
+       SG_ASSIGN_OR_RETURN(const int64_t id, ParseInt(v.substr(0, eq), 0, INT32_MAX));
+       SG_ASSIGN_OR_RETURN(const float bias, Number(v.substr(eq + 1)));
+       o.penalties.logit_bias.emplace_back(static_cast<int32_t>(id), bias);
+       return CheckPenaltyFlagValue("--logit-bias", o.penalties);
+     }},
+    {"--stop", nullptr, "TEXT", kRun | kChat, false,
+     "end the answer where TEXT appears in it (matched on the text across tokens, and not "
+     "printed); repeat for more, at most 4",
+     nullptr, EnvRule::kNone,
+     [](S v, O& o) {
+       SG_RETURN_IF_ERROR(CheckStopString(v));
+       if (o.stop.size() >= static_cast<size_t>(kMaxStopStrings)) {
+         return absl::InvalidArgumentError(
+             absl::StrCat("at most ", kMaxStopStrings, " stop strings"));
+       }
+       o.stop.emplace_back(v);
        return absl::OkStatus();
      }},
     {"--seed", nullptr, "S", kRun, false,
@@ -473,6 +575,14 @@ absl::Status CheckTogether(const Options& o) {
         "--chat wraps a text prompt: give --prompt TEXT, --file PATH or the text on standard "
         "input, with a --model that has a tokenizer");
   }
+  if (!o.stop.empty() && o.command == kChat && o.model.empty()) {
+    return absl::InvalidArgumentError(
+        "--stop matches the answer's text: it needs a --model with a tokenizer (the built-in "
+        "model talks in ids)");
+  }
+  if (!o.stop.empty() && o.command == kRun && !text && (o.prompt_ids_given || o.model.empty())) {
+    return absl::InvalidArgumentError(kStopNeedsText);
+  }
   if (o.text.has_value() && o.decode.has_value()) {
     return absl::InvalidArgumentError("--text and --decode cannot be used together");
   }
@@ -558,6 +668,15 @@ absl::string_view CommandName(Command c) {
 }
 
 absl::Span<const Flag> Flags() { return kFlags; }
+
+absl::Status CheckPenaltyFlags(const Penalties& penalties, int64_t vocab_size) {
+  for (const PenaltyFlag& f : kPenaltyFlags) {
+    if (absl::Status st = CheckPenaltyFlag(f, penalties, vocab_size); !st.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(f.name, ": ", st.message()));
+    }
+  }
+  return absl::OkStatus();
+}
 
 absl::StatusOr<int64_t> ParseInt(absl::string_view text, int64_t min, int64_t max) {
   int64_t v = 0;

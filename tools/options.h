@@ -18,6 +18,7 @@
 #include "absl/types/span.h"
 #include "stepgraph/dispatch/cuda_options.h"
 #include "stepgraph/graph/passes.h"
+#include "stepgraph/runtime/session.h"
 
 namespace sg::cli {
 
@@ -63,6 +64,9 @@ struct Options {
   int32_t top_k = 0;
   float top_p = 1.0f;
   int32_t seed = 0;
+  // run, chat and serve (the defaults of requests); neutral: sessions without penalties.
+  Penalties penalties;
+  std::vector<std::string> stop;  // run and chat: at most kMaxStopStrings
 
   // chat
   std::optional<std::string> system;
@@ -135,6 +139,16 @@ absl::StatusOr<Options> ParseArgs(absl::Span<const char* const> args, const Envi
 // The help of `command` (usage, what it does, its options and the model options), or the
 // overview of every command when none is named.
 std::string HelpText(std::optional<Command> command);
+
+// Why run's --stop was refused: it matches text, and the prompt is ids.
+inline constexpr char kStopNeedsText[] =
+    "--stop matches the answer's text: give --prompt TEXT, --file PATH or the text on standard "
+    "input, with a --model that has a tokenizer";
+
+// The penalty flags' values (--repeat-penalty, ..., --logit-bias) checked by CheckPenalties
+// for a model of `vocab_size` ids, InvalidArgument naming the flag at fault. The parser
+// checks all but the logit biases' ids, which need the model.
+absl::Status CheckPenaltyFlags(const Penalties& penalties, int64_t vocab_size);
 
 // Value parsers, each error saying what was expected and what was given.
 absl::StatusOr<int64_t> ParseInt(absl::string_view text, int64_t min, int64_t max = INT64_MAX);

@@ -17,6 +17,7 @@
 #include "tools/commands.h"
 #include "tools/console.h"
 #include "tools/model_setup.h"
+#include "tools/stop_matcher.h"
 
 namespace sg::cli {
 namespace {
@@ -82,16 +83,23 @@ absl::StatusOr<TextPrompt> EncodePrompt(const Options& o, const PromptSource& so
 }
 
 absl::Status PrefillAll(DecodeSession& s, const std::vector<int32_t>& prompt, int64_t batch,
-                        int32_t seed) {
+                        int32_t seed, const std::optional<SlotSampling>& sampling) {
   std::vector<PrefillRequest> requests;
   for (int64_t b = 0; b < batch; ++b) {
     // Sequence b's seed is seed + b, wrapping around (every i32 is a valid seed).
     const int32_t seed_b =
         static_cast<int32_t>(static_cast<uint32_t>(seed) + static_cast<uint32_t>(b));
-    requests.push_back({b, prompt, seed_b});
+    requests.push_back({b, prompt, seed_b, sampling});
   }
   return PrefillShowingProgress(s, requests);
 }
+
+// A text answer: decoded as its ids come, with the stop strings matched on the text.
+struct TextAnswer {
+  TokenStreamDecoder decoder;
+  StopMatcher matcher;
+  std::string text;  // what is not printed yet
+};
 
 }  // namespace
 
@@ -101,6 +109,7 @@ int RunCommand(const Options& o) {
   absl::StatusOr<PromptSource> source = ReadPromptText(o);
   if (!source.ok()) return Failure(source.status(), HelpHint(kRun));
   if (o.chat && !source->text.has_value()) return UsageFailure(kChatNeedsText, kRun);
+  if (!o.stop.empty() && !source->text.has_value()) return UsageFailure(kStopNeedsText, kRun);
   if (source->text.has_value() && source->text->empty()) {
     return UsageFailure(absl::StrCat(source->flag, ": the prompt is empty"), kRun);
   }
@@ -129,11 +138,18 @@ int RunCommand(const Options& o) {
                                      ")"),
                         kRun);
   }
+  if (absl::Status st = CheckPenaltyFlags(o.penalties, config->vocab_size); !st.ok()) {
+    return UsageFailure(st.message(), kRun);
+  }
   std::optional<ops::Sample> sampling;
   if (o.temperature > 0.0f) sampling = ops::Sample{o.temperature, o.top_k, o.top_p};
+  // Penalties cost a GPU step its fused argmax: the session has them only when asked.
+  const bool penalize = !o.penalties.neutral();
+  std::optional<SlotSampling> slot_sampling;
+  if (penalize) slot_sampling = SlotSampling{sampling, o.penalties};
 
-  absl::StatusOr<std::unique_ptr<DecodeSession>> made =
-      MakeSession(o, o.batch, o.max_seq > 0 ? o.max_seq : need, sampling, o.eager);
+  absl::StatusOr<std::unique_ptr<DecodeSession>> made = MakeSession(
+      o, o.batch, o.max_seq > 0 ? o.max_seq : need, sampling, o.eager, penalize);
   if (!made.ok()) return ModelFailure(o, made.status());
   DecodeSession& s = **made;
   const std::string hint = HelpHint(kRun);
@@ -149,7 +165,7 @@ int RunCommand(const Options& o) {
   // Time to first token: every prompt's prefill steps, then the first decode step (which
   // feeds each prompt's last token and yields the first new id).
   const Clock::time_point start = Clock::now();
-  if (absl::Status st = PrefillAll(s, prompt, o.batch, o.seed); !st.ok()) {
+  if (absl::Status st = PrefillAll(s, prompt, o.batch, o.seed, slot_sampling); !st.ok()) {
     return Failure(st, hint);
   }
   absl::StatusOr<std::vector<int32_t>> ready = s.Tokens(0);  // waits for the prefill
@@ -157,14 +173,20 @@ int RunCommand(const Options& o) {
   const double prefill_ms = MsSince(start);
 
   // Generation in chunks: the session waits for the device once per chunk, and the text
-  // of sequence 0 is printed as its chunk arrives.
+  // of a single sequence is printed as its chunk arrives (several: at the end). A sequence
+  // ends at a stop id or where a stop string completes.
   std::vector<std::vector<int32_t>> ids(static_cast<size_t>(o.batch));
   std::vector<bool> ended(static_cast<size_t>(o.batch), false);
-  std::optional<TokenStreamDecoder> stream;
-  if (text.has_value() && o.batch == 1) {
-    stream.emplace(*text->tokenizer, DecodeOptions{.skip_special = true});
+  std::vector<TextAnswer> answers;
+  if (text.has_value()) {
+    answers.reserve(static_cast<size_t>(o.batch));
+    for (int64_t b = 0; b < o.batch; ++b) {
+      answers.push_back({TokenStreamDecoder(*text->tokenizer, {.skip_special = true}),
+                         StopMatcher(o.stop), ""});
+    }
   }
-  const int64_t chunk = s.backend() == Backend::kCpu ? 1 : (stream.has_value() ? 8 : 64);
+  const bool live = text.has_value() && o.batch == 1;
+  const int64_t chunk = s.backend() == Backend::kCpu ? 1 : (live ? 8 : 64);
   Progress progress("generated", o.max_new_tokens * o.batch, "tokens");
   int64_t steps = 0;
   double ttft_ms = 0;
@@ -187,35 +209,44 @@ int RunCommand(const Options& o) {
           break;
         }
         ids[b].push_back(id);
-        if (b == 0 && stream.has_value()) {
-          absl::StatusOr<std::string> piece = stream->Push(id);
-          if (!piece.ok()) return Failure(piece.status(), hint);
-          std::fputs(piece->c_str(), stdout);
+        if (answers.empty()) continue;
+        TextAnswer& a = answers[static_cast<size_t>(b)];
+        absl::StatusOr<std::string> piece = a.decoder.Push(id);
+        if (!piece.ok()) return Failure(piece.status(), hint);
+        a.text += a.matcher.Push(*piece);
+        if (live) {
+          std::fputs(a.text.c_str(), stdout);
           std::fflush(stdout);
+          a.text.clear();
+        }
+        if (a.matcher.stopped()) {
+          ended[b] = true;
+          break;
         }
       }
     }
-    if (!stream.has_value()) progress.Update(steps * o.batch);
-    if (!stop.empty() && std::all_of(ended.begin(), ended.end(), [](bool e) { return e; })) break;
+    if (!live) progress.Update(steps * o.batch);
+    if (std::all_of(ended.begin(), ended.end(), [](bool e) { return e; })) break;
   }
   progress.Done();
   const double gen_ms = MsSince(t0);
 
   int64_t made_tokens = 0;
-  if (stream.has_value()) {
-    std::printf("%s\n", stream->Finish().c_str());
+  for (int64_t b = 0; b < o.batch; ++b) {
+    made_tokens += static_cast<int64_t>(ids[b].size());
+  }
+  for (TextAnswer& a : answers) {
+    // The last bytes held, and what was held for a stop string that never completed.
+    a.text += a.matcher.Push(a.decoder.Finish());
+    if (!a.matcher.stopped()) a.text += a.matcher.Finish();
+  }
+  if (live) {
+    std::printf("%s\n", answers[0].text.c_str());
     std::fflush(stdout);
-    made_tokens = static_cast<int64_t>(ids[0].size());
   } else {
     for (int64_t b = 0; b < o.batch; ++b) {
-      made_tokens += static_cast<int64_t>(ids[b].size());
-      std::string shown = absl::StrJoin(ids[b], ",");
-      if (text.has_value()) {
-        absl::StatusOr<std::string> decoded =
-            text->tokenizer->Decode(ids[b], {.skip_special = true});
-        if (!decoded.ok()) return Failure(decoded.status(), hint);
-        shown = *decoded;
-      }
+      const std::string shown =
+          answers.empty() ? absl::StrJoin(ids[b], ",") : answers[static_cast<size_t>(b)].text;
       if (o.batch == 1) {
         std::printf("generated: %s\n", shown.c_str());
       } else {

@@ -501,10 +501,17 @@ int ServeCommand(const Options& o) {
   }
   const int64_t max_seq =
       o.max_seq > 0 ? o.max_seq : std::min<int64_t>(config->max_position_embeddings, 4096);
+  if (absl::Status st = CheckPenaltyFlags(o.penalties, config->vocab_size); !st.ok()) {
+    return UsageFailure(st.message(), kServe);
+  }
   std::optional<ops::Sample> sampling;
   if (o.temperature > 0.0f) sampling = ops::Sample{o.temperature, o.top_k, o.top_p};
+  // The steps apply penalties whatever the flags say: any request may ask for its own
+  // (presence_penalty, logit_bias, ...), and a session has them or not from the start. The
+  // cost, a pass over the logits per step and on the GPU the lm head's fused argmax, is
+  // paid by every request.
   absl::StatusOr<std::unique_ptr<DecodeSession>> made =
-      MakeSession(o, o.slots, max_seq, sampling, o.eager);
+      MakeSession(o, o.slots, max_seq, sampling, o.eager, /*penalties=*/true);
   if (!made.ok()) return ModelFailure(o, made.status());
   std::unique_ptr<DecodeSession> session = *std::move(made);
 
@@ -517,6 +524,7 @@ int ServeCommand(const Options& o) {
     server.model.name = std::filesystem::path(o.model).parent_path().filename().string();
   }
   server.model.name = std::string(absl::StripSuffix(server.model.name, ".gguf"));
+  server.model.vocab_size = session->config().vocab_size;
   if (!o.ignore_eos) server.model.stop_ids = session->stop_ids();
   if (conversation.has_value() && !o.ignore_eos) {
     const int32_t eot = (*tokenizer)->TokenId(conversation->end_of_turn());
@@ -532,6 +540,7 @@ int ServeCommand(const Options& o) {
   server.limits.temperature = o.temperature;
   server.limits.top_p = o.top_p;
   server.limits.top_k = o.top_k;
+  server.limits.penalties = o.penalties;
 
   absl::StatusOr<std::unique_ptr<Scheduler>> scheduler =
       Scheduler::Start(session.get(), {.max_queue = o.max_queue});

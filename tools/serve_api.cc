@@ -5,6 +5,7 @@
 #include <cmath>
 #include <limits>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 
@@ -79,11 +80,12 @@ constexpr const char* kChatFields[] = {
     "model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p",
     "top_k", "seed", "stop", "n", "stream", "stream_options", "user", "logprobs",
     "top_logprobs", "tools", "tool_choice", "functions", "function_call", "response_format",
-    "parallel_tool_calls", "presence_penalty", "frequency_penalty", "logit_bias"};
+    "parallel_tool_calls", "presence_penalty", "frequency_penalty", "logit_bias",
+    "repetition_penalty", "min_p"};
 constexpr const char* kCompletionFields[] = {
     "model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "n",
     "stream", "stream_options", "user", "logprobs", "echo", "best_of", "suffix",
-    "presence_penalty", "frequency_penalty", "logit_bias"};
+    "presence_penalty", "frequency_penalty", "logit_bias", "repetition_penalty", "min_p"};
 
 // A known field the server does not do, when the value asks for it (null, false, 0, an
 // empty list or the default asks for nothing).
@@ -116,12 +118,6 @@ std::optional<ApiError> Unsupported(const std::string& key, const json& v) {
     if (!v.is_object() || !v.contains("type") || v["type"] != "text" || v.size() != 1) {
       return refuse("answers are plain text ({\"type\": \"text\"})");
     }
-  } else if (key == "presence_penalty" || key == "frequency_penalty") {
-    if (!v.is_number()) return WrongType(key, "a number", v);
-    if (v.get<double>() != 0.0) return refuse("no penalties (0)");
-  } else if (key == "logit_bias") {
-    if (!v.is_object()) return WrongType(key, "an object", v);
-    if (!v.empty()) return refuse("no logit bias");
   } else if (key == "suffix") {
     return refuse("no insertion after a suffix");
   } else if (key == "user" || key == "model") {
@@ -281,6 +277,49 @@ std::variant<std::vector<int32_t>, ApiError> CompletionPrompt(const json& prompt
   return *std::move(ids);
 }
 
+// OpenAI's logit_bias: an object mapping token ids (as strings) to biases in
+// [-kMaxBias, kMaxBias], at most ops::kMaxLogitBias of them, each id once.
+using LogitBiases = std::vector<std::pair<int32_t, float>>;
+std::variant<std::optional<LogitBiases>, ApiError> LogitBias(const json& body,
+                                                             int64_t vocab_size) {
+  if (!body.contains("logit_bias") || body["logit_bias"].is_null()) {
+    return std::optional<LogitBiases>();
+  }
+  const json& v = body["logit_bias"];
+  if (!v.is_object()) return WrongType("logit_bias", "an object of token ids to numbers", v);
+  if (v.size() > static_cast<size_t>(ops::kMaxLogitBias)) {
+    return Bad("logit_bias", absl::StrCat("'logit_bias' holds at most ", ops::kMaxLogitBias,
+                                          " token ids, got ", v.size()));
+  }
+  LogitBiases out;
+  for (const auto& [key, value] : v.items()) {
+    int64_t id = -1;
+    if (key.empty() || key.size() > 10 ||
+        !std::all_of(key.begin(), key.end(), [](char ch) { return ch >= '0' && ch <= '9'; }) ||
+        !absl::SimpleAtoi(key, &id) || id >= vocab_size) {
+      return Bad("logit_bias", absl::StrCat("'logit_bias' keys must be token ids in [0, ",
+                                            vocab_size, "), got '", key, "'"));
+    }
+    if (!value.is_number()) {
+      return Bad("logit_bias", absl::StrCat("'logit_bias' values must be numbers, not ",
+                                            TypeName(value), " (token ", id, ")"));
+    }
+    const double bias = value.get<double>();
+    if (!(bias >= -Penalties::kMaxBias && bias <= Penalties::kMaxBias)) {
+      return Bad("logit_bias", absl::StrCat("'logit_bias' values must be in [",
+                                            -Penalties::kMaxBias, ", ", Penalties::kMaxBias,
+                                            "], got ", value.dump(), " (token ", id, ")"));
+    }
+    for (const auto& [seen, b] : out) {
+      if (seen == id) {
+        return Bad("logit_bias", absl::StrCat("'logit_bias' names token ", id, " twice"));
+      }
+    }
+    out.emplace_back(static_cast<int32_t>(id), static_cast<float>(bias));
+  }
+  return std::optional<LogitBiases>(std::move(out));
+}
+
 std::variant<std::vector<std::string>, ApiError> StopStrings(const json& body) {
   std::vector<std::string> stop;
   if (!body.contains("stop") || body["stop"].is_null()) return stop;
@@ -300,11 +339,7 @@ std::variant<std::vector<std::string>, ApiError> StopStrings(const json& body) {
     return WrongType("stop", "a string or an array of strings", v);
   }
   for (const std::string& s : stop) {
-    if (s.empty() || s.size() > kMaxStopBytes) {
-      return Bad("stop", absl::StrCat("each stop string must hold 1 to ", kMaxStopBytes,
-                                      " bytes, got ", s.size()));
-    }
-    if (Utf8Lossy(s) != s) return Bad("stop", "a stop string is not valid UTF-8");
+    if (absl::Status st = CheckStopString(s); !st.ok()) return Bad("stop", st.message());
   }
   return stop;
 }
@@ -411,6 +446,37 @@ std::variant<CompletionRequest, ApiError> ParseCompletionRequest(Endpoint endpoi
         t, static_cast<int32_t>(std::get<std::optional<int64_t>>(top_k).value_or(limits.top_k)),
         static_cast<float>(std::get<std::optional<double>>(top_p).value_or(limits.top_p))};
   }
+  // Penalties, each the server's default where the request gives none.
+  Penalties& penalties = r.sampling.penalties;
+  penalties = limits.penalties;
+  const double max_penalty = Penalties::kMaxPenalty;
+  const struct {
+    const char* key;
+    float Penalties::*field;
+    double lo, hi;
+    bool lo_open;
+  } penalty_fields[] = {
+      {"presence_penalty", &Penalties::presence, -max_penalty, max_penalty, false},
+      {"frequency_penalty", &Penalties::frequency, -max_penalty, max_penalty, false},
+      {"repetition_penalty", &Penalties::repetition, 0.0, std::numeric_limits<float>::max(),
+       true},
+      {"min_p", &Penalties::min_p, 0.0, 1.0, false},
+  };
+  for (const auto& f : penalty_fields) {
+    auto value = Number(body, f.key, f.lo, f.hi, f.lo_open);
+    if (auto* e = std::get_if<ApiError>(&value)) return *e;
+    if (const auto& x = std::get<std::optional<double>>(value)) {
+      penalties.*f.field = static_cast<float>(*x);
+    }
+  }
+  auto bias = LogitBias(body, model.vocab_size);
+  if (auto* e = std::get_if<ApiError>(&bias)) return *e;
+  if (auto& b = std::get<std::optional<LogitBiases>>(bias)) penalties.logit_bias = std::move(*b);
+  // What the session checks again; every field was checked above, so a refusal here is of
+  // the logit biases (ids past what the device's floats hold exactly).
+  if (absl::Status st = CheckPenalties(penalties, model.vocab_size); !st.ok()) {
+    return Bad("logit_bias", st.message());
+  }
   if (const auto& s = std::get<std::optional<int64_t>>(seed); s.has_value()) {
     // Any 64-bit seed is taken; the session's seeds are 32 bits.
     r.seed = static_cast<int32_t>(static_cast<uint32_t>(static_cast<uint64_t>(*s)));
@@ -437,50 +503,6 @@ std::variant<CompletionRequest, ApiError> ParseCompletionRequest(Endpoint endpoi
     }
   }
   return r;
-}
-
-std::string StopMatcher::Push(absl::string_view text) {
-  if (stopped_) return "";
-  held_.append(text.data(), text.size());
-  // The stop string that completes first ends the text where it begins (of two that
-  // complete together, the longer): a server stops the moment one is complete, before it
-  // could know of a longer one that began earlier and would have completed later.
-  size_t first = std::string::npos, first_end = std::string::npos;
-  for (const std::string& s : stops_) {
-    const size_t at = held_.find(s);
-    if (at == std::string::npos) continue;
-    const size_t end = at + s.size();
-    if (end < first_end || (end == first_end && at < first)) {
-      first = at;
-      first_end = end;
-    }
-  }
-  if (first != std::string::npos) {
-    stopped_ = true;
-    std::string out = held_.substr(0, first);
-    held_.clear();
-    return out;
-  }
-  // Hold back the longest end of the text that begins some stop string.
-  size_t hold = 0;
-  for (const std::string& s : stops_) {
-    for (size_t k = std::min(s.size() - 1, held_.size()); k > hold; --k) {
-      if (held_.compare(held_.size() - k, k, s, 0, k) == 0) {
-        hold = k;
-        break;
-      }
-    }
-  }
-  std::string out = held_.substr(0, held_.size() - hold);
-  held_.erase(0, held_.size() - hold);
-  return out;
-}
-
-std::string StopMatcher::Finish() {
-  std::string out;
-  if (!stopped_) out.swap(held_);
-  held_.clear();
-  return out;
 }
 
 json UsageJson(const Usage& u) {

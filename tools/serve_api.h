@@ -1,8 +1,8 @@
 // The OpenAI API of `stepgraph serve`, without HTTP: a request body checked field by field
 // and turned into prompt ids and generation parameters (or an OpenAI-shaped error naming
-// the field), stop strings matched on the text as it streams, and the response objects.
-// Anything the server does not do (n > 1, logprobs, tools, penalties, ...) is refused, never
-// ignored; a field it does not know is refused as OpenAI refuses one.
+// the field) and the response objects (stop strings: tools/stop_matcher.h).
+// Anything the server does not do (n > 1, logprobs, tools, ...) is refused, never ignored;
+// a field it does not know is refused as OpenAI refuses one.
 #ifndef STEPGRAPH_TOOLS_SERVE_API_H_
 #define STEPGRAPH_TOOLS_SERVE_API_H_
 
@@ -17,6 +17,7 @@
 #include "stepgraph/runtime/session.h"
 #include "stepgraph/text/tokenizer.h"
 #include "tools/conversation.h"
+#include "tools/stop_matcher.h"
 
 namespace sg::cli {
 
@@ -40,9 +41,9 @@ struct RequestLimits {
   float temperature = 0.0f;
   float top_p = 1.0f;
   int32_t top_k = 0;
+  // Each penalty a request does not give (the server's --repeat-penalty, ...; checked).
+  Penalties penalties;
 };
-inline constexpr int kMaxStopStrings = 4;
-inline constexpr size_t kMaxStopBytes = 256;
 
 // The model's text side: its tokenizer, its chat template (without a system message;
 // null when the model has none) and the ids that end a sequence.
@@ -51,13 +52,16 @@ struct ServeModel {
   const Conversation* conversation = nullptr;
   std::string name;  // the model id the API reports
   std::vector<int32_t> stop_ids;
+  int64_t vocab_size = 0;  // the model's logits: the ids logit_bias may name
 };
 
 struct CompletionRequest {
   Endpoint endpoint = Endpoint::kChat;
   std::vector<int32_t> prompt;
   int64_t max_tokens = 0;
-  SlotSampling sampling;           // greedy when sampling.sample is empty
+  // Greedy when sampling.sample is empty. Penalties: OpenAI's presence_penalty,
+  // frequency_penalty and logit_bias, and vLLM's repetition_penalty and min_p.
+  SlotSampling sampling;
   std::optional<int32_t> seed;     // empty: the server draws one
   std::vector<std::string> stop;   // at most kMaxStopStrings, none empty
   bool stream = false;
@@ -69,26 +73,6 @@ std::variant<CompletionRequest, ApiError> ParseCompletionRequest(Endpoint endpoi
                                                                  absl::string_view body,
                                                                  const ServeModel& model,
                                                                  const RequestLimits& limits);
-
-// Stop strings matched across token boundaries on the decoded text. Push returns the text
-// that can be sent: the longest end of the text so far that could still begin a stop
-// string is held back, and once a stop string is complete (the first to complete; of two
-// completing at the same character, the longer) nothing from its start on is ever
-// returned. In time linear in the text times the stop strings' total length.
-class StopMatcher {
- public:
-  explicit StopMatcher(std::vector<std::string> stops) : stops_(std::move(stops)) {}
-  // The text that follows `text` safely; sets stopped() when a stop string completed.
-  std::string Push(absl::string_view text);
-  // The held text, at the end of the sequence (no stop string can complete any more).
-  std::string Finish();
-  bool stopped() const { return stopped_; }
-
- private:
-  std::vector<std::string> stops_;
-  std::string held_;
-  bool stopped_ = false;
-};
 
 // The response objects (OpenAI's shapes). `id` is "chatcmpl-N" or "cmpl-N".
 struct ResponseHead {

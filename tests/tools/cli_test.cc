@@ -83,15 +83,18 @@ std::vector<int32_t> PrintedIds(const std::string& out, const std::string& label
 }
 
 std::vector<int32_t> SessionIds(const std::vector<int32_t>& prompt, int64_t n,
-                                std::optional<ops::Sample> sampling, int32_t seed) {
+                                std::optional<ops::Sample> sampling, int32_t seed,
+                                const Penalties& penalties = {}) {
   SessionOptions o;
   o.backend = Backend::kCpu;
   o.max_seq = static_cast<int64_t>(prompt.size()) + n;
   o.sampling = sampling;
+  o.penalties = !penalties.neutral();
   absl::StatusOr<std::unique_ptr<DecodeSession>> s = DecodeSession::Create(o);
   EXPECT_TRUE(s.ok()) << s.status();
   if (!s.ok()) return {};
-  EXPECT_TRUE((*s)->Prefill(0, prompt, seed).ok());
+  const PrefillRequest r{0, prompt, seed, SlotSampling{sampling, penalties}};
+  EXPECT_TRUE((*s)->Prefill(absl::MakeConstSpan(&r, 1)).ok());
   absl::StatusOr<std::vector<int32_t>> ids = (*s)->Generate(0, n);
   EXPECT_TRUE(ids.ok()) << ids.status();
   return ids.ok() ? *ids : std::vector<int32_t>{};
@@ -137,6 +140,15 @@ TEST(CliTest, BadArgumentsExitTwoWithOneErrorLineAndAHint) {
       {"run --text hi", "--text is not an option of 'run'"},
       {"--model-preset llama-9", "unknown preset 'llama-9'"},
       {"run --max-new-tokens 600", "max_position_embeddings (512)"},
+      {"run --repeat-penalty 0", "--repeat-penalty: repetition must be finite and > 0"},
+      {"chat --presence-penalty 3", "--presence-penalty: presence must be in [-2, 2]"},
+      {"run --min-p x", "--min-p: expected a number, got 'x'"},
+      {"run --logit-bias 7", "--logit-bias: expected ID=BIAS"},
+      {"run --logit-bias 5000=1",
+       "--logit-bias: logit bias 0 is for id 5000, outside the vocabulary [0, 1024)"},
+      {"chat --logit-bias 3=1 --logit-bias 3=2", "--logit-bias: id 3 has two logit biases"},
+      {"run --stop x", "--stop matches the answer's text"},
+      {"chat --stop x", "--stop matches the answer's text"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.args);
@@ -181,6 +193,38 @@ TEST(CliTest, SampledBatchRunUsesOneSeedPerSequence) {
   const ops::Sample sample{0.8f, 40, 0.9f};
   EXPECT_EQ(PrintedIds(r.out, "sequence 0"), SessionIds({9, 8, 7}, 5, sample, 11)) << r.out;
   EXPECT_EQ(PrintedIds(r.out, "sequence 1"), SessionIds({9, 8, 7}, 5, sample, 12)) << r.out;
+}
+
+// The penalty flags reach the session: run prints the ids of a session given the same
+// penalties (greedy and sampled), and a bias of 100 forces its id at every step.
+TEST(CliTest, PenaltyFlagsGiveTheSessionsIds) {
+  Penalties p;
+  p.repetition = 1.5f;
+  p.presence = 0.5f;
+  p.frequency = 0.75f;
+  p.logit_bias = {{11, 3.0f}, {5, -100.0f}};
+  const std::string flags =
+      " --repeat-penalty 1.5 --presence-penalty 0.5 --frequency-penalty 0.75 --logit-bias 11=3 "
+      "--logit-bias=5=-100";
+  const Result greedy = RunProgram("run --cpu --prompt-ids 3,1,4,1,5 --max-new-tokens 12" + flags);
+  ASSERT_EQ(greedy.exit_code, 0) << greedy.err;
+  const std::vector<int32_t> want = SessionIds({3, 1, 4, 1, 5}, 12, std::nullopt, 0, p);
+  EXPECT_EQ(PrintedIds(greedy.out, "generated"), want) << greedy.out;
+  EXPECT_NE(want, SessionIds({3, 1, 4, 1, 5}, 12, std::nullopt, 0)) << "the penalties count";
+
+  p.min_p = 0.2f;
+  const ops::Sample sample{1.2f, 0, 1.0f};
+  const Result sampled = RunProgram(
+      "run --cpu --prompt-ids 9,8,7 --max-new-tokens 8 --batch 2 --temperature 1.2 --seed 4 "
+      "--min-p 0.2" + flags);
+  ASSERT_EQ(sampled.exit_code, 0) << sampled.err;
+  EXPECT_EQ(PrintedIds(sampled.out, "sequence 0"), SessionIds({9, 8, 7}, 8, sample, 4, p));
+  EXPECT_EQ(PrintedIds(sampled.out, "sequence 1"), SessionIds({9, 8, 7}, 8, sample, 5, p));
+
+  const Result forced =
+      RunProgram("run --cpu --prompt-ids 3,1,4 --max-new-tokens 6 --logit-bias 77=100");
+  ASSERT_EQ(forced.exit_code, 0) << forced.err;
+  EXPECT_EQ(PrintedIds(forced.out, "generated"), std::vector<int32_t>(6, 77)) << forced.out;
 }
 
 TEST(CliTest, DefaultRunNeedsNoArguments) {
@@ -488,6 +532,15 @@ TEST(CliChatTest, GpuChatGivesTheCpuReferenceAnswers) {
   EXPECT_TRUE(absl::StrContains(gpu.err, "replayed CUDA graphs; batch buckets 1")) << gpu.err;
 }
 
+// The chat's penalties hold from turn to turn (Append keeps the slot's): a bias of 100
+// forces its id in every answer.
+TEST(CliChatTest, PenaltiesHoldAcrossTurns) {
+  const Result r =
+      RunProgram("chat --cpu --max-new-tokens 4 --logit-bias 42=100", "3,1,4\n9,2\n/reset\n5\n");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out, "42,42,42,42\n42,42,42,42\n42,42,42,42\n") << r.err;
+}
+
 TEST(CliChatTest, BadTurnsAreNotSentAndTheChatGoesOn) {
   // A turn that is not ids, an id outside the vocabulary, an unknown command, then a turn
   // that does not fit a 16-position cache after the first turn and answer hold 11.
@@ -545,6 +598,77 @@ TEST(CliChatTest, SmolLM2ChatsThroughItsTemplateKeepingTheHistory) {
   EXPECT_EQ(NumbersAfter(r.err, "the turn's "), (std::vector<int64_t>{start, next, start}))
       << r.err;
   EXPECT_LT(next, start) << "the second turn prefills only itself";
+}
+
+// --stop with the real model: a stop string that begins in one generated token and ends in
+// the next is not printed, and generation ends with the token that completes it (the
+// timing line counts the tokens made). The generated ids come from a run of the same
+// prompt as ids, each decoded alone.
+TEST(CliTest, AStopStringAcrossTokensEndsTheTextUnprinted) {
+  if (!HaveSmolLM2()) GTEST_SKIP() << "SmolLM2 not fetched (tests/fixtures/fetch_smollm2.sh)";
+  const std::string model = "run --cpu --model '" + SmolLM2Path() + "' --ignore-eos";
+  const std::string prompt = "Once upon a time";
+  const Result whole = RunProgram(model + " --max-new-tokens 16 --prompt '" + prompt + "'");
+  ASSERT_EQ(whole.exit_code, 0) << whole.err;
+  absl::StatusOr<std::unique_ptr<Tokenizer>> tok = LoadModelTokenizer(SmolLM2Path());
+  ASSERT_TRUE(tok.ok()) << tok.status();
+  absl::StatusOr<std::vector<int32_t>> prompt_ids = (*tok)->Encode(prompt);
+  ASSERT_TRUE(prompt_ids.ok()) << prompt_ids.status();
+  const Result ids = RunProgram(model + " --max-new-tokens 16 --prompt-ids " +
+                                absl::StrJoin(*prompt_ids, ","));
+  ASSERT_EQ(ids.exit_code, 0) << ids.err;
+  const std::vector<int32_t> generated = PrintedIds(ids.out, "generated");
+  ASSERT_EQ(generated.size(), 16u) << ids.out;
+  std::vector<std::string> pieces;
+  std::string text;
+  for (int32_t id : generated) {
+    absl::StatusOr<std::string> piece = (*tok)->Decode({id}, {.skip_special = true});
+    ASSERT_TRUE(piece.ok()) << piece.status();
+    pieces.push_back(*piece);
+    text += *piece;
+  }
+  ASSERT_EQ(text + "\n", whole.out) << "the same ids";
+  // The first two tokens of at least two characters each whose boundary the stop string
+  // straddles, where it does not appear earlier.
+  std::string stop;
+  size_t cut = 0, made = 0;
+  for (size_t i = 0, at = 0; i + 1 < pieces.size(); at += pieces[i].size(), ++i) {
+    const size_t end = at + pieces[i].size();  // where piece i+1 begins
+    if (pieces[i].size() < 2 || pieces[i + 1].size() < 2) continue;
+    const std::string s = pieces[i].substr(pieces[i].size() - 2) + pieces[i + 1].substr(0, 2);
+    if (text.find(s) != end - 2) continue;
+    stop = s;
+    cut = end - 2;
+    made = i + 2;
+    break;
+  }
+  ASSERT_FALSE(stop.empty()) << "no two neighbouring tokens to cut across in '" << text << "'";
+  const Result stopped = RunProgram(model + " --max-new-tokens 16 --prompt '" + prompt +
+                                    "' --stop 'never there' --stop '" + stop + "'");
+  ASSERT_EQ(stopped.exit_code, 0) << stopped.err;
+  EXPECT_EQ(stopped.out, text.substr(0, cut) + "\n") << "stop '" << stop << "'";
+  EXPECT_TRUE(absl::StrContains(stopped.err, "timing: " + std::to_string(made) + " tokens made"))
+      << stopped.err;
+}
+
+// The chat's answer ends at a stop string, which is not printed, and the chat goes on.
+TEST(CliChatTest, AStopStringEndsTheAnswerAndTheChatGoesOn) {
+  if (!HaveSmolLM2()) GTEST_SKIP() << "SmolLM2 not fetched (tests/fixtures/fetch_smollm2.sh)";
+  const std::string chat = "chat --cpu --model '" + SmolLM2Path() + "' --max-new-tokens 12";
+  const std::string turns = "What is the capital of France?\nAnd of Italy?\n";
+  const Result plain = RunProgram(chat, turns);
+  ASSERT_EQ(plain.exit_code, 0) << plain.err;
+  const std::vector<std::string> answers = Lines(plain.out);
+  ASSERT_EQ(answers.size(), 2u) << plain.out;
+  const size_t at = answers[0].find("aris");
+  ASSERT_NE(at, std::string::npos) << answers[0];
+  const Result r = RunProgram(chat + " --verbose --stop aris", turns);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const std::vector<std::string> cut = Lines(r.out);
+  ASSERT_EQ(cut.size(), 2u) << r.out;
+  EXPECT_EQ(cut[0], answers[0].substr(0, at));
+  EXPECT_TRUE(absl::StrContains(r.err, "(ended at a --stop string)")) << r.err;
+  EXPECT_FALSE(cut[1].empty()) << "the next turn is answered";
 }
 
 // A GGUF file that fails to load gets a hint about GGUF files, not the one about model

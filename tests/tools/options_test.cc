@@ -116,6 +116,87 @@ TEST(OptionsTest, ValuesAreParsedForTheCommandNamed) {
   EXPECT_TRUE(o->help);
 }
 
+// The penalty flags and --stop: values reach the options (logit biases and stop strings
+// repeat), and each bad value is refused with CheckPenalties' reason said of the flag.
+TEST(OptionsTest, PenaltiesAndStopStringsAreParsedAndChecked) {
+  absl::StatusOr<Options> o = Parse(
+      {"run", "--repeat-penalty", "1.3", "--presence-penalty=-0.5", "--frequency-penalty", "2",
+       "--min-p", "0.05", "--logit-bias", "17=-100", "--logit-bias=3=2.5", "--stop", "\n\n",
+       "--stop", "User:", "--prompt", "hi"});
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_FLOAT_EQ(o->penalties.repetition, 1.3f);
+  EXPECT_FLOAT_EQ(o->penalties.presence, -0.5f);
+  EXPECT_FLOAT_EQ(o->penalties.frequency, 2.0f);
+  EXPECT_FLOAT_EQ(o->penalties.min_p, 0.05f);
+  EXPECT_EQ(o->penalties.logit_bias,
+            (std::vector<std::pair<int32_t, float>>{{17, -100.0f}, {3, 2.5f}}));
+  EXPECT_EQ(o->stop, (std::vector<std::string>{"\n\n", "User:"}));
+  EXPECT_FALSE(o->penalties.neutral());
+  o = Parse({"chat", "--repeat-penalty", "1", "--min-p", "0"});
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_TRUE(o->penalties.neutral()) << "the neutral values ask for no penalties";
+  o = Parse({"serve", "--presence-penalty", "0.25", "--logit-bias", "5=1"});
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_FLOAT_EQ(o->penalties.presence, 0.25f);
+
+  ExpectRefused({"run", "--repeat-penalty", "0"},
+                "--repeat-penalty: repetition must be finite and > 0 (1: off), got 0");
+  ExpectRefused({"run", "--repeat-penalty", "inf"}, "--repeat-penalty: repetition must be");
+  ExpectRefused({"run", "--repeat-penalty", "x"}, "--repeat-penalty: expected a number, got 'x'");
+  ExpectRefused({"chat", "--presence-penalty", "2.5"},
+                "--presence-penalty: presence must be in [-2, 2] (0: off), got 2.5");
+  ExpectRefused({"run", "--frequency-penalty", "-3"}, "--frequency-penalty: frequency must be");
+  ExpectRefused({"run", "--frequency-penalty", "nan"}, "--frequency-penalty: ");
+  ExpectRefused({"run", "--min-p", "1.5"}, "--min-p: min_p must be in [0, 1]");
+  ExpectRefused({"serve", "--min-p", "-0.1"}, "--min-p: min_p must be in [0, 1]");
+  ExpectRefused({"run", "--logit-bias", "17"}, "--logit-bias: expected ID=BIAS");
+  ExpectRefused({"run", "--logit-bias", "x=1"}, "--logit-bias: expected an integer");
+  ExpectRefused({"run", "--logit-bias", "-1=1"}, "--logit-bias: expected an integer in [0,");
+  ExpectRefused({"run", "--logit-bias", "5=abc"}, "--logit-bias: expected a number, got 'abc'");
+  ExpectRefused({"run", "--logit-bias", "5=101"}, "must be in [-100, 100], got 101");
+  ExpectRefused({"run", "--logit-bias", "5=1", "--logit-bias", "5=2"},
+                "--logit-bias: id 5 has two logit biases");
+  std::vector<std::string> many;
+  for (int i = 0; i <= ops::kMaxLogitBias; ++i) {
+    many.push_back("--logit-bias=" + std::to_string(i) + "=1");
+  }
+  std::vector<const char*> args = {"run"};
+  for (const std::string& a : many) args.push_back(a.c_str());
+  ExpectRefused(args, "--logit-bias: at most 64 logit biases, got 65");
+  args.pop_back();
+  EXPECT_TRUE(Parse(args).ok()) << "64 are taken";
+
+  ExpectRefused({"run", "--stop", ""}, "--stop: each stop string must hold 1 to 256 bytes, got 0");
+  ExpectRefused({"run", "--stop", "\xff"}, "--stop: a stop string is not valid UTF-8");
+  ExpectRefused({"run", "--prompt", "x", "--stop", "a", "--stop", "b", "--stop", "c", "--stop",
+                 "d", "--stop", "e"},
+                "--stop: at most 4 stop strings");
+  ExpectRefused({"serve", "--stop", "a"}, "--stop is not an option of 'serve'");
+  // --stop matches text: the built-in model's ids have none.
+  ExpectRefused({"run", "--stop", "a"}, "--stop matches the answer's text");
+  ExpectRefused({"run", "--prompt-ids", "1,2", "--stop", "a"}, "--stop matches the answer's text");
+  ExpectRefused({"chat", "--stop", "a"}, "--stop matches the answer's text");
+}
+
+// With the model's vocabulary the logit biases' ids are checked too, the error naming the
+// flag.
+TEST(OptionsTest, PenaltyFlagsAreCheckedAgainstTheVocabulary) {
+  Penalties p;
+  EXPECT_TRUE(CheckPenaltyFlags(p, 1024).ok());
+  p.logit_bias = {{3, 1.0f}, {1023, -1.0f}};
+  EXPECT_TRUE(CheckPenaltyFlags(p, 1024).ok());
+  p.logit_bias.push_back({1024, 5.0f});
+  absl::Status st = CheckPenaltyFlags(p, 1024);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StartsWith(st.message(), "--logit-bias: logit bias 2 is for id 1024, outside "
+                                             "the vocabulary [0, 1024)"))
+      << st.message();
+  p.logit_bias.clear();
+  p.min_p = 2.0f;
+  st = CheckPenaltyFlags(p, 1024);
+  EXPECT_TRUE(absl::StartsWith(st.message(), "--min-p: ")) << st.message();
+}
+
 TEST(OptionsTest, TheEnvironmentMapsOntoOptionsAndFlagsOverrideIt) {
   absl::StatusOr<Options> o = Parse({"run"}, {{"STEPGRAPH_EAGER", "1"},
                                               {"STEPGRAPH_PDL", "0"},

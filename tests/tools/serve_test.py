@@ -3,13 +3,15 @@
 
 The `openai` Python client streams and does not stream a chat and a completion; 8
 concurrent greedy requests answer what the same prompts answer one at a time (and what
-`stepgraph run` answers), in fewer decode steps; stop strings that cross token boundaries
-end the text and are never sent; a client that goes away mid-stream frees its slot at
-once; a full queue answers 503 with Retry-After; every row of the malformed-request table
-gets its status and an OpenAI-shaped error naming the field; a load run of 200 requests,
-16 at a time, is all answered with the slots back to zero and the memory flat; SIGTERM lets
-the request in flight finish and exits 0. Skipped, saying why, where
-tests/fixtures/fetch_smollm2.sh has not fetched the model or the program has no HTTP.
+`stepgraph run` answers), in fewer decode steps; presence_penalty, frequency_penalty and
+logit_bias change the answer (a bias of 100 forces its token); stop strings that cross
+token boundaries end the text and are never sent; a client that goes away mid-stream frees
+its slot at once; a full queue answers 503 with Retry-After; every row of the
+malformed-request table gets its status and an OpenAI-shaped error naming the field; a
+load run of 200 requests, 16 at a time, is all answered with the slots back to zero and
+the memory flat; SIGTERM lets the request in flight finish and exits 0. Skipped, saying
+why, where tests/fixtures/fetch_smollm2.sh has not fetched the model or the program has no
+HTTP.
 
     serve_test.py STEPGRAPH_PROGRAM [http|no-http]   (what the build found; CMake passes it)
 
@@ -49,6 +51,7 @@ class Server:
 
     def __init__(self, program, model, *flags):
         argv = [program, "serve", "--model", model, "--port", "0", *flags]
+        self.program, self.model = program, model
         env = dict(os.environ)
         if "ASAN_OPTIONS" in env:
             # AddressSanitizer keeps freed memory aside (256 MiB by default), which would read
@@ -216,6 +219,8 @@ def openai_client(server):
     text = "".join(c.choices[0].text for c in streamed if c.choices)
     check(text == done.choices[0].text, f"a streamed completion: {text!r}")
 
+    penalties(client, model, server)
+
     try:
         client.chat.completions.create(model=model, messages=messages, n=2)
         check(False, "n = 2 is refused")
@@ -229,6 +234,29 @@ def openai_client(server):
         pass
     print("openai client: chat and completions, streamed and not: ok", flush=True)
     return answer
+
+
+def penalties(client, model, server):
+    """One request with presence_penalty, frequency_penalty and logit_bias: a bias of 100
+    forces its token at every step; the penalties alone change a greedy answer."""
+    out = subprocess.run([server.program, "tokenize", "--model", server.model, "--text",
+                          " Paris"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    ids = [int(i) for i in out.stdout.strip().split(",")]
+    check(len(ids) == 1, f"' Paris' is one token: {ids}")
+    prompt = "Once upon a time"
+    forced = client.completions.create(model=model, prompt=prompt, max_tokens=4, temperature=0,
+                                       presence_penalty=0.5, frequency_penalty=0.5,
+                                       logit_bias={str(ids[0]): 100})
+    check(forced.choices[0].text == " Paris" * 4, f"logit_bias forces ' Paris': {forced}")
+    plain = client.completions.create(model=model, prompt=prompt, max_tokens=16, temperature=0)
+    penalized = client.completions.create(model=model, prompt=prompt, max_tokens=16,
+                                          temperature=0, presence_penalty=1.5,
+                                          frequency_penalty=1.5)
+    check(penalized.choices[0].text != plain.choices[0].text,
+          f"the penalties change the answer: {penalized.choices[0].text!r} against "
+          f"{plain.choices[0].text!r}")
+    print("presence_penalty, frequency_penalty and logit_bias: ok", flush=True)
 
 
 # ---- batching ----------------------------------------------------------------------------
@@ -416,8 +444,17 @@ TABLE = [
     ("logprobs", CHAT, {"messages": USER, "logprobs": True}, {}, 400, "logprobs", "not supported"),
     ("tools", CHAT, {"messages": USER, "tools": [{"type": "function", "function": {"name": "f"}}]},
      {}, 400, "tools", "not supported"),
-    ("a penalty", CHAT, {"messages": USER, "presence_penalty": 0.5}, {}, 400, "presence_penalty",
-     "not supported"),
+    ("presence_penalty 3", CHAT, {"messages": USER, "presence_penalty": 3}, {}, 400,
+     "presence_penalty", "[-2, 2]"),
+    ("logit_bias a list", CHAT, {"messages": USER, "logit_bias": [1]}, {}, 400, "logit_bias",
+     "object"),
+    ("a logit_bias id out of range", CHAT, {"messages": USER, "logit_bias": {"999999": 1}}, {},
+     400, "logit_bias", "token ids"),
+    ("a logit_bias of 200", COMP, {"prompt": "x", "logit_bias": {"5": 200}}, {}, 400,
+     "logit_bias", "[-100, 100]"),
+    ("repetition_penalty 0", COMP, {"prompt": "x", "repetition_penalty": 0}, {}, 400,
+     "repetition_penalty", "(0,"),
+    ("min_p 2", COMP, {"prompt": "x", "min_p": 2}, {}, 400, "min_p", "[0, 1]"),
     ("json mode", CHAT, {"messages": USER, "response_format": {"type": "json_object"}}, {}, 400,
      "response_format", "not supported"),
     ("an unknown field", CHAT, {"messages": USER, "frobnicate": 1}, {}, 400, "frobnicate",
