@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <system_error>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -69,7 +70,8 @@ constexpr PenaltyFlag kPenaltyFlags[] = {
 };
 
 // CheckPenalties of what `flag` sets of `p`, the rest neutral; the message without its
-// "penalties: " (the flag's name goes before it).
+// "penalties: " (the flag's name goes before it), nor the index of a logit bias (the
+// message names its id).
 absl::Status CheckPenaltyFlag(const PenaltyFlag& flag, const Penalties& p, int64_t vocab_size) {
   Penalties alone;
   flag.copy(p, alone);
@@ -77,6 +79,10 @@ absl::Status CheckPenaltyFlag(const PenaltyFlag& flag, const Penalties& p, int64
   if (st.ok()) return st;
   absl::string_view message = st.message();
   absl::ConsumePrefix(&message, "penalties: ");
+  if (absl::ConsumePrefix(&message, "logit bias ")) {
+    while (!message.empty() && absl::ascii_isdigit(message[0])) message.remove_prefix(1);
+    return absl::Status(st.code(), absl::StrCat("the logit bias", message));
+  }
   return absl::Status(st.code(), message);
 }
 
@@ -260,7 +266,7 @@ const Flag kFlags[] = {
      nullptr, EnvRule::kNone,
      [](S v, O& o) { return SetPenalty<&Penalties::presence>("--presence-penalty", v, o); }},
     {"--frequency-penalty", nullptr, "F", kSampling, false,
-     "subtract F times the times each id was generated so far from its logit (OpenAI's "
+     "subtract from the logit of an id F for every time it was generated so far (OpenAI's "
      "frequency_penalty; in [-2, 2], default 0: off)",
      nullptr, EnvRule::kNone,
      [](S v, O& o) { return SetPenalty<&Penalties::frequency>("--frequency-penalty", v, o); }},

@@ -145,7 +145,7 @@ TEST(CliTest, BadArgumentsExitTwoWithOneErrorLineAndAHint) {
       {"run --min-p x", "--min-p: expected a number, got 'x'"},
       {"run --logit-bias 7", "--logit-bias: expected ID=BIAS"},
       {"run --logit-bias 5000=1",
-       "--logit-bias: logit bias 0 is for id 5000, outside the vocabulary [0, 1024)"},
+       "--logit-bias: the logit bias is for id 5000, outside the vocabulary [0, 1024)"},
       {"chat --logit-bias 3=1 --logit-bias 3=2", "--logit-bias: id 3 has two logit biases"},
       {"run --stop x", "--stop matches the answer's text"},
       {"chat --stop x", "--stop matches the answer's text"},
