@@ -227,6 +227,23 @@ TEST(CliTest, PenaltyFlagsGiveTheSessionsIds) {
   EXPECT_EQ(PrintedIds(forced.out, "generated"), std::vector<int32_t>(6, 77)) << forced.out;
 }
 
+// On a GPU (skipped without one) the penalties run in the replayed step and give the CPU
+// reference's ids.
+TEST(CliTest, GpuPenaltiesGiveTheCpuReferenceIds) {
+  if (!CudaDeviceFound()) GTEST_SKIP() << "no CUDA device";
+  const std::string args =
+      "run --prompt-ids 3,1,4,1,5 --max-new-tokens 16 --batch 2 --repeat-penalty 1.5 "
+      "--presence-penalty 0.5 --frequency-penalty 0.75 --logit-bias 11=3 --logit-bias 5=-100";
+  const Result cpu = RunProgram(args + " --cpu");
+  const Result gpu = RunProgram(args);
+  ASSERT_EQ(cpu.exit_code, 0) << cpu.err;
+  ASSERT_EQ(gpu.exit_code, 0) << gpu.err;
+  EXPECT_EQ(PrintedIds(gpu.out, "sequence 0"), PrintedIds(cpu.out, "sequence 0"));
+  EXPECT_EQ(PrintedIds(gpu.out, "sequence 1"), PrintedIds(cpu.out, "sequence 1"));
+  EXPECT_EQ(PrintedIds(gpu.out, "sequence 0").size(), 16u) << gpu.out;
+  EXPECT_TRUE(absl::StrContains(gpu.out, "replayed")) << gpu.out;
+}
+
 TEST(CliTest, DefaultRunNeedsNoArguments) {
   const Result r = RunProgram("");
   ASSERT_EQ(r.exit_code, 0) << r.err;
