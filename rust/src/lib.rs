@@ -323,8 +323,8 @@ fn flags_ptr(function: &str, flags: &mut ErrorFlags<'_>) -> Result<*mut u32> {
 
 pub mod kernels;
 mod session;
-pub use session::{Backend, ChatMessage, EncodeOptions, Sampling, Session, SessionInfo,
-                  SessionOptions};
+pub use session::{Backend, ChatMessage, EncodeOptions, Sampling, SamplingOptions, Session,
+                  SessionInfo, SessionOptions};
 
 /// Host only: the head_dim / 2 RoPE inverse frequencies into `inv_freq`.
 #[derive(Clone, Copy, Debug, PartialEq)]
