@@ -4,6 +4,7 @@
 // arguments, runs the session call, turns its Status into a code and a message kept on the
 // handle, and lets no exception out.
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <exception>
@@ -22,8 +23,13 @@
 #include "stepgraph/runtime/session.h"
 #include "stepgraph/text/tokenizer.h"
 #include "stepgraph/runtime/step_runner.h"
+#include "stepgraph/base/penalty_params.h"
 #include "stepgraph/base/status.h"
 #include "stepgraph/c_api/c_session.h"
+
+static_assert(STEPGRAPH_SAMPLING_MAX_LOGIT_BIAS == sg::ops::kMaxLogitBias);
+static_assert(STEPGRAPH_SAMPLING_MAX_PENALTY == sg::Penalties::kMaxPenalty);
+static_assert(STEPGRAPH_SAMPLING_MAX_BIAS == sg::Penalties::kMaxBias);
 
 struct stepgraph_session {
   std::unique_ptr<sg::DecodeSession> session;  // null on a handle of a failed create
@@ -121,6 +127,18 @@ stepgraph_session_options Defaults() {
   return o;
 }
 
+// Sampling at these values; greedy (empty) below the documented minimum temperature, the
+// limit of sampling as T -> 0 (the Sample op does the same on every backend; argmax is
+// cheaper).
+std::optional<sg::ops::Sample> SampleOf(float temperature, int32_t top_k, float top_p) {
+  if (temperature > 0.0f && temperature < STEPGRAPH_SESSION_MIN_TEMPERATURE) return std::nullopt;
+  sg::ops::Sample s;
+  s.temperature = temperature;
+  s.top_k = top_k;
+  s.top_p = top_p;
+  return s;
+}
+
 // The C options as SessionOptions, or a message saying which field is wrong.
 absl::Status ToOptions(const char* model_path, const stepgraph_session_options& o,
                        sg::SessionOptions* out) {
@@ -162,21 +180,122 @@ absl::Status ToOptions(const char* model_path, const stepgraph_session_options& 
   switch (o.sampling) {
     case STEPGRAPH_SAMPLING_GREEDY:
       break;
-    case STEPGRAPH_SAMPLING_SAMPLE: {
-      // Below the documented minimum the session decodes greedily, the limit of sampling
-      // as T -> 0 (the Sample op does the same on every backend; argmax is cheaper).
-      if (o.temperature > 0.0f && o.temperature < STEPGRAPH_SESSION_MIN_TEMPERATURE) break;
+    case STEPGRAPH_SAMPLING_SAMPLE:
       // The Sample op's own checks refuse bad values when the session builds its graph.
-      sg::ops::Sample s;
-      s.temperature = o.temperature;
-      s.top_k = o.top_k;
-      s.top_p = o.top_p;
-      out->sampling = s;
+      out->sampling = SampleOf(o.temperature, o.top_k, o.top_p);
       break;
-    }
     default:
       return absl::InvalidArgumentError(absl::StrCat("options.sampling ", o.sampling,
                                                      " is not a STEPGRAPH_SAMPLING_* value"));
+  }
+  // Per-call penalties must be there on every session (c_session.h says why).
+  out->penalties = true;
+  return absl::OkStatus();
+}
+
+stepgraph_sampling SamplingDefaults() {
+  stepgraph_sampling o;
+  std::memset(&o, 0, sizeof(o));  // the padding too: a copy compares equal
+  o.struct_size = sizeof(o);
+  o.mode = STEPGRAPH_SAMPLING_GREEDY;
+  o.temperature = 1.0f;
+  o.top_k = 0;
+  o.top_p = 1.0f;
+  o.repetition_penalty = 1.0f;
+  o.presence_penalty = 0.0f;
+  o.frequency_penalty = 0.0f;
+  o.min_p = 0.0f;
+  o.logit_bias_count = 0;
+  o.logit_bias_ids = nullptr;
+  o.logit_bias_values = nullptr;
+  return o;
+}
+
+// The C sampling as SlotSampling, or InvalidArgument naming the field (sampling.<field>)
+// that is wrong. The counts are bounded before an array is read; each penalty goes through
+// CheckPenalties alone so that its message can be given the C field's name.
+absl::Status ToSlotSampling(const stepgraph_sampling& c, int64_t vocab_size,
+                            sg::SlotSampling* out) {
+  if (c.struct_size != static_cast<int64_t>(sizeof(stepgraph_sampling))) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("sampling.struct_size is ", c.struct_size, ", this library's is ",
+                     sizeof(stepgraph_sampling), ": fill it with stepgraph_sampling_init"));
+  }
+  if (c.mode != STEPGRAPH_SAMPLING_GREEDY && c.mode != STEPGRAPH_SAMPLING_SAMPLE) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("sampling.mode ", c.mode, " is not a STEPGRAPH_SAMPLING_* value"));
+  }
+  if (!(c.temperature > 0.0f) || !std::isfinite(c.temperature)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "sampling.temperature must be finite and > 0 (below ", STEPGRAPH_SESSION_MIN_TEMPERATURE,
+        " it decodes greedily), got ", c.temperature));
+  }
+  if (c.top_k < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("sampling.top_k must be >= 0 (0: no limit), got ", c.top_k));
+  }
+  if (!(c.top_p > 0.0f && c.top_p <= 1.0f)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("sampling.top_p must be in (0, 1], got ", c.top_p));
+  }
+  sg::Penalties p;
+  struct Scalar {
+    const char* name;
+    float value;
+    float sg::Penalties::*field;
+  };
+  for (const Scalar& f : {Scalar{"repetition_penalty", c.repetition_penalty,
+                                 &sg::Penalties::repetition},
+                          Scalar{"presence_penalty", c.presence_penalty, &sg::Penalties::presence},
+                          Scalar{"frequency_penalty", c.frequency_penalty,
+                                 &sg::Penalties::frequency},
+                          Scalar{"min_p", c.min_p, &sg::Penalties::min_p}}) {
+    sg::Penalties one;
+    one.*f.field = f.value;
+    if (absl::Status st = sg::CheckPenalties(one, vocab_size); !st.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("sampling.", f.name, ": ", st.message()));
+    }
+    p.*f.field = f.value;
+  }
+  if (c.logit_bias_count < 0 || c.logit_bias_count > STEPGRAPH_SAMPLING_MAX_LOGIT_BIAS) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("sampling.logit_bias_count must be in [0, ",
+                     STEPGRAPH_SAMPLING_MAX_LOGIT_BIAS, "], got ", c.logit_bias_count));
+  }
+  if (c.logit_bias_count > 0 && c.logit_bias_ids == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "sampling.logit_bias_ids is NULL with logit_bias_count ", c.logit_bias_count));
+  }
+  if (c.logit_bias_count > 0 && c.logit_bias_values == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "sampling.logit_bias_values is NULL with logit_bias_count ", c.logit_bias_count));
+  }
+  p.logit_bias.reserve(static_cast<size_t>(c.logit_bias_count));
+  for (int32_t i = 0; i < c.logit_bias_count; ++i) {
+    const int32_t id = c.logit_bias_ids[i];
+    const float bias = c.logit_bias_values[i];
+    // One entry at a time, so that the message names the array the bad value is in.
+    sg::Penalties one;
+    one.logit_bias = {{id, 0.0f}};
+    if (absl::Status st = sg::CheckPenalties(one, vocab_size); !st.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("sampling.logit_bias_ids[", i, "]: ", st.message()));
+    }
+    one.logit_bias = {{id, bias}};
+    if (absl::Status st = sg::CheckPenalties(one, vocab_size); !st.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("sampling.logit_bias_values[", i, "]: ", st.message()));
+    }
+    p.logit_bias.emplace_back(id, bias);
+  }
+  // What is left to refuse is an id named twice.
+  if (absl::Status st = sg::CheckPenalties(p, vocab_size); !st.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("sampling.logit_bias_ids: ", st.message()));
+  }
+  out->penalties = std::move(p);
+  out->sample.reset();
+  if (c.mode == STEPGRAPH_SAMPLING_SAMPLE) {
+    out->sample = SampleOf(c.temperature, c.top_k, c.top_p);
   }
   return absl::OkStatus();
 }
@@ -309,6 +428,12 @@ int32_t stepgraph_session_options_init(stepgraph_session_options* options) noexc
   return kOk;
 }
 
+int32_t stepgraph_sampling_init(stepgraph_sampling* sampling) noexcept {
+  if (sampling == nullptr) return kInvalid;
+  *sampling = SamplingDefaults();
+  return kOk;
+}
+
 int32_t stepgraph_session_create(const char* model_path,
                                  const stepgraph_session_options* options,
                                  stepgraph_session** session) noexcept {
@@ -372,20 +497,37 @@ int32_t stepgraph_session_get_info(stepgraph_session* session,
 
 int32_t stepgraph_session_prefill(stepgraph_session* session, int64_t slot, const int32_t* ids,
                                   int64_t n, int32_t seed) noexcept {
-  return Guarded(session, "stepgraph_session_prefill", [&](sg::DecodeSession& s) {
+  return stepgraph_session_prefill_sampled(session, slot, ids, n, seed, nullptr);
+}
+
+int32_t stepgraph_session_prefill_sampled(stepgraph_session* session, int64_t slot,
+                                          const int32_t* ids, int64_t n, int32_t seed,
+                                          const stepgraph_sampling* sampling) noexcept {
+  // Named after the entry point the caller used.
+  const char* what =
+      sampling == nullptr ? "stepgraph_session_prefill" : "stepgraph_session_prefill_sampled";
+  return Guarded(session, what, [&](sg::DecodeSession& s) {
     if (ids == nullptr || n < 1) {
       return Fail(session, kInvalid,
-                  absl::StrCat("stepgraph_session_prefill: ids must be non-NULL with n >= 1 "
-                               "entries, got n = ",
-                               n));
+                  absl::StrCat(what, ": ids must be non-NULL with n >= 1 entries, got n = ", n));
     }
     if (n > s.max_seq()) {  // before the span is made: n bounds what is read
       return Fail(session, kInvalid,
-                  absl::StrCat("stepgraph_session_prefill: a prompt of ", n,
-                               " ids is longer than max_seq ", s.max_seq()));
+                  absl::StrCat(what, ": a prompt of ", n, " ids is longer than max_seq ",
+                               s.max_seq()));
     }
-    return Finish(session, s.Prefill(slot, absl::MakeConstSpan(ids, static_cast<size_t>(n)),
-                                     seed));
+    sg::PrefillRequest request;
+    request.slot = slot;
+    request.prompt = absl::MakeConstSpan(ids, static_cast<size_t>(n));
+    request.seed = seed;
+    if (sampling != nullptr) {
+      sg::SlotSampling own;
+      if (absl::Status st = ToSlotSampling(*sampling, s.config().vocab_size, &own); !st.ok()) {
+        return Fail(session, kInvalid, absl::StrCat(what, ": ", st.message()));
+      }
+      request.sampling = std::move(own);
+    }
+    return Finish(session, s.Prefill(absl::MakeConstSpan(&request, 1)));
   });
 }
 

@@ -24,10 +24,12 @@ func TestVersionsAreTheHeaders(t *testing.T) {
 // The mirrors of the C structs (raw.go) have their sizes; the signature check compares
 // their fields.
 func TestStructMirrorsHaveTheCSizes(t *testing.T) {
-	options, info := cStructSizes()
-	if unsafe.Sizeof(sessionOptions{}) != options || unsafe.Sizeof(sessionInfo{}) != info {
-		t.Fatalf("Go %d, %d bytes; C %d, %d", unsafe.Sizeof(sessionOptions{}),
-			unsafe.Sizeof(sessionInfo{}), options, info)
+	options, info, sampling := cStructSizes()
+	if unsafe.Sizeof(sessionOptions{}) != options || unsafe.Sizeof(sessionInfo{}) != info ||
+		unsafe.Sizeof(sessionSampling{}) != sampling {
+		t.Fatalf("Go %d, %d, %d bytes; C %d, %d, %d", unsafe.Sizeof(sessionOptions{}),
+			unsafe.Sizeof(sessionInfo{}), unsafe.Sizeof(sessionSampling{}), options, info,
+			sampling)
 	}
 }
 

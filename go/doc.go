@@ -13,6 +13,9 @@
 //	if err := s.Prefill(0, []int32{1, 2, 3}, 0); err != nil { ... }
 //	ids, err := s.Generate(0, 8)
 //
+// A call may choose its own sampling, penalties and logit bias (SamplingOptions, through
+// PrefillWith and the Generate*With calls).
+//
 // The kernels (Add, RMSNorm, MatMul, Attention, Sample, Gemm, AdamWStep, ...) take device
 // memory as DeviceSlice values and check their lengths against the shapes before calling.
 //

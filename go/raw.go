@@ -8,7 +8,7 @@ package stepgraph
 // header itself, so a C type that changes fails the build; what it cannot see, two
 // arguments of one type swapped in a declaration here, tests/c_api/check_signatures.py
 // does: it compares every function here with the header argument by argument (name and
-// type, and that the call passes them in order), and the two structs field by field.
+// type, and that the call passes them in order), and the structs field by field.
 //
 // The libraries' folder: see link.go.
 
@@ -48,11 +48,35 @@ type sessionInfo struct {
 	backend    int32
 }
 
+// sessionSampling is stepgraph_sampling, as sessionOptions is stepgraph_session_options.
+// Its two arrays point into C memory (cAlloc): cgo refuses a Go pointer to memory that
+// holds Go pointers.
+type sessionSampling struct {
+	struct_size        int64
+	mode               int32
+	temperature        float32
+	top_k              int32
+	top_p              float32
+	repetition_penalty float32
+	presence_penalty   float32
+	frequency_penalty  float32
+	min_p              float32
+	logit_bias_count   int32
+	logit_bias_ids     *int32
+	logit_bias_values  *float32
+}
+
 // The C structs' sizes, for the test that compares them with the mirrors' (go vet's sizes
 // of Go 1.19 leave out a struct's tail padding, so a compile-time check would fail vet).
-func cStructSizes() (options, info uintptr) {
-	return C.sizeof_stepgraph_session_options, C.sizeof_stepgraph_session_info
+func cStructSizes() (options, info, sampling uintptr) {
+	return C.sizeof_stepgraph_session_options, C.sizeof_stepgraph_session_info,
+		C.sizeof_stepgraph_sampling
 }
+
+// cAlloc is C memory of `bytes` bytes (nil when there is none), for what a struct passed
+// to C points at; cFree frees it.
+func cAlloc(bytes uintptr) unsafe.Pointer { return C.malloc(C.size_t(bytes)) }
+func cFree(p unsafe.Pointer)              { C.free(p) }
 
 // goString copies a NUL-terminated C string.
 func goString(p *byte) string {
@@ -299,6 +323,10 @@ func stepgraph_session_options_init(options *sessionOptions) int32 {
 		(*C.stepgraph_session_options)(unsafe.Pointer(options))))
 }
 
+func stepgraph_sampling_init(sampling *sessionSampling) int32 {
+	return int32(C.stepgraph_sampling_init((*C.stepgraph_sampling)(unsafe.Pointer(sampling))))
+}
+
 func stepgraph_session_create(model_path *byte, options *sessionOptions,
 	session **sessionHandle) int32 {
 	return int32(C.stepgraph_session_create((*C.char)(unsafe.Pointer(model_path)),
@@ -322,6 +350,13 @@ func stepgraph_session_prefill(session *sessionHandle, slot int64, ids *int32, n
 	seed int32) int32 {
 	return int32(C.stepgraph_session_prefill(session, C.int64_t(slot),
 		(*C.int32_t)(unsafe.Pointer(ids)), C.int64_t(n), C.int32_t(seed)))
+}
+
+func stepgraph_session_prefill_sampled(session *sessionHandle, slot int64, ids *int32, n int64,
+	seed int32, sampling *sessionSampling) int32 {
+	return int32(C.stepgraph_session_prefill_sampled(session, C.int64_t(slot),
+		(*C.int32_t)(unsafe.Pointer(ids)), C.int64_t(n), C.int32_t(seed),
+		(*C.stepgraph_sampling)(unsafe.Pointer(sampling))))
 }
 
 func stepgraph_session_generate(session *sessionHandle, slot int64, n int64, ids *int32) int32 {

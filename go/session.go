@@ -14,6 +14,7 @@ import (
 	"runtime"
 	"strconv"
 	"sync"
+	"unsafe"
 )
 
 // Backend is where a session runs.
@@ -48,6 +49,30 @@ type Sampling struct {
 	TopP        float32
 }
 
+// SamplingOptions choose one sequence's ids (PrefillWith and the *With generation calls).
+// The zero value is the session's sampling with every control off. The library checks
+// every value and refuses a bad one naming it (ErrInvalidArgument).
+type SamplingOptions struct {
+	// nil: the session's (Options.Sampling), or greedy with Greedy. A sampling other than
+	// the session's is drawn on the host from each step's logits (its steps wait for the
+	// device).
+	Sampling *Sampling
+	Greedy   bool
+	Seed     int32 // the sequence's sampling seed
+	// transformers' repetition penalty over the prompt's and the generated ids: a logit l
+	// becomes l / r where positive, l * r otherwise. > 0; 0 (the zero value) and 1: off.
+	RepetitionPenalty float32
+	// OpenAI's presence and frequency penalties over the generated ids: l - (presence +
+	// frequency * times generated). In [-2, 2]; 0: off.
+	PresencePenalty  float32
+	FrequencyPenalty float32
+	// Sampled ids have at least MinP times the top one's probability. In [0, 1]; 0: off.
+	MinP float32
+	// id -> bias added to its logit, OpenAI's logit_bias: at most 64 ids of the
+	// vocabulary, biases in [-100, 100] (-100 bans an id, 100 all but forces it).
+	LogitBias map[int32]float32
+}
+
 // Options of Open and OpenBuiltin. The zero value is the library's defaults: one slot, the
 // model's context (at most 4096 positions), the backend picked, greedy, a thread per core.
 type Options struct {
@@ -76,9 +101,10 @@ type Info struct {
 // every call after it returns ErrClosed; a Session that is not closed is freed by a
 // finalizer once unreachable, but a model holds much memory: close it.
 type Session struct {
-	mu   sync.Mutex
-	h    *sessionHandle
-	info Info
+	mu       sync.Mutex
+	h        *sessionHandle
+	info     Info
+	sampling *Sampling // the session's, nil for greedy
 }
 
 // Open loads a Hugging Face model folder (config.json, safetensors, tokenizer.json) or a
@@ -120,6 +146,11 @@ func open(path *byte, options *Options) (*Session, error) {
 			o.temperature, o.top_k, o.top_p = s.Temperature, s.TopK, s.TopP
 		}
 	}
+	var sampling *Sampling
+	if options != nil && options.Sampling != nil {
+		copied := *options.Sampling
+		sampling = &copied
+	}
 	var h *sessionHandle
 	if code := stepgraph_session_create(path, &o, &h); code != C.STEPGRAPH_OK {
 		message := "no handle was made (out of memory)"
@@ -129,7 +160,7 @@ func open(path *byte, options *Options) (*Session, error) {
 		}
 		return nil, &Error{Code: code, Func: f, Message: message}
 	}
-	s := &Session{h: h}
+	s := &Session{h: h, sampling: sampling}
 	var info sessionInfo
 	if code := stepgraph_session_get_info(h, &info); code != C.STEPGRAPH_OK {
 		err := s.fail(code, "stepgraph_session_get_info")
@@ -189,6 +220,59 @@ func ptr32(ids []int32) *int32 {
 func (s *Session) Prefill(slot int, ids []int32, seed int32) error {
 	return s.call("stepgraph_session_prefill", func(h *sessionHandle) int32 {
 		return stepgraph_session_prefill(h, int64(slot), ptr32(ids), int64(len(ids)), seed)
+	})
+}
+
+// PrefillWith starts a sequence in slot with the prompt ids, choosing its ids as options
+// say (nil: as Prefill with seed 0).
+func (s *Session) PrefillWith(slot int, ids []int32, options *SamplingOptions) error {
+	const f = "stepgraph_session_prefill_sampled"
+	if options == nil {
+		return s.Prefill(slot, ids, 0)
+	}
+	if len(options.LogitBias) > C.STEPGRAPH_SAMPLING_MAX_LOGIT_BIAS {
+		return invalid(f, "sampling.logit_bias_count: %d logit biases, at most %d are taken",
+			len(options.LogitBias), C.STEPGRAPH_SAMPLING_MAX_LOGIT_BIAS)
+	}
+	var c sessionSampling
+	if code := stepgraph_sampling_init(&c); code != C.STEPGRAPH_OK {
+		return check(code, "stepgraph_sampling_init")
+	}
+	sampling := s.sampling
+	if options.Sampling != nil {
+		sampling = options.Sampling
+	}
+	if sampling != nil && !options.Greedy {
+		c.mode = C.STEPGRAPH_SAMPLING_SAMPLE
+		c.temperature, c.top_k, c.top_p = sampling.Temperature, sampling.TopK, sampling.TopP
+	}
+	if options.RepetitionPenalty != 0 {
+		c.repetition_penalty = options.RepetitionPenalty
+	}
+	c.presence_penalty = options.PresencePenalty
+	c.frequency_penalty = options.FrequencyPenalty
+	c.min_p = options.MinP
+	if n := len(options.LogitBias); n > 0 {
+		// In C memory: cgo refuses a Go pointer to memory that holds Go pointers.
+		memory := cAlloc(uintptr(n) * 8)
+		if memory == nil {
+			return &Error{Code: C.STEPGRAPH_ERROR_OUT_OF_MEMORY, Func: f,
+				Message: "no memory for the logit biases"}
+		}
+		defer cFree(memory)
+		ids := unsafe.Slice((*int32)(memory), n)
+		values := unsafe.Slice((*float32)(unsafe.Add(memory, n*4)), n)
+		i := 0
+		for id, bias := range options.LogitBias {
+			ids[i], values[i] = id, bias
+			i++
+		}
+		c.logit_bias_count = int32(n)
+		c.logit_bias_ids, c.logit_bias_values = &ids[0], &values[0]
+	}
+	return s.call(f, func(h *sessionHandle) int32 {
+		return stepgraph_session_prefill_sampled(h, int64(slot), ptr32(ids), int64(len(ids)),
+			options.Seed, &c)
 	})
 }
 
@@ -409,6 +493,12 @@ func (s *Session) StopIDs(chat bool) ([]int32, error) {
 // false; special tokens are left out of the text.
 func (s *Session) GenerateText(slot int, prompt string, options EncodeOptions,
 	maxNewTokens int, stop bool) (string, error) {
+	return s.GenerateTextWith(slot, prompt, options, maxNewTokens, stop, nil)
+}
+
+// GenerateTextWith is GenerateText choosing the ids as sampling says (nil: the session's).
+func (s *Session) GenerateTextWith(slot int, prompt string, options EncodeOptions,
+	maxNewTokens int, stop bool, sampling *SamplingOptions) (string, error) {
 	ids, err := s.Encode(prompt, options)
 	if err != nil {
 		return "", err
@@ -419,7 +509,7 @@ func (s *Session) GenerateText(slot int, prompt string, options EncodeOptions,
 			return "", err
 		}
 	}
-	out, err := s.GenerateUntil(slot, ids, maxNewTokens, stops)
+	out, err := s.GenerateUntilWith(slot, ids, maxNewTokens, stops, sampling)
 	if err != nil {
 		return "", err
 	}
@@ -431,6 +521,12 @@ func (s *Session) GenerateText(slot int, prompt string, options EncodeOptions,
 // the chat's first stop id (StopIDs(true)) unless stop is false, special tokens left out.
 func (s *Session) GenerateChat(slot int, messages []Message, maxNewTokens int,
 	stop bool) (string, error) {
+	return s.GenerateChatWith(slot, messages, maxNewTokens, stop, nil)
+}
+
+// GenerateChatWith is GenerateChat choosing the ids as sampling says (nil: the session's).
+func (s *Session) GenerateChatWith(slot int, messages []Message, maxNewTokens int, stop bool,
+	sampling *SamplingOptions) (string, error) {
 	ids, err := s.EncodeChat(messages)
 	if err != nil {
 		return "", err
@@ -441,7 +537,7 @@ func (s *Session) GenerateChat(slot int, messages []Message, maxNewTokens int,
 			return "", err
 		}
 	}
-	out, err := s.GenerateUntil(slot, ids, maxNewTokens, stops)
+	out, err := s.GenerateUntilWith(slot, ids, maxNewTokens, stops, sampling)
 	if err != nil {
 		return "", err
 	}
@@ -452,10 +548,16 @@ func (s *Session) GenerateChat(slot int, messages []Message, maxNewTokens int,
 // ending before the first id in stops.
 func (s *Session) GenerateUntil(slot int, prompt []int32, maxNewTokens int,
 	stops []int32) ([]int32, error) {
+	return s.GenerateUntilWith(slot, prompt, maxNewTokens, stops, nil)
+}
+
+// GenerateUntilWith is GenerateUntil choosing the ids as sampling says (nil: the session's).
+func (s *Session) GenerateUntilWith(slot int, prompt []int32, maxNewTokens int, stops []int32,
+	sampling *SamplingOptions) ([]int32, error) {
 	if maxNewTokens < 1 {
 		return nil, invalid("stepgraph_session_generate", "maxNewTokens %d < 1", maxNewTokens)
 	}
-	if err := s.Prefill(slot, prompt, 0); err != nil {
+	if err := s.PrefillWith(slot, prompt, sampling); err != nil {
 		return nil, err
 	}
 	stop := make(map[int32]bool, len(stops))

@@ -25,7 +25,7 @@ use std::sync::OnceLock;
 /// The headers' constants, public as `stepgraph::consts`.
 pub mod consts {
     pub const STEPGRAPH_C_API_VERSION: i32 = 2;
-    pub const STEPGRAPH_SESSION_API_VERSION: i32 = 2;
+    pub const STEPGRAPH_SESSION_API_VERSION: i32 = 3;
 
     pub const STEPGRAPH_OK: i32 = 0;
     pub const STEPGRAPH_ERROR_NO_CUDA: i32 = -1;
@@ -67,6 +67,9 @@ pub mod consts {
     pub const STEPGRAPH_SESSION_MAX_TEXT_BYTES: i64 = 1 << 30;
     pub const STEPGRAPH_SESSION_MAX_CHAT_MESSAGES: i64 = 1 << 16;
     pub const STEPGRAPH_SESSION_MAX_DECODE_IDS: i64 = 1 << 28;
+    pub const STEPGRAPH_SAMPLING_MAX_LOGIT_BIAS: i32 = 64;
+    pub const STEPGRAPH_SAMPLING_MAX_PENALTY: f32 = 2.0;
+    pub const STEPGRAPH_SAMPLING_MAX_BIAS: f32 = 100.0;
 }
 pub use consts::*;
 
@@ -194,6 +197,23 @@ pub struct stepgraph_session_options {
 }
 
 #[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct stepgraph_sampling {
+    pub struct_size: i64,
+    pub mode: i32,
+    pub temperature: f32,
+    pub top_k: i32,
+    pub top_p: f32,
+    pub repetition_penalty: f32,
+    pub presence_penalty: f32,
+    pub frequency_penalty: f32,
+    pub min_p: f32,
+    pub logit_bias_count: i32,
+    pub logit_bias_ids: *const i32,
+    pub logit_bias_values: *const f32,
+}
+
+#[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct stepgraph_session_info {
     pub vocab_size: i64,
@@ -297,6 +317,7 @@ c_functions! {
     // ---- c_session.h
     pub fn stepgraph_session_abi_version() -> i32;
     pub fn stepgraph_session_options_init(options: *mut stepgraph_session_options) -> i32;
+    pub fn stepgraph_sampling_init(sampling: *mut stepgraph_sampling) -> i32;
     pub fn stepgraph_session_create(model_path: *const c_char,
                                     options: *const stepgraph_session_options,
                                     session: *mut *mut stepgraph_session) -> i32;
@@ -306,6 +327,9 @@ c_functions! {
                                       info: *mut stepgraph_session_info) -> i32;
     pub fn stepgraph_session_prefill(session: *mut stepgraph_session, slot: i64, ids: *const i32,
                                      n: i64, seed: i32) -> i32;
+    pub fn stepgraph_session_prefill_sampled(session: *mut stepgraph_session, slot: i64,
+                                             ids: *const i32, n: i64, seed: i32,
+                                             sampling: *const stepgraph_sampling) -> i32;
     pub fn stepgraph_session_generate(session: *mut stepgraph_session, slot: i64, n: i64,
                                       ids: *mut i32) -> i32;
     pub fn stepgraph_session_logits(session: *mut stepgraph_session, slot: i64,

@@ -13,7 +13,9 @@
 //!
 //! [`Session`] runs the decode session: on the CPU reference when there is no GPU. With a
 //! model that has a tokenizer it also turns text into ids and back ([`Session::encode`],
-//! [`Session::decode`], [`Session::generate_text`]).
+//! [`Session::decode`], [`Session::generate_text`]). [`SamplingOptions`] choose one call's
+//! sampling, seed, penalties, min-p and logit bias ([`Session::prefill_with`],
+//! [`Session::generate_text_with`]).
 
 use std::ffi::{c_void, CStr};
 use std::fmt;
@@ -323,8 +325,8 @@ fn flags_ptr(function: &str, flags: &mut ErrorFlags<'_>) -> Result<*mut u32> {
 
 pub mod kernels;
 mod session;
-pub use session::{Backend, ChatMessage, EncodeOptions, Sampling, Session, SessionInfo,
-                  SessionOptions};
+pub use session::{Backend, ChatMessage, EncodeOptions, Sampling, SamplingOptions, Session,
+                  SessionInfo, SessionOptions};
 
 /// Host only: the head_dim / 2 RoPE inverse frequencies into `inv_freq`.
 #[derive(Clone, Copy, Debug, PartialEq)]

@@ -25,6 +25,45 @@ pub enum Sampling {
     Sample { temperature: f32, top_k: i32, top_p: f32 },
 }
 
+/// One sequence's own way of choosing its ids, for [`Session::prefill_with`] and the
+/// `*_with` generation calls. The default is the session's sampling with every control off;
+/// the library checks every value and refuses a bad one naming it (InvalidArgument).
+#[derive(Clone, Debug, PartialEq)]
+pub struct SamplingOptions {
+    /// None: the session's ([`SessionOptions::sampling`]). A sampling other than the
+    /// session's is drawn on the host from each step's logits (its steps wait for the device).
+    pub sampling: Option<Sampling>,
+    /// The sequence's sampling seed.
+    pub seed: i32,
+    /// transformers' repetition penalty over the prompt's and the generated ids: a logit l
+    /// becomes l / r where positive, l * r otherwise. > 0; 1: off.
+    pub repetition_penalty: f32,
+    /// OpenAI's presence and frequency penalties over the generated ids: l - (presence +
+    /// frequency * times generated). In [-2, 2]; 0: off.
+    pub presence_penalty: f32,
+    pub frequency_penalty: f32,
+    /// Sampled ids have at least min_p times the top one's probability. In [0, 1]; 0: off.
+    pub min_p: f32,
+    /// (id, bias) added to the id's logit, OpenAI's logit_bias: at most
+    /// [`crate::consts::STEPGRAPH_SAMPLING_MAX_LOGIT_BIAS`], each id once, biases in
+    /// [-100, 100] (-100 bans an id, 100 all but forces it).
+    pub logit_bias: Vec<(i32, f32)>,
+}
+
+impl Default for SamplingOptions {
+    fn default() -> Self {
+        SamplingOptions {
+            sampling: None,
+            seed: 0,
+            repetition_penalty: 1.0,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            min_p: 0.0,
+            logit_bias: Vec::new(),
+        }
+    }
+}
+
 /// Options of [`Session::new`].
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct SessionOptions {
@@ -155,6 +194,8 @@ pub struct SessionInfo {
 pub struct Session {
     raw: NonNull<ffi::stepgraph_session>,
     info: SessionInfo,
+    // The session's sampling, which SamplingOptions::sampling None stands for.
+    sampling: Sampling,
 }
 
 // SAFETY: the handle has no tie to the thread that made it; it is used by one thread at a
@@ -213,6 +254,7 @@ impl Session {
         let mut session = Session {
             raw,
             info: SessionInfo { vocab_size: 0, max_slots: 0, max_seq: 0, backend: Backend::Cpu },
+            sampling: options.sampling,
         };
         let mut info = ffi::stepgraph_session_info::default();
         // SAFETY: a live handle and a valid out pointer.
@@ -244,6 +286,50 @@ impl Session {
         let code = unsafe {
             ffi::stepgraph_session_prefill(self.raw.as_ptr(), slot, ids.as_ptr(),
                                            ids.len() as i64, seed)
+        };
+        self.check(code)
+    }
+
+    /// Starts a sequence in `slot` with the prompt ids, choosing its ids as `options` says.
+    pub fn prefill_with(&mut self, slot: i64, ids: &[i32], options: &SamplingOptions)
+                        -> Result<()> {
+        let count = i32::try_from(options.logit_bias.len())
+            .ok()
+            .filter(|&n| n <= ffi::STEPGRAPH_SAMPLING_MAX_LOGIT_BIAS)
+            .ok_or_else(|| Error::InvalidArgument(format!(
+                "sampling.logit_bias_count: {} logit biases, at most {} are taken",
+                options.logit_bias.len(), ffi::STEPGRAPH_SAMPLING_MAX_LOGIT_BIAS)))?;
+        let bias_ids: Vec<i32> = options.logit_bias.iter().map(|&(id, _)| id).collect();
+        let bias_values: Vec<f32> = options.logit_bias.iter().map(|&(_, v)| v).collect();
+        // Zeroed, then filled by the library (its defaults and struct_size).
+        // SAFETY: a plain C struct, for which all zeroes (NULL pointers) is a valid value.
+        let mut c: ffi::stepgraph_sampling = unsafe { std::mem::zeroed() };
+        // SAFETY: a valid out pointer.
+        let code = unsafe { ffi::stepgraph_sampling_init(&mut c) };
+        self.check(code)?;
+        match options.sampling.unwrap_or(self.sampling) {
+            Sampling::Greedy => c.mode = ffi::STEPGRAPH_SAMPLING_GREEDY,
+            Sampling::Sample { temperature, top_k, top_p } => {
+                c.mode = ffi::STEPGRAPH_SAMPLING_SAMPLE;
+                c.temperature = temperature;
+                c.top_k = top_k;
+                c.top_p = top_p;
+            }
+        }
+        c.repetition_penalty = options.repetition_penalty;
+        c.presence_penalty = options.presence_penalty;
+        c.frequency_penalty = options.frequency_penalty;
+        c.min_p = options.min_p;
+        c.logit_bias_count = count;
+        if count > 0 {
+            c.logit_bias_ids = bias_ids.as_ptr();
+            c.logit_bias_values = bias_values.as_ptr();
+        }
+        // SAFETY: ids holds ids.len() values; c's arrays hold `count` values each and live
+        // through the call, which keeps nothing of them.
+        let code = unsafe {
+            ffi::stepgraph_session_prefill_sampled(self.raw.as_ptr(), slot, ids.as_ptr(),
+                                                   ids.len() as i64, options.seed, &c)
         };
         self.check(code)
     }
@@ -410,10 +496,18 @@ impl Session {
     /// [`Session::stop_ids`]) unless `stop` is false; special tokens are left out of it.
     pub fn generate_text(&mut self, slot: i64, prompt: &str, options: &EncodeOptions,
                          max_new_tokens: usize, stop: bool) -> Result<String> {
+        self.generate_text_with(slot, prompt, options, max_new_tokens, stop,
+                                &SamplingOptions::default())
+    }
+
+    /// [`Session::generate_text`] choosing the ids as `sampling` says.
+    pub fn generate_text_with(&mut self, slot: i64, prompt: &str, options: &EncodeOptions,
+                              max_new_tokens: usize, stop: bool, sampling: &SamplingOptions)
+                              -> Result<String> {
         let ids = self.encode(prompt, options)?;
         let stops: HashSet<i32> =
             if stop { self.stop_ids(options.chat)?.into_iter().collect() } else { HashSet::new() };
-        let new = self.generate_until(slot, &ids, max_new_tokens, &stops)?;
+        let new = self.generate_until_with(slot, &ids, max_new_tokens, &stops, sampling)?;
         self.decode(&new, true)
     }
 
@@ -423,10 +517,17 @@ impl Session {
     /// out.
     pub fn generate_chat(&mut self, slot: i64, messages: &[ChatMessage], max_new_tokens: usize,
                          stop: bool) -> Result<String> {
+        self.generate_chat_with(slot, messages, max_new_tokens, stop, &SamplingOptions::default())
+    }
+
+    /// [`Session::generate_chat`] choosing the ids as `sampling` says.
+    pub fn generate_chat_with(&mut self, slot: i64, messages: &[ChatMessage],
+                              max_new_tokens: usize, stop: bool, sampling: &SamplingOptions)
+                              -> Result<String> {
         let ids = self.encode_chat(messages)?;
         let stops: HashSet<i32> =
             if stop { self.stop_ids(true)?.into_iter().collect() } else { HashSet::new() };
-        let new = self.generate_until(slot, &ids, max_new_tokens, &stops)?;
+        let new = self.generate_until_with(slot, &ids, max_new_tokens, &stops, sampling)?;
         self.decode(&new, true)
     }
 
@@ -434,10 +535,21 @@ impl Session {
     /// ending before the first id in `stops`.
     pub fn generate_until(&mut self, slot: i64, prompt: &[i32], max_new_tokens: usize,
                           stops: &HashSet<i32>) -> Result<Vec<i32>> {
+        self.generate_until_with(slot, prompt, max_new_tokens, stops, &SamplingOptions::default())
+    }
+
+    /// [`Session::generate_until`] choosing the ids as `sampling` says.
+    pub fn generate_until_with(&mut self, slot: i64, prompt: &[i32], max_new_tokens: usize,
+                               stops: &HashSet<i32>, sampling: &SamplingOptions)
+                               -> Result<Vec<i32>> {
         if max_new_tokens == 0 {
             return Err(Error::InvalidArgument("max_new_tokens must be >= 1".to_string()));
         }
-        self.prefill(slot, prompt, 0)?;
+        if *sampling == SamplingOptions::default() {
+            self.prefill(slot, prompt, 0)?;
+        } else {
+            self.prefill_with(slot, prompt, sampling)?;
+        }
         // Steps in chunks so that a stop ends the work early; the CPU steps one at a time
         // (a step there costs far more than a call).
         let chunk = if stops.is_empty() {

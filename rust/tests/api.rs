@@ -2,6 +2,7 @@
 // argument checks, the host RoPE table, and sessions of the built-in model on the CPU.
 use stepgraph::kernels::{self, CacheShape};
 use stepgraph::*;
+use std::collections::HashSet;
 
 // Slices over host memory, for calls that must be refused before anything is launched, or
 // in a build or on a machine where nothing can be launched.
@@ -282,4 +283,70 @@ fn topk_gemm_and_attention_lengths_are_checked() {
                               Stream::DEFAULT);
         assert!(matches!(r, Err(Error::NotAvailable(_))), "{r:?}");
     }
+}
+
+// Per-call sampling (stepgraph_session_prefill_sampled): a +100 bias makes its id every
+// greedy and every sampled choice, and nothing of a call stays for the next.
+#[test]
+fn a_logit_bias_forces_its_id() {
+    let mut s = Session::new(None, &cpu(3)).unwrap();
+    let prompt = [5, 6, 7];
+    let none = HashSet::new();
+    let plain = s.generate_until(0, &prompt, 6, &none).unwrap();
+    let forced = if plain[0] == 333 { 334 } else { 333 };
+    let mut o = SamplingOptions { logit_bias: vec![(forced, 100.0)], ..Default::default() };
+    assert_eq!(s.generate_until_with(0, &prompt, 6, &none, &o).unwrap(), vec![forced; 6]);
+    o.sampling = Some(Sampling::Sample { temperature: 2.0, top_k: 0, top_p: 1.0 });
+    o.seed = 9;
+    assert_eq!(s.generate_until_with(0, &prompt, 6, &none, &o).unwrap(), vec![forced; 6]);
+    let banned = SamplingOptions { logit_bias: vec![(plain[0], -100.0)], ..Default::default() };
+    assert!(!s.generate_until_with(0, &prompt, 6, &none, &banned).unwrap().contains(&plain[0]));
+    assert_eq!(s.generate_until(0, &prompt, 6, &none).unwrap(), plain);
+}
+
+// A call's temperature is its own: on a greedy session it draws what a sampling session
+// draws with the same seed.
+#[test]
+fn a_calls_temperature_is_its_own() {
+    let hot = Sampling::Sample { temperature: 8.0, top_k: 0, top_p: 1.0 };
+    let mut greedy = Session::new(None, &cpu(8)).unwrap();
+    let mut sampled = Session::new(None, &SessionOptions { sampling: hot, ..cpu(8) }).unwrap();
+    let prompt = [11, 12, 13, 14];
+    let none = HashSet::new();
+    let plain = greedy.generate_until(0, &prompt, 12, &none).unwrap();
+    sampled.prefill(0, &prompt, 4).unwrap();
+    let want = sampled.generate(0, 12).unwrap();
+    let o = SamplingOptions { sampling: Some(hot), seed: 4, ..Default::default() };
+    let got = greedy.generate_until_with(0, &prompt, 12, &none, &o).unwrap();
+    assert_eq!(got, want);
+    assert_ne!(got, plain);
+}
+
+// A bad value is refused by the library, naming the field; the session goes on.
+#[test]
+fn bad_sampling_values_are_refused_by_name() {
+    let mut s = Session::new(None, &cpu(1)).unwrap();
+    let vocab = s.info().vocab_size as i32;
+    let bad = [
+        (SamplingOptions { repetition_penalty: 0.0, ..Default::default() }, "repetition_penalty"),
+        (SamplingOptions { presence_penalty: 2.5, ..Default::default() }, "presence_penalty"),
+        (SamplingOptions { min_p: f32::NAN, ..Default::default() }, "min_p"),
+        (SamplingOptions { logit_bias: vec![(vocab, 1.0)], ..Default::default() },
+         "logit_bias_ids[0]"),
+        (SamplingOptions { logit_bias: vec![(1, 101.0)], ..Default::default() },
+         "logit_bias_values[0]"),
+        (SamplingOptions { logit_bias: vec![(1, 1.0); 65], ..Default::default() },
+         "logit_bias_count"),
+        (SamplingOptions { sampling: Some(Sampling::Sample { temperature: 1.0, top_k: -1,
+                                                             top_p: 1.0 }),
+                           ..Default::default() }, "top_k"),
+    ];
+    for (o, field) in bad {
+        match s.prefill_with(0, &[1, 2, 3], &o) {
+            Err(Error::InvalidArgument(m)) => assert!(m.contains(field), "{field}: {m}"),
+            other => panic!("{field}: {other:?}"),
+        }
+    }
+    s.prefill_with(0, &[1, 2, 3], &SamplingOptions::default()).unwrap();
+    assert_eq!(s.generate(0, 2).unwrap().len(), 2);
 }

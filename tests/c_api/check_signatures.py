@@ -104,6 +104,8 @@ def _expected_ctype(t, lib):
         return ctypes.POINTER(lib.SessionOptions)
     if depth == 1 and base == "stepgraph_session_info":
         return ctypes.POINTER(lib.SessionInfo)
+    if depth == 1 and base == "stepgraph_sampling":
+        return ctypes.POINTER(lib.Sampling)
     if depth == 1:
         return ctypes.POINTER(_CTYPES[base])
     raise ValueError("no ctypes type for %r" % (t,))
@@ -134,7 +136,8 @@ def check_python(functions, structs, defines, lib):
                 problems.append("python: %s argument %d (%s) is %r, the header says %s"
                                 % (name, i, cn, pt, ct))
     for cname, pyname in (("stepgraph_session_options", "SessionOptions"),
-                          ("stepgraph_session_info", "SessionInfo")):
+                          ("stepgraph_session_info", "SessionInfo"),
+                          ("stepgraph_sampling", "Sampling")):
         fields = getattr(lib, pyname)._fields_
         want = [(n, _expected_ctype(t, lib)) for n, t in structs.get(cname, [])]
         if [(n, t) for n, t in fields] != want:
@@ -238,12 +241,13 @@ def check_rust(functions, structs, defines, rust_text):
 # function (cgo compiles that call against the header itself, so a C type that changes
 # fails the build; a swap between two arguments of one type does not, and is caught here).
 # The Go constants are the header's macros through cgo (C.STEPGRAPH_*), so they cannot
-# drift; the two structs are mirrored field by field.
+# drift; the structs are mirrored field by field.
 
 _GO = {"int32_t": "int32", "int64_t": "int64", "uint32_t": "uint32", "uint64_t": "uint64",
        "float": "float32"}
 _GO_OPAQUE = {"stepgraph_session": "sessionHandle", "stepgraph_session_options": "sessionOptions",
-              "stepgraph_session_info": "sessionInfo", "char": "byte"}
+              "stepgraph_session_info": "sessionInfo", "stepgraph_sampling": "sessionSampling",
+              "char": "byte"}
 
 
 def _expected_go(t):
@@ -360,7 +364,8 @@ def check_go(functions, structs, go_text, other_go_texts=()):
                 problems.append("go: %s passes %r as C argument %d, not its parameter %r"
                                 % (name, expr, i, gn))
     for cname, gname in (("stepgraph_session_options", "sessionOptions"),
-                         ("stepgraph_session_info", "sessionInfo")):
+                         ("stepgraph_session_info", "sessionInfo"),
+                         ("stepgraph_sampling", "sessionSampling")):
         want = [(n, _expected_go(t)) for n, t in structs.get(cname, [])]
         if gstruct.get(gname) != want:
             problems.append("go: struct %s is %s, the header's %s is %s"

@@ -51,7 +51,7 @@ extern "C" {
 #endif
 
 // Bumped whenever a signature, a struct or a meaning below changes.
-#define STEPGRAPH_SESSION_API_VERSION 2
+#define STEPGRAPH_SESSION_API_VERSION 3
 
 // The model has no tokenizer (the built-in model; a folder without tokenizer.json; a GGUF
 // file without tokenizer.* metadata): the text functions cannot run, token ids still do.
@@ -62,7 +62,7 @@ extern "C" {
 #define STEPGRAPH_BACKEND_CPU 1   // the f32 CPU reference: slow, always available
 #define STEPGRAPH_BACKEND_CUDA 2  // each step captured as a CUDA graph and replayed
 
-// stepgraph_session_options.sampling.
+// stepgraph_session_options.sampling and stepgraph_sampling.mode.
 #define STEPGRAPH_SAMPLING_GREEDY 0  // argmax
 #define STEPGRAPH_SAMPLING_SAMPLE 1  // temperature, top_k, top_p, with each slot's seed
 
@@ -90,6 +90,11 @@ extern "C" {
 #define STEPGRAPH_SESSION_MAX_DECODE_IDS (INT64_C(1) << 28)
 // The most messages encode_chat takes.
 #define STEPGRAPH_SESSION_MAX_CHAT_MESSAGES (INT64_C(1) << 16)
+// stepgraph_sampling's bounds: the most logit biases, the largest |presence_penalty| and
+// |frequency_penalty| (OpenAI's range) and the largest |logit bias| (OpenAI's range).
+#define STEPGRAPH_SAMPLING_MAX_LOGIT_BIAS 64
+#define STEPGRAPH_SAMPLING_MAX_PENALTY 2.0f
+#define STEPGRAPH_SAMPLING_MAX_BIAS 100.0f
 
 typedef struct stepgraph_session stepgraph_session;
 
@@ -109,6 +114,39 @@ typedef struct stepgraph_session_options {
   int32_t cpu_threads;   // CPU backend: threads of the reference's parallel ops; 0: one per core
 } stepgraph_session_options;
 
+// How one sequence chooses its ids (stepgraph_session_prefill_sampled): fill with
+// stepgraph_sampling_init (greedy, every control off), then set what differs. Every field is
+// checked whatever the mode, and a bad one is STEPGRAPH_ERROR_INVALID_VALUE with a message
+// naming it (sampling.<field>). The penalties and the bias change the logits before the
+// choice, greedy or sampled, in this order: repetition, presence and frequency, bias.
+typedef struct stepgraph_sampling {
+  int64_t struct_size;  // sizeof(stepgraph_sampling), set by _init
+  int32_t mode;         // STEPGRAPH_SAMPLING_*; default GREEDY
+  float temperature;    // SAMPLE: finite and > 0 (greedy below
+                        // STEPGRAPH_SESSION_MIN_TEMPERATURE); default 1
+  int32_t top_k;        // SAMPLE: >= 0, 0 for no limit; default 0
+  float top_p;          // SAMPLE: in (0, 1]; default 1
+  // transformers' repetition_penalty over the prompt's and the generated ids: a logit l
+  // becomes l / r where positive, l * r otherwise. Finite and > 0; default 1 (off).
+  float repetition_penalty;
+  // OpenAI's presence_penalty and frequency_penalty over the generated ids: l - (presence +
+  // frequency * times generated). In [-STEPGRAPH_SAMPLING_MAX_PENALTY,
+  // STEPGRAPH_SAMPLING_MAX_PENALTY]; default 0 (off).
+  float presence_penalty;
+  float frequency_penalty;
+  // SAMPLE: ids whose probability (after temperature) is below min_p times the top one's
+  // are never drawn (llama.cpp's and transformers' min-p). In [0, 1]; default 0 (off).
+  float min_p;
+  // OpenAI's logit_bias: logit_bias_values[i] is added to the logit of logit_bias_ids[i].
+  // At most STEPGRAPH_SAMPLING_MAX_LOGIT_BIAS entries (both arrays non-NULL when the count
+  // is > 0), ids in [0, vocab_size) and each at most once, values in
+  // [-STEPGRAPH_SAMPLING_MAX_BIAS, STEPGRAPH_SAMPLING_MAX_BIAS] (-100 bans an id, +100 all
+  // but forces it). Read during the call only. Default 0, NULL, NULL.
+  int32_t logit_bias_count;
+  const int32_t* logit_bias_ids;
+  const float* logit_bias_values;
+} stepgraph_sampling;
+
 // What a session holds, for sizing the caller's buffers.
 typedef struct stepgraph_session_info {
   int64_t vocab_size;  // logits per slot; token ids are in [0, vocab_size)
@@ -124,12 +162,22 @@ STEPGRAPH_C_EXPORT int32_t stepgraph_session_abi_version(void) STEPGRAPH_C_NOEXC
 STEPGRAPH_C_EXPORT int32_t stepgraph_session_options_init(stepgraph_session_options* options)
     STEPGRAPH_C_NOEXCEPT;
 
+// The defaults of stepgraph_sampling (greedy, every control off), with struct_size set.
+STEPGRAPH_C_EXPORT int32_t stepgraph_sampling_init(stepgraph_sampling* sampling)
+    STEPGRAPH_C_NOEXCEPT;
+
 // Loads a model and makes a session. model_path: a Hugging Face model folder (config.json
 // and safetensors), a GGUF file, or NULL for the built-in tiny Llama with random weights
 // from options->weight_seed (it has no tokenizer). options: NULL for the
 // defaults. On success *session is the new handle. On failure it is a handle that holds only
 // the message (read it with stepgraph_session_error, then destroy it; any other call on it
 // is STEPGRAPH_ERROR_INVALID_VALUE), or NULL when even that could not be made.
+//
+// Every session made here applies per-sequence penalties and logit bias in its decode steps
+// (SessionOptions::penalties of the C++ session), so that stepgraph_session_prefill_sampled
+// may ask for them on any session: a per-call control must not depend on how the session
+// was made. The cost is one pass over each step's logits (and a count of the ids each slot
+// chose); sequences without penalties get the ids they would get without it.
 STEPGRAPH_C_EXPORT int32_t stepgraph_session_create(const char* model_path,
                                                     const stepgraph_session_options* options,
                                                     stepgraph_session** session)
@@ -153,6 +201,19 @@ STEPGRAPH_C_EXPORT int32_t stepgraph_session_get_info(stepgraph_session* session
 STEPGRAPH_C_EXPORT int32_t stepgraph_session_prefill(stepgraph_session* session, int64_t slot,
                                                      const int32_t* ids, int64_t n,
                                                      int32_t seed) STEPGRAPH_C_NOEXCEPT;
+
+// As stepgraph_session_prefill, with the sequence's own way of choosing its ids (sampling
+// NULL: the session's options, no penalties; the same as stepgraph_session_prefill). The
+// penalties and the bias run in the decode step on the device. A sequence whose mode,
+// temperature, top_k or top_p differ from the session's options has its ids chosen on the
+// host from its logits after each step (exactly as the device would choose them): its
+// steps wait for the device, which costs little on the CPU and a round trip per step on a
+// GPU. Nothing of `sampling` is kept after the call.
+STEPGRAPH_C_EXPORT int32_t stepgraph_session_prefill_sampled(stepgraph_session* session,
+                                                             int64_t slot, const int32_t* ids,
+                                                             int64_t n, int32_t seed,
+                                                             const stepgraph_sampling* sampling)
+    STEPGRAPH_C_NOEXCEPT;
 
 // n decode steps (n >= 1) of every live slot; writes `slot`'s n new ids to ids[0..n). The
 // slot must be live and have n free positions.

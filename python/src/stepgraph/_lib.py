@@ -44,7 +44,7 @@ ROPE_SCALING_NONE, ROPE_SCALING_LLAMA3 = 0, 1
 C_API_VERSION = 2
 
 # c_session.h.
-SESSION_API_VERSION = 2
+SESSION_API_VERSION = 3
 ERROR_NO_TOKENIZER = -5
 BACKEND_AUTO, BACKEND_CPU, BACKEND_CUDA = 0, 1, 2
 SAMPLING_GREEDY, SAMPLING_SAMPLE = 0, 1
@@ -55,6 +55,9 @@ TEXT_LITERAL_SPECIAL = 4
 TEXT_SKIP_SPECIAL = 8
 SESSION_MAX_TEXT_BYTES = 1 << 30
 SESSION_MAX_DECODE_IDS = 1 << 28
+SAMPLING_MAX_LOGIT_BIAS = 64
+SAMPLING_MAX_PENALTY = 2.0  # |presence_penalty| and |frequency_penalty|
+SAMPLING_MAX_BIAS = 100.0  # |a logit bias|
 
 
 class SessionOptions(Structure):
@@ -69,6 +72,23 @@ class SessionOptions(Structure):
         ("top_k", c_int32),
         ("top_p", c_float),
         ("cpu_threads", c_int32),
+    ]
+
+
+class Sampling(Structure):
+    _fields_ = [
+        ("struct_size", c_int64),
+        ("mode", c_int32),
+        ("temperature", c_float),
+        ("top_k", c_int32),
+        ("top_p", c_float),
+        ("repetition_penalty", c_float),
+        ("presence_penalty", c_float),
+        ("frequency_penalty", c_float),
+        ("min_p", c_float),
+        ("logit_bias_count", c_int32),
+        ("logit_bias_ids", POINTER(c_int32)),
+        ("logit_bias_values", POINTER(c_float)),
     ]
 
 
@@ -197,6 +217,7 @@ DECLARATIONS = {
     # ---- c_session.h
     "stepgraph_session_abi_version": (c_int32, []),
     "stepgraph_session_options_init": (c_int32, [("options", POINTER(SessionOptions))]),
+    "stepgraph_sampling_init": (c_int32, [("sampling", POINTER(Sampling))]),
     "stepgraph_session_create": (c_int32, [
         ("model_path", c_char_p), ("options", POINTER(SessionOptions)), ("session", _P_PTR)]),
     "stepgraph_session_destroy": (None, [("session", _SESSION)]),
@@ -206,6 +227,9 @@ DECLARATIONS = {
     "stepgraph_session_prefill": (c_int32, [
         ("session", _SESSION), ("slot", c_int64), ("ids", _P_I32), ("n", c_int64),
         ("seed", c_int32)]),
+    "stepgraph_session_prefill_sampled": (c_int32, [
+        ("session", _SESSION), ("slot", c_int64), ("ids", _P_I32), ("n", c_int64),
+        ("seed", c_int32), ("sampling", POINTER(Sampling))]),
     "stepgraph_session_generate": (c_int32, [
         ("session", _SESSION), ("slot", c_int64), ("n", c_int64), ("ids", _P_I32)]),
     "stepgraph_session_logits": (c_int32, [

@@ -5,6 +5,8 @@
         for piece in s.generate("Once upon a time", stream=True):   # text as it is made
             print(piece, end="", flush=True)
         s.chat([{"role": "user", "content": "What is the capital of France?"}])
+        s.generate("Once upon a time", temperature=0.8, top_p=0.95, seed=7,  # per call
+                   repetition_penalty=1.2, logit_bias={2: -100.0}, stop=["\n\n"])
 
     s = stepgraph.Session(None)          # the built-in tiny model, random weights, no tokenizer
     s.prefill([1, 2, 3])
@@ -75,6 +77,37 @@ def _float(value, name):
     return v
 
 
+def _bounded(value, name, lo, hi, lo_open=False, what=""):
+    """`value` as a finite float in [lo, hi] ((lo, hi] with lo_open), or ValueError naming
+    it and the range."""
+    v = _float(value, name)
+    if v > hi or v < lo or (lo_open and v == lo):
+        raise ValueError("%s must be in %s%r, %r]%s, got %r"
+                         % (name, "(" if lo_open else "[", lo, hi, what, v))
+    return v
+
+
+def _until_stop(pieces, stops):
+    """The text of `pieces` up to the first of the strings `stops`, which is left out: a stop
+    may span pieces, so the last len(longest stop) - 1 characters wait for the next piece.
+    Stopping closes `pieces` (its generation stops). Linear in the text."""
+    keep = max(len(t) for t in stops) - 1
+    held = ""
+    for piece in pieces:
+        held += piece
+        found = [i for i in (held.find(t) for t in stops) if i >= 0]
+        if found:
+            if min(found):
+                yield held[:min(found)]
+            pieces.close()
+            return
+        if len(held) > keep:
+            yield held[:len(held) - keep]
+            held = held[len(held) - keep:]
+    if held:
+        yield held
+
+
 def _ids(ids, name="ids"):
     """Token ids as a contiguous int32 array: integers only (Python ints or a NumPy integer
     array), each fitting int32, in one dimension."""
@@ -131,7 +164,8 @@ class Session:
     temperature, top_k, top_p: sampling, by name. Greedy (argmax) unless `temperature` is
       given; then each step samples at that temperature from the top_k most likely ids (0:
       no limit) whose probabilities sum to top_p, with each slot's seed (prefill's and
-      generate's `seed`). The C ABI fixes them when the session is made.
+      generate's `seed`). These are the session's; prefill, generate and chat take their
+      own per call (see prefill).
     cpu_threads: threads of the CPU backend's parallel ops (0: one per core).
 
     Close it with close() or a `with` block; the garbage collector closes it too.
@@ -151,6 +185,8 @@ class Session:
         if backend not in _BACKENDS:
             raise ValueError("backend must be one of %s, got %r" % (sorted(_BACKENDS), backend))
         self._lib = _lib.sessions()
+        # The session's sampling, which a call's own options default to.
+        self._temperature, self._top_k, self._top_p = None, 0, 1.0
         options = _lib.SessionOptions()
         self._lib.stepgraph_session_options_init(ctypes.byref(options))
         options.backend = _BACKENDS[backend]
@@ -166,6 +202,8 @@ class Session:
                 raise OverflowError("temperature %r does not fit a float32" % (temperature,))
             options.top_k = _int(top_k, "top_k", _INT32)
             options.top_p = _float(top_p, "top_p")
+            self._temperature, self._top_k, self._top_p = (
+                options.temperature, options.top_k, options.top_p)
         elif top_k != 0 or top_p != 1.0:
             raise ValueError("top_k and top_p shape sampling: give a temperature too "
                              "(without one the session decodes greedily)")
@@ -205,17 +243,117 @@ class Session:
         return self._handle is None
 
     @_locked
-    def prefill(self, ids: Ids, slot: int = 0, seed: int = 0) -> None:
+    def prefill(self, ids: Ids, slot: int = 0, seed: int = 0, *,
+                temperature: Optional[float] = None, top_k: Optional[int] = None,
+                top_p: Optional[float] = None, repetition_penalty: Optional[float] = None,
+                presence_penalty: Optional[float] = None,
+                frequency_penalty: Optional[float] = None, min_p: Optional[float] = None,
+                logit_bias: Optional[Mapping[int, float]] = None) -> None:
         """Starts a sequence in `slot` with the prompt token ids (integers fitting int32);
-        `seed` (int32) is the slot's sampling seed."""
-        handle = self._live()
-        prompt = _ids(ids)
-        slot = _int(slot, "slot")
-        seed = _int(seed, "seed", _INT32)
-        self._epoch += 1
-        self._check(self._lib.stepgraph_session_prefill(
-            handle, slot, prompt.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)),
-            prompt.size, seed))
+        `seed` (int32) is the slot's sampling seed.
+
+        The sequence's own way of choosing ids (generate and chat take the same keywords);
+        None leaves each as the session has it:
+          temperature: >= 0; 0 decodes greedily, above it each step samples (the session's
+            temperature when None; greedy for a greedy session).
+          top_k (>= 0, 0: no limit), top_p (in (0, 1]): with a temperature only.
+          repetition_penalty: > 0 (1: off), transformers': the logit l of an id in the
+            prompt or already generated becomes l / r where positive, l * r otherwise.
+          presence_penalty, frequency_penalty: in [-2, 2] (0: off), OpenAI's: l - (presence
+            + frequency * times generated) for each id generated so far.
+          min_p: in [0, 1] (0: off); sampled ids have at least min_p times the probability
+            of the top one.
+          logit_bias: {id: bias}, at most 64 ids of the vocabulary, biases in [-100, 100]
+            added to their logits (OpenAI's: -100 bans an id, 100 all but forces it).
+        Penalties and bias run in the decode step; a temperature other than the session's
+        is drawn on the host from the step's logits (each step waits for the device)."""
+        self._prefill(ids, slot, seed, self._sampling(
+            temperature, top_k, top_p, repetition_penalty, presence_penalty,
+            frequency_penalty, min_p, logit_bias))
+
+    def _sampling(self, temperature, top_k, top_p, repetition_penalty, presence_penalty,
+                  frequency_penalty, min_p, logit_bias):
+        """A call's sampling as (stepgraph_sampling, the arrays it points at), checked as the
+        C ABI checks it; None when the call asks for nothing of its own."""
+        if all(v is None for v in (temperature, top_k, top_p, repetition_penalty,
+                                   presence_penalty, frequency_penalty, min_p, logit_bias)):
+            return None
+        c = _lib.Sampling()
+        self._lib.stepgraph_sampling_init(ctypes.byref(c))
+        if temperature is not None:
+            t = _float(temperature, "temperature")
+            if t < 0:
+                raise ValueError("temperature must be >= 0 (0: greedy), got %r" % t)
+            if t > _lib._FLOAT_MAX:
+                raise OverflowError("temperature %r does not fit a float32" % t)
+        else:
+            t = self._temperature or 0.0
+        if t == 0.0 and (top_k is not None or top_p is not None):
+            raise ValueError("top_k and top_p shape sampling: give a temperature too "
+                             "(without one the call decodes greedily)")
+        if t > 0.0:
+            c.mode = _lib.SAMPLING_SAMPLE
+            c.temperature = t
+            c.top_k = self._top_k if top_k is None else _int(top_k, "top_k", _INT32)
+            if c.top_k < 0:
+                raise ValueError("top_k must be >= 0 (0: no limit), got %d" % c.top_k)
+            c.top_p = self._top_p if top_p is None else _bounded(top_p, "top_p", 0.0, 1.0,
+                                                                 lo_open=True)
+        limit = _lib.SAMPLING_MAX_PENALTY
+        if repetition_penalty is not None:
+            c.repetition_penalty = _float(repetition_penalty, "repetition_penalty")
+            if not c.repetition_penalty > 0:
+                raise ValueError("repetition_penalty must be > 0 (1: off), got %r"
+                                 % repetition_penalty)
+        if presence_penalty is not None:
+            c.presence_penalty = _bounded(presence_penalty, "presence_penalty", -limit, limit,
+                                          what=" (0: off)")
+        if frequency_penalty is not None:
+            c.frequency_penalty = _bounded(frequency_penalty, "frequency_penalty", -limit,
+                                           limit, what=" (0: off)")
+        if min_p is not None:
+            c.min_p = _bounded(min_p, "min_p", 0.0, 1.0, what=" (0: off)")
+        ids = np.zeros(0, dtype=np.int32)
+        values = np.zeros(0, dtype=np.float32)
+        if logit_bias is not None:
+            if not isinstance(logit_bias, Mapping):
+                raise TypeError("logit_bias must be a mapping {token id: bias}, got %s"
+                                % type(logit_bias).__name__)
+            if len(logit_bias) > _lib.SAMPLING_MAX_LOGIT_BIAS:
+                raise ValueError("logit_bias holds %d ids, at most %d are taken"
+                                 % (len(logit_bias), _lib.SAMPLING_MAX_LOGIT_BIAS))
+            bias = _lib.SAMPLING_MAX_BIAS
+            pairs = []
+            for k, v in logit_bias.items():
+                i = _int(k, "logit_bias id", _INT32)
+                if not 0 <= i < self.vocab_size:
+                    raise ValueError("logit_bias id %d is outside the vocabulary [0, %d)"
+                                     % (i, self.vocab_size))
+                pairs.append((i, _bounded(v, "logit_bias[%d]" % i, -bias, bias)))
+            if len({i for i, _ in pairs}) != len(pairs):  # 5 and np.int64(5) are one key
+                raise ValueError("logit_bias names an id twice")
+            ids = np.array([i for i, _ in pairs], dtype=np.int32)
+            values = np.array([v for _, v in pairs], dtype=np.float32)
+            c.logit_bias_count = len(pairs)
+            if pairs:
+                c.logit_bias_ids = ids.ctypes.data_as(ctypes.POINTER(ctypes.c_int32))
+                c.logit_bias_values = values.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
+        return c, (ids, values)
+
+    def _prefill(self, ids, slot, seed, sampling):
+        with self._lock:
+            handle = self._live()
+            prompt = _ids(ids)
+            slot = _int(slot, "slot")
+            seed = _int(seed, "seed", _INT32)
+            self._epoch += 1
+            pointer = prompt.ctypes.data_as(ctypes.POINTER(ctypes.c_int32))
+            if sampling is None:
+                self._check(self._lib.stepgraph_session_prefill(
+                    handle, slot, pointer, prompt.size, seed))
+            else:
+                self._check(self._lib.stepgraph_session_prefill_sampled(
+                    handle, slot, pointer, prompt.size, seed, ctypes.byref(sampling[0])))
 
     def _steps(self, n, slot):
         handle = self._live()
@@ -231,7 +369,13 @@ class Session:
 
     def generate(self, prompt: Union[Prompt, int], max_new_tokens: Optional[int] = None, *,
                  slot: int = 0, seed: int = 0, chat: bool = False,
-                 stop: Union[bool, Iterable[int], None] = True, stream: bool = False
+                 stop: Union[bool, str, Iterable[Union[int, str]], None] = True,
+                 stream: bool = False, temperature: Optional[float] = None,
+                 top_k: Optional[int] = None, top_p: Optional[float] = None,
+                 repetition_penalty: Optional[float] = None,
+                 presence_penalty: Optional[float] = None,
+                 frequency_penalty: Optional[float] = None, min_p: Optional[float] = None,
+                 logit_bias: Optional[Mapping[int, float]] = None
                  ) -> Union[str, List[int], Iterator[str], Iterator[int]]:
         """Three forms:
 
@@ -243,56 +387,101 @@ class Session:
           steps), as a list; no stopping.
 
         The first two stop before the first of the model's stop ids (stop_ids(chat)) unless
-        stop=False; stop may also be a list of ids. At most max_new_tokens (default 32) ids
-        are generated; the prompt and them must fit max_seq. `seed` is the slot's sampling
-        seed (see Session).
+        stop=False. stop may also list ids (they replace the model's) and, for text,
+        strings: the text ends before the first of them, matched on the decoded text across
+        token boundaries and left out of it (strings alone keep the model's stop ids). At
+        most max_new_tokens (default 32) ids are generated; the prompt and them must fit
+        max_seq. `seed` is the slot's sampling seed (see Session); temperature, top_k,
+        top_p, repetition_penalty, presence_penalty, frequency_penalty, min_p and
+        logit_bias choose this call's ids (see prefill).
 
         stream=True returns an iterator instead: of text pieces for a text prompt (their
         concatenation is the text generate returns; a character split between ids comes
         whole, in one piece), of ids for an id prompt. It runs as it is read, one step per
         piece or id at most; see the module's docstring for sharing a session meanwhile."""
+        sampling = (temperature, top_k, top_p, repetition_penalty, presence_penalty,
+                    frequency_penalty, min_p, logit_bias)
         if isinstance(prompt, numbers.Integral) and not isinstance(prompt, bool):
-            if max_new_tokens is not None or chat or seed != 0 or stream:
+            if (max_new_tokens is not None or chat or seed != 0 or stream
+                    or any(v is not None for v in sampling)):
                 raise ValueError("generate(n) continues a prefilled slot: give slot= alone "
-                                 "(max_new_tokens, seed, chat and stream belong to a prompt)")
+                                 "(max_new_tokens, seed, chat, stream and sampling belong to "
+                                 "a prompt)")
             with self._lock:
                 return self._steps(prompt, slot)
         text = isinstance(prompt, (str, bytes))
         if chat and not text:
             raise ValueError("chat=True wraps a text prompt")
+        with self._lock:
+            ids = self.encode(prompt, chat=chat) if text else _ids(prompt, "prompt").tolist()
+        return self._generate(ids, max_new_tokens, slot, seed, stop, stream, text, chat,
+                              sampling)
+
+    def _generate(self, ids, max_new_tokens, slot, seed, stop, stream, text, chat, sampling):
+        """generate and chat from the prompt's ids: text out (special tokens left out) when
+        `text`, else ids."""
         n = 32 if max_new_tokens is None else _int(max_new_tokens, "max_new_tokens")
         if n < 1:
             raise ValueError("max_new_tokens must be >= 1, got %d" % n)
         slot = _int(slot, "slot")
         seed = _int(seed, "seed", _INT32)
+        if not ids:
+            raise ValueError("the prompt has no ids")
         with self._lock:
-            ids = self.encode(prompt, chat=chat) if text else _ids(prompt, "prompt").tolist()
-            if not ids:
-                raise ValueError("the prompt has no ids")
             # A prefill feeds every prompt id but the last; each step feeds one more.
             if len(ids) + n - 1 > self.max_seq:
                 raise ValueError("a prompt of %d ids and %d new ids need %d positions, the "
                                  "session has max_seq %d"
                                  % (len(ids), n, len(ids) + n - 1, self.max_seq))
-            if stop is True:
-                stops = set(self.stop_ids(chat=chat))
-            elif stop is False or stop is None:
-                stops = set()
-            else:
-                stops = set(_ids(stop, "stop").tolist())
-        new_ids = self._new_ids(ids, n, slot, seed, stops, stream)
+            stop_ids, stop_texts = self._stops(stop, chat, text)
+            call = self._sampling(*sampling)
+        # Stop strings are found in the text as it comes: the ids are asked for one at a
+        # time, as by a stream.
+        new_ids = self._new_ids(ids, n, slot, seed, stop_ids, stream or bool(stop_texts),
+                                call)
+        if not text:
+            if stream:
+                return new_ids
+            with self._lock:  # whole: one locked call, as before streams existed
+                return list(new_ids)
+        if not stop_texts:
+            if stream:
+                return self._text_pieces(new_ids)
+            with self._lock:
+                return self.decode(list(new_ids), skip_special=True)
+        pieces = _until_stop(self._text_pieces(new_ids), stop_texts)
         if stream:
-            return self._text_pieces(new_ids) if text else new_ids
-        # Whole: one locked call, as before streams existed.
+            return pieces
         with self._lock:
-            out = list(new_ids)
-            return self.decode(out, skip_special=True) if text else out
+            return "".join(pieces)
 
-    def _new_ids(self, ids, n, slot, seed, stops, stream):
+    def _stops(self, stop, chat, text):
+        """The stop ids (a set) and stop strings (a list) of generate's `stop`."""
+        if stop is True:
+            return set(self.stop_ids(chat=chat)), []
+        if stop is False or stop is None:
+            return set(), []
+        if isinstance(stop, str):
+            stop = [stop]
+        if isinstance(stop, np.ndarray):
+            return set(_ids(stop, "stop").tolist()), []
+        items = list(stop)
+        texts = [x for x in items if isinstance(x, str)]
+        given = [x for x in items if not isinstance(x, str)]
+        if texts and not text:
+            raise ValueError("stop strings are matched on text: give a text prompt (an id "
+                             "prompt stops at ids)")
+        if any(not t for t in texts):
+            raise ValueError("a stop string is empty")
+        if given or not texts:
+            return set(_ids(given, "stop").tolist()), texts
+        return set(self.stop_ids(chat=chat)), texts
+
+    def _new_ids(self, ids, n, slot, seed, stops, stream, sampling=None):
         """The new ids of a prompt, lazily: each step runs under the lock when it is asked
         for, after checking that no other call used the session since this one's last."""
         with self._lock:
-            self.prefill(ids, slot=slot, seed=seed)
+            self._prefill(ids, slot, seed, sampling)
             mine = self._epoch
         # Steps in chunks, so that a stop ends the work early; the CPU steps one at a time
         # (a step there costs far more than a call), and so does a stream, whose reader
@@ -344,29 +533,32 @@ class Session:
         return after[len(before):]
 
     def chat(self, messages: Union[str, Sequence[Message]], max_new_tokens: Optional[int] = None,
-             *, slot: int = 0, seed: int = 0, stop: Union[bool, Iterable[int], None] = True,
-             stream: bool = False) -> Union[str, Iterator[str]]:
+             *, slot: int = 0, seed: int = 0,
+             stop: Union[bool, str, Iterable[Union[int, str]], None] = True,
+             stream: bool = False, temperature: Optional[float] = None,
+             top_k: Optional[int] = None, top_p: Optional[float] = None,
+             repetition_penalty: Optional[float] = None,
+             presence_penalty: Optional[float] = None,
+             frequency_penalty: Optional[float] = None, min_p: Optional[float] = None,
+             logit_bias: Optional[Mapping[int, float]] = None) -> Union[str, Iterator[str]]:
         """The assistant's reply to a conversation: the messages through the model's chat
         template as transformers' apply_chat_template(messages, add_generation_prompt=True)
         renders them (encode_chat), then generated as generate(ids, ...) and returned as
         text, special tokens left out; stream=True gives an iterator of text pieces.
 
         messages: [{"role": "system" | "user" | "assistant", "content": "..."}, ...], or
-        the user's text alone. stop=True stops at the chat's stop ids (stop_ids(chat=True)).
-        Each call renders and prefills the whole conversation."""
+        the user's text alone. stop=True stops at the chat's stop ids (stop_ids(chat=True));
+        stop strings and the sampling keywords are generate's. Each call renders and
+        prefills the whole conversation."""
         if isinstance(messages, (str, bytes)):
             text = messages if isinstance(messages, str) else messages.decode("utf-8")
             messages = [{"role": "user", "content": text}]
         ids = self.encode_chat(messages)
         if not ids:
             raise ValueError("the chat template rendered no ids")
-        if stop is True:
-            stop = self.stop_ids(chat=True)
-        new_ids = self.generate(ids, max_new_tokens, slot=slot, seed=seed, stop=stop,
-                                stream=stream)
-        if stream:
-            return self._text_pieces(new_ids)
-        return self.decode(new_ids, skip_special=True)
+        return self._generate(ids, max_new_tokens, slot, seed, stop, stream, True, True,
+                              (temperature, top_k, top_p, repetition_penalty,
+                               presence_penalty, frequency_penalty, min_p, logit_bias))
 
     # ---- text (the model's tokenizer) ----------------------------------------------------
 
@@ -469,11 +661,12 @@ class Session:
         return out[:count.value].tolist()
 
     @_locked
-    def complete(self, ids: Ids, max_new_tokens: int = 32, slot: int = 0, seed: int = 0
-                 ) -> List[int]:
+    def complete(self, ids: Ids, max_new_tokens: int = 32, slot: int = 0, seed: int = 0,
+                 **sampling) -> List[int]:
         """Starts `slot` with the prompt ids and returns its max_new_tokens new ids, without
-        stopping (generate(ids) stops at the stop ids; generate("text") speaks text)."""
-        self.prefill(ids, slot=slot, seed=seed)
+        stopping (generate(ids) stops at the stop ids; generate("text") speaks text).
+        `sampling`: prefill's keywords (temperature, ..., logit_bias)."""
+        self.prefill(ids, slot=slot, seed=seed, **sampling)
         return self._steps(max_new_tokens, slot)
 
     @_locked
