@@ -920,7 +920,8 @@ TEST_P(SessionCudaTest, TimedAndProfiledStepsAreOrdinarySteps) {
 // Mixture-of-experts models on the GPU: the kernels of dispatch/cuda/moe.cc route each row
 // from the router's logits on the device. Every MoE family fixture (Mixtral and Qwen3-MoE
 // folders, a Qwen3-MoE with dense layers, their GGUF files, Mixtral with Q8_0 experts)
-// gives the CPU reference session's greedy ids and transformers' ids and logits.
+// gives the CPU reference session's greedy ids (hf_parity_cuda_test holds the same
+// fixtures to transformers' ids and logits).
 TEST_P(SessionCudaTest, MoeFamilyFixturesGiveTheCpuReferenceIds) {
   for (const char* name : {"family_mixtral", "family_qwen3_moe", "family_qwen3_moe_mixed",
                            "family_qwen3_moe/model.gguf", "family_mixtral_q8_0/model.gguf"}) {
@@ -943,8 +944,8 @@ TEST_P(SessionCudaTest, MoeFamilyFixturesGiveTheCpuReferenceIds) {
       ASSERT_TRUE(got.ok()) << got.status();
       ids.push_back(*got);
     }
+    ASSERT_EQ(ids[0].size(), want.generated.size());
     EXPECT_EQ(ids[1], ids[0]);
-    testing::CheckSessionParity(dir, Backend::kCuda, GetParam());
   }
 }
 
