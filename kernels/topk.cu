@@ -66,7 +66,7 @@ __global__ void TopkKernel(const T* __restrict__ x, T* __restrict__ values,
     bound = best;
     if (threadIdx.x == 0) {
       const int64_t j = 0xFFFFFFFFu - static_cast<uint32_t>(best & 0xFFFFFFFFu);
-      values[row * k + r] = in[j];
+      if (values != nullptr) values[row * k + r] = in[j];
       indices[row * k + r] = static_cast<int32_t>(j);
     }
   }

@@ -15,7 +15,7 @@ namespace sg::kernels {
 constexpr int64_t kTopkMaxK = 1024;
 
 // values [rows, k] of dtype, indices [rows, k] int32, from x [rows, n]; n < 2^31,
-// 1 <= k <= min(n, kTopkMaxK), rows < 2^31.
+// 1 <= k <= min(n, kTopkMaxK), rows < 2^31. values may be null: the indices only (MoeTopK).
 cudaError_t LaunchTopk(const void* x, void* values, int32_t* indices, int64_t rows, int64_t n,
                        int64_t k, DType dtype, Stream stream);
 

@@ -1,55 +1,138 @@
-// The mixture-of-experts ops on CUDA: not yet. Supports says no for every one of them, so
-// the passes never make work for them here, and Prepare refuses a plan that holds one with
-// Unimplemented naming the op: such a model runs on the CPU reference (--cpu) until the
-// kernels come (one block per (row, chosen expert) reading the expert ids on the device).
+// The mixture-of-experts unit of CudaDispatch: MoeTopK (kernels/topk.cuh, whose order and
+// ties are the op's), MoeRouteWeights, MoeMatMul and MoeCombine (kernels/moe.cuh), one
+// launch per node and no state. The kernels read the expert ids from device memory, so the
+// launches depend on the shapes only and a captured step replays any routing. Prepare
+// refuses by name what the kernels do not take (Supports says no to the same), so nothing
+// runs to a silent wrong answer.
+#include <climits>
+
 #include "absl/strings/str_cat.h"
+#include "dispatch/cuda/cuda_status.h"
 #include "dispatch/cuda/op_units.h"
+#include "kernels/moe.cuh"
+#include "kernels/topk.cuh"
+#include "stepgraph/base/status.h"
 
 namespace sg {
 namespace internal {
 namespace {
 
-absl::Status NotOnCuda(absl::string_view op) {
-  return absl::UnimplementedError(absl::StrCat(
-      "CUDA has no ", op, " kernel yet (mixture-of-experts models run on the CPU reference: "
-      "--cpu)"));
+// The limits of each kernel over inputs shape inference accepted (op_units.h: logits
+// [M, E], ids [M, k], w [E, N, K], y [M, k·N]); an empty message when they are met.
+std::string TopKLimits(const ops::MoeTopK& op, const Shape& logits) {
+  if (logits[0] > INT_MAX || logits[1] > INT_MAX || op.top_k > kernels::kTopkMaxK) {
+    return absl::StrCat("the CUDA top-k takes up to 2^31-1 rows and experts and top_k up to ",
+                        kernels::kTopkMaxK, "; got logits ", logits.ToString(), " and top_k ",
+                        op.top_k);
+  }
+  return "";
+}
+
+std::string RouteLimits(const Shape& logits, const Shape& ids) {
+  if (logits[0] > INT_MAX || logits[1] > INT_MAX || ids[1] > INT_MAX) {
+    return absl::StrCat("the CUDA route weights take up to 2^31-1 rows, experts and chosen "
+                        "experts; got logits ", logits.ToString(), " and ids ", ids.ToString());
+  }
+  return "";
+}
+
+std::string MatMulLimits(const Tensor& x, const Tensor& w, const Tensor& ids) {
+  if (kernels::MoeMatMulTakes(x.shape[0], w.shape[0], w.shape[1], w.shape[2], ids.shape[1],
+                              x.dtype, w.dtype)) {
+    return "";
+  }
+  return absl::StrCat(
+      "no CUDA MoeMatMul for x ", x.shape.ToString(), " ", DTypeName(x.dtype), " with w ",
+      w.shape.ToString(), " ", DTypeName(w.dtype), " and ids ", ids.shape.ToString(),
+      " (it takes w of x's dtype or a block format with K a multiple of its block, N up to ",
+      65535 * kernels::kMoeMatMulCols, " and rows * top_k up to 2^31-1)");
+}
+
+std::string CombineLimits(const Shape& y, const Shape& weights) {
+  const int64_t top_k = weights[1], n = y[1] / top_k;
+  if (y[0] > INT_MAX || top_k > kernels::kMoeCombineMaxTopK || (n + 255) / 256 > 65535) {
+    return absl::StrCat("the CUDA MoeCombine takes up to 2^31-1 rows, top_k up to ",
+                        kernels::kMoeCombineMaxTopK, " and N up to ", 65535 * 256, "; got y ",
+                        y.ToString(), " and weights ", weights.ToString());
+  }
+  return "";
+}
+
+PreparedOr RefuseUnless(const std::string& limits) {
+  if (limits.empty()) return NoState();
+  return absl::UnimplementedError(limits);
 }
 
 }  // namespace
 
-PreparedOr Prepare(const ops::MoeTopK&, const CudaPrepareContext&) {
-  return NotOnCuda("MoeTopK");
+bool Supports(const ops::MoeTopK& op, const CudaSupportQuery& q) {
+  return TopKLimits(op, q.input(0).shape).empty();
 }
-PreparedOr Prepare(const ops::MoeRouteWeights&, const CudaPrepareContext&) {
-  return NotOnCuda("MoeRouteWeights");
+bool Supports(const ops::MoeRouteWeights&, const CudaSupportQuery& q) {
+  return RouteLimits(q.input(0).shape, q.input(1).shape).empty();
 }
-PreparedOr Prepare(const ops::MoeMatMul&, const CudaPrepareContext&) {
-  return NotOnCuda("MoeMatMul");
+bool Supports(const ops::MoeMatMul&, const CudaSupportQuery& q) {
+  return MatMulLimits(q.input(0), q.input(1), q.input(2)).empty();
 }
-PreparedOr Prepare(const ops::MoeCombine&, const CudaPrepareContext&) {
-  return NotOnCuda("MoeCombine");
+bool Supports(const ops::MoeCombine&, const CudaSupportQuery& q) {
+  return CombineLimits(q.input(0).shape, q.input(1).shape).empty();
 }
 
-bool Supports(const ops::MoeTopK&, const CudaSupportQuery&) { return false; }
-bool Supports(const ops::MoeRouteWeights&, const CudaSupportQuery&) { return false; }
-bool Supports(const ops::MoeMatMul&, const CudaSupportQuery&) { return false; }
-bool Supports(const ops::MoeCombine&, const CudaSupportQuery&) { return false; }
+PreparedOr Prepare(const ops::MoeTopK& op, const CudaPrepareContext& c) {
+  return RefuseUnless(TopKLimits(op, c.input(0).shape));
+}
+PreparedOr Prepare(const ops::MoeRouteWeights&, const CudaPrepareContext& c) {
+  return RefuseUnless(RouteLimits(c.input(0).shape, c.input(1).shape));
+}
+PreparedOr Prepare(const ops::MoeMatMul&, const CudaPrepareContext& c) {
+  return RefuseUnless(MatMulLimits(c.input(0), c.input(1), c.input(2)));
+}
+PreparedOr Prepare(const ops::MoeCombine&, const CudaPrepareContext& c) {
+  return RefuseUnless(CombineLimits(c.input(0).shape, c.input(1).shape));
+}
 
 }  // namespace internal
 
-// Prepare refuses every plan holding one of these ops, so no Run is reached; a Run
-// without a plan says the same.
-absl::Status CudaDispatch::Run(const ops::MoeTopK&, const NodeArgs&) {
-  return internal::NotOnCuda("MoeTopK");
+// Shapes were checked in Prepare.
+absl::Status CudaDispatch::Run(const ops::MoeTopK& op, const NodeArgs& args) {
+  const TensorArg& logits = args.inputs[0];
+  return ToStatus(kernels::LaunchTopk(logits.data, nullptr, args.output.as<int32_t>(),
+                                      logits.shape[0], logits.shape[1], op.top_k, logits.dtype,
+                                      launch()),
+                  "LaunchTopk");
 }
-absl::Status CudaDispatch::Run(const ops::MoeRouteWeights&, const NodeArgs&) {
-  return internal::NotOnCuda("MoeRouteWeights");
+
+absl::Status CudaDispatch::Run(const ops::MoeRouteWeights& op, const NodeArgs& args) {
+  const TensorArg& logits = args.inputs[0];
+  const TensorArg& ids = args.inputs[1];
+  return ToStatus(kernels::LaunchMoeRouteWeights(
+                      logits.data, logits.dtype, ids.as<const int32_t>(),
+                      args.output.as<float>(), logits.shape[0], logits.shape[1], ids.shape[1],
+                      op.renormalize, op.round_to_dtype, error_flags_, launch()),
+                  "LaunchMoeRouteWeights");
 }
-absl::Status CudaDispatch::Run(const ops::MoeMatMul&, const NodeArgs&) {
-  return internal::NotOnCuda("MoeMatMul");
+
+absl::Status CudaDispatch::Run(const ops::MoeMatMul&, const NodeArgs& args) {
+  const TensorArg& x = args.inputs[0];
+  const TensorArg& w = args.inputs[1];
+  const TensorArg& ids = args.inputs[2];
+  const int64_t k = w.shape[2];
+  return ToStatus(kernels::LaunchMoeMatMul(x.data, w.data, w.dtype, ids.as<const int32_t>(),
+                                           args.output.data, x.shape[0], w.shape[0],
+                                           w.shape[1], k, ids.shape[1], x.shape[1] != k,
+                                           x.dtype, error_flags_, launch()),
+                  "LaunchMoeMatMul");
 }
-absl::Status CudaDispatch::Run(const ops::MoeCombine&, const NodeArgs&) {
-  return internal::NotOnCuda("MoeCombine");
+
+absl::Status CudaDispatch::Run(const ops::MoeCombine&, const NodeArgs& args) {
+  const TensorArg& y = args.inputs[0];
+  const TensorArg& weights = args.inputs[1];
+  const int64_t top_k = weights.shape[1];
+  return ToStatus(kernels::LaunchMoeCombine(y.data, y.dtype, weights.data, weights.dtype,
+                                            args.inputs[2].as<const int32_t>(),
+                                            args.output.data, y.shape[0], y.shape[1] / top_k,
+                                            top_k, launch()),
+                  "LaunchMoeCombine");
 }
 
 }  // namespace sg

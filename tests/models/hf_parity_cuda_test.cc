@@ -89,7 +89,11 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, HfParityCudaTest,
                                                     "family_qwen2/model.gguf",
                                                     "family_qwen3/model.gguf",
                                                     "family_phi3/model.gguf",
-                                                    "family_gemma/model.gguf"})),
+                                                    "family_gemma/model.gguf",
+                                                    "family_mixtral", "family_qwen3_moe",
+                                                    "family_qwen3_moe_mixed",
+                                                    "family_qwen3_moe/model.gguf",
+                                                    "family_mixtral_q8_0/model.gguf"})),
                          CaseName);
 
 // ---- GGUF fixtures ----

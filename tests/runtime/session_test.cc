@@ -34,6 +34,7 @@
 #include "stepgraph/base/half.h"
 #include "stepgraph/graph/memory_plan.h"
 #include "tests/models/session_parity.h"
+#include "tests/testing/family_configs.h"
 #include "tests/testing/util.h"
 
 #ifndef SG_FIXTURES_DIR
@@ -914,6 +915,55 @@ TEST_P(SessionCudaTest, TimedAndProfiledStepsAreOrdinarySteps) {
   absl::StatusOr<std::vector<int32_t>> tokens = s->Tokens(0);
   ASSERT_TRUE(tokens.ok());
   EXPECT_EQ(*tokens, Alone(CpuOptions(1, 64), a, static_cast<int64_t>(tokens->size())));
+}
+
+// Mixture-of-experts models on the GPU: the kernels of dispatch/cuda/moe.cc route each row
+// from the router's logits on the device. Every MoE family fixture (Mixtral and Qwen3-MoE
+// folders, a Qwen3-MoE with dense layers, their GGUF files, Mixtral with Q8_0 experts)
+// gives the CPU reference session's greedy ids (hf_parity_cuda_test holds the same
+// fixtures to transformers' ids and logits).
+TEST_P(SessionCudaTest, MoeFamilyFixturesGiveTheCpuReferenceIds) {
+  for (const char* name : {"family_mixtral", "family_qwen3_moe", "family_qwen3_moe_mixed",
+                           "family_qwen3_moe/model.gguf", "family_mixtral_q8_0/model.gguf"}) {
+    SCOPED_TRACE(name);
+    const std::string dir = std::string(SG_FIXTURES_DIR) + "/" + name;
+    const testing::ParityExpected want = testing::ReadParityExpected(testing::ExpectedJsonOf(dir));
+    std::vector<std::vector<int32_t>> ids;
+    for (const Backend backend : {Backend::kCpu, Backend::kCuda}) {
+      SessionOptions o;
+      o.model_path = dir;
+      o.backend = backend;
+      o.eager = GetParam();
+      o.max_slots = 1;
+      o.max_seq = static_cast<int64_t>(want.prompt.size() + want.generated.size());
+      std::unique_ptr<DecodeSession> s = MakeSession(o);
+      ASSERT_NE(s, nullptr);
+      ASSERT_TRUE(s->Prefill(0, want.prompt).ok());
+      absl::StatusOr<std::vector<int32_t>> got =
+          s->Generate(0, static_cast<int64_t>(want.generated.size()));
+      ASSERT_TRUE(got.ok()) << got.status();
+      ids.push_back(*got);
+    }
+    ASSERT_EQ(ids[0].size(), want.generated.size());
+    EXPECT_EQ(ids[1], ids[0]);
+  }
+}
+
+// Tiny random Mixtral and Qwen3-MoE models in the two-slot scenario (rows of one step
+// routed to different experts, prefill beside decode, a release): the CPU reference's ids.
+TEST_P(SessionCudaTest, MoeGreedyIdsEqualTheCpuReference) {
+  for (const auto& [family, config] : testing::MoeTinyConfigs(DType::kF32)) {
+    SCOPED_TRACE(family);
+    SessionOptions o = CpuOptions(2, 64);
+    o.config = config;
+    const Scenario cpu = RunScenario(o);
+    o.backend = Backend::kCuda;
+    o.eager = GetParam();
+    const Scenario gpu = RunScenario(o);
+    ASSERT_EQ(gpu.tokens.size(), 2u);
+    EXPECT_EQ(gpu.tokens, cpu.tokens);
+    EXPECT_LE(testing::NormalizedError(gpu.logits, cpu.logits), 1e-4);
+  }
 }
 
 // Replays of every bucket (switching between them as slots come and go) compute what the

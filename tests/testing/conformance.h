@@ -44,9 +44,6 @@ struct OpCase {
   uint64_t seed = 1;
   // Adjusts the CUDA dispatcher's options after the environment's (e.g. to force a path).
   std::function<void(CudaOptions&)> cuda_options;
-  // false: CUDA has no kernel for the case's op yet and refuses it by name (the MoE ops,
-  // dispatch/cuda/moe.cc); the GPU test checks that refusal instead of comparing.
-  bool cuda = true;
 };
 
 // gtest prints a parameter with this; without it test listings show the struct's bytes.

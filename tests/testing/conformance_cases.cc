@@ -193,18 +193,20 @@ std::vector<OpCase> ConformanceCases() {
            },
            .tolerance = Tol(t)});
     }
-    // Mixture of experts: Qwen3-30B-A3B's routing (128 experts, top 8) and Mixtral's (8,
-    // top 2); the experts' matmuls at small shapes, an expert input shared by the chosen
-    // experts (gate, up) and one per expert (down), and ids out of range.
+    // Mixture of experts: Qwen3-30B-A3B's routing (128 experts, top 8), Mixtral's (8, top
+    // 2) and top 1; the experts' matmuls at small shapes, an expert input shared by the
+    // chosen experts (gate, up) and one per expert (down), odd sizes (scalar loads, a
+    // partial block of columns), and ids out of range. Random bf16/f16 logits in [-4, 4)
+    // over 128 experts tie often: the lower index must come first.
     struct Moe { int64_t rows, experts, top_k; };
-    for (Moe s : {Moe{1, 128, 8}, Moe{5, 8, 2}}) {
+    for (Moe s : {Moe{1, 128, 8}, Moe{5, 8, 2}, Moe{7, 64, 1}}) {
       const std::string shape = absl::StrCat(s.rows, "x", s.experts, "/top", s.top_k);
       add({.name = Name("MoeTopK", t, shape),
            .build = [=](GraphBuilder& b) {
              b.Output("out", b.MoeTopK(b.Input("logits", t, {s.rows, s.experts}),
                                        static_cast<int32_t>(s.top_k)));
            },
-           .tolerance = 0.0, .float_range = 4.0f, .cuda = false});
+           .tolerance = 0.0, .float_range = 4.0f});
       for (ops::MoeRouteWeights route : {ops::MoeRouteWeights{false, false},
                                          ops::MoeRouteWeights{true, false},
                                          ops::MoeRouteWeights{true, true}}) {
@@ -217,11 +219,19 @@ std::vector<OpCase> ConformanceCases() {
                                                  route));
              },
              .tolerance = Tol(t), .int_hi = static_cast<int32_t>(s.experts),
-             .float_range = 4.0f, .cuda = false});
+             .float_range = 4.0f});
       }
     }
+    add({.name = Name("MoeRouteWeights", t, "bad_ids"),
+         .build = [=](GraphBuilder& b) {
+           b.Output("out", b.MoeRouteWeights(b.Input("logits", t, {3, 8}),
+                                             b.Input("ids", DType::kI32, {3, 2}), {true, false}));
+         },
+         .tolerance = Tol(t), .int_values = {{"ids", {0, 3, -1, 5, 8, 2}}}, .float_range = 4.0f});
     struct MoeMm { int64_t rows, experts, top_k, n, k; bool per_slot; };
-    for (MoeMm s : {MoeMm{1, 16, 4, 96, 128, false}, MoeMm{3, 8, 2, 64, 96, true}}) {
+    for (MoeMm s : {MoeMm{1, 16, 4, 96, 128, false}, MoeMm{3, 8, 2, 64, 96, true},
+                    MoeMm{4, 128, 8, 64, 128, false}, MoeMm{6, 32, 1, 200, 256, false},
+                    MoeMm{2, 8, 2, 33, 37, true}}) {
       const std::string shape = absl::StrCat(s.rows, "x", s.experts, "x", s.n, "x", s.k, "/top",
                                              s.top_k, s.per_slot ? "/per_slot" : "");
       add({.name = Name("MoeMatMul", t, shape),
@@ -231,7 +241,7 @@ std::vector<OpCase> ConformanceCases() {
                                  b.Weight("w", t, {s.experts, s.n, s.k}),
                                  b.Input("ids", DType::kI32, {s.rows, s.top_k})));
            },
-           .tolerance = Tol(t), .int_hi = static_cast<int32_t>(s.experts), .cuda = false});
+           .tolerance = Tol(t), .int_hi = static_cast<int32_t>(s.experts)});
     }
     add({.name = Name("MoeMatMul", t, "bad_ids"),
          .build = [=](GraphBuilder& b) {
@@ -239,16 +249,25 @@ std::vector<OpCase> ConformanceCases() {
                                        b.Input("ids", DType::kI32, {2, 3})));
          },
          .tolerance = Tol(t),
-         .int_values = {{"ids", {0, -1, 3, 4, 2, 1000}}}, .cuda = false});
-    for (int64_t top_k : {2, 8}) {
-      add({.name = Name("MoeCombine", t, absl::StrCat("3x", top_k, "x256")),
+         .int_values = {{"ids", {0, -1, 3, 4, 2, 1000}}}});
+    // Ids drawn from 128 experts (rarely equal) and from 3 (often equal: ties by slot).
+    struct Mc { int64_t top_k; int32_t experts; };
+    for (Mc s : {Mc{1, 128}, Mc{2, 128}, Mc{8, 128}, Mc{8, 3}}) {
+      add({.name = Name("MoeCombine", t, absl::StrCat("3x", s.top_k, "x256/E", s.experts)),
            .build = [=](GraphBuilder& b) {
-             b.Output("out", b.MoeCombine(b.Input("y", t, {3, top_k * 256}),
-                                          b.Input("weights", DType::kF32, {3, top_k}),
-                                          b.Input("ids", DType::kI32, {3, top_k})));
+             b.Output("out", b.MoeCombine(b.Input("y", t, {3, s.top_k * 256}),
+                                          b.Input("weights", DType::kF32, {3, s.top_k}),
+                                          b.Input("ids", DType::kI32, {3, s.top_k})));
            },
-           .tolerance = Tol(t), .int_hi = 128, .cuda = false});
+           .tolerance = Tol(t), .int_hi = s.experts});
     }
+    add({.name = Name("MoeCombine", t, "5x4x100/weights_of_y_dtype"),
+         .build = [=](GraphBuilder& b) {
+           b.Output("out", b.MoeCombine(b.Input("y", t, {5, 4 * 100}),
+                                        b.Input("weights", t, {5, 4}),
+                                        b.Input("ids", DType::kI32, {5, 4})));
+         },
+         .tolerance = Tol(t), .int_hi = 6});
     // Linear RoPE scaling.
     add({.name = Name("Rope", t, "4x8x64/linear"),
          .build = [=](GraphBuilder& b) {
@@ -451,6 +470,49 @@ std::vector<OpCase> ConformanceCases() {
            b.Copy(b.Input("src", t, {8, 16}), dst);
          },
          .tolerance = 0.0});
+  }
+
+  // MoeMatMul over experts in every block format (the layout repacked at upload, its
+  // planes spanning all experts): activations in f32 and bf16, an input shared by the
+  // chosen experts and one per expert, 128 experts and top 8, top 1, and bad ids.
+  for (DType w : {DType::kQ8_0, DType::kQ4_0, DType::kQ4_1, DType::kQ5_0, DType::kQ5_1,
+                  DType::kQ4_K, DType::kQ5_K, DType::kQ6_K}) {
+    struct MoeQ { DType x; int64_t rows, experts, top_k, n, k; bool per_slot; };
+    for (MoeQ s : {MoeQ{DType::kF32, 3, 16, 4, 64, 256, false},
+                   MoeQ{DType::kF32, 2, 8, 2, 48, 512, true},
+                   MoeQ{DType::kBF16, 1, 128, 8, 32, 256, false},
+                   MoeQ{DType::kBF16, 5, 16, 1, 40, 256, false}}) {
+      add({.name = absl::StrCat("MoeMatMul/", DTypeName(w), "/", DTypeName(s.x), "/", s.rows,
+                                "x", s.experts, "x", s.n, "x", s.k, "/top", s.top_k,
+                                s.per_slot ? "/per_slot" : ""),
+           .build = [=](GraphBuilder& b) {
+             b.Output("out", b.MoeMatMul(
+                                 b.Input("x", s.x, {s.rows, s.per_slot ? s.top_k * s.k : s.k}),
+                                 b.Weight("w", w, {s.experts, s.n, s.k}),
+                                 b.Input("ids", DType::kI32, {s.rows, s.top_k})));
+           },
+           .tolerance = Tol(s.x), .int_hi = static_cast<int32_t>(s.experts)});
+    }
+    add({.name = absl::StrCat("MoeMatMul/", DTypeName(w), "/f32/bad_ids"),
+         .build = [=](GraphBuilder& b) {
+           b.Output("out", b.MoeMatMul(b.Input("x", DType::kF32, {2, 256}),
+                                       b.Weight("w", w, {4, 16, 256}),
+                                       b.Input("ids", DType::kI32, {2, 2})));
+         },
+         .tolerance = 1e-5,
+         .int_values = {{"ids", {3, 4, -7, 0}}}});
+  }
+  // MoeTopK's order where values are equal or not numbers: NaN above every number (lower
+  // index first among NaNs), -0 equal to +0, equal values by index.
+  {
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    add({.name = "MoeTopK/f32/nan_and_ties",
+         .build = [](GraphBuilder& b) {
+           b.Output("out", b.MoeTopK(b.Input("logits", DType::kF32, {2, 8}), 6));
+         },
+         .tolerance = 0.0,
+         .float_values = {{"logits", {1.0f, nan, 2.0f, -0.0f, 0.0f, nan, 2.0f, -1.0f,
+                                      0.0f, -0.0f, 0.5f, 0.5f, -3.0f, 0.5f, -0.0f, 4.0f}}}});
   }
 
   add({.name = "Add/i32/8x16",
@@ -657,8 +719,14 @@ std::vector<OpCase> ConformanceCases() {
   using IntValues = std::vector<std::pair<std::string, std::vector<int32_t>>>;
   // Whole steps of every other family through the passes (the backend's: CUDA fuses what
   // it runs), decode and prefill (two sequences of 8 rows), positions past the windows.
+  // The mixture-of-experts families too, in f32 only: bf16 router logits tie often, and
+  // an expert chosen the other way changes its row entirely.
   for (DType t : {DType::kF32, DType::kBF16}) {
-    for (const auto& [family, config] : FamilyTinyConfigs(t)) {
+    std::vector<std::pair<std::string, LlamaConfig>> families = FamilyTinyConfigs(t);
+    if (t == DType::kF32) {
+      for (auto& moe : MoeTinyConfigs(t)) families.push_back(std::move(moe));
+    }
+    for (const auto& [family, config] : families) {
       for (int64_t rows : {1, 8}) {
         const LlamaConfig c = config;
         add({.name = absl::StrCat("Family/", family, "/", DTypeName(t),

@@ -1,0 +1,295 @@
+// The mixture-of-experts kernels (kernels/moe.cuh). Each reads the routing (expert ids)
+// from device memory; nothing about it reaches the launch, so a captured step replays any
+// routing.
+//
+// MoeRouteWeights: a warp per row, the softmax's max and sum over the experts reduced
+//   across the warp, the chosen slots spread over the lanes.
+// MoeMatMul: a block per (row, chosen expert) pair and kMoeMatMulCols output columns, a
+//   warp per column walking the expert's row of w: float weights in 16-byte vectors, block
+//   formats a unit of 32 values per lane at a time through the one reader of the device
+//   layout (kernels/quant_blocks.cuh; unit g of the stacked tensor is unit g of its rows
+//   e·N + c). Every pair reads its expert's matrix: rows that share an expert share it
+//   through L2, not through one read (grouping the rows by expert needs the routing on the
+//   host or a sort on the device; see docs/cuda_kernels.md).
+// MoeCombine: a block per row and 256 columns; the block first ranks the row's slots by
+//   expert id in shared memory, then each thread adds its column in that order with the
+//   CPU reference's roundings (explicit _rn operations: no contraction into an FMA).
+#include <algorithm>
+#include <cmath>
+
+#include "kernels/common.cuh"
+#include "kernels/moe.cuh"
+#include "kernels/quant_blocks.cuh"
+#include "stepgraph/base/error_flags.h"
+
+namespace sg::kernels {
+namespace {
+
+constexpr int kRouteWarps = 4;
+constexpr int kCombineThreads = 256;
+constexpr int kMatMulThreads = static_cast<int>(kMoeMatMulCols) * kWarpSize;
+
+__device__ __forceinline__ float WarpMax(float v) {
+#pragma unroll
+  for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
+    v = fmaxf(v, __shfl_xor_sync(kFullMask, v, offset));
+  }
+  return v;
+}
+
+__device__ __forceinline__ void RaiseExpertOutOfRange(uint32_t* error_flags) {
+  if (error_flags != nullptr) atomicOr(error_flags, static_cast<uint32_t>(kErrorExpertOutOfRange));
+}
+
+// ---- MoeRouteWeights ---------------------------------------------------------------------
+
+template <typename T>
+__global__ void __launch_bounds__(kRouteWarps* kWarpSize)
+    MoeRouteWeightsKernel(const T* __restrict__ logits, const int32_t* __restrict__ ids,
+                          float* __restrict__ weights, int64_t rows, int experts, int top_k,
+                          bool renormalize, bool round_to_dtype, uint32_t* error_flags) {
+  AwaitPrerequisiteGrids();
+  const int lane = threadIdx.x % kWarpSize;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kRouteWarps + threadIdx.x / kWarpSize;
+  if (row >= rows) return;  // the whole warp: no shuffle is left waiting
+  const T* z = logits + row * experts;
+  const int32_t* chosen_ids = ids + row * top_k;
+  // transformers: softmax(router_logits, dtype=float) over every expert.
+  float mx = -INFINITY;
+  for (int e = lane; e < experts; e += kWarpSize) mx = fmaxf(mx, ToFloat(z[e]));
+  mx = WarpMax(mx);
+  float total = 0.0f;
+  for (int e = lane; e < experts; e += kWarpSize) total += expf(ToFloat(z[e]) - mx);
+  total = WarpSum(total);
+  auto probability = [&](int j, bool& valid) {
+    const int32_t e = chosen_ids[j];
+    valid = e >= 0 && e < experts;
+    return valid ? expf(ToFloat(z[e]) - mx) / total : 0.0f;
+  };
+  float chosen = 0.0f;
+  if (renormalize) {
+    for (int j = lane; j < top_k; j += kWarpSize) {
+      bool valid = false;
+      chosen += probability(j, valid);
+    }
+    chosen = WarpSum(chosen);
+  }
+  for (int j = lane; j < top_k; j += kWarpSize) {
+    bool valid = false;
+    const float p = probability(j, valid);
+    if (!valid) RaiseExpertOutOfRange(error_flags);
+    float v = renormalize ? p / chosen : p;
+    if (round_to_dtype) v = RoundTo<T>(v);
+    weights[row * top_k + j] = v;
+  }
+}
+
+// ---- MoeMatMul ---------------------------------------------------------------------------
+
+// Where a block's pair and its warp's column are: pair = row · top_k + slot (blockIdx.x),
+// and the pair's expert. False when the warp's column is past n.
+struct MoePair {
+  int64_t row, slot, col;
+  int32_t expert;
+};
+
+__device__ __forceinline__ bool LocatePair(const int32_t* ids, int64_t n, int top_k,
+                                           MoePair& p) {
+  const int64_t pair = blockIdx.x;
+  p.row = pair / top_k;
+  p.slot = pair % top_k;
+  p.col = static_cast<int64_t>(blockIdx.y) * kMoeMatMulCols + threadIdx.x / kWarpSize;
+  p.expert = ids[pair];
+  return p.col < n;
+}
+
+template <typename T>
+__device__ __forceinline__ bool ZeroBadExpert(const MoePair& p, int experts, T* out,
+                                              uint32_t* error_flags) {
+  if (p.expert >= 0 && p.expert < experts) return false;
+  if (threadIdx.x % kWarpSize == 0) {
+    out[p.col] = FromFloat<T>(0.0f);
+    if (p.col == 0) RaiseExpertOutOfRange(error_flags);
+  }
+  return true;
+}
+
+template <typename T, int W>
+__global__ void __launch_bounds__(kMatMulThreads)
+    MoeMatMulKernel(const T* __restrict__ x, const T* __restrict__ w,
+                    const int32_t* __restrict__ ids, T* __restrict__ y, int64_t n, int64_t k,
+                    int top_k, bool per_slot, int experts, uint32_t* error_flags) {
+  AwaitPrerequisiteGrids();
+  MoePair p;
+  if (!LocatePair(ids, n, top_k, p)) return;
+  T* out = y + static_cast<int64_t>(blockIdx.x) * n;  // y[row, slot·n ..]
+  if (ZeroBadExpert(p, experts, out, error_flags)) return;
+  const T* xr = x + (per_slot ? (p.row * top_k + p.slot) * k : p.row * k);
+  const T* wr = w + (static_cast<int64_t>(p.expert) * n + p.col) * k;
+  const int lane = threadIdx.x % kWarpSize;
+  float acc = 0.0f;
+  const int64_t vectors = k / W;
+  for (int64_t v = lane; v < vectors; v += kWarpSize) {
+    const Vec<T, W> wv = LoadStreaming<T, W>(wr + v * W);
+    const Vec<T, W> xv = LoadVec<T, W>(xr + v * W);
+#pragma unroll
+    for (int e = 0; e < W; ++e) acc = fmaf(ToFloat(xv.v[e]), ToFloat(wv.v[e]), acc);
+  }
+  acc = WarpSum(acc);
+  if (lane == 0) out[p.col] = FromFloat<T>(acc);
+}
+
+template <typename T, typename Q>
+__global__ void __launch_bounds__(kMatMulThreads)
+    MoeQuantMatMulKernel(const T* __restrict__ x, const uint8_t* __restrict__ w, int64_t blocks,
+                         const int32_t* __restrict__ ids, T* __restrict__ y, int64_t n,
+                         int64_t k, int top_k, bool per_slot, int experts, bool vec_x,
+                         uint32_t* error_flags) {
+  AwaitPrerequisiteGrids();
+  MoePair p;
+  if (!LocatePair(ids, n, top_k, p)) return;
+  T* out = y + static_cast<int64_t>(blockIdx.x) * n;
+  if (ZeroBadExpert(p, experts, out, error_flags)) return;
+  const T* xr = x + (per_slot ? (p.row * top_k + p.slot) * k : p.row * k);
+  const int64_t units = k / quant::kUnitElems;
+  const int64_t first = (static_cast<int64_t>(p.expert) * n + p.col) * units;
+  const int lane = threadIdx.x % kWarpSize;
+  float acc = 0.0f;
+  for (int64_t t = lane; t < units; t += kWarpSize) {
+    const typename Q::Unit unit = Q::Load(w, blocks, first + t);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      float v[8], a[8];
+      unit.Values8(j, v);
+      quant::LoadX8(xr + t * quant::kUnitElems + 8 * j, vec_x, a);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) acc = fmaf(v[i], a[i], acc);
+    }
+  }
+  acc = WarpSum(acc);
+  if (lane == 0) out[p.col] = FromFloat<T>(acc);
+}
+
+// ---- MoeCombine --------------------------------------------------------------------------
+
+template <typename T, typename TW>
+__global__ void __launch_bounds__(kCombineThreads)
+    MoeCombineKernel(const T* __restrict__ y, const TW* __restrict__ weights,
+                     const int32_t* __restrict__ ids, T* __restrict__ out, int64_t n,
+                     int top_k) {
+  AwaitPrerequisiteGrids();
+  __shared__ int order[kMoeCombineMaxTopK];
+  __shared__ float scale[kMoeCombineMaxTopK];
+  const int64_t row = blockIdx.x;
+  const int32_t* row_ids = ids + row * top_k;
+  // Slot j's place in ascending id order, ties by slot (a stable sort of the slots).
+  for (int j = threadIdx.x; j < top_k; j += blockDim.x) {
+    const int32_t mine = row_ids[j];
+    int rank = 0;
+    for (int i = 0; i < top_k; ++i) {
+      const int32_t other = row_ids[i];
+      rank += other < mine || (other == mine && i < j);
+    }
+    order[rank] = j;
+    scale[j] = ToFloat(weights[row * top_k + j]);
+  }
+  __syncthreads();
+  const int64_t c = static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x;
+  if (c >= n) return;
+  const T* yr = y + row * top_k * n + c;
+  float sum = 0.0f;
+  for (int r = 0; r < top_k; ++r) {
+    const int j = order[r];
+    const float term = RoundTo<T>(__fmul_rn(scale[j], ToFloat(yr[j * n])));
+    sum = RoundTo<T>(__fadd_rn(sum, term));
+  }
+  out[row * n + c] = FromFloat<T>(sum);
+}
+
+}  // namespace
+
+cudaError_t LaunchMoeRouteWeights(const void* logits, DType dtype, const int32_t* ids,
+                                  float* weights, int64_t rows, int64_t experts, int64_t top_k,
+                                  bool renormalize, bool round_to_dtype, uint32_t* error_flags,
+                                  Stream stream) {
+  if (rows <= 0 || experts <= 0 || top_k <= 0 || experts > 0x7fffffff || top_k > 0x7fffffff ||
+      CeilDiv(rows, kRouteWarps) > 0x7fffffff) {
+    return cudaErrorInvalidValue;
+  }
+  return DispatchFloat(dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    return LaunchKernel(MoeRouteWeightsKernel<T>,
+                        dim3(static_cast<unsigned>(CeilDiv(rows, kRouteWarps))),
+                        dim3(kRouteWarps * kWarpSize), stream, static_cast<const T*>(logits),
+                        ids, weights, rows, static_cast<int>(experts), static_cast<int>(top_k),
+                        renormalize, round_to_dtype, error_flags);
+  });
+}
+
+bool MoeMatMulTakes(int64_t rows, int64_t experts, int64_t n, int64_t k, int64_t top_k,
+                    DType dtype, DType w_dtype) {
+  if (!IsFloat(dtype) || (w_dtype != dtype && !IsQuantized(w_dtype))) return false;
+  if (rows <= 0 || experts <= 0 || n <= 0 || k <= 0 || top_k <= 0) return false;
+  if (experts > 0x7fffffff || top_k > 0x7fffffff || rows > 0x7fffffff / top_k) return false;
+  if (CeilDiv(n, kMoeMatMulCols) > 65535) return false;
+  return !IsQuantized(w_dtype) || k % DTypeBlockElems(w_dtype) == 0;
+}
+
+cudaError_t LaunchMoeMatMul(const void* x, const void* w, DType w_dtype, const int32_t* ids,
+                            void* y, int64_t rows, int64_t experts, int64_t n, int64_t k,
+                            int64_t top_k, bool per_slot, DType dtype, uint32_t* error_flags,
+                            Stream stream) {
+  if (!MoeMatMulTakes(rows, experts, n, k, top_k, dtype, w_dtype)) return cudaErrorInvalidValue;
+  const dim3 grid(static_cast<unsigned>(rows * top_k),
+                  static_cast<unsigned>(CeilDiv(n, kMoeMatMulCols)));
+  const dim3 block(kMatMulThreads);
+  const int e = static_cast<int>(experts), kk = static_cast<int>(top_k);
+  if (IsQuantized(w_dtype)) {
+    if (!Aligned16(w)) return cudaErrorMisalignedAddress;
+    const int64_t blocks = experts * n * (k / DTypeBlockElems(w_dtype));
+    return DispatchFloat(dtype, [&](auto tag) {
+      using T = typename decltype(tag)::type;
+      // Every unit starts at a multiple of 32 elements of a row (or slot) of x.
+      const bool vec_x = Aligned16(x);
+      return quant::DispatchFormat(w_dtype, [&](auto format) {
+        using Q = decltype(format);
+        return LaunchKernel(MoeQuantMatMulKernel<T, Q>, grid, block, stream,
+                            static_cast<const T*>(x), static_cast<const uint8_t*>(w), blocks,
+                            ids, static_cast<T*>(y), n, k, kk, per_slot, e, vec_x,
+                            error_flags);
+      });
+    });
+  }
+  return DispatchFloat(dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    // Rows (and slots) of x and w start at multiples of k: whole vectors when k is.
+    const bool vectorize = k % kVec16<T> == 0 && Aligned16(x) && Aligned16(w);
+    return DispatchVecWidth<T>(vectorize, [&](auto width) {
+      constexpr int W = decltype(width)::value;
+      return LaunchKernel(MoeMatMulKernel<T, W>, grid, block, stream, static_cast<const T*>(x),
+                          static_cast<const T*>(w), ids, static_cast<T*>(y), n, k, kk,
+                          per_slot, e, error_flags);
+    });
+  });
+}
+
+cudaError_t LaunchMoeCombine(const void* y, DType dtype, const void* weights,
+                             DType weights_dtype, const int32_t* ids, void* out, int64_t rows,
+                             int64_t n, int64_t top_k, Stream stream) {
+  if (rows <= 0 || rows > 0x7fffffff || n <= 0 || top_k <= 0 || top_k > kMoeCombineMaxTopK ||
+      CeilDiv(n, kCombineThreads) > 65535) {
+    return cudaErrorInvalidValue;
+  }
+  const dim3 grid(static_cast<unsigned>(rows), static_cast<unsigned>(CeilDiv(n, kCombineThreads)));
+  return DispatchFloat(dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    return DispatchFloat(weights_dtype, [&](auto weights_tag) {
+      using TW = typename decltype(weights_tag)::type;
+      return LaunchKernel(MoeCombineKernel<T, TW>, grid, dim3(kCombineThreads), stream,
+                          static_cast<const T*>(y), static_cast<const TW*>(weights), ids,
+                          static_cast<T*>(out), n, static_cast<int>(top_k));
+    });
+  });
+}
+
+}  // namespace sg::kernels
