@@ -14,7 +14,8 @@
 //	ids, err := s.Generate(0, 8)
 //
 // A call may choose its own sampling, penalties and logit bias (SamplingOptions, through
-// PrefillWith and the Generate*With calls).
+// PrefillWith and the Generate*With calls), and the text calls' stop strings
+// (SamplingOptions.Stop).
 //
 // The kernels (Add, RMSNorm, MatMul, Attention, Sample, Gemm, AdamWStep, ...) take device
 // memory as DeviceSlice values and check their lengths against the shapes before calling.

@@ -13,7 +13,9 @@ import (
 	"encoding/json"
 	"runtime"
 	"strconv"
+	"strings"
 	"sync"
+	"unicode/utf8"
 	"unsafe"
 )
 
@@ -71,6 +73,48 @@ type SamplingOptions struct {
 	// id -> bias added to its logit, OpenAI's logit_bias: at most 64 ids of the
 	// vocabulary, biases in [-100, 100] (-100 bans an id, 100 all but forces it).
 	LogitBias map[int32]float32
+	// Stop strings of the text calls (GenerateTextWith, GenerateChatWith): the text ends
+	// before the first of them to appear, matched on the decoded text across token
+	// boundaries and left out of it (of two that complete at the same character, the
+	// longer). At most MaxStopStrings, each 1 to MaxStopBytes bytes of UTF-8; the id calls
+	// (PrefillWith, GenerateUntilWith) refuse them, as ids are not text.
+	Stop []string
+}
+
+// The bounds of SamplingOptions.Stop (OpenAI's, as `stepgraph serve`'s).
+const (
+	MaxStopStrings = 4
+	MaxStopBytes   = 256
+)
+
+// checkStop is ErrInvalidArgument naming the stop string out of bounds, if one is.
+func (o *SamplingOptions) checkStop() error {
+	if o == nil {
+		return nil
+	}
+	if len(o.Stop) > MaxStopStrings {
+		return invalid("", "sampling.stop: %d stop strings, at most %d are taken", len(o.Stop),
+			MaxStopStrings)
+	}
+	for i, t := range o.Stop {
+		if len(t) < 1 || len(t) > MaxStopBytes {
+			return invalid("", "sampling.stop[%d]: each stop string must hold 1 to %d bytes, "+
+				"got %d", i, MaxStopBytes, len(t))
+		}
+		if !utf8.ValidString(t) {
+			return invalid("", "sampling.stop[%d]: a stop string is not valid UTF-8", i)
+		}
+	}
+	return nil
+}
+
+// refuseStop is the id calls' refusal of stop strings.
+func (o *SamplingOptions) refuseStop(call string) error {
+	if o == nil || len(o.Stop) == 0 {
+		return nil
+	}
+	return invalid("", "sampling.stop: stop strings are matched on text; %s takes ids (give "+
+		"them to GenerateTextWith or GenerateChatWith)", call)
 }
 
 // Options of Open and OpenBuiltin. The zero value is the library's defaults: one slot, the
@@ -224,8 +268,17 @@ func (s *Session) Prefill(slot int, ids []int32, seed int32) error {
 }
 
 // PrefillWith starts a sequence in slot with the prompt ids, choosing its ids as options
-// say (nil: as Prefill with seed 0).
+// say (nil: as Prefill with seed 0), whose stop strings it refuses (they belong to the text
+// calls).
 func (s *Session) PrefillWith(slot int, ids []int32, options *SamplingOptions) error {
+	if err := options.refuseStop("PrefillWith"); err != nil {
+		return err
+	}
+	return s.prefillSampled(slot, ids, options)
+}
+
+// prefillSampled is PrefillWith, whatever options.Stop holds.
+func (s *Session) prefillSampled(slot int, ids []int32, options *SamplingOptions) error {
 	const f = "stepgraph_session_prefill_sampled"
 	if options == nil {
 		return s.Prefill(slot, ids, 0)
@@ -496,9 +549,13 @@ func (s *Session) GenerateText(slot int, prompt string, options EncodeOptions,
 	return s.GenerateTextWith(slot, prompt, options, maxNewTokens, stop, nil)
 }
 
-// GenerateTextWith is GenerateText choosing the ids as sampling says (nil: the session's).
+// GenerateTextWith is GenerateText choosing the ids as sampling says (nil: the session's),
+// and ending the text before the first of sampling.Stop (see SamplingOptions.Stop).
 func (s *Session) GenerateTextWith(slot int, prompt string, options EncodeOptions,
 	maxNewTokens int, stop bool, sampling *SamplingOptions) (string, error) {
+	if err := sampling.checkStop(); err != nil {
+		return "", err
+	}
 	ids, err := s.Encode(prompt, options)
 	if err != nil {
 		return "", err
@@ -509,11 +566,7 @@ func (s *Session) GenerateTextWith(slot int, prompt string, options EncodeOption
 			return "", err
 		}
 	}
-	out, err := s.GenerateUntilWith(slot, ids, maxNewTokens, stops, sampling)
-	if err != nil {
-		return "", err
-	}
-	return s.Decode(out, true)
+	return s.generateText(slot, ids, maxNewTokens, stops, sampling)
 }
 
 // GenerateChat starts slot with the conversation (rendered as EncodeChat renders it) and
@@ -524,9 +577,13 @@ func (s *Session) GenerateChat(slot int, messages []Message, maxNewTokens int,
 	return s.GenerateChatWith(slot, messages, maxNewTokens, stop, nil)
 }
 
-// GenerateChatWith is GenerateChat choosing the ids as sampling says (nil: the session's).
+// GenerateChatWith is GenerateChat choosing the ids as sampling says (nil: the session's),
+// and ending the text before the first of sampling.Stop (see SamplingOptions.Stop).
 func (s *Session) GenerateChatWith(slot int, messages []Message, maxNewTokens int, stop bool,
 	sampling *SamplingOptions) (string, error) {
+	if err := sampling.checkStop(); err != nil {
+		return "", err
+	}
 	ids, err := s.EncodeChat(messages)
 	if err != nil {
 		return "", err
@@ -537,11 +594,47 @@ func (s *Session) GenerateChatWith(slot int, messages []Message, maxNewTokens in
 			return "", err
 		}
 	}
-	out, err := s.GenerateUntilWith(slot, ids, maxNewTokens, stops, sampling)
-	if err != nil {
+	return s.generateText(slot, ids, maxNewTokens, stops, sampling)
+}
+
+// generateText is the text calls from the prompt's ids: the new ids' text, special tokens
+// left out, ending before the first of sampling.Stop (checked by the caller).
+func (s *Session) generateText(slot int, prompt []int32, maxNewTokens int, stops []int32,
+	sampling *SamplingOptions) (string, error) {
+	if sampling == nil || len(sampling.Stop) == 0 {
+		out, err := s.idsUntil(slot, prompt, maxNewTokens, stops, sampling)
+		if err != nil {
+			return "", err
+		}
+		return s.Decode(out, true)
+	}
+	// Stop strings are found in the text as it comes, so the ids are decoded as they come:
+	// a window of a few ids at a time (the C ABI decodes whole id sequences only).
+	var text textPieces
+	matcher := newStopMatcher(sampling.Stop)
+	var out strings.Builder
+	take := func(id int32) (bool, error) {
+		piece, ok, err := text.push(s, id, false)
+		if err != nil {
+			return false, err
+		}
+		if ok {
+			out.WriteString(matcher.push(piece))
+		}
+		return !matcher.stopped, nil
+	}
+	if err := s.steps(slot, prompt, maxNewTokens, stops, sampling, true, take); err != nil {
 		return "", err
 	}
-	return s.Decode(out, true)
+	if !matcher.stopped {
+		piece, _, err := text.push(s, 0, true)
+		if err != nil {
+			return "", err
+		}
+		out.WriteString(matcher.push(piece))
+		out.WriteString(matcher.finish())
+	}
+	return out.String(), nil
 }
 
 // GenerateUntil starts slot with the prompt ids and returns at most maxNewTokens new ids,
@@ -551,14 +644,40 @@ func (s *Session) GenerateUntil(slot int, prompt []int32, maxNewTokens int,
 	return s.GenerateUntilWith(slot, prompt, maxNewTokens, stops, nil)
 }
 
-// GenerateUntilWith is GenerateUntil choosing the ids as sampling says (nil: the session's).
+// GenerateUntilWith is GenerateUntil choosing the ids as sampling says (nil: the session's),
+// whose stop strings it refuses (ids are not text).
 func (s *Session) GenerateUntilWith(slot int, prompt []int32, maxNewTokens int, stops []int32,
 	sampling *SamplingOptions) ([]int32, error) {
-	if maxNewTokens < 1 {
-		return nil, invalid("stepgraph_session_generate", "maxNewTokens %d < 1", maxNewTokens)
-	}
-	if err := s.PrefillWith(slot, prompt, sampling); err != nil {
+	if err := sampling.refuseStop("GenerateUntilWith"); err != nil {
 		return nil, err
+	}
+	return s.idsUntil(slot, prompt, maxNewTokens, stops, sampling)
+}
+
+// idsUntil is GenerateUntilWith, whatever sampling.Stop holds.
+func (s *Session) idsUntil(slot int, prompt []int32, maxNewTokens int, stops []int32,
+	sampling *SamplingOptions) ([]int32, error) {
+	out := make([]int32, 0, maxNewTokens)
+	take := func(id int32) (bool, error) {
+		out = append(out, id)
+		return true, nil
+	}
+	if err := s.steps(slot, prompt, maxNewTokens, stops, sampling, false, take); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// steps prefills slot with the prompt and hands each new id to take until it returns
+// false, an id of stops comes (not handed on) or maxNewTokens ids were made. watched: take
+// may end the generation whatever stops holds.
+func (s *Session) steps(slot int, prompt []int32, maxNewTokens int, stops []int32,
+	sampling *SamplingOptions, watched bool, take func(id int32) (bool, error)) error {
+	if maxNewTokens < 1 {
+		return invalid("stepgraph_session_generate", "maxNewTokens %d < 1", maxNewTokens)
+	}
+	if err := s.prefillSampled(slot, prompt, sampling); err != nil {
+		return err
 	}
 	stop := make(map[int32]bool, len(stops))
 	for _, id := range stops {
@@ -568,12 +687,11 @@ func (s *Session) GenerateUntilWith(slot int, prompt []int32, maxNewTokens int, 
 	// step there costs far more than a call).
 	chunk := 8
 	switch {
-	case len(stop) == 0:
+	case len(stop) == 0 && !watched:
 		chunk = maxNewTokens
 	case s.info.Backend == BackendCPU:
 		chunk = 1
 	}
-	out := make([]int32, 0, maxNewTokens)
 	buf := make([]int32, chunk)
 	for done := 0; done < maxNewTokens; {
 		k := chunk
@@ -581,15 +699,154 @@ func (s *Session) GenerateUntilWith(slot int, prompt []int32, maxNewTokens int, 
 			k = rest
 		}
 		if err := s.GenerateInto(slot, buf[:k]); err != nil {
-			return nil, err
+			return err
 		}
 		done += k
 		for _, id := range buf[:k] {
 			if stop[id] {
-				return out, nil
+				return nil
 			}
-			out = append(out, id)
+			if more, err := take(id); err != nil || !more {
+				return err
+			}
 		}
 	}
-	return out, nil
+	return nil
+}
+
+// heldIDs: text ending in U+FFFD waits while a character's bytes may still be arriving; a
+// UTF-8 character spans at most 4 bytes, so more ids than this behind it make it a real one.
+const heldIDs = 8
+
+// textPieces is the text of ids given one at a time, piece by piece, as Python's stream
+// makes it: each piece is the text the newest ids add to that of the ids of the piece
+// before (so that a tokenizer's word starts come out as in decoding the whole), and costs
+// a decode of a few ids, not of everything so far: the text of n ids costs O(n) however it
+// is cut.
+type textPieces struct {
+	ids         []int32
+	start, done int // ids[start:done] is context already given; ids[done:] is not
+}
+
+// push adds id (none when last) and returns the next piece, or ok false while the text
+// ends in a character whose bytes may still be arriving. last: the ids have ended.
+func (p *textPieces) push(s *Session, id int32, last bool) (piece string, ok bool, err error) {
+	if !last {
+		p.ids = append(p.ids, id)
+	}
+	before, err := s.Decode(p.ids[p.start:p.done], true)
+	if err != nil {
+		return "", false, err
+	}
+	after, err := s.Decode(p.ids[p.start:], true)
+	if err != nil {
+		return "", false, err
+	}
+	if !last && strings.HasSuffix(after, "\uFFFD") && len(p.ids)-p.done < heldIDs {
+		return "", false, nil
+	}
+	// The new text is what follows before in after: all of it does, unless a character
+	// that before ended in U+FFFD was completed (then from the first character that
+	// differs).
+	same := 0
+	for same < len(before) && same < len(after) && before[same] == after[same] {
+		same++
+	}
+	for same > 0 && same < len(after) && !utf8.RuneStart(after[same]) {
+		same--
+	}
+	p.start, p.done = p.done, len(p.ids)
+	// The window's ids are now context: drop those before it, so memory stays bounded.
+	if p.start > heldIDs*4 {
+		p.ids = append(p.ids[:0], p.ids[p.start:]...)
+		p.done -= p.start
+		p.start = 0
+	}
+	return after[same:], true, nil
+}
+
+// stopMatcher finds stop strings in text given piece by piece, as tools/stop_matcher.h
+// finds them: the first to complete ends the text where it begins (of two completing at
+// the same byte, the longer), and the longest end of the text that could still begin one
+// is held back. Each stop string runs a Knuth-Morris-Pratt automaton over the bytes, so the
+// cost is linear in the text (plus the stop strings' lengths, once).
+type stopMatcher struct {
+	stops   []kmpStop
+	held    string
+	stopped bool
+}
+
+type kmpStop struct {
+	text string
+	// fail[i]: the length of the longest proper prefix of text[:i+1] that is also its end.
+	fail []int
+	// The length of the longest end of the text so far that begins this stop string.
+	state int
+}
+
+func newStopMatcher(stops []string) *stopMatcher {
+	m := &stopMatcher{stops: make([]kmpStop, len(stops))}
+	for j, t := range stops {
+		fail := make([]int, len(t))
+		k := 0
+		for i := 1; i < len(t); i++ {
+			for k > 0 && t[i] != t[k] {
+				k = fail[k-1]
+			}
+			if t[i] == t[k] {
+				k++
+			}
+			fail[i] = k
+		}
+		m.stops[j] = kmpStop{text: t, fail: fail}
+	}
+	return m
+}
+
+// push returns the text that follows piece safely; it sets stopped when a stop string
+// completed.
+func (m *stopMatcher) push(piece string) string {
+	if m.stopped {
+		return ""
+	}
+	for i := 0; i < len(piece); i++ {
+		b, longest := piece[i], 0
+		for j := range m.stops {
+			st := &m.stops[j]
+			for st.state > 0 && st.text[st.state] != b {
+				st.state = st.fail[st.state-1]
+			}
+			if st.text[st.state] == b {
+				st.state++
+			}
+			if st.state == len(st.text) && st.state > longest {
+				longest = st.state
+			}
+		}
+		if longest > 0 {
+			m.stopped = true
+			text := m.held + piece[:i+1]
+			m.held = ""
+			return text[:len(text)-longest]
+		}
+	}
+	m.held += piece
+	// Each state is at most the held text's length (it grows by one a byte, from at most
+	// what was held), so the held end is a whole end of the text.
+	hold := 0
+	for _, st := range m.stops {
+		if st.state > hold {
+			hold = st.state
+		}
+	}
+	out := m.held[:len(m.held)-hold]
+	m.held = m.held[len(m.held)-hold:]
+	return out
+}
+
+// finish is the held text, once the text has ended (no stop string can complete any more).
+func (m *stopMatcher) finish() string {
+	out := m.held
+	m.held = ""
+	return out
 }

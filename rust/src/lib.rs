@@ -15,7 +15,8 @@
 //! model that has a tokenizer it also turns text into ids and back ([`Session::encode`],
 //! [`Session::decode`], [`Session::generate_text`]). [`SamplingOptions`] choose one call's
 //! sampling, seed, penalties, min-p and logit bias ([`Session::prefill_with`],
-//! [`Session::generate_text_with`]).
+//! [`Session::generate_text_with`]), and the text calls' stop strings
+//! ([`SamplingOptions::stop`]: matched across token boundaries, left out of the text).
 
 use std::ffi::{c_void, CStr};
 use std::fmt;

@@ -48,6 +48,49 @@ pub struct SamplingOptions {
     /// [`crate::consts::STEPGRAPH_SAMPLING_MAX_LOGIT_BIAS`], each id once, biases in
     /// [-100, 100] (-100 bans an id, 100 all but forces it).
     pub logit_bias: Vec<(i32, f32)>,
+    /// Stop strings of the text calls ([`Session::generate_text_with`],
+    /// [`Session::generate_chat_with`]): the text ends before the first of them to appear,
+    /// matched on the decoded text across token boundaries and left out of it (of two that
+    /// complete at the same character, the longer). At most
+    /// [`SamplingOptions::MAX_STOP_STRINGS`], each 1 to [`SamplingOptions::MAX_STOP_BYTES`]
+    /// bytes; the id calls ([`Session::prefill_with`], [`Session::generate_until_with`])
+    /// refuse them, as ids are not text.
+    pub stop: Vec<String>,
+}
+
+impl SamplingOptions {
+    /// The most stop strings a call takes (OpenAI's limit, as `stepgraph serve`'s).
+    pub const MAX_STOP_STRINGS: usize = 4;
+    /// The most bytes of one stop string.
+    pub const MAX_STOP_BYTES: usize = 256;
+
+    // InvalidArgument naming the stop string that is out of bounds, if one is.
+    fn check_stop(&self) -> Result<()> {
+        if self.stop.len() > Self::MAX_STOP_STRINGS {
+            return Err(Error::InvalidArgument(format!(
+                "sampling.stop: {} stop strings, at most {} are taken",
+                self.stop.len(), Self::MAX_STOP_STRINGS)));
+        }
+        // A String is UTF-8 already: only the length can be wrong.
+        for (i, s) in self.stop.iter().enumerate() {
+            if s.is_empty() || s.len() > Self::MAX_STOP_BYTES {
+                return Err(Error::InvalidArgument(format!(
+                    "sampling.stop[{i}]: each stop string must hold 1 to {} bytes, got {}",
+                    Self::MAX_STOP_BYTES, s.len())));
+            }
+        }
+        Ok(())
+    }
+
+    // The id calls' refusal of stop strings.
+    fn refuse_stop(&self, call: &str) -> Result<()> {
+        if self.stop.is_empty() {
+            return Ok(());
+        }
+        Err(Error::InvalidArgument(format!(
+            "sampling.stop: stop strings are matched on text; {call} takes ids (give them to \
+             generate_text_with or generate_chat_with)")))
+    }
 }
 
 impl Default for SamplingOptions {
@@ -60,6 +103,7 @@ impl Default for SamplingOptions {
             frequency_penalty: 0.0,
             min_p: 0.0,
             logit_bias: Vec::new(),
+            stop: Vec::new(),
         }
     }
 }
@@ -290,9 +334,17 @@ impl Session {
         self.check(code)
     }
 
-    /// Starts a sequence in `slot` with the prompt ids, choosing its ids as `options` says.
+    /// Starts a sequence in `slot` with the prompt ids, choosing its ids as `options` says
+    /// (whose stop strings it refuses: they belong to the text calls).
     pub fn prefill_with(&mut self, slot: i64, ids: &[i32], options: &SamplingOptions)
                         -> Result<()> {
+        options.refuse_stop("prefill_with")?;
+        self.prefill_sampled(slot, ids, options)
+    }
+
+    // prefill_with, whatever options.stop holds.
+    fn prefill_sampled(&mut self, slot: i64, ids: &[i32], options: &SamplingOptions)
+                       -> Result<()> {
         let count = i32::try_from(options.logit_bias.len())
             .ok()
             .filter(|&n| n <= ffi::STEPGRAPH_SAMPLING_MAX_LOGIT_BIAS)
@@ -500,15 +552,16 @@ impl Session {
                                 &SamplingOptions::default())
     }
 
-    /// [`Session::generate_text`] choosing the ids as `sampling` says.
+    /// [`Session::generate_text`] choosing the ids as `sampling` says, and ending the text
+    /// before the first of `sampling.stop` (see [`SamplingOptions::stop`]).
     pub fn generate_text_with(&mut self, slot: i64, prompt: &str, options: &EncodeOptions,
                               max_new_tokens: usize, stop: bool, sampling: &SamplingOptions)
                               -> Result<String> {
+        sampling.check_stop()?;
         let ids = self.encode(prompt, options)?;
         let stops: HashSet<i32> =
             if stop { self.stop_ids(options.chat)?.into_iter().collect() } else { HashSet::new() };
-        let new = self.generate_until_with(slot, &ids, max_new_tokens, &stops, sampling)?;
-        self.decode(&new, true)
+        self.generate_text_of(slot, &ids, max_new_tokens, &stops, sampling)
     }
 
     /// Starts `slot` with the conversation (rendered as [`Session::encode_chat`] renders it)
@@ -520,15 +573,44 @@ impl Session {
         self.generate_chat_with(slot, messages, max_new_tokens, stop, &SamplingOptions::default())
     }
 
-    /// [`Session::generate_chat`] choosing the ids as `sampling` says.
+    /// [`Session::generate_chat`] choosing the ids as `sampling` says, and ending the text
+    /// before the first of `sampling.stop` (see [`SamplingOptions::stop`]).
     pub fn generate_chat_with(&mut self, slot: i64, messages: &[ChatMessage],
                               max_new_tokens: usize, stop: bool, sampling: &SamplingOptions)
                               -> Result<String> {
+        sampling.check_stop()?;
         let ids = self.encode_chat(messages)?;
         let stops: HashSet<i32> =
             if stop { self.stop_ids(true)?.into_iter().collect() } else { HashSet::new() };
-        let new = self.generate_until_with(slot, &ids, max_new_tokens, &stops, sampling)?;
-        self.decode(&new, true)
+        self.generate_text_of(slot, &ids, max_new_tokens, &stops, sampling)
+    }
+
+    // The text calls from the prompt's ids: the new ids' text, special tokens left out,
+    // ending before the first of sampling.stop (checked by the caller).
+    fn generate_text_of(&mut self, slot: i64, prompt: &[i32], max_new_tokens: usize,
+                        stops: &HashSet<i32>, sampling: &SamplingOptions) -> Result<String> {
+        if sampling.stop.is_empty() {
+            let new = self.ids_until(slot, prompt, max_new_tokens, stops, sampling)?;
+            return self.decode(&new, true);
+        }
+        // Stop strings are found in the text as it comes, so the ids are decoded as they
+        // come: a window of a few ids at a time (the C ABI decodes whole id sequences only).
+        let mut text = TextPieces::default();
+        let mut matcher = StopMatcher::new(&sampling.stop);
+        let mut out = String::new();
+        self.steps(slot, prompt, max_new_tokens, stops, sampling, true, |s, id| {
+            if let Some(piece) = text.push(s, id, false)? {
+                out.push_str(&matcher.push(&piece));
+            }
+            Ok(!matcher.stopped)
+        })?;
+        if !matcher.stopped {
+            if let Some(piece) = text.push(self, -1, true)? {
+                out.push_str(&matcher.push(&piece));
+            }
+            out.push_str(&matcher.finish());
+        }
+        Ok(out)
     }
 
     /// Starts `slot` with the prompt ids and returns at most `max_new_tokens` new ids,
@@ -538,41 +620,191 @@ impl Session {
         self.generate_until_with(slot, prompt, max_new_tokens, stops, &SamplingOptions::default())
     }
 
-    /// [`Session::generate_until`] choosing the ids as `sampling` says.
+    /// [`Session::generate_until`] choosing the ids as `sampling` says (whose stop strings
+    /// it refuses: ids are not text).
     pub fn generate_until_with(&mut self, slot: i64, prompt: &[i32], max_new_tokens: usize,
                                stops: &HashSet<i32>, sampling: &SamplingOptions)
                                -> Result<Vec<i32>> {
+        sampling.refuse_stop("generate_until_with")?;
+        self.ids_until(slot, prompt, max_new_tokens, stops, sampling)
+    }
+
+    // generate_until_with, whatever sampling.stop holds.
+    fn ids_until(&mut self, slot: i64, prompt: &[i32], max_new_tokens: usize,
+                 stops: &HashSet<i32>, sampling: &SamplingOptions) -> Result<Vec<i32>> {
+        let mut out = Vec::new();
+        self.steps(slot, prompt, max_new_tokens, stops, sampling, false, |_, id| {
+            out.push(id);
+            Ok(true)
+        })?;
+        Ok(out)
+    }
+
+    // Prefills `slot` with the prompt and hands each new id to `take` until it returns
+    // false, an id of `stops` comes (not handed on) or max_new_tokens ids were made.
+    // `watched`: take may end the generation whatever `stops` holds.
+    fn steps(&mut self, slot: i64, prompt: &[i32], max_new_tokens: usize, stops: &HashSet<i32>,
+             sampling: &SamplingOptions, watched: bool,
+             mut take: impl FnMut(&mut Session, i32) -> Result<bool>) -> Result<()> {
         if max_new_tokens == 0 {
             return Err(Error::InvalidArgument("max_new_tokens must be >= 1".to_string()));
         }
-        if *sampling == SamplingOptions::default() {
+        // The stop strings are this binding's, not the library's.
+        let unsampled = SamplingOptions { stop: Vec::new(), ..sampling.clone() };
+        if unsampled == SamplingOptions::default() {
             self.prefill(slot, prompt, 0)?;
         } else {
-            self.prefill_with(slot, prompt, sampling)?;
+            self.prefill_sampled(slot, prompt, sampling)?;
         }
         // Steps in chunks so that a stop ends the work early; the CPU steps one at a time
         // (a step there costs far more than a call).
-        let chunk = if stops.is_empty() {
+        let chunk = if stops.is_empty() && !watched {
             max_new_tokens
         } else if self.info.backend == Backend::Cpu {
             1
         } else {
             8
         };
-        let mut out = Vec::new();
         let mut done = 0;
         while done < max_new_tokens {
             let k = chunk.min(max_new_tokens - done);
             let got = self.generate(slot, k)?;
             done += k;
             for id in got {
-                if stops.contains(&id) {
-                    return Ok(out);
+                if stops.contains(&id) || !take(self, id)? {
+                    return Ok(());
                 }
-                out.push(id);
             }
         }
-        Ok(out)
+        Ok(())
+    }
+}
+
+// A stream may hold back text that ends in U+FFFD while a character's bytes may still be
+// arriving: a UTF-8 character spans at most 4 bytes, so more ids than this behind it make
+// it a real one.
+const HELD_IDS: usize = 8;
+
+// The text of ids given one at a time, piece by piece, as Python's stream makes it: each
+// piece is the text the newest ids add to that of the ids of the piece before (so that a
+// tokenizer's word starts come out as in decoding the whole), and costs a decode of a few
+// ids, not of everything so far: the text of n ids costs O(n) however it is cut.
+#[derive(Default)]
+struct TextPieces {
+    ids: Vec<i32>,
+    // ids[start..done] is context already given; ids[done..] is not.
+    start: usize,
+    done: usize,
+}
+
+impl TextPieces {
+    // Adds `id` (none when `last`) and returns the next piece, or None while the text ends
+    // in a character whose bytes may still be arriving. `last`: the ids have ended.
+    fn push(&mut self, s: &mut Session, id: i32, last: bool) -> Result<Option<String>> {
+        if !last {
+            self.ids.push(id);
+        }
+        let before = s.decode(&self.ids[self.start..self.done], true)?;
+        let after = s.decode(&self.ids[self.start..], true)?;
+        if !last && after.ends_with('\u{FFFD}') && self.ids.len() - self.done < HELD_IDS {
+            return Ok(None);
+        }
+        // The new text is what follows `before` in `after`: all of it does, unless a
+        // character that `before` ended in U+FFFD was completed (then from the first
+        // character that differs).
+        let mut same = before.bytes().zip(after.bytes()).take_while(|(a, b)| a == b).count();
+        while !after.is_char_boundary(same) {
+            same -= 1;
+        }
+        self.start = self.done;
+        self.done = self.ids.len();
+        // The window's ids are now context: drop those before it, so memory stays bounded.
+        if self.start > HELD_IDS * 4 {
+            self.ids.drain(..self.start);
+            self.done -= self.start;
+            self.start = 0;
+        }
+        Ok(Some(after[same..].to_string()))
+    }
+}
+
+// Stop strings found in text given piece by piece, as tools/stop_matcher.h finds them: the
+// first to complete ends the text where it begins (of two completing at the same byte, the
+// longer), and the longest end of the text that could still begin one is held back. Each
+// stop string runs a Knuth-Morris-Pratt automaton over the bytes, so the cost is linear in
+// the text (plus the stop strings' lengths, once).
+struct StopMatcher<'a> {
+    stops: Vec<KmpStop<'a>>,
+    held: String,
+    stopped: bool,
+}
+
+struct KmpStop<'a> {
+    text: &'a [u8],
+    // fail[i]: the length of the longest proper prefix of text[..=i] that is also its end.
+    fail: Vec<usize>,
+    // The length of the longest end of the text so far that begins this stop string.
+    state: usize,
+}
+
+impl<'a> StopMatcher<'a> {
+    fn new(stops: &'a [String]) -> StopMatcher<'a> {
+        let stops = stops.iter().map(|s| {
+            let t = s.as_bytes();
+            let mut fail = vec![0; t.len()];
+            let mut k = 0;
+            for i in 1..t.len() {
+                while k > 0 && t[i] != t[k] {
+                    k = fail[k - 1];
+                }
+                if t[i] == t[k] {
+                    k += 1;
+                }
+                fail[i] = k;
+            }
+            KmpStop { text: t, fail, state: 0 }
+        }).collect();
+        StopMatcher { stops, held: String::new(), stopped: false }
+    }
+
+    // The text that follows `piece` safely; sets `stopped` when a stop string completed.
+    fn push(&mut self, piece: &str) -> String {
+        if self.stopped {
+            return String::new();
+        }
+        for (i, &b) in piece.as_bytes().iter().enumerate() {
+            let mut longest = 0;
+            for s in &mut self.stops {
+                while s.state > 0 && s.text[s.state] != b {
+                    s.state = s.fail[s.state - 1];
+                }
+                if s.text[s.state] == b {
+                    s.state += 1;
+                }
+                if s.state == s.text.len() {
+                    longest = longest.max(s.state);
+                }
+            }
+            if longest > 0 {
+                // A stop string ends at a character's end and begins at a character's
+                // start (it is UTF-8), so both cuts fall between characters.
+                self.stopped = true;
+                self.held.push_str(&piece[..=i]);
+                self.held.truncate(self.held.len() - longest);
+                return std::mem::take(&mut self.held);
+            }
+        }
+        self.held.push_str(piece);
+        // Each state is at most the held text's length (it grows by one a byte, from at most
+        // what was held), and the held end begins a stop string, so a character's start.
+        let hold = self.stops.iter().map(|s| s.state).max().unwrap_or(0);
+        let rest = self.held.split_off(self.held.len() - hold);
+        std::mem::replace(&mut self.held, rest)
+    }
+
+    // The held text, once the text has ended (no stop string can complete any more).
+    fn finish(&mut self) -> String {
+        std::mem::take(&mut self.held)
     }
 }
 

@@ -429,3 +429,136 @@ fn smollm2_generates_transformers_text() {
     let asked = [ChatMessage { role: "user", content: chat.get("text").str() }];
     assert_eq!(s.generate_chat(0, &asked, generated.len(), true).unwrap(), stopped);
 }
+
+// ---- stop strings (SamplingOptions::stop) -------------------------------------------------
+
+// Where a text ends with stop strings, found the slow way: at the first character where one
+// of them completes (the longer of two completing there), cut where it begins.
+fn cut_at_stops(text: &str, stops: &[&str]) -> String {
+    for (end, c) in text.char_indices() {
+        let end = end + c.len_utf8();
+        if let Some(s) = stops.iter().filter(|s| text[..end].ends_with(**s)).max_by_key(|s| s.len())
+        {
+            return text[..end - s.len()].to_string();
+        }
+    }
+    text.to_string()
+}
+
+fn with_stop(stop: &[&str]) -> SamplingOptions {
+    SamplingOptions { stop: stop.iter().map(|s| s.to_string()).collect(), ..Default::default() }
+}
+
+// Stop strings that span ids are cut out and end the generation at the id that completes
+// them; the first to complete wins, of two completing together the longer. (The fixture
+// model's 256 ids do not reach the chat template's: SmolLM2's test covers chat replies.)
+#[test]
+fn stop_strings_end_the_text_across_ids() {
+    let folder = TextFolder::new("stop");
+    let mut s = Session::new(Some(&folder.0), &cpu(64)).unwrap();
+    let plain = EncodeOptions::default();
+    let prompt = s.encode("Hello", &plain).unwrap();
+    let ids = s.generate_until(0, &prompt, 24, &HashSet::new()).unwrap();
+    let whole = s.generate_text(0, "Hello", &plain, 24, false).unwrap();
+    assert_eq!(whole, s.decode(&ids, true).unwrap());
+    // The text of the first k ids, for each k; a stop straddling the text of ids k-1 and k
+    // (two characters before, one after).
+    let texts: Vec<String> = (0..=ids.len()).map(|k| s.decode(&ids[..k], true).unwrap()).collect();
+    let straddling = |k: usize| -> Option<&str> {
+        let (a, b) = (&texts[k - 1], &texts[k]);
+        let from = a.char_indices().rev().nth(1)?.0;
+        let to = a.len() + b.get(a.len()..)?.chars().next()?.len_utf8();
+        Some(&whole[from..to]).filter(|t| !t.contains('\u{FFFD}') && b.starts_with(a.as_str()))
+    };
+    let stop = (2..ids.len()).find_map(straddling).expect("two ids with text");
+    let want = &whole[..whole.find(stop).unwrap()];
+    assert!(want.len() < whole.len());
+    let got = s.generate_text_with(0, "Hello", &plain, 24, false, &with_stop(&[stop])).unwrap();
+    assert_eq!(got, want, "stop {stop:?} in {whole:?}");
+    // The generation ended at the id whose text completed the stop: the slot's next id is
+    // the one that followed it.
+    let used = texts.iter().position(|t| t.contains(stop)).unwrap();
+    assert_eq!(s.generate(0, 1).unwrap(), vec![ids[used]]);
+    // A stop that never comes leaves the text whole, with the 4 strings allowed.
+    let never = ["\u{0}never", "\u{1}", "zz\u{2}", "\u{3}"];
+    assert_eq!(s.generate_text_with(0, "Hello", &plain, 24, false, &with_stop(&never)).unwrap(),
+               whole);
+    // The first to complete wins over one that began before it; of two completing at the
+    // same character, the longer.
+    let chars: Vec<(usize, char)> = whole.char_indices().collect();
+    assert!(chars.len() >= 12, "{whole:?}");
+    let sub = |a: usize, b: usize| -> &str {
+        &whole[chars[a].0..chars.get(b).map_or(whole.len(), |c| c.0)]
+    };
+    let m = chars.len() / 2;
+    for stops in [
+        vec![sub(m - 3, m + 3), sub(m - 1, m + 1)],
+        vec![sub(m - 1, m + 2), sub(m - 4, m + 2)],
+        vec![sub(m, m + 2), sub(m - 3, m + 2), sub(2, 3), stop],
+    ] {
+        let got = s.generate_text_with(0, "Hello", &plain, 24, false, &with_stop(&stops))
+            .unwrap();
+        assert_eq!(got, cut_at_stops(&whole, &stops), "stops {stops:?} in {whole:?}");
+    }
+}
+
+// Stop strings out of bounds are refused naming them, before anything runs; the id calls
+// refuse any (they have no text); the session goes on.
+#[test]
+fn bad_stop_strings_are_refused_by_name() {
+    let folder = TextFolder::new("bad_stop");
+    let mut s = Session::new(Some(&folder.0), &cpu(64)).unwrap();
+    let plain = EncodeOptions::default();
+    let long = "x".repeat(SamplingOptions::MAX_STOP_BYTES + 1);
+    let ask = [ChatMessage { role: "user", content: "Hello" }];
+    for (stop, field) in [
+        (vec!["a", ""], "sampling.stop[1]"),
+        (vec![long.as_str()], "sampling.stop[0]"),
+        (vec!["a", "b", "c", "d", "e"], "sampling.stop:"),
+    ] {
+        let o = with_stop(&stop);
+        for r in [s.generate_text_with(0, "Hello", &plain, 4, true, &o),
+                  s.generate_chat_with(0, &ask, 4, true, &o)] {
+            match r {
+                Err(Error::InvalidArgument(m)) => assert!(m.starts_with(field), "{field}: {m}"),
+                other => panic!("{field}: {other:?}"),
+            }
+        }
+    }
+    let o = with_stop(&["x"]);
+    for r in [s.prefill_with(0, &[1, 2, 3], &o).map(|_| ()),
+              s.generate_until_with(0, &[1, 2, 3], 2, &HashSet::new(), &o).map(|_| ())] {
+        match r {
+            Err(Error::InvalidArgument(m)) => assert!(m.contains("sampling.stop"), "{m}"),
+            other => panic!("{other:?}"),
+        }
+    }
+    // The bounds themselves are taken: 4 strings, one of 256 bytes.
+    let longest = "\u{0}".repeat(SamplingOptions::MAX_STOP_BYTES);
+    let o = with_stop(&[&longest, "\u{1}", "\u{2}", "\u{3}"]);
+    assert_eq!(s.generate_text_with(0, "Hello", &plain, 4, false, &o).unwrap(),
+               s.generate_text(0, "Hello", &plain, 4, false).unwrap());
+}
+
+// SmolLM2's greedy answer, " Paris.\n\n...": "\n\n" is two ids (198, 198), and the text ends
+// before them, the generation with them (the next id is the one that followed); in the chat
+// reply a stop across " is" and " Paris" ends it.
+#[test]
+fn smollm2_stop_strings() {
+    let Some(path) = smollm2() else { return };
+    let mut s = Session::new(Some(&path), &cpu(80)).unwrap();
+    let fixture = read_json(&fixtures().join("smollm2/expected.json"));
+    let cases = fixture.get("cases").arr();
+    let plain = cases.iter().find(|c| !c.get("chat").bool()).expect("a plain case");
+    let generated = plain.get("generated").ids();
+    assert!(plain.get("generated_text").str().starts_with(" Paris.\n\n"));
+    assert_eq!(generated[2..4], [198, 198]);
+    let text = plain.get("text").str();
+    let o = with_stop(&["\n\n"]);
+    assert_eq!(s.generate_text_with(0, text, &EncodeOptions::default(), 8, true, &o).unwrap(),
+               " Paris.");
+    assert_eq!(s.generate(0, 1).unwrap(), vec![generated[4]]);
+    let ask = [ChatMessage { role: "user", content: "What is the capital of France?" }];
+    let o = with_stop(&["s Par", "France is Paris!"]);
+    assert_eq!(s.generate_chat_with(0, &ask, 10, true, &o).unwrap(), "The capital of France i");
+}
