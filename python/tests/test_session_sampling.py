@@ -180,8 +180,14 @@ def test_stop_strings_end_the_text_across_tokens(text_folder):  # noqa: F811
     assert "".join(s.generate("Hello", max_new_tokens=24, stop=stop, stream=True)) == want
     assert s.generate("Hello", max_new_tokens=24, stop=[stop, "\x00never"]) == want
     assert s.generate("Hello", max_new_tokens=24, stop=["\x00never"]) == whole
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="stop"):
         s.generate("Hello", stop=[""])
+    # At most 4 strings of at most 256 bytes: matching stays linear in the text.
+    assert s.generate("Hello", max_new_tokens=24, stop=["\x00a", "\x00b", "\x00c", "é" * 128]) == whole
+    with pytest.raises(ValueError, match="at most 4"):
+        s.generate("Hello", stop=["a", "b", "c", "d", "e"])
+    with pytest.raises(ValueError, match="256 bytes"):
+        s.generate("Hello", stop=["é" * 128 + "x"])
 
 
 def test_smollm2_stop_strings_bias_and_penalties():

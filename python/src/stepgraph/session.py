@@ -46,6 +46,11 @@ _BYTES_PER_ID = 8
 # UTF-8 character spans at most 4 bytes, so more ids than this behind it make it a real one.
 _HELD_IDS = 8
 
+# Stop strings a call takes, and the longest in UTF-8 bytes: the program's, the server's and
+# the other bindings' bounds, which keep matching them linear in the text.
+MAX_STOP_STRINGS = 4
+MAX_STOP_BYTES = 256
+
 Ids = Union[Sequence[int], "np.ndarray"]
 Prompt = Union[str, bytes, Ids]
 Message = Mapping[str, str]
@@ -471,8 +476,13 @@ class Session:
         if texts and not text:
             raise ValueError("stop strings are matched on text: give a text prompt (an id "
                              "prompt stops at ids)")
-        if any(not t for t in texts):
-            raise ValueError("a stop string is empty")
+        if len(texts) > MAX_STOP_STRINGS:
+            raise ValueError("stop: %d stop strings, at most %d are taken"
+                             % (len(texts), MAX_STOP_STRINGS))
+        for i, t in enumerate(texts):
+            if not t or len(t.encode("utf-8", "surrogatepass")) > MAX_STOP_BYTES:
+                raise ValueError("stop[%d]: each stop string must hold 1 to %d bytes of UTF-8"
+                                 % (i, MAX_STOP_BYTES))
         if given or not texts:
             return set(_ids(given, "stop").tolist()), texts
         return set(self.stop_ids(chat=chat)), texts
