@@ -138,17 +138,17 @@ TEST(SessionPenaltiesTest, GreedyIdsAreTheArgmaxOfTheHostPenalizedLogits) {
 TEST(SessionPenaltiesTest, NeutralSlotsGetTheIdsOfASessionWithoutPenalties) {
   SessionOptions with = Tiny(2), without = Tiny(2);
   without.penalties = false;
-  const std::vector<int32_t> a = RandomPrompt(7, 3);
+  const std::vector<int32_t> a = RandomPrompt(7, 3), b = RandomPrompt(6, 4);
   const std::vector<int32_t> want = Alone(without, a, 16, SlotSampling{});
   std::unique_ptr<DecodeSession> s = Make(with);
   ASSERT_NE(s, nullptr);
   // A penalised neighbour does not disturb the neutral slot.
-  const PrefillRequest requests[] = {{0, RandomPrompt(6, 4), 0, SlotSampling{std::nullopt, Strong()}},
+  const PrefillRequest requests[] = {{0, b, 0, SlotSampling{std::nullopt, Strong()}},
                                      {1, a, 0, SlotSampling{}}};
   ASSERT_TRUE(s->Prefill(requests).ok());
   ASSERT_TRUE(s->Generate(16).ok());
   EXPECT_EQ(*s->Tokens(1), want);
-  EXPECT_NE(*s->Tokens(0), Alone(without, RandomPrompt(6, 4), 16, SlotSampling{}));
+  EXPECT_NE(*s->Tokens(0), Alone(without, b, 16, SlotSampling{}));
 }
 
 TEST(SessionPenaltiesTest, MinPKeepsEveryDrawAboveItsBound) {
