@@ -204,7 +204,6 @@ class DecodeSession::Impl {
   absl::StatusOr<std::vector<int32_t>> Generate(int64_t slot, int64_t n);
   absl::StatusOr<std::vector<int32_t>> Tokens(int64_t slot);
   absl::StatusOr<std::vector<float>> Logits(int64_t slot);
-  bool penalties() const { return penalties_; }
   absl::StatusOr<std::vector<double>> TimedSteps(int64_t n);
   absl::StatusOr<std::vector<NodeTime>> ProfileStep();
 
@@ -1037,8 +1036,6 @@ absl::Status DecodeSession::Impl::MoveSlot(int64_t from, int64_t to) {
                                      ops::kPenaltyParams * 4));
     SG_RETURN_IF_ERROR(
         runner_->Copy(token_counts_ + to * vocab, token_counts_ + from * vocab, vocab * 4));
-    std::copy_n(params_staging_ + from * ops::kPenaltyParams, ops::kPenaltyParams,
-                params_staging_ + to * ops::kPenaltyParams);
   }
   std::swap(slots_[from], slots_[to]);  // the ids keep their reserved room
   Slot& freed = slots_[from];
@@ -1329,7 +1326,6 @@ const LlamaConfig& DecodeSession::config() const { return impl_->config(); }
 const std::vector<int32_t>& DecodeSession::stop_ids() const { return impl_->stop_ids(); }
 int64_t DecodeSession::max_slots() const { return impl_->max_slots(); }
 int64_t DecodeSession::max_seq() const { return impl_->max_seq(); }
-bool DecodeSession::penalties() const { return impl_->penalties(); }
 const std::vector<int64_t>& DecodeSession::buckets() const { return impl_->buckets(); }
 int64_t DecodeSession::weight_bytes() const { return impl_->weight_bytes(); }
 int64_t DecodeSession::kv_cache_bytes() const { return impl_->kv_cache_bytes(); }

@@ -267,8 +267,6 @@ class DecodeSession {
   // model made them (before the slot's penalties). FailedPrecondition when the slot was not
   // live in the last step.
   absl::StatusOr<std::vector<float>> Logits(int64_t slot);
-  // Whether decode steps apply penalties (SessionOptions::penalties).
-  bool penalties() const;
 
   // `n` steps (as Step) with the time of each, in ms: CUDA events between steps on the
   // GPU (no wait between steps), the host clock on the CPU.
