@@ -11,12 +11,14 @@
 //                                     rope_kv_write_epilogue (a RopeKvWrite node per layer)
 //   Decode/compiled_norm/pos:<p>      batch 1, replayed, default passes, RmsNorm through
 //                                     the kernel compiled for the plan (NVRTC)
-//   Quant/<q8_0|q4_0|q4_k_m>/pos:100  batch 1, replayed, the same shape with block-format
+//   Quant/<q8_0|q4_0|q4_k_m>[_f32]/pos:100
+//                                     batch 1, replayed, the same shape with block-format
 //                                     weights (random blocks): every matrix in Q8_0 or
 //                                     Q4_0, or a Q4_K_M file's mix; the floor is their
-//                                     own weight bytes. Made on first use (quantizing the
-//                                     1.2B weights takes a while), so filter them out to
-//                                     skip it.
+//                                     own weight bytes; activations bf16, or f32 (_f32) as
+//                                     a GGUF file computes. Made on first use (quantizing
+//                                     the 1.2B weights takes a while), so filter them out
+//                                     to skip it; each one made gets a per-kernel table.
 //   QuantBatch/q4_k_m/<path>/batch:<b> b sequences (8, 16) at position 100 on the Q4_K_M
 //                                     mix with f32 activations, as a GGUF file computes:
 //                                     <path> kernel (the block-format kernel, row groups
@@ -79,8 +81,9 @@ struct Context {
   std::unique_ptr<DecodeSession> no_rope_epilogue;
   // Batch 1 with the default passes and RmsNorm compiled for the plan.
   std::unique_ptr<DecodeSession> compiled_norm;
-  // The quantized models (BM_Quant), made on first use.
-  std::map<testing::MatrixFormat, std::unique_ptr<DecodeSession>> quant;
+  // The quantized models (BM_Quant) by name (format, activation dtype), made on first use.
+  std::map<std::string, std::unique_ptr<DecodeSession>> quant;
+  std::map<std::string, double> quant_ms;  // their replayed step (median ms)
   // The Q4_K_M batch sessions (BM_QuantBatch) by path, made on first use.
   std::map<std::string, std::unique_ptr<DecodeSession>> quant_batch;
   double copy_bytes_per_s = 0;  // read + write
@@ -139,6 +142,10 @@ void BM_Decode(benchmark::State& state, int64_t position, bool eager) {
   }
 }
 
+std::string QuantName(testing::MatrixFormat format, bool f32) {
+  return absl::StrCat(testing::MatrixFormatName(format), f32 ? "_f32" : "");
+}
+
 // Times `rows` sequences on the quantized session `s`, made from `config` with `options`
 // on first use, and reports the floor of its own weight bytes.
 void TimeQuantSession(benchmark::State& state, std::unique_ptr<DecodeSession>& s,
@@ -167,16 +174,22 @@ void TimeQuantSession(benchmark::State& state, std::unique_ptr<DecodeSession>& s
   state.counters["weight_gb"] = static_cast<double>(s->weight_bytes()) * 1e-9;
 }
 
-void BM_Quant(benchmark::State& state, testing::MatrixFormat format) {
+// f32: the activations (and the KV cache) in f32, as a GGUF file with quantized matrices
+// computes; otherwise bf16.
+void BM_Quant(benchmark::State& state, testing::MatrixFormat format, bool f32) {
   SessionOptions o;
   o.max_slots = 1;
   o.buckets = {1};
-  TimeQuantSession(state, g->quant[format],
-                   testing::WithMatrixDTypes(Llama32_1BConfig(),
+  LlamaConfig base = Llama32_1BConfig();
+  if (f32) base.dtype = DType::kF32;
+  const std::string name = QuantName(format, f32);
+  TimeQuantSession(state, g->quant[name],
+                   testing::WithMatrixDTypes(base,
                                              [format](const std::string& name) {
                                                return testing::MatrixDType(format, name);
                                              }),
                    o, 1);
+  g->quant_ms[name] = state.counters["median_ms"];
 }
 
 // How a QuantBatch session runs its block-format matmuls.
@@ -242,8 +255,8 @@ int64_t NodeBytes(const Graph& graph, const Node& node, int64_t position) {
   return total;
 }
 
-absl::Status PrintKernelTable() {
-  DecodeSession& s = *g->session;
+// `replayed_ms`: the same session's replayed batch-1 step at kBucketPosition (0: unknown).
+absl::Status PrintKernelTable(DecodeSession& s, const std::string& label, double replayed_ms) {
   SG_RETURN_IF_ERROR(PrepareSlots(s, 1, kBucketPosition));
   std::vector<std::vector<NodeTime>> runs;
   for (int r = 0; r < kProfileRuns; ++r) {
@@ -277,9 +290,10 @@ absl::Status PrintKernelTable() {
     ++total.nodes;
     slowest.push_back({us - floor_us, i});
   }
-  std::printf("\nPer-kernel breakdown: one eager step, batch 1, position %lld, device time per node "
-              "(median of %d); floor = fewest bytes / copy bandwidth (%.0f GB/s)\n",
-              static_cast<long long>(kBucketPosition), kProfileRuns, g->copy_bytes_per_s * 1e-9);
+  std::printf("\nPer-kernel breakdown (%s): one eager step, batch 1, position %lld, device time "
+              "per node (median of %d); floor = fewest bytes / copy bandwidth (%.0f GB/s)\n",
+              label.c_str(), static_cast<long long>(kBucketPosition), kProfileRuns,
+              g->copy_bytes_per_s * 1e-9);
   std::printf("%-12s %6s %12s %11s %11s %11s %8s\n", "op", "nodes", "MB", "us", "floor us",
               "excess us", "of floor");
   std::vector<std::pair<double, std::string>> order;
@@ -295,11 +309,11 @@ absl::Status PrintKernelTable() {
   std::printf("replayed step at position %lld: %.1f us; weights-only floor %.1f us; sum of "
               "node times %.1f us (the difference to the replayed step is what the graph "
               "hides or adds between kernels)\n",
-              static_cast<long long>(kBucketPosition), g->replayed_ms_at_100 * 1e3,
-              g->floor_ms * 1e3, total.us);
-  if (g->replayed_ms_at_100 > 0) std::printf("per node, the eager stream with its events costs %.2f us more than the replayed "
+              static_cast<long long>(kBucketPosition), replayed_ms * 1e3,
+              1e3 * static_cast<double>(s.weight_bytes()) / g->copy_bytes_per_s, total.us);
+  if (replayed_ms > 0) std::printf("per node, the eager stream with its events costs %.2f us more than the replayed "
               "graph: launch and event overhead the graph removes, spread over every row above\n",
-              (total.us - g->replayed_ms_at_100 * 1e3) / total.nodes);
+              (total.us - replayed_ms * 1e3) / total.nodes);
   std::sort(slowest.rbegin(), slowest.rend());
   std::printf("largest excess over the floor, by node:\n");
   for (size_t k = 0; k < std::min<size_t>(12, slowest.size()); ++k) {
@@ -396,12 +410,15 @@ int main(int argc, char** argv) {
         ->Iterations(sg::kSteps)
         ->Unit(benchmark::kMicrosecond);
   }
-  for (const sg::testing::MatrixFormat format :
-       {sg::testing::MatrixFormat::kQ8_0, sg::testing::MatrixFormat::kQ4_0,
-        sg::testing::MatrixFormat::kQ4KMix}) {
+  for (const auto& [format, f32] :
+       {std::pair{sg::testing::MatrixFormat::kQ8_0, false},
+        std::pair{sg::testing::MatrixFormat::kQ4_0, false},
+        std::pair{sg::testing::MatrixFormat::kQ4KMix, false},
+        std::pair{sg::testing::MatrixFormat::kQ4_0, true},
+        std::pair{sg::testing::MatrixFormat::kQ4KMix, true}}) {
     benchmark::RegisterBenchmark(
-        absl::StrCat("Quant/", sg::testing::MatrixFormatName(format), "/pos:100").c_str(),
-        sg::BM_Quant, format)
+        absl::StrCat("Quant/", sg::QuantName(format, f32), "/pos:100").c_str(), sg::BM_Quant,
+        format, f32)
         ->UseManualTime()
         ->Iterations(sg::kSteps)
         ->Unit(benchmark::kMicrosecond);
@@ -421,8 +438,17 @@ int main(int argc, char** argv) {
     }
   }
   benchmark::RunSpecifiedBenchmarks();
-  if (absl::Status s = sg::PrintKernelTable(); !s.ok()) {
+  if (absl::Status s = sg::PrintKernelTable(*context.session, "bf16", context.replayed_ms_at_100);
+      !s.ok()) {
     std::fprintf(stderr, "decode_bench: per-kernel breakdown failed: %s\n", s.ToString().c_str());
+  }
+  // Each quantized session the run made (the Quant cases), as its own table.
+  for (const auto& [name, session] : context.quant) {
+    if (session == nullptr) continue;
+    if (absl::Status s = sg::PrintKernelTable(*session, name, context.quant_ms[name]); !s.ok()) {
+      std::fprintf(stderr, "decode_bench: per-kernel breakdown of %s failed: %s\n", name.c_str(),
+                   s.ToString().c_str());
+    }
   }
   benchmark::Shutdown();
   // Free the session's device memory before the CUDA runtime tears down.
