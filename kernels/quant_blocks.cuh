@@ -165,19 +165,27 @@ SG_QB uint32_t Word(const uint4& v, int i) {
 // Byte i (0..15, at run time) of a 16-byte vector.
 SG_QB uint32_t Byte(const uint4& v, int i) { return (Word(v, i >> 2) >> (8 * (i & 3))) & 0xFFu; }
 
-// The 4-bit code of value e (0..31) of a unit whose quants are `q`: the low nibble of byte
-// e for e < 16, the high nibble of byte e - 16 otherwise.
-SG_QB uint32_t Nibble(const uint4& q, int e) {
-  const int byte = e & 15;
-  return (Word(q, byte >> 2) >> (8 * (byte & 3) + 4 * (e >> 4))) & 0xFu;
-}
+// The 4-bit codes of values 8j .. 8j+7 of a unit whose quants are `q` (value e: the low
+// nibble of byte e for e < 16, the high nibble of byte e - 16 otherwise): the two words
+// and the shift that hold them, chosen once, so that a j known only at run time (a lane's
+// part of a unit) costs three selections rather than three per value.
+struct Nibbles8 {
+  uint32_t lo, hi;  // bytes 8(j&1) .. 8(j&1)+3 and the next four
+  int shift;        // 4·(j >> 1): the high nibbles for values 16..31
+  SG_QB Nibbles8(const uint4& q, int j)
+      : lo((j & 1) ? q.z : q.x), hi((j & 1) ? q.w : q.y), shift(4 * (j >> 1)) {}
+  // The code of value 8j + i (i a constant once unrolled).
+  SG_QB uint32_t operator[](int i) const {
+    return ((i < 4 ? lo : hi) >> (8 * (i & 3) + shift)) & 0xFu;
+  }
+};
 
 // ---- one format per specialisation ------------------------------------------------------
 // Format<t>: kElems, kBytes (as stepgraph/base/quant.h), kUnits = kElems / 32 per block,
 // kPlane0 (bytes of the first plane per block); Unit Load(base, blocks, g): unit g of the
 // tensor (g = row · units per row + unit in the row) of a tensor of `blocks` blocks in the
 // device layout at `base` (16-byte aligned); Unit::Values8(j, v): values 8j .. 8j+7 of the
-// unit (j a constant once unrolled). kernels/quant_layout.cu writes the layout.
+// unit (j a constant once unrolled, or a lane's part of the unit known at run time). kernels/quant_layout.cu writes the layout.
 
 template <DType kType>
 struct Format;
@@ -189,12 +197,13 @@ struct Format<DType::kQ8_0> {
     uint4 q[2];
     float d;
     SG_QB void Values8(int j, float (&v)[8]) const {
+      // Values 8j .. 8j+7 are bytes 8(j&1) .. of q[j >> 1]: two words, chosen once.
+      const uint4& h = (j >> 1) ? q[1] : q[0];
+      const uint32_t lo = (j & 1) ? h.z : h.x, hi = (j & 1) ? h.w : h.y;
 SG_QB_UNROLL
       for (int i = 0; i < 8; ++i) {
-        const int e = 8 * j + i;
-        const uint32_t w = Word(q[e >> 4], (e >> 2) & 3);
         // The int8 code biased by 128 (its sign bit flipped).
-        const uint32_t biased = ((w >> (8 * (e & 3))) & 0xFFu) ^ 0x80u;
+        const uint32_t biased = (((i < 4 ? lo : hi) >> (8 * (i & 3))) & 0xFFu) ^ 0x80u;
         v[i] = MulRn(CodeValue<128>(biased), d);
       }
     }
@@ -218,11 +227,12 @@ struct Format32 {
     uint32_t qh;
     float d, m;
     SG_QB void Values8(int j, float (&v)[8]) const {
+      const Nibbles8 codes(q, j);
+      const uint32_t high = qh >> (8 * j);
 SG_QB_UNROLL
       for (int i = 0; i < 8; ++i) {
-        const int e = 8 * j + i;
-        uint32_t code = Nibble(q, e);
-        if constexpr (kFive) code |= ((qh >> e) & 1u) << 4;
+        uint32_t code = codes[i];
+        if constexpr (kFive) code |= ((high >> i) & 1u) << 4;
         if constexpr (kMin) {
           v[i] = AddRn(MulRn(d, CodeValue<0>(code)), m);
         } else {
@@ -270,11 +280,12 @@ struct FormatK {
     uint32_t qh;
     float d, m;  // d·sc and dmin·mn of the sub-block
     SG_QB void Values8(int j, float (&v)[8]) const {
+      const Nibbles8 codes(q, j);
+      const uint32_t high = qh >> (8 * j);
 SG_QB_UNROLL
       for (int i = 0; i < 8; ++i) {
-        const int e = 8 * j + i;
-        uint32_t code = Nibble(q, e);
-        if constexpr (kFive) code |= ((qh >> e) & 1u) << 4;
+        uint32_t code = codes[i];
+        if constexpr (kFive) code |= ((high >> i) & 1u) << 4;
         v[i] = SubRn(MulRn(d, CodeValue<0>(code)), m);
       }
     }
@@ -315,11 +326,15 @@ struct Format<DType::kQ6_K> {
     uint2 qh;
     float d0, d1;  // d·scales[2u], d·scales[2u+1]
     SG_QB void Values8(int j, float (&v)[8]) const {
+      // Values 8j .. 8j+7 lie in one sub-block (j < 2: the first): its scale and the word
+      // of 2-bit highs, chosen once.
+      const Nibbles8 codes(ql, j);
+      const float dj = j < 2 ? d0 : d1;
+      const uint32_t highs = (j < 2 ? qh.x : qh.y) >> (16 * (j & 1));
 SG_QB_UNROLL
       for (int i = 0; i < 8; ++i) {
-        const int e = 8 * j + i;
-        const uint32_t high = ((e < 16 ? qh.x : qh.y) >> (2 * (e & 15))) & 3u;
-        v[i] = MulRn(e < 16 ? d0 : d1, CodeValue<32>(Nibble(ql, e) | high << 4));
+        const uint32_t high = (highs >> (2 * i)) & 3u;
+        v[i] = MulRn(dj, CodeValue<32>(codes[i] | high << 4));
       }
     }
   };

@@ -1,16 +1,16 @@
 // The quantized matmul at decode: y = x·wᵀ with w in a GGUF block format, held in the
-// device layout of kernels/quant_blocks.cuh. A thread block computes one output column
-// (one row of w) for a group of up to kRows rows of x: its threads walk the row's units
-// of 32 values, each read with one or two 16-byte loads (its scales from a small plane
-// beside the quants), so a warp reads a contiguous run of the row, each byte once; the
-// units are dequantized in registers and multiplied with the activations, which stay
-// float (read through L1/L2: every column's block re-reads the same few KiB of x). f32
-// accumulation, a warp-shuffle and shared-memory reduction per row of x, bias added in
-// f32, one rounding to the output dtype.
-//
-// Quantized rows are short (a 2048-wide Q4_0 row is 1152 bytes, 64 units), so a block of
-// up to 4 warps per column and many resident blocks per SM keep enough loads in flight;
-// the grid has one block per output column and per group of rows.
+// device layout of kernels/quant_blocks.cuh. A thread block of four warps computes kCols
+// output columns (rows of w) for a group of up to kRows rows of x. Its lanes split K four
+// to a unit of 32 values: lane l takes values 8·(l % 4) .. +7 of unit l / 4 of each step,
+// so a warp step covers 8 consecutive units (256 values) and the four warps cover the next
+// ones. Each lane loads its unit of every one of the block's columns (one or two 16-byte
+// loads; the four lanes of a unit ask for the same bytes, which the load coalesces), and
+// its 8 activations of every row once, with contiguous loads across the warp, then meets
+// them with its part of every column: an activation is read once per kCols columns, not
+// once per column, and every load of x and w moves whole cache lines. The values are
+// dequantized in registers (the readers of quant_blocks.cuh, exact as the CPU
+// reference's); f32 accumulation, a warp-shuffle and shared-memory reduction per (row,
+// column), bias added in f32, one rounding to the output dtype.
 #include <algorithm>
 
 #include "kernels/common.cuh"
@@ -20,61 +20,91 @@
 namespace sg::kernels {
 namespace {
 
-constexpr int kMaxWarps = 4;
+constexpr int kWarps = 4;
+constexpr int kThreads = kWarps * kWarpSize;
+// Lanes per unit, each taking 8 of its 32 values; units per warp step.
+constexpr int kParts = quant::kUnitElems / 8;
+constexpr int kUnitsPerWarp = kWarpSize / kParts;
+
+// Columns per block: 8 while a lane's accumulators and its columns' units fit in
+// registers beside the activations of kRows rows, 4 for 8 rows.
+template <int kRows>
+constexpr int ColsFor() {
+  return kRows >= 8 ? 4 : 8;
+}
 
 template <typename T, typename Q, int kRows>
-__global__ void __launch_bounds__(kMaxWarps* kWarpSize)
+__global__ void __launch_bounds__(kThreads)
     QuantMatmulKernel(const T* __restrict__ x, const uint8_t* __restrict__ w,
                       const T* __restrict__ bias, T* __restrict__ y, int64_t m, int64_t n,
                       int64_t k, bool vec_x) {
-  AwaitPrerequisiteGrids();
-  __shared__ float partial[kMaxWarps][kRows];
-  const int64_t col = blockIdx.x;
+  constexpr int kCols = ColsFor<kRows>();
+  constexpr int kAcc = kRows * kCols;
+  __shared__ float partial[kWarps][kAcc];
+  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
+  const int part = lane % kParts;
+  const int64_t col0 = static_cast<int64_t>(blockIdx.x) * kCols;
   const int64_t row0 = static_cast<int64_t>(blockIdx.y) * kRows;
   const int rows = static_cast<int>(std::min<int64_t>(kRows, m - row0));
   const int64_t units = k / quant::kUnitElems;
   const int64_t blocks = n * (k / Q::kElems);
+  // A column past n reads the last column again and is discarded.
+  int64_t first[kCols];
+#pragma unroll
+  for (int c = 0; c < kCols; ++c) first[c] = std::min<int64_t>(col0 + c, n - 1) * units;
   const T* xg = x + row0 * k;
+  AwaitPrerequisiteGrids();
 
-  float acc[kRows];
+  float acc[kAcc];
 #pragma unroll
-  for (int r = 0; r < kRows; ++r) acc[r] = 0.0f;
+  for (int i = 0; i < kAcc; ++i) acc[i] = 0.0f;
 
-#pragma unroll 2
-  for (int64_t t = threadIdx.x; t < units; t += blockDim.x) {
-    const typename Q::Unit unit = Q::Load(w, blocks, col * units + t);
+  for (int64_t u = static_cast<int64_t>(warp) * kUnitsPerWarp + lane / kParts; u < units;
+       u += kWarps * kUnitsPerWarp) {
+    typename Q::Unit wu[kCols];
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
+    for (int c = 0; c < kCols; ++c) wu[c] = Q::Load(w, blocks, first[c] + u);
+    const int64_t e0 = u * quant::kUnitElems + 8 * part;
+    float xf[kRows][8];
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      if (r < rows) {
+        quant::LoadX8(xg + r * k + e0, vec_x, xf[r]);
+      } else {
+#pragma unroll
+        for (int e = 0; e < 8; ++e) xf[r][e] = 0.0f;
+      }
+    }
+#pragma unroll
+    for (int c = 0; c < kCols; ++c) {
       float v[8];
-      unit.Values8(j, v);
+      wu[c].Values8(part, v);
 #pragma unroll
       for (int r = 0; r < kRows; ++r) {
-        if (r < rows) {
-          float a[8];
-          quant::LoadX8(xg + r * k + t * quant::kUnitElems + 8 * j, vec_x, a);
-          float s = acc[r];
+        float s = acc[r * kCols + c];
 #pragma unroll
-          for (int i = 0; i < 8; ++i) s = fmaf(v[i], a[i], s);
-          acc[r] = s;
-        }
+        for (int e = 0; e < 8; ++e) s = fmaf(v[e], xf[r][e], s);
+        acc[r * kCols + c] = s;
       }
     }
   }
 
-  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
-  const int warps = blockDim.x / kWarpSize;
 #pragma unroll
-  for (int r = 0; r < kRows; ++r) {
-    const float s = WarpSum(acc[r]);
-    if (lane == 0) partial[warp][r] = s;
+  for (int i = 0; i < kAcc; ++i) {
+    const float s = WarpSum(acc[i]);
+    if (lane == 0) partial[warp][i] = s;
   }
   __syncthreads();
-  if (threadIdx.x < rows) {
-    const int r = threadIdx.x;
-    float total = 0.0f;
-    for (int i = 0; i < warps; ++i) total += partial[i][r];
-    if (bias != nullptr) total += ToFloat(bias[col]);
-    y[(row0 + r) * n + col] = FromFloat<T>(total);
+  if (threadIdx.x < kAcc) {
+    const int r = threadIdx.x / kCols, c = threadIdx.x % kCols;
+    const int64_t col = col0 + c;
+    if (r < rows && col < n) {
+      float total = 0.0f;
+#pragma unroll
+      for (int i = 0; i < kWarps; ++i) total += partial[i][threadIdx.x];
+      if (bias != nullptr) total += ToFloat(bias[col]);
+      y[(row0 + r) * n + col] = FromFloat<T>(total);
+    }
   }
 }
 
@@ -107,13 +137,11 @@ cudaError_t LaunchQuantMatmul(const void* x, const void* w, DType w_dtype, const
     const bool vec_x = Aligned16(x);
     return quant::DispatchFormat(w_dtype, [&](auto format) {
       using Q = decltype(format);
-      const int64_t units = k / quant::kUnitElems;
-      const int64_t warps = std::clamp<int64_t>(CeilDiv(units, kWarpSize), 1, kMaxWarps);
       return DispatchGroupRows(m, [&](auto rows) {
         constexpr int kRows = decltype(rows)::value;
-        const dim3 grid(static_cast<unsigned>(n), static_cast<unsigned>(CeilDiv(m, kRows)));
-        return LaunchKernel(QuantMatmulKernel<T, Q, kRows>, grid,
-                            dim3(static_cast<unsigned>(warps * kWarpSize)), stream,
+        const dim3 grid(static_cast<unsigned>(CeilDiv(n, ColsFor<kRows>())),
+                        static_cast<unsigned>(CeilDiv(m, kRows)));
+        return LaunchKernel(QuantMatmulKernel<T, Q, kRows>, grid, dim3(kThreads), stream,
                             static_cast<const T*>(x), static_cast<const uint8_t*>(w),
                             static_cast<const T*>(bias), static_cast<T*>(y), m, n, k, vec_x);
       });
