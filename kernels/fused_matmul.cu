@@ -16,10 +16,8 @@
 //
 // Block-format weights (GGUF's, in the device layout of kernels/quant_blocks.cuh): the
 // same kernel with W = 0. The block's threads walk its K range in units of 32 values of
-// each of its four weight rows (one or two 16-byte loads per unit), four threads to a
-// unit, each dequantizing its 8 of the unit's values in registers with the
-// quant_blocks.cuh readers and meeting the 8 activations beside them (so that a warp's
-// loads of x are contiguous);
+// each of its four weight rows (one or two 16-byte loads per unit), dequantize them in
+// registers with the quant_blocks.cuh readers and meet activations loaded 8 at a time;
 // the block's format is that of its columns' weight (a switch uniform over the block), so
 // one launch takes weights of different formats (a Q4_K_M file's q, k in Q4_K and v in
 // Q6_K). Norm, split-K and epilogues are the float path's.
@@ -148,14 +146,9 @@ __device__ __forceinline__ void AccumulateUnits(const FusedMatmulArgs& a, int64_
   const int64_t u0 = static_cast<int64_t>(s) * per_split;
   const int64_t u1 = std::min<int64_t>(units, u0 + per_split);
 
-  // Four lanes to a unit, each taking 8 of its values (part j of Values8), so that a
-  // warp's loads of x are contiguous: lane l starts at unit u0 + l / 4, part l % 4.
-  constexpr int kParts = quant::kUnitElems / 8;
-  const int part = static_cast<int>(threadIdx.x % kParts);
-  const int64_t step = blockDim.x / kParts;
   // As the float path: at M = 1 the first units of constant weights are asked for before
   // the wait.
-  int64_t t = u0 + threadIdx.x / kParts;
+  int64_t t = u0 + threadIdx.x;
   typename Q::Unit wu[kFusedCols];
   const bool preloaded = kRows == 1 && a.weights_constant && t < u1;
   if (preloaded) {
@@ -171,13 +164,13 @@ __device__ __forceinline__ void AccumulateUnits(const FusedMatmulArgs& a, int64_
 #pragma unroll
   for (int i = 0; i < kRows * kFusedCols; ++i) acc[i] = 0.0f;
 
-  for (bool loaded = preloaded; t < u1; t += step, loaded = false) {
+  for (bool loaded = preloaded; t < u1; t += blockDim.x, loaded = false) {
     if (!loaded) {
 #pragma unroll
       for (int c = 0; c < kFusedCols; ++c) wu[c] = Q::Load(base[c], blocks[c], first[c] + t);
     }
-    {
-      const int j = part;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
       const int64_t e0 = t * quant::kUnitElems + 8 * j;
       float xf[kRows][8];
 #pragma unroll
@@ -624,10 +617,8 @@ cudaError_t LaunchRows(const FusedMatmulArgs& a, Stream stream) {
       aligned.x_aligned = Aligned16(a.x) && (a.norm_w == nullptr || Aligned16(a.norm_w));
       return DispatchPowerOfTwoRows(a.m, [&](auto rows) {
         constexpr int kRows = decltype(rows)::value;
-        // Four threads to a unit of 32 values.
         const int64_t per_split = CeilDiv(a.k / quant::kUnitElems, a.splits);
-        const int64_t warps =
-            std::clamp<int64_t>(CeilDiv(4 * per_split, kWarpSize), 1, kMaxWarps);
+        const int64_t warps = std::clamp<int64_t>(CeilDiv(per_split, kWarpSize), 1, kMaxWarps);
         const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>(a.splits));
         const dim3 block(static_cast<unsigned>(warps * kWarpSize));
         return LaunchKernel(FusedMatmulKernel<T, 0, kRows>, grid, block, stream, aligned);

@@ -467,7 +467,7 @@ const Flag kFlags[] = {
      }},
     {"--block-gemm-rows", nullptr, "N", kAll, true,
      "GPU: rows from which a block-format (GGUF) matmul dequantizes its weight in chunks and "
-     "runs cuBLASLt (default 8; 0: always the block-format kernel)",
+     "runs cuBLASLt (default 32; 0: always the block-format kernel)",
      nullptr, EnvRule::kNone,
      [](S v, O& o) {
        SG_ASSIGN_OR_RETURN(o.cuda.block_gemm_min_rows, ParseInt(v, 0));

@@ -52,9 +52,14 @@ struct CudaOptions {
   bool compiled_norm = false;
   // MatMul with w in a GGUF block format: from this many rows of x on, w is dequantized
   // into a workspace in chunks of its rows and each chunk multiplied by cuBLASLt (tensor
-  // cores); fewer rows run the block-format kernel, which re-reads w per group of 8 rows.
-  // 0: the kernel always. prefill_bench's BlockMatMul cases compare the two per format.
-  int64_t block_gemm_min_rows = 8;
+  // cores); fewer rows run the block-format kernel, which reads w once per launch and
+  // multiplies it with up to 8 rows at a time. 0: the kernel always. On an H100 (a
+  // Llama-3.2-1B-shaped Q4_K_M mix, f32 activations, decode_bench's QuantBatch) the
+  // kernel took 3.45 and 5.76 ms per step for 8 and 16 rows, the exact f32 GEMM 14.5 and
+  // 16.3 ms (bf16 operands 6.5 ms): the kernel's time grows with the rows, the GEMM's
+  // hardly, and they cross near 40 rows. prefill_bench's BlockMatMul cases compare the two
+  // per format.
+  int64_t block_gemm_min_rows = 32;
   // The workspace those chunks are dequantized into (sized at Prepare from the largest
   // need of the plans prepared, never per step). A chunk holds at least 128 rows of w.
   int64_t block_gemm_workspace_bytes = int64_t{32} << 20;
