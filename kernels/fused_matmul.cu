@@ -16,8 +16,9 @@
 //
 // Block-format weights (GGUF's, in the device layout of kernels/quant_blocks.cuh): the
 // same kernel with W = 0. The block's threads walk its K range in units of 32 values of
-// each of its four weight rows (one or two 16-byte loads per unit), dequantize them in
-// registers with the quant_blocks.cuh readers and meet activations loaded 8 at a time;
+// each of its four weight rows (one or two 16-byte loads per unit; the 32-value formats
+// four threads to a unit, AccumulateUnits says why), dequantize them in registers with
+// the quant_blocks.cuh readers and meet activations loaded 8 at a time;
 // the block's format is that of its columns' weight (a switch uniform over the block), so
 // one launch takes weights of different formats (a Q4_K_M file's q, k in Q4_K and v in
 // Q6_K). Norm, split-K and epilogues are the float path's.
@@ -146,14 +147,24 @@ __device__ __forceinline__ void AccumulateUnits(const FusedMatmulArgs& a, int64_
   const int64_t u0 = static_cast<int64_t>(s) * per_split;
   const int64_t u1 = std::min<int64_t>(units, u0 + per_split);
 
+  // The 32-value formats (a unit per block, cheap to load) go four threads to a unit, each
+  // taking 8 of its values, so that a warp's loads of x are contiguous (a thread taking
+  // whole units reads x at a 128-byte stride across the warp); each thread still walks
+  // as many units' worth of values as before. The K formats, whose unit loads decode a
+  // block head, keep a unit per thread.
+  constexpr int kParts = Q::kUnits == 1 ? quant::kUnitElems / 8 : 1;
+  const int part = static_cast<int>(threadIdx.x % kParts);
+  const int64_t end = u1 * kParts;
+  int64_t slot = u0 * kParts + threadIdx.x;  // unit slot / kParts, part slot % kParts
   // As the float path: at M = 1 the first units of constant weights are asked for before
   // the wait.
-  int64_t t = u0 + threadIdx.x;
   typename Q::Unit wu[kFusedCols];
-  const bool preloaded = kRows == 1 && a.weights_constant && t < u1;
+  const bool preloaded = kRows == 1 && a.weights_constant && slot < end;
   if (preloaded) {
 #pragma unroll
-    for (int c = 0; c < kFusedCols; ++c) wu[c] = Q::Load(base[c], blocks[c], first[c] + t);
+    for (int c = 0; c < kFusedCols; ++c) {
+      wu[c] = Q::Load(base[c], blocks[c], first[c] + slot / kParts);
+    }
   }
   AwaitPrerequisiteGrids();
 
@@ -164,13 +175,15 @@ __device__ __forceinline__ void AccumulateUnits(const FusedMatmulArgs& a, int64_
 #pragma unroll
   for (int i = 0; i < kRows * kFusedCols; ++i) acc[i] = 0.0f;
 
-  for (bool loaded = preloaded; t < u1; t += blockDim.x, loaded = false) {
+  for (bool loaded = preloaded; slot < end; slot += blockDim.x, loaded = false) {
+    const int64_t t = slot / kParts;
     if (!loaded) {
 #pragma unroll
       for (int c = 0; c < kFusedCols; ++c) wu[c] = Q::Load(base[c], blocks[c], first[c] + t);
     }
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
+    for (int jj = 0; jj < quant::kUnitElems / 8 / kParts; ++jj) {
+      const int j = kParts == 1 ? jj : part;
       const int64_t e0 = t * quant::kUnitElems + 8 * j;
       float xf[kRows][8];
 #pragma unroll

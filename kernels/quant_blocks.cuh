@@ -197,9 +197,10 @@ struct Format<DType::kQ8_0> {
     uint4 q[2];
     float d;
     SG_QB void Values8(int j, float (&v)[8]) const {
-      // Values 8j .. 8j+7 are bytes 8(j&1) .. of q[j >> 1]: two words, chosen once.
-      const uint4& h = (j >> 1) ? q[1] : q[0];
-      const uint32_t lo = (j & 1) ? h.z : h.x, hi = (j & 1) ? h.w : h.y;
+      // Values 8j .. 8j+7 are bytes 8(j&1) .. of q[j >> 1]: two words, chosen once, each
+      // member named (an index into q at run time would put q in local memory).
+      const uint32_t lo = (j & 2) ? ((j & 1) ? q[1].z : q[1].x) : ((j & 1) ? q[0].z : q[0].x);
+      const uint32_t hi = (j & 2) ? ((j & 1) ? q[1].w : q[1].y) : ((j & 1) ? q[0].w : q[0].y);
 SG_QB_UNROLL
       for (int i = 0; i < 8; ++i) {
         // The int8 code biased by 128 (its sign bit flipped).
