@@ -26,9 +26,10 @@ constexpr int kThreads = kWarps * kWarpSize;
 
 // Lanes per unit: 4, each taking 8 of its 32 values; or 1, a lane taking whole units, for
 // one row of a K format (Q4_K, Q5_K, Q6_K), whose unit loads decode a block head, work
-// that four lanes would each repeat: on an H100 the Q6_K lm head of a Q4_K_M file (f32
-// activations) took 364 us at four lanes a unit against 320 us for the kernel of one
-// column per block before it, while a Q4_0 one took 119 us against 308.
+// that four lanes would each repeat. Measured on an H100 (the lm head of the 1B shape,
+// f32 activations): Q4_0 119 us against 308 for the kernel of one column per block
+// before this one; Q6_K 364 us either way, against 320 before, so its unit loads, not
+// the activations, bound it (docs/gguf.md).
 template <typename Q, int kRows>
 constexpr int PartsFor() {
   return kRows == 1 && Q::kUnits > 1 ? 1 : quant::kUnitElems / 8;
