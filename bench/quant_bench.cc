@@ -2,7 +2,9 @@
 // for every GGUF block format, beside the bf16 small-M kernel at the same shapes, and the
 // fused matmul (kernels/fused_matmul.cuh, one weight, no epilogue, split-K as the
 // dispatcher picks it) over the same weights: how close each format's kernel comes to
-// streaming its weight at the copy rate, plain and fused. Block-format weights are
+// streaming its weight at the copy rate, plain and fused. Those cases take bf16
+// activations; QuantMatMulF32 (M = 1, 4, 16) and FusedF32 (M = 1) take f32 ones, as a
+// GGUF file with block-format weights computes. Block-format weights are
 // repacked into the device layout (kernels/quant_layout.h) as the step runner uploads them.
 //
 // How it measures (as kernel_bench): each case captures a CUDA graph of up to kMaxBatch
@@ -137,15 +139,16 @@ int SmCount() {
   return sms;
 }
 
-// One case: y[1, n] = x[1, k] · w[n, k]ᵀ with w in `w_dtype` (bf16: the small-M kernel),
-// through the fused matmul when `fused`.
+// One case: y[m, n] = x[m, k] · w[n, k]ᵀ with w in `w_dtype` (bf16: the small-M kernel),
+// x and y in `act` (bf16, or f32 as a GGUF file computes), through the fused matmul when
+// `fused`.
 absl::Status RunCase(benchmark::State& state, const std::string& name, DType w_dtype, int64_t n,
-                     int64_t k, bool fused) {
-  constexpr DType kT = DType::kBF16;
-  constexpr int64_t m = 1;
+                     int64_t k, bool fused, int64_t m, DType act) {
+  const DType kT = act;
+  const int64_t elem = DTypeBytes(act);
   const int64_t w_bytes = n * DTypeRowBytes(w_dtype, k);
   const int64_t set_bytes =
-      RoundUp(w_bytes, kAlign) + RoundUp(m * k * 2, kAlign) + RoundUp(m * n * 2, kAlign);
+      RoundUp(w_bytes, kAlign) + RoundUp(m * k * elem, kAlign) + RoundUp(m * n * elem, kAlign);
   size_t free_bytes = 0, total_bytes = 0;
   SG_RETURN_IF_ERROR(ToStatus(cudaMemGetInfo(&free_bytes, &total_bytes), "cudaMemGetInfo"));
   const int64_t target = 3 * g->l2_bytes;
@@ -157,12 +160,14 @@ absl::Status RunCase(benchmark::State& state, const std::string& name, DType w_d
   SG_ASSIGN_OR_RETURN(DeviceMemory pool, AllocateDevice(batch * set_bytes, "benchmark sets"));
   auto* base = static_cast<uint8_t*>(pool.get());
   const std::vector<uint8_t> w = WeightBytes(w_dtype, n, k);
-  std::vector<uint16_t> x(static_cast<size_t>(m * k));
-  for (size_t i = 0; i < x.size(); ++i) x[i] = FloatToBF16(0.001f * static_cast<float>(i % 997) - 0.5f);
-  const int64_t x_off = RoundUp(w_bytes, kAlign), y_off = x_off + RoundUp(m * k * 2, kAlign);
+  std::vector<uint8_t> x(static_cast<size_t>(m * k * elem));
+  for (int64_t i = 0; i < m * k; ++i) {
+    StoreElement(x.data(), act, i, 0.001f * static_cast<float>(i % 997) - 0.5f);
+  }
+  const int64_t x_off = RoundUp(w_bytes, kAlign), y_off = x_off + RoundUp(m * k * elem, kAlign);
   SG_RETURN_IF_ERROR(ToStatus(cudaMemcpy(base, w.data(), w.size(), cudaMemcpyHostToDevice),
                               "cudaMemcpy(weight)"));
-  SG_RETURN_IF_ERROR(ToStatus(cudaMemcpy(base + x_off, x.data(), x.size() * 2,
+  SG_RETURN_IF_ERROR(ToStatus(cudaMemcpy(base + x_off, x.data(), x.size(),
                                          cudaMemcpyHostToDevice),
                               "cudaMemcpy(x)"));
   for (int s = 1; s < batch; ++s) {
@@ -245,7 +250,7 @@ absl::Status RunCase(benchmark::State& state, const std::string& name, DType w_d
     per_launch.push_back(seconds / batch);
   }
   const double t = Median(per_launch);
-  const int64_t bytes = w_bytes + (m * k + m * n) * 2;
+  const int64_t bytes = w_bytes + (m * k + m * n) * elem;
   const double gbps = t > 0 ? static_cast<double>(bytes) / t * 1e-9 : 0;
   state.counters["us"] = t * 1e6;
   state.counters["GB/s"] = gbps;
@@ -293,25 +298,44 @@ int main(int argc, char** argv) {
   constexpr sg::DType kFormats[] = {sg::DType::kBF16, sg::DType::kQ8_0, sg::DType::kQ4_0,
                                     sg::DType::kQ4_1, sg::DType::kQ5_0, sg::DType::kQ5_1,
                                     sg::DType::kQ4_K, sg::DType::kQ5_K, sg::DType::kQ6_K};
+  auto add = [](const std::string& name, sg::DType t, Shape s, bool fused, int64_t m,
+                sg::DType act) {
+    benchmark::RegisterBenchmark(
+        name.c_str(),
+        [=](benchmark::State& state) {
+          if (absl::Status st = sg::RunCase(state, name, t, s.n, s.k, fused, m, act); !st.ok()) {
+            state.SkipWithError(st.ToString().c_str());
+          }
+        })
+        ->UseManualTime()
+        ->Iterations(sg::kIterations)
+        ->Unit(benchmark::kMicrosecond);
+  };
   for (const Shape& s : {Shape{"q/o", 2048, 2048}, Shape{"k/v", 512, 2048},
                          Shape{"gate/up", 8192, 2048}, Shape{"down", 2048, 8192},
                          Shape{"lm head", 128256, 2048}}) {
     for (sg::DType t : kFormats) {
       for (bool fused : {false, true}) {
-        const std::string name =
-            absl::StrCat(fused ? "Fused/" : sg::IsQuantized(t) ? "QuantMatMul/" : "Gemv/",
-                         sg::DTypeName(t), "/M=1 N=", s.n, " K=", s.k, " (", s.what, ")");
-        benchmark::RegisterBenchmark(
-            name.c_str(),
-            [t, s, name, fused](benchmark::State& state) {
-              if (absl::Status st = sg::RunCase(state, name, t, s.n, s.k, fused); !st.ok()) {
-                state.SkipWithError(st.ToString().c_str());
-              }
-            })
-            ->UseManualTime()
-            ->Iterations(sg::kIterations)
-            ->Unit(benchmark::kMicrosecond);
+        add(absl::StrCat(fused ? "Fused/" : sg::IsQuantized(t) ? "QuantMatMul/" : "Gemv/",
+                         sg::DTypeName(t), "/M=1 N=", s.n, " K=", s.k, " (", s.what, ")"),
+            t, s, fused, 1, sg::DType::kBF16);
       }
+    }
+  }
+  // Block formats with f32 activations, as a GGUF file computes: the plain kernel at the
+  // batch sizes of decode, the fused one at M = 1.
+  for (const Shape& s : {Shape{"q/o", 2048, 2048}, Shape{"gate/up", 8192, 2048},
+                         Shape{"down", 2048, 8192}, Shape{"lm head", 128256, 2048}}) {
+    for (sg::DType t : kFormats) {
+      if (!sg::IsQuantized(t)) continue;
+      for (const int64_t m : {1, 4, 16}) {
+        add(absl::StrCat("QuantMatMulF32/", sg::DTypeName(t), "/M=", m, " N=", s.n, " K=", s.k,
+                         " (", s.what, ")"),
+            t, s, false, m, sg::DType::kF32);
+      }
+      add(absl::StrCat("FusedF32/", sg::DTypeName(t), "/M=1 N=", s.n, " K=", s.k, " (", s.what,
+                       ")"),
+          t, s, true, 1, sg::DType::kF32);
     }
   }
   benchmark::RunSpecifiedBenchmarks();
