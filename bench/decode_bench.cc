@@ -311,9 +311,12 @@ absl::Status PrintKernelTable(DecodeSession& s, const std::string& label, double
               "hides or adds between kernels)\n",
               static_cast<long long>(kBucketPosition), replayed_ms * 1e3,
               1e3 * static_cast<double>(s.weight_bytes()) / g->copy_bytes_per_s, total.us);
-  if (replayed_ms > 0) std::printf("per node, the eager stream with its events costs %.2f us more than the replayed "
-              "graph: launch and event overhead the graph removes, spread over every row above\n",
-              (total.us - replayed_ms * 1e3) / total.nodes);
+  if (replayed_ms > 0) {
+    std::printf("per node, the eager stream with its events costs %.2f us more than the "
+                "replayed graph: launch and event overhead the graph removes, spread over "
+                "every row above\n",
+                (total.us - replayed_ms * 1e3) / total.nodes);
+  }
   std::sort(slowest.rbegin(), slowest.rend());
   std::printf("largest excess over the floor, by node:\n");
   for (size_t k = 0; k < std::min<size_t>(12, slowest.size()); ++k) {

@@ -185,7 +185,8 @@ struct Nibbles8 {
 // kPlane0 (bytes of the first plane per block); Unit Load(base, blocks, g): unit g of the
 // tensor (g = row · units per row + unit in the row) of a tensor of `blocks` blocks in the
 // device layout at `base` (16-byte aligned); Unit::Values8(j, v): values 8j .. 8j+7 of the
-// unit (j a constant once unrolled, or a lane's part of the unit known at run time). kernels/quant_layout.cu writes the layout.
+// unit (j a constant once unrolled, or a lane's part of the unit known at run time).
+// kernels/quant_layout.cu writes the layout.
 
 template <DType kType>
 struct Format;
