@@ -270,6 +270,14 @@ TensorId GraphBuilder::MoeCombine(TensorId y, TensorId weights, TensorId ids,
                                   absl::string_view name) {
   return AddNode(ops::MoeCombine{}, name, {y, weights, ids});
 }
+
+TensorId GraphBuilder::AllReduce(TensorId x, int32_t ranks, absl::string_view name) {
+  return AddNode(ops::AllReduce{ranks}, name, {x});
+}
+
+TensorId GraphBuilder::AllGather(TensorId x, int32_t ranks, absl::string_view name) {
+  return AddNode(ops::AllGather{ranks}, name, {x});
+}
 TensorId GraphBuilder::Softmax(TensorId x, absl::string_view name) {
   return AddNode(ops::Softmax{}, name, {x});
 }

@@ -49,6 +49,8 @@ std::string Params(const ops::Attention& op) {
 std::string Params(const ops::HeadRmsNorm& op) { return absl::StrFormat("eps=%g", op.eps); }
 std::string Params(const ops::Scale& op) { return absl::StrFormat("factor=%g", op.factor); }
 std::string Params(const ops::Softcap& op) { return absl::StrFormat("cap=%g", op.cap); }
+std::string Params(const ops::AllReduce& op) { return absl::StrCat("ranks=", op.ranks); }
+std::string Params(const ops::AllGather& op) { return absl::StrCat("ranks=", op.ranks); }
 std::string Params(const ops::MoeTopK& op) { return absl::StrCat("top_k=", op.top_k); }
 std::string Params(const ops::MoeRouteWeights& op) {
   std::string s = op.renormalize ? "renormalize" : "";
@@ -703,6 +705,26 @@ Result Infer(const ops::MoeCombine&, const Checker& c) {
   return TensorType{c[0].dtype, Shape{c[0].shape[0], c[0].shape[1] / top_k}};
 }
 
+// x[M,N] float of a group of `ranks` ranks; `columns` is N times what each rank's output
+// holds per rank's input column (1 for AllReduce, ranks for AllGather).
+Result InferCollective(int32_t ranks, int64_t columns, const Checker& c) {
+  SG_RETURN_IF_ERROR(c.Arity(1));
+  SG_RETURN_IF_ERROR(c.Rank(0, 2, "x"));
+  SG_RETURN_IF_ERROR(c.Float(0, "x"));
+  if (ranks < 1 || ranks > ops::kMaxRanks) {
+    return c.Error(absl::StrCat("ranks must be in [1, ", ops::kMaxRanks, "], got ", ranks));
+  }
+  int64_t n = 0;
+  if (!CheckedMul(c[0].shape[1], columns, &n)) {
+    return c.Error(absl::StrCat("x ", Describe(c[0]), " times ", columns, " overflows"));
+  }
+  return TensorType{c[0].dtype, Shape{c[0].shape[0], n}};
+}
+Result Infer(const ops::AllReduce& op, const Checker& c) { return InferCollective(op.ranks, 1, c); }
+Result Infer(const ops::AllGather& op, const Checker& c) {
+  return InferCollective(op.ranks, op.ranks, c);
+}
+
 // What each op writes besides a new output of its own (ops.h, InputWrites). One overload
 // per op and no template default: an op added to the list must say.
 InputWrites Writes(const ops::Embedding&) { return {}; }
@@ -739,6 +761,8 @@ InputWrites Writes(const ops::MoeTopK&) { return {}; }
 InputWrites Writes(const ops::MoeRouteWeights&) { return {}; }
 InputWrites Writes(const ops::MoeMatMul&) { return {}; }
 InputWrites Writes(const ops::MoeCombine&) { return {}; }
+InputWrites Writes(const ops::AllReduce&) { return {}; }
+InputWrites Writes(const ops::AllGather&) { return {}; }
 
 }  // namespace
 

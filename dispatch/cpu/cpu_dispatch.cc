@@ -19,6 +19,7 @@
 #include "stepgraph/base/quant.h"
 #include "stepgraph/graph/rope.h"
 #include "stepgraph/base/status.h"
+#include "stepgraph/dispatch/collectives.h"
 
 namespace sg {
 namespace {
@@ -171,7 +172,9 @@ absl::StatusOr<const std::vector<float>*> InvFreqOf(const ops::Rope& rope, const
 CpuDispatch::CpuDispatch() : CpuDispatch(Options{}) {}
 
 CpuDispatch::CpuDispatch(Options options)
-    : pool_(std::make_unique<cpu::ThreadPool>(options.threads)) {}
+    : pool_(std::make_unique<cpu::ThreadPool>(options.threads)),
+      collectives_(options.collectives),
+      rank_(options.rank) {}
 
 CpuDispatch::~CpuDispatch() = default;
 
@@ -989,6 +992,60 @@ absl::Status CpuDispatch::Run(const ops::MoeCombine&, const NodeArgs& args) {
     }
   }
   return absl::OkStatus();
+}
+
+namespace {
+
+// A collective over `ranks` ranks: every rank's x, one pointer per rank, handed to `body`
+// between the group's two meetings (dispatch/collectives.cc). A group of one hands over x.
+template <typename Body>
+absl::Status WithRanks(HostCollectives* group, int rank, int32_t ranks, const TensorArg& x,
+                       absl::string_view what, Body body) {
+  const int have = group == nullptr ? 1 : group->ranks();
+  if (have != ranks) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "CPU reference: ", what, " '", x.name, "' is for ", ranks, " ranks, but the dispatcher's ",
+        "group has ", have));
+  }
+  if (group == nullptr) {
+    const void* only[] = {x.data};
+    body(absl::Span<const void* const>(only));
+    return absl::OkStatus();
+  }
+  SG_ASSIGN_OR_RETURN(absl::Span<const void* const> all, group->Gather(rank, x.data));
+  body(all);
+  return group->Release(rank);
+}
+
+}  // namespace
+
+absl::Status CpuDispatch::Run(const ops::AllReduce& op, const NodeArgs& args) {
+  const TensorArg& x = args.inputs[0];
+  const TensorArg& out = args.output;
+  const int64_t n = out.shape.NumElements();
+  return WithRanks(collectives_, rank_, op.ranks, x, "AllReduce", [&](auto all) {
+    for (int64_t e = 0; e < n; ++e) {
+      float sum = 0.0f;
+      for (const void* data : all) sum += LoadElement(data, x.dtype, e);
+      StoreElement(out.data, out.dtype, e, sum);
+    }
+  });
+}
+
+absl::Status CpuDispatch::Run(const ops::AllGather& op, const NodeArgs& args) {
+  const TensorArg& x = args.inputs[0];
+  const int64_t m = x.shape[0];
+  const int64_t row = x.shape[1] * DTypeBytes(x.dtype);
+  auto* out = static_cast<std::byte*>(args.output.data);
+  return WithRanks(collectives_, rank_, op.ranks, x, "AllGather", [&](auto all) {
+    for (size_t r = 0; r < all.size(); ++r) {
+      const auto* from = static_cast<const std::byte*>(all[r]);
+      for (int64_t i = 0; i < m; ++i) {
+        std::memcpy(out + (i * static_cast<int64_t>(all.size()) + static_cast<int64_t>(r)) * row,
+                    from + i * row, static_cast<size_t>(row));
+      }
+    }
+  });
 }
 
 }  // namespace sg

@@ -55,6 +55,19 @@ absl::StatusOr<std::unique_ptr<CudaDispatch>> CudaDispatch::Create(const Options
       "cudaDeviceGetAttribute(ComputeCapabilityMinor)"));
   info.compute_capability = major * 10 + minor;
 
+  if (options.ranks < 1 || options.ranks > ops::kMaxRanks ||
+      (options.ranks > 1 && options.nccl_comm == nullptr)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "CudaDispatch: a group of ", options.ranks, " ranks needs ranks in [1, ",
+        ops::kMaxRanks, "] and, above one, an NCCL communicator"));
+  }
+#if !defined(STEPGRAPH_WITH_NCCL)
+  if (options.ranks > 1) {
+    return absl::FailedPreconditionError(
+        "CudaDispatch: collectives over several GPUs need NCCL, and this build has none "
+        "(see docs/parallel.md)");
+  }
+#endif
   cudaStream_t stream = options.stream;
   UniqueStream owned;
   if (stream == nullptr) {
@@ -64,6 +77,8 @@ absl::StatusOr<std::unique_ptr<CudaDispatch>> CudaDispatch::Create(const Options
   auto dispatch = std::unique_ptr<CudaDispatch>(
       new CudaDispatch(stream, owned != nullptr, info, options.cuda));
   owned.release();
+  dispatch->nccl_comm_ = options.nccl_comm;
+  dispatch->ranks_ = options.ranks;
   SG_ASSIGN_OR_RETURN(DeviceMemory flags, AllocateDevice(sizeof(uint32_t), "the error word"));
   SG_RETURN_IF_ERROR(ToStatus(cudaMemset(flags.get(), 0, sizeof(uint32_t)), "cudaMemset(error word)"));
   // The memset runs on the legacy stream, which `stream` need not wait for.

@@ -60,6 +60,8 @@ std::vector<Expected> Documented() {
       {ops::MoeRouteWeights{}, {}},
       {ops::MoeMatMul{}, {}},
       {ops::MoeCombine{}, {}},
+      {ops::AllReduce{}, {}},
+      {ops::AllGather{}, {}},
   };
   // x, [norm_w], w_0 .. w_{weights-1}, then the epilogue's inputs; only kRopeKvWrite
   // (pos, k_cache, v_cache after three weights) writes.

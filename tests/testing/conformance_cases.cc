@@ -175,6 +175,19 @@ std::vector<OpCase> ConformanceCases() {
                },
                .tolerance = Tol(t)});
         }
+        // Collectives of a group of one (a copy, bit for bit): the dispatcher's own
+        // group; groups of several ranks run in tensor_parallel_test (CPU threads) and
+        // cuda_tensor_parallel_test (GPUs).
+        add({.name = Name("AllReduce", t, shape),
+             .build = [=](GraphBuilder& b) {
+               b.Output("out", b.AllReduce(b.Input("x", t, {rows, h}), 1));
+             },
+             .tolerance = 0.0});
+        add({.name = Name("AllGather", t, shape),
+             .build = [=](GraphBuilder& b) {
+               b.Output("out", b.AllGather(b.Input("x", t, {rows, h}), 1));
+             },
+             .tolerance = 0.0});
         // Gemma 2's final cap 30 over logits that reach past it.
         add({.name = Name("Softcap", t, shape),
              .build = [=](GraphBuilder& b) {

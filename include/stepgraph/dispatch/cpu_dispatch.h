@@ -23,11 +23,17 @@ namespace cpu {
 class ThreadPool;
 }
 
+class HostCollectives;
+
 class CpuDispatch final : public KernelDispatch {
  public:
   struct Options {
     // Threads that MatMul and Attention use, the caller's included; 0: one per core.
     int threads = 0;
+    // The group the collective ops meet (not owned; must outlive the dispatcher) and this
+    // dispatcher's rank in it. Null: a group of one, where collectives are copies.
+    HostCollectives* collectives = nullptr;
+    int rank = 0;
   };
 
   CpuDispatch();
@@ -65,6 +71,8 @@ class CpuDispatch final : public KernelDispatch {
   std::vector<std::vector<float>> scratch_;
   std::vector<float> x_f32_, out_f32_;  // an op's inputs or outputs stored in bf16/f16
   uint32_t error_flags_ = 0;
+  HostCollectives* collectives_ = nullptr;
+  int rank_ = 0;
 };
 
 }  // namespace sg

@@ -60,6 +60,12 @@ class CudaDispatch final : public KernelDispatch {
     // non-blocking stream of its own. Fixed for the dispatcher's life.
     cudaStream_t stream = nullptr;
     CudaOptions cuda;
+    // The rank's NCCL communicator (an ncclComm_t, not owned; must outlive the
+    // dispatcher) and the size of its group, which the collective ops meet. Null with
+    // ranks 1: a group of one, where collectives are copies. More than one rank needs a
+    // build with NCCL (FailedPrecondition otherwise).
+    void* nccl_comm = nullptr;
+    int ranks = 1;
   };
 
   // FailedPrecondition when no device is usable.
@@ -109,6 +115,9 @@ class CudaDispatch final : public KernelDispatch {
   CudaDispatch(cudaStream_t stream, bool owns_stream, CudaDeviceInfo info,
                const CudaOptions& options);
 
+  // InvalidArgument naming the node when a collective is for another group size.
+  absl::Status CheckRanks(int32_t ranks, absl::string_view op, const NodeArgs& args) const;
+
   // The stream and the launch mode of every kernel a Run launches: programmatic as this
   // dispatcher's options say, whatever other dispatchers of the process say
   // (dispatch/cuda/op_units.h).
@@ -118,6 +127,8 @@ class CudaDispatch final : public KernelDispatch {
   bool owns_stream_;
   CudaDeviceInfo info_;
   CudaOptions options_;
+  void* nccl_comm_ = nullptr;  // ncclComm_t, not owned
+  int ranks_ = 1;
   uint32_t* error_flags_ = nullptr;  // owned: cudaMalloc'd in Create, freed in the destructor
   std::unique_ptr<internal::MatmulRunner> matmul_;
   std::unique_ptr<internal::RopeTables> rope_;

@@ -106,6 +106,9 @@ class GraphBuilder {
                            absl::string_view name = {});
   TensorId MoeMatMul(TensorId x, TensorId w, TensorId ids, absl::string_view name = {});
   TensorId MoeCombine(TensorId y, TensorId weights, TensorId ids, absl::string_view name = {});
+  // Collectives over a group of `ranks` ranks (tensor parallel; docs/parallel.md).
+  TensorId AllReduce(TensorId x, int32_t ranks, absl::string_view name = {});
+  TensorId AllGather(TensorId x, int32_t ranks, absl::string_view name = {});
 
   // Marks `t` as a result the caller reads after a step. Output names are unique.
   void Output(absl::string_view name, TensorId t);

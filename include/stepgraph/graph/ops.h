@@ -46,7 +46,9 @@
   V(MoeTopK)           \
   V(MoeRouteWeights)   \
   V(MoeMatMul)         \
-  V(MoeCombine)
+  V(MoeCombine)        \
+  V(AllReduce)         \
+  V(AllGather)
 
 namespace sg::ops {
 
@@ -314,6 +316,25 @@ struct MoeMatMul {};
 // id (ties by slot) into a zero row of y's dtype, each partial sum rounded (index_add_ of
 // every expert's output in expert order). In f32 every rounding is f32's own.
 struct MoeCombine {};
+
+// ---- Collectives (tensor parallel; docs/parallel.md). A sharded step runs on every rank of
+// a group, and every rank reaches each collective node at the same point of its step; the
+// dispatcher holds the group and its own rank. `ranks` is the group's size, which shape
+// inference needs and the dispatcher checks against its group. One rank (no group) makes
+// either op a copy.
+inline constexpr int32_t kMaxRanks = 64;
+
+// x[M,N] float -> [M,N]: on every rank, the sum over the ranks of their x, added in f32 in
+// rank order and rounded once to x's dtype (so every rank holds the same bits).
+struct AllReduce {
+  int32_t ranks = 1;
+};
+
+// x[M,N] float -> [M, N·ranks]: out[i, r·N + j] = rank r's x[i, j] on every rank (each
+// rank's columns side by side, as a column-split matmul's outputs join).
+struct AllGather {
+  int32_t ranks = 1;
+};
 
 }  // namespace sg::ops
 
