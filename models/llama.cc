@@ -204,6 +204,76 @@ LlamaConfig Llama32_1BConfig() {
   return c;
 }
 
+LlamaConfig Llama31_8BConfig() {
+  LlamaConfig c = Llama32_1BConfig();
+  c.hidden_size = 4096;
+  c.intermediate_size = 14336;
+  c.num_hidden_layers = 32;
+  c.num_attention_heads = 32;
+  c.num_key_value_heads = 8;
+  c.head_dim = 128;
+  c.tie_word_embeddings = false;
+  return c;
+}
+
+LlamaConfig Llama31_70BConfig() {
+  LlamaConfig c = Llama31_8BConfig();
+  c.hidden_size = 8192;
+  c.intermediate_size = 28672;
+  c.num_hidden_layers = 80;
+  c.num_attention_heads = 64;
+  return c;
+}
+
+absl::StatusOr<ShardPlan> LlamaShardPlan(const LlamaConfig& c, int ranks) {
+  SG_RETURN_IF_ERROR(c.Validate());
+  if (ranks < 1 || ranks > ops::kMaxRanks) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor parallel: ranks must be in [1, ",
+                                                   ops::kMaxRanks, "], got ", ranks));
+  }
+  ShardPlan plan;
+  if (ranks == 1) return plan;
+  if (c.num_experts > 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tensor parallel: ", c.architecture, " routes over experts, and sharding routed "
+        "layers is not supported yet; run it on one GPU"));
+  }
+  for (const auto& [field, v] :
+       {std::pair<const char*, int64_t>{"num_attention_heads", c.num_attention_heads},
+        {"num_key_value_heads", c.num_key_value_heads},
+        {"intermediate_size", c.intermediate_size}}) {
+    if (v % ranks != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tensor parallel over ", ranks, " ranks: ", field, " (", v, ") does not divide by ",
+          ranks, "; each rank holds an equal share of whole heads and of the MLP"));
+    }
+  }
+  using K = ShardSpec::Kind;
+  auto set = [&](const std::string& name, K kind, int dim) { plan.tensors[name] = {kind, dim}; };
+  const bool qkv_bias = c.attention_bias || c.qkv_bias;
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    const std::string p = absl::StrCat("model.layers.", l, ".");
+    for (const char* w : {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"}) {
+      set(p + w + ".weight", K::kSplit, 0);
+      if (qkv_bias) set(p + w + ".bias", K::kSplit, 0);
+    }
+    set(p + "self_attn.o_proj.weight", K::kSplit, 1);
+    if (c.attention_bias) set(p + "self_attn.o_proj.bias", K::kFirstRank, 0);
+    for (const char* w : {"mlp.gate_proj", "mlp.up_proj"}) {
+      set(p + w + ".weight", K::kSplit, 0);
+      if (c.mlp_bias) set(p + w + ".bias", K::kSplit, 0);
+    }
+    set(p + "mlp.down_proj.weight", K::kSplit, 1);
+    if (c.mlp_bias) set(p + "mlp.down_proj.bias", K::kFirstRank, 0);
+    set(KCacheName(l), K::kSplit, 1);
+    set(VCacheName(l), K::kSplit, 1);
+  }
+  if (!c.tie_word_embeddings && c.vocab_size % ranks == 0) {
+    set("lm_head.weight", K::kSplit, 0);
+  }
+  return plan;
+}
+
 std::string KCacheName(int64_t layer) { return absl::StrCat("model.layers.", layer, ".k_cache"); }
 std::string VCacheName(int64_t layer) { return absl::StrCat("model.layers.", layer, ".v_cache"); }
 

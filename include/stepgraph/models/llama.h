@@ -14,6 +14,7 @@
 #include "absl/status/statusor.h"
 #include "stepgraph/graph/graph.h"
 #include "stepgraph/graph/ops.h"
+#include "stepgraph/graph/shard.h"
 #include "stepgraph/graph/types.h"
 
 namespace sg {
@@ -140,6 +141,12 @@ LlamaConfig TinyLlamaConfig();
 // vocab 128256, tied embeddings, llama3 RoPE scaling), bf16.
 LlamaConfig Llama32_1BConfig();
 
+// Llama-3.1-8B's shape (hidden 4096, 32 layers, 32 heads, 8 KV heads, intermediate 14336,
+// vocab 128256, separate lm head, llama3 RoPE scaling) and Llama-3.1-70B's (hidden 8192,
+// 80 layers, 64 heads, 8 KV heads, intermediate 28672), bf16.
+LlamaConfig Llama31_8BConfig();
+LlamaConfig Llama31_70BConfig();
+
 // One step of the model: a decode step (one row per sequence) or a prefill step (T rows
 // per sequence, one per token). Both are this one graph with different options.
 struct LlamaGraphOptions {
@@ -189,6 +196,16 @@ std::string VCacheName(int64_t layer);
 // sequence r / T.
 absl::StatusOr<Graph> BuildLlamaDecodeGraph(const LlamaConfig& config,
                                             const LlamaGraphOptions& options);
+
+// How the model's weights and KV cache split over `ranks` ranks (tensor parallel;
+// stepgraph/graph/shard.h, docs/parallel.md): q, k, v, gate and up by rows (whole heads per
+// rank, KV heads too), o and down by columns (an AllReduce after each), the k and v caches
+// by KV heads, o's and down's biases on the first rank, and a separate lm head by rows of
+// its vocabulary when the vocabulary divides (its logits gathered before the token choice).
+// The embedding, the norms and a tied lm head are held whole by every rank.
+// InvalidArgument saying why when the heads, KV heads or intermediate size do not divide by
+// `ranks`, or when the model routes over experts (not sharded yet).
+absl::StatusOr<ShardPlan> LlamaShardPlan(const LlamaConfig& config, int ranks);
 
 // FLOPs of prefilling `tokens` tokens into an empty cache, counted as the model defines
 // them (every layer whole; the lm head is not part of prefill): 2 per multiply-add of the
