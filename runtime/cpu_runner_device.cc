@@ -16,6 +16,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "runtime/runner_device.h"
+#include "stepgraph/dispatch/collectives.h"
 #include "stepgraph/dispatch/cpu_dispatch.h"
 #include "stepgraph/base/status.h"
 
@@ -48,7 +49,10 @@ class CpuRunnerDevice final : public RunnerDevice {
     if (options.cpu_dispatch != nullptr) {
       dispatch_ = options.cpu_dispatch;
     } else {
-      owned_ = std::make_unique<CpuDispatch>(CpuDispatch::Options{.threads = options.cpu_threads});
+      owned_ = std::make_unique<CpuDispatch>(CpuDispatch::Options{
+          .threads = options.cpu_threads,
+          .collectives = dynamic_cast<HostCollectives*>(options.collectives),
+          .rank = options.rank});
       cpu_ = owned_.get();
       dispatch_ = owned_.get();
     }
@@ -175,6 +179,12 @@ class CpuRunnerDevice final : public RunnerDevice {
 
 absl::StatusOr<std::unique_ptr<RunnerDevice>> MakeCpuRunnerDevice(
     const RunnerOptions& options) {
+  if (options.collectives != nullptr &&
+      (dynamic_cast<HostCollectives*>(options.collectives) == nullptr ||
+       options.cpu_dispatch != nullptr)) {
+    return absl::InvalidArgumentError(
+        "the CPU reference meets its ranks through HostCollectives, with its own dispatcher");
+  }
   return std::unique_ptr<RunnerDevice>(new CpuRunnerDevice(options));
 }
 

@@ -5,6 +5,7 @@
 #include <cuda_runtime_api.h>
 
 #include <atomic>
+#include <cstdlib>
 #include <chrono>
 #include <thread>
 #include <utility>
@@ -17,6 +18,11 @@
 #include "stepgraph/capture/cuda_graph.h"
 #include "stepgraph/dispatch/cuda_dispatch.h"
 #include "stepgraph/base/status.h"
+#include "stepgraph/dispatch/collectives.h"
+
+#if defined(STEPGRAPH_WITH_NCCL)
+#include <nccl.h>
+#endif
 
 namespace sg {
 
@@ -41,14 +47,70 @@ struct LaunchGate {
   }
 };
 
+// The GPUs of one process in a tensor-parallel group: one NCCL communicator each, made
+// together (ncclCommInitAll), destroyed (or aborted) together.
+class NcclGroup final : public CollectiveGroup {
+ public:
+#if defined(STEPGRAPH_WITH_NCCL)
+  static absl::StatusOr<std::unique_ptr<NcclGroup>> Create(int ranks) {
+    int devices = 0;
+    SG_RETURN_IF_ERROR(ToStatus(cudaGetDeviceCount(&devices), "cudaGetDeviceCount"));
+    if (ranks < 1 || ranks > devices) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "tensor parallel over ", ranks, " GPUs: this machine has ", devices));
+    }
+    // NVLink multicast (NVLS) stays off: on shared machines it can take the host's GPUs
+    // out of service (docs/parallel.md). NCCL reads the switch when a communicator is made.
+    setenv("NCCL_NVLS_ENABLE", "0", /*overwrite=*/1);
+    auto group = std::unique_ptr<NcclGroup>(new NcclGroup());
+    group->comms_.assign(static_cast<size_t>(ranks), nullptr);
+    std::vector<int> list(static_cast<size_t>(ranks));
+    for (int r = 0; r < ranks; ++r) list[static_cast<size_t>(r)] = r;
+    const ncclResult_t result = ncclCommInitAll(group->comms_.data(), ranks, list.data());
+    if (result != ncclSuccess) {
+      group->comms_.clear();
+      return absl::InternalError(absl::StrCat("ncclCommInitAll over ", ranks,
+                                              " GPUs failed: ", ncclGetErrorString(result)));
+    }
+    return group;
+  }
+  ~NcclGroup() override {
+    for (ncclComm_t c : comms_) {
+      const ncclResult_t r = aborted_ ? ncclCommAbort(c) : ncclCommDestroy(c);
+      if (r != ncclSuccess) internal::LogReleaseFailure("ncclCommDestroy", static_cast<int>(r));
+    }
+  }
+  void* comm(int rank) const { return comms_[static_cast<size_t>(rank)]; }
+  int ranks() const override { return static_cast<int>(comms_.size()); }
+  // A rank that failed mid-step leaves the others' collectives waiting on their GPUs; they
+  // end when the communicators are aborted, which the destructor does.
+  void Abort(const absl::Status&) override { aborted_ = true; }
+
+ private:
+  NcclGroup() = default;
+  std::vector<ncclComm_t> comms_;
+  bool aborted_ = false;
+#else
+  void* comm(int) const { return nullptr; }
+  int ranks() const override { return 1; }
+  void Abort(const absl::Status&) override {}
+#endif
+};
+
 class CapturedReplay final : public ReplayableStep {
  public:
-  explicit CapturedReplay(std::unique_ptr<CapturedStep> step) : step_(std::move(step)) {}
-  absl::Status Replay() override { return step_->Replay(); }
+  CapturedReplay(std::unique_ptr<CapturedStep> step, int device, bool switch_device)
+      : step_(std::move(step)), device_(device), switch_device_(switch_device) {}
+  absl::Status Replay() override {
+    if (switch_device_) SG_RETURN_IF_ERROR(ToStatus(cudaSetDevice(device_), "cudaSetDevice"));
+    return step_->Replay();
+  }
   int64_t graph_nodes() const override { return step_->num_graph_nodes(); }
 
  private:
   std::unique_ptr<CapturedStep> step_;
+  int device_;
+  bool switch_device_;
 };
 
 class CudaRunnerDevice final : public RunnerDevice {
@@ -64,8 +126,21 @@ class CudaRunnerDevice final : public RunnerDevice {
   }
 
   absl::Status Init(const RunnerOptions& options) {
+    ordinal_ = options.cuda_device;
+    switch_device_ = options.cuda_device != 0 || options.collectives != nullptr;
+    SG_RETURN_IF_ERROR(MakeCurrent());
     CudaDispatch::Options d;
     d.cuda = options.cuda;
+    if (options.collectives != nullptr) {
+      auto* group = dynamic_cast<NcclGroup*>(options.collectives);
+      if (group == nullptr || options.rank < 0 || options.rank >= group->ranks()) {
+        return absl::InvalidArgumentError(
+            "a CUDA runner meets its ranks through the NCCL group of MakeCudaCollectives, "
+            "with a rank inside it");
+      }
+      d.nccl_comm = group->comm(options.rank);
+      d.ranks = group->ranks();
+    }
     SG_ASSIGN_OR_RETURN(dispatch_, CudaDispatch::Create(d));
     cudaDeviceProp prop{};
     if (cudaGetDeviceProperties(&prop, dispatch_->device_info().device) == cudaSuccess) {
@@ -80,6 +155,10 @@ class CudaRunnerDevice final : public RunnerDevice {
   }
   KernelDispatch& dispatch() override { return *dispatch_; }
   bool can_capture() const override { return true; }
+  absl::Status MakeCurrent() override {
+    if (!switch_device_) return absl::OkStatus();
+    return ToStatus(cudaSetDevice(ordinal_), "cudaSetDevice (step runner)");
+  }
 
   absl::StatusOr<void*> Allocate(int64_t bytes, bool zeroed, absl::string_view what) override {
     const std::string label(what);
@@ -142,7 +221,8 @@ class CudaRunnerDevice final : public RunnerDevice {
                                                           const Bindings& bindings) override {
     SG_ASSIGN_OR_RETURN(std::unique_ptr<CapturedStep> step,
                         CapturedStep::Create(prepared, bindings, *dispatch_));
-    return std::unique_ptr<ReplayableStep>(new CapturedReplay(std::move(step)));
+    return std::unique_ptr<ReplayableStep>(
+        new CapturedReplay(std::move(step), ordinal_, switch_device_));
   }
 
   absl::StatusOr<std::vector<double>> Profile(const PreparedPlan& prepared,
@@ -197,6 +277,8 @@ class CudaRunnerDevice final : public RunnerDevice {
   cudaStream_t stream() const { return dispatch_->stream(); }
 
   std::string name_;
+  int ordinal_ = 0;
+  bool switch_device_ = false;
   // Declared first, destroyed last: its stream orders everything below.
   std::unique_ptr<CudaDispatch> dispatch_;
   std::vector<DeviceMemory> device_;
@@ -208,6 +290,17 @@ class CudaRunnerDevice final : public RunnerDevice {
 
 absl::StatusOr<std::unique_ptr<OpSupport>> CudaOpSupport(const CudaOptions& options) {
   return std::unique_ptr<OpSupport>(std::make_unique<CudaSupport>(options));
+}
+
+absl::StatusOr<std::unique_ptr<CollectiveGroup>> MakeCudaCollectives(int ranks) {
+#if defined(STEPGRAPH_WITH_NCCL)
+  SG_ASSIGN_OR_RETURN(std::unique_ptr<NcclGroup> group, NcclGroup::Create(ranks));
+  return std::unique_ptr<CollectiveGroup>(std::move(group));
+#else
+  return absl::FailedPreconditionError(absl::StrCat(
+      "tensor parallel over ", ranks, " GPUs needs NCCL, and this build has none ",
+      "(pip install nvidia-nccl-cu13 and rebuild; docs/parallel.md)"));
+#endif
 }
 
 absl::StatusOr<std::unique_ptr<RunnerDevice>> MakeCudaRunnerDevice(

@@ -10,6 +10,10 @@ absl::StatusOr<std::unique_ptr<OpSupport>> CudaOpSupport(const CudaOptions&) {
   return absl::FailedPreconditionError("this build of stepgraph has no CUDA");
 }
 
+absl::StatusOr<std::unique_ptr<CollectiveGroup>> MakeCudaCollectives(int) {
+  return absl::FailedPreconditionError("this build of stepgraph has no CUDA");
+}
+
 absl::StatusOr<std::unique_ptr<RunnerDevice>> MakeCudaRunnerDevice(const RunnerOptions&) {
   return absl::FailedPreconditionError("this build of stepgraph has no CUDA");
 }

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "stepgraph/dispatch/collectives.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "stepgraph/dispatch/dispatch.h"
@@ -32,6 +33,9 @@ class RunnerDevice {
   virtual ~RunnerDevice() = default;
 
   virtual std::string Describe() const = 0;
+  // Makes the device current for the calling thread (CUDA: its ordinal, where a process
+  // drives several); a no-op where there is one device.
+  virtual absl::Status MakeCurrent() { return absl::OkStatus(); }
   virtual KernelDispatch& dispatch() = 0;
   // Whether Capture is available (the CPU runs every step eagerly).
   virtual bool can_capture() const = 0;
@@ -61,6 +65,9 @@ absl::StatusOr<std::unique_ptr<RunnerDevice>> MakeCpuRunnerDevice(const RunnerOp
 // Built with CUDA only (FailedPrecondition otherwise).
 absl::StatusOr<std::unique_ptr<RunnerDevice>> MakeCudaRunnerDevice(const RunnerOptions& options);
 absl::StatusOr<std::unique_ptr<OpSupport>> CudaOpSupport(const CudaOptions& options);
+// One NCCL communicator per GPU 0 .. ranks-1 of this process (NVLink multicast off).
+// FailedPrecondition without CUDA, without NCCL or with fewer GPUs.
+absl::StatusOr<std::unique_ptr<CollectiveGroup>> MakeCudaCollectives(int ranks);
 
 // What runtime code beside the runner (measure.cc) reaches inside a StepRunner.
 class StepRunnerAccess {

@@ -119,20 +119,27 @@ std::string StepRunner::Describe() const {
 const OpSupport& StepRunner::op_support() const { return impl_->device->dispatch(); }
 
 absl::StatusOr<void*> StepRunner::Allocate(int64_t bytes, absl::string_view what) {
+  SG_RETURN_IF_ERROR(impl_->device->MakeCurrent());
   return impl_->device->Allocate(bytes, /*zeroed=*/false, what);
 }
 
 absl::StatusOr<void*> StepRunner::AllocateZeroed(int64_t bytes, absl::string_view what) {
+  SG_RETURN_IF_ERROR(impl_->device->MakeCurrent());
   return impl_->device->Allocate(bytes, /*zeroed=*/true, what);
 }
 
 absl::StatusOr<void*> StepRunner::AllocateHost(int64_t bytes, absl::string_view what) {
+  SG_RETURN_IF_ERROR(impl_->device->MakeCurrent());
   return impl_->device->AllocateHost(bytes, what);
 }
 
-absl::StatusOr<int64_t> StepRunner::FreeBytes() const { return impl_->device->FreeBytes(); }
+absl::StatusOr<int64_t> StepRunner::FreeBytes() const {
+  SG_RETURN_IF_ERROR(impl_->device->MakeCurrent());
+  return impl_->device->FreeBytes();
+}
 
 absl::Status StepRunner::Copy(void* dst, const void* src, int64_t bytes) {
+  SG_RETURN_IF_ERROR(impl_->device->MakeCurrent());
   if (bytes == 0) return absl::OkStatus();
   if (dst == nullptr || src == nullptr || bytes < 0) {
     return absl::InvalidArgumentError(absl::StrCat("step runner: copy of ", bytes,
@@ -142,6 +149,7 @@ absl::Status StepRunner::Copy(void* dst, const void* src, int64_t bytes) {
 }
 
 absl::Status StepRunner::CopyWeight(void* dst, const void* src, const Tensor& weight) {
+  SG_RETURN_IF_ERROR(impl_->device->MakeCurrent());
   KernelDispatch& dispatch = impl_->device->dispatch();
   const int64_t bytes = weight.bytes();
   if (!dispatch.RepacksWeight(weight)) return Copy(dst, src, bytes);
@@ -159,7 +167,10 @@ absl::Status StepRunner::CopyWeight(void* dst, const void* src, const Tensor& we
   return impl_->device->Sync();
 }
 
-absl::Status StepRunner::Sync() { return impl_->device->Sync(); }
+absl::Status StepRunner::Sync() {
+  SG_RETURN_IF_ERROR(impl_->device->MakeCurrent());
+  return impl_->device->Sync();
+}
 
 absl::StatusOr<int> StepRunner::AddStep(Graph graph, const Binder& bind) {
   Impl& r = *impl_;
@@ -178,6 +189,7 @@ absl::StatusOr<int> StepRunner::AddStep(Graph graph, const Binder& bind) {
 }
 
 absl::Status StepRunner::Finalize() {
+  SG_RETURN_IF_ERROR(impl_->device->MakeCurrent());
   Impl& r = *impl_;
   if (r.finalized) return absl::FailedPreconditionError("step runner: Finalize called twice");
   if (r.steps.empty()) return absl::FailedPreconditionError("step runner: no steps to finalize");
@@ -225,6 +237,7 @@ absl::Status StepRunner::Impl::CheckStep(int step, absl::string_view what) const
 }
 
 absl::Status StepRunner::Run(int step) {
+  SG_RETURN_IF_ERROR(impl_->device->MakeCurrent());
   SG_RETURN_IF_ERROR(impl_->CheckStep(step, "Run"));
   Step& s = *impl_->steps[step];
   if (s.replay != nullptr) return s.replay->Replay();
@@ -252,7 +265,10 @@ int64_t StepRunner::graph_nodes(int step) const {
   return impl_->steps[step]->replay->graph_nodes();
 }
 
-absl::StatusOr<uint32_t> StepRunner::TakeErrorFlags() { return impl_->device->TakeErrorFlags(); }
+absl::StatusOr<uint32_t> StepRunner::TakeErrorFlags() {
+  SG_RETURN_IF_ERROR(impl_->device->MakeCurrent());
+  return impl_->device->TakeErrorFlags();
+}
 
 RunnerDevice& StepRunnerAccess::Device(StepRunner& runner) { return *runner.impl_->device; }
 

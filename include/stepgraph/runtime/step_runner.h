@@ -34,6 +34,8 @@
 
 namespace sg {
 
+class CollectiveGroup;
+
 enum class DeviceKind : uint8_t { kCpu, kCuda };
 absl::string_view DeviceKindName(DeviceKind d);  // "cpu", "cuda"
 
@@ -53,6 +55,13 @@ struct RunnerOptions {
   KernelDispatch* cpu_dispatch = nullptr;
   // CPU: threads of the reference's parallel ops (0: one per core).
   int cpu_threads = 0;
+  // CUDA: the device ordinal the runner's memory, stream and dispatcher live on.
+  int cuda_device = 0;
+  // Tensor parallel (stepgraph/runtime/tensor_parallel.h): the group the steps' collective
+  // ops meet and this runner's rank in it (not owned; must outlive the runner). Null: a
+  // group of one.
+  CollectiveGroup* collectives = nullptr;
+  int rank = 0;
 };
 
 // What a StepRunner with `options` would run (the fusions its dispatcher takes), answered
