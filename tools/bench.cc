@@ -17,6 +17,10 @@
 #include "stepgraph/runtime/measure.h"
 #include "stepgraph/runtime/session.h"
 #include "stepgraph/runtime/step_runner.h"
+#include "stepgraph/runtime/tensor_parallel.h"
+#include "stepgraph/graph/builder.h"
+#include "stepgraph/graph/passes.h"
+#include "models/model_files.h"
 #include "tools/commands.h"
 #include "tools/console.h"
 #include "tools/model_setup.h"
@@ -146,7 +150,162 @@ absl::Status MeasureTtft(const Options& o, DecodeSession& s, double matmul_tflop
 
 }  // namespace
 
+// ms per replay of `step` on every rank: `n` replays after 3 warm-ups, host clock to the
+// last rank's end.
+absl::StatusOr<double> ReplayMs(TensorParallelRunner& tp, int step, int64_t n) {
+  for (int i = 0; i < 3; ++i) SG_RETURN_IF_ERROR(tp.Run(step));
+  SG_RETURN_IF_ERROR(tp.Sync());
+  const Clock::time_point t0 = Clock::now();
+  for (int64_t i = 0; i < n; ++i) SG_RETURN_IF_ERROR(tp.Run(step));
+  SG_RETURN_IF_ERROR(tp.Sync());
+  return MsSince(t0) / static_cast<double>(n);
+}
+
+// The time of one all-reduce of a [batch, hidden] activation, as the sharded step makes
+// them: `count` of them in a chain, in one captured graph per rank, replayed.
+absl::StatusOr<double> AllReduceUs(const TensorParallelOptions& options, const LlamaConfig& c,
+                                   int64_t batch, int count) {
+  SG_ASSIGN_OR_RETURN(std::unique_ptr<TensorParallelRunner> tp,
+                      TensorParallelRunner::Create(options));
+  GraphBuilder b;
+  TensorId x = b.Input("x", c.dtype, {batch, c.hidden_size});
+  for (int i = 0; i < count; ++i) x = b.AllReduce(x, tp->ranks(), absl::StrCat("all_reduce_", i));
+  b.Output("out", x);
+  SG_ASSIGN_OR_RETURN(const Graph g, std::move(b).Build());
+  const int64_t bytes = batch * c.hidden_size * DTypeBytes(c.dtype);
+  std::vector<void*> in;
+  for (int r = 0; r < tp->ranks(); ++r) {
+    SG_ASSIGN_OR_RETURN(void* p, tp->rank(r).AllocateZeroed(bytes, "all-reduce input"));
+    in.push_back(p);
+  }
+  SG_ASSIGN_OR_RETURN(const int step, tp->AddStep(g, [&](int r, const Graph&, Bindings& bind) {
+    return bind.Bind("x", in[static_cast<size_t>(r)], bytes);
+  }));
+  SG_RETURN_IF_ERROR(tp->Finalize());
+  SG_ASSIGN_OR_RETURN(const double ms, ReplayMs(*tp, step, 50));
+  return 1e3 * ms / count;
+}
+
+// `bench --tensor-parallel N`: the model sharded over N ranks (stepgraph/graph/shard.h),
+// each rank's step captured and replayed together, the closed loop advancing positions on
+// the devices; ms per token at each position against the floor of a rank's weight bytes,
+// and the all-reduces' share measured apart.
+int TensorParallelBench(const Options& o) {
+  const std::string hint = HelpHint(kBench);
+  absl::StatusOr<LlamaConfig> config = ModelConfig(o);
+  if (!config.ok()) return ModelFailure(o, config.status());
+  const LlamaConfig& c = *config;
+  const int ranks = static_cast<int>(o.tensor_parallel);
+  const int64_t max_pos = *std::max_element(o.positions.begin(), o.positions.end());
+  const int64_t max_seq = o.max_seq > 0 ? o.max_seq : max_pos + 2 * o.steps + 16;
+  absl::StatusOr<ShardPlan> plan = LlamaShardPlan(c, ranks);
+  if (!plan.ok()) return Failure(plan.status(), hint);
+  absl::StatusOr<Graph> whole = BuildLlamaDecodeGraph(
+      c, {.batch = o.batch, .max_seq = max_seq, .closed_loop = true});
+  if (!whole.ok()) return Failure(whole.status(), hint);
+  absl::StatusOr<Graph> sharded = ShardGraph(*whole, *plan, ranks);
+  if (!sharded.ok()) return Failure(sharded.status(), hint);
+  TensorParallelOptions tpo;
+  tpo.ranks = ranks;
+  tpo.runner.device = o.cpu ? DeviceKind::kCpu : DeviceKind::kCuda;
+  tpo.runner.eager = o.eager;
+  tpo.runner.cuda = o.cuda;
+  tpo.runner.cpu_threads = static_cast<int>(o.threads);
+  absl::StatusOr<std::unique_ptr<TensorParallelRunner>> made = TensorParallelRunner::Create(tpo);
+  if (!made.ok()) return Failure(made.status(), hint);
+  TensorParallelRunner& tp = **made;
+  PassOptions passes = o.passes;
+  passes.backend = &tp.rank(0).op_support();
+  passes.unread_outputs.insert(kLogitsOutput);
+  absl::StatusOr<Graph> g = RunPasses(*std::move(sharded), passes);
+  if (!g.ok()) return Failure(g.status(), hint);
+
+  std::fprintf(stderr, "stepgraph: uploading %s weights to %d ranks\n",
+               o.model.empty() ? "random" : "the model's", ranks);
+  std::optional<ModelFiles> files;
+  ShardedBuffers::WeightSource source;
+  if (!o.model.empty()) {
+    absl::StatusOr<ModelFiles> opened = ModelFiles::Open(o.model);
+    if (!opened.ok()) return ModelFailure(o, opened.status());
+    files = *std::move(opened);
+    source = [&files](const std::string& name) { return files->WeightData(name); };
+  }
+  absl::StatusOr<ShardedBuffers> buffers =
+      ShardedBuffers::Upload(tp, *whole, *g, *plan, source, o.weight_seed);
+  if (!buffers.ok()) return Failure(buffers.status(), hint);
+  files.reset();
+  const int64_t rows = o.batch;
+  std::vector<int32_t*> io;
+  for (int r = 0; r < ranks; ++r) {
+    absl::StatusOr<void*> p = tp.rank(r).Allocate(2 * rows * 4, "ids and positions");
+    if (!p.ok()) return Failure(p.status(), hint);
+    io.push_back(static_cast<int32_t*>(*p));
+  }
+  absl::StatusOr<int> step = tp.AddStep(*g, [&](int r, const Graph& rg, Bindings& b) {
+    SG_RETURN_IF_ERROR(buffers->Bind(r, rg, b));
+    SG_RETURN_IF_ERROR(b.Bind(kIdsInput, io[static_cast<size_t>(r)], rows * 4));
+    return b.Bind(kPosInput, io[static_cast<size_t>(r)] + rows, rows * 4);
+  });
+  if (!step.ok()) return Failure(step.status(), hint);
+  if (absl::Status s = tp.Finalize(); !s.ok()) return Failure(s, hint);
+
+  const bool gpu = tpo.runner.device == DeviceKind::kCuda;
+  double copy_bw = 0;
+  if (gpu) {
+    absl::StatusOr<double> bw = CopyBandwidth(tp.rank(0), int64_t{1} << 29, 10);
+    if (!bw.ok()) return Failure(bw.status(), hint);
+    copy_bw = *bw;
+  }
+  const int64_t rank_bytes = buffers->weight_bytes_per_rank();
+  const double floor_ms = gpu ? 1e3 * static_cast<double>(rank_bytes) / copy_bw : 0;
+  std::printf("tensor parallel: %d ranks on %s; %d AllReduce, %d AllGather nodes a step\n",
+              ranks, tp.rank(0).Describe().c_str(),
+              static_cast<int>(std::count_if(g->nodes().begin(), g->nodes().end(), [](const Node& n) {
+                return std::holds_alternative<ops::AllReduce>(n.op);
+              })),
+              static_cast<int>(std::count_if(g->nodes().begin(), g->nodes().end(), [](const Node& n) {
+                return std::holds_alternative<ops::AllGather>(n.op);
+              })));
+  if (gpu) {
+    std::printf("device-to-device copy (rank 0): %.1f GB/s (read + write); weights per rank %s: "
+                "floor %.4f ms/step\n",
+                copy_bw * 1e-9, Bytes(rank_bytes).c_str(), floor_ms);
+  }
+  double step_ms = 0;
+  for (const int64_t pos : o.positions) {
+    std::vector<int32_t> host(static_cast<size_t>(2 * rows), 1);
+    for (int64_t i = 0; i < rows; ++i) host[static_cast<size_t>(rows + i)] = static_cast<int32_t>(pos);
+    for (int r = 0; r < ranks; ++r) {
+      if (absl::Status s = tp.rank(r).Copy(io[static_cast<size_t>(r)], host.data(), 2 * rows * 4);
+          !s.ok()) {
+        return Failure(s, hint);
+      }
+    }
+    if (absl::Status s = tp.Sync(); !s.ok()) return Failure(s, hint);
+    absl::StatusOr<double> ms = ReplayMs(tp, *step, o.steps);
+    if (!ms.ok()) return Failure(ms.status(), hint);
+    if (step_ms == 0) step_ms = *ms;
+    std::printf("position %lld: %.4f ms/step (%.1f tokens/s)%s\n", static_cast<long long>(pos),
+                *ms, 1e3 * static_cast<double>(rows) / *ms,
+                gpu ? absl::StrFormat("; floor/step %.3f", floor_ms / *ms).c_str() : "");
+  }
+  if (ranks > 1 && tp.replays()) {
+    const int count = static_cast<int>(2 * c.num_hidden_layers);
+    absl::StatusOr<double> us = AllReduceUs(tpo, c, rows, count);
+    if (!us.ok()) return Failure(us.status(), hint);
+    std::printf("all-reduce of [%lld, %lld] %s (%s): %.2f us replayed; %d a step = %.3f ms, "
+                "%.1f%% of the step at position %lld\n",
+                static_cast<long long>(rows), static_cast<long long>(c.hidden_size),
+                std::string(DTypeName(c.dtype)).c_str(),
+                Bytes(rows * c.hidden_size * DTypeBytes(c.dtype)).c_str(), *us, count,
+                *us * count * 1e-3, 100 * *us * count * 1e-3 / step_ms,
+                static_cast<long long>(o.positions.front()));
+  }
+  return kExitOk;
+}
+
 int BenchCommand(const Options& o) {
+  if (o.tensor_parallel > 0) return TensorParallelBench(o);
   // A GPU benchmark that would run for minutes on the CPU reference says so first.
   if (!o.cpu && !CudaDeviceFound()) {
     std::fprintf(stderr,

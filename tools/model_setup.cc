@@ -25,7 +25,14 @@ absl::StatusOr<LlamaConfig> ModelConfig(const Options& o) {
     }
     return c;
   }
-  return o.preset == "llama-3.2-1b" ? Llama32_1BConfig() : TinyLlamaConfig();
+  return PresetConfig(o.preset);
+}
+
+LlamaConfig PresetConfig(const std::string& preset) {
+  if (preset == "llama-3.2-1b") return Llama32_1BConfig();
+  if (preset == "llama-3.1-8b") return Llama31_8BConfig();
+  if (preset == "llama-3.1-70b") return Llama31_70BConfig();
+  return TinyLlamaConfig();
 }
 
 std::string ModelName(const Options& o) {
@@ -86,7 +93,7 @@ absl::StatusOr<std::unique_ptr<DecodeSession>> MakeSession(const Options& o, int
   SessionOptions so;
   so.model_path = o.model;
   if (o.model.empty()) {
-    so.config = o.preset == "llama-3.2-1b" ? Llama32_1BConfig() : TinyLlamaConfig();
+    so.config = PresetConfig(o.preset);
   }
   so.weight_seed = o.weight_seed;
   so.backend = o.cpu ? Backend::kCpu : Backend::kAuto;

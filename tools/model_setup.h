@@ -24,6 +24,9 @@ namespace sg::cli {
 // The model's config without loading any weight (--verbose also lists the config.json
 // fields kept as metadata).
 absl::StatusOr<LlamaConfig> ModelConfig(const Options& o);
+// The shape of a --model-preset name (options.cc checks the names): tiny, llama-3.2-1b,
+// llama-3.1-8b, llama-3.1-70b.
+LlamaConfig PresetConfig(const std::string& preset);
 // The path given, or "tiny (random weights, seed 0)".
 std::string ModelName(const Options& o);
 

@@ -373,6 +373,10 @@ const Flag kFlags[] = {
        o.dot = std::string(v);
        return absl::OkStatus();
      }},
+    {"--tensor-parallel", "--tp", "N", kBench, false,
+     "shard the model over N ranks (GPUs 0..N-1 through NCCL; threads on the CPU reference) "
+     "and measure the sharded step and its all-reduces",
+     nullptr, EnvRule::kNone, [](S v, O& o) { return SetInt(v, 1, 64, o.tensor_parallel); }},
     {"--steps", nullptr, "N", kBench, false, "timed steps per measurement (default 64)", nullptr,
      EnvRule::kNone, [](S v, O& o) { return SetInt(v, 1, 1 << 20, o.steps); }},
     {"--positions", nullptr, "P1,P2,...", kBench, false,
@@ -410,11 +414,13 @@ const Flag kFlags[] = {
        return absl::OkStatus();
      }},
     {"--model-preset", nullptr, "NAME", kAll, true,
-     "random weights in a known shape: tiny (default), llama-3.2-1b", nullptr, EnvRule::kNone,
+     "random weights in a known shape: tiny (default), llama-3.2-1b, llama-3.1-8b, "
+     "llama-3.1-70b",
+     nullptr, EnvRule::kNone,
      [](S v, O& o) {
-       if (v != "tiny" && v != "llama-3.2-1b") {
-         return absl::InvalidArgumentError(
-             absl::StrCat("unknown preset '", v, "' (known: tiny, llama-3.2-1b)"));
+       if (v != "tiny" && v != "llama-3.2-1b" && v != "llama-3.1-8b" && v != "llama-3.1-70b") {
+         return absl::InvalidArgumentError(absl::StrCat(
+             "unknown preset '", v, "' (known: tiny, llama-3.2-1b, llama-3.1-8b, llama-3.1-70b)"));
        }
        o.preset = std::string(v);
        return absl::OkStatus();

@@ -93,6 +93,7 @@ struct Options {
 
   // bench
   int64_t steps = 64;
+  int64_t tensor_parallel = 0;  // ranks; 0: one device through a session
   std::vector<int64_t> positions = {100, 1000};
   bool profile = false;
   std::vector<int64_t> ttft_lengths = {128, 512, 2048};
