@@ -62,6 +62,10 @@ class NcclGroup final : public CollectiveGroup {
     // NVLink multicast (NVLS) stays off: on shared machines it can take the host's GPUs
     // out of service (docs/parallel.md). NCCL reads the switch when a communicator is made.
     setenv("NCCL_NVLS_ENABLE", "0", /*overwrite=*/1);
+    // Connections made when the communicators are, not at a collective's first call: a
+    // first call inside a stream capture cannot make them (NCCL reports an internal
+    // error). A caller's own choice stands.
+    setenv("NCCL_RUNTIME_CONNECT", "0", /*overwrite=*/0);
     auto group = std::unique_ptr<NcclGroup>(new NcclGroup());
     group->comms_.assign(static_cast<size_t>(ranks), nullptr);
     std::vector<int> list(static_cast<size_t>(ranks));
