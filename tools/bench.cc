@@ -161,29 +161,38 @@ absl::StatusOr<double> ReplayMs(TensorParallelRunner& tp, int step, int64_t n) {
   return MsSince(t0) / static_cast<double>(n);
 }
 
-// The time of one all-reduce of a [batch, hidden] activation, as the sharded step makes
-// them: `count` of them in a chain, in one captured graph per rank, replayed.
-absl::StatusOr<double> AllReduceUs(const TensorParallelOptions& options, const LlamaConfig& c,
-                                   int64_t batch, int count) {
+// The time of one all-reduce of each size in `columns` (a [1, columns] activation of
+// dtype), as the sharded step makes them: `count` in a chain, in one captured graph per
+// rank and size, replayed.
+absl::StatusOr<std::vector<double>> AllReduceUs(const TensorParallelOptions& options, DType dtype,
+                                                const std::vector<int64_t>& columns, int count) {
   SG_ASSIGN_OR_RETURN(std::unique_ptr<TensorParallelRunner> tp,
                       TensorParallelRunner::Create(options));
-  GraphBuilder b;
-  TensorId x = b.Input("x", c.dtype, {batch, c.hidden_size});
-  for (int i = 0; i < count; ++i) x = b.AllReduce(x, tp->ranks(), absl::StrCat("all_reduce_", i));
-  b.Output("out", x);
-  SG_ASSIGN_OR_RETURN(const Graph g, std::move(b).Build());
-  const int64_t bytes = batch * c.hidden_size * DTypeBytes(c.dtype);
+  const int64_t largest = *std::max_element(columns.begin(), columns.end()) * DTypeBytes(dtype);
   std::vector<void*> in;
   for (int r = 0; r < tp->ranks(); ++r) {
-    SG_ASSIGN_OR_RETURN(void* p, tp->rank(r).AllocateZeroed(bytes, "all-reduce input"));
+    SG_ASSIGN_OR_RETURN(void* p, tp->rank(r).AllocateZeroed(largest, "all-reduce input"));
     in.push_back(p);
   }
-  SG_ASSIGN_OR_RETURN(const int step, tp->AddStep(g, [&](int r, const Graph&, Bindings& bind) {
-    return bind.Bind("x", in[static_cast<size_t>(r)], bytes);
-  }));
+  std::vector<int> steps;
+  for (const int64_t n : columns) {
+    GraphBuilder b;
+    TensorId x = b.Input("x", dtype, {1, n});
+    for (int i = 0; i < count; ++i) x = b.AllReduce(x, tp->ranks(), absl::StrCat("all_reduce_", i));
+    b.Output("out", x);
+    SG_ASSIGN_OR_RETURN(const Graph g, std::move(b).Build());
+    SG_ASSIGN_OR_RETURN(const int step, tp->AddStep(g, [&](int r, const Graph&, Bindings& bind) {
+      return bind.Bind("x", in[static_cast<size_t>(r)], n * DTypeBytes(dtype));
+    }));
+    steps.push_back(step);
+  }
   SG_RETURN_IF_ERROR(tp->Finalize());
-  SG_ASSIGN_OR_RETURN(const double ms, ReplayMs(*tp, step, 50));
-  return 1e3 * ms / count;
+  std::vector<double> us;
+  for (const int step : steps) {
+    SG_ASSIGN_OR_RETURN(const double ms, ReplayMs(*tp, step, 50));
+    us.push_back(1e3 * ms / count);
+  }
+  return us;
 }
 
 // `bench --tensor-parallel N`: the model sharded over N ranks (stepgraph/graph/shard.h),
@@ -290,15 +299,32 @@ int TensorParallelBench(const Options& o) {
                 gpu ? absl::StrFormat("; floor/step %.3f", floor_ms / *ms).c_str() : "");
   }
   if (ranks > 1 && tp.replays()) {
+    // Both paths at the step's size and around it: NCCL, and the one-shot kernel where the
+    // group has its buffers (CudaOptions::one_shot_all_reduce_bytes picks per size).
     const int count = static_cast<int>(2 * c.num_hidden_layers);
-    absl::StatusOr<double> us = AllReduceUs(tpo, c, rows, count);
-    if (!us.ok()) return Failure(us.status(), hint);
-    std::printf("all-reduce of [%lld, %lld] %s (%s): %.2f us replayed; %d a step = %.3f ms, "
-                "%.1f%% of the step at position %lld\n",
-                static_cast<long long>(rows), static_cast<long long>(c.hidden_size),
-                std::string(DTypeName(c.dtype)).c_str(),
-                Bytes(rows * c.hidden_size * DTypeBytes(c.dtype)).c_str(), *us, count,
-                *us * count * 1e-3, 100 * *us * count * 1e-3 / step_ms,
+    const int64_t h = rows * c.hidden_size;
+    const std::vector<int64_t> sizes = {2048, 4096, 8192, 32768, 131072, h};
+    TensorParallelOptions nccl = tpo, one_shot = tpo;
+    nccl.runner.cuda.one_shot_all_reduce_bytes = 0;
+    one_shot.runner.cuda.one_shot_all_reduce_bytes = int64_t{1} << 30;
+    absl::StatusOr<std::vector<double>> by_nccl = AllReduceUs(nccl, c.dtype, sizes, count);
+    if (!by_nccl.ok()) return Failure(by_nccl.status(), hint);
+    absl::StatusOr<std::vector<double>> by_one_shot = AllReduceUs(one_shot, c.dtype, sizes, count);
+    if (!by_one_shot.ok()) return Failure(by_one_shot.status(), hint);
+    std::printf("all-reduce, replayed (%d in a chain), us: %10s %10s %10s\n", count, "bytes",
+                "NCCL", "one-shot");
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      std::printf("  %s%35lld %10.2f %10.2f\n", i + 1 == sizes.size() ? "the step's:" : "           ",
+                  static_cast<long long>(sizes[i] * DTypeBytes(c.dtype)), (*by_nccl)[i],
+                  (*by_one_shot)[i]);
+    }
+    const int64_t step_bytes = h * DTypeBytes(c.dtype);
+    const bool used_one_shot = step_bytes <= o.cuda.one_shot_all_reduce_bytes;
+    const double us = used_one_shot ? by_one_shot->back() : by_nccl->back();
+    std::printf("the step's %d all-reduces (%s, %s): %.3f ms, %.1f%% of the step at position "
+                "%lld\n",
+                count, Bytes(step_bytes).c_str(), used_one_shot ? "one-shot" : "NCCL",
+                us * count * 1e-3, 100 * us * count * 1e-3 / step_ms,
                 static_cast<long long>(o.positions.front()));
   }
   return kExitOk;

@@ -471,6 +471,11 @@ const Flag kFlags[] = {
        o.cuda.compiled_norm = true;
        return absl::OkStatus();
      }},
+    {"--one-shot-bytes", nullptr, "N", kAll, true,
+     "tensor parallel: all-reduces of at most N bytes through stepgraph's one-shot kernel over "
+     "NVLink, larger ones through NCCL (default 8192; 0: NCCL always)",
+     nullptr, EnvRule::kNone,
+     [](S v, O& o) { return SetInt(v, 0, int64_t{1} << 30, o.cuda.one_shot_all_reduce_bytes); }},
     {"--block-gemm-rows", nullptr, "N", kAll, true,
      "GPU: rows from which a block-format (GGUF) matmul dequantizes its weight in chunks and "
      "runs cuBLASLt (default 32; 0: always the block-format kernel)",

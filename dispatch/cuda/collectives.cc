@@ -1,6 +1,7 @@
 // The collectives unit of CudaDispatch: AllReduce and AllGather over the dispatcher's NCCL
 // communicator (CudaDispatch::Options::nccl_comm), one NCCL call each on the dispatcher's
-// stream, which a capture records into the rank's CUDA graph. A group of one copies. In a
+// stream, which a capture records into the rank's CUDA graph; a small AllReduce through
+// the one-shot kernel over peer memory instead where the group made its buffers. A group of one copies. In a
 // build without NCCL a group of more than one is refused when the dispatcher is made.
 #include <cstdint>
 
@@ -8,6 +9,7 @@
 #include "dispatch/cuda/cuda_status.h"
 #include "stepgraph/base/status.h"
 #include "dispatch/cuda/op_units.h"
+#include "kernels/collectives.cuh"
 #include "stepgraph/dispatch/cuda_dispatch.h"
 
 #if defined(STEPGRAPH_WITH_NCCL)
@@ -62,6 +64,15 @@ absl::Status CudaDispatch::Run(const ops::AllReduce& op, const NodeArgs& args) {
     return ToStatus(cudaMemcpyAsync(args.output.data, x.data, static_cast<size_t>(x.bytes()),
                                     cudaMemcpyDeviceToDevice, stream_),
                     "cudaMemcpyAsync(AllReduce of one rank)");
+  }
+  if (one_shot_peers_ != nullptr && x.bytes() <= options_.one_shot_all_reduce_bytes) {
+    const auto& peers = *static_cast<const kernels::OneShotPeers*>(one_shot_peers_);
+    if (kernels::OneShotFits(x.data, args.output.data, x.shape.NumElements(), x.dtype, peers)) {
+      return ToStatus(kernels::LaunchOneShotAllReduce(x.data, args.output.data,
+                                                      x.shape.NumElements(), x.dtype, peers,
+                                                      launch()),
+                      "LaunchOneShotAllReduce");
+    }
   }
 #if defined(STEPGRAPH_WITH_NCCL)
   return NcclStatus(ncclAllReduce(x.data, args.output.data,

@@ -79,6 +79,7 @@ absl::StatusOr<std::unique_ptr<CudaDispatch>> CudaDispatch::Create(const Options
   owned.release();
   dispatch->nccl_comm_ = options.nccl_comm;
   dispatch->ranks_ = options.ranks;
+  dispatch->one_shot_peers_ = options.one_shot_peers;
   SG_ASSIGN_OR_RETURN(DeviceMemory flags, AllocateDevice(sizeof(uint32_t), "the error word"));
   SG_RETURN_IF_ERROR(ToStatus(cudaMemset(flags.get(), 0, sizeof(uint32_t)), "cudaMemset(error word)"));
   // The memset runs on the legacy stream, which `stream` need not wait for.

@@ -36,20 +36,23 @@ using Json = nlohmann::json;
 // A runner of `ranks` ranks, or the reason there is none here (a skip on machines with
 // fewer GPUs or a build without NCCL).
 absl::StatusOr<std::unique_ptr<TensorParallelRunner>> MakeRunner(DeviceKind device, int ranks,
-                                                                 bool eager = false) {
+                                                                 bool eager = false,
+                                                                 bool one_shot = true) {
   RunnerOptions ro;
   ro.device = device;
   ro.eager = eager;
   ro.cpu_threads = 1;
+  // 0: every AllReduce through NCCL; else the one-shot kernel for every size it takes.
+  ro.cuda.one_shot_all_reduce_bytes = one_shot ? int64_t{1} << 30 : 0;
   return TensorParallelRunner::Create({.runner = ro, .ranks = ranks});
 }
 
 // Whether `ranks` ranks of `device` run here.
 bool Available(DeviceKind device, int ranks) { return MakeRunner(device, ranks).ok(); }
 
-#define MAKE_RUNNER_OR_SKIP(var, device, ranks, eager)                                 \
+#define MAKE_RUNNER_OR_SKIP(var, device, ranks, eager, ...)                            \
   absl::StatusOr<std::unique_ptr<TensorParallelRunner>> var##_or =                    \
-      MakeRunner(device, ranks, eager);                                                \
+      MakeRunner(device, ranks, eager __VA_OPT__(, ) __VA_ARGS__);                     \
   if (!var##_or.ok() && var##_or.status().code() == absl::StatusCode::kFailedPrecondition) { \
     GTEST_SKIP() << var##_or.status();                                                 \
   }                                                                                    \
@@ -58,9 +61,9 @@ bool Available(DeviceKind device, int ranks) { return MakeRunner(device, ranks).
 
 // Every rank's x, random; the collectives' outputs on every rank against the definition:
 // the sum in f32 in rank order rounded once, and the ranks' columns side by side.
-void CheckCollectives(TensorParallelRunner& tp, DType t, double tolerance) {
+void CheckCollectives(TensorParallelRunner& tp, DType t, double tolerance, int64_t m = 3,
+                      int64_t n = 40) {
   const int ranks = tp.ranks();
-  const int64_t m = 3, n = 40;
   GraphBuilder b;
   const TensorId x = b.Input("x", t, {m, n});
   b.Output("sum", b.AllReduce(x, ranks, "sum"));
@@ -299,7 +302,8 @@ TEST(TensorParallelCpu, BlocksThatDoNotSplitAreRefusedByName) {
 // Random weights, the matrices in `pick`'s formats, over `ranks` ranks against one.
 template <typename Pick>
 void CheckRandomWeights(LlamaConfig c, int ranks, Pick pick, const std::string& what,
-                        DeviceKind device = DeviceKind::kCpu, bool eager = false) {
+                        DeviceKind device = DeviceKind::kCpu, bool eager = false,
+                        bool one_shot = true) {
   for (auto& [name, dtype] : c.weight_dtypes) dtype = pick(name);
   const Graph whole = *BuildLlamaDecodeGraph(c, {.max_seq = 12});
   absl::StatusOr<RandomWeights> weights = RandomWeights::Create(whole, 11, 1);
@@ -311,7 +315,7 @@ void CheckRandomWeights(LlamaConfig c, int ranks, Pick pick, const std::string& 
   };
   std::vector<int32_t> tokens = {5, 900, 17, 3, 256, 1000, 42, 7, 8, 600, 1, 2};
   MAKE_RUNNER_OR_SKIP(one, DeviceKind::kCpu, 1, false);
-  MAKE_RUNNER_OR_SKIP(many, device, ranks, eager);
+  MAKE_RUNNER_OR_SKIP(many, device, ranks, eager, one_shot);
   absl::StatusOr<Trace> want = RunTrace(one, c, source, tokens);
   absl::StatusOr<Trace> got = RunTrace(many, c, source, tokens);
   ASSERT_TRUE(want.ok()) << want.status();
@@ -387,11 +391,18 @@ TEST(TensorParallelCpu, SmolLM2OverThreeRanksEqualsTransformers) {
 
 // ---- GPUs: skip unless this machine has two and the build has NCCL.
 
+// Through NCCL and through the one-shot kernel, small (one block of the kernel) and 128 KiB
+// (several blocks).
 TEST(TensorParallelCuda, CollectivesMatchTheirDefinition) {
-  for (DType t : {DType::kF32, DType::kBF16}) {
-    MAKE_RUNNER_OR_SKIP(tp, DeviceKind::kCuda, 2, false);
-    // Two ranks: one addition, rounded once, as the reference does.
-    CheckCollectives(tp, t, 0.0);
+  for (bool one_shot : {false, true}) {
+    for (DType t : {DType::kF32, DType::kBF16}) {
+      for (const auto& [m, n] : {std::pair<int64_t, int64_t>{3, 40}, {16, 4096}}) {
+        MAKE_RUNNER_OR_SKIP(tp, DeviceKind::kCuda, 2, false, one_shot);
+        SCOPED_TRACE(absl::StrCat(one_shot ? "one-shot " : "NCCL ", DTypeName(t), " ", m, "x", n));
+        // Two ranks: one addition, rounded once, as the reference does.
+        CheckCollectives(tp, t, 0.0, m, n);
+      }
+    }
   }
 }
 
@@ -401,9 +412,13 @@ TEST(TensorParallelCuda, CollectivesOverFourAndEightGpus) {
   if (!Available(DeviceKind::kCuda, 4)) GTEST_SKIP() << "fewer than 4 GPUs, or no NCCL";
   for (int ranks : {4, 8}) {
     if (!Available(DeviceKind::kCuda, ranks)) continue;
-    for (DType t : {DType::kF32, DType::kBF16}) {
-      MAKE_RUNNER_OR_SKIP(tp, DeviceKind::kCuda, ranks, false);
-      CheckCollectives(tp, t, t == DType::kF32 ? 1e-6 : 1e-2);
+    for (bool one_shot : {false, true}) {
+      for (DType t : {DType::kF32, DType::kBF16}) {
+        MAKE_RUNNER_OR_SKIP(tp, DeviceKind::kCuda, ranks, false, one_shot);
+        SCOPED_TRACE(absl::StrCat(ranks, " GPUs, ", one_shot ? "one-shot " : "NCCL ", DTypeName(t)));
+        // The one-shot kernel adds in rank order in f32 and rounds once, as the reference.
+        CheckCollectives(tp, t, one_shot ? 0.0 : t == DType::kF32 ? 1e-6 : 1e-2, 16, 4096);
+      }
     }
   }
 }
@@ -418,9 +433,12 @@ TEST(TensorParallelCuda, RandomWeightsOverEveryGpuCount) {
   for (int ranks : {2, 4, 8}) {
     if (!Available(DeviceKind::kCuda, ranks)) continue;
     for (bool eager : {false, true}) {
-      CheckRandomWeights(c, ranks, [](const std::string&) { return DType::kF32; },
-                         absl::StrCat("f32 over ", ranks, " GPUs", eager ? ", eager" : ""),
-                         DeviceKind::kCuda, eager);
+      for (bool one_shot : {false, true}) {
+        CheckRandomWeights(c, ranks, [](const std::string&) { return DType::kF32; },
+                           absl::StrCat("f32 over ", ranks, " GPUs", eager ? ", eager" : "",
+                                        one_shot ? ", one-shot" : ", NCCL"),
+                           DeviceKind::kCuda, eager, one_shot);
+      }
     }
   }
 }

@@ -66,6 +66,10 @@ class CudaDispatch final : public KernelDispatch {
     // build with NCCL (FailedPrecondition otherwise).
     void* nccl_comm = nullptr;
     int ranks = 1;
+    // The group's one-shot all-reduce buffers as this rank reaches them (a
+    // kernels::OneShotPeers, not owned; kernels/collectives.cuh), or null: every
+    // AllReduce through NCCL. Used for messages up to CudaOptions::one_shot_all_reduce_bytes.
+    const void* one_shot_peers = nullptr;
   };
 
   // FailedPrecondition when no device is usable.
@@ -128,6 +132,7 @@ class CudaDispatch final : public KernelDispatch {
   CudaDeviceInfo info_;
   CudaOptions options_;
   void* nccl_comm_ = nullptr;  // ncclComm_t, not owned
+  const void* one_shot_peers_ = nullptr;  // kernels::OneShotPeers, not owned
   int ranks_ = 1;
   uint32_t* error_flags_ = nullptr;  // owned: cudaMalloc'd in Create, freed in the destructor
   std::unique_ptr<internal::MatmulRunner> matmul_;

@@ -64,6 +64,13 @@ struct CudaOptions {
   // need of the plans prepared, never per step). A chunk holds at least 128 rows of w.
   int64_t block_gemm_workspace_bytes = int64_t{32} << 20;
   BlockGemmPrecision block_gemm_precision = BlockGemmPrecision::kF32;
+  // Tensor parallel: AllReduce of at most this many bytes runs as stepgraph's one-shot
+  // kernel over NVLink peer memory (kernels/collectives.cuh) where the group has its
+  // buffers; larger ones, and every one with 0, through NCCL. On 4 H100s (NVLink, 64 in a
+  // chain, replayed, 2026-11-27) one-shot took 8.6 us for 4 and 8 KiB against NCCL's 9.1 and
+  // 9.4, and lost from 16 KiB on (11.9 against 10.3); on 2 of them the two were equal at
+  // 8 KiB (6.6 us) and NCCL was 0.5 us faster at 4 KiB.
+  int64_t one_shot_all_reduce_bytes = int64_t{8} << 10;
 };
 
 }  // namespace sg
