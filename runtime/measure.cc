@@ -19,6 +19,8 @@ absl::StatusOr<double> CopyBandwidth(StepRunner& runner, int64_t bytes, int repe
     return absl::InvalidArgumentError(absl::StrCat(
         "copy bandwidth: bytes and repeats must be > 0, got ", bytes, " and ", repeats));
   }
+  // Every measurement makes the runner's device current first (a process may drive several).
+  SG_RETURN_IF_ERROR(StepRunnerAccess::Device(runner).MakeCurrent());
   SG_ASSIGN_OR_RETURN(std::vector<double> seconds,
                       StepRunnerAccess::Device(runner).TimeCopies(bytes, repeats));
   const double median = Median(std::move(seconds));
@@ -28,20 +30,24 @@ absl::StatusOr<double> CopyBandwidth(StepRunner& runner, int64_t bytes, int repe
 
 absl::Status StartMarks(StepRunner& runner, int64_t n) {
   if (n < 2) return absl::InvalidArgumentError("time marks: StartMarks needs n >= 2");
+  SG_RETURN_IF_ERROR(StepRunnerAccess::Device(runner).MakeCurrent());
   return StepRunnerAccess::Device(runner).StartMarks(n);
 }
 
 absl::Status Mark(StepRunner& runner, int64_t i) {
+  SG_RETURN_IF_ERROR(StepRunnerAccess::Device(runner).MakeCurrent());
   return StepRunnerAccess::Device(runner).Mark(i);
 }
 
 absl::StatusOr<std::vector<double>> MarkIntervalsMs(StepRunner& runner) {
+  SG_RETURN_IF_ERROR(StepRunnerAccess::Device(runner).MakeCurrent());
   return StepRunnerAccess::Device(runner).MarkIntervalsMs();
 }
 
 absl::StatusOr<std::vector<double>> ProfileNodes(StepRunner& runner, int step) {
   SG_ASSIGN_OR_RETURN(const StepRunnerAccess::PreparedStep s,
                       StepRunnerAccess::Prepared(runner, step, "Profile"));
+  SG_RETURN_IF_ERROR(StepRunnerAccess::Device(runner).MakeCurrent());
   return StepRunnerAccess::Device(runner).Profile(*s.prepared, *s.bindings);
 }
 

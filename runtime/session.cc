@@ -15,7 +15,11 @@
 #include "absl/strings/str_join.h"
 #include "models/model_files.h"
 #include "models/random_weights.h"
+#include "runtime/rank_threads.h"
+#include "runtime/runner_device.h"
 #include "stepgraph/capture/capture_policy.h"
+#include "stepgraph/dispatch/collectives.h"
+#include "stepgraph/graph/shard.h"
 #include "stepgraph/dispatch/cpu_dispatch.h"
 #include "stepgraph/runtime/measure.h"
 #include "stepgraph/base/error_flags.h"
@@ -173,7 +177,10 @@ class DecodeSession::Impl {
  public:
   // Loads the model, builds and plans every step and makes the buffers; see the steps
   // below, in the order Init takes them.
-  absl::Status Init(const SessionOptions& options);
+  // Rank `rank` of a group of `options.tensor_parallel` ranks meeting through `group`
+  // (null for one rank).
+  absl::Status Init(const SessionOptions& options, int rank = 0,
+                    CollectiveGroup* group = nullptr);
 
   Backend backend() const { return backend_; }
   std::string Describe() const;
@@ -254,6 +261,11 @@ class DecodeSession::Impl {
   // only nodes the runner's dispatcher runs), then one per prefill shape. Sets
   // prefill_shapes_.
   absl::StatusOr<std::vector<Graph>> BuildGraphs(const SessionOptions& options);
+  // This rank's graph of a step (the graph itself with one rank).
+  absl::StatusOr<Graph> Shard(Graph graph) const {
+    if (ranks_ == 1) return graph;
+    return ShardGraph(graph, shard_plan_, ranks_);
+  }
   // Refuses a KV cache (the buffer whose size the caller picks freely) larger than the
   // device's free memory, before asking for it.
   absl::Status CheckKvCacheFits(const Graph& largest);
@@ -308,6 +320,13 @@ class DecodeSession::Impl {
   std::unique_ptr<ModelFiles> model_;
   std::vector<int32_t> stop_ids_;
   std::unique_ptr<StepRunner> runner_;
+  // Tensor parallel: this rank, the group's size and the group, how the model splits, and
+  // the whole model's largest step (the files' shapes).
+  int rank_ = 0;
+  int ranks_ = 1;
+  CollectiveGroup* group_ = nullptr;
+  ShardPlan shard_plan_;
+  std::optional<Graph> whole_largest_;
   int64_t kv_cache_bytes_ = 0;
   BufferLayout kv_layout_;
   std::byte* kv_ = nullptr;
@@ -377,14 +396,21 @@ absl::string_view BackendName(Backend b) {
   return "?";
 }
 
-absl::Status DecodeSession::Impl::Init(const SessionOptions& options) {
+absl::Status DecodeSession::Impl::Init(const SessionOptions& options, int rank,
+                                       CollectiveGroup* group) {
+  rank_ = rank;
+  ranks_ = std::max(options.tensor_parallel, 1);
+  group_ = group;
   SG_RETURN_IF_ERROR(LoadModel(options));
   SG_RETURN_IF_ERROR(ResolveOptions(options));
+  if (ranks_ > 1) {
+    SG_ASSIGN_OR_RETURN(shard_plan_, LlamaShardPlan(config_, ranks_));
+  }
   SG_RETURN_IF_ERROR(MakeRunner(options));
   SG_ASSIGN_OR_RETURN(std::vector<Graph> graphs, BuildGraphs(options));
-  // The largest decode step reads every weight and every KV cache.
+  // The largest decode step reads every weight and every KV cache (of this rank).
   const Graph& largest = graphs[buckets_.size() - 1];
-  if (model_ != nullptr) SG_RETURN_IF_ERROR(model_->CheckAgainstGraph(largest));
+  if (model_ != nullptr) SG_RETURN_IF_ERROR(model_->CheckAgainstGraph(*whole_largest_));
   SG_RETURN_IF_ERROR(CheckKvCacheFits(largest));
   StepRunner::Binder bind_weights;
   SG_RETURN_IF_ERROR(SetUpWeights(largest, &bind_weights));
@@ -411,7 +437,8 @@ absl::Status DecodeSession::Impl::LoadModel(const SessionOptions& options) {
     return absl::OkStatus();
   }
   SG_ASSIGN_OR_RETURN(ModelFiles model, ModelFiles::Open(options.model_path));
-  if (options.check_weights) SG_RETURN_IF_ERROR(model.CheckFinite());
+  // The ranks share the files: the first checks them.
+  if (options.check_weights && rank_ == 0) SG_RETURN_IF_ERROR(model.CheckFinite());
   model_ = std::make_unique<ModelFiles>(std::move(model));
   config_ = model_->config();
   stop_ids_ = model_->stop_ids();
@@ -464,6 +491,9 @@ absl::Status DecodeSession::Impl::MakeRunner(const SessionOptions& options) {
   ro.eager = options.eager;
   ro.cuda = options.cuda;
   ro.cpu_threads = options.cpu_threads;
+  ro.cuda_device = ro.device == DeviceKind::kCuda ? rank_ : 0;
+  ro.collectives = group_;
+  ro.rank = rank_;
   SG_ASSIGN_OR_RETURN(runner_, StepRunner::Create(ro));
   return absl::OkStatus();
 }
@@ -483,6 +513,10 @@ absl::StatusOr<std::vector<Graph>> DecodeSession::Impl::BuildGraphs(
     g.penalties = options.penalties;
     g.closed_loop = true;
     SG_ASSIGN_OR_RETURN(Graph graph, BuildLlamaDecodeGraph(config_, g));
+    // The whole model's largest step: what the files are checked against and the
+    // weights are cut from.
+    if (bucket == buckets_.back()) whole_largest_ = graph;
+    SG_ASSIGN_OR_RETURN(graph, Shard(std::move(graph)));
     if (bucket <= options.passes_max_rows) {
       SG_ASSIGN_OR_RETURN(graph, RunPasses(std::move(graph), passes));
     }
@@ -508,6 +542,7 @@ absl::StatusOr<std::vector<Graph>> DecodeSession::Impl::BuildGraphs(
     g.max_seq = max_seq_;
     g.logits = false;
     SG_ASSIGN_OR_RETURN(Graph graph, BuildLlamaDecodeGraph(config_, g));
+    SG_ASSIGN_OR_RETURN(graph, Shard(std::move(graph)));
     graphs.push_back(std::move(graph));
   }
   return graphs;
@@ -627,7 +662,7 @@ absl::Status DecodeSession::Impl::FinalizeSteps() {
 absl::Status DecodeSession::Impl::SetUpWeights(const Graph& largest, StepRunner::Binder* bind) {
   const BufferLayout layout = LayoutBuffers(largest, TensorKind::kWeight);
   weight_bytes_ = layout.total_bytes;
-  if (model_ != nullptr && runner_->device() == DeviceKind::kCpu) {
+  if (model_ != nullptr && runner_->device() == DeviceKind::kCpu && ranks_ == 1) {
     // The CPU reads the mapped files in place.
     const ModelFiles* model = model_.get();
     *bind = [model](const Graph& g, Bindings& b) { return model->BindInPlace(g, b); };
@@ -635,7 +670,23 @@ absl::Status DecodeSession::Impl::SetUpWeights(const Graph& largest, StepRunner:
   }
   SG_ASSIGN_OR_RETURN(void* device_weights, runner_->Allocate(layout.total_bytes, "the weights"));
   auto* base = static_cast<std::byte*>(device_weights);
-  if (model_ != nullptr) {
+  if (model_ != nullptr && ranks_ > 1) {
+    // This rank's part of each weight, cut on the host from the file's bytes.
+    int64_t most = 1;
+    for (const BufferLayout::Entry& e : layout.entries) most = std::max(most, e.bytes);
+    SG_ASSIGN_OR_RETURN(AlignedHostBuffer part, AlignedHostBuffer::Allocate(most, "a weight's part"));
+    for (const BufferLayout::Entry& e : layout.entries) {
+      SG_ASSIGN_OR_RETURN(const TensorId id, whole_largest_->FindTensor(e.name));
+      SG_ASSIGN_OR_RETURN(absl::Span<const std::byte> data, model_->WeightData(e.name));
+      absl::Span<std::byte> dst(part.data(), static_cast<size_t>(e.bytes));
+      SG_RETURN_IF_ERROR(ShardTensorBytes(whole_largest_->tensor(id), shard_plan_.Of(e.name),
+                                          rank_, ranks_, data, dst));
+      SG_RETURN_IF_ERROR(
+          runner_->CopyWeight(base + e.offset, part.data(), largest.tensors()[e.tensor]));
+      SG_RETURN_IF_ERROR(runner_->Sync());  // the part's buffer is the next weight's
+    }
+    model_.reset();
+  } else if (model_ != nullptr) {
     for (const BufferLayout::Entry& e : layout.entries) {
       SG_ASSIGN_OR_RETURN(absl::Span<const std::byte> data, model_->WeightData(e.name));
       if (static_cast<int64_t>(data.size()) != e.bytes) {
@@ -651,7 +702,7 @@ absl::Status DecodeSession::Impl::SetUpWeights(const Graph& largest, StepRunner:
     SG_RETURN_IF_ERROR(runner_->Sync());
     model_.reset();
   } else if (runner_->device() == DeviceKind::kCpu) {
-    SG_RETURN_IF_ERROR(FillRandomWeights(largest, layout, weight_seed_,
+    SG_RETURN_IF_ERROR(FillRandomWeights(largest, layout, weight_seed_ + rank_,
                                          {base, static_cast<size_t>(layout.total_bytes)},
                                          weight_threads_));
   } else {
@@ -659,7 +710,7 @@ absl::Status DecodeSession::Impl::SetUpWeights(const Graph& largest, StepRunner:
     SG_ASSIGN_OR_RETURN(AlignedHostBuffer host,
                         AlignedHostBuffer::Allocate(layout.total_bytes, "random weights"));
     SG_RETURN_IF_ERROR(
-        FillRandomWeights(largest, layout, weight_seed_, host.span(), weight_threads_));
+        FillRandomWeights(largest, layout, weight_seed_ + rank_, host.span(), weight_threads_));
     for (const BufferLayout::Entry& e : layout.entries) {
       SG_RETURN_IF_ERROR(runner_->CopyWeight(base + e.offset, host.data() + e.offset,
                                              largest.tensors()[e.tensor]));
@@ -673,8 +724,9 @@ absl::Status DecodeSession::Impl::SetUpWeights(const Graph& largest, StepRunner:
 }
 
 std::string DecodeSession::Impl::Describe() const {
-  return absl::StrCat(runner_->Describe(), "; buckets ", absl::StrJoin(buckets_, ","),
-                      ", max_seq ", max_seq_);
+  return absl::StrCat(runner_->Describe(),
+                      ranks_ > 1 ? absl::StrCat(", tensor parallel over ", ranks_, " ranks") : "",
+                      "; buckets ", absl::StrJoin(buckets_, ","), ", max_seq ", max_seq_);
 }
 
 const ExecutionPlan* DecodeSession::Impl::plan(int64_t bucket) const {
@@ -1018,7 +1070,7 @@ absl::Status DecodeSession::Impl::MoveSlot(int64_t from, int64_t to) {
   SG_RETURN_IF_ERROR(Drain());
   // Every state is a KV cache [slots, kv_heads, max_seq, head_dim]: each head of a slot
   // holds max_seq rows, of which the first pos are written.
-  const int64_t heads = config_.num_key_value_heads;
+  const int64_t heads = config_.num_key_value_heads / ranks_;  // this rank's
   const int64_t used = slots_[from].pos;
   for (const BufferLayout::Entry& e : kv_layout_.entries) {
     const int64_t per_head = e.bytes / (max_slots() * heads);
@@ -1299,27 +1351,89 @@ absl::StatusOr<std::vector<NodeTime>> DecodeSession::Impl::ProfileStep() {
   return out;
 }
 
-// ---- DecodeSession: the public face, forwarding to Impl.
+// ---- DecodeSession: the public face, forwarding to Impl (to every rank's).
 
-DecodeSession::DecodeSession(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+struct DecodeSession::Ranks {
+  // Declared in the order they may be destroyed last: the threads end first, then the
+  // ranks' sessions, then the group they met through.
+  std::unique_ptr<CollectiveGroup> group;
+  std::vector<std::unique_ptr<Impl>> others;  // ranks 1 .. N-1
+  std::unique_ptr<RankThreads> threads;
+};
+
+namespace {
+
+const absl::Status& StatusOf(const absl::Status& s) { return s; }
+template <typename T>
+absl::Status StatusOf(const absl::StatusOr<T>& s) {
+  return s.status();
+}
+
+}  // namespace
+
+template <typename F>
+auto DecodeSession::OnEveryRank(F f) -> decltype(f(std::declval<Impl&>())) {
+  if (ranks_ == nullptr) return f(*impl_);
+  using Result = decltype(f(std::declval<Impl&>()));
+  std::optional<Result> first;
+  const absl::Status status = ranks_->threads->ForEach([&](int r) -> absl::Status {
+    if (r == 0) {
+      first.emplace(f(*impl_));
+      return StatusOf(*first);
+    }
+    return StatusOf(f(*ranks_->others[static_cast<size_t>(r - 1)]));
+  });
+  if (!status.ok()) return status;
+  return *std::move(first);
+}
+
+DecodeSession::DecodeSession(std::unique_ptr<Impl> impl, std::unique_ptr<Ranks> ranks)
+    : ranks_(std::move(ranks)), impl_(std::move(impl)) {}
 DecodeSession::~DecodeSession() = default;
 
 absl::StatusOr<std::unique_ptr<DecodeSession>> DecodeSession::Create(
     const SessionOptions& options) {
-  auto impl = std::make_unique<Impl>();
-  // No allocation failure escapes: a model too large for this machine is an error, not a
-  // crash.
-  absl::Status status;
-  try {
-    status = impl->Init(options);
-  } catch (const std::bad_alloc&) {
-    status = absl::ResourceExhaustedError(
-        "session: out of host memory while loading the model and building its steps");
+  const int n = options.tensor_parallel;
+  if (n < 1 || n > ops::kMaxRanks) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "session: tensor_parallel must be in [1, ", ops::kMaxRanks, "], got ", n));
   }
-  if (!status.ok()) return status;
-  return std::unique_ptr<DecodeSession>(new DecodeSession(std::move(impl)));
+  // Init of one rank: no allocation failure escapes (a model too large for this machine is
+  // an error, not a crash).
+  auto InitRank = [](Impl& impl, const SessionOptions& o, int rank,
+                     CollectiveGroup* group) -> absl::Status {
+    try {
+      return impl.Init(o, rank, group);
+    } catch (const std::bad_alloc&) {
+      return absl::ResourceExhaustedError(
+          "session: out of host memory while loading the model and building its steps");
+    }
+  };
+  auto impl = std::make_unique<Impl>();
+  if (n == 1) {
+    SG_RETURN_IF_ERROR(InitRank(*impl, options, 0, nullptr));
+    return std::unique_ptr<DecodeSession>(new DecodeSession(std::move(impl), nullptr));
+  }
+  // Every rank's session is made at once: their captures record the collectives together.
+  auto ranks = std::make_unique<Ranks>();
+  const bool cuda = options.backend == Backend::kCuda ||
+                    (options.backend == Backend::kAuto && CudaDeviceFound());
+  if (cuda) {
+    SG_ASSIGN_OR_RETURN(ranks->group, MakeCudaCollectives(n));
+  } else {
+    ranks->group = std::make_unique<HostCollectives>(n);
+  }
+  for (int r = 1; r < n; ++r) ranks->others.push_back(std::make_unique<Impl>());
+  ranks->threads = std::make_unique<RankThreads>(n, ranks->group.get());
+  SG_RETURN_IF_ERROR(ranks->threads->ForEach([&](int r) {
+    return InitRank(r == 0 ? *impl : *ranks->others[static_cast<size_t>(r - 1)], options, r,
+                    ranks->group.get());
+  }));
+  return std::unique_ptr<DecodeSession>(new DecodeSession(std::move(impl), std::move(ranks)));
 }
 
+// What every rank holds alike (the config, the buckets, the ids chosen) comes from rank 0;
+// the sizes of weights and KV cache are rank 0's share.
 Backend DecodeSession::backend() const { return impl_->backend(); }
 std::string DecodeSession::Describe() const { return impl_->Describe(); }
 const LlamaConfig& DecodeSession::config() const { return impl_->config(); }
@@ -1336,43 +1450,52 @@ StepRunner& DecodeSession::runner() { return impl_->runner(); }
 absl::Status DecodeSession::Prefill(int64_t slot, absl::Span<const int32_t> prompt,
                                     int32_t seed) {
   const PrefillRequest request{slot, prompt, seed};
-  return impl_->Prefill(absl::MakeConstSpan(&request, 1));
+  return OnEveryRank([&](Impl& i) { return i.Prefill(absl::MakeConstSpan(&request, 1)); });
 }
 absl::Status DecodeSession::Prefill(absl::Span<const PrefillRequest> requests) {
-  return impl_->Prefill(requests);
+  return OnEveryRank([&](Impl& i) { return i.Prefill(requests); });
 }
 int64_t DecodeSession::prefill_steps() const { return impl_->prefill_steps(); }
 int64_t DecodeSession::prefill_chunk() const { return impl_->prefill_chunk(); }
 absl::Status DecodeSession::Append(int64_t slot, absl::Span<const int32_t> tokens) {
-  return impl_->Append(slot, tokens);
+  return OnEveryRank([&](Impl& i) { return i.Append(slot, tokens); });
 }
-absl::Status DecodeSession::Release(int64_t slot) { return impl_->Release(slot); }
+absl::Status DecodeSession::Release(int64_t slot) {
+  return OnEveryRank([&](Impl& i) { return i.Release(slot); });
+}
 bool DecodeSession::live(int64_t slot) const { return impl_->live(slot); }
-absl::Status DecodeSession::Hold(int64_t slot) { return impl_->Hold(slot, true); }
-absl::Status DecodeSession::Resume(int64_t slot) { return impl_->Hold(slot, false); }
+absl::Status DecodeSession::Hold(int64_t slot) {
+  return OnEveryRank([&](Impl& i) { return i.Hold(slot, true); });
+}
+absl::Status DecodeSession::Resume(int64_t slot) {
+  return OnEveryRank([&](Impl& i) { return i.Hold(slot, false); });
+}
 bool DecodeSession::held(int64_t slot) const { return impl_->held(slot); }
 absl::Status DecodeSession::MoveSlot(int64_t from, int64_t to) {
-  return impl_->MoveSlot(from, to);
+  return OnEveryRank([&](Impl& i) { return i.MoveSlot(from, to); });
 }
 int64_t DecodeSession::position(int64_t slot) const { return impl_->position(slot); }
-absl::Status DecodeSession::Step() { return impl_->Step(nullptr); }
+absl::Status DecodeSession::Step() {
+  return OnEveryRank([&](Impl& i) { return i.Step(nullptr); });
+}
 absl::StatusOr<std::vector<std::vector<int32_t>>> DecodeSession::Generate(int64_t n) {
-  return impl_->Generate(n);
+  return OnEveryRank([&](Impl& i) { return i.Generate(n); });
 }
 absl::StatusOr<std::vector<int32_t>> DecodeSession::Generate(int64_t slot, int64_t n) {
-  return impl_->Generate(slot, n);
+  return OnEveryRank([&](Impl& i) { return i.Generate(slot, n); });
 }
+// Reading ids drains each rank's ring of recorded ids, so every rank reads.
 absl::StatusOr<std::vector<int32_t>> DecodeSession::Tokens(int64_t slot) {
-  return impl_->Tokens(slot);
+  return OnEveryRank([&](Impl& i) { return i.Tokens(slot); });
 }
 absl::StatusOr<std::vector<float>> DecodeSession::Logits(int64_t slot) {
-  return impl_->Logits(slot);
+  return OnEveryRank([&](Impl& i) { return i.Logits(slot); });
 }
 absl::StatusOr<std::vector<double>> DecodeSession::TimedSteps(int64_t n) {
-  return impl_->TimedSteps(n);
+  return OnEveryRank([&](Impl& i) { return i.TimedSteps(n); });
 }
 absl::StatusOr<std::vector<NodeTime>> DecodeSession::ProfileStep() {
-  return impl_->ProfileStep();
+  return OnEveryRank([&](Impl& i) { return i.ProfileStep(); });
 }
 
 }  // namespace sg

@@ -4,13 +4,11 @@
 #include "stepgraph/runtime/tensor_parallel.h"
 
 #include <algorithm>
-#include <condition_variable>
 #include <cstdint>
-#include <mutex>
-#include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "runtime/rank_threads.h"
 #include "runtime/runner_device.h"
 #include "stepgraph/base/status.h"
 #include "stepgraph/dispatch/collectives.h"
@@ -18,50 +16,6 @@
 #include "stepgraph/graph/ops.h"
 
 namespace sg {
-
-// Threads for ranks 1 .. N-1, each waiting for the next job (a generation count), running
-// it for its rank and reporting its status.
-struct TensorParallelRunner::Workers {
-  explicit Workers(int ranks) : status(static_cast<size_t>(ranks)) {}
-  ~Workers() {
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      stop = true;
-    }
-    start.notify_all();
-    for (std::thread& t : threads) t.join();
-  }
-
-  void Loop(int rank) {
-    uint64_t seen = 0;
-    for (;;) {
-      const std::function<absl::Status(int)>* fn = nullptr;
-      {
-        std::unique_lock<std::mutex> lock(mu);
-        start.wait(lock, [&] { return stop || generation != seen; });
-        if (stop) return;
-        seen = generation;
-        fn = job;
-      }
-      absl::Status s = (*fn)(rank);
-      {
-        std::lock_guard<std::mutex> lock(mu);
-        status[static_cast<size_t>(rank)] = std::move(s);
-        --pending;
-      }
-      done.notify_all();
-    }
-  }
-
-  std::mutex mu;
-  std::condition_variable start, done;
-  uint64_t generation = 0;
-  int pending = 0;
-  bool stop = false;
-  const std::function<absl::Status(int)>* job = nullptr;
-  std::vector<absl::Status> status;
-  std::vector<std::thread> threads;
-};
 
 absl::StatusOr<std::unique_ptr<TensorParallelRunner>> TensorParallelRunner::Create(
     const TensorParallelOptions& options) {
@@ -90,10 +44,7 @@ absl::StatusOr<std::unique_ptr<TensorParallelRunner>> TensorParallelRunner::Crea
     }
     tp->runners_.push_back(*std::move(runner));
   }
-  tp->workers_ = std::make_unique<Workers>(ranks);
-  for (int r = 1; r < ranks; ++r) {
-    tp->workers_->threads.emplace_back([w = tp->workers_.get(), r] { w->Loop(r); });
-  }
+  tp->workers_ = std::make_unique<RankThreads>(ranks, tp->group_.get());
   return tp;
 }
 
@@ -105,26 +56,7 @@ TensorParallelRunner::~TensorParallelRunner() {
 
 absl::Status TensorParallelRunner::ForEachRank(
     const std::function<absl::Status(int rank)>& fn) {
-  Workers& w = *workers_;
-  {
-    std::lock_guard<std::mutex> lock(w.mu);
-    w.job = &fn;
-    w.pending = ranks() - 1;
-    ++w.generation;
-  }
-  w.start.notify_all();
-  absl::Status first = fn(0);
-  if (!first.ok() && group_ != nullptr) group_->Abort(first);
-  std::unique_lock<std::mutex> lock(w.mu);
-  w.done.wait(lock, [&] { return w.pending == 0; });
-  for (int r = 1; r < ranks() && first.ok(); ++r) {
-    const absl::Status& s = w.status[static_cast<size_t>(r)];
-    if (!s.ok()) {
-      first = absl::Status(s.code(), absl::StrCat("rank ", r, ": ", s.message()));
-    }
-  }
-  if (!first.ok() && group_ != nullptr) group_->Abort(first);
-  return first;
+  return workers_->ForEach(fn);
 }
 
 absl::StatusOr<int> TensorParallelRunner::AddStep(const Graph& graph, const Binder& bind) {

@@ -207,8 +207,9 @@ int TensorParallelBench(const Options& o) {
   const int ranks = static_cast<int>(o.tensor_parallel);
   const int64_t max_pos = *std::max_element(o.positions.begin(), o.positions.end());
   const int64_t max_seq = o.max_seq > 0 ? o.max_seq : max_pos + 2 * o.steps + 16;
+  // A model whose heads do not divide by the ranks asks for what cannot be: a usage error.
   absl::StatusOr<ShardPlan> plan = LlamaShardPlan(c, ranks);
-  if (!plan.ok()) return Failure(plan.status(), hint);
+  if (!plan.ok()) return UsageFailure(plan.status().message(), kBench);
   absl::StatusOr<Graph> whole = BuildLlamaDecodeGraph(
       c, {.batch = o.batch, .max_seq = max_seq, .closed_loop = true});
   if (!whole.ok()) return Failure(whole.status(), hint);
@@ -297,6 +298,28 @@ int TensorParallelBench(const Options& o) {
     std::printf("position %lld: %.4f ms/step (%.1f tokens/s)%s\n", static_cast<long long>(pos),
                 *ms, 1e3 * static_cast<double>(rows) / *ms,
                 gpu ? absl::StrFormat("; floor/step %.3f", floor_ms / *ms).c_str() : "");
+  }
+  if (o.profile) {
+    // Rank 0's step node by node (eager, device time per node) while every other rank
+    // replays the same step: the collectives meet as in the replayed step.
+    std::vector<std::vector<NodeTime>> runs;
+    for (int run = 0; run < 5; ++run) {
+      std::vector<double> ms;
+      absl::Status s = tp.ForEachRank([&](int r) -> absl::Status {
+        if (r != 0) return tp.rank(r).Run(*step);
+        SG_ASSIGN_OR_RETURN(ms, ProfileNodes(tp.rank(0), *step));
+        return absl::OkStatus();
+      });
+      if (s.ok()) s = tp.Sync();
+      if (!s.ok()) return Failure(s, hint);
+      std::vector<NodeTime> times;
+      for (size_t i = 0; i < ms.size() && i < g->nodes().size(); ++i) {
+        const Node& n = g->nodes()[i];
+        times.push_back({static_cast<int32_t>(i), n.name, std::string(OpName(n.op)), ms[i]});
+      }
+      runs.push_back(std::move(times));
+    }
+    PrintProfile(runs, step_ms);
   }
   if (ranks > 1 && tp.replays()) {
     // Both paths at the step's size and around it: NCCL, and the one-shot kernel where the

@@ -76,6 +76,12 @@ std::string DescribePath(const Options& o, DecodeSession& s) {
     path = absl::StrCat(s.runner().Describe(), "; batch buckets ", absl::StrJoin(s.buckets(), ","));
   }
   const int64_t slots = s.max_slots();
+  const int64_t ranks = std::max<int64_t>(o.tensor_parallel, 1);
+  if (ranks > 1) {
+    absl::StrAppend(&path, "; tensor parallel over ", ranks,
+                    s.backend() == Backend::kCpu ? " ranks (threads)" : " GPUs",
+                    ", each holding the weights and KV cache below");
+  }
   absl::StrAppend(&path, "; prompts ",
                   s.prefill_chunk() > 0
                       ? absl::StrCat("in prefill steps of up to ", s.prefill_chunk(), " tokens")
@@ -98,6 +104,7 @@ absl::StatusOr<std::unique_ptr<DecodeSession>> MakeSession(const Options& o, int
   so.weight_seed = o.weight_seed;
   so.backend = o.cpu ? Backend::kCpu : Backend::kAuto;
   so.cpu_threads = static_cast<int>(o.threads);
+  so.tensor_parallel = static_cast<int>(std::max<int64_t>(o.tensor_parallel, 1));
   so.max_slots = slots;
   so.max_seq = max_seq;
   so.sampling = sampling;

@@ -377,6 +377,10 @@ const Flag kFlags[] = {
      "shard the model over N ranks (GPUs 0..N-1 through NCCL; threads on the CPU reference) "
      "and measure the sharded step and its all-reduces",
      nullptr, EnvRule::kNone, [](S v, O& o) { return SetInt(v, 1, 64, o.tensor_parallel); }},
+    {"--tensor-parallel", "--tp", "N", kRun | kChat | kServe, false,
+     "shard the model over N ranks (GPUs 0..N-1 through NCCL; threads on the CPU reference); "
+     "its heads must divide by N",
+     nullptr, EnvRule::kNone, [](S v, O& o) { return SetInt(v, 1, 64, o.tensor_parallel); }},
     {"--steps", nullptr, "N", kBench, false, "timed steps per measurement (default 64)", nullptr,
      EnvRule::kNone, [](S v, O& o) { return SetInt(v, 1, 1 << 20, o.steps); }},
     {"--positions", nullptr, "P1,P2,...", kBench, false,

@@ -25,6 +25,7 @@
 #include "stepgraph/dispatch/collectives.h"
 #include "stepgraph/graph/builder.h"
 #include "stepgraph/models/llama.h"
+#include "stepgraph/runtime/session.h"
 #include "tests/testing/json_file.h"
 #include "tests/testing/util.h"
 
@@ -389,6 +390,114 @@ TEST(TensorParallelCpu, SmolLM2OverThreeRanksEqualsTransformers) {
   EXPECT_EQ(chosen, generated);
 }
 
+// ---- Sessions over several ranks: every call on every rank, rank 0's answer.
+
+absl::StatusOr<std::unique_ptr<DecodeSession>> ShardedSession(const std::string& path, int ranks,
+                                                              Backend backend,
+                                                              int64_t slots = 1,
+                                                              bool penalties = false) {
+  SessionOptions o;
+  o.model_path = path;
+  o.backend = backend;
+  o.cpu_threads = 1;
+  o.max_slots = slots;
+  o.max_seq = 64;
+  o.prefill_chunk = 16;  // prompts through sharded prefill steps too
+  o.penalties = penalties;
+  o.tensor_parallel = ranks;
+  return DecodeSession::Create(o);
+}
+
+// Greedy ids of the prompts (one slot each) after `n` steps, and of slot 0 again after its
+// sequence moved to the last slot and the others were released.
+absl::StatusOr<std::vector<std::vector<int32_t>>> SessionIds(DecodeSession& s,
+                                                            const std::vector<int32_t>& prompt,
+                                                            int64_t n, bool penalize = false) {
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<PrefillRequest> requests;
+  for (int64_t slot = 0; slot < s.max_slots(); ++slot) {
+    std::vector<int32_t> p(prompt.begin(), prompt.end() - slot);  // different lengths
+    prompts.push_back(p);
+  }
+  Penalties penalties;
+  penalties.repetition = 1.3f;
+  for (int64_t slot = 0; slot < s.max_slots(); ++slot) {
+    PrefillRequest r{slot, prompts[static_cast<size_t>(slot)], 7};
+    if (penalize) r.sampling = SlotSampling{std::nullopt, penalties};
+    requests.push_back(r);
+  }
+  SG_RETURN_IF_ERROR(s.Prefill(requests));
+  SG_ASSIGN_OR_RETURN(std::vector<std::vector<int32_t>> ids, s.Generate(n));
+  if (s.max_slots() > 1) {
+    const int64_t last = s.max_slots() - 1;
+    SG_RETURN_IF_ERROR(s.Release(last));
+    SG_RETURN_IF_ERROR(s.MoveSlot(0, last));
+    SG_ASSIGN_OR_RETURN(std::vector<int32_t> more, s.Generate(last, 4));
+    ids.push_back(more);
+  }
+  return ids;
+}
+
+TEST(TensorParallelCpu, SessionsOverTwoRanksEqualOneRank) {
+  for (const char* name : {"f32_gqa", "family_qwen2", "family_gemma2", "gguf_f32"}) {
+    const std::string dir = std::string(SG_FIXTURES_DIR) + "/" + name;
+    const std::string path = absl::StartsWith(name, "gguf_") ? dir + "/model.gguf" : dir;
+    const Json e = testing::ReadJsonFile(dir + "/expected.json");
+    std::vector<int32_t> prompt = e.contains("prompt_ids")
+                                      ? e.at("prompt_ids").get<std::vector<int32_t>>()
+                                      : std::vector<int32_t>{1, 2, 3, 4, 5, 6};
+    for (bool penalize : {false, true}) {
+      SCOPED_TRACE(absl::StrCat(name, penalize ? " with penalties" : ""));
+      absl::StatusOr<std::unique_ptr<DecodeSession>> one =
+          ShardedSession(path, 1, Backend::kCpu, 3, penalize);
+      absl::StatusOr<std::unique_ptr<DecodeSession>> two =
+          ShardedSession(path, 2, Backend::kCpu, 3, penalize);
+      ASSERT_TRUE(one.ok()) << one.status();
+      ASSERT_TRUE(two.ok()) << two.status();
+      EXPECT_TRUE(absl::StrContains((*two)->Describe(), "tensor parallel over 2 ranks"));
+      absl::StatusOr<std::vector<std::vector<int32_t>>> want = SessionIds(**one, prompt, 10, penalize);
+      absl::StatusOr<std::vector<std::vector<int32_t>>> got = SessionIds(**two, prompt, 10, penalize);
+      ASSERT_TRUE(want.ok()) << want.status();
+      ASSERT_TRUE(got.ok()) << got.status();
+      EXPECT_EQ(*got, *want);
+      if (!penalize && e.contains("generated_ids")) {
+        // Slot 0 fed the whole prompt: transformers' own greedy ids.
+        const auto gen = e.at("generated_ids").get<std::vector<int32_t>>();
+        EXPECT_EQ((*got)[0], std::vector<int32_t>(gen.begin(), gen.begin() + 10));
+      }
+    }
+  }
+  absl::StatusOr<std::unique_ptr<DecodeSession>> three =
+      ShardedSession(std::string(SG_FIXTURES_DIR) + "/f32_gqa", 3, Backend::kCpu);
+  ASSERT_FALSE(three.ok());
+  EXPECT_TRUE(absl::StrContains(three.status().message(), "does not divide by 3")) << three.status();
+}
+
+// The real SmolLM2 through a session over three ranks: transformers' ids.
+TEST(TensorParallelCpu, SmolLM2SessionOverThreeRanksEqualsTransformers) {
+  const std::string path = testing::TestCacheDir() + "/SmolLM2-135M-Instruct.Q4_1.gguf";
+  if (!std::ifstream(path).good()) {
+    GTEST_SKIP() << path << " is absent: run tests/fixtures/fetch_smollm2.sh";
+  }
+  const Json expected =
+      testing::ReadJsonFile(std::string(SG_FIXTURES_DIR) + "/smollm2/expected.json");
+  absl::StatusOr<std::unique_ptr<DecodeSession>> s = ShardedSession(path, 3, Backend::kCpu);
+  ASSERT_TRUE(s.ok()) << s.status();
+  const size_t cases = testing::kSanitizedBuild ? 1 : 2;
+  for (size_t i = 0; i < cases; ++i) {
+    const Json& c = expected.at("cases").at(i);
+    const auto prompt = c.at("prompt_ids").get<std::vector<int32_t>>();
+    std::vector<int32_t> want = c.at("generated").get<std::vector<int32_t>>();
+    if (testing::kSanitizedBuild) want.resize(std::min<size_t>(want.size(), 4));
+    ASSERT_TRUE((*s)->Prefill(0, prompt).ok());
+    absl::StatusOr<std::vector<int32_t>> got =
+        (*s)->Generate(0, static_cast<int64_t>(want.size()));
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_EQ(*got, want) << c.at("text").get<std::string>();
+    ASSERT_TRUE((*s)->Release(0).ok());
+  }
+}
+
 // ---- GPUs: skip unless this machine has two and the build has NCCL.
 
 // Through NCCL and through the one-shot kernel, small (one block of the kernel) and 128 KiB
@@ -446,6 +555,27 @@ TEST(TensorParallelCuda, RandomWeightsOverEveryGpuCount) {
 TEST(TensorParallelCuda, ShardedEqualsUnshardedReplayed) { CheckFixtures(DeviceKind::kCuda, 2, false); }
 
 TEST(TensorParallelCuda, ShardedEqualsUnshardedEager) { CheckFixtures(DeviceKind::kCuda, 2, true); }
+
+TEST(TensorParallelCuda, SessionsOverTwoGpusEqualTheCpuReference) {
+  if (!Available(DeviceKind::kCuda, 2)) GTEST_SKIP() << "fewer than 2 GPUs, or no NCCL";
+  const std::string dir = std::string(SG_FIXTURES_DIR) + "/f32_gqa";
+  const auto prompt = testing::ReadJsonFile(dir + "/expected.json")
+                          .at("prompt_ids")
+                          .get<std::vector<int32_t>>();
+  for (bool penalize : {false, true}) {
+    absl::StatusOr<std::unique_ptr<DecodeSession>> cpu =
+        ShardedSession(dir, 1, Backend::kCpu, 3, penalize);
+    absl::StatusOr<std::unique_ptr<DecodeSession>> gpu =
+        ShardedSession(dir, 2, Backend::kCuda, 3, penalize);
+    ASSERT_TRUE(cpu.ok()) << cpu.status();
+    ASSERT_TRUE(gpu.ok()) << gpu.status();
+    absl::StatusOr<std::vector<std::vector<int32_t>>> want = SessionIds(**cpu, prompt, 10, penalize);
+    absl::StatusOr<std::vector<std::vector<int32_t>>> got = SessionIds(**gpu, prompt, 10, penalize);
+    ASSERT_TRUE(want.ok()) << want.status();
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_EQ(*got, *want) << (penalize ? "with penalties" : "");
+  }
+}
 
 }  // namespace
 }  // namespace sg

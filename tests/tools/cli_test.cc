@@ -244,6 +244,34 @@ TEST(CliTest, GpuPenaltiesGiveTheCpuReferenceIds) {
   EXPECT_TRUE(absl::StrContains(gpu.out, "replayed")) << gpu.out;
 }
 
+// The sharded step on the CPU reference (ranks are threads), and a shape that does not
+// divide refused by name.
+TEST(CliTest, BenchOverTwoRanksOnTheCpu) {
+  const Result r = RunProgram("bench --cpu --tp 2 --positions 4 --steps 2");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_TRUE(absl::StrContains(r.out, "tensor parallel: 2 ranks on cpu")) << r.out;
+  EXPECT_TRUE(absl::StrContains(r.out, "8 AllReduce, 1 AllGather nodes a step")) << r.out;
+  EXPECT_TRUE(absl::StrContains(r.out, "position 4: ")) << r.out;
+  const Result bad = RunProgram("bench --cpu --tp 3");
+  EXPECT_EQ(bad.exit_code, 2) << bad.err;
+  EXPECT_TRUE(absl::StrContains(bad.err, "num_attention_heads (8) does not divide by 3")) << bad.err;
+}
+
+// run over two ranks of the CPU reference gives transformers' ids of the fixture.
+TEST(CliTest, RunOverTwoRanksGivesTheFixturesIds) {
+  const std::string dir = std::string(SG_FIXTURES_DIR) + "/f32_gqa";
+  const Result r = RunProgram("run --cpu --tp 2 --model '" + dir +
+                              "' --prompt-ids 103,193,251,174,120,168 --max-new-tokens 10");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(PrintedIds(r.out, "generated"),
+            (std::vector<int32_t>{219, 198, 193, 48, 150, 76, 201, 172, 41, 182}))
+      << r.out;
+  EXPECT_TRUE(absl::StrContains(r.err, "tensor parallel over 2 ranks")) << r.err;
+  const Result odd = RunProgram("run --cpu --tp 3 --model '" + dir + "' --prompt-ids 1,2");
+  EXPECT_NE(odd.exit_code, 0);
+  EXPECT_TRUE(absl::StrContains(odd.err, "does not divide by 3")) << odd.err;
+}
+
 TEST(CliTest, DefaultRunNeedsNoArguments) {
   const Result r = RunProgram("");
   ASSERT_EQ(r.exit_code, 0) << r.err;

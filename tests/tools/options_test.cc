@@ -197,6 +197,24 @@ TEST(OptionsTest, PenaltyFlagsAreCheckedAgainstTheVocabulary) {
   EXPECT_TRUE(absl::StartsWith(st.message(), "--min-p: ")) << st.message();
 }
 
+TEST(OptionsTest, TensorParallelFlagsAndPresets) {
+  absl::StatusOr<Options> o = Parse({"bench", "--tp", "4", "--one-shot-bytes", "0",
+                                     "--model-preset", "llama-3.1-70b"});
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->tensor_parallel, 4);
+  EXPECT_EQ(o->cuda.one_shot_all_reduce_bytes, 0);
+  EXPECT_EQ(o->preset, "llama-3.1-70b");
+  o = Parse({"bench", "--tensor-parallel", "2", "--model-preset", "llama-3.1-8b"});
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->tensor_parallel, 2);
+  EXPECT_EQ(Parse({"bench"})->tensor_parallel, 0) << "one device through a session";
+  ExpectRefused({"bench", "--tp", "0"}, "--tp");
+  ExpectRefused({"bench", "--tp", "65"}, "--tp");
+  EXPECT_EQ(Parse({"serve", "--tp", "2"})->tensor_parallel, 2);
+  ExpectRefused({"tokenize", "--tp", "2"}, "--tp is not an option of 'tokenize'");
+  ExpectRefused({"bench", "--model-preset", "llama-3.1-405b"}, "unknown preset 'llama-3.1-405b'");
+}
+
 TEST(OptionsTest, TheEnvironmentMapsOntoOptionsAndFlagsOverrideIt) {
   absl::StatusOr<Options> o = Parse({"run"}, {{"STEPGRAPH_EAGER", "1"},
                                               {"STEPGRAPH_PDL", "0"},

@@ -305,6 +305,27 @@ def batching(server, program, model):
           f"({steps_together:.0f} decode steps against {steps_alone:.0f}): ok", flush=True)
 
 
+def tensor_parallel(server, program, model):
+    """A server whose model is sharded over 3 ranks (CPU threads; SmolLM2's 3 KV heads)
+    answers 4 concurrent requests with the one-rank server's text."""
+    tokens, prompts = 12, PROMPTS[:4]
+    alone = [completion(server, p, tokens)["choices"][0]["text"] for p in prompts]
+    sharded = Server(program, model, "--cpu", "--tp", "3", "--slots", "4", "--max-seq", "256",
+                     "--api-key", KEY, "--prefill-chunk", "64")
+    try:
+        check(any("tensor parallel over 3 ranks" in line for line in sharded.log),
+              "the sharded server says it is: " + "".join(sharded.log[-3:]))
+        with ThreadPoolExecutor(len(prompts)) as pool:
+            together = list(pool.map(lambda p: completion(sharded, p, tokens), prompts))
+        for p, a, t in zip(prompts, alone, together):
+            check(t["choices"][0]["text"] == a,
+                  f"{p!r} over 3 ranks: {t['choices'][0]['text']!r} vs one rank {a!r}")
+    finally:
+        sharded.proc.terminate()
+        sharded.proc.wait(timeout=60)
+    print("a server over 3 ranks answers 4 concurrent requests as one rank does: ok", flush=True)
+
+
 # ---- stop strings ------------------------------------------------------------------------
 
 
@@ -582,6 +603,7 @@ def main():
     try:
         openai_client(server)
         batching(server, program, model)
+        tensor_parallel(server, program, model)
         stop_strings(server)
         disconnect(server)
         queue_full(server, slots, queue)

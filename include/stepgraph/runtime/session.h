@@ -93,6 +93,13 @@ struct SessionOptions {
   // while a batch of 2 took 1.23 fused against 1.34 plain.
   PassOptions passes = DefaultPassOptions();
   int64_t passes_max_rows = 2;
+  // Tensor parallel (docs/parallel.md): the model sharded over this many ranks (GPUs
+  // 0 .. N-1 on CUDA, threads on the CPU reference), each holding its share of every
+  // layer's weights and of the KV cache; every call runs on every rank at once and answers
+  // with rank 0's result. InvalidArgument naming the field when the model's heads do not
+  // divide (LlamaShardPlan). Random weights are then drawn per rank (seed + rank), not the
+  // whole model's values.
+  int tensor_parallel = 1;
 };
 
 // Time of one node of a profiled step.
@@ -280,8 +287,18 @@ class DecodeSession {
  private:
   // The slots, the runner and the buffers on its device (runtime/session.cc).
   class Impl;
-  explicit DecodeSession(std::unique_ptr<Impl> impl);
+  // The ranks beyond the first of a tensor-parallel session: their Impls, the group they
+  // meet through and their threads (runtime/session.cc). Null with one rank.
+  struct Ranks;
+  DecodeSession(std::unique_ptr<Impl> impl, std::unique_ptr<Ranks> ranks);
 
+  // f(impl) on every rank at once (rank 0's own when there is one): rank 0's result, or
+  // the first failure.
+  template <typename F>
+  auto OnEveryRank(F f) -> decltype(f(std::declval<Impl&>()));
+
+  // Declared first, destroyed last: rank 0's runner meets the others through its group.
+  std::unique_ptr<Ranks> ranks_;
   std::unique_ptr<Impl> impl_;
 };
 

@@ -35,6 +35,7 @@
 namespace sg {
 
 class CollectiveGroup;
+class RankThreads;
 
 struct TensorParallelOptions {
   // Every rank's runner options; cuda_device, collectives and rank are set per rank.
@@ -72,12 +73,11 @@ class TensorParallelRunner {
   absl::Status ForEachRank(const std::function<absl::Status(int rank)>& fn);
 
  private:
-  struct Workers;
   TensorParallelRunner() = default;
 
   std::unique_ptr<CollectiveGroup> group_;
   std::vector<std::unique_ptr<StepRunner>> runners_;
-  std::unique_ptr<Workers> workers_;
+  std::unique_ptr<RankThreads> workers_;
 };
 
 // A model's Weights and States (KV caches) in every rank's memory, for the steps of one
