@@ -12,6 +12,7 @@
 #include "stepgraph/base/status.h"
 #include "stepgraph/graph/memory_plan.h"
 #include "stepgraph/graph/passes.h"
+#include "stepgraph/graph/shard.h"
 #include "stepgraph/models/llama.h"
 #include "stepgraph/runtime/step_runner.h"
 #include "tools/commands.h"
@@ -36,6 +37,13 @@ int GraphCommand(const Options& o) {
   PassOptions passes = o.passes;
   passes.backend = support->get();
   absl::StatusOr<Graph> graph = BuildLlamaDecodeGraph(*config, g);
+  // One rank's graph of a model sharded over --tp ranks (docs/parallel.md).
+  const int ranks = static_cast<int>(std::max<int64_t>(o.tensor_parallel, 1));
+  if (graph.ok() && ranks > 1) {
+    absl::StatusOr<ShardPlan> plan = LlamaShardPlan(*config, ranks);
+    if (!plan.ok()) return UsageFailure(plan.status().message(), kGraph);
+    graph = ShardGraph(*graph, *plan, ranks);
+  }
   if (graph.ok()) graph = RunPasses(*std::move(graph), passes);
   if (!graph.ok()) return ModelFailure(o, graph.status());
   absl::StatusOr<ExecutionPlan> plan = ExecutionPlan::Create(*graph);
@@ -45,15 +53,18 @@ int GraphCommand(const Options& o) {
   for (const Node& node : graph->nodes()) ++ops[std::string(OpName(node.op))];
   std::vector<std::string> op_counts;
   for (const auto& [op, count] : ops) op_counts.push_back(absl::StrCat(op, " x", count));
-  int64_t kv_bytes = 0;
+  int64_t kv_bytes = 0, rank_weight_bytes = 0;
   for (const Tensor& t : graph->tensors()) {
-    if (t.kind == TensorKind::kState && !CheckedAdd(kv_bytes, t.bytes(), &kv_bytes)) {
-      return ModelFailure(o, absl::InvalidArgumentError("the KV cache's size overflows 64 bits"));
+    if ((t.kind == TensorKind::kState && !CheckedAdd(kv_bytes, t.bytes(), &kv_bytes)) ||
+        (t.kind == TensorKind::kWeight &&
+         !CheckedAdd(rank_weight_bytes, t.bytes(), &rank_weight_bytes))) {
+      return ModelFailure(o, absl::InvalidArgumentError("the model's size overflows 64 bits"));
     }
   }
   const LlamaConfig& c = *config;
-  const absl::StatusOr<int64_t> weight_bytes = c.WeightBytes();
+  absl::StatusOr<int64_t> weight_bytes = c.WeightBytes();
   if (!weight_bytes.ok()) return ModelFailure(o, weight_bytes.status());
+  if (ranks > 1) weight_bytes = rank_weight_bytes;
   std::printf("model: %s: hidden %lld, %lld layers, %lld heads (%lld KV), head_dim %lld, "
               "vocab %lld, %s\n",
               ModelName(o).c_str(), static_cast<long long>(c.hidden_size),
@@ -65,6 +76,11 @@ int GraphCommand(const Options& o) {
               "launch per replayed step (as the %s backend fuses it)\n",
               static_cast<long long>(o.batch), graph->num_nodes(), graph->num_tensors(),
               graph->num_nodes(), std::string(DeviceKindName(runner.device)).c_str());
+  if (ranks > 1) {
+    std::printf("tensor parallel: the graph of each of %d ranks; weights and KV cache below "
+                "are a rank's\n",
+                ranks);
+  }
   std::printf("ops: %s\n", absl::StrJoin(op_counts, ", ").c_str());
   const MemoryPlan& m = plan->memory();
   std::printf("arena: %s for %s of intermediates (%.1fx reuse)\n", Bytes(m.arena_bytes).c_str(),

@@ -377,7 +377,7 @@ const Flag kFlags[] = {
      "shard the model over N ranks (GPUs 0..N-1 through NCCL; threads on the CPU reference) "
      "and measure the sharded step and its all-reduces",
      nullptr, EnvRule::kNone, [](S v, O& o) { return SetInt(v, 1, 64, o.tensor_parallel); }},
-    {"--tensor-parallel", "--tp", "N", kRun | kChat | kServe, false,
+    {"--tensor-parallel", "--tp", "N", kRun | kChat | kServe | kGraph, false,
      "shard the model over N ranks (GPUs 0..N-1 through NCCL; threads on the CPU reference); "
      "its heads must divide by N",
      nullptr, EnvRule::kNone, [](S v, O& o) { return SetInt(v, 1, 64, o.tensor_parallel); }},

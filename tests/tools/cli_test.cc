@@ -308,6 +308,10 @@ TEST(CliTest, GraphPrintsTheSummaryAndWritesDot) {
   const Result plain = RunProgram("graph --batch 2 --no-fuse");
   ASSERT_EQ(plain.exit_code, 0) << plain.err;
   EXPECT_TRUE(absl::StrContains(plain.out, "graph: batch 2, 74 nodes")) << plain.out;
+  const Result sharded = RunProgram("graph --batch 2 --cpu --tp 2");
+  EXPECT_EQ(sharded.exit_code, 0) << sharded.err;
+  EXPECT_TRUE(absl::StrContains(sharded.out, "the graph of each of 2 ranks")) << sharded.out;
+  EXPECT_TRUE(absl::StrContains(sharded.out, "AllReduce x8")) << sharded.out;
   const Result bad = RunProgram("graph --passes nonsense");
   EXPECT_EQ(bad.exit_code, 2) << bad.out;
   EXPECT_TRUE(absl::StrContains(r.out, "of intermediates")) << r.out;
