@@ -46,6 +46,14 @@ absl::Status NcclStatus(ncclResult_t r, absl::string_view call, absl::string_vie
 }
 #endif
 
+// A collective of a group of one: its output is its input.
+absl::Status CopyOfOneRank(const TensorArg& x, const TensorArg& out, cudaStream_t stream) {
+  if (x.data == out.data) return absl::OkStatus();
+  return ToStatus(cudaMemcpyAsync(out.data, x.data, static_cast<size_t>(x.bytes()),
+                                  cudaMemcpyDeviceToDevice, stream),
+                  "cudaMemcpyAsync (a collective of one rank)");
+}
+
 }  // namespace
 
 absl::Status CudaDispatch::CheckRanks(int32_t ranks, absl::string_view op,
@@ -59,12 +67,7 @@ absl::Status CudaDispatch::CheckRanks(int32_t ranks, absl::string_view op,
 absl::Status CudaDispatch::Run(const ops::AllReduce& op, const NodeArgs& args) {
   SG_RETURN_IF_ERROR(CheckRanks(op.ranks, "AllReduce", args));
   const TensorArg& x = args.inputs[0];
-  if (ranks_ == 1) {
-    if (x.data == args.output.data) return absl::OkStatus();
-    return ToStatus(cudaMemcpyAsync(args.output.data, x.data, static_cast<size_t>(x.bytes()),
-                                    cudaMemcpyDeviceToDevice, stream_),
-                    "cudaMemcpyAsync(AllReduce of one rank)");
-  }
+  if (ranks_ == 1) return CopyOfOneRank(x, args.output, stream_);
   if (one_shot_peers_ != nullptr && x.bytes() <= options_.one_shot_all_reduce_bytes) {
     const auto& peers = *static_cast<const kernels::OneShotPeers*>(one_shot_peers_);
     if (kernels::OneShotFits(x.data, args.output.data, x.shape.NumElements(), x.dtype, peers)) {
@@ -87,12 +90,7 @@ absl::Status CudaDispatch::Run(const ops::AllReduce& op, const NodeArgs& args) {
 absl::Status CudaDispatch::Run(const ops::AllGather& op, const NodeArgs& args) {
   SG_RETURN_IF_ERROR(CheckRanks(op.ranks, "AllGather", args));
   const TensorArg& x = args.inputs[0];
-  if (ranks_ == 1) {
-    if (x.data == args.output.data) return absl::OkStatus();
-    return ToStatus(cudaMemcpyAsync(args.output.data, x.data, static_cast<size_t>(x.bytes()),
-                                    cudaMemcpyDeviceToDevice, stream_),
-                    "cudaMemcpyAsync(AllGather of one rank)");
-  }
+  if (ranks_ == 1) return CopyOfOneRank(x, args.output, stream_);
 #if defined(STEPGRAPH_WITH_NCCL)
   // Row i of the output is every rank's row i side by side: one gather per row, all in
   // one NCCL group (one launch).
