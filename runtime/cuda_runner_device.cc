@@ -15,7 +15,7 @@
 #include "runtime/runner_device.h"
 #include "dispatch/cuda/cuda_handles.h"
 #include "dispatch/cuda/cuda_status.h"
-#include "kernels/collectives.cuh"
+#include "dispatch/cuda/one_shot.h"
 #include "stepgraph/capture/cuda_graph.h"
 #include "stepgraph/dispatch/cuda_dispatch.h"
 #include "stepgraph/base/status.h"
@@ -77,7 +77,7 @@ class NcclGroup final : public CollectiveGroup {
       return absl::InternalError(absl::StrCat("ncclCommInitAll over ", ranks,
                                               " GPUs failed: ", ncclGetErrorString(result)));
     }
-    SG_RETURN_IF_ERROR(group->MakeOneShotBuffers());
+    SG_ASSIGN_OR_RETURN(group->one_shot_, OneShotBuffers::Create(ranks));
     return group;
   }
   ~NcclGroup() override {
@@ -89,8 +89,8 @@ class NcclGroup final : public CollectiveGroup {
   void* comm(int rank) const { return comms_[static_cast<size_t>(rank)]; }
   // Rank `rank`'s view of the one-shot all-reduce buffers; null where the GPUs cannot reach
   // each other's memory (or the group is larger than the kernel takes).
-  const kernels::OneShotPeers* one_shot(int rank) const {
-    return one_shot_.empty() ? nullptr : &one_shot_[static_cast<size_t>(rank)];
+  const void* one_shot(int rank) const {
+    return one_shot_ == nullptr ? nullptr : one_shot_->peers(rank);
   }
   int ranks() const override { return static_cast<int>(comms_.size()); }
   // A rank that failed mid-step leaves the others' collectives waiting on their GPUs; they
@@ -100,66 +100,12 @@ class NcclGroup final : public CollectiveGroup {
  private:
   NcclGroup() = default;
 
-  // Every rank's exchange buffer, flag words and counts (kernels/collectives.cuh), with
-  // peer access enabled between every pair of the group's GPUs; nothing where a pair
-  // cannot reach each other (NCCL then carries every all-reduce).
-  absl::Status MakeOneShotBuffers() {
-    const int ranks = static_cast<int>(comms_.size());
-    if (ranks > kernels::kOneShotMaxRanks) return absl::OkStatus();
-    for (int r = 0; r < ranks; ++r) {
-      for (int q = 0; q < ranks; ++q) {
-        int can = 0;
-        if (q != r && (cudaDeviceCanAccessPeer(&can, r, q) != cudaSuccess || can == 0)) {
-          return absl::OkStatus();
-        }
-      }
-    }
-    constexpr int64_t kSlotBytes = int64_t{256} << 10;
-    std::vector<void*> data(static_cast<size_t>(ranks)), flags(static_cast<size_t>(ranks)),
-        counts(static_cast<size_t>(ranks));
-    for (int r = 0; r < ranks; ++r) {
-      SG_RETURN_IF_ERROR(ToStatus(cudaSetDevice(r), "cudaSetDevice"));
-      for (int q = 0; q < ranks; ++q) {
-        if (q == r) continue;
-        const cudaError_t e = cudaDeviceEnablePeerAccess(q, 0);
-        if (e == cudaErrorPeerAccessAlreadyEnabled) {
-          (void)cudaGetLastError();
-        } else {
-          SG_RETURN_IF_ERROR(ToStatus(e, absl::StrCat("cudaDeviceEnablePeerAccess(", r, " to ", q, ")")));
-        }
-      }
-      const int64_t bytes = 2 * kSlotBytes + kernels::kOneShotFlagBytes + kernels::kOneShotCountBytes;
-      SG_ASSIGN_OR_RETURN(DeviceMemory m, AllocateDevice(bytes, "the one-shot all-reduce buffers"));
-      SG_RETURN_IF_ERROR(ToStatus(cudaMemset(m.get(), 0, static_cast<size_t>(bytes)), "cudaMemset"));
-      SG_RETURN_IF_ERROR(ToStatus(cudaDeviceSynchronize(), "cudaDeviceSynchronize"));
-      auto* base = static_cast<std::byte*>(m.get());
-      data[static_cast<size_t>(r)] = base;
-      flags[static_cast<size_t>(r)] = base + 2 * kSlotBytes;
-      counts[static_cast<size_t>(r)] = base + 2 * kSlotBytes + kernels::kOneShotFlagBytes;
-      buffers_.push_back(std::move(m));
-    }
-    for (int r = 0; r < ranks; ++r) {
-      kernels::OneShotPeers p;
-      for (int q = 0; q < ranks; ++q) {
-        p.data[q] = data[static_cast<size_t>(q)];
-        p.flags[q] = static_cast<uint32_t*>(flags[static_cast<size_t>(q)]);
-      }
-      p.counts = static_cast<uint32_t*>(counts[static_cast<size_t>(r)]);
-      p.slot_bytes = kSlotBytes;
-      p.rank = r;
-      p.ranks = ranks;
-      one_shot_.push_back(p);
-    }
-    return absl::OkStatus();
-  }
-
   std::vector<ncclComm_t> comms_;
-  std::vector<DeviceMemory> buffers_;
-  std::vector<kernels::OneShotPeers> one_shot_;
+  std::unique_ptr<OneShotBuffers> one_shot_;
   bool aborted_ = false;
 #else
   void* comm(int) const { return nullptr; }
-  const kernels::OneShotPeers* one_shot(int) const { return nullptr; }
+  const void* one_shot(int) const { return nullptr; }
   int ranks() const override { return 1; }
   void Abort(const absl::Status&) override {}
 #endif
