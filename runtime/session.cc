@@ -1409,13 +1409,15 @@ absl::StatusOr<std::unique_ptr<DecodeSession>> DecodeSession::Create(
           "session: out of host memory while loading the model and building its steps");
     }
   };
-  auto impl = std::make_unique<Impl>();
   if (n == 1) {
+    auto impl = std::make_unique<Impl>();
     SG_RETURN_IF_ERROR(InitRank(*impl, options, 0, nullptr));
     return std::unique_ptr<DecodeSession>(new DecodeSession(std::move(impl), nullptr));
   }
   // Every rank's session is made at once: their captures record the collectives together.
+  // The group outlives rank 0's runner on every path (declared first, destroyed last).
   auto ranks = std::make_unique<Ranks>();
+  auto impl = std::make_unique<Impl>();
   const bool cuda = options.backend == Backend::kCuda ||
                     (options.backend == Backend::kAuto && CudaDeviceFound());
   if (cuda) {
