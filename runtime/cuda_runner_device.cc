@@ -111,20 +111,15 @@ class NcclGroup final : public CollectiveGroup {
 #endif
 };
 
+// The runner makes its device current before it replays (StepRunner::Run).
 class CapturedReplay final : public ReplayableStep {
  public:
-  CapturedReplay(std::unique_ptr<CapturedStep> step, int device, bool switch_device)
-      : step_(std::move(step)), device_(device), switch_device_(switch_device) {}
-  absl::Status Replay() override {
-    if (switch_device_) SG_RETURN_IF_ERROR(ToStatus(cudaSetDevice(device_), "cudaSetDevice"));
-    return step_->Replay();
-  }
+  explicit CapturedReplay(std::unique_ptr<CapturedStep> step) : step_(std::move(step)) {}
+  absl::Status Replay() override { return step_->Replay(); }
   int64_t graph_nodes() const override { return step_->num_graph_nodes(); }
 
  private:
   std::unique_ptr<CapturedStep> step_;
-  int device_;
-  bool switch_device_;
 };
 
 class CudaRunnerDevice final : public RunnerDevice {
@@ -236,8 +231,7 @@ class CudaRunnerDevice final : public RunnerDevice {
                                                           const Bindings& bindings) override {
     SG_ASSIGN_OR_RETURN(std::unique_ptr<CapturedStep> step,
                         CapturedStep::Create(prepared, bindings, *dispatch_));
-    return std::unique_ptr<ReplayableStep>(
-        new CapturedReplay(std::move(step), ordinal_, switch_device_));
+    return std::unique_ptr<ReplayableStep>(new CapturedReplay(std::move(step)));
   }
 
   absl::StatusOr<std::vector<double>> Profile(const PreparedPlan& prepared,

@@ -17,6 +17,7 @@
 #include "models/random_weights.h"
 #include "runtime/rank_threads.h"
 #include "runtime/runner_device.h"
+#include "runtime/sharded_weights.h"
 #include "stepgraph/capture/capture_policy.h"
 #include "stepgraph/dispatch/collectives.h"
 #include "stepgraph/graph/shard.h"
@@ -670,52 +671,23 @@ absl::Status DecodeSession::Impl::SetUpWeights(const Graph& largest, StepRunner:
   }
   SG_ASSIGN_OR_RETURN(void* device_weights, runner_->Allocate(layout.total_bytes, "the weights"));
   auto* base = static_cast<std::byte*>(device_weights);
-  if (model_ != nullptr && ranks_ > 1) {
-    // This rank's part of each weight, cut on the host from the file's bytes.
-    int64_t most = 1;
-    for (const BufferLayout::Entry& e : layout.entries) most = std::max(most, e.bytes);
-    SG_ASSIGN_OR_RETURN(AlignedHostBuffer part, AlignedHostBuffer::Allocate(most, "a weight's part"));
-    for (const BufferLayout::Entry& e : layout.entries) {
-      SG_ASSIGN_OR_RETURN(const TensorId id, whole_largest_->FindTensor(e.name));
-      SG_ASSIGN_OR_RETURN(absl::Span<const std::byte> data, model_->WeightData(e.name));
-      absl::Span<std::byte> dst(part.data(), static_cast<size_t>(e.bytes));
-      SG_RETURN_IF_ERROR(ShardTensorBytes(whole_largest_->tensor(id), shard_plan_.Of(e.name),
-                                          rank_, ranks_, data, dst));
-      SG_RETURN_IF_ERROR(
-          runner_->CopyWeight(base + e.offset, part.data(), largest.tensors()[e.tensor]));
-      SG_RETURN_IF_ERROR(runner_->Sync());  // the part's buffer is the next weight's
-    }
-    model_.reset();
-  } else if (model_ != nullptr) {
-    for (const BufferLayout::Entry& e : layout.entries) {
-      SG_ASSIGN_OR_RETURN(absl::Span<const std::byte> data, model_->WeightData(e.name));
-      if (static_cast<int64_t>(data.size()) != e.bytes) {
-        return absl::InvalidArgumentError(absl::StrCat("weight '", e.name, "' holds ",
-                                                       data.size(), " bytes in ",
-                                                       model_->path(), ", the graph needs ",
-                                                       e.bytes));
-      }
-      SG_RETURN_IF_ERROR(
-          runner_->CopyWeight(base + e.offset, data.data(), largest.tensors()[e.tensor]));
-    }
-    // The mapping may be dropped only after the copies read it.
-    SG_RETURN_IF_ERROR(runner_->Sync());
-    model_.reset();
-  } else if (runner_->device() == DeviceKind::kCpu) {
+  if (model_ == nullptr && runner_->device() == DeviceKind::kCpu) {
+    // Random weights drawn in place (seed + rank).
     SG_RETURN_IF_ERROR(FillRandomWeights(largest, layout, weight_seed_ + rank_,
                                          {base, static_cast<size_t>(layout.total_bytes)},
                                          weight_threads_));
   } else {
-    // Drawn on the host, exactly as the CPU draws them, then uploaded at once.
-    SG_ASSIGN_OR_RETURN(AlignedHostBuffer host,
-                        AlignedHostBuffer::Allocate(layout.total_bytes, "random weights"));
-    SG_RETURN_IF_ERROR(
-        FillRandomWeights(largest, layout, weight_seed_ + rank_, host.span(), weight_threads_));
-    for (const BufferLayout::Entry& e : layout.entries) {
-      SG_RETURN_IF_ERROR(runner_->CopyWeight(base + e.offset, host.data() + e.offset,
-                                             largest.tensors()[e.tensor]));
+    WeightUpload upload{.graph = &largest, .layout = &layout, .whole = &*whole_largest_,
+                        .plan = &shard_plan_, .rank = rank_, .ranks = ranks_,
+                        .seed = weight_seed_, .threads = weight_threads_};
+    const ModelFiles* model = model_.get();
+    if (model != nullptr) upload.source = [model](const std::string& name) { return model->WeightData(name); };
+    if (absl::Status s = UploadWeights(*runner_, upload, base); !s.ok()) {
+      return model == nullptr ? s
+                              : absl::Status(s.code(), absl::StrCat(model->path(), ": ", s.message()));
     }
-    SG_RETURN_IF_ERROR(runner_->Sync());
+    // The copies have read the mapping.
+    model_.reset();
   }
   *bind = [layout, base](const Graph& g, Bindings& b) {
     return BindLayout(g, TensorKind::kWeight, layout, base, b);

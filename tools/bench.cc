@@ -18,6 +18,7 @@
 #include "stepgraph/runtime/session.h"
 #include "stepgraph/runtime/step_runner.h"
 #include "stepgraph/runtime/tensor_parallel.h"
+#include "runtime/sharded_weights.h"
 #include "stepgraph/graph/builder.h"
 #include "stepgraph/graph/passes.h"
 #include "models/model_files.h"
@@ -148,8 +149,6 @@ absl::Status MeasureTtft(const Options& o, DecodeSession& s, double matmul_tflop
   return absl::OkStatus();
 }
 
-}  // namespace
-
 // ms per replay of `step` on every rank: `n` replays after 3 warm-ups, host clock to the
 // last rank's end.
 absl::StatusOr<double> ReplayMs(TensorParallelRunner& tp, int step, int64_t n) {
@@ -233,7 +232,7 @@ int TensorParallelBench(const Options& o) {
   std::fprintf(stderr, "stepgraph: uploading %s weights to %d ranks\n",
                o.model.empty() ? "random" : "the model's", ranks);
   std::optional<ModelFiles> files;
-  ShardedBuffers::WeightSource source;
+  WeightSource source;
   if (!o.model.empty()) {
     absl::StatusOr<ModelFiles> opened = ModelFiles::Open(o.model);
     if (!opened.ok()) return ModelFailure(o, opened.status());
@@ -352,6 +351,8 @@ int TensorParallelBench(const Options& o) {
   }
   return kExitOk;
 }
+
+}  // namespace
 
 int BenchCommand(const Options& o) {
   if (o.tensor_parallel > 0) return TensorParallelBench(o);

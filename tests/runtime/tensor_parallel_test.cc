@@ -4,6 +4,7 @@
 // greedy ids over N ranks as over one, on the CPU reference (ranks are threads) and, where
 // a machine has two GPUs and NCCL, on the GPUs.
 #include "stepgraph/runtime/tensor_parallel.h"
+#include "runtime/sharded_weights.h"
 
 #include <gtest/gtest.h>
 
@@ -167,7 +168,7 @@ struct Trace {
 };
 
 absl::StatusOr<Trace> RunTrace(TensorParallelRunner& tp, const LlamaConfig& c,
-                               const ShardedBuffers::WeightSource& source,
+                               const WeightSource& source,
                                const std::vector<int32_t>& tokens) {
   const int ranks = tp.ranks();
   SG_ASSIGN_OR_RETURN(

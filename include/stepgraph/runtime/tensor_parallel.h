@@ -16,20 +16,14 @@
 #ifndef STEPGRAPH_RUNTIME_TENSOR_PARALLEL_H_
 #define STEPGRAPH_RUNTIME_TENSOR_PARALLEL_H_
 
-#include <cstddef>
-#include <cstdint>
 #include <functional>
 #include <memory>
-#include <string>
 #include <vector>
 
-#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/types/span.h"
 #include "stepgraph/graph/bindings.h"
 #include "stepgraph/graph/graph.h"
-#include "stepgraph/graph/shard.h"
 #include "stepgraph/runtime/step_runner.h"
 
 namespace sg {
@@ -78,44 +72,6 @@ class TensorParallelRunner {
   std::unique_ptr<CollectiveGroup> group_;
   std::vector<std::unique_ptr<StepRunner>> runners_;
   std::unique_ptr<RankThreads> workers_;
-};
-
-// A model's Weights and States (KV caches) in every rank's memory, for the steps of one
-// sharded model (every bucket's graph has the same weights and states).
-class ShardedBuffers {
- public:
-  // The stored bytes of a weight of the whole model, by name.
-  using WeightSource =
-      std::function<absl::StatusOr<absl::Span<const std::byte>>(const std::string& name)>;
-
-  // Uploads every rank's part of each Weight of `sharded` (ShardGraph(whole, plan, ranks)),
-  // cut from `source`'s whole bytes (ShardTensorBytes), and zeroes every rank's States.
-  // Without a source, each rank draws random weights for its part (FillRandomWeights with
-  // seed + rank: a speed run, not the whole model's values).
-  static absl::StatusOr<ShardedBuffers> Upload(TensorParallelRunner& tp, const Graph& whole,
-                                               const Graph& sharded, const ShardPlan& plan,
-                                               const WeightSource& source, uint64_t seed = 0);
-
-  // Binds rank `rank`'s Weights and States of `graph` (a rank's graph of the same model).
-  absl::Status Bind(int rank, const Graph& graph, Bindings& bindings) const;
-  int64_t weight_bytes_per_rank() const { return weights_.total_bytes; }
-  int64_t state_bytes_per_rank() const { return states_.total_bytes; }
-
- private:
-  // Where each tensor of one kind lives in every rank's block of that kind.
-  struct Layout {
-    struct Entry {
-      int64_t offset = 0;
-      int64_t bytes = 0;
-    };
-    absl::flat_hash_map<std::string, Entry> entries;
-    int64_t total_bytes = 0;
-  };
-  static absl::Status BindKind(const Layout& layout, std::byte* base, const Graph& graph,
-                               TensorKind kind, Bindings& bindings);
-
-  Layout weights_, states_;
-  std::vector<std::byte*> weight_base_, state_base_;
 };
 
 }  // namespace sg
