@@ -18,10 +18,11 @@
 // same kernel with W = 0. The block's threads walk its K range in units of 32 values of
 // each of its four weight rows (one or two 16-byte loads per unit; the 32-value formats
 // four threads to a unit, AccumulateUnits says why), dequantize them in registers with
-// the quant_blocks.cuh readers and meet activations loaded 8 at a time;
-// the block's format is that of its columns' weight (a switch uniform over the block), so
-// one launch takes weights of different formats (a Q4_K_M file's q, k in Q4_K and v in
-// Q6_K). Norm, split-K and epilogues are the float path's.
+// the quant_blocks.cuh readers and meet activations loaded 8 at a time. Weights all of
+// one format run the kernel compiled for that format (kFormat); a launch whose weights
+// differ (a Q4_K_M file's q, k in Q4_K and v in Q6_K) runs the one whose blocks take the
+// format of their columns' weight (a switch uniform over the block). Norm, split-K and
+// epilogues are the float path's.
 //
 // RopeKvWriteKernel: one thread per rotated pair of the q and k heads, plus one per
 // element pair of v. Every rotation is RotatePair's (kernels/rope_rotate.cuh), so the
@@ -199,17 +200,12 @@ __device__ __forceinline__ void AccumulateUnits(const FusedMatmulArgs& a, int64_
           }
         }
       }
+      // Factored as in kernels/quant_matmul.cu: Scale·Σ code·x (+ Min·Σ x) per 8 values.
+      float xsum[kRows];
+      if constexpr (Q::Unit::kHasMin) quant::XSums8<kRows>(xf, xsum);
 #pragma unroll
       for (int c = 0; c < kFusedCols; ++c) {
-        float v[8];
-        wu[c].Values8(j, v);
-#pragma unroll
-        for (int e = 0; e < 8; ++e) {
-#pragma unroll
-          for (int r = 0; r < kRows; ++r) {
-            acc[r * kFusedCols + c] = fmaf(xf[r][e], v[e], acc[r * kFusedCols + c]);
-          }
-        }
+        quant::AccumulateUnit8<kFusedCols, kRows>(wu[c], j, xf, xsum, acc + c);
       }
     }
   }
@@ -345,8 +341,10 @@ __device__ __forceinline__ bool Better(float v, int32_t i, float best, int32_t b
   return v > best || (v == best && i < best_i);
 }
 
-template <typename T, int W, int kRows>
-__global__ void __launch_bounds__(kThreads) FusedMatmulKernel(FusedMatmulArgs a) {
+// kFormat: the block format of every weight, or kF32 for block formats chosen per column
+// block (W = 0 only). kMinBlocks: blocks of kThreads that must fit an SM (0: no bound).
+template <typename T, int W, int kRows, DType kFormat = DType::kF32, int kMinBlocks = 0>
+__global__ void __launch_bounds__(kThreads, kMinBlocks) FusedMatmulKernel(FusedMatmulArgs a) {
   constexpr int kAcc = kRows * kFusedCols;
   static_assert(kAcc <= kThreads);
   __shared__ float inv_rms[kRows];
@@ -365,7 +363,11 @@ __global__ void __launch_bounds__(kThreads) FusedMatmulKernel(FusedMatmulArgs a)
   for (int g = 0; g < a.weights; ++g) n_total += a.n[g];
   float acc[kAcc];
   if constexpr (W == 0) {
-    AccumulateBlocks<T, kRows>(a, b, s, n_total, inv_rms, scratch, acc);
+    if constexpr (kFormat == DType::kF32) {
+      AccumulateBlocks<T, kRows>(a, b, s, n_total, inv_rms, scratch, acc);
+    } else {
+      AccumulateUnits<T, kRows, quant::Format<kFormat>>(a, b, s, n_total, inv_rms, scratch, acc);
+    }
   } else {
     AccumulateFloat<T, W, kRows>(a, b, s, n_total, inv_rms, scratch, acc);
   }
@@ -619,6 +621,42 @@ cudaError_t DispatchPowerOfTwoRows(int64_t m, F&& f) {
 
 bool BlockFormats(const FusedMatmulArgs& a) { return IsQuantized(a.w_dtype[0]); }
 
+// The block-format kernel for weights all in `format`, or (kF32) the one that takes any
+// mix of formats, choosing per column block. Compiled for one format, the kernel holds
+// only that format's registers (at one row, H200: 64-104 against 128 for the mix, so twice
+// the blocks fit an SM); at one row Q8_0, Q4_0 and Q6_K also ask for four blocks of 256
+// threads per SM (64 registers), which took Q8_0's down projection from 11.8 to 9.4 us and
+// Q6_K's from 11.2 to 10.1, where the same bound cost Q4_K's 0.7 us (docs/cuda_kernels.md).
+template <DType kFormat, int kRows>
+constexpr int FusedMinBlocks() {
+  return kRows == 1 && (kFormat == DType::kQ8_0 || kFormat == DType::kQ4_0 ||
+                        kFormat == DType::kQ6_K)
+             ? 4
+             : 0;
+}
+
+template <typename T, int kRows>
+cudaError_t LaunchBlockKernel(DType format, dim3 grid, dim3 block, Stream stream,
+                              const FusedMatmulArgs& a) {
+  switch (format) {
+#define SG_FUSED_LAUNCH(t)                                                                     \
+  case t:                                                                                      \
+    return LaunchKernel(FusedMatmulKernel<T, 0, kRows, t, FusedMinBlocks<t, kRows>()>, grid, \
+                        block, stream, a);
+    SG_FUSED_LAUNCH(DType::kQ8_0)
+    SG_FUSED_LAUNCH(DType::kQ4_0)
+    SG_FUSED_LAUNCH(DType::kQ4_1)
+    SG_FUSED_LAUNCH(DType::kQ5_0)
+    SG_FUSED_LAUNCH(DType::kQ5_1)
+    SG_FUSED_LAUNCH(DType::kQ4_K)
+    SG_FUSED_LAUNCH(DType::kQ5_K)
+    SG_FUSED_LAUNCH(DType::kQ6_K)
+#undef SG_FUSED_LAUNCH
+    default:
+      return LaunchKernel(FusedMatmulKernel<T, 0, kRows>, grid, block, stream, a);
+  }
+}
+
 // One launch for rows [0, a.m) with a.m <= kFusedMaxRows (block formats: a power of two).
 cudaError_t LaunchRows(const FusedMatmulArgs& a, Stream stream) {
   const int64_t blocks = FusedColumnBlocks(a);
@@ -634,7 +672,13 @@ cudaError_t LaunchRows(const FusedMatmulArgs& a, Stream stream) {
         const int64_t warps = std::clamp<int64_t>(CeilDiv(per_split, kWarpSize), 1, kMaxWarps);
         const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>(a.splits));
         const dim3 block(static_cast<unsigned>(warps * kWarpSize));
-        return LaunchKernel(FusedMatmulKernel<T, 0, kRows>, grid, block, stream, aligned);
+        // Weights all of one format run the kernel compiled for it, the others the one
+        // that chooses a format per column block.
+        DType format = a.w_dtype[0];
+        for (int g = 1; g < a.weights; ++g) {
+          if (a.w_dtype[g] != format) format = DType::kF32;
+        }
+        return LaunchBlockKernel<T, kRows>(format, grid, block, stream, aligned);
       });
     }
     bool vectorize = a.k % kVec16<T> == 0 && Aligned16(a.x) &&

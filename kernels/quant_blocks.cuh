@@ -180,12 +180,70 @@ struct Nibbles8 {
   }
 };
 
+// Device: the four codes held one per byte of w, minus kOffset, as exact floats: each
+// becomes the float 2^23 + code by one byte permutation (its byte under 0x4B), so a code
+// costs a permutation and a subtraction rather than a shift, a mask and an or.
+#ifdef __CUDA_ARCH__
+template <int kOffset>
+__device__ __forceinline__ void ByteCodes4(uint32_t w, float* c) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    c[i] = __fsub_rn(__uint_as_float(__byte_perm(w, 0x4B000000u, 0x7440u + i)),
+                     8388608.0f + static_cast<float>(kOffset));
+  }
+}
+// Bits 2i, 2i+1 of b (b < 256, i < 4) to bits 4, 5 of byte i; bit i of b (b < 16) to bit
+// 4 of byte i. Each product adds copies of b shifted so far apart that none overlaps
+// another (no carries): fields 0 and 2 move by 4 and 16, fields 1 and 3 by 10 and 22.
+__device__ __forceinline__ uint32_t SpreadPairsToByteBit4(uint32_t b) {
+  return ((b & 0x33u) * 0x00010010u | (b & 0xCCu) * 0x00400400u) & 0x30303030u;
+}
+__device__ __forceinline__ uint32_t SpreadBitsToByteBit4(uint32_t b) {
+  return (b * 0x02040810u) & 0x10101010u;
+}
+#endif
+
+// The codes of values 8j .. 8j+7 of a unit whose quants are `q` (Nibbles8's layout), with
+// kBits (4, 5 or 6) bits a code: the fifth bit of value i is bit i of `high`, the fifth
+// and sixth bits 2i, 2i+1; minus kOffset, as exact floats. On the device a word's four
+// nibbles are masked at once and the high bits spread to their bytes at once.
+template <int kBits, int kOffset>
+SG_QB void NibbleCodes8(const uint4& q, int j, uint32_t high, float (&c)[8]) {
+  const Nibbles8 codes(q, j);
+#ifdef __CUDA_ARCH__
+  uint32_t lo = (codes.lo >> codes.shift) & 0x0F0F0F0Fu;
+  uint32_t hi = (codes.hi >> codes.shift) & 0x0F0F0F0Fu;
+  if constexpr (kBits == 5) {
+    lo |= SpreadBitsToByteBit4(high & 0xFu);
+    hi |= SpreadBitsToByteBit4((high >> 4) & 0xFu);
+  } else if constexpr (kBits == 6) {
+    lo |= SpreadPairsToByteBit4(high & 0xFFu);
+    hi |= SpreadPairsToByteBit4((high >> 8) & 0xFFu);
+  }
+  ByteCodes4<kOffset>(lo, c);
+  ByteCodes4<kOffset>(hi, c + 4);
+#else
+  for (int i = 0; i < 8; ++i) {
+    uint32_t code = codes[i];
+    if constexpr (kBits == 5) code |= ((high >> i) & 1u) << 4;
+    if constexpr (kBits == 6) code |= ((high >> (2 * i)) & 3u) << 4;
+    c[i] = CodeValue<kOffset>(code);
+  }
+#endif
+}
+
 // ---- one format per specialisation ------------------------------------------------------
 // Format<t>: kElems, kBytes (as stepgraph/base/quant.h), kUnits = kElems / 32 per block,
 // kPlane0 (bytes of the first plane per block); Unit Load(base, blocks, g): unit g of the
 // tensor (g = row · units per row + unit in the row) of a tensor of `blocks` blocks in the
 // device layout at `base` (16-byte aligned); Unit::Values8(j, v): values 8j .. 8j+7 of the
 // unit (j a constant once unrolled, or a lane's part of the unit known at run time).
+// The same values factored, for the matmul kernels: every value of the 8 is
+// AddRn(MulRn(Scale(j), code), Min(j)) (Min only where kHasMin; without it MulRn(Scale(j),
+// code)), bit for bit Values8's, with Codes8(j, c) the codes as exact floats (the format's
+// offset subtracted). A dot product over the 8 then takes one FMA per value and the
+// scale (and min) once: Scale·Σ code·x + Min·Σ x, which rounds differently from
+// Σ value·x by a few ulp of the partial sums (kernels/quant_matmul.cu).
 // kernels/quant_layout.cu writes the layout.
 
 template <DType kType>
@@ -209,6 +267,22 @@ SG_QB_UNROLL
         v[i] = MulRn(CodeValue<128>(biased), d);
       }
     }
+    static constexpr bool kHasMin = false;
+    SG_QB void Codes8(int j, float (&c)[8]) const {
+      const uint32_t lo = (j & 2) ? ((j & 1) ? q[1].z : q[1].x) : ((j & 1) ? q[0].z : q[0].x);
+      const uint32_t hi = (j & 2) ? ((j & 1) ? q[1].w : q[1].y) : ((j & 1) ? q[0].w : q[0].y);
+#ifdef __CUDA_ARCH__
+      // The int8 codes biased by 128 (sign bits flipped), four at once.
+      ByteCodes4<128>(lo ^ 0x80808080u, c);
+      ByteCodes4<128>(hi ^ 0x80808080u, c + 4);
+#else
+      for (int i = 0; i < 8; ++i) {
+        c[i] = CodeValue<128>((((i < 4 ? lo : hi) >> (8 * (i & 3))) & 0xFFu) ^ 0x80u);
+      }
+#endif
+    }
+    SG_QB float Scale(int) const { return d; }
+    SG_QB float Min(int) const { return 0.0f; }
   };
   SG_QB static Unit Load(const uint8_t* base, int64_t blocks, int64_t g) {
     Unit u;
@@ -242,6 +316,12 @@ SG_QB_UNROLL
         }
       }
     }
+    static constexpr bool kHasMin = kMin;
+    SG_QB void Codes8(int j, float (&c)[8]) const {
+      NibbleCodes8<kFive ? 5 : 4, kMin ? 0 : kFive ? 16 : 8>(q, j, qh >> (8 * j), c);
+    }
+    SG_QB float Scale(int) const { return d; }
+    SG_QB float Min(int) const { return m; }
   };
   SG_QB static Unit Load(const uint8_t* base, int64_t blocks, int64_t g) {
     Unit u;
@@ -291,6 +371,13 @@ SG_QB_UNROLL
         v[i] = SubRn(MulRn(d, CodeValue<0>(code)), m);
       }
     }
+    static constexpr bool kHasMin = true;
+    SG_QB void Codes8(int j, float (&c)[8]) const {
+      NibbleCodes8<kFive ? 5 : 4, 0>(q, j, qh >> (8 * j), c);
+    }
+    SG_QB float Scale(int) const { return d; }
+    // x − m == x + (−m) exactly: the value is AddRn(MulRn(d, code), −m).
+    SG_QB float Min(int) const { return -m; }
   };
   SG_QB static Unit Load(const uint8_t* base, int64_t, int64_t g) {
     const int64_t b = g >> 3;
@@ -339,6 +426,12 @@ SG_QB_UNROLL
         v[i] = MulRn(dj, CodeValue<32>(codes[i] | high << 4));
       }
     }
+    static constexpr bool kHasMin = false;
+    SG_QB void Codes8(int j, float (&c)[8]) const {
+      NibbleCodes8<6, 32>(ql, j, (j < 2 ? qh.x : qh.y) >> (16 * (j & 1)), c);
+    }
+    SG_QB float Scale(int j) const { return j < 2 ? d0 : d1; }
+    SG_QB float Min(int) const { return 0.0f; }
   };
   SG_QB static Unit Load(const uint8_t* base, int64_t blocks, int64_t g) {
     const int64_t b = g >> 3;
@@ -381,6 +474,37 @@ __device__ __forceinline__ void LoadX8(const T* p, bool vec, float (&out)[8]) {
   } else {
 #pragma unroll
     for (int i = 0; i < 8; ++i) out[i] = ToFloat(p[i]);
+  }
+}
+
+// The matmul kernels' product of one unit's values 8j .. 8j+7 with 8 activations of each
+// of kRows rows, factored (Codes8, Scale, Min): acc[r · kStride] += Scale·Σ code·x[r]
+// (+ Min·xsum[r]), the codes decoded once for every row. xsum[r] = Σ x[r] (XSums8), read
+// only by formats with a min.
+template <int kRows>
+__device__ __forceinline__ void XSums8(const float (&x)[kRows][8], float (&xsum)[kRows]) {
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    xsum[r] = 0.0f;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) xsum[r] += x[r][e];
+  }
+}
+template <int kStride, int kRows, typename Unit>
+__device__ __forceinline__ void AccumulateUnit8(const Unit& unit, int j,
+                                                const float (&x)[kRows][8],
+                                                const float (&xsum)[kRows], float* acc) {
+  float code[8];
+  unit.Codes8(j, code);
+  const float scale = unit.Scale(j);
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    float s = 0.0f;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) s = fmaf(code[e], x[r][e], s);
+    float a = fmaf(scale, s, acc[r * kStride]);
+    if constexpr (Unit::kHasMin) a = fmaf(unit.Min(j), xsum[r], a);
+    acc[r * kStride] = a;
   }
 }
 
