@@ -149,7 +149,9 @@ def test_one_session_shared_by_threads_is_serialised():
     # Two threads on one handle used to run the C++ session at once and crash it.
     import threading
 
-    s = cpu(weight_seed=8, slots=2, max_seq=64)
+    # max_seq leaves room for many of the other thread's runs while a slot waits to be
+    # released: a step advances every live slot.
+    s = cpu(weight_seed=8, slots=2, max_seq=512)
     prompts = {0: [5, 6, 7], 1: [9, 10]}
     want = {}
     for slot, prompt in prompts.items():
@@ -158,8 +160,10 @@ def test_one_session_shared_by_threads_is_serialised():
     got, errors = {}, []
 
     def work(slot):
-        # A step advances every live slot: each run ends its slot, so that the other
-        # thread's steps cannot run it out of positions.
+        # One thread per slot: complete() and release() are two calls, so a second thread
+        # on the same slot could run between them and continue the first one's sequence.
+        # Each run ends its slot, so that the other thread's steps cannot run it out of
+        # positions.
         try:
             for _ in range(15):
                 out = s.complete(prompts[slot], max_new_tokens=6, slot=slot)
@@ -168,7 +172,7 @@ def test_one_session_shared_by_threads_is_serialised():
         except Exception as e:  # noqa: BLE001 - reported below
             errors.append(e)
 
-    threads = [threading.Thread(target=work, args=(slot,)) for slot in (0, 1, 0, 1)]
+    threads = [threading.Thread(target=work, args=(slot,)) for slot in (0, 1)]
     for t in threads:
         t.start()
     for t in threads:
