@@ -232,18 +232,35 @@ SG_QB void NibbleCodes8(const uint4& q, int j, uint32_t high, float (&c)[8]) {
 #endif
 }
 
+// The values of a unit from its factored reading, for the kernels that want them whole
+// (embedding, dequantization, experts): one definition of a format's values, its Codes8,
+// Scale and Min, for those and the matmul kernels alike. Values8(j, v): values 8j .. 8j+7,
+// computed with the reference's f32 operations (the value d·q + m or d·(q − offset)).
+template <typename Unit>
+struct FactoredValues {
+  SG_QB void Values8(int j, float (&v)[8]) const {
+    const Unit& u = static_cast<const Unit&>(*this);
+    u.Codes8(j, v);
+    const float scale = u.Scale(j);
+SG_QB_UNROLL
+    for (int i = 0; i < 8; ++i) {
+      v[i] = MulRn(scale, v[i]);
+      if constexpr (Unit::kHasMin) v[i] = AddRn(v[i], u.Min(j));
+    }
+  }
+};
+
 // ---- one format per specialisation ------------------------------------------------------
 // Format<t>: kElems, kBytes (as stepgraph/base/quant.h), kUnits = kElems / 32 per block,
 // kPlane0 (bytes of the first plane per block); Unit Load(base, blocks, g): unit g of the
 // tensor (g = row · units per row + unit in the row) of a tensor of `blocks` blocks in the
-// device layout at `base` (16-byte aligned); Unit::Values8(j, v): values 8j .. 8j+7 of the
-// unit (j a constant once unrolled, or a lane's part of the unit known at run time).
-// The same values factored, for the matmul kernels: every value of the 8 is
-// AddRn(MulRn(Scale(j), code), Min(j)) (Min only where kHasMin; without it MulRn(Scale(j),
-// code)), bit for bit Values8's, with Codes8(j, c) the codes as exact floats (the format's
-// offset subtracted). A dot product over the 8 then takes one FMA per value and the
+// device layout at `base` (16-byte aligned). A unit is read factored: Unit::Codes8(j, c)
+// gives the codes of values 8j .. 8j+7 as exact floats (the format's offset subtracted),
+// Scale(j) and, where kHasMin, Min(j) the run's scale and min (j a constant once unrolled,
+// or a lane's part of the unit known at run time); value = AddRn(MulRn(Scale, code), Min),
+// which is FactoredValues' Values8. A dot product over the 8 takes one FMA per value and the
 // scale (and min) once: Scale·Σ code·x + Min·Σ x, which rounds differently from
-// Σ value·x by a few ulp of the partial sums (kernels/quant_matmul.cu).
+// Σ value·x by a few ulp of the partial sums (AccumulateUnit8).
 // kernels/quant_layout.cu writes the layout.
 
 template <DType kType>
@@ -252,23 +269,13 @@ struct Format;
 template <>
 struct Format<DType::kQ8_0> {
   static constexpr int kElems = 32, kBytes = 34, kUnits = 1, kPlane0 = 32;
-  struct Unit {
+  struct Unit : FactoredValues<Unit> {
     uint4 q[2];
     float d;
-    SG_QB void Values8(int j, float (&v)[8]) const {
-      // Values 8j .. 8j+7 are bytes 8(j&1) .. of q[j >> 1]: two words, chosen once, each
-      // member named (an index into q at run time would put q in local memory).
-      const uint32_t lo = (j & 2) ? ((j & 1) ? q[1].z : q[1].x) : ((j & 1) ? q[0].z : q[0].x);
-      const uint32_t hi = (j & 2) ? ((j & 1) ? q[1].w : q[1].y) : ((j & 1) ? q[0].w : q[0].y);
-SG_QB_UNROLL
-      for (int i = 0; i < 8; ++i) {
-        // The int8 code biased by 128 (its sign bit flipped).
-        const uint32_t biased = (((i < 4 ? lo : hi) >> (8 * (i & 3))) & 0xFFu) ^ 0x80u;
-        v[i] = MulRn(CodeValue<128>(biased), d);
-      }
-    }
     static constexpr bool kHasMin = false;
     SG_QB void Codes8(int j, float (&c)[8]) const {
+      // Values 8j .. 8j+7 are bytes 8(j&1) .. of q[j >> 1]: two words, chosen once, each
+      // member named (an index into q at run time would put q in local memory).
       const uint32_t lo = (j & 2) ? ((j & 1) ? q[1].z : q[1].x) : ((j & 1) ? q[0].z : q[0].x);
       const uint32_t hi = (j & 2) ? ((j & 1) ? q[1].w : q[1].y) : ((j & 1) ? q[0].w : q[0].y);
 #ifdef __CUDA_ARCH__
@@ -282,7 +289,6 @@ SG_QB_UNROLL
 #endif
     }
     SG_QB float Scale(int) const { return d; }
-    SG_QB float Min(int) const { return 0.0f; }
   };
   SG_QB static Unit Load(const uint8_t* base, int64_t blocks, int64_t g) {
     Unit u;
@@ -298,24 +304,10 @@ template <bool kMin, bool kFive>
 struct Format32 {
   static constexpr int kElems = 32, kUnits = 1, kPlane0 = 16;
   static constexpr int kBytes = 2 + (kMin ? 2 : 0) + (kFive ? 4 : 0) + 16;
-  struct Unit {
+  struct Unit : FactoredValues<Unit> {
     uint4 q;
     uint32_t qh;
     float d, m;
-    SG_QB void Values8(int j, float (&v)[8]) const {
-      const Nibbles8 codes(q, j);
-      const uint32_t high = qh >> (8 * j);
-SG_QB_UNROLL
-      for (int i = 0; i < 8; ++i) {
-        uint32_t code = codes[i];
-        if constexpr (kFive) code |= ((high >> i) & 1u) << 4;
-        if constexpr (kMin) {
-          v[i] = AddRn(MulRn(d, CodeValue<0>(code)), m);
-        } else {
-          v[i] = MulRn(d, CodeValue<kFive ? 16 : 8>(code));
-        }
-      }
-    }
     static constexpr bool kHasMin = kMin;
     SG_QB void Codes8(int j, float (&c)[8]) const {
       NibbleCodes8<kFive ? 5 : 4, kMin ? 0 : kFive ? 16 : 8>(q, j, qh >> (8 * j), c);
@@ -357,20 +349,10 @@ template <bool kFive>
 struct FormatK {
   static constexpr int kElems = 256, kUnits = 8;
   static constexpr int kBytes = kFive ? 176 : 144, kPlane0 = kBytes;
-  struct Unit {
+  struct Unit : FactoredValues<Unit> {
     uint4 q;
     uint32_t qh;
     float d, m;  // d·sc and dmin·mn of the sub-block
-    SG_QB void Values8(int j, float (&v)[8]) const {
-      const Nibbles8 codes(q, j);
-      const uint32_t high = qh >> (8 * j);
-SG_QB_UNROLL
-      for (int i = 0; i < 8; ++i) {
-        uint32_t code = codes[i];
-        if constexpr (kFive) code |= ((high >> i) & 1u) << 4;
-        v[i] = SubRn(MulRn(d, CodeValue<0>(code)), m);
-      }
-    }
     static constexpr bool kHasMin = true;
     SG_QB void Codes8(int j, float (&c)[8]) const {
       NibbleCodes8<kFive ? 5 : 4, 0>(q, j, qh >> (8 * j), c);
@@ -410,28 +392,15 @@ struct Format<DType::kQ5_K> : FormatK<true> {};
 template <>
 struct Format<DType::kQ6_K> {
   static constexpr int kElems = 256, kBytes = 210, kUnits = 8, kPlane0 = 208;
-  struct Unit {
+  struct Unit : FactoredValues<Unit> {
     uint4 ql;
     uint2 qh;
     float d0, d1;  // d·scales[2u], d·scales[2u+1]
-    SG_QB void Values8(int j, float (&v)[8]) const {
-      // Values 8j .. 8j+7 lie in one sub-block (j < 2: the first): its scale and the word
-      // of 2-bit highs, chosen once.
-      const Nibbles8 codes(ql, j);
-      const float dj = j < 2 ? d0 : d1;
-      const uint32_t highs = (j < 2 ? qh.x : qh.y) >> (16 * (j & 1));
-SG_QB_UNROLL
-      for (int i = 0; i < 8; ++i) {
-        const uint32_t high = (highs >> (2 * i)) & 3u;
-        v[i] = MulRn(dj, CodeValue<32>(codes[i] | high << 4));
-      }
-    }
     static constexpr bool kHasMin = false;
     SG_QB void Codes8(int j, float (&c)[8]) const {
       NibbleCodes8<6, 32>(ql, j, (j < 2 ? qh.x : qh.y) >> (16 * (j & 1)), c);
     }
     SG_QB float Scale(int j) const { return j < 2 ? d0 : d1; }
-    SG_QB float Min(int) const { return 0.0f; }
   };
   SG_QB static Unit Load(const uint8_t* base, int64_t blocks, int64_t g) {
     const int64_t b = g >> 3;

@@ -19,9 +19,7 @@ bool RepackBlocksForDevice(DType t, int64_t blocks, const void* src, void* dst);
 
 // out[0 .. k) = row `row` of a [rows, k] tensor of `blocks` = rows · k / DTypeBlockElems(t)
 // blocks held at `device_layout` (host memory) in the device layout, dequantized by the
-// kernels' own readers. False for a dtype that is no block format or sizes out of range,
-// and where the matmul kernels' factored reading of a value (Codes8, Scale, Min) is not
-// Values8's bit for bit.
+// kernels' own readers. False for a dtype that is no block format or sizes out of range.
 bool DequantizeDeviceLayoutRow(DType t, const void* device_layout, int64_t blocks, int64_t row,
                                int64_t k, float* out);
 

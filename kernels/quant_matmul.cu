@@ -10,8 +10,8 @@
 // once per column, and every load of x and w moves whole cache lines. (One row of a K
 // format takes whole units per lane instead: PartsFor says why.) The weights are read
 // factored (quant_blocks.cuh's Codes8, Scale, Min): the codes as exact floats meet x in
-// one FMA each and every 8 values' sum is scaled once, which halves the instructions per
-// weight (the kernel is bound by them, not by memory, at one row); f32 accumulation, a
+// one FMA each and every 8 values' sum is scaled once, about a third fewer instructions
+// per weight (the kernel is bound by them, not by memory, at one row); f32 accumulation, a
 // warp-shuffle and shared-memory reduction per (row, column), bias added in f32, one
 // rounding to the output dtype.
 #include <algorithm>
