@@ -232,6 +232,32 @@ SG_QB void NibbleCodes8(const uint4& q, int j, uint32_t high, float (&c)[8]) {
 #endif
 }
 
+// The quarter of a nibble unit's codes that QuadCodes gives (see the formats below): the
+// quant word w holds values 4t+i in the low and 16+4t+i in the high nibble of byte i;
+// with kBits 5 or 6 the fifth bit of each of the first four values is bit i of high_lo
+// (of the next four, of high_hi), or the fifth and sixth bits 2i, 2i+1.
+template <int kBits>
+SG_QB void QuadNibbles(uint32_t w, uint32_t high_lo, uint32_t high_hi, uint32_t& lo,
+                       uint32_t& hi) {
+  lo = w & 0x0F0F0F0Fu;
+  hi = (w >> 4) & 0x0F0F0F0Fu;
+#ifdef __CUDA_ARCH__
+  if constexpr (kBits == 5) {
+    lo |= SpreadBitsToByteBit4(high_lo & 0xFu);
+    hi |= SpreadBitsToByteBit4(high_hi & 0xFu);
+  } else if constexpr (kBits == 6) {
+    lo |= SpreadPairsToByteBit4(high_lo & 0xFFu);
+    hi |= SpreadPairsToByteBit4(high_hi & 0xFFu);
+  }
+#else
+  for (int i = 0; i < 4 && kBits > 4; ++i) {
+    const int bits = kBits - 4, mask = (1 << bits) - 1;
+    lo |= ((high_lo >> (bits * i)) & mask) << (8 * i + 4);
+    hi |= ((high_hi >> (bits * i)) & mask) << (8 * i + 4);
+  }
+#endif
+}
+
 // The values of a unit from its factored reading, for the kernels that want them whole
 // (embedding, dequantization, experts): one definition of a format's values, its Codes8,
 // Scale and Min, for those and the matmul kernels alike. Values8(j, v): values 8j .. 8j+7,
@@ -262,6 +288,13 @@ SG_QB_UNROLL
 // scale (and min) once: Scale·Σ code·x + Min·Σ x, which rounds differently from
 // Σ value·x by a few ulp of the partial sums (AccumulateUnit8).
 // kernels/quant_layout.cu writes the layout.
+//
+// The tensor-core kernel (kernels/block_mma.cu) reads a unit by quarters instead:
+// QuadCodes(t, lo, hi) gives the codes of values 4t .. 4t+3 (byte i of lo: value 4t + i)
+// and 16+4t .. 16+4t+3 (byte i of hi), unsigned, kCodeBias above the code the Codes8
+// reading gives (value = Scale·(byte − kCodeBias) + Min); values 0..15 take Scale(0) and
+// Min(0), values 16..31 Scale(2) and Min(2) (Q6_K's two sub-blocks; one scale elsewhere).
+// Q8_0's bytes are its signed codes, kCodeBias 0.
 
 template <DType kType>
 struct Format;
@@ -289,6 +322,11 @@ struct Format<DType::kQ8_0> {
 #endif
     }
     SG_QB float Scale(int) const { return d; }
+    static constexpr int kCodeBias = 0;  // signed bytes
+    SG_QB void QuadCodes(int t, uint32_t& lo, uint32_t& hi) const {
+      lo = Word(q[0], t);
+      hi = Word(q[1], t);
+    }
   };
   SG_QB static Unit Load(const uint8_t* base, int64_t blocks, int64_t g) {
     Unit u;
@@ -314,6 +352,10 @@ struct Format32 {
     }
     SG_QB float Scale(int) const { return d; }
     SG_QB float Min(int) const { return m; }
+    static constexpr int kCodeBias = kMin ? 0 : kFive ? 16 : 8;
+    SG_QB void QuadCodes(int t, uint32_t& lo, uint32_t& hi) const {
+      QuadNibbles<kFive ? 5 : 4>(Word(q, t), qh >> (4 * t), qh >> (16 + 4 * t), lo, hi);
+    }
   };
   SG_QB static Unit Load(const uint8_t* base, int64_t blocks, int64_t g) {
     Unit u;
@@ -360,6 +402,10 @@ struct FormatK {
     SG_QB float Scale(int) const { return d; }
     // x − m == x + (−m) exactly: the value is AddRn(MulRn(d, code), −m).
     SG_QB float Min(int) const { return -m; }
+    static constexpr int kCodeBias = 0;
+    SG_QB void QuadCodes(int t, uint32_t& lo, uint32_t& hi) const {
+      QuadNibbles<kFive ? 5 : 4>(Word(q, t), qh >> (4 * t), qh >> (16 + 4 * t), lo, hi);
+    }
   };
   SG_QB static Unit Load(const uint8_t* base, int64_t, int64_t g) {
     const int64_t b = g >> 3;
@@ -401,6 +447,11 @@ struct Format<DType::kQ6_K> {
       NibbleCodes8<6, 32>(ql, j, (j < 2 ? qh.x : qh.y) >> (16 * (j & 1)), c);
     }
     SG_QB float Scale(int j) const { return j < 2 ? d0 : d1; }
+    static constexpr int kCodeBias = 32;
+    SG_QB void QuadCodes(int t, uint32_t& lo, uint32_t& hi) const {
+      // The 2-bit highs of value i are bits 2i, 2i+1 of the unit's 64-bit word.
+      QuadNibbles<6>(Word(ql, t), qh.x >> (8 * t), qh.y >> (8 * t), lo, hi);
+    }
   };
   SG_QB static Unit Load(const uint8_t* base, int64_t blocks, int64_t g) {
     const int64_t b = g >> 3;

@@ -2,6 +2,7 @@
 // and the host reading of that layout through the kernels' readers (for tests). Host
 // code only; the field order of each plane is the one quant_blocks.cuh documents.
 #include <cstring>
+#include <type_traits>
 
 #include "kernels/quant_blocks.cuh"
 #include "kernels/quant_layout.h"
@@ -125,7 +126,7 @@ bool RepackBlocksForDevice(DType t, int64_t blocks, const void* src, void* dst) 
 }
 
 bool DequantizeDeviceLayoutRow(DType t, const void* device_layout, int64_t blocks, int64_t row,
-                               int64_t k, float* out) {
+                               int64_t k, float* out, bool by_quarters) {
   if (!IsQuantized(t) || k <= 0 || k % DTypeBlockElems(t) != 0 || row < 0 ||
       (row + 1) * (k / DTypeBlockElems(t)) > blocks) {
     return false;
@@ -136,10 +137,27 @@ bool DequantizeDeviceLayoutRow(DType t, const void* device_layout, int64_t block
            const int64_t units = k / quant::kUnitElems;
            for (int64_t u = 0; u < units; ++u) {
              const typename Q::Unit unit = Q::Load(base, blocks, row * units + u);
-             for (int j = 0; j < 4; ++j) {
-               float v[8];
-               unit.Values8(j, v);
-               std::memcpy(out + 32 * u + 8 * j, v, sizeof(v));
+             float* v = out + 32 * u;
+             for (int j = 0; j < 4 && !by_quarters; ++j) {
+               float eight[8];
+               unit.Values8(j, eight);
+               std::memcpy(v + 8 * j, eight, sizeof(eight));
+             }
+             for (int quarter = 0; quarter < 4 && by_quarters; ++quarter) {
+               // QuadCodes' bytes, each (signed for Q8_0) less the bias, as Values8 rounds.
+               uint32_t half[2];
+               unit.QuadCodes(quarter, half[0], half[1]);
+               for (int h = 0; h < 2; ++h) {
+                 for (int i = 0; i < 4; ++i) {
+                   const uint32_t byte = (half[h] >> (8 * i)) & 0xFFu;
+                   const int code = std::is_same_v<Q, quant::Format<DType::kQ8_0>>
+                                        ? static_cast<int8_t>(byte)
+                                        : static_cast<int>(byte) - Q::Unit::kCodeBias;
+                   float value = quant::MulRn(unit.Scale(2 * h), static_cast<float>(code));
+                   if constexpr (Q::Unit::kHasMin) value = quant::AddRn(value, unit.Min(2 * h));
+                   v[16 * h + 4 * quarter + i] = value;
+                 }
+               }
              }
            }
            return cudaSuccess;

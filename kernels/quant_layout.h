@@ -19,9 +19,10 @@ bool RepackBlocksForDevice(DType t, int64_t blocks, const void* src, void* dst);
 
 // out[0 .. k) = row `row` of a [rows, k] tensor of `blocks` = rows · k / DTypeBlockElems(t)
 // blocks held at `device_layout` (host memory) in the device layout, dequantized by the
-// kernels' own readers. False for a dtype that is no block format or sizes out of range.
+// kernels' own readers: Values8, or with `by_quarters` the tensor-core kernel's QuadCodes.
+// False for a dtype that is no block format or sizes out of range.
 bool DequantizeDeviceLayoutRow(DType t, const void* device_layout, int64_t blocks, int64_t row,
-                               int64_t k, float* out);
+                               int64_t k, float* out, bool by_quarters = false);
 
 }  // namespace sg::kernels
 
