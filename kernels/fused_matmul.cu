@@ -22,7 +22,10 @@
 // one format run the kernel compiled for that format (kFormat); a launch whose weights
 // differ (a Q4_K_M file's q, k in Q4_K and v in Q6_K) runs the one whose blocks take the
 // format of their columns' weight (a switch uniform over the block). Norm, split-K and
-// epilogues are the float path's.
+// epilogues are the float path's. From FusedMatmulArgs::products on (batches, no folded
+// norm), block weights go to the tensor cores instead (kernels/block_mma.cuh): the
+// products of all rows first, one launch per run of a format, then the same kernel with
+// W = -1 reads them, adds their splits in order and applies the epilogue, 64 rows a launch.
 //
 // RopeKvWriteKernel: one thread per rotated pair of the q and k heads, plus one per
 // element pair of v. Every rotation is RotatePair's (kernels/rope_rotate.cuh), so the
@@ -31,6 +34,7 @@
 #include <cfloat>
 #include <cstring>
 
+#include "kernels/block_mma.cuh"
 #include "kernels/common.cuh"
 #include "kernels/fused_matmul.cuh"
 #include "kernels/quant_blocks.cuh"
@@ -361,55 +365,71 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) FusedMatmulKernel(FusedM
   const int s = blockIdx.y;
   int64_t n_total = 0;
   for (int g = 0; g < a.weights; ++g) n_total += a.n[g];
-  float acc[kAcc];
-  if constexpr (W == 0) {
-    if constexpr (kFormat == DType::kF32) {
-      AccumulateBlocks<T, kRows>(a, b, s, n_total, inv_rms, scratch, acc);
+  if constexpr (W >= 0) {
+    float acc[kAcc];
+    if constexpr (W == 0) {
+      if constexpr (kFormat == DType::kF32) {
+        AccumulateBlocks<T, kRows>(a, b, s, n_total, inv_rms, scratch, acc);
+      } else {
+        AccumulateUnits<T, kRows, quant::Format<kFormat>>(a, b, s, n_total, inv_rms, scratch,
+                                                          acc);
+      }
     } else {
-      AccumulateUnits<T, kRows, quant::Format<kFormat>>(a, b, s, n_total, inv_rms, scratch, acc);
+      AccumulateFloat<T, W, kRows>(a, b, s, n_total, inv_rms, scratch, acc);
     }
-  } else {
-    AccumulateFloat<T, W, kRows>(a, b, s, n_total, inv_rms, scratch, acc);
-  }
-
 #pragma unroll
-  for (int i = 0; i < kAcc; ++i) {
-    const float sum = WarpSum(acc[i]);
-    if (lane == 0) partial[warp][i] = sum;
+    for (int j = 0; j < kAcc; ++j) {
+      const float sum = WarpSum(acc[j]);
+      if (lane == 0) partial[warp][j] = sum;
+    }
+    __syncthreads();
   }
-  __syncthreads();
 
   // values[r * kFusedCols + c]: this block's sum for (row r, slot c).
   const int i = threadIdx.x;
   const int r = i / kFusedCols, c = i % kFusedCols;
   const bool valid = i < kAcc && ColumnValid(a, b, c, n_total);
-  if (i < kAcc) {
-    float total = 0.0f;
-    for (int w = 0; w < warps; ++w) total += partial[w][i];
-    values[i] = total;
-  }
-  if (a.splits > 1) {
+  if constexpr (W < 0) {
+    // The tensor-core path's products: its splits added in order.
+    AwaitPrerequisiteGrids();
     if (valid) {
-      a.partials[(static_cast<int64_t>(s) * a.m + r) * n_total + ColumnOf(a, b, c)] = values[i];
-    }
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      const uint32_t ticket = atomicAdd(&a.counters[b], 1u);
-      last_block = ticket == static_cast<uint32_t>(a.splits - 1);
-      if (last_block) a.counters[b] = 0;  // every split has counted: ready for the next launch
-    }
-    __syncthreads();
-    if (!last_block) return;
-    __threadfence();
-    if (valid) {
+      const int64_t col = ColumnOf(a, b, c);
       float total = 0.0f;
-      for (int split = 0; split < a.splits; ++split) {
-        // Written by other blocks of this launch: read through L2, not the L1 path.
-        total += __ldcg(&a.partials[(static_cast<int64_t>(split) * a.m + r) * n_total +
-                                    ColumnOf(a, b, c)]);
+      for (int split = 0; split < a.product_splits; ++split) {
+        total += a.products[(split * a.product_rows + r) * n_total + col];
       }
       values[i] = total;
+    }
+  } else {
+    if (i < kAcc) {
+      float total = 0.0f;
+      for (int w = 0; w < warps; ++w) total += partial[w][i];
+      values[i] = total;
+    }
+    if (a.splits > 1) {
+      if (valid) {
+        a.partials[(static_cast<int64_t>(s) * a.m + r) * n_total + ColumnOf(a, b, c)] =
+            values[i];
+      }
+      __threadfence();
+      __syncthreads();
+      if (threadIdx.x == 0) {
+        const uint32_t ticket = atomicAdd(&a.counters[b], 1u);
+        last_block = ticket == static_cast<uint32_t>(a.splits - 1);
+        if (last_block) a.counters[b] = 0;  // every split has counted: ready for the next launch
+      }
+      __syncthreads();
+      if (!last_block) return;
+      __threadfence();
+      if (valid) {
+        float total = 0.0f;
+        for (int split = 0; split < a.splits; ++split) {
+          // Written by other blocks of this launch: read through L2, not the L1 path.
+          total += __ldcg(&a.partials[(static_cast<int64_t>(split) * a.m + r) * n_total +
+                                      ColumnOf(a, b, c)]);
+        }
+        values[i] = total;
+      }
     }
   }
   __syncthreads();
@@ -606,18 +626,29 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// Calls f(std::integral_constant<int, m>{}) for m in {1, 2, 4, 8}: the row counts the
-// block-format kernel is compiled for (LaunchFusedMatmul cuts rows into such chunks).
-template <typename F>
+// Calls f(std::integral_constant<int, m>{}) for m in {1, 2, 4, 8} (and, with kMma, 16, 32
+// and 64): the row counts the block-format kernel and the tensor-core path's epilogue are
+// compiled for (LaunchFusedMatmul cuts rows into such chunks).
+template <bool kMma = false, typename F>
 cudaError_t DispatchPowerOfTwoRows(int64_t m, F&& f) {
   switch (m) {
     case 1: return f(std::integral_constant<int, 1>{});
     case 2: return f(std::integral_constant<int, 2>{});
     case 4: return f(std::integral_constant<int, 4>{});
     case 8: return f(std::integral_constant<int, 8>{});
-    default: return cudaErrorInvalidValue;
+    default: break;
   }
+  if constexpr (kMma) {
+    switch (m) {
+      case 16: return f(std::integral_constant<int, 16>{});
+      case 32: return f(std::integral_constant<int, 32>{});
+      case 64: return f(std::integral_constant<int, 64>{});
+      default: break;
+    }
+  }
+  return cudaErrorInvalidValue;
 }
+static_assert(kFusedMaxMmaRows == 64, "DispatchPowerOfTwoRows<true> tops out at 64");
 
 bool BlockFormats(const FusedMatmulArgs& a) { return IsQuantized(a.w_dtype[0]); }
 
@@ -698,7 +729,57 @@ cudaError_t LaunchRows(const FusedMatmulArgs& a, Stream stream) {
   });
 }
 
+// The tensor-core path's products of all a.m rows into a.products: one block MMA launch
+// per run of consecutive weights of one format (a Q4_K_M file's q and k, then its v).
+cudaError_t LaunchMmaProducts(const FusedMatmulArgs& a, int64_t n_total, Stream stream) {
+  int64_t col0 = 0;
+  for (int g0 = 0, g1 = 0; g0 < a.weights; g0 = g1) {
+    BlockMmaArgs m;
+    m.x = a.x;
+    m.m = a.m;
+    m.k = a.k;
+    m.dtype = a.dtype;
+    m.w_dtype = a.w_dtype[g0];
+    m.terms = a.mma_terms;
+    m.partials = a.products;
+    m.scratch = a.mma_scratch;
+    m.ld = n_total;
+    m.col0 = col0;
+    m.splits = a.product_splits;
+    m.weights = 0;
+    for (g1 = g0; g1 < a.weights && a.w_dtype[g1] == a.w_dtype[g0]; ++g1) {
+      m.w[m.weights] = a.w[g1];
+      m.n[m.weights++] = a.n[g1];
+      col0 += a.n[g1];
+    }
+    const cudaError_t e = LaunchBlockMma(m, stream);
+    if (e != cudaSuccess) return e;
+  }
+  return cudaSuccess;
+}
+
+// The tensor-core path's epilogue for rows [0, a.m) (a power of two up to
+// kFusedMaxMmaRows), reading a.products.
+cudaError_t LaunchProductEpilogue(const FusedMatmulArgs& a, Stream stream) {
+  const int64_t blocks = FusedColumnBlocks(a);
+  if (blocks <= 0 || blocks > INT32_MAX) return cudaErrorInvalidValue;
+  return DispatchFloat(a.dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    return DispatchPowerOfTwoRows<true>(a.m, [&](auto rows) {
+      constexpr int kRows = decltype(rows)::value;
+      return LaunchKernel(FusedMatmulKernel<T, -1, kRows>, dim3(static_cast<unsigned>(blocks)),
+                          dim3(kThreads), stream, a);
+    });
+  });
+}
+
 }  // namespace
+
+int FusedMmaSplitsFor(const FusedMatmulArgs& a, int sm_count) {
+  const int64_t row_groups = CeilDiv(std::max<int64_t>(a.m, 1), 32);
+  const int weights = std::clamp(a.weights, 1, kFusedMaxWeights);
+  return BlockMmaSplitsFor(BlockMmaColumnBlocks(a.n, weights) * row_groups, a.k, sm_count);
+}
 
 int64_t FusedColumnBlocks(const FusedMatmulArgs& a) {
   if (a.epilogue == FusedEpilogue::kSiluMul) return CeilDiv(a.n[0], kFusedCols / 2);
@@ -748,6 +829,11 @@ cudaError_t LaunchFusedMatmul(const FusedMatmulArgs& a, Stream stream) {
     return cudaErrorInvalidValue;
   }
   if (!FusedBlockFormatsFit(a)) return cudaErrorInvalidValue;
+  const bool mma = a.products != nullptr;
+  if (mma && (!BlockFormats(a) || a.norm_w != nullptr || a.product_splits < 1 ||
+              a.mma_scratch == nullptr)) {
+    return cudaErrorInvalidValue;
+  }
   if (BlockFormats(a)) {
     for (int g = 0; g < a.weights; ++g) {
       if (a.k % DTypeBlockElems(a.w_dtype[g]) != 0) return cudaErrorInvalidValue;
@@ -781,13 +867,20 @@ cudaError_t LaunchFusedMatmul(const FusedMatmulArgs& a, Stream stream) {
     sized.rope.half = rope.head_dim / 2;
     sized.rope.rotated_blocks = static_cast<int>((a.n[0] + a.n[1]) / kFusedCols);
   }
-  // Block formats take chunks of 8, 4, 2 and 1 rows (a batch of 3 is two launches).
+  // Block formats take chunks of 8, 4, 2 and 1 rows (a batch of 3 is two launches); on
+  // tensor cores the products of all rows come first, then epilogues of up to 64 rows.
+  if (mma) {
+    const cudaError_t e = LaunchMmaProducts(sized, n_total, stream);
+    if (e != cudaSuccess) return e;
+    sized.product_rows = a.m;
+  }
   const bool powers_of_two = BlockFormats(a);
   for (int64_t r0 = 0, rows = 0; r0 < a.m; r0 += rows) {
     FusedMatmulArgs chunk = sized;
-    rows = std::min<int64_t>(kFusedMaxRows, a.m - r0);
+    rows = std::min<int64_t>(mma ? kFusedMaxMmaRows : kFusedMaxRows, a.m - r0);
     while (powers_of_two && (rows & (rows - 1)) != 0) rows &= rows - 1;
     chunk.m = rows;
+    if (mma) chunk.products = a.products + r0 * n_total;
     chunk.x = static_cast<const char*>(a.x) + r0 * a.k * elem;
     if (a.residual != nullptr) {
       chunk.residual = static_cast<const char*>(a.residual) + r0 * n_total * elem;
@@ -800,7 +893,7 @@ cudaError_t LaunchFusedMatmul(const FusedMatmulArgs& a, Stream stream) {
       chunk.rope.k_cache = static_cast<char*>(rope.k_cache) + r0 * slot_bytes;
       chunk.rope.v_cache = static_cast<char*>(rope.v_cache) + r0 * slot_bytes;
     }
-    const cudaError_t e = LaunchRows(chunk, stream);
+    const cudaError_t e = mma ? LaunchProductEpilogue(chunk, stream) : LaunchRows(chunk, stream);
     if (e != cudaSuccess) return e;
   }
   return cudaSuccess;

@@ -488,8 +488,14 @@ const Flag kFlags[] = {
        SG_ASSIGN_OR_RETURN(o.cuda.block_gemm_min_rows, ParseInt(v, 0));
        return absl::OkStatus();
      }},
+    {"--block-mma-rows", nullptr, "N", kAll, true,
+     "GPU: rows from which block-format (GGUF) matmuls below --block-gemm-rows run on tensor "
+     "cores, x split into exact bf16 parts (default 4; 0: never)",
+     nullptr, EnvRule::kNone,
+     [](S v, O& o) { return SetInt(v, 0, int64_t{1} << 30, o.cuda.block_mma_min_rows); }},
     {"--block-gemm-precision", nullptr, "P", kAll, true,
-     "GPU: the block GEMM's operands with f32 activations: f32 (default, exact), tf32, bf16",
+     "GPU: block-format matmuls' operands with f32 activations: f32 (default, exact), tf32, "
+     "bf16 (the block GEMM's and, as bf16, the tensor-core kernel's x)",
      nullptr, EnvRule::kNone,
      [](S v, O& o) {
        SG_ASSIGN_OR_RETURN(o.cuda.block_gemm_precision, ParseBlockGemmPrecision(v));

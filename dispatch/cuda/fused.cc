@@ -6,12 +6,15 @@
 // leaves them zeroed, so replays need no reset. The rope_kv_write epilogue gets its RoPE
 // frequency table here, as RopeKvWrite does.
 #include <algorithm>
+#include <variant>
 
 #include "absl/strings/str_cat.h"
 #include "dispatch/cuda/cuda_handles.h"
 #include "dispatch/cuda/cuda_status.h"
+#include "dispatch/cuda/matmul.h"
 #include "dispatch/cuda/op_units.h"
 #include "dispatch/cuda/rope.h"
+#include "kernels/block_mma.cuh"
 #include "kernels/fused_matmul.cuh"
 #include "stepgraph/base/status.h"
 #include "stepgraph/dispatch/cuda_dispatch.h"
@@ -41,7 +44,57 @@ kernels::FusedEpilogue KernelEpilogue(ops::FusedMatMul::Epilogue e) {
 
 int64_t AlignUp(int64_t v) { return (v + 255) / 256 * 256; }
 
+// Whether a FusedMatMul over x [m, k] and weights in block formats (`blocks`) runs on
+// tensor cores: no folded norm, enough rows, a device that has the MMA.
+bool TakesBlockMma(const ops::FusedMatMul& op, int64_t m, bool blocks,
+                   const CudaOptions& options, const CudaDeviceInfo& info) {
+  return blocks && !op.norm && options.block_mma_min_rows > 0 &&
+         m >= options.block_mma_min_rows && kernels::BlockMmaRuns(info.compute_capability);
+}
+
+// The tensor-core path's split-K factor for `a` (shapes set), and its workspace: the
+// products ([splits, m, Σn] f32, *product_bytes of them, 256-byte aligned) then the
+// block MMA scratch for x.
+absl::StatusOr<int64_t> MmaWorkspaceBytes(kernels::FusedMatmulArgs& a, int terms,
+                                          int sm_count, int64_t* product_bytes) {
+  a.product_splits = kernels::FusedMmaSplitsFor(a, sm_count);
+  int64_t n_total = 0;
+  for (int g = 0; g < a.weights; ++g) n_total += a.n[g];
+  int64_t bytes = 0;
+  const int64_t scratch = kernels::BlockMmaScratchBytes(a.m, a.k, terms);
+  if (!CheckedMul(a.product_splits, a.m, &bytes) || !CheckedMul(bytes, n_total, &bytes) ||
+      !CheckedMul(bytes, 4, &bytes) || bytes > (int64_t{1} << 50) || scratch < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "FusedMatMul products of ", a.m, " rows x ", n_total, " columns overflow"));
+  }
+  *product_bytes = AlignUp(bytes);
+  return *product_bytes + scratch;
+}
+
 }  // namespace
+
+absl::StatusOr<int64_t> FusedMmaWorkspaceBytes(const Graph& graph, const Node& node,
+                                               const CudaOptions& options,
+                                               const CudaDeviceInfo& info) {
+  const auto* op = std::get_if<ops::FusedMatMul>(&node.op);
+  if (op == nullptr || op->weights < 1 || op->weights > kernels::kFusedMaxWeights) return 0;
+  const Tensor& x = graph.tensor(node.inputs[0]);
+  const int first_w = op->norm ? 2 : 1;
+  if (x.shape.rank() != 2 ||
+      static_cast<int>(node.inputs.size()) < first_w + op->weights ||
+      !TakesBlockMma(*op, x.shape[0], IsQuantized(graph.tensor(node.inputs[first_w]).dtype),
+                     options, info)) {
+    return 0;
+  }
+  kernels::FusedMatmulArgs a;
+  a.m = x.shape[0];
+  a.k = x.shape[1];
+  a.weights = op->weights;
+  for (int g = 0; g < op->weights; ++g) a.n[g] = graph.tensor(node.inputs[first_w + g]).shape[0];
+  int64_t product_bytes = 0;
+  return MmaWorkspaceBytes(a, BlockMmaTermsFor(x.dtype, options), info.sm_count,
+                           &product_bytes);
+}
 
 // What the fused kernel takes of a FusedMatMul over `in` (a CudaPrepareContext or a
 // CudaSupportQuery): at most kFusedMaxWeights weights, all of x's float dtype or all in
@@ -131,9 +184,22 @@ PreparedOr Prepare(const ops::FusedMatMul& op, const CudaPrepareContext& c) {
     a.rope.head_dim = op.rope.head_dim;
     a.rope.interleaved = op.rope.interleaved;
   }
-  a.splits = kernels::FusedSplitsFor(a, c.info.sm_count);
+  // Block formats of enough rows: tensor cores, their products in the shared block
+  // workspace (MatmulRunner::ReserveBlockGemm sized it), no split-K of the fused kernel.
+  const bool mma = TakesBlockMma(op, a.m, IsQuantized(a.w_dtype[0]), c.options, c.info);
+  if (mma) {
+    a.mma_terms = BlockMmaTermsFor(x.dtype, c.options);
+    int64_t product_bytes = 0;
+    SG_ASSIGN_OR_RETURN(const int64_t bytes, MmaWorkspaceBytes(a, a.mma_terms, c.info.sm_count,
+                                                               &product_bytes));
+    SG_ASSIGN_OR_RETURN(void* workspace, c.matmul.BlockWorkspace(bytes, c.node.name));
+    a.products = static_cast<float*>(workspace);
+    a.mma_scratch = static_cast<char*>(workspace) + product_bytes;
+  }
+  a.splits = mma ? 1 : kernels::FusedSplitsFor(a, c.info.sm_count);
   const int64_t blocks = kernels::FusedColumnBlocks(a);
-  const int64_t rows = std::min<int64_t>(a.m, kernels::kFusedMaxRows);
+  const int64_t rows =
+      std::min<int64_t>(a.m, mma ? kernels::kFusedMaxMmaRows : kernels::kFusedMaxRows);
   const int64_t partial_bytes = a.splits > 1 ? AlignUp(a.splits * rows * n_total * 4) : 0;
   const int64_t counter_bytes = a.splits > 1 ? AlignUp(blocks * 4) : 0;
   const bool argmax = op.epilogue == ops::FusedMatMul::Epilogue::kArgmax;

@@ -1,9 +1,10 @@
 // The MatMul unit of CudaDispatch: its Prepare, its Run, and the MatmulRunner behind the
 // float paths (dispatch/cuda/matmul.h). Prepare decides a node's path once (block-format
-// weights: their kernel below CudaOptions::block_gemm_min_rows rows, the block GEMM from
-// there; float weights: cuBLASLt or the small-M kernel by the runner's policy and the
-// shape) and keeps it with the launch's sizes in the node's MatmulState; Run reads it and
-// launches.
+// weights: their CUDA-core kernel below CudaOptions::block_mma_min_rows rows, the
+// tensor-core block kernel (kernels/block_mma.cuh) from there, the block GEMM from
+// CudaOptions::block_gemm_min_rows rows on; float weights: cuBLASLt or the small-M kernel
+// by the runner's policy and the shape) and keeps it with the launch's sizes in the
+// node's MatmulState; Run reads it and launches.
 //
 // The block GEMM (docs/cuda_kernels.md, "Block weights on tensor cores"): w is dequantized
 // a chunk of its rows at a time into the runner's block workspace, and each chunk is one
@@ -29,6 +30,7 @@
 #include "absl/strings/str_cat.h"
 #include "dispatch/cuda/cuda_status.h"
 #include "dispatch/cuda/op_units.h"
+#include "kernels/block_mma.cuh"
 #include "kernels/dequant.cuh"
 #include "kernels/gemv.cuh"
 #include "kernels/quant_matmul.cuh"
@@ -329,6 +331,11 @@ struct MatmulState final : PreparedState<MatmulState> {
   BlockGemmLayout block;
   const MatmulRunner::Plan* tail_plan = nullptr;
   void* workspace = nullptr;
+  // kBlockMma: the parts x is split into and the split-K factor; the workspace holds the
+  // partial sums (splits > 1, 256-byte aligned) and then the kernel's scratch.
+  int mma_terms = 3;
+  int mma_splits = 1;
+  int64_t mma_partial_bytes = 0;
 };
 
 // Whether the block-format kernel takes x [m, k] with a w [n, k] in block format w_dtype:
@@ -348,6 +355,32 @@ bool BlockGemmTakes(int64_t m, int64_t n, int64_t k, DType x_dtype, DType w_dtyp
          k % DTypeBlockElems(w_dtype) == 0;
 }
 
+// Whether the tensor-core block kernel runs x [m, k] with a w [n, k] in block format
+// w_dtype (fewer rows than the block GEMM takes): kernels/block_mma.cuh.
+bool BlockMmaTakes(int64_t m, int64_t n, int64_t k, DType x_dtype, DType w_dtype,
+                   const CudaOptions& options, int compute_capability) {
+  return options.block_mma_min_rows > 0 && m >= options.block_mma_min_rows &&
+         kernels::BlockMmaRuns(compute_capability) &&
+         BlockFormatTakes(m, n, k, x_dtype, w_dtype);
+}
+
+// The tensor-core kernel's split-K factor for y [m, n] = x [m, k]·wᵀ, and the workspace it
+// takes: the partial sums (when split, *partial_bytes of them) and the scratch for x.
+absl::StatusOr<int64_t> BlockMmaWorkspace(int64_t m, int64_t n, int64_t k, int terms,
+                                          int sm_count, int* splits, int64_t* partial_bytes) {
+  const int64_t blocks = (n + kernels::kBlockMmaCols - 1) / kernels::kBlockMmaCols;
+  *splits = kernels::BlockMmaSplitsFor(blocks * ((m + 31) / 32), k, sm_count);
+  const int64_t scratch = kernels::BlockMmaScratchBytes(m, k, terms);
+  int64_t partials = 0;
+  if (scratch < 0 || !CheckedMul(*splits, m, &partials) || !CheckedMul(partials, n, &partials) ||
+      !CheckedMul(partials, 4, &partials) || partials > (int64_t{1} << 50)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("block MMA workspace for M=", m, " N=", n, " K=", k, " overflows"));
+  }
+  *partial_bytes = *splits > 1 ? (partials + 255) / 256 * 256 : 0;
+  return *partial_bytes + scratch;
+}
+
 // x, w and whether the node's w is in a block format the block GEMM takes.
 bool IsBlockGemmNode(const Graph& graph, const Node& node, const CudaOptions& options) {
   if (!std::holds_alternative<ops::MatMul>(node.op)) return false;
@@ -359,10 +392,33 @@ bool IsBlockGemmNode(const Graph& graph, const Node& node, const CudaOptions& op
 
 }  // namespace
 
+int BlockMmaTermsFor(DType x_dtype, const CudaOptions& options) {
+  return kernels::BlockMmaTerms(
+      x_dtype, options.block_gemm_precision == BlockGemmPrecision::kBf16 ? 1 : 3);
+}
+
 absl::Status MatmulRunner::ReserveBlockGemm(const ExecutionPlan& plan, const CudaOptions& options) {
   const Graph& graph = plan.graph();
   int64_t need = 0;
   for (const Node& node : graph.nodes()) {
+    SG_ASSIGN_OR_RETURN(const int64_t fused, FusedMmaWorkspaceBytes(graph, node, options, info_));
+    need = std::max(need, fused);
+    if (std::holds_alternative<ops::MatMul>(node.op)) {
+      const Tensor& x = graph.tensor(node.inputs[0]);
+      const Tensor& w = graph.tensor(node.inputs[1]);
+      if (x.shape.rank() == 2 && w.shape.rank() == 2 && w.shape[1] == x.shape[1] &&
+          !IsBlockGemmNode(graph, node, options) &&
+          BlockMmaTakes(x.shape[0], w.shape[0], x.shape[1], x.dtype, w.dtype, options,
+                        info_.compute_capability)) {
+        int splits = 1;
+        int64_t partial_bytes = 0;
+        SG_ASSIGN_OR_RETURN(const int64_t bytes,
+                            BlockMmaWorkspace(x.shape[0], w.shape[0], x.shape[1],
+                                              BlockMmaTermsFor(x.dtype, options),
+                                              info_.sm_count, &splits, &partial_bytes));
+        need = std::max(need, bytes);
+      }
+    }
     if (!IsBlockGemmNode(graph, node, options)) continue;
     const Tensor& x = graph.tensor(node.inputs[0]);
     SG_ASSIGN_OR_RETURN(const BlockGemmLayout l,
@@ -431,6 +487,16 @@ PreparedOr Prepare(const ops::MatMul& op, const CudaPrepareContext& c) {
           65535 * kernels::kQuantMatmulGroupRows, ")"));
     }
     state->path = MatmulPath::kBlockFormat;
+    if (BlockMmaTakes(x.shape[0], w.shape[0], x.shape[1], x.dtype, w.dtype, c.options,
+                      c.info.compute_capability)) {
+      state->path = MatmulPath::kBlockMma;
+      state->mma_terms = BlockMmaTermsFor(x.dtype, c.options);
+      SG_ASSIGN_OR_RETURN(const int64_t bytes,
+                          BlockMmaWorkspace(x.shape[0], w.shape[0], x.shape[1],
+                                            state->mma_terms, c.info.sm_count,
+                                            &state->mma_splits, &state->mma_partial_bytes));
+      SG_ASSIGN_OR_RETURN(state->workspace, c.matmul.BlockWorkspace(bytes, c.node.name));
+    }
     return Keep(std::move(state));
   }
   if (w.dtype != x.dtype) {
@@ -495,6 +561,25 @@ absl::Status CudaDispatch::Run(const ops::MatMul& op, const NodeArgs& args) {
     return ToStatus(kernels::LaunchQuantMatmul(x, w, s->w_dtype, bias, y, shape.m, shape.n,
                                                shape.k, shape.dtype, launch()),
                     "LaunchQuantMatmul");
+  }
+  if (s->path == internal::MatmulPath::kBlockMma) {
+    kernels::BlockMmaArgs a;
+    a.x = x;
+    a.m = shape.m;
+    a.k = shape.k;
+    a.dtype = shape.dtype;
+    a.w[0] = w;
+    a.n[0] = shape.n;
+    a.w_dtype = s->w_dtype;
+    a.terms = s->mma_terms;
+    a.y = y;
+    a.bias = bias;
+    a.ld = shape.n;
+    a.splits = s->mma_splits;
+    auto* workspace = static_cast<char*>(s->workspace);
+    a.partials = s->mma_splits > 1 ? reinterpret_cast<float*>(workspace) : nullptr;
+    a.scratch = workspace + s->mma_partial_bytes;
+    return ToStatus(kernels::LaunchBlockMma(a, launch()), "LaunchBlockMma");
   }
   if (s->path == internal::MatmulPath::kBlockGemm) {
     return internal::RunBlockGemm(*s, *matmul_, x, w, bias, y, launch());

@@ -1,7 +1,8 @@
 // The MatMul unit's shared piece (matmul.cc holds the unit): y = x·wᵀ (+ bias), w in the
-// PyTorch / HF layout [N, K]. Four paths: cuBLASLt and stepgraph's small-M kernel
+// PyTorch / HF layout [N, K]. Five paths: cuBLASLt and stepgraph's small-M kernel
 // (kernels/gemv.cuh) for float weights, picked per shape by the MatmulRunner below; for
 // weights in GGUF block formats the block-format kernel (kernels/quant_matmul.cuh) at few
+// rows, its tensor-core kernel (kernels/block_mma.cuh) from CudaOptions::block_mma_min_rows
 // rows and, from CudaOptions::block_gemm_min_rows rows on, the block GEMM: w dequantized
 // in chunks of rows into the runner's block workspace (kernels/dequant.cuh), one cuBLASLt
 // GEMM per chunk.
@@ -25,7 +26,7 @@
 
 namespace sg::internal {
 
-enum class MatmulPath : uint8_t { kCublasLt, kGemv, kBlockFormat, kBlockGemm };
+enum class MatmulPath : uint8_t { kCublasLt, kGemv, kBlockFormat, kBlockGemm, kBlockMma };
 
 // What a plan is made for: everything cuBLASLt's choice of algorithm depends on.
 struct MatmulShape {
@@ -68,6 +69,16 @@ struct BlockGemmLayout {
 absl::StatusOr<BlockGemmLayout> BlockGemmLayoutFor(int64_t m, int64_t n, int64_t k,
                                                    DType x_dtype, const CudaOptions& options,
                                                    int64_t l2_bytes);
+
+// The parts the tensor-core block kernel splits x of `x_dtype` into under `options`
+// (kernels::BlockMmaTerms).
+int BlockMmaTermsFor(DType x_dtype, const CudaOptions& options);
+
+// Bytes of the block workspace a FusedMatMul node takes on the tensor-core path (its
+// products, fused.cc); 0 for any other node or path. InvalidArgument when they overflow.
+absl::StatusOr<int64_t> FusedMmaWorkspaceBytes(const Graph& graph, const Node& node,
+                                               const CudaOptions& options,
+                                               const CudaDeviceInfo& info);
 
 class MatmulRunner {
  public:

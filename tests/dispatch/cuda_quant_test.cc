@@ -9,8 +9,11 @@
 // everywhere.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cctype>
+#include <cmath>
 #include <cstring>
+#include <functional>
 #include <random>
 #include <string>
 #include <vector>
@@ -57,10 +60,58 @@ std::vector<OpCase> MatmulCases() {
                                         : b.MatMul(x, w));
                },
                .tolerance = Tol(t),
-               // The block-format kernel itself, row groups included; the block GEMM that
-               // takes over from CudaOptions::block_gemm_min_rows rows has its own cases
-               // (cuda_block_gemm_test).
-               .cuda_options = [](CudaOptions& o) { o.block_gemm_min_rows = 0; }});
+               // The block-format kernel itself, row groups included; the tensor-core kernel
+               // (MmaMatmulCases) and the block GEMM that take over from
+               // CudaOptions::block_mma_min_rows and block_gemm_min_rows rows have cases of
+               // their own (the latter in cuda_block_gemm_test).
+               .cuda_options = [](CudaOptions& o) {
+                 o.block_gemm_min_rows = 0;
+                 o.block_mma_min_rows = 0;
+               }});
+        }
+      }
+    }
+  }
+  return cases;
+}
+
+// The tensor-core kernel (kernels/block_mma.cuh) at every row count it is compiled for
+// (row tiles of 8, 16 and 32, and 40 rows: two row groups), odd N (a partial block of 64
+// columns and a partial warp tile), K of whole and partial stages of 4 units, with bias;
+// f32 x in three bf16 parts (exact products: f32's tolerance) and, under
+// block_gemm_precision bf16, in one (bf16's).
+std::vector<OpCase> MmaMatmulCases() {
+  std::vector<OpCase> cases;
+  struct Mm {
+    int64_t m, k, n;
+    bool bias;
+  };
+  for (DType q : kQuantTypes) {
+    const int64_t block = DTypeBlockElems(q);
+    const Mm shapes[] = {{2, 2048, 512, false},
+                         {16, 3 * block, 75, true},
+                         {5, block, 7, false},
+                         {40, 5 * block, 130, true}};
+    for (DType t : kFloatTypes) {
+      for (const Mm& s : shapes) {
+        for (bool bf16_x : {false, true}) {
+          if (bf16_x && (t != DType::kF32 || s.m != 16)) continue;
+          cases.push_back(
+              {.name = absl::StrCat("MmaMatMul/", DTypeName(q), "/", DTypeName(t), "/", s.m,
+                                    "x", s.k, "x", s.n, s.bias ? "+bias" : "",
+                                    bf16_x ? "/bf16_x" : ""),
+               .build = [=](GraphBuilder& b) {
+                 auto x = b.Input("x", t, {s.m, s.k});
+                 auto w = b.Weight("w", q, {s.n, s.k});
+                 b.Output("out", s.bias ? b.MatMul(x, w, b.Weight("bias", t, {s.n}))
+                                        : b.MatMul(x, w));
+               },
+               .tolerance = bf16_x ? 1e-2 : Tol(t),
+               .cuda_options = [=](CudaOptions& o) {
+                 o.block_gemm_min_rows = 0;
+                 o.block_mma_min_rows = 1;
+                 if (bf16_x) o.block_gemm_precision = BlockGemmPrecision::kBf16;
+               }});
         }
       }
     }
@@ -111,8 +162,14 @@ struct FusedShape {
   Epilogue e;
 };
 
-OpCase FusedCase(const FusedShape& f, DType t) {
-  std::string name = absl::StrCat("FusedMatMul/", DTypeName(t), "/", f.m, "x", f.k);
+// The CUDA-core kernels, or with `mma` the tensor-core path from one row on.
+std::function<void(CudaOptions&)> BlockKernels(bool mma) {
+  return [mma](CudaOptions& o) { o.block_mma_min_rows = mma ? 1 : 0; };
+}
+
+OpCase FusedCase(const FusedShape& f, DType t, bool mma = false) {
+  std::string name = absl::StrCat(mma ? "Mma" : "", "FusedMatMul/", DTypeName(t), "/", f.m,
+                                  "x", f.k);
   for (size_t g = 0; g < f.n.size(); ++g) {
     absl::StrAppend(&name, "/", DTypeName(f.w[g]), "x", f.n[g]);
   }
@@ -134,13 +191,15 @@ OpCase FusedCase(const FusedShape& f, DType t) {
           },
           .tolerance = Tol(t),
           // Below f32 products tie often; sums in another order may break a tie otherwise.
-          .exact_ids = !ids || t == DType::kF32};
+          .exact_ids = !ids || t == DType::kF32,
+          .cuda_options = BlockKernels(mma)};
 }
 
 // q, k and v of a layer with the rope_kv_write epilogue: h heads, kvh kv heads of d.
 OpCase FusedRopeCase(int64_t m, int64_t k, int64_t h, int64_t kvh, int64_t d, bool norm,
-                     bool interleaved, DType wq, DType wv, DType t) {
-  return {.name = absl::StrCat("FusedMatMul/", DTypeName(t), "/rope_kv_write/", m, "x", k, "/",
+                     bool interleaved, DType wq, DType wv, DType t, bool mma = false) {
+  return {.name = absl::StrCat(mma ? "Mma" : "", "FusedMatMul/", DTypeName(t),
+                               "/rope_kv_write/", m, "x", k, "/",
                                DTypeName(wq), "/v_", DTypeName(wv), "/h", h, "kv", kvh, "d", d,
                                norm ? "/norm" : "", interleaved ? "/interleaved" : ""),
           .build = [=](GraphBuilder& b) {
@@ -164,7 +223,8 @@ OpCase FusedRopeCase(int64_t m, int64_t k, int64_t h, int64_t kvh, int64_t d, bo
           },
           .tolerance = Tol(t),
           // A padding row and a position past the cache among the rows.
-          .int_values = {{"pos", std::vector<int32_t>{7, -1, 40, 31, 0}}}};
+          .int_values = {{"pos", std::vector<int32_t>{7, -1, 40, 31, 0}}},
+          .cuda_options = BlockKernels(mma)};
 }
 
 std::vector<OpCase> FusedCases() {
@@ -199,6 +259,36 @@ std::vector<OpCase> FusedCases() {
   return cases;
 }
 
+// The tensor-core path of FusedMatMul (no folded norm): the products of all rows, then
+// epilogues of up to 64 rows (a 40-row argmax: 32 + 8), every epilogue, split-K (long K,
+// narrow outputs), partial column tiles, and formats mixed in one op (one products launch
+// per run of a format).
+std::vector<OpCase> MmaFusedCases() {
+  std::vector<OpCase> cases;
+  for (DType q : kQuantTypes) {
+    const std::vector<FusedShape> shapes = {
+        {2, 512, {q, q, q}, {256, 64, 64}, false, Epilogue::kNone},
+        {16, 512, {q}, {128}, false, Epilogue::kAdd},
+        {3, 512, {q, q}, {96, 96}, false, Epilogue::kSiluMul},
+        {40, 256, {q}, {1000}, false, Epilogue::kArgmax},
+        {5, 256, {q}, {37}, false, Epilogue::kNone},
+        {11, 2048, {q}, {64}, false, Epilogue::kAdd},
+    };
+    for (DType t : kFloatTypes) {
+      for (const FusedShape& f : shapes) cases.push_back(FusedCase(f, t, true));
+      cases.push_back(FusedRopeCase(16, 256, 2, 1, 64, false, true, q, q, t, true));
+    }
+  }
+  for (DType t : kFloatTypes) {
+    cases.push_back(
+        FusedRopeCase(3, 512, 4, 2, 32, false, false, DType::kQ4_K, DType::kQ6_K, t, true));
+    cases.push_back(FusedCase({8, 512, {DType::kQ5_0, DType::kQ8_0, DType::kQ5_0}, {64, 32, 36},
+                               false, Epilogue::kNone},
+                              t, true));
+  }
+  return cases;
+}
+
 std::string CaseName(const ::testing::TestParamInfo<OpCase>& info) {
   std::string n = info.param.name;
   for (char& ch : n) {
@@ -220,6 +310,10 @@ INSTANTIATE_TEST_SUITE_P(QuantEmbedding, QuantConformanceTest,
                          ::testing::ValuesIn(EmbeddingCases()), CaseName);
 INSTANTIATE_TEST_SUITE_P(QuantFusedMatMul, QuantConformanceTest,
                          ::testing::ValuesIn(FusedCases()), CaseName);
+INSTANTIATE_TEST_SUITE_P(MmaMatMul, QuantConformanceTest, ::testing::ValuesIn(MmaMatmulCases()),
+                         CaseName);
+INSTANTIATE_TEST_SUITE_P(MmaFusedMatMul, QuantConformanceTest,
+                         ::testing::ValuesIn(MmaFusedCases()), CaseName);
 
 // What CUDA says of fused ops over block formats, without a device: every format and mix
 // that the kernel takes, and no column block of the kernel across two formats.
@@ -280,10 +374,16 @@ TEST(QuantDeviceLayoutTest, ReadersGiveTheReferenceValues) {
     std::vector<float> want(static_cast<size_t>(k)), got(static_cast<size_t>(k));
     for (int64_t r = 0; r < rows; ++r) {
       ASSERT_TRUE(DequantizeRow(q, file.data() + r * row_bytes, want.data(), k));
-      ASSERT_TRUE(kernels::DequantizeDeviceLayoutRow(q, device.data(), blocks, r, k, got.data()));
-      for (int64_t i = 0; i < k; ++i) {
-        ASSERT_EQ(std::memcmp(&got[i], &want[i], 4), 0)
-            << "row " << r << " value " << i << ": " << got[i] << " != " << want[i];
+      // The readings of the CUDA-core kernels (eights) and of the tensor-core one (quarters).
+      for (bool quarters : {false, true}) {
+        std::fill(got.begin(), got.end(), std::nanf(""));
+        ASSERT_TRUE(kernels::DequantizeDeviceLayoutRow(q, device.data(), blocks, r, k,
+                                                       got.data(), quarters));
+        for (int64_t i = 0; i < k; ++i) {
+          ASSERT_EQ(std::memcmp(&got[i], &want[i], 4), 0)
+              << (quarters ? "quarters" : "eights") << " row " << r << " value " << i << ": "
+              << got[i] << " != " << want[i];
+        }
       }
     }
     // The layout does move the bytes (a reader of the file's layout would not pass).
@@ -297,6 +397,8 @@ TEST(QuantConformanceCasesTest, EveryFormatAndDTypeIsCovered) {
   EXPECT_EQ(MatmulCases().size(), 8u * 3u * (5u + 5u + 4u));
   EXPECT_EQ(EmbeddingCases().size(), 8u * 3u * 3u);
   EXPECT_EQ(FusedCases().size(), 8u * 3u * (7u + 2u) + 3u * 4u);
+  EXPECT_EQ(MmaMatmulCases().size(), 8u * (3u * 4u + 1u));
+  EXPECT_EQ(MmaFusedCases().size(), 8u * 3u * (6u + 1u) + 3u * 2u);
 }
 
 }  // namespace

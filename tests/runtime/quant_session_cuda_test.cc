@@ -52,16 +52,23 @@ struct Decoded {
   std::vector<float> logits;
 };
 
-Decoded Decode(const LlamaConfig& config, Backend backend, int64_t new_tokens) {
-  Decoded out;
+// A session of `config` with `slots` slots of 64 positions, the same weights every time.
+absl::StatusOr<std::unique_ptr<DecodeSession>> MakeSession(const LlamaConfig& config,
+                                                           Backend backend, int64_t slots) {
   SessionOptions o;
   o.config = config;
   o.weight_seed = 11;
   o.backend = backend;
-  o.max_slots = 1;
+  o.max_slots = slots;
   o.max_seq = 64;
   absl::StatusOr<std::unique_ptr<DecodeSession>> s = DecodeSession::Create(o);
   EXPECT_TRUE(s.ok()) << s.status();
+  return s;
+}
+
+Decoded Decode(const LlamaConfig& config, Backend backend, int64_t new_tokens) {
+  Decoded out;
+  absl::StatusOr<std::unique_ptr<DecodeSession>> s = MakeSession(config, backend, 1);
   if (!s.ok()) return out;
   // The step runs fused on both sides: the passes make FusedMatMul nodes of block-format
   // weights for CUDA too.
@@ -113,6 +120,41 @@ INSTANTIATE_TEST_SUITE_P(Formats, QuantSessionCudaTest,
                          [](const ::testing::TestParamInfo<DType>& info) {
                            return std::string(DTypeName(info.param));
                          });
+
+// Five sequences decoded together (the bucket of 8 rows: on the GPU the tensor-core path of
+// the block-format matmuls, CudaOptions::block_mma_min_rows) against the CPU reference's
+// session of the same five: every slot's greedy ids, and slot 3's last logits.
+std::vector<std::vector<int32_t>> DecodeBatch(const LlamaConfig& config, Backend backend,
+                                              int64_t new_tokens, std::vector<float>* logits) {
+  absl::StatusOr<std::unique_ptr<DecodeSession>> s = MakeSession(config, backend, 8);
+  if (!s.ok()) return {};
+  std::mt19937 rng(9);
+  std::uniform_int_distribution<int32_t> id(0, static_cast<int32_t>(config.vocab_size - 1));
+  for (int64_t slot = 0; slot < 5; ++slot) {
+    std::vector<int32_t> prompt(static_cast<size_t>(3 + 2 * slot));
+    for (int32_t& p : prompt) p = id(rng);
+    EXPECT_TRUE((*s)->Prefill(slot, prompt).ok());
+  }
+  absl::StatusOr<std::vector<std::vector<int32_t>>> ids = (*s)->Generate(new_tokens);
+  EXPECT_TRUE(ids.ok()) << ids.status();
+  absl::StatusOr<std::vector<float>> last = (*s)->Logits(3);
+  EXPECT_TRUE(last.ok()) << last.status();
+  if (last.ok()) *logits = *last;
+  return ids.ok() ? *ids : std::vector<std::vector<int32_t>>{};
+}
+
+TEST_P(QuantSessionCudaTest, BatchGreedyIdsEqualTheCpuReference) {
+  LlamaConfig c = SmallConfig();
+  c.dtype = DType::kF32;  // as a GGUF file with block-format matrices computes
+  c = Quantized(c, [](const std::string&) { return GetParam(); });
+  std::vector<float> cpu_logits, gpu_logits;
+  const auto cpu = DecodeBatch(c, Backend::kCpu, 10, &cpu_logits);
+  const auto gpu = DecodeBatch(c, Backend::kCuda, 10, &gpu_logits);
+  ASSERT_GE(cpu.size(), 5u);
+  for (size_t slot = 0; slot < 5; ++slot) ASSERT_EQ(cpu[slot].size(), 10u) << slot;
+  EXPECT_EQ(gpu, cpu);
+  EXPECT_LE(testing::NormalizedError(gpu_logits, cpu_logits), 1e-5);
+}
 
 // The mix of a Q4_K_M file (testing::Q4KMixDType). (f32 activations: in bf16 the two
 // sides' roundings may legitimately flip a near tie of the greedy pick.)

@@ -64,6 +64,18 @@ struct CudaOptions {
   // need of the plans prepared, never per step). A chunk holds at least 128 rows of w.
   int64_t block_gemm_workspace_bytes = int64_t{32} << 20;
   BlockGemmPrecision block_gemm_precision = BlockGemmPrecision::kF32;
+  // Block-format matmuls of this many rows of x or more (MatMul below block_gemm_min_rows,
+  // FusedMatMul without a folded norm) run on tensor cores (kernels/block_mma.cuh): each
+  // weight read once per 32 rows, its codes exact in bf16, x split into bf16 parts whose
+  // products are x·code exactly (three parts for f32 x; one, rounding x to bf16, under
+  // block_gemm_precision bf16), sums in f32, scales and mins applied per 32 values as the
+  // CUDA-core kernels do. Fewer rows, 0, or a device before sm_80: the CUDA-core kernels,
+  // which pay every row in FMAs and read the weights once per 8 rows. On an H200 (the
+  // 1B shape, f32 activations, quant_bench) they still win at 4 rows for Q4_0 and Q6_K
+  // (q/o 5.7 against 8.8 us) and lose for Q4_K; from 8 rows the tensor cores win every
+  // format, at 16 rows by 1.5 to 4x; and a Q4_K_M step of 4 rows took 1.86 ms fused on
+  // tensor cores against 2.80 ms on CUDA cores (plain graph). docs/cuda_kernels.md.
+  int64_t block_mma_min_rows = 4;
   // Tensor parallel: AllReduce of at most this many bytes runs as stepgraph's one-shot
   // kernel over NVLink peer memory (kernels/collectives.cuh) where the group has its
   // buffers; larger ones, and every one with 0, through NCCL. On 4 H100s (NVLink, 64 in a

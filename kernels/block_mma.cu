@@ -1,0 +1,439 @@
+// The block-format matmul on tensor cores (kernels/block_mma.cuh says what it computes).
+//
+// Three launches. SplitXKernel splits x once into its bf16 parts in a scratch buffer, laid
+// out as the MMA's B fragments (a lane's registers of both k16 steps of a unit as one
+// 16-byte vector, so that a warp reads a fragment with one contiguous 512-byte load), with
+// each row's sum per unit beside them. BlockMmaKernel: a thread block of four warps owns
+// 64 output columns (16 a warp) over one split of K for up to 4 row tiles of 8 rows (more
+// rows: more blocks along z); each warp walks its units, the next unit's weights loaded
+// while this one's are multiplied, one m16n8k16 MMA per k16 step, part and row tile (one
+// accumulator per part, so that their MMAs overlap). A lane holds the codes of two
+// columns (rows g and g + 8 of the A fragment, g = lane / 4), values 4t .. 4t+3 and
+// 16+4t .. 16+4t+3 of the unit (t = lane % 4: QuadCodes, a quarter of the unit's quant
+// bytes), which the MMA's k slots 2t, 2t+1, 2t+8, 2t+9 of the two steps take in that
+// order; x's fragments put the same values in the same slots. A code becomes a bf16 by
+// one byte permutation (the code under the exponent of 128: 128 + code exactly) and one
+// bf16x2 subtraction of 128 + bias, exact; Q8_0's signed codes through f32. The
+// accumulator fragment of a lane is (columns g, g + 8) × (rows 2t, 2t + 1), so the lane
+// scales its own columns' sums: per unit acc += Scale·Σ code·x (per half for Q6_K's two
+// sub-blocks), + Min·Σ x. Splits of K write f32 partial sums; SumSplitsKernel adds them
+// in split order for a MatMul (the fused matmul's epilogue reads them itself).
+#include <cuda_bf16.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "kernels/block_mma.cuh"
+#include "kernels/common.cuh"
+#include "kernels/quant_blocks.cuh"
+
+namespace sg::kernels {
+namespace {
+
+constexpr int kWarps = kBlockMmaCols / 16;
+constexpr int kThreads = kWarps * kWarpSize;
+constexpr int kMaxRowTiles = 4;  // row tiles of 8 a block takes
+
+__device__ __forceinline__ uint32_t Bits(__nv_bfloat162 v) {
+  uint32_t u;
+  memcpy(&u, &v, 4);
+  return u;
+}
+
+// (x0, x1) as kTerms bf16 pairs whose sums are x0 and x1: each part is what the parts
+// before it left, rounded; every difference is exact, and three parts hold all 24 bits.
+template <int kTerms>
+__device__ __forceinline__ void SplitPair(float x0, float x1, uint32_t (&out)[kTerms]) {
+#pragma unroll
+  for (int q = 0; q < kTerms; ++q) {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(x0, x1);
+    out[q] = Bits(h);
+    x0 = __fsub_rn(x0, __low2float(h));
+    x1 = __fsub_rn(x1, __high2float(h));
+  }
+}
+
+// d += a·b: one m16n8k16 MMA, bf16 operands, f32 accumulators.
+__device__ __forceinline__ void Mma(float (&d)[4], const uint32_t (&a)[4], uint2 b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b.x), "r"(b.y));
+#endif
+}
+
+// Bytes kI and kI + 1 of `codes` (each below 128) less kBias, as a bf16 pair, exactly: the
+// byte under 0x43 is the bf16 128 + code, and (128 + code) − (128 + kBias) is an integer
+// of at most 7 bits.
+template <int kI, int kBias>
+__device__ __forceinline__ uint32_t CodePair(uint32_t codes) {
+  constexpr uint32_t kSelect = 0x4040u | kI | ((kI + 1) << 8);
+  const uint32_t biased = __byte_perm(codes, 0x43u, kSelect);
+  constexpr uint32_t kHalf = 0x4300u | kBias;
+  __nv_bfloat162 v, bias;
+  memcpy(&v, &biased, 4);
+  const uint32_t bias_bits = kHalf | (kHalf << 16);
+  memcpy(&bias, &bias_bits, 4);
+  return Bits(__hsub2(v, bias));
+}
+
+// The A-fragment registers of one column of a unit: pairs[s][0] values 16s+4t, +1 and
+// pairs[s][1] values 16s+4t+2, +3 (QuadCodes' quarter t).
+template <typename Q>
+__device__ __forceinline__ void ColumnPairs(const typename Q::Unit& u, int t,
+                                            uint32_t (&pairs)[2][2]) {
+  uint32_t half[2];
+  u.QuadCodes(t, half[0], half[1]);
+#pragma unroll
+  for (int s = 0; s < 2; ++s) {
+    if constexpr (std::is_same_v<Q, quant::Format<DType::kQ8_0>>) {
+      // Signed bytes: exact floats (the sign bits flipped under a bias of 128), then pairs.
+      float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#ifdef __CUDA_ARCH__
+      quant::ByteCodes4<128>(half[s] ^ 0x80808080u, c);
+#endif
+      pairs[s][0] = Bits(__floats2bfloat162_rn(c[0], c[1]));
+      pairs[s][1] = Bits(__floats2bfloat162_rn(c[2], c[3]));
+    } else {
+      pairs[s][0] = CodePair<0, Q::Unit::kCodeBias>(half[s]);
+      pairs[s][1] = CodePair<2, Q::Unit::kCodeBias>(half[s]);
+    }
+  }
+}
+
+// Rows of x padded to whole row tiles of 8 (the scratch's rows).
+constexpr int64_t PaddedRows(int64_t m) { return (m + 7) / 8 * 8; }
+
+// x [m, k] into the scratch: for unit u, row tile r and part q, lane l's fragment of both
+// k16 steps as one 16-byte vector (steps 0 and 1, each the pair of values 4t, 4t+1 and
+// the pair 4t+2, 4t+3, t = l % 4, of row 8r + l / 4) at frags[((u · tiles + r) · kTerms
+// + q) · 32 + l]; and Σ x over the unit of each row at sums[u · rows + row] (rows past m
+// are zeros). One thread per (u, r, l); a quad of lanes holds a row's 32 values.
+template <typename T, int kTerms>
+__global__ void __launch_bounds__(256)
+    SplitXKernel(const T* __restrict__ x, int64_t m, int64_t k, uint4* __restrict__ frags,
+                 float* __restrict__ sums, bool vec_x) {
+  AwaitPrerequisiteGrids();
+  const int64_t tiles = PaddedRows(m) / 8, units = k / quant::kUnitElems;
+  const int64_t entries = units * tiles * kWarpSize;  // whole warps
+  for (int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < entries;
+       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int l = static_cast<int>(e % kWarpSize);
+    const int64_t tile = (e / kWarpSize) % tiles, u = e / (kWarpSize * tiles);
+    const int64_t row = tile * 8 + l / 4;
+    float v[2][4] = {};
+    if (row < m) {
+#pragma unroll
+      for (int step = 0; step < 2; ++step) {
+        const T* p = x + row * k + u * quant::kUnitElems + 16 * step + 4 * (l % 4);
+        if (vec_x) {
+          LoadFloats<T, 4>(p, v[step]);
+        } else {
+#pragma unroll
+          for (int i = 0; i < 4; ++i) v[step][i] = ToFloat(p[i]);
+        }
+      }
+    }
+    uint32_t part[2][2][kTerms];
+#pragma unroll
+    for (int step = 0; step < 2; ++step) {
+      SplitPair<kTerms>(v[step][0], v[step][1], part[step][0]);
+      SplitPair<kTerms>(v[step][2], v[step][3], part[step][1]);
+    }
+#pragma unroll
+    for (int q = 0; q < kTerms; ++q) {
+      frags[((u * tiles + tile) * kTerms + q) * kWarpSize + l] =
+          make_uint4(part[0][0][q], part[0][1][q], part[1][0][q], part[1][1][q]);
+    }
+    // The row's sum: this lane's 8 values, then the quad's (same order in every quad).
+    float sum = ((v[0][0] + v[0][1]) + (v[0][2] + v[0][3])) +
+                ((v[1][0] + v[1][1]) + (v[1][2] + v[1][3]));
+    sum += __shfl_xor_sync(kFullMask, sum, 1);
+    sum += __shfl_xor_sync(kFullMask, sum, 2);
+    if (l % 4 == 0) sums[u * tiles * 8 + row] = sum;
+  }
+}
+
+template <typename T, typename Q, int kRowTiles, int kTerms>
+__global__ void __launch_bounds__(kThreads)
+    BlockMmaKernel(BlockMmaArgs a, const uint4* __restrict__ frags,
+                   const float* __restrict__ sums) {
+  using Unit = typename Q::Unit;
+  constexpr bool kHalves = std::is_same_v<Q, quant::Format<DType::kQ6_K>>;
+  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
+  const int g = lane / 4, t = lane % 4;
+  // The block's weight, its first column there and the product columns before it.
+  int64_t cb = blockIdx.x, before = 0;
+  int wi = 0;
+  for (; wi + 1 < a.weights; ++wi) {
+    const int64_t blocks = CeilDiv(a.n[wi], kBlockMmaCols);
+    if (cb < blocks) break;
+    cb -= blocks;
+    before += a.n[wi];
+  }
+  const int64_t n = a.n[wi], k = a.k;
+  const auto* w = static_cast<const uint8_t*>(a.w[wi]);
+  const int64_t units = k / quant::kUnitElems;
+  const int64_t w_blocks = n * (k / Q::kElems);
+  const int64_t col_a = cb * kBlockMmaCols + warp * 16 + g, col_b = col_a + 8;
+  // A column past n reads the last one again and is discarded.
+  const int64_t first_a = std::min<int64_t>(col_a, n - 1) * units;
+  const int64_t first_b = std::min<int64_t>(col_b, n - 1) * units;
+  const int split = static_cast<int>(blockIdx.y);
+  const int64_t per_split = CeilDiv(units, a.splits);
+  const int64_t u0 = split * per_split, u1 = std::min<int64_t>(units, u0 + per_split);
+  const int64_t tiles = PaddedRows(a.m) / 8, rows = tiles * 8;
+  const int64_t tile0 = static_cast<int64_t>(blockIdx.z) * kRowTiles;
+  AwaitPrerequisiteGrids();
+  // x's fragments of unit u (zeros for the last row group's tiles past m).
+  auto load_x = [&](int64_t u, uint4 (&b)[kRowTiles][kTerms]) {
+#pragma unroll
+    for (int tile = 0; tile < kRowTiles; ++tile) {
+#pragma unroll
+      for (int q = 0; q < kTerms; ++q) {
+        b[tile][q] = tile0 + tile < tiles
+                         ? frags[((u * tiles + tile0 + tile) * kTerms + q) * kWarpSize + lane]
+                         : make_uint4(0, 0, 0, 0);
+      }
+    }
+  };
+  Unit next_a, next_b;
+  uint4 next_x[kRowTiles][kTerms];
+  if (u0 < u1) {
+    next_a = Q::Load(w, w_blocks, first_a + u0);
+    next_b = Q::Load(w, w_blocks, first_b + u0);
+    load_x(u0, next_x);
+  }
+
+  float acc[kRowTiles][4];
+#pragma unroll
+  for (int i = 0; i < kRowTiles; ++i) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) acc[i][j] = 0.0f;
+  }
+  for (int64_t u = u0; u < u1; ++u) {
+    const Unit wa = next_a, wb = next_b;
+    uint4 b[kRowTiles][kTerms];
+#pragma unroll
+    for (int tile = 0; tile < kRowTiles; ++tile) {
+#pragma unroll
+      for (int q = 0; q < kTerms; ++q) b[tile][q] = next_x[tile][q];
+    }
+    // The next unit's weights and x fly while this one is multiplied.
+    if (u + 1 < u1) {
+      next_a = Q::Load(w, w_blocks, first_a + u + 1);
+      next_b = Q::Load(w, w_blocks, first_b + u + 1);
+      load_x(u + 1, next_x);
+    }
+    uint32_t pa[2][2], pb[2][2];
+    ColumnPairs<Q>(wa, t, pa);
+    ColumnPairs<Q>(wb, t, pb);
+    // Fragment registers: rows g (column a) and g + 8 (column b), slots 2t.. and 2t+8..
+    const uint32_t frag[2][4] = {{pa[0][0], pb[0][0], pa[0][1], pb[0][1]},
+                                 {pa[1][0], pb[1][0], pa[1][1], pb[1][1]}};
+    const float sa0 = wa.Scale(0), sb0 = wb.Scale(0);
+    const float sa1 = wa.Scale(2), sb1 = wb.Scale(2);
+#pragma unroll
+    for (int tile = 0; tile < kRowTiles; ++tile) {
+      if (tile0 + tile >= tiles) break;  // the last row group's tiles past m
+      // One accumulator per part, so that the parts' MMAs do not wait on each other.
+      float d0[kTerms][4], d1[kTerms][4];
+#pragma unroll
+      for (int q = 0; q < kTerms; ++q) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) d0[q][j] = d1[q][j] = 0.0f;
+        Mma(d0[q], frag[0], make_uint2(b[tile][q].x, b[tile][q].y));
+        Mma(kHalves ? d1[q] : d0[q], frag[1], make_uint2(b[tile][q].z, b[tile][q].w));
+      }
+      float s0[4], s1[4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        // The parts from the smallest up (3 parts: exact as long as the sums are).
+        s0[j] = d0[kTerms - 1][j];
+        s1[j] = d1[kTerms - 1][j];
+#pragma unroll
+        for (int q = kTerms - 2; q >= 0; --q) {
+          s0[j] += d0[q][j];
+          s1[j] += d1[q][j];
+        }
+      }
+      float* c = acc[tile];
+      c[0] = fmaf(sa0, s0[0], c[0]);
+      c[1] = fmaf(sa0, s0[1], c[1]);
+      c[2] = fmaf(sb0, s0[2], c[2]);
+      c[3] = fmaf(sb0, s0[3], c[3]);
+      if constexpr (kHalves) {
+        c[0] = fmaf(sa1, s1[0], c[0]);
+        c[1] = fmaf(sa1, s1[1], c[1]);
+        c[2] = fmaf(sb1, s1[2], c[2]);
+        c[3] = fmaf(sb1, s1[3], c[3]);
+      }
+      if constexpr (Unit::kHasMin) {
+        const float ma = wa.Min(0), mb = wb.Min(0);
+        const int64_t r = (tile0 + tile) * 8 + 2 * t;
+        const float x0 = r < rows ? sums[u * rows + r] : 0.0f;
+        const float x1 = r < rows ? sums[u * rows + r + 1] : 0.0f;
+        c[0] = fmaf(ma, x0, c[0]);
+        c[1] = fmaf(ma, x1, c[1]);
+        c[2] = fmaf(mb, x0, c[2]);
+        c[3] = fmaf(mb, x1, c[3]);
+      }
+    }
+  }
+
+  // acc[tile]: columns a (0, 1) and b (2, 3) of rows tile·8 + 2t (0, 2) and + 1 (1, 3).
+  const bool direct = a.y != nullptr && a.splits == 1;
+  const T* bias = static_cast<const T*>(a.bias);
+#pragma unroll
+  for (int tile = 0; tile < kRowTiles; ++tile) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int64_t row = (tile0 + tile) * 8 + 2 * t + (j & 1);
+      const int64_t col = j < 2 ? col_a : col_b;
+      if (row >= a.m || col >= n) continue;
+      const int64_t out = a.col0 + before + col;
+      if (!direct) {
+        a.partials[(split * a.m + row) * a.ld + out] = acc[tile][j];
+      } else {
+        float v = acc[tile][j];
+        if (bias != nullptr) v += ToFloat(bias[before + col]);
+        static_cast<T*>(a.y)[row * a.ld + out] = FromFloat<T>(v);
+      }
+    }
+  }
+}
+
+// y = the splits' partial sums added in split order, + bias, rounded to T.
+template <typename T>
+__global__ void __launch_bounds__(256)
+    SumSplitsKernel(BlockMmaArgs a, int64_t n_total) {
+  AwaitPrerequisiteGrids();
+  const int64_t cells = a.m * n_total;
+  const T* bias = static_cast<const T*>(a.bias);
+  for (int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < cells;
+       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t row = e / n_total, col = e % n_total;
+    const int64_t at = row * a.ld + a.col0 + col;
+    float v = 0.0f;
+    for (int s = 0; s < a.splits; ++s) v += a.partials[s * a.m * a.ld + at];
+    if (bias != nullptr) v += ToFloat(bias[col]);
+    static_cast<T*>(a.y)[at] = FromFloat<T>(v);
+  }
+}
+
+// Row tiles a block takes for `tiles` tiles of 8 rows: 1, 2 or kMaxRowTiles (more: more
+// blocks along z).
+template <typename F>
+cudaError_t DispatchRowTiles(int64_t tiles, F&& f) {
+  if (tiles <= 1) return f(std::integral_constant<int, 1>{});
+  if (tiles <= 2) return f(std::integral_constant<int, 2>{});
+  return f(std::integral_constant<int, kMaxRowTiles>{});
+}
+
+// The kernel's (activation type, parts) pairs: f32 x in 1 or 3 parts, bf16 in 1, f16 in 2.
+template <typename T, typename F>
+cudaError_t DispatchTerms(int terms, F&& f) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (terms == 1) return f(std::integral_constant<int, 1>{});
+    return f(std::integral_constant<int, 3>{});
+  } else if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    return f(std::integral_constant<int, 1>{});
+  } else {
+    return f(std::integral_constant<int, 2>{});
+  }
+}
+
+}  // namespace
+
+int BlockMmaTerms(DType x_dtype, int f32_terms) {
+  if (x_dtype == DType::kBF16) return 1;
+  if (x_dtype == DType::kF16) return 2;
+  return f32_terms <= 1 ? 1 : 3;
+}
+
+int BlockMmaSplitsFor(int64_t column_blocks, int64_t k, int sm_count) {
+  // Each warp walks its units one after the other, a unit's loads in flight while the one
+  // before is multiplied: latency hides behind other warps, so the launch wants several
+  // blocks per SM (four of four warps).
+  const int64_t want = CeilDiv(4 * static_cast<int64_t>(std::max(sm_count, 1)),
+                               std::max<int64_t>(column_blocks, 1));
+  const int64_t most = std::max<int64_t>(1, k / (4 * quant::kUnitElems));
+  return static_cast<int>(std::clamp<int64_t>(want, 1, std::min<int64_t>(most, 16)));
+}
+
+int64_t BlockMmaColumnBlocks(const int64_t* n, int weights) {
+  int64_t blocks = 0;
+  for (int g = 0; g < weights; ++g) blocks += CeilDiv(n[g], kBlockMmaCols);
+  return blocks;
+}
+
+int64_t BlockMmaScratchBytes(int64_t m, int64_t k, int terms) {
+  if (m <= 0 || k <= 0 || terms < 1 || terms > 3 || m > (int64_t{1} << 40) ||
+      k > (int64_t{1} << 40)) {
+    return -1;
+  }
+  const int64_t rows = PaddedRows(m), units = CeilDiv(k, quant::kUnitElems);
+  // Per unit and row: terms parts of 32 values at 2 bytes, and one f32 sum.
+  const int64_t per = terms * quant::kUnitElems * 2 + 4;
+  if (units > INT64_MAX / rows / per) return -1;
+  return (units * rows * terms * quant::kUnitElems * 2 + 15) / 16 * 16 + units * rows * 4;
+}
+
+cudaError_t LaunchBlockMma(const BlockMmaArgs& a, Stream stream) {
+  if (!IsQuantized(a.w_dtype) || a.m <= 0 || a.k <= 0 ||
+      a.k % DTypeBlockElems(a.w_dtype) != 0 || a.weights < 1 ||
+      a.weights > kBlockMmaMaxWeights || a.splits < 1 || a.terms < 1 || a.terms > 3 ||
+      a.x == nullptr || a.scratch == nullptr || (a.splits > 1 && a.partials == nullptr) ||
+      (a.y == nullptr && a.partials == nullptr)) {
+    return cudaErrorInvalidValue;
+  }
+  if (!Aligned16(a.scratch)) return cudaErrorMisalignedAddress;
+  int64_t n_total = 0;
+  for (int g = 0; g < a.weights; ++g) {
+    if (a.n[g] <= 0 || a.w[g] == nullptr) return cudaErrorInvalidValue;
+    if (!Aligned16(a.w[g])) return cudaErrorMisalignedAddress;
+    n_total += a.n[g];
+  }
+  if (a.ld < a.col0 + n_total) return cudaErrorInvalidValue;
+  const int64_t column_blocks = BlockMmaColumnBlocks(a.n, a.weights);
+  const int64_t tiles = PaddedRows(a.m) / 8;
+  const int64_t frag_bytes = (tiles * 8 * a.k * a.terms * 2 + 15) / 16 * 16;
+  if (column_blocks > INT32_MAX || a.splits > 65535 || CeilDiv(tiles, kMaxRowTiles) > 65535) {
+    return cudaErrorInvalidValue;
+  }
+  auto* frags = static_cast<uint4*>(a.scratch);
+  auto* sums = reinterpret_cast<float*>(static_cast<uint8_t*>(a.scratch) + frag_bytes);
+  return DispatchFloat(a.dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    return DispatchTerms<T>(a.terms, [&](auto terms) -> cudaError_t {
+      constexpr int kTerms = decltype(terms)::value;
+      // Every unit starts at a multiple of 32 elements: one aligned x makes every load of 4
+      // activations a vector load.
+      const int64_t entries = (a.k / quant::kUnitElems) * tiles * kWarpSize;
+      const int64_t split_blocks = std::min<int64_t>(CeilDiv(entries, 256), 4096);
+      cudaError_t e = LaunchKernel(SplitXKernel<T, kTerms>,
+                                   dim3(static_cast<unsigned>(split_blocks)), dim3(256), stream,
+                                   static_cast<const T*>(a.x), a.m, a.k, frags, sums,
+                                   Aligned16(a.x));
+      if (e != cudaSuccess) return e;
+      e = quant::DispatchFormat(a.w_dtype, [&](auto format) {
+        using Q = decltype(format);
+        return DispatchRowTiles(tiles, [&](auto row_tiles) {
+          constexpr int kRowTiles = decltype(row_tiles)::value;
+          const dim3 grid(static_cast<unsigned>(column_blocks), static_cast<unsigned>(a.splits),
+                          static_cast<unsigned>(CeilDiv(tiles, kRowTiles)));
+          return LaunchKernel(BlockMmaKernel<T, Q, kRowTiles, kTerms>, grid, dim3(kThreads),
+                              stream, a, static_cast<const uint4*>(frags),
+                              static_cast<const float*>(sums));
+        });
+      });
+      if (e != cudaSuccess || a.y == nullptr || a.splits == 1) return e;
+      const int64_t sum_blocks = std::min<int64_t>(CeilDiv(a.m * n_total, 256), 8192);
+      return LaunchKernel(SumSplitsKernel<T>, dim3(static_cast<unsigned>(sum_blocks)),
+                          dim3(256), stream, a, n_total);
+    });
+  });
+}
+
+}  // namespace sg::kernels

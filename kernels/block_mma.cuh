@@ -1,0 +1,83 @@
+// The block-format matmul on tensor cores, for batches of rows: y = x·wᵀ with w in a GGUF
+// block format (the device layout of kernels/quant_blocks.cuh), for the decode batches
+// where the CUDA-core kernels (quant_matmul.cuh, fused_matmul.cuh) pay for every row in
+// FMAs and read the weights once per group of 8 rows. Each weight value is read once per
+// 32 rows; its code (an integer of 4 to 8 bits) is exact in bf16, and x is split into
+// `terms` bf16 parts (x = Σ parts; 3 parts hold an f32 exactly, 2 an f16), so the bf16
+// MMA's f32 products are x·code without rounding and only the order of the additions
+// differs from the CUDA-core kernels'; fewer terms round x (2: 16 bits of mantissa, 1:
+// bf16). Each unit's sum is then scaled (and its min added) in f32, as the CUDA-core
+// kernels do. Plain launcher: pointers, sizes, a stream; the result is the launch's
+// cudaError_t.
+#ifndef STEPGRAPH_KERNELS_BLOCK_MMA_CUH_
+#define STEPGRAPH_KERNELS_BLOCK_MMA_CUH_
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "kernels/launch.h"
+#include "stepgraph/base/dtype.h"
+
+namespace sg::kernels {
+
+// Weights one launch takes (the fused matmul's grouped q/k/v), all of one block format.
+inline constexpr int kBlockMmaMaxWeights = 3;
+// Output columns (weight rows) a thread block computes; a weight's columns never share a
+// block with another weight's.
+inline constexpr int kBlockMmaCols = 64;
+
+struct BlockMmaArgs {
+  const void* x = nullptr;  // [m, k] of dtype
+  int64_t m = 0, k = 0;
+  DType dtype = DType::kF32;
+  // w[g]: [n[g], k] in block format w_dtype (device layout, 16-byte aligned); the product's
+  // columns are the weights' side by side.
+  const void* w[kBlockMmaMaxWeights] = {};
+  int64_t n[kBlockMmaMaxWeights] = {};
+  int weights = 1;
+  DType w_dtype = DType::kQ4_0;
+  // Parts x is split into (1, 2 or 3; BlockMmaTerms).
+  int terms = 3;
+  // x split into its parts, laid out as the MMA's fragments, and its rows' sums per 32
+  // values: BlockMmaScratchBytes(m, k, terms) bytes, 16-byte aligned.
+  void* scratch = nullptr;
+  // Output. split s's f32 sums of row r, product column c go to
+  // partials[(s · m + r) · ld + col0 + c] (every split writes all of its columns); with y,
+  // y[r · ld + col0 + c] = their sum in split order + bias[c] (of dtype, or null), rounded
+  // to dtype; with y and splits 1, y directly (partials may be null).
+  float* partials = nullptr;
+  void* y = nullptr;
+  const void* bias = nullptr;
+  int64_t ld = 0, col0 = 0;
+  int splits = 1;
+};
+
+// Bytes of BlockMmaArgs::scratch for x [m, k] in `terms` parts; -1 when they overflow.
+int64_t BlockMmaScratchBytes(int64_t m, int64_t k, int terms);
+
+// Whether a device of this compute capability (90 for Hopper) runs the kernel (bf16 MMA:
+// sm_80 and later).
+inline bool BlockMmaRuns(int compute_capability) { return compute_capability >= 80; }
+
+// The parts x of `x_dtype` is split into for `f32_terms` wished for f32 x: bf16 x is one
+// part exactly, f16 two; f32 takes f32_terms (3: exact).
+int BlockMmaTerms(DType x_dtype, int f32_terms);
+
+// The split-K factor for a launch of `column_blocks` blocks (Σ ceil(n[g] / 64) times the
+// row groups) on `sm_count` SMs: about four blocks per SM, each split at least 128 values,
+// at most 16 splits.
+int BlockMmaSplitsFor(int64_t column_blocks, int64_t k, int sm_count);
+
+// Thread blocks along the columns for these weights: Σ ceil(n[g] / kBlockMmaCols).
+int64_t BlockMmaColumnBlocks(const int64_t* n, int weights);
+
+// Launches the split of x into the scratch, the products and, with y and splits > 1, the
+// sum of the splits. cudaErrorInvalidValue for inconsistent arguments (k not a multiple
+// of the format's block, splits > 1 without partials, no scratch, terms outside 1..3);
+// cudaErrorMisalignedAddress for a weight or the scratch not 16-byte aligned.
+cudaError_t LaunchBlockMma(const BlockMmaArgs& a, Stream stream);
+
+}  // namespace sg::kernels
+
+#endif  // STEPGRAPH_KERNELS_BLOCK_MMA_CUH_
