@@ -19,12 +19,16 @@
 //                                     a GGUF file computes. Made on first use (quantizing
 //                                     the 1.2B weights takes a while), so filter them out
 //                                     to skip it; each one made gets a per-kernel table.
-//   QuantBatch/q4_k_m/<path>/batch:<b> b sequences (8, 16) at position 100 on the Q4_K_M
-//                                     mix with f32 activations, as a GGUF file computes:
-//                                     <path> kernel (the block-format kernel, row groups
-//                                     of 8) or gemm_<f32|tf32|bf16> (the block GEMM in
-//                                     that precision, CudaOptions::block_gemm_*); the
-//                                     floor is the weights' own bytes.
+//   QuantBatch/q4_k_m/<path>/batch:<b> b sequences (4, 8, 16) at position 100 on the
+//                                     Q4_K_M mix with f32 activations, as a GGUF file
+//                                     computes: <path> kernel (the CUDA-core block-format
+//                                     kernels, row groups of 8, plain graph), mma[_bf16]
+//                                     (the tensor-core kernels, x in three bf16 parts or
+//                                     one, CudaOptions::block_mma_min_rows; the fused
+//                                     graph, or the plain one for mma_plain) or
+//                                     gemm_<f32|tf32|bf16> (the block GEMM in that
+//                                     precision, CudaOptions::block_gemm_*); the floor is
+//                                     the weights' own bytes.
 // The floor is the time to read every weight once at the bandwidth of a 1 GiB
 // device-to-device cudaMemcpyAsync measured in the same run, counted as bytes read plus
 // bytes written: floor = weight bytes / copy bandwidth; `floor_ratio` = floor / median
@@ -195,8 +199,10 @@ void BM_Quant(benchmark::State& state, testing::MatrixFormat format, bool f32) {
 // How a QuantBatch session runs its block-format matmuls.
 struct BatchPath {
   const char* name;
-  int64_t min_rows;  // CudaOptions::block_gemm_min_rows (0: the kernel)
+  int64_t min_rows;  // CudaOptions::block_gemm_min_rows (0: the kernels below)
   BlockGemmPrecision precision;
+  int64_t mma_rows = 0;  // CudaOptions::block_mma_min_rows (0: the CUDA-core kernels)
+  bool fused = false;    // the passes at these batches (else the plain graph)
 };
 
 void BM_QuantBatch(benchmark::State& state, BatchPath path, int64_t rows) {
@@ -204,9 +210,11 @@ void BM_QuantBatch(benchmark::State& state, BatchPath path, int64_t rows) {
   base.dtype = DType::kF32;  // as a GGUF file with quantized matrices computes
   SessionOptions o;
   o.max_slots = 16;
-  o.buckets = {8, 16};
+  o.buckets = {4, 8, 16};
   o.cuda.block_gemm_min_rows = path.min_rows;
   o.cuda.block_gemm_precision = path.precision;
+  o.cuda.block_mma_min_rows = path.mma_rows;
+  o.passes_max_rows_block_formats = path.fused ? 64 : 0;
   TimeQuantSession(state, g->quant_batch[path.name],
                    testing::WithMatrixDTypes(base, testing::Q4KMixDType), o, rows);
 }
@@ -428,10 +436,13 @@ int main(int argc, char** argv) {
   }
   for (const sg::BatchPath& path :
        {sg::BatchPath{"kernel", 0, sg::BlockGemmPrecision::kF32},
+        sg::BatchPath{"mma", 0, sg::BlockGemmPrecision::kF32, 1, true},
+        sg::BatchPath{"mma_plain", 0, sg::BlockGemmPrecision::kF32, 1, false},
+        sg::BatchPath{"mma_bf16", 0, sg::BlockGemmPrecision::kBf16, 1, true},
         sg::BatchPath{"gemm_f32", 1, sg::BlockGemmPrecision::kF32},
         sg::BatchPath{"gemm_tf32", 1, sg::BlockGemmPrecision::kTf32},
         sg::BatchPath{"gemm_bf16", 1, sg::BlockGemmPrecision::kBf16}}) {
-    for (const int64_t rows : {int64_t{8}, int64_t{16}}) {
+    for (const int64_t rows : {int64_t{4}, int64_t{8}, int64_t{16}}) {
       benchmark::RegisterBenchmark(
           absl::StrCat("QuantBatch/q4_k_m/", path.name, "/batch:", rows).c_str(),
           sg::BM_QuantBatch, path, rows)

@@ -3,8 +3,9 @@
 // fused matmul (kernels/fused_matmul.cuh, one weight, no epilogue, split-K as the
 // dispatcher picks it) over the same weights: how close each format's kernel comes to
 // streaming its weight at the copy rate, plain and fused. Those cases take bf16
-// activations; QuantMatMulF32 (M = 1, 4, 16) and FusedF32 (M = 1) take f32 ones, as a
-// GGUF file with block-format weights computes. Block-format weights are
+// activations; QuantMatMulF32 (M = 1, 4, 8, 16), FusedF32 (M = 1) and the tensor-core
+// path (kernels/block_mma.cuh: MmaF32 fused, MmaPlainF32 for the lm head; M = 1 to 32)
+// take f32 ones, as a GGUF file with block-format weights computes. Block-format weights are
 // repacked into the device layout (kernels/quant_layout.h) as the step runner uploads them.
 //
 // How it measures (as kernel_bench): each case captures a CUDA graph of up to kMaxBatch
@@ -32,6 +33,7 @@
 #include "runtime/timing.h"
 #include "dispatch/cuda/cuda_handles.h"
 #include "dispatch/cuda/cuda_status.h"
+#include "kernels/block_mma.cuh"
 #include "kernels/fused_matmul.cuh"
 #include "kernels/gemv.cuh"
 #include "kernels/quant_layout.h"
@@ -139,11 +141,19 @@ int SmCount() {
   return sms;
 }
 
+// Which kernel a case runs.
+enum class Kernel {
+  kPlain,      // the block-format kernel (bf16 weights: the small-M kernel)
+  kFused,      // the fused matmul on CUDA cores, split-K as the dispatcher picks it
+  kFusedMma,   // the fused matmul on tensor cores: products (split-K), then the epilogue
+  kPlainMma,   // the tensor-core kernel writing y itself (a MatMul's path, no split-K)
+};
+
 // One case: y[m, n] = x[m, k] · w[n, k]ᵀ with w in `w_dtype` (bf16: the small-M kernel),
-// x and y in `act` (bf16, or f32 as a GGUF file computes), through the fused matmul when
-// `fused`.
+// x and y in `act` (bf16, or f32 as a GGUF file computes), through `kernel`.
 absl::Status RunCase(benchmark::State& state, const std::string& name, DType w_dtype, int64_t n,
-                     int64_t k, bool fused, int64_t m, DType act) {
+                     int64_t k, Kernel kernel, int64_t m, DType act) {
+  const bool fused = kernel == Kernel::kFused || kernel == Kernel::kFusedMma;
   const DType kT = act;
   const int64_t elem = DTypeBytes(act);
   const int64_t w_bytes = n * DTypeRowBytes(w_dtype, k);
@@ -188,6 +198,21 @@ absl::Status RunCase(benchmark::State& state, const std::string& name, DType w_d
   fused_args.weights_constant = true;
   fused_args.splits = kernels::FusedSplitsFor(fused_args, SmCount());
   DeviceMemory workspace;
+  if (kernel == Kernel::kFusedMma) {
+    fused_args.splits = 1;
+    fused_args.product_splits = kernels::FusedMmaSplitsFor(fused_args, SmCount());
+    fused_args.mma_terms = kernels::BlockMmaTerms(kT, 3);
+    const int64_t products = RoundUp(fused_args.product_splits * m * n * 4, kAlign);
+    const int64_t scratch = kernels::BlockMmaScratchBytes(m, k, fused_args.mma_terms);
+    SG_ASSIGN_OR_RETURN(workspace, AllocateDevice(products + scratch, "products workspace"));
+    fused_args.products = static_cast<float*>(workspace.get());
+    fused_args.mma_scratch = static_cast<uint8_t*>(workspace.get()) + products;
+  }
+  if (kernel == Kernel::kPlainMma) {
+    // The lm head's columns make blocks enough: one split, y written directly.
+    SG_ASSIGN_OR_RETURN(workspace,
+                        AllocateDevice(kernels::BlockMmaScratchBytes(m, k, 3), "MMA scratch"));
+  }
   if (fused && fused_args.splits > 1) {
     const int64_t partial_bytes = RoundUp(fused_args.splits * m * n * 4, kAlign);
     const int64_t counter_bytes = RoundUp(kernels::FusedColumnBlocks(fused_args) * 4, kAlign);
@@ -210,6 +235,21 @@ absl::Status RunCase(benchmark::State& state, const std::string& name, DType w_d
       a.w[0] = set;
       a.y = set + y_off;
       return ToStatus(kernels::LaunchFusedMatmul(a, stream), "fused launch");
+    }
+    if (kernel == Kernel::kPlainMma) {
+      kernels::BlockMmaArgs a;
+      a.x = set + x_off;
+      a.m = m;
+      a.k = k;
+      a.dtype = kT;
+      a.w[0] = set;
+      a.n[0] = n;
+      a.w_dtype = w_dtype;
+      a.terms = kernels::BlockMmaTerms(kT, 3);
+      a.y = set + y_off;
+      a.ld = n;
+      a.scratch = workspace.get();
+      return ToStatus(kernels::LaunchBlockMma(a, stream), "block MMA launch");
     }
     const cudaError_t e =
         IsQuantized(w_dtype)
@@ -298,12 +338,13 @@ int main(int argc, char** argv) {
   constexpr sg::DType kFormats[] = {sg::DType::kBF16, sg::DType::kQ8_0, sg::DType::kQ4_0,
                                     sg::DType::kQ4_1, sg::DType::kQ5_0, sg::DType::kQ5_1,
                                     sg::DType::kQ4_K, sg::DType::kQ5_K, sg::DType::kQ6_K};
-  auto add = [](const std::string& name, sg::DType t, Shape s, bool fused, int64_t m,
+  using sg::Kernel;
+  auto add = [](const std::string& name, sg::DType t, Shape s, Kernel kernel, int64_t m,
                 sg::DType act) {
     benchmark::RegisterBenchmark(
         name.c_str(),
         [=](benchmark::State& state) {
-          if (absl::Status st = sg::RunCase(state, name, t, s.n, s.k, fused, m, act); !st.ok()) {
+          if (absl::Status st = sg::RunCase(state, name, t, s.n, s.k, kernel, m, act); !st.ok()) {
             state.SkipWithError(st.ToString().c_str());
           }
         })
@@ -318,24 +359,33 @@ int main(int argc, char** argv) {
       for (bool fused : {false, true}) {
         add(absl::StrCat(fused ? "Fused/" : sg::IsQuantized(t) ? "QuantMatMul/" : "Gemv/",
                          sg::DTypeName(t), "/M=1 N=", s.n, " K=", s.k, " (", s.what, ")"),
-            t, s, fused, 1, sg::DType::kBF16);
+            t, s, fused ? Kernel::kFused : Kernel::kPlain, 1, sg::DType::kBF16);
       }
     }
   }
   // Block formats with f32 activations, as a GGUF file computes: the plain kernel at the
-  // batch sizes of decode, the fused one at M = 1.
+  // batch sizes of decode, the fused one at M = 1 and beside it the fused tensor-core path
+  // (MmaF32; x in three bf16 parts) at the batch sizes, and for the lm head the tensor-core
+  // kernel writing y (MmaPlainF32).
   for (const Shape& s : {Shape{"q/o", 2048, 2048}, Shape{"gate/up", 8192, 2048},
                          Shape{"down", 2048, 8192}, Shape{"lm head", 128256, 2048}}) {
     for (sg::DType t : kFormats) {
       if (!sg::IsQuantized(t)) continue;
-      for (const int64_t m : {1, 4, 16}) {
-        add(absl::StrCat("QuantMatMulF32/", sg::DTypeName(t), "/M=", m, " N=", s.n, " K=", s.k,
-                         " (", s.what, ")"),
-            t, s, false, m, sg::DType::kF32);
+      for (const int64_t m : {1, 2, 4, 8, 16, 32}) {
+        auto label = [&](const char* kind) {
+          return absl::StrCat(kind, sg::DTypeName(t), "/M=", m, " N=", s.n, " K=", s.k, " (",
+                              s.what, ")");
+        };
+        if (m != 2 && m != 32) {
+          add(label("QuantMatMulF32/"), t, s, Kernel::kPlain, m, sg::DType::kF32);
+        }
+        const bool lm_head = s.n > 100000;
+        add(label(lm_head ? "MmaPlainF32/" : "MmaF32/"), t, s,
+            lm_head ? Kernel::kPlainMma : Kernel::kFusedMma, m, sg::DType::kF32);
       }
       add(absl::StrCat("FusedF32/", sg::DTypeName(t), "/M=1 N=", s.n, " K=", s.k, " (", s.what,
                        ")"),
-          t, s, true, 1, sg::DType::kF32);
+          t, s, Kernel::kFused, 1, sg::DType::kF32);
     }
   }
   benchmark::RunSpecifiedBenchmarks();

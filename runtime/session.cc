@@ -518,7 +518,15 @@ absl::StatusOr<std::vector<Graph>> DecodeSession::Impl::BuildGraphs(
     // weights are cut from.
     if (bucket == buckets_.back()) whole_largest_ = graph;
     SG_ASSIGN_OR_RETURN(graph, Shard(std::move(graph)));
-    if (bucket <= options.passes_max_rows) {
+    bool block_formats = false;
+    for (const Tensor& t : graph.tensors()) {
+      block_formats = block_formats || (t.kind == TensorKind::kWeight && IsQuantized(t.dtype));
+    }
+    const int64_t fused_rows =
+        backend_ == Backend::kCuda && block_formats && options.cuda.block_mma_min_rows > 0
+            ? std::max(options.passes_max_rows, options.passes_max_rows_block_formats)
+            : options.passes_max_rows;
+    if (bucket <= fused_rows) {
       SG_ASSIGN_OR_RETURN(graph, RunPasses(std::move(graph), passes));
     }
     graphs.push_back(std::move(graph));
