@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/block_mma.cuh"
 #include "kernels/quant_layout.h"
 #include "stepgraph/base/quant.h"
 #include "stepgraph/dispatch/cuda_dispatch.h"
@@ -389,6 +390,59 @@ TEST(QuantDeviceLayoutTest, ReadersGiveTheReferenceValues) {
     // The layout does move the bytes (a reader of the file's layout would not pass).
     EXPECT_NE(std::memcmp(device.data(), file.data(), file.size()), 0);
   }
+}
+
+// The tensor-core kernel's host-side sizes, everywhere: the parts x is split into, its
+// scratch (x's parts of every row padded to 8, and the rows' sums per 32 values), the
+// split-K factor, and what the launcher refuses before it touches a device.
+TEST(BlockMmaSizesTest, TermsScratchSplitsAndRefusals) {
+  EXPECT_EQ(kernels::BlockMmaTerms(DType::kBF16, 3), 1);
+  EXPECT_EQ(kernels::BlockMmaTerms(DType::kF16, 3), 2);
+  EXPECT_EQ(kernels::BlockMmaTerms(DType::kF32, 3), 3);
+  EXPECT_EQ(kernels::BlockMmaTerms(DType::kF32, 1), 1);
+  // 16 rows, 64 units: 3 parts of 32 bf16 values per row and unit, then 16 × 64 sums.
+  EXPECT_EQ(kernels::BlockMmaScratchBytes(16, 2048, 3), 64 * 16 * 3 * 32 * 2 + 64 * 16 * 4);
+  EXPECT_EQ(kernels::BlockMmaScratchBytes(5, 32, 1), 8 * 32 * 2 + 8 * 4);
+  EXPECT_EQ(kernels::BlockMmaScratchBytes(0, 32, 1), -1);
+  EXPECT_EQ(kernels::BlockMmaScratchBytes(4, 32, 4), -1);
+  EXPECT_EQ(kernels::BlockMmaScratchBytes(int64_t{1} << 40, int64_t{1} << 40, 3), -1);
+  // About four blocks per SM of 132, each split at least 4 units, at most 16 splits.
+  EXPECT_EQ(kernels::BlockMmaSplitsFor(128, 2048, 132), 5);
+  EXPECT_EQ(kernels::BlockMmaSplitsFor(1, 256, 132), 2);
+  EXPECT_EQ(kernels::BlockMmaSplitsFor(8, 1 << 20, 132), 16);
+  EXPECT_EQ(kernels::BlockMmaSplitsFor(4000, 8192, 132), 1);
+  const int64_t n[] = {100, 64, 1};
+  EXPECT_EQ(kernels::BlockMmaColumnBlocks(n, 3), 2 + 1 + 1);
+
+  kernels::BlockMmaArgs a;
+  alignas(16) static float x[64], y[64];
+  alignas(16) static uint8_t w[64], scratch[64];
+  a.x = x;
+  a.m = 1;
+  a.k = 32;
+  a.w[0] = w;
+  a.n[0] = 1;
+  a.w_dtype = DType::kQ4_0;
+  a.y = y;
+  a.ld = 1;
+  a.scratch = nullptr;  // no scratch
+  EXPECT_EQ(kernels::LaunchBlockMma(a, {}), cudaErrorInvalidValue);
+  a.scratch = scratch + 4;  // misaligned
+  EXPECT_EQ(kernels::LaunchBlockMma(a, {}), cudaErrorMisalignedAddress);
+  a.scratch = scratch;
+  a.w_dtype = DType::kF32;  // no block format
+  EXPECT_EQ(kernels::LaunchBlockMma(a, {}), cudaErrorInvalidValue);
+  a.w_dtype = DType::kQ4_K;  // K not whole blocks of 256
+  EXPECT_EQ(kernels::LaunchBlockMma(a, {}), cudaErrorInvalidValue);
+  a.w_dtype = DType::kQ4_0;
+  a.splits = 2;  // splits without partial sums
+  EXPECT_EQ(kernels::LaunchBlockMma(a, {}), cudaErrorInvalidValue);
+  a.splits = 1;
+  a.ld = 0;  // y narrower than the columns
+  EXPECT_EQ(kernels::LaunchBlockMma(a, {}), cudaErrorInvalidValue);
+  a.ld = 1;
+  a.terms = 4;
+  EXPECT_EQ(kernels::LaunchBlockMma(a, {}), cudaErrorInvalidValue);
 }
 
 // The cases exist whether or not a device does: a build that lost them would pass
