@@ -200,13 +200,16 @@ absl::Status RunCase(benchmark::State& state, const std::string& name, DType w_d
   DeviceMemory workspace;
   if (kernel == Kernel::kFusedMma) {
     fused_args.splits = 1;
-    fused_args.product_splits = kernels::FusedMmaSplitsFor(fused_args, SmCount());
     fused_args.mma_terms = kernels::BlockMmaTerms(kT, 3);
-    const int64_t products = RoundUp(fused_args.product_splits * m * n * 4, kAlign);
-    const int64_t scratch = kernels::BlockMmaScratchBytes(m, k, fused_args.mma_terms);
-    SG_ASSIGN_OR_RETURN(workspace, AllocateDevice(products + scratch, "products workspace"));
+    kernels::BlockMmaWorkspace ws;
+    if (!kernels::BlockMmaWorkspaceFor(m, k, &n, 1, fused_args.mma_terms, SmCount(), true,
+                                       &ws)) {
+      return absl::InvalidArgumentError("products workspace overflows");
+    }
+    SG_ASSIGN_OR_RETURN(workspace, AllocateDevice(ws.bytes, "products workspace"));
+    fused_args.product_splits = ws.splits;
     fused_args.products = static_cast<float*>(workspace.get());
-    fused_args.mma_scratch = static_cast<uint8_t*>(workspace.get()) + products;
+    fused_args.mma_scratch = static_cast<uint8_t*>(workspace.get()) + ws.partial_bytes;
   }
   if (kernel == Kernel::kPlainMma) {
     // The lm head's columns make blocks enough: one split, y written directly.

@@ -183,7 +183,7 @@ __global__ void __launch_bounds__(kThreads)
   const int split = static_cast<int>(blockIdx.y);
   const int64_t per_split = CeilDiv(units, a.splits);
   const int64_t u0 = split * per_split, u1 = std::min<int64_t>(units, u0 + per_split);
-  const int64_t tiles = PaddedRows(a.m) / 8, rows = tiles * 8;
+  const int64_t tiles = PaddedRows(a.m) / 8, rows = tiles * 8;  // rows of the sums
   const int64_t tile0 = static_cast<int64_t>(blockIdx.z) * kRowTiles;
   AwaitPrerequisiteGrids();
   // x's fragments of unit u (zeros for the last row group's tiles past m).
@@ -271,9 +271,8 @@ __global__ void __launch_bounds__(kThreads)
       }
       if constexpr (Unit::kHasMin) {
         const float ma = wa.Min(0), mb = wb.Min(0);
-        const int64_t r = (tile0 + tile) * 8 + 2 * t;
-        const float x0 = r < rows ? sums[u * rows + r] : 0.0f;
-        const float x1 = r < rows ? sums[u * rows + r + 1] : 0.0f;
+        const int64_t r = (tile0 + tile) * 8 + 2 * t;  // a tile within `tiles`
+        const float x0 = sums[u * rows + r], x1 = sums[u * rows + r + 1];
         c[0] = fmaf(ma, x0, c[0]);
         c[1] = fmaf(ma, x1, c[1]);
         c[2] = fmaf(mb, x0, c[2]);
@@ -368,6 +367,26 @@ int64_t BlockMmaColumnBlocks(const int64_t* n, int weights) {
   return blocks;
 }
 
+bool BlockMmaWorkspaceFor(int64_t m, int64_t k, const int64_t* n, int weights, int terms,
+                          int sm_count, bool keep_partials, BlockMmaWorkspace* out) {
+  if (m <= 0 || weights < 1 || weights > kBlockMmaMaxWeights) return false;
+  const int64_t scratch = BlockMmaScratchBytes(m, k, terms);
+  int64_t n_total = 0;
+  for (int g = 0; g < weights; ++g) {
+    if (n[g] <= 0 || n[g] > (int64_t{1} << 40)) return false;
+    n_total += n[g];
+  }
+  if (scratch < 0 || m > (int64_t{1} << 40)) return false;
+  out->splits = BlockMmaSplitsFor(BlockMmaColumnBlocks(n, weights) * CeilDiv(m, 8 * kMaxRowTiles),
+                                  k, sm_count);
+  // splits ≤ 16, m and Σn ≤ 2^40 each: the product fits when m · Σn does.
+  if (n_total > INT64_MAX / 64 / m) return false;
+  const int64_t partials = out->splits * m * n_total * 4;
+  out->partial_bytes = keep_partials || out->splits > 1 ? CeilDiv(partials, 256) * 256 : 0;
+  out->bytes = out->partial_bytes + scratch;
+  return true;
+}
+
 int64_t BlockMmaScratchBytes(int64_t m, int64_t k, int terms) {
   if (m <= 0 || k <= 0 || terms < 1 || terms > 3 || m > (int64_t{1} << 40) ||
       k > (int64_t{1} << 40)) {
@@ -383,9 +402,9 @@ int64_t BlockMmaScratchBytes(int64_t m, int64_t k, int terms) {
 cudaError_t LaunchBlockMma(const BlockMmaArgs& a, Stream stream) {
   if (!IsQuantized(a.w_dtype) || a.m <= 0 || a.k <= 0 ||
       a.k % DTypeBlockElems(a.w_dtype) != 0 || a.weights < 1 ||
-      a.weights > kBlockMmaMaxWeights || a.splits < 1 || a.terms < 1 || a.terms > 3 ||
-      a.x == nullptr || a.scratch == nullptr || (a.splits > 1 && a.partials == nullptr) ||
-      (a.y == nullptr && a.partials == nullptr)) {
+      a.weights > kBlockMmaMaxWeights || a.splits < 1 ||
+      a.terms != BlockMmaTerms(a.dtype, a.terms) || a.x == nullptr || a.scratch == nullptr ||
+      (a.splits > 1 && a.partials == nullptr) || (a.y == nullptr && a.partials == nullptr)) {
     return cudaErrorInvalidValue;
   }
   if (!Aligned16(a.scratch)) return cudaErrorMisalignedAddress;
@@ -412,11 +431,13 @@ cudaError_t LaunchBlockMma(const BlockMmaArgs& a, Stream stream) {
       // activations a vector load.
       const int64_t entries = (a.k / quant::kUnitElems) * tiles * kWarpSize;
       const int64_t split_blocks = std::min<int64_t>(CeilDiv(entries, 256), 4096);
-      cudaError_t e = LaunchKernel(SplitXKernel<T, kTerms>,
-                                   dim3(static_cast<unsigned>(split_blocks)), dim3(256), stream,
-                                   static_cast<const T*>(a.x), a.m, a.k, frags, sums,
-                                   Aligned16(a.x));
-      if (e != cudaSuccess) return e;
+      cudaError_t e = cudaSuccess;
+      if (!a.x_in_scratch) {
+        e = LaunchKernel(SplitXKernel<T, kTerms>, dim3(static_cast<unsigned>(split_blocks)),
+                         dim3(256), stream, static_cast<const T*>(a.x), a.m, a.k, frags, sums,
+                         Aligned16(a.x));
+        if (e != cudaSuccess) return e;
+      }
       e = quant::DispatchFormat(a.w_dtype, [&](auto format) {
         using Q = decltype(format);
         return DispatchRowTiles(tiles, [&](auto row_tiles) {

@@ -40,8 +40,10 @@ struct BlockMmaArgs {
   // Parts x is split into (1, 2 or 3; BlockMmaTerms).
   int terms = 3;
   // x split into its parts, laid out as the MMA's fragments, and its rows' sums per 32
-  // values: BlockMmaScratchBytes(m, k, terms) bytes, 16-byte aligned.
+  // values: BlockMmaScratchBytes(m, k, terms) bytes, 16-byte aligned. x_in_scratch: an
+  // earlier launch of the same x and terms left it there (the split is not run again).
   void* scratch = nullptr;
+  bool x_in_scratch = false;
   // Output. split s's f32 sums of row r, product column c go to
   // partials[(s · m + r) · ld + col0 + c] (every split writes all of its columns); with y,
   // y[r · ld + col0 + c] = their sum in split order + bias[c] (of dtype, or null), rounded
@@ -56,12 +58,26 @@ struct BlockMmaArgs {
 // Bytes of BlockMmaArgs::scratch for x [m, k] in `terms` parts; -1 when they overflow.
 int64_t BlockMmaScratchBytes(int64_t m, int64_t k, int terms);
 
+// One workspace for a launch: the partial sums ([splits, m, Σn] f32) from its start, then
+// the scratch at partial_bytes (a multiple of 256).
+struct BlockMmaWorkspace {
+  int splits = 1;
+  int64_t partial_bytes = 0;  // 0 when the sums are not kept
+  int64_t bytes = 0;          // the whole workspace
+};
+
+// The workspace and split-K factor for x [m, k] in `terms` parts times the weights n[0 ..
+// weights) on `sm_count` SMs. The partial sums are kept when split, and always with
+// `keep_partials` (the fused matmul's epilogue reads them). False when the sizes overflow.
+bool BlockMmaWorkspaceFor(int64_t m, int64_t k, const int64_t* n, int weights, int terms,
+                          int sm_count, bool keep_partials, BlockMmaWorkspace* out);
+
 // Whether a device of this compute capability (90 for Hopper) runs the kernel (bf16 MMA:
 // sm_80 and later).
 inline bool BlockMmaRuns(int compute_capability) { return compute_capability >= 80; }
 
 // The parts x of `x_dtype` is split into for `f32_terms` wished for f32 x: bf16 x is one
-// part exactly, f16 two; f32 takes f32_terms (3: exact).
+// part exactly, f16 two; f32 takes 1 or 3 (exact). BlockMmaArgs::terms must be one of these.
 int BlockMmaTerms(DType x_dtype, int f32_terms);
 
 // The split-K factor for a launch of `column_blocks` blocks (Σ ceil(n[g] / 64) times the
@@ -72,9 +88,10 @@ int BlockMmaSplitsFor(int64_t column_blocks, int64_t k, int sm_count);
 // Thread blocks along the columns for these weights: Σ ceil(n[g] / kBlockMmaCols).
 int64_t BlockMmaColumnBlocks(const int64_t* n, int weights);
 
-// Launches the split of x into the scratch, the products and, with y and splits > 1, the
-// sum of the splits. cudaErrorInvalidValue for inconsistent arguments (k not a multiple
-// of the format's block, splits > 1 without partials, no scratch, terms outside 1..3);
+// Launches the split of x into the scratch (unless x_in_scratch), the products and, with
+// y and splits > 1, the sum of the splits. cudaErrorInvalidValue for inconsistent
+// arguments (k not a multiple of the format's block, splits > 1 without partials, no
+// scratch, terms not BlockMmaTerms(dtype, terms));
 // cudaErrorMisalignedAddress for a weight or the scratch not 16-byte aligned.
 cudaError_t LaunchBlockMma(const BlockMmaArgs& a, Stream stream);
 

@@ -752,6 +752,8 @@ cudaError_t LaunchMmaProducts(const FusedMatmulArgs& a, int64_t n_total, Stream 
       m.n[m.weights++] = a.n[g1];
       col0 += a.n[g1];
     }
+    // x is split once: the later runs find it in the scratch.
+    m.x_in_scratch = g0 > 0;
     const cudaError_t e = LaunchBlockMma(m, stream);
     if (e != cudaSuccess) return e;
   }
@@ -774,12 +776,6 @@ cudaError_t LaunchProductEpilogue(const FusedMatmulArgs& a, Stream stream) {
 }
 
 }  // namespace
-
-int FusedMmaSplitsFor(const FusedMatmulArgs& a, int sm_count) {
-  const int64_t row_groups = CeilDiv(std::max<int64_t>(a.m, 1), 32);
-  const int weights = std::clamp(a.weights, 1, kFusedMaxWeights);
-  return BlockMmaSplitsFor(BlockMmaColumnBlocks(a.n, weights) * row_groups, a.k, sm_count);
-}
 
 int64_t FusedColumnBlocks(const FusedMatmulArgs& a) {
   if (a.epilogue == FusedEpilogue::kSiluMul) return CeilDiv(a.n[0], kFusedCols / 2);

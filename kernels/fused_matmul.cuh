@@ -85,8 +85,9 @@ struct FusedMatmulArgs {
   FusedRopeArgs rope;  // kRopeKvWrite only
   // Block formats on tensor cores (kernels/block_mma.cuh), without a folded norm: the
   // products of all m rows go first to `products` ([product_splits, m, Σn] f32, split-K
-  // sums of the block MMA kernel, `mma_terms` the parts x is split into), then the epilogue
-  // launches read them, kFusedMaxMmaRows rows at a time. Null: the CUDA-core kernels.
+  // sums of the block MMA kernel, `mma_terms` the parts x is split into; both laid out by
+  // BlockMmaWorkspaceFor with keep_partials), then the epilogue launches read them,
+  // kFusedMaxMmaRows rows at a time. Null: the CUDA-core kernels.
   float* products = nullptr;
   int product_splits = 1;
   int mma_terms = 3;
@@ -99,10 +100,6 @@ struct FusedMatmulArgs {
 
 // Rows one epilogue launch of the tensor-core path takes (its products read, not summed).
 inline constexpr int kFusedMaxMmaRows = 64;
-
-// The split-K factor of the tensor-core path for `a` (shapes and weights set) on
-// `sm_count` SMs; its products take product_splits · m · Σn f32.
-int FusedMmaSplitsFor(const FusedMatmulArgs& a, int sm_count);
 
 // Whether the weights' block formats fit the kernel's column blocks: all weights float or
 // all in block formats; where formats differ, no column block spans two weights (every

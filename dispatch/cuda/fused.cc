@@ -52,23 +52,16 @@ bool TakesBlockMma(const ops::FusedMatMul& op, int64_t m, bool blocks,
          m >= options.block_mma_min_rows && kernels::BlockMmaRuns(info.compute_capability);
 }
 
-// The tensor-core path's split-K factor for `a` (shapes set), and its workspace: the
-// products ([splits, m, Σn] f32, *product_bytes of them, 256-byte aligned) then the
-// block MMA scratch for x.
-absl::StatusOr<int64_t> MmaWorkspaceBytes(kernels::FusedMatmulArgs& a, int terms,
-                                          int sm_count, int64_t* product_bytes) {
-  a.product_splits = kernels::FusedMmaSplitsFor(a, sm_count);
-  int64_t n_total = 0;
-  for (int g = 0; g < a.weights; ++g) n_total += a.n[g];
-  int64_t bytes = 0;
-  const int64_t scratch = kernels::BlockMmaScratchBytes(a.m, a.k, terms);
-  if (!CheckedMul(a.product_splits, a.m, &bytes) || !CheckedMul(bytes, n_total, &bytes) ||
-      !CheckedMul(bytes, 4, &bytes) || bytes > (int64_t{1} << 50) || scratch < 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "FusedMatMul products of ", a.m, " rows x ", n_total, " columns overflow"));
+// The tensor-core path's workspace for `a` (shapes set): its products (kept even when
+// unsplit: the epilogue launches read them), then the block MMA scratch for x.
+absl::StatusOr<kernels::BlockMmaWorkspace> MmaWorkspace(const kernels::FusedMatmulArgs& a,
+                                                        int terms, int sm_count) {
+  kernels::BlockMmaWorkspace ws;
+  if (!kernels::BlockMmaWorkspaceFor(a.m, a.k, a.n, a.weights, terms, sm_count, true, &ws)) {
+    return absl::InvalidArgumentError(absl::StrCat("FusedMatMul products of ", a.m,
+                                                   " rows (K ", a.k, ") overflow"));
   }
-  *product_bytes = AlignUp(bytes);
-  return *product_bytes + scratch;
+  return ws;
 }
 
 }  // namespace
@@ -91,9 +84,9 @@ absl::StatusOr<int64_t> FusedMmaWorkspaceBytes(const Graph& graph, const Node& n
   a.k = x.shape[1];
   a.weights = op->weights;
   for (int g = 0; g < op->weights; ++g) a.n[g] = graph.tensor(node.inputs[first_w + g]).shape[0];
-  int64_t product_bytes = 0;
-  return MmaWorkspaceBytes(a, BlockMmaTermsFor(x.dtype, options), info.sm_count,
-                           &product_bytes);
+  SG_ASSIGN_OR_RETURN(const kernels::BlockMmaWorkspace ws,
+                      MmaWorkspace(a, BlockMmaTermsFor(x.dtype, options), info.sm_count));
+  return ws.bytes;
 }
 
 // What the fused kernel takes of a FusedMatMul over `in` (a CudaPrepareContext or a
@@ -189,12 +182,12 @@ PreparedOr Prepare(const ops::FusedMatMul& op, const CudaPrepareContext& c) {
   const bool mma = TakesBlockMma(op, a.m, IsQuantized(a.w_dtype[0]), c.options, c.info);
   if (mma) {
     a.mma_terms = BlockMmaTermsFor(x.dtype, c.options);
-    int64_t product_bytes = 0;
-    SG_ASSIGN_OR_RETURN(const int64_t bytes, MmaWorkspaceBytes(a, a.mma_terms, c.info.sm_count,
-                                                               &product_bytes));
-    SG_ASSIGN_OR_RETURN(void* workspace, c.matmul.BlockWorkspace(bytes, c.node.name));
+    SG_ASSIGN_OR_RETURN(const kernels::BlockMmaWorkspace ws,
+                        MmaWorkspace(a, a.mma_terms, c.info.sm_count));
+    SG_ASSIGN_OR_RETURN(void* workspace, c.matmul.BlockWorkspace(ws.bytes, c.node.name));
+    a.product_splits = ws.splits;
     a.products = static_cast<float*>(workspace);
-    a.mma_scratch = static_cast<char*>(workspace) + product_bytes;
+    a.mma_scratch = static_cast<char*>(workspace) + ws.partial_bytes;
   }
   a.splits = mma ? 1 : kernels::FusedSplitsFor(a, c.info.sm_count);
   const int64_t blocks = kernels::FusedColumnBlocks(a);

@@ -331,11 +331,10 @@ struct MatmulState final : PreparedState<MatmulState> {
   BlockGemmLayout block;
   const MatmulRunner::Plan* tail_plan = nullptr;
   void* workspace = nullptr;
-  // kBlockMma: the parts x is split into and the split-K factor; the workspace holds the
-  // partial sums (splits > 1, 256-byte aligned) and then the kernel's scratch.
+  // kBlockMma: the parts x is split into and the workspace's layout (partial sums when
+  // split, then the kernel's scratch).
   int mma_terms = 3;
-  int mma_splits = 1;
-  int64_t mma_partial_bytes = 0;
+  kernels::BlockMmaWorkspace mma;
 };
 
 // Whether the block-format kernel takes x [m, k] with a w [n, k] in block format w_dtype:
@@ -364,21 +363,28 @@ bool BlockMmaTakes(int64_t m, int64_t n, int64_t k, DType x_dtype, DType w_dtype
          BlockFormatTakes(m, n, k, x_dtype, w_dtype);
 }
 
-// The tensor-core kernel's split-K factor for y [m, n] = x [m, k]·wᵀ, and the workspace it
-// takes: the partial sums (when split, *partial_bytes of them) and the scratch for x.
-absl::StatusOr<int64_t> BlockMmaWorkspace(int64_t m, int64_t n, int64_t k, int terms,
-                                          int sm_count, int* splits, int64_t* partial_bytes) {
-  const int64_t blocks = (n + kernels::kBlockMmaCols - 1) / kernels::kBlockMmaCols;
-  *splits = kernels::BlockMmaSplitsFor(blocks * ((m + 31) / 32), k, sm_count);
-  const int64_t scratch = kernels::BlockMmaScratchBytes(m, k, terms);
-  int64_t partials = 0;
-  if (scratch < 0 || !CheckedMul(*splits, m, &partials) || !CheckedMul(partials, n, &partials) ||
-      !CheckedMul(partials, 4, &partials) || partials > (int64_t{1} << 50)) {
+// The tensor-core kernel's workspace for y [m, n] = x [m, k]·wᵀ: the partial sums when
+// split, then the scratch for x.
+absl::StatusOr<kernels::BlockMmaWorkspace> BlockMmaWorkspaceOf(int64_t m, int64_t n, int64_t k,
+                                                               int terms, int sm_count) {
+  kernels::BlockMmaWorkspace ws;
+  if (!kernels::BlockMmaWorkspaceFor(m, k, &n, 1, terms, sm_count, false, &ws)) {
     return absl::InvalidArgumentError(
         absl::StrCat("block MMA workspace for M=", m, " N=", n, " K=", k, " overflows"));
   }
-  *partial_bytes = *splits > 1 ? (partials + 255) / 256 * 256 : 0;
-  return *partial_bytes + scratch;
+  return ws;
+}
+
+// Whether `node` is a MatMul that runs the tensor-core block kernel.
+bool IsBlockMmaNode(const Graph& graph, const Node& node, const CudaOptions& options,
+                    int compute_capability) {
+  if (!std::holds_alternative<ops::MatMul>(node.op)) return false;
+  const Tensor& x = graph.tensor(node.inputs[0]);
+  const Tensor& w = graph.tensor(node.inputs[1]);
+  return x.shape.rank() == 2 && w.shape.rank() == 2 && w.shape[1] == x.shape[1] &&
+         !BlockGemmTakes(x.shape[0], w.shape[0], x.shape[1], x.dtype, w.dtype, options) &&
+         BlockMmaTakes(x.shape[0], w.shape[0], x.shape[1], x.dtype, w.dtype, options,
+                       compute_capability);
 }
 
 // x, w and whether the node's w is in a block format the block GEMM takes.
@@ -403,21 +409,13 @@ absl::Status MatmulRunner::ReserveBlockGemm(const ExecutionPlan& plan, const Cud
   for (const Node& node : graph.nodes()) {
     SG_ASSIGN_OR_RETURN(const int64_t fused, FusedMmaWorkspaceBytes(graph, node, options, info_));
     need = std::max(need, fused);
-    if (std::holds_alternative<ops::MatMul>(node.op)) {
+    if (IsBlockMmaNode(graph, node, options, info_.compute_capability)) {
       const Tensor& x = graph.tensor(node.inputs[0]);
-      const Tensor& w = graph.tensor(node.inputs[1]);
-      if (x.shape.rank() == 2 && w.shape.rank() == 2 && w.shape[1] == x.shape[1] &&
-          !IsBlockGemmNode(graph, node, options) &&
-          BlockMmaTakes(x.shape[0], w.shape[0], x.shape[1], x.dtype, w.dtype, options,
-                        info_.compute_capability)) {
-        int splits = 1;
-        int64_t partial_bytes = 0;
-        SG_ASSIGN_OR_RETURN(const int64_t bytes,
-                            BlockMmaWorkspace(x.shape[0], w.shape[0], x.shape[1],
-                                              BlockMmaTermsFor(x.dtype, options),
-                                              info_.sm_count, &splits, &partial_bytes));
-        need = std::max(need, bytes);
-      }
+      SG_ASSIGN_OR_RETURN(const kernels::BlockMmaWorkspace ws,
+                          BlockMmaWorkspaceOf(x.shape[0], graph.tensor(node.inputs[1]).shape[0],
+                                              x.shape[1], BlockMmaTermsFor(x.dtype, options),
+                                              info_.sm_count));
+      need = std::max(need, ws.bytes);
     }
     if (!IsBlockGemmNode(graph, node, options)) continue;
     const Tensor& x = graph.tensor(node.inputs[0]);
@@ -491,11 +489,9 @@ PreparedOr Prepare(const ops::MatMul& op, const CudaPrepareContext& c) {
                       c.info.compute_capability)) {
       state->path = MatmulPath::kBlockMma;
       state->mma_terms = BlockMmaTermsFor(x.dtype, c.options);
-      SG_ASSIGN_OR_RETURN(const int64_t bytes,
-                          BlockMmaWorkspace(x.shape[0], w.shape[0], x.shape[1],
-                                            state->mma_terms, c.info.sm_count,
-                                            &state->mma_splits, &state->mma_partial_bytes));
-      SG_ASSIGN_OR_RETURN(state->workspace, c.matmul.BlockWorkspace(bytes, c.node.name));
+      SG_ASSIGN_OR_RETURN(state->mma, BlockMmaWorkspaceOf(x.shape[0], w.shape[0], x.shape[1],
+                                                          state->mma_terms, c.info.sm_count));
+      SG_ASSIGN_OR_RETURN(state->workspace, c.matmul.BlockWorkspace(state->mma.bytes, c.node.name));
     }
     return Keep(std::move(state));
   }
@@ -575,10 +571,10 @@ absl::Status CudaDispatch::Run(const ops::MatMul& op, const NodeArgs& args) {
     a.y = y;
     a.bias = bias;
     a.ld = shape.n;
-    a.splits = s->mma_splits;
+    a.splits = s->mma.splits;
     auto* workspace = static_cast<char*>(s->workspace);
-    a.partials = s->mma_splits > 1 ? reinterpret_cast<float*>(workspace) : nullptr;
-    a.scratch = workspace + s->mma_partial_bytes;
+    a.partials = s->mma.partial_bytes > 0 ? reinterpret_cast<float*>(workspace) : nullptr;
+    a.scratch = workspace + s->mma.partial_bytes;
     return ToStatus(kernels::LaunchBlockMma(a, launch()), "LaunchBlockMma");
   }
   if (s->path == internal::MatmulPath::kBlockGemm) {

@@ -413,6 +413,21 @@ TEST(BlockMmaSizesTest, TermsScratchSplitsAndRefusals) {
   EXPECT_EQ(kernels::BlockMmaSplitsFor(4000, 8192, 132), 1);
   const int64_t n[] = {100, 64, 1};
   EXPECT_EQ(kernels::BlockMmaColumnBlocks(n, 3), 2 + 1 + 1);
+  // One workspace: the partial sums (256-byte aligned) when split or kept, then the scratch.
+  kernels::BlockMmaWorkspace ws;
+  ASSERT_TRUE(kernels::BlockMmaWorkspaceFor(16, 2048, n, 3, 3, 132, false, &ws));
+  EXPECT_EQ(ws.splits, 16);  // 4 column blocks: 528 wanted, 16 at most
+  EXPECT_EQ(ws.partial_bytes, (16 * 16 * 165 * 4 + 255) / 256 * 256);
+  EXPECT_EQ(ws.bytes, ws.partial_bytes + kernels::BlockMmaScratchBytes(16, 2048, 3));
+  const int64_t wide = 128256;  // an lm head: unsplit, its sums kept only when asked
+  ASSERT_TRUE(kernels::BlockMmaWorkspaceFor(16, 2048, &wide, 1, 1, 132, false, &ws));
+  EXPECT_EQ(ws.splits, 1);
+  EXPECT_EQ(ws.partial_bytes, 0);
+  ASSERT_TRUE(kernels::BlockMmaWorkspaceFor(16, 2048, &wide, 1, 1, 132, true, &ws));
+  EXPECT_EQ(ws.partial_bytes, (16 * wide * 4 + 255) / 256 * 256);
+  const int64_t huge = int64_t{1} << 40;
+  EXPECT_FALSE(kernels::BlockMmaWorkspaceFor(huge, 32, &huge, 1, 1, 132, true, &ws));
+  EXPECT_FALSE(kernels::BlockMmaWorkspaceFor(0, 32, n, 1, 1, 132, true, &ws));
 
   kernels::BlockMmaArgs a;
   alignas(16) static float x[64], y[64];
@@ -441,7 +456,16 @@ TEST(BlockMmaSizesTest, TermsScratchSplitsAndRefusals) {
   a.ld = 0;  // y narrower than the columns
   EXPECT_EQ(kernels::LaunchBlockMma(a, {}), cudaErrorInvalidValue);
   a.ld = 1;
+  // Parts other than BlockMmaTerms gives for x's dtype (the scratch is sized by them).
   a.terms = 4;
+  EXPECT_EQ(kernels::LaunchBlockMma(a, {}), cudaErrorInvalidValue);
+  a.terms = 2;  // f32 x: 1 or 3
+  EXPECT_EQ(kernels::LaunchBlockMma(a, {}), cudaErrorInvalidValue);
+  a.dtype = DType::kF16;
+  a.terms = 1;  // f16 x: 2
+  EXPECT_EQ(kernels::LaunchBlockMma(a, {}), cudaErrorInvalidValue);
+  a.dtype = DType::kBF16;
+  a.terms = 3;  // bf16 x: 1
   EXPECT_EQ(kernels::LaunchBlockMma(a, {}), cudaErrorInvalidValue);
 }
 
