@@ -20,13 +20,16 @@
 //                         default micro-batch), host clock around Prefill and its wait.
 //                         <act>: bf16 activations, or f32 as GGUF files with quantized
 //                         matrices compute, with the block GEMM in f32, TF32 or bf16
-//                         (CudaOptions::block_gemm_precision). Counters as Ttft's:
+//                         (CudaOptions::block_gemm_precision); _mma: the tensor-core
+//                         kernel instead of the block GEMM (x in 3 bf16 parts, or 1 with
+//                         bf16 precision). Counters as Ttft's:
 //                         prefill tokens/s, TFLOP/s and of_matmul (over the bf16 rate).
 //   BlockMatMul/<fmt>/<path>/m:<m>
 //                         the matmuls of 3 Llama-3.2-1B layers alone (q, k, v, o, gate,
 //                         up, down; each layer its own weights, together beyond L2) at m
 //                         rows (4, 8, 16, 64, 512), one replayed step, CUDA events, median
 //                         of 20: <path> kernel (the block-format kernel, row groups of 8),
+//                         mma_f32[_bf16] (the tensor-core kernel, x in 3 bf16 parts or 1),
 //                         gemm_<x>_<precision> (the block GEMM: dequantized chunks through
 //                         cuBLASLt), and fmt bf16 for the same matmuls on bf16 weights.
 //                         us per layer, TFLOP/s and of_matmul: where the block GEMM
@@ -121,12 +124,14 @@ struct QuantSetup {
   const char* format;  // q4_0, q8_0, q4_k, q6_k, q4_k_m
   DType activations;
   BlockGemmPrecision precision;
+  bool gemm = true;  // the block GEMM from 32 rows; false: the tensor-core kernel at every size
 };
 
 std::string SetupName(const QuantSetup& q) {
-  return q.activations == DType::kBF16
-             ? "bf16"
-             : absl::StrCat("f32_", BlockGemmPrecisionName(q.precision));
+  return absl::StrCat(q.activations == DType::kBF16
+                          ? "bf16"
+                          : absl::StrCat("f32_", BlockGemmPrecisionName(q.precision)),
+                      q.gemm ? "" : "_mma");
 }
 
 DType FormatDType(const std::string& format, const std::string& name) {
@@ -163,6 +168,7 @@ absl::StatusOr<DecodeSession*> QuantSessionFor(const QuantSetup& q) {
   o.buckets = {1};
   o.prefill_chunk = 512;
   o.cuda.block_gemm_precision = q.precision;
+  o.cuda.block_gemm_min_rows = q.gemm ? 32 : 0;
   SG_ASSIGN_OR_RETURN(quant->session, DecodeSession::Create(o));
   quant->key = key;
   return quant->session.get();
@@ -227,10 +233,11 @@ absl::StatusOr<void*> RandomMatrix(StepRunner& runner, DType t, int64_t n, int64
 }
 
 struct MatmulPathSetup {
-  const char* name;  // kernel, gemm_<x>_<precision>, or the bf16 weights' own path
+  const char* name;  // kernel, mma, gemm_<x>_<precision>, or the bf16 weights' own path
   DType activations;
   int64_t min_rows;  // CudaOptions::block_gemm_min_rows
   BlockGemmPrecision precision;
+  int64_t mma_rows = 0;  // CudaOptions::block_mma_min_rows
 };
 
 // Median µs of one step holding every matmul of kLayers layers at m rows.
@@ -238,6 +245,7 @@ absl::StatusOr<double> TimeLayerMatmuls(DType w_dtype, const MatmulPathSetup& p,
   RunnerOptions ro{.device = DeviceKind::kCuda};
   ro.cuda.block_gemm_min_rows = p.min_rows;
   ro.cuda.block_gemm_precision = p.precision;
+  ro.cuda.block_mma_min_rows = p.mma_rows;
   SG_ASSIGN_OR_RETURN(std::unique_ptr<StepRunner> runner, StepRunner::Create(ro));
   GraphBuilder b;
   const TensorId x = b.Input("x", p.activations, {m, 2048});
@@ -307,7 +315,11 @@ void RegisterQuantCases() {
     for (const QuantSetup& q : {QuantSetup{format, DType::kBF16, BlockGemmPrecision::kF32},
                                 QuantSetup{format, DType::kF32, BlockGemmPrecision::kF32},
                                 QuantSetup{format, DType::kF32, BlockGemmPrecision::kTf32},
-                                QuantSetup{format, DType::kF32, BlockGemmPrecision::kBf16}}) {
+                                QuantSetup{format, DType::kF32, BlockGemmPrecision::kBf16},
+                                QuantSetup{format, DType::kF32, BlockGemmPrecision::kF32, false},
+                                QuantSetup{format, DType::kF32, BlockGemmPrecision::kBf16, false},
+                                QuantSetup{format, DType::kBF16, BlockGemmPrecision::kF32,
+                                           false}}) {
       benchmark::RegisterBenchmark(
           absl::StrCat("QuantPrefill/", format, "/", SetupName(q)).c_str(), QuantPrefill, q)
           ->ArgName("len")
@@ -322,6 +334,8 @@ void RegisterQuantCases() {
       {"kernel_bf16", DType::kBF16, 0, BlockGemmPrecision::kF32},
       {"gemm_bf16", DType::kBF16, 1, BlockGemmPrecision::kF32},
       {"kernel_f32", DType::kF32, 0, BlockGemmPrecision::kF32},
+      {"mma_f32", DType::kF32, 0, BlockGemmPrecision::kF32, 1},
+      {"mma_f32_bf16", DType::kF32, 0, BlockGemmPrecision::kBf16, 1},
       {"gemm_f32_f32", DType::kF32, 1, BlockGemmPrecision::kF32},
       {"gemm_f32_tf32", DType::kF32, 1, BlockGemmPrecision::kTf32},
       {"gemm_f32_bf16", DType::kF32, 1, BlockGemmPrecision::kBf16},

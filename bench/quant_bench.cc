@@ -4,9 +4,10 @@
 // dispatcher picks it) over the same weights: how close each format's kernel comes to
 // streaming its weight at the copy rate, plain and fused. Those cases take bf16
 // activations; QuantMatMulF32 (M = 1, 4, 8, 16), FusedF32 (M = 1) and the tensor-core
-// path (kernels/block_mma.cuh: MmaF32 fused, MmaPlainF32 for the lm head; M = 1 to 32)
-// take f32 ones, as a GGUF file with block-format weights computes. Block-format weights are
-// repacked into the device layout (kernels/quant_layout.h) as the step runner uploads them.
+// path (kernels/block_mma.cuh: MmaF32 fused, MmaPlainF32 for the lm head; M = 1 to 32;
+// MmaPrefillF32 at M = 64 and 512 in both block shapes) take f32 ones, as a GGUF file
+// with block-format weights computes. Block-format weights are repacked into the device
+// layout (kernels/quant_layout.h) as the step runner uploads them.
 //
 // How it measures (as kernel_bench): each case captures a CUDA graph of up to kMaxBatch
 // launches, each on its own copy of the weight, enough copies together to exceed three
@@ -152,7 +153,8 @@ enum class Kernel {
 // One case: y[m, n] = x[m, k] · w[n, k]ᵀ with w in `w_dtype` (bf16: the small-M kernel),
 // x and y in `act` (bf16, or f32 as a GGUF file computes), through `kernel`.
 absl::Status RunCase(benchmark::State& state, const std::string& name, DType w_dtype, int64_t n,
-                     int64_t k, Kernel kernel, int64_t m, DType act) {
+                     int64_t k, Kernel kernel, int64_t m, DType act,
+                     kernels::BlockMmaShape shape) {
   const bool fused = kernel == Kernel::kFused || kernel == Kernel::kFusedMma;
   const DType kT = act;
   const int64_t elem = DTypeBytes(act);
@@ -202,8 +204,8 @@ absl::Status RunCase(benchmark::State& state, const std::string& name, DType w_d
     fused_args.splits = 1;
     fused_args.mma_terms = kernels::BlockMmaTerms(kT, 3);
     kernels::BlockMmaWorkspace ws;
-    if (!kernels::BlockMmaWorkspaceFor(m, k, &n, 1, fused_args.mma_terms, SmCount(), true,
-                                       &ws)) {
+    if (!kernels::BlockMmaWorkspaceFor(m, k, &n, 1, w_dtype, fused_args.mma_terms, SmCount(),
+                                       true, &ws)) {
       return absl::InvalidArgumentError("products workspace overflows");
     }
     SG_ASSIGN_OR_RETURN(workspace, AllocateDevice(ws.bytes, "products workspace"));
@@ -211,10 +213,15 @@ absl::Status RunCase(benchmark::State& state, const std::string& name, DType w_d
     fused_args.products = static_cast<float*>(workspace.get());
     fused_args.mma_scratch = static_cast<uint8_t*>(workspace.get()) + ws.partial_bytes;
   }
+  kernels::BlockMmaWorkspace plain_ws;
   if (kernel == Kernel::kPlainMma) {
-    // The lm head's columns make blocks enough: one split, y written directly.
-    SG_ASSIGN_OR_RETURN(workspace,
-                        AllocateDevice(kernels::BlockMmaScratchBytes(m, k, 3), "MMA scratch"));
+    // Split as a MatMul node splits (the lm head's columns make blocks enough: one split,
+    // y written directly).
+    if (!kernels::BlockMmaWorkspaceFor(m, k, &n, 1, w_dtype, kernels::BlockMmaTerms(kT, 3),
+                                       SmCount(), false, &plain_ws, shape)) {
+      return absl::InvalidArgumentError("MMA workspace overflows");
+    }
+    SG_ASSIGN_OR_RETURN(workspace, AllocateDevice(plain_ws.bytes, "MMA workspace"));
   }
   if (fused && fused_args.splits > 1) {
     const int64_t partial_bytes = RoundUp(fused_args.splits * m * n * 4, kAlign);
@@ -251,7 +258,10 @@ absl::Status RunCase(benchmark::State& state, const std::string& name, DType w_d
       a.terms = kernels::BlockMmaTerms(kT, 3);
       a.y = set + y_off;
       a.ld = n;
-      a.scratch = workspace.get();
+      a.splits = plain_ws.splits;
+      a.partials = static_cast<float*>(workspace.get());
+      a.scratch = static_cast<uint8_t*>(workspace.get()) + plain_ws.partial_bytes;
+      a.shape = shape;
       return ToStatus(kernels::LaunchBlockMma(a, stream), "block MMA launch");
     }
     const cudaError_t e =
@@ -343,11 +353,13 @@ int main(int argc, char** argv) {
                                     sg::DType::kQ4_K, sg::DType::kQ5_K, sg::DType::kQ6_K};
   using sg::Kernel;
   auto add = [](const std::string& name, sg::DType t, Shape s, Kernel kernel, int64_t m,
-                sg::DType act) {
+                sg::DType act,
+                sg::kernels::BlockMmaShape shape = sg::kernels::BlockMmaShape::kAuto) {
     benchmark::RegisterBenchmark(
         name.c_str(),
         [=](benchmark::State& state) {
-          if (absl::Status st = sg::RunCase(state, name, t, s.n, s.k, kernel, m, act); !st.ok()) {
+          if (absl::Status st = sg::RunCase(state, name, t, s.n, s.k, kernel, m, act, shape);
+              !st.ok()) {
             state.SkipWithError(st.ToString().c_str());
           }
         })
@@ -389,6 +401,23 @@ int main(int argc, char** argv) {
       add(absl::StrCat("FusedF32/", sg::DTypeName(t), "/M=1 N=", s.n, " K=", s.k, " (", s.what,
                        ")"),
           t, s, Kernel::kFused, 1, sg::DType::kF32);
+    }
+  }
+  // The tensor-core kernel at prefill sizes (a MatMul's path, split as the node splits), in
+  // both block shapes: MmaPrefillF32/<format>/M=<m> ... /<decode|prefill>. TFLOP/s: 2·m·n·k
+  // over the time (printed after the table).
+  for (const Shape& s : {Shape{"q/o", 2048, 2048}, Shape{"gate/up", 8192, 2048},
+                         Shape{"down", 2048, 8192}}) {
+    for (sg::DType t : {sg::DType::kQ4_0, sg::DType::kQ8_0, sg::DType::kQ4_K, sg::DType::kQ6_K}) {
+      for (const int64_t m : {64, 512}) {
+        for (const auto shape :
+             {sg::kernels::BlockMmaShape::kDecode, sg::kernels::BlockMmaShape::kPrefill}) {
+          const bool prefill = shape == sg::kernels::BlockMmaShape::kPrefill;
+          add(absl::StrCat("MmaPrefillF32/", sg::DTypeName(t), "/M=", m, " N=", s.n, " K=", s.k,
+                           " (", s.what, ")/", prefill ? "prefill" : "decode"),
+              t, s, Kernel::kPlainMma, m, sg::DType::kF32, shape);
+        }
+      }
     }
   }
   benchmark::RunSpecifiedBenchmarks();

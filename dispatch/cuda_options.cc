@@ -47,4 +47,10 @@ absl::StatusOr<BlockGemmPrecision> ParseBlockGemmPrecision(absl::string_view nam
       absl::StrCat("block GEMM precision must be f32, tf32 or bf16, got '", name, "'"));
 }
 
+int64_t BlockGemmMinRows(const CudaOptions& o, DType x_dtype) {
+  if (o.block_gemm_min_rows != CudaOptions::kBlockGemmAuto) return o.block_gemm_min_rows;
+  const bool exact_f32 = x_dtype == DType::kF32 && o.block_gemm_precision == BlockGemmPrecision::kF32;
+  return exact_f32 && o.block_mma_min_rows > 0 ? 0 : 32;
+}
+
 }  // namespace sg

@@ -4,7 +4,8 @@
 // out as the MMA's B fragments (a lane's registers of both k16 steps of a unit as one
 // 16-byte vector, so that a warp reads a fragment with one contiguous 512-byte load), with
 // each row's sum per unit beside them. BlockMmaKernel: a thread block of four warps owns
-// 64 output columns (16 a warp) over one split of K for up to 4 row tiles of 8 rows (more
+// 64 output columns (16 a warp) over one split of K for up to 4 row tiles of 8 rows, or
+// in the prefill shape 128 columns (two column tiles of 16 a warp) for 8 row tiles (more
 // rows: more blocks along z); each warp walks its units, the next unit's weights loaded
 // while this one's are multiplied, one m16n8k16 MMA per k16 step, part and row tile (one
 // accumulator per part, so that their MMAs overlap). A lane holds the codes of two
@@ -32,7 +33,11 @@ namespace {
 
 constexpr int kWarps = kBlockMmaCols / 16;
 constexpr int kThreads = kWarps * kWarpSize;
-constexpr int kMaxRowTiles = 4;  // row tiles of 8 a block takes
+// Row tiles of 8 a block takes: up to 4 in the decode shape (64 columns a block), 8 in the
+// prefill shape (128 columns: two column tiles a warp, so that each x fragment a warp loads
+// feeds two MMAs).
+constexpr int kDecodeRowTiles = 4;
+constexpr int kPrefillRowTiles = 8;
 
 __device__ __forceinline__ uint32_t Bits(__nv_bfloat162 v) {
   uint32_t u;
@@ -155,19 +160,24 @@ __global__ void __launch_bounds__(256)
   }
 }
 
-template <typename T, typename Q, int kRowTiles, int kTerms>
+template <typename T, typename Q, int kRowTiles, int kColTiles, int kTerms>
 __global__ void __launch_bounds__(kThreads)
     BlockMmaKernel(BlockMmaArgs a, const uint4* __restrict__ frags,
                    const float* __restrict__ sums) {
   using Unit = typename Q::Unit;
   constexpr bool kHalves = std::is_same_v<Q, quant::Format<DType::kQ6_K>>;
+  constexpr int64_t kCols = kBlockMmaCols * kColTiles;
+  // x's fragments of a whole unit are loaded a unit ahead with the weights when they are
+  // few; the prefill shape loads each row tile's just before its MMAs (from L1: the
+  // block's four warps read the same ones), or its registers would not fit.
+  constexpr bool kXAhead = kRowTiles <= 4;
   const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
   const int g = lane / 4, t = lane % 4;
   // The block's weight, its first column there and the product columns before it.
   int64_t cb = blockIdx.x, before = 0;
   int wi = 0;
   for (; wi + 1 < a.weights; ++wi) {
-    const int64_t blocks = CeilDiv(a.n[wi], kBlockMmaCols);
+    const int64_t blocks = CeilDiv(a.n[wi], kCols);
     if (cb < blocks) break;
     cb -= blocks;
     before += a.n[wi];
@@ -176,128 +186,173 @@ __global__ void __launch_bounds__(kThreads)
   const auto* w = static_cast<const uint8_t*>(a.w[wi]);
   const int64_t units = k / quant::kUnitElems;
   const int64_t w_blocks = n * (k / Q::kElems);
-  const int64_t col_a = cb * kBlockMmaCols + warp * 16 + g, col_b = col_a + 8;
-  // A column past n reads the last one again and is discarded.
-  const int64_t first_a = std::min<int64_t>(col_a, n - 1) * units;
-  const int64_t first_b = std::min<int64_t>(col_b, n - 1) * units;
+  // Column tile c of this warp: columns col_a[c] (A-fragment row g) and col_a[c] + 8.
+  int64_t col_a[kColTiles], first_a[kColTiles], first_b[kColTiles];
+#pragma unroll
+  for (int c = 0; c < kColTiles; ++c) {
+    col_a[c] = cb * kCols + (warp * kColTiles + c) * 16 + g;
+    // A column past n reads the last one again and is discarded.
+    first_a[c] = std::min<int64_t>(col_a[c], n - 1) * units;
+    first_b[c] = std::min<int64_t>(col_a[c] + 8, n - 1) * units;
+  }
   const int split = static_cast<int>(blockIdx.y);
   const int64_t per_split = CeilDiv(units, a.splits);
   const int64_t u0 = split * per_split, u1 = std::min<int64_t>(units, u0 + per_split);
   const int64_t tiles = PaddedRows(a.m) / 8, rows = tiles * 8;  // rows of the sums
   const int64_t tile0 = static_cast<int64_t>(blockIdx.z) * kRowTiles;
   AwaitPrerequisiteGrids();
-  // x's fragments of unit u (zeros for the last row group's tiles past m).
-  auto load_x = [&](int64_t u, uint4 (&b)[kRowTiles][kTerms]) {
+  // x's fragments of unit u and row tile `tile` of the block (zeros past the last tile).
+  auto load_tile = [&](int64_t u, int tile, uint4 (&b)[kTerms]) {
 #pragma unroll
-    for (int tile = 0; tile < kRowTiles; ++tile) {
-#pragma unroll
-      for (int q = 0; q < kTerms; ++q) {
-        b[tile][q] = tile0 + tile < tiles
-                         ? frags[((u * tiles + tile0 + tile) * kTerms + q) * kWarpSize + lane]
-                         : make_uint4(0, 0, 0, 0);
-      }
+    for (int q = 0; q < kTerms; ++q) {
+      b[q] = tile0 + tile < tiles
+                 ? frags[((u * tiles + tile0 + tile) * kTerms + q) * kWarpSize + lane]
+                 : make_uint4(0, 0, 0, 0);
     }
   };
-  Unit next_a, next_b;
-  uint4 next_x[kRowTiles][kTerms];
-  if (u0 < u1) {
-    next_a = Q::Load(w, w_blocks, first_a + u0);
-    next_b = Q::Load(w, w_blocks, first_b + u0);
-    load_x(u0, next_x);
-  }
+  Unit next_a[kColTiles], next_b[kColTiles];
+  uint4 next_x[kXAhead ? kRowTiles : 1][kTerms];
+  auto load_unit = [&](int64_t u) {
+#pragma unroll
+    for (int c = 0; c < kColTiles; ++c) {
+      next_a[c] = Q::Load(w, w_blocks, first_a[c] + u);
+      next_b[c] = Q::Load(w, w_blocks, first_b[c] + u);
+    }
+    if constexpr (kXAhead) {
+#pragma unroll
+      for (int tile = 0; tile < kRowTiles; ++tile) load_tile(u, tile, next_x[tile]);
+    }
+  };
+  if (u0 < u1) load_unit(u0);
 
-  float acc[kRowTiles][4];
+  float acc[kRowTiles][kColTiles][4];
 #pragma unroll
   for (int i = 0; i < kRowTiles; ++i) {
 #pragma unroll
-    for (int j = 0; j < 4; ++j) acc[i][j] = 0.0f;
+    for (int c = 0; c < kColTiles; ++c) {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) acc[i][c][j] = 0.0f;
+    }
   }
   for (int64_t u = u0; u < u1; ++u) {
-    const Unit wa = next_a, wb = next_b;
-    uint4 b[kRowTiles][kTerms];
+    // This unit's A fragments (rows g: column a, g + 8: column b; slots 2t.. and 2t+8..),
+    // scales and mins, before the next unit's loads take the registers.
+    uint32_t frag[kColTiles][2][4];
+    float sa0[kColTiles], sb0[kColTiles], sa1[kColTiles], sb1[kColTiles];
+    float ma[kColTiles], mb[kColTiles];
 #pragma unroll
-    for (int tile = 0; tile < kRowTiles; ++tile) {
+    for (int c = 0; c < kColTiles; ++c) {
+      const Unit& wa = next_a[c];
+      const Unit& wb = next_b[c];
+      uint32_t pa[2][2], pb[2][2];
+      ColumnPairs<Q>(wa, t, pa);
+      ColumnPairs<Q>(wb, t, pb);
 #pragma unroll
-      for (int q = 0; q < kTerms; ++q) b[tile][q] = next_x[tile][q];
+      for (int s = 0; s < 2; ++s) {
+        frag[c][s][0] = pa[s][0];
+        frag[c][s][1] = pb[s][0];
+        frag[c][s][2] = pa[s][1];
+        frag[c][s][3] = pb[s][1];
+      }
+      sa0[c] = wa.Scale(0);
+      sb0[c] = wb.Scale(0);
+      sa1[c] = wa.Scale(2);
+      sb1[c] = wb.Scale(2);
+      if constexpr (Unit::kHasMin) {
+        ma[c] = wa.Min(0);
+        mb[c] = wb.Min(0);
+      }
     }
-    // The next unit's weights and x fly while this one is multiplied.
-    if (u + 1 < u1) {
-      next_a = Q::Load(w, w_blocks, first_a + u + 1);
-      next_b = Q::Load(w, w_blocks, first_b + u + 1);
-      load_x(u + 1, next_x);
+    uint4 x_now[kXAhead ? kRowTiles : 1][kTerms];
+    if constexpr (kXAhead) {
+#pragma unroll
+      for (int tile = 0; tile < kRowTiles; ++tile) {
+#pragma unroll
+        for (int q = 0; q < kTerms; ++q) x_now[tile][q] = next_x[tile][q];
+      }
     }
-    uint32_t pa[2][2], pb[2][2];
-    ColumnPairs<Q>(wa, t, pa);
-    ColumnPairs<Q>(wb, t, pb);
-    // Fragment registers: rows g (column a) and g + 8 (column b), slots 2t.. and 2t+8..
-    const uint32_t frag[2][4] = {{pa[0][0], pb[0][0], pa[0][1], pb[0][1]},
-                                 {pa[1][0], pb[1][0], pa[1][1], pb[1][1]}};
-    const float sa0 = wa.Scale(0), sb0 = wb.Scale(0);
-    const float sa1 = wa.Scale(2), sb1 = wb.Scale(2);
+    // The next unit's weights (and x) fly while this one is multiplied.
+    if (u + 1 < u1) load_unit(u + 1);
 #pragma unroll
     for (int tile = 0; tile < kRowTiles; ++tile) {
       if (tile0 + tile >= tiles) break;  // the last row group's tiles past m
-      // One accumulator per part, so that the parts' MMAs do not wait on each other.
-      float d0[kTerms][4], d1[kTerms][4];
+      uint4 b[kTerms];
+      if constexpr (kXAhead) {
 #pragma unroll
-      for (int q = 0; q < kTerms; ++q) {
-#pragma unroll
-        for (int j = 0; j < 4; ++j) d0[q][j] = d1[q][j] = 0.0f;
-        Mma(d0[q], frag[0], make_uint2(b[tile][q].x, b[tile][q].y));
-        Mma(kHalves ? d1[q] : d0[q], frag[1], make_uint2(b[tile][q].z, b[tile][q].w));
+        for (int q = 0; q < kTerms; ++q) b[q] = x_now[tile][q];
+      } else {
+        load_tile(u, tile, b);
       }
-      float s0[4], s1[4];
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        // The parts from the smallest up (3 parts: exact as long as the sums are).
-        s0[j] = d0[kTerms - 1][j];
-        s1[j] = d1[kTerms - 1][j];
-#pragma unroll
-        for (int q = kTerms - 2; q >= 0; --q) {
-          s0[j] += d0[q][j];
-          s1[j] += d1[q][j];
-        }
-      }
-      float* c = acc[tile];
-      c[0] = fmaf(sa0, s0[0], c[0]);
-      c[1] = fmaf(sa0, s0[1], c[1]);
-      c[2] = fmaf(sb0, s0[2], c[2]);
-      c[3] = fmaf(sb0, s0[3], c[3]);
-      if constexpr (kHalves) {
-        c[0] = fmaf(sa1, s1[0], c[0]);
-        c[1] = fmaf(sa1, s1[1], c[1]);
-        c[2] = fmaf(sb1, s1[2], c[2]);
-        c[3] = fmaf(sb1, s1[3], c[3]);
-      }
+      float x0 = 0.0f, x1 = 0.0f;
       if constexpr (Unit::kHasMin) {
-        const float ma = wa.Min(0), mb = wb.Min(0);
         const int64_t r = (tile0 + tile) * 8 + 2 * t;  // a tile within `tiles`
-        const float x0 = sums[u * rows + r], x1 = sums[u * rows + r + 1];
-        c[0] = fmaf(ma, x0, c[0]);
-        c[1] = fmaf(ma, x1, c[1]);
-        c[2] = fmaf(mb, x0, c[2]);
-        c[3] = fmaf(mb, x1, c[3]);
+        x0 = sums[u * rows + r];
+        x1 = sums[u * rows + r + 1];
+      }
+#pragma unroll
+      for (int c = 0; c < kColTiles; ++c) {
+        // One accumulator per part, so that the parts' MMAs do not wait on each other.
+        float d0[kTerms][4], d1[kTerms][4];
+#pragma unroll
+        for (int q = 0; q < kTerms; ++q) {
+#pragma unroll
+          for (int j = 0; j < 4; ++j) d0[q][j] = d1[q][j] = 0.0f;
+          Mma(d0[q], frag[c][0], make_uint2(b[q].x, b[q].y));
+          Mma(kHalves ? d1[q] : d0[q], frag[c][1], make_uint2(b[q].z, b[q].w));
+        }
+        float s0[4], s1[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          // The parts from the smallest up (3 parts: exact as long as the sums are).
+          s0[j] = d0[kTerms - 1][j];
+          s1[j] = d1[kTerms - 1][j];
+#pragma unroll
+          for (int q = kTerms - 2; q >= 0; --q) {
+            s0[j] += d0[q][j];
+            s1[j] += d1[q][j];
+          }
+        }
+        float* o = acc[tile][c];
+        o[0] = fmaf(sa0[c], s0[0], o[0]);
+        o[1] = fmaf(sa0[c], s0[1], o[1]);
+        o[2] = fmaf(sb0[c], s0[2], o[2]);
+        o[3] = fmaf(sb0[c], s0[3], o[3]);
+        if constexpr (kHalves) {
+          o[0] = fmaf(sa1[c], s1[0], o[0]);
+          o[1] = fmaf(sa1[c], s1[1], o[1]);
+          o[2] = fmaf(sb1[c], s1[2], o[2]);
+          o[3] = fmaf(sb1[c], s1[3], o[3]);
+        }
+        if constexpr (Unit::kHasMin) {
+          o[0] = fmaf(ma[c], x0, o[0]);
+          o[1] = fmaf(ma[c], x1, o[1]);
+          o[2] = fmaf(mb[c], x0, o[2]);
+          o[3] = fmaf(mb[c], x1, o[3]);
+        }
       }
     }
   }
 
-  // acc[tile]: columns a (0, 1) and b (2, 3) of rows tile·8 + 2t (0, 2) and + 1 (1, 3).
+  // acc[tile][c]: columns a (0, 1) and b (2, 3) of rows tile·8 + 2t (0, 2) and + 1 (1, 3).
   const bool direct = a.y != nullptr && a.splits == 1;
   const T* bias = static_cast<const T*>(a.bias);
 #pragma unroll
   for (int tile = 0; tile < kRowTiles; ++tile) {
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int64_t row = (tile0 + tile) * 8 + 2 * t + (j & 1);
-      const int64_t col = j < 2 ? col_a : col_b;
-      if (row >= a.m || col >= n) continue;
-      const int64_t out = a.col0 + before + col;
-      if (!direct) {
-        a.partials[(split * a.m + row) * a.ld + out] = acc[tile][j];
-      } else {
-        float v = acc[tile][j];
-        if (bias != nullptr) v += ToFloat(bias[before + col]);
-        static_cast<T*>(a.y)[row * a.ld + out] = FromFloat<T>(v);
+    for (int c = 0; c < kColTiles; ++c) {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int64_t row = (tile0 + tile) * 8 + 2 * t + (j & 1);
+        const int64_t col = j < 2 ? col_a[c] : col_a[c] + 8;
+        if (row >= a.m || col >= n) continue;
+        const int64_t out = a.col0 + before + col;
+        if (!direct) {
+          a.partials[(split * a.m + row) * a.ld + out] = acc[tile][c][j];
+        } else {
+          float v = acc[tile][c][j];
+          if (bias != nullptr) v += ToFloat(bias[before + col]);
+          static_cast<T*>(a.y)[row * a.ld + out] = FromFloat<T>(v);
+        }
       }
     }
   }
@@ -321,13 +376,24 @@ __global__ void __launch_bounds__(256)
   }
 }
 
-// Row tiles a block takes for `tiles` tiles of 8 rows: 1, 2 or kMaxRowTiles (more: more
-// blocks along z).
+bool PrefillShape(int64_t m, DType w_dtype, BlockMmaShape shape) {
+  return shape == BlockMmaShape::kPrefill ||
+         (shape == BlockMmaShape::kAuto && m >= kBlockMmaPrefillMinRows &&
+          (w_dtype == DType::kQ4_K || w_dtype == DType::kQ5_K));
+}
+
+// The block shape for `tiles` tiles of 8 rows: f(row tiles, column tiles a warp) with 1,
+// 2 or 4 row tiles and one column tile (decode), or 8 and 2 (prefill); more rows: more
+// blocks along z.
 template <typename F>
-cudaError_t DispatchRowTiles(int64_t tiles, F&& f) {
-  if (tiles <= 1) return f(std::integral_constant<int, 1>{});
-  if (tiles <= 2) return f(std::integral_constant<int, 2>{});
-  return f(std::integral_constant<int, kMaxRowTiles>{});
+cudaError_t DispatchShape(int64_t tiles, bool prefill, F&& f) {
+  using One = std::integral_constant<int, 1>;
+  if (prefill) {
+    return f(std::integral_constant<int, kPrefillRowTiles>{}, std::integral_constant<int, 2>{});
+  }
+  if (tiles <= 1) return f(One{}, One{});
+  if (tiles <= 2) return f(std::integral_constant<int, 2>{}, One{});
+  return f(std::integral_constant<int, kDecodeRowTiles>{}, One{});
 }
 
 // The kernel's (activation type, parts) pairs: f32 x in 1 or 3 parts, bf16 in 1, f16 in 2.
@@ -351,24 +417,30 @@ int BlockMmaTerms(DType x_dtype, int f32_terms) {
   return f32_terms <= 1 ? 1 : 3;
 }
 
-int BlockMmaSplitsFor(int64_t column_blocks, int64_t k, int sm_count) {
+int BlockMmaSplitsFor(int64_t column_blocks, int64_t k, int sm_count, int blocks_per_sm) {
   // Each warp walks its units one after the other, a unit's loads in flight while the one
   // before is multiplied: latency hides behind other warps, so the launch wants several
-  // blocks per SM (four of four warps).
-  const int64_t want = CeilDiv(4 * static_cast<int64_t>(std::max(sm_count, 1)),
+  // blocks per SM.
+  const int64_t want = CeilDiv(std::max(blocks_per_sm, 1) * static_cast<int64_t>(std::max(sm_count, 1)),
                                std::max<int64_t>(column_blocks, 1));
   const int64_t most = std::max<int64_t>(1, k / (4 * quant::kUnitElems));
   return static_cast<int>(std::clamp<int64_t>(want, 1, std::min<int64_t>(most, 16)));
 }
 
-int64_t BlockMmaColumnBlocks(const int64_t* n, int weights) {
+BlockMmaTile BlockMmaTileFor(int64_t m, DType w_dtype, BlockMmaShape shape) {
+  if (PrefillShape(m, w_dtype, shape)) return {2 * kBlockMmaCols, 8 * kPrefillRowTiles, 2};
+  return {kBlockMmaCols, 8 * kDecodeRowTiles, 4};
+}
+
+int64_t BlockMmaColumnBlocks(const int64_t* n, int weights, int64_t cols) {
   int64_t blocks = 0;
-  for (int g = 0; g < weights; ++g) blocks += CeilDiv(n[g], kBlockMmaCols);
+  for (int g = 0; g < weights; ++g) blocks += CeilDiv(n[g], cols);
   return blocks;
 }
 
-bool BlockMmaWorkspaceFor(int64_t m, int64_t k, const int64_t* n, int weights, int terms,
-                          int sm_count, bool keep_partials, BlockMmaWorkspace* out) {
+bool BlockMmaWorkspaceFor(int64_t m, int64_t k, const int64_t* n, int weights, DType w_dtype,
+                          int terms, int sm_count, bool keep_partials, BlockMmaWorkspace* out,
+                          BlockMmaShape shape) {
   if (m <= 0 || weights < 1 || weights > kBlockMmaMaxWeights) return false;
   const int64_t scratch = BlockMmaScratchBytes(m, k, terms);
   int64_t n_total = 0;
@@ -377,8 +449,10 @@ bool BlockMmaWorkspaceFor(int64_t m, int64_t k, const int64_t* n, int weights, i
     n_total += n[g];
   }
   if (scratch < 0 || m > (int64_t{1} << 40)) return false;
-  out->splits = BlockMmaSplitsFor(BlockMmaColumnBlocks(n, weights) * CeilDiv(m, 8 * kMaxRowTiles),
-                                  k, sm_count);
+  const BlockMmaTile tile = BlockMmaTileFor(m, w_dtype, shape);
+  out->splits = BlockMmaSplitsFor(
+      BlockMmaColumnBlocks(n, weights, tile.cols) * CeilDiv(m, tile.rows), k, sm_count,
+      tile.blocks_per_sm);
   // splits ≤ 16, m and Σn ≤ 2^40 each: the product fits when m · Σn does.
   if (n_total > INT64_MAX / 64 / m) return false;
   const int64_t partials = out->splits * m * n_total * 4;
@@ -415,10 +489,12 @@ cudaError_t LaunchBlockMma(const BlockMmaArgs& a, Stream stream) {
     n_total += a.n[g];
   }
   if (a.ld < a.col0 + n_total) return cudaErrorInvalidValue;
-  const int64_t column_blocks = BlockMmaColumnBlocks(a.n, a.weights);
+  const bool prefill = PrefillShape(a.m, a.w_dtype, a.shape);
+  const BlockMmaTile tile = BlockMmaTileFor(a.m, a.w_dtype, a.shape);
+  const int64_t column_blocks = BlockMmaColumnBlocks(a.n, a.weights, tile.cols);
   const int64_t tiles = PaddedRows(a.m) / 8;
   const int64_t frag_bytes = (tiles * 8 * a.k * a.terms * 2 + 15) / 16 * 16;
-  if (column_blocks > INT32_MAX || a.splits > 65535 || CeilDiv(tiles, kMaxRowTiles) > 65535) {
+  if (column_blocks > INT32_MAX || a.splits > 65535 || CeilDiv(a.m, tile.rows) > 65535) {
     return cudaErrorInvalidValue;
   }
   auto* frags = static_cast<uint4*>(a.scratch);
@@ -440,11 +516,13 @@ cudaError_t LaunchBlockMma(const BlockMmaArgs& a, Stream stream) {
       }
       e = quant::DispatchFormat(a.w_dtype, [&](auto format) {
         using Q = decltype(format);
-        return DispatchRowTiles(tiles, [&](auto row_tiles) {
+        return DispatchShape(tiles, prefill, [&](auto row_tiles, auto col_tiles) {
           constexpr int kRowTiles = decltype(row_tiles)::value;
+          constexpr int kColTiles = decltype(col_tiles)::value;
           const dim3 grid(static_cast<unsigned>(column_blocks), static_cast<unsigned>(a.splits),
                           static_cast<unsigned>(CeilDiv(tiles, kRowTiles)));
-          return LaunchKernel(BlockMmaKernel<T, Q, kRowTiles, kTerms>, grid, dim3(kThreads),
+          return LaunchKernel(BlockMmaKernel<T, Q, kRowTiles, kColTiles, kTerms>, grid,
+                              dim3(kThreads),
                               stream, a, static_cast<const uint4*>(frags),
                               static_cast<const float*>(sums));
         });

@@ -26,6 +26,24 @@ inline constexpr int kBlockMmaMaxWeights = 3;
 // Output columns (weight rows) a thread block computes; a weight's columns never share a
 // block with another weight's.
 inline constexpr int kBlockMmaCols = 64;
+// From this many rows of x a launch takes the prefill shape (below).
+inline constexpr int64_t kBlockMmaPrefillMinRows = 33;
+
+// How a launch's thread blocks cover the product. Decode: 64 columns (16 a warp) by up to
+// 32 rows a block, x's fragments of a unit loaded with its weights. Prefill: 128 columns
+// (32 a warp, so that each x fragment a warp loads feeds two MMAs) by 64 rows, x's
+// fragments loaded per row tile. kAuto: the prefill shape from kBlockMmaPrefillMinRows
+// rows. The shapes give the same sums (the same additions in the same order).
+enum class BlockMmaShape { kAuto, kDecode, kPrefill };
+
+// Columns and rows of the product a thread block covers, and the blocks an SM wants in
+// flight (split-K makes them when the columns do not): the decode shape's warps have one
+// unit's loads in flight each, the prefill shape's more MMAs to hide them behind.
+struct BlockMmaTile {
+  int64_t cols = 0, rows = 0;
+  int blocks_per_sm = 4;
+};
+BlockMmaTile BlockMmaTileFor(int64_t m, DType w_dtype, BlockMmaShape shape);
 
 struct BlockMmaArgs {
   const void* x = nullptr;  // [m, k] of dtype
@@ -53,6 +71,7 @@ struct BlockMmaArgs {
   const void* bias = nullptr;
   int64_t ld = 0, col0 = 0;
   int splits = 1;
+  BlockMmaShape shape = BlockMmaShape::kAuto;
 };
 
 // Bytes of BlockMmaArgs::scratch for x [m, k] in `terms` parts; -1 when they overflow.
@@ -67,10 +86,12 @@ struct BlockMmaWorkspace {
 };
 
 // The workspace and split-K factor for x [m, k] in `terms` parts times the weights n[0 ..
-// weights) on `sm_count` SMs. The partial sums are kept when split, and always with
+// weights) in block format w_dtype (a launch's first format where they differ) on
+// `sm_count` SMs. The partial sums are kept when split, and always with
 // `keep_partials` (the fused matmul's epilogue reads them). False when the sizes overflow.
-bool BlockMmaWorkspaceFor(int64_t m, int64_t k, const int64_t* n, int weights, int terms,
-                          int sm_count, bool keep_partials, BlockMmaWorkspace* out);
+bool BlockMmaWorkspaceFor(int64_t m, int64_t k, const int64_t* n, int weights, DType w_dtype,
+                          int terms, int sm_count, bool keep_partials, BlockMmaWorkspace* out,
+                          BlockMmaShape shape = BlockMmaShape::kAuto);
 
 // Whether a device of this compute capability (90 for Hopper) runs the kernel (bf16 MMA:
 // sm_80 and later).
@@ -80,13 +101,14 @@ inline bool BlockMmaRuns(int compute_capability) { return compute_capability >= 
 // part exactly, f16 two; f32 takes 1 or 3 (exact). BlockMmaArgs::terms must be one of these.
 int BlockMmaTerms(DType x_dtype, int f32_terms);
 
-// The split-K factor for a launch of `column_blocks` blocks (Σ ceil(n[g] / 64) times the
-// row groups) on `sm_count` SMs: about four blocks per SM, each split at least 128 values,
-// at most 16 splits.
-int BlockMmaSplitsFor(int64_t column_blocks, int64_t k, int sm_count);
+// The split-K factor for a launch of `column_blocks` blocks (Σ ceil(n[g] / cols) times the
+// row groups) on `sm_count` SMs: about `blocks_per_sm` blocks per SM, each split at least
+// 128 values, at most 16 splits.
+int BlockMmaSplitsFor(int64_t column_blocks, int64_t k, int sm_count, int blocks_per_sm = 4);
 
-// Thread blocks along the columns for these weights: Σ ceil(n[g] / kBlockMmaCols).
-int64_t BlockMmaColumnBlocks(const int64_t* n, int weights);
+// Thread blocks along the columns for these weights, `cols` a block (BlockMmaTile::cols):
+// Σ ceil(n[g] / cols).
+int64_t BlockMmaColumnBlocks(const int64_t* n, int weights, int64_t cols);
 
 // Launches the split of x into the scratch (unless x_in_scratch), the products and, with
 // y and splits > 1, the sum of the splits. cudaErrorInvalidValue for inconsistent

@@ -480,11 +480,16 @@ const Flag kFlags[] = {
      "NVLink, larger ones through NCCL (default 8192; 0: NCCL always)",
      nullptr, EnvRule::kNone,
      [](S v, O& o) { return SetInt(v, 0, int64_t{1} << 30, o.cuda.one_shot_all_reduce_bytes); }},
-    {"--block-gemm-rows", nullptr, "N", kAll, true,
+    {"--block-gemm-rows", nullptr, "N|auto", kAll, true,
      "GPU: rows from which a block-format (GGUF) matmul dequantizes its weight in chunks and "
-     "runs cuBLASLt (default 32; 0: always the block-format kernel)",
+     "runs cuBLASLt (0: never; default auto: 32 where that GEMM runs on tensor cores, never "
+     "for exact f32, where the tensor-core kernel is faster)",
      nullptr, EnvRule::kNone,
      [](S v, O& o) {
+       if (v == "auto") {
+         o.cuda.block_gemm_min_rows = CudaOptions::kBlockGemmAuto;
+         return absl::OkStatus();
+       }
        SG_ASSIGN_OR_RETURN(o.cuda.block_gemm_min_rows, ParseInt(v, 0));
        return absl::OkStatus();
      }},

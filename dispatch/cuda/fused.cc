@@ -57,7 +57,8 @@ bool TakesBlockMma(const ops::FusedMatMul& op, int64_t m, bool blocks,
 absl::StatusOr<kernels::BlockMmaWorkspace> MmaWorkspace(const kernels::FusedMatmulArgs& a,
                                                         int terms, int sm_count) {
   kernels::BlockMmaWorkspace ws;
-  if (!kernels::BlockMmaWorkspaceFor(a.m, a.k, a.n, a.weights, terms, sm_count, true, &ws)) {
+  if (!kernels::BlockMmaWorkspaceFor(a.m, a.k, a.n, a.weights, a.w_dtype[0], terms, sm_count,
+                                     true, &ws)) {
     return absl::InvalidArgumentError(absl::StrCat("FusedMatMul products of ", a.m,
                                                    " rows (K ", a.k, ") overflow"));
   }

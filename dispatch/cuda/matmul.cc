@@ -349,8 +349,8 @@ bool BlockFormatTakes(int64_t m, int64_t n, int64_t k, DType x_dtype, DType w_dt
 // Whether the block GEMM runs x [m, k] with a block-format w [n, k] under `options`.
 bool BlockGemmTakes(int64_t m, int64_t n, int64_t k, DType x_dtype, DType w_dtype,
                     const CudaOptions& options) {
-  return options.block_gemm_min_rows > 0 && m >= options.block_gemm_min_rows &&
-         IsQuantized(w_dtype) && IsFloat(x_dtype) && n > 0 && n <= 0x7fffffff && k > 0 &&
+  const int64_t min_rows = BlockGemmMinRows(options, x_dtype);
+  return min_rows > 0 && m >= min_rows && IsQuantized(w_dtype) && IsFloat(x_dtype) && n > 0 && n <= 0x7fffffff && k > 0 &&
          k % DTypeBlockElems(w_dtype) == 0;
 }
 
@@ -366,9 +366,10 @@ bool BlockMmaTakes(int64_t m, int64_t n, int64_t k, DType x_dtype, DType w_dtype
 // The tensor-core kernel's workspace for y [m, n] = x [m, k]·wᵀ: the partial sums when
 // split, then the scratch for x.
 absl::StatusOr<kernels::BlockMmaWorkspace> BlockMmaWorkspaceOf(int64_t m, int64_t n, int64_t k,
-                                                               int terms, int sm_count) {
+                                                               DType w_dtype, int terms,
+                                                               int sm_count) {
   kernels::BlockMmaWorkspace ws;
-  if (!kernels::BlockMmaWorkspaceFor(m, k, &n, 1, terms, sm_count, false, &ws)) {
+  if (!kernels::BlockMmaWorkspaceFor(m, k, &n, 1, w_dtype, terms, sm_count, false, &ws)) {
     return absl::InvalidArgumentError(
         absl::StrCat("block MMA workspace for M=", m, " N=", n, " K=", k, " overflows"));
   }
@@ -411,9 +412,10 @@ absl::Status MatmulRunner::ReserveBlockGemm(const ExecutionPlan& plan, const Cud
     need = std::max(need, fused);
     if (IsBlockMmaNode(graph, node, options, info_.compute_capability)) {
       const Tensor& x = graph.tensor(node.inputs[0]);
+      const Tensor& w = graph.tensor(node.inputs[1]);
       SG_ASSIGN_OR_RETURN(const kernels::BlockMmaWorkspace ws,
-                          BlockMmaWorkspaceOf(x.shape[0], graph.tensor(node.inputs[1]).shape[0],
-                                              x.shape[1], BlockMmaTermsFor(x.dtype, options),
+                          BlockMmaWorkspaceOf(x.shape[0], w.shape[0], x.shape[1], w.dtype,
+                                              BlockMmaTermsFor(x.dtype, options),
                                               info_.sm_count));
       need = std::max(need, ws.bytes);
     }
@@ -489,8 +491,9 @@ PreparedOr Prepare(const ops::MatMul& op, const CudaPrepareContext& c) {
                       c.info.compute_capability)) {
       state->path = MatmulPath::kBlockMma;
       state->mma_terms = BlockMmaTermsFor(x.dtype, c.options);
-      SG_ASSIGN_OR_RETURN(state->mma, BlockMmaWorkspaceOf(x.shape[0], w.shape[0], x.shape[1],
-                                                          state->mma_terms, c.info.sm_count));
+      SG_ASSIGN_OR_RETURN(state->mma,
+                          BlockMmaWorkspaceOf(x.shape[0], w.shape[0], x.shape[1], w.dtype,
+                                              state->mma_terms, c.info.sm_count));
       SG_ASSIGN_OR_RETURN(state->workspace, c.matmul.BlockWorkspace(state->mma.bytes, c.node.name));
     }
     return Keep(std::move(state));

@@ -76,9 +76,10 @@ std::vector<OpCase> MatmulCases() {
   return cases;
 }
 
-// The tensor-core kernel (kernels/block_mma.cuh) at every row count it is compiled for
-// (row tiles of 8, 16 and 32, and 40 rows: two row groups), odd N (a partial block of 64
-// columns and a partial warp tile), K of whole and partial stages of 4 units, with bias;
+// The tensor-core kernel (kernels/block_mma.cuh) in every block shape it is compiled for
+// (decode: row tiles of 8, 16 and 32 rows, 64 columns; prefill from 33 rows: 64 rows and
+// 128 columns, one partial row group at 40 rows, three at 130), odd N (a partial block
+// and a partial warp tile), K of whole and partial stages of 4 units, with bias;
 // f32 x in three bf16 parts (exact products: f32's tolerance) and, under
 // block_gemm_precision bf16, in one (bf16's).
 std::vector<OpCase> MmaMatmulCases() {
@@ -92,7 +93,9 @@ std::vector<OpCase> MmaMatmulCases() {
     const Mm shapes[] = {{2, 2048, 512, false},
                          {16, 3 * block, 75, true},
                          {5, block, 7, false},
-                         {40, 5 * block, 130, true}};
+                         {24, 2 * block, 100, false},
+                         {40, 5 * block, 130, true},
+                         {130, 2 * block, 300, false}};
     for (DType t : kFloatTypes) {
       for (const Mm& s : shapes) {
         for (bool bf16_x : {false, true}) {
@@ -412,22 +415,44 @@ TEST(BlockMmaSizesTest, TermsScratchSplitsAndRefusals) {
   EXPECT_EQ(kernels::BlockMmaSplitsFor(8, 1 << 20, 132), 16);
   EXPECT_EQ(kernels::BlockMmaSplitsFor(4000, 8192, 132), 1);
   const int64_t n[] = {100, 64, 1};
-  EXPECT_EQ(kernels::BlockMmaColumnBlocks(n, 3), 2 + 1 + 1);
+  EXPECT_EQ(kernels::BlockMmaColumnBlocks(n, 3, 64), 2 + 1 + 1);
+  EXPECT_EQ(kernels::BlockMmaColumnBlocks(n, 3, 128), 1 + 1 + 1);
+  EXPECT_EQ(kernels::BlockMmaSplitsFor(128, 2048, 132, 2), 3);
+  // The decode shape up to 32 rows (64 columns, 32 rows a block), from 33 the prefill shape
+  // (128 columns, 64 rows) for Q4_K and Q5_K, or either forced.
+  using kernels::BlockMmaShape;
+  constexpr auto kAuto = BlockMmaShape::kAuto;
+  EXPECT_EQ(kernels::BlockMmaTileFor(32, DType::kQ4_K, kAuto).cols, 64);
+  EXPECT_EQ(kernels::BlockMmaTileFor(32, DType::kQ4_K, kAuto).rows, 32);
+  EXPECT_EQ(kernels::BlockMmaTileFor(33, DType::kQ4_K, kAuto).cols, 128);
+  EXPECT_EQ(kernels::BlockMmaTileFor(33, DType::kQ5_K, kAuto).rows, 64);
+  EXPECT_EQ(kernels::BlockMmaTileFor(512, DType::kQ4_0, kAuto).cols, 64);
+  EXPECT_EQ(kernels::BlockMmaTileFor(512, DType::kQ6_K, kAuto).rows, 32);
+  EXPECT_EQ(kernels::BlockMmaTileFor(2, DType::kQ4_0, BlockMmaShape::kPrefill).cols, 128);
+  EXPECT_EQ(kernels::BlockMmaTileFor(512, DType::kQ4_K, BlockMmaShape::kDecode).cols, 64);
   // One workspace: the partial sums (256-byte aligned) when split or kept, then the scratch.
   kernels::BlockMmaWorkspace ws;
-  ASSERT_TRUE(kernels::BlockMmaWorkspaceFor(16, 2048, n, 3, 3, 132, false, &ws));
+  ASSERT_TRUE(kernels::BlockMmaWorkspaceFor(16, 2048, n, 3, DType::kQ4_0, 3, 132, false, &ws));
   EXPECT_EQ(ws.splits, 16);  // 4 column blocks: 528 wanted, 16 at most
   EXPECT_EQ(ws.partial_bytes, (16 * 16 * 165 * 4 + 255) / 256 * 256);
   EXPECT_EQ(ws.bytes, ws.partial_bytes + kernels::BlockMmaScratchBytes(16, 2048, 3));
   const int64_t wide = 128256;  // an lm head: unsplit, its sums kept only when asked
-  ASSERT_TRUE(kernels::BlockMmaWorkspaceFor(16, 2048, &wide, 1, 1, 132, false, &ws));
+  ASSERT_TRUE(kernels::BlockMmaWorkspaceFor(16, 2048, &wide, 1, DType::kQ4_0, 1, 132, false, &ws));
   EXPECT_EQ(ws.splits, 1);
   EXPECT_EQ(ws.partial_bytes, 0);
-  ASSERT_TRUE(kernels::BlockMmaWorkspaceFor(16, 2048, &wide, 1, 1, 132, true, &ws));
+  ASSERT_TRUE(kernels::BlockMmaWorkspaceFor(16, 2048, &wide, 1, DType::kQ4_0, 1, 132, true, &ws));
   EXPECT_EQ(ws.partial_bytes, (16 * wide * 4 + 255) / 256 * 256);
   const int64_t huge = int64_t{1} << 40;
-  EXPECT_FALSE(kernels::BlockMmaWorkspaceFor(huge, 32, &huge, 1, 1, 132, true, &ws));
-  EXPECT_FALSE(kernels::BlockMmaWorkspaceFor(0, 32, n, 1, 1, 132, true, &ws));
+  EXPECT_FALSE(kernels::BlockMmaWorkspaceFor(huge, 32, &huge, 1, DType::kQ4_0, 1, 132, true, &ws));
+  EXPECT_FALSE(kernels::BlockMmaWorkspaceFor(0, 32, n, 1, DType::kQ4_0, 1, 132, true, &ws));
+  // A Q4_K prefill of 512 rows: 16 × 8 blocks of 128 columns and 64 rows, two wanted per
+  // SM; in the decode shape 32 × 16 blocks, four wanted per SM.
+  const int64_t q = 2048;
+  ASSERT_TRUE(kernels::BlockMmaWorkspaceFor(512, 2048, &q, 1, DType::kQ4_K, 3, 132, false, &ws));
+  EXPECT_EQ(ws.splits, 3);
+  ASSERT_TRUE(kernels::BlockMmaWorkspaceFor(512, 2048, &q, 1, DType::kQ4_K, 3, 132, false, &ws,
+                                            BlockMmaShape::kDecode));
+  EXPECT_EQ(ws.splits, 2);
 
   kernels::BlockMmaArgs a;
   alignas(16) static float x[64], y[64];
@@ -475,7 +500,7 @@ TEST(QuantConformanceCasesTest, EveryFormatAndDTypeIsCovered) {
   EXPECT_EQ(MatmulCases().size(), 8u * 3u * (5u + 5u + 4u));
   EXPECT_EQ(EmbeddingCases().size(), 8u * 3u * 3u);
   EXPECT_EQ(FusedCases().size(), 8u * 3u * (7u + 2u) + 3u * 4u);
-  EXPECT_EQ(MmaMatmulCases().size(), 8u * (3u * 4u + 1u));
+  EXPECT_EQ(MmaMatmulCases().size(), 8u * (3u * 6u + 1u));
   EXPECT_EQ(MmaFusedCases().size(), 8u * 3u * (6u + 1u) + 3u * 2u);
 }
 

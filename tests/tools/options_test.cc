@@ -10,6 +10,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_split.h"
 #include "gtest/gtest.h"
+#include "stepgraph/dispatch/cuda_options.h"
 
 namespace sg::cli {
 namespace {
@@ -213,6 +214,39 @@ TEST(OptionsTest, TensorParallelFlagsAndPresets) {
   EXPECT_EQ(Parse({"serve", "--tp", "2"})->tensor_parallel, 2);
   ExpectRefused({"tokenize", "--tp", "2"}, "--tp is not an option of 'tokenize'");
   ExpectRefused({"bench", "--model-preset", "llama-3.1-405b"}, "unknown preset 'llama-3.1-405b'");
+}
+
+TEST(OptionsTest, BlockFormatPathFlags) {
+  absl::StatusOr<Options> o = Parse({"bench"});
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->cuda.block_gemm_min_rows, CudaOptions::kBlockGemmAuto);
+  o = Parse({"bench", "--block-gemm-rows", "64", "--block-mma-rows", "8"});
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->cuda.block_gemm_min_rows, 64);
+  EXPECT_EQ(o->cuda.block_mma_min_rows, 8);
+  o = Parse({"bench", "--block-gemm-rows", "0", "--block-gemm-rows", "auto"});
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->cuda.block_gemm_min_rows, CudaOptions::kBlockGemmAuto);
+  ExpectRefused({"bench", "--block-gemm-rows", "-1"}, "--block-gemm-rows");
+  ExpectRefused({"bench", "--block-gemm-rows", "many"}, "--block-gemm-rows");
+}
+
+// The block GEMM's rows as the dispatcher resolves them: auto keeps exact f32 on the
+// tensor-core kernel and takes the GEMM from 32 rows where it runs on tensor cores.
+TEST(OptionsTest, BlockGemmRowsResolve) {
+  CudaOptions c;
+  EXPECT_EQ(BlockGemmMinRows(c, DType::kF32), 0);
+  EXPECT_EQ(BlockGemmMinRows(c, DType::kBF16), 32);
+  EXPECT_EQ(BlockGemmMinRows(c, DType::kF16), 32);
+  c.block_gemm_precision = BlockGemmPrecision::kBf16;
+  EXPECT_EQ(BlockGemmMinRows(c, DType::kF32), 32);
+  c.block_gemm_precision = BlockGemmPrecision::kF32;
+  c.block_mma_min_rows = 0;  // no tensor-core kernel: the GEMM beats the CUDA-core one
+  EXPECT_EQ(BlockGemmMinRows(c, DType::kF32), 32);
+  c.block_gemm_min_rows = 7;
+  EXPECT_EQ(BlockGemmMinRows(c, DType::kF32), 7);
+  c.block_gemm_min_rows = 0;
+  EXPECT_EQ(BlockGemmMinRows(c, DType::kBF16), 0);
 }
 
 TEST(OptionsTest, TheEnvironmentMapsOntoOptionsAndFlagsOverrideIt) {

@@ -9,6 +9,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "stepgraph/base/dtype.h"
 
 namespace sg {
 
@@ -51,20 +52,22 @@ struct CudaOptions {
   // instead of the built-in kernel. FusedElementwise nodes are always compiled.
   bool compiled_norm = false;
   // MatMul with w in a GGUF block format: from this many rows of x on, w is dequantized
-  // into a workspace in chunks of its rows and each chunk multiplied by cuBLASLt (tensor
-  // cores); fewer rows run the block-format kernel, which reads w once per launch and
-  // multiplies it with up to 8 rows at a time. 0: the kernel always. On an H100 (a
-  // Llama-3.2-1B-shaped Q4_K_M mix, f32 activations, decode_bench's QuantBatch) the
-  // kernel took 3.45 and 5.76 ms per step for 8 and 16 rows, the exact f32 GEMM 14.5 and
-  // 16.3 ms (bf16 operands 6.5 ms): the kernel's time grows with the rows, the GEMM's
-  // hardly, and they cross near 40 rows. prefill_bench's BlockMatMul cases compare the two
-  // per format.
-  int64_t block_gemm_min_rows = 32;
+  // into a workspace in chunks of its rows and each chunk multiplied by cuBLASLt (the block
+  // GEMM); fewer rows run the block-format kernels (block_mma_min_rows). 0: never.
+  // kBlockGemmAuto (the default): 32 where the GEMM multiplies on tensor cores (bf16 or f16
+  // x; f32 x under block_gemm_precision tf32 or bf16), never where it would multiply exact
+  // f32 on the CUDA cores (f32 x, precision f32) while the tensor-core kernel runs
+  // (block_mma_min_rows > 0): that kernel is exact too and faster at every size measured
+  // (H200, 2026-11-29, prefill_bench: 3 layers of Q4_0 matmuls, 512 rows 1.23 ms a layer
+  // against 1.70, 64 rows 0.21 against 0.71; a Q4_0 1B prefill of 512 tokens 24.1k
+  // tokens/s against 18.0k). prefill_bench's BlockMatMul cases compare the paths per format.
+  static constexpr int64_t kBlockGemmAuto = -1;
+  int64_t block_gemm_min_rows = kBlockGemmAuto;
   // The workspace those chunks are dequantized into (sized at Prepare from the largest
   // need of the plans prepared, never per step). A chunk holds at least 128 rows of w.
   int64_t block_gemm_workspace_bytes = int64_t{32} << 20;
   BlockGemmPrecision block_gemm_precision = BlockGemmPrecision::kF32;
-  // Block-format matmuls of this many rows of x or more (MatMul below block_gemm_min_rows,
+  // Block-format matmuls of this many rows of x or more (MatMul below the block GEMM's rows,
   // FusedMatMul without a folded norm) run on tensor cores (kernels/block_mma.cuh): each
   // weight read once per 32 rows, its codes exact in bf16, x split into bf16 parts whose
   // products are x·code exactly (three parts for f32 x; one, rounding x to bf16, under
@@ -84,6 +87,10 @@ struct CudaOptions {
   // 8 KiB (6.6 us) and NCCL was 0.5 us faster at 4 KiB.
   int64_t one_shot_all_reduce_bytes = int64_t{8} << 10;
 };
+
+// The rows from which a block-format MatMul of x in `x_dtype` takes the block GEMM under
+// `o` (0: never): block_gemm_min_rows resolved where it is kBlockGemmAuto.
+int64_t BlockGemmMinRows(const CudaOptions& o, DType x_dtype);
 
 }  // namespace sg
 
