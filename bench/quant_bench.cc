@@ -5,7 +5,7 @@
 // streaming its weight at the copy rate, plain and fused. Those cases take bf16
 // activations; QuantMatMulF32 (M = 1, 4, 8, 16), FusedF32 (M = 1) and the tensor-core
 // path (kernels/block_mma.cuh: MmaF32 fused, MmaPlainF32 for the lm head; M = 1 to 32;
-// MmaPrefillF32 at M = 64 and 512 in both block shapes) take f32 ones, as a GGUF file
+// MmaPrefillF32 at M = 16, 64 and 512 in both block shapes) take f32 ones, as a GGUF file
 // with block-format weights computes. Block-format weights are repacked into the device
 // layout (kernels/quant_layout.h) as the step runner uploads them.
 //
@@ -403,13 +403,13 @@ int main(int argc, char** argv) {
           t, s, Kernel::kFused, 1, sg::DType::kF32);
     }
   }
-  // The tensor-core kernel at prefill sizes (a MatMul's path, split as the node splits), in
-  // both block shapes: MmaPrefillF32/<format>/M=<m> ... /<decode|prefill>. TFLOP/s: 2·m·n·k
+  // The tensor-core kernel at batch and prefill sizes (a MatMul's path, split as the node
+  // splits), in both block shapes: MmaPrefillF32/<format>/M=<m> ... /<decode|prefill>. TFLOP/s: 2·m·n·k
   // over the time (printed after the table).
   for (const Shape& s : {Shape{"q/o", 2048, 2048}, Shape{"gate/up", 8192, 2048},
                          Shape{"down", 2048, 8192}}) {
     for (sg::DType t : {sg::DType::kQ4_0, sg::DType::kQ8_0, sg::DType::kQ4_K, sg::DType::kQ6_K}) {
-      for (const int64_t m : {64, 512}) {
+      for (const int64_t m : {16, 64, 512}) {
         for (const auto shape :
              {sg::kernels::BlockMmaShape::kDecode, sg::kernels::BlockMmaShape::kPrefill}) {
           const bool prefill = shape == sg::kernels::BlockMmaShape::kPrefill;

@@ -26,14 +26,18 @@ inline constexpr int kBlockMmaMaxWeights = 3;
 // Output columns (weight rows) a thread block computes; a weight's columns never share a
 // block with another weight's.
 inline constexpr int kBlockMmaCols = 64;
-// From this many rows of x a launch takes the prefill shape (below).
+// From this many rows of x a launch of a Q4_K or Q5_K weight takes the prefill shape.
 inline constexpr int64_t kBlockMmaPrefillMinRows = 33;
 
 // How a launch's thread blocks cover the product. Decode: 64 columns (16 a warp) by up to
 // 32 rows a block, x's fragments of a unit loaded with its weights. Prefill: 128 columns
-// (32 a warp, so that each x fragment a warp loads feeds two MMAs) by 64 rows, x's
-// fragments loaded per row tile. kAuto: the prefill shape from kBlockMmaPrefillMinRows
-// rows. The shapes give the same sums (the same additions in the same order).
+// (32 a warp, so that each x fragment a warp loads feeds two MMAs and each decoded unit
+// serves twice the rows) by 64 rows, x's fragments loaded per row tile. kAuto: the prefill
+// shape from kBlockMmaPrefillMinRows rows for Q4_K and Q5_K, whose units cost the most to
+// decode, the decode shape otherwise (H200, quant_bench's MmaPrefillF32 at 512 rows: Q4_K
+// gate/up 466 against 570 us in the decode shape; Q4_0 338 against 286, Q6_K 373 against
+// 361, Q8_0 533 against 316: the prefill shape's registers leave fewer warps per SM). The
+// shapes give the same sums (the same additions in the same order).
 enum class BlockMmaShape { kAuto, kDecode, kPrefill };
 
 // Columns and rows of the product a thread block covers, and the blocks an SM wants in
