@@ -34,7 +34,9 @@
 // bytes written: floor = weight bytes / copy bandwidth; `floor_ratio` = floor / median
 // (1.0 would be a step that only streams its weights at copy speed).
 //
-// Then a per-kernel table: one eager step at position 100 run with every launch queued
+// After the cases: the batch-1 step's launches (stepgraph nodes per layer, CUDA graph
+// nodes), the published batch-1 anchors for this model beside the replayed step, then a
+// per-kernel table: one eager step at position 100 run with every launch queued
 // behind a gate and an event after each node (DecodeSession::ProfileStep), median of
 // kProfileRuns, each node beside the fewest bytes it must move and its own floor at the
 // copy bandwidth, so that what stands between the replayed step and the floor can be read
@@ -52,7 +54,9 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/strip.h"
 #include "runtime/timing.h"
 #include "stepgraph/models/llama.h"
 #include "stepgraph/runtime/measure.h"
@@ -335,6 +339,70 @@ absl::Status PrintKernelTable(DecodeSession& s, const std::string& label, double
   return absl::OkStatus();
 }
 
+// Launches of the batch-1 step: stepgraph nodes in all and per layer (named
+// "model.layers.<l>."; the median over layers), the rest (embedding, final norm, lm head,
+// the closed loop's nodes), and the CUDA graph nodes its capture made.
+void PrintLaunches(DecodeSession& s, const std::string& label) {
+  const ExecutionPlan* plan = s.plan(1);
+  if (plan == nullptr) return;
+  const Graph& graph = plan->graph();
+  const int64_t layers = s.config().num_hidden_layers;
+  std::vector<int> per_layer(static_cast<size_t>(std::max<int64_t>(layers, 0)), 0);
+  int outside = 0;
+  constexpr absl::string_view kPrefix = "model.layers.";
+  for (const Node& node : graph.nodes()) {
+    absl::string_view name = node.name;
+    int64_t layer = -1;
+    if (absl::ConsumePrefix(&name, kPrefix)) {
+      const size_t dot = name.find('.');
+      if (!absl::SimpleAtoi(name.substr(0, dot), &layer)) layer = -1;
+    }
+    if (layer >= 0 && layer < layers) {
+      ++per_layer[static_cast<size_t>(layer)];
+    } else {
+      ++outside;
+    }
+  }
+  std::vector<int> sorted = per_layer;
+  std::sort(sorted.begin(), sorted.end());
+  int64_t graph_nodes = 0;
+  StepRunner& runner = s.runner();
+  for (int step = 0; step < runner.num_steps(); ++step) {
+    if (&runner.plan(step) == plan) graph_nodes = runner.graph_nodes(step);
+  }
+  std::printf("\nLaunches (%s, batch-1 step): %d stepgraph nodes, %d per layer (median of %lld "
+              "layers), %d outside the layers; %lld CUDA graph nodes in the captured step "
+              "(%.1f per layer if every node outside the layers is one)\n",
+              label.c_str(), graph.num_nodes(), sorted.empty() ? 0 : sorted[sorted.size() / 2],
+              static_cast<long long>(layers), outside, static_cast<long long>(graph_nodes),
+              layers > 0 ? static_cast<double>(graph_nodes - outside) / layers : 0.0);
+}
+
+// The published batch-1 times of this model's bf16 step (Llama-3.2-1B) beside the replayed
+// step measured here (position 100), as ratios (> 1: stepgraph faster). The anchors are
+// per GPU: read the row of the GPU this run used (the session's description names it).
+void PrintAnchors(double replayed_ms) {
+  if (replayed_ms <= 0) return;
+  struct Anchor {
+    const char* what;
+    double h100_ms, h200_ms;
+  };
+  const Anchor anchors[] = {
+      {"CUDA graph of ~100 kernels with PDL (megakernels-vs-cuda-graphs)", 0.980, 0.795},
+      {"Hazy megakernel (\"No Bubbles\")", 0.973, 0.760},
+      {"issue goal", 0.95, 0.75},
+  };
+  std::printf("\nPublished batch-1 anchors against this run's replayed step (%.3f ms at "
+              "position %lld); ratio > 1: stepgraph faster\n%-66s %9s %7s %9s %7s\n",
+              replayed_ms, static_cast<long long>(kBucketPosition), "", "H100 ms", "ratio",
+              "H200 ms", "ratio");
+  for (const Anchor& a : anchors) {
+    std::printf("%-66s %9.3f %7.3f %9.3f %7.3f\n", a.what, a.h100_ms, a.h100_ms / replayed_ms,
+                a.h200_ms, a.h200_ms / replayed_ms);
+  }
+  std::fflush(stdout);
+}
+
 absl::Status Setup() {
   SessionOptions o;
   o.config = Llama32_1BConfig();
@@ -452,6 +520,8 @@ int main(int argc, char** argv) {
     }
   }
   benchmark::RunSpecifiedBenchmarks();
+  sg::PrintLaunches(*context.session, "bf16");
+  sg::PrintAnchors(context.replayed_ms_at_100);
   if (absl::Status s = sg::PrintKernelTable(*context.session, "bf16", context.replayed_ms_at_100);
       !s.ok()) {
     std::fprintf(stderr, "decode_bench: per-kernel breakdown failed: %s\n", s.ToString().c_str());
@@ -459,6 +529,7 @@ int main(int argc, char** argv) {
   // Each quantized session the run made (the Quant cases), as its own table.
   for (const auto& [name, session] : context.quant) {
     if (session == nullptr) continue;
+    sg::PrintLaunches(*session, name);
     if (absl::Status s = sg::PrintKernelTable(*session, name, context.quant_ms[name]); !s.ok()) {
       std::fprintf(stderr, "decode_bench: per-kernel breakdown of %s failed: %s\n", name.c_str(),
                    s.ToString().c_str());
