@@ -322,7 +322,7 @@ absl::Status PrintKernelTable(DecodeSession& s, const std::string& label, double
               "node times %.1f us (the difference to the replayed step is what the graph "
               "hides or adds between kernels)\n",
               static_cast<long long>(kBucketPosition), replayed_ms * 1e3,
-              1e3 * static_cast<double>(s.weight_bytes()) / g->copy_bytes_per_s, total.us);
+              1e6 * static_cast<double>(s.weight_bytes()) / g->copy_bytes_per_s, total.us);
   if (replayed_ms > 0) {
     std::printf("per node, the eager stream with its events costs %.2f us more than the "
                 "replayed graph: launch and event overhead the graph removes, spread over "
