@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <cstdlib>
+#include <cstring>
 #include <chrono>
 #include <thread>
 #include <utility>
@@ -13,7 +14,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "runtime/runner_device.h"
+#include "capture/captured_loop.h"
 #include "dispatch/cuda/cuda_handles.h"
+#include "dispatch/cuda/device_loop.h"
 #include "dispatch/cuda/cuda_status.h"
 #include "dispatch/cuda/one_shot.h"
 #include "stepgraph/capture/cuda_graph.h"
@@ -111,12 +114,97 @@ class NcclGroup final : public CollectiveGroup {
 #endif
 };
 
+// A captured step's device loop: its ring and state on the device, their pinned copies,
+// and the loop graph (capture/captured_loop.h).
+class CudaDeviceLoop final : public DeviceLoop {
+ public:
+  static absl::StatusOr<std::unique_ptr<CudaDeviceLoop>> Create(const CapturedStep& step,
+                                                                const int32_t* ids,
+                                                                int64_t rows,
+                                                                int64_t max_steps) {
+    if (rows < 1 || rows > kDeviceLoopMaxRows) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "device loop: ", rows, " rows; one loop takes 1 to ", kDeviceLoopMaxRows));
+    }
+    auto loop = std::unique_ptr<CudaDeviceLoop>(new CudaDeviceLoop());
+    loop->stream_ = step.stream();
+    loop->rows_ = rows;
+    loop->max_steps_ = max_steps;
+    const int64_t ring_bytes = max_steps * rows * 4;
+    const int64_t state_bytes = DeviceLoopStateInts(rows) * 4;
+    SG_ASSIGN_OR_RETURN(loop->ring_, AllocateDevice(ring_bytes, "device loop ring"));
+    SG_ASSIGN_OR_RETURN(loop->state_, AllocateDevice(state_bytes, "device loop state"));
+    void* host = nullptr;
+    SG_RETURN_IF_ERROR(
+        ToStatus(cudaMallocHost(&host, static_cast<size_t>(ring_bytes + state_bytes)),
+                 "cudaMallocHost (device loop)"));
+    loop->host_.reset(host);
+    DeviceLoopBuffers b;
+    b.ids = ids;
+    b.rows = static_cast<int32_t>(rows);
+    b.ring = static_cast<int32_t*>(loop->ring_.get());
+    b.ring_stride = static_cast<int32_t>(rows);
+    b.max_steps = static_cast<int32_t>(max_steps);
+    b.state = static_cast<int32_t*>(loop->state_.get());
+    SG_ASSIGN_OR_RETURN(loop->graph_, CapturedLoop::Create(step, b));
+    return loop;
+  }
+
+  absl::StatusOr<int64_t> Run(int64_t limit, absl::Span<const int32_t> stop_ids,
+                              absl::Span<const uint8_t> live, int32_t* ids_out,
+                              int64_t ids_stride) override {
+    auto* state = static_cast<int32_t*>(host_.get());
+    int32_t* ring = state + DeviceLoopStateInts(rows_);
+    state[DeviceLoopState::kSteps] = 0;
+    state[DeviceLoopState::kLimit] = static_cast<int32_t>(limit);
+    state[DeviceLoopState::kStops] = static_cast<int32_t>(stop_ids.size());
+    for (size_t i = 0; i < stop_ids.size(); ++i) state[DeviceLoopState::kStopIds + i] = stop_ids[i];
+    for (int64_t r = 0; r < rows_; ++r) state[DeviceLoopState::kRows + r] = live[r] ? 1 : 0;
+    const size_t state_bytes = static_cast<size_t>(DeviceLoopStateInts(rows_) * 4);
+    SG_RETURN_IF_ERROR(ToStatus(cudaMemcpyAsync(state_.get(), state, state_bytes,
+                                                cudaMemcpyHostToDevice, stream_),
+                                "cudaMemcpyAsync (device loop state)"));
+    SG_RETURN_IF_ERROR(graph_->Launch());
+    SG_RETURN_IF_ERROR(ToStatus(cudaMemcpyAsync(state, state_.get(), 4, cudaMemcpyDeviceToHost,
+                                                stream_),
+                                "cudaMemcpyAsync (device loop steps)"));
+    SG_RETURN_IF_ERROR(ToStatus(cudaMemcpyAsync(ring, ring_.get(),
+                                                static_cast<size_t>(limit * rows_ * 4),
+                                                cudaMemcpyDeviceToHost, stream_),
+                                "cudaMemcpyAsync (device loop ring)"));
+    SG_RETURN_IF_ERROR(
+        ToStatus(cudaStreamSynchronize(stream_), "cudaStreamSynchronize (device loop)"));
+    const int64_t ran = state[DeviceLoopState::kSteps];
+    if (ran < 1 || ran > limit) {
+      return absl::InternalError(absl::StrCat("device loop: ran ", ran, " steps of ", limit));
+    }
+    for (int64_t k = 0; k < ran; ++k) {
+      std::memcpy(ids_out + k * ids_stride, ring + k * rows_, static_cast<size_t>(rows_) * 4);
+    }
+    return ran;
+  }
+
+ private:
+  CudaDeviceLoop() = default;
+  cudaStream_t stream_ = nullptr;
+  int64_t rows_ = 0, max_steps_ = 0;
+  DeviceMemory ring_, state_;
+  PinnedMemory host_;
+  std::unique_ptr<CapturedLoop> graph_;
+};
+
 // The runner makes its device current before it replays (StepRunner::Run).
 class CapturedReplay final : public ReplayableStep {
  public:
   explicit CapturedReplay(std::unique_ptr<CapturedStep> step) : step_(std::move(step)) {}
   absl::Status Replay() override { return step_->Replay(); }
   int64_t graph_nodes() const override { return step_->num_graph_nodes(); }
+  absl::StatusOr<std::unique_ptr<DeviceLoop>> MakeLoop(const int32_t* ids, int64_t rows,
+                                                       int64_t max_steps) override {
+    SG_ASSIGN_OR_RETURN(std::unique_ptr<CudaDeviceLoop> loop,
+                        CudaDeviceLoop::Create(*step_, ids, rows, max_steps));
+    return std::unique_ptr<DeviceLoop>(std::move(loop));
+  }
 
  private:
   std::unique_ptr<CapturedStep> step_;

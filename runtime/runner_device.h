@@ -14,11 +14,22 @@
 #include "stepgraph/dispatch/collectives.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/types/span.h"
 #include "stepgraph/dispatch/dispatch.h"
 #include "stepgraph/dispatch/executor.h"
 #include "stepgraph/runtime/step_runner.h"
 
 namespace sg {
+
+// A captured step run as a loop on the device (StepRunner::AddLoop).
+class DeviceLoop {
+ public:
+  virtual ~DeviceLoop() = default;
+  // StepRunner::RunLoop's work: one launch of up to `limit` steps, then the steps' ids.
+  virtual absl::StatusOr<int64_t> Run(int64_t limit, absl::Span<const int32_t> stop_ids,
+                                      absl::Span<const uint8_t> live, int32_t* ids_out,
+                                      int64_t ids_stride) = 0;
+};
 
 // One captured step, replayed as a whole.
 class ReplayableStep {
@@ -26,6 +37,12 @@ class ReplayableStep {
   virtual ~ReplayableStep() = default;
   virtual absl::Status Replay() = 0;
   virtual int64_t graph_nodes() const = 0;
+  // The step as a loop of up to `max_steps` steps whose sampled ids (`rows` of them) the
+  // step writes at `ids`; Unimplemented where the device has no such loops.
+  virtual absl::StatusOr<std::unique_ptr<DeviceLoop>> MakeLoop(const int32_t* ids, int64_t rows,
+                                                               int64_t max_steps) {
+    return absl::UnimplementedError("this device runs no loops of steps");
+  }
 };
 
 class RunnerDevice {

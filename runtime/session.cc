@@ -208,8 +208,17 @@ class DecodeSession::Impl {
   int64_t position(int64_t slot) const;
   // One step; `node_ms` set: eager with per-node times.
   absl::Status Step(std::vector<double>* node_ms);
-  absl::StatusOr<std::vector<std::vector<int32_t>>> Generate(int64_t n);
+  absl::StatusOr<std::vector<std::vector<int32_t>>> Generate(int64_t n,
+                                                             absl::Span<const int32_t> stop_ids);
   absl::StatusOr<std::vector<int32_t>> Generate(int64_t slot, int64_t n);
+  // The live slots' inputs copied to the device when the live set changed (Step and the
+  // device loop).
+  absl::Status WriteInputsIfDirty();
+  // Whether Generate runs on the device loop now (enabled, no slot picking on the host).
+  bool DeviceLoopRuns() const;
+  // Up to `n` steps on the device loop, `stopped` (per slot) kept across launches.
+  absl::Status GenerateOnDevice(int64_t n, absl::Span<const int32_t> stop_ids,
+                                std::vector<bool>& stopped);
   absl::StatusOr<std::vector<int32_t>> Tokens(int64_t slot);
   absl::StatusOr<std::vector<float>> Logits(int64_t slot);
   absl::StatusOr<std::vector<double>> TimedSteps(int64_t n);
@@ -312,6 +321,7 @@ class DecodeSession::Impl {
   std::vector<int64_t> buckets_;
   int64_t max_seq_ = 0;
   int64_t ring_steps_ = 0;
+  int64_t device_loop_steps_ = 0;
   int64_t weight_bytes_ = 0;
   uint64_t weight_seed_ = 0;
   int weight_threads_ = 0;
@@ -466,6 +476,12 @@ absl::Status DecodeSession::Impl::ResolveOptions(const SessionOptions& options) 
         absl::StrCat("session: id_ring_steps must be >= 1, got ", options.id_ring_steps));
   }
   ring_steps_ = options.id_ring_steps;
+  if (options.device_loop_steps < 0 || options.device_loop_steps > options.id_ring_steps) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("session: device_loop_steps must be in [0, id_ring_steps = ",
+                     options.id_ring_steps, "], got ", options.device_loop_steps));
+  }
+  device_loop_steps_ = options.device_loop_steps;
   if (absl::Status st = ValidateBuckets(options.buckets); !st.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("session: buckets: ", st.message()));
   }
@@ -658,6 +674,14 @@ absl::Status DecodeSession::Impl::FinalizeSteps() {
     SG_ASSIGN_OR_RETURN(TensorArg logits, runner_->Output(i, kLogitsOutput));
     next_.push_back(next);
     logits_.push_back(logits);
+    if (device_loop_steps_ > 0) {
+      if (ranks_ > 1 || runner_->device() != DeviceKind::kCuda || !runner_->replays()) {
+        return absl::InvalidArgumentError(
+            "session: device_loop_steps needs the CUDA backend with captured steps (not "
+            "eager) and one rank");
+      }
+      SG_RETURN_IF_ERROR(runner_->AddLoop(i, kNextIdsOutput, device_loop_steps_));
+    }
     if (penalties_) {
       SG_ASSIGN_OR_RETURN(TensorArg penalized, runner_->Output(i, kPenalizedLogitsOutput));
       pick_from_.push_back(penalized);
@@ -1088,21 +1112,7 @@ absl::Status DecodeSession::Impl::Step(std::vector<double>* node_ms) {
   SG_RETURN_IF_ERROR(CheckCapacity(1));
   if (pending_steps_ == ring_steps_) SG_RETURN_IF_ERROR(Drain());
   SG_ASSIGN_OR_RETURN(const int bucket, ChooseBucket(buckets_, highest + 1));
-  if (inputs_dirty_) {
-    // The live set changed, which drained: the host knows every live slot's next id.
-    const InputBlock block(max_slots());
-    int32_t* rows = staging_ + block.ints();
-    block.Clear(rows);
-    for (int64_t i = 0; i < max_slots(); ++i) {
-      const Slot& s = slots_[i];
-      if (!Steps(s)) continue;
-      rows[block.ids() + i] = s.pending;
-      rows[block.pos() + i] = s.pos;
-      rows[block.seeds() + i] = s.seed;
-    }
-    SG_RETURN_IF_ERROR(runner_->Copy(inputs_, rows, block.bytes()));
-    inputs_dirty_ = false;
-  }
+  SG_RETURN_IF_ERROR(WriteInputsIfDirty());
   if (node_ms != nullptr) {
     SG_ASSIGN_OR_RETURN(*node_ms, ProfileNodes(*runner_, bucket));
   } else {
@@ -1117,6 +1127,72 @@ absl::Status DecodeSession::Impl::Step(std::vector<double>* node_ms) {
     if (Steps(s)) ++s.pos;
   }
   last_bucket_ = bucket;
+  return absl::OkStatus();
+}
+
+absl::Status DecodeSession::Impl::WriteInputsIfDirty() {
+  if (!inputs_dirty_) return absl::OkStatus();
+  // The live set changed, which drained: the host knows every live slot's next id.
+  const InputBlock block(max_slots());
+  int32_t* rows = staging_ + block.ints();
+  block.Clear(rows);
+  for (int64_t i = 0; i < max_slots(); ++i) {
+    const Slot& s = slots_[i];
+    if (!Steps(s)) continue;
+    rows[block.ids() + i] = s.pending;
+    rows[block.pos() + i] = s.pos;
+    rows[block.seeds() + i] = s.seed;
+  }
+  SG_RETURN_IF_ERROR(runner_->Copy(inputs_, rows, block.bytes()));
+  inputs_dirty_ = false;
+  return absl::OkStatus();
+}
+
+bool DecodeSession::Impl::DeviceLoopRuns() const {
+  if (device_loop_steps_ == 0) return false;
+  for (const Slot& s : slots_) {
+    if (Steps(s) && s.host_pick) return false;
+  }
+  return true;
+}
+
+absl::Status DecodeSession::Impl::GenerateOnDevice(int64_t n, absl::Span<const int32_t> stop_ids,
+                                                   std::vector<bool>& stopped) {
+  std::vector<uint8_t> live;
+  for (int64_t left = n; left > 0;) {
+    // The ring is empty and the host knows every slot's position before each launch.
+    SG_RETURN_IF_ERROR(Drain());
+    const int64_t highest = HighestSteppingSlot();
+    SG_ASSIGN_OR_RETURN(const int bucket, ChooseBucket(buckets_, highest + 1));
+    SG_RETURN_IF_ERROR(WriteInputsIfDirty());
+    const int64_t rows = buckets_[bucket];
+    live.assign(static_cast<size_t>(rows), 0);
+    for (int64_t i = 0; i < rows; ++i) live[i] = Steps(slots_[i]) && !stopped[i] ? 1 : 0;
+    const int64_t limit = std::min(left, device_loop_steps_);
+    SG_ASSIGN_OR_RETURN(const int64_t ran,
+                        runner_->RunLoop(bucket, limit, stop_ids, live, ring_, max_slots()));
+    pending_steps_ = ran;
+    steps_run_ += ran;
+    for (Slot& s : slots_) {
+      if (Steps(s)) s.pos += static_cast<int32_t>(ran);
+    }
+    last_bucket_ = bucket;
+    // The new ids of each stepping slot are the last `ran` of its tokens after the drain.
+    SG_RETURN_IF_ERROR(Drain());
+    left -= ran;
+    if (stop_ids.empty()) continue;
+    bool all = true;
+    for (size_t i = 0; i < slots_.size(); ++i) {
+      const Slot& s = slots_[i];
+      if (!Steps(s)) continue;
+      for (size_t k = s.tokens.size() - static_cast<size_t>(ran);
+           k < s.tokens.size() && !stopped[i]; ++k) {
+        stopped[i] = std::find(stop_ids.begin(), stop_ids.end(), s.tokens[k]) != stop_ids.end();
+      }
+      all = all && stopped[i];
+    }
+    if (all) break;
+  }
   return absl::OkStatus();
 }
 
@@ -1238,9 +1314,14 @@ absl::Status DecodeSession::Impl::CheckErrorFlags() {
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::vector<std::vector<int32_t>>> DecodeSession::Impl::Generate(int64_t n) {
+absl::StatusOr<std::vector<std::vector<int32_t>>> DecodeSession::Impl::Generate(
+    int64_t n, absl::Span<const int32_t> stop_ids) {
   if (n < 0) {
     return absl::InvalidArgumentError(absl::StrCat("Generate: n must be >= 0, got ", n));
+  }
+  if (stop_ids.size() > 16) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Generate: at most 16 stop ids, got ", stop_ids.size()));
   }
   if (HighestSteppingSlot() < 0) {
     return absl::FailedPreconditionError("Generate: no slot is live; Prefill one first");
@@ -1251,7 +1332,29 @@ absl::StatusOr<std::vector<std::vector<int32_t>>> DecodeSession::Impl::Generate(
     start[i] = slots_[i].tokens.size() +
                (Steps(slots_[i]) ? static_cast<size_t>(pending_steps_) : 0);
   }
-  for (int64_t i = 0; i < n; ++i) SG_RETURN_IF_ERROR(Step(nullptr));
+  std::vector<bool> stopped(slots_.size(), false);
+  if (n > 0 && DeviceLoopRuns()) {
+    SG_RETURN_IF_ERROR(GenerateOnDevice(n, stop_ids, stopped));
+  } else if (stop_ids.empty()) {
+    for (int64_t i = 0; i < n; ++i) SG_RETURN_IF_ERROR(Step(nullptr));
+  } else {
+    // The host decides after every step, so it waits for each.
+    for (int64_t i = 0; i < n; ++i) {
+      SG_RETURN_IF_ERROR(Step(nullptr));
+      SG_RETURN_IF_ERROR(Drain());
+      bool all = true;
+      for (size_t j = 0; j < slots_.size(); ++j) {
+        const Slot& s = slots_[j];
+        if (!Steps(s)) continue;
+        if (!stopped[j] && !s.tokens.empty()) {
+          stopped[j] = std::find(stop_ids.begin(), stop_ids.end(), s.tokens.back()) !=
+                       stop_ids.end();
+        }
+        all = all && stopped[j];
+      }
+      if (all) break;
+    }
+  }
   SG_RETURN_IF_ERROR(Drain());
   SG_RETURN_IF_ERROR(CheckErrorFlags());
   std::vector<std::vector<int32_t>> out(slots_.size());
@@ -1269,7 +1372,8 @@ absl::StatusOr<std::vector<int32_t>> DecodeSession::Impl::Generate(int64_t slot,
     return absl::FailedPreconditionError(
         absl::StrCat("Generate: slot ", slot, " is not live; Prefill it first"));
   }
-  SG_ASSIGN_OR_RETURN(std::vector<std::vector<int32_t>> all, Generate(n));
+  SG_ASSIGN_OR_RETURN(std::vector<std::vector<int32_t>> all,
+                      Generate(n, absl::Span<const int32_t>()));
   return std::move(all[slot]);
 }
 
@@ -1461,7 +1565,11 @@ absl::Status DecodeSession::Step() {
   return OnEveryRank([&](Impl& i) { return i.Step(nullptr); });
 }
 absl::StatusOr<std::vector<std::vector<int32_t>>> DecodeSession::Generate(int64_t n) {
-  return OnEveryRank([&](Impl& i) { return i.Generate(n); });
+  return OnEveryRank([&](Impl& i) { return i.Generate(n, absl::Span<const int32_t>()); });
+}
+absl::StatusOr<std::vector<std::vector<int32_t>>> DecodeSession::Generate(
+    int64_t n, absl::Span<const int32_t> stop_ids) {
+  return OnEveryRank([&](Impl& i) { return i.Generate(n, stop_ids); });
 }
 absl::StatusOr<std::vector<int32_t>> DecodeSession::Generate(int64_t slot, int64_t n) {
   return OnEveryRank([&](Impl& i) { return i.Generate(slot, n); });

@@ -21,6 +21,9 @@ struct Step {
   std::unique_ptr<Bindings> bindings;
   std::optional<PreparedPlan> prepared;
   std::unique_ptr<ReplayableStep> replay;
+  // Declared after `replay`, destroyed before it: the loop holds the step's graph.
+  std::unique_ptr<DeviceLoop> loop;
+  int64_t loop_rows = 0, loop_steps = 0;
 };
 
 }  // namespace
@@ -263,6 +266,54 @@ absl::StatusOr<TensorArg> StepRunner::Output(int step, absl::string_view name) c
 int64_t StepRunner::graph_nodes(int step) const {
   if (step < 0 || step >= num_steps() || impl_->steps[step]->replay == nullptr) return 0;
   return impl_->steps[step]->replay->graph_nodes();
+}
+
+absl::Status StepRunner::AddLoop(int step, absl::string_view ids_output, int64_t max_steps) {
+  SG_RETURN_IF_ERROR(impl_->device->MakeCurrent());
+  SG_RETURN_IF_ERROR(impl_->CheckStep(step, "AddLoop"));
+  Step& s = *impl_->steps[step];
+  if (s.replay == nullptr) {
+    return absl::FailedPreconditionError(
+        "step runner: a device loop needs a captured step (CUDA, not eager)");
+  }
+  if (max_steps < 1 || max_steps > (int64_t{1} << 20)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("step runner: a device loop of ", max_steps, " steps (1 to 2^20)"));
+  }
+  SG_ASSIGN_OR_RETURN(const TensorArg ids, Output(step, ids_output));
+  if (ids.dtype != DType::kI32 || ids.shape.rank() != 1) {
+    return absl::InvalidArgumentError(absl::StrCat("step runner: the device loop's ids '",
+                                                   ids_output, "' must be a [rows] i32 output"));
+  }
+  SG_ASSIGN_OR_RETURN(s.loop, s.replay->MakeLoop(static_cast<const int32_t*>(ids.data),
+                                                 ids.shape[0], max_steps));
+  s.loop_rows = ids.shape[0];
+  s.loop_steps = max_steps;
+  return absl::OkStatus();
+}
+
+bool StepRunner::has_loop(int step) const {
+  return step >= 0 && step < num_steps() && impl_->steps[step]->loop != nullptr;
+}
+
+absl::StatusOr<int64_t> StepRunner::RunLoop(int step, int64_t limit,
+                                            absl::Span<const int32_t> stop_ids,
+                                            absl::Span<const uint8_t> live, int32_t* ids_out,
+                                            int64_t ids_stride) {
+  SG_RETURN_IF_ERROR(impl_->device->MakeCurrent());
+  SG_RETURN_IF_ERROR(impl_->CheckStep(step, "RunLoop"));
+  Step& s = *impl_->steps[step];
+  if (s.loop == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat("step runner: step ", step,
+                                                      " has no device loop (AddLoop)"));
+  }
+  if (limit < 1 || limit > s.loop_steps || static_cast<int64_t>(live.size()) != s.loop_rows ||
+      ids_stride < s.loop_rows || ids_out == nullptr || stop_ids.size() > 16) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "step runner: RunLoop of ", limit, " steps (1 to ", s.loop_steps, "), ", live.size(),
+        " live flags (", s.loop_rows, " rows), ", stop_ids.size(), " stop ids (at most 16)"));
+  }
+  return s.loop->Run(limit, stop_ids, live, ids_out, ids_stride);
 }
 
 absl::StatusOr<uint32_t> StepRunner::TakeErrorFlags() {

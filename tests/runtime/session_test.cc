@@ -698,6 +698,92 @@ TEST(SessionCpuTest, BadOptionsAreRefusedClearly) {
     o.backend = Backend::kCuda;
     refused(o, absl::StatusCode::kFailedPrecondition, "CUDA");
   }
+  o = CpuOptions(1, 16);
+  o.device_loop_steps = 8;
+  refused(o, absl::StatusCode::kInvalidArgument, "device_loop_steps needs the CUDA backend");
+  o.device_loop_steps = -1;
+  refused(o, absl::StatusCode::kInvalidArgument, "device_loop_steps must be in [0, id_ring_steps");
+  o.id_ring_steps = 4;
+  o.device_loop_steps = 5;
+  refused(o, absl::StatusCode::kInvalidArgument,
+          "device_loop_steps must be in [0, id_ring_steps = 4]");
+}
+
+// Three slots' prompts for the stop-id cases.
+std::vector<std::vector<int32_t>> StopPrompts() {
+  return {Prompt(5, 31), Prompt(9, 32), Prompt(3, 33)};
+}
+
+// Every slot's ids of Generate(n) in a session of `o` after StopPrompts.
+std::vector<std::vector<int32_t>> PlainRun(const SessionOptions& o, int64_t n) {
+  std::unique_ptr<DecodeSession> s = MakeSession(o);
+  if (s == nullptr) return {};
+  const std::vector<std::vector<int32_t>> prompts = StopPrompts();
+  for (size_t i = 0; i < prompts.size(); ++i) EXPECT_TRUE(s->Prefill(i, prompts[i]).ok());
+  absl::StatusOr<std::vector<std::vector<int32_t>>> ids = s->Generate(n);
+  EXPECT_TRUE(ids.ok()) << ids.status();
+  if (!ids.ok()) return {};
+  // The live slots' ids (a slot not live gets none).
+  for (size_t i = prompts.size(); i < ids->size(); ++i) EXPECT_TRUE((*ids)[i].empty());
+  ids->resize(prompts.size());
+  return *ids;
+}
+
+// Stop ids taken from a plain run (one a slot, at different steps) and the steps after
+// which every slot has produced one of them.
+struct Stops {
+  std::vector<int32_t> ids;
+  size_t steps = 0;
+};
+Stops StopsOf(const std::vector<std::vector<int32_t>>& plain) {
+  Stops out;
+  const size_t at[] = {6, 2, 9};
+  for (size_t i = 0; i < plain.size(); ++i) out.ids.push_back(plain[i][at[i]]);
+  for (const std::vector<int32_t>& ids : plain) {
+    size_t first = ids.size();
+    for (size_t k = 0; k < ids.size() && first == ids.size(); ++k) {
+      if (std::find(out.ids.begin(), out.ids.end(), ids[k]) != out.ids.end()) first = k;
+    }
+    out.steps = std::max(out.steps, first + 1);
+  }
+  return out;
+}
+
+// Generate(n, stop ids) runs until every slot has produced a stop id, giving each slot the
+// ids of the steps run (the plain run's first ones); stop ids never produced run all n.
+void ExpectStopsCut(const SessionOptions& o) {
+  constexpr int64_t kSteps = 14;
+  const std::vector<std::vector<int32_t>> plain = PlainRun(o, kSteps);
+  ASSERT_EQ(plain.size(), 3u);
+  const Stops stops = StopsOf(plain);
+  ASSERT_LT(stops.steps, static_cast<size_t>(kSteps));
+  std::unique_ptr<DecodeSession> s = MakeSession(o);
+  ASSERT_NE(s, nullptr);
+  const std::vector<std::vector<int32_t>> prompts = StopPrompts();
+  for (size_t i = 0; i < prompts.size(); ++i) ASSERT_TRUE(s->Prefill(i, prompts[i]).ok());
+  absl::StatusOr<std::vector<std::vector<int32_t>>> cut = s->Generate(kSteps, stops.ids);
+  ASSERT_TRUE(cut.ok()) << cut.status();
+  for (size_t i = 0; i < plain.size(); ++i) {
+    EXPECT_EQ((*cut)[i], std::vector<int32_t>(plain[i].begin(), plain[i].begin() + stops.steps))
+        << "slot " << i;
+  }
+  // The slots go on from there as the plain run did.
+  absl::StatusOr<std::vector<std::vector<int32_t>>> rest =
+      s->Generate(kSteps - static_cast<int64_t>(stops.steps), std::vector<int32_t>{-1});
+  ASSERT_TRUE(rest.ok()) << rest.status();
+  for (size_t i = 0; i < plain.size(); ++i) {
+    EXPECT_EQ((*rest)[i], std::vector<int32_t>(plain[i].begin() + stops.steps, plain[i].end()))
+        << "slot " << i;
+  }
+}
+
+TEST(SessionCpuTest, GenerateStopsWhenEverySlotProducedAStopId) {
+  ExpectStopsCut(CpuOptions(4, 48));
+  std::unique_ptr<DecodeSession> s = MakeSession(CpuOptions(1, 16));
+  ASSERT_NE(s, nullptr);
+  ASSERT_TRUE(s->Prefill(0, Prompt(3, 1)).ok());
+  ExpectError(s->Generate(2, std::vector<int32_t>(17, 1)).status(),
+              absl::StatusCode::kInvalidArgument, "at most 16 stop ids, got 17");
 }
 
 TEST(SessionCpuTest, BucketsAreTrimmedToTheSlots) {
@@ -968,6 +1054,20 @@ TEST_P(SessionCudaTest, MoeGreedyIdsEqualTheCpuReference) {
 
 // Replays of every bucket (switching between them as slots come and go) compute what the
 // same steps run eagerly compute, bit for bit, in bf16 too.
+// The device loop (SessionOptions::device_loop_steps): the ids one graph launch per step
+// gives, over launches of the loop (8 steps each) and with stop ids decided on the device.
+TEST(SessionDeviceLoopTest, LoopGivesThePerStepIds) {
+  if (!CudaDeviceFound()) GTEST_SKIP() << "no CUDA device";
+  SessionOptions o = CpuOptions(4, 64);
+  o.backend = Backend::kCuda;
+  const Scenario per_step = RunScenario(o);
+  o.device_loop_steps = 8;
+  const Scenario looped = RunScenario(o);
+  EXPECT_EQ(looped.tokens, per_step.tokens);
+  EXPECT_LE(testing::NormalizedError(looped.logits, per_step.logits), 1e-6);
+  ExpectStopsCut(o);
+}
+
 TEST(SessionCudaBucketsTest, ReplayedBucketsEqualEagerSteps) {
   if (!CudaDeviceFound()) GTEST_SKIP() << "no CUDA device";
   auto run = [](bool eager) {

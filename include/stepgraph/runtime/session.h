@@ -86,6 +86,12 @@ struct SessionOptions {
   // Steps whose ids are buffered on the host side before the session waits to drain them
   // (a Generate of more steps than this waits once per this many steps).
   int64_t id_ring_steps = 4096;
+  // CUDA, captured steps, one rank: Generate runs up to this many steps per launch as a
+  // loop on the device (a conditional WHILE node around each bucket's captured step, the
+  // ids copied into a ring on the device and read once per launch), when no live slot
+  // chooses its ids on the host. 0 (the default): one graph launch per step. At most
+  // id_ring_steps.
+  int64_t device_loop_steps = 0;
   // Graph passes run on the graphs of buckets of at most passes_max_rows rows before they
   // are planned (stepgraph/graph/passes.h); larger buckets run the plain graph. The fused
   // matmul is made for one or two rows: on an H100 (Llama-3.2-1B shape, bf16) a batch of
@@ -271,7 +277,14 @@ class DecodeSession {
   // `n` new ids of every slot (empty for slots not live). OutOfRange, before anything
   // runs, when a live slot has fewer than `n` free positions.
   absl::StatusOr<std::vector<std::vector<int32_t>>> Generate(int64_t n);
-  // The same, returning only `slot`'s ids (the slot must be live).
+  // Up to `n` steps, fewer when after a step every slot that steps has produced one of
+  // `stop_ids` (at most 16) in this call: each slot's ids of the steps run, the stop id
+  // and what the steps after it made included (the caller cuts). On the device loop
+  // (SessionOptions::device_loop_steps) the device decides; otherwise the host, waiting
+  // for the device after every step.
+  absl::StatusOr<std::vector<std::vector<int32_t>>> Generate(int64_t n,
+                                                             absl::Span<const int32_t> stop_ids);
+  // The same as Generate(n), returning only `slot`'s ids (the slot must be live).
   absl::StatusOr<std::vector<int32_t>> Generate(int64_t slot, int64_t n);
 
   // Every id `slot` produced since its Prefill (waits for the device).

@@ -27,6 +27,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/types/span.h"
 #include "stepgraph/dispatch/cuda_options.h"
 #include "stepgraph/dispatch/dispatch.h"
 #include "stepgraph/dispatch/executor.h"
@@ -129,6 +130,22 @@ class StepRunner {
   int64_t arena_bytes() const;
   // CUDA graph nodes of a captured step (0 when eager).
   int64_t graph_nodes(int step) const;
+
+  // The device loop of a captured step (CUDA, after Finalize): one launch runs the step up
+  // to `max_steps` times with no host work between the steps (a conditional WHILE node
+  // around the captured graph), its output `ids_output` ([rows] i32, the step's sampled
+  // ids, which the step itself feeds to the next: a closed loop) copied into a ring on
+  // the device after each. FailedPrecondition when the runner is eager or on the CPU, or
+  // the driver cannot build the loop; InvalidArgument for a bad output or size.
+  absl::Status AddLoop(int step, absl::string_view ids_output, int64_t max_steps);
+  bool has_loop(int step) const;
+  // One launch of `step`'s loop: up to `limit` (<= its max_steps) steps, fewer when after
+  // a step every row r with live[r] != 0 has produced one of `stop_ids` (at most 16) in
+  // some step of this launch. Waits for the device, writes step k's ids to
+  // ids_out[k * ids_stride + r] (r < rows) and returns the steps run.
+  absl::StatusOr<int64_t> RunLoop(int step, int64_t limit, absl::Span<const int32_t> stop_ids,
+                                  absl::Span<const uint8_t> live, int32_t* ids_out,
+                                  int64_t ids_stride);
 
   // The error-flag bits (stepgraph/base/error_flags.h) the kernels raised since the last call;
   // waits for the device.
