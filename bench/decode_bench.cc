@@ -11,6 +11,10 @@
 //                                     rope_kv_write_epilogue (a RopeKvWrite node per layer)
 //   Decode/compiled_norm/pos:<p>      batch 1, replayed, default passes, RmsNorm through
 //                                     the kernel compiled for the plan (NVRTC)
+//   GenerateLoop/<per_step|device_loop>/batch:<b>
+//                                     Generate(64) on the host clock at position 100, one
+//                                     graph launch per step or one launch of the device
+//                                     loop (SessionOptions::device_loop_steps = 64)
 //   Quant/<q8_0|q4_0|q4_k_m>[_f32]/pos:100
 //                                     batch 1, replayed, the same shape with block-format
 //                                     weights (random blocks): every matrix in Q8_0 or
@@ -89,6 +93,9 @@ struct Context {
   std::unique_ptr<DecodeSession> no_rope_epilogue;
   // Batch 1 with the default passes and RmsNorm compiled for the plan.
   std::unique_ptr<DecodeSession> compiled_norm;
+  // Buckets 1 and 4, Generate on the device loop (SessionOptions::device_loop_steps),
+  // made on first use.
+  std::unique_ptr<DecodeSession> device_loop;
   // The quantized models (BM_Quant) by name (format, activation dtype), made on first use.
   std::map<std::string, std::unique_ptr<DecodeSession>> quant;
   std::map<std::string, double> quant_ms;  // their replayed step (median ms)
@@ -228,6 +235,41 @@ void BM_DecodeOther(benchmark::State& state, int64_t position, DecodeSession* ot
   if (absl::Status s = TimeSteps(state, 1, position, false, other); !s.ok()) {
     state.SkipWithError(s.ToString().c_str());
   }
+}
+
+// Generate(kSteps) timed on the host clock (its one wait included), `rows` sequences at
+// kBucketPosition: one graph launch per step (the default session) or launches of the
+// device loop of kSteps steps. Reports ms per step and tokens/s.
+void BM_GenerateLoop(benchmark::State& state, int64_t rows, bool loop) {
+  if (loop && g->device_loop == nullptr) {
+    SessionOptions o;
+    o.config = Llama32_1BConfig();
+    o.backend = Backend::kCuda;
+    o.max_slots = 4;
+    o.max_seq = kMaxSeq;
+    o.buckets = {1, 4};
+    o.device_loop_steps = kSteps;
+    absl::StatusOr<std::unique_ptr<DecodeSession>> made = DecodeSession::Create(o);
+    if (!made.ok()) return state.SkipWithError(made.status().ToString().c_str());
+    g->device_loop = *std::move(made);
+  }
+  DecodeSession& s = loop ? *g->device_loop : *g->session;
+  std::vector<double> ms;
+  for (auto _ : state) {
+    if (absl::Status st = PrepareSlots(s, rows, kBucketPosition); !st.ok()) {
+      return state.SkipWithError(st.ToString().c_str());
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    absl::StatusOr<std::vector<std::vector<int32_t>>> ids = s.Generate(kSteps);
+    const double elapsed =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    if (!ids.ok()) return state.SkipWithError(ids.status().ToString().c_str());
+    ms.push_back(elapsed / kSteps);
+    state.SetIterationTime(elapsed * 1e-3);
+  }
+  const double median = Median(ms);
+  state.counters["ms_per_step"] = median;
+  state.counters["tokens_per_s"] = 1e3 * static_cast<double>(rows) / median;
 }
 
 void BM_Bucket(benchmark::State& state, int64_t rows) {
@@ -482,6 +524,17 @@ int main(int argc, char** argv) {
           ->Unit(benchmark::kMicrosecond);
     }
   }
+  for (const int64_t rows : {int64_t{1}, int64_t{4}}) {
+    for (const bool loop : {false, true}) {
+      benchmark::RegisterBenchmark(
+          absl::StrCat("GenerateLoop/", loop ? "device_loop" : "per_step", "/batch:", rows)
+              .c_str(),
+          sg::BM_GenerateLoop, rows, loop)
+          ->UseManualTime()
+          ->Iterations(9)
+          ->Unit(benchmark::kMicrosecond);
+    }
+  }
   for (const int64_t rows : {int64_t{1}, int64_t{2}, int64_t{4}, int64_t{8}, int64_t{16}}) {
     benchmark::RegisterBenchmark(absl::StrCat("Bucket/replayed/batch:", rows).c_str(),
                                  sg::BM_Bucket, rows)
@@ -543,6 +596,7 @@ int main(int argc, char** argv) {
   context.all_passes.reset();
   context.no_rope_epilogue.reset();
   context.compiled_norm.reset();
+  context.device_loop.reset();
   context.quant.clear();
   context.quant_batch.clear();
   return 0;
