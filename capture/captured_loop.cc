@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "dispatch/cuda/cuda_status.h"
 #include "stepgraph/base/status.h"
+#include "stepgraph/dispatch/executor.h"
 
 namespace sg {
 
@@ -43,13 +44,25 @@ absl::StatusOr<std::unique_ptr<CapturedLoop>> CapturedLoop::Create(
       e != cudaSuccess) {
     return fail(e, "cudaGraphAddNode(WHILE)");
   }
+  // The body: the step as its replay runs it (recorded by stream capture into the body,
+  // the way CapturedStep records it), then the control kernel.
   cudaGraph_t body = params.conditional.phGraph_out[0];
-  cudaGraphNode_t child = nullptr;
-  if (cudaError_t e = cudaGraphAddChildGraphNode(&child, body, nullptr, 0, step.graph());
+  const cudaStream_t stream = loop->stream_;
+  if (cudaError_t e = cudaStreamBeginCaptureToGraph(stream, body, nullptr, nullptr, 0,
+                                                    cudaStreamCaptureModeThreadLocal);
       e != cudaSuccess) {
-    return fail(e, "cudaGraphAddChildGraphNode(the step)");
+    return fail(e, "cudaStreamBeginCaptureToGraph(the loop's body)");
   }
-  SG_RETURN_IF_ERROR(AddLoopControlNode(body, child, handle, buffers).status());
+  absl::Status recorded = Execute(step.prepared(), step.bindings(), step.dispatch()).status();
+  if (recorded.ok()) recorded = LaunchLoopControl(handle, buffers, stream);
+  cudaGraph_t captured = nullptr;
+  const cudaError_t end = cudaStreamEndCapture(stream, &captured);
+  if (!recorded.ok()) {
+    cudaGetLastError();
+    return absl::Status(recorded.code(), absl::StrCat("device loop: recording the step failed: ",
+                                                      recorded.message()));
+  }
+  if (end != cudaSuccess) return fail(end, "cudaStreamEndCapture(the loop's body)");
   cudaGraphExec_t exec = nullptr;
   if (cudaError_t e = cudaGraphInstantiateWithFlags(&exec, graph, 0); e != cudaSuccess) {
     return fail(e, "cudaGraphInstantiateWithFlags(the loop)");

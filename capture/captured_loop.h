@@ -1,8 +1,9 @@
 // CapturedLoop: a captured step run as a loop on the device. One launch runs the step again
-// and again with no host work between the steps: a conditional WHILE node whose body is
-// the step's captured graph (a child graph node) followed by the loop's control kernel
-// (dispatch/cuda/device_loop.h), which copies each step's ids into a ring and decides
-// whether another step follows. Internal to capture/ and runtime/.
+// and again with no host work between the steps: a conditional WHILE node whose body holds
+// the step (its kernels recorded by stream capture into the body, as CapturedStep records
+// them) followed by the loop's control kernel (dispatch/cuda/device_loop.h), which copies
+// each step's ids into a ring and decides whether another step follows. Internal to
+// capture/ and runtime/.
 #ifndef STEPGRAPH_CAPTURE_CAPTURED_LOOP_H_
 #define STEPGRAPH_CAPTURE_CAPTURED_LOOP_H_
 

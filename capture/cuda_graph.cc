@@ -249,8 +249,6 @@ absl::StatusOr<int64_t> CapturedStep::DeviceGraphMemory() {
   return static_cast<int64_t>(used);
 }
 
-cudaGraph_t CapturedStep::graph() const { return graph_ != nullptr ? graph_->graph.get() : nullptr; }
-
 int64_t CapturedStep::num_graph_nodes() const {
   return graph_ != nullptr ? graph_->num_nodes : 0;
 }

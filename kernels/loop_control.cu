@@ -34,11 +34,15 @@ __global__ void LoopControl(cudaGraphConditionalHandle handle, LoopControlArgs a
 
 }  // namespace
 
-const void* LoopControlKernel() { return reinterpret_cast<const void*>(&LoopControl); }
-
-int LoopControlThreads(int rows) {
-  const int warps = (rows + 31) / 32;
-  return warps < 1 ? 32 : warps * 32;
+cudaError_t LaunchLoopControl(cudaGraphConditionalHandle handle, const LoopControlArgs& a,
+                              cudaStream_t stream) {
+  if (a.rows < 1 || a.rows > kLoopMaxRows || a.ring_stride < a.rows || a.max_steps < 1 ||
+      a.ids == nullptr || a.ring == nullptr || a.state == nullptr) {
+    return cudaErrorInvalidValue;
+  }
+  // After the whole step (no programmatic early start): it reads the step's ids.
+  LoopControl<<<1, (a.rows + 31) / 32 * 32, 0, stream>>>(handle, a);
+  return cudaGetLastError();
 }
 
 }  // namespace sg::kernels

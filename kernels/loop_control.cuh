@@ -33,10 +33,11 @@ struct LoopControlArgs {
   int32_t* state = nullptr;      // see above
 };
 
-// The kernel (a __global__ function taking (cudaGraphConditionalHandle, LoopControlArgs)),
-// for a kernel node of one block of LoopControlThreads(rows) threads.
-const void* LoopControlKernel();
-int LoopControlThreads(int rows);
+// Launches the control kernel (one block, a thread per row) on `stream`, which is capturing
+// the loop's body. cudaErrorInvalidValue for rows outside [1, kLoopMaxRows], a ring
+// narrower than the rows or a missing buffer.
+cudaError_t LaunchLoopControl(cudaGraphConditionalHandle handle, const LoopControlArgs& a,
+                              cudaStream_t stream);
 
 }  // namespace sg::kernels
 

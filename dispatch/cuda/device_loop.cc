@@ -1,4 +1,4 @@
-// The device decode loop's control node (dispatch/cuda/device_loop.h).
+// The device decode loop's control kernel launch (dispatch/cuda/device_loop.h).
 #include "dispatch/cuda/device_loop.h"
 
 #include "absl/strings/str_cat.h"
@@ -18,9 +18,8 @@ static_assert(DeviceLoopState::kSteps == kernels::kLoopSteps &&
 
 int64_t DeviceLoopStateInts(int64_t rows) { return DeviceLoopState::kRows + rows; }
 
-absl::StatusOr<cudaGraphNode_t> AddLoopControlNode(cudaGraph_t graph, cudaGraphNode_t after,
-                                                   cudaGraphConditionalHandle handle,
-                                                   const DeviceLoopBuffers& b) {
+absl::Status LaunchLoopControl(cudaGraphConditionalHandle handle, const DeviceLoopBuffers& b,
+                               cudaStream_t stream) {
   if (b.rows < 1 || b.rows > kDeviceLoopMaxRows || b.ring_stride < b.rows ||
       b.max_steps < 1 || b.ids == nullptr || b.ring == nullptr || b.state == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -34,19 +33,7 @@ absl::StatusOr<cudaGraphNode_t> AddLoopControlNode(cudaGraph_t graph, cudaGraphN
   args.ring_stride = b.ring_stride;
   args.max_steps = b.max_steps;
   args.state = b.state;
-  void* params[] = {&handle, &args};
-  cudaKernelNodeParams p = {};
-  p.func = const_cast<void*>(kernels::LoopControlKernel());
-  p.gridDim = dim3(1);
-  p.blockDim = dim3(static_cast<unsigned>(kernels::LoopControlThreads(b.rows)));
-  p.sharedMemBytes = 0;
-  p.kernelParams = params;
-  cudaGraphNode_t node = nullptr;
-  SG_RETURN_IF_ERROR(ToStatus(
-      cudaGraphAddKernelNode(&node, graph, after != nullptr ? &after : nullptr,
-                             after != nullptr ? 1 : 0, &p),
-      "cudaGraphAddKernelNode(device loop control)"));
-  return node;
+  return ToStatus(kernels::LaunchLoopControl(handle, args, stream), "device loop control");
 }
 
 }  // namespace sg

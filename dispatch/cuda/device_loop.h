@@ -1,6 +1,6 @@
-// The device decode loop's control kernel as a CUDA graph node (kernels/loop_control.cuh):
-// what capture/ needs to build a loop around a captured step without including a kernel
-// header (rooms: capture reaches kernels through dispatch/cuda).
+// The device decode loop's control kernel (kernels/loop_control.cuh): what capture/ needs to
+// build a loop around a step without including a kernel header (rooms: capture reaches
+// kernels through dispatch/cuda).
 #ifndef STEPGRAPH_DISPATCH_CUDA_DEVICE_LOOP_H_
 #define STEPGRAPH_DISPATCH_CUDA_DEVICE_LOOP_H_
 
@@ -35,13 +35,13 @@ struct DeviceLoopState {
   static constexpr int kRows = 3 + kDeviceLoopMaxStops;
 };
 
-// Adds the control kernel to `graph` after `after` (may be null): one block that copies
-// the ids into the ring, counts the step, marks the rows that produced a stop id and sets
-// `handle` to 1 while fewer than the limit steps ran and a live row has no stop id yet.
-// InvalidArgument for rows outside [1, kDeviceLoopMaxRows] or a ring narrower than them.
-absl::StatusOr<cudaGraphNode_t> AddLoopControlNode(cudaGraph_t graph, cudaGraphNode_t after,
-                                                   cudaGraphConditionalHandle handle,
-                                                   const DeviceLoopBuffers& buffers);
+// Launches the control kernel on `stream` (capturing the loop's body, after the step): one
+// block that copies the ids into the ring, counts the step, marks the rows that produced
+// a stop id and sets `handle` to 1 while fewer than the limit steps ran and a live row has
+// no stop id yet. InvalidArgument for rows outside [1, kDeviceLoopMaxRows], a ring
+// narrower than them or a missing buffer.
+absl::Status LaunchLoopControl(cudaGraphConditionalHandle handle,
+                               const DeviceLoopBuffers& buffers, cudaStream_t stream);
 
 }  // namespace sg
 

@@ -45,8 +45,9 @@ class CapturedStep {
   const CaptureStats& stats() const { return stats_; }
   // CUDA graph nodes in the executable.
   int64_t num_graph_nodes() const;
-  // The recorded graph (owned by the step), for graphs built around it (CapturedLoop).
-  cudaGraph_t graph() const;
+  // What the step runs, for graphs built around it (capture/captured_loop.h).
+  const PreparedPlan& prepared() const { return *prepared_; }
+  CudaDispatch& dispatch() const { return *dispatch_; }
 
   // The captured graph as DOT, one cluster per stepgraph node labelled with its op, name
   // and shapes, holding the CUDA nodes (kernel names) it launched.
