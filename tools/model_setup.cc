@@ -112,6 +112,7 @@ absl::StatusOr<std::unique_ptr<DecodeSession>> MakeSession(const Options& o, int
   so.penalties = penalties;
   so.cuda = o.cuda;
   so.prefill_chunk = o.prefill_chunk;
+  so.device_loop_steps = o.device_loop;
   so.passes = o.passes;
   if (!o.cpu && !CudaDeviceFound()) {
     std::fprintf(stderr, "stepgraph: %s; running on the CPU reference (slow)\n",

@@ -50,6 +50,9 @@ struct Options {
   PassOptions passes = DefaultPassOptions();
   int64_t max_seq = 0;  // 0: what the command needs
   int64_t prefill_chunk = 256;
+  // SessionOptions::device_loop_steps (run): decode steps per launch on the device; 0: one
+  // launch per step.
+  int64_t device_loop = 0;
 
   // run
   std::vector<int32_t> prompt_ids = {1, 2, 3, 4, 5, 6, 7, 8};

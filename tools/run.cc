@@ -186,7 +186,13 @@ int RunCommand(const Options& o) {
     }
   }
   const bool live = text.has_value() && o.batch == 1;
-  const int64_t chunk = s.backend() == Backend::kCpu ? 1 : (live ? 8 : 64);
+  // On the device loop a chunk is one launch, which stops on the device once every
+  // sequence produced a stop id.
+  const int64_t chunk = o.device_loop > 0 ? o.device_loop
+                        : s.backend() == Backend::kCpu ? 1
+                                                       : (live ? 8 : 64);
+  const bool stop_on_device =
+      o.device_loop > 0 && !stop.empty() && stop.size() <= 16;
   Progress progress("generated", o.max_new_tokens * o.batch, "tokens");
   int64_t steps = 0;
   double ttft_ms = 0;
@@ -194,13 +200,15 @@ int RunCommand(const Options& o) {
   while (steps < o.max_new_tokens) {
     // The first step alone, for the time to first token; then chunks.
     const int64_t k = steps == 0 ? 1 : std::min(chunk, o.max_new_tokens - steps);
-    absl::StatusOr<std::vector<std::vector<int32_t>>> got = s.Generate(k);
+    absl::StatusOr<std::vector<std::vector<int32_t>>> got =
+        stop_on_device ? s.Generate(k, stop) : s.Generate(k);
     if (!got.ok()) return Failure(got.status(), hint);
     if (steps == 0) {
       ttft_ms = MsSince(start);
       t0 = Clock::now();
     }
-    steps += k;
+    // The steps run: k, or fewer where every sequence stopped on the device.
+    steps += got->empty() ? k : static_cast<int64_t>((*got)[0].size());
     for (int64_t b = 0; b < o.batch; ++b) {
       for (int32_t id : (*got)[b]) {
         if (ended[b]) break;

@@ -244,6 +244,23 @@ TEST(CliTest, GpuPenaltiesGiveTheCpuReferenceIds) {
   EXPECT_TRUE(absl::StrContains(gpu.out, "replayed")) << gpu.out;
 }
 
+// --device-loop: the CPU reference refuses it by name; on a GPU the ids equal the CPU
+// reference's (the loop stops on the device at the fixture's stop ids, if one comes).
+TEST(CliTest, DeviceLoopRunGivesTheCpuReferenceIds) {
+  const std::string args = "run --prompt-ids 3,1,4,1,5 --max-new-tokens 20 --batch 2";
+  const Result cpu = RunProgram(args + " --cpu");
+  ASSERT_EQ(cpu.exit_code, 0) << cpu.err;
+  const Result refused = RunProgram(args + " --cpu --device-loop 8");
+  EXPECT_EQ(refused.exit_code, 1) << refused.out;
+  EXPECT_TRUE(absl::StrContains(refused.err, "device_loop_steps needs the CUDA backend"))
+      << refused.err;
+  if (!CudaDeviceFound()) GTEST_SKIP() << "no CUDA device";
+  const Result gpu = RunProgram(args + " --device-loop 8");
+  ASSERT_EQ(gpu.exit_code, 0) << gpu.err;
+  EXPECT_EQ(PrintedIds(gpu.out, "sequence 0"), PrintedIds(cpu.out, "sequence 0"));
+  EXPECT_EQ(PrintedIds(gpu.out, "sequence 1"), PrintedIds(cpu.out, "sequence 1"));
+}
+
 // The sharded step on the CPU reference (ranks are threads), and a shape that does not
 // divide refused by name.
 TEST(CliTest, BenchOverTwoRanksOnTheCpu) {

@@ -231,6 +231,14 @@ TEST(OptionsTest, BlockFormatPathFlags) {
   ExpectRefused({"bench", "--block-gemm-rows", "many"}, "--block-gemm-rows");
 }
 
+TEST(OptionsTest, DeviceLoopFlag) {
+  EXPECT_EQ(Parse({"run"})->device_loop, 0);
+  EXPECT_EQ(Parse({"run", "--device-loop", "64"})->device_loop, 64);
+  ExpectRefused({"run", "--device-loop", "-1"}, "--device-loop");
+  ExpectRefused({"run", "--device-loop", "5000"}, "--device-loop");
+  ExpectRefused({"tokenize", "--device-loop", "8"}, "--device-loop is not an option of 'tokenize'");
+}
+
 // The block GEMM's rows as the dispatcher resolves them: auto keeps exact f32 on the
 // tensor-core kernel and takes the GEMM from 32 rows where it runs on tensor cores.
 TEST(OptionsTest, BlockGemmRowsResolve) {
