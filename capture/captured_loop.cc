@@ -54,7 +54,7 @@ absl::StatusOr<std::unique_ptr<CapturedLoop>> CapturedLoop::Create(
     return fail(e, "cudaStreamBeginCaptureToGraph(the loop's body)");
   }
   absl::Status recorded = Execute(step.prepared(), step.bindings(), step.dispatch()).status();
-  if (recorded.ok()) recorded = LaunchLoopControl(handle, buffers, stream);
+  if (recorded.ok()) recorded = sg::LaunchLoopControl(handle, buffers, stream);
   cudaGraph_t captured = nullptr;
   const cudaError_t end = cudaStreamEndCapture(stream, &captured);
   if (!recorded.ok()) {

@@ -114,6 +114,9 @@ class NcclGroup final : public CollectiveGroup {
 #endif
 };
 
+static_assert(StepRunner::kMaxLoopStopIds == kDeviceLoopMaxStops,
+              "the runner's bound on stop ids is the control kernel's");
+
 // A captured step's device loop: its ring and state on the device, their pinned copies,
 // and the loop graph (capture/captured_loop.h).
 class CudaDeviceLoop final : public DeviceLoop {
@@ -129,7 +132,6 @@ class CudaDeviceLoop final : public DeviceLoop {
     auto loop = std::unique_ptr<CudaDeviceLoop>(new CudaDeviceLoop());
     loop->stream_ = step.stream();
     loop->rows_ = rows;
-    loop->max_steps_ = max_steps;
     const int64_t ring_bytes = max_steps * rows * 4;
     const int64_t state_bytes = DeviceLoopStateInts(rows) * 4;
     SG_ASSIGN_OR_RETURN(loop->ring_, AllocateDevice(ring_bytes, "device loop ring"));
@@ -187,7 +189,7 @@ class CudaDeviceLoop final : public DeviceLoop {
  private:
   CudaDeviceLoop() = default;
   cudaStream_t stream_ = nullptr;
-  int64_t rows_ = 0, max_steps_ = 0;
+  int64_t rows_ = 0;
   DeviceMemory ring_, state_;
   PinnedMemory host_;
   std::unique_ptr<CapturedLoop> graph_;

@@ -219,6 +219,10 @@ class DecodeSession::Impl {
   // Up to `n` steps on the device loop, `stopped` (per slot) kept across launches.
   absl::Status GenerateOnDevice(int64_t n, absl::Span<const int32_t> stop_ids,
                                 std::vector<bool>& stopped);
+  // Marks in `stopped` the stepping slots whose last `steps` drained ids hold one of
+  // `stop_ids`; whether every stepping slot is marked.
+  bool MarkStopped(int64_t steps, absl::Span<const int32_t> stop_ids,
+                   std::vector<bool>& stopped) const;
   absl::StatusOr<std::vector<int32_t>> Tokens(int64_t slot);
   absl::StatusOr<std::vector<float>> Logits(int64_t slot);
   absl::StatusOr<std::vector<double>> TimedSteps(int64_t n);
@@ -1158,10 +1162,11 @@ bool DecodeSession::Impl::DeviceLoopRuns() const {
 
 absl::Status DecodeSession::Impl::GenerateOnDevice(int64_t n, absl::Span<const int32_t> stop_ids,
                                                    std::vector<bool>& stopped) {
+  // The ring is empty and the host knows every slot's position before each launch (each
+  // launch ends drained).
+  SG_RETURN_IF_ERROR(Drain());
   std::vector<uint8_t> live;
   for (int64_t left = n; left > 0;) {
-    // The ring is empty and the host knows every slot's position before each launch.
-    SG_RETURN_IF_ERROR(Drain());
     const int64_t highest = HighestSteppingSlot();
     SG_ASSIGN_OR_RETURN(const int bucket, ChooseBucket(buckets_, highest + 1));
     SG_RETURN_IF_ERROR(WriteInputsIfDirty());
@@ -1180,20 +1185,24 @@ absl::Status DecodeSession::Impl::GenerateOnDevice(int64_t n, absl::Span<const i
     // The new ids of each stepping slot are the last `ran` of its tokens after the drain.
     SG_RETURN_IF_ERROR(Drain());
     left -= ran;
-    if (stop_ids.empty()) continue;
-    bool all = true;
-    for (size_t i = 0; i < slots_.size(); ++i) {
-      const Slot& s = slots_[i];
-      if (!Steps(s)) continue;
-      for (size_t k = s.tokens.size() - static_cast<size_t>(ran);
-           k < s.tokens.size() && !stopped[i]; ++k) {
-        stopped[i] = std::find(stop_ids.begin(), stop_ids.end(), s.tokens[k]) != stop_ids.end();
-      }
-      all = all && stopped[i];
-    }
-    if (all) break;
+    if (!stop_ids.empty() && MarkStopped(ran, stop_ids, stopped)) break;
   }
   return absl::OkStatus();
+}
+
+bool DecodeSession::Impl::MarkStopped(int64_t steps, absl::Span<const int32_t> stop_ids,
+                                      std::vector<bool>& stopped) const {
+  bool all = true;
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    const Slot& s = slots_[i];
+    if (!Steps(s)) continue;
+    for (size_t k = s.tokens.size() - static_cast<size_t>(steps);
+         k < s.tokens.size() && !stopped[i]; ++k) {
+      stopped[i] = std::find(stop_ids.begin(), stop_ids.end(), s.tokens[k]) != stop_ids.end();
+    }
+    all = all && stopped[i];
+  }
+  return all;
 }
 
 absl::Status DecodeSession::Impl::Drain() {
@@ -1319,9 +1328,9 @@ absl::StatusOr<std::vector<std::vector<int32_t>>> DecodeSession::Impl::Generate(
   if (n < 0) {
     return absl::InvalidArgumentError(absl::StrCat("Generate: n must be >= 0, got ", n));
   }
-  if (stop_ids.size() > 16) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("Generate: at most 16 stop ids, got ", stop_ids.size()));
+  if (stop_ids.size() > StepRunner::kMaxLoopStopIds) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Generate: at most ", StepRunner::kMaxLoopStopIds, " stop ids, got ", stop_ids.size()));
   }
   if (HighestSteppingSlot() < 0) {
     return absl::FailedPreconditionError("Generate: no slot is live; Prefill one first");
@@ -1342,17 +1351,7 @@ absl::StatusOr<std::vector<std::vector<int32_t>>> DecodeSession::Impl::Generate(
     for (int64_t i = 0; i < n; ++i) {
       SG_RETURN_IF_ERROR(Step(nullptr));
       SG_RETURN_IF_ERROR(Drain());
-      bool all = true;
-      for (size_t j = 0; j < slots_.size(); ++j) {
-        const Slot& s = slots_[j];
-        if (!Steps(s)) continue;
-        if (!stopped[j] && !s.tokens.empty()) {
-          stopped[j] = std::find(stop_ids.begin(), stop_ids.end(), s.tokens.back()) !=
-                       stop_ids.end();
-        }
-        all = all && stopped[j];
-      }
-      if (all) break;
+      if (MarkStopped(1, stop_ids, stopped)) break;
     }
   }
   SG_RETURN_IF_ERROR(Drain());

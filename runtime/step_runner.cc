@@ -308,10 +308,11 @@ absl::StatusOr<int64_t> StepRunner::RunLoop(int step, int64_t limit,
                                                       " has no device loop (AddLoop)"));
   }
   if (limit < 1 || limit > s.loop_steps || static_cast<int64_t>(live.size()) != s.loop_rows ||
-      ids_stride < s.loop_rows || ids_out == nullptr || stop_ids.size() > 16) {
+      ids_stride < s.loop_rows || ids_out == nullptr || stop_ids.size() > kMaxLoopStopIds) {
     return absl::InvalidArgumentError(absl::StrCat(
         "step runner: RunLoop of ", limit, " steps (1 to ", s.loop_steps, "), ", live.size(),
-        " live flags (", s.loop_rows, " rows), ", stop_ids.size(), " stop ids (at most 16)"));
+        " live flags (", s.loop_rows, " rows), ", stop_ids.size(), " stop ids (at most ",
+        kMaxLoopStopIds, ")"));
   }
   return s.loop->Run(limit, stop_ids, live, ids_out, ids_stride);
 }

@@ -192,7 +192,7 @@ int RunCommand(const Options& o) {
                         : s.backend() == Backend::kCpu ? 1
                                                        : (live ? 8 : 64);
   const bool stop_on_device =
-      o.device_loop > 0 && !stop.empty() && stop.size() <= 16;
+      o.device_loop > 0 && !stop.empty() && stop.size() <= StepRunner::kMaxLoopStopIds;
   Progress progress("generated", o.max_new_tokens * o.batch, "tokens");
   int64_t steps = 0;
   double ttft_ms = 0;

@@ -1,6 +1,6 @@
-// The device decode loop's control kernel (kernels/loop_control.cuh): what capture/ needs to
-// build a loop around a step without including a kernel header (rooms: capture reaches
-// kernels through dispatch/cuda).
+// The device decode loop's control kernel (kernels/loop_control.cuh) as capture/ and
+// runtime/ use it: its buffers and state layout under the dispatcher's names, and its
+// launch with a Status (rooms: capture reaches kernels through dispatch/cuda).
 #ifndef STEPGRAPH_DISPATCH_CUDA_DEVICE_LOOP_H_
 #define STEPGRAPH_DISPATCH_CUDA_DEVICE_LOOP_H_
 
@@ -8,32 +8,26 @@
 
 #include <cstdint>
 
-#include "absl/status/statusor.h"
+#include "absl/status/status.h"
+#include "kernels/loop_control.cuh"
 
 namespace sg {
 
-// The device buffers of a loop (kernels/loop_control.cuh's LoopControlArgs): the step's
-// sampled ids [rows], the ring the control kernel copies them into ([max_steps] rows of
-// `ring_stride` ids), and the state the host writes before a launch and reads after it.
-struct DeviceLoopBuffers {
-  const int32_t* ids = nullptr;
-  int32_t rows = 0;
-  int32_t* ring = nullptr;
-  int32_t ring_stride = 0;
-  int32_t max_steps = 0;
-  int32_t* state = nullptr;
-};
-
-// Ints of the state for `rows` rows, and where its fields are: the steps run, the limit,
-// the stop ids' count and the stop ids, then a flag per row (0: not live, 1: live without a
-// stop id yet, 2: produced one).
-int64_t DeviceLoopStateInts(int64_t rows);
-inline constexpr int kDeviceLoopMaxStops = 16;
-inline constexpr int kDeviceLoopMaxRows = 1024;
+// The step's sampled ids [rows], the ring the control kernel copies them into
+// ([max_steps] rows of `ring_stride` ids), and the state the host writes before a launch
+// and reads after it.
+using DeviceLoopBuffers = kernels::LoopControlArgs;
+inline constexpr int kDeviceLoopMaxRows = kernels::kLoopMaxRows;
+inline constexpr int kDeviceLoopMaxStops = kernels::kLoopMaxStops;
+// Where the state's fields are: the steps run, the limit, the stop ids' count and the stop
+// ids, then a flag per row (0: not live, 1: live without a stop id yet, 2: produced one).
 struct DeviceLoopState {
-  static constexpr int kSteps = 0, kLimit = 1, kStops = 2, kStopIds = 3;
-  static constexpr int kRows = 3 + kDeviceLoopMaxStops;
+  static constexpr int kSteps = kernels::kLoopSteps, kLimit = kernels::kLoopLimit,
+                       kStops = kernels::kLoopStops, kStopIds = kernels::kLoopStopIds,
+                       kRows = kernels::kLoopStateHead;
 };
+// Ints of the state for `rows` rows.
+inline int64_t DeviceLoopStateInts(int64_t rows) { return DeviceLoopState::kRows + rows; }
 
 // Launches the control kernel on `stream` (capturing the loop's body, after the step): one
 // block that copies the ids into the ring, counts the step, marks the rows that produced

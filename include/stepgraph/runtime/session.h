@@ -278,7 +278,7 @@ class DecodeSession {
   // runs, when a live slot has fewer than `n` free positions.
   absl::StatusOr<std::vector<std::vector<int32_t>>> Generate(int64_t n);
   // Up to `n` steps, fewer when after a step every slot that steps has produced one of
-  // `stop_ids` (at most 16) in this call: each slot's ids of the steps run, the stop id
+  // `stop_ids` (at most StepRunner::kMaxLoopStopIds) in this call: each slot's ids of the steps run, the stop id
   // and what the steps after it made included (the caller cuts). On the device loop
   // (SessionOptions::device_loop_steps) the device decides; otherwise the host, waiting
   // for the device after every step.

@@ -138,9 +138,12 @@ class StepRunner {
   // the device after each. FailedPrecondition when the runner is eager or on the CPU, or
   // the driver cannot build the loop; InvalidArgument for a bad output or size.
   absl::Status AddLoop(int step, absl::string_view ids_output, int64_t max_steps);
+  // Stop ids one RunLoop checks (the device keeps them beside the loop's state).
+  static constexpr int kMaxLoopStopIds = 16;
   bool has_loop(int step) const;
   // One launch of `step`'s loop: up to `limit` (<= its max_steps) steps, fewer when after
-  // a step every row r with live[r] != 0 has produced one of `stop_ids` (at most 16) in
+  // a step every row r with live[r] != 0 has produced one of `stop_ids` (at most
+  // kMaxLoopStopIds) in
   // some step of this launch. Waits for the device, writes step k's ids to
   // ids_out[k * ids_stride + r] (r < rows) and returns the steps run.
   absl::StatusOr<int64_t> RunLoop(int step, int64_t limit, absl::Span<const int32_t> stop_ids,
