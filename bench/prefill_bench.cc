@@ -22,14 +22,16 @@
 //                         matrices compute, with the block GEMM in f32, TF32 or bf16
 //                         (CudaOptions::block_gemm_precision); _mma: the tensor-core
 //                         kernel instead of the block GEMM (x in 3 bf16 parts, or 1 with
-//                         bf16 precision). Counters as Ttft's:
+//                         bf16 precision; _decode_shape: its blocks never in the staged
+//                         shape). Counters as Ttft's:
 //                         prefill tokens/s, TFLOP/s and of_matmul (over the bf16 rate).
 //   BlockMatMul/<fmt>/<path>/m:<m>
 //                         the matmuls of 3 Llama-3.2-1B layers alone (q, k, v, o, gate,
 //                         up, down; each layer its own weights, together beyond L2) at m
 //                         rows (4, 8, 16, 64, 512), one replayed step, CUDA events, median
 //                         of 20: <path> kernel (the block-format kernel, row groups of 8),
-//                         mma_f32[_bf16] (the tensor-core kernel, x in 3 bf16 parts or 1),
+//                         mma_f32[_bf16] (the tensor-core kernel, x in 3 bf16 parts or 1;
+//                         _decode, _prefill, _staged: its block shape forced),
 //                         gemm_<x>_<precision> (the block GEMM: dequantized chunks through
 //                         cuBLASLt), and fmt bf16 for the same matmuls on bf16 weights.
 //                         us per layer, TFLOP/s and of_matmul: where the block GEMM
@@ -125,13 +127,16 @@ struct QuantSetup {
   DType activations;
   BlockGemmPrecision precision;
   bool gemm = true;  // the block GEMM from 32 rows; false: the tensor-core kernel at every size
+  // The tensor-core kernel's block shape (kDecode: without the staged shape).
+  BlockMmaShapeOption shape = BlockMmaShapeOption::kAuto;
 };
 
 std::string SetupName(const QuantSetup& q) {
   return absl::StrCat(q.activations == DType::kBF16
                           ? "bf16"
                           : absl::StrCat("f32_", BlockGemmPrecisionName(q.precision)),
-                      q.gemm ? "" : "_mma");
+                      q.gemm ? "" : "_mma",
+                      q.shape == BlockMmaShapeOption::kDecode ? "_decode_shape" : "");
 }
 
 DType FormatDType(const std::string& format, const std::string& name) {
@@ -169,6 +174,7 @@ absl::StatusOr<DecodeSession*> QuantSessionFor(const QuantSetup& q) {
   o.prefill_chunk = 512;
   o.cuda.block_gemm_precision = q.precision;
   o.cuda.block_gemm_min_rows = q.gemm ? 32 : 0;
+  o.cuda.block_mma_shape = q.shape;
   SG_ASSIGN_OR_RETURN(quant->session, DecodeSession::Create(o));
   quant->key = key;
   return quant->session.get();
@@ -238,6 +244,7 @@ struct MatmulPathSetup {
   int64_t min_rows;  // CudaOptions::block_gemm_min_rows
   BlockGemmPrecision precision;
   int64_t mma_rows = 0;  // CudaOptions::block_mma_min_rows
+  BlockMmaShapeOption shape = BlockMmaShapeOption::kAuto;  // CudaOptions::block_mma_shape
 };
 
 // Median µs of one step holding every matmul of kLayers layers at m rows.
@@ -246,6 +253,7 @@ absl::StatusOr<double> TimeLayerMatmuls(DType w_dtype, const MatmulPathSetup& p,
   ro.cuda.block_gemm_min_rows = p.min_rows;
   ro.cuda.block_gemm_precision = p.precision;
   ro.cuda.block_mma_min_rows = p.mma_rows;
+  ro.cuda.block_mma_shape = p.shape;
   SG_ASSIGN_OR_RETURN(std::unique_ptr<StepRunner> runner, StepRunner::Create(ro));
   GraphBuilder b;
   const TensorId x = b.Input("x", p.activations, {m, 2048});
@@ -317,6 +325,8 @@ void RegisterQuantCases() {
                                 QuantSetup{format, DType::kF32, BlockGemmPrecision::kTf32},
                                 QuantSetup{format, DType::kF32, BlockGemmPrecision::kBf16},
                                 QuantSetup{format, DType::kF32, BlockGemmPrecision::kF32, false},
+                                QuantSetup{format, DType::kF32, BlockGemmPrecision::kF32, false,
+                                           BlockMmaShapeOption::kDecode},
                                 QuantSetup{format, DType::kF32, BlockGemmPrecision::kBf16, false},
                                 QuantSetup{format, DType::kBF16, BlockGemmPrecision::kF32,
                                            false}}) {
@@ -335,6 +345,10 @@ void RegisterQuantCases() {
       {"gemm_bf16", DType::kBF16, 1, BlockGemmPrecision::kF32},
       {"kernel_f32", DType::kF32, 0, BlockGemmPrecision::kF32},
       {"mma_f32", DType::kF32, 0, BlockGemmPrecision::kF32, 1},
+      {"mma_f32_decode", DType::kF32, 0, BlockGemmPrecision::kF32, 1, BlockMmaShapeOption::kDecode},
+      {"mma_f32_prefill", DType::kF32, 0, BlockGemmPrecision::kF32, 1,
+       BlockMmaShapeOption::kPrefill},
+      {"mma_f32_staged", DType::kF32, 0, BlockGemmPrecision::kF32, 1, BlockMmaShapeOption::kStaged},
       {"mma_f32_bf16", DType::kF32, 0, BlockGemmPrecision::kBf16, 1},
       {"gemm_f32_f32", DType::kF32, 1, BlockGemmPrecision::kF32},
       {"gemm_f32_tf32", DType::kF32, 1, BlockGemmPrecision::kTf32},

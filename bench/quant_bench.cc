@@ -404,17 +404,20 @@ int main(int argc, char** argv) {
     }
   }
   // The tensor-core kernel at batch and prefill sizes (a MatMul's path, split as the node
-  // splits), in both block shapes: MmaPrefillF32/<format>/M=<m> ... /<decode|prefill>. TFLOP/s: 2·m·n·k
-  // over the time (printed after the table).
+  // splits), in every block shape: MmaPrefillF32/<format>/M=<m> ...
+  // /<decode|prefill|staged>. TFLOP/s: 2·m·n·k over the time (printed after the table).
   for (const Shape& s : {Shape{"q/o", 2048, 2048}, Shape{"gate/up", 8192, 2048},
                          Shape{"down", 2048, 8192}}) {
     for (sg::DType t : {sg::DType::kQ4_0, sg::DType::kQ8_0, sg::DType::kQ4_K, sg::DType::kQ6_K}) {
       for (const int64_t m : {16, 64, 512}) {
+        using sg::kernels::BlockMmaShape;
         for (const auto shape :
-             {sg::kernels::BlockMmaShape::kDecode, sg::kernels::BlockMmaShape::kPrefill}) {
-          const bool prefill = shape == sg::kernels::BlockMmaShape::kPrefill;
+             {BlockMmaShape::kDecode, BlockMmaShape::kPrefill, BlockMmaShape::kStaged}) {
+          const char* shape_name = shape == BlockMmaShape::kPrefill  ? "prefill"
+                                   : shape == BlockMmaShape::kStaged ? "staged"
+                                                                     : "decode";
           add(absl::StrCat("MmaPrefillF32/", sg::DTypeName(t), "/M=", m, " N=", s.n, " K=", s.k,
-                           " (", s.what, ")/", prefill ? "prefill" : "decode"),
+                           " (", s.what, ")/", shape_name),
               t, s, Kernel::kPlainMma, m, sg::DType::kF32, shape);
         }
       }

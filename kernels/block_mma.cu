@@ -160,12 +160,172 @@ __global__ void __launch_bounds__(256)
   }
 }
 
+// A warp's columns in a launch of `kCols` columns a block: the block's weight (wi), the
+// product columns before it, and for column tile c the first column col_a[c] (A-fragment
+// row g; col_a[c] + 8 is row g + 8) and the first units of both in the weight.
+template <int kColTiles>
+struct WarpColumns {
+  int wi = 0;
+  int64_t before = 0, n = 0, units = 0, w_blocks = 0;
+  const uint8_t* w = nullptr;
+  int64_t col_a[kColTiles], first_a[kColTiles], first_b[kColTiles];
+};
+
+// The block's weight and this warp's columns: block column cb of the launch, warp column
+// tile warp_col (kColTiles tiles of 16 columns each a warp).
+template <typename Q, int kColTiles>
+__device__ __forceinline__ WarpColumns<kColTiles> ColumnsOf(const BlockMmaArgs& a,
+                                                            int64_t cols, int warp_col,
+                                                            int g) {
+  WarpColumns<kColTiles> wc;
+  int64_t cb = blockIdx.x;
+  for (; wc.wi + 1 < a.weights; ++wc.wi) {
+    const int64_t blocks = CeilDiv(a.n[wc.wi], cols);
+    if (cb < blocks) break;
+    cb -= blocks;
+    wc.before += a.n[wc.wi];
+  }
+  wc.n = a.n[wc.wi];
+  wc.w = static_cast<const uint8_t*>(a.w[wc.wi]);
+  wc.units = a.k / quant::kUnitElems;
+  wc.w_blocks = wc.n * (a.k / Q::kElems);
+#pragma unroll
+  for (int c = 0; c < kColTiles; ++c) {
+    wc.col_a[c] = cb * cols + (warp_col * kColTiles + c) * 16 + g;
+    // A column past n reads the last one again and is discarded.
+    wc.first_a[c] = std::min<int64_t>(wc.col_a[c], wc.n - 1) * wc.units;
+    wc.first_b[c] = std::min<int64_t>(wc.col_a[c] + 8, wc.n - 1) * wc.units;
+  }
+  return wc;
+}
+
+// One unit of a warp's columns, ready for the MMAs: the A fragments (rows g: column a,
+// g + 8: column b; slots 2t.. and 2t+8..), scales (sa1/sb1: Q6_K's second half) and mins.
+template <int kColTiles>
+struct UnitFragments {
+  uint32_t frag[kColTiles][2][4];
+  float sa0[kColTiles], sb0[kColTiles], sa1[kColTiles], sb1[kColTiles];
+  float ma[kColTiles], mb[kColTiles];
+};
+
+template <typename Q, int kColTiles>
+__device__ __forceinline__ void DecodeUnit(const typename Q::Unit (&wa)[kColTiles],
+                                           const typename Q::Unit (&wb)[kColTiles], int t,
+                                           UnitFragments<kColTiles>& f) {
+#pragma unroll
+  for (int c = 0; c < kColTiles; ++c) {
+    uint32_t pa[2][2], pb[2][2];
+    ColumnPairs<Q>(wa[c], t, pa);
+    ColumnPairs<Q>(wb[c], t, pb);
+#pragma unroll
+    for (int s = 0; s < 2; ++s) {
+      f.frag[c][s][0] = pa[s][0];
+      f.frag[c][s][1] = pb[s][0];
+      f.frag[c][s][2] = pa[s][1];
+      f.frag[c][s][3] = pb[s][1];
+    }
+    f.sa0[c] = wa[c].Scale(0);
+    f.sb0[c] = wb[c].Scale(0);
+    f.sa1[c] = wa[c].Scale(2);
+    f.sb1[c] = wb[c].Scale(2);
+    if constexpr (Q::Unit::kHasMin) {
+      f.ma[c] = wa[c].Min(0);
+      f.mb[c] = wb[c].Min(0);
+    }
+  }
+}
+
+// acc[c] += one unit's products for one row tile: x's parts b (both k16 steps) times the
+// unit's codes, summed over the parts, scaled, plus min · Σx (x0, x1: rows 2t, 2t + 1).
+template <typename Q, int kColTiles, int kTerms>
+__device__ __forceinline__ void MultiplyTile(const UnitFragments<kColTiles>& f,
+                                             const uint4 (&b)[kTerms], float x0, float x1,
+                                             float (&acc)[kColTiles][4]) {
+  constexpr bool kHalves = std::is_same_v<Q, quant::Format<DType::kQ6_K>>;
+#pragma unroll
+  for (int c = 0; c < kColTiles; ++c) {
+    // One accumulator per part, so that the parts' MMAs do not wait on each other.
+    float d0[kTerms][4], d1[kTerms][4];
+#pragma unroll
+    for (int q = 0; q < kTerms; ++q) {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) d0[q][j] = d1[q][j] = 0.0f;
+      Mma(d0[q], f.frag[c][0], make_uint2(b[q].x, b[q].y));
+      Mma(kHalves ? d1[q] : d0[q], f.frag[c][1], make_uint2(b[q].z, b[q].w));
+    }
+    float s0[4], s1[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      // The parts from the smallest up (3 parts: exact as long as the sums are).
+      s0[j] = d0[kTerms - 1][j];
+      s1[j] = d1[kTerms - 1][j];
+#pragma unroll
+      for (int q = kTerms - 2; q >= 0; --q) {
+        s0[j] += d0[q][j];
+        s1[j] += d1[q][j];
+      }
+    }
+    float* o = acc[c];
+    o[0] = fmaf(f.sa0[c], s0[0], o[0]);
+    o[1] = fmaf(f.sa0[c], s0[1], o[1]);
+    o[2] = fmaf(f.sb0[c], s0[2], o[2]);
+    o[3] = fmaf(f.sb0[c], s0[3], o[3]);
+    if constexpr (kHalves) {
+      o[0] = fmaf(f.sa1[c], s1[0], o[0]);
+      o[1] = fmaf(f.sa1[c], s1[1], o[1]);
+      o[2] = fmaf(f.sb1[c], s1[2], o[2]);
+      o[3] = fmaf(f.sb1[c], s1[3], o[3]);
+    }
+    if constexpr (Q::Unit::kHasMin) {
+      o[0] = fmaf(f.ma[c], x0, o[0]);
+      o[1] = fmaf(f.ma[c], x1, o[1]);
+      o[2] = fmaf(f.mb[c], x0, o[2]);
+      o[3] = fmaf(f.mb[c], x1, o[3]);
+    }
+  }
+}
+
+// A row tile's sums: acc[c] holds columns a (0, 1) and b (2, 3) of rows tile·8 + 2t (0, 2)
+// and + 1 (1, 3); to the split's partial sums, or with y and one split to y (+ bias).
+template <typename T, int kColTiles>
+__device__ __forceinline__ void StoreTile(const BlockMmaArgs& a,
+                                          const WarpColumns<kColTiles>& wc, int64_t tile,
+                                          int t, int split,
+                                          const float (&acc)[kColTiles][4]) {
+  const bool direct = a.y != nullptr && a.splits == 1;
+  const T* bias = static_cast<const T*>(a.bias);
+#pragma unroll
+  for (int c = 0; c < kColTiles; ++c) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int64_t row = tile * 8 + 2 * t + (j & 1);
+      const int64_t col = j < 2 ? wc.col_a[c] : wc.col_a[c] + 8;
+      if (row >= a.m || col >= wc.n) continue;
+      const int64_t out = a.col0 + wc.before + col;
+      if (!direct) {
+        a.partials[(split * a.m + row) * a.ld + out] = acc[c][j];
+      } else {
+        float v = acc[c][j];
+        if (bias != nullptr) v += ToFloat(bias[wc.before + col]);
+        static_cast<T*>(a.y)[row * a.ld + out] = FromFloat<T>(v);
+      }
+    }
+  }
+}
+
+// The units [u0, u1) of split blockIdx.y.
+__device__ __forceinline__ void SplitUnits(const BlockMmaArgs& a, int64_t units, int64_t& u0,
+                                           int64_t& u1) {
+  const int64_t per_split = CeilDiv(units, a.splits);
+  u0 = static_cast<int64_t>(blockIdx.y) * per_split;
+  u1 = std::min<int64_t>(units, u0 + per_split);
+}
+
 template <typename T, typename Q, int kRowTiles, int kColTiles, int kTerms>
 __global__ void __launch_bounds__(kThreads)
     BlockMmaKernel(BlockMmaArgs a, const uint4* __restrict__ frags,
                    const float* __restrict__ sums) {
   using Unit = typename Q::Unit;
-  constexpr bool kHalves = std::is_same_v<Q, quant::Format<DType::kQ6_K>>;
   constexpr int64_t kCols = kBlockMmaCols * kColTiles;
   // x's fragments of a whole unit are loaded a unit ahead with the weights when they are
   // few; the prefill shape loads each row tile's just before its MMAs (from L1: the
@@ -173,31 +333,9 @@ __global__ void __launch_bounds__(kThreads)
   constexpr bool kXAhead = kRowTiles <= 4;
   const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
   const int g = lane / 4, t = lane % 4;
-  // The block's weight, its first column there and the product columns before it.
-  int64_t cb = blockIdx.x, before = 0;
-  int wi = 0;
-  for (; wi + 1 < a.weights; ++wi) {
-    const int64_t blocks = CeilDiv(a.n[wi], kCols);
-    if (cb < blocks) break;
-    cb -= blocks;
-    before += a.n[wi];
-  }
-  const int64_t n = a.n[wi], k = a.k;
-  const auto* w = static_cast<const uint8_t*>(a.w[wi]);
-  const int64_t units = k / quant::kUnitElems;
-  const int64_t w_blocks = n * (k / Q::kElems);
-  // Column tile c of this warp: columns col_a[c] (A-fragment row g) and col_a[c] + 8.
-  int64_t col_a[kColTiles], first_a[kColTiles], first_b[kColTiles];
-#pragma unroll
-  for (int c = 0; c < kColTiles; ++c) {
-    col_a[c] = cb * kCols + (warp * kColTiles + c) * 16 + g;
-    // A column past n reads the last one again and is discarded.
-    first_a[c] = std::min<int64_t>(col_a[c], n - 1) * units;
-    first_b[c] = std::min<int64_t>(col_a[c] + 8, n - 1) * units;
-  }
-  const int split = static_cast<int>(blockIdx.y);
-  const int64_t per_split = CeilDiv(units, a.splits);
-  const int64_t u0 = split * per_split, u1 = std::min<int64_t>(units, u0 + per_split);
+  const WarpColumns<kColTiles> wc = ColumnsOf<Q, kColTiles>(a, kCols, warp, g);
+  int64_t u0, u1;
+  SplitUnits(a, wc.units, u0, u1);
   const int64_t tiles = PaddedRows(a.m) / 8, rows = tiles * 8;  // rows of the sums
   const int64_t tile0 = static_cast<int64_t>(blockIdx.z) * kRowTiles;
   AwaitPrerequisiteGrids();
@@ -215,8 +353,8 @@ __global__ void __launch_bounds__(kThreads)
   auto load_unit = [&](int64_t u) {
 #pragma unroll
     for (int c = 0; c < kColTiles; ++c) {
-      next_a[c] = Q::Load(w, w_blocks, first_a[c] + u);
-      next_b[c] = Q::Load(w, w_blocks, first_b[c] + u);
+      next_a[c] = Q::Load(wc.w, wc.w_blocks, wc.first_a[c] + u);
+      next_b[c] = Q::Load(wc.w, wc.w_blocks, wc.first_b[c] + u);
     }
     if constexpr (kXAhead) {
 #pragma unroll
@@ -225,44 +363,11 @@ __global__ void __launch_bounds__(kThreads)
   };
   if (u0 < u1) load_unit(u0);
 
-  float acc[kRowTiles][kColTiles][4];
-#pragma unroll
-  for (int i = 0; i < kRowTiles; ++i) {
-#pragma unroll
-    for (int c = 0; c < kColTiles; ++c) {
-#pragma unroll
-      for (int j = 0; j < 4; ++j) acc[i][c][j] = 0.0f;
-    }
-  }
+  float acc[kRowTiles][kColTiles][4] = {};
   for (int64_t u = u0; u < u1; ++u) {
-    // This unit's A fragments (rows g: column a, g + 8: column b; slots 2t.. and 2t+8..),
-    // scales and mins, before the next unit's loads take the registers.
-    uint32_t frag[kColTiles][2][4];
-    float sa0[kColTiles], sb0[kColTiles], sa1[kColTiles], sb1[kColTiles];
-    float ma[kColTiles], mb[kColTiles];
-#pragma unroll
-    for (int c = 0; c < kColTiles; ++c) {
-      const Unit& wa = next_a[c];
-      const Unit& wb = next_b[c];
-      uint32_t pa[2][2], pb[2][2];
-      ColumnPairs<Q>(wa, t, pa);
-      ColumnPairs<Q>(wb, t, pb);
-#pragma unroll
-      for (int s = 0; s < 2; ++s) {
-        frag[c][s][0] = pa[s][0];
-        frag[c][s][1] = pb[s][0];
-        frag[c][s][2] = pa[s][1];
-        frag[c][s][3] = pb[s][1];
-      }
-      sa0[c] = wa.Scale(0);
-      sb0[c] = wb.Scale(0);
-      sa1[c] = wa.Scale(2);
-      sb1[c] = wb.Scale(2);
-      if constexpr (Unit::kHasMin) {
-        ma[c] = wa.Min(0);
-        mb[c] = wb.Min(0);
-      }
-    }
+    // This unit's fragments, before the next unit's loads take the registers.
+    UnitFragments<kColTiles> f;
+    DecodeUnit<Q>(next_a, next_b, t, f);
     uint4 x_now[kXAhead ? kRowTiles : 1][kTerms];
     if constexpr (kXAhead) {
 #pragma unroll
@@ -289,72 +394,149 @@ __global__ void __launch_bounds__(kThreads)
         x0 = sums[u * rows + r];
         x1 = sums[u * rows + r + 1];
       }
-#pragma unroll
-      for (int c = 0; c < kColTiles; ++c) {
-        // One accumulator per part, so that the parts' MMAs do not wait on each other.
-        float d0[kTerms][4], d1[kTerms][4];
-#pragma unroll
-        for (int q = 0; q < kTerms; ++q) {
-#pragma unroll
-          for (int j = 0; j < 4; ++j) d0[q][j] = d1[q][j] = 0.0f;
-          Mma(d0[q], frag[c][0], make_uint2(b[q].x, b[q].y));
-          Mma(kHalves ? d1[q] : d0[q], frag[c][1], make_uint2(b[q].z, b[q].w));
-        }
-        float s0[4], s1[4];
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          // The parts from the smallest up (3 parts: exact as long as the sums are).
-          s0[j] = d0[kTerms - 1][j];
-          s1[j] = d1[kTerms - 1][j];
-#pragma unroll
-          for (int q = kTerms - 2; q >= 0; --q) {
-            s0[j] += d0[q][j];
-            s1[j] += d1[q][j];
-          }
-        }
-        float* o = acc[tile][c];
-        o[0] = fmaf(sa0[c], s0[0], o[0]);
-        o[1] = fmaf(sa0[c], s0[1], o[1]);
-        o[2] = fmaf(sb0[c], s0[2], o[2]);
-        o[3] = fmaf(sb0[c], s0[3], o[3]);
-        if constexpr (kHalves) {
-          o[0] = fmaf(sa1[c], s1[0], o[0]);
-          o[1] = fmaf(sa1[c], s1[1], o[1]);
-          o[2] = fmaf(sb1[c], s1[2], o[2]);
-          o[3] = fmaf(sb1[c], s1[3], o[3]);
-        }
-        if constexpr (Unit::kHasMin) {
-          o[0] = fmaf(ma[c], x0, o[0]);
-          o[1] = fmaf(ma[c], x1, o[1]);
-          o[2] = fmaf(mb[c], x0, o[2]);
-          o[3] = fmaf(mb[c], x1, o[3]);
-        }
-      }
+      MultiplyTile<Q, kColTiles, kTerms>(f, b, x0, x1, acc[tile]);
     }
   }
-
-  // acc[tile][c]: columns a (0, 1) and b (2, 3) of rows tile·8 + 2t (0, 2) and + 1 (1, 3).
-  const bool direct = a.y != nullptr && a.splits == 1;
-  const T* bias = static_cast<const T*>(a.bias);
 #pragma unroll
   for (int tile = 0; tile < kRowTiles; ++tile) {
-#pragma unroll
-    for (int c = 0; c < kColTiles; ++c) {
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const int64_t row = (tile0 + tile) * 8 + 2 * t + (j & 1);
-        const int64_t col = j < 2 ? col_a[c] : col_a[c] + 8;
-        if (row >= a.m || col >= n) continue;
-        const int64_t out = a.col0 + before + col;
-        if (!direct) {
-          a.partials[(split * a.m + row) * a.ld + out] = acc[tile][c][j];
-        } else {
-          float v = acc[tile][c][j];
-          if (bias != nullptr) v += ToFloat(bias[before + col]);
-          static_cast<T*>(a.y)[row * a.ld + out] = FromFloat<T>(v);
-        }
+    StoreTile<T>(a, wc, tile0 + tile, t, static_cast<int>(blockIdx.y), acc[tile]);
+  }
+}
+
+// ---- the staged shape: x through shared memory -----------------------------------------
+// Eight warps as 2 (row halves of 64) × 4 (column quarters of 32) over 128 columns × 128
+// rows. A unit's x fragments for the block's 16 row tiles (and its rows' sums) are copied
+// into shared memory by cp.async, kStages units in flight, so that each fragment leaves
+// global memory once per block and reaches its four column warps by LDS.128; each warp
+// decodes the units of its 32 columns once for its 64 rows, its weights a unit ahead in
+// registers as in the other shapes. One block an SM (its 64 accumulators a lane and the
+// stages take it).
+constexpr int kStagedWarpRows = 2, kStagedWarpCols = 4;
+constexpr int kStagedThreads = kStagedWarpRows * kStagedWarpCols * kWarpSize;
+constexpr int kStagedWarpRowTiles = 8;  // a warp's row tiles of 8
+constexpr int kStagedRowTiles = kStagedWarpRows * kStagedWarpRowTiles;  // a block's
+constexpr int kStagedColTiles = 2;  // a warp's column tiles of 16
+constexpr int64_t kStagedCols = kStagedWarpCols * kStagedColTiles * 16;
+constexpr int kStages = 3;
+
+template <int kTerms>
+constexpr int StagedEntries() {  // 16-byte fragments of one unit for the block's rows
+  return kStagedRowTiles * kTerms * kWarpSize;
+}
+template <int kTerms>
+constexpr size_t StagedSmemBytes() {
+  return kStages * (StagedEntries<kTerms>() * size_t{16} + kStagedRowTiles * 8 * sizeof(float));
+}
+
+__device__ __forceinline__ void CopyAsync16(void* to, const void* from, bool valid) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const auto s = static_cast<unsigned>(__cvta_generic_to_shared(to));
+  // Zero bytes read (16 zeros written) when not valid.
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(from),
+               "r"(valid ? 16 : 0)
+               : "memory");
+#endif
+}
+__device__ __forceinline__ void CommitCopies() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+template <int kPending>
+__device__ __forceinline__ void AwaitCopies() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+#endif
+}
+
+template <typename T, typename Q, int kTerms>
+__global__ void __launch_bounds__(kStagedThreads, 1)
+    BlockMmaStagedKernel(BlockMmaArgs a, const uint4* __restrict__ frags,
+                         const float* __restrict__ sums) {
+  using Unit = typename Q::Unit;
+  constexpr int kEntries = StagedEntries<kTerms>();
+  constexpr int kRowsStaged = kStagedRowTiles * 8;
+  extern __shared__ uint4 staged[];
+  uint4* x_stage = staged;                                                     // [kStages][kEntries]
+  float* sum_stage = reinterpret_cast<float*>(staged + kStages * kEntries);  // [kStages][128]
+  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
+  const int g = lane / 4, t = lane % 4;
+  const int warp_row = warp / kStagedWarpCols, warp_col = warp % kStagedWarpCols;
+  const WarpColumns<kStagedColTiles> wc =
+      ColumnsOf<Q, kStagedColTiles>(a, kStagedCols, warp_col, g);
+  int64_t u0, u1;
+  SplitUnits(a, wc.units, u0, u1);
+  const int64_t tiles = PaddedRows(a.m) / 8, rows = tiles * 8;
+  const int64_t tile0 = static_cast<int64_t>(blockIdx.z) * kStagedRowTiles;
+  const int64_t valid = std::min<int64_t>(kStagedRowTiles, tiles - tile0) * kTerms * kWarpSize;
+  AwaitPrerequisiteGrids();
+  // Unit u's fragments of the block's row tiles (zeros past the last) into stage s.
+  auto stage = [&](int64_t u, int s) {
+    const uint4* from = frags + (u * tiles + tile0) * kTerms * kWarpSize;
+    uint4* to = x_stage + s * kEntries;
+    for (int e = static_cast<int>(threadIdx.x); e < kEntries; e += kStagedThreads) {
+      CopyAsync16(to + e, e < valid ? from + e : frags, e < valid);
+    }
+    if constexpr (Unit::kHasMin) {
+      if (threadIdx.x < kRowsStaged / 4) {
+        const int64_t r = tile0 * 8 + 4 * threadIdx.x;
+        CopyAsync16(sum_stage + s * kRowsStaged + 4 * threadIdx.x,
+                    r < rows ? sums + u * rows + r : sums, r < rows);
       }
     }
+  };
+  const int64_t count = u1 - u0;
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < count) stage(u0 + s, s);
+    CommitCopies();
+  }
+  Unit next_a[kStagedColTiles], next_b[kStagedColTiles];
+  auto load_unit = [&](int64_t u) {
+#pragma unroll
+    for (int c = 0; c < kStagedColTiles; ++c) {
+      next_a[c] = Q::Load(wc.w, wc.w_blocks, wc.first_a[c] + u);
+      next_b[c] = Q::Load(wc.w, wc.w_blocks, wc.first_b[c] + u);
+    }
+  };
+  if (count > 0) load_unit(u0);
+
+  float acc[kStagedWarpRowTiles][kStagedColTiles][4] = {};
+  int now = 0;  // the stage of unit u0 + i
+  for (int64_t i = 0; i < count; ++i) {
+    // Unit i's copies (this thread's) are in; the barrier makes everyone's visible and
+    // frees the stage unit i − 1 used, which the copies of unit i + kStages − 1 take.
+    AwaitCopies<kStages - 2>();
+    __syncthreads();
+    const int later = now == 0 ? kStages - 1 : now - 1;
+    if (i + kStages - 1 < count) stage(u0 + i + kStages - 1, later);
+    CommitCopies();
+    UnitFragments<kStagedColTiles> f;
+    DecodeUnit<Q>(next_a, next_b, t, f);
+    if (i + 1 < count) load_unit(u0 + i + 1);
+    const uint4* xs = x_stage + now * kEntries;
+    const float* ss = sum_stage + now * kRowsStaged;
+#pragma unroll
+    for (int tile = 0; tile < kStagedWarpRowTiles; ++tile) {
+      const int bt = warp_row * kStagedWarpRowTiles + tile;  // the block's row tile
+      if (tile0 + bt >= tiles) break;
+      uint4 b[kTerms];
+#pragma unroll
+      for (int q = 0; q < kTerms; ++q) b[q] = xs[(bt * kTerms + q) * kWarpSize + lane];
+      float x0 = 0.0f, x1 = 0.0f;
+      if constexpr (Unit::kHasMin) {
+        x0 = ss[bt * 8 + 2 * t];
+        x1 = ss[bt * 8 + 2 * t + 1];
+      }
+      MultiplyTile<Q, kStagedColTiles, kTerms>(f, b, x0, x1, acc[tile]);
+    }
+    now = now + 1 == kStages ? 0 : now + 1;
+  }
+  AwaitCopies<0>();
+#pragma unroll
+  for (int tile = 0; tile < kStagedWarpRowTiles; ++tile) {
+    StoreTile<T>(a, wc, tile0 + warp_row * kStagedWarpRowTiles + tile, t,
+                 static_cast<int>(blockIdx.y), acc[tile]);
   }
 }
 
@@ -376,10 +558,14 @@ __global__ void __launch_bounds__(256)
   }
 }
 
-bool PrefillShape(int64_t m, DType w_dtype, BlockMmaShape shape) {
-  return shape == BlockMmaShape::kPrefill ||
-         (shape == BlockMmaShape::kAuto && m >= kBlockMmaPrefillMinRows &&
-          (w_dtype == DType::kQ4_K || w_dtype == DType::kQ5_K));
+// The shape a launch of m rows of a w_dtype weight takes (never kAuto; kAuto resolves by
+// rows and format alone, never to the staged shape: BlockMmaWorkspaceFor chooses that).
+BlockMmaShape ShapeFor(int64_t m, DType w_dtype, BlockMmaShape shape) {
+  if (shape != BlockMmaShape::kAuto) return shape;
+  if (m >= kBlockMmaPrefillMinRows && (w_dtype == DType::kQ4_K || w_dtype == DType::kQ5_K)) {
+    return BlockMmaShape::kPrefill;
+  }
+  return BlockMmaShape::kDecode;
 }
 
 // The block shape for `tiles` tiles of 8 rows: f(row tiles, column tiles a warp) with 1,
@@ -428,8 +614,11 @@ int BlockMmaSplitsFor(int64_t column_blocks, int64_t k, int sm_count, int blocks
 }
 
 BlockMmaTile BlockMmaTileFor(int64_t m, DType w_dtype, BlockMmaShape shape) {
-  if (PrefillShape(m, w_dtype, shape)) return {2 * kBlockMmaCols, 8 * kPrefillRowTiles, 2};
-  return {kBlockMmaCols, 8 * kDecodeRowTiles, 4};
+  switch (ShapeFor(m, w_dtype, shape)) {
+    case BlockMmaShape::kStaged: return {kStagedCols, 8 * kStagedRowTiles, 1};
+    case BlockMmaShape::kPrefill: return {2 * kBlockMmaCols, 8 * kPrefillRowTiles, 2};
+    default: return {kBlockMmaCols, 8 * kDecodeRowTiles, 4};
+  }
 }
 
 int64_t BlockMmaColumnBlocks(const int64_t* n, int weights, int64_t cols) {
@@ -449,7 +638,14 @@ bool BlockMmaWorkspaceFor(int64_t m, int64_t k, const int64_t* n, int weights, D
     n_total += n[g];
   }
   if (scratch < 0 || m > (int64_t{1} << 40)) return false;
-  const BlockMmaTile tile = BlockMmaTileFor(m, w_dtype, shape);
+  // The staged shape where its blocks fill the SMs without splitting K (one block an SM).
+  if (shape == BlockMmaShape::kAuto && m >= kBlockMmaStagedMinRows &&
+      BlockMmaColumnBlocks(n, weights, kStagedCols) * CeilDiv(m, 8 * kStagedRowTiles) >=
+          std::max(sm_count, 1)) {
+    shape = BlockMmaShape::kStaged;
+  }
+  out->shape = ShapeFor(m, w_dtype, shape);
+  const BlockMmaTile tile = BlockMmaTileFor(m, w_dtype, out->shape);
   out->splits = BlockMmaSplitsFor(
       BlockMmaColumnBlocks(n, weights, tile.cols) * CeilDiv(m, tile.rows), k, sm_count,
       tile.blocks_per_sm);
@@ -489,7 +685,7 @@ cudaError_t LaunchBlockMma(const BlockMmaArgs& a, Stream stream) {
     n_total += a.n[g];
   }
   if (a.ld < a.col0 + n_total) return cudaErrorInvalidValue;
-  const bool prefill = PrefillShape(a.m, a.w_dtype, a.shape);
+  const BlockMmaShape shape = ShapeFor(a.m, a.w_dtype, a.shape);
   const BlockMmaTile tile = BlockMmaTileFor(a.m, a.w_dtype, a.shape);
   const int64_t column_blocks = BlockMmaColumnBlocks(a.n, a.weights, tile.cols);
   const int64_t tiles = PaddedRows(a.m) / 8;
@@ -516,7 +712,23 @@ cudaError_t LaunchBlockMma(const BlockMmaArgs& a, Stream stream) {
       }
       e = quant::DispatchFormat(a.w_dtype, [&](auto format) {
         using Q = decltype(format);
-        return DispatchShape(tiles, prefill, [&](auto row_tiles, auto col_tiles) {
+        if (shape == BlockMmaShape::kStaged) {
+          const auto kernel = BlockMmaStagedKernel<T, Q, kTerms>;
+          constexpr size_t kSmem = StagedSmemBytes<kTerms>();
+          const cudaError_t set = cudaFuncSetAttribute(
+              kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmem));
+          if (set != cudaSuccess) {
+            (void)cudaGetLastError();
+            return set;
+          }
+          const dim3 grid(static_cast<unsigned>(column_blocks), static_cast<unsigned>(a.splits),
+                          static_cast<unsigned>(CeilDiv(tiles, kStagedRowTiles)));
+          return LaunchKernelShared(kernel, grid, dim3(kStagedThreads), kSmem, stream, a,
+                                    static_cast<const uint4*>(frags),
+                                    static_cast<const float*>(sums));
+        }
+        return DispatchShape(tiles, shape == BlockMmaShape::kPrefill,
+                             [&](auto row_tiles, auto col_tiles) {
           constexpr int kRowTiles = decltype(row_tiles)::value;
           constexpr int kColTiles = decltype(col_tiles)::value;
           const dim3 grid(static_cast<unsigned>(column_blocks), static_cast<unsigned>(a.splits),

@@ -28,17 +28,26 @@ inline constexpr int kBlockMmaMaxWeights = 3;
 inline constexpr int kBlockMmaCols = 64;
 // From this many rows of x a launch of a Q4_K or Q5_K weight takes the prefill shape.
 inline constexpr int64_t kBlockMmaPrefillMinRows = 33;
+// From this many rows of x a launch may take the staged shape (BlockMmaWorkspaceFor).
+inline constexpr int64_t kBlockMmaStagedMinRows = 128;
 
 // How a launch's thread blocks cover the product. Decode: 64 columns (16 a warp) by up to
 // 32 rows a block, x's fragments of a unit loaded with its weights. Prefill: 128 columns
 // (32 a warp, so that each x fragment a warp loads feeds two MMAs and each decoded unit
-// serves twice the rows) by 64 rows, x's fragments loaded per row tile. kAuto: the prefill
-// shape from kBlockMmaPrefillMinRows rows for Q4_K and Q5_K, whose units cost the most to
-// decode, the decode shape otherwise (H200, quant_bench's MmaPrefillF32 at 512 rows: Q4_K
-// gate/up 466 against 570 us in the decode shape; Q4_0 338 against 286, Q6_K 373 against
-// 361, Q8_0 533 against 316: the prefill shape's registers leave fewer warps per SM). The
-// shapes give the same sums (the same additions in the same order).
-enum class BlockMmaShape { kAuto, kDecode, kPrefill };
+// serves twice the rows) by 64 rows, x's fragments loaded per row tile. Staged: 128
+// columns by 128 rows, eight warps as 2 × 4 (64 rows × 32 columns each), x's fragments of
+// the block's rows copied into shared memory a few units ahead (cp.async) and read there by
+// the four warps of a row half; one block an SM. kAuto: the staged shape from
+// kBlockMmaStagedMinRows rows where its blocks cover every SM without split-K (chosen by
+// BlockMmaWorkspaceFor, which knows the SMs; a launch given kAuto never takes it), the
+// prefill shape from kBlockMmaPrefillMinRows rows for Q4_K and Q5_K, whose units cost the
+// most to decode, the decode shape otherwise. H200, quant_bench's MmaPrefillF32 at 512
+// rows, µs decode / prefill / staged: gate/up (256 staged blocks) Q4_0 286 / 336 / 252,
+// Q8_0 314 / 536 / 280, Q4_K 573 / 487 / 367, Q6_K 360 / 374 / 315; down and q/o (64
+// staged blocks, split 3 ways: 1.45 waves of one block an SM) Q4_0 down 296 / 331 / 346,
+// Q4_K q/o 153 / 97 / 134. The shapes give the same sums (the same additions in the same
+// order within a split).
+enum class BlockMmaShape { kAuto, kDecode, kPrefill, kStaged };
 
 // Columns and rows of the product a thread block covers, and the blocks an SM wants in
 // flight (split-K makes them when the columns do not): the decode shape's warps have one
@@ -84,6 +93,7 @@ int64_t BlockMmaScratchBytes(int64_t m, int64_t k, int terms);
 // One workspace for a launch: the partial sums ([splits, m, Σn] f32) from its start, then
 // the scratch at partial_bytes (a multiple of 256).
 struct BlockMmaWorkspace {
+  BlockMmaShape shape = BlockMmaShape::kDecode;  // the shape to launch (BlockMmaArgs::shape)
   int splits = 1;
   int64_t partial_bytes = 0;  // 0 when the sums are not kept
   int64_t bytes = 0;          // the whole workspace
@@ -91,8 +101,9 @@ struct BlockMmaWorkspace {
 
 // The workspace and split-K factor for x [m, k] in `terms` parts times the weights n[0 ..
 // weights) in block format w_dtype (a launch's first format where they differ) on
-// `sm_count` SMs. The partial sums are kept when split, and always with
-// `keep_partials` (the fused matmul's epilogue reads them). False when the sizes overflow.
+// `sm_count` SMs, and the shape to launch (`shape`, or what kAuto chooses: the staged shape
+// only here). The partial sums are kept when split, and always with `keep_partials` (the
+// fused matmul's epilogue reads them). False when the sizes overflow.
 bool BlockMmaWorkspaceFor(int64_t m, int64_t k, const int64_t* n, int weights, DType w_dtype,
                           int terms, int sm_count, bool keep_partials, BlockMmaWorkspace* out,
                           BlockMmaShape shape = BlockMmaShape::kAuto);

@@ -65,18 +65,27 @@ cudaError_t DispatchRows(int64_t m, F&& f) {
   }
 }
 
+// LaunchKernel with `shared_bytes` of dynamic shared memory (above 48 KiB the caller sets
+// the kernel's cudaFuncAttributeMaxDynamicSharedMemorySize first).
+template <typename... Params, typename... Args>
+cudaError_t LaunchKernelShared(void (*kernel)(Params...), dim3 grid, dim3 block,
+                               size_t shared_bytes, const Stream& stream, Args&&... args) {
+  cudaLaunchAttribute attribute[1];
+  const cudaLaunchConfig_t config =
+      MakeLaunchConfig(grid, block, shared_bytes, stream,
+                       stream.programmatic && ProgrammaticLaunchSupported(), attribute);
+  const cudaError_t e = cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+  if (e != cudaSuccess) (void)cudaGetLastError();
+  return e;
+}
+
 // Launches `kernel` on `stream`, programmatically serialised when the caller allows it and
 // the kernels and device can take it. Returns the launch's error and, like a <<<>>> launch
 // followed by cudaGetLastError, leaves no error pending.
 template <typename... Params, typename... Args>
 cudaError_t LaunchKernel(void (*kernel)(Params...), dim3 grid, dim3 block, const Stream& stream,
                          Args&&... args) {
-  cudaLaunchAttribute attribute[1];
-  const cudaLaunchConfig_t config = MakeLaunchConfig(
-      grid, block, 0, stream, stream.programmatic && ProgrammaticLaunchSupported(), attribute);
-  const cudaError_t e = cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
-  if (e != cudaSuccess) (void)cudaGetLastError();
-  return e;
+  return LaunchKernelShared(kernel, grid, block, 0, stream, std::forward<Args>(args)...);
 }
 
 }  // namespace sg::kernels

@@ -746,6 +746,7 @@ cudaError_t LaunchMmaProducts(const FusedMatmulArgs& a, int64_t n_total, Stream 
     m.ld = n_total;
     m.col0 = col0;
     m.splits = a.product_splits;
+    m.shape = a.mma_shape;
     m.weights = 0;
     for (g1 = g0; g1 < a.weights && a.w_dtype[g1] == a.w_dtype[g0]; ++g1) {
       m.w[m.weights] = a.w[g1];

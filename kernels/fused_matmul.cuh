@@ -11,6 +11,7 @@
 
 #include <cstdint>
 
+#include "kernels/block_mma.cuh"
 #include "kernels/launch.h"
 #include "stepgraph/base/dtype.h"
 
@@ -91,6 +92,7 @@ struct FusedMatmulArgs {
   float* products = nullptr;
   int product_splits = 1;
   int mma_terms = 3;
+  BlockMmaShape mma_shape = BlockMmaShape::kAuto;  // BlockMmaArgs::shape
   void* mma_scratch = nullptr;  // BlockMmaArgs::scratch for x [m, k]
   // Set by LaunchFusedMatmul: the rows between two splits of `products` (the op's m).
   int64_t product_rows = 0;

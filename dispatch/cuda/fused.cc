@@ -58,7 +58,7 @@ absl::StatusOr<kernels::BlockMmaWorkspace> MmaWorkspace(const kernels::FusedMatm
                                                         int terms, int sm_count) {
   kernels::BlockMmaWorkspace ws;
   if (!kernels::BlockMmaWorkspaceFor(a.m, a.k, a.n, a.weights, a.w_dtype[0], terms, sm_count,
-                                     true, &ws)) {
+                                     true, &ws, a.mma_shape)) {
     return absl::InvalidArgumentError(absl::StrCat("FusedMatMul products of ", a.m,
                                                    " rows (K ", a.k, ") overflow"));
   }
@@ -84,7 +84,11 @@ absl::StatusOr<int64_t> FusedMmaWorkspaceBytes(const Graph& graph, const Node& n
   a.m = x.shape[0];
   a.k = x.shape[1];
   a.weights = op->weights;
-  for (int g = 0; g < op->weights; ++g) a.n[g] = graph.tensor(node.inputs[first_w + g]).shape[0];
+  for (int g = 0; g < op->weights; ++g) {
+    a.n[g] = graph.tensor(node.inputs[first_w + g]).shape[0];
+    a.w_dtype[g] = graph.tensor(node.inputs[first_w + g]).dtype;
+  }
+  a.mma_shape = BlockMmaShapeFor(options);
   SG_ASSIGN_OR_RETURN(const kernels::BlockMmaWorkspace ws,
                       MmaWorkspace(a, BlockMmaTermsFor(x.dtype, options), info.sm_count));
   return ws.bytes;
@@ -183,10 +187,14 @@ PreparedOr Prepare(const ops::FusedMatMul& op, const CudaPrepareContext& c) {
   const bool mma = TakesBlockMma(op, a.m, IsQuantized(a.w_dtype[0]), c.options, c.info);
   if (mma) {
     a.mma_terms = BlockMmaTermsFor(x.dtype, c.options);
+    a.mma_shape = BlockMmaShapeFor(c.options);
     SG_ASSIGN_OR_RETURN(const kernels::BlockMmaWorkspace ws,
                         MmaWorkspace(a, a.mma_terms, c.info.sm_count));
     SG_ASSIGN_OR_RETURN(void* workspace, c.matmul.BlockWorkspace(ws.bytes, c.node.name));
     a.product_splits = ws.splits;
+    // The staged shape where the workspace chose it; otherwise each launch over one format
+    // (a Q4_K_M file's q/k, then its v) resolves its own.
+    if (ws.shape == kernels::BlockMmaShape::kStaged) a.mma_shape = ws.shape;
     a.products = static_cast<float*>(workspace);
     a.mma_scratch = static_cast<char*>(workspace) + ws.partial_bytes;
   }

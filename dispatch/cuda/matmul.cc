@@ -334,6 +334,7 @@ struct MatmulState final : PreparedState<MatmulState> {
   // kBlockMma: the parts x is split into and the workspace's layout (partial sums when
   // split, then the kernel's scratch).
   int mma_terms = 3;
+  kernels::BlockMmaShape mma_shape = kernels::BlockMmaShape::kAuto;
   kernels::BlockMmaWorkspace mma;
 };
 
@@ -367,9 +368,11 @@ bool BlockMmaTakes(int64_t m, int64_t n, int64_t k, DType x_dtype, DType w_dtype
 // split, then the scratch for x.
 absl::StatusOr<kernels::BlockMmaWorkspace> BlockMmaWorkspaceOf(int64_t m, int64_t n, int64_t k,
                                                                DType w_dtype, int terms,
-                                                               int sm_count) {
+                                                               int sm_count,
+                                                               kernels::BlockMmaShape shape) {
   kernels::BlockMmaWorkspace ws;
-  if (!kernels::BlockMmaWorkspaceFor(m, k, &n, 1, w_dtype, terms, sm_count, false, &ws)) {
+  if (!kernels::BlockMmaWorkspaceFor(m, k, &n, 1, w_dtype, terms, sm_count, false, &ws,
+                                     shape)) {
     return absl::InvalidArgumentError(
         absl::StrCat("block MMA workspace for M=", m, " N=", n, " K=", k, " overflows"));
   }
@@ -399,6 +402,12 @@ bool IsBlockGemmNode(const Graph& graph, const Node& node, const CudaOptions& op
 
 }  // namespace
 
+kernels::BlockMmaShape BlockMmaShapeFor(const CudaOptions& options) {
+  static_assert(static_cast<int>(BlockMmaShapeOption::kStaged) ==
+                static_cast<int>(kernels::BlockMmaShape::kStaged));
+  return static_cast<kernels::BlockMmaShape>(options.block_mma_shape);
+}
+
 int BlockMmaTermsFor(DType x_dtype, const CudaOptions& options) {
   return kernels::BlockMmaTerms(
       x_dtype, options.block_gemm_precision == BlockGemmPrecision::kBf16 ? 1 : 3);
@@ -416,7 +425,7 @@ absl::Status MatmulRunner::ReserveBlockGemm(const ExecutionPlan& plan, const Cud
       SG_ASSIGN_OR_RETURN(const kernels::BlockMmaWorkspace ws,
                           BlockMmaWorkspaceOf(x.shape[0], w.shape[0], x.shape[1], w.dtype,
                                               BlockMmaTermsFor(x.dtype, options),
-                                              info_.sm_count));
+                                              info_.sm_count, BlockMmaShapeFor(options)));
       need = std::max(need, ws.bytes);
     }
     if (!IsBlockGemmNode(graph, node, options)) continue;
@@ -493,7 +502,9 @@ PreparedOr Prepare(const ops::MatMul& op, const CudaPrepareContext& c) {
       state->mma_terms = BlockMmaTermsFor(x.dtype, c.options);
       SG_ASSIGN_OR_RETURN(state->mma,
                           BlockMmaWorkspaceOf(x.shape[0], w.shape[0], x.shape[1], w.dtype,
-                                              state->mma_terms, c.info.sm_count));
+                                              state->mma_terms, c.info.sm_count,
+                                              BlockMmaShapeFor(c.options)));
+      state->mma_shape = state->mma.shape;
       SG_ASSIGN_OR_RETURN(state->workspace, c.matmul.BlockWorkspace(state->mma.bytes, c.node.name));
     }
     return Keep(std::move(state));
@@ -575,6 +586,7 @@ absl::Status CudaDispatch::Run(const ops::MatMul& op, const NodeArgs& args) {
     a.bias = bias;
     a.ld = shape.n;
     a.splits = s->mma.splits;
+    a.shape = s->mma_shape;
     auto* workspace = static_cast<char*>(s->workspace);
     a.partials = s->mma.partial_bytes > 0 ? reinterpret_cast<float*>(workspace) : nullptr;
     a.scratch = workspace + s->mma.partial_bytes;

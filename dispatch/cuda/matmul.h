@@ -19,6 +19,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "dispatch/cuda/cuda_handles.h"
+#include "kernels/block_mma.cuh"
 #include "kernels/launch.h"
 #include "stepgraph/dispatch/cuda_dispatch.h"
 #include "stepgraph/dispatch/cuda_options.h"
@@ -73,6 +74,9 @@ absl::StatusOr<BlockGemmLayout> BlockGemmLayoutFor(int64_t m, int64_t n, int64_t
 // The parts the tensor-core block kernel splits x of `x_dtype` into under `options`
 // (kernels::BlockMmaTerms).
 int BlockMmaTermsFor(DType x_dtype, const CudaOptions& options);
+
+// The tensor-core block kernel's shape under `options` (kernels::BlockMmaShape).
+kernels::BlockMmaShape BlockMmaShapeFor(const CudaOptions& options);
 
 // Bytes of the block workspace a FusedMatMul node takes on the tensor-core path (its
 // products, fused.cc); 0 for any other node or path. InvalidArgument when they overflow.

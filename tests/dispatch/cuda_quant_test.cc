@@ -78,8 +78,10 @@ std::vector<OpCase> MatmulCases() {
 
 // The tensor-core kernel (kernels/block_mma.cuh) in every block shape it is compiled for
 // (decode: row tiles of 8, 16 and 32 rows, 64 columns; prefill from 33 rows: 64 rows and
-// 128 columns, one partial row group at 40 rows, three at 130), odd N (a partial block
-// and a partial warp tile), K of whole and partial stages of 4 units, with bias;
+// 128 columns, one partial row group at 40 rows, three at 130; staged: 128 rows and
+// columns, x through shared memory, automatic only on wide grids; from 24 rows each shape
+// forced, and the staged one over 64 units split five ways at 130 rows), odd N (a partial
+// block and a partial warp tile), K of whole and partial stages of 4 units, with bias;
 // f32 x in three bf16 parts (exact products: f32's tolerance) and, under
 // block_gemm_precision bf16, in one (bf16's).
 std::vector<OpCase> MmaMatmulCases() {
@@ -95,27 +97,42 @@ std::vector<OpCase> MmaMatmulCases() {
                          {5, block, 7, false},
                          {24, 2 * block, 100, false},
                          {40, 5 * block, 130, true},
-                         {130, 2 * block, 300, false}};
+                         {130, 2 * block, 300, false},
+                         {130, 2048, 2048, true}};
+    constexpr BlockMmaShapeOption kAuto = BlockMmaShapeOption::kAuto;
     for (DType t : kFloatTypes) {
       for (const Mm& s : shapes) {
         for (bool bf16_x : {false, true}) {
           if (bf16_x && (t != DType::kF32 || s.m != 16)) continue;
-          cases.push_back(
-              {.name = absl::StrCat("MmaMatMul/", DTypeName(q), "/", DTypeName(t), "/", s.m,
-                                    "x", s.k, "x", s.n, s.bias ? "+bias" : "",
-                                    bf16_x ? "/bf16_x" : ""),
-               .build = [=](GraphBuilder& b) {
-                 auto x = b.Input("x", t, {s.m, s.k});
-                 auto w = b.Weight("w", q, {s.n, s.k});
-                 b.Output("out", s.bias ? b.MatMul(x, w, b.Weight("bias", t, {s.n}))
-                                        : b.MatMul(x, w));
-               },
-               .tolerance = bf16_x ? 1e-2 : Tol(t),
-               .cuda_options = [=](CudaOptions& o) {
-                 o.block_gemm_min_rows = 0;
-                 o.block_mma_min_rows = 1;
-                 if (bf16_x) o.block_gemm_precision = BlockGemmPrecision::kBf16;
-               }});
+          // From 24 rows every block shape forced too (the automatic choice is by rows);
+          // the staged shape alone over many units (its copies' pipeline, split-K).
+          for (BlockMmaShapeOption shape :
+               {kAuto, BlockMmaShapeOption::kDecode, BlockMmaShapeOption::kPrefill,
+                BlockMmaShapeOption::kStaged}) {
+            const bool long_k = s.k == 2048 && s.m > 100;
+            if (long_k ? shape != BlockMmaShapeOption::kStaged
+                       : shape != kAuto && (s.m < 24 || bf16_x)) {
+              continue;
+            }
+            static constexpr const char* kShapeNames[] = {"", "/decode", "/prefill", "/staged"};
+            cases.push_back(
+                {.name = absl::StrCat("MmaMatMul/", DTypeName(q), "/", DTypeName(t), "/", s.m,
+                                      "x", s.k, "x", s.n, s.bias ? "+bias" : "",
+                                      bf16_x ? "/bf16_x" : "", kShapeNames[static_cast<int>(shape)]),
+                 .build = [=](GraphBuilder& b) {
+                   auto x = b.Input("x", t, {s.m, s.k});
+                   auto w = b.Weight("w", q, {s.n, s.k});
+                   b.Output("out", s.bias ? b.MatMul(x, w, b.Weight("bias", t, {s.n}))
+                                          : b.MatMul(x, w));
+                 },
+                 .tolerance = bf16_x ? 1e-2 : Tol(t),
+                 .cuda_options = [=](CudaOptions& o) {
+                   o.block_gemm_min_rows = 0;
+                   o.block_mma_min_rows = 1;
+                   o.block_mma_shape = shape;
+                   if (bf16_x) o.block_gemm_precision = BlockGemmPrecision::kBf16;
+                 }});
+          }
         }
       }
     }
@@ -419,7 +436,8 @@ TEST(BlockMmaSizesTest, TermsScratchSplitsAndRefusals) {
   EXPECT_EQ(kernels::BlockMmaColumnBlocks(n, 3, 128), 1 + 1 + 1);
   EXPECT_EQ(kernels::BlockMmaSplitsFor(128, 2048, 132, 2), 3);
   // The decode shape up to 32 rows (64 columns, 32 rows a block), from 33 the prefill shape
-  // (128 columns, 64 rows) for Q4_K and Q5_K, or either forced.
+  // (128 columns, 64 rows) for Q4_K and Q5_K, or one forced (the staged shape: 128 columns
+  // and rows, one block an SM).
   using kernels::BlockMmaShape;
   constexpr auto kAuto = BlockMmaShape::kAuto;
   EXPECT_EQ(kernels::BlockMmaTileFor(32, DType::kQ4_K, kAuto).cols, 64);
@@ -428,7 +446,10 @@ TEST(BlockMmaSizesTest, TermsScratchSplitsAndRefusals) {
   EXPECT_EQ(kernels::BlockMmaTileFor(33, DType::kQ5_K, kAuto).rows, 64);
   EXPECT_EQ(kernels::BlockMmaTileFor(512, DType::kQ4_0, kAuto).cols, 64);
   EXPECT_EQ(kernels::BlockMmaTileFor(512, DType::kQ6_K, kAuto).rows, 32);
+  EXPECT_EQ(kernels::BlockMmaTileFor(512, DType::kQ6_K, BlockMmaShape::kStaged).cols, 128);
+  EXPECT_EQ(kernels::BlockMmaTileFor(512, DType::kQ4_K, BlockMmaShape::kStaged).blocks_per_sm, 1);
   EXPECT_EQ(kernels::BlockMmaTileFor(2, DType::kQ4_0, BlockMmaShape::kPrefill).cols, 128);
+  EXPECT_EQ(kernels::BlockMmaTileFor(2, DType::kQ4_0, BlockMmaShape::kStaged).rows, 128);
   EXPECT_EQ(kernels::BlockMmaTileFor(512, DType::kQ4_K, BlockMmaShape::kDecode).cols, 64);
   // One workspace: the partial sums (256-byte aligned) when split or kept, then the scratch.
   kernels::BlockMmaWorkspace ws;
@@ -445,11 +466,28 @@ TEST(BlockMmaSizesTest, TermsScratchSplitsAndRefusals) {
   const int64_t huge = int64_t{1} << 40;
   EXPECT_FALSE(kernels::BlockMmaWorkspaceFor(huge, 32, &huge, 1, DType::kQ4_0, 1, 132, true, &ws));
   EXPECT_FALSE(kernels::BlockMmaWorkspaceFor(0, 32, n, 1, DType::kQ4_0, 1, 132, true, &ws));
-  // A Q4_K prefill of 512 rows: 16 × 8 blocks of 128 columns and 64 rows, two wanted per
-  // SM; in the decode shape 32 × 16 blocks, four wanted per SM.
+  // A Q4_K prefill of 512 rows: the staged shape's 16 × 4 blocks of 128 columns and rows
+  // would not fill 132 SMs, so the prefill shape, 16 × 8 blocks of 64 rows, two wanted per
+  // SM (3 splits); the staged shape forced, one wanted per SM (3); in the decode shape
+  // 32 × 16 blocks, four wanted per SM (2).
   const int64_t q = 2048;
   ASSERT_TRUE(kernels::BlockMmaWorkspaceFor(512, 2048, &q, 1, DType::kQ4_K, 3, 132, false, &ws));
+  EXPECT_EQ(ws.shape, BlockMmaShape::kPrefill);
   EXPECT_EQ(ws.splits, 3);
+  ASSERT_TRUE(kernels::BlockMmaWorkspaceFor(512, 2048, &q, 1, DType::kQ4_K, 3, 132, false, &ws,
+                                            BlockMmaShape::kStaged));
+  EXPECT_EQ(ws.shape, BlockMmaShape::kStaged);
+  EXPECT_EQ(ws.splits, 3);
+  // gate/up at 512 rows: 64 × 4 staged blocks fill 132 SMs unsplit; at 127 rows, or on 300
+  // SMs, they would not.
+  const int64_t up = 8192;
+  ASSERT_TRUE(kernels::BlockMmaWorkspaceFor(512, 2048, &up, 1, DType::kQ4_0, 3, 132, false, &ws));
+  EXPECT_EQ(ws.shape, BlockMmaShape::kStaged);
+  EXPECT_EQ(ws.splits, 1);
+  ASSERT_TRUE(kernels::BlockMmaWorkspaceFor(127, 2048, &up, 1, DType::kQ4_0, 3, 132, false, &ws));
+  EXPECT_EQ(ws.shape, BlockMmaShape::kDecode);
+  ASSERT_TRUE(kernels::BlockMmaWorkspaceFor(512, 2048, &up, 1, DType::kQ4_0, 3, 300, false, &ws));
+  EXPECT_EQ(ws.shape, BlockMmaShape::kDecode);
   ASSERT_TRUE(kernels::BlockMmaWorkspaceFor(512, 2048, &q, 1, DType::kQ4_K, 3, 132, false, &ws,
                                             BlockMmaShape::kDecode));
   EXPECT_EQ(ws.splits, 2);
@@ -500,7 +538,9 @@ TEST(QuantConformanceCasesTest, EveryFormatAndDTypeIsCovered) {
   EXPECT_EQ(MatmulCases().size(), 8u * 3u * (5u + 5u + 4u));
   EXPECT_EQ(EmbeddingCases().size(), 8u * 3u * 3u);
   EXPECT_EQ(FusedCases().size(), 8u * 3u * (7u + 2u) + 3u * 4u);
-  EXPECT_EQ(MmaMatmulCases().size(), 8u * (3u * 6u + 1u));
+  // Per format and x dtype: 6 shapes automatic, 3 of them in 3 forced block shapes, the
+  // long one staged; and f32 x rounded to bf16 once.
+  EXPECT_EQ(MmaMatmulCases().size(), 8u * (3u * (6u + 3u * 3u + 1u) + 1u));
   EXPECT_EQ(MmaFusedCases().size(), 8u * 3u * (6u + 1u) + 3u * 2u);
 }
 

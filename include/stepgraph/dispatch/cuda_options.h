@@ -36,6 +36,11 @@ absl::string_view BlockGemmPrecisionName(BlockGemmPrecision p);  // "f32", "tf32
 // Inverse of BlockGemmPrecisionName; InvalidArgument naming the choices otherwise.
 absl::StatusOr<BlockGemmPrecision> ParseBlockGemmPrecision(absl::string_view name);
 
+// The tensor-core block kernel's thread-block shape (kernels/block_mma.cuh's BlockMmaShape,
+// in the same order): kAuto picks one by rows and format; the others force one, for tests
+// and benchmarks.
+enum class BlockMmaShapeOption : uint8_t { kAuto, kDecode, kPrefill, kStaged };
+
 struct CudaOptions {
   MatmulPolicy matmul = MatmulPolicy::kAuto;
   // Programmatic dependent launch on sm_90 and later (each kernel may start while its
@@ -79,6 +84,7 @@ struct CudaOptions {
   // format, at 16 rows by 1.5 to 4x; and a Q4_K_M step of 4 rows took 1.86 ms fused on
   // tensor cores against 2.80 ms on CUDA cores (plain graph). docs/cuda_kernels.md.
   int64_t block_mma_min_rows = 4;
+  BlockMmaShapeOption block_mma_shape = BlockMmaShapeOption::kAuto;
   // Tensor parallel: AllReduce of at most this many bytes runs as stepgraph's one-shot
   // kernel over NVLink peer memory (kernels/collectives.cuh) where the group has its
   // buffers; larger ones, and every one with 0, through NCCL. On 4 H100s (NVLink, 64 in a
