@@ -218,7 +218,8 @@ const Flag kFlags[] = {
      }},
     {"--device-loop", nullptr, "N", kRun, true,
      "GPU: up to N decode steps per launch, looped on the device and stopped there at a stop "
-     "id (docs/device_loop.md; new: not yet measured); default 0: one launch per step",
+     "id (docs/device_loop.md: on an H200 as fast as one launch per step at batch 1, 2% "
+     "faster at 4); default 0: one launch per step",
      nullptr, EnvRule::kNone, [](S v, O& o) { return SetInt(v, 0, 4096, o.device_loop); }},
     {"--ignore-eos", nullptr, nullptr, kRun, false,
      "generate --max-new-tokens tokens even past end-of-sequence", nullptr, EnvRule::kNone,
