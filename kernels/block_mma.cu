@@ -595,6 +595,15 @@ cudaError_t DispatchTerms(int terms, F&& f) {
   }
 }
 
+// The staged shape's split-K factor for `blocks` blocks on `sms` SMs: as many as fit in one
+// wave of one block an SM (at least 4 units a split, at most 16 splits), 1 from a wave on.
+int StagedSplits(int64_t blocks, int64_t k, int sms) {
+  if (blocks >= sms) return 1;
+  const int64_t most = std::max<int64_t>(1, k / (4 * quant::kUnitElems));
+  return static_cast<int>(
+      std::clamp<int64_t>(sms / std::max<int64_t>(blocks, 1), 1, std::min<int64_t>(most, 16)));
+}
+
 }  // namespace
 
 int BlockMmaTerms(DType x_dtype, int f32_terms) {
@@ -638,17 +647,23 @@ bool BlockMmaWorkspaceFor(int64_t m, int64_t k, const int64_t* n, int weights, D
     n_total += n[g];
   }
   if (scratch < 0 || m > (int64_t{1} << 40)) return false;
-  // The staged shape where its blocks fill the SMs without splitting K (one block an SM).
-  if (shape == BlockMmaShape::kAuto && m >= kBlockMmaStagedMinRows &&
-      BlockMmaColumnBlocks(n, weights, kStagedCols) * CeilDiv(m, 8 * kStagedRowTiles) >=
-          std::max(sm_count, 1)) {
-    shape = BlockMmaShape::kStaged;
+  // The staged shape runs one block an SM: its splits fill whole waves (1.45 waves of
+  // blocks lost to the other shapes' rule), and kAuto takes it where they fill 85% of them.
+  const int sms = std::max(sm_count, 1);
+  const int64_t staged_blocks =
+      BlockMmaColumnBlocks(n, weights, kStagedCols) * CeilDiv(m, 8 * kStagedRowTiles);
+  const int staged_splits = StagedSplits(staged_blocks, k, sms);
+  if (shape == BlockMmaShape::kAuto && m >= kBlockMmaStagedMinRows) {
+    const int64_t blocks = staged_blocks * staged_splits;
+    if (blocks * 100 >= CeilDiv(blocks, sms) * sms * 85) shape = BlockMmaShape::kStaged;
   }
   out->shape = ShapeFor(m, w_dtype, shape);
   const BlockMmaTile tile = BlockMmaTileFor(m, w_dtype, out->shape);
-  out->splits = BlockMmaSplitsFor(
-      BlockMmaColumnBlocks(n, weights, tile.cols) * CeilDiv(m, tile.rows), k, sm_count,
-      tile.blocks_per_sm);
+  out->splits = out->shape == BlockMmaShape::kStaged
+                    ? staged_splits
+                    : BlockMmaSplitsFor(BlockMmaColumnBlocks(n, weights, tile.cols) *
+                                            CeilDiv(m, tile.rows),
+                                        k, sm_count, tile.blocks_per_sm);
   // splits ≤ 16, m and Σn ≤ 2^40 each: the product fits when m · Σn does.
   if (n_total > INT64_MAX / 64 / m) return false;
   const int64_t partials = out->splits * m * n_total * 4;

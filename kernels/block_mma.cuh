@@ -37,16 +37,17 @@ inline constexpr int64_t kBlockMmaStagedMinRows = 128;
 // serves twice the rows) by 64 rows, x's fragments loaded per row tile. Staged: 128
 // columns by 128 rows, eight warps as 2 × 4 (64 rows × 32 columns each), x's fragments of
 // the block's rows copied into shared memory a few units ahead (cp.async) and read there by
-// the four warps of a row half; one block an SM. kAuto: the staged shape from
-// kBlockMmaStagedMinRows rows where its blocks cover every SM without split-K (chosen by
-// BlockMmaWorkspaceFor, which knows the SMs; a launch given kAuto never takes it), the
-// prefill shape from kBlockMmaPrefillMinRows rows for Q4_K and Q5_K, whose units cost the
-// most to decode, the decode shape otherwise. H200, quant_bench's MmaPrefillF32 at 512
-// rows, µs decode / prefill / staged: gate/up (256 staged blocks) Q4_0 286 / 336 / 252,
-// Q8_0 314 / 536 / 280, Q4_K 573 / 487 / 367, Q6_K 360 / 374 / 315; down and q/o (64
-// staged blocks, split 3 ways: 1.45 waves of one block an SM) Q4_0 down 296 / 331 / 346,
-// Q4_K q/o 153 / 97 / 134. The shapes give the same sums (the same additions in the same
-// order within a split).
+// the four warps of a row half; one block an SM, K split to fill one wave where the blocks
+// do not. kAuto: the staged shape from kBlockMmaStagedMinRows rows where its blocks and
+// splits fill at least 85% of their waves (chosen by BlockMmaWorkspaceFor, which knows the
+// SMs; a launch given kAuto never takes it), the prefill shape from
+// kBlockMmaPrefillMinRows rows for Q4_K and Q5_K, whose units cost the most to decode, the
+// decode shape otherwise. H200, quant_bench's MmaPrefillF32 at 512 rows, µs decode /
+// prefill / staged: gate/up (256 staged blocks) Q4_0 286 / 336 / 252, Q8_0 314 / 536 /
+// 280, Q4_K 573 / 487 / 367, Q6_K 360 / 374 / 315; down (64 blocks split twice) Q4_0 298 /
+// 341 / 260, Q8_0 320 / 534 / 299, Q4_K 609 / 447 / 390, Q6_K 369 / 636 / 339; q/o Q4_0
+// 77 / 71 / 73, Q8_0 85 / 105 / 76, Q4_K 152 / 97 / 103, Q6_K 95 / 135 / 89. The shapes
+// give the same sums (the same additions in the same order within a split).
 enum class BlockMmaShape { kAuto, kDecode, kPrefill, kStaged };
 
 // Columns and rows of the product a thread block covers, and the blocks an SM wants in

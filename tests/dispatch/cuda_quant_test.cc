@@ -80,7 +80,7 @@ std::vector<OpCase> MatmulCases() {
 // (decode: row tiles of 8, 16 and 32 rows, 64 columns; prefill from 33 rows: 64 rows and
 // 128 columns, one partial row group at 40 rows, three at 130; staged: 128 rows and
 // columns, x through shared memory, automatic only on wide grids; from 24 rows each shape
-// forced, and the staged one over 64 units split five ways at 130 rows), odd N (a partial
+// forced, and the staged one over 64 units split four ways at 130 rows), odd N (a partial
 // block and a partial warp tile), K of whole and partial stages of 4 units, with bias;
 // f32 x in three bf16 parts (exact products: f32's tolerance) and, under
 // block_gemm_precision bf16, in one (bf16's).
@@ -466,31 +466,34 @@ TEST(BlockMmaSizesTest, TermsScratchSplitsAndRefusals) {
   const int64_t huge = int64_t{1} << 40;
   EXPECT_FALSE(kernels::BlockMmaWorkspaceFor(huge, 32, &huge, 1, DType::kQ4_0, 1, 132, true, &ws));
   EXPECT_FALSE(kernels::BlockMmaWorkspaceFor(0, 32, n, 1, DType::kQ4_0, 1, 132, true, &ws));
-  // A Q4_K prefill of 512 rows: the staged shape's 16 × 4 blocks of 128 columns and rows
-  // would not fill 132 SMs, so the prefill shape, 16 × 8 blocks of 64 rows, two wanted per
-  // SM (3 splits); the staged shape forced, one wanted per SM (3); in the decode shape
-  // 32 × 16 blocks, four wanted per SM (2).
+  // A Q4_K prefill of 512 rows: 16 × 4 staged blocks of 128 columns and rows, split twice
+  // to fill 128 of 132 SMs with one block each; the prefill shape forced: 16 × 8 blocks of
+  // 64 rows, two wanted per SM (3 splits); the decode shape: 32 × 16 blocks, four wanted
+  // per SM (2).
   const int64_t q = 2048;
   ASSERT_TRUE(kernels::BlockMmaWorkspaceFor(512, 2048, &q, 1, DType::kQ4_K, 3, 132, false, &ws));
+  EXPECT_EQ(ws.shape, BlockMmaShape::kStaged);
+  EXPECT_EQ(ws.splits, 2);
+  ASSERT_TRUE(kernels::BlockMmaWorkspaceFor(512, 2048, &q, 1, DType::kQ4_K, 3, 132, false, &ws,
+                                            BlockMmaShape::kPrefill));
   EXPECT_EQ(ws.shape, BlockMmaShape::kPrefill);
   EXPECT_EQ(ws.splits, 3);
   ASSERT_TRUE(kernels::BlockMmaWorkspaceFor(512, 2048, &q, 1, DType::kQ4_K, 3, 132, false, &ws,
-                                            BlockMmaShape::kStaged));
-  EXPECT_EQ(ws.shape, BlockMmaShape::kStaged);
-  EXPECT_EQ(ws.splits, 3);
-  // gate/up at 512 rows: 64 × 4 staged blocks fill 132 SMs unsplit; at 127 rows, or on 300
-  // SMs, they would not.
+                                            BlockMmaShape::kDecode));
+  EXPECT_EQ(ws.splits, 2);
+  // gate/up at 512 rows: 64 × 4 staged blocks, unsplit, two waves; at 127 rows the other
+  // shapes; 100 blocks (3,200 columns) fill too little of one wave, 256 of 400 SMs too.
   const int64_t up = 8192;
   ASSERT_TRUE(kernels::BlockMmaWorkspaceFor(512, 2048, &up, 1, DType::kQ4_0, 3, 132, false, &ws));
   EXPECT_EQ(ws.shape, BlockMmaShape::kStaged);
   EXPECT_EQ(ws.splits, 1);
   ASSERT_TRUE(kernels::BlockMmaWorkspaceFor(127, 2048, &up, 1, DType::kQ4_0, 3, 132, false, &ws));
   EXPECT_EQ(ws.shape, BlockMmaShape::kDecode);
-  ASSERT_TRUE(kernels::BlockMmaWorkspaceFor(512, 2048, &up, 1, DType::kQ4_0, 3, 300, false, &ws));
+  const int64_t odd = 3200;
+  ASSERT_TRUE(kernels::BlockMmaWorkspaceFor(512, 2048, &odd, 1, DType::kQ4_0, 3, 132, false, &ws));
   EXPECT_EQ(ws.shape, BlockMmaShape::kDecode);
-  ASSERT_TRUE(kernels::BlockMmaWorkspaceFor(512, 2048, &q, 1, DType::kQ4_K, 3, 132, false, &ws,
-                                            BlockMmaShape::kDecode));
-  EXPECT_EQ(ws.splits, 2);
+  ASSERT_TRUE(kernels::BlockMmaWorkspaceFor(512, 2048, &up, 1, DType::kQ4_0, 3, 400, false, &ws));
+  EXPECT_EQ(ws.shape, BlockMmaShape::kDecode);
 
   kernels::BlockMmaArgs a;
   alignas(16) static float x[64], y[64];
