@@ -1,0 +1,344 @@
+#!/usr/bin/env python3
+"""The Python half of bench/peers/family_peer.sh: Qwen3 files beyond Llama, stepgraph
+against llama.cpp on the same file, decode at batch 1 against the floor of the bytes a
+token actually reads (for a mixture of experts: the chosen experts only).
+
+  write --out DIR [--shapes LIST] [--moe-layers N]   the BF16 files, random weights laid
+                                          out as llama.cpp's convert_hf_to_gguf.py writes
+                                          them (BF16 matrices, F32 norms and router)
+  run --work DIR --logs DIR --stepgraph BIN --llama-bin DIR [--files LIST]
+  table --work DIR
+  selftest --work DIR --stepgraph BIN     without a GPU: small files of both families
+                                          written, their floors computed, run by
+                                          stepgraph's CPU reference; the table from samples
+
+Shapes: qwen3-8b (Qwen3-8B's config.json) and qwen3-moe (Qwen3-30B-A3B's layers: 128
+experts of 768, 8 chosen, hidden 2048; 12 of its 48 layers by default so that its BF16
+file, 15 GB, and the Q4_K_M made of it fit the GPU machine's disk with the 8B's; the
+ratio to llama.cpp and to the floor is per layer the same). Files: <shape>-bf16 and
+<shape>-q4_k_m (llama-quantize of the BF16 file).
+
+Needs numpy and the gguf package (family_peer.sh puts the prepared wheel on PYTHONPATH).
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import gguf_peer  # noqa: E402  (byte tokens, parsers, logged runs)
+
+SHAPES = {
+    "qwen3-8b": dict(arch="qwen3", hidden=4096, intermediate=12288, layers=36, heads=32,
+                     kv_heads=8, head_dim=128, vocab=151936, context=40960, theta=1e6,
+                     eps=1e-6),
+    "qwen3-moe": dict(arch="qwen3moe", hidden=2048, intermediate=6144, layers=12, heads=32,
+                      kv_heads=4, head_dim=128, vocab=151936, context=40960, theta=1e6,
+                      eps=1e-6, experts=128, used=8, expert_ff=768),
+    # Small ones of the same kinds, for the self-test.
+    "qwen3-small": dict(arch="qwen3", hidden=256, intermediate=512, layers=2, heads=8,
+                        kv_heads=2, head_dim=32, vocab=1024, context=4096, theta=1e6,
+                        eps=1e-6),
+    "qwen3-moe-small": dict(arch="qwen3moe", hidden=256, intermediate=512, layers=2,
+                            heads=8, kv_heads=2, head_dim=32, vocab=1024, context=4096,
+                            theta=1e6, eps=1e-6, experts=8, used=2, expert_ff=64),
+}
+BIG = ["qwen3-8b", "qwen3-moe"]
+QUANT = "q4_k_m"
+
+
+def file_name(shape, kind):
+    return f"{shape}-{kind}.gguf"
+
+
+def write_gguf(path, shape, moe_layers=None, seed=0):
+    """A Qwen3 (dense or MoE) GGUF with random BF16 matrices. The values come from one
+    random pool that every matrix is a slice of (a speed benchmark needs finite, varied
+    values, not independent ones; drawing 8 billion would take minutes)."""
+    import gguf
+    import numpy as np
+    s = dict(SHAPES[shape])
+    if moe_layers and "experts" in s:
+        s["layers"] = moe_layers
+    t0 = time.time()
+    rng = np.random.default_rng(seed)
+    h, d, v = s["hidden"], s["head_dim"], s["vocab"]
+    q, kv = s["heads"] * d, s["kv_heads"] * d
+    largest = max(v * h, s.get("experts", 0) * s.get("expert_ff", 0) * h,
+                  s["intermediate"] * h, q * h)
+    # bf16 bits of N(0, 0.02) samples: the top half of their f32 bits (truncation).
+    pool_f32 = rng.standard_normal(largest + 4096, dtype=np.float32) * np.float32(0.02)
+    pool = (pool_f32.view(np.uint32) >> 16).astype(np.uint16)
+    del pool_f32
+
+    def matrix(*shape_):
+        n = int(np.prod(shape_))
+        off = int(rng.integers(0, pool.size - n + 1))
+        return pool[off:off + n].reshape(shape_)
+
+    def norm(n):
+        return (1.0 + 0.1 * rng.standard_normal(n, dtype=np.float32)).astype(np.float32)
+
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    w = gguf.GGUFWriter(path + ".part", s["arch"])
+    w.add_name(f"stepgraph peer {shape} random")
+    w.add_context_length(s["context"])
+    w.add_embedding_length(h)
+    w.add_block_count(s["layers"])
+    w.add_feed_forward_length(s["intermediate"])
+    w.add_head_count(s["heads"])
+    w.add_head_count_kv(s["kv_heads"])
+    w.add_key_length(d)
+    w.add_value_length(d)
+    w.add_rope_freq_base(s["theta"])
+    w.add_layer_norm_rms_eps(s["eps"])
+    if "experts" in s:
+        w.add_expert_count(s["experts"])
+        w.add_expert_used_count(s["used"])
+        w.add_expert_feed_forward_length(s["expert_ff"])
+    w.add_file_type(gguf.LlamaFileType.MOSTLY_BF16)
+    w.add_quantization_version(gguf.GGML_QUANT_VERSION)
+    alphabet = gguf_peer.byte_tokens()
+    merges = [f"{a} {b}" for a, b in (("\u0120", "t"), ("\u0120", "a"), ("h", "e"),
+                                      ("i", "n"), ("e", "r"), ("o", "n"))]
+    made = [m.replace(" ", "") for m in merges]
+    tokens = alphabet + made + [f"<t{i}>" for i in range(len(alphabet) + len(made), v - 2)] + \
+        ["<|im_start|>", "<|im_end|>"]
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("qwen2")
+    w.add_token_list(tokens)
+    w.add_token_types([gguf.TokenType.NORMAL] * (v - 2) + [gguf.TokenType.CONTROL] * 2)
+    w.add_token_merges(merges)
+    w.add_bos_token_id(v - 2)
+    w.add_eos_token_id(v - 1)
+    bf16 = gguf.GGMLQuantizationType.BF16
+    w.add_tensor("token_embd.weight", matrix(v, h), raw_dtype=bf16)
+    for layer in range(s["layers"]):
+        p = f"blk.{layer}."
+        w.add_tensor(p + "attn_norm.weight", norm(h))
+        w.add_tensor(p + "attn_q.weight", matrix(q, h), raw_dtype=bf16)
+        w.add_tensor(p + "attn_k.weight", matrix(kv, h), raw_dtype=bf16)
+        w.add_tensor(p + "attn_v.weight", matrix(kv, h), raw_dtype=bf16)
+        w.add_tensor(p + "attn_output.weight", matrix(h, q), raw_dtype=bf16)
+        w.add_tensor(p + "attn_q_norm.weight", norm(d))
+        w.add_tensor(p + "attn_k_norm.weight", norm(d))
+        w.add_tensor(p + "ffn_norm.weight", norm(h))
+        if "experts" in s:
+            e, f = s["experts"], s["expert_ff"]
+            router = (matrix(e, h).astype(np.uint32) << 16).view(np.float32)
+            w.add_tensor(p + "ffn_gate_inp.weight", np.ascontiguousarray(router))
+            w.add_tensor(p + "ffn_gate_exps.weight", matrix(e, f, h), raw_dtype=bf16)
+            w.add_tensor(p + "ffn_up_exps.weight", matrix(e, f, h), raw_dtype=bf16)
+            w.add_tensor(p + "ffn_down_exps.weight", matrix(e, h, f), raw_dtype=bf16)
+        else:
+            i = s["intermediate"]
+            w.add_tensor(p + "ffn_gate.weight", matrix(i, h), raw_dtype=bf16)
+            w.add_tensor(p + "ffn_up.weight", matrix(i, h), raw_dtype=bf16)
+            w.add_tensor(p + "ffn_down.weight", matrix(h, i), raw_dtype=bf16)
+    w.add_tensor("output_norm.weight", norm(h))
+    w.add_tensor("output.weight", matrix(v, h), raw_dtype=bf16)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    os.replace(path + ".part", path)
+    print(f"family_peer: wrote {path} ({shape}, {s['layers']} layers, "
+          f"{os.path.getsize(path) / 2**30:.2f} GiB) in {time.time() - t0:.1f} s", flush=True)
+
+
+def token_bytes(path):
+    """Bytes of weights one decode token reads from the file's tensors: every tensor whole
+    but the embedding (one row) and the experts (the chosen ones: expert_used_count of
+    expert_count). Returns (bytes, all weight bytes)."""
+    import gguf
+    r = gguf.GGUFReader(path)
+    arch = r.fields["general.architecture"].contents()
+    experts = used = 1
+    if f"{arch}.expert_count" in r.fields:
+        experts = int(r.fields[f"{arch}.expert_count"].contents())
+        used = int(r.fields[f"{arch}.expert_used_count"].contents())
+    read = total = 0
+    for t in r.tensors:
+        n = int(t.n_bytes)
+        total += n
+        if t.name == "token_embd.weight":
+            read += n // int(t.shape[-1])
+        elif "_exps." in t.name:
+            read += n * used // experts
+        else:
+            read += n
+    return read, total
+
+
+def measure(name, path, args):
+    r = {"file": os.path.basename(path), "bytes": os.path.getsize(path)}
+    r["token_bytes"], r["weight_bytes"] = token_bytes(path)
+    text, r["sg_gpu_mib"] = gguf_peer.run_logged(
+        [args.stepgraph, "bench", "--model", path, "--positions", "100", "--ttft-lengths", "16"],
+        os.path.join(args.logs, f"{name}-stepgraph.log"), 900, memory=True)
+    r["sg"] = gguf_peer.parse_stepgraph_bench(text)
+    text, r["llama_gpu_mib"] = gguf_peer.run_logged(
+        [os.path.join(args.llama_bin, "llama-bench"), "-m", path, "-ngl", "99", "-fa", "1",
+         "-p", "0", "-n", "128", "-o", "json"],
+        os.path.join(args.logs, f"{name}-llama-bench.log"), 900, memory=True)
+    r["llama"] = gguf_peer.parse_llama_bench(text)
+    return r
+
+
+def run(args):
+    results = load_results(args.work)
+    names = args.files.split(",") if args.files != "all" else \
+        [f"{s}-{k}" for s in BIG for k in ("bf16", QUANT)]
+    os.makedirs(args.logs, exist_ok=True)
+    try:
+        gpu = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=10).stdout.strip()
+    except OSError:
+        gpu = ""
+    results["gpu"] = gpu.splitlines()[0] if gpu else "unknown"
+    for name in names:
+        shape, _, kind = name.rpartition("-")
+        if shape not in SHAPES or kind not in ("bf16", QUANT):
+            sys.exit(f"family_peer: unknown file '{name}' (<shape>-bf16 or <shape>-{QUANT}, "
+                     f"shapes {','.join(SHAPES)})")
+        bf16 = os.path.join(args.work, "files", file_name(shape, "bf16"))
+        if not os.path.exists(bf16):
+            write_gguf(bf16, shape, args.moe_layers)
+        path = os.path.join(args.work, "files", file_name(shape, kind))
+        if kind == QUANT and not os.path.exists(path):
+            gguf_peer.run_logged([os.path.join(args.llama_bin, "llama-quantize"), bf16, path,
+                                  "Q4_K_M"], os.path.join(args.logs, f"{name}-quantize.log"), 900)
+        try:
+            results["files"][name] = measure(name, path, args)
+        except (RuntimeError, ValueError, KeyError) as e:
+            print(f"family_peer: {name}: {e}", flush=True)
+            results["files"][name] = {"error": str(e)[:500]}
+        save_results(args.work, results)
+    print(table(results))
+
+
+def load_results(work):
+    path = os.path.join(work, "family_results.json")
+    if os.path.exists(path):
+        with open(path) as f:
+            return json.load(f)
+    return {"files": {}}
+
+
+def save_results(work, results):
+    path = os.path.join(work, "family_results.json")
+    with open(path + ".part", "w") as f:
+        json.dump(results, f, indent=1)
+    os.replace(path + ".part", path)
+
+
+def table(results):
+    """Decode at batch 1: ms/token of both, the ratio (> 1: stepgraph faster), the bytes a
+    token reads and their floor at stepgraph's measured copy rate, each program's share of
+    that floor."""
+    rows = []
+    for name, r in results["files"].items():
+        if "error" in r:
+            rows.append(f"| {name} | failed: {r['error'][:80]} |")
+            continue
+        sg_ms = r["sg"]["positions"].get("100", r["sg"]["positions"].get(100))
+        tg = r["llama"]["tests"].get("tg128")
+        ll_ms = 1e3 / tg if tg else None
+        gbs = r["sg"].get("copy_gbs")
+        floor = r["token_bytes"] / (gbs * 1e9) * 1e3 if gbs else None
+        share = [gguf_peer._ratio(floor, ms) for ms in (sg_ms, ll_ms)]
+        rows.append("| " + " | ".join([
+            name, gguf_peer._ms(sg_ms), gguf_peer._ms(ll_ms), gguf_peer._ratio(ll_ms, sg_ms),
+            gguf_peer._gib(r["weight_bytes"]), gguf_peer._gib(r["token_bytes"]),
+            gguf_peer._ms(floor)] + share) + " |")
+    return "\n".join([
+        f"GPU: {results.get('gpu', 'unknown')}",
+        "",
+        "Decode at batch 1 (stepgraph bench --positions 100, replayed; llama-bench -ngl 99 "
+        "-fa 1 -p 0 -n 128); floor: the weight bytes one token reads (the chosen experts "
+        "only) at the device-to-device copy rate stepgraph measured",
+        "",
+        "| file | sg ms/token | llama ms/token | ratio | weights GiB | read per token GiB "
+        "| floor ms | sg of floor | llama of floor |",
+        "|---|---|---|---|---|---|---|---|---|"] + rows)
+
+
+SAMPLE_RESULTS = {"gpu": "NVIDIA H200", "files": {"qwen3-moe-q4_k_m": {
+    "file": "qwen3-moe-q4_k_m.gguf", "bytes": 4 << 30, "token_bytes": 1 << 29,
+    "weight_bytes": 4 << 30,
+    "sg": {"positions": {"100": 0.5}, "prefill": {}, "copy_gbs": 4294.967296},
+    "llama": {"tests": {"tg128": 1000.0}}}}}
+
+
+def selftest(args):
+    text = table(SAMPLE_RESULTS)
+    # 0.5 GiB at 4294.97 GB/s: 0.125 ms; llama.cpp 1 ms against stepgraph's 0.5.
+    assert "| qwen3-moe-q4_k_m | 0.500 | 1.000 | 2.00 | 4.000 | 0.500 | 0.125 | 0.25 | 0.12 |" \
+        in text, text
+    print("family_peer: table agrees with the sample")
+    os.makedirs(args.work, exist_ok=True)
+    for shape in ("qwen3-small", "qwen3-moe-small"):
+        path = os.path.join(args.work, file_name(shape, "bf16"))
+        write_gguf(path, shape)
+        read, total = token_bytes(path)
+        s = SHAPES[shape]
+        h, v = s["hidden"], s["vocab"]
+        embd = v * h * 2
+        if "experts" in s:
+            exps = s["layers"] * 3 * s["experts"] * s["expert_ff"] * h * 2
+            assert read == total - embd + h * 2 - exps + exps * s["used"] // s["experts"], \
+                (read, total)
+        else:
+            assert read == total - embd + h * 2, (read, total)
+        if not os.access(args.stepgraph, os.X_OK):
+            print(f"family_peer: {args.stepgraph} not built; stepgraph's run skipped")
+            continue
+        out, _ = gguf_peer.run_logged(
+            [args.stepgraph, "bench", "--cpu", "--model", path, "--positions", "20", "--steps",
+             "4", "--ttft-lengths", "16"], os.path.join(args.work, f"{shape}-stepgraph.log"),
+            300)
+        r = gguf_peer.parse_stepgraph_bench(out)
+        assert 20 in r["positions"], out
+        print(f"family_peer: stepgraph ran {shape} (BF16, {read} of {total} weight bytes a "
+              f"token): {r['positions'][20]} ms/token on the CPU reference")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="command", required=True)
+    w = sub.add_parser("write")
+    w.add_argument("--out", required=True, help="folder of the files")
+    w.add_argument("--shapes", default=",".join(BIG))
+    w.add_argument("--moe-layers", type=int, default=None)
+    r = sub.add_parser("run")
+    for flag in ("--work", "--logs", "--stepgraph", "--llama-bin"):
+        r.add_argument(flag, required=True)
+    r.add_argument("--files", default="all")
+    r.add_argument("--moe-layers", type=int, default=None)
+    t = sub.add_parser("table")
+    t.add_argument("--work", required=True)
+    s = sub.add_parser("selftest")
+    s.add_argument("--work", required=True)
+    s.add_argument("--stepgraph", required=True)
+    args = ap.parse_args()
+    if args.command == "write":
+        for shape in args.shapes.split(","):
+            if shape not in SHAPES:
+                sys.exit(f"family_peer: unknown shape '{shape}' ({','.join(SHAPES)})")
+            path = os.path.join(args.out, file_name(shape, "bf16"))
+            if not os.path.exists(path):
+                write_gguf(path, shape, args.moe_layers)
+    elif args.command == "run":
+        run(args)
+    elif args.command == "table":
+        print(table(load_results(args.work)))
+    else:
+        selftest(args)
+
+
+if __name__ == "__main__":
+    main()
