@@ -126,3 +126,13 @@ done
 python3 -c "import ensurepip" 2>/dev/null || sg_apt python3-venv
 STEPGRAPH_WITH_CUDA=OFF tools/install_test.sh
 # ---- bindings (end) ----
+# ---- peers (begin): the GPU peer scripts' self-tests, on the CPU reference ----
+# bench/peers/*.sh run on the GPU machine, where a broken parser or file writer costs
+# device time: tools/peer_selftest.sh checks them here with the first configuration's
+# program (the gguf package reads and writes the files; it needs PyYAML).
+if ! python3 -c "import numpy, yaml" 2>/dev/null; then
+  python3 -m pip install -q numpy pyyaml >&2 2>/dev/null || sg_apt python3-numpy python3-yaml
+fi
+echo "== stepgraph: the peer scripts' self-tests (${configs[0]})" >&2
+tools/peer_selftest.sh "$(dir_of "${configs[0]}")"
+# ---- peers (end) ----

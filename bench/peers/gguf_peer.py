@@ -563,8 +563,8 @@ def selftest(args):
     if not os.access(args.stepgraph, os.X_OK):
         print(f"gguf_peer: {args.stepgraph} not built; stepgraph's run on the file skipped")
         return
-    text, _ = run_logged([args.stepgraph, "bench", "--model", path, "--positions", "20",
-                          "--steps", "4", "--ttft-lengths", "64"],
+    text, _ = run_logged([args.stepgraph, "bench", "--cpu", "--model", path, "--positions",
+                          "20", "--steps", "4", "--ttft-lengths", "64"],
                          os.path.join(args.work, "stepgraph.log"), 300)
     r = parse_stepgraph_bench(text)
     assert 20 in r["positions"] and 64 in r["prefill"], text

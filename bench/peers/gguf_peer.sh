@@ -39,8 +39,10 @@ mkdir -p "$work" "$out"
 
 die() { echo "gguf_peer: $*" >&2; exit 1; }
 
-# The gguf package from the prepared wheel, on PYTHONPATH (nothing installed system-wide).
+# The gguf package where Python has it, else from the prepared wheel, on PYTHONPATH
+# (nothing installed system-wide).
 gguf_path() {
+  "$py" -c "import gguf" 2>/dev/null && return 0  # installed, or on PYTHONPATH already
   local lib=$work/pylib
   if [[ ! -d $lib/gguf ]]; then
     local wheel
