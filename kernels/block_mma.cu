@@ -6,7 +6,9 @@
 // each row's sum per unit beside them. BlockMmaKernel: a thread block of four warps owns
 // 64 output columns (16 a warp) over one split of K for up to 4 row tiles of 8 rows, or
 // in the prefill shape 128 columns (two column tiles of 16 a warp) for 8 row tiles (more
-// rows: more blocks along z); each warp walks its units, the next unit's weights loaded
+// rows: more blocks along z); BlockMmaStagedKernel, the staged shape, is eight warps over
+// 128 columns and 16 row tiles with x's fragments copied into shared memory (below). Each
+// warp walks its units, the next unit's weights loaded
 // while this one's are multiplied, one m16n8k16 MMA per k16 step, part and row tile (one
 // accumulator per part, so that their MMAs overlap). A lane holds the codes of two
 // columns (rows g and g + 8 of the A fragment, g = lane / 4), values 4t .. 4t+3 and
