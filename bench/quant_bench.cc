@@ -261,7 +261,7 @@ absl::Status RunCase(benchmark::State& state, const std::string& name, DType w_d
       a.splits = plain_ws.splits;
       a.partials = static_cast<float*>(workspace.get());
       a.scratch = static_cast<uint8_t*>(workspace.get()) + plain_ws.partial_bytes;
-      a.shape = shape;
+      a.shape = plain_ws.shape;  // as the dispatcher launches it (kAuto resolved there)
       return ToStatus(kernels::LaunchBlockMma(a, stream), "block MMA launch");
     }
     const cudaError_t e =
