@@ -162,12 +162,11 @@ __global__ void __launch_bounds__(256)
   }
 }
 
-// A warp's columns in a launch of `kCols` columns a block: the block's weight (wi), the
-// product columns before it, and for column tile c the first column col_a[c] (A-fragment
-// row g; col_a[c] + 8 is row g + 8) and the first units of both in the weight.
+// A warp's columns in a launch of `cols` columns a block: the block's weight, the product
+// columns before it, and for column tile c the first column col_a[c] (A-fragment row g;
+// col_a[c] + 8 is row g + 8) and the first units of both in the weight.
 template <int kColTiles>
 struct WarpColumns {
-  int wi = 0;
   int64_t before = 0, n = 0, units = 0, w_blocks = 0;
   const uint8_t* w = nullptr;
   int64_t col_a[kColTiles], first_a[kColTiles], first_b[kColTiles];
@@ -181,14 +180,15 @@ __device__ __forceinline__ WarpColumns<kColTiles> ColumnsOf(const BlockMmaArgs& 
                                                             int g) {
   WarpColumns<kColTiles> wc;
   int64_t cb = blockIdx.x;
-  for (; wc.wi + 1 < a.weights; ++wc.wi) {
-    const int64_t blocks = CeilDiv(a.n[wc.wi], cols);
+  int wi = 0;
+  for (; wi + 1 < a.weights; ++wi) {
+    const int64_t blocks = CeilDiv(a.n[wi], cols);
     if (cb < blocks) break;
     cb -= blocks;
-    wc.before += a.n[wc.wi];
+    wc.before += a.n[wi];
   }
-  wc.n = a.n[wc.wi];
-  wc.w = static_cast<const uint8_t*>(a.w[wc.wi]);
+  wc.n = a.n[wi];
+  wc.w = static_cast<const uint8_t*>(a.w[wi]);
   wc.units = a.k / quant::kUnitElems;
   wc.w_blocks = wc.n * (a.k / Q::kElems);
 #pragma unroll
@@ -597,13 +597,17 @@ cudaError_t DispatchTerms(int terms, F&& f) {
   }
 }
 
+// The most splits of K: each at least 4 units, at most 16.
+int64_t MostSplits(int64_t k) {
+  return std::clamp<int64_t>(k / (4 * quant::kUnitElems), 1, 16);
+}
+
 // The staged shape's split-K factor for `blocks` blocks on `sms` SMs: as many as fit in one
-// wave of one block an SM (at least 4 units a split, at most 16 splits), 1 from a wave on.
+// wave of one block an SM, 1 from a wave on.
 int StagedSplits(int64_t blocks, int64_t k, int sms) {
   if (blocks >= sms) return 1;
-  const int64_t most = std::max<int64_t>(1, k / (4 * quant::kUnitElems));
   return static_cast<int>(
-      std::clamp<int64_t>(sms / std::max<int64_t>(blocks, 1), 1, std::min<int64_t>(most, 16)));
+      std::clamp<int64_t>(sms / std::max<int64_t>(blocks, 1), 1, MostSplits(k)));
 }
 
 }  // namespace
@@ -620,8 +624,7 @@ int BlockMmaSplitsFor(int64_t column_blocks, int64_t k, int sm_count, int blocks
   // blocks per SM.
   const int64_t want = CeilDiv(std::max(blocks_per_sm, 1) * static_cast<int64_t>(std::max(sm_count, 1)),
                                std::max<int64_t>(column_blocks, 1));
-  const int64_t most = std::max<int64_t>(1, k / (4 * quant::kUnitElems));
-  return static_cast<int>(std::clamp<int64_t>(want, 1, std::min<int64_t>(most, 16)));
+  return static_cast<int>(std::clamp<int64_t>(want, 1, MostSplits(k)));
 }
 
 BlockMmaTile BlockMmaTileFor(int64_t m, DType w_dtype, BlockMmaShape shape) {

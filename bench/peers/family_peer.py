@@ -22,14 +22,12 @@ Needs numpy and the gguf package (family_peer.sh puts the prepared wheel on PYTH
 """
 
 import argparse
-import json
 import os
-import subprocess
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import gguf_peer  # noqa: E402  (byte tokens, parsers, logged runs)
+import gguf_peer  # noqa: E402  (file keys, vocabulary, parsers, logged runs)
 
 SHAPES = {
     "qwen3-8b": dict(arch="qwen3", hidden=4096, intermediate=12288, layers=36, heads=32,
@@ -85,35 +83,14 @@ def write_gguf(path, shape, moe_layers=None, seed=0):
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     w = gguf.GGUFWriter(path + ".part", s["arch"])
     w.add_name(f"stepgraph peer {shape} random")
-    w.add_context_length(s["context"])
-    w.add_embedding_length(h)
-    w.add_block_count(s["layers"])
-    w.add_feed_forward_length(s["intermediate"])
-    w.add_head_count(s["heads"])
-    w.add_head_count_kv(s["kv_heads"])
-    w.add_key_length(d)
-    w.add_value_length(d)
-    w.add_rope_freq_base(s["theta"])
-    w.add_layer_norm_rms_eps(s["eps"])
+    gguf_peer.add_decoder_keys(w, s)
     if "experts" in s:
         w.add_expert_count(s["experts"])
         w.add_expert_used_count(s["used"])
         w.add_expert_feed_forward_length(s["expert_ff"])
     w.add_file_type(gguf.LlamaFileType.MOSTLY_BF16)
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
-    alphabet = gguf_peer.byte_tokens()
-    merges = [f"{a} {b}" for a, b in (("\u0120", "t"), ("\u0120", "a"), ("h", "e"),
-                                      ("i", "n"), ("e", "r"), ("o", "n"))]
-    made = [m.replace(" ", "") for m in merges]
-    tokens = alphabet + made + [f"<t{i}>" for i in range(len(alphabet) + len(made), v - 2)] + \
-        ["<|im_start|>", "<|im_end|>"]
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("qwen2")
-    w.add_token_list(tokens)
-    w.add_token_types([gguf.TokenType.NORMAL] * (v - 2) + [gguf.TokenType.CONTROL] * 2)
-    w.add_token_merges(merges)
-    w.add_bos_token_id(v - 2)
-    w.add_eos_token_id(v - 1)
+    gguf_peer.add_byte_vocab(w, v, "qwen2", ("<|im_start|>", "<|im_end|>"))
     bf16 = gguf.GGMLQuantizationType.BF16
     w.add_tensor("token_embd.weight", matrix(v, h), raw_dtype=bf16)
     for layer in range(s["layers"]):
@@ -193,12 +170,7 @@ def run(args):
     names = args.files.split(",") if args.files != "all" else \
         [f"{s}-{k}" for s in BIG for k in ("bf16", QUANT)]
     os.makedirs(args.logs, exist_ok=True)
-    try:
-        gpu = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=10).stdout.strip()
-    except OSError:
-        gpu = ""
-    results["gpu"] = gpu.splitlines()[0] if gpu else "unknown"
+    results["gpu"] = gguf_peer.gpu_name()
     for name in names:
         shape, _, kind = name.rpartition("-")
         if shape not in SHAPES or kind not in ("bf16", QUANT):
@@ -220,19 +192,15 @@ def run(args):
     print(table(results))
 
 
+RESULTS = "family_results.json"
+
+
 def load_results(work):
-    path = os.path.join(work, "family_results.json")
-    if os.path.exists(path):
-        with open(path) as f:
-            return json.load(f)
-    return {"files": {}}
+    return gguf_peer.load_results(work, RESULTS)
 
 
 def save_results(work, results):
-    path = os.path.join(work, "family_results.json")
-    with open(path + ".part", "w") as f:
-        json.dump(results, f, indent=1)
-    os.replace(path + ".part", path)
+    gguf_peer.save_results(work, results, RESULTS)
 
 
 def table(results):

@@ -53,6 +53,42 @@ def byte_tokens():
     return [chars[b] for b in range(256)]
 
 
+def add_decoder_keys(w, s):
+    """The decoder's shape keys of a SHAPES-style dict `s` on GGUFWriter `w` (whose
+    architecture prefixes them)."""
+    w.add_context_length(s["context"])
+    w.add_embedding_length(s["hidden"])
+    w.add_block_count(s["layers"])
+    w.add_feed_forward_length(s["intermediate"])
+    w.add_head_count(s["heads"])
+    w.add_head_count_kv(s["kv_heads"])
+    w.add_key_length(s["head_dim"])
+    w.add_value_length(s["head_dim"])
+    w.add_rope_freq_base(s["theta"])
+    w.add_layer_norm_rms_eps(s["eps"])
+
+
+def add_byte_vocab(w, vocab, pre, specials):
+    """A byte-level BPE vocabulary of `vocab` tokens on GGUFWriter `w` (pre-tokenizer
+    `pre`): the 256 byte tokens, a few merges and what they make (llama.cpp refuses a gpt2
+    vocabulary without merges), fillers, and the two control tokens `specials` (bos, eos)
+    last."""
+    import gguf
+    alphabet = byte_tokens()
+    merges = [f"{a} {b}" for a, b in (("\u0120", "t"), ("\u0120", "a"), ("h", "e"), ("i", "n"),
+                                      ("\u0120t", "he"), ("e", "r"), ("o", "n"), ("a", "n"))]
+    made = [m.replace(" ", "") for m in merges]
+    tokens = alphabet + made + [f"<t{i}>" for i in range(len(alphabet) + len(made), vocab - 2)] + \
+        list(specials)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre(pre)
+    w.add_token_list(tokens)
+    w.add_token_types([gguf.TokenType.NORMAL] * (vocab - 2) + [gguf.TokenType.CONTROL] * 2)
+    w.add_token_merges(merges)
+    w.add_bos_token_id(vocab - 2)
+    w.add_eos_token_id(vocab - 1)
+
+
 def rope_freqs(s):
     """Llama 3's per-frequency divisors, as the converter stores them in rope_freqs.weight."""
     import math
@@ -87,37 +123,12 @@ def write_gguf(path, shape="1b", seed=0):
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     w = gguf.GGUFWriter(path + ".part", "llama")
     w.add_name(f"stepgraph peer llama {shape} random")
-    w.add_context_length(s["context"])
-    w.add_embedding_length(s["hidden"])
-    w.add_block_count(s["layers"])
-    w.add_feed_forward_length(s["intermediate"])
-    w.add_head_count(s["heads"])
-    w.add_head_count_kv(s["kv_heads"])
+    add_decoder_keys(w, s)
     w.add_rope_dimension_count(s["head_dim"])
-    w.add_key_length(s["head_dim"])
-    w.add_value_length(s["head_dim"])
-    w.add_rope_freq_base(s["theta"])
-    w.add_layer_norm_rms_eps(s["eps"])
     w.add_vocab_size(s["vocab"])
     w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
-    # A byte-level BPE as Llama 3's: the 256 byte tokens, a few merges and what they make
-    # (llama.cpp refuses a gpt2 vocabulary without merges), fillers, two control tokens.
-    alphabet = byte_tokens()
-    merges = [f"{a} {b}" for a, b in (("\u0120", "t"), ("\u0120", "a"), ("h", "e"), ("i", "n"),
-                                      ("\u0120t", "he"), ("e", "r"), ("o", "n"), ("a", "n"))]
-    made = [m.replace(" ", "") for m in merges]
-    tokens = alphabet + made + [f"<t{i}>" for i in range(len(alphabet) + len(made),
-                                                       s["vocab"] - 2)] + \
-        ["<|begin_of_text|>", "<|end_of_text|>"]
-    types = [gguf.TokenType.NORMAL] * (s["vocab"] - 2) + [gguf.TokenType.CONTROL] * 2
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("llama-bpe")
-    w.add_token_list(tokens)
-    w.add_token_types(types)
-    w.add_token_merges(merges)
-    w.add_bos_token_id(s["vocab"] - 2)
-    w.add_eos_token_id(s["vocab"] - 1)
+    add_byte_vocab(w, s["vocab"], "llama-bpe", ("<|begin_of_text|>", "<|end_of_text|>"))
 
     def matrix(rows, cols):
         return (rng.standard_normal((rows, cols), dtype=np.float32) * 0.02).astype(np.float16)
@@ -271,6 +282,16 @@ class GpuMemory:
         return None if self.base is None or self.peak is None else self.peak - self.base
 
 
+def gpu_name():
+    """The first GPU's name as nvidia-smi gives it, or "unknown"."""
+    try:
+        gpu = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        gpu = ""
+    return gpu.splitlines()[0] if gpu else "unknown"
+
+
 def run_logged(cmd, log, timeout, memory=False):
     """Runs cmd, writes its output to `log`, returns (output, peak GPU MiB when `memory`)."""
     print("gguf_peer: " + " ".join(cmd), flush=True)
@@ -293,16 +314,16 @@ def model_path(work, name):
     return os.path.join(work, "files", name + ".gguf")
 
 
-def load_results(work):
-    path = os.path.join(work, "results.json")
+def load_results(work, name="results.json"):
+    path = os.path.join(work, name)
     if os.path.exists(path):
         with open(path) as f:
             return json.load(f)
     return {"files": {}}
 
 
-def save_results(work, results):
-    path = os.path.join(work, "results.json")
+def save_results(work, results, name="results.json"):
+    path = os.path.join(work, name)
     with open(path + ".part", "w") as f:
         json.dump(results, f, indent=1)
     os.replace(path + ".part", path)
@@ -355,12 +376,7 @@ def run(args):
     f16 = model_path(args.work, "f16")
     if not os.path.exists(f16):
         write_gguf(f16, args.shape)
-    try:
-        gpu = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=10).stdout.strip()
-    except OSError:
-        gpu = "unknown"
-    results["gpu"] = gpu.splitlines()[0] if gpu else "unknown"
+    results["gpu"] = gpu_name()
     results["prefill_lengths"] = [int(n) for n in args.prefill.split(",")]
     results["llama_source"] = args.llama_source
     for name in names:
