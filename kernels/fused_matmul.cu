@@ -21,7 +21,9 @@
 // the quant_blocks.cuh readers and meet activations loaded 8 at a time. Weights all of
 // one format run the kernel compiled for that format (kFormat); a launch whose weights
 // differ (a Q4_K_M file's q, k in Q4_K and v in Q6_K) runs the one whose blocks take the
-// format of their columns' weight (a switch uniform over the block). Norm, split-K and
+// format of their columns' weight (a switch uniform over the block), or, for the pairs
+// files mix (kFusedFormatPairs: Q4_K or Q5_K with Q6_K), one compiled for just those two
+// formats, which holds fewer registers and runs about twice as fast. Norm, split-K and
 // epilogues are the float path's. From FusedMatmulArgs::products on (batches, no folded
 // norm), block weights go to the tensor cores instead (kernels/block_mma.cuh): the
 // products of all rows first, one launch per run of a format, then the same kernel with
@@ -33,6 +35,8 @@
 #include <algorithm>
 #include <cfloat>
 #include <cstring>
+#include <iterator>
+#include <type_traits>
 
 #include "kernels/block_mma.cuh"
 #include "kernels/common.cuh"
@@ -339,6 +343,21 @@ __device__ __forceinline__ void AccumulateBlocks(const FusedMatmulArgs& a, int64
 #undef SG_FUSED_FORMAT
 }
 
+// AccumulateUnits in the format of the block's columns, one of two (kA, kB): the kernel of
+// a launch whose weights mix exactly these formats (FusedFormatPair).
+template <typename T, int kRows, DType kA, DType kB>
+__device__ __forceinline__ void AccumulateEither(const FusedMatmulArgs& a, int64_t b, int s,
+                                                 int64_t n_total, float* inv_rms,
+                                                 float* scratch,
+                                                 float (&acc)[kRows * kFusedCols]) {
+  int64_t row;
+  if (a.w_dtype[WeightOf(a, ColumnOf(a, b, 0), &row)] == kA) {
+    AccumulateUnits<T, kRows, quant::Format<kA>>(a, b, s, n_total, inv_rms, scratch, acc);
+  } else {
+    AccumulateUnits<T, kRows, quant::Format<kB>>(a, b, s, n_total, inv_rms, scratch, acc);
+  }
+}
+
 // Orders (value, index) as Argmax does: larger value wins, NaN never wins, lower index
 // wins a tie.
 __device__ __forceinline__ bool Better(float v, int32_t i, float best, int32_t best_i) {
@@ -346,8 +365,10 @@ __device__ __forceinline__ bool Better(float v, int32_t i, float best, int32_t b
 }
 
 // kFormat: the block format of every weight, or kF32 for block formats chosen per column
-// block (W = 0 only). kMinBlocks: blocks of kThreads that must fit an SM (0: no bound).
-template <typename T, int W, int kRows, DType kFormat = DType::kF32, int kMinBlocks = 0>
+// block (W = 0 only); with kFormatB, the blocks' format is one of kFormat and kFormatB.
+// kMinBlocks: blocks of kThreads that must fit an SM (0: no bound).
+template <typename T, int W, int kRows, DType kFormat = DType::kF32, int kMinBlocks = 0,
+          DType kFormatB = DType::kF32>
 __global__ void __launch_bounds__(kThreads, kMinBlocks) FusedMatmulKernel(FusedMatmulArgs a) {
   constexpr int kAcc = kRows * kFusedCols;
   static_assert(kAcc <= kThreads);
@@ -370,6 +391,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) FusedMatmulKernel(FusedM
     if constexpr (W == 0) {
       if constexpr (kFormat == DType::kF32) {
         AccumulateBlocks<T, kRows>(a, b, s, n_total, inv_rms, scratch, acc);
+      } else if constexpr (kFormatB != DType::kF32) {
+        AccumulateEither<T, kRows, kFormat, kFormatB>(a, b, s, n_total, inv_rms, scratch, acc);
       } else {
         AccumulateUnits<T, kRows, quant::Format<kFormat>>(a, b, s, n_total, inv_rms, scratch,
                                                           acc);
@@ -666,9 +689,54 @@ constexpr int FusedMinBlocks() {
              : 0;
 }
 
+// The format pairs that files mix in one launch and that have a kernel of their own: a
+// Q4_K_M (Q5_K_M) file's q and k in Q4_K (Q5_K) beside a v in Q6_K, in the layers where
+// llama.cpp's quantizer gives v more bits. Compiled for two formats, the kernel holds the
+// larger one's registers, not the eight formats' 128 (H200, q/k/v of the 1B shape at one
+// row: 16.9 us in the kernel for any mix against 8.7 with v in Q4_K too).
+constexpr DType kFusedFormatPairs[][2] = {{DType::kQ4_K, DType::kQ6_K},
+                                          {DType::kQ5_K, DType::kQ6_K}};
+
+// Index into kFusedFormatPairs of the two formats a's weights mix (in any order), or -1:
+// weights of one format, of three or more, or of a pair without its kernel.
+int FusedFormatPair(const FusedMatmulArgs& a) {
+  DType first = a.w_dtype[0], second = DType::kF32;
+  for (int g = 1; g < a.weights; ++g) {
+    if (a.w_dtype[g] == first || a.w_dtype[g] == second) continue;
+    if (second != DType::kF32) return -1;
+    second = a.w_dtype[g];
+  }
+  if (second == DType::kF32) return -1;
+  for (int p = 0; p < static_cast<int>(std::size(kFusedFormatPairs)); ++p) {
+    const DType* pair = kFusedFormatPairs[p];
+    if ((pair[0] == first && pair[1] == second) || (pair[0] == second && pair[1] == first)) {
+      return p;
+    }
+  }
+  return -1;
+}
+
 template <typename T, int kRows>
 cudaError_t LaunchBlockKernel(DType format, dim3 grid, dim3 block, Stream stream,
                               const FusedMatmulArgs& a) {
+  // The pairs' kernels at the rows of decode on CUDA cores, for f32 activations (a GGUF
+  // file's); other mixes take the kernel that switches over every format.
+  if constexpr (std::is_same_v<T, float> && kRows <= 2) {
+    if (format == DType::kF32) {
+      switch (FusedFormatPair(a)) {
+        case 0:
+          return LaunchKernel(FusedMatmulKernel<T, 0, kRows, kFusedFormatPairs[0][0], 0,
+                                                kFusedFormatPairs[0][1]>,
+                              grid, block, stream, a);
+        case 1:
+          return LaunchKernel(FusedMatmulKernel<T, 0, kRows, kFusedFormatPairs[1][0], 0,
+                                                kFusedFormatPairs[1][1]>,
+                              grid, block, stream, a);
+        default:
+          break;
+      }
+    }
+  }
   switch (format) {
 #define SG_FUSED_LAUNCH(t)                                                                     \
   case t:                                                                                      \
@@ -700,7 +768,15 @@ cudaError_t LaunchRows(const FusedMatmulArgs& a, Stream stream) {
       return DispatchPowerOfTwoRows(a.m, [&](auto rows) {
         constexpr int kRows = decltype(rows)::value;
         const int64_t per_split = CeilDiv(a.k / quant::kUnitElems, a.splits);
-        const int64_t warps = std::clamp<int64_t>(CeilDiv(per_split, kWarpSize), 1, kMaxWarps);
+        // Threads per unit: four for the 32-value formats when walked wide.
+        bool whole_units = true;
+        for (int g = 0; g < a.weights; ++g) {
+          whole_units = whole_units && DTypeBlockElems(a.w_dtype[g]) == quant::kUnitElems;
+        }
+        const int64_t slots = kRows == 1 && whole_units && a.walk == FusedUnitWalk::kWide
+                                  ? per_split * (quant::kUnitElems / 8)
+                                  : per_split;
+        const int64_t warps = std::clamp<int64_t>(CeilDiv(slots, kWarpSize), 1, kMaxWarps);
         const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>(a.splits));
         const dim3 block(static_cast<unsigned>(warps * kWarpSize));
         // Weights all of one format run the kernel compiled for it, the others the one

@@ -48,6 +48,19 @@ struct FusedRopeArgs {
   int blocks_per_head = 0, half = 0, rotated_blocks = 0;
 };
 
+// How the threads of a block-format launch of one row walk the 32-value units of their
+// columns (four threads to a unit). kSerial: a warp per 32 units (up to 8 warps), each
+// thread walking several units of its columns one after another; kWide: a warp per 8 units,
+// so that each thread takes one unit per column where 8 warps suffice. H200, the 1B shape
+// at one row (quant_bench's FusedWalkF32, 2026-11-29): wide wins alone on q/o (Q8_0 3.7
+// against 4.9 us) and loses on gate/up (Q4_0 13.0 against 7.5) and the lm head, and the
+// Q4_0 step took 0.993 ms wide against 0.790 serial (decode_bench's QuantWalk); a thread
+// asking for its next units before multiplying the current ones took 120 registers and
+// made the step 0.918 ms.
+enum class FusedUnitWalk : uint8_t { kSerial, kWide };
+// FusedMatmulArgs::walk's default.
+constexpr FusedUnitWalk FusedArgsDefaultWalk() { return FusedUnitWalk::kSerial; }
+
 struct FusedMatmulArgs {
   const void* x = nullptr;       // [m, k]
   int64_t m = 0, k = 0;
@@ -70,6 +83,9 @@ struct FusedMatmulArgs {
   // its first weight vectors before waiting on the kernels it depends on, so the loads
   // overlap the predecessor's tail.
   bool weights_constant = false;
+  // Block formats of 32-value blocks at one row (four threads to a unit): how a block's
+  // threads walk its units (FusedUnitWalk).
+  FusedUnitWalk walk = FusedArgsDefaultWalk();
   // Split-K: `splits` blocks share a column group; each writes f32 partial sums and the
   // last to finish (counted in counters[column group]) adds them in split order, applies
   // the epilogue and resets its counter to 0, so the next launch (or graph replay) finds

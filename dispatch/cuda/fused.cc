@@ -163,6 +163,7 @@ PreparedOr Prepare(const ops::FusedMatMul& op, const CudaPrepareContext& c) {
   a.weights = op.weights;
   a.epilogue = KernelEpilogue(op.epilogue);
   a.dtype = x.dtype;
+  a.walk = BlockUnitWalkFor(c.options);
   int64_t n_total = 0;
   a.weights_constant = true;  // while every weight so far is a graph Weight
   for (int g = 0; g < op.weights; ++g) {

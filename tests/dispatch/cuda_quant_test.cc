@@ -45,12 +45,16 @@ std::vector<OpCase> MatmulCases() {
   for (DType q : kQuantTypes) {
     const int64_t block = DTypeBlockElems(q);
     // A Llama-3.2-1B k/v projection; then K of 3 blocks (96 for the 32-element formats:
-    // not a multiple of 256) with N odd; then one block with a bias.
-    const Mm shapes[] = {{2048, 512, false}, {3 * block, 33, false}, {block, 7, true}};
+    // not a multiple of 256) with N odd; then one block with a bias; then, at one row, an
+    // output wide enough that the K formats take the fused kernel unsplit (an lm head's
+    // path: 1,202 columns fill two blocks per SM up to 150 SMs; the last block partial).
+    const Mm shapes[] = {{2048, 512, false}, {3 * block, 33, false}, {block, 7, true},
+                         {1024, 1202, false}};
     for (DType t : kFloatTypes) {
       for (const Mm& s : shapes) {
         for (int64_t m : {1, 2, 5, 8, 11}) {
           if (m == 11 && s.k == 2048) continue;  // row groups: the small shapes suffice
+          if (m != 1 && s.n == 1202) continue;
           cases.push_back(
               {.name = absl::StrCat("MatMul/", DTypeName(q), "/", DTypeName(t), "/", m, "x", s.k,
                                     "x", s.n, s.bias ? "+bias" : ""),
@@ -270,6 +274,7 @@ std::vector<OpCase> FusedCases() {
   for (DType t : kFloatTypes) {
     cases.push_back(FusedRopeCase(1, 512, 4, 2, 32, true, false, DType::kQ4_K, DType::kQ6_K, t));
     cases.push_back(FusedRopeCase(3, 512, 4, 2, 32, false, false, DType::kQ4_K, DType::kQ6_K, t));
+    cases.push_back(FusedRopeCase(1, 512, 4, 2, 32, false, false, DType::kQ5_K, DType::kQ6_K, t));
     cases.push_back(FusedCase({1, 512, {DType::kQ5_0, DType::kQ8_0, DType::kQ4_1}, {64, 32, 36},
                                true, Epilogue::kNone},
                               t));
@@ -538,9 +543,9 @@ TEST(BlockMmaSizesTest, TermsScratchSplitsAndRefusals) {
 // The cases exist whether or not a device does: a build that lost them would pass
 // silently on a GPU machine.
 TEST(QuantConformanceCasesTest, EveryFormatAndDTypeIsCovered) {
-  EXPECT_EQ(MatmulCases().size(), 8u * 3u * (5u + 5u + 4u));
+  EXPECT_EQ(MatmulCases().size(), 8u * 3u * (5u + 5u + 4u + 1u));
   EXPECT_EQ(EmbeddingCases().size(), 8u * 3u * 3u);
-  EXPECT_EQ(FusedCases().size(), 8u * 3u * (7u + 2u) + 3u * 4u);
+  EXPECT_EQ(FusedCases().size(), 8u * 3u * (7u + 2u) + 3u * 5u);
   // Per format and x dtype: 6 shapes automatic, 3 of them in 3 forced block shapes, the
   // long one staged; and f32 x rounded to bf16 once.
   EXPECT_EQ(MmaMatmulCases().size(), 8u * (3u * (6u + 3u * 3u + 1u) + 1u));

@@ -41,6 +41,11 @@ absl::StatusOr<BlockGemmPrecision> ParseBlockGemmPrecision(absl::string_view nam
 // and benchmarks.
 enum class BlockMmaShapeOption : uint8_t { kAuto, kDecode, kPrefill, kStaged };
 
+// How the CUDA-core block kernel's threads walk the units of 32-value formats at one row
+// (kernels/fused_matmul.cuh's FusedUnitWalk, in the same order after kAuto): kAuto is
+// the kernel's default (serial); the others force one, for benchmarks.
+enum class BlockUnitWalkOption : uint8_t { kAuto, kSerial, kWide };
+
 struct CudaOptions {
   MatmulPolicy matmul = MatmulPolicy::kAuto;
   // Programmatic dependent launch on sm_90 and later (each kernel may start while its
@@ -85,6 +90,7 @@ struct CudaOptions {
   // tensor cores against 2.80 ms on CUDA cores (plain graph). docs/cuda_kernels.md.
   int64_t block_mma_min_rows = 4;
   BlockMmaShapeOption block_mma_shape = BlockMmaShapeOption::kAuto;
+  BlockUnitWalkOption block_unit_walk = BlockUnitWalkOption::kAuto;
   // Tensor parallel: AllReduce of at most this many bytes runs as stepgraph's one-shot
   // kernel over NVLink peer memory (kernels/collectives.cuh) where the group has its
   // buffers; larger ones, and every one with 0, through NCCL. On 4 H100s (NVLink, 64 in a
