@@ -191,20 +191,22 @@ void TimeQuantSession(benchmark::State& state, std::unique_ptr<DecodeSession>& s
 
 // f32: the activations (and the KV cache) in f32, as a GGUF file with quantized matrices
 // computes; otherwise bf16.
-void BM_Quant(benchmark::State& state, testing::MatrixFormat format, bool f32) {
+void BM_Quant(benchmark::State& state, testing::MatrixFormat format, bool f32,
+              BlockUnitWalkOption walk) {
   SessionOptions o;
   o.max_slots = 1;
   o.buckets = {1};
+  o.cuda.block_unit_walk = walk;
   LlamaConfig base = Llama32_1BConfig();
   if (f32) base.dtype = DType::kF32;
   const std::string name = QuantName(format, f32);
-  TimeQuantSession(state, g->quant[name],
+  TimeQuantSession(state, g->quant[absl::StrCat(name, "/", static_cast<int>(walk))],
                    testing::WithMatrixDTypes(base,
                                              [format](const std::string& name) {
                                                return testing::MatrixDType(format, name);
                                              }),
                    o, 1);
-  g->quant_ms[name] = state.counters["median_ms"];
+  if (walk == BlockUnitWalkOption::kAuto) g->quant_ms[name] = state.counters["median_ms"];
 }
 
 // How a QuantBatch session runs its block-format matmuls.
@@ -550,10 +552,24 @@ int main(int argc, char** argv) {
         std::pair{sg::testing::MatrixFormat::kQ4KMix, true}}) {
     benchmark::RegisterBenchmark(
         absl::StrCat("Quant/", sg::QuantName(format, f32), "/pos:100").c_str(), sg::BM_Quant,
-        format, f32)
+        format, f32, sg::BlockUnitWalkOption::kAuto)
         ->UseManualTime()
         ->Iterations(sg::kSteps)
         ->Unit(benchmark::kMicrosecond);
+  }
+  // The 32-value formats' walks of the CUDA-core block kernel (CudaOptions::block_unit_walk).
+  for (const auto& [walk, walk_name] :
+       {std::pair{sg::BlockUnitWalkOption::kSerial, "serial"},
+        std::pair{sg::BlockUnitWalkOption::kWide, "wide"}}) {
+    for (const auto format : {sg::testing::MatrixFormat::kQ4_0, sg::testing::MatrixFormat::kQ8_0}) {
+      benchmark::RegisterBenchmark(
+          absl::StrCat("QuantWalk/", sg::QuantName(format, true), "/", walk_name, "/pos:100")
+              .c_str(),
+          sg::BM_Quant, format, true, walk)
+          ->UseManualTime()
+          ->Iterations(sg::kSteps)
+          ->Unit(benchmark::kMicrosecond);
+    }
   }
   for (const sg::BatchPath& path :
        {sg::BatchPath{"kernel", 0, sg::BlockGemmPrecision::kF32},

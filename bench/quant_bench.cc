@@ -154,7 +154,7 @@ enum class Kernel {
 // x and y in `act` (bf16, or f32 as a GGUF file computes), through `kernel`.
 absl::Status RunCase(benchmark::State& state, const std::string& name, DType w_dtype, int64_t n,
                      int64_t k, Kernel kernel, int64_t m, DType act,
-                     kernels::BlockMmaShape shape) {
+                     kernels::BlockMmaShape shape, kernels::FusedUnitWalk walk) {
   const bool fused = kernel == Kernel::kFused || kernel == Kernel::kFusedMma;
   const DType kT = act;
   const int64_t elem = DTypeBytes(act);
@@ -198,6 +198,7 @@ absl::Status RunCase(benchmark::State& state, const std::string& name, DType w_d
   fused_args.w_dtype[0] = w_dtype;
   fused_args.dtype = kT;
   fused_args.weights_constant = true;
+  fused_args.walk = walk;
   fused_args.splits = kernels::FusedSplitsFor(fused_args, SmCount());
   DeviceMemory workspace;
   if (kernel == Kernel::kFusedMma) {
@@ -354,11 +355,13 @@ int main(int argc, char** argv) {
   using sg::Kernel;
   auto add = [](const std::string& name, sg::DType t, Shape s, Kernel kernel, int64_t m,
                 sg::DType act,
-                sg::kernels::BlockMmaShape shape = sg::kernels::BlockMmaShape::kAuto) {
+                sg::kernels::BlockMmaShape shape = sg::kernels::BlockMmaShape::kAuto,
+                sg::kernels::FusedUnitWalk walk = sg::kernels::FusedArgsDefaultWalk()) {
     benchmark::RegisterBenchmark(
         name.c_str(),
         [=](benchmark::State& state) {
-          if (absl::Status st = sg::RunCase(state, name, t, s.n, s.k, kernel, m, act, shape);
+          if (absl::Status st =
+                  sg::RunCase(state, name, t, s.n, s.k, kernel, m, act, shape, walk);
               !st.ok()) {
             state.SkipWithError(st.ToString().c_str());
           }
@@ -401,6 +404,17 @@ int main(int argc, char** argv) {
       add(absl::StrCat("FusedF32/", sg::DTypeName(t), "/M=1 N=", s.n, " K=", s.k, " (", s.what,
                        ")"),
           t, s, Kernel::kFused, 1, sg::DType::kF32);
+      // The 32-value formats in each way of walking their units (FusedUnitWalk).
+      if (sg::DTypeBlockElems(t) == 32) {
+        using sg::kernels::FusedUnitWalk;
+        for (const auto& [walk, walk_name] :
+             {std::pair{FusedUnitWalk::kSerial, "serial"},
+              std::pair{FusedUnitWalk::kWide, "wide"}}) {
+          add(absl::StrCat("FusedWalkF32/", sg::DTypeName(t), "/M=1 N=", s.n, " K=", s.k, " (",
+                           s.what, ")/", walk_name),
+              t, s, Kernel::kFused, 1, sg::DType::kF32, sg::kernels::BlockMmaShape::kAuto, walk);
+        }
+      }
     }
   }
   // The tensor-core kernel at batch and prefill sizes (a MatMul's path, split as the node
