@@ -384,20 +384,18 @@ absl::StatusOr<kernels::BlockMmaWorkspace> BlockMmaWorkspaceOf(int64_t m, int64_
 }
 
 // The fused kernel's launch of a MatMul of one row of x [1, k] with a block-format w [n, k]
-// and no bias, when the fused kernel takes it unsplit (n wide enough that its column blocks
-// fill the GPU: an lm head) and w's format is one it runs faster there than the block-format
-// kernel: the K formats, whose block heads the fused kernel decodes once per unit where the
-// block-format kernel's rows of threads each decode them (H200, the 1B lm head at one row:
-// Q6_K 107 against 130 us, Q4_K 119 against 168). Nothing otherwise.
+// (a shape BlockFormatTakes) and no bias, when the fused kernel takes it unsplit (n wide
+// enough that its column blocks fill the GPU: an lm head) and w's format is one it runs
+// faster there than the block-format kernel: the K formats, whose block heads the fused
+// kernel decodes once per unit where the block-format kernel's rows of threads each decode
+// them (H200, the 1B lm head at one row: Q6_K 107 against 130 us, Q4_K 119 against 168).
+// Nothing otherwise.
 std::optional<kernels::FusedMatmulArgs> FusedRowLaunch(int64_t m, int64_t n, int64_t k,
                                                        DType x_dtype, DType w_dtype, bool bias,
                                                        bool w_constant, int sm_count) {
   const bool k_format =
       w_dtype == DType::kQ4_K || w_dtype == DType::kQ5_K || w_dtype == DType::kQ6_K;
-  if (m != 1 || bias || !k_format || !IsFloat(x_dtype) || k <= 0 ||
-      k % DTypeBlockElems(w_dtype) != 0 || n <= 0) {
-    return std::nullopt;
-  }
+  if (m != 1 || bias || !k_format) return std::nullopt;
   kernels::FusedMatmulArgs a;
   a.m = 1;
   a.k = k;
@@ -407,7 +405,7 @@ std::optional<kernels::FusedMatmulArgs> FusedRowLaunch(int64_t m, int64_t n, int
   a.dtype = x_dtype;
   a.weights_constant = w_constant;
   a.splits = kernels::FusedSplitsFor(a, sm_count);
-  if (a.splits != 1 || kernels::FusedColumnBlocks(a) > INT32_MAX) return std::nullopt;
+  if (a.splits != 1) return std::nullopt;
   return a;
 }
 
