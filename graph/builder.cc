@@ -271,7 +271,9 @@ TensorId GraphBuilder::MoeCombine(TensorId y, TensorId weights, TensorId ids,
   return AddNode(ops::MoeCombine{}, name, {y, weights, ids});
 }
 
-TensorId GraphBuilder::AllReduce(TensorId x, int32_t ranks, absl::string_view name) {
+TensorId GraphBuilder::AllReduce(TensorId x, int32_t ranks, absl::string_view name,
+                                 TensorId residual) {
+  if (residual.valid()) return AddNode(ops::AllReduce{ranks, true}, name, {x, residual});
   return AddNode(ops::AllReduce{ranks}, name, {x});
 }
 

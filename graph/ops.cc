@@ -49,7 +49,9 @@ std::string Params(const ops::Attention& op) {
 std::string Params(const ops::HeadRmsNorm& op) { return absl::StrFormat("eps=%g", op.eps); }
 std::string Params(const ops::Scale& op) { return absl::StrFormat("factor=%g", op.factor); }
 std::string Params(const ops::Softcap& op) { return absl::StrFormat("cap=%g", op.cap); }
-std::string Params(const ops::AllReduce& op) { return absl::StrCat("ranks=", op.ranks); }
+std::string Params(const ops::AllReduce& op) {
+  return absl::StrCat("ranks=", op.ranks, op.residual ? " residual" : "");
+}
 std::string Params(const ops::AllGather& op) { return absl::StrCat("ranks=", op.ranks); }
 std::string Params(const ops::MoeTopK& op) { return absl::StrCat("top_k=", op.top_k); }
 std::string Params(const ops::MoeRouteWeights& op) {
@@ -707,8 +709,8 @@ Result Infer(const ops::MoeCombine&, const Checker& c) {
 
 // x[M,N] float of a group of `ranks` ranks; `columns` is N times what each rank's output
 // holds per rank's input column (1 for AllReduce, ranks for AllGather).
-Result InferCollective(int32_t ranks, int64_t columns, const Checker& c) {
-  SG_RETURN_IF_ERROR(c.Arity(1));
+Result InferCollective(int32_t ranks, int64_t columns, const Checker& c, bool residual = false) {
+  SG_RETURN_IF_ERROR(c.Arity(residual ? 2 : 1));
   SG_RETURN_IF_ERROR(c.Rank(0, 2, "x"));
   SG_RETURN_IF_ERROR(c.Float(0, "x"));
   if (ranks < 1 || ranks > ops::kMaxRanks) {
@@ -720,7 +722,13 @@ Result InferCollective(int32_t ranks, int64_t columns, const Checker& c) {
   }
   return TensorType{c[0].dtype, Shape{c[0].shape[0], n}};
 }
-Result Infer(const ops::AllReduce& op, const Checker& c) { return InferCollective(op.ranks, 1, c); }
+Result Infer(const ops::AllReduce& op, const Checker& c) {
+  SG_ASSIGN_OR_RETURN(TensorType out, InferCollective(op.ranks, 1, c, op.residual));
+  if (op.residual && !(c[1].dtype == out.dtype && c[1].shape == out.shape)) {
+    return c.Error(absl::StrCat("residual ", Describe(c[1]), " must match x ", Describe(c[0])));
+  }
+  return out;
+}
 Result Infer(const ops::AllGather& op, const Checker& c) {
   return InferCollective(op.ranks, op.ranks, c);
 }

@@ -417,6 +417,39 @@ absl::StatusOr<Graph> FuseResidualAdd(Editor e) {
   return std::move(e).Finish();
 }
 
+// Add(residual, AllReduce(x)) or Add(AllReduce(x), residual) -> AllReduce with the
+// residual (the o and down projections of a sharded layer, whose AllReduce stands between
+// the matmul and its residual add).
+absl::StatusOr<Graph> FuseAllReduceAdd(Editor e) {
+  for (int32_t s = 0; s < static_cast<int32_t>(e.nodes().size()); ++s) {
+    if (OpOf<ops::Add>(e, s) == nullptr) continue;
+    const Node& node = e.nodes()[s];
+    if (node.inputs[0] == node.inputs[1]) continue;
+    for (int side : {1, 0}) {
+      const int32_t r = e.Producer(node.inputs[side]);
+      const auto* reduce = OpOf<ops::AllReduce>(e, r);
+      if (reduce == nullptr || reduce->residual || !e.OnlyReadBy(node.inputs[side], s)) continue;
+      const Node& producer = e.nodes()[r];
+      const TensorId residual = node.inputs[1 - side];
+      const Tensor& x = e.tensor(producer.inputs[0]);
+      const Tensor& out = e.tensor(node.output);
+      if (e.tensor(residual).dtype != x.dtype || out.dtype != x.dtype ||
+          !(e.tensor(residual).shape == x.shape)) {
+        continue;
+      }
+      const ops::AllReduce op{.ranks = reduce->ranks, .residual = true};
+      const absl::InlinedVector<TensorId, 4> inputs = {producer.inputs[0], residual};
+      // The collective moves from r to s: nothing between may write what it reads, and
+      // every rank moves it alike (the pass sees the same graph on each).
+      if (e.WrittenBetween(r, s, inputs)) continue;
+      if (!e.BackendRuns(op, inputs)) continue;
+      e.Replace(s, op, inputs, producer.name + "_add", {r});
+      break;
+    }
+  }
+  return std::move(e).Finish();
+}
+
 // RmsNorm whose every reader is a matmul taking it as x.
 absl::StatusOr<Graph> FuseNormIntoMatMul(Editor e) {
   for (int32_t r = 0; r < static_cast<int32_t>(e.nodes().size()); ++r) {
@@ -619,6 +652,7 @@ constexpr PassEntry kPasses[] = {
     {"rope_kv_write_epilogue", FuseRopeKvWriteEpilogue},
     {"gate_up_silu_mul", FuseGateUpSiluMul},
     {"residual_add", FuseResidualAdd},
+    {"all_reduce_add", FuseAllReduceAdd},
     {"norm_into_matmul", FuseNormIntoMatMul},
     {"lm_head_argmax", FuseLmHeadArgmax},
     {"elementwise_chain", FuseElementwiseChains},

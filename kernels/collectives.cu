@@ -29,8 +29,8 @@ __device__ __forceinline__ uint64_t GlobalTimerNs() {
 
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
-    OneShotAllReduceKernel(const T* __restrict__ x, T* __restrict__ out, int64_t vectors,
-                           OneShotPeers p) {
+    OneShotAllReduceKernel(const T* __restrict__ x, const T* __restrict__ residual,
+                           T* __restrict__ out, int64_t vectors, OneShotPeers p) {
   constexpr int W = kVec16<T>;
   AwaitPrerequisiteGrids();
   const int b = static_cast<int>(blockIdx.x);
@@ -75,6 +75,12 @@ __global__ void __launch_bounds__(kThreads)
     Vec<T, W> r;
 #pragma unroll
     for (int j = 0; j < W; ++j) r.v[j] = FromFloat<T>(acc[j]);
+    if (residual != nullptr) {
+      // Add(residual, sum): the rounded sum plus the residual, rounded again (ops.h).
+      const Vec<T, W> add = LoadVec<T, W>(residual + i * W);
+#pragma unroll
+      for (int j = 0; j < W; ++j) r.v[j] = FromFloat<T>(ToFloat(r.v[j]) + ToFloat(add.v[j]));
+    }
     StoreVec<T, W>(out + i * W, r);
   }
   __syncthreads();
@@ -83,24 +89,25 @@ __global__ void __launch_bounds__(kThreads)
 
 }  // namespace
 
-bool OneShotFits(const void* x, const void* out, int64_t n, DType dtype, const OneShotPeers& p) {
+bool OneShotFits(const void* x, const void* residual, const void* out, int64_t n, DType dtype,
+                 const OneShotPeers& p) {
   const int64_t bytes = n * DTypeBytes(dtype);
-  return p.counts != nullptr && p.ranks >= 1 && p.ranks <= kOneShotMaxRanks && n > 0 &&
+  return p.counts != nullptr && (residual == nullptr || Aligned16(residual)) && p.ranks >= 1 && p.ranks <= kOneShotMaxRanks && n > 0 &&
          (dtype == DType::kF32 || dtype == DType::kBF16 || dtype == DType::kF16) && Aligned16(x) && Aligned16(out) && bytes % 16 == 0 &&
          bytes <= p.slot_bytes;
 }
 
-cudaError_t LaunchOneShotAllReduce(const void* x, void* out, int64_t n, DType dtype,
-                                   const OneShotPeers& peers, Stream stream) {
-  if (!OneShotFits(x, out, n, dtype, peers)) return cudaErrorInvalidValue;
+cudaError_t LaunchOneShotAllReduce(const void* x, const void* residual, void* out, int64_t n,
+                                   DType dtype, const OneShotPeers& peers, Stream stream) {
+  if (!OneShotFits(x, residual, out, n, dtype, peers)) return cudaErrorInvalidValue;
   return DispatchFloat(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     const int64_t vectors = n / kVec16<T>;
     // A block for every 4 vectors a thread, up to the flags' blocks: 8 KiB is one block.
     const int64_t blocks = std::clamp<int64_t>(CeilDiv(vectors, 4 * kThreads), 1, kOneShotMaxBlocks);
     return LaunchKernel(OneShotAllReduceKernel<T>, dim3(static_cast<unsigned>(blocks)),
-                        dim3(kThreads), stream, static_cast<const T*>(x), static_cast<T*>(out),
-                        vectors, peers);
+                        dim3(kThreads), stream, static_cast<const T*>(x),
+                        static_cast<const T*>(residual), static_cast<T*>(out), vectors, peers);
   });
 }
 

@@ -40,14 +40,16 @@ struct OneShotPeers {
 inline constexpr int64_t kOneShotFlagBytes = int64_t{4} * kOneShotMaxBlocks * kOneShotMaxRanks;
 inline constexpr int64_t kOneShotCountBytes = int64_t{4} * kOneShotMaxBlocks;
 
-// Whether the kernel takes n elements of dtype at x and out: 16-byte aligned, a whole
-// number of 16-byte vectors, within a slot.
-bool OneShotFits(const void* x, const void* out, int64_t n, DType dtype, const OneShotPeers& p);
+// Whether the kernel takes n elements of dtype at x, residual (or null) and out: 16-byte
+// aligned, a whole number of 16-byte vectors, within a slot.
+bool OneShotFits(const void* x, const void* residual, const void* out, int64_t n, DType dtype,
+                 const OneShotPeers& p);
 
-// out = the sum over the ranks of their x (n elements). Every rank must launch it, in the
-// same order as its other one-shot all-reduces.
-cudaError_t LaunchOneShotAllReduce(const void* x, void* out, int64_t n, DType dtype,
-                                   const OneShotPeers& peers, Stream stream);
+// out = the sum over the ranks of their x (n elements), rounded, plus this rank's residual
+// (n elements, or null for none) rounded again: ops::AllReduce. Every rank must launch it,
+// in the same order as its other one-shot all-reduces.
+cudaError_t LaunchOneShotAllReduce(const void* x, const void* residual, void* out, int64_t n,
+                                   DType dtype, const OneShotPeers& peers, Stream stream);
 
 }  // namespace sg::kernels
 

@@ -1023,10 +1023,15 @@ absl::Status CpuDispatch::Run(const ops::AllReduce& op, const NodeArgs& args) {
   const TensorArg& x = args.inputs[0];
   const TensorArg& out = args.output;
   const int64_t n = out.shape.NumElements();
+  const TensorArg* residual = op.residual ? &args.inputs[1] : nullptr;
   return WithRanks(collectives_, rank_, op.ranks, x, "AllReduce", [&](auto all) {
     for (int64_t e = 0; e < n; ++e) {
       float sum = 0.0f;
       for (const void* data : all) sum += LoadElement(data, x.dtype, e);
+      // The sum rounded to the dtype, then the residual added and rounded again (ops.h).
+      if (residual != nullptr) {
+        sum = RoundTo(x.dtype, sum) + LoadElement(residual->data, residual->dtype, e);
+      }
       StoreElement(out.data, out.dtype, e, sum);
     }
   });

@@ -10,6 +10,7 @@
 #include "stepgraph/base/status.h"
 #include "dispatch/cuda/op_units.h"
 #include "kernels/collectives.cuh"
+#include "kernels/elementwise.cuh"
 #include "stepgraph/dispatch/cuda_dispatch.h"
 
 #if defined(STEPGRAPH_WITH_NCCL)
@@ -67,21 +68,34 @@ absl::Status CudaDispatch::CheckRanks(int32_t ranks, absl::string_view op,
 absl::Status CudaDispatch::Run(const ops::AllReduce& op, const NodeArgs& args) {
   SG_RETURN_IF_ERROR(CheckRanks(op.ranks, "AllReduce", args));
   const TensorArg& x = args.inputs[0];
-  if (ranks_ == 1) return CopyOfOneRank(x, args.output, stream_);
+  const void* residual = op.residual ? args.inputs[1].data : nullptr;
+  const int64_t n = x.shape.NumElements();
+  // The residual added to the sum in place: out = round(out + residual) (ops.h). Each
+  // thread of the add reads its elements before it writes them, so y may be a.
+  auto add_residual = [&]() -> absl::Status {
+    if (residual == nullptr) return absl::OkStatus();
+    return ToStatus(kernels::LaunchAdd(args.output.data, residual, args.output.data, n, x.dtype,
+                                       launch()),
+                    "LaunchAdd (the AllReduce's residual)");
+  };
+  if (ranks_ == 1) {
+    SG_RETURN_IF_ERROR(CopyOfOneRank(x, args.output, stream_));
+    return add_residual();
+  }
   if (one_shot_peers_ != nullptr && x.bytes() <= options_.one_shot_all_reduce_bytes) {
     const auto& peers = *static_cast<const kernels::OneShotPeers*>(one_shot_peers_);
-    if (kernels::OneShotFits(x.data, args.output.data, x.shape.NumElements(), x.dtype, peers)) {
-      return ToStatus(kernels::LaunchOneShotAllReduce(x.data, args.output.data,
-                                                      x.shape.NumElements(), x.dtype, peers,
-                                                      launch()),
+    if (kernels::OneShotFits(x.data, residual, args.output.data, n, x.dtype, peers)) {
+      return ToStatus(kernels::LaunchOneShotAllReduce(x.data, residual, args.output.data, n,
+                                                      x.dtype, peers, launch()),
                       "LaunchOneShotAllReduce");
     }
   }
 #if defined(STEPGRAPH_WITH_NCCL)
-  return NcclStatus(ncclAllReduce(x.data, args.output.data,
-                                  static_cast<size_t>(x.shape.NumElements()), NcclType(x.dtype),
-                                  ncclSum, static_cast<ncclComm_t>(nccl_comm_), stream_),
-                    "ncclAllReduce", args.output.name);
+  SG_RETURN_IF_ERROR(NcclStatus(ncclAllReduce(x.data, args.output.data, static_cast<size_t>(n),
+                                              NcclType(x.dtype), ncclSum,
+                                              static_cast<ncclComm_t>(nccl_comm_), stream_),
+                                "ncclAllReduce", args.output.name));
+  return add_residual();
 #else
   return absl::FailedPreconditionError("CudaDispatch: built without NCCL");
 #endif

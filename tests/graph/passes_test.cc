@@ -162,8 +162,9 @@ TEST(PassesTest, EachPassCanBeSwitchedOff) {
     absl::StatusOr<Graph> one = RunPass(name, before);
     ASSERT_TRUE(one.ok()) << name << ": " << one.status();
     // Nor does a Llama step leave elementwise_chain anything: its Adds and SiluMuls read
-    // matmuls, and each residual sum is read by a norm as well.
-    if (name != "lm_head_argmax" && name != "elementwise_chain") {
+    // matmuls, and each residual sum is read by a norm as well. all_reduce_add needs a
+    // sharded step (shard_test).
+    if (name != "lm_head_argmax" && name != "elementwise_chain" && name != "all_reduce_add") {
       EXPECT_LT(one->num_nodes(), before.num_nodes()) << name;
     }
   }
@@ -480,6 +481,38 @@ TEST(PassesTest, FusedOpsOnOddShapesEqualPlain) {
     EXPECT_EQ(ops.at("FusedMatMul"), 4);
     ExpectSameResults(*plain, *fused, RandomBound(*plain, 5, {}, {}));
   }
+}
+
+TEST(PassesTest, AllReduceAddEqualsAllReduceThenAdd) {
+  // Both orders of the Add, bit for bit: the fused node rounds the sum before it adds the
+  // residual, as the two nodes do. A group of one (the CPU reference's own); groups of
+  // ranks run in tensor_parallel_test. An AllReduce read twice, or an Add of another
+  // dtype's residual, stays.
+  for (DType t : {DType::kF32, DType::kBF16, DType::kF16}) {
+    SCOPED_TRACE(DTypeName(t));
+    GraphBuilder b;
+    const int64_t m = 3, n = 40;
+    const TensorId r = b.Input("r", t, {m, n});
+    const TensorId left = b.Add(b.AllReduce(b.Input("x", t, {m, n}), 1, "sum_x"), r, "left");
+    const TensorId right = b.Add(left, b.AllReduce(b.Input("y", t, {m, n}), 1, "sum_y"), "right");
+    const TensorId twice = b.AllReduce(b.Input("z", t, {m, n}), 1, "sum_z");
+    b.Output("right", right);
+    b.Output("twice", b.Add(twice, twice, "twice"));
+    absl::StatusOr<Graph> plain = std::move(b).Build();
+    ASSERT_TRUE(plain.ok()) << plain.status();
+    absl::StatusOr<Graph> fused = RunPass("all_reduce_add", *plain);
+    ASSERT_TRUE(fused.ok()) << fused.status();
+    EXPECT_EQ(OpCounts(*fused)["Add"], 1) << fused->ToString();
+    EXPECT_EQ(OpCounts(*fused)["AllReduce"], 3);
+    ExpectSameResults(*plain, *fused, RandomBound(*plain, 7, {}, {}));
+  }
+  // The fused op's shapes are checked: a residual of another shape is refused.
+  GraphBuilder b;
+  b.Output("y", b.AllReduce(b.Input("x", DType::kF32, {2, 8}), 1, "s",
+                            b.Input("r", DType::kF32, {2, 4})));
+  absl::StatusOr<Graph> bad = std::move(b).Build();
+  ASSERT_FALSE(bad.ok());
+  EXPECT_TRUE(absl::StrContains(bad.status().message(), "residual")) << bad.status();
 }
 
 // Every block format the loader reads (whole K-quant super-blocks at K = 256).
@@ -1153,6 +1186,12 @@ std::vector<MovePattern> MovePatterns() {
          TensorId p = b.MatMul(x, b.Weight("w", t, {n, k}), "p");
          write();
          b.Output("y", b.Add(b.Input("r", t, {rows, n}), p, "y"));
+       }},
+      {"all_reduce_add", "Add",
+       [=](GraphBuilder& b, TensorId x, const std::function<void()>& write) {
+         TensorId p = b.AllReduce(x, 1, "p");
+         write();
+         b.Output("y", b.Add(p, b.Input("r", t, {rows, k}), "y"));
        }},
       {"gate_up_silu_mul", "MatMul",
        [=](GraphBuilder& b, TensorId x, const std::function<void()>& write) {

@@ -67,6 +67,12 @@ TEST(ShardGraph, LlamaOverTwoRanks) {
   absl::StatusOr<Graph> fused = RunPasses(*g);
   ASSERT_TRUE(fused.ok()) << fused.status();
   EXPECT_EQ(OpCounts(*fused)["AllReduce"], 2 * c.num_hidden_layers);
+  // Each takes its residual add in (all_reduce_add): the sharded step has the unsharded
+  // one's nodes and its collectives, no more.
+  EXPECT_EQ(OpCounts(*fused)["Add"], 0) << fused->ToString();
+  absl::StatusOr<Graph> whole_fused = RunPasses(*whole);
+  ASSERT_TRUE(whole_fused.ok());
+  EXPECT_EQ(fused->num_nodes(), whole_fused->num_nodes() + 2 * c.num_hidden_layers + 1);
 }
 
 TEST(ShardGraph, OneRankIsTheGraphItselfAndTiedHeadsStayWhole) {

@@ -70,20 +70,27 @@ void CheckCollectives(TensorParallelRunner& tp, DType t, double tolerance, int64
   const TensorId x = b.Input("x", t, {m, n});
   b.Output("sum", b.AllReduce(x, ranks, "sum"));
   b.Output("all", b.AllGather(x, ranks, "all"));
+  // With a residual of each rank's own (the model's is the same on every rank).
+  b.Output("sum_plus", b.AllReduce(x, ranks, "sum_plus", b.Input("res", t, {m, n})));
   const Graph g = *std::move(b).Build();
-  std::vector<std::vector<std::byte>> host(ranks);
-  std::vector<void*> dev(ranks);
+  std::vector<std::vector<std::byte>> host(ranks), res_host(ranks);
+  std::vector<void*> dev(ranks), res_dev(ranks);
   const int64_t bytes = m * n * DTypeBytes(t);
   for (int r = 0; r < ranks; ++r) {
     host[r].resize(static_cast<size_t>(bytes));
+    res_host[r].resize(static_cast<size_t>(bytes));
     std::mt19937 rng(100 + r);
     std::uniform_real_distribution<float> u(-2.0f, 2.0f);
     for (int64_t i = 0; i < m * n; ++i) StoreElement(host[r].data(), t, i, u(rng));
+    for (int64_t i = 0; i < m * n; ++i) StoreElement(res_host[r].data(), t, i, u(rng));
     dev[r] = *tp.rank(r).Allocate(bytes, "x");
+    res_dev[r] = *tp.rank(r).Allocate(bytes, "res");
     ASSERT_TRUE(tp.rank(r).Copy(dev[r], host[r].data(), bytes).ok());
+    ASSERT_TRUE(tp.rank(r).Copy(res_dev[r], res_host[r].data(), bytes).ok());
   }
   absl::StatusOr<int> step = tp.AddStep(g, [&](int r, const Graph&, Bindings& bind) {
-    return bind.Bind("x", dev[r], bytes);
+    SG_RETURN_IF_ERROR(bind.Bind("x", dev[r], bytes));
+    return bind.Bind("res", res_dev[r], bytes);
   });
   ASSERT_TRUE(step.ok()) << step.status();
   ASSERT_TRUE(tp.Finalize().ok());
@@ -92,20 +99,26 @@ void CheckCollectives(TensorParallelRunner& tp, DType t, double tolerance, int64
   for (int r = 0; r < ranks; ++r) {
     absl::StatusOr<TensorArg> sum = tp.rank(r).Output(*step, "sum");
     absl::StatusOr<TensorArg> all = tp.rank(r).Output(*step, "all");
-    ASSERT_TRUE(sum.ok() && all.ok());
+    absl::StatusOr<TensorArg> sum_plus = tp.rank(r).Output(*step, "sum_plus");
+    ASSERT_TRUE(sum.ok() && all.ok() && sum_plus.ok());
     std::vector<std::byte> got_sum(static_cast<size_t>(bytes)),
-        got_all(static_cast<size_t>(bytes * ranks));
+        got_all(static_cast<size_t>(bytes * ranks)), got_plus(static_cast<size_t>(bytes));
     ASSERT_TRUE(tp.rank(r).Copy(got_sum.data(), sum->data, bytes).ok());
     ASSERT_TRUE(tp.rank(r).Copy(got_all.data(), all->data, bytes * ranks).ok());
+    ASSERT_TRUE(tp.rank(r).Copy(got_plus.data(), sum_plus->data, bytes).ok());
     ASSERT_TRUE(tp.rank(r).Sync().ok());
-    std::vector<float> want, got;
+    std::vector<float> want, got, want_plus, got_plus_f;
     for (int64_t i = 0; i < m * n; ++i) {
       float s = 0.0f;
       for (int q = 0; q < ranks; ++q) s += LoadElement(host[q].data(), t, i);
       want.push_back(RoundTo(t, s));
       got.push_back(LoadElement(got_sum.data(), t, i));
+      // The rounded sum plus this rank's residual, rounded again.
+      want_plus.push_back(RoundTo(t, RoundTo(t, s) + LoadElement(res_host[r].data(), t, i)));
+      got_plus_f.push_back(LoadElement(got_plus.data(), t, i));
     }
     EXPECT_LE(testing::NormalizedError(got, want), tolerance) << "rank " << r;
+    EXPECT_LE(testing::NormalizedError(got_plus_f, want_plus), tolerance) << "rank " << r;
     for (int64_t i = 0; i < m; ++i) {
       for (int q = 0; q < ranks; ++q) {
         EXPECT_EQ(std::memcmp(got_all.data() + (i * ranks + q) * n * DTypeBytes(t),

@@ -183,6 +183,12 @@ std::vector<OpCase> ConformanceCases() {
                b.Output("out", b.AllReduce(b.Input("x", t, {rows, h}), 1));
              },
              .tolerance = 0.0});
+        add({.name = Name("AllReduceResidual", t, shape),
+             .build = [=](GraphBuilder& b) {
+               b.Output("out", b.AllReduce(b.Input("x", t, {rows, h}), 1, {},
+                                           b.Input("r", t, {rows, h})));
+             },
+             .tolerance = 0.0});
         add({.name = Name("AllGather", t, shape),
              .build = [=](GraphBuilder& b) {
                b.Output("out", b.AllGather(b.Input("x", t, {rows, h}), 1));

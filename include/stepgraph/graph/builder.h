@@ -107,7 +107,9 @@ class GraphBuilder {
   TensorId MoeMatMul(TensorId x, TensorId w, TensorId ids, absl::string_view name = {});
   TensorId MoeCombine(TensorId y, TensorId weights, TensorId ids, absl::string_view name = {});
   // Collectives over a group of `ranks` ranks (tensor parallel; docs/parallel.md).
-  TensorId AllReduce(TensorId x, int32_t ranks, absl::string_view name = {});
+  // With a valid `residual`: Add(residual, AllReduce(x)) in one node (ops.h).
+  TensorId AllReduce(TensorId x, int32_t ranks, absl::string_view name = {},
+                     TensorId residual = {});
   TensorId AllGather(TensorId x, int32_t ranks, absl::string_view name = {});
 
   // Marks `t` as a result the caller reads after a step. Output names are unique.

@@ -326,8 +326,12 @@ inline constexpr int32_t kMaxRanks = 64;
 
 // x[M,N] float -> [M,N]: on every rank, the sum over the ranks of their x, added in f32 in
 // rank order and rounded once to x's dtype (so every rank holds the same bits).
+// With `residual`, a second input r[M,N] of x's dtype (the same on every rank) is added to
+// that rounded sum and the result rounded again: Add(r, AllReduce(x)) in one node, as the
+// all_reduce_add pass makes it (bit for bit the two nodes it replaces).
 struct AllReduce {
   int32_t ranks = 1;
+  bool residual = false;
 };
 
 // x[M,N] float -> [M, N·ranks]: out[i, r·N + j] = rank r's x[i, j] on every rank (each

@@ -12,6 +12,8 @@
 //                      the kRopeKvWrite epilogue
 //   gate_up_silu_mul   MatMul(gate), MatMul(up), SiluMul -> FusedMatMul with kSiluMul
 //   residual_add       MatMul then Add(residual, ·) -> FusedMatMul with kAdd
+//   all_reduce_add     AllReduce then Add(residual, ·) -> AllReduce with the residual
+//                      (tensor parallel: the sum of o's and down's partial sums)
 //   norm_into_matmul   RmsNorm read only by matmuls -> each matmul normalises its input
 //   lm_head_argmax     MatMul then Argmax -> FusedMatMul with kArgmax, when the logits are
 //                      not a graph output (or are listed in PassOptions::unread_outputs)
