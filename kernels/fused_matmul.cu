@@ -167,13 +167,19 @@ __device__ __forceinline__ void AccumulateUnits(const FusedMatmulArgs& a, int64_
   int64_t slot = u0 * kParts + threadIdx.x;  // unit slot / kParts, part slot % kParts
   // As the float path: at M = 1 the first units of constant weights are asked for before
   // the wait.
+  // A thread of the four that share a unit loads only the quants of its part of it.
+  auto load = [&](int c, int64_t t) {
+    if constexpr (kParts > 1) {
+      return Q::LoadPart(base[c], blocks[c], first[c] + t, part);
+    } else {
+      return Q::Load(base[c], blocks[c], first[c] + t);
+    }
+  };
   typename Q::Unit wu[kFusedCols];
   const bool preloaded = kRows == 1 && a.weights_constant && slot < end;
   if (preloaded) {
 #pragma unroll
-    for (int c = 0; c < kFusedCols; ++c) {
-      wu[c] = Q::Load(base[c], blocks[c], first[c] + slot / kParts);
-    }
+    for (int c = 0; c < kFusedCols; ++c) wu[c] = load(c, slot / kParts);
   }
   AwaitPrerequisiteGrids();
 
@@ -188,7 +194,7 @@ __device__ __forceinline__ void AccumulateUnits(const FusedMatmulArgs& a, int64_
     const int64_t t = slot / kParts;
     if (!loaded) {
 #pragma unroll
-      for (int c = 0; c < kFusedCols; ++c) wu[c] = Q::Load(base[c], blocks[c], first[c] + t);
+      for (int c = 0; c < kFusedCols; ++c) wu[c] = load(c, t);
     }
 #pragma unroll
     for (int jj = 0; jj < quant::kUnitElems / 8 / kParts; ++jj) {

@@ -400,15 +400,19 @@ TEST(QuantDeviceLayoutTest, ReadersGiveTheReferenceValues) {
     std::vector<float> want(static_cast<size_t>(k)), got(static_cast<size_t>(k));
     for (int64_t r = 0; r < rows; ++r) {
       ASSERT_TRUE(DequantizeRow(q, file.data() + r * row_bytes, want.data(), k));
-      // The readings of the CUDA-core kernels (eights) and of the tensor-core one (quarters).
-      for (bool quarters : {false, true}) {
+      // The readings of the CUDA-core kernels (eights of a unit loaded whole, or each eight
+      // from its part's load) and of the tensor-core one (quarters).
+      using kernels::DeviceLayoutReading;
+      for (const auto& [reading, name] :
+           {std::pair{DeviceLayoutReading::kEights, "eights"},
+            std::pair{DeviceLayoutReading::kParts, "parts"},
+            std::pair{DeviceLayoutReading::kQuarters, "quarters"}}) {
         std::fill(got.begin(), got.end(), std::nanf(""));
         ASSERT_TRUE(kernels::DequantizeDeviceLayoutRow(q, device.data(), blocks, r, k,
-                                                       got.data(), quarters));
+                                                       got.data(), reading));
         for (int64_t i = 0; i < k; ++i) {
           ASSERT_EQ(std::memcmp(&got[i], &want[i], 4), 0)
-              << (quarters ? "quarters" : "eights") << " row " << r << " value " << i << ": "
-              << got[i] << " != " << want[i];
+              << name << " row " << r << " value " << i << ": " << got[i] << " != " << want[i];
         }
       }
     }
