@@ -552,7 +552,6 @@ PreparedOr Prepare(const ops::MatMul& op, const CudaPrepareContext& c) {
                    w.kind == TensorKind::kWeight, c.info.sm_count)) {
       state->path = MatmulPath::kBlockFused;
       state->fused = *fused;
-      state->fused.walk = BlockUnitWalkFor(c.options);
     }
     return Keep(std::move(state));
   }
