@@ -890,6 +890,17 @@ int FusedSplitsFor(const FusedMatmulArgs& a, int sm_count) {
   return static_cast<int>(std::clamp<int64_t>(want, 1, std::min<int64_t>(most, 16)));
 }
 
+bool FusedWideFitsOneWave(const FusedMatmulArgs& a, int sm_count) {
+  if (a.m != 1 || a.splits < 1 || a.k <= 0 || sm_count <= 0) return false;
+  const int64_t per_split = CeilDiv(a.k / quant::kUnitElems, a.splits);
+  const int64_t warps =
+      std::clamp<int64_t>(CeilDiv(per_split * (quant::kUnitElems / 8), kWarpSize), 1, kMaxWarps);
+  const int64_t threads = warps * kWarpSize;
+  // An SM holds 2048 threads and 65536 registers.
+  const int64_t per_sm = std::min<int64_t>(2048 / threads, 65536 / (threads * 64));
+  return FusedColumnBlocks(a) * a.splits <= per_sm * sm_count;
+}
+
 cudaError_t LaunchFusedMatmul(const FusedMatmulArgs& a, Stream stream) {
   if (a.m < 1 || a.k <= 0 || a.weights < 1 || a.weights > kFusedMaxWeights || a.splits < 1 ||
       a.x == nullptr || a.y == nullptr) {
