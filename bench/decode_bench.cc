@@ -560,7 +560,8 @@ int main(int argc, char** argv) {
   // The 32-value formats' walks of the CUDA-core block kernel (CudaOptions::block_unit_walk).
   for (const auto& [walk, walk_name] :
        {std::pair{sg::BlockUnitWalkOption::kSerial, "serial"},
-        std::pair{sg::BlockUnitWalkOption::kWide, "wide"}}) {
+        std::pair{sg::BlockUnitWalkOption::kWide, "wide"},
+        std::pair{sg::BlockUnitWalkOption::kByWidth, "by_width"}}) {
     for (const auto format : {sg::testing::MatrixFormat::kQ4_0, sg::testing::MatrixFormat::kQ8_0}) {
       benchmark::RegisterBenchmark(
           absl::StrCat("QuantWalk/", sg::QuantName(format, true), "/", walk_name, "/pos:100")

@@ -167,13 +167,19 @@ __device__ __forceinline__ void AccumulateUnits(const FusedMatmulArgs& a, int64_
   int64_t slot = u0 * kParts + threadIdx.x;  // unit slot / kParts, part slot % kParts
   // As the float path: at M = 1 the first units of constant weights are asked for before
   // the wait.
+  // A thread of the four that share a unit loads only the quants of its part of it.
+  auto load = [&](int c, int64_t t) {
+    if constexpr (kParts > 1) {
+      return Q::LoadPart(base[c], blocks[c], first[c] + t, part);
+    } else {
+      return Q::Load(base[c], blocks[c], first[c] + t);
+    }
+  };
   typename Q::Unit wu[kFusedCols];
   const bool preloaded = kRows == 1 && a.weights_constant && slot < end;
   if (preloaded) {
 #pragma unroll
-    for (int c = 0; c < kFusedCols; ++c) {
-      wu[c] = Q::Load(base[c], blocks[c], first[c] + slot / kParts);
-    }
+    for (int c = 0; c < kFusedCols; ++c) wu[c] = load(c, slot / kParts);
   }
   AwaitPrerequisiteGrids();
 
@@ -188,7 +194,7 @@ __device__ __forceinline__ void AccumulateUnits(const FusedMatmulArgs& a, int64_
     const int64_t t = slot / kParts;
     if (!loaded) {
 #pragma unroll
-      for (int c = 0; c < kFusedCols; ++c) wu[c] = Q::Load(base[c], blocks[c], first[c] + t);
+      for (int c = 0; c < kFusedCols; ++c) wu[c] = load(c, t);
     }
 #pragma unroll
     for (int jj = 0; jj < quant::kUnitElems / 8 / kParts; ++jj) {
@@ -882,6 +888,17 @@ int FusedSplitsFor(const FusedMatmulArgs& a, int sm_count) {
   const int64_t want = CeilDiv(2 * static_cast<int64_t>(sm_count), blocks);
   const int64_t most = std::max<int64_t>(1, a.k / 512);
   return static_cast<int>(std::clamp<int64_t>(want, 1, std::min<int64_t>(most, 16)));
+}
+
+bool FusedWideFitsOneWave(const FusedMatmulArgs& a, int sm_count) {
+  if (a.m != 1 || a.splits < 1 || a.k <= 0 || sm_count <= 0) return false;
+  const int64_t per_split = CeilDiv(a.k / quant::kUnitElems, a.splits);
+  const int64_t warps =
+      std::clamp<int64_t>(CeilDiv(per_split * (quant::kUnitElems / 8), kWarpSize), 1, kMaxWarps);
+  const int64_t threads = warps * kWarpSize;
+  // An SM holds 2048 threads and 65536 registers.
+  const int64_t per_sm = std::min<int64_t>(2048 / threads, 65536 / (threads * 64));
+  return FusedColumnBlocks(a) * a.splits <= per_sm * sm_count;
 }
 
 cudaError_t LaunchFusedMatmul(const FusedMatmulArgs& a, Stream stream) {

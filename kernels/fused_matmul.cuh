@@ -133,6 +133,10 @@ int64_t FusedColumnBlocks(const FusedMatmulArgs& a);
 // at least 512 elements of K.
 int FusedSplitsFor(const FusedMatmulArgs& a, int sm_count);
 
+// Whether `a` (one row, its splits set) walked kWide runs its blocks in one wave of
+// sm_count SMs, taking the kernel's one-row registers as at most 64 a thread.
+bool FusedWideFitsOneWave(const FusedMatmulArgs& a, int sm_count);
+
 // Any m >= 1: launches of at most kFusedMaxRows rows (block formats: 8, 4, 2 or 1 rows
 // each, the row counts their kernel is compiled for). cudaErrorInvalidValue for
 // inconsistent arguments; cudaErrorMisalignedAddress for a block-format weight not 16-byte

@@ -280,7 +280,9 @@ SG_QB_UNROLL
 // Format<t>: kElems, kBytes (as stepgraph/base/quant.h), kUnits = kElems / 32 per block,
 // kPlane0 (bytes of the first plane per block); Unit Load(base, blocks, g): unit g of the
 // tensor (g = row · units per row + unit in the row) of a tensor of `blocks` blocks in the
-// device layout at `base` (16-byte aligned). A unit is read factored: Unit::Codes8(j, c)
+// device layout at `base` (16-byte aligned); for the 32-value formats also LoadPart(base,
+// blocks, g, j), the same unit with only the quant bytes Codes8(j) reads loaded (8 of them),
+// for a thread that multiplies values 8j .. 8j+7 alone. A unit is read factored: Unit::Codes8(j, c)
 // gives the codes of values 8j .. 8j+7 as exact floats (the format's offset subtracted),
 // Scale(j) and, where kHasMin, Min(j) the run's scale and min (j a constant once unrolled,
 // or a lane's part of the unit known at run time); value = AddRn(MulRn(Scale, code), Min),
@@ -335,6 +337,15 @@ struct Format<DType::kQ8_0> {
     u.d = F16(Load2(base + 32 * blocks + 2 * g));
     return u;
   }
+  // Only what Codes8(j) reads: bytes 8j .. 8j+7, in every word Codes8 may pick for any j.
+  SG_QB static Unit LoadPart(const uint8_t* base, int64_t blocks, int64_t g, int j) {
+    Unit u;
+    const uint2 v = LoadQuants8(base + 32 * g + 8 * j);
+    u.q[0] = uint4{v.x, v.y, v.x, v.y};
+    u.q[1] = u.q[0];
+    u.d = F16(Load2(base + 32 * blocks + 2 * g));
+    return u;
+  }
 };
 
 // Q4_0, Q4_1, Q5_0, Q5_1: one unit per block.
@@ -358,8 +369,22 @@ struct Format32 {
     }
   };
   SG_QB static Unit Load(const uint8_t* base, int64_t blocks, int64_t g) {
-    Unit u;
+    Unit u = LoadScales(base, blocks, g);
     u.q = LoadQuants16(base + 16 * g);
+    return u;
+  }
+  // Only what Codes8(j) reads: the 8 quant bytes 8(j & 1) .. (values 8j .. 8j+7 are their
+  // low or high nibbles), in both word pairs Nibbles8 may pick, and the unit's scales and
+  // high bits.
+  SG_QB static Unit LoadPart(const uint8_t* base, int64_t blocks, int64_t g, int j) {
+    Unit u = LoadScales(base, blocks, g);
+    const uint2 v = LoadQuants8(base + 16 * g + 8 * (j & 1));
+    u.q = uint4{v.x, v.y, v.x, v.y};
+    return u;
+  }
+  // The unit's fields after its quants: high bits, scale and min.
+  SG_QB static Unit LoadScales(const uint8_t* base, int64_t blocks, int64_t g) {
+    Unit u;
     const uint8_t* after = base + 16 * blocks;
     u.qh = 0;
     if constexpr (kFive) {

@@ -126,7 +126,8 @@ bool RepackBlocksForDevice(DType t, int64_t blocks, const void* src, void* dst) 
 }
 
 bool DequantizeDeviceLayoutRow(DType t, const void* device_layout, int64_t blocks, int64_t row,
-                               int64_t k, float* out, bool by_quarters) {
+                               int64_t k, float* out, DeviceLayoutReading reading) {
+  const bool by_quarters = reading == DeviceLayoutReading::kQuarters;
   if (!IsQuantized(t) || k <= 0 || k % DTypeBlockElems(t) != 0 || row < 0 ||
       (row + 1) * (k / DTypeBlockElems(t)) > blocks) {
     return false;
@@ -140,6 +141,13 @@ bool DequantizeDeviceLayoutRow(DType t, const void* device_layout, int64_t block
              float* v = out + 32 * u;
              for (int j = 0; j < 4 && !by_quarters; ++j) {
                float eight[8];
+               if constexpr (Q::kUnits == 1) {
+                 if (reading == DeviceLayoutReading::kParts) {
+                   Q::LoadPart(base, blocks, row * units + u, j).Values8(j, eight);
+                   std::memcpy(v + 8 * j, eight, sizeof(eight));
+                   continue;
+                 }
+               }
                unit.Values8(j, eight);
                std::memcpy(v + 8 * j, eight, sizeof(eight));
              }

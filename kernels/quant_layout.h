@@ -17,12 +17,18 @@ namespace sg::kernels {
 // block format or blocks < 0.
 bool RepackBlocksForDevice(DType t, int64_t blocks, const void* src, void* dst);
 
+// How DequantizeDeviceLayoutRow reads a unit: kEights, Load then Values8 of each eight;
+// kParts, each eight from its own LoadPart (the 32-value formats; the others as kEights);
+// kQuarters, the tensor-core kernel's QuadCodes.
+enum class DeviceLayoutReading { kEights, kParts, kQuarters };
+
 // out[0 .. k) = row `row` of a [rows, k] tensor of `blocks` = rows · k / DTypeBlockElems(t)
 // blocks held at `device_layout` (host memory) in the device layout, dequantized by the
-// kernels' own readers: Values8, or with `by_quarters` the tensor-core kernel's QuadCodes.
-// False for a dtype that is no block format or sizes out of range.
+// kernels' own readers, as `reading` says. False for a dtype that is no block format or
+// sizes out of range.
 bool DequantizeDeviceLayoutRow(DType t, const void* device_layout, int64_t blocks, int64_t row,
-                               int64_t k, float* out, bool by_quarters = false);
+                               int64_t k, float* out,
+                               DeviceLayoutReading reading = DeviceLayoutReading::kEights);
 
 }  // namespace sg::kernels
 

@@ -441,8 +441,9 @@ kernels::BlockMmaShape BlockMmaShapeFor(const CudaOptions& options) {
 kernels::FusedUnitWalk BlockUnitWalkFor(const CudaOptions& options) {
   static_assert(static_cast<int>(BlockUnitWalkOption::kWide) ==
                 static_cast<int>(kernels::FusedUnitWalk::kWide) + 1);
-  if (options.block_unit_walk == BlockUnitWalkOption::kAuto) {
-    return kernels::FusedArgsDefaultWalk();
+  if (options.block_unit_walk == BlockUnitWalkOption::kAuto ||
+      options.block_unit_walk == BlockUnitWalkOption::kByWidth) {
+    return kernels::FusedArgsDefaultWalk();  // kByWidth: resolved per node (fused.cc)
   }
   return static_cast<kernels::FusedUnitWalk>(static_cast<int>(options.block_unit_walk) - 1);
 }

@@ -20,6 +20,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/block_mma.cuh"
+#include "kernels/fused_matmul.cuh"
 #include "kernels/quant_layout.h"
 #include "stepgraph/base/quant.h"
 #include "stepgraph/dispatch/cuda_dispatch.h"
@@ -400,15 +401,19 @@ TEST(QuantDeviceLayoutTest, ReadersGiveTheReferenceValues) {
     std::vector<float> want(static_cast<size_t>(k)), got(static_cast<size_t>(k));
     for (int64_t r = 0; r < rows; ++r) {
       ASSERT_TRUE(DequantizeRow(q, file.data() + r * row_bytes, want.data(), k));
-      // The readings of the CUDA-core kernels (eights) and of the tensor-core one (quarters).
-      for (bool quarters : {false, true}) {
+      // The readings of the CUDA-core kernels (eights of a unit loaded whole, or each eight
+      // from its part's load) and of the tensor-core one (quarters).
+      using kernels::DeviceLayoutReading;
+      for (const auto& [reading, name] :
+           {std::pair{DeviceLayoutReading::kEights, "eights"},
+            std::pair{DeviceLayoutReading::kParts, "parts"},
+            std::pair{DeviceLayoutReading::kQuarters, "quarters"}}) {
         std::fill(got.begin(), got.end(), std::nanf(""));
         ASSERT_TRUE(kernels::DequantizeDeviceLayoutRow(q, device.data(), blocks, r, k,
-                                                       got.data(), quarters));
+                                                       got.data(), reading));
         for (int64_t i = 0; i < k; ++i) {
           ASSERT_EQ(std::memcmp(&got[i], &want[i], 4), 0)
-              << (quarters ? "quarters" : "eights") << " row " << r << " value " << i << ": "
-              << got[i] << " != " << want[i];
+              << name << " row " << r << " value " << i << ": " << got[i] << " != " << want[i];
         }
       }
     }
@@ -538,6 +543,32 @@ TEST(BlockMmaSizesTest, TermsScratchSplitsAndRefusals) {
   a.dtype = DType::kBF16;
   a.terms = 3;  // bf16 x: 1
   EXPECT_EQ(kernels::LaunchBlockMma(a, {}), cudaErrorInvalidValue);
+}
+
+// CudaOptions::block_unit_walk's kByWidth takes the wide walk where its blocks fit one
+// wave: at the 1B shape on 132 SMs the o projection (512 column blocks of 256 threads, 4
+// an SM) and not q/k/v (768) or gate/up.
+TEST(FusedWalkTest, WideWhereOneWaveHoldsTheBlocks) {
+  kernels::FusedMatmulArgs a;
+  a.m = 1;
+  a.k = 2048;
+  a.w_dtype[0] = DType::kQ4_0;
+  a.n[0] = 2048;
+  a.splits = kernels::FusedSplitsFor(a, 132);
+  EXPECT_TRUE(kernels::FusedWideFitsOneWave(a, 132));
+  EXPECT_FALSE(kernels::FusedWideFitsOneWave(a, 100));  // 512 blocks, 400 at once
+  a.weights = 3;
+  a.n[1] = a.n[2] = 512;
+  a.w_dtype[1] = a.w_dtype[2] = DType::kQ4_0;
+  a.splits = kernels::FusedSplitsFor(a, 132);
+  EXPECT_FALSE(kernels::FusedWideFitsOneWave(a, 132));
+  a.weights = 2;
+  a.n[0] = a.n[1] = 8192;
+  a.epilogue = kernels::FusedEpilogue::kSiluMul;
+  a.splits = kernels::FusedSplitsFor(a, 132);
+  EXPECT_FALSE(kernels::FusedWideFitsOneWave(a, 132));
+  a.m = 2;  // one row only
+  EXPECT_FALSE(kernels::FusedWideFitsOneWave(a, 132));
 }
 
 // The cases exist whether or not a device does: a build that lost them would pass

@@ -43,8 +43,10 @@ enum class BlockMmaShapeOption : uint8_t { kAuto, kDecode, kPrefill, kStaged };
 
 // How the CUDA-core block kernel's threads walk the units of 32-value formats at one row
 // (kernels/fused_matmul.cuh's FusedUnitWalk, in the same order after kAuto): kAuto is
-// the kernel's default (serial); the others force one, for benchmarks.
-enum class BlockUnitWalkOption : uint8_t { kAuto, kSerial, kWide };
+// the kernel's default (serial); kSerial and kWide force one, for benchmarks; kByWidth
+// takes kWide for a FusedMatMul whose wide launch fits one wave of the GPU (the narrow
+// projections) and kSerial elsewhere.
+enum class BlockUnitWalkOption : uint8_t { kAuto, kSerial, kWide, kByWidth };
 
 struct CudaOptions {
   MatmulPolicy matmul = MatmulPolicy::kAuto;
