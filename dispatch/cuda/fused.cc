@@ -200,8 +200,9 @@ PreparedOr Prepare(const ops::FusedMatMul& op, const CudaPrepareContext& c) {
     a.mma_scratch = static_cast<char*>(workspace) + ws.partial_bytes;
   }
   a.splits = mma ? 1 : kernels::FusedSplitsFor(a, c.info.sm_count);
-  if (c.options.block_unit_walk == BlockUnitWalkOption::kByWidth &&
-      kernels::FusedWideFitsOneWave(a, c.info.sm_count)) {
+  const bool by_width = c.options.block_unit_walk == BlockUnitWalkOption::kByWidth ||
+                        c.options.block_unit_walk == BlockUnitWalkOption::kAuto;
+  if (by_width && kernels::FusedWideFitsOneWave(a, c.info.sm_count)) {
     a.walk = kernels::FusedUnitWalk::kWide;
   }
   const int64_t blocks = kernels::FusedColumnBlocks(a);

@@ -443,7 +443,7 @@ kernels::FusedUnitWalk BlockUnitWalkFor(const CudaOptions& options) {
                 static_cast<int>(kernels::FusedUnitWalk::kWide) + 1);
   if (options.block_unit_walk == BlockUnitWalkOption::kAuto ||
       options.block_unit_walk == BlockUnitWalkOption::kByWidth) {
-    return kernels::FusedArgsDefaultWalk();  // kByWidth: resolved per node (fused.cc)
+    return kernels::FusedArgsDefaultWalk();  // both resolved per node (fused.cc)
   }
   return static_cast<kernels::FusedUnitWalk>(static_cast<int>(options.block_unit_walk) - 1);
 }

@@ -271,6 +271,22 @@ std::vector<OpCase> FusedCases() {
       cases.push_back(FusedRopeCase(2, 256, 2, 1, 64, false, true, q, q, t));
     }
   }
+  // The 32-value formats at one row: the shapes above fit one wave, where the default walk
+  // is wide (CudaOptions::block_unit_walk); the serial walk of the wider nodes, forced.
+  for (DType q : {DType::kQ8_0, DType::kQ4_0, DType::kQ4_1, DType::kQ5_0, DType::kQ5_1}) {
+    for (DType t : kFloatTypes) {
+      for (const FusedShape& f : {FusedShape{1, 512, {q, q, q}, {256, 64, 64}, true, Epilogue::kNone},
+                                  FusedShape{1, 2048, {q}, {64}, false, Epilogue::kAdd}}) {
+        OpCase c = FusedCase(f, t);
+        c.name += "/serial";
+        c.cuda_options = [](CudaOptions& o) {
+          o.block_mma_min_rows = 0;
+          o.block_unit_walk = BlockUnitWalkOption::kSerial;
+        };
+        cases.push_back(std::move(c));
+      }
+    }
+  }
   // Formats mixed in one op, as Q4_K_M (and the Q5_0/Q8_0 fallbacks) mix them.
   for (DType t : kFloatTypes) {
     cases.push_back(FusedRopeCase(1, 512, 4, 2, 32, true, false, DType::kQ4_K, DType::kQ6_K, t));
@@ -545,7 +561,7 @@ TEST(BlockMmaSizesTest, TermsScratchSplitsAndRefusals) {
   EXPECT_EQ(kernels::LaunchBlockMma(a, {}), cudaErrorInvalidValue);
 }
 
-// CudaOptions::block_unit_walk's kByWidth takes the wide walk where its blocks fit one
+// CudaOptions::block_unit_walk's kByWidth (and kAuto) takes the wide walk where its blocks fit one
 // wave: at the 1B shape on 132 SMs the o projection (512 column blocks of 256 threads, 4
 // an SM) and not q/k/v (768) or gate/up.
 TEST(FusedWalkTest, WideWhereOneWaveHoldsTheBlocks) {
@@ -576,7 +592,7 @@ TEST(FusedWalkTest, WideWhereOneWaveHoldsTheBlocks) {
 TEST(QuantConformanceCasesTest, EveryFormatAndDTypeIsCovered) {
   EXPECT_EQ(MatmulCases().size(), 8u * 3u * (5u + 5u + 4u + 1u));
   EXPECT_EQ(EmbeddingCases().size(), 8u * 3u * 3u);
-  EXPECT_EQ(FusedCases().size(), 8u * 3u * (7u + 2u) + 3u * 5u);
+  EXPECT_EQ(FusedCases().size(), 8u * 3u * (7u + 2u) + 5u * 3u * 2u + 3u * 5u);
   // Per format and x dtype: 6 shapes automatic, 3 of them in 3 forced block shapes, the
   // long one staged; and f32 x rounded to bf16 once.
   EXPECT_EQ(MmaMatmulCases().size(), 8u * (3u * (6u + 3u * 3u + 1u) + 1u));

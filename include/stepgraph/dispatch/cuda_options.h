@@ -42,10 +42,12 @@ absl::StatusOr<BlockGemmPrecision> ParseBlockGemmPrecision(absl::string_view nam
 enum class BlockMmaShapeOption : uint8_t { kAuto, kDecode, kPrefill, kStaged };
 
 // How the CUDA-core block kernel's threads walk the units of 32-value formats at one row
-// (kernels/fused_matmul.cuh's FusedUnitWalk, in the same order after kAuto): kAuto is
-// the kernel's default (serial); kSerial and kWide force one, for benchmarks; kByWidth
+// (kernels/fused_matmul.cuh's FusedUnitWalk, in the same order after kAuto): kByWidth
 // takes kWide for a FusedMatMul whose wide launch fits one wave of the GPU (the narrow
-// projections) and kSerial elsewhere.
+// projections: q/k/v, o) and kSerial elsewhere; kAuto is kByWidth, the fastest measured
+// (H200, 1B shape, f32 activations, decode_bench QuantWalk, 2026-11-29: Q4_0 step 0.758
+// ms by width against 0.779 serial and 0.989 wide; Q8_0 0.765 / 0.785 / 0.998); kSerial
+// and kWide force one, for benchmarks.
 enum class BlockUnitWalkOption : uint8_t { kAuto, kSerial, kWide, kByWidth };
 
 struct CudaOptions {
@@ -98,7 +100,8 @@ struct CudaOptions {
   // buffers; larger ones, and every one with 0, through NCCL. On 4 H100s (NVLink, 64 in a
   // chain, replayed, 2026-11-27) one-shot took 8.6 us for 4 and 8 KiB against NCCL's 9.1 and
   // 9.4, and lost from 16 KiB on (11.9 against 10.3); on 2 of them the two were equal at
-  // 8 KiB (6.6 us) and NCCL was 0.5 us faster at 4 KiB.
+  // 8 KiB (6.6 us) and NCCL was 0.5 us faster at 4 KiB. On 2 H200s (2026-11-29) one-shot
+  // won up to 16 KiB: 4.8 against 6.5 us at 8 KiB, 6.4 against 6.6 at 16.
   int64_t one_shot_all_reduce_bytes = int64_t{8} << 10;
 };
 
