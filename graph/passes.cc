@@ -429,16 +429,11 @@ absl::StatusOr<Graph> FuseAllReduceAdd(Editor e) {
       const int32_t r = e.Producer(node.inputs[side]);
       const auto* reduce = OpOf<ops::AllReduce>(e, r);
       if (reduce == nullptr || reduce->residual || !e.OnlyReadBy(node.inputs[side], s)) continue;
+      // Add's inputs share a dtype and shape, which are the AllReduce's x's.
       const Node& producer = e.nodes()[r];
-      const TensorId residual = node.inputs[1 - side];
-      const Tensor& x = e.tensor(producer.inputs[0]);
-      const Tensor& out = e.tensor(node.output);
-      if (e.tensor(residual).dtype != x.dtype || out.dtype != x.dtype ||
-          !(e.tensor(residual).shape == x.shape)) {
-        continue;
-      }
       const ops::AllReduce op{.ranks = reduce->ranks, .residual = true};
-      const absl::InlinedVector<TensorId, 4> inputs = {producer.inputs[0], residual};
+      const absl::InlinedVector<TensorId, 4> inputs = {producer.inputs[0],
+                                                       node.inputs[1 - side]};
       // The collective moves from r to s: nothing between may write what it reads, and
       // every rank moves it alike (the pass sees the same graph on each).
       if (e.WrittenBetween(r, s, inputs)) continue;

@@ -92,9 +92,10 @@ __global__ void __launch_bounds__(kThreads)
 bool OneShotFits(const void* x, const void* residual, const void* out, int64_t n, DType dtype,
                  const OneShotPeers& p) {
   const int64_t bytes = n * DTypeBytes(dtype);
-  return p.counts != nullptr && (residual == nullptr || Aligned16(residual)) && p.ranks >= 1 && p.ranks <= kOneShotMaxRanks && n > 0 &&
-         (dtype == DType::kF32 || dtype == DType::kBF16 || dtype == DType::kF16) && Aligned16(x) && Aligned16(out) && bytes % 16 == 0 &&
-         bytes <= p.slot_bytes;
+  return p.counts != nullptr && p.ranks >= 1 && p.ranks <= kOneShotMaxRanks && n > 0 &&
+         (dtype == DType::kF32 || dtype == DType::kBF16 || dtype == DType::kF16) &&
+         Aligned16(x) && Aligned16(out) && (residual == nullptr || Aligned16(residual)) &&
+         bytes % 16 == 0 && bytes <= p.slot_bytes;
 }
 
 cudaError_t LaunchOneShotAllReduce(const void* x, const void* residual, void* out, int64_t n,

@@ -65,6 +65,20 @@ absl::StatusOr<kernels::BlockMmaWorkspace> MmaWorkspace(const kernels::FusedMatm
   return ws;
 }
 
+// The walk of a block-format launch of one row whose splits are set
+// (CudaOptions::block_unit_walk): by width, wide where its blocks fit one wave.
+kernels::FusedUnitWalk UnitWalkFor(BlockUnitWalkOption option, const kernels::FusedMatmulArgs& a,
+                                   int sm_count) {
+  switch (option) {
+    case BlockUnitWalkOption::kSerial: return kernels::FusedUnitWalk::kSerial;
+    case BlockUnitWalkOption::kWide: return kernels::FusedUnitWalk::kWide;
+    case BlockUnitWalkOption::kAuto:
+    case BlockUnitWalkOption::kByWidth: break;
+  }
+  return kernels::FusedWideFitsOneWave(a, sm_count) ? kernels::FusedUnitWalk::kWide
+                                                    : kernels::FusedUnitWalk::kSerial;
+}
+
 }  // namespace
 
 absl::StatusOr<int64_t> FusedMmaWorkspaceBytes(const Graph& graph, const Node& node,
@@ -163,7 +177,6 @@ PreparedOr Prepare(const ops::FusedMatMul& op, const CudaPrepareContext& c) {
   a.weights = op.weights;
   a.epilogue = KernelEpilogue(op.epilogue);
   a.dtype = x.dtype;
-  a.walk = BlockUnitWalkFor(c.options);
   int64_t n_total = 0;
   a.weights_constant = true;  // while every weight so far is a graph Weight
   for (int g = 0; g < op.weights; ++g) {
@@ -200,11 +213,7 @@ PreparedOr Prepare(const ops::FusedMatMul& op, const CudaPrepareContext& c) {
     a.mma_scratch = static_cast<char*>(workspace) + ws.partial_bytes;
   }
   a.splits = mma ? 1 : kernels::FusedSplitsFor(a, c.info.sm_count);
-  const bool by_width = c.options.block_unit_walk == BlockUnitWalkOption::kByWidth ||
-                        c.options.block_unit_walk == BlockUnitWalkOption::kAuto;
-  if (by_width && kernels::FusedWideFitsOneWave(a, c.info.sm_count)) {
-    a.walk = kernels::FusedUnitWalk::kWide;
-  }
+  a.walk = UnitWalkFor(c.options.block_unit_walk, a, c.info.sm_count);
   const int64_t blocks = kernels::FusedColumnBlocks(a);
   const int64_t rows =
       std::min<int64_t>(a.m, mma ? kernels::kFusedMaxMmaRows : kernels::kFusedMaxRows);

@@ -438,16 +438,6 @@ kernels::BlockMmaShape BlockMmaShapeFor(const CudaOptions& options) {
   return static_cast<kernels::BlockMmaShape>(options.block_mma_shape);
 }
 
-kernels::FusedUnitWalk BlockUnitWalkFor(const CudaOptions& options) {
-  static_assert(static_cast<int>(BlockUnitWalkOption::kWide) ==
-                static_cast<int>(kernels::FusedUnitWalk::kWide) + 1);
-  if (options.block_unit_walk == BlockUnitWalkOption::kAuto ||
-      options.block_unit_walk == BlockUnitWalkOption::kByWidth) {
-    return kernels::FusedArgsDefaultWalk();  // both resolved per node (fused.cc)
-  }
-  return static_cast<kernels::FusedUnitWalk>(static_cast<int>(options.block_unit_walk) - 1);
-}
-
 int BlockMmaTermsFor(DType x_dtype, const CudaOptions& options) {
   return kernels::BlockMmaTerms(
       x_dtype, options.block_gemm_precision == BlockGemmPrecision::kBf16 ? 1 : 3);

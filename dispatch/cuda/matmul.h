@@ -20,7 +20,6 @@
 #include "absl/status/statusor.h"
 #include "dispatch/cuda/cuda_handles.h"
 #include "kernels/block_mma.cuh"
-#include "kernels/fused_matmul.cuh"
 #include "kernels/launch.h"
 #include "stepgraph/dispatch/cuda_dispatch.h"
 #include "stepgraph/dispatch/cuda_options.h"
@@ -85,9 +84,6 @@ int BlockMmaTermsFor(DType x_dtype, const CudaOptions& options);
 
 // The tensor-core block kernel's shape under `options` (kernels::BlockMmaShape).
 kernels::BlockMmaShape BlockMmaShapeFor(const CudaOptions& options);
-
-// The CUDA-core block kernel's walk under `options` (kernels::FusedUnitWalk).
-kernels::FusedUnitWalk BlockUnitWalkFor(const CudaOptions& options);
 
 // Bytes of the block workspace a FusedMatMul node takes on the tensor-core path (its
 // products, fused.cc); 0 for any other node or path. InvalidArgument when they overflow.

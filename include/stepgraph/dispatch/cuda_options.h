@@ -42,7 +42,7 @@ absl::StatusOr<BlockGemmPrecision> ParseBlockGemmPrecision(absl::string_view nam
 enum class BlockMmaShapeOption : uint8_t { kAuto, kDecode, kPrefill, kStaged };
 
 // How the CUDA-core block kernel's threads walk the units of 32-value formats at one row
-// (kernels/fused_matmul.cuh's FusedUnitWalk, in the same order after kAuto): kByWidth
+// (kernels/fused_matmul.cuh's FusedUnitWalk): kByWidth
 // takes kWide for a FusedMatMul whose wide launch fits one wave of the GPU (the narrow
 // projections: q/k/v, o) and kSerial elsewhere; kAuto is kByWidth, the fastest measured
 // (H200, 1B shape, f32 activations, decode_bench QuantWalk, 2026-11-29: Q4_0 step 0.758
