@@ -191,22 +191,32 @@ void TimeQuantSession(benchmark::State& state, std::unique_ptr<DecodeSession>& s
 
 // f32: the activations (and the KV cache) in f32, as a GGUF file with quantized matrices
 // computes; otherwise bf16.
+// row_kernel false: the lm head and the o projections on the kernels they took before the
+// one-row kernel (CudaOptions::block_row_min_cols and block_row_fused_max_k 0).
 void BM_Quant(benchmark::State& state, testing::MatrixFormat format, bool f32,
-              BlockUnitWalkOption walk) {
+              BlockUnitWalkOption walk, bool row_kernel) {
   SessionOptions o;
   o.max_slots = 1;
   o.buckets = {1};
   o.cuda.block_unit_walk = walk;
+  if (!row_kernel) {
+    o.cuda.block_row_min_cols = 0;
+    o.cuda.block_row_fused_max_k = 0;
+  }
   LlamaConfig base = Llama32_1BConfig();
   if (f32) base.dtype = DType::kF32;
   const std::string name = QuantName(format, f32);
-  TimeQuantSession(state, g->quant[absl::StrCat(name, "/", static_cast<int>(walk))],
+  TimeQuantSession(state,
+                   g->quant[absl::StrCat(name, "/", static_cast<int>(walk),
+                                         row_kernel ? "" : "/no_row")],
                    testing::WithMatrixDTypes(base,
                                              [format](const std::string& name) {
                                                return testing::MatrixDType(format, name);
                                              }),
                    o, 1);
-  if (walk == BlockUnitWalkOption::kAuto) g->quant_ms[name] = state.counters["median_ms"];
+  if (walk == BlockUnitWalkOption::kAuto && row_kernel) {
+    g->quant_ms[name] = state.counters["median_ms"];
+  }
 }
 
 // How a QuantBatch session runs its block-format matmuls.
@@ -552,7 +562,16 @@ int main(int argc, char** argv) {
         std::pair{sg::testing::MatrixFormat::kQ4KMix, true}}) {
     benchmark::RegisterBenchmark(
         absl::StrCat("Quant/", sg::QuantName(format, f32), "/pos:100").c_str(), sg::BM_Quant,
-        format, f32, sg::BlockUnitWalkOption::kAuto)
+        format, f32, sg::BlockUnitWalkOption::kAuto, true)
+        ->UseManualTime()
+        ->Iterations(sg::kSteps)
+        ->Unit(benchmark::kMicrosecond);
+  }
+  // The step without the one-row kernel.
+  for (const auto format : {sg::testing::MatrixFormat::kQ4_0, sg::testing::MatrixFormat::kQ4KMix}) {
+    benchmark::RegisterBenchmark(
+        absl::StrCat("QuantNoRow/", sg::QuantName(format, true), "/pos:100").c_str(),
+        sg::BM_Quant, format, true, sg::BlockUnitWalkOption::kAuto, false)
         ->UseManualTime()
         ->Iterations(sg::kSteps)
         ->Unit(benchmark::kMicrosecond);
@@ -566,7 +585,7 @@ int main(int argc, char** argv) {
       benchmark::RegisterBenchmark(
           absl::StrCat("QuantWalk/", sg::QuantName(format, true), "/", walk_name, "/pos:100")
               .c_str(),
-          sg::BM_Quant, format, true, walk)
+          sg::BM_Quant, format, true, walk, true)
           ->UseManualTime()
           ->Iterations(sg::kSteps)
           ->Unit(benchmark::kMicrosecond);

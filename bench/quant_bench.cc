@@ -148,6 +148,7 @@ enum class Kernel {
   kFused,      // the fused matmul on CUDA cores, split-K as the dispatcher picks it
   kFusedMma,   // the fused matmul on tensor cores: products (split-K), then the epilogue
   kPlainMma,   // the tensor-core kernel writing y itself (a MatMul's path, no split-K)
+  kRow,        // the one-row kernel (persistent warps; a MatMul's path for an lm head)
 };
 
 // One case: y[m, n] = x[m, k] · w[n, k]ᵀ with w in `w_dtype` (bf16: the small-M kernel),
@@ -264,6 +265,12 @@ absl::Status RunCase(benchmark::State& state, const std::string& name, DType w_d
       a.scratch = static_cast<uint8_t*>(workspace.get()) + plain_ws.partial_bytes;
       a.shape = plain_ws.shape;  // as the dispatcher launches it (kAuto resolved there)
       return ToStatus(kernels::LaunchBlockMma(a, stream), "block MMA launch");
+    }
+    if (kernel == Kernel::kRow) {
+      return ToStatus(kernels::LaunchQuantRowMatmul(set + x_off, set, w_dtype, nullptr,
+                                                    set + y_off, n, k, kT, true, SmCount(),
+                                                    stream),
+                      "row launch");
     }
     const cudaError_t e =
         IsQuantized(w_dtype)
@@ -404,6 +411,9 @@ int main(int argc, char** argv) {
       add(absl::StrCat("FusedF32/", sg::DTypeName(t), "/M=1 N=", s.n, " K=", s.k, " (", s.what,
                        ")"),
           t, s, Kernel::kFused, 1, sg::DType::kF32);
+      add(absl::StrCat("RowF32/", sg::DTypeName(t), "/M=1 N=", s.n, " K=", s.k, " (", s.what,
+                       ")"),
+          t, s, Kernel::kRow, 1, sg::DType::kF32);
       // The 32-value formats in each way of walking their units (FusedUnitWalk).
       if (sg::DTypeBlockElems(t) == 32) {
         using sg::kernels::FusedUnitWalk;

@@ -136,7 +136,146 @@ cudaError_t DispatchGroupRows(int64_t m, F&& f) {
 }
 static_assert(kQuantMatmulGroupRows == 8, "DispatchGroupRows tops out at 8");
 
+// ---- one row, many columns: persistent warps ---------------------------------------------
+//
+// QuantRowKernel: y[0, :] = x[0, :] · wᵀ for one row of x and an output too wide for one
+// wave of column blocks (an lm head). Each warp takes whole columns (rows of w), one after
+// another over a grid that just fills the GPU, and walks each in chunks of 64 units: lane
+// l takes units l and 32 + l of the chunk (each load of the warp 32 consecutive units).
+// While a lane multiplies one chunk it has already asked for the units of its next one,
+// so every lane keeps a chunk of loads in flight through the whole walk, where a block
+// that owns four columns waits for its loads once and is done. x is read once per block
+// into shared memory as f32, each unit's eight 16-byte chunks stored in the order
+// q ^ (unit & 7), so that the eight lanes of a quarter warp, reading chunk q of eight
+// consecutive units, hit different banks. Sums as the other kernels (Codes8, Scale, Min:
+// AccumulateUnit8), a warp reduction per column, one rounding to y's dtype (and, with a
+// residual, its sum with the rounded product rounded again, as FusedMatMul's add).
+constexpr int kRowWarps = 8;
+constexpr int kRowThreads = kRowWarps * kWarpSize;
+constexpr int kRowChunkUnits = 2 * kWarpSize;
+
+// Row x's values 8j .. 8j+7 of unit t from the staged copy.
+__device__ __forceinline__ void StagedX8(const float4* stage, int64_t t, int j, float (&out)[8]) {
+  const float4* unit = stage + t * 8;
+  const int swizzle = static_cast<int>(t & 7);
+  const float4 lo = unit[(2 * j) ^ swizzle], hi = unit[(2 * j + 1) ^ swizzle];
+  out[0] = lo.x, out[1] = lo.y, out[2] = lo.z, out[3] = lo.w;
+  out[4] = hi.x, out[5] = hi.y, out[6] = hi.z, out[7] = hi.w;
+}
+
+// Four blocks per SM (at most 64 registers a thread): without the bound the compiler took
+// 80 to 108 registers at f32 and every format ran slower, 1.1 to 2.1 times (H200, the 1B
+// lm head, both built side by side, 2026-11-29: Q4_0 76 against 127 us, Q8_0 85 against
+// 179, Q6_K 107 against 192).
+template <typename T, typename Q>
+__global__ void __launch_bounds__(kRowThreads, 4)
+    QuantRowKernel(const T* __restrict__ x, const uint8_t* __restrict__ w,
+                   const T* __restrict__ residual, T* __restrict__ y, int64_t n, int64_t k,
+                   bool vec_x, bool w_constant) {
+  extern __shared__ float4 row_x[];  // k / 32 units of 8 chunks
+  const int lane = threadIdx.x % kWarpSize;
+  const int64_t units = k / quant::kUnitElems;
+  const int64_t blocks = n * (k / Q::kElems);
+  const int64_t chunks = CeilDiv(units, int64_t{kRowChunkUnits});
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * kRowWarps;
+  int64_t col = static_cast<int64_t>(blockIdx.x) * kRowWarps + threadIdx.x / kWarpSize;
+  int64_t chunk = 0;
+
+  using Unit = typename Q::Unit;
+  // The units of (column c, chunk q) this lane takes; a unit past the row is not loaded.
+  auto load = [&](int64_t c, int64_t q, Unit (&u)[2]) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int64_t t = q * kRowChunkUnits + h * kWarpSize + lane;
+      if (t < units) u[h] = Q::Load(w, blocks, c * units + t);
+    }
+  };
+  Unit cur[2], next[2];
+  // Constant weights: the first chunk is asked for before the wait.
+  if (w_constant && col < n) load(col, 0, cur);
+  AwaitPrerequisiteGrids();
+  if (!w_constant && col < n) load(col, 0, cur);
+
+  for (int64_t i = threadIdx.x; i < units * 4; i += kRowThreads) {
+    const int64_t t = i >> 2;
+    const int j = static_cast<int>(i & 3);
+    float v[8];
+    quant::LoadX8(x + t * quant::kUnitElems + 8 * j, vec_x, v);
+    float4* unit = row_x + t * 8;
+    const int swizzle = static_cast<int>(t & 7);
+    unit[(2 * j) ^ swizzle] = make_float4(v[0], v[1], v[2], v[3]);
+    unit[(2 * j + 1) ^ swizzle] = make_float4(v[4], v[5], v[6], v[7]);
+  }
+  __syncthreads();
+
+  float acc = 0.0f;
+  while (col < n) {
+    int64_t next_col = col, next_chunk = chunk + 1;
+    if (next_chunk == chunks) {
+      next_chunk = 0;
+      next_col += warps;
+    }
+    if (next_col < n) load(next_col, next_chunk, next);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int64_t t = chunk * kRowChunkUnits + h * kWarpSize + lane;
+      if (t < units) {
+#pragma unroll
+        for (int j = 0; j < quant::kUnitElems / 8; ++j) {
+          float xf[1][8];
+          StagedX8(row_x, t, j, xf[0]);
+          float xsum[1];
+          if constexpr (Unit::kHasMin) quant::XSums8<1>(xf, xsum);
+          quant::AccumulateUnit8<1, 1>(cur[h], j, xf, xsum, &acc);
+        }
+      }
+    }
+    if (next_chunk == 0) {  // the column is done
+      const float total = WarpSum(acc);
+      if (lane == 0) {
+        // With a residual, as FusedMatMul's add: the product rounded first.
+        y[col] = residual == nullptr
+                     ? FromFloat<T>(total)
+                     : FromFloat<T>(ToFloat(residual[col]) + RoundTo<T>(total));
+      }
+      acc = 0.0f;
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) cur[h] = next[h];
+    col = next_col;
+    chunk = next_chunk;
+  }
+}
+
 }  // namespace
+
+cudaError_t LaunchQuantRowMatmul(const void* x, const void* w, DType w_dtype,
+                                 const void* residual, void* y, int64_t n, int64_t k,
+                                 DType dtype, bool w_constant, int sm_count, Stream stream) {
+  if (!QuantRowMatmulTakes(n, k, w_dtype) || sm_count <= 0) return cudaErrorInvalidValue;
+  if (!Aligned16(w)) return cudaErrorMisalignedAddress;
+  const size_t shared_bytes = static_cast<size_t>(k) * 4;
+  return DispatchFloat(dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const bool vec_x = Aligned16(x);
+    return quant::DispatchFormat(w_dtype, [&](auto format) {
+      using Q = decltype(format);
+      // As many blocks as fit the GPU at once, and no more than the columns need.
+      int per_sm = 0;
+      const cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+          &per_sm, QuantRowKernel<T, Q>, kRowThreads, shared_bytes);
+      if (e != cudaSuccess) return e;
+      const int64_t blocks =
+          std::min<int64_t>(std::max(per_sm, 1) * static_cast<int64_t>(sm_count),
+                            CeilDiv(n, int64_t{kRowWarps}));
+      return LaunchKernelShared(QuantRowKernel<T, Q>, dim3(static_cast<unsigned>(blocks)),
+                                dim3(kRowThreads), shared_bytes, stream,
+                                static_cast<const T*>(x), static_cast<const uint8_t*>(w),
+                                static_cast<const T*>(residual), static_cast<T*>(y), n, k,
+                                vec_x, w_constant);
+    });
+  });
+}
 
 cudaError_t LaunchQuantMatmul(const void* x, const void* w, DType w_dtype, const void* bias,
                               void* y, int64_t m, int64_t n, int64_t k, DType dtype,

@@ -29,6 +29,29 @@ cudaError_t LaunchQuantMatmul(const void* x, const void* w, DType w_dtype, const
                               void* y, int64_t m, int64_t n, int64_t k, DType dtype,
                               Stream stream);
 
+// The most K the one-row kernel takes (its x is held in shared memory as f32).
+inline constexpr int64_t kQuantRowMaxK = 10240;
+
+// Whether LaunchQuantRowMatmul takes w [n, k] in `w_dtype`: a block format, k a multiple
+// of its block and at most kQuantRowMaxK, n in [1, 2^31).
+constexpr bool QuantRowMatmulTakes(int64_t n, int64_t k, DType w_dtype) {
+  return IsQuantized(w_dtype) && n > 0 && n <= 0x7fffffff && k > 0 && k <= kQuantRowMaxK &&
+         k % DTypeBlockElems(w_dtype) == 0;
+}
+
+// y[1, n] = x[1, k] · w[n, k]ᵀ for one row of x (no bias), or with `residual` [1, n]
+// (nullable) y = residual + that product rounded to `dtype` (FusedMatMul's add epilogue);
+// w in block format `w_dtype` as
+// LaunchQuantMatmul takes it: a grid of persistent warps, each walking whole columns with
+// its next loads in flight, for outputs too wide for one wave of LaunchQuantMatmul's
+// column blocks (an lm head). w_constant: w is no kernel's output in the step (its first
+// loads may start before the wait on the kernel before). cudaErrorInvalidValue where
+// QuantRowMatmulTakes says no or sm_count < 1; cudaErrorMisalignedAddress for a w not
+// 16-byte aligned.
+cudaError_t LaunchQuantRowMatmul(const void* x, const void* w, DType w_dtype,
+                                 const void* residual, void* y, int64_t n, int64_t k,
+                                 DType dtype, bool w_constant, int sm_count, Stream stream);
+
 // out[i, :] = table[ids[i], :] dequantized and rounded to `out_dtype` (f32, bf16, f16),
 // bit for bit the CPU reference's row. table [vocab, hidden] in block format `table_dtype`.
 // An id outside [0, vocab) writes a zero row and raises kErrorTokenOutOfRange in

@@ -16,6 +16,7 @@
 #include "dispatch/cuda/rope.h"
 #include "kernels/block_mma.cuh"
 #include "kernels/fused_matmul.cuh"
+#include "kernels/quant_matmul.cuh"
 #include "stepgraph/base/status.h"
 #include "stepgraph/dispatch/cuda_dispatch.h"
 
@@ -26,6 +27,9 @@ namespace {
 struct FusedMatmulState final : PreparedState<FusedMatmulState> {
   kernels::FusedMatmulArgs launch;  // shapes, split and workspace; pointers bound at Run
   DeviceMemory workspace;
+  // The node runs the one-row kernel (TakesRowKernel) on a GPU of this many SMs.
+  bool row_kernel = false;
+  int sm_count = 0;
 };
 
 struct RopeKvWriteState final : PreparedState<RopeKvWriteState> {
@@ -50,6 +54,17 @@ bool TakesBlockMma(const ops::FusedMatMul& op, int64_t m, bool blocks,
                    const CudaOptions& options, const CudaDeviceInfo& info) {
   return blocks && !op.norm && options.block_mma_min_rows > 0 &&
          m >= options.block_mma_min_rows && kernels::BlockMmaRuns(info.compute_capability);
+}
+
+// Whether a FusedMatMul over x [m, k] and weights `w_dtype` runs the one-row kernel
+// (kernels/quant_matmul.cuh's LaunchQuantRowMatmul, CudaOptions::block_row_fused_max_k):
+// one row, one block-format weight, no folded norm, no epilogue but the residual add.
+bool TakesRowKernel(const ops::FusedMatMul& op, int64_t m, int64_t n, int64_t k,
+                    DType w_dtype, const CudaOptions& options) {
+  return m == 1 && op.weights == 1 && !op.norm &&
+         (op.epilogue == ops::FusedMatMul::Epilogue::kNone ||
+          op.epilogue == ops::FusedMatMul::Epilogue::kAdd) &&
+         k <= options.block_row_fused_max_k && kernels::QuantRowMatmulTakes(n, k, w_dtype);
 }
 
 // The tensor-core path's workspace for `a` (shapes set): its products (kept even when
@@ -196,6 +211,11 @@ PreparedOr Prepare(const ops::FusedMatMul& op, const CudaPrepareContext& c) {
     a.rope.head_dim = op.rope.head_dim;
     a.rope.interleaved = op.rope.interleaved;
   }
+  if (TakesRowKernel(op, a.m, a.n[0], a.k, a.w_dtype[0], c.options)) {
+    node_state->row_kernel = true;
+    node_state->sm_count = c.info.sm_count;
+    return Keep(std::move(node_state));
+  }
   // Block formats of enough rows: tensor cores, their products in the shared block
   // workspace (MatmulRunner::ReserveBlockGemm sized it), no split-K of the fused kernel.
   const bool mma = TakesBlockMma(op, a.m, IsQuantized(a.w_dtype[0]), c.options, c.info);
@@ -275,6 +295,12 @@ absl::Status CudaDispatch::Run(const ops::FusedMatMul& op, const NodeArgs& args)
     a.rope.error_flags = error_flags_;
   }
   a.y = args.output.data;
+  if (s->row_kernel) {
+    return ToStatus(kernels::LaunchQuantRowMatmul(a.x, a.w[0], a.w_dtype[0], a.residual, a.y,
+                                                  a.n[0], a.k, a.dtype, a.weights_constant,
+                                                  s->sm_count, launch()),
+                    "LaunchQuantRowMatmul");
+  }
   return ToStatus(kernels::LaunchFusedMatmul(a, launch()), "LaunchFusedMatmul");
 }
 

@@ -340,6 +340,10 @@ struct MatmulState final : PreparedState<MatmulState> {
   kernels::BlockMmaWorkspace mma;
   // kBlockFused: the launch but its pointers.
   kernels::FusedMatmulArgs fused;
+  // kBlockRow: whether w is a graph Weight (no kernel of the step writes it), and the
+  // GPU's SMs.
+  bool w_constant = false;
+  int sm_count = 0;
 };
 
 // Whether the block-format kernel takes x [m, k] with a w [n, k] in block format w_dtype:
@@ -526,7 +530,16 @@ PreparedOr Prepare(const ops::MatMul& op, const CudaPrepareContext& c) {
           65535 * kernels::kQuantMatmulGroupRows, ")"));
     }
     state->path = MatmulPath::kBlockFormat;
-    if (BlockMmaTakes(x.shape[0], w.shape[0], x.shape[1], x.dtype, w.dtype, c.options,
+    // The one-row kernel for a wide output (an lm head) in every format but Q5_K, whose
+    // fused kernel stays faster there (H200, 1B lm head, f32 x, 2026-11-29: 121 against
+    // 138 us; the others 76 to 116 us against 92 to 119 on the kernels they took before).
+    if (x.shape[0] == 1 && !op.has_bias && c.options.block_row_min_cols > 0 &&
+        w.shape[0] >= c.options.block_row_min_cols && w.dtype != DType::kQ5_K &&
+        kernels::QuantRowMatmulTakes(w.shape[0], w.shape[1], w.dtype)) {
+      state->path = MatmulPath::kBlockRow;
+      state->w_constant = w.kind == TensorKind::kWeight;
+      state->sm_count = c.info.sm_count;
+    } else if (BlockMmaTakes(x.shape[0], w.shape[0], x.shape[1], x.dtype, w.dtype, c.options,
                       c.info.compute_capability)) {
       state->path = MatmulPath::kBlockMma;
       state->mma_terms = BlockMmaTermsFor(x.dtype, c.options);
@@ -606,6 +619,12 @@ absl::Status CudaDispatch::Run(const ops::MatMul& op, const NodeArgs& args) {
     return ToStatus(kernels::LaunchQuantMatmul(x, w, s->w_dtype, bias, y, shape.m, shape.n,
                                                shape.k, shape.dtype, launch()),
                     "LaunchQuantMatmul");
+  }
+  if (s->path == internal::MatmulPath::kBlockRow) {
+    return ToStatus(kernels::LaunchQuantRowMatmul(x, w, s->w_dtype, nullptr, y, shape.n,
+                                                  shape.k, shape.dtype, s->w_constant,
+                                                  s->sm_count, launch()),
+                    "LaunchQuantRowMatmul");
   }
   if (s->path == internal::MatmulPath::kBlockFused) {
     kernels::FusedMatmulArgs a = s->fused;

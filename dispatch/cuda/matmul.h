@@ -34,6 +34,7 @@ enum class MatmulPath : uint8_t {
   kBlockGemm,
   kBlockMma,
   kBlockFused,  // one row of x, block weights wide enough to fill the GPU: the fused kernel
+  kBlockRow,    // one row of x, block weights at least block_row_min_cols wide
 };
 
 // What a plan is made for: everything cuBLASLt's choice of algorithm depends on.

@@ -73,8 +73,27 @@ std::vector<OpCase> MatmulCases() {
                .cuda_options = [](CudaOptions& o) {
                  o.block_gemm_min_rows = 0;
                  o.block_mma_min_rows = 0;
+                 o.block_row_min_cols = 0;
                }});
         }
+      }
+      // The one-row kernel (an lm head's path in every format but Q5_K), forced on
+      // narrow outputs: a chunk of 64 units exactly, lanes past the row (K of 3 blocks),
+      // three chunks with the last one partial, and more columns than the grid has warps
+      // at once.
+      const Mm row_shapes[] = {{2048, 512, false}, {3 * block, 33, false},
+                               {(block == 32 ? 144 : 18) * block, 300, false},
+                               {1024, 9000, false}};
+      for (const Mm& s : row_shapes) {
+        if (q == DType::kQ5_K) break;
+        cases.push_back(
+            {.name = absl::StrCat("MatMul/", DTypeName(q), "/", DTypeName(t), "/1x", s.k, "x",
+                                  s.n, "/row_kernel"),
+             .build = [=](GraphBuilder& b) {
+               b.Output("out", b.MatMul(b.Input("x", t, {1, s.k}), b.Weight("w", q, {s.n, s.k})));
+             },
+             .tolerance = Tol(t),
+             .cuda_options = [](CudaOptions& o) { o.block_row_min_cols = 1; }});
       }
     }
   }
@@ -189,8 +208,13 @@ struct FusedShape {
 };
 
 // The CUDA-core kernels, or with `mma` the tensor-core path from one row on.
+// The fused kernel on CUDA cores, or (mma) on tensor cores; never the one-row kernel,
+// whose cases force it (RowFusedCases).
 std::function<void(CudaOptions&)> BlockKernels(bool mma) {
-  return [mma](CudaOptions& o) { o.block_mma_min_rows = mma ? 1 : 0; };
+  return [mma](CudaOptions& o) {
+    o.block_mma_min_rows = mma ? 1 : 0;
+    o.block_row_fused_max_k = 0;
+  };
 }
 
 OpCase FusedCase(const FusedShape& f, DType t, bool mma = false) {
@@ -281,7 +305,25 @@ std::vector<OpCase> FusedCases() {
         c.name += "/serial";
         c.cuda_options = [](CudaOptions& o) {
           o.block_mma_min_rows = 0;
+          o.block_row_fused_max_k = 0;
           o.block_unit_walk = BlockUnitWalkOption::kSerial;
+        };
+        cases.push_back(std::move(c));
+      }
+    }
+  }
+  // The one-row kernel, which takes one-row FusedMatMuls of one weight with no norm and
+  // the add epilogue or none (the o projection) at K up to block_row_fused_max_k: the
+  // default options at K 2048, and forced at a K of 3 chunks, the last one partial.
+  for (DType q : kQuantTypes) {
+    for (DType t : kFloatTypes) {
+      for (const FusedShape& f : {FusedShape{1, 2048, {q}, {300}, false, Epilogue::kAdd},
+                                  FusedShape{1, 4608, {q}, {70}, false, Epilogue::kNone}}) {
+        OpCase c = FusedCase(f, t);
+        c.name += "/row_kernel";
+        c.cuda_options = [k = f.k](CudaOptions& o) {
+          o.block_mma_min_rows = 0;
+          if (k > 2048) o.block_row_fused_max_k = k;
         };
         cases.push_back(std::move(c));
       }
@@ -590,9 +632,11 @@ TEST(FusedWalkTest, WideWhereOneWaveHoldsTheBlocks) {
 // The cases exist whether or not a device does: a build that lost them would pass
 // silently on a GPU machine.
 TEST(QuantConformanceCasesTest, EveryFormatAndDTypeIsCovered) {
-  EXPECT_EQ(MatmulCases().size(), 8u * 3u * (5u + 5u + 4u + 1u));
+  // Per format and x dtype: 15 block-format shapes and rows; 4 on the one-row kernel for
+  // the formats whose lm head takes it (all but Q5_K).
+  EXPECT_EQ(MatmulCases().size(), 8u * 3u * (5u + 5u + 4u + 1u) + 7u * 3u * 4u);
   EXPECT_EQ(EmbeddingCases().size(), 8u * 3u * 3u);
-  EXPECT_EQ(FusedCases().size(), 8u * 3u * (7u + 2u) + 5u * 3u * 2u + 3u * 5u);
+  EXPECT_EQ(FusedCases().size(), 8u * 3u * (7u + 2u + 2u) + 5u * 3u * 2u + 3u * 5u);
   // Per format and x dtype: 6 shapes automatic, 3 of them in 3 forced block shapes, the
   // long one staged; and f32 x rounded to bf16 once.
   EXPECT_EQ(MmaMatmulCases().size(), 8u * (3u * (6u + 3u * 3u + 1u) + 1u));

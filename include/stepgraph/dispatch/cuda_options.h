@@ -95,6 +95,19 @@ struct CudaOptions {
   int64_t block_mma_min_rows = 4;
   BlockMmaShapeOption block_mma_shape = BlockMmaShapeOption::kAuto;
   BlockUnitWalkOption block_unit_walk = BlockUnitWalkOption::kAuto;
+  // A MatMul of one row of x (no bias) with a block-format w of at least this many
+  // columns (rows of w: an lm head), in any format but Q5_K, runs the one-row kernel
+  // (kernels/quant_matmul.cuh's LaunchQuantRowMatmul: persistent warps, each walking whole
+  // columns with its next loads in flight) instead of the fused or block-format kernel;
+  // 0: never. H200, the 1B lm head at f32 (quant_bench, 2026-11-29): Q4_0 76 us against 92,
+  // Q8_0 85 against 97, Q5_0 97 against 113; Q4_K and Q6_K equal; Q5_K 138 against 121.
+  int64_t block_row_min_cols = int64_t{32} << 10;
+  // A FusedMatMul of one row with one block-format weight, no folded norm and no epilogue
+  // but the residual add (the o projection) runs the one-row kernel when its K is at most
+  // this; 0: never. The 1B o projection (2048 x 2048): Q4_K 3.1 us against 4.6 on the
+  // fused kernel, Q6_K 2.9 against 3.3, Q8_0 2.6 against 3.9; the Q4_K_M step 0.890 ms
+  // against 0.910. Down (K 8192) is slower on it (Q4_0 8.8 against 7.2 us).
+  int64_t block_row_fused_max_k = 2048;
   // Tensor parallel: AllReduce of at most this many bytes runs as stepgraph's one-shot
   // kernel over NVLink peer memory (kernels/collectives.cuh) where the group has its
   // buffers; larger ones, and every one with 0, through NCCL. On 4 H100s (NVLink, 64 in a
