@@ -22,6 +22,7 @@
 #include "kernels/block_mma.cuh"
 #include "kernels/fused_matmul.cuh"
 #include "kernels/quant_layout.h"
+#include "kernels/quant_matmul.cuh"
 #include "stepgraph/base/quant.h"
 #include "stepgraph/dispatch/cuda_dispatch.h"
 #include "tests/testing/conformance.h"
@@ -483,6 +484,28 @@ TEST(QuantDeviceLayoutTest, ReadersGiveTheReferenceValues) {
 // The tensor-core kernel's host-side sizes, everywhere: the parts x is split into, its
 // scratch (x's parts of every row padded to 8, and the rows' sums per 32 values), the
 // split-K factor, and what the launcher refuses before it touches a device.
+// What the one-row kernel takes, and what its launcher refuses before it touches a device.
+TEST(QuantRowMatmulTest, TakesAndRefusals) {
+  EXPECT_TRUE(kernels::QuantRowMatmulTakes(128256, 2048, DType::kQ6_K));
+  EXPECT_TRUE(kernels::QuantRowMatmulTakes(1, kernels::kQuantRowMaxK, DType::kQ4_0));
+  EXPECT_FALSE(kernels::QuantRowMatmulTakes(1, kernels::kQuantRowMaxK + 32, DType::kQ4_0));
+  EXPECT_FALSE(kernels::QuantRowMatmulTakes(10, 96, DType::kQ4_K));  // not whole blocks
+  EXPECT_FALSE(kernels::QuantRowMatmulTakes(10, 2048, DType::kBF16));
+  EXPECT_FALSE(kernels::QuantRowMatmulTakes(0, 2048, DType::kQ8_0));
+  EXPECT_FALSE(kernels::QuantRowMatmulTakes(int64_t{1} << 31, 2048, DType::kQ8_0));
+  alignas(16) static float x[64], y[64];
+  alignas(16) static uint8_t w[1024];
+  EXPECT_EQ(kernels::LaunchQuantRowMatmul(x, w, DType::kQ8_0, nullptr, y, 4, 48, DType::kF32,
+                                          true, 132, kernels::Stream{}),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(kernels::LaunchQuantRowMatmul(x, w, DType::kQ8_0, nullptr, y, 4, 64, DType::kF32,
+                                          true, 0, kernels::Stream{}),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(kernels::LaunchQuantRowMatmul(x, w + 2, DType::kQ8_0, nullptr, y, 4, 64,
+                                          DType::kF32, true, 132, kernels::Stream{}),
+            cudaErrorMisalignedAddress);
+}
+
 TEST(BlockMmaSizesTest, TermsScratchSplitsAndRefusals) {
   EXPECT_EQ(kernels::BlockMmaTerms(DType::kBF16, 3), 1);
   EXPECT_EQ(kernels::BlockMmaTerms(DType::kF16, 3), 2);
