@@ -27,9 +27,8 @@ namespace {
 struct FusedMatmulState final : PreparedState<FusedMatmulState> {
   kernels::FusedMatmulArgs launch;  // shapes, split and workspace; pointers bound at Run
   DeviceMemory workspace;
-  // The node runs the one-row kernel (TakesRowKernel) on a GPU of this many SMs.
+  // The node runs the one-row kernel (TakesRowKernel).
   bool row_kernel = false;
-  int sm_count = 0;
 };
 
 struct RopeKvWriteState final : PreparedState<RopeKvWriteState> {
@@ -213,7 +212,6 @@ PreparedOr Prepare(const ops::FusedMatMul& op, const CudaPrepareContext& c) {
   }
   if (TakesRowKernel(op, a.m, a.n[0], a.k, a.w_dtype[0], c.options)) {
     node_state->row_kernel = true;
-    node_state->sm_count = c.info.sm_count;
     return Keep(std::move(node_state));
   }
   // Block formats of enough rows: tensor cores, their products in the shared block
@@ -298,7 +296,7 @@ absl::Status CudaDispatch::Run(const ops::FusedMatMul& op, const NodeArgs& args)
   if (s->row_kernel) {
     return ToStatus(kernels::LaunchQuantRowMatmul(a.x, a.w[0], a.w_dtype[0], a.residual, a.y,
                                                   a.n[0], a.k, a.dtype, a.weights_constant,
-                                                  s->sm_count, launch()),
+                                                  info_.sm_count, launch()),
                     "LaunchQuantRowMatmul");
   }
   return ToStatus(kernels::LaunchFusedMatmul(a, launch()), "LaunchFusedMatmul");

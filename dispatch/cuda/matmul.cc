@@ -340,10 +340,8 @@ struct MatmulState final : PreparedState<MatmulState> {
   kernels::BlockMmaWorkspace mma;
   // kBlockFused: the launch but its pointers.
   kernels::FusedMatmulArgs fused;
-  // kBlockRow: whether w is a graph Weight (no kernel of the step writes it), and the
-  // GPU's SMs.
+  // kBlockRow: whether w is a graph Weight (no kernel of the step writes it).
   bool w_constant = false;
-  int sm_count = 0;
 };
 
 // Whether the block-format kernel takes x [m, k] with a w [n, k] in block format w_dtype:
@@ -538,7 +536,6 @@ PreparedOr Prepare(const ops::MatMul& op, const CudaPrepareContext& c) {
         kernels::QuantRowMatmulTakes(w.shape[0], w.shape[1], w.dtype)) {
       state->path = MatmulPath::kBlockRow;
       state->w_constant = w.kind == TensorKind::kWeight;
-      state->sm_count = c.info.sm_count;
     } else if (BlockMmaTakes(x.shape[0], w.shape[0], x.shape[1], x.dtype, w.dtype, c.options,
                       c.info.compute_capability)) {
       state->path = MatmulPath::kBlockMma;
@@ -623,7 +620,7 @@ absl::Status CudaDispatch::Run(const ops::MatMul& op, const NodeArgs& args) {
   if (s->path == internal::MatmulPath::kBlockRow) {
     return ToStatus(kernels::LaunchQuantRowMatmul(x, w, s->w_dtype, nullptr, y, shape.n,
                                                   shape.k, shape.dtype, s->w_constant,
-                                                  s->sm_count, launch()),
+                                                  info_.sm_count, launch()),
                     "LaunchQuantRowMatmul");
   }
   if (s->path == internal::MatmulPath::kBlockFused) {
