@@ -10,8 +10,9 @@ prompt is prefilled with the inputs of every matmul treated as a mode says, then
 greedily in exact f32, and the ids are compared with the exact run's.
 
 Modes: f32 (exact; the baseline), f64 (the prompt in float64: differences of the size of
-f32 rounding, the noise any change of summation order makes), bf16x (x rounded to bf16,
-weights exact: the tensor-core block kernel with one part), bf16xw (x and weights rounded
+f32 rounding, the noise any change of summation order makes), bf16x2 (x as the sum of two
+bf16 parts, 16 significant bits, weights exact: the tensor-core block kernel with two
+parts), bf16x (x rounded to bf16, weights exact: the tensor-core block kernel with one part), bf16xw (x and weights rounded
 to bf16: the block GEMM through cuBLASLt), q8 (x quantized to int8 per 32 values with one
 scale, weights exact: how llama.cpp multiplies quantized weights).
 
@@ -160,6 +161,12 @@ def bf16(a):
     return u.astype(np.uint32).view(np.float32)
 
 
+def bf16x2(a):
+    """a as the sum of two bf16 parts (the first rounded, then what it left), as float32."""
+    hi = bf16(a)
+    return hi + bf16(np.asarray(a, dtype=np.float32) - hi)
+
+
 def q8(a):
     """a quantized per 32 values to int8 with one scale (max / 127), as float32."""
     s = a.reshape(a.shape[0], -1, 32)
@@ -171,6 +178,7 @@ def q8(a):
 MODES = {
     "f32": (lambda x, w: x.astype(np.float32) @ w.T, np.float32),
     "f64": (lambda x, w: x.astype(np.float64) @ w.T.astype(np.float64), np.float64),
+    "bf16x2": (lambda x, w: bf16x2(x) @ w.T, np.float32),
     "bf16x": (lambda x, w: bf16(x) @ w.T, np.float32),
     "bf16xw": (lambda x, w: bf16(x) @ bf16(w).T, np.float32),
     "q8": (lambda x, w: q8(x) @ w.T, np.float32),
@@ -202,7 +210,7 @@ def main():
         os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "stepgraph-test",
         "SmolLM2-135M-Instruct.Q4_1.gguf"))
     ap.add_argument("--tokens", type=int, default=64, help="greedy tokens a prompt (64)")
-    ap.add_argument("--modes", default="f64,bf16x,bf16xw,q8")
+    ap.add_argument("--modes", default="f64,bf16x2,bf16x,bf16xw,q8")
     ap.add_argument("--prompts", type=int, default=len(PROMPTS))
     args = ap.parse_args()
     model = Model(args.model)

@@ -21,8 +21,8 @@
 //                         <act>: bf16 activations, or f32 as GGUF files with quantized
 //                         matrices compute, with the block GEMM in f32, TF32 or bf16
 //                         (CudaOptions::block_gemm_precision); _mma: the tensor-core
-//                         kernel instead of the block GEMM (x in 3 bf16 parts, or 1 with
-//                         bf16 precision; _decode_shape: its blocks never in the staged
+//                         kernel instead of the block GEMM (x in 3 bf16 parts, 2 with
+//                         bf16x2 precision, 1 with bf16; _decode_shape: its blocks never in the staged
 //                         shape). Counters as Ttft's:
 //                         prefill tokens/s, TFLOP/s and of_matmul (over the bf16 rate).
 //   BlockMatMul/<fmt>/<path>/m:<m>
@@ -30,7 +30,8 @@
 //                         up, down; each layer its own weights, together beyond L2) at m
 //                         rows (4, 8, 16, 64, 512), one replayed step, CUDA events, median
 //                         of 20: <path> kernel (the block-format kernel, row groups of 8),
-//                         mma_f32[_bf16] (the tensor-core kernel, x in 3 bf16 parts or 1;
+//                         mma_f32[_bf16x2|_bf16] (the tensor-core kernel, x in 3, 2 or 1
+//                         bf16 parts;
 //                         _decode, _prefill, _staged: its block shape forced),
 //                         gemm_<x>_<precision> (the block GEMM: dequantized chunks through
 //                         cuBLASLt), and fmt bf16 for the same matmuls on bf16 weights.
@@ -328,6 +329,8 @@ void RegisterQuantCases() {
                                 QuantSetup{format, DType::kF32, BlockGemmPrecision::kF32, false,
                                            BlockMmaShapeOption::kDecode},
                                 QuantSetup{format, DType::kF32, BlockGemmPrecision::kBf16, false},
+                                QuantSetup{format, DType::kF32, BlockGemmPrecision::kBf16x2,
+                                           false},
                                 QuantSetup{format, DType::kBF16, BlockGemmPrecision::kF32,
                                            false}}) {
       benchmark::RegisterBenchmark(
@@ -350,6 +353,7 @@ void RegisterQuantCases() {
        BlockMmaShapeOption::kPrefill},
       {"mma_f32_staged", DType::kF32, 0, BlockGemmPrecision::kF32, 1, BlockMmaShapeOption::kStaged},
       {"mma_f32_bf16", DType::kF32, 0, BlockGemmPrecision::kBf16, 1},
+      {"mma_f32_bf16x2", DType::kF32, 0, BlockGemmPrecision::kBf16x2, 1},
       {"gemm_f32_f32", DType::kF32, 1, BlockGemmPrecision::kF32},
       {"gemm_f32_tf32", DType::kF32, 1, BlockGemmPrecision::kTf32},
       {"gemm_f32_bf16", DType::kF32, 1, BlockGemmPrecision::kBf16},

@@ -34,23 +34,29 @@ absl::string_view BlockGemmPrecisionName(BlockGemmPrecision p) {
       return "tf32";
     case BlockGemmPrecision::kBf16:
       return "bf16";
+    case BlockGemmPrecision::kBf16x2:
+      return "bf16x2";
   }
   return "?";
 }
 
 absl::StatusOr<BlockGemmPrecision> ParseBlockGemmPrecision(absl::string_view name) {
-  for (BlockGemmPrecision p :
-       {BlockGemmPrecision::kF32, BlockGemmPrecision::kTf32, BlockGemmPrecision::kBf16}) {
+  for (BlockGemmPrecision p : {BlockGemmPrecision::kF32, BlockGemmPrecision::kTf32,
+                               BlockGemmPrecision::kBf16, BlockGemmPrecision::kBf16x2}) {
     if (name == BlockGemmPrecisionName(p)) return p;
   }
-  return absl::InvalidArgumentError(
-      absl::StrCat("block GEMM precision must be f32, tf32 or bf16, got '", name, "'"));
+  return absl::InvalidArgumentError(absl::StrCat(
+      "block GEMM precision must be f32, tf32, bf16 or bf16x2, got '", name, "'"));
 }
 
 int64_t BlockGemmMinRows(const CudaOptions& o, DType x_dtype) {
   if (o.block_gemm_min_rows != CudaOptions::kBlockGemmAuto) return o.block_gemm_min_rows;
-  const bool exact_f32 = x_dtype == DType::kF32 && o.block_gemm_precision == BlockGemmPrecision::kF32;
-  return exact_f32 && o.block_mma_min_rows > 0 ? 0 : 32;
+  // The tensor-core kernel's f32 x in parts (three exact, two) beats the block GEMM's f32
+  // on CUDA cores at every size; tf32 and bf16 GEMMs take over from 32 rows.
+  const bool parts_f32 = x_dtype == DType::kF32 &&
+                         (o.block_gemm_precision == BlockGemmPrecision::kF32 ||
+                          o.block_gemm_precision == BlockGemmPrecision::kBf16x2);
+  return parts_f32 && o.block_mma_min_rows > 0 ? 0 : 32;
 }
 
 }  // namespace sg

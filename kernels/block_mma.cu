@@ -430,27 +430,6 @@ constexpr size_t StagedSmemBytes() {
   return kStages * (StagedEntries<kTerms>() * size_t{16} + kStagedRowTiles * 8 * sizeof(float));
 }
 
-__device__ __forceinline__ void CopyAsync16(void* to, const void* from, bool valid) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  const auto s = static_cast<unsigned>(__cvta_generic_to_shared(to));
-  // Zero bytes read (16 zeros written) when not valid.
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(from),
-               "r"(valid ? 16 : 0)
-               : "memory");
-#endif
-}
-__device__ __forceinline__ void CommitCopies() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-#endif
-}
-template <int kPending>
-__device__ __forceinline__ void AwaitCopies() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
-#endif
-}
-
 template <typename T, typename Q, int kTerms>
 __global__ void __launch_bounds__(kStagedThreads, 1)
     BlockMmaStagedKernel(BlockMmaArgs a, const uint4* __restrict__ frags,
@@ -584,11 +563,13 @@ cudaError_t DispatchShape(int64_t tiles, bool prefill, F&& f) {
   return f(std::integral_constant<int, kDecodeRowTiles>{}, One{});
 }
 
-// The kernel's (activation type, parts) pairs: f32 x in 1 or 3 parts, bf16 in 1, f16 in 2.
+// The kernel's (activation type, parts) pairs: f32 x in 1, 2 or 3 parts, bf16 in 1, f16
+// in 2.
 template <typename T, typename F>
 cudaError_t DispatchTerms(int terms, F&& f) {
   if constexpr (std::is_same_v<T, float>) {
     if (terms == 1) return f(std::integral_constant<int, 1>{});
+    if (terms == 2) return f(std::integral_constant<int, 2>{});
     return f(std::integral_constant<int, 3>{});
   } else if constexpr (std::is_same_v<T, __nv_bfloat16>) {
     return f(std::integral_constant<int, 1>{});
@@ -615,7 +596,7 @@ int StagedSplits(int64_t blocks, int64_t k, int sms) {
 int BlockMmaTerms(DType x_dtype, int f32_terms) {
   if (x_dtype == DType::kBF16) return 1;
   if (x_dtype == DType::kF16) return 2;
-  return f32_terms <= 1 ? 1 : 3;
+  return std::clamp(f32_terms, 1, 3);
 }
 
 int BlockMmaSplitsFor(int64_t column_blocks, int64_t k, int sm_count, int blocks_per_sm) {

@@ -114,7 +114,8 @@ bool BlockMmaWorkspaceFor(int64_t m, int64_t k, const int64_t* n, int weights, D
 inline bool BlockMmaRuns(int compute_capability) { return compute_capability >= 80; }
 
 // The parts x of `x_dtype` is split into for `f32_terms` wished for f32 x: bf16 x is one
-// part exactly, f16 two; f32 takes 1 or 3 (exact). BlockMmaArgs::terms must be one of these.
+// part exactly, f16 two; f32 takes 1, 2 (16 significant bits) or 3 (exact).
+// BlockMmaArgs::terms must be one of these.
 int BlockMmaTerms(DType x_dtype, int f32_terms);
 
 // The split-K factor for a launch of `column_blocks` blocks (Σ ceil(n[g] / cols) times the

@@ -88,6 +88,32 @@ cudaError_t LaunchKernel(void (*kernel)(Params...), dim3 grid, dim3 block, const
   return LaunchKernelShared(kernel, grid, block, 0, stream, std::forward<Args>(args)...);
 }
 
+// ---- Asynchronous copies into shared memory (sm_80 and later; no-ops before) ----------
+// One 16-byte copy from global to shared memory, 16 zeros written when not `valid` (and
+// nothing read); CommitCopies closes a group of them, AwaitCopies<n> waits until at most
+// n groups are still in flight. The copies are visible to the whole block after the wait
+// and a __syncthreads.
+__device__ __forceinline__ void CopyAsync16(void* to, const void* from, bool valid) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const auto s = static_cast<unsigned>(__cvta_generic_to_shared(to));
+  // Zero bytes read (16 zeros written) when not valid.
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(from),
+               "r"(valid ? 16 : 0)
+               : "memory");
+#endif
+}
+__device__ __forceinline__ void CommitCopies() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+template <int kPending>
+__device__ __forceinline__ void AwaitCopies() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+#endif
+}
+
 }  // namespace sg::kernels
 
 #endif  // STEPGRAPH_KERNELS_COMMON_CUH_

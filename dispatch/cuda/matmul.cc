@@ -441,8 +441,14 @@ kernels::BlockMmaShape BlockMmaShapeFor(const CudaOptions& options) {
 }
 
 int BlockMmaTermsFor(DType x_dtype, const CudaOptions& options) {
-  return kernels::BlockMmaTerms(
-      x_dtype, options.block_gemm_precision == BlockGemmPrecision::kBf16 ? 1 : 3);
+  switch (options.block_gemm_precision) {
+    case BlockGemmPrecision::kBf16:
+      return kernels::BlockMmaTerms(x_dtype, 1);
+    case BlockGemmPrecision::kBf16x2:
+      return kernels::BlockMmaTerms(x_dtype, 2);
+    default:
+      return kernels::BlockMmaTerms(x_dtype, 3);
+  }
 }
 
 absl::Status MatmulRunner::ReserveBlockGemm(const ExecutionPlan& plan, const CudaOptions& options) {

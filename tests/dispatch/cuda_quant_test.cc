@@ -107,8 +107,9 @@ std::vector<OpCase> MatmulCases() {
 // columns, x through shared memory, automatic only on wide grids; from 24 rows each shape
 // forced, and the staged one over 64 units split four ways at 130 rows), odd N (a partial
 // block and a partial warp tile), K of whole and partial stages of 4 units, with bias;
-// f32 x in three bf16 parts (exact products: f32's tolerance) and, under
-// block_gemm_precision bf16, in one (bf16's).
+// f32 x in three bf16 parts (exact products: f32's tolerance), under
+// block_gemm_precision bf16x2 in two (16 significant bits: 5e-5) and under bf16 in one
+// (bf16's).
 std::vector<OpCase> MmaMatmulCases() {
   std::vector<OpCase> cases;
   struct Mm {
@@ -127,8 +128,13 @@ std::vector<OpCase> MmaMatmulCases() {
     constexpr BlockMmaShapeOption kAuto = BlockMmaShapeOption::kAuto;
     for (DType t : kFloatTypes) {
       for (const Mm& s : shapes) {
-        for (bool bf16_x : {false, true}) {
+        for (BlockGemmPrecision precision : {BlockGemmPrecision::kF32, BlockGemmPrecision::kBf16,
+                                             BlockGemmPrecision::kBf16x2}) {
+          const bool bf16_x = precision == BlockGemmPrecision::kBf16;
+          const bool parts2 = precision == BlockGemmPrecision::kBf16x2;
           if (bf16_x && (t != DType::kF32 || s.m != 16)) continue;
+          // Two parts: a decode-shape row count and the staged shape over many units.
+          if (parts2 && (t != DType::kF32 || (s.m != 16 && s.k != 2048))) continue;
           // From 24 rows every block shape forced too (the automatic choice is by rows);
           // the staged shape alone over many units (its copies' pipeline, split-K).
           for (BlockMmaShapeOption shape :
@@ -136,26 +142,27 @@ std::vector<OpCase> MmaMatmulCases() {
                 BlockMmaShapeOption::kStaged}) {
             const bool long_k = s.k == 2048 && s.m > 100;
             if (long_k ? shape != BlockMmaShapeOption::kStaged
-                       : shape != kAuto && (s.m < 24 || bf16_x)) {
+                       : shape != kAuto && (s.m < 24 || bf16_x || parts2)) {
               continue;
             }
             static constexpr const char* kShapeNames[] = {"", "/decode", "/prefill", "/staged"};
             cases.push_back(
                 {.name = absl::StrCat("MmaMatMul/", DTypeName(q), "/", DTypeName(t), "/", s.m,
                                       "x", s.k, "x", s.n, s.bias ? "+bias" : "",
-                                      bf16_x ? "/bf16_x" : "", kShapeNames[static_cast<int>(shape)]),
+                                      bf16_x ? "/bf16_x" : "", parts2 ? "/bf16x2_x" : "",
+                                      kShapeNames[static_cast<int>(shape)]),
                  .build = [=](GraphBuilder& b) {
                    auto x = b.Input("x", t, {s.m, s.k});
                    auto w = b.Weight("w", q, {s.n, s.k});
                    b.Output("out", s.bias ? b.MatMul(x, w, b.Weight("bias", t, {s.n}))
                                           : b.MatMul(x, w));
                  },
-                 .tolerance = bf16_x ? 1e-2 : Tol(t),
+                 .tolerance = bf16_x ? 1e-2 : parts2 ? 5e-5 : Tol(t),
                  .cuda_options = [=](CudaOptions& o) {
                    o.block_gemm_min_rows = 0;
                    o.block_mma_min_rows = 1;
                    o.block_mma_shape = shape;
-                   if (bf16_x) o.block_gemm_precision = BlockGemmPrecision::kBf16;
+                   o.block_gemm_precision = precision;
                  }});
           }
         }
@@ -511,6 +518,9 @@ TEST(BlockMmaSizesTest, TermsScratchSplitsAndRefusals) {
   EXPECT_EQ(kernels::BlockMmaTerms(DType::kF16, 3), 2);
   EXPECT_EQ(kernels::BlockMmaTerms(DType::kF32, 3), 3);
   EXPECT_EQ(kernels::BlockMmaTerms(DType::kF32, 1), 1);
+  EXPECT_EQ(kernels::BlockMmaTerms(DType::kF32, 2), 2);  // block_gemm_precision bf16x2
+  EXPECT_EQ(kernels::BlockMmaTerms(DType::kF16, 2), 2);
+  EXPECT_EQ(kernels::BlockMmaTerms(DType::kBF16, 2), 1);
   // 16 rows, 64 units: 3 parts of 32 bf16 values per row and unit, then 16 × 64 sums.
   EXPECT_EQ(kernels::BlockMmaScratchBytes(16, 2048, 3), 64 * 16 * 3 * 32 * 2 + 64 * 16 * 4);
   EXPECT_EQ(kernels::BlockMmaScratchBytes(5, 32, 1), 8 * 32 * 2 + 8 * 4);
@@ -616,7 +626,7 @@ TEST(BlockMmaSizesTest, TermsScratchSplitsAndRefusals) {
   // Parts other than BlockMmaTerms gives for x's dtype (the scratch is sized by them).
   a.terms = 4;
   EXPECT_EQ(kernels::LaunchBlockMma(a, {}), cudaErrorInvalidValue);
-  a.terms = 2;  // f32 x: 1 or 3
+  a.terms = 0;  // f32 x: 1, 2 or 3
   EXPECT_EQ(kernels::LaunchBlockMma(a, {}), cudaErrorInvalidValue);
   a.dtype = DType::kF16;
   a.terms = 1;  // f16 x: 2
