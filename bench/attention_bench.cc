@@ -1,4 +1,5 @@
-// Benchmarks of decode attention, prefill attention (chunks of 256 and 2,048 rows),
+// Benchmarks of decode attention, prefill attention (chunks of 256 and 2,048 rows; bf16
+// and f32, each also on the row-by-row kernel),
 // Argmax and Sample at Llama-3.2-1B shapes (32 heads, 8 kv
 // heads, head dim 64, vocab 128256, bf16), M = 1 and 8, run through CudaDispatch exactly
 // as a step runs them, plus sweeps that call the launchers directly: attention at fixed
@@ -232,14 +233,18 @@ void BM_Attention(benchmark::State& state, int64_t m, int64_t seq) {
 // Prefill attention through CudaDispatch: one sequence of t rows (a chunk) at positions
 // begin..begin + t - 1 of slot 0, caches [1, 8, S, 64] with S = begin + t. Reports the
 // tensor-core rate: 4·heads·d flops per (row, key) over the causal keys.
-void BM_PrefillAttention(benchmark::State& state, int64_t t, int64_t begin) {
+void BM_PrefillAttention(benchmark::State& state, DType dt, int64_t t, int64_t begin,
+                         bool row_kernel) {
   absl::Status s = [&]() -> absl::Status {
     const int64_t seq = begin + t;
     GraphBuilder b;
-    const TensorId q = b.Input("q", DType::kBF16, {t, kHeads * kHeadDim});
-    const TensorId k = b.State("k_cache", DType::kBF16, {1, kKvHeads, seq, kHeadDim});
-    const TensorId v = b.State("v_cache", DType::kBF16, {1, kKvHeads, seq, kHeadDim});
-    b.Output("out", b.Attention(q, k, v, b.Input("pos", DType::kI32, {t}),
+    const TensorId q = b.Input("q", dt, {t, kHeads * kHeadDim});
+    const TensorId k = b.State("k_cache", dt, {1, kKvHeads, seq, kHeadDim});
+    const TensorId v = b.State("v_cache", dt, {1, kKvHeads, seq, kHeadDim});
+    // A window past every position changes nothing but keeps the node off the tiled
+    // kernels: the row-by-row kernel's time for the same work.
+    b.Output("out", b.Attention({.window = row_kernel ? static_cast<int32_t>(seq + 1) : 0}, q, k,
+                                v, b.Input("pos", DType::kI32, {t}),
                                 b.Input("seq_slots", DType::kI32, {1})));
     SG_ASSIGN_OR_RETURN(Graph graph, std::move(b).Build());
     SG_ASSIGN_OR_RETURN(ExecutionPlan plan, ExecutionPlan::Create(std::move(graph)));
@@ -252,19 +257,20 @@ void BM_PrefillAttention(benchmark::State& state, int64_t t, int64_t begin) {
     SG_ASSIGN_OR_RETURN(DeviceMemory slot_buf, Upload(DType::kI32, 1, 0, 0, 0));
     const int64_t cache_elems = kKvHeads * seq * kHeadDim;
     const int64_t q_elems = t * kHeads * kHeadDim;
-    const int n = Copies(2 * cache_elems * 2 + 2 * q_elems * 2);
+    const int64_t e = DTypeBytes(dt);
+    const int n = Copies(2 * cache_elems * e + 2 * q_elems * e);
     const int64_t arena_bytes = std::max<int64_t>(plan.arena_bytes(), 256);
     SG_ASSIGN_OR_RETURN(DeviceMemory arena, AllocateDevice(arena_bytes * n, "arena"));
     std::vector<DeviceMemory> memory;
     std::vector<Bindings> binds;
     for (int i = 0; i < n; ++i) {
       Bindings bind(plan.graph());
-      SG_ASSIGN_OR_RETURN(DeviceMemory qb, Upload(DType::kBF16, q_elems, 3 * i + 1, 1.0f));
-      SG_ASSIGN_OR_RETURN(DeviceMemory kb, Upload(DType::kBF16, cache_elems, 3 * i + 2, 1.0f));
-      SG_ASSIGN_OR_RETURN(DeviceMemory vb, Upload(DType::kBF16, cache_elems, 3 * i + 3, 1.0f));
-      SG_RETURN_IF_ERROR(bind.Bind("q", qb.get(), q_elems * 2));
-      SG_RETURN_IF_ERROR(bind.Bind("k_cache", kb.get(), cache_elems * 2));
-      SG_RETURN_IF_ERROR(bind.Bind("v_cache", vb.get(), cache_elems * 2));
+      SG_ASSIGN_OR_RETURN(DeviceMemory qb, Upload(dt, q_elems, 3 * i + 1, 1.0f));
+      SG_ASSIGN_OR_RETURN(DeviceMemory kb, Upload(dt, cache_elems, 3 * i + 2, 1.0f));
+      SG_ASSIGN_OR_RETURN(DeviceMemory vb, Upload(dt, cache_elems, 3 * i + 3, 1.0f));
+      SG_RETURN_IF_ERROR(bind.Bind("q", qb.get(), q_elems * e));
+      SG_RETURN_IF_ERROR(bind.Bind("k_cache", kb.get(), cache_elems * e));
+      SG_RETURN_IF_ERROR(bind.Bind("v_cache", vb.get(), cache_elems * e));
       SG_RETURN_IF_ERROR(bind.Bind("pos", pos_buf.get(), t * 4));
       SG_RETURN_IF_ERROR(bind.Bind("seq_slots", slot_buf.get(), 4));
       bind.SetArena(static_cast<char*>(arena.get()) + i * arena_bytes, plan.arena_bytes());
@@ -273,16 +279,16 @@ void BM_PrefillAttention(benchmark::State& state, int64_t t, int64_t begin) {
       memory.push_back(std::move(vb));
       binds.push_back(std::move(bind));
     }
-    const double bytes = 2.0 * cache_elems * 2 + 2.0 * q_elems * 2;
+    const double bytes = 2.0 * cache_elems * e + 2.0 * q_elems * e;
     SG_RETURN_IF_ERROR(TimeCaptured(
         state, n,
         [&](int i) -> absl::Status { return Execute(prepared, binds[i], *g->dispatch).status(); },
-        "PrefillAttention", absl::StrCat("T", t, "/from", begin), bytes));
+        "PrefillAttention", absl::StrCat(DTypeName(dt), row_kernel ? "_rows" : "", "/T", t, "/from", begin), bytes));
     double keys = 0;
     for (int64_t i = 0; i < t; ++i) keys += static_cast<double>(begin + i + 1);
     double us = 0;
     for (const Result& r : g->results) {
-      if (r.kernel == "PrefillAttention" && r.shape == absl::StrCat("T", t, "/from", begin)) us = r.us;
+      if (r.kernel == "PrefillAttention" && r.shape == absl::StrCat(DTypeName(dt), row_kernel ? "_rows" : "", "/T", t, "/from", begin)) us = r.us;
     }
     state.counters["TFLOP/s"] = 4.0 * kHeads * kHeadDim * keys / (us * 1e-6) * 1e-12;
     return absl::OkStatus();
@@ -449,9 +455,19 @@ int main(int argc, char** argv) {
           [m, seq](benchmark::State& s) { sg::BM_Attention(s, m, seq); });
     }
   }
-  for (const auto& [t, begin] : {std::pair<int64_t, int64_t>{256, 0}, {256, 1792}, {2048, 0}}) {
-    reg(absl::StrCat("PrefillAttention/T", t, "/from", begin),
-        [t, begin](benchmark::State& s) { sg::BM_PrefillAttention(s, t, begin); });
+  // bf16 on tensor cores; f32 (GGUF files with quantized matrices) on CUDA cores.
+  // _rows: the same work on the row-by-row kernel (what f32 ran on before its own).
+  for (sg::DType dt : {sg::DType::kBF16, sg::DType::kF32}) {
+    for (bool rows : {false, true}) {
+      for (const auto& [t, begin] :
+           {std::pair<int64_t, int64_t>{256, 0}, {256, 1792}, {2048, 0}}) {
+        reg(absl::StrCat("PrefillAttention/", sg::DTypeName(dt), rows ? "_rows" : "", "/T", t,
+                         "/from", begin),
+            [dt, t, begin, rows](benchmark::State& s) {
+              sg::BM_PrefillAttention(s, dt, t, begin, rows);
+            });
+      }
+    }
   }
   for (int chunks : {8, 16, 32, 48, 64, 96, 128, 192, 256}) {
     reg(absl::StrCat("Attention/M1/S4096/chunks", chunks),

@@ -80,12 +80,14 @@ cudaError_t LaunchAttention(const AttentionArgs& args, const AttentionShape& sha
 // sequence and one query head, walks the sequence's keys in tiles of kPrefillKeyTile up to
 // the largest position among its rows, and keeps an online softmax per row; Q·Kᵀ and P·V
 // run on tensor cores (bf16/f16 in, f32 accumulation). Row i attends to keys 0..pos[i] of
-// its slot, as the decode kernel does, so the two kernels agree row by row.
+// its slot, as the decode kernel does, so the two kernels agree row by row. f32 rows (GGUF
+// files with quantized matrices compute in f32) take the same walk on CUDA cores, in f32.
 inline constexpr int kPrefillQueryTile = 64;
 inline constexpr int kPrefillKeyTile = 64;
 
-// Whether the prefill kernel takes the shape, dtype and rows per sequence (bf16 or f16,
-// head_dim 64 or 128, seq_slots given, at least 16 rows per sequence). Where it does not,
+// Whether the prefill kernels take the shape, dtype and rows per sequence (bf16 or f16 on
+// tensor cores, f32 on CUDA cores; head_dim 64 or 128, at least 16 rows per sequence).
+// Where they do not,
 // LaunchAttention's row-by-row kernel serves prefill steps too.
 bool PrefillAttentionSupported(const AttentionShape& s, DType dtype, int rows_per_seq);
 

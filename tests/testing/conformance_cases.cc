@@ -360,8 +360,9 @@ std::vector<OpCase> ConformanceCases() {
     }
 
     // Prefill attention (seq_slots: B sequences of T rows): chunks that continue a cached
-    // prefix, T not a multiple of the query tile, padding rows, GQA and MHA, the flash
-    // kernel (bf16/f16, d 64 and 128, T >= 16) and the row-by-row one (f32, d 32, T 8).
+    // prefix, T not a multiple of the query tile, padding rows, GQA and MHA, the tiled
+    // kernels (bf16/f16 on tensor cores, f32 on CUDA cores; d 64 and 128, T >= 16) and the
+    // row-by-row one (d 32, T 8).
     struct Pf {
       int64_t seqs, rows, heads, kv_heads, seq, d, slots;
       std::vector<int32_t> seq_slots;
