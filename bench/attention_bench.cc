@@ -75,17 +75,19 @@ void Record(const Result& r) {
   g->results.push_back(r);
 }
 
-// Random bf16 values uniform in [-range, range) (never zeros), or i32 values `fill`.
+// Random bf16 (or f32) values uniform in [-range, range) (never zeros), or i32 values `fill`.
 absl::StatusOr<DeviceMemory> Upload(DType dtype, int64_t count, uint64_t seed, float range,
                                     int32_t fill = 0) {
   std::vector<uint16_t> half;
   std::vector<int32_t> ints;
+  std::vector<float> floats;  // f32: the same values, unrounded
   const void* src = nullptr;
   if (dtype == DType::kI32) {
     ints.assign(count, fill);
     src = ints.data();
   } else {
     half.resize(count);
+    if (dtype == DType::kF32) floats.resize(count);
     uint64_t s = seed * 0x9E3779B97F4A7C15ull + 1;
     for (int64_t i = 0; i < count; ++i) {
       s ^= s >> 12;
@@ -93,8 +95,9 @@ absl::StatusOr<DeviceMemory> Upload(DType dtype, int64_t count, uint64_t seed, f
       s ^= s >> 27;
       const float u = (static_cast<float>((s * 0x2545F4914F6CDD1Dull) >> 40) / 16777216.0f * 2 - 1) * range;
       half[i] = FloatToBF16(u == 0.0f ? 0.5f * range : u);
+      if (dtype == DType::kF32) floats[i] = u == 0.0f ? 0.5f * range : u;
     }
-    src = half.data();
+    src = dtype == DType::kF32 ? static_cast<const void*>(floats.data()) : half.data();
   }
   const int64_t bytes = count * DTypeBytes(dtype);
   SG_ASSIGN_OR_RETURN(DeviceMemory m, AllocateDevice(bytes, "attention_bench buffer"));
@@ -232,7 +235,7 @@ void BM_Attention(benchmark::State& state, int64_t m, int64_t seq) {
 
 // Prefill attention through CudaDispatch: one sequence of t rows (a chunk) at positions
 // begin..begin + t - 1 of slot 0, caches [1, 8, S, 64] with S = begin + t. Reports the
-// tensor-core rate: 4·heads·d flops per (row, key) over the causal keys.
+// rate: 4·heads·d flops per (row, key) over the causal keys.
 void BM_PrefillAttention(benchmark::State& state, DType dt, int64_t t, int64_t begin,
                          bool row_kernel) {
   absl::Status s = [&]() -> absl::Status {
@@ -455,7 +458,7 @@ int main(int argc, char** argv) {
           [m, seq](benchmark::State& s) { sg::BM_Attention(s, m, seq); });
     }
   }
-  // bf16 on tensor cores; f32 (GGUF files with quantized matrices) on CUDA cores.
+  // bf16 and f32 (GGUF files with quantized matrices) on the tiled kernel.
   // _rows: the same work on the row-by-row kernel (what f32 ran on before its own).
   for (sg::DType dt : {sg::DType::kBF16, sg::DType::kF32}) {
     for (bool rows : {false, true}) {

@@ -78,20 +78,18 @@ cudaError_t LaunchAttention(const AttentionArgs& args, const AttentionShape& sha
 //
 // Flash attention over tiles: a block takes kPrefillQueryTile consecutive rows of one
 // sequence and one query head, walks the sequence's keys in tiles of kPrefillKeyTile up to
-// the largest position among its rows, and keeps an online softmax per row; Q·Kᵀ and P·V
-// run on tensor cores (bf16/f16 in, f32 accumulation). Row i attends to keys 0..pos[i] of
-// its slot, as the decode kernel does, so the two kernels agree row by row. f32 rows (GGUF
-// files with quantized matrices compute in f32) take the same walk on CUDA cores, in f32.
+// the largest position among its rows, and keeps an online softmax per row; products and
+// sums in f32 on CUDA cores for every storage type. Row i attends to keys 0..pos[i] of its
+// slot, as the decode kernel does, so the two kernels agree row by row.
 inline constexpr int kPrefillQueryTile = 64;
-inline constexpr int kPrefillKeyTile = 64;
+inline constexpr int kPrefillKeyTile = 32;
 
-// Whether the prefill kernels take the shape, dtype and rows per sequence (bf16 or f16 on
-// tensor cores, f32 on CUDA cores; head_dim 64 or 128, at least 16 rows per sequence).
-// Where they do not,
+// Whether the prefill kernel takes the shape, dtype and rows per sequence (f32, bf16 or
+// f16; head_dim 64 or 128, at least 16 rows per sequence). Where it does not,
 // LaunchAttention's row-by-row kernel serves prefill steps too.
 bool PrefillAttentionSupported(const AttentionShape& s, DType dtype, int rows_per_seq);
 
-// Sets what the prefill kernels need once per process (their shared memory carve-out),
+// Sets what the prefill kernel needs once per process (their shared memory carve-out),
 // outside any capture: call it when a dispatcher is made.
 cudaError_t PreparePrefillAttention();
 

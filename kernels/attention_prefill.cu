@@ -1,22 +1,31 @@
-// Prefill attention (many query rows per sequence) in the flash-attention style. Grid:
-// (query tiles of the sequence, heads, sequences). A block of four warps takes
-// kPrefillQueryTile consecutive rows of one sequence and one query head, 16 rows per warp,
-// and walks the keys of the sequence's KV slot in tiles of kPrefillKeyTile up to the
-// largest position among its rows. Per key tile: S = Q·Kᵀ on tensor cores (wmma,
-// 16x16x16, f32 accumulation) into the warp's shared memory; an online softmax per row
-// (two lanes a row, base-2 domain, keys past the row's position masked); P rounded to
-// the storage type; O = O·corr + P·V on tensor cores, O kept in f32 in shared memory so
-// that each row can be rescaled by its own factor. Row i sees keys 0..pos[i], as in the
-// decode kernel, so both agree row by row and a chunk's rows are causal among themselves
-// (KvWrite stored them before this launch).
+// Prefill attention (many query rows per sequence) in the flash-attention style, on CUDA
+// cores with f32 products and sums for every storage type. Grid: (query tiles of the
+// sequence, heads, sequences). A block of kThreads takes kPrefillQueryTile consecutive
+// rows of one sequence and one query head and walks the keys of the sequence's KV slot in
+// tiles of kPrefillKeyTile up to the largest position among its rows, with an online
+// softmax per row (base 2, keys past the row's position masked). Thread (ty, tx) =
+// (tid / 8, tid % 8) owns rows 4ty .. 4ty + 3, and per key tile the keys tx + 8j (j < 4)
+// of S and the 16-byte column groups tx + 8i (i < D / 32) of O, so that S is a 4x4 tile
+// and O four rows of registers per thread. Q is converted to f32 once into shared memory;
+// the key and value tiles arrive by cp.async in their storage type, the next tile's
+// copies in flight while this one is multiplied, and are widened to f32 as they are read;
+// a tile's P goes through shared memory to the threads that multiply it with V. Rows are
+// padded by 16 bytes, so that the 8 lanes that read 8 keys' rows at one column hit
+// different banks. Row i sees keys 0..pos[i], as in the decode kernel, so both agree row
+// by row and a chunk's rows are causal among themselves (KvWrite stored them before this
+// launch).
 //
-// f32 (the activations of GGUF files with quantized matrices) has a kernel of its own
-// below: the same tiles on CUDA cores, f32 products and sums.
+// Measured on an H200 (attention_bench, a chunk of 256 rows at keys 1,792..2,047, Llama-
+// 3.2-1B's heads): the f32 kernel 190 us against the row-by-row decode kernel's 268 (bf16)
+// and the tensor-core (wmma) kernel this one replaced, 484 (bf16): that kernel kept S and
+// O in shared memory between its MMAs and softmax (two lanes a row), and lost to the row
+// kernel at every prefill size measured (docs/cuda_kernels.md).
 #include <cuda_runtime.h>
-#include <mma.h>
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
+#include <type_traits>
 
 #include "kernels/attention.cuh"
 #include "kernels/common.cuh"
@@ -25,13 +34,10 @@
 namespace sg::kernels {
 namespace {
 
-using namespace nvcuda;
-
 constexpr int kBQ = kPrefillQueryTile;
 constexpr int kBK = kPrefillKeyTile;
-constexpr int kWarpsP = kBQ / 16;
-constexpr int kThreadsP = kWarpsP * kWarpSize;
-static_assert(kBK % 32 == 0 && kBQ % 16 == 0);
+constexpr int kThreads = 128;
+static_assert(kBQ == 4 * (kThreads / 8) && kBK == 4 * 8);
 
 struct PrefillParams {
   const void* q;
@@ -49,38 +55,65 @@ struct PrefillParams {
   uint32_t* error_flags;
 };
 
-// Per warp: S (f32) and P (T) of 16 x kBK, O (f32) of 16 x D.
+// Elements of a K or V row in shared memory (16 bytes of padding), of a Q row (f32) and of
+// a P row.
 template <typename T, int D>
-__host__ __device__ constexpr int64_t WarpBytes() {
-  return 16 * kBK * 4 + 16 * kBK * static_cast<int64_t>(sizeof(T)) + 16 * D * 4;
-}
+constexpr int kKvLd = D + 16 / static_cast<int>(sizeof(T));
+template <int D>
+constexpr int kQLd = D + 4;
+constexpr int kPLd = kBK + 4;
 
-// Q (kBQ x D), K and V (kBK x D) tiles, the warps' areas, the rows' positions. Every
-// region is a multiple of 32 bytes, as wmma loads and stores need.
+// Q (f32), two stages of K and V tiles (T), P (f32) and the rows' positions.
 template <typename T, int D>
 __host__ __device__ constexpr int64_t SmemBytes() {
-  return (kBQ + 2 * kBK) * D * static_cast<int64_t>(sizeof(T)) + kWarpsP * WarpBytes<T, D>() +
-         kBQ * 4;
+  return static_cast<int64_t>(kBQ) * kQLd<D> * 4 +
+         4 * static_cast<int64_t>(kBK) * kKvLd<T, D> * static_cast<int64_t>(sizeof(T)) +
+         static_cast<int64_t>(kBQ) * kPLd * 4 + kBQ * 4;
+}
+
+// Four consecutive elements of shared memory as f32.
+template <typename T>
+__device__ __forceinline__ float4 Load4(const T* p) {
+  if constexpr (std::is_same_v<T, float>) {
+    return *reinterpret_cast<const float4*>(p);
+  } else {
+    const uint2 u = *reinterpret_cast<const uint2*>(p);
+    T e[4];
+    memcpy(e, &u, 8);
+    return make_float4(ToFloat(e[0]), ToFloat(e[1]), ToFloat(e[2]), ToFloat(e[3]));
+  }
+}
+
+// Four f32 values stored as T, rounded as FromFloat rounds.
+template <typename T>
+__device__ __forceinline__ void Store4(T* p, float4 v) {
+  if constexpr (std::is_same_v<T, float>) {
+    *reinterpret_cast<float4*>(p) = v;
+  } else {
+    T e[4] = {FromFloat<T>(v.x), FromFloat<T>(v.y), FromFloat<T>(v.z), FromFloat<T>(v.w)};
+    uint2 u;
+    memcpy(&u, e, 8);
+    *reinterpret_cast<uint2*>(p) = u;
+  }
 }
 
 template <typename T, int D>
-__global__ void __launch_bounds__(kThreadsP) PrefillAttentionKernel(const PrefillParams p) {
+__global__ void __launch_bounds__(kThreads) PrefillAttentionKernel(const PrefillParams p) {
   AwaitPrerequisiteGrids();
   extern __shared__ __align__(128) unsigned char smem[];
   __shared__ int s_kmax;
-  constexpr int kVec = 16 / static_cast<int>(sizeof(T));  // elements per 16-byte access
-  constexpr int kVecsPerRow = D / kVec;
+  constexpr int kLd = kKvLd<T, D>;
+  constexpr int kQ = kQLd<D>;
+  constexpr int kGroups = D / 32;  // 16-byte f32 column groups of O a thread owns
+  constexpr int kVec = 16 / static_cast<int>(sizeof(T));  // elements of a 16-byte chunk
+  constexpr int kChunks = D / kVec;                         // 16-byte chunks of a row
+  float* q_s = reinterpret_cast<float*>(smem);
+  T* k_s = reinterpret_cast<T*>(q_s + kBQ * kQ);  // [2][kBK][kLd]
+  T* v_s = k_s + 2 * kBK * kLd;                   // [2][kBK][kLd]
+  float* p_s = reinterpret_cast<float*>(v_s + 2 * kBK * kLd);  // [kBQ][kPLd]
+  int* s_pos = reinterpret_cast<int*>(p_s + kBQ * kPLd);
 
-  T* q_s = reinterpret_cast<T*>(smem);
-  T* k_s = q_s + kBQ * D;
-  T* v_s = k_s + kBK * D;
-  unsigned char* warps = reinterpret_cast<unsigned char*>(v_s + kBK * D);
-  const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
-  float* s_w = reinterpret_cast<float*>(warps + warp * WarpBytes<T, D>());
-  T* p_w = reinterpret_cast<T*>(s_w + 16 * kBK);
-  float* o_w = reinterpret_cast<float*>(p_w + 16 * kBK);
-  int* s_pos = reinterpret_cast<int*>(warps + kWarpsP * WarpBytes<T, D>());
-
+  const int tid = threadIdx.x, ty = tid / 8, tx = tid % 8;
   const int head = blockIdx.y, seq = blockIdx.z;
   const int local0 = blockIdx.x * kBQ;  // the tile's first row within its sequence
   const int64_t row0 = static_cast<int64_t>(seq) * p.rows_per_seq + local0;
@@ -92,9 +125,9 @@ __global__ void __launch_bounds__(kThreadsP) PrefillAttentionKernel(const Prefil
   // Positions of the tile's rows; -1 for padding and for rows past the sequence's end
   // (they belong to the next sequence). A row whose position or slot is out of range is
   // flagged (by the head-0 block) and gives zeros like padding.
-  if (threadIdx.x == 0) s_kmax = -1;
+  if (tid == 0) s_kmax = -1;
   __syncthreads();
-  for (int r = threadIdx.x; r < kBQ; r += kThreadsP) {
+  for (int r = tid; r < kBQ; r += kThreads) {
     int pos = -1;
     if (local0 + r < p.rows_per_seq) {
       pos = p.pos[row0 + r];
@@ -106,225 +139,33 @@ __global__ void __launch_bounds__(kThreadsP) PrefillAttentionKernel(const Prefil
     s_pos[r] = pos;
     if (pos >= 0) atomicMax(&s_kmax, pos);
   }
-  for (int i = threadIdx.x; i < kBQ * kVecsPerRow; i += kThreadsP) {
-    const int r = i / kVecsPerRow, c = (i % kVecsPerRow) * kVec;
+  for (int i = tid; i < kBQ * kChunks; i += kThreads) {
+    const int r = i / kChunks, c = (i % kChunks) * kVec;
     uint4 w = make_uint4(0u, 0u, 0u, 0u);
     if (local0 + r < p.rows_per_seq) {
-      w = __ldg(reinterpret_cast<const uint4*>(static_cast<const T*>(p.q) + (row0 + r) * q_stride +
+      w = __ldg(reinterpret_cast<const uint4*>(static_cast<const T*>(p.q) +
+                                               (row0 + r) * q_stride +
                                                static_cast<int64_t>(head) * D + c));
     }
-    *reinterpret_cast<uint4*>(q_s + r * D + c) = w;
+    T e[kVec];
+    memcpy(e, &w, 16);
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) q_s[r * kQ + c + j] = ToFloat(e[j]);
   }
-  for (int i = lane; i < 16 * D; i += kWarpSize) o_w[i] = 0.0f;
   __syncthreads();
 
   const int kmax = s_kmax;  // block-uniform, so is every loop bound below
-  // Softmax state: lanes 2r and 2r + 1 hold row r of the warp, each half of its columns.
-  const int my_row = lane / 2, half = lane % 2;
-  const int my_pos = s_pos[warp * 16 + my_row];
-  float m = -INFINITY, l = 0.0f;
-
   const int64_t cache_offset =
       (static_cast<int64_t>(slot_ok ? slot : 0) * p.kv_heads + kv_head) * p.seq_len * D;
   const T* k_rows = static_cast<const T*>(p.k) + cache_offset;
   const T* v_rows = static_cast<const T*>(p.v) + cache_offset;
-
-  wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> q_frag[D / 16];
-#pragma unroll
-  for (int kk = 0; kk < D / 16; ++kk) {
-    wmma::load_matrix_sync(q_frag[kk], q_s + warp * 16 * D + kk * 16, D);
-  }
-
-  for (int kb = 0; kb <= kmax; kb += kBK) {
-    // Keys past kmax (never past seq_len - 1) load as zeros; every row masks them.
-    for (int i = threadIdx.x; i < kBK * kVecsPerRow; i += kThreadsP) {
-      const int r = i / kVecsPerRow, c = (i % kVecsPerRow) * kVec;
-      const int key = kb + r;
-      uint4 kw = make_uint4(0u, 0u, 0u, 0u), vw = kw;
-      if (key <= kmax) {
-        const int64_t at = static_cast<int64_t>(key) * D + c;
-        kw = __ldg(reinterpret_cast<const uint4*>(k_rows + at));
-        vw = __ldg(reinterpret_cast<const uint4*>(v_rows + at));
-      }
-      *reinterpret_cast<uint4*>(k_s + r * D + c) = kw;
-      *reinterpret_cast<uint4*>(v_s + r * D + c) = vw;
-    }
-    __syncthreads();
-
-    // S[16, kBK] = Q_w · Kᵀ: Kᵀ (D x keys) is K read column-major.
-#pragma unroll
-    for (int n = 0; n < kBK / 16; ++n) {
-      wmma::fragment<wmma::accumulator, 16, 16, 16, float> s_frag;
-      wmma::fill_fragment(s_frag, 0.0f);
-#pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk) {
-        wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::col_major> k_frag;
-        wmma::load_matrix_sync(k_frag, k_s + n * 16 * D + kk * 16, D);
-        wmma::mma_sync(s_frag, q_frag[kk], k_frag, s_frag);
-      }
-      wmma::store_matrix_sync(s_w + n * 16, s_frag, kBK, wmma::mem_row_major);
-    }
-    __syncwarp();
-
-    constexpr int kHalfK = kBK / 2;
-    float* s_row = s_w + my_row * kBK + half * kHalfK;
-    float mx = -INFINITY;
-    for (int c = 0; c < kHalfK; ++c) {
-      const int key = kb + half * kHalfK + c;
-      const float sv = key <= my_pos ? s_row[c] * p.scale_log2 : -INFINITY;
-      s_row[c] = sv;
-      mx = fmaxf(mx, sv);
-    }
-    mx = fmaxf(mx, __shfl_xor_sync(kFullMask, mx, 1));
-    const float m_new = fmaxf(m, mx);
-    // No key for this row yet (padding, or all masked): nothing to rescale.
-    const float corr = m_new == -INFINITY ? 1.0f : exp2f(m - m_new);
-    float sum = 0.0f;
-    T* p_row = p_w + my_row * kBK + half * kHalfK;
-    for (int c = 0; c < kHalfK; ++c) {
-      const float pv = s_row[c] == -INFINITY ? 0.0f : exp2f(s_row[c] - m_new);
-      p_row[c] = FromFloat<T>(pv);
-      sum += pv;
-    }
-    sum += __shfl_xor_sync(kFullMask, sum, 1);
-    l = l * corr + sum;
-    m = m_new;
-    float* o_row = o_w + my_row * D + half * (D / 2);
-    for (int c = 0; c < D / 2; ++c) o_row[c] *= corr;
-    __syncwarp();
-
-    // O[16, D] += P · V, the accumulators round-tripping through the warp's O.
-#pragma unroll
-    for (int j = 0; j < D / 16; ++j) {
-      wmma::fragment<wmma::accumulator, 16, 16, 16, float> o_frag;
-      wmma::load_matrix_sync(o_frag, o_w + j * 16, D, wmma::mem_row_major);
-#pragma unroll
-      for (int kk = 0; kk < kBK / 16; ++kk) {
-        wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> p_frag;
-        wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::row_major> v_frag;
-        wmma::load_matrix_sync(p_frag, p_w + kk * 16, kBK);
-        wmma::load_matrix_sync(v_frag, v_s + kk * 16 * D + j * 16, D);
-        wmma::mma_sync(o_frag, p_frag, v_frag, o_frag);
-      }
-      wmma::store_matrix_sync(o_w + j * 16, o_frag, D, wmma::mem_row_major);
-    }
-    __syncthreads();  // the K and V tiles are overwritten next
-  }
-  __syncwarp();
-
-  const int local = local0 + warp * 16 + my_row;
-  if (local < p.rows_per_seq) {
-    T* o = static_cast<T*>(p.out) + (row0 + warp * 16 + my_row) * q_stride +
-           static_cast<int64_t>(head) * D + half * (D / 2);
-    const float* o_row = o_w + my_row * D + half * (D / 2);
-    const float inv = my_pos >= 0 ? 1.0f / l : 0.0f;  // l > 0: key 0 is always seen
-    for (int c = 0; c < D / 2; ++c) o[c] = FromFloat<T>(my_pos >= 0 ? o_row[c] * inv : 0.0f);
-  }
-}
-
-template <typename T, int D>
-cudaError_t SetSmem() {
-  return cudaFuncSetAttribute(PrefillAttentionKernel<T, D>,
-                              cudaFuncAttributeMaxDynamicSharedMemorySize,
-                              static_cast<int>(SmemBytes<T, D>()));
-}
-
-template <typename T, int D>
-cudaError_t LaunchPrefill(const PrefillParams& p, int tiles, int seqs, Stream stream) {
-  cudaLaunchAttribute attribute[1];
-  const cudaLaunchConfig_t config = MakeLaunchConfig(
-      dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(p.heads),
-           static_cast<unsigned>(seqs)),
-      dim3(kThreadsP), static_cast<size_t>(SmemBytes<T, D>()), stream,
-      stream.programmatic && ProgrammaticLaunchSupported(), attribute);
-  const cudaError_t e = cudaLaunchKernelEx(&config, PrefillAttentionKernel<T, D>, p);
-  if (e != cudaSuccess) (void)cudaGetLastError();
-  return e;
-}
-
-
-// ---- f32 rows (GGUF files with quantized matrices compute in f32) ----------------------
-//
-// The same walk on CUDA cores, in f32 throughout (products and sums as the decode kernel
-// and the CPU reference make them, up to their order). A block of kF32Threads takes
-// kBQ rows of one sequence and head; thread (ty, tx) = (tid / 8, tid % 8) owns rows
-// 4ty .. 4ty + 3 and, per key tile of kF32Keys, the keys tx + 8j (j < 4) of S, and for
-// O the 16-byte column groups tx + 8i (i < D / 32). Key and value tiles arrive by cp.async,
-// the next tile's copies in flight while this one is multiplied; a tile's P goes through
-// shared memory to the threads that multiply it with V. Rows are padded by 4 floats, so
-// that the 8 lanes that read 8 keys' rows at the same column hit 8 different banks.
-constexpr int kF32Keys = 32;
-constexpr int kF32Threads = 128;
-static_assert(kBQ == 4 * (kF32Threads / 8) && kF32Keys == 4 * 8);
-
-template <int D>
-__host__ __device__ constexpr int64_t F32SmemBytes() {
-  return (static_cast<int64_t>(kBQ) * (D + 4) + 4 * kF32Keys * (D + 4) + kBQ * (kF32Keys + 4)) *
-             4 +
-         kBQ * 4;
-}
-
-template <int D>
-__global__ void __launch_bounds__(kF32Threads) PrefillAttentionF32Kernel(const PrefillParams p) {
-  AwaitPrerequisiteGrids();
-  extern __shared__ __align__(128) unsigned char smem[];
-  __shared__ int s_kmax;
-  constexpr int kLd = D + 4;          // Q, K and V rows in shared memory
-  constexpr int kPLd = kF32Keys + 4;  // P rows
-  constexpr int kGroups = D / 32;     // 16-byte column groups of O a thread owns
-  float* q_s = reinterpret_cast<float*>(smem);
-  float* k_s = q_s + kBQ * kLd;         // [2][kF32Keys][kLd]
-  float* v_s = k_s + 2 * kF32Keys * kLd;  // [2][kF32Keys][kLd]
-  float* p_s = v_s + 2 * kF32Keys * kLd;  // [kBQ][kPLd]
-  int* s_pos = reinterpret_cast<int*>(p_s + kBQ * kPLd);
-
-  const int tid = threadIdx.x, ty = tid / 8, tx = tid % 8;
-  const int head = blockIdx.y, seq = blockIdx.z;
-  const int local0 = blockIdx.x * kBQ;
-  const int64_t row0 = static_cast<int64_t>(seq) * p.rows_per_seq + local0;
-  const int kv_head = head / (p.heads / p.kv_heads);
-  const int slot = p.seq_slots[seq];
-  const bool slot_ok = slot >= 0 && slot < p.slots;
-  const int64_t q_stride = static_cast<int64_t>(p.heads) * D;
-
-  if (tid == 0) s_kmax = -1;
-  __syncthreads();
-  for (int r = tid; r < kBQ; r += kF32Threads) {
-    int pos = -1;
-    if (local0 + r < p.rows_per_seq) {
-      pos = p.pos[row0 + r];
-      if (pos >= 0 && (pos >= p.seq_len || !slot_ok)) {
-        if (head == 0) atomicOr(p.error_flags, kErrorPositionOutOfRange);
-        pos = -1;
-      }
-    }
-    s_pos[r] = pos;
-    if (pos >= 0) atomicMax(&s_kmax, pos);
-  }
-  constexpr int kChunks = D / 4;  // 16-byte chunks of a row
-  for (int i = tid; i < kBQ * kChunks; i += kF32Threads) {
-    const int r = i / kChunks, c = (i % kChunks) * 4;
-    float4 w = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    if (local0 + r < p.rows_per_seq) {
-      w = __ldg(reinterpret_cast<const float4*>(static_cast<const float*>(p.q) +
-                                                (row0 + r) * q_stride +
-                                                static_cast<int64_t>(head) * D + c));
-    }
-    *reinterpret_cast<float4*>(q_s + r * kLd + c) = w;
-  }
-  __syncthreads();
-
-  const int kmax = s_kmax;  // block-uniform
-  const int64_t cache_offset =
-      (static_cast<int64_t>(slot_ok ? slot : 0) * p.kv_heads + kv_head) * p.seq_len * D;
-  const float* k_rows = static_cast<const float*>(p.k) + cache_offset;
-  const float* v_rows = static_cast<const float*>(p.v) + cache_offset;
-  // Keys past kmax (never past seq_len - 1) arrive as zeros without a read.
+  // Keys past kmax (never past seq_len - 1) arrive as zeros without a read: every row
+  // masks them, and a zero V row keeps P·V finite whatever the cache holds there.
   const auto load_tile = [&](int kb, int stage) {
-    float* ks = k_s + stage * kF32Keys * kLd;
-    float* vs = v_s + stage * kF32Keys * kLd;
-    for (int i = tid; i < kF32Keys * kChunks; i += kF32Threads) {
-      const int r = i / kChunks, c = (i % kChunks) * 4;
+    T* ks = k_s + stage * kBK * kLd;
+    T* vs = v_s + stage * kBK * kLd;
+    for (int i = tid; i < kBK * kChunks; i += kThreads) {
+      const int r = i / kChunks, c = (i % kChunks) * kVec;
       const int key = kb + r;
       const bool valid = key <= kmax;
       const int64_t at = static_cast<int64_t>(valid ? key : 0) * D + c;
@@ -336,32 +177,29 @@ __global__ void __launch_bounds__(kF32Threads) PrefillAttentionF32Kernel(const P
 
   int my_pos[4];
   float m[4], l[4];
+  float4 o[4][kGroups];
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     my_pos[i] = s_pos[4 * ty + i];
     m[i] = -INFINITY;
     l[i] = 0.0f;
-  }
-  float4 o[4][kGroups];
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
 #pragma unroll
     for (int g = 0; g < kGroups; ++g) o[i][g] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   }
 
-  const int tiles = kmax < 0 ? 0 : kmax / kF32Keys + 1;
+  const int tiles = kmax < 0 ? 0 : kmax / kBK + 1;
   if (tiles > 0) load_tile(0, 0);
   for (int t = 0; t < tiles; ++t) {
     const int stage = t & 1;
     if (t + 1 < tiles) {
-      load_tile((t + 1) * kF32Keys, stage ^ 1);
+      load_tile((t + 1) * kBK, stage ^ 1);
       AwaitCopies<1>();
     } else {
       AwaitCopies<0>();
     }
     __syncthreads();
-    const float* ks = k_s + stage * kF32Keys * kLd;
-    const float* vs = v_s + stage * kF32Keys * kLd;
+    const T* ks = k_s + stage * kBK * kLd;
+    const T* vs = v_s + stage * kBK * kLd;
 
     // S[4 rows][4 keys] = Q · Kᵀ, four columns at a time.
     float sc[4][4] = {};
@@ -369,9 +207,9 @@ __global__ void __launch_bounds__(kF32Threads) PrefillAttentionF32Kernel(const P
     for (int d = 0; d < D; d += 4) {
       float4 qv[4], kv[4];
 #pragma unroll
-      for (int i = 0; i < 4; ++i) qv[i] = *reinterpret_cast<const float4*>(q_s + (4 * ty + i) * kLd + d);
+      for (int i = 0; i < 4; ++i) qv[i] = *reinterpret_cast<const float4*>(q_s + (4 * ty + i) * kQ + d);
 #pragma unroll
-      for (int j = 0; j < 4; ++j) kv[j] = *reinterpret_cast<const float4*>(ks + (tx + 8 * j) * kLd + d);
+      for (int j = 0; j < 4; ++j) kv[j] = Load4(ks + (tx + 8 * j) * kLd + d);
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
 #pragma unroll
@@ -384,8 +222,8 @@ __global__ void __launch_bounds__(kF32Threads) PrefillAttentionF32Kernel(const P
       }
     }
 
-    // Online softmax per row (base 2); the row's 32 keys are spread over the 8 lanes tx.
-    const int kb = t * kF32Keys;
+    // Online softmax per row; the row's kBK keys are spread over the 8 lanes tx.
+    const int kb = t * kBK;
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       float mx = -INFINITY;
@@ -422,18 +260,18 @@ __global__ void __launch_bounds__(kF32Threads) PrefillAttentionF32Kernel(const P
 
     // O[4 rows][groups] += P · V, four keys at a time.
 #pragma unroll 2
-    for (int kk = 0; kk < kF32Keys; kk += 4) {
-      float4 pv[4];
+    for (int kk = 0; kk < kBK; kk += 4) {
+      float4 pr[4];
 #pragma unroll
-      for (int i = 0; i < 4; ++i) pv[i] = *reinterpret_cast<const float4*>(p_s + (4 * ty + i) * kPLd + kk);
+      for (int i = 0; i < 4; ++i) pr[i] = *reinterpret_cast<const float4*>(p_s + (4 * ty + i) * kPLd + kk);
 #pragma unroll
       for (int u = 0; u < 4; ++u) {
 #pragma unroll
         for (int g = 0; g < kGroups; ++g) {
-          const float4 v = *reinterpret_cast<const float4*>(vs + (kk + u) * kLd + 4 * (tx + 8 * g));
+          const float4 v = Load4(vs + (kk + u) * kLd + 4 * (tx + 8 * g));
 #pragma unroll
           for (int i = 0; i < 4; ++i) {
-            const float w = u == 0 ? pv[i].x : u == 1 ? pv[i].y : u == 2 ? pv[i].z : pv[i].w;
+            const float w = u == 0 ? pr[i].x : u == 1 ? pr[i].y : u == 2 ? pr[i].z : pr[i].w;
             o[i][g].x = fmaf(w, v.x, o[i][g].x);
             o[i][g].y = fmaf(w, v.y, o[i][g].y);
             o[i][g].z = fmaf(w, v.z, o[i][g].z);
@@ -455,37 +293,46 @@ __global__ void __launch_bounds__(kF32Threads) PrefillAttentionF32Kernel(const P
     if (local0 + r >= p.rows_per_seq) continue;
     // l > 0 for every row with a position: key 0 is always seen.
     const float inv = my_pos[i] >= 0 ? 1.0f / sum : 0.0f;
-    float* out = static_cast<float*>(p.out) + (row0 + r) * q_stride + static_cast<int64_t>(head) * D;
+    T* out = static_cast<T*>(p.out) + (row0 + r) * q_stride + static_cast<int64_t>(head) * D;
 #pragma unroll
     for (int g = 0; g < kGroups; ++g) {
-      const float4 v = my_pos[i] >= 0
-                           ? make_float4(o[i][g].x * inv, o[i][g].y * inv, o[i][g].z * inv,
-                                         o[i][g].w * inv)
-                           : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-      *reinterpret_cast<float4*>(out + 4 * (tx + 8 * g)) = v;
+      const float4 v = my_pos[i] >= 0 ? make_float4(o[i][g].x * inv, o[i][g].y * inv,
+                                                    o[i][g].z * inv, o[i][g].w * inv)
+                                      : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      Store4(out + 4 * (tx + 8 * g), v);
     }
   }
 }
 
-template <int D>
-cudaError_t SetF32Smem() {
-  return cudaFuncSetAttribute(PrefillAttentionF32Kernel<D>,
+template <typename T, int D>
+cudaError_t SetSmem() {
+  return cudaFuncSetAttribute(PrefillAttentionKernel<T, D>,
                               cudaFuncAttributeMaxDynamicSharedMemorySize,
-                              static_cast<int>(F32SmemBytes<D>()));
+                              static_cast<int>(SmemBytes<T, D>()));
 }
 
-template <int D>
-cudaError_t LaunchPrefillF32(const PrefillParams& p, int tiles, int seqs, Stream stream) {
+template <typename T, int D>
+cudaError_t LaunchPrefill(const PrefillParams& p, int tiles, int seqs, Stream stream) {
   cudaLaunchAttribute attribute[1];
   const cudaLaunchConfig_t config = MakeLaunchConfig(
       dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(p.heads),
            static_cast<unsigned>(seqs)),
-      dim3(kF32Threads), static_cast<size_t>(F32SmemBytes<D>()), stream,
+      dim3(kThreads), static_cast<size_t>(SmemBytes<T, D>()), stream,
       stream.programmatic && ProgrammaticLaunchSupported(), attribute);
-  const cudaError_t e = cudaLaunchKernelEx(&config, PrefillAttentionF32Kernel<D>, p);
+  const cudaError_t e = cudaLaunchKernelEx(&config, PrefillAttentionKernel<T, D>, p);
   if (e != cudaSuccess) (void)cudaGetLastError();
   return e;
 }
+
+template <int D>
+cudaError_t LaunchFor(const PrefillParams& p, DType dtype, int tiles, int seqs, Stream stream) {
+  switch (dtype) {
+    case DType::kF32: return LaunchPrefill<float, D>(p, tiles, seqs, stream);
+    case DType::kBF16: return LaunchPrefill<__nv_bfloat16, D>(p, tiles, seqs, stream);
+    default: return LaunchPrefill<__half, D>(p, tiles, seqs, stream);
+  }
+}
+
 }  // namespace
 
 bool PrefillAttentionSupported(const AttentionShape& s, DType dtype, int rows_per_seq) {
@@ -496,9 +343,9 @@ bool PrefillAttentionSupported(const AttentionShape& s, DType dtype, int rows_pe
 }
 
 cudaError_t PreparePrefillAttention() {
-  const cudaError_t errors[] = {SetSmem<__nv_bfloat16, 64>(), SetSmem<__nv_bfloat16, 128>(),
-                                SetSmem<__half, 64>(), SetSmem<__half, 128>(),
-                                SetF32Smem<64>(), SetF32Smem<128>()};
+  const cudaError_t errors[] = {SetSmem<float, 64>(),         SetSmem<float, 128>(),
+                                SetSmem<__nv_bfloat16, 64>(), SetSmem<__nv_bfloat16, 128>(),
+                                SetSmem<__half, 64>(),        SetSmem<__half, 128>()};
   for (const cudaError_t e : errors) {
     if (e != cudaSuccess) return e;
   }
@@ -531,17 +378,8 @@ cudaError_t LaunchPrefillAttention(const AttentionArgs& args, const AttentionSha
   p.error_flags = args.error_flags;
   const int tiles = (args.rows_per_seq + kBQ - 1) / kBQ;
   const int seqs = s.rows / args.rows_per_seq;
-  if (dtype == DType::kF32) {
-    return s.head_dim == 64 ? LaunchPrefillF32<64>(p, tiles, seqs, stream)
-                            : LaunchPrefillF32<128>(p, tiles, seqs, stream);
-  }
-  const bool bf16 = dtype == DType::kBF16;
-  if (s.head_dim == 64) {
-    return bf16 ? LaunchPrefill<__nv_bfloat16, 64>(p, tiles, seqs, stream)
-                : LaunchPrefill<__half, 64>(p, tiles, seqs, stream);
-  }
-  return bf16 ? LaunchPrefill<__nv_bfloat16, 128>(p, tiles, seqs, stream)
-              : LaunchPrefill<__half, 128>(p, tiles, seqs, stream);
+  return s.head_dim == 64 ? LaunchFor<64>(p, dtype, tiles, seqs, stream)
+                          : LaunchFor<128>(p, dtype, tiles, seqs, stream);
 }
 
 }  // namespace sg::kernels

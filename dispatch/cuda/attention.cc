@@ -99,7 +99,7 @@ PreparedOr Prepare(const ops::Attention& op, const CudaPrepareContext& c) {
             "Attention node '", name, "': ", cache[0], " KV slots do not fit in 32 bits"));
       }
       state->slots = static_cast<int>(cache[0]);
-      // The tensor-core prefill kernel has no sliding window or soft-capping: such nodes
+      // The tiled prefill kernel has no sliding window or soft-capping: such nodes
       // run on the row-by-row kernel, which has both.
       state->prefill_kernel =
           op.window == 0 && op.softcap == 0.0f &&

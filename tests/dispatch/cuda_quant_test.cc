@@ -671,8 +671,8 @@ TEST(QuantConformanceCasesTest, EveryFormatAndDTypeIsCovered) {
   EXPECT_EQ(EmbeddingCases().size(), 8u * 3u * 3u);
   EXPECT_EQ(FusedCases().size(), 8u * 3u * (7u + 2u + 2u) + 5u * 3u * 2u + 3u * 5u);
   // Per format and x dtype: 6 shapes automatic, 3 of them in 3 forced block shapes, the
-  // long one staged; and f32 x rounded to bf16 once.
-  EXPECT_EQ(MmaMatmulCases().size(), 8u * (3u * (6u + 3u * 3u + 1u) + 1u));
+  // long one staged; f32 x rounded to bf16 once, and in two parts three times.
+  EXPECT_EQ(MmaMatmulCases().size(), 8u * (3u * (6u + 3u * 3u + 1u) + 1u + 3u));
   EXPECT_EQ(MmaFusedCases().size(), 8u * 3u * (6u + 1u) + 3u * 2u);
 }
 
