@@ -11,6 +11,7 @@
 #include <limits>
 #include <new>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "models/model_files.h"
@@ -227,6 +228,7 @@ class DecodeSession::Impl {
   absl::StatusOr<std::vector<float>> Logits(int64_t slot);
   absl::StatusOr<std::vector<double>> TimedSteps(int64_t n);
   absl::StatusOr<std::vector<NodeTime>> ProfileStep();
+  absl::StatusOr<std::vector<NodeTime>> ProfilePrefill(const PrefillRequest& request);
 
  private:
   struct Slot {
@@ -363,6 +365,9 @@ class DecodeSession::Impl {
   int32_t* prefill_inputs_ = nullptr;
   int32_t* prefill_staging_ = nullptr;
   int64_t prefill_staged_ = 0;  // areas of the ring used since the last wait
+  // Set by ProfilePrefill: each prefill step runs eagerly, its (runner step, node times)
+  // appended here.
+  std::vector<std::pair<int, std::vector<double>>>* prefill_profile_ = nullptr;
   int64_t prefill_steps_run_ = 0;
 
   std::vector<Slot> slots_;
@@ -1007,7 +1012,12 @@ absl::Status DecodeSession::Impl::RunPrefillStep(size_t shape_index,
     }
   }
   SG_RETURN_IF_ERROR(runner_->Copy(prefill_inputs_, area, block.bytes()));
-  SG_RETURN_IF_ERROR(runner_->Run(shape.step));
+  if (prefill_profile_ != nullptr) {
+    SG_ASSIGN_OR_RETURN(std::vector<double> node_ms, ProfileNodes(*runner_, shape.step));
+    prefill_profile_->push_back({shape.step, std::move(node_ms)});
+  } else {
+    SG_RETURN_IF_ERROR(runner_->Run(shape.step));
+  }
   ++prefill_steps_run_;
   return absl::OkStatus();
 }
@@ -1434,6 +1444,30 @@ absl::StatusOr<std::vector<NodeTime>> DecodeSession::Impl::ProfileStep() {
   return out;
 }
 
+absl::StatusOr<std::vector<NodeTime>> DecodeSession::Impl::ProfilePrefill(
+    const PrefillRequest& request) {
+  std::vector<std::pair<int, std::vector<double>>> steps;
+  prefill_profile_ = &steps;
+  const absl::Status prefilled = Prefill(absl::MakeConstSpan(&request, 1));
+  prefill_profile_ = nullptr;
+  SG_RETURN_IF_ERROR(prefilled);
+  SG_RETURN_IF_ERROR(CheckErrorFlags());
+  // Per node name, in the order of first appearance: the prefill shapes' graphs come from
+  // one builder, so a node of the last (shorter) step adds to its namesake of the first.
+  std::vector<NodeTime> out;
+  absl::flat_hash_map<std::string, size_t> index;
+  for (const auto& [step, node_ms] : steps) {
+    const Graph& g = runner_->plan(step).graph();
+    for (int32_t i = 0; i < g.num_nodes() && i < static_cast<int32_t>(node_ms.size()); ++i) {
+      const Node& node = g.nodes()[i];
+      const auto [at, added] = index.try_emplace(node.name, out.size());
+      if (added) out.push_back({i, node.name, std::string(OpName(node.op)), 0.0});
+      out[at->second].ms += node_ms[static_cast<size_t>(i)];
+    }
+  }
+  return out;
+}
+
 // ---- DecodeSession: the public face, forwarding to Impl (to every rank's).
 
 struct DecodeSession::Ranks {
@@ -1585,6 +1619,11 @@ absl::StatusOr<std::vector<double>> DecodeSession::TimedSteps(int64_t n) {
 }
 absl::StatusOr<std::vector<NodeTime>> DecodeSession::ProfileStep() {
   return OnEveryRank([&](Impl& i) { return i.ProfileStep(); });
+}
+absl::StatusOr<std::vector<NodeTime>> DecodeSession::ProfilePrefill(
+    int64_t slot, absl::Span<const int32_t> prompt, int32_t seed) {
+  const PrefillRequest request{slot, prompt, seed};
+  return OnEveryRank([&](Impl& i) { return i.ProfilePrefill(request); });
 }
 
 }  // namespace sg

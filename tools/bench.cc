@@ -52,7 +52,8 @@ std::vector<int32_t> BenchPrompt(int64_t n, int64_t vocab, int64_t sequence) {
   return p;
 }
 
-void PrintProfile(const std::vector<std::vector<NodeTime>>& runs, double replayed_ms) {
+void PrintProfile(const std::vector<std::vector<NodeTime>>& runs, double replayed_ms,
+                  const std::string& what = "one eager step") {
   if (runs.empty()) return;
   const size_t nodes = runs[0].size();
   std::map<std::string, std::pair<int, double>> by_op;
@@ -68,8 +69,8 @@ void PrintProfile(const std::vector<std::vector<NodeTime>>& runs, double replaye
     op.second += ms;
     by_node.push_back({ms, i});
   }
-  std::printf("profile: one eager step, device time per node (median of %zu): %.3f ms in all",
-              runs.size(), total);
+  std::printf("profile: %s, device time per node (median of %zu): %.3f ms in all",
+              what.c_str(), runs.size(), total);
   if (replayed_ms > 0) std::printf(" (the replayed step takes %.3f ms)", replayed_ms);
   std::printf("\n  %-12s %6s %10s %7s\n", "op", "nodes", "ms", "share");
   std::vector<std::pair<double, std::string>> ops;
@@ -133,6 +134,19 @@ absl::Status MeasureTtft(const Options& o, DecodeSession& s, double matmul_tflop
       ttft_ms.push_back(t);
     }
     progress.Done();
+    if (o.profile && s.prefill_chunk() > 0 &&
+        len == *std::max_element(o.ttft_lengths.begin(), o.ttft_lengths.end())) {
+      // The same prompt once more, its prefill steps eager with every node timed: where a
+      // prompt's time goes, node by node, summed over its steps.
+      SG_RETURN_IF_ERROR(s.runner().Sync());
+      absl::StatusOr<std::vector<NodeTime>> nodes = s.ProfilePrefill(0, prompt);
+      SG_RETURN_IF_ERROR(nodes.status());
+      if (!nodes->empty()) {
+        PrintProfile({*std::move(nodes)}, 0.0,
+                     absl::StrCat("the eager prefill of the ", len,
+                                  "-token prompt, each node summed over its steps"));
+      }
+    }
     const double p = Median(prefill_ms), t = Median(ttft_ms);
     std::string rate;
     if (matmul_tflops > 0) {

@@ -395,7 +395,8 @@ const Flag kFlags[] = {
        return absl::OkStatus();
      }},
     {"--profile", nullptr, nullptr, kBench, false,
-     "also time every node of an eager step (device time per node)", nullptr, EnvRule::kNone,
+     "also time every node of an eager step, and of the longest --ttft-lengths prompt's "
+     "prefill steps (device time per node)", nullptr, EnvRule::kNone,
      &SetSwitch<&Options::profile>},
     {"--prefill-chunk", nullptr, "N", kRun | kChat | kBench | kServe, false,
      "prompt tokens per prefill step (default 256; 0: one token per decode step)", nullptr,

@@ -17,6 +17,7 @@
 #include <fstream>
 #include <iterator>
 #include <limits>
+#include <map>
 #include <memory>
 #include <numeric>
 #include <random>
@@ -366,6 +367,43 @@ TEST(SessionCpuTest, TimedStepsAndProfiledStepsAreOrdinarySteps) {
   EXPECT_EQ(profile->back().op, "Advance");
   ASSERT_TRUE(s->Generate(3).ok());
   EXPECT_EQ(*s->Tokens(0), Alone(o, a, 8));
+}
+
+// A profiled prefill is an ordinary prefill: the same ids after it; its nodes are the
+// prefill graph's, once each by name, summed over the prompt's steps (three of 8 rows
+// and one of the rest for a prompt of 29 tokens).
+TEST(SessionCpuTest, ProfiledPrefillIsAnOrdinaryPrefill) {
+  SessionOptions o = CpuOptions(1, 64);
+  o.prefill_chunk = 8;
+  const std::vector<int32_t> a = Prompt(29, 31);
+  std::unique_ptr<DecodeSession> s = MakeSession(o);
+  ASSERT_NE(s, nullptr);
+  absl::StatusOr<std::vector<NodeTime>> nodes = s->ProfilePrefill(0, a);
+  ASSERT_TRUE(nodes.ok()) << nodes.status();
+  EXPECT_EQ(s->prefill_steps(), 4);
+  ASSERT_FALSE(nodes->empty());
+  std::set<std::string> names;
+  std::map<std::string, int> ops;
+  double total = 0;
+  for (const NodeTime& n : *nodes) {
+    EXPECT_TRUE(names.insert(n.name).second) << n.name << " twice";
+    EXPECT_GE(n.ms, 0.0) << n.name;
+    ++ops[n.op];
+    total += n.ms;
+  }
+  EXPECT_GT(total, 0.0);
+  // A prefill step computes no logits, so its last layer stops at the KV writes.
+  EXPECT_EQ(ops["Attention"], TinyLlamaConfig().num_hidden_layers - 1);
+  EXPECT_EQ(ops["KvWrite"], 2 * TinyLlamaConfig().num_hidden_layers);
+  EXPECT_EQ(nodes->front().op, "Embedding");
+  ASSERT_TRUE(s->Generate(6).ok());
+  EXPECT_EQ(*s->Tokens(0), Alone(o, a, 6));
+  // No prefill step, nothing to time: a one-token prompt, and prompts fed by decode steps.
+  nodes = s->ProfilePrefill(0, Prompt(1, 3));
+  ASSERT_TRUE(nodes.ok()) << nodes.status();
+  EXPECT_TRUE(nodes->empty());
+  // What Prefill refuses, ProfilePrefill refuses.
+  EXPECT_EQ(s->ProfilePrefill(3, a).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST(SessionCpuTest, FixtureFoldersMatchTransformers) {

@@ -304,6 +304,14 @@ class DecodeSession {
   // node's device time, not the host's launch overhead.
   absl::StatusOr<std::vector<NodeTime>> ProfileStep();
 
+  // Prefill (as Prefill(slot, prompt, seed)) with every prefill step run eagerly and each
+  // node timed (as ProfileStep): per node of the prefill steps' graphs, by name in the
+  // order of first appearance, its time summed over the steps the prompt took, in ms.
+  // Empty when the prompt takes no prefill step (prefill_chunk 0, or one token).
+  absl::StatusOr<std::vector<NodeTime>> ProfilePrefill(int64_t slot,
+                                                       absl::Span<const int32_t> prompt,
+                                                       int32_t seed = 0);
+
  private:
   // The slots, the runner and the buffers on its device (runtime/session.cc).
   class Impl;
