@@ -89,7 +89,7 @@ inline constexpr int kPrefillKeyTile = 32;
 // LaunchAttention's row-by-row kernel serves prefill steps too.
 bool PrefillAttentionSupported(const AttentionShape& s, DType dtype, int rows_per_seq);
 
-// Sets what the prefill kernel needs once per process (their shared memory carve-out),
+// Sets what the prefill kernel needs once per process (its shared memory carve-out),
 // outside any capture: call it when a dispatcher is made.
 cudaError_t PreparePrefillAttention();
 

@@ -24,8 +24,6 @@
 
 #include <cmath>
 #include <cstdint>
-#include <cstring>
-#include <type_traits>
 
 #include "kernels/attention.cuh"
 #include "kernels/common.cuh"
@@ -71,30 +69,17 @@ __host__ __device__ constexpr int64_t SmemBytes() {
          static_cast<int64_t>(kBQ) * kPLd * 4 + kBQ * 4;
 }
 
-// Four consecutive elements of shared memory as f32.
+// Four consecutive elements as f32 (one access of 4 · sizeof(T) bytes), and back.
 template <typename T>
 __device__ __forceinline__ float4 Load4(const T* p) {
-  if constexpr (std::is_same_v<T, float>) {
-    return *reinterpret_cast<const float4*>(p);
-  } else {
-    const uint2 u = *reinterpret_cast<const uint2*>(p);
-    T e[4];
-    memcpy(e, &u, 8);
-    return make_float4(ToFloat(e[0]), ToFloat(e[1]), ToFloat(e[2]), ToFloat(e[3]));
-  }
+  float f[4];
+  LoadFloats<T, 4>(p, f);
+  return make_float4(f[0], f[1], f[2], f[3]);
 }
-
-// Four f32 values stored as T, rounded as FromFloat rounds.
 template <typename T>
 __device__ __forceinline__ void Store4(T* p, float4 v) {
-  if constexpr (std::is_same_v<T, float>) {
-    *reinterpret_cast<float4*>(p) = v;
-  } else {
-    T e[4] = {FromFloat<T>(v.x), FromFloat<T>(v.y), FromFloat<T>(v.z), FromFloat<T>(v.w)};
-    uint2 u;
-    memcpy(&u, e, 8);
-    *reinterpret_cast<uint2*>(p) = u;
-  }
+  StoreVec<T, 4>(p, Vec<T, 4>{{FromFloat<T>(v.x), FromFloat<T>(v.y), FromFloat<T>(v.z),
+                              FromFloat<T>(v.w)}});
 }
 
 template <typename T, int D>
@@ -141,16 +126,14 @@ __global__ void __launch_bounds__(kThreads) PrefillAttentionKernel(const Prefill
   }
   for (int i = tid; i < kBQ * kChunks; i += kThreads) {
     const int r = i / kChunks, c = (i % kChunks) * kVec;
-    uint4 w = make_uint4(0u, 0u, 0u, 0u);
+    float f[kVec] = {};
     if (local0 + r < p.rows_per_seq) {
-      w = __ldg(reinterpret_cast<const uint4*>(static_cast<const T*>(p.q) +
-                                               (row0 + r) * q_stride +
-                                               static_cast<int64_t>(head) * D + c));
+      LoadFloatsVec16<T, kVec>(
+          static_cast<const T*>(p.q) + (row0 + r) * q_stride + static_cast<int64_t>(head) * D + c,
+          f);
     }
-    T e[kVec];
-    memcpy(e, &w, 16);
 #pragma unroll
-    for (int j = 0; j < kVec; ++j) q_s[r * kQ + c + j] = ToFloat(e[j]);
+    for (int j = 0; j < kVec; ++j) q_s[r * kQ + c + j] = f[j];
   }
   __syncthreads();
 

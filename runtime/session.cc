@@ -1429,12 +1429,9 @@ absl::StatusOr<std::vector<double>> DecodeSession::Impl::TimedSteps(int64_t n) {
   return ms;
 }
 
-absl::StatusOr<std::vector<NodeTime>> DecodeSession::Impl::ProfileStep() {
-  std::vector<double> node_ms;
-  SG_RETURN_IF_ERROR(Step(&node_ms));
-  SG_RETURN_IF_ERROR(Drain());
-  SG_RETURN_IF_ERROR(CheckErrorFlags());
-  const Graph& g = runner_->plan(static_cast<int>(last_bucket_)).graph();
+namespace {
+// The nodes of `g` with the times ProfileNodes measured for them.
+std::vector<NodeTime> NodeTimesOf(const Graph& g, const std::vector<double>& node_ms) {
   std::vector<NodeTime> out;
   out.reserve(node_ms.size());
   for (int32_t i = 0; i < g.num_nodes() && i < static_cast<int32_t>(node_ms.size()); ++i) {
@@ -1442,6 +1439,15 @@ absl::StatusOr<std::vector<NodeTime>> DecodeSession::Impl::ProfileStep() {
     out.push_back({i, node.name, std::string(OpName(node.op)), node_ms[i]});
   }
   return out;
+}
+}  // namespace
+
+absl::StatusOr<std::vector<NodeTime>> DecodeSession::Impl::ProfileStep() {
+  std::vector<double> node_ms;
+  SG_RETURN_IF_ERROR(Step(&node_ms));
+  SG_RETURN_IF_ERROR(Drain());
+  SG_RETURN_IF_ERROR(CheckErrorFlags());
+  return NodeTimesOf(runner_->plan(static_cast<int>(last_bucket_)).graph(), node_ms);
 }
 
 absl::StatusOr<std::vector<NodeTime>> DecodeSession::Impl::ProfilePrefill(
@@ -1457,12 +1463,13 @@ absl::StatusOr<std::vector<NodeTime>> DecodeSession::Impl::ProfilePrefill(
   std::vector<NodeTime> out;
   absl::flat_hash_map<std::string, size_t> index;
   for (const auto& [step, node_ms] : steps) {
-    const Graph& g = runner_->plan(step).graph();
-    for (int32_t i = 0; i < g.num_nodes() && i < static_cast<int32_t>(node_ms.size()); ++i) {
-      const Node& node = g.nodes()[i];
-      const auto [at, added] = index.try_emplace(node.name, out.size());
-      if (added) out.push_back({i, node.name, std::string(OpName(node.op)), 0.0});
-      out[at->second].ms += node_ms[static_cast<size_t>(i)];
+    for (NodeTime& t : NodeTimesOf(runner_->plan(step).graph(), node_ms)) {
+      const auto [at, added] = index.try_emplace(t.name, out.size());
+      if (added) {
+        out.push_back(std::move(t));
+      } else {
+        out[at->second].ms += t.ms;
+      }
     }
   }
   return out;
