@@ -1,5 +1,6 @@
 // Benchmarks of decode attention, prefill attention (chunks of 256 and 2,048 rows; bf16
-// and f32, each also on the row-by-row kernel),
+// and f32, each also on the row-by-row kernel; the prefill launcher's tensor-core and
+// CUDA-core kernels for bf16 and f16),
 // Argmax and Sample at Llama-3.2-1B shapes (32 heads, 8 kv
 // heads, head dim 64, vocab 128256, bf16), M = 1 and 8, run through CudaDispatch exactly
 // as a step runs them, plus sweeps that call the launchers directly: attention at fixed
@@ -75,7 +76,8 @@ void Record(const Result& r) {
   g->results.push_back(r);
 }
 
-// Random bf16 (or f32) values uniform in [-range, range) (never zeros), or i32 values `fill`.
+// Random bf16 (or f16, f32) values uniform in [-range, range) (never zeros), or i32 values
+// `fill`.
 absl::StatusOr<DeviceMemory> Upload(DType dtype, int64_t count, uint64_t seed, float range,
                                     int32_t fill = 0) {
   std::vector<uint16_t> half;
@@ -94,7 +96,8 @@ absl::StatusOr<DeviceMemory> Upload(DType dtype, int64_t count, uint64_t seed, f
       s ^= s << 25;
       s ^= s >> 27;
       const float u = (static_cast<float>((s * 0x2545F4914F6CDD1Dull) >> 40) / 16777216.0f * 2 - 1) * range;
-      half[i] = FloatToBF16(u == 0.0f ? 0.5f * range : u);
+      const float value = u == 0.0f ? 0.5f * range : u;
+      half[i] = dtype == DType::kF16 ? FloatToHalf(value) : FloatToBF16(value);
       if (dtype == DType::kF32) floats[i] = u == 0.0f ? 0.5f * range : u;
     }
     src = dtype == DType::kF32 ? static_cast<const void*>(floats.data()) : half.data();
@@ -299,6 +302,71 @@ void BM_PrefillAttention(benchmark::State& state, DType dt, int64_t t, int64_t b
   if (!s.ok()) Fail(state, s);
 }
 
+// The prefill launcher itself for bf16 (or f16) rows: the tensor-core kernel against the
+// CUDA-core one that f32 takes (AttentionArgs::prefill_cuda_cores), one sequence of t rows
+// at positions begin..begin + t - 1, caches [1, 8, S, 64], S = begin + t.
+void BM_PrefillKernels(benchmark::State& state, DType dt, int64_t t, int64_t begin,
+                       bool cuda_cores) {
+  absl::Status s = [&]() -> absl::Status {
+    const int64_t seq = begin + t;
+    const kernels::AttentionShape shape{static_cast<int>(t), static_cast<int>(kHeads),
+                                        static_cast<int>(kKvHeads), static_cast<int>(seq),
+                                        static_cast<int>(kHeadDim)};
+    const int64_t e = DTypeBytes(dt);
+    const int64_t cache_elems = kKvHeads * seq * kHeadDim;
+    const int64_t q_elems = t * kHeads * kHeadDim;
+    const int n = Copies(2 * cache_elems * e + 2 * q_elems * e);
+    std::vector<int32_t> positions(static_cast<size_t>(t));
+    for (int64_t i = 0; i < t; ++i) positions[i] = static_cast<int32_t>(begin + i);
+    SG_ASSIGN_OR_RETURN(DeviceMemory pos_buf, AllocateDevice(t * 4, "pos"));
+    SG_RETURN_IF_ERROR(ToStatus(cudaMemcpy(pos_buf.get(), positions.data(), t * 4,
+                                           cudaMemcpyHostToDevice), "cudaMemcpy(pos)"));
+    SG_ASSIGN_OR_RETURN(DeviceMemory slot_buf, Upload(DType::kI32, 1, 0, 0, 0));
+    SG_ASSIGN_OR_RETURN(DeviceMemory flags, Upload(DType::kI32, 1, 0, 0, 0));
+    std::vector<DeviceMemory> q, k, v, out;
+    for (int i = 0; i < n; ++i) {
+      SG_ASSIGN_OR_RETURN(DeviceMemory qb, Upload(dt, q_elems, 3 * i + 1, 1.0f));
+      SG_ASSIGN_OR_RETURN(DeviceMemory kb, Upload(dt, cache_elems, 3 * i + 2, 1.0f));
+      SG_ASSIGN_OR_RETURN(DeviceMemory vb, Upload(dt, cache_elems, 3 * i + 3, 1.0f));
+      SG_ASSIGN_OR_RETURN(DeviceMemory ob, AllocateDevice(q_elems * e, "out"));
+      q.push_back(std::move(qb));
+      k.push_back(std::move(kb));
+      v.push_back(std::move(vb));
+      out.push_back(std::move(ob));
+    }
+    const std::string name = absl::StrCat(DTypeName(dt), cuda_cores ? "_cuda_cores" : "_mma",
+                                          "/T", t, "/from", begin);
+    SG_RETURN_IF_ERROR(TimeCaptured(
+        state, n,
+        [&](int i) -> absl::Status {
+          kernels::AttentionArgs a;
+          a.q = q[i].get();
+          a.k_cache = k[i].get();
+          a.v_cache = v[i].get();
+          a.pos = static_cast<const int32_t*>(pos_buf.get());
+          a.out = out[i].get();
+          a.scale = 0.125f;
+          a.error_flags = static_cast<uint32_t*>(flags.get());
+          a.seq_slots = static_cast<const int32_t*>(slot_buf.get());
+          a.rows_per_seq = static_cast<int>(t);
+          a.slots = 1;
+          a.prefill_cuda_cores = cuda_cores;
+          return ToStatus(kernels::LaunchPrefillAttention(a, shape, dt, g->stream.get()),
+                          "LaunchPrefillAttention");
+        },
+        "PrefillKernels", name, 2.0 * cache_elems * e + 2.0 * q_elems * e));
+    double keys = 0;
+    for (int64_t i = 0; i < t; ++i) keys += static_cast<double>(begin + i + 1);
+    double us = 0;
+    for (const Result& r : g->results) {
+      if (r.kernel == "PrefillKernels" && r.shape == name) us = r.us;
+    }
+    state.counters["TFLOP/s"] = 4.0 * kHeads * kHeadDim * keys / (us * 1e-6) * 1e-12;
+    return absl::OkStatus();
+  }();
+  if (!s.ok()) Fail(state, s);
+}
+
 // The attention launcher at a fixed chunk count (M = 1, S = 4096), for tuning.
 void BM_AttentionChunks(benchmark::State& state, int chunks) {
   absl::Status s = [&]() -> absl::Status {
@@ -468,6 +536,18 @@ int main(int argc, char** argv) {
                          "/from", begin),
             [dt, t, begin, rows](benchmark::State& s) {
               sg::BM_PrefillAttention(s, dt, t, begin, rows);
+            });
+      }
+    }
+  }
+  for (sg::DType dt : {sg::DType::kBF16, sg::DType::kF16}) {
+    for (bool cuda_cores : {false, true}) {
+      for (const auto& [t, begin] :
+           {std::pair<int64_t, int64_t>{256, 0}, {256, 1792}, {2048, 0}}) {
+        reg(absl::StrCat("PrefillKernels/", sg::DTypeName(dt),
+                         cuda_cores ? "_cuda_cores" : "_mma", "/T", t, "/from", begin),
+            [dt, t, begin, cuda_cores](benchmark::State& s) {
+              sg::BM_PrefillKernels(s, dt, t, begin, cuda_cores);
             });
       }
     }

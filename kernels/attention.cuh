@@ -66,6 +66,9 @@ struct AttentionArgs {
   const int32_t* seq_slots = nullptr;
   int rows_per_seq = 1;
   int slots = 0;
+  // LaunchPrefillAttention: bf16 and f16 on the CUDA-core kernel that f32 takes instead of
+  // the tensor-core one (benchmarks compare them).
+  bool prefill_cuda_cores = false;
 };
 
 // One launch. Rows with pos < 0 get zeros; rows with pos >= seq_len get zeros and raise

@@ -307,12 +307,335 @@ cudaError_t LaunchPrefill(const PrefillParams& p, int tiles, int seqs, Stream st
   return e;
 }
 
+
+// ---- bf16 and f16 on tensor cores (FlashAttention-2's register layout) -----------------
+//
+// The same walk with S, P and O in registers: each of a block's four warps owns 16 of its
+// 64 rows. Per key tile of kMmaKeys: S (16 × kMmaKeys) = Q · Kᵀ by m16n8k16 MMAs (Q's A
+// fragments loaded once by ldmatrix, K's B fragments by ldmatrix from the key rows), the
+// online softmax on the accumulators (a quad of lanes shares a row), P rounded to T and
+// reused as the A fragments of P · V without leaving registers (the accumulator layout of
+// two n8 tiles is the A layout of one k16 step), V's B fragments by ldmatrix.trans, O in
+// f32 accumulators rescaled per row. Q, K and V arrive by cp.async (the next tile in
+// flight); smem rows are padded by 16 bytes, so ldmatrix's eight row addresses hit
+// different banks. A warp whose rows all end before a tile skips its MMAs.
+constexpr int kMmaKeys = 64;
+constexpr int kMmaWarps = 4;
+constexpr int kMmaThreads = kMmaWarps * kWarpSize;
+static_assert(kBQ == 16 * kMmaWarps);
+
 template <int D>
-cudaError_t LaunchFor(const PrefillParams& p, DType dtype, int tiles, int seqs, Stream stream) {
+constexpr int kMmaLd = D + 8;  // elements of a Q, K or V row in shared memory
+
+template <int D>
+__host__ __device__ constexpr int64_t MmaSmemBytes() {
+  return (static_cast<int64_t>(kBQ) + 4 * kMmaKeys) * kMmaLd<D> * 2 + kBQ * 4;
+}
+
+__device__ __forceinline__ void LdMatrixX4(uint32_t (&r)[4], const void* row) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const auto a = static_cast<unsigned>(__cvta_generic_to_shared(row));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(a));
+#endif
+}
+
+__device__ __forceinline__ void LdMatrixX4Trans(uint32_t (&r)[4], const void* row) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const auto a = static_cast<unsigned>(__cvta_generic_to_shared(row));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(a));
+#endif
+}
+
+// d += a · b: one m16n8k16 MMA, T operands (bf16 or f16), f32 accumulators.
+template <typename T>
+__device__ __forceinline__ void Mma16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                         uint32_t b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
+        "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  } else {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, "
+        "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+#endif
+}
+
+// Two f32 values as a T pair in one register (x in the low half), rounded to nearest.
+template <typename T>
+__device__ __forceinline__ uint32_t PackPair(float x, float y) {
+  uint32_t u;
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    const __nv_bfloat162 v = __floats2bfloat162_rn(x, y);
+    memcpy(&u, &v, 4);
+  } else {
+    const __half2 v = __floats2half2_rn(x, y);
+    memcpy(&u, &v, 4);
+  }
+  return u;
+}
+
+template <typename T, int D>
+__global__ void __launch_bounds__(kMmaThreads) PrefillAttentionMmaKernel(const PrefillParams p) {
+  AwaitPrerequisiteGrids();
+  extern __shared__ __align__(128) unsigned char smem[];
+  __shared__ int s_kmax;
+  constexpr int kLd = kMmaLd<D>;
+  constexpr int kVec = 8;              // elements of a 16-byte chunk
+  constexpr int kChunks = D / kVec;    // chunks of a row
+  constexpr int kSTiles = kMmaKeys / 8;  // n8 tiles of S
+  constexpr int kOTiles = D / 8;         // n8 tiles of O
+  T* q_s = reinterpret_cast<T*>(smem);   // [kBQ][kLd]
+  T* k_s = q_s + kBQ * kLd;              // [2][kMmaKeys][kLd]
+  T* v_s = k_s + 2 * kMmaKeys * kLd;     // [2][kMmaKeys][kLd]
+  int* s_pos = reinterpret_cast<int*>(v_s + 2 * kMmaKeys * kLd);
+
+  const int tid = threadIdx.x, warp = tid / kWarpSize, lane = tid % kWarpSize;
+  const int g = lane / 4, t4 = lane % 4;  // the fragment's row and column pair
+  const int head = blockIdx.y, seq = blockIdx.z;
+  const int local0 = blockIdx.x * kBQ;
+  const int64_t row0 = static_cast<int64_t>(seq) * p.rows_per_seq + local0;
+  const int kv_head = head / (p.heads / p.kv_heads);
+  const int slot = p.seq_slots[seq];
+  const bool slot_ok = slot >= 0 && slot < p.slots;
+  const int64_t q_stride = static_cast<int64_t>(p.heads) * D;
+
+  if (tid == 0) s_kmax = -1;
+  __syncthreads();
+  for (int r = tid; r < kBQ; r += kMmaThreads) {
+    int pos = -1;
+    if (local0 + r < p.rows_per_seq) {
+      pos = p.pos[row0 + r];
+      if (pos >= 0 && (pos >= p.seq_len || !slot_ok)) {
+        if (head == 0) atomicOr(p.error_flags, kErrorPositionOutOfRange);
+        pos = -1;
+      }
+    }
+    s_pos[r] = pos;
+    if (pos >= 0) atomicMax(&s_kmax, pos);
+  }
+  // Q's rows (zeros past the sequence's end) in the same copy group as the first tile.
+  for (int i = tid; i < kBQ * kChunks; i += kMmaThreads) {
+    const int r = i / kChunks, c = (i % kChunks) * kVec;
+    const bool valid = local0 + r < p.rows_per_seq;
+    CopyAsync16(q_s + r * kLd + c,
+                static_cast<const T*>(p.q) + (valid ? (row0 + r) * q_stride : 0) +
+                    static_cast<int64_t>(head) * D + c,
+                valid);
+  }
+  __syncthreads();
+
+  const int kmax = s_kmax;  // block-uniform
+  const int64_t cache_offset =
+      (static_cast<int64_t>(slot_ok ? slot : 0) * p.kv_heads + kv_head) * p.seq_len * D;
+  const T* k_rows = static_cast<const T*>(p.k) + cache_offset;
+  const T* v_rows = static_cast<const T*>(p.v) + cache_offset;
+  // Keys past kmax (never past seq_len - 1) arrive as zeros without a read: masked in S,
+  // and zero V rows keep P · V finite whatever the cache holds there.
+  const auto load_tile = [&](int kb, int stage) {
+    T* ks = k_s + stage * kMmaKeys * kLd;
+    T* vs = v_s + stage * kMmaKeys * kLd;
+    for (int i = tid; i < kMmaKeys * kChunks; i += kMmaThreads) {
+      const int r = i / kChunks, c = (i % kChunks) * kVec;
+      const int key = kb + r;
+      const bool valid = key <= kmax;
+      const int64_t at = static_cast<int64_t>(valid ? key : 0) * D + c;
+      CopyAsync16(ks + r * kLd + c, k_rows + at, valid);
+      CopyAsync16(vs + r * kLd + c, v_rows + at, valid);
+    }
+    CommitCopies();
+  };
+
+  // This warp's rows g and g + 8: positions, and the largest (its last useful key).
+  const int pos_lo = s_pos[warp * 16 + g], pos_hi = s_pos[warp * 16 + g + 8];
+  int warp_kmax = max(pos_lo, pos_hi);
+#pragma unroll
+  for (int off = 4; off < kWarpSize; off *= 2) {
+    warp_kmax = max(warp_kmax, __shfl_xor_sync(kFullMask, warp_kmax, off));
+  }
+
+  const int tiles = kmax < 0 ? 0 : kmax / kMmaKeys + 1;
+  if (tiles > 0) {
+    load_tile(0, 0);  // closes Q's copies too
+  } else {
+    CommitCopies();
+    AwaitCopies<0>();  // no copy outlives the block
+  }
+
+  uint32_t qf[D / 16][4];
+  float o[kOTiles][4];
+#pragma unroll
+  for (int j = 0; j < kOTiles; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
+  float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0.0f, l_hi = 0.0f;
+
+  for (int t = 0; t < tiles; ++t) {
+    const int stage = t & 1;
+    if (t + 1 < tiles) {
+      load_tile((t + 1) * kMmaKeys, stage ^ 1);
+      AwaitCopies<1>();
+    } else {
+      AwaitCopies<0>();
+    }
+    __syncthreads();
+    if (t == 0) {
+      // Q's A fragments: matrices (rows 0-7 | 8-15) × (k 0-7 | 8-15) of the warp's rows.
+      const int mat = lane / 8;
+      const T* at = q_s + (warp * 16 + lane % 8 + (mat % 2) * 8) * kLd + (mat / 2) * 8;
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) LdMatrixX4(qf[kk], at + kk * 16);
+    }
+    const int kb = t * kMmaKeys;
+    if (kb <= warp_kmax) {
+      const T* ks = k_s + stage * kMmaKeys * kLd;
+      const T* vs = v_s + stage * kMmaKeys * kLd;
+      float sc[kSTiles][4];
+#pragma unroll
+      for (int j = 0; j < kSTiles; ++j) sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.0f;
+      // S = Q · Kᵀ: per pair of n8 tiles and k16 step, one ldmatrix.x4 of key rows gives
+      // both tiles' B fragments (keys n..n+7 | n+8..n+15) × (k lo | k hi).
+      {
+        const int mat = lane / 8;
+        const T* at = ks + (lane % 8 + (mat / 2) * 8) * kLd + (mat % 2) * 8;
+#pragma unroll
+        for (int j = 0; j < kSTiles; j += 2) {
+#pragma unroll
+          for (int kk = 0; kk < D / 16; ++kk) {
+            uint32_t b[4];
+            LdMatrixX4(b, at + j * 8 * kLd + kk * 16);
+            Mma16816<T>(sc[j], qf[kk], b[0], b[1]);
+            Mma16816<T>(sc[j + 1], qf[kk], b[2], b[3]);
+          }
+        }
+      }
+      // Online softmax (base 2): rows g (c0, c1) and g + 8 (c2, c3); a quad shares a row.
+      float mx_lo = -INFINITY, mx_hi = -INFINITY;
+#pragma unroll
+      for (int j = 0; j < kSTiles; ++j) {
+        const int key = kb + j * 8 + 2 * t4;
+        sc[j][0] = key <= pos_lo ? sc[j][0] * p.scale_log2 : -INFINITY;
+        sc[j][1] = key + 1 <= pos_lo ? sc[j][1] * p.scale_log2 : -INFINITY;
+        sc[j][2] = key <= pos_hi ? sc[j][2] * p.scale_log2 : -INFINITY;
+        sc[j][3] = key + 1 <= pos_hi ? sc[j][3] * p.scale_log2 : -INFINITY;
+        mx_lo = fmaxf(mx_lo, fmaxf(sc[j][0], sc[j][1]));
+        mx_hi = fmaxf(mx_hi, fmaxf(sc[j][2], sc[j][3]));
+      }
+#pragma unroll
+      for (int o2 = 1; o2 < 4; o2 *= 2) {
+        mx_lo = fmaxf(mx_lo, __shfl_xor_sync(kFullMask, mx_lo, o2));
+        mx_hi = fmaxf(mx_hi, __shfl_xor_sync(kFullMask, mx_hi, o2));
+      }
+      const float new_lo = fmaxf(m_lo, mx_lo), new_hi = fmaxf(m_hi, mx_hi);
+      // No key for a row yet (padding, or all masked): nothing to rescale.
+      const float corr_lo = new_lo == -INFINITY ? 1.0f : exp2f(m_lo - new_lo);
+      const float corr_hi = new_hi == -INFINITY ? 1.0f : exp2f(m_hi - new_hi);
+      m_lo = new_lo;
+      m_hi = new_hi;
+      float sum_lo = 0.0f, sum_hi = 0.0f;
+#pragma unroll
+      for (int j = 0; j < kSTiles; ++j) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          sc[j][e] = sc[j][e] == -INFINITY ? 0.0f : exp2f(sc[j][e] - new_lo);
+          sc[j][2 + e] = sc[j][2 + e] == -INFINITY ? 0.0f : exp2f(sc[j][2 + e] - new_hi);
+          sum_lo += sc[j][e];
+          sum_hi += sc[j][2 + e];
+        }
+      }
+      l_lo = l_lo * corr_lo + sum_lo;  // this lane's share; the quad's sum at the end
+      l_hi = l_hi * corr_hi + sum_hi;
+#pragma unroll
+      for (int j = 0; j < kOTiles; ++j) {
+        o[j][0] *= corr_lo;
+        o[j][1] *= corr_lo;
+        o[j][2] *= corr_hi;
+        o[j][3] *= corr_hi;
+      }
+      // O += P · V: k16 step s of P is S's n8 tiles 2s and 2s + 1; V's B fragments by
+      // ldmatrix.trans of key rows (keys lo | hi) × (dims n..n+7 | n+8..n+15).
+      const int mat = lane / 8;
+      const T* at = vs + (lane % 8 + (mat % 2) * 8) * kLd + (mat / 2) * 8;
+#pragma unroll
+      for (int s2 = 0; s2 < kMmaKeys / 16; ++s2) {
+        const uint32_t a[4] = {PackPair<T>(sc[2 * s2][0], sc[2 * s2][1]),
+                               PackPair<T>(sc[2 * s2][2], sc[2 * s2][3]),
+                               PackPair<T>(sc[2 * s2 + 1][0], sc[2 * s2 + 1][1]),
+                               PackPair<T>(sc[2 * s2 + 1][2], sc[2 * s2 + 1][3])};
+#pragma unroll
+        for (int j = 0; j < kOTiles; j += 2) {
+          uint32_t b[4];
+          LdMatrixX4Trans(b, at + s2 * 16 * kLd + j * 8);
+          Mma16816<T>(o[j], a, b[0], b[1]);
+          Mma16816<T>(o[j + 1], a, b[2], b[3]);
+        }
+      }
+    }
+    __syncthreads();  // this stage is rewritten next
+  }
+
+#pragma unroll
+  for (int o2 = 1; o2 < 4; o2 *= 2) {
+    l_lo += __shfl_xor_sync(kFullMask, l_lo, o2);
+    l_hi += __shfl_xor_sync(kFullMask, l_hi, o2);
+  }
+  // l > 0 for every row with a position: key 0 is always seen.
+  const float inv_lo = pos_lo >= 0 ? 1.0f / l_lo : 0.0f;
+  const float inv_hi = pos_hi >= 0 ? 1.0f / l_hi : 0.0f;
+  const int r_lo = warp * 16 + g, r_hi = r_lo + 8;
+  T* out = static_cast<T*>(p.out) + static_cast<int64_t>(head) * D + 2 * t4;
+#pragma unroll
+  for (int j = 0; j < kOTiles; ++j) {
+    if (local0 + r_lo < p.rows_per_seq) {
+      const uint32_t v = PackPair<T>(pos_lo >= 0 ? o[j][0] * inv_lo : 0.0f,
+                                     pos_lo >= 0 ? o[j][1] * inv_lo : 0.0f);
+      *reinterpret_cast<uint32_t*>(out + (row0 + r_lo) * q_stride + j * 8) = v;
+    }
+    if (local0 + r_hi < p.rows_per_seq) {
+      const uint32_t v = PackPair<T>(pos_hi >= 0 ? o[j][2] * inv_hi : 0.0f,
+                                     pos_hi >= 0 ? o[j][3] * inv_hi : 0.0f);
+      *reinterpret_cast<uint32_t*>(out + (row0 + r_hi) * q_stride + j * 8) = v;
+    }
+  }
+}
+
+template <typename T, int D>
+cudaError_t SetMmaSmem() {
+  return cudaFuncSetAttribute(PrefillAttentionMmaKernel<T, D>,
+                              cudaFuncAttributeMaxDynamicSharedMemorySize,
+                              static_cast<int>(MmaSmemBytes<D>()));
+}
+
+template <typename T, int D>
+cudaError_t LaunchPrefillMma(const PrefillParams& p, int tiles, int seqs, Stream stream) {
+  cudaLaunchAttribute attribute[1];
+  const cudaLaunchConfig_t config = MakeLaunchConfig(
+      dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(p.heads),
+           static_cast<unsigned>(seqs)),
+      dim3(kMmaThreads), static_cast<size_t>(MmaSmemBytes<D>()), stream,
+      stream.programmatic && ProgrammaticLaunchSupported(), attribute);
+  const cudaError_t e = cudaLaunchKernelEx(&config, PrefillAttentionMmaKernel<T, D>, p);
+  if (e != cudaSuccess) (void)cudaGetLastError();
+  return e;
+}
+
+template <int D>
+cudaError_t LaunchFor(const PrefillParams& p, DType dtype, bool tensor_cores, int tiles,
+                      int seqs, Stream stream) {
   switch (dtype) {
     case DType::kF32: return LaunchPrefill<float, D>(p, tiles, seqs, stream);
-    case DType::kBF16: return LaunchPrefill<__nv_bfloat16, D>(p, tiles, seqs, stream);
-    default: return LaunchPrefill<__half, D>(p, tiles, seqs, stream);
+    case DType::kBF16:
+      return tensor_cores ? LaunchPrefillMma<__nv_bfloat16, D>(p, tiles, seqs, stream)
+                          : LaunchPrefill<__nv_bfloat16, D>(p, tiles, seqs, stream);
+    default:
+      return tensor_cores ? LaunchPrefillMma<__half, D>(p, tiles, seqs, stream)
+                          : LaunchPrefill<__half, D>(p, tiles, seqs, stream);
   }
 }
 
@@ -328,7 +651,9 @@ bool PrefillAttentionSupported(const AttentionShape& s, DType dtype, int rows_pe
 cudaError_t PreparePrefillAttention() {
   const cudaError_t errors[] = {SetSmem<float, 64>(),         SetSmem<float, 128>(),
                                 SetSmem<__nv_bfloat16, 64>(), SetSmem<__nv_bfloat16, 128>(),
-                                SetSmem<__half, 64>(),        SetSmem<__half, 128>()};
+                                SetSmem<__half, 64>(),        SetSmem<__half, 128>(),
+                                SetMmaSmem<__nv_bfloat16, 64>(), SetMmaSmem<__nv_bfloat16, 128>(),
+                                SetMmaSmem<__half, 64>(),     SetMmaSmem<__half, 128>()};
   for (const cudaError_t e : errors) {
     if (e != cudaSuccess) return e;
   }
@@ -361,8 +686,9 @@ cudaError_t LaunchPrefillAttention(const AttentionArgs& args, const AttentionSha
   p.error_flags = args.error_flags;
   const int tiles = (args.rows_per_seq + kBQ - 1) / kBQ;
   const int seqs = s.rows / args.rows_per_seq;
-  return s.head_dim == 64 ? LaunchFor<64>(p, dtype, tiles, seqs, stream)
-                          : LaunchFor<128>(p, dtype, tiles, seqs, stream);
+  const bool tensor_cores = !args.prefill_cuda_cores;
+  return s.head_dim == 64 ? LaunchFor<64>(p, dtype, tensor_cores, tiles, seqs, stream)
+                          : LaunchFor<128>(p, dtype, tensor_cores, tiles, seqs, stream);
 }
 
 }  // namespace sg::kernels
