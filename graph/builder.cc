@@ -177,6 +177,12 @@ TensorId GraphBuilder::RopeKvWrite(TensorId qkv, TensorId pos, TensorId k_cache,
                                    absl::string_view name) {
   return AddNode(ops::RopeKvWrite{rope}, name, {qkv, pos, k_cache, v_cache});
 }
+TensorId GraphBuilder::RopeKvWrite(TensorId qkv, TensorId pos, TensorId k_cache,
+                                   TensorId v_cache, TensorId q_norm, TensorId k_norm, float eps,
+                                   const ops::Rope& rope, absl::string_view name) {
+  return AddNode(ops::RopeKvWrite{.rope = rope, .head_norm = true, .eps = eps}, name,
+                 {qkv, pos, k_cache, v_cache, q_norm, k_norm});
+}
 TensorId GraphBuilder::FusedElementwise(const ops::FusedElementwise& op,
                                         absl::Span<const TensorId> inputs,
                                         absl::string_view name) {

@@ -77,7 +77,11 @@ std::string Params(const ops::FusedMatMul& op) {
   }
   return s;
 }
-std::string Params(const ops::RopeKvWrite& op) { return Params(op.rope); }
+std::string Params(const ops::RopeKvWrite& op) {
+  std::string s = Params(op.rope);
+  if (op.head_norm) absl::StrAppendFormat(&s, " head_norm eps=%g", op.eps);
+  return s;
+}
 // "silu_mul(0,1) add(2,0)": each step and the values it reads, numbered as
 // ops::FusedElementwise numbers them (the node's inputs first, then the steps).
 std::string Params(const ops::FusedElementwise& op) {
@@ -624,7 +628,7 @@ Result Infer(const ops::FusedMatMul& op, const Checker& c) {
 }
 
 Result Infer(const ops::RopeKvWrite& op, const Checker& c) {
-  SG_RETURN_IF_ERROR(c.Arity(4));
+  SG_RETURN_IF_ERROR(c.Arity(op.head_norm ? 6 : 4));
   SG_RETURN_IF_ERROR(c.Rank(0, 2, "qkv"));
   SG_RETURN_IF_ERROR(c.Float(0, "qkv"));
   const int64_t rows = c[0].shape[0];
@@ -635,6 +639,20 @@ Result Infer(const ops::RopeKvWrite& op, const Checker& c) {
   if (q_cols <= 0 || q_cols % d != 0) {
     return c.Error(absl::StrCat("qkv ", Describe(c[0]), " must have (h + 2*kvh)*d columns, h > 0",
                                 ", for caches ", Describe(c[2])));
+  }
+  if (op.head_norm) {
+    for (int i : {4, 5}) {
+      const char* role = i == 4 ? "q_norm" : "k_norm";
+      SG_RETURN_IF_ERROR(c.Rank(i, 1, role));
+      SG_RETURN_IF_ERROR(c.SameDType(0, i));
+      if (c[i].shape[0] != d) {
+        return c.Error(absl::StrCat(role, " ", Describe(c[i]), " must have head_dim ", d,
+                                    " entries"));
+      }
+    }
+    if (!(op.eps >= 0.0f) || !std::isfinite(op.eps)) {
+      return c.Error(absl::StrCat("eps must be finite and >= 0, got ", op.eps));
+    }
   }
   return TensorType{c[0].dtype, Shape{rows, q_cols}};
 }

@@ -247,7 +247,9 @@ const T* OpOf(const Editor& e, int32_t n) {
   return std::get_if<T>(&e.nodes()[n].op);
 }
 
-// Attention(Rope(q), KvWrite(Rope(k)), KvWrite(v)) with q, k, v MatMuls of one x.
+// Attention(Rope(q), KvWrite(Rope(k)), KvWrite(v)) with q, k, v MatMuls of one x, or
+// with q and k each through a HeadRmsNorm of head_dim before its Rope (Qwen3's q and k
+// norms, then RopeKvWrite's head_norm).
 absl::StatusOr<Graph> FuseQkvRopeKvWrite(Editor e) {
   for (int32_t a = 0; a < static_cast<int32_t>(e.nodes().size()); ++a) {
     // Steps whose rows map to slots through seq_slots (prefill) are left as they are:
@@ -268,8 +270,25 @@ absl::StatusOr<Graph> FuseQkvRopeKvWrite(Editor e) {
     const int32_t rk = e.Producer(e.nodes()[kw].inputs[0]);
     const auto* rope_k = OpOf<ops::Rope>(e, rk);
     if (rope_k == nullptr || !SameRope(*rope_q, *rope_k)) continue;
-    const int32_t mq = e.Producer(e.nodes()[rq].inputs[0]);
-    const int32_t mk = e.Producer(e.nodes()[rk].inputs[0]);
+    // q's and k's head norms: both or neither, one eps, each weight one head long.
+    int32_t nq = e.Producer(e.nodes()[rq].inputs[0]);
+    int32_t nk = e.Producer(e.nodes()[rk].inputs[0]);
+    const auto* norm_q = OpOf<ops::HeadRmsNorm>(e, nq);
+    const auto* norm_k = OpOf<ops::HeadRmsNorm>(e, nk);
+    const bool head_norm = norm_q != nullptr;
+    if ((norm_k != nullptr) != head_norm) continue;
+    float eps = 0.0f;
+    if (head_norm) {
+      eps = norm_q->eps;
+      if (norm_k->eps != eps ||
+          e.tensor(e.nodes()[nq].inputs[1]).shape[0] != rope_q->head_dim ||
+          e.tensor(e.nodes()[nk].inputs[1]).shape[0] != rope_q->head_dim ||
+          !e.OnlyReadBy(e.nodes()[nq].output, rq) || !e.OnlyReadBy(e.nodes()[nk].output, rk)) {
+        continue;
+      }
+    }
+    const int32_t mq = head_norm ? e.Producer(e.nodes()[nq].inputs[0]) : nq;
+    const int32_t mk = head_norm ? e.Producer(e.nodes()[nk].inputs[0]) : nk;
     const int32_t mv = e.Producer(e.nodes()[vw].inputs[0]);
     if (!FusableMatMul(e, mq) || !FusableMatMul(e, mk) || !FusableMatMul(e, mv)) continue;
     const Node& q = e.nodes()[mq];
@@ -280,8 +299,9 @@ absl::StatusOr<Graph> FuseQkvRopeKvWrite(Editor e) {
         e.nodes()[vw].inputs[1] != pos || attention.inputs[3] != pos) {
       continue;
     }
-    if (!e.OnlyReadBy(q.output, rq) || !e.OnlyReadBy(e.nodes()[rq].output, a) ||
-        !e.OnlyReadBy(e.nodes()[mk].output, rk) || !e.OnlyReadBy(e.nodes()[rk].output, kw) ||
+    if (!e.OnlyReadBy(q.output, head_norm ? nq : rq) || !e.OnlyReadBy(e.nodes()[rq].output, a) ||
+        !e.OnlyReadBy(e.nodes()[mk].output, head_norm ? nk : rk) ||
+        !e.OnlyReadBy(e.nodes()[rk].output, kw) ||
         !e.OnlyReadBy(e.nodes()[mv].output, vw)) {
       continue;
     }
@@ -296,12 +316,17 @@ absl::StatusOr<Graph> FuseQkvRopeKvWrite(Editor e) {
     if (!only_writer_and_attention(kc, kw) || !only_writer_and_attention(vc, vw)) continue;
     // `q` refers into the node list: read everything from it before inserting.
     const TensorId wq = q.inputs[1], wk = e.nodes()[mk].inputs[1], wv = e.nodes()[mv].inputs[1];
-    // The seven nodes move to the attention: nothing else between may write what they read
-    // or write.
-    const int32_t group[] = {mq, mk, mv, rq, rk, kw, vw};
-    const TensorId touched[] = {x, wq, wk, wv, pos, kc, vc};
-    if (e.WrittenBetween(*std::min_element(std::begin(group), std::end(group)), a, touched,
-                         group)) {
+    const TensorId nwq = head_norm ? e.nodes()[nq].inputs[1] : TensorId{};
+    const TensorId nwk = head_norm ? e.nodes()[nk].inputs[1] : TensorId{};
+    // The seven (nine) nodes move to the attention: nothing else between may write what
+    // they read or write.
+    absl::InlinedVector<int32_t, 9> group = {mq, mk, mv, rq, rk, kw, vw};
+    absl::InlinedVector<TensorId, 9> touched = {x, wq, wk, wv, pos, kc, vc};
+    if (head_norm) {
+      group.insert(group.end(), {nq, nk});
+      touched.insert(touched.end(), {nwq, nwk});
+    }
+    if (e.WrittenBetween(*std::min_element(group.begin(), group.end()), a, touched, group)) {
       continue;
     }
 
@@ -314,24 +339,30 @@ absl::StatusOr<Graph> FuseQkvRopeKvWrite(Editor e) {
     const ops::Rope rope = *rope_q;
     const std::string scope = Scope(q.name);
     const ops::FusedMatMul product{.weights = 3};
+    const ops::RopeKvWrite rope_kv{.rope = rope, .head_norm = head_norm, .eps = eps};
     const Tensor qkv_type{"", TensorKind::kIntermediate, dtype, Shape{rows, q_cols + 2 * kv_cols}};
-    if (!e.BackendRuns(product, {x, wq, wk, wv}) ||
-        !e.BackendRuns(ops::RopeKvWrite{rope},
-                       {&qkv_type, &e.tensor(pos), &e.tensor(kc), &e.tensor(vc)})) {
+    absl::InlinedVector<const Tensor*, 6> rope_inputs = {&qkv_type, &e.tensor(pos),
+                                                         &e.tensor(kc), &e.tensor(vc)};
+    absl::InlinedVector<TensorId, 4> rope_ids = {pos, kc, vc};
+    if (head_norm) {
+      rope_inputs.insert(rope_inputs.end(), {&e.tensor(nwq), &e.tensor(nwk)});
+      rope_ids.insert(rope_ids.end(), {nwq, nwk});
+    }
+    if (!e.BackendRuns(product, {x, wq, wk, wv}) || !e.BackendRuns(rope_kv, rope_inputs)) {
       continue;
     }
     // Both new nodes go right before the attention; every input they read exists by then.
     const TensorId qkv = e.InsertBefore(a, product, {x, wq, wk, wv}, scope + "qkv_proj",
                                         TensorType{dtype, qkv_type.shape});
+    rope_ids.insert(rope_ids.begin(), qkv);
     const int32_t a2 = a + 1;
-    const TensorId q_rot = e.InsertBefore(a2, ops::RopeKvWrite{rope}, {qkv, pos, kc, vc},
-                                          scope + "rope_kv_write",
+    const TensorId q_rot = e.InsertBefore(a2, rope_kv, rope_ids, scope + "rope_kv_write",
                                           TensorType{dtype, Shape{rows, q_cols}});
     const int32_t a3 = a2 + 1;
     // Indices before `a` are unchanged by the insertions.
     e.SetInput(a3, 0, q_rot);
-    // Remove the seven plain nodes (the attention now reads q_rot and the States).
-    for (int32_t gone : {mq, mk, mv, rq, rk, kw, vw}) e.Remove(gone);
+    // Remove the plain nodes (the attention now reads q_rot and the States).
+    for (int32_t gone : group) e.Remove(gone);
     a = a3;
   }
   return std::move(e).Finish();
@@ -348,8 +379,9 @@ absl::StatusOr<Graph> FuseRopeKvWriteEpilogue(Editor e) {
     const Node node = e.nodes()[s];
     const int32_t m = e.Producer(node.inputs[0]);
     const auto* fused = OpOf<ops::FusedMatMul>(e, m);
-    if (fused == nullptr || fused->epilogue != Epilogue::kNone || fused->weights != 3 ||
-        !e.OnlyReadBy(node.inputs[0], s)) {
+    // The epilogue has no head norms: a RopeKvWrite with them stays a node of its own.
+    if (rope_kv->head_norm || fused == nullptr || fused->epilogue != Epilogue::kNone ||
+        fused->weights != 3 || !e.OnlyReadBy(node.inputs[0], s)) {
       continue;
     }
     const Node product = e.nodes()[m];

@@ -655,6 +655,69 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// RopeKvWriteKernel with every q and k head RmsNorm'd first (Qwen3's q and k norms): one
+// warp per head of a row, q's heads, then k's, then v's. A q or k head's sum of squares is
+// one warp reduction; each lane then normalises, rotates and stores the pairs j = lane,
+// lane + 32, ... of the head, each value rounded as HeadRmsNorm stores it
+// (round(round(x·r)·w)) before the rotation. v heads are copied into the cache.
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    HeadNormRopeKvWriteKernel(const T* __restrict__ qkv, const int32_t* __restrict__ pos,
+                              const float* __restrict__ inv_freq, const T* __restrict__ q_norm,
+                              const T* __restrict__ k_norm, float eps, T* __restrict__ q,
+                              T* __restrict__ k_cache, T* __restrict__ v_cache, int64_t rows,
+                              int64_t q_heads, int64_t kv_heads, int64_t seq, int head_dim,
+                              bool interleaved, uint32_t* error_flags) {
+  AwaitPrerequisiteGrids();
+  const int64_t heads = q_heads + 2 * kv_heads;
+  const int64_t warp = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / kWarpSize;
+  const int lane = static_cast<int>(threadIdx.x % kWarpSize);
+  if (warp >= rows * heads) return;  // whole warps: blockDim.x is a multiple of 32
+  const int64_t row = warp / heads;
+  const int64_t head = warp - row * heads;
+  const int d = head_dim, half = head_dim / 2;
+  const int32_t p = pos[row];
+  const bool write_cache = p >= 0 && p < seq;
+  if (p >= seq && head == 0 && lane == 0) {
+    atomicOr(error_flags, static_cast<uint32_t>(kErrorPositionOutOfRange));
+  }
+  const T* in = qkv + (row * heads + head) * d;
+  if (head >= q_heads + kv_heads) {  // v: copied
+    if (!write_cache) return;
+    T* dst = v_cache + ((row * kv_heads + (head - q_heads - kv_heads)) * seq + p) * d;
+    for (int e = lane; e < d; e += kWarpSize) dst[e] = in[e];
+    return;
+  }
+  const bool is_q = head < q_heads;
+  const T* w = is_q ? q_norm : k_norm;
+  float sum_sq = 0.0f;
+  for (int e = lane; e < d; e += kWarpSize) {
+    const float v = ToFloat(in[e]);
+    sum_sq = __fadd_rn(sum_sq, __fmul_rn(v, v));
+  }
+  sum_sq = WarpSum(sum_sq);
+  // 1 / sqrt, correctly rounded, as the reference computes it.
+  const float inv_rms = 1.0f / sqrtf(sum_sq / static_cast<float>(d) + eps);
+  auto normed = [&](int e) {
+    return RoundTo<T>(__fmul_rn(RoundTo<T>(__fmul_rn(ToFloat(in[e]), inv_rms)), ToFloat(w[e])));
+  };
+  T* out = is_q ? q + (row * q_heads + head) * d
+          : write_cache ? k_cache + ((row * kv_heads + (head - q_heads)) * seq + p) * d
+                        : nullptr;
+  if (out == nullptr) return;
+  for (int j = lane; j < half; j += kWarpSize) {
+    const int ia = interleaved ? 2 * j : j;
+    const int ib = interleaved ? 2 * j + 1 : j + half;
+    float y1 = normed(ia), y2 = normed(ib);
+    if (p >= 0) {
+      const float x1 = y1, x2 = y2;
+      RotatePair<T>(x1, x2, p, inv_freq[j], y1, y2);
+    }
+    out[ia] = FromFloat<T>(y1);
+    out[ib] = FromFloat<T>(y2);
+  }
+}
+
 // Calls f(std::integral_constant<int, m>{}) for m in {1, 2, 4, 8} (and, with kMma, 16, 32
 // and 64): the row counts the block-format kernel and the tensor-core path's epilogue are
 // compiled for (LaunchFusedMatmul cuts rows into such chunks).
@@ -993,9 +1056,25 @@ cudaError_t LaunchRopeKvWrite(const void* qkv, const int32_t* pos, const float* 
                               void* q, void* k_cache, void* v_cache, int64_t rows,
                               int64_t q_cols, int64_t kv_heads, int64_t seq, int head_dim,
                               bool interleaved, DType dtype, uint32_t* error_flags,
-                              Stream stream) {
-  if (rows <= 0 || head_dim <= 0 || head_dim % 2 != 0 || q_cols % head_dim != 0) {
+                              Stream stream, const RopeHeadNorms& norms) {
+  if (rows <= 0 || head_dim <= 0 || head_dim % 2 != 0 || q_cols % head_dim != 0 ||
+      (norms.q == nullptr) != (norms.k == nullptr)) {
     return cudaErrorInvalidValue;
+  }
+  if (norms.q != nullptr) {
+    const int64_t heads = q_cols / head_dim + 2 * kv_heads;
+    if (heads > (int64_t{1} << 40) / rows) return cudaErrorInvalidValue;
+    const int64_t warps_per_block = kThreads / kWarpSize;
+    return DispatchFloat(dtype, [&](auto tag) {
+      using T = typename decltype(tag)::type;
+      return LaunchKernel(HeadNormRopeKvWriteKernel<T>,
+                          dim3(static_cast<unsigned>(CeilDiv(rows * heads, warps_per_block))),
+                          dim3(kThreads), stream, static_cast<const T*>(qkv), pos, inv_freq,
+                          static_cast<const T*>(norms.q), static_cast<const T*>(norms.k),
+                          norms.eps, static_cast<T*>(q), static_cast<T*>(k_cache),
+                          static_cast<T*>(v_cache), rows, q_cols / head_dim, kv_heads, seq,
+                          head_dim, interleaved, error_flags);
+    });
   }
   const int64_t pairs = rows * (q_cols + 2 * kv_heads * head_dim) / 2;
   return DispatchFloat(dtype, [&](auto tag) {

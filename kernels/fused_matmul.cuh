@@ -143,14 +143,24 @@ bool FusedWideFitsOneWave(const FusedMatmulArgs& a, int sm_count);
 // aligned.
 cudaError_t LaunchFusedMatmul(const FusedMatmulArgs& a, Stream stream);
 
+// The head norms of ops::RopeKvWrite (weights [head_dim] of the activations' dtype), or
+// none (both null).
+struct RopeHeadNorms {
+  const void* q = nullptr;
+  const void* k = nullptr;
+  float eps = 0.0f;
+};
+
 // qkv [rows, q_cols + 2 * kv_heads * head_dim]; q [rows, q_cols]; caches [slots, kv_heads,
-// seq, head_dim]; inv_freq [head_dim / 2]. Rotates the q and k heads (as LaunchRope), writes
-// q and stores k and v at (row, pos[row]) of the caches (as LaunchKvWrite).
+// seq, head_dim]; inv_freq [head_dim / 2]. With `norms`, RmsNorms each q and k head first
+// (as LaunchRmsNorm over heads, rounded as it stores). Rotates the q and k heads (as
+// LaunchRope), writes q and stores k and v at (row, pos[row]) of the caches (as
+// LaunchKvWrite).
 cudaError_t LaunchRopeKvWrite(const void* qkv, const int32_t* pos, const float* inv_freq,
                               void* q, void* k_cache, void* v_cache, int64_t rows,
                               int64_t q_cols, int64_t kv_heads, int64_t seq, int head_dim,
                               bool interleaved, DType dtype, uint32_t* error_flags,
-                              Stream stream);
+                              Stream stream, const RopeHeadNorms& norms = {});
 
 }  // namespace sg::kernels
 

@@ -119,18 +119,41 @@ void RotateHeads(const ops::Rope& op, const std::vector<float>& inv_freq, DType 
   }
 }
 
+// ops::RmsNorm of one row of h values of dtype t in place, stored as the op stores them:
+// round(round(v·r)·w) with r = 1/sqrt(mean(v²) + eps). The one definition of the rows of
+// RmsNorm, HeadRmsNorm and RopeKvWrite's head norms.
+void RmsNormInPlace(float* v, int64_t h, const float* w, float eps, DType t) {
+  float sum_sq = 0.0f;
+  for (int64_t c = 0; c < h; ++c) sum_sq += v[c] * v[c];
+  const float inv_rms = 1.0f / std::sqrt(sum_sq / static_cast<float>(h) + eps);
+  // HF: weight * (x * rsqrt(var + eps)).to(input_dtype), the product in input_dtype.
+  for (int64_t c = 0; c < h; ++c) v[c] = RoundTo(t, RoundTo(t, v[c] * inv_rms) * w[c]);
+}
+
+// A RopeKvWrite's head norms (ops::RopeKvWrite's head_norm): the weights, or none.
+struct HeadNorms {
+  const float* q = nullptr;
+  const float* k = nullptr;
+  float eps = 0.0f;
+};
+
 // ops::RopeKvWrite over `rows` rows of qkv values given as floats of the storage dtype
 // (qkv [rows, cols], q's columns, then k's, then v's): the one definition shared by the
 // RopeKvWrite op and FusedMatMul's kRopeKvWrite epilogue. Row i goes to cache slot i.
 void RopeKvWriteRows(const ops::Rope& rope, const std::vector<float>& inv_freq,
                      const float* qkv, int64_t rows, int64_t cols, const int32_t* pos,
                      const TensorArg& kc, const TensorArg& vc, const TensorArg& q,
-                     std::vector<float>& row, uint32_t& error_flags) {
+                     std::vector<float>& row, uint32_t& error_flags, HeadNorms norms = {}) {
   const DType t = q.dtype;
   const int64_t kv_heads = kc.shape[1], seq = kc.shape[2], d = kc.shape[3];
   const int64_t kv_cols = kv_heads * d, q_cols = cols - 2 * kv_cols;
   for (int64_t i = 0; i < rows; ++i) {
     row.assign(qkv + i * cols, qkv + (i + 1) * cols);
+    if (norms.q != nullptr) {
+      for (int64_t c = 0; c < q_cols + kv_cols; c += d) {
+        RmsNormInPlace(row.data() + c, d, c < q_cols ? norms.q : norms.k, norms.eps, t);
+      }
+    }
     RotateHeads(rope, inv_freq, t, pos[i], row.data(), q_cols + kv_cols);
     for (int64_t c = 0; c < q_cols; ++c) StoreElement(q.data, t, i * q_cols + c, row[c]);
     if (pos[i] < 0) continue;
@@ -275,14 +298,9 @@ namespace {
 // ops::RmsNorm over `rows` rows of h values (HeadRmsNorm: every head is such a row).
 void RmsNormRows(const TensorArg& x, const TensorArg& out, const std::vector<float>& w,
                  int64_t rows, int64_t h, float eps) {
-  const DType t = x.dtype;
   for (int64_t i = 0; i < rows; ++i) {
     std::vector<float> v = LoadRange(x, i * h, h);
-    float sum_sq = 0.0f;
-    for (float e : v) sum_sq += e * e;
-    const float inv_rms = 1.0f / std::sqrt(sum_sq / static_cast<float>(h) + eps);
-    // HF: weight * (x * rsqrt(var + eps)).to(input_dtype), the product in input_dtype.
-    for (int64_t c = 0; c < h; ++c) v[c] = RoundTo(t, v[c] * inv_rms) * w[c];
+    RmsNormInPlace(v.data(), h, w.data(), eps, x.dtype);
     StoreRange(out, i * h, v);
   }
 }
@@ -842,10 +860,14 @@ absl::Status CpuDispatch::Run(const ops::FusedMatMul& op, const NodeArgs& args) 
 
 absl::Status CpuDispatch::Run(const ops::RopeKvWrite& op, const NodeArgs& args) {
   const TensorArg& qkv = args.inputs[0];
-  std::vector<float> values, unprepared, row;
+  std::vector<float> values, unprepared, row, q_norm, k_norm;
   absl::StatusOr<const std::vector<float>*> table;
   try {
     values = LoadAll(qkv);
+    if (op.head_norm) {
+      q_norm = LoadAll(args.inputs[4]);
+      k_norm = LoadAll(args.inputs[5]);
+    }
     table = InvFreqOf(op.rope, args, unprepared);
     row.reserve(static_cast<size_t>(qkv.shape[1]));
   } catch (const std::bad_alloc&) {
@@ -855,7 +877,8 @@ absl::Status CpuDispatch::Run(const ops::RopeKvWrite& op, const NodeArgs& args) 
   const std::vector<float>& inv_freq = **table;
   RopeKvWriteRows(op.rope, inv_freq, values.data(), qkv.shape[0], qkv.shape[1],
                   Ints(args.inputs[1]), args.inputs[2], args.inputs[3], args.output, row,
-                  error_flags_);
+                  error_flags_,
+                  op.head_norm ? HeadNorms{q_norm.data(), k_norm.data(), op.eps} : HeadNorms{});
   return absl::OkStatus();
 }
 

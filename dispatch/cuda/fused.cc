@@ -311,7 +311,10 @@ absl::Status CudaDispatch::Run(const ops::RopeKvWrite& op, const NodeArgs& args)
                                  s->inv_freq, args.output.data, kc.data, args.inputs[3].data,
                                  args.output.shape[0], args.output.shape[1], kc.shape[1],
                                  kc.shape[2], op.rope.head_dim, op.rope.interleaved, kc.dtype,
-                                 error_flags_, launch()),
+                                 error_flags_, launch(),
+                                 op.head_norm ? kernels::RopeHeadNorms{args.inputs[4].data,
+                                                                       args.inputs[5].data, op.eps}
+                                              : kernels::RopeHeadNorms{}),
       "LaunchRopeKvWrite");
 }
 

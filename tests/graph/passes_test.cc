@@ -408,7 +408,14 @@ TEST(PassesTest, FusedEqualsPlainForEveryFamily) {
       auto counts = OpCounts(*fused);
       const int64_t layers = config.num_hidden_layers;
       if (config.qk_norm) {
-        EXPECT_EQ(counts["HeadRmsNorm"], 2 * layers);
+        // Qwen3's q and k norms go into the RopeKvWrite after the grouped q/k/v product.
+        EXPECT_EQ(counts["HeadRmsNorm"], 0);
+        int head_norms = 0;
+        for (const Node& n : fused->nodes()) {
+          const auto* r = std::get_if<ops::RopeKvWrite>(&n.op);
+          head_norms += r != nullptr && r->head_norm;
+        }
+        EXPECT_EQ(head_norms, layers) << fused->ToString();
       }
       if (config.qkv_bias) {
         EXPECT_EQ(counts["MatMul"], 3 * layers);  // biased q, k, v
@@ -727,9 +734,11 @@ TEST(PassesTest, QuantizedFusionFollowsTheBackendAndMatchesTheFloatStep) {
 
 TEST(PassesTest, RopeKvWriteEqualsRopeAndKvWrites) {
   // Rows: a live one, a padding row (pos -1: q unrotated, no cache write) and one past the
-  // cache (q rotated, no write, the error flag raised), as the plain ops do.
+  // cache (q rotated, no write, the error flag raised), as the plain ops do; with head
+  // norms, as HeadRmsNorm before each Rope.
   for (DType t : {DType::kF32, DType::kBF16}) {
-    SCOPED_TRACE(DTypeName(t));
+   for (bool head_norm : {false, true}) {
+    SCOPED_TRACE(absl::StrCat(DTypeName(t), head_norm ? " head_norm" : ""));
     const int64_t rows = 3, kvh = 2, d = 16, seq = 8, h = 4;
     ops::Rope rope{.head_dim = static_cast<int32_t>(d), .theta = 10000.0f};
     rope.scaling = {ops::RopeScaling::Type::kLlama3, 8.0f, 1.0f, 4.0f, 64};
@@ -741,6 +750,10 @@ TEST(PassesTest, RopeKvWriteEqualsRopeAndKvWrites) {
       TensorId v = plain.Input("v_in", t, {rows, kvh * d});
       TensorId kc = plain.State("kc", t, {rows, kvh, seq, d});
       TensorId vc = plain.State("vc", t, {rows, kvh, seq, d});
+      if (head_norm) {
+        q = plain.HeadRmsNorm(q, plain.Weight("q_norm", t, {d}), 1e-5f, "nq");
+        k = plain.HeadRmsNorm(k, plain.Weight("k_norm", t, {d}), 1e-5f, "nk");
+      }
       plain.Output("q", plain.Rope(q, pos, rope, "rq"));
       plain.KvWrite(plain.Rope(k, pos, rope, "rk"), pos, kc, "kw");
       plain.KvWrite(v, pos, vc, "vw");
@@ -763,10 +776,15 @@ TEST(PassesTest, RopeKvWriteEqualsRopeAndKvWrites) {
     }
     GraphBuilder fused;
     {
-      TensorId q = fused.RopeKvWrite(fused.Input("qkv", t, {rows, (h + 2 * kvh) * d}),
-                                     fused.Input("pos", DType::kI32, {rows}),
-                                     fused.State("kc", t, {rows, kvh, seq, d}),
-                                     fused.State("vc", t, {rows, kvh, seq, d}), rope, "fused");
+      TensorId qkv_in = fused.Input("qkv", t, {rows, (h + 2 * kvh) * d});
+      TensorId pos = fused.Input("pos", DType::kI32, {rows});
+      TensorId kc = fused.State("kc", t, {rows, kvh, seq, d});
+      TensorId vc = fused.State("vc", t, {rows, kvh, seq, d});
+      TensorId q = head_norm ? fused.RopeKvWrite(qkv_in, pos, kc, vc,
+                                                 fused.Weight("q_norm", t, {d}),
+                                                 fused.Weight("k_norm", t, {d}), 1e-5f, rope,
+                                                 "fused")
+                             : fused.RopeKvWrite(qkv_in, pos, kc, vc, rope, "fused");
       fused.Output("q", q);
     }
     absl::StatusOr<Graph> b = std::move(fused).Build();
@@ -782,6 +800,53 @@ TEST(PassesTest, RopeKvWriteEqualsRopeAndKvWrites) {
     uint32_t flags = 0;
     std::memcpy(&flags, got.at("error_flags").data(), 4);
     EXPECT_NE(flags, 0u) << "position 9 is past a cache of 8";
+   }
+  }
+}
+
+// Qwen3's attention inputs: q and k through HeadRmsNorm before RoPE. qkv_rope_kv_write
+// takes the norms into the RopeKvWrite (so the epilogue pass leaves it a node), and only
+// when both heads are normed alike.
+TEST(PassesTest, HeadNormsGoIntoTheRopeKvWrite) {
+  const int64_t rows = 2, k = 24, kvh = 2, d = 8, seq = 8, h = 4;
+  const ops::Rope rope{.head_dim = static_cast<int32_t>(d), .theta = 10000.0f};
+  for (int variant = 0; variant < 3; ++variant) {  // both normed; only q; k's eps differs
+    SCOPED_TRACE(variant);
+    GraphBuilder b;
+    TensorId x = b.Input("x", DType::kF32, {rows, k});
+    TensorId pos = b.Input("pos", DType::kI32, {rows});
+    TensorId q = b.MatMul(x, b.Weight("wq", DType::kF32, {h * d, k}), "q");
+    TensorId kk = b.MatMul(x, b.Weight("wk", DType::kF32, {kvh * d, k}), "k");
+    TensorId v = b.MatMul(x, b.Weight("wv", DType::kF32, {kvh * d, k}), "v");
+    q = b.HeadRmsNorm(q, b.Weight("q_norm", DType::kF32, {d}), 1e-6f, "nq");
+    if (variant != 1) {
+      kk = b.HeadRmsNorm(kk, b.Weight("k_norm", DType::kF32, {d}), variant == 2 ? 1e-5f : 1e-6f,
+                         "nk");
+    }
+    TensorId kc = b.KvWrite(b.Rope(kk, pos, rope, "rk"), pos,
+                            b.State("kc", DType::kF32, {rows, kvh, seq, d}), "kw");
+    TensorId vc = b.KvWrite(v, pos, b.State("vc", DType::kF32, {rows, kvh, seq, d}), "vw");
+    b.Output("out", b.Attention(b.Rope(q, pos, rope, "rq"), kc, vc, pos, "attention"));
+    absl::StatusOr<Graph> plain = std::move(b).Build();
+    ASSERT_TRUE(plain.ok()) << plain.status();
+    absl::StatusOr<Graph> fused = RunPasses(*plain);
+    ASSERT_TRUE(fused.ok()) << fused.status();
+    auto counts = OpCounts(*fused);
+    if (variant == 0) {
+      EXPECT_EQ(fused->num_nodes(), 3) << fused->ToString();  // product, RopeKvWrite, attention
+      EXPECT_EQ(counts["HeadRmsNorm"], 0);
+      ASSERT_EQ(counts["RopeKvWrite"], 1) << fused->ToString();
+      for (const Node& n : fused->nodes()) {
+        if (const auto* r = std::get_if<ops::RopeKvWrite>(&n.op)) {
+          EXPECT_TRUE(r->head_norm);
+          EXPECT_EQ(r->eps, 1e-6f);
+        }
+      }
+    } else {
+      EXPECT_EQ(counts["RopeKvWrite"], 0) << fused->ToString();
+      EXPECT_EQ(counts["HeadRmsNorm"], variant == 1 ? 1 : 2);
+    }
+    ExpectSameResults(*plain, *fused, RandomBound(*plain, 5, {}, {3, 6}));
   }
 }
 

@@ -646,21 +646,32 @@ std::vector<OpCase> ConformanceCases() {
            .tolerance = Tol(t),
            .int_values = {{"pos", std::vector<int32_t>{7, -1, 40, 31, 0, 12, 5, -1, 30, 2}}}});
     }
+    // Plain, and with Qwen3's head norms (head_dim 128 as Qwen3's, interleaved pairs too).
     for (int64_t rows : {1, 3}) {
-      add({.name = Name("RopeKvWrite", t, absl::StrCat("rows", rows)),
-           .build = [=](GraphBuilder& b) {
-             ops::Rope rope{.head_dim = 64, .theta = 500000.0f};
-             rope.scaling = {ops::RopeScaling::Type::kLlama3, 32.0f, 1.0f, 4.0f, 8192};
-             TensorId kc = b.State("kc", t, {4, 2, 32, 64});
-             TensorId vc = b.State("vc", t, {4, 2, 32, 64});
-             b.Output("q", b.RopeKvWrite(b.Input("qkv", t, {rows, 8 * 64 + 2 * 2 * 64}),
-                                         b.Input("pos", DType::kI32, {rows}), kc, vc, rope));
-             b.Output("kc_out", kc);
-             b.Output("vc_out", vc);
-           },
-           .tolerance = t == DType::kF32 ? 1e-5 : 1e-2,
-           // A padding row and a position past the cache among the rows.
-           .int_values = {{"pos", {7, -1, 40}}}});
+      for (bool head_norm : {false, true}) {
+        const int64_t d = head_norm ? 128 : 64;
+        const bool interleaved = head_norm && rows == 3;
+        add({.name = Name("RopeKvWrite", t,
+                          absl::StrCat("rows", rows, head_norm ? "/head_norm" : "",
+                                       interleaved ? "/interleaved" : "")),
+             .build = [=](GraphBuilder& b) {
+               ops::Rope rope{.head_dim = static_cast<int32_t>(d), .theta = 500000.0f,
+                              .interleaved = interleaved};
+               rope.scaling = {ops::RopeScaling::Type::kLlama3, 32.0f, 1.0f, 4.0f, 8192};
+               TensorId kc = b.State("kc", t, {4, 2, 32, d});
+               TensorId vc = b.State("vc", t, {4, 2, 32, d});
+               TensorId qkv = b.Input("qkv", t, {rows, 8 * d + 2 * 2 * d});
+               TensorId pos = b.Input("pos", DType::kI32, {rows});
+               b.Output("q", head_norm ? b.RopeKvWrite(qkv, pos, kc, vc, b.Weight("q_norm", t, {d}),
+                                                       b.Weight("k_norm", t, {d}), 1e-6f, rope)
+                                       : b.RopeKvWrite(qkv, pos, kc, vc, rope));
+               b.Output("kc_out", kc);
+               b.Output("vc_out", vc);
+             },
+             .tolerance = t == DType::kF32 ? 1e-5 : 1e-2,
+             // A padding row and a position past the cache among the rows.
+             .int_values = {{"pos", {7, -1, 40}}}});
+      }
     }
   }
 

@@ -90,6 +90,10 @@ class GraphBuilder {
   // Returns the rotated q; writes k_cache and v_cache in place.
   TensorId RopeKvWrite(TensorId qkv, TensorId pos, TensorId k_cache, TensorId v_cache,
                        const ops::Rope& rope, absl::string_view name = {});
+  // The same with every q and k head RmsNorm'd first (ops::RopeKvWrite's head_norm).
+  TensorId RopeKvWrite(TensorId qkv, TensorId pos, TensorId k_cache, TensorId v_cache,
+                       TensorId q_norm, TensorId k_norm, float eps, const ops::Rope& rope,
+                       absl::string_view name = {});
   // The chain's last value over `inputs` (values 0 .. inputs.size()-1).
   TensorId FusedElementwise(const ops::FusedElementwise& op, absl::Span<const TensorId> inputs,
                             absl::string_view name = {});

@@ -223,13 +223,17 @@ struct FusedMatMul {
 };
 
 // qkv[M, (h + 2·kvh)·d] (q, k and v side by side, as a grouped FusedMatMul writes them),
-// pos[M] i32, k_cache, v_cache [slots, kvh, S, d] (States) -> q [M, h·d]. Rotates q and
-// k as ops::Rope with `rope`, writes the rotated k and v into the caches as ops::KvWrite
-// (same padding and out-of-range rules) and outputs the rotated q. The two caches are
-// written in place as a side effect: the output is q, so that Attention, which reads q,
-// runs after the writes.
+// pos[M] i32, k_cache, v_cache [slots, kvh, S, d] (States) (, q_norm[d], k_norm[d] with
+// `head_norm`) -> q [M, h·d]. With `head_norm` every q head is first ops::HeadRmsNorm'd
+// with q_norm and every k head with k_norm (`eps`; Qwen3's q and k norms), rounded as that
+// op stores its output. Rotates q and k as ops::Rope with `rope`, writes the rotated k and
+// v into the caches as ops::KvWrite (same padding and out-of-range rules) and outputs the
+// rotated q. The two caches are written in place as a side effect: the output is q, so
+// that Attention, which reads q, runs after the writes.
 struct RopeKvWrite {
   Rope rope;
+  bool head_norm = false;
+  float eps = 1e-6f;  // head_norm only
 };
 
 // A chain of elementwise ops as one node, made by the elementwise_chain pass from Add,
