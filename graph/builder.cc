@@ -271,6 +271,10 @@ TensorId GraphBuilder::MoeRouteWeights(TensorId logits, TensorId ids,
 TensorId GraphBuilder::MoeMatMul(TensorId x, TensorId w, TensorId ids, absl::string_view name) {
   return AddNode(ops::MoeMatMul{}, name, {x, w, ids});
 }
+TensorId GraphBuilder::MoeGateUpSiluMul(TensorId x, TensorId w_gate, TensorId w_up, TensorId ids,
+                                        absl::string_view name) {
+  return AddNode(ops::MoeMatMul{.silu_mul = true}, name, {x, w_gate, w_up, ids});
+}
 
 TensorId GraphBuilder::MoeCombine(TensorId y, TensorId weights, TensorId ids,
                                   absl::string_view name) {

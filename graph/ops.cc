@@ -54,6 +54,7 @@ std::string Params(const ops::AllReduce& op) {
 }
 std::string Params(const ops::AllGather& op) { return absl::StrCat("ranks=", op.ranks); }
 std::string Params(const ops::MoeTopK& op) { return absl::StrCat("top_k=", op.top_k); }
+std::string Params(const ops::MoeMatMul& op) { return op.silu_mul ? "silu_mul" : ""; }
 std::string Params(const ops::MoeRouteWeights& op) {
   std::string s = op.renormalize ? "renormalize" : "";
   if (op.round_to_dtype) absl::StrAppend(&s, s.empty() ? "" : " ", "round_to_dtype");
@@ -686,16 +687,26 @@ Result Infer(const ops::MoeRouteWeights&, const Checker& c) {
   return TensorType{DType::kF32, c[1].shape};
 }
 
-Result Infer(const ops::MoeMatMul&, const Checker& c) {
-  SG_RETURN_IF_ERROR(c.Arity(3));
+Result Infer(const ops::MoeMatMul& op, const Checker& c) {
+  SG_RETURN_IF_ERROR(c.Arity(op.silu_mul ? 4 : 3));
   SG_RETURN_IF_ERROR(c.Rank(0, 2, "x"));
   SG_RETURN_IF_ERROR(c.Float(0, "x"));
   SG_RETURN_IF_ERROR(c.Rank(1, 3, "w"));
   SG_RETURN_IF_ERROR(c.FloatOrQuantizedWeight(1, "w"));
   if (!IsQuantized(c[1].dtype)) SG_RETURN_IF_ERROR(c.SameDType(0, 1));
+  const int ids = op.silu_mul ? 3 : 2;
+  if (op.silu_mul) {  // w_up: w_gate's shape and dtype
+    SG_RETURN_IF_ERROR(c.FloatOrQuantizedWeight(2, "w_up"));
+    SG_RETURN_IF_ERROR(c.SameShape(1, 2));
+    SG_RETURN_IF_ERROR(c.SameDType(1, 2));
+  }
   const int64_t m = c[0].shape[0], n = c[1].shape[1], k = c[1].shape[2];
-  SG_RETURN_IF_ERROR(CheckExpertIds(c, 2, m));
-  const int64_t top_k = c[2].shape[1];
+  SG_RETURN_IF_ERROR(CheckExpertIds(c, ids, m));
+  const int64_t top_k = c[ids].shape[1];
+  if (op.silu_mul && c[0].shape[1] != k) {
+    return c.Error(absl::StrCat("silu_mul: x ", Describe(c[0]), " must have K=", k,
+                                " columns (one input for every chosen expert)"));
+  }
   int64_t per_slot = 0, out_cols = 0;
   if (!CheckedMul(top_k, k, &per_slot) || !CheckedMul(top_k, n, &out_cols)) {
     return c.Error("top_k * N or top_k * K overflows");

@@ -427,6 +427,35 @@ absl::StatusOr<Graph> FuseGateUpSiluMul(Editor e) {
   return std::move(e).Finish();
 }
 
+// SiluMul(MoeMatMul(x, gate, ids), MoeMatMul(x, up, ids)): a routed MLP's gate and up
+// experts (one input for every chosen expert) -> one MoeMatMul with silu_mul.
+absl::StatusOr<Graph> FuseMoeGateUpSiluMul(Editor e) {
+  for (int32_t s = 0; s < static_cast<int32_t>(e.nodes().size()); ++s) {
+    if (OpOf<ops::SiluMul>(e, s) == nullptr) continue;
+    const Node& node = e.nodes()[s];
+    const int32_t mg = e.Producer(node.inputs[0]), mu = e.Producer(node.inputs[1]);
+    const auto* og = OpOf<ops::MoeMatMul>(e, mg);
+    const auto* ou = OpOf<ops::MoeMatMul>(e, mu);
+    if (mg == mu || og == nullptr || ou == nullptr || og->silu_mul || ou->silu_mul) continue;
+    const Node& g = e.nodes()[mg];
+    const Node& u = e.nodes()[mu];
+    const Tensor& wg = e.tensor(g.inputs[1]);
+    const Tensor& wu = e.tensor(u.inputs[1]);
+    if (g.inputs[0] != u.inputs[0] || g.inputs[2] != u.inputs[2] || wg.shape != wu.shape ||
+        wg.dtype != wu.dtype || e.tensor(g.inputs[0]).shape[1] != wg.shape[2] ||
+        !e.OnlyReadBy(g.output, s) || !e.OnlyReadBy(u.output, s)) {
+      continue;
+    }
+    const ops::MoeMatMul op{.silu_mul = true};
+    const absl::InlinedVector<TensorId, 4> inputs = {g.inputs[0], g.inputs[1], u.inputs[1],
+                                                     g.inputs[2]};
+    if (e.WrittenBetween(std::min(mg, mu), s, inputs)) continue;  // both move to s
+    if (!e.BackendRuns(op, inputs)) continue;
+    e.Replace(s, op, inputs, Scope(g.name) + "gate_up_silu_mul", {mg, mu});
+  }
+  return std::move(e).Finish();
+}
+
 // Add(residual, MatMul(...)) or Add(MatMul(...), residual).
 absl::StatusOr<Graph> FuseResidualAdd(Editor e) {
   for (int32_t s = 0; s < static_cast<int32_t>(e.nodes().size()); ++s) {
@@ -678,6 +707,7 @@ constexpr PassEntry kPasses[] = {
     {"qkv_rope_kv_write", FuseQkvRopeKvWrite},
     {"rope_kv_write_epilogue", FuseRopeKvWriteEpilogue},
     {"gate_up_silu_mul", FuseGateUpSiluMul},
+    {"moe_gate_up_silu_mul", FuseMoeGateUpSiluMul},
     {"residual_add", FuseResidualAdd},
     {"all_reduce_add", FuseAllReduceAdd},
     {"norm_into_matmul", FuseNormIntoMatMul},

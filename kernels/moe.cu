@@ -114,9 +114,20 @@ __device__ __forceinline__ bool ZeroBadExpert(const MoePair& p, int experts, T* 
   return true;
 }
 
-template <typename T, int W>
+// A column's value: the product as MoeMatMul stores it, or with kGated (w2 the up experts)
+// SiluMul's value of the gate product `acc` and the up product `acc2`, each rounded first.
+template <typename T, bool kGated>
+__device__ __forceinline__ T MoeOutput(float acc, float acc2) {
+  if constexpr (kGated) {
+    return FromFloat<T>(Silu(RoundTo<T>(acc)) * RoundTo<T>(acc2));
+  } else {
+    return FromFloat<T>(acc);
+  }
+}
+
+template <typename T, int W, bool kGated>
 __global__ void __launch_bounds__(kMatMulThreads)
-    MoeMatMulKernel(const T* __restrict__ x, const T* __restrict__ w,
+    MoeMatMulKernel(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ w2,
                     const int32_t* __restrict__ ids, T* __restrict__ y, int64_t n, int64_t k,
                     int top_k, bool per_slot, int experts, uint32_t* error_flags) {
   AwaitPrerequisiteGrids();
@@ -125,23 +136,31 @@ __global__ void __launch_bounds__(kMatMulThreads)
   T* out = y + static_cast<int64_t>(blockIdx.x) * n;  // y[row, slot·n ..]
   if (ZeroBadExpert(p, experts, out, error_flags)) return;
   const T* xr = x + (per_slot ? (p.row * top_k + p.slot) * k : p.row * k);
-  const T* wr = w + (static_cast<int64_t>(p.expert) * n + p.col) * k;
+  const int64_t at = (static_cast<int64_t>(p.expert) * n + p.col) * k;
+  const T* wr = w + at;
   const int lane = threadIdx.x % kWarpSize;
-  float acc = 0.0f;
+  float acc = 0.0f, acc2 = 0.0f;
   const int64_t vectors = k / W;
   for (int64_t v = lane; v < vectors; v += kWarpSize) {
     const Vec<T, W> wv = LoadStreaming<T, W>(wr + v * W);
     const Vec<T, W> xv = LoadVec<T, W>(xr + v * W);
+    if constexpr (kGated) {
+      const Vec<T, W> uv = LoadStreaming<T, W>(w2 + at + v * W);
+#pragma unroll
+      for (int e = 0; e < W; ++e) acc2 = fmaf(ToFloat(xv.v[e]), ToFloat(uv.v[e]), acc2);
+    }
 #pragma unroll
     for (int e = 0; e < W; ++e) acc = fmaf(ToFloat(xv.v[e]), ToFloat(wv.v[e]), acc);
   }
   acc = WarpSum(acc);
-  if (lane == 0) out[p.col] = FromFloat<T>(acc);
+  if constexpr (kGated) acc2 = WarpSum(acc2);
+  if (lane == 0) out[p.col] = MoeOutput<T, kGated>(acc, acc2);
 }
 
-template <typename T, typename Q>
+template <typename T, typename Q, bool kGated>
 __global__ void __launch_bounds__(kMatMulThreads)
-    MoeQuantMatMulKernel(const T* __restrict__ x, const uint8_t* __restrict__ w, int64_t blocks,
+    MoeQuantMatMulKernel(const T* __restrict__ x, const uint8_t* __restrict__ w,
+                         const uint8_t* __restrict__ w2, int64_t blocks,
                          const int32_t* __restrict__ ids, T* __restrict__ y, int64_t n,
                          int64_t k, int top_k, bool per_slot, int experts, bool vec_x,
                          uint32_t* error_flags) {
@@ -154,9 +173,12 @@ __global__ void __launch_bounds__(kMatMulThreads)
   const int64_t units = k / quant::kUnitElems;
   const int64_t first = (static_cast<int64_t>(p.expert) * n + p.col) * units;
   const int lane = threadIdx.x % kWarpSize;
-  float acc = 0.0f;
+  float acc = 0.0f, acc2 = 0.0f;
   for (int64_t t = lane; t < units; t += kWarpSize) {
     const typename Q::Unit unit = Q::Load(w, blocks, first + t);
+    // The up unit's loads go out with the gate unit's.
+    typename Q::Unit unit2 = unit;
+    if constexpr (kGated) unit2 = Q::Load(w2, blocks, first + t);
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       float v[8], a[8];
@@ -164,10 +186,16 @@ __global__ void __launch_bounds__(kMatMulThreads)
       quant::LoadX8(xr + t * quant::kUnitElems + 8 * j, vec_x, a);
 #pragma unroll
       for (int i = 0; i < 8; ++i) acc = fmaf(v[i], a[i], acc);
+      if constexpr (kGated) {
+        unit2.Values8(j, v);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) acc2 = fmaf(v[i], a[i], acc2);
+      }
     }
   }
   acc = WarpSum(acc);
-  if (lane == 0) out[p.col] = FromFloat<T>(acc);
+  if constexpr (kGated) acc2 = WarpSum(acc2);
+  if (lane == 0) out[p.col] = MoeOutput<T, kGated>(acc, acc2);
 }
 
 // ---- MoeCombine --------------------------------------------------------------------------
@@ -238,14 +266,21 @@ bool MoeMatMulTakes(int64_t rows, int64_t experts, int64_t n, int64_t k, int64_t
 cudaError_t LaunchMoeMatMul(const void* x, const void* w, DType w_dtype, const int32_t* ids,
                             void* y, int64_t rows, int64_t experts, int64_t n, int64_t k,
                             int64_t top_k, bool per_slot, DType dtype, uint32_t* error_flags,
-                            Stream stream) {
-  if (!MoeMatMulTakes(rows, experts, n, k, top_k, dtype, w_dtype)) return cudaErrorInvalidValue;
+                            Stream stream, const void* w_up) {
+  if (!MoeMatMulTakes(rows, experts, n, k, top_k, dtype, w_dtype) ||
+      (w_up != nullptr && per_slot)) {
+    return cudaErrorInvalidValue;
+  }
   const dim3 grid(static_cast<unsigned>(rows * top_k),
                   static_cast<unsigned>(CeilDiv(n, kMoeMatMulCols)));
   const dim3 block(kMatMulThreads);
   const int e = static_cast<int>(experts), kk = static_cast<int>(top_k);
+  const bool gated = w_up != nullptr;
+  auto dispatch_gated = [&](auto&& f) {
+    return gated ? f(std::true_type{}) : f(std::false_type{});
+  };
   if (IsQuantized(w_dtype)) {
-    if (!Aligned16(w)) return cudaErrorMisalignedAddress;
+    if (!Aligned16(w) || (gated && !Aligned16(w_up))) return cudaErrorMisalignedAddress;
     const int64_t blocks = experts * n * (k / DTypeBlockElems(w_dtype));
     return DispatchFloat(dtype, [&](auto tag) {
       using T = typename decltype(tag)::type;
@@ -253,22 +288,28 @@ cudaError_t LaunchMoeMatMul(const void* x, const void* w, DType w_dtype, const i
       const bool vec_x = Aligned16(x);
       return quant::DispatchFormat(w_dtype, [&](auto format) {
         using Q = decltype(format);
-        return LaunchKernel(MoeQuantMatMulKernel<T, Q>, grid, block, stream,
-                            static_cast<const T*>(x), static_cast<const uint8_t*>(w), blocks,
-                            ids, static_cast<T*>(y), n, k, kk, per_slot, e, vec_x,
-                            error_flags);
+        return dispatch_gated([&](auto g) {
+          return LaunchKernel(MoeQuantMatMulKernel<T, Q, decltype(g)::value>, grid, block,
+                              stream, static_cast<const T*>(x), static_cast<const uint8_t*>(w),
+                              static_cast<const uint8_t*>(w_up), blocks, ids,
+                              static_cast<T*>(y), n, k, kk, per_slot, e, vec_x, error_flags);
+        });
       });
     });
   }
   return DispatchFloat(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     // Rows (and slots) of x and w start at multiples of k: whole vectors when k is.
-    const bool vectorize = k % kVec16<T> == 0 && Aligned16(x) && Aligned16(w);
+    const bool vectorize = k % kVec16<T> == 0 && Aligned16(x) && Aligned16(w) &&
+                           (!gated || Aligned16(w_up));
     return DispatchVecWidth<T>(vectorize, [&](auto width) {
       constexpr int W = decltype(width)::value;
-      return LaunchKernel(MoeMatMulKernel<T, W>, grid, block, stream, static_cast<const T*>(x),
-                          static_cast<const T*>(w), ids, static_cast<T*>(y), n, k, kk,
-                          per_slot, e, error_flags);
+      return dispatch_gated([&](auto g) {
+        return LaunchKernel(MoeMatMulKernel<T, W, decltype(g)::value>, grid, block, stream,
+                            static_cast<const T*>(x), static_cast<const T*>(w),
+                            static_cast<const T*>(w_up), ids, static_cast<T*>(y), n, k, kk,
+                            per_slot, e, error_flags);
+      });
     });
   });
 }

@@ -44,11 +44,13 @@ bool MoeMatMulTakes(int64_t rows, int64_t experts, int64_t n, int64_t k, int64_t
 // whole in the device layout of kernels/quant_blocks.cuh (its planes span every expert)
 // at a 16-byte aligned address. A bad id gives zeros. cudaErrorInvalidValue where
 // MoeMatMulTakes says no; cudaErrorMisalignedAddress for a block-format w not 16-byte
-// aligned.
+// aligned. With `w_up` (w's shape and format; not per_slot) each output is instead
+// silu(g)·u of the two products (the gate experts w, the up experts w_up), each rounded to
+// `dtype` first, as ops::MoeMatMul's silu_mul.
 cudaError_t LaunchMoeMatMul(const void* x, const void* w, DType w_dtype, const int32_t* ids,
                             void* y, int64_t rows, int64_t experts, int64_t n, int64_t k,
                             int64_t top_k, bool per_slot, DType dtype, uint32_t* error_flags,
-                            Stream stream);
+                            Stream stream, const void* w_up = nullptr);
 
 // out [rows, n] (`dtype`) = Σ_j weights[i, j] · y[i, j·n ..], y [rows, top_k · n] of
 // `dtype`, weights [rows, top_k] of `weights_dtype` (float dtypes), the terms taken in

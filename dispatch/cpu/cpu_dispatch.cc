@@ -943,22 +943,48 @@ absl::Status CpuDispatch::Run(const ops::MoeRouteWeights& op, const NodeArgs& ar
   return absl::OkStatus();
 }
 
-absl::Status CpuDispatch::Run(const ops::MoeMatMul&, const NodeArgs& args) {
+absl::Status CpuDispatch::Run(const ops::MoeMatMul& op, const NodeArgs& args) {
   const TensorArg& x = args.inputs[0];
-  const TensorArg& w = args.inputs[1];
-  const TensorArg& ids_arg = args.inputs[2];
+  const TensorArg& ids_arg = args.inputs[op.silu_mul ? 3 : 2];
+  const int32_t* ids = Ints(ids_arg);
+  const int64_t experts = args.inputs[1].shape[0];
+  for (int64_t s = 0; s < ids_arg.shape.NumElements(); ++s) {
+    if (ids[s] < 0 || ids[s] >= experts) error_flags_ |= kErrorExpertOutOfRange;
+  }
+  SG_ASSIGN_OR_RETURN(const float* xs, F32Input(x, x_f32_));
+  if (!op.silu_mul) {
+    SG_ASSIGN_OR_RETURN(float* out, F32Output(args.output, out_f32_));
+    SG_RETURN_IF_ERROR(MoeProducts(x, xs, args.inputs[1], ids_arg, out));
+    FinishF32Output(args.output, out);
+    return absl::OkStatus();
+  }
+  // silu_mul: both products as MoeMatMul stores them, then SiluMul's value.
+  std::vector<float> gate, up;
+  try {
+    gate.resize(static_cast<size_t>(args.output.shape.NumElements()));
+    up.resize(gate.size());
+  } catch (const std::bad_alloc&) {
+    return absl::ResourceExhaustedError("CPU reference: no memory for a MoE gate/up product");
+  }
+  SG_RETURN_IF_ERROR(MoeProducts(x, xs, args.inputs[1], ids_arg, gate.data()));
+  SG_RETURN_IF_ERROR(MoeProducts(x, xs, args.inputs[2], ids_arg, up.data()));
+  const DType t = args.output.dtype;
+  for (size_t i = 0; i < gate.size(); ++i) {
+    gate[i] = SiluOf(RoundTo(t, gate[i])) * RoundTo(t, up[i]);
+  }
+  StoreRange(args.output, 0, gate);
+  return absl::OkStatus();
+}
+
+absl::Status CpuDispatch::MoeProducts(const TensorArg& x, const float* xs, const TensorArg& w,
+                                      const TensorArg& ids_arg, float* out) {
   const int64_t m = x.shape[0], experts = w.shape[0], n = w.shape[1], k = w.shape[2];
   const int64_t top_k = ids_arg.shape[1];
   const bool per_slot = x.shape[1] != k;
   const int32_t* ids = Ints(ids_arg);
-  SG_ASSIGN_OR_RETURN(const float* xs, F32Input(x, x_f32_));
-  SG_ASSIGN_OR_RETURN(float* out, F32Output(args.output, out_f32_));
   const bool quantized = IsQuantized(w.dtype);
   const int64_t w_row_bytes = DTypeRowBytes(w.dtype, k);
   SG_RETURN_IF_ERROR(PrepareScratch(quantized ? 0 : k));
-  for (int64_t s = 0; s < m * top_k; ++s) {
-    if (ids[s] < 0 || ids[s] >= experts) error_flags_ |= kErrorExpertOutOfRange;
-  }
   // One (row, chosen expert) pair per item: only the chosen experts' rows are read.
   const int64_t out_cols = top_k * n;
   pool_->ParallelFor(m * top_k, MinItemsPerChunk(n * k), [&](int thread, int64_t s0, int64_t s1) {
@@ -982,7 +1008,6 @@ absl::Status CpuDispatch::Run(const ops::MoeMatMul&, const NodeArgs& args) {
       }
     }
   });
-  FinishF32Output(args.output, out);
   return absl::OkStatus();
 }
 

@@ -71,8 +71,8 @@ bool Supports(const ops::MoeTopK& op, const CudaSupportQuery& q) {
 bool Supports(const ops::MoeRouteWeights&, const CudaSupportQuery& q) {
   return RouteLimits(q.input(0).shape, q.input(1).shape).empty();
 }
-bool Supports(const ops::MoeMatMul&, const CudaSupportQuery& q) {
-  return MatMulLimits(q.input(0), q.input(1), q.input(2)).empty();
+bool Supports(const ops::MoeMatMul& op, const CudaSupportQuery& q) {
+  return MatMulLimits(q.input(0), q.input(1), q.input(op.silu_mul ? 3 : 2)).empty();
 }
 bool Supports(const ops::MoeCombine&, const CudaSupportQuery& q) {
   return CombineLimits(q.input(0).shape, q.input(1).shape).empty();
@@ -84,8 +84,8 @@ PreparedOr Prepare(const ops::MoeTopK& op, const CudaPrepareContext& c) {
 PreparedOr Prepare(const ops::MoeRouteWeights&, const CudaPrepareContext& c) {
   return RefuseUnless(RouteLimits(c.input(0).shape, c.input(1).shape));
 }
-PreparedOr Prepare(const ops::MoeMatMul&, const CudaPrepareContext& c) {
-  return RefuseUnless(MatMulLimits(c.input(0), c.input(1), c.input(2)));
+PreparedOr Prepare(const ops::MoeMatMul& op, const CudaPrepareContext& c) {
+  return RefuseUnless(MatMulLimits(c.input(0), c.input(1), c.input(op.silu_mul ? 3 : 2)));
 }
 PreparedOr Prepare(const ops::MoeCombine&, const CudaPrepareContext& c) {
   return RefuseUnless(CombineLimits(c.input(0).shape, c.input(1).shape));
@@ -112,15 +112,16 @@ absl::Status CudaDispatch::Run(const ops::MoeRouteWeights& op, const NodeArgs& a
                   "LaunchMoeRouteWeights");
 }
 
-absl::Status CudaDispatch::Run(const ops::MoeMatMul&, const NodeArgs& args) {
+absl::Status CudaDispatch::Run(const ops::MoeMatMul& op, const NodeArgs& args) {
   const TensorArg& x = args.inputs[0];
   const TensorArg& w = args.inputs[1];
-  const TensorArg& ids = args.inputs[2];
+  const TensorArg& ids = args.inputs[op.silu_mul ? 3 : 2];
   const int64_t k = w.shape[2];
   return ToStatus(kernels::LaunchMoeMatMul(x.data, w.data, w.dtype, ids.as<const int32_t>(),
                                            args.output.data, x.shape[0], w.shape[0],
                                            w.shape[1], k, ids.shape[1], x.shape[1] != k,
-                                           x.dtype, error_flags_, launch()),
+                                           x.dtype, error_flags_, launch(),
+                                           op.silu_mul ? args.inputs[2].data : nullptr),
                   "LaunchMoeMatMul");
 }
 

@@ -164,7 +164,9 @@ TEST(PassesTest, EachPassCanBeSwitchedOff) {
     // Nor does a Llama step leave elementwise_chain anything: its Adds and SiluMuls read
     // matmuls, and each residual sum is read by a norm as well. all_reduce_add needs a
     // sharded step (shard_test).
-    if (name != "lm_head_argmax" && name != "elementwise_chain" && name != "all_reduce_add") {
+    // Nor has it a routed MLP for moe_gate_up_silu_mul (FusedEqualsPlainForMoeFamilies).
+    if (name != "lm_head_argmax" && name != "elementwise_chain" && name != "all_reduce_add" &&
+        name != "moe_gate_up_silu_mul") {
       EXPECT_LT(one->num_nodes(), before.num_nodes()) << name;
     }
   }
@@ -432,8 +434,9 @@ TEST(PassesTest, FusedEqualsPlainForEveryFamily) {
   }
 }
 
-// The routed MLPs stay as they are (no pass fuses a MoE op); everything around them fuses,
-// and the fused step computes what the plain one does.
+// The routed MLPs keep their routing ops; the gate and up experts and their SiluMul
+// become one MoeMatMul, everything around them fuses, and the fused step computes what the
+// plain one does.
 TEST(PassesTest, FusedEqualsPlainForMoeFamilies) {
   for (DType t : {DType::kF32, DType::kBF16}) {
     for (const auto& [name, config] : testing::MoeTinyConfigs(t)) {
@@ -450,7 +453,14 @@ TEST(PassesTest, FusedEqualsPlainForMoeFamilies) {
       int64_t routed = 0;
       for (int64_t l = 0; l < config.num_hidden_layers; ++l) routed += config.MoeLayer(l);
       EXPECT_EQ(counts["MoeTopK"], routed);
-      EXPECT_EQ(counts["MoeMatMul"], 3 * routed);
+      // Gate and up with their SiluMul in one (moe_gate_up_silu_mul), then down.
+      EXPECT_EQ(counts["MoeMatMul"], 2 * routed);
+      int gated = 0;
+      for (const Node& n : fused->nodes()) {
+        const auto* mm = std::get_if<ops::MoeMatMul>(&n.op);
+        gated += mm != nullptr && mm->silu_mul;
+      }
+      EXPECT_EQ(gated, routed) << fused->ToString();
       EXPECT_EQ(counts["MoeCombine"], routed);
       const auto bound = RandomBound(*plain, 31, {5, 77, 300}, {2, 9, 15});
       ExpectSameResults(*plain, *fused, bound);
@@ -1262,6 +1272,15 @@ std::vector<MovePattern> MovePatterns() {
        [=](GraphBuilder& b, TensorId x, const std::function<void()>& write) {
          TensorId g = b.MatMul(x, b.Weight("wg", t, {n, k}), "g");
          TensorId u = b.MatMul(x, b.Weight("wu", t, {n, k}), "u");
+         write();
+         b.Output("y", b.SiluMul(g, u, "y"));
+       }},
+      {"moe_gate_up_silu_mul", "SiluMul",
+       [=](GraphBuilder& b, TensorId x, const std::function<void()>& write) {
+         // 128 experts: the random i32 ids (0 to 99) all choose one.
+         TensorId experts = b.Input("experts", DType::kI32, {rows, 2});
+         TensorId g = b.MoeMatMul(x, b.Weight("wg", t, {128, n, k}), experts, "g");
+         TensorId u = b.MoeMatMul(x, b.Weight("wu", t, {128, n, k}), experts, "u");
          write();
          b.Output("y", b.SiluMul(g, u, "y"));
        }},

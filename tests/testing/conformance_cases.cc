@@ -269,6 +269,29 @@ std::vector<OpCase> ConformanceCases() {
          },
          .tolerance = Tol(t),
          .int_values = {{"ids", {0, -1, 3, 4, 2, 1000}}}});
+    // The gate and up experts with their SiluMul (silu_mul): Qwen3-MoE's 128 experts and
+    // top 8, odd sizes (scalar loads), and bad ids (zeros).
+    for (MoeMm s : {MoeMm{1, 128, 8, 64, 128, false}, MoeMm{3, 8, 2, 33, 37, false}}) {
+      add({.name = Name("MoeMatMul", t,
+                        absl::StrCat("silu_mul/", s.rows, "x", s.experts, "x", s.n, "x", s.k,
+                                     "/top", s.top_k)),
+           .build = [=](GraphBuilder& b) {
+             b.Output("out", b.MoeGateUpSiluMul(b.Input("x", t, {s.rows, s.k}),
+                                                b.Weight("wg", t, {s.experts, s.n, s.k}),
+                                                b.Weight("wu", t, {s.experts, s.n, s.k}),
+                                                b.Input("ids", DType::kI32, {s.rows, s.top_k})));
+           },
+           .tolerance = Tol(t), .int_hi = static_cast<int32_t>(s.experts)});
+    }
+    add({.name = Name("MoeMatMul", t, "silu_mul/bad_ids"),
+         .build = [=](GraphBuilder& b) {
+           b.Output("out", b.MoeGateUpSiluMul(b.Input("x", t, {2, 32}),
+                                              b.Weight("wg", t, {4, 16, 32}),
+                                              b.Weight("wu", t, {4, 16, 32}),
+                                              b.Input("ids", DType::kI32, {2, 3})));
+         },
+         .tolerance = Tol(t),
+         .int_values = {{"ids", {0, -1, 3, 4, 2, 1000}}}});
     // Ids drawn from 128 experts (rarely equal) and from 3 (often equal: ties by slot).
     struct Mc { int64_t top_k; int32_t experts; };
     for (Mc s : {Mc{1, 128}, Mc{2, 128}, Mc{8, 128}, Mc{8, 3}}) {
@@ -513,6 +536,14 @@ std::vector<OpCase> ConformanceCases() {
            },
            .tolerance = Tol(s.x), .int_hi = static_cast<int32_t>(s.experts)});
     }
+    add({.name = absl::StrCat("MoeMatMul/", DTypeName(w), "/f32/silu_mul"),
+         .build = [=](GraphBuilder& b) {
+           b.Output("out", b.MoeGateUpSiluMul(b.Input("x", DType::kF32, {2, 256}),
+                                              b.Weight("wg", w, {16, 48, 256}),
+                                              b.Weight("wu", w, {16, 48, 256}),
+                                              b.Input("ids", DType::kI32, {2, 4})));
+         },
+         .tolerance = Tol(DType::kF32), .int_hi = 16});
     add({.name = absl::StrCat("MoeMatMul/", DTypeName(w), "/f32/bad_ids"),
          .build = [=](GraphBuilder& b) {
            b.Output("out", b.MoeMatMul(b.Input("x", DType::kF32, {2, 256}),

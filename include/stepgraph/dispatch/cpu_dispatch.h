@@ -66,6 +66,10 @@ class CpuDispatch final : public KernelDispatch {
   // Sizes scratch_ (one row per thread of at least floats_per_thread) before a parallel
   // loop, so that no part allocates.
   absl::Status PrepareScratch(int64_t floats_per_thread);
+  // MoeMatMul's products x·w[ids]ᵀ into out [M, k·N] as f32 (not yet rounded to x's dtype);
+  // xs is x as f32.
+  absl::Status MoeProducts(const TensorArg& x, const float* xs, const TensorArg& w,
+                           const TensorArg& ids, float* out);
 
   std::unique_ptr<cpu::ThreadPool> pool_;
   std::vector<std::vector<float>> scratch_;

@@ -109,6 +109,9 @@ class GraphBuilder {
   TensorId MoeRouteWeights(TensorId logits, TensorId ids, const ops::MoeRouteWeights& params,
                            absl::string_view name = {});
   TensorId MoeMatMul(TensorId x, TensorId w, TensorId ids, absl::string_view name = {});
+  // ops::MoeMatMul with silu_mul: SiluMul of the gate and up experts' products.
+  TensorId MoeGateUpSiluMul(TensorId x, TensorId w_gate, TensorId w_up, TensorId ids,
+                            absl::string_view name = {});
   TensorId MoeCombine(TensorId y, TensorId weights, TensorId ids, absl::string_view name = {});
   // Collectives over a group of `ranks` ranks (tensor parallel; docs/parallel.md).
   // With a valid `residual`: Add(residual, AllReduce(x)) in one node (ops.h).

@@ -312,7 +312,14 @@ struct MoeRouteWeights {
 // the chosen experts' rows of w are read. An id outside [0, E) gives zeros and raises
 // kErrorExpertOutOfRange. Each output as MatMul computes it: an f32 dot product rounded
 // once.
-struct MoeMatMul {};
+// With `silu_mul` (made by the moe_gate_up_silu_mul pass): x [M, K], w_gate, w_up [E, N, K]
+// (one shape, one dtype), ids [M, k] -> [M, k·N], SiluMul(x·w_gate, x·w_up) of each chosen
+// expert: both products rounded to x's dtype as MoeMatMul stores them, then silu(g)·u
+// rounded as SiluMul stores it (a routed MLP's gate and up projections and their
+// activation in one node).
+struct MoeMatMul {
+  bool silu_mul = false;
+};
 
 // y [M, k·N] float, weights [M, k] float, ids [M, k] i32 -> [M, N] of y's dtype: the
 // weighted sum of the chosen experts' outputs as transformers adds them: each term
