@@ -13,6 +13,7 @@
 #include <utility>
 
 #include "absl/container/flat_hash_set.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -243,6 +244,10 @@ DType ComputeDType(const GgufFile& f) {
   std::optional<DType> half;
   for (const GgufTensor& t : f.tensors()) {
     if (t.shape.rank() < 2) continue;  // norms, biases, rope_freqs
+    // llama.cpp's converter keeps a mixture of experts' router in F32 whatever the file's
+    // type (its F32 values are the model's bf16/f16 ones, exactly): it takes the other
+    // matrices' dtype, rounded at load, as transformers computes it.
+    if (t.dtype == DType::kF32 && absl::EndsWith(t.name, ".ffn_gate_inp.weight")) continue;
     if ((t.dtype != DType::kF16 && t.dtype != DType::kBF16) ||
         (half.has_value() && *half != t.dtype)) {
       return DType::kF32;

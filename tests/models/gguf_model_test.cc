@@ -707,6 +707,50 @@ TEST_F(GgufComputeDTypeTest, QuantizedAndMixedFilesComputeInF32) {
   for (const GgufWeight& w : mixed->weights()) EXPECT_EQ(w.dtype, DType::kF32) << w.name;
 }
 
+// A BF16 mixture of experts as llama.cpp's converter writes it keeps its router
+// (ffn_gate_inp) in F32: the file still computes in BF16, the router rounded at load (its
+// values were the model's bf16 ones), not the whole model widened to F32 at twice the
+// memory.
+TEST_F(GgufComputeDTypeTest, AnF32RouterKeepsAHalfFileInItsDType) {
+  TinyLlama t;
+  t.Set("llama.expert_count", v::U32(4));
+  t.Set("llama.expert_used_count", v::U32(2));
+  std::erase_if(t.file.tensors, [](const GgufTestTensor& x) {
+    return absl::StartsWith(x.name, "blk.0.ffn_") && x.name != "blk.0.ffn_norm.weight";
+  });
+  for (GgufTestTensor& tensor : t.file.tensors) {
+    if (tensor.dims.size() == 2) tensor.type = testing::kGgufBF16;
+  }
+  t.file.tensors.push_back({"blk.0.ffn_gate_inp.weight", {64, 4}, testing::kGgufF32});
+  t.file.tensors.push_back({"blk.0.ffn_gate_exps.weight", {64, 32, 4}, testing::kGgufBF16});
+  t.file.tensors.push_back({"blk.0.ffn_up_exps.weight", {64, 32, 4}, testing::kGgufBF16});
+  t.file.tensors.push_back({"blk.0.ffn_down_exps.weight", {32, 64, 4}, testing::kGgufBF16});
+  absl::StatusOr<GgufFile> f = Parse(t);
+  ASSERT_TRUE(f.ok()) << f.status();
+  // The F32 tensors' random bytes become finite values: norms and the router, which holds
+  // bf16 values except its last, which bf16 rounds.
+  for (const GgufTensor& tensor : f->tensors()) {
+    if (tensor.dtype != DType::kF32) continue;
+    auto* values = reinterpret_cast<float*>(
+        bytes_.data() + (tensor.data.data() - reinterpret_cast<const std::byte*>(bytes_.data())));
+    const int64_t n = tensor.shape.NumElements();
+    for (int64_t i = 0; i < n; ++i) values[i] = RoundTo(DType::kBF16, 0.25f + 0.01f * i);
+    values[n - 1] = 0.3f;
+  }
+  absl::StatusOr<GgufModel> m = GgufModel::FromFile(*std::move(f));
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->config().dtype, DType::kBF16);
+  for (const GgufWeight& w : m->weights()) EXPECT_EQ(w.dtype, DType::kBF16) << w.name;
+  const GgufWeight* router = m->Find("model.layers.0.block_sparse_moe.gate.weight");
+  ASSERT_NE(router, nullptr);
+  EXPECT_EQ(router->stored_dtype, DType::kF32);
+  EXPECT_EQ(LoadElement(router->data.data(), DType::kBF16, 0), RoundTo(DType::kBF16, 0.25f));
+  EXPECT_EQ(LoadElement(router->data.data(), DType::kBF16, 4 * 64 - 1),
+            RoundTo(DType::kBF16, 0.3f));
+  // The experts are read in place.
+  EXPECT_TRUE(InFile(*m->Find("model.layers.0.block_sparse_moe.experts.down_proj.weight")));
+}
+
 // Llama 3 RoPE scaling comes as per-frequency divisors in rope_freqs.weight; they are
 // accepted when they are Llama 3's (computed here in double, the converter's way) and
 // refused otherwise.
