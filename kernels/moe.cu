@@ -9,8 +9,10 @@
 //   formats a unit of 32 values per lane at a time through the one reader of the device
 //   layout (kernels/quant_blocks.cuh; unit g of the stacked tensor is unit g of its rows
 //   e·N + c). Every pair reads its expert's matrix: rows that share an expert share it
-//   through L2, not through one read (grouping the rows by expert needs the routing on the
-//   host or a sort on the device; see docs/cuda_kernels.md).
+//   through L2, not through one read. With many pairs per expert (a prefill step) the
+//   blocks walk by expert instead (MoeGroupedMatMulKernel): a block per expert and
+//   kMoeMatMulCols columns lists the pairs that chose it and reads each unit once per
+//   window of pairs.
 // MoeCombine: a block per row and 256 columns; the block first ranks the row's slots by
 //   expert id in shared memory, then each thread adds its column in that order with the
 //   CPU reference's roundings (explicit _rn operations: no contraction into an FMA).
@@ -198,6 +200,134 @@ __global__ void __launch_bounds__(kMatMulThreads)
   if (lane == 0) out[p.col] = MoeOutput<T, kGated>(acc, acc2);
 }
 
+// ---- MoeMatMul by expert (prefill) --------------------------------------------------------
+//
+// With many rows a (row, expert) pair per block reads each expert's matrix once per row
+// that chose it. Here a block takes one expert and kMoeMatMulCols columns and finds the
+// pairs that chose its expert (a window of pairs at a time, listed in shared memory), so
+// the expert's units are read once per window: each lane holds one unit of its column (32
+// values, the gate's and the up's with kGated) and multiplies it with every listed pair's
+// x, the partial sums reduced over the warp and added up in shared memory per pair. Block
+// `experts` (one past the last) takes the pairs whose id is out of range: zeros and the
+// error flag, as the pair kernels do.
+
+constexpr int kGroupedWindow = 512;  // pairs listed per pass
+
+// Unit t (values 32t .. 32t + 31) of row `row` (= expert · n + column) of a block-format w.
+template <typename Q>
+struct QuantUnits {
+  const uint8_t* w;
+  int64_t blocks;
+  __device__ __forceinline__ void Load(int64_t row, int64_t units, int64_t t,
+                                       float (&v)[32]) const {
+    const typename Q::Unit unit = Q::Load(w, blocks, row * units + t);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      float f[8];
+      unit.Values8(j, f);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) v[8 * j + i] = f[i];
+    }
+  }
+};
+
+// The same of a float w of x's dtype (k a multiple of 32, w 16-byte aligned).
+template <typename T>
+struct FloatUnits {
+  const T* w;
+  __device__ __forceinline__ void Load(int64_t row, int64_t units, int64_t t,
+                                       float (&v)[32]) const {
+    const T* p = w + (row * units + t) * quant::kUnitElems;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      float f[8];
+      quant::LoadX8(p + 8 * j, true, f);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) v[8 * j + i] = f[i];
+    }
+  }
+};
+
+template <typename T, typename Units, bool kGated>
+__global__ void __launch_bounds__(kMatMulThreads)
+    MoeGroupedMatMulKernel(const T* __restrict__ x, Units w, Units w2,
+                           const int32_t* __restrict__ ids, T* __restrict__ y, int64_t pairs,
+                           int64_t n, int64_t k, int top_k, bool per_slot, int experts,
+                           bool vec_x, uint32_t* error_flags) {
+  AwaitPrerequisiteGrids();
+  __shared__ int32_t listed[kGroupedWindow];
+  __shared__ float acc[kGated ? 2 : 1][kGroupedWindow][kMoeMatMulCols];
+  __shared__ int count;
+  const int expert = static_cast<int>(blockIdx.x);  // == experts: the bad ids
+  const bool bad_ids = expert == experts;
+  const int warp = static_cast<int>(threadIdx.x / kWarpSize);
+  const int lane = static_cast<int>(threadIdx.x % kWarpSize);
+  const int64_t col = static_cast<int64_t>(blockIdx.y) * kMoeMatMulCols + warp;
+  const int64_t units = k / quant::kUnitElems;
+  for (int64_t w0 = 0; w0 < pairs; w0 += kGroupedWindow) {
+    if (threadIdx.x == 0) count = 0;
+    __syncthreads();
+    const int64_t w1 = w0 + kGroupedWindow < pairs ? w0 + kGroupedWindow : pairs;
+    for (int64_t p = w0 + threadIdx.x; p < w1; p += blockDim.x) {
+      const int32_t id = ids[p];
+      if (bad_ids ? (id < 0 || id >= experts) : id == expert) {
+        listed[atomicAdd(&count, 1)] = static_cast<int32_t>(p - w0);
+      }
+    }
+    __syncthreads();
+    const int found = count;
+    if (found > 0 && col < n && bad_ids) {
+      for (int r = lane; r < found; r += kWarpSize) y[(w0 + listed[r]) * n + col] = FromFloat<T>(0.0f);
+      if (col == 0 && lane == 0) RaiseExpertOutOfRange(error_flags);
+    } else if (found > 0 && col < n) {
+      for (int r = lane; r < found; r += kWarpSize) {
+        acc[0][r][warp] = 0.0f;
+        if constexpr (kGated) acc[kGated ? 1 : 0][r][warp] = 0.0f;
+      }
+      __syncwarp();
+      const int64_t row = static_cast<int64_t>(expert) * n + col;
+      for (int64_t u0 = 0; u0 < units; u0 += kWarpSize) {
+        const int64_t t = u0 + lane;
+        const bool have = t < units;
+        float v[32], v2[32];
+        if (have) {
+          w.Load(row, units, t, v);
+          if constexpr (kGated) w2.Load(row, units, t, v2);
+        }
+        for (int r = 0; r < found; ++r) {
+          const int64_t p = w0 + listed[r];
+          const T* xr = x + (per_slot ? p * k : (p / top_k) * k) + t * quant::kUnitElems;
+          float s = 0.0f, s2 = 0.0f;
+          if (have) {
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+              float a[8];
+              quant::LoadX8(xr + 8 * j, vec_x, a);
+#pragma unroll
+              for (int i = 0; i < 8; ++i) {
+                s = fmaf(v[8 * j + i], a[i], s);
+                if constexpr (kGated) s2 = fmaf(v2[8 * j + i], a[i], s2);
+              }
+            }
+          }
+          s = WarpSum(s);
+          if constexpr (kGated) s2 = WarpSum(s2);
+          if (lane == 0) {
+            acc[0][r][warp] += s;
+            if constexpr (kGated) acc[kGated ? 1 : 0][r][warp] += s2;
+          }
+        }
+      }
+      __syncwarp();
+      for (int r = lane; r < found; r += kWarpSize) {
+        y[(w0 + listed[r]) * n + col] =
+            MoeOutput<T, kGated>(acc[0][r][warp], acc[kGated ? 1 : 0][r][warp]);
+      }
+    }
+    __syncthreads();  // the next window rewrites the list and the count
+  }
+}
+
 // ---- MoeCombine --------------------------------------------------------------------------
 
 template <typename T, typename TW>
@@ -279,6 +409,12 @@ cudaError_t LaunchMoeMatMul(const void* x, const void* w, DType w_dtype, const i
   auto dispatch_gated = [&](auto&& f) {
     return gated ? f(std::true_type{}) : f(std::false_type{});
   };
+  // Enough pairs that an expert's matrix would be read by several: by expert.
+  const int64_t pairs = rows * top_k;
+  const bool by_expert = pairs >= kMoeByExpertPairsPerExpert * experts &&
+                         k % quant::kUnitElems == 0 && experts < 0x7fffffff;
+  const dim3 expert_grid(static_cast<unsigned>(experts + 1),
+                         static_cast<unsigned>(CeilDiv(n, kMoeMatMulCols)));
   if (IsQuantized(w_dtype)) {
     if (!Aligned16(w) || (gated && !Aligned16(w_up))) return cudaErrorMisalignedAddress;
     const int64_t blocks = experts * n * (k / DTypeBlockElems(w_dtype));
@@ -288,6 +424,16 @@ cudaError_t LaunchMoeMatMul(const void* x, const void* w, DType w_dtype, const i
       const bool vec_x = Aligned16(x);
       return quant::DispatchFormat(w_dtype, [&](auto format) {
         using Q = decltype(format);
+        if (by_expert) {
+          const QuantUnits<Q> units{static_cast<const uint8_t*>(w), blocks};
+          const QuantUnits<Q> units2{static_cast<const uint8_t*>(w_up), blocks};
+          return dispatch_gated([&](auto g) {
+            return LaunchKernel(MoeGroupedMatMulKernel<T, QuantUnits<Q>, decltype(g)::value>,
+                                expert_grid, block, stream, static_cast<const T*>(x), units,
+                                units2, ids, static_cast<T*>(y), pairs, n, k, kk, per_slot, e,
+                                vec_x, error_flags);
+          });
+        }
         return dispatch_gated([&](auto g) {
           return LaunchKernel(MoeQuantMatMulKernel<T, Q, decltype(g)::value>, grid, block,
                               stream, static_cast<const T*>(x), static_cast<const uint8_t*>(w),
@@ -302,6 +448,16 @@ cudaError_t LaunchMoeMatMul(const void* x, const void* w, DType w_dtype, const i
     // Rows (and slots) of x and w start at multiples of k: whole vectors when k is.
     const bool vectorize = k % kVec16<T> == 0 && Aligned16(x) && Aligned16(w) &&
                            (!gated || Aligned16(w_up));
+    if (by_expert && vectorize) {
+      const FloatUnits<T> units{static_cast<const T*>(w)};
+      const FloatUnits<T> units2{static_cast<const T*>(w_up)};
+      return dispatch_gated([&](auto g) {
+        return LaunchKernel(MoeGroupedMatMulKernel<T, FloatUnits<T>, decltype(g)::value>,
+                            expert_grid, block, stream, static_cast<const T*>(x), units, units2,
+                            ids, static_cast<T*>(y), pairs, n, k, kk, per_slot, e, true,
+                            error_flags);
+      });
+    }
     return DispatchVecWidth<T>(vectorize, [&](auto width) {
       constexpr int W = decltype(width)::value;
       return dispatch_gated([&](auto g) {

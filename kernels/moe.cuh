@@ -23,6 +23,10 @@ inline constexpr int64_t kMoeCombineMaxTopK = 256;
 // Output columns one block of MoeMatMul computes (a warp each); N is taken up to
 // 65535 · kMoeMatMulCols.
 inline constexpr int64_t kMoeMatMulCols = 8;
+// LaunchMoeMatMul walks by expert (each expert's matrix read once per window of pairs)
+// from this many (row, chosen expert) pairs per expert on average; below it, a block per
+// pair. Prefill steps have many rows; decode steps few.
+inline constexpr int64_t kMoeByExpertPairsPerExpert = 2;
 
 // weights [rows, top_k] f32 from logits [rows, experts] (`dtype`: f32, bf16, f16) and ids
 // [rows, top_k]: softmax over every expert in f32, the chosen ones' probabilities,

@@ -248,9 +248,12 @@ std::vector<OpCase> ConformanceCases() {
          },
          .tolerance = Tol(t), .int_values = {{"ids", {0, 3, -1, 5, 8, 2}}}, .float_range = 4.0f});
     struct MoeMm { int64_t rows, experts, top_k, n, k; bool per_slot; };
+    // The last three have enough pairs per expert to walk by expert (a prefill step;
+    // kernels::kMoeByExpertPairsPerExpert), the last more pairs than one window holds.
     for (MoeMm s : {MoeMm{1, 16, 4, 96, 128, false}, MoeMm{3, 8, 2, 64, 96, true},
                     MoeMm{4, 128, 8, 64, 128, false}, MoeMm{6, 32, 1, 200, 256, false},
-                    MoeMm{2, 8, 2, 33, 37, true}}) {
+                    MoeMm{2, 8, 2, 33, 37, true}, MoeMm{64, 16, 4, 64, 128, false},
+                    MoeMm{40, 8, 2, 48, 96, true}, MoeMm{300, 8, 4, 16, 64, false}}) {
       const std::string shape = absl::StrCat(s.rows, "x", s.experts, "x", s.n, "x", s.k, "/top",
                                              s.top_k, s.per_slot ? "/per_slot" : "");
       add({.name = Name("MoeMatMul", t, shape),
@@ -271,7 +274,8 @@ std::vector<OpCase> ConformanceCases() {
          .int_values = {{"ids", {0, -1, 3, 4, 2, 1000}}}});
     // The gate and up experts with their SiluMul (silu_mul): Qwen3-MoE's 128 experts and
     // top 8, odd sizes (scalar loads), and bad ids (zeros).
-    for (MoeMm s : {MoeMm{1, 128, 8, 64, 128, false}, MoeMm{3, 8, 2, 33, 37, false}}) {
+    for (MoeMm s : {MoeMm{1, 128, 8, 64, 128, false}, MoeMm{3, 8, 2, 33, 37, false},
+                    MoeMm{64, 16, 4, 40, 64, false}}) {
       add({.name = Name("MoeMatMul", t,
                         absl::StrCat("silu_mul/", s.rows, "x", s.experts, "x", s.n, "x", s.k,
                                      "/top", s.top_k)),
@@ -282,6 +286,17 @@ std::vector<OpCase> ConformanceCases() {
                                                 b.Input("ids", DType::kI32, {s.rows, s.top_k})));
            },
            .tolerance = Tol(t), .int_hi = static_cast<int32_t>(s.experts)});
+    }
+    // Bad ids among enough pairs to walk by expert: zeros and the flag there too.
+    {
+      std::vector<int32_t> ids(32);
+      for (int i = 0; i < 32; ++i) ids[i] = i % 5 == 4 ? (i % 2 == 0 ? -3 : 4) : i % 4;
+      add({.name = Name("MoeMatMul", t, "by_expert/bad_ids"),
+           .build = [=](GraphBuilder& b) {
+             b.Output("out", b.MoeMatMul(b.Input("x", t, {16, 64}), b.Weight("w", t, {4, 16, 64}),
+                                         b.Input("ids", DType::kI32, {16, 2})));
+           },
+           .tolerance = Tol(t), .int_values = {{"ids", ids}}});
     }
     add({.name = Name("MoeMatMul", t, "silu_mul/bad_ids"),
          .build = [=](GraphBuilder& b) {
@@ -524,7 +539,10 @@ std::vector<OpCase> ConformanceCases() {
     for (MoeQ s : {MoeQ{DType::kF32, 3, 16, 4, 64, 256, false},
                    MoeQ{DType::kF32, 2, 8, 2, 48, 512, true},
                    MoeQ{DType::kBF16, 1, 128, 8, 32, 256, false},
-                   MoeQ{DType::kBF16, 5, 16, 1, 40, 256, false}}) {
+                   MoeQ{DType::kBF16, 5, 16, 1, 40, 256, false},
+                   // By expert (a prefill step's pairs).
+                   MoeQ{DType::kF32, 48, 16, 4, 48, 256, false},
+                   MoeQ{DType::kF32, 32, 8, 2, 32, 512, true}}) {
       add({.name = absl::StrCat("MoeMatMul/", DTypeName(w), "/", DTypeName(s.x), "/", s.rows,
                                 "x", s.experts, "x", s.n, "x", s.k, "/top", s.top_k,
                                 s.per_slot ? "/per_slot" : ""),
@@ -536,14 +554,16 @@ std::vector<OpCase> ConformanceCases() {
            },
            .tolerance = Tol(s.x), .int_hi = static_cast<int32_t>(s.experts)});
     }
-    add({.name = absl::StrCat("MoeMatMul/", DTypeName(w), "/f32/silu_mul"),
-         .build = [=](GraphBuilder& b) {
-           b.Output("out", b.MoeGateUpSiluMul(b.Input("x", DType::kF32, {2, 256}),
-                                              b.Weight("wg", w, {16, 48, 256}),
-                                              b.Weight("wu", w, {16, 48, 256}),
-                                              b.Input("ids", DType::kI32, {2, 4})));
-         },
-         .tolerance = Tol(DType::kF32), .int_hi = 16});
+    for (int64_t rows : {2, 48}) {  // by pair; by expert
+      add({.name = absl::StrCat("MoeMatMul/", DTypeName(w), "/f32/silu_mul/rows", rows),
+           .build = [=](GraphBuilder& b) {
+             b.Output("out", b.MoeGateUpSiluMul(b.Input("x", DType::kF32, {rows, 256}),
+                                                b.Weight("wg", w, {16, 48, 256}),
+                                                b.Weight("wu", w, {16, 48, 256}),
+                                                b.Input("ids", DType::kI32, {rows, 4})));
+           },
+           .tolerance = Tol(DType::kF32), .int_hi = 16});
+    }
     add({.name = absl::StrCat("MoeMatMul/", DTypeName(w), "/f32/bad_ids"),
          .build = [=](GraphBuilder& b) {
            b.Output("out", b.MoeMatMul(b.Input("x", DType::kF32, {2, 256}),
