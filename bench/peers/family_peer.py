@@ -46,6 +46,7 @@ SHAPES = {
 }
 BIG = ["qwen3-8b", "qwen3-moe"]
 QUANT = "q4_k_m"
+PREFILL = 512  # the prompt both programs prefill (stepgraph's time to first token, pp512)
 
 
 def file_name(shape, kind):
@@ -154,12 +155,13 @@ def measure(name, path, args):
     r = {"file": os.path.basename(path), "bytes": os.path.getsize(path)}
     r["token_bytes"], r["weight_bytes"] = token_bytes(path)
     text, r["sg_gpu_mib"] = gguf_peer.run_logged(
-        [args.stepgraph, "bench", "--model", path, "--positions", "100", "--ttft-lengths", "16"],
+        [args.stepgraph, "bench", "--model", path, "--positions", "100", "--ttft-lengths",
+         str(PREFILL)],
         os.path.join(args.logs, f"{name}-stepgraph.log"), 900, memory=True)
     r["sg"] = gguf_peer.parse_stepgraph_bench(text)
     text, r["llama_gpu_mib"] = gguf_peer.run_logged(
         [os.path.join(args.llama_bin, "llama-bench"), "-m", path, "-ngl", "99", "-fa", "1",
-         "-p", "0", "-n", "128", "-o", "json"],
+         "-p", str(PREFILL), "-n", "128", "-o", "json"],
         os.path.join(args.logs, f"{name}-llama-bench.log"), 900, memory=True)
     r["llama"] = gguf_peer.parse_llama_bench(text)
     return r
@@ -206,7 +208,8 @@ def save_results(work, results):
 def table(results):
     """Decode at batch 1: ms/token of both, the ratio (> 1: stepgraph faster), the bytes a
     token reads and their floor at stepgraph's measured copy rate, each program's share of
-    that floor."""
+    that floor; prefill of PREFILL tokens (tokens/s of both, the ratio) and the GPU memory
+    each program used (MiB over the idle GPU)."""
     rows = []
     for name, r in results["files"].items():
         if "error" in r:
@@ -218,34 +221,44 @@ def table(results):
         gbs = r["sg"].get("copy_gbs")
         floor = r["token_bytes"] / (gbs * 1e9) * 1e3 if gbs else None
         share = [gguf_peer._ratio(floor, ms) for ms in (sg_ms, ll_ms)]
+        sg_pp = r["sg"]["prefill"].get(str(PREFILL), r["sg"]["prefill"].get(PREFILL))
+        ll_pp = r["llama"]["tests"].get(f"pp{PREFILL}")
+        mib = [f"{v:,.0f}" if v else "—" for v in (r.get("sg_gpu_mib"), r.get("llama_gpu_mib"))]
         rows.append("| " + " | ".join([
             name, gguf_peer._ms(sg_ms), gguf_peer._ms(ll_ms), gguf_peer._ratio(ll_ms, sg_ms),
             gguf_peer._gib(r["weight_bytes"]), gguf_peer._gib(r["token_bytes"]),
-            gguf_peer._ms(floor)] + share) + " |")
+            gguf_peer._ms(floor)] + share + [
+            f"{sg_pp:,.0f}" if sg_pp else "—", f"{ll_pp:,.0f}" if ll_pp else "—",
+            gguf_peer._ratio(sg_pp, ll_pp)] + mib) + " |")
     return "\n".join([
         f"GPU: {results.get('gpu', 'unknown')}",
         "",
         "Decode at batch 1 (stepgraph bench --positions 100, replayed; llama-bench -ngl 99 "
-        "-fa 1 -p 0 -n 128); floor: the weight bytes one token reads (the chosen experts "
-        "only) at the device-to-device copy rate stepgraph measured",
+        f"-fa 1 -p {PREFILL} -n 128); floor: the weight bytes one token reads (the chosen "
+        "experts only) at the device-to-device copy rate stepgraph measured; prefill of "
+        f"{PREFILL} tokens (stepgraph's time to first token, llama.cpp's pp{PREFILL}); GPU "
+        "memory: MiB over the idle GPU, the peak seen",
         "",
         "| file | sg ms/token | llama ms/token | ratio | weights GiB | read per token GiB "
-        "| floor ms | sg of floor | llama of floor |",
-        "|---|---|---|---|---|---|---|---|---|"] + rows)
+        f"| floor ms | sg of floor | llama of floor | sg pp{PREFILL} tok/s | llama "
+        f"pp{PREFILL} | ratio | sg MiB | llama MiB |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"] + rows)
 
 
 SAMPLE_RESULTS = {"gpu": "NVIDIA H200", "files": {"qwen3-moe-q4_k_m": {
     "file": "qwen3-moe-q4_k_m.gguf", "bytes": 4 << 30, "token_bytes": 1 << 29,
     "weight_bytes": 4 << 30,
-    "sg": {"positions": {"100": 0.5}, "prefill": {}, "copy_gbs": 4294.967296},
-    "llama": {"tests": {"tg128": 1000.0}}}}}
+    "sg": {"positions": {"100": 0.5}, "prefill": {"512": 30000.0}, "copy_gbs": 4294.967296},
+    "sg_gpu_mib": 5353.0, "llama_gpu_mib": 5251.0,
+    "llama": {"tests": {"tg128": 1000.0, "pp512": 20000.0}}}}}
 
 
 def selftest(args):
     text = table(SAMPLE_RESULTS)
     # 0.5 GiB at 4294.97 GB/s: 0.125 ms; llama.cpp 1 ms against stepgraph's 0.5.
-    assert "| qwen3-moe-q4_k_m | 0.500 | 1.000 | 2.00 | 4.000 | 0.500 | 0.125 | 0.25 | 0.12 |" \
-        in text, text
+    # Prefill 30,000 against 20,000 tokens/s: 1.50.
+    assert ("| qwen3-moe-q4_k_m | 0.500 | 1.000 | 2.00 | 4.000 | 0.500 | 0.125 | 0.25 | 0.12 "
+            "| 30,000 | 20,000 | 1.50 | 5,353 | 5,251 |") in text, text
     print("family_peer: table agrees with the sample")
     os.makedirs(args.work, exist_ok=True)
     for shape in ("qwen3-small", "qwen3-moe-small"):

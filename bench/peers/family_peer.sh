@@ -5,7 +5,8 @@
 # converter writes them (BF16 matrices, F32 norms and router), each also quantized to
 # Q4_K_M by llama.cpp's llama-quantize. For each file: decode ms/token at batch 1 of both
 # programs, the ratio, and both against the floor of the weight bytes a token reads (the
-# chosen experts only). family_peer.py has the details.
+# chosen experts only); prefill of 512 tokens (tokens/s of both, the ratio) and the GPU
+# memory each used. family_peer.py has the details.
 #
 # llama.cpp's build and the prepared sources are gguf_peer.sh's (the same tools):
 #
