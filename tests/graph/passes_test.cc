@@ -9,6 +9,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <functional>
 #include <map>
@@ -1076,6 +1077,35 @@ TEST(PassesTest, FusedOpsRejectBadShapes) {
                    two.State("kc", DType::kF32, {1, 2, 16, 8}),
                    two.State("vc", DType::kF32, {1, 2, 16, 8})});
   EXPECT_EQ(two.status().code(), absl::StatusCode::kInvalidArgument);
+
+  // RopeKvWrite's head norms: one weight of head_dim each, of qkv's dtype, a finite eps.
+  auto head_norm = [&](int64_t q_len, DType k_dtype, float eps) {
+    GraphBuilder h;
+    h.RopeKvWrite(h.Input("qkv", DType::kF32, {1, 40}), h.Input("pos", DType::kI32, {1}),
+                  h.State("kc", DType::kF32, {1, 2, 16, 8}),
+                  h.State("vc", DType::kF32, {1, 2, 16, 8}),
+                  h.Weight("q_norm", DType::kF32, {q_len}), h.Weight("k_norm", k_dtype, {8}),
+                  eps, rope);
+    return h.status();
+  };
+  EXPECT_TRUE(head_norm(8, DType::kF32, 1e-6f).ok()) << head_norm(8, DType::kF32, 1e-6f);
+  EXPECT_NE(head_norm(16, DType::kF32, 1e-6f).message().find("q_norm"), std::string::npos)
+      << head_norm(16, DType::kF32, 1e-6f);
+  EXPECT_EQ(head_norm(8, DType::kBF16, 1e-6f).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(head_norm(8, DType::kF32, std::nanf("")).message().find("eps"), std::string::npos);
+
+  // MoeMatMul's silu_mul: w_up as w_gate, and one input for every chosen expert.
+  auto moe = [&](Shape up, int64_t x_cols) {
+    GraphBuilder m;
+    m.MoeGateUpSiluMul(m.Input("x", DType::kF32, {2, x_cols}),
+                       m.Weight("wg", DType::kF32, {4, 16, 8}), m.Weight("wu", DType::kF32, up),
+                       m.Input("ids", DType::kI32, {2, 2}));
+    return m.status();
+  };
+  EXPECT_TRUE(moe(Shape{4, 16, 8}, 8).ok()) << moe(Shape{4, 16, 8}, 8);
+  EXPECT_EQ(moe(Shape{4, 12, 8}, 8).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(moe(Shape{4, 16, 8}, 16).message().find("silu_mul"), std::string::npos)
+      << moe(Shape{4, 16, 8}, 16);  // a per-slot x
 }
 
 // ---- elementwise_chain -------------------------------------------------------------------
