@@ -396,9 +396,9 @@ bool MoeMatMulTakes(int64_t rows, int64_t experts, int64_t n, int64_t k, int64_t
 cudaError_t LaunchMoeMatMul(const void* x, const void* w, DType w_dtype, const int32_t* ids,
                             void* y, int64_t rows, int64_t experts, int64_t n, int64_t k,
                             int64_t top_k, bool per_slot, DType dtype, uint32_t* error_flags,
-                            Stream stream, const void* w_up) {
+                            Stream stream, const void* w_up, int64_t by_expert_pairs) {
   if (!MoeMatMulTakes(rows, experts, n, k, top_k, dtype, w_dtype) ||
-      (w_up != nullptr && per_slot)) {
+      (w_up != nullptr && per_slot) || by_expert_pairs < 0) {
     return cudaErrorInvalidValue;
   }
   const dim3 grid(static_cast<unsigned>(rows * top_k),
@@ -411,8 +411,8 @@ cudaError_t LaunchMoeMatMul(const void* x, const void* w, DType w_dtype, const i
   };
   // Enough pairs that an expert's matrix would be read by several: by expert.
   const int64_t pairs = rows * top_k;
-  const bool by_expert = pairs >= kMoeByExpertPairsPerExpert * experts &&
-                         k % quant::kUnitElems == 0 && experts < 0x7fffffff;
+  const bool by_expert = pairs / experts >= by_expert_pairs && k % quant::kUnitElems == 0 &&
+                         experts < 0x7fffffff;
   const dim3 expert_grid(static_cast<unsigned>(experts + 1),
                          static_cast<unsigned>(CeilDiv(n, kMoeMatMulCols)));
   if (IsQuantized(w_dtype)) {

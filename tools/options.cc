@@ -486,6 +486,12 @@ const Flag kFlags[] = {
      "NVLink, larger ones through NCCL (default 8192; 0: NCCL always)",
      nullptr, EnvRule::kNone,
      [](S v, O& o) { return SetInt(v, 0, int64_t{1} << 30, o.cuda.one_shot_all_reduce_bytes); }},
+    {"--moe-by-expert", nullptr, "N", kAll, true,
+     "GPU: mixture-of-experts matmuls walk by expert (each expert's weights read once per "
+     "window of rows) from N (row, chosen expert) pairs per expert on average, a block per "
+     "pair below it (default 2: prefill by expert, decode by pair; 0: always by expert)",
+     nullptr, EnvRule::kNone,
+     [](S v, O& o) { return SetInt(v, 0, int64_t{1} << 40, o.cuda.moe_by_expert_pairs); }},
     {"--block-gemm-rows", nullptr, "N|auto", kAll, true,
      "GPU: rows from which a block-format (GGUF) matmul dequantizes its weight in chunks and "
      "runs cuBLASLt (0: never; default auto: 32 where that GEMM runs on tensor cores, never "

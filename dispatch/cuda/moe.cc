@@ -85,6 +85,10 @@ PreparedOr Prepare(const ops::MoeRouteWeights&, const CudaPrepareContext& c) {
   return RefuseUnless(RouteLimits(c.input(0).shape, c.input(1).shape));
 }
 PreparedOr Prepare(const ops::MoeMatMul& op, const CudaPrepareContext& c) {
+  if (c.options.moe_by_expert_pairs < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "CudaOptions::moe_by_expert_pairs must be >= 0, got ", c.options.moe_by_expert_pairs));
+  }
   return RefuseUnless(MatMulLimits(c.input(0), c.input(1), c.input(op.silu_mul ? 3 : 2)));
 }
 PreparedOr Prepare(const ops::MoeCombine&, const CudaPrepareContext& c) {
@@ -121,7 +125,8 @@ absl::Status CudaDispatch::Run(const ops::MoeMatMul& op, const NodeArgs& args) {
                                            args.output.data, x.shape[0], w.shape[0],
                                            w.shape[1], k, ids.shape[1], x.shape[1] != k,
                                            x.dtype, error_flags_, launch(),
-                                           op.silu_mul ? args.inputs[2].data : nullptr),
+                                           op.silu_mul ? args.inputs[2].data : nullptr,
+                                           options_.moe_by_expert_pairs),
                   "LaunchMoeMatMul");
 }
 

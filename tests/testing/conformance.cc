@@ -18,6 +18,7 @@
 #include "stepgraph/dispatch/cpu_dispatch.h"
 #include "stepgraph/dispatch/cuda_dispatch.h"
 #include "stepgraph/dispatch/executor.h"
+#include "absl/strings/numbers.h"
 #include "tests/testing/util.h"
 
 namespace sg::testing {
@@ -31,6 +32,13 @@ CudaOptions CudaOptionsFromTestEnvironment() {
   }
   if (const char* v = std::getenv("STEPGRAPH_PDL"); v != nullptr && std::string(v) == "0") {
     o.programmatic_launch = false;
+  }
+  // The MoE kernels' walk: pairs per expert from which they walk by expert (0: always).
+  if (const char* v = std::getenv("STEPGRAPH_MOE_BY_EXPERT"); v != nullptr && v[0] != '\0') {
+    int64_t pairs = 0;
+    const bool ok = absl::SimpleAtoi(v, &pairs) && pairs >= 0;
+    if (ok) o.moe_by_expert_pairs = pairs;
+    EXPECT_TRUE(ok) << "STEPGRAPH_MOE_BY_EXPERT: '" << v << "' is not a count >= 0";
   }
   if (const char* v = std::getenv("STEPGRAPH_COMPILED_NORM");
       v != nullptr && std::string(v) == "1") {

@@ -213,6 +213,10 @@ TEST(OptionsTest, TensorParallelFlagsAndPresets) {
   ExpectRefused({"bench", "--tp", "65"}, "--tp");
   EXPECT_EQ(Parse({"serve", "--tp", "2"})->tensor_parallel, 2);
   ExpectRefused({"tokenize", "--tp", "2"}, "--tp is not an option of 'tokenize'");
+  // The MoE kernels' walk (CudaOptions::moe_by_expert_pairs).
+  EXPECT_EQ(Parse({"bench"})->cuda.moe_by_expert_pairs, 2);
+  EXPECT_EQ(Parse({"bench", "--moe-by-expert", "0"})->cuda.moe_by_expert_pairs, 0);
+  ExpectRefused({"bench", "--moe-by-expert", "-1"}, "--moe-by-expert");
   ExpectRefused({"bench", "--model-preset", "llama-3.1-405b"}, "unknown preset 'llama-3.1-405b'");
 }
 

@@ -111,6 +111,13 @@ struct CudaOptions {
   // fused kernel, Q6_K 2.9 against 3.3, Q8_0 2.6 against 3.9; the Q4_K_M step 0.890 ms
   // against 0.910. Down (K 8192) is slower on it (Q4_0 8.8 against 7.2 us).
   int64_t block_row_fused_max_k = 2048;
+  // MoeMatMul walks by expert (a block per expert and 8 columns, each expert's units read
+  // once per window of 512 pairs) when its step has at least this many (row, chosen
+  // expert) pairs per expert on average, and one block per pair below it: 0 walks by
+  // expert always, a value past any step's pairs never. H200, 2026-11-29: a Qwen3-MoE-
+  // shaped BF16 file of 4 layers prefills at 21.7k tokens/s walking by expert, where the
+  // pair blocks gave its 12-layer files 2.2k to 3.0k (docs/cuda_kernels.md).
+  int64_t moe_by_expert_pairs = 2;
   // Tensor parallel: AllReduce of at most this many bytes runs as stepgraph's one-shot
   // kernel over NVLink peer memory (kernels/collectives.cuh) where the group has its
   // buffers; larger ones, and every one with 0, through NCCL. On 4 H100s (NVLink, 64 in a
