@@ -236,6 +236,30 @@ void BM_Attention(benchmark::State& state, int64_t m, int64_t seq) {
   if (!s.ok()) Fail(state, s);
 }
 
+// Positions begin .. begin + t - 1 on the device: one prefill chunk of a sequence.
+absl::StatusOr<DeviceMemory> UploadPositions(int64_t t, int64_t begin) {
+  std::vector<int32_t> positions(static_cast<size_t>(t));
+  for (int64_t i = 0; i < t; ++i) positions[i] = static_cast<int32_t>(begin + i);
+  SG_ASSIGN_OR_RETURN(DeviceMemory pos_buf, AllocateDevice(t * 4, "pos"));
+  SG_RETURN_IF_ERROR(ToStatus(
+      cudaMemcpy(pos_buf.get(), positions.data(), t * 4, cudaMemcpyHostToDevice),
+      "cudaMemcpy(pos)"));
+  return pos_buf;
+}
+
+// The TFLOP/s counter of the prefill attention timed as (kernel, name): 4·heads·d flops
+// per (row, key) over the causal keys of t rows from position begin.
+void ReportPrefillRate(benchmark::State& state, absl::string_view kernel,
+                       const std::string& name, int64_t t, int64_t begin) {
+  double keys = 0;
+  for (int64_t i = 0; i < t; ++i) keys += static_cast<double>(begin + i + 1);
+  double us = 0;
+  for (const Result& r : g->results) {
+    if (r.kernel == kernel && r.shape == name) us = r.us;
+  }
+  state.counters["TFLOP/s"] = 4.0 * kHeads * kHeadDim * keys / (us * 1e-6) * 1e-12;
+}
+
 // Prefill attention through CudaDispatch: one sequence of t rows (a chunk) at positions
 // begin..begin + t - 1 of slot 0, caches [1, 8, S, 64] with S = begin + t. Reports the
 // rate: 4·heads·d flops per (row, key) over the causal keys.
@@ -255,11 +279,7 @@ void BM_PrefillAttention(benchmark::State& state, DType dt, int64_t t, int64_t b
     SG_ASSIGN_OR_RETURN(Graph graph, std::move(b).Build());
     SG_ASSIGN_OR_RETURN(ExecutionPlan plan, ExecutionPlan::Create(std::move(graph)));
     SG_ASSIGN_OR_RETURN(const PreparedPlan prepared, g->dispatch->Prepare(plan));
-    std::vector<int32_t> positions(static_cast<size_t>(t));
-    for (int64_t i = 0; i < t; ++i) positions[i] = static_cast<int32_t>(begin + i);
-    SG_ASSIGN_OR_RETURN(DeviceMemory pos_buf, AllocateDevice(t * 4, "pos"));
-    SG_RETURN_IF_ERROR(ToStatus(cudaMemcpy(pos_buf.get(), positions.data(), t * 4,
-                                           cudaMemcpyHostToDevice), "cudaMemcpy(pos)"));
+    SG_ASSIGN_OR_RETURN(DeviceMemory pos_buf, UploadPositions(t, begin));
     SG_ASSIGN_OR_RETURN(DeviceMemory slot_buf, Upload(DType::kI32, 1, 0, 0, 0));
     const int64_t cache_elems = kKvHeads * seq * kHeadDim;
     const int64_t q_elems = t * kHeads * kHeadDim;
@@ -286,17 +306,13 @@ void BM_PrefillAttention(benchmark::State& state, DType dt, int64_t t, int64_t b
       binds.push_back(std::move(bind));
     }
     const double bytes = 2.0 * cache_elems * e + 2.0 * q_elems * e;
+    const std::string name =
+        absl::StrCat(DTypeName(dt), row_kernel ? "_rows" : "", "/T", t, "/from", begin);
     SG_RETURN_IF_ERROR(TimeCaptured(
         state, n,
         [&](int i) -> absl::Status { return Execute(prepared, binds[i], *g->dispatch).status(); },
-        "PrefillAttention", absl::StrCat(DTypeName(dt), row_kernel ? "_rows" : "", "/T", t, "/from", begin), bytes));
-    double keys = 0;
-    for (int64_t i = 0; i < t; ++i) keys += static_cast<double>(begin + i + 1);
-    double us = 0;
-    for (const Result& r : g->results) {
-      if (r.kernel == "PrefillAttention" && r.shape == absl::StrCat(DTypeName(dt), row_kernel ? "_rows" : "", "/T", t, "/from", begin)) us = r.us;
-    }
-    state.counters["TFLOP/s"] = 4.0 * kHeads * kHeadDim * keys / (us * 1e-6) * 1e-12;
+        "PrefillAttention", name, bytes));
+    ReportPrefillRate(state, "PrefillAttention", name, t, begin);
     return absl::OkStatus();
   }();
   if (!s.ok()) Fail(state, s);
@@ -316,11 +332,7 @@ void BM_PrefillKernels(benchmark::State& state, DType dt, int64_t t, int64_t beg
     const int64_t cache_elems = kKvHeads * seq * kHeadDim;
     const int64_t q_elems = t * kHeads * kHeadDim;
     const int n = Copies(2 * cache_elems * e + 2 * q_elems * e);
-    std::vector<int32_t> positions(static_cast<size_t>(t));
-    for (int64_t i = 0; i < t; ++i) positions[i] = static_cast<int32_t>(begin + i);
-    SG_ASSIGN_OR_RETURN(DeviceMemory pos_buf, AllocateDevice(t * 4, "pos"));
-    SG_RETURN_IF_ERROR(ToStatus(cudaMemcpy(pos_buf.get(), positions.data(), t * 4,
-                                           cudaMemcpyHostToDevice), "cudaMemcpy(pos)"));
+    SG_ASSIGN_OR_RETURN(DeviceMemory pos_buf, UploadPositions(t, begin));
     SG_ASSIGN_OR_RETURN(DeviceMemory slot_buf, Upload(DType::kI32, 1, 0, 0, 0));
     SG_ASSIGN_OR_RETURN(DeviceMemory flags, Upload(DType::kI32, 1, 0, 0, 0));
     std::vector<DeviceMemory> q, k, v, out;
@@ -355,13 +367,7 @@ void BM_PrefillKernels(benchmark::State& state, DType dt, int64_t t, int64_t beg
                           "LaunchPrefillAttention");
         },
         "PrefillKernels", name, 2.0 * cache_elems * e + 2.0 * q_elems * e));
-    double keys = 0;
-    for (int64_t i = 0; i < t; ++i) keys += static_cast<double>(begin + i + 1);
-    double us = 0;
-    for (const Result& r : g->results) {
-      if (r.kernel == "PrefillKernels" && r.shape == name) us = r.us;
-    }
-    state.counters["TFLOP/s"] = 4.0 * kHeads * kHeadDim * keys / (us * 1e-6) * 1e-12;
+    ReportPrefillRate(state, "PrefillKernels", name, t, begin);
     return absl::OkStatus();
   }();
   if (!s.ok()) Fail(state, s);

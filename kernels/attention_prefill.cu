@@ -82,6 +82,74 @@ __device__ __forceinline__ void Store4(T* p, float4 v) {
                               FromFloat<T>(v.w)}});
 }
 
+// Where a block's tile of kBQ rows of one head (blockIdx: tile, head, sequence) stands.
+struct PrefillTile {
+  int head;
+  int local0;            // the tile's first row within its sequence
+  int64_t row0;          // that row in the step
+  int64_t q_stride;      // elements of a q (and out) row
+  int64_t cache_offset;  // elements before the tile's (slot, kv head) in a cache
+};
+
+// The tile of this block, and its rows' positions into s_pos: -1 for padding and for rows
+// past the sequence's end (they belong to the next sequence); a row whose position or
+// slot is out of range is flagged (by the head-0 block) and gives zeros like padding.
+// s_kmax gets the largest position. Every thread of the block (kBlockThreads) calls it;
+// s_pos and s_kmax are for the block after its next barrier.
+template <int kBlockThreads>
+__device__ __forceinline__ PrefillTile StartPrefillTile(const PrefillParams& p, int head_dim,
+                                                        int* s_pos, int& s_kmax) {
+  PrefillTile t;
+  t.head = static_cast<int>(blockIdx.y);
+  const int seq = static_cast<int>(blockIdx.z);
+  t.local0 = static_cast<int>(blockIdx.x) * kBQ;
+  t.row0 = static_cast<int64_t>(seq) * p.rows_per_seq + t.local0;
+  t.q_stride = static_cast<int64_t>(p.heads) * head_dim;
+  const int kv_head = t.head / (p.heads / p.kv_heads);
+  const int slot = p.seq_slots[seq];
+  const bool slot_ok = slot >= 0 && slot < p.slots;
+  t.cache_offset =
+      (static_cast<int64_t>(slot_ok ? slot : 0) * p.kv_heads + kv_head) * p.seq_len * head_dim;
+  if (threadIdx.x == 0) s_kmax = -1;
+  __syncthreads();
+  for (int r = static_cast<int>(threadIdx.x); r < kBQ; r += kBlockThreads) {
+    int pos = -1;
+    if (t.local0 + r < p.rows_per_seq) {
+      pos = p.pos[t.row0 + r];
+      if (pos >= 0 && (pos >= p.seq_len || !slot_ok)) {
+        if (t.head == 0) atomicOr(p.error_flags, kErrorPositionOutOfRange);
+        pos = -1;
+      }
+    }
+    s_pos[r] = pos;
+    if (pos >= 0) atomicMax(&s_kmax, pos);
+  }
+  return t;
+}
+
+// Keys kb .. kb + kKeys - 1 of a tile's K and V rows (k_rows, v_rows: its slot and kv
+// head) into stage `stage` of k_s and v_s (rows of kLd elements), by cp.async in 16-byte
+// chunks, committed as one group. Keys past kmax (never past seq_len - 1) arrive as zeros
+// without a read: every row masks them, and a zero V row keeps P·V finite whatever the
+// cache holds there. Every thread of the block (kBlockThreads) calls it.
+template <typename T, int D, int kKeys, int kLd, int kBlockThreads>
+__device__ __forceinline__ void LoadKvTile(T* k_s, T* v_s, int stage, int kb, int kmax,
+                                           const T* k_rows, const T* v_rows) {
+  constexpr int kVec = 16 / static_cast<int>(sizeof(T));  // elements of a 16-byte chunk
+  constexpr int kChunks = D / kVec;                         // chunks of a row
+  T* ks = k_s + stage * kKeys * kLd;
+  T* vs = v_s + stage * kKeys * kLd;
+  for (int i = static_cast<int>(threadIdx.x); i < kKeys * kChunks; i += kBlockThreads) {
+    const int r = i / kChunks, c = (i % kChunks) * kVec;
+    const int key = kb + r;
+    const bool valid = key <= kmax;
+    const int64_t at = static_cast<int64_t>(valid ? key : 0) * D + c;
+    CopyAsync16(ks + r * kLd + c, k_rows + at, valid);
+    CopyAsync16(vs + r * kLd + c, v_rows + at, valid);
+  }
+  CommitCopies();
+}
+
 template <typename T, int D>
 __global__ void __launch_bounds__(kThreads) PrefillAttentionKernel(const PrefillParams p) {
   AwaitPrerequisiteGrids();
@@ -99,31 +167,9 @@ __global__ void __launch_bounds__(kThreads) PrefillAttentionKernel(const Prefill
   int* s_pos = reinterpret_cast<int*>(p_s + kBQ * kPLd);
 
   const int tid = threadIdx.x, ty = tid / 8, tx = tid % 8;
-  const int head = blockIdx.y, seq = blockIdx.z;
-  const int local0 = blockIdx.x * kBQ;  // the tile's first row within its sequence
-  const int64_t row0 = static_cast<int64_t>(seq) * p.rows_per_seq + local0;
-  const int kv_head = head / (p.heads / p.kv_heads);
-  const int slot = p.seq_slots[seq];
-  const bool slot_ok = slot >= 0 && slot < p.slots;
-  const int64_t q_stride = static_cast<int64_t>(p.heads) * D;
-
-  // Positions of the tile's rows; -1 for padding and for rows past the sequence's end
-  // (they belong to the next sequence). A row whose position or slot is out of range is
-  // flagged (by the head-0 block) and gives zeros like padding.
-  if (tid == 0) s_kmax = -1;
-  __syncthreads();
-  for (int r = tid; r < kBQ; r += kThreads) {
-    int pos = -1;
-    if (local0 + r < p.rows_per_seq) {
-      pos = p.pos[row0 + r];
-      if (pos >= 0 && (pos >= p.seq_len || !slot_ok)) {
-        if (head == 0) atomicOr(p.error_flags, kErrorPositionOutOfRange);
-        pos = -1;
-      }
-    }
-    s_pos[r] = pos;
-    if (pos >= 0) atomicMax(&s_kmax, pos);
-  }
+  const PrefillTile tile = StartPrefillTile<kThreads>(p, D, s_pos, s_kmax);
+  const int head = tile.head, local0 = tile.local0;
+  const int64_t row0 = tile.row0, q_stride = tile.q_stride;
   for (int i = tid; i < kBQ * kChunks; i += kThreads) {
     const int r = i / kChunks, c = (i % kChunks) * kVec;
     float f[kVec] = {};
@@ -138,24 +184,10 @@ __global__ void __launch_bounds__(kThreads) PrefillAttentionKernel(const Prefill
   __syncthreads();
 
   const int kmax = s_kmax;  // block-uniform, so is every loop bound below
-  const int64_t cache_offset =
-      (static_cast<int64_t>(slot_ok ? slot : 0) * p.kv_heads + kv_head) * p.seq_len * D;
-  const T* k_rows = static_cast<const T*>(p.k) + cache_offset;
-  const T* v_rows = static_cast<const T*>(p.v) + cache_offset;
-  // Keys past kmax (never past seq_len - 1) arrive as zeros without a read: every row
-  // masks them, and a zero V row keeps P·V finite whatever the cache holds there.
+  const T* k_rows = static_cast<const T*>(p.k) + tile.cache_offset;
+  const T* v_rows = static_cast<const T*>(p.v) + tile.cache_offset;
   const auto load_tile = [&](int kb, int stage) {
-    T* ks = k_s + stage * kBK * kLd;
-    T* vs = v_s + stage * kBK * kLd;
-    for (int i = tid; i < kBK * kChunks; i += kThreads) {
-      const int r = i / kChunks, c = (i % kChunks) * kVec;
-      const int key = kb + r;
-      const bool valid = key <= kmax;
-      const int64_t at = static_cast<int64_t>(valid ? key : 0) * D + c;
-      CopyAsync16(ks + r * kLd + c, k_rows + at, valid);
-      CopyAsync16(vs + r * kLd + c, v_rows + at, valid);
-    }
-    CommitCopies();
+    LoadKvTile<T, D, kBK, kLd, kThreads>(k_s, v_s, stage, kb, kmax, k_rows, v_rows);
   };
 
   int my_pos[4];
@@ -400,28 +432,9 @@ __global__ void __launch_bounds__(kMmaThreads) PrefillAttentionMmaKernel(const P
 
   const int tid = threadIdx.x, warp = tid / kWarpSize, lane = tid % kWarpSize;
   const int g = lane / 4, t4 = lane % 4;  // the fragment's row and column pair
-  const int head = blockIdx.y, seq = blockIdx.z;
-  const int local0 = blockIdx.x * kBQ;
-  const int64_t row0 = static_cast<int64_t>(seq) * p.rows_per_seq + local0;
-  const int kv_head = head / (p.heads / p.kv_heads);
-  const int slot = p.seq_slots[seq];
-  const bool slot_ok = slot >= 0 && slot < p.slots;
-  const int64_t q_stride = static_cast<int64_t>(p.heads) * D;
-
-  if (tid == 0) s_kmax = -1;
-  __syncthreads();
-  for (int r = tid; r < kBQ; r += kMmaThreads) {
-    int pos = -1;
-    if (local0 + r < p.rows_per_seq) {
-      pos = p.pos[row0 + r];
-      if (pos >= 0 && (pos >= p.seq_len || !slot_ok)) {
-        if (head == 0) atomicOr(p.error_flags, kErrorPositionOutOfRange);
-        pos = -1;
-      }
-    }
-    s_pos[r] = pos;
-    if (pos >= 0) atomicMax(&s_kmax, pos);
-  }
+  const PrefillTile tile = StartPrefillTile<kMmaThreads>(p, D, s_pos, s_kmax);
+  const int head = tile.head, local0 = tile.local0;
+  const int64_t row0 = tile.row0, q_stride = tile.q_stride;
   // Q's rows (zeros past the sequence's end) in the same copy group as the first tile.
   for (int i = tid; i < kBQ * kChunks; i += kMmaThreads) {
     const int r = i / kChunks, c = (i % kChunks) * kVec;
@@ -434,24 +447,10 @@ __global__ void __launch_bounds__(kMmaThreads) PrefillAttentionMmaKernel(const P
   __syncthreads();
 
   const int kmax = s_kmax;  // block-uniform
-  const int64_t cache_offset =
-      (static_cast<int64_t>(slot_ok ? slot : 0) * p.kv_heads + kv_head) * p.seq_len * D;
-  const T* k_rows = static_cast<const T*>(p.k) + cache_offset;
-  const T* v_rows = static_cast<const T*>(p.v) + cache_offset;
-  // Keys past kmax (never past seq_len - 1) arrive as zeros without a read: masked in S,
-  // and zero V rows keep P · V finite whatever the cache holds there.
+  const T* k_rows = static_cast<const T*>(p.k) + tile.cache_offset;
+  const T* v_rows = static_cast<const T*>(p.v) + tile.cache_offset;
   const auto load_tile = [&](int kb, int stage) {
-    T* ks = k_s + stage * kMmaKeys * kLd;
-    T* vs = v_s + stage * kMmaKeys * kLd;
-    for (int i = tid; i < kMmaKeys * kChunks; i += kMmaThreads) {
-      const int r = i / kChunks, c = (i % kChunks) * kVec;
-      const int key = kb + r;
-      const bool valid = key <= kmax;
-      const int64_t at = static_cast<int64_t>(valid ? key : 0) * D + c;
-      CopyAsync16(ks + r * kLd + c, k_rows + at, valid);
-      CopyAsync16(vs + r * kLd + c, v_rows + at, valid);
-    }
-    CommitCopies();
+    LoadKvTile<T, D, kMmaKeys, kLd, kMmaThreads>(k_s, v_s, stage, kb, kmax, k_rows, v_rows);
   };
 
   // This warp's rows g and g + 8: positions, and the largest (its last useful key).
