@@ -148,6 +148,33 @@ def make_gguf():
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+    # A tiny BF16 mixture of experts as llama.cpp's converter writes one: 4 experts, 2
+    # chosen, the router (ffn_gate_inp) in F32 (rounded to BF16 at load), F32 norms.
+    w = gguf.GGUFWriter(os.path.join(d, "tiny_moe_bf16"), "llama")
+    for key, value in [("context_length", 64), ("embedding_length", 32), ("block_count", 1),
+                       ("feed_forward_length", 32), ("attention.head_count", 2),
+                       ("attention.head_count_kv", 1), ("expert_count", 4),
+                       ("expert_used_count", 2)]:
+        w.add_uint32(f"llama.{key}", value)
+    w.add_float32("llama.attention.layer_norm_rms_epsilon", 1e-5)
+    w.add_token_list([f"t{i}" for i in range(8)])
+    shapes = {"token_embd.weight": (8, 32), "blk.0.attn_norm.weight": (32,),
+              "blk.0.attn_q.weight": (32, 32), "blk.0.attn_k.weight": (16, 32),
+              "blk.0.attn_v.weight": (16, 32), "blk.0.attn_output.weight": (32, 32),
+              "blk.0.ffn_norm.weight": (32,), "blk.0.ffn_gate_inp.weight": (4, 32),
+              "blk.0.ffn_gate_exps.weight": (4, 32, 32), "blk.0.ffn_up_exps.weight": (4, 32, 32),
+              "blk.0.ffn_down_exps.weight": (4, 32, 32), "output_norm.weight": (32,)}
+    for name, shape in shapes.items():
+        x = rng.standard_normal(shape).astype(np.float32)
+        if len(shape) == 1 or name.endswith("ffn_gate_inp.weight"):
+            w.add_tensor(name, x)
+        else:
+            bits = (x.view(np.uint32) >> 16).astype(np.uint16)  # bf16 by truncation
+            w.add_tensor(name, bits, raw_dtype=gguf.GGMLQuantizationType.BF16)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
 
 
 def gguf_bytes(metadata):
