@@ -6,7 +6,9 @@
 // activations; QuantMatMulF32 (M = 1, 4, 8, 16), FusedF32 (M = 1) and the tensor-core
 // path (kernels/block_mma.cuh: MmaF32 fused, MmaPlainF32 for the lm head; M = 1 to 32;
 // MmaPrefillF32 at M = 16, 64 and 512 in both block shapes) take f32 ones, as a GGUF file
-// with block-format weights computes. Block-format weights are repacked into the device
+// with block-format weights computes. Big/<kernel>/<format>/... take one row at
+// Qwen3-8B's shapes, every one-row kernel side by side (fused, plain, one-row, tensor
+// cores) beside the bf16 small-M kernel. Block-format weights are repacked into the device
 // layout (kernels/quant_layout.h) as the step runner uploads them.
 //
 // How it measures (as kernel_bench): each case captures a CUDA graph of up to kMaxBatch
@@ -425,6 +427,32 @@ int main(int argc, char** argv) {
               t, s, Kernel::kFused, 1, sg::DType::kF32, sg::kernels::BlockMmaShape::kAuto, walk);
         }
       }
+    }
+  }
+  // One row at Qwen3-8B's shapes (hidden 4096, intermediate 12288, 8 KV heads of 128,
+  // vocabulary 151,936), where the weights dwarf every fixed cost: Big/<kernel>/<format>/...
+  // with the bf16 small-M kernel beside them (Big/Gemv/BF16), the floor a half file reads.
+  for (const Shape& s : {Shape{"8B q/o", 4096, 4096}, Shape{"8B k/v", 1024, 4096},
+                         Shape{"8B gate/up", 12288, 4096}, Shape{"8B down", 4096, 12288},
+                         Shape{"8B lm head", 151936, 4096}}) {
+    for (sg::DType t : {sg::DType::kBF16, sg::DType::kQ8_0, sg::DType::kQ4_0, sg::DType::kQ4_K,
+                        sg::DType::kQ5_K, sg::DType::kQ6_K}) {
+      auto label = [&](const char* kind) {
+        return absl::StrCat("Big/", kind, "/", sg::DTypeName(t), "/N=", s.n, " K=", s.k, " (",
+                            s.what, ")");
+      };
+      if (!sg::IsQuantized(t)) {
+        add(label("Gemv"), t, s, Kernel::kPlain, 1, sg::DType::kBF16);
+        continue;
+      }
+      add(label("Fused"), t, s, Kernel::kFused, 1, sg::DType::kF32);
+      add(label("Plain"), t, s, Kernel::kPlain, 1, sg::DType::kF32);
+      if (sg::kernels::QuantRowMatmulTakes(s.n, s.k, t)) {
+        add(label("Row"), t, s, Kernel::kRow, 1, sg::DType::kF32);
+      }
+      // The tensor-core kernel at one row (x in three bf16 parts).
+      add(label("Mma"), t, s, s.n > 100000 ? Kernel::kPlainMma : Kernel::kFusedMma, 1,
+          sg::DType::kF32);
     }
   }
   // The tensor-core kernel at batch and prefill sizes (a MatMul's path, split as the node
