@@ -280,6 +280,10 @@ TensorId GraphBuilder::MoeCombine(TensorId y, TensorId weights, TensorId ids,
                                   absl::string_view name) {
   return AddNode(ops::MoeCombine{}, name, {y, weights, ids});
 }
+TensorId GraphBuilder::MoeCombineAdd(TensorId y, TensorId weights, TensorId ids,
+                                     TensorId residual, absl::string_view name) {
+  return AddNode(ops::MoeCombine{.residual = true}, name, {y, weights, ids, residual});
+}
 
 TensorId GraphBuilder::AllReduce(TensorId x, int32_t ranks, absl::string_view name,
                                  TensorId residual) {

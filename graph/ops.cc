@@ -55,6 +55,7 @@ std::string Params(const ops::AllReduce& op) {
 std::string Params(const ops::AllGather& op) { return absl::StrCat("ranks=", op.ranks); }
 std::string Params(const ops::MoeTopK& op) { return absl::StrCat("top_k=", op.top_k); }
 std::string Params(const ops::MoeMatMul& op) { return op.silu_mul ? "silu_mul" : ""; }
+std::string Params(const ops::MoeCombine& op) { return op.residual ? "residual" : ""; }
 std::string Params(const ops::MoeRouteWeights& op) {
   std::string s = op.renormalize ? "renormalize" : "";
   if (op.round_to_dtype) absl::StrAppend(&s, s.empty() ? "" : " ", "round_to_dtype");
@@ -720,8 +721,8 @@ Result Infer(const ops::MoeMatMul& op, const Checker& c) {
   return TensorType{c[0].dtype, Shape{m, out_cols}};
 }
 
-Result Infer(const ops::MoeCombine&, const Checker& c) {
-  SG_RETURN_IF_ERROR(c.Arity(3));
+Result Infer(const ops::MoeCombine& op, const Checker& c) {
+  SG_RETURN_IF_ERROR(c.Arity(op.residual ? 4 : 3));
   SG_RETURN_IF_ERROR(c.Rank(0, 2, "y"));
   SG_RETURN_IF_ERROR(c.Float(0, "y"));
   SG_RETURN_IF_ERROR(c.Rank(1, 2, "weights"));
@@ -733,7 +734,13 @@ Result Infer(const ops::MoeCombine&, const Checker& c) {
     return c.Error(absl::StrCat("weights ", Describe(c[1]), " must be [M, top_k] with top_k ",
                                 "dividing the columns of y ", Describe(c[0])));
   }
-  return TensorType{c[0].dtype, Shape{c[0].shape[0], c[0].shape[1] / top_k}};
+  const Shape out{c[0].shape[0], c[0].shape[1] / top_k};
+  if (op.residual && (c[3].shape != out || c[3].dtype != c[0].dtype)) {
+    return c.Error(absl::StrCat("residual ", Describe(c[3]), " must be ", out.ToString(), " ",
+                                DTypeName(c[0].dtype), ", the combined output of y ",
+                                Describe(c[0])));
+  }
+  return TensorType{c[0].dtype, out};
 }
 
 // x[M,N] float of a group of `ranks` ranks; `columns` is N times what each rank's output

@@ -478,6 +478,34 @@ absl::StatusOr<Graph> FuseResidualAdd(Editor e) {
   return std::move(e).Finish();
 }
 
+// Add(residual, MoeCombine(y, weights, ids)) or Add(MoeCombine(...), residual): a routed
+// MLP's combine and the layer's residual add -> one MoeCombine with residual.
+absl::StatusOr<Graph> FuseMoeCombineAdd(Editor e) {
+  for (int32_t s = 0; s < static_cast<int32_t>(e.nodes().size()); ++s) {
+    if (OpOf<ops::Add>(e, s) == nullptr) continue;
+    const Node& node = e.nodes()[s];
+    if (!IsFloat(e.tensor(node.output).dtype) || node.inputs[0] == node.inputs[1]) continue;
+    for (int side : {1, 0}) {
+      const int32_t m = e.Producer(node.inputs[side]);
+      const auto* combine = OpOf<ops::MoeCombine>(e, m);
+      if (combine == nullptr || combine->residual || !e.OnlyReadBy(node.inputs[side], s)) {
+        continue;
+      }
+      // Add's inputs share a dtype and shape, which are the combine's output's.
+      const Node& producer = e.nodes()[m];
+      const ops::MoeCombine op{.residual = true};
+      absl::InlinedVector<TensorId, 4> inputs(producer.inputs.begin(), producer.inputs.end());
+      inputs.push_back(node.inputs[1 - side]);
+      // The combine moves from m to s: nothing between may write what it reads.
+      if (e.WrittenBetween(m, s, inputs)) continue;
+      if (!e.BackendRuns(op, inputs)) continue;
+      e.Replace(s, op, std::move(inputs), producer.name + "_add", {m});
+      break;
+    }
+  }
+  return std::move(e).Finish();
+}
+
 // Add(residual, AllReduce(x)) or Add(AllReduce(x), residual) -> AllReduce with the
 // residual (the o and down projections of a sharded layer, whose AllReduce stands between
 // the matmul and its residual add).
@@ -709,6 +737,7 @@ constexpr PassEntry kPasses[] = {
     {"gate_up_silu_mul", FuseGateUpSiluMul},
     {"moe_gate_up_silu_mul", FuseMoeGateUpSiluMul},
     {"residual_add", FuseResidualAdd},
+    {"moe_combine_add", FuseMoeCombineAdd},
     {"all_reduce_add", FuseAllReduceAdd},
     {"norm_into_matmul", FuseNormIntoMatMul},
     {"lm_head_argmax", FuseLmHeadArgmax},

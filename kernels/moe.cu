@@ -333,7 +333,7 @@ __global__ void __launch_bounds__(kMatMulThreads)
 template <typename T, typename TW>
 __global__ void __launch_bounds__(kCombineThreads)
     MoeCombineKernel(const T* __restrict__ y, const TW* __restrict__ weights,
-                     const int32_t* __restrict__ ids, T* __restrict__ out, int64_t n,
+                     const int32_t* __restrict__ ids, const T* residual, T* out, int64_t n,
                      int top_k) {
   AwaitPrerequisiteGrids();
   __shared__ int order[kMoeCombineMaxTopK];
@@ -361,6 +361,9 @@ __global__ void __launch_bounds__(kCombineThreads)
     const float term = RoundTo<T>(__fmul_rn(scale[j], ToFloat(yr[j * n])));
     sum = RoundTo<T>(__fadd_rn(sum, term));
   }
+  // The residual add as Add computes it (out may be residual itself: this thread alone
+  // reads and writes the element).
+  if (residual != nullptr) sum = __fadd_rn(sum, ToFloat(residual[row * n + c]));
   out[row * n + c] = FromFloat<T>(sum);
 }
 
@@ -472,7 +475,7 @@ cudaError_t LaunchMoeMatMul(const void* x, const void* w, DType w_dtype, const i
 
 cudaError_t LaunchMoeCombine(const void* y, DType dtype, const void* weights,
                              DType weights_dtype, const int32_t* ids, void* out, int64_t rows,
-                             int64_t n, int64_t top_k, Stream stream) {
+                             int64_t n, int64_t top_k, Stream stream, const void* residual) {
   if (rows <= 0 || rows > 0x7fffffff || n <= 0 || top_k <= 0 || top_k > kMoeCombineMaxTopK ||
       CeilDiv(n, kCombineThreads) > 65535) {
     return cudaErrorInvalidValue;
@@ -484,7 +487,8 @@ cudaError_t LaunchMoeCombine(const void* y, DType dtype, const void* weights,
       using TW = typename decltype(weights_tag)::type;
       return LaunchKernel(MoeCombineKernel<T, TW>, grid, dim3(kCombineThreads), stream,
                           static_cast<const T*>(y), static_cast<const TW*>(weights), ids,
-                          static_cast<T*>(out), n, static_cast<int>(top_k));
+                          static_cast<const T*>(residual), static_cast<T*>(out), n,
+                          static_cast<int>(top_k));
     });
   });
 }

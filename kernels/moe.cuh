@@ -61,10 +61,13 @@ cudaError_t LaunchMoeMatMul(const void* x, const void* w, DType w_dtype, const i
 // out [rows, n] (`dtype`) = Σ_j weights[i, j] · y[i, j·n ..], y [rows, top_k · n] of
 // `dtype`, weights [rows, top_k] of `weights_dtype` (float dtypes), the terms taken in
 // ascending ids[i, j] (ties by slot), each term and each partial sum rounded to `dtype`:
-// bit for bit the CPU reference. top_k up to kMoeCombineMaxTopK.
+// bit for bit the CPU reference. top_k up to kMoeCombineMaxTopK. With `residual` [rows, n]
+// of `dtype` (nullable; it may be out itself): out = residual + that sum, added in f32 and
+// rounded once, as Add.
 cudaError_t LaunchMoeCombine(const void* y, DType dtype, const void* weights,
                              DType weights_dtype, const int32_t* ids, void* out, int64_t rows,
-                             int64_t n, int64_t top_k, Stream stream);
+                             int64_t n, int64_t top_k, Stream stream,
+                             const void* residual = nullptr);
 
 }  // namespace sg::kernels
 

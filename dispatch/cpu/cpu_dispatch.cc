@@ -1011,7 +1011,7 @@ absl::Status CpuDispatch::MoeProducts(const TensorArg& x, const float* xs, const
   return absl::OkStatus();
 }
 
-absl::Status CpuDispatch::Run(const ops::MoeCombine&, const NodeArgs& args) {
+absl::Status CpuDispatch::Run(const ops::MoeCombine& op, const NodeArgs& args) {
   const TensorArg& y = args.inputs[0];
   const TensorArg& weights = args.inputs[1];
   const int32_t* ids = Ints(args.inputs[2]);
@@ -1036,6 +1036,8 @@ absl::Status CpuDispatch::Run(const ops::MoeCombine&, const NodeArgs& args) {
         const float term = w * LoadElement(y.data, y.dtype, i * top_k * n + j * n + c);
         sum = RoundTo(t, sum + RoundTo(t, term));
       }
+      // The residual add as Add computes it: the f32 sum of the two, rounded once.
+      if (op.residual) sum += LoadElement(args.inputs[3].data, t, i * n + c);
       StoreElement(args.output.data, t, i * n + c, sum);
     }
   }

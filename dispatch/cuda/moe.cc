@@ -130,14 +130,15 @@ absl::Status CudaDispatch::Run(const ops::MoeMatMul& op, const NodeArgs& args) {
                   "LaunchMoeMatMul");
 }
 
-absl::Status CudaDispatch::Run(const ops::MoeCombine&, const NodeArgs& args) {
+absl::Status CudaDispatch::Run(const ops::MoeCombine& op, const NodeArgs& args) {
   const TensorArg& y = args.inputs[0];
   const TensorArg& weights = args.inputs[1];
   const int64_t top_k = weights.shape[1];
   return ToStatus(kernels::LaunchMoeCombine(y.data, y.dtype, weights.data, weights.dtype,
                                             args.inputs[2].as<const int32_t>(),
                                             args.output.data, y.shape[0], y.shape[1] / top_k,
-                                            top_k, launch()),
+                                            top_k, launch(),
+                                            op.residual ? args.inputs[3].data : nullptr),
                   "LaunchMoeCombine");
 }
 

@@ -165,9 +165,10 @@ TEST(PassesTest, EachPassCanBeSwitchedOff) {
     // Nor does a Llama step leave elementwise_chain anything: its Adds and SiluMuls read
     // matmuls, and each residual sum is read by a norm as well. all_reduce_add needs a
     // sharded step (shard_test).
-    // Nor has it a routed MLP for moe_gate_up_silu_mul (FusedEqualsPlainForMoeFamilies).
+    // Nor has it a routed MLP for moe_gate_up_silu_mul and moe_combine_add
+    // (FusedEqualsPlainForMoeFamilies).
     if (name != "lm_head_argmax" && name != "elementwise_chain" && name != "all_reduce_add" &&
-        name != "moe_gate_up_silu_mul") {
+        name != "moe_gate_up_silu_mul" && name != "moe_combine_add") {
       EXPECT_LT(one->num_nodes(), before.num_nodes()) << name;
     }
   }
@@ -463,6 +464,13 @@ TEST(PassesTest, FusedEqualsPlainForMoeFamilies) {
       }
       EXPECT_EQ(gated, routed) << fused->ToString();
       EXPECT_EQ(counts["MoeCombine"], routed);
+      // Every combine took its layer's residual add (moe_combine_add).
+      int with_residual = 0;
+      for (const Node& n : fused->nodes()) {
+        const auto* combine = std::get_if<ops::MoeCombine>(&n.op);
+        with_residual += combine != nullptr && combine->residual;
+      }
+      EXPECT_EQ(with_residual, routed) << fused->ToString();
       const auto bound = RandomBound(*plain, 31, {5, 77, 300}, {2, 9, 15});
       ExpectSameResults(*plain, *fused, bound);
     }
@@ -1106,6 +1114,19 @@ TEST(PassesTest, FusedOpsRejectBadShapes) {
   EXPECT_EQ(moe(Shape{4, 12, 8}, 8).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(moe(Shape{4, 16, 8}, 16).message().find("silu_mul"), std::string::npos)
       << moe(Shape{4, 16, 8}, 16);  // a per-slot x
+
+  // MoeCombine's residual: the combined output's shape, in y's dtype.
+  auto combine = [&](Shape residual, DType dtype) {
+    GraphBuilder c;
+    c.MoeCombineAdd(c.Input("y", DType::kF32, {2, 32}), c.Input("w", DType::kF32, {2, 2}),
+                    c.Input("ids", DType::kI32, {2, 2}), c.Input("residual", dtype, residual));
+    return c.status();
+  };
+  EXPECT_TRUE(combine(Shape{2, 16}, DType::kF32).ok()) << combine(Shape{2, 16}, DType::kF32);
+  EXPECT_NE(combine(Shape{2, 32}, DType::kF32).message().find("residual"), std::string::npos)
+      << combine(Shape{2, 32}, DType::kF32);
+  EXPECT_NE(combine(Shape{2, 16}, DType::kBF16).message().find("residual"), std::string::npos)
+      << combine(Shape{2, 16}, DType::kBF16);
 }
 
 // ---- elementwise_chain -------------------------------------------------------------------
@@ -1313,6 +1334,14 @@ std::vector<MovePattern> MovePatterns() {
          TensorId u = b.MoeMatMul(x, b.Weight("wu", t, {128, n, k}), experts, "u");
          write();
          b.Output("y", b.SiluMul(g, u, "y"));
+       }},
+      {"moe_combine_add", "Add",
+       [=](GraphBuilder& b, TensorId x, const std::function<void()>& write) {
+         // x as the outputs of two chosen experts of k / 2 columns each.
+         TensorId combined = b.MoeCombine(x, b.Input("route", t, {rows, 2}),
+                                          b.Input("experts", DType::kI32, {rows, 2}), "c");
+         write();
+         b.Output("y", b.Add(b.Input("r", t, {rows, k / 2}), combined, "y"));
        }},
       {"lm_head_argmax", "Argmax",
        [=](GraphBuilder& b, TensorId x, const std::function<void()>& write) {

@@ -325,6 +325,24 @@ std::vector<OpCase> ConformanceCases() {
                                         b.Input("ids", DType::kI32, {5, 4})));
          },
          .tolerance = Tol(t), .int_hi = 6});
+    // With the layer's residual added (moe_combine_add): ties among 3 experts, and an odd
+    // width with weights of y's dtype.
+    add({.name = Name("MoeCombine", t, "3x8x256/E3/residual"),
+         .build = [=](GraphBuilder& b) {
+           b.Output("out", b.MoeCombineAdd(b.Input("y", t, {3, 8 * 256}),
+                                           b.Input("weights", DType::kF32, {3, 8}),
+                                           b.Input("ids", DType::kI32, {3, 8}),
+                                           b.Input("residual", t, {3, 256})));
+         },
+         .tolerance = Tol(t), .int_hi = 3});
+    add({.name = Name("MoeCombine", t, "5x4x100/residual"),
+         .build = [=](GraphBuilder& b) {
+           b.Output("out", b.MoeCombineAdd(b.Input("y", t, {5, 4 * 100}),
+                                           b.Input("weights", t, {5, 4}),
+                                           b.Input("ids", DType::kI32, {5, 4}),
+                                           b.Input("residual", t, {5, 100})));
+         },
+         .tolerance = Tol(t), .int_hi = 6});
     // Linear RoPE scaling.
     add({.name = Name("Rope", t, "4x8x64/linear"),
          .build = [=](GraphBuilder& b) {

@@ -113,6 +113,9 @@ class GraphBuilder {
   TensorId MoeGateUpSiluMul(TensorId x, TensorId w_gate, TensorId w_up, TensorId ids,
                             absl::string_view name = {});
   TensorId MoeCombine(TensorId y, TensorId weights, TensorId ids, absl::string_view name = {});
+  // ops::MoeCombine with residual: residual + the combined experts' outputs.
+  TensorId MoeCombineAdd(TensorId y, TensorId weights, TensorId ids, TensorId residual,
+                         absl::string_view name = {});
   // Collectives over a group of `ranks` ranks (tensor parallel; docs/parallel.md).
   // With a valid `residual`: Add(residual, AllReduce(x)) in one node (ops.h).
   TensorId AllReduce(TensorId x, int32_t ranks, absl::string_view name = {},

@@ -326,7 +326,12 @@ struct MoeMatMul {
 // weights[i, j] · y[i, j·N ..] rounded to y's dtype, the terms added in ascending expert
 // id (ties by slot) into a zero row of y's dtype, each partial sum rounded (index_add_ of
 // every expert's output in expert order). In f32 every rounding is f32's own.
-struct MoeCombine {};
+// With `residual` (made by the moe_combine_add pass): a fourth input residual [M, N] of
+// y's dtype, and the output residual + that sum, rounded as Add stores it (a routed MLP's
+// combine and the layer's residual add in one node).
+struct MoeCombine {
+  bool residual = false;
+};
 
 // ---- Collectives (tensor parallel; docs/parallel.md). A sharded step runs on every rank of
 // a group, and every rank reaches each collective node at the same point of its step; the

@@ -11,7 +11,10 @@
 //   rope_kv_write_epilogue  that FusedMatMul and its RopeKvWrite -> one FusedMatMul with
 //                      the kRopeKvWrite epilogue
 //   gate_up_silu_mul   MatMul(gate), MatMul(up), SiluMul -> FusedMatMul with kSiluMul
+//   moe_gate_up_silu_mul  the gate and up MoeMatMuls of one x and ids, then SiluMul ->
+//                      one MoeMatMul with silu_mul
 //   residual_add       MatMul then Add(residual, ·) -> FusedMatMul with kAdd
+//   moe_combine_add    MoeCombine then Add(residual, ·) -> MoeCombine with the residual
 //   all_reduce_add     AllReduce then Add(residual, ·) -> AllReduce with the residual
 //                      (tensor parallel: the sum of o's and down's partial sums)
 //   norm_into_matmul   RmsNorm read only by matmuls -> each matmul normalises its input
