@@ -478,60 +478,54 @@ absl::StatusOr<Graph> FuseResidualAdd(Editor e) {
   return std::move(e).Finish();
 }
 
-// Add(residual, MoeCombine(y, weights, ids)) or Add(MoeCombine(...), residual): a routed
-// MLP's combine and the layer's residual add -> one MoeCombine with residual.
-absl::StatusOr<Graph> FuseMoeCombineAdd(Editor e) {
+// Add(residual, P) or Add(P, residual), P the output of a node of type Op read by nothing
+// else -> that node's op with the residual taken in (`with_residual(op)`: the op that adds
+// its last input, or nullopt where it has one already), its inputs followed by the
+// residual, at the Add's place.
+template <typename Op, typename WithResidual>
+absl::StatusOr<Graph> FuseAddIntoProducer(Editor e, WithResidual with_residual) {
   for (int32_t s = 0; s < static_cast<int32_t>(e.nodes().size()); ++s) {
     if (OpOf<ops::Add>(e, s) == nullptr) continue;
     const Node& node = e.nodes()[s];
     if (!IsFloat(e.tensor(node.output).dtype) || node.inputs[0] == node.inputs[1]) continue;
     for (int side : {1, 0}) {
-      const int32_t m = e.Producer(node.inputs[side]);
-      const auto* combine = OpOf<ops::MoeCombine>(e, m);
-      if (combine == nullptr || combine->residual || !e.OnlyReadBy(node.inputs[side], s)) {
-        continue;
-      }
-      // Add's inputs share a dtype and shape, which are the combine's output's.
-      const Node& producer = e.nodes()[m];
-      const ops::MoeCombine op{.residual = true};
+      const int32_t p = e.Producer(node.inputs[side]);
+      const Op* producer_op = OpOf<Op>(e, p);
+      if (producer_op == nullptr || !e.OnlyReadBy(node.inputs[side], s)) continue;
+      const std::optional<Op> op = with_residual(*producer_op);
+      if (!op.has_value()) continue;
+      // Add's inputs share a dtype and shape, which are the producer's output's.
+      const Node& producer = e.nodes()[p];
       absl::InlinedVector<TensorId, 4> inputs(producer.inputs.begin(), producer.inputs.end());
       inputs.push_back(node.inputs[1 - side]);
-      // The combine moves from m to s: nothing between may write what it reads.
-      if (e.WrittenBetween(m, s, inputs)) continue;
-      if (!e.BackendRuns(op, inputs)) continue;
-      e.Replace(s, op, std::move(inputs), producer.name + "_add", {m});
+      // The producer moves from p to s: nothing between may write what it reads (and for
+      // a collective, every rank moves it alike: the pass sees the same graph on each).
+      if (e.WrittenBetween(p, s, inputs)) continue;
+      if (!e.BackendRuns(*op, inputs)) continue;
+      e.Replace(s, *op, std::move(inputs), producer.name + "_add", {p});
       break;
     }
   }
   return std::move(e).Finish();
 }
 
-// Add(residual, AllReduce(x)) or Add(AllReduce(x), residual) -> AllReduce with the
-// residual (the o and down projections of a sharded layer, whose AllReduce stands between
-// the matmul and its residual add).
+// MoeCombine then Add: a routed MLP's combine and the layer's residual add.
+absl::StatusOr<Graph> FuseMoeCombineAdd(Editor e) {
+  return FuseAddIntoProducer<ops::MoeCombine>(
+      std::move(e), [](const ops::MoeCombine& op) -> std::optional<ops::MoeCombine> {
+        if (op.residual) return std::nullopt;
+        return ops::MoeCombine{.residual = true};
+      });
+}
+
+// AllReduce then Add: the o and down projections of a sharded layer, whose AllReduce
+// stands between the matmul and its residual add.
 absl::StatusOr<Graph> FuseAllReduceAdd(Editor e) {
-  for (int32_t s = 0; s < static_cast<int32_t>(e.nodes().size()); ++s) {
-    if (OpOf<ops::Add>(e, s) == nullptr) continue;
-    const Node& node = e.nodes()[s];
-    if (node.inputs[0] == node.inputs[1]) continue;
-    for (int side : {1, 0}) {
-      const int32_t r = e.Producer(node.inputs[side]);
-      const auto* reduce = OpOf<ops::AllReduce>(e, r);
-      if (reduce == nullptr || reduce->residual || !e.OnlyReadBy(node.inputs[side], s)) continue;
-      // Add's inputs share a dtype and shape, which are the AllReduce's x's.
-      const Node& producer = e.nodes()[r];
-      const ops::AllReduce op{.ranks = reduce->ranks, .residual = true};
-      const absl::InlinedVector<TensorId, 4> inputs = {producer.inputs[0],
-                                                       node.inputs[1 - side]};
-      // The collective moves from r to s: nothing between may write what it reads, and
-      // every rank moves it alike (the pass sees the same graph on each).
-      if (e.WrittenBetween(r, s, inputs)) continue;
-      if (!e.BackendRuns(op, inputs)) continue;
-      e.Replace(s, op, inputs, producer.name + "_add", {r});
-      break;
-    }
-  }
-  return std::move(e).Finish();
+  return FuseAddIntoProducer<ops::AllReduce>(
+      std::move(e), [](const ops::AllReduce& op) -> std::optional<ops::AllReduce> {
+        if (op.residual) return std::nullopt;
+        return ops::AllReduce{.ranks = op.ranks, .residual = true};
+      });
 }
 
 // RmsNorm whose every reader is a matmul taking it as x.

@@ -23,10 +23,6 @@ inline constexpr int64_t kMoeCombineMaxTopK = 256;
 // Output columns one block of MoeMatMul computes (a warp each); N is taken up to
 // 65535 · kMoeMatMulCols.
 inline constexpr int64_t kMoeMatMulCols = 8;
-// LaunchMoeMatMul's default `by_expert_pairs`: it walks by expert (each expert's matrix
-// read once per window of pairs) from this many (row, chosen expert) pairs per expert on
-// average; below it, a block per pair. Prefill steps have many rows; decode steps few.
-inline constexpr int64_t kMoeByExpertPairsPerExpert = 2;
 
 // weights [rows, top_k] f32 from logits [rows, experts] (`dtype`: f32, bf16, f16) and ids
 // [rows, top_k]: softmax over every expert in f32, the chosen ones' probabilities,
@@ -50,13 +46,14 @@ bool MoeMatMulTakes(int64_t rows, int64_t experts, int64_t n, int64_t k, int64_t
 // MoeMatMulTakes says no; cudaErrorMisalignedAddress for a block-format w not 16-byte
 // aligned. With `w_up` (w's shape and format; not per_slot) each output is instead
 // silu(g)·u of the two products (the gate experts w, the up experts w_up), each rounded to
-// `dtype` first, as ops::MoeMatMul's silu_mul. The blocks walk by expert when rows · top_k
-// holds at least `by_expert_pairs` pairs per expert (0: always) and k is a multiple of 32.
+// `dtype` first, as ops::MoeMatMul's silu_mul. The blocks walk by expert (each expert's
+// matrix read once per window of pairs) when rows · top_k holds at least `by_expert_pairs`
+// pairs per expert (0: always; CudaOptions::moe_by_expert_pairs) and k is a multiple of 32;
+// below it, a block per pair.
 cudaError_t LaunchMoeMatMul(const void* x, const void* w, DType w_dtype, const int32_t* ids,
                             void* y, int64_t rows, int64_t experts, int64_t n, int64_t k,
                             int64_t top_k, bool per_slot, DType dtype, uint32_t* error_flags,
-                            Stream stream, const void* w_up = nullptr,
-                            int64_t by_expert_pairs = kMoeByExpertPairsPerExpert);
+                            Stream stream, const void* w_up, int64_t by_expert_pairs);
 
 // out [rows, n] (`dtype`) = Σ_j weights[i, j] · y[i, j·n ..], y [rows, top_k · n] of
 // `dtype`, weights [rows, top_k] of `weights_dtype` (float dtypes), the terms taken in

@@ -123,59 +123,56 @@ def make_gguf():
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    # A tiny Llama: hidden 32, 2 heads, 1 KV head, 1 layer, vocab 8.
-    w = gguf.GGUFWriter(os.path.join(d, "tiny_llama"), "llama")
-    for key, value in [("context_length", 16), ("embedding_length", 32), ("block_count", 1),
-                       ("feed_forward_length", 32), ("attention.head_count", 2),
-                       ("attention.head_count_kv", 1)]:
-        w.add_uint32(f"llama.{key}", value)
-    w.add_float32("llama.attention.layer_norm_rms_epsilon", 1e-5)
-    w.add_token_list([f"t{i}" for i in range(8)])
-    shapes = {"token_embd.weight": (8, 32), "blk.0.attn_norm.weight": (32,),
-              "blk.0.attn_q.weight": (32, 32), "blk.0.attn_k.weight": (16, 32),
-              "blk.0.attn_v.weight": (16, 32), "blk.0.attn_output.weight": (32, 32),
-              "blk.0.ffn_norm.weight": (32,), "blk.0.ffn_gate.weight": (32, 32),
-              "blk.0.ffn_up.weight": (32, 32), "blk.0.ffn_down.weight": (32, 32),
-              "output_norm.weight": (32,)}
-    for name, shape in shapes.items():
-        x = rng.standard_normal(shape).astype(np.float32)
-        if len(shape) == 2:
+    # A tiny Llama: hidden 32, 2 heads, 1 KV head, 1 layer, vocab 8, Q8_0 matrices.
+    def q8_0(w, name, x):
+        if x.ndim == 2:
             w.add_tensor(name, gguf.quants.quantize(x, gguf.GGMLQuantizationType.Q8_0),
                          raw_dtype=gguf.GGMLQuantizationType.Q8_0)
         else:
             w.add_tensor(name, x)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    tiny_llama(os.path.join(d, "tiny_llama"), rng, 16, {},
+               {"blk.0.ffn_gate.weight": (32, 32), "blk.0.ffn_up.weight": (32, 32),
+                "blk.0.ffn_down.weight": (32, 32)}, q8_0)
+
     # A tiny BF16 mixture of experts as llama.cpp's converter writes one: 4 experts, 2
     # chosen, the router (ffn_gate_inp) in F32 (rounded to BF16 at load), F32 norms.
-    w = gguf.GGUFWriter(os.path.join(d, "tiny_moe_bf16"), "llama")
-    for key, value in [("context_length", 64), ("embedding_length", 32), ("block_count", 1),
-                       ("feed_forward_length", 32), ("attention.head_count", 2),
-                       ("attention.head_count_kv", 1), ("expert_count", 4),
-                       ("expert_used_count", 2)]:
+    def bf16(w, name, x):
+        if x.ndim == 1 or name.endswith("ffn_gate_inp.weight"):
+            w.add_tensor(name, x)
+        else:
+            bits = (x.view(np.uint32) >> 16).astype(np.uint16)  # bf16 by truncation
+            w.add_tensor(name, bits, raw_dtype=gguf.GGMLQuantizationType.BF16)
+    tiny_llama(os.path.join(d, "tiny_moe_bf16"), rng, 64,
+               {"expert_count": 4, "expert_used_count": 2},
+               {"blk.0.ffn_gate_inp.weight": (4, 32), "blk.0.ffn_gate_exps.weight": (4, 32, 32),
+                "blk.0.ffn_up_exps.weight": (4, 32, 32),
+                "blk.0.ffn_down_exps.weight": (4, 32, 32)}, bf16)
+
+
+def tiny_llama(path, rng, context, keys, mlp_shapes, add):
+    """A one-layer GGUF of architecture llama (hidden 32, 2 heads, 1 KV head, vocab 8)
+    with `keys` beside the usual ones and the MLP tensors `mlp_shapes`; each tensor's
+    random values go to add(writer, name, values)."""
+    import gguf
+    import numpy as np
+    w = gguf.GGUFWriter(path, "llama")
+    for key, value in [("context_length", context), ("embedding_length", 32),
+                       ("block_count", 1), ("feed_forward_length", 32),
+                       ("attention.head_count", 2), ("attention.head_count_kv", 1),
+                       *keys.items()]:
         w.add_uint32(f"llama.{key}", value)
     w.add_float32("llama.attention.layer_norm_rms_epsilon", 1e-5)
     w.add_token_list([f"t{i}" for i in range(8)])
     shapes = {"token_embd.weight": (8, 32), "blk.0.attn_norm.weight": (32,),
               "blk.0.attn_q.weight": (32, 32), "blk.0.attn_k.weight": (16, 32),
               "blk.0.attn_v.weight": (16, 32), "blk.0.attn_output.weight": (32, 32),
-              "blk.0.ffn_norm.weight": (32,), "blk.0.ffn_gate_inp.weight": (4, 32),
-              "blk.0.ffn_gate_exps.weight": (4, 32, 32), "blk.0.ffn_up_exps.weight": (4, 32, 32),
-              "blk.0.ffn_down_exps.weight": (4, 32, 32), "output_norm.weight": (32,)}
+              "blk.0.ffn_norm.weight": (32,), **mlp_shapes, "output_norm.weight": (32,)}
     for name, shape in shapes.items():
-        x = rng.standard_normal(shape).astype(np.float32)
-        if len(shape) == 1 or name.endswith("ffn_gate_inp.weight"):
-            w.add_tensor(name, x)
-        else:
-            bits = (x.view(np.uint32) >> 16).astype(np.uint16)  # bf16 by truncation
-            w.add_tensor(name, bits, raw_dtype=gguf.GGMLQuantizationType.BF16)
+        add(w, name, rng.standard_normal(shape).astype(np.float32))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-
 
 def gguf_bytes(metadata):
     """A GGUF v3 file of metadata only: [(key, type, encoded value)]."""

@@ -249,7 +249,7 @@ std::vector<OpCase> ConformanceCases() {
          .tolerance = Tol(t), .int_values = {{"ids", {0, 3, -1, 5, 8, 2}}}, .float_range = 4.0f});
     struct MoeMm { int64_t rows, experts, top_k, n, k; bool per_slot; };
     // The last three have enough pairs per expert to walk by expert (a prefill step;
-    // kernels::kMoeByExpertPairsPerExpert), the last more pairs than one window holds.
+    // CudaOptions::moe_by_expert_pairs), the last more pairs than one window holds.
     for (MoeMm s : {MoeMm{1, 16, 4, 96, 128, false}, MoeMm{3, 8, 2, 64, 96, true},
                     MoeMm{4, 128, 8, 64, 128, false}, MoeMm{6, 32, 1, 200, 256, false},
                     MoeMm{2, 8, 2, 33, 37, true}, MoeMm{64, 16, 4, 64, 128, false},
