@@ -167,10 +167,11 @@ def bf16x2(a):
     return hi + bf16(np.asarray(a, dtype=np.float32) - hi)
 
 
-def q8(a):
-    """a quantized per 32 values to int8 with one scale (max / 127), as float32."""
+def q8(a, top=127.0):
+    """a quantized per 32 values to int8 with one scale (max / 127), as float32; with top
+    32767, to int16."""
     s = a.reshape(a.shape[0], -1, 32)
-    d = np.abs(s).max(-1, keepdims=True) / 127.0
+    d = np.abs(s).max(-1, keepdims=True) / top
     q = np.round(np.where(d > 0, s / np.where(d > 0, d, 1), 0))
     return (q * d).reshape(a.shape).astype(np.float32)
 
@@ -182,16 +183,17 @@ MODES = {
     "bf16x": (lambda x, w: bf16(x) @ w.T, np.float32),
     "bf16xw": (lambda x, w: bf16(x) @ bf16(w).T, np.float32),
     "q8": (lambda x, w: q8(x) @ w.T, np.float32),
+    "q16": (lambda x, w: q8(x, 32767.0) @ w.T, np.float32),
 }
 
 
-def generate(model, ids, mode, tokens, stop):
+def generate(model, ids, mode, tokens, stop, decode=False):
     mm, dt = MODES[mode]
     cache = [([], []) for _ in range(model.layers)]
     logits = model.forward(np.array(ids), cache, 0, mm, dt)
     first = logits
     out = []
-    exact, edt = MODES["f32"]
+    exact, edt = MODES[mode if decode else "f32"]
     pos = len(ids)
     for _ in range(tokens):
         nxt = int(np.argmax(logits))
@@ -212,6 +214,8 @@ def main():
     ap.add_argument("--tokens", type=int, default=64, help="greedy tokens a prompt (64)")
     ap.add_argument("--modes", default="f64,bf16x2,bf16x,bf16xw,q8")
     ap.add_argument("--prompts", type=int, default=len(PROMPTS))
+    ap.add_argument("--decode", action="store_true",
+                    help="decode the tokens after the prompt in the mode too")
     args = ap.parse_args()
     model = Model(args.model)
     stop = {2}
@@ -229,7 +233,7 @@ def main():
         ref, ref_logits = generate(model, ids, "f32", args.tokens, stop)
         line = [f"prompt {n:2d} ({len(ids):3d} ids):"]
         for m in modes:
-            got, logits = generate(model, ids, m, args.tokens, stop)
+            got, logits = generate(model, ids, m, args.tokens, stop, args.decode)
             k = 0
             while k < min(len(got), len(ref)) and got[k] == ref[k]:
                 k += 1
@@ -243,7 +247,8 @@ def main():
         print(" ".join(line), flush=True)
     count = len(lengths)
     print(f"\n{count} prompts of {min(lengths)}-{max(lengths)} ids, {args.tokens} greedy tokens"
-          " each (stop at <|im_end|>), the prompt in each mode, the tokens after it exact f32:")
+          " each (stop at <|im_end|>), the prompt in each mode, the tokens after it "
+          + ("in the mode too:" if args.decode else "exact f32:"))
     print("| mode | prompts whose ids equal exact f32's | mean share of ids before the first"
           " difference | first logits' normalised error (median, max) |")
     print("|---|---|---|---|")
