@@ -193,12 +193,15 @@ void TimeQuantSession(benchmark::State& state, std::unique_ptr<DecodeSession>& s
 // computes; otherwise bf16.
 // row_kernel false: the lm head and the o projections on the kernels they took before the
 // one-row kernel (CudaOptions::block_row_min_cols and block_row_fused_max_k 0).
+// gemv: CudaOptions::block_gemv_precision (int16, int8: x as integers in the one-row
+// kernel, which then takes every one-row matmul but q/k/v).
 void BM_Quant(benchmark::State& state, testing::MatrixFormat format, bool f32,
-              BlockUnitWalkOption walk, bool row_kernel) {
+              BlockUnitWalkOption walk, bool row_kernel, BlockGemvPrecision gemv) {
   SessionOptions o;
   o.max_slots = 1;
   o.buckets = {1};
   o.cuda.block_unit_walk = walk;
+  o.cuda.block_gemv_precision = gemv;
   if (!row_kernel) {
     o.cuda.block_row_min_cols = 0;
     o.cuda.block_row_fused_max_k = 0;
@@ -208,13 +211,14 @@ void BM_Quant(benchmark::State& state, testing::MatrixFormat format, bool f32,
   const std::string name = QuantName(format, f32);
   TimeQuantSession(state,
                    g->quant[absl::StrCat(name, "/", static_cast<int>(walk),
-                                         row_kernel ? "" : "/no_row")],
+                                         row_kernel ? "" : "/no_row", "/",
+                                         BlockGemvPrecisionName(gemv))],
                    testing::WithMatrixDTypes(base,
                                              [format](const std::string& name) {
                                                return testing::MatrixDType(format, name);
                                              }),
                    o, 1);
-  if (walk == BlockUnitWalkOption::kAuto && row_kernel) {
+  if (walk == BlockUnitWalkOption::kAuto && row_kernel && gemv == BlockGemvPrecision::kF32) {
     g->quant_ms[name] = state.counters["median_ms"];
   }
 }
@@ -562,7 +566,7 @@ int main(int argc, char** argv) {
         std::pair{sg::testing::MatrixFormat::kQ4KMix, true}}) {
     benchmark::RegisterBenchmark(
         absl::StrCat("Quant/", sg::QuantName(format, f32), "/pos:100").c_str(), sg::BM_Quant,
-        format, f32, sg::BlockUnitWalkOption::kAuto, true)
+        format, f32, sg::BlockUnitWalkOption::kAuto, true, sg::BlockGemvPrecision::kF32)
         ->UseManualTime()
         ->Iterations(sg::kSteps)
         ->Unit(benchmark::kMicrosecond);
@@ -571,10 +575,25 @@ int main(int argc, char** argv) {
   for (const auto format : {sg::testing::MatrixFormat::kQ4_0, sg::testing::MatrixFormat::kQ4KMix}) {
     benchmark::RegisterBenchmark(
         absl::StrCat("QuantNoRow/", sg::QuantName(format, true), "/pos:100").c_str(),
-        sg::BM_Quant, format, true, sg::BlockUnitWalkOption::kAuto, false)
+        sg::BM_Quant, format, true, sg::BlockUnitWalkOption::kAuto, false,
+        sg::BlockGemvPrecision::kF32)
         ->UseManualTime()
         ->Iterations(sg::kSteps)
         ->Unit(benchmark::kMicrosecond);
+  }
+  // x as integers in the one-row kernel (CudaOptions::block_gemv_precision).
+  for (const auto& [gemv, gemv_name] : {std::pair{sg::BlockGemvPrecision::kInt16, "int16"},
+                                        std::pair{sg::BlockGemvPrecision::kInt8, "int8"}}) {
+    for (const auto format : {sg::testing::MatrixFormat::kQ8_0, sg::testing::MatrixFormat::kQ4_0,
+                              sg::testing::MatrixFormat::kQ4KMix}) {
+      benchmark::RegisterBenchmark(
+          absl::StrCat("QuantGemv/", sg::QuantName(format, true), "/", gemv_name, "/pos:100")
+              .c_str(),
+          sg::BM_Quant, format, true, sg::BlockUnitWalkOption::kAuto, true, gemv)
+          ->UseManualTime()
+          ->Iterations(sg::kSteps)
+          ->Unit(benchmark::kMicrosecond);
+    }
   }
   // The 32-value formats' walks of the CUDA-core block kernel (CudaOptions::block_unit_walk).
   for (const auto& [walk, walk_name] :
@@ -585,7 +604,7 @@ int main(int argc, char** argv) {
       benchmark::RegisterBenchmark(
           absl::StrCat("QuantWalk/", sg::QuantName(format, true), "/", walk_name, "/pos:100")
               .c_str(),
-          sg::BM_Quant, format, true, walk, true)
+          sg::BM_Quant, format, true, walk, true, sg::BlockGemvPrecision::kF32)
           ->UseManualTime()
           ->Iterations(sg::kSteps)
           ->Unit(benchmark::kMicrosecond);

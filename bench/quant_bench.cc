@@ -151,6 +151,8 @@ enum class Kernel {
   kFusedMma,   // the fused matmul on tensor cores: products (split-K), then the epilogue
   kPlainMma,   // the tensor-core kernel writing y itself (a MatMul's path, no split-K)
   kRow,        // the one-row kernel (persistent warps; a MatMul's path for an lm head)
+  kRowInt8,    // the one-row kernel, x as int8 per 32 values (QuantRowX::kInt8)
+  kRowInt16,   // the one-row kernel, x as int16 per 32 values (QuantRowX::kInt16)
 };
 
 // One case: y[m, n] = x[m, k] · w[n, k]ᵀ with w in `w_dtype` (bf16: the small-M kernel),
@@ -268,10 +270,13 @@ absl::Status RunCase(benchmark::State& state, const std::string& name, DType w_d
       a.shape = plain_ws.shape;  // as the dispatcher launches it (kAuto resolved there)
       return ToStatus(kernels::LaunchBlockMma(a, stream), "block MMA launch");
     }
-    if (kernel == Kernel::kRow) {
+    if (kernel == Kernel::kRow || kernel == Kernel::kRowInt8 || kernel == Kernel::kRowInt16) {
+      const kernels::QuantRowX row_x = kernel == Kernel::kRowInt8    ? kernels::QuantRowX::kInt8
+                                       : kernel == Kernel::kRowInt16 ? kernels::QuantRowX::kInt16
+                                                                     : kernels::QuantRowX::kF32;
       return ToStatus(kernels::LaunchQuantRowMatmul(set + x_off, set, w_dtype, nullptr,
                                                     set + y_off, n, k, kT, true, SmCount(),
-                                                    stream),
+                                                    row_x, stream),
                       "row launch");
     }
     const cudaError_t e =
@@ -416,6 +421,12 @@ int main(int argc, char** argv) {
       add(absl::StrCat("RowF32/", sg::DTypeName(t), "/M=1 N=", s.n, " K=", s.k, " (", s.what,
                        ")"),
           t, s, Kernel::kRow, 1, sg::DType::kF32);
+      // The one-row kernel with x as integers (QuantRowX): RowInt8/..., RowInt16/...
+      for (const auto& [kind, kernel] : {std::pair{"RowInt8/", Kernel::kRowInt8},
+                                         std::pair{"RowInt16/", Kernel::kRowInt16}}) {
+        add(absl::StrCat(kind, sg::DTypeName(t), "/M=1 N=", s.n, " K=", s.k, " (", s.what, ")"),
+            t, s, kernel, 1, sg::DType::kF32);
+      }
       // The 32-value formats in each way of walking their units (FusedUnitWalk).
       if (sg::DTypeBlockElems(t) == 32) {
         using sg::kernels::FusedUnitWalk;
@@ -449,6 +460,8 @@ int main(int argc, char** argv) {
       add(label("Plain"), t, s, Kernel::kPlain, 1, sg::DType::kF32);
       if (sg::kernels::QuantRowMatmulTakes(s.n, s.k, t)) {
         add(label("Row"), t, s, Kernel::kRow, 1, sg::DType::kF32);
+        add(label("RowInt8"), t, s, Kernel::kRowInt8, 1, sg::DType::kF32);
+        add(label("RowInt16"), t, s, Kernel::kRowInt16, 1, sg::DType::kF32);
       }
       // The tensor-core kernel at one row (x in three bf16 parts).
       add(label("Mma"), t, s, s.n > 100000 ? Kernel::kPlainMma : Kernel::kFusedMma, 1,

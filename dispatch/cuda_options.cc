@@ -49,6 +49,27 @@ absl::StatusOr<BlockGemmPrecision> ParseBlockGemmPrecision(absl::string_view nam
       "block GEMM precision must be f32, tf32, bf16 or bf16x2, got '", name, "'"));
 }
 
+absl::string_view BlockGemvPrecisionName(BlockGemvPrecision p) {
+  switch (p) {
+    case BlockGemvPrecision::kF32:
+      return "f32";
+    case BlockGemvPrecision::kInt16:
+      return "int16";
+    case BlockGemvPrecision::kInt8:
+      return "int8";
+  }
+  return "?";
+}
+
+absl::StatusOr<BlockGemvPrecision> ParseBlockGemvPrecision(absl::string_view name) {
+  for (BlockGemvPrecision p :
+       {BlockGemvPrecision::kF32, BlockGemvPrecision::kInt16, BlockGemvPrecision::kInt8}) {
+    if (name == BlockGemvPrecisionName(p)) return p;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("block GEMV precision must be f32, int16 or int8, got '", name, "'"));
+}
+
 int64_t BlockGemmMinRows(const CudaOptions& o, DType x_dtype) {
   if (o.block_gemm_min_rows != CudaOptions::kBlockGemmAuto) return o.block_gemm_min_rows;
   // The tensor-core kernel's f32 x in parts (three exact, two) beats the block GEMM's f32

@@ -15,6 +15,7 @@
 // warp-shuffle and shared-memory reduction per (row, column), bias added in f32, one
 // rounding to the output dtype.
 #include <algorithm>
+#include <type_traits>
 
 #include "kernels/common.cuh"
 #include "kernels/quant_blocks.cuh"
@@ -163,20 +164,147 @@ __device__ __forceinline__ void StagedX8(const float4* stage, int64_t t, int j, 
   out[4] = hi.x, out[5] = hi.y, out[6] = hi.z, out[7] = hi.w;
 }
 
+// ---- x as integers (QuantRowX::kInt8, kInt16) ----------------------------------------
+//
+// The staged copy holds each unit's 32 values quantized, kChunks 16-byte chunks a unit
+// (int8: values 0..15, 16..31; int16: eight values a chunk), chunk c of unit t stored at
+// c ^ Swizzle(t) so that the eight lanes of a quarter warp, reading chunk c of eight
+// consecutive units, hit different banks; then a float4 a unit: its scale dx, the exact
+// f32 sum of its 32 values, and the integer sums of its quantized halves (values 0..15
+// and 16..31, as int bits), which take the codes' bias out of the dot products.
+template <QuantRowX kX>
+struct IntStage {
+  static constexpr int kChunks = kX == QuantRowX::kInt8 ? 2 : 4;
+  static constexpr float kTop = kX == QuantRowX::kInt8 ? 127.0f : 32767.0f;
+  static __device__ __forceinline__ int Swizzle(int64_t t) {
+    return static_cast<int>((t / (8 / kChunks)) % kChunks);
+  }
+  // float4s of shared memory for `units` units.
+  static constexpr int64_t Float4s(int64_t units) { return units * (kChunks + 1); }
+};
+
+// Quantizes x's `units` units into the staged copy (every thread of the block calls it;
+// four consecutive lanes take a unit, 8 values each).
+template <QuantRowX kX, typename T>
+__device__ __forceinline__ void StageIntX(const T* x, bool vec_x, int64_t units,
+                                          float4* stage) {
+  using S = IntStage<kX>;
+  float4* meta = stage + units * S::kChunks;
+  for (int64_t base = 0; base < units * 4; base += kRowThreads) {
+    const int64_t i = base + threadIdx.x;
+    const bool active = i < units * 4;  // the four lanes of a unit are active together
+    const int64_t t = i >> 2;
+    const int j = static_cast<int>(i & 3);
+    float v[8] = {};
+    if (active) quant::LoadX8(x + t * quant::kUnitElems + 8 * j, vec_x, v);
+    float amax = 0.0f, sum = 0.0f;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      amax = fmaxf(amax, fabsf(v[e]));
+      sum += v[e];
+    }
+#pragma unroll
+    for (int o = 1; o <= 2; o <<= 1) {
+      amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+      sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    }
+    const float inv = amax > 0.0f ? S::kTop / amax : 0.0f;
+    int q[8], qsum = 0;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      q[e] = __float2int_rn(v[e] * inv);
+      qsum += q[e];
+    }
+    qsum += __shfl_xor_sync(0xffffffffu, qsum, 1);                 // this half's sum
+    const int qsum_hi = __shfl_down_sync(0xffffffffu, qsum, 2);   // lane j = 0: the other's
+    if (!active) continue;
+    if constexpr (kX == QuantRowX::kInt8) {
+      uint32_t word[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        word[h] = (q[4 * h] & 0xFF) | (q[4 * h + 1] & 0xFF) << 8 |
+                  (q[4 * h + 2] & 0xFF) << 16 | static_cast<uint32_t>(q[4 * h + 3]) << 24;
+      }
+      auto* chunk = reinterpret_cast<uint2*>(stage + t * 2 + ((j >> 1) ^ S::Swizzle(t)));
+      chunk[j & 1] = make_uint2(word[0], word[1]);
+    } else {
+      uint32_t word[4];
+#pragma unroll
+      for (int h = 0; h < 4; ++h) {
+        word[h] = (q[2 * h] & 0xFFFF) | static_cast<uint32_t>(q[2 * h + 1]) << 16;
+      }
+      reinterpret_cast<uint4*>(stage)[t * 4 + (j ^ S::Swizzle(t))] =
+          make_uint4(word[0], word[1], word[2], word[3]);
+    }
+    if (j == 0) {
+      meta[t] = make_float4(amax / S::kTop, sum, __int_as_float(qsum), __int_as_float(qsum_hi));
+    }
+  }
+}
+
+// Unit t's share of the dot product from the staged integers: the codes of values 4i ..
+// 4i+3 and 16+4i .. (QuadCodes, biased by kCodeBias; signed bytes for Q8_0) meet the
+// quantized x in integer dot products per half, then Scale·dx·(Σ − bias·Σq) per half
+// (Q6_K's halves have their own scales) and Min·Σx.
+template <QuantRowX kX, typename Unit>
+__device__ __forceinline__ float IntDotUnit(const Unit& u, const float4* stage, int64_t units,
+                                            int64_t t) {
+  using S = IntStage<kX>;
+  const uint4* chunks = reinterpret_cast<const uint4*>(stage) + t * S::kChunks;
+  const int swizzle = S::Swizzle(t);
+  int s_lo = 0, s_hi = 0;
+  if constexpr (kX == QuantRowX::kInt8) {
+    const uint4 a = chunks[0 ^ swizzle], b = chunks[1 ^ swizzle];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      uint32_t lo, hi;
+      u.QuadCodes(i, lo, hi);
+      s_lo = __dp4a(static_cast<int>(lo), static_cast<int>(quant::Word(a, i)), s_lo);
+      s_hi = __dp4a(static_cast<int>(hi), static_cast<int>(quant::Word(b, i)), s_hi);
+    }
+  } else {
+    uint4 c[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) c[i] = chunks[i ^ swizzle];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      uint32_t lo, hi;
+      u.QuadCodes(i, lo, hi);
+      const int w = 2 * (i & 1);
+      s_lo = __dp2a_lo(static_cast<int>(quant::Word(c[i >> 1], w)), static_cast<int>(lo), s_lo);
+      s_lo = __dp2a_hi(static_cast<int>(quant::Word(c[i >> 1], w + 1)), static_cast<int>(lo),
+                       s_lo);
+      s_hi = __dp2a_lo(static_cast<int>(quant::Word(c[2 + (i >> 1)], w)), static_cast<int>(hi),
+                       s_hi);
+      s_hi = __dp2a_hi(static_cast<int>(quant::Word(c[2 + (i >> 1)], w + 1)),
+                       static_cast<int>(hi), s_hi);
+    }
+  }
+  const float4 m = stage[units * S::kChunks + t];
+  constexpr int kBias = Unit::kCodeBias;
+  const float lo = static_cast<float>(s_lo - kBias * __float_as_int(m.z));
+  const float hi = static_cast<float>(s_hi - kBias * __float_as_int(m.w));
+  float r = m.x * fmaf(u.Scale(0), lo, u.Scale(2) * hi);
+  if constexpr (Unit::kHasMin) r = fmaf(u.Min(0), m.y, r);
+  return r;
+}
+
 // Four blocks per SM (at most 64 registers a thread): without the bound the compiler took
 // 80 to 108 registers at f32 and every format ran slower, 1.1 to 2.1 times (H200, the 1B
 // lm head, both built side by side, 2026-11-29: Q4_0 76 against 127 us, Q8_0 85 against
 // 179, Q6_K 107 against 192).
-template <typename T, typename Q>
+template <typename T, typename Q, QuantRowX kX>
 __global__ void __launch_bounds__(kRowThreads, 4)
     QuantRowKernel(const T* __restrict__ x, const uint8_t* __restrict__ w,
-                   const T* __restrict__ residual, T* __restrict__ y, int64_t n, int64_t k,
-                   bool vec_x, bool w_constant) {
-  extern __shared__ float4 row_x[];  // k / 32 units of 8 chunks
+                   const uint8_t* __restrict__ w_up, const T* __restrict__ residual,
+                   T* __restrict__ y, int64_t n, int64_t k, bool vec_x, bool w_constant) {
+  extern __shared__ float4 row_x[];  // f32: k / 32 units of 8 chunks; else IntStage
   const int lane = threadIdx.x % kWarpSize;
   const int64_t units = k / quant::kUnitElems;
   const int64_t blocks = n * (k / Q::kElems);
-  const int64_t chunks = CeilDiv(units, int64_t{kRowChunkUnits});
+  // With w_up a column walks its gate row's chunks, then its up row's.
+  const int64_t row_chunks = CeilDiv(units, int64_t{kRowChunkUnits});
+  const int64_t chunks = w_up != nullptr ? 2 * row_chunks : row_chunks;
   const int64_t warps = static_cast<int64_t>(gridDim.x) * kRowWarps;
   int64_t col = static_cast<int64_t>(blockIdx.x) * kRowWarps + threadIdx.x / kWarpSize;
   int64_t chunk = 0;
@@ -184,10 +312,12 @@ __global__ void __launch_bounds__(kRowThreads, 4)
   using Unit = typename Q::Unit;
   // The units of (column c, chunk q) this lane takes; a unit past the row is not loaded.
   auto load = [&](int64_t c, int64_t q, Unit (&u)[2]) {
+    const uint8_t* wq = q < row_chunks ? w : w_up;
+    if (q >= row_chunks) q -= row_chunks;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int64_t t = q * kRowChunkUnits + h * kWarpSize + lane;
-      if (t < units) u[h] = Q::Load(w, blocks, c * units + t);
+      if (t < units) u[h] = Q::Load(wq, blocks, c * units + t);
     }
   };
   Unit cur[2], next[2];
@@ -196,19 +326,23 @@ __global__ void __launch_bounds__(kRowThreads, 4)
   AwaitPrerequisiteGrids();
   if (!w_constant && col < n) load(col, 0, cur);
 
-  for (int64_t i = threadIdx.x; i < units * 4; i += kRowThreads) {
-    const int64_t t = i >> 2;
-    const int j = static_cast<int>(i & 3);
-    float v[8];
-    quant::LoadX8(x + t * quant::kUnitElems + 8 * j, vec_x, v);
-    float4* unit = row_x + t * 8;
-    const int swizzle = static_cast<int>(t & 7);
-    unit[(2 * j) ^ swizzle] = make_float4(v[0], v[1], v[2], v[3]);
-    unit[(2 * j + 1) ^ swizzle] = make_float4(v[4], v[5], v[6], v[7]);
+  if constexpr (kX == QuantRowX::kF32) {
+    for (int64_t i = threadIdx.x; i < units * 4; i += kRowThreads) {
+      const int64_t t = i >> 2;
+      const int j = static_cast<int>(i & 3);
+      float v[8];
+      quant::LoadX8(x + t * quant::kUnitElems + 8 * j, vec_x, v);
+      float4* unit = row_x + t * 8;
+      const int swizzle = static_cast<int>(t & 7);
+      unit[(2 * j) ^ swizzle] = make_float4(v[0], v[1], v[2], v[3]);
+      unit[(2 * j + 1) ^ swizzle] = make_float4(v[4], v[5], v[6], v[7]);
+    }
+  } else {
+    StageIntX<kX>(x, vec_x, units, row_x);
   }
   __syncthreads();
 
-  float acc = 0.0f;
+  float acc = 0.0f, acc_gate = 0.0f;
   while (col < n) {
     int64_t next_col = col, next_chunk = chunk + 1;
     if (next_chunk == chunks) {
@@ -218,8 +352,12 @@ __global__ void __launch_bounds__(kRowThreads, 4)
     if (next_col < n) load(next_col, next_chunk, next);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const int64_t t = chunk * kRowChunkUnits + h * kWarpSize + lane;
-      if (t < units) {
+      const int64_t t = (chunk < row_chunks ? chunk : chunk - row_chunks) * kRowChunkUnits +
+                        h * kWarpSize + lane;
+      if (t >= units) continue;
+      if constexpr (kX != QuantRowX::kF32) {
+        acc += IntDotUnit<kX>(cur[h], row_x, units, t);
+      } else {
 #pragma unroll
         for (int j = 0; j < quant::kUnitElems / 8; ++j) {
           float xf[1][8];
@@ -232,12 +370,17 @@ __global__ void __launch_bounds__(kRowThreads, 4)
     }
     if (next_chunk == 0) {  // the column is done
       const float total = WarpSum(acc);
+      const float gate = w_up != nullptr ? WarpSum(acc_gate) : 0.0f;
       if (lane == 0) {
-        // With a residual, as FusedMatMul's add: the product rounded first.
-        y[col] = residual == nullptr
-                     ? FromFloat<T>(total)
-                     : FromFloat<T>(ToFloat(residual[col]) + RoundTo<T>(total));
+        // With a residual, as FusedMatMul's add: the product rounded first. With w_up, as
+        // its SiluMul: silu(gate)·up of the f32 sums, rounded once.
+        y[col] = w_up != nullptr      ? FromFloat<T>(Silu(gate) * total)
+                 : residual == nullptr ? FromFloat<T>(total)
+                                       : FromFloat<T>(ToFloat(residual[col]) + RoundTo<T>(total));
       }
+      acc = 0.0f;
+    } else if (next_chunk == row_chunks && w_up != nullptr) {  // the gate row is done
+      acc_gate = acc;
       acc = 0.0f;
     }
 #pragma unroll
@@ -249,32 +392,70 @@ __global__ void __launch_bounds__(kRowThreads, 4)
 
 }  // namespace
 
-cudaError_t LaunchQuantRowMatmul(const void* x, const void* w, DType w_dtype,
-                                 const void* residual, void* y, int64_t n, int64_t k,
-                                 DType dtype, bool w_constant, int sm_count, Stream stream) {
+namespace {
+
+cudaError_t LaunchRow(const void* x, const void* w, const void* w_up, DType w_dtype,
+                      const void* residual, void* y, int64_t n, int64_t k, DType dtype,
+                      bool w_constant, int sm_count, QuantRowX x_mode, Stream stream) {
   if (!QuantRowMatmulTakes(n, k, w_dtype) || sm_count <= 0) return cudaErrorInvalidValue;
-  if (!Aligned16(w)) return cudaErrorMisalignedAddress;
-  const size_t shared_bytes = static_cast<size_t>(k) * 4;
+  if (!Aligned16(w) || (w_up != nullptr && !Aligned16(w_up))) return cudaErrorMisalignedAddress;
+  const int64_t units = k / quant::kUnitElems;
   return DispatchFloat(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     const bool vec_x = Aligned16(x);
     return quant::DispatchFormat(w_dtype, [&](auto format) {
       using Q = decltype(format);
-      // As many blocks as fit the GPU at once, and no more than the columns need.
-      int per_sm = 0;
-      const cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-          &per_sm, QuantRowKernel<T, Q>, kRowThreads, shared_bytes);
-      if (e != cudaSuccess) return e;
-      const int64_t blocks =
-          std::min<int64_t>(std::max(per_sm, 1) * static_cast<int64_t>(sm_count),
-                            CeilDiv(n, int64_t{kRowWarps}));
-      return LaunchKernelShared(QuantRowKernel<T, Q>, dim3(static_cast<unsigned>(blocks)),
-                                dim3(kRowThreads), shared_bytes, stream,
-                                static_cast<const T*>(x), static_cast<const uint8_t*>(w),
-                                static_cast<const T*>(residual), static_cast<T*>(y), n, k,
-                                vec_x, w_constant);
+      auto launch = [&](auto mode) {
+        constexpr QuantRowX kX = decltype(mode)::value;
+        const auto kernel = QuantRowKernel<T, Q, kX>;
+        const size_t shared_bytes =
+            16 * static_cast<size_t>(kX == QuantRowX::kF32 ? units * 8
+                                                           : IntStage<kX>::Float4s(units));
+        // As many blocks as fit the GPU at once, and no more than the columns need.
+        int per_sm = 0;
+        const cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+            &per_sm, kernel, kRowThreads, shared_bytes);
+        if (e != cudaSuccess) return e;
+        const int64_t blocks =
+            std::min<int64_t>(std::max(per_sm, 1) * static_cast<int64_t>(sm_count),
+                              CeilDiv(n, int64_t{kRowWarps}));
+        return LaunchKernelShared(kernel, dim3(static_cast<unsigned>(blocks)), dim3(kRowThreads),
+                                  shared_bytes, stream, static_cast<const T*>(x),
+                                  static_cast<const uint8_t*>(w),
+                                  static_cast<const uint8_t*>(w_up),
+                                  static_cast<const T*>(residual), static_cast<T*>(y), n, k,
+                                  vec_x, w_constant);
+      };
+      switch (x_mode) {
+        case QuantRowX::kF32:
+          return launch(std::integral_constant<QuantRowX, QuantRowX::kF32>{});
+        case QuantRowX::kInt8:
+          return launch(std::integral_constant<QuantRowX, QuantRowX::kInt8>{});
+        case QuantRowX::kInt16:
+          return launch(std::integral_constant<QuantRowX, QuantRowX::kInt16>{});
+      }
+      return cudaErrorInvalidValue;
     });
   });
+}
+
+}  // namespace
+
+cudaError_t LaunchQuantRowMatmul(const void* x, const void* w, DType w_dtype,
+                                 const void* residual, void* y, int64_t n, int64_t k,
+                                 DType dtype, bool w_constant, int sm_count, QuantRowX x_mode,
+                                 Stream stream) {
+  return LaunchRow(x, w, nullptr, w_dtype, residual, y, n, k, dtype, w_constant, sm_count,
+                   x_mode, stream);
+}
+
+cudaError_t LaunchQuantRowSiluMul(const void* x, const void* w_gate, const void* w_up,
+                                  DType w_dtype, void* y, int64_t n, int64_t k, DType dtype,
+                                  bool w_constant, int sm_count, QuantRowX x_mode,
+                                  Stream stream) {
+  if (w_up == nullptr) return cudaErrorInvalidValue;
+  return LaunchRow(x, w_gate, w_up, w_dtype, nullptr, y, n, k, dtype, w_constant, sm_count,
+                   x_mode, stream);
 }
 
 cudaError_t LaunchQuantMatmul(const void* x, const void* w, DType w_dtype, const void* bias,

@@ -39,6 +39,16 @@ constexpr bool QuantRowMatmulTakes(int64_t n, int64_t k, DType w_dtype) {
          k % DTypeBlockElems(w_dtype) == 0;
 }
 
+// How the one-row kernel multiplies x with the weights' values. kF32: exactly as the other
+// block kernels (each weight value the CPU reference's, f32 products; the default). kInt8,
+// kInt16: x quantized per 32 values (a unit) to int8 or int16 with one f32 scale (its
+// largest magnitude over 127 or 32767, round to nearest), and each unit's codes multiplied
+// with it in integer dot products (dp4a: four products an instruction; dp2a: two), then
+// scaled in f32: Scale·dx·(Σ code·q − bias·Σ q) + Min·Σ x. Not the reference's numbers:
+// x carries 8 or 16 bits a value relative to its unit's largest (docs/gguf.md's parity
+// study), for far fewer instructions a weight.
+enum class QuantRowX { kF32, kInt8, kInt16 };
+
 // y[1, n] = x[1, k] · w[n, k]ᵀ for one row of x (no bias), or with `residual` [1, n]
 // (nullable) y = residual + that product rounded to `dtype` (FusedMatMul's add epilogue);
 // w in block format `w_dtype` as
@@ -47,10 +57,20 @@ constexpr bool QuantRowMatmulTakes(int64_t n, int64_t k, DType w_dtype) {
 // column blocks (an lm head). w_constant: w is no kernel's output in the step (its first
 // loads may start before the wait on the kernel before). cudaErrorInvalidValue where
 // QuantRowMatmulTakes says no or sm_count < 1; cudaErrorMisalignedAddress for a w not
-// 16-byte aligned.
+// 16-byte aligned. x_mode: how x meets the weights (QuantRowX).
 cudaError_t LaunchQuantRowMatmul(const void* x, const void* w, DType w_dtype,
                                  const void* residual, void* y, int64_t n, int64_t k,
-                                 DType dtype, bool w_constant, int sm_count, Stream stream);
+                                 DType dtype, bool w_constant, int sm_count, QuantRowX x_mode,
+                                 Stream stream);
+
+// y[1, n] = silu(x · w_gateᵀ) · (x · w_upᵀ) for one row of x (FusedMatMul's SiluMul
+// epilogue: the two f32 sums, rounded once), w_gate and w_up [n, k] both in `w_dtype`:
+// LaunchQuantRowMatmul's kernel, each warp walking a column's gate row, then its up row.
+// Refusals as LaunchQuantRowMatmul's (a null w_up: cudaErrorInvalidValue).
+cudaError_t LaunchQuantRowSiluMul(const void* x, const void* w_gate, const void* w_up,
+                                  DType w_dtype, void* y, int64_t n, int64_t k, DType dtype,
+                                  bool w_constant, int sm_count, QuantRowX x_mode,
+                                  Stream stream);
 
 // out[i, :] = table[ids[i], :] dequantized and rounded to `out_dtype` (f32, bf16, f16),
 // bit for bit the CPU reference's row. table [vocab, hidden] in block format `table_dtype`.

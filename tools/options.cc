@@ -519,6 +519,15 @@ const Flag kFlags[] = {
        SG_ASSIGN_OR_RETURN(o.cuda.block_gemm_precision, ParseBlockGemmPrecision(v));
        return absl::OkStatus();
      }},
+    {"--block-gemv-precision", nullptr, "P", kAll, true,
+     "GPU: one-row block-format (GGUF) matmuls at decode: f32 (default, exact), int16 or "
+     "int8 (x quantized per 32 values, integer dot products; faster, not the reference's "
+     "numbers)",
+     nullptr, EnvRule::kNone,
+     [](S v, O& o) {
+       SG_ASSIGN_OR_RETURN(o.cuda.block_gemv_precision, ParseBlockGemvPrecision(v));
+       return absl::OkStatus();
+     }},
     {"--passes", nullptr, "LIST", kAll, true,
      "graph passes: default (every pass but norm_into_matmul, the fastest measured), all, "
      "none, names to run, or -name,... to skip from all (see stepgraph/graph/passes.h)",

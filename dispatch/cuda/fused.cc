@@ -27,8 +27,9 @@ namespace {
 struct FusedMatmulState final : PreparedState<FusedMatmulState> {
   kernels::FusedMatmulArgs launch;  // shapes, split and workspace; pointers bound at Run
   DeviceMemory workspace;
-  // The node runs the one-row kernel (TakesRowKernel).
+  // The node runs the one-row kernel (TakesRowKernel), x as row_x says.
   bool row_kernel = false;
+  kernels::QuantRowX row_x = kernels::QuantRowX::kF32;
 };
 
 struct RopeKvWriteState final : PreparedState<RopeKvWriteState> {
@@ -55,15 +56,25 @@ bool TakesBlockMma(const ops::FusedMatMul& op, int64_t m, bool blocks,
          m >= options.block_mma_min_rows && kernels::BlockMmaRuns(info.compute_capability);
 }
 
-// Whether a FusedMatMul over x [m, k] and weights `w_dtype` runs the one-row kernel
+// Whether a FusedMatMul over x [m, k] and weights `a` runs the one-row kernel
 // (kernels/quant_matmul.cuh's LaunchQuantRowMatmul, CudaOptions::block_row_fused_max_k):
-// one row, one block-format weight, no folded norm, no epilogue but the residual add.
-bool TakesRowKernel(const ops::FusedMatMul& op, int64_t m, int64_t n, int64_t k,
-                    DType w_dtype, const CudaOptions& options) {
-  return m == 1 && op.weights == 1 && !op.norm &&
+// one row, one block-format weight, no folded norm, no epilogue but the residual add; under
+// an integer block_gemv_precision up to block_row_int_max_k, and gate and up of one format
+// with SiluMul at any K the kernel takes (LaunchQuantRowSiluMul).
+bool TakesRowKernel(const ops::FusedMatMul& op, const kernels::FusedMatmulArgs& a,
+                    const CudaOptions& options) {
+  if (a.m != 1 || op.norm || !kernels::QuantRowMatmulTakes(a.n[0], a.k, a.w_dtype[0])) {
+    return false;
+  }
+  const bool integer = options.block_gemv_precision != BlockGemvPrecision::kF32;
+  if (op.epilogue == ops::FusedMatMul::Epilogue::kSiluMul) {
+    return integer && op.weights == 2 && a.n[1] == a.n[0] && a.w_dtype[1] == a.w_dtype[0];
+  }
+  return op.weights == 1 &&
          (op.epilogue == ops::FusedMatMul::Epilogue::kNone ||
           op.epilogue == ops::FusedMatMul::Epilogue::kAdd) &&
-         k <= options.block_row_fused_max_k && kernels::QuantRowMatmulTakes(n, k, w_dtype);
+         a.k <= (integer ? std::max(options.block_row_fused_max_k, options.block_row_int_max_k)
+                         : options.block_row_fused_max_k);
 }
 
 // The tensor-core path's workspace for `a` (shapes set): its products (kept even when
@@ -210,8 +221,9 @@ PreparedOr Prepare(const ops::FusedMatMul& op, const CudaPrepareContext& c) {
     a.rope.head_dim = op.rope.head_dim;
     a.rope.interleaved = op.rope.interleaved;
   }
-  if (TakesRowKernel(op, a.m, a.n[0], a.k, a.w_dtype[0], c.options)) {
+  if (TakesRowKernel(op, a, c.options)) {
     node_state->row_kernel = true;
+    node_state->row_x = RowXFor(c.options);
     return Keep(std::move(node_state));
   }
   // Block formats of enough rows: tensor cores, their products in the shared block
@@ -293,10 +305,16 @@ absl::Status CudaDispatch::Run(const ops::FusedMatMul& op, const NodeArgs& args)
     a.rope.error_flags = error_flags_;
   }
   a.y = args.output.data;
+  if (s->row_kernel && op.epilogue == ops::FusedMatMul::Epilogue::kSiluMul) {
+    return ToStatus(kernels::LaunchQuantRowSiluMul(a.x, a.w[0], a.w[1], a.w_dtype[0], a.y,
+                                                   a.n[0], a.k, a.dtype, a.weights_constant,
+                                                   info_.sm_count, s->row_x, launch()),
+                    "LaunchQuantRowSiluMul");
+  }
   if (s->row_kernel) {
     return ToStatus(kernels::LaunchQuantRowMatmul(a.x, a.w[0], a.w_dtype[0], a.residual, a.y,
                                                   a.n[0], a.k, a.dtype, a.weights_constant,
-                                                  info_.sm_count, launch()),
+                                                  info_.sm_count, s->row_x, launch()),
                     "LaunchQuantRowMatmul");
   }
   return ToStatus(kernels::LaunchFusedMatmul(a, launch()), "LaunchFusedMatmul");

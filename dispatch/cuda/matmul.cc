@@ -340,8 +340,10 @@ struct MatmulState final : PreparedState<MatmulState> {
   kernels::BlockMmaWorkspace mma;
   // kBlockFused: the launch but its pointers.
   kernels::FusedMatmulArgs fused;
-  // kBlockRow: whether w is a graph Weight (no kernel of the step writes it).
+  // kBlockRow: whether w is a graph Weight (no kernel of the step writes it), and how x
+  // meets it.
   bool w_constant = false;
+  kernels::QuantRowX row_x = kernels::QuantRowX::kF32;
 };
 
 // Whether the block-format kernel takes x [m, k] with a w [n, k] in block format w_dtype:
@@ -451,6 +453,18 @@ int BlockMmaTermsFor(DType x_dtype, const CudaOptions& options) {
   }
 }
 
+kernels::QuantRowX RowXFor(const CudaOptions& options) {
+  switch (options.block_gemv_precision) {
+    case BlockGemvPrecision::kInt16:
+      return kernels::QuantRowX::kInt16;
+    case BlockGemvPrecision::kInt8:
+      return kernels::QuantRowX::kInt8;
+    case BlockGemvPrecision::kF32:
+      break;
+  }
+  return kernels::QuantRowX::kF32;
+}
+
 absl::Status MatmulRunner::ReserveBlockGemm(const ExecutionPlan& plan, const CudaOptions& options) {
   const Graph& graph = plan.graph();
   int64_t need = 0;
@@ -536,12 +550,16 @@ PreparedOr Prepare(const ops::MatMul& op, const CudaPrepareContext& c) {
     state->path = MatmulPath::kBlockFormat;
     // The one-row kernel for a wide output (an lm head) in every format but Q5_K, whose
     // fused kernel stays faster there (H200, 1B lm head, f32 x, 2026-11-29: 121 against
-    // 138 us; the others 76 to 116 us against 92 to 119 on the kernels they took before).
-    if (x.shape[0] == 1 && !op.has_bias && c.options.block_row_min_cols > 0 &&
-        w.shape[0] >= c.options.block_row_min_cols && w.dtype != DType::kQ5_K &&
+    // 138 us; the others 76 to 116 us against 92 to 119 on the kernels they took before);
+    // at any width and format under an integer block_gemv_precision.
+    const bool integer = c.options.block_gemv_precision != BlockGemvPrecision::kF32;
+    if (x.shape[0] == 1 && !op.has_bias &&
+        (integer || (c.options.block_row_min_cols > 0 &&
+                     w.shape[0] >= c.options.block_row_min_cols && w.dtype != DType::kQ5_K)) &&
         kernels::QuantRowMatmulTakes(w.shape[0], w.shape[1], w.dtype)) {
       state->path = MatmulPath::kBlockRow;
       state->w_constant = w.kind == TensorKind::kWeight;
+      state->row_x = RowXFor(c.options);
     } else if (BlockMmaTakes(x.shape[0], w.shape[0], x.shape[1], x.dtype, w.dtype, c.options,
                       c.info.compute_capability)) {
       state->path = MatmulPath::kBlockMma;
@@ -626,7 +644,7 @@ absl::Status CudaDispatch::Run(const ops::MatMul& op, const NodeArgs& args) {
   if (s->path == internal::MatmulPath::kBlockRow) {
     return ToStatus(kernels::LaunchQuantRowMatmul(x, w, s->w_dtype, nullptr, y, shape.n,
                                                   shape.k, shape.dtype, s->w_constant,
-                                                  info_.sm_count, launch()),
+                                                  info_.sm_count, s->row_x, launch()),
                     "LaunchQuantRowMatmul");
   }
   if (s->path == internal::MatmulPath::kBlockFused) {

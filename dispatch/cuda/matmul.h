@@ -21,6 +21,7 @@
 #include "dispatch/cuda/cuda_handles.h"
 #include "kernels/block_mma.cuh"
 #include "kernels/launch.h"
+#include "kernels/quant_matmul.cuh"
 #include "stepgraph/dispatch/cuda_dispatch.h"
 #include "stepgraph/dispatch/cuda_options.h"
 #include "stepgraph/graph/memory_plan.h"
@@ -82,6 +83,9 @@ absl::StatusOr<BlockGemmLayout> BlockGemmLayoutFor(int64_t m, int64_t n, int64_t
 // The parts the tensor-core block kernel splits x of `x_dtype` into under `options`
 // (kernels::BlockMmaTerms).
 int BlockMmaTermsFor(DType x_dtype, const CudaOptions& options);
+
+// How the one-row block kernel takes x under `options` (block_gemv_precision).
+kernels::QuantRowX RowXFor(const CudaOptions& options);
 
 // The tensor-core block kernel's shape under `options` (kernels::BlockMmaShape).
 kernels::BlockMmaShape BlockMmaShapeFor(const CudaOptions& options);

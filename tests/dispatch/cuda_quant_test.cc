@@ -352,6 +352,53 @@ std::vector<OpCase> FusedCases() {
   return cases;
 }
 
+// The one-row kernel with x as integers (CudaOptions::block_gemv_precision int16 and int8,
+// kernels/quant_matmul.cuh's QuantRowX), which takes every one-row MatMul without bias and
+// every one-row FusedMatMul without a norm whose epilogue is none, the add or SiluMul:
+// a decode-shaped MatMul, a MatMul of K three chunks of 64 units with the last one partial
+// and more columns than the grid's warps, the add at K 2048 and gate/up with SiluMul at
+// that odd K (a warp walking the gate row's chunks, then the up row's). Tolerances fit x's
+// bits: int8 per 32 values errs by ~4e-3 of a uniform x's norm, int16 by ~2e-5; where a
+// format has a min its codes carry the weights' mean, which the min cancels, so x's
+// rounding weighs more (H200, bf16 x at int8, 1x4608x9000: Q4_K, Q5_K, Q4_1 and Q5_1 from
+// 1.5e-2 to 1.73e-2).
+std::vector<OpCase> IntRowCases() {
+  std::vector<OpCase> cases;
+  for (DType q : kQuantTypes) {
+    const int64_t odd_k = (DTypeBlockElems(q) == 32 ? 144 : 18) * DTypeBlockElems(q);
+    for (DType t : kFloatTypes) {
+      for (BlockGemvPrecision p : {BlockGemvPrecision::kInt16, BlockGemvPrecision::kInt8}) {
+        const double tol = std::max(Tol(t), p == BlockGemvPrecision::kInt8 ? 3e-2 : 1e-4);
+        auto options = [p](CudaOptions& o) {
+          o.block_mma_min_rows = 0;
+          o.block_gemv_precision = p;
+        };
+        const std::string suffix = absl::StrCat("/", BlockGemvPrecisionName(p));
+        for (const auto& [k, n] : {std::pair<int64_t, int64_t>{2048, 512}, {odd_k, 9000}}) {
+          cases.push_back(
+              {.name = absl::StrCat("MatMul/", DTypeName(q), "/", DTypeName(t), "/1x", k, "x", n,
+                                    suffix),
+               .build = [=, k = k, n = n](GraphBuilder& b) {
+                 b.Output("out", b.MatMul(b.Input("x", t, {1, k}), b.Weight("w", q, {n, k})));
+               },
+               .tolerance = tol,
+               .cuda_options = options});
+        }
+        for (const FusedShape& f : {FusedShape{1, 2048, {q}, {300}, false, Epilogue::kAdd},
+                                    FusedShape{1, odd_k, {q, q}, {70, 70}, false,
+                                               Epilogue::kSiluMul}}) {
+          OpCase c = FusedCase(f, t);
+          c.name += suffix;
+          c.tolerance = tol;
+          c.cuda_options = options;
+          cases.push_back(std::move(c));
+        }
+      }
+    }
+  }
+  return cases;
+}
+
 // The tensor-core path of FusedMatMul (no folded norm): the products of all rows, then
 // epilogues of up to 64 rows (a 40-row argmax: 32 + 8), every epilogue, split-K (long K,
 // narrow outputs), partial column tiles, and formats mixed in one op (one products launch
@@ -403,6 +450,8 @@ INSTANTIATE_TEST_SUITE_P(QuantEmbedding, QuantConformanceTest,
                          ::testing::ValuesIn(EmbeddingCases()), CaseName);
 INSTANTIATE_TEST_SUITE_P(QuantFusedMatMul, QuantConformanceTest,
                          ::testing::ValuesIn(FusedCases()), CaseName);
+INSTANTIATE_TEST_SUITE_P(QuantIntRow, QuantConformanceTest, ::testing::ValuesIn(IntRowCases()),
+                         CaseName);
 INSTANTIATE_TEST_SUITE_P(MmaMatMul, QuantConformanceTest, ::testing::ValuesIn(MmaMatmulCases()),
                          CaseName);
 INSTANTIATE_TEST_SUITE_P(MmaFusedMatMul, QuantConformanceTest,
@@ -503,13 +552,14 @@ TEST(QuantRowMatmulTest, TakesAndRefusals) {
   alignas(16) static float x[64], y[64];
   alignas(16) static uint8_t w[1024];
   EXPECT_EQ(kernels::LaunchQuantRowMatmul(x, w, DType::kQ8_0, nullptr, y, 4, 48, DType::kF32,
-                                          true, 132, kernels::Stream{}),
+                                          true, 132, kernels::QuantRowX::kF32, kernels::Stream{}),
             cudaErrorInvalidValue);
   EXPECT_EQ(kernels::LaunchQuantRowMatmul(x, w, DType::kQ8_0, nullptr, y, 4, 64, DType::kF32,
-                                          true, 0, kernels::Stream{}),
+                                          true, 0, kernels::QuantRowX::kF32, kernels::Stream{}),
             cudaErrorInvalidValue);
   EXPECT_EQ(kernels::LaunchQuantRowMatmul(x, w + 2, DType::kQ8_0, nullptr, y, 4, 64,
-                                          DType::kF32, true, 132, kernels::Stream{}),
+                                          DType::kF32, true, 132, kernels::QuantRowX::kInt8,
+                                          kernels::Stream{}),
             cudaErrorMisalignedAddress);
 }
 
@@ -674,6 +724,8 @@ TEST(QuantConformanceCasesTest, EveryFormatAndDTypeIsCovered) {
   // long one staged; f32 x rounded to bf16 once, and in two parts three times.
   EXPECT_EQ(MmaMatmulCases().size(), 8u * (3u * (6u + 3u * 3u + 1u) + 1u + 3u));
   EXPECT_EQ(MmaFusedCases().size(), 8u * 3u * (6u + 1u) + 3u * 2u);
+  // Per format, x dtype and integer precision: 2 MatMuls, the add and SiluMul.
+  EXPECT_EQ(IntRowCases().size(), 8u * 3u * 2u * 4u);
 }
 
 }  // namespace

@@ -39,6 +39,22 @@ absl::string_view BlockGemmPrecisionName(BlockGemmPrecision p);
 // Inverse of BlockGemmPrecisionName; InvalidArgument naming the choices otherwise.
 absl::StatusOr<BlockGemmPrecision> ParseBlockGemmPrecision(absl::string_view name);
 
+// How one-row block-format matmuls (decode at batch 1) multiply f32 or 16-bit x with the
+// weights (kernels/quant_matmul.cuh's QuantRowX). kF32 (the default): every weight value
+// the CPU reference's, f32 products, the fused and one-row kernels as their own options
+// choose. kInt16, kInt8: x quantized per 32 values to int16 or int8 with one f32 scale and
+// multiplied in integer dot products (dp2a, dp4a), as llama.cpp multiplies block weights
+// with int8; every one-row MatMul without bias and every one-row FusedMatMul without a
+// folded norm whose epilogue is none, the residual add or SiluMul (gate and up in one
+// format) runs the one-row kernel so, at any width; the q/k/v projection with its RoPE
+// epilogue stays f32. Not the reference's numbers: docs/gguf.md's parity study.
+enum class BlockGemvPrecision : uint8_t { kF32, kInt16, kInt8 };
+
+// "f32", "int16", "int8"
+absl::string_view BlockGemvPrecisionName(BlockGemvPrecision p);
+// Inverse of BlockGemvPrecisionName; InvalidArgument naming the choices otherwise.
+absl::StatusOr<BlockGemvPrecision> ParseBlockGemvPrecision(absl::string_view name);
+
 // The tensor-core block kernel's thread-block shape (kernels/block_mma.cuh's BlockMmaShape,
 // in the same order): kAuto picks one by rows and format; the others force one, for tests
 // and benchmarks.
@@ -111,6 +127,14 @@ struct CudaOptions {
   // fused kernel, Q6_K 2.9 against 3.3, Q8_0 2.6 against 3.9; the Q4_K_M step 0.890 ms
   // against 0.910. Down (K 8192) is slower on it (Q4_0 8.8 against 7.2 us).
   int64_t block_row_fused_max_k = 2048;
+  BlockGemvPrecision block_gemv_precision = BlockGemvPrecision::kF32;
+  // Under an integer block_gemv_precision, the one-row kernel takes one-weight FusedMatMuls
+  // (the o projection; none or the add) up to this K, gate/up with SiluMul and MatMuls up
+  // to its own limit. Few columns over a long K leave its warps few: H200, quant_bench,
+  // 2026-11-30, the 1B down (2048 x 8192) Q4_K 9.4 us int8 against 9.1 on the fused f32
+  // kernel, Q4_0 7.8 against 7.2, where the 8B o projection (4096 x 4096) Q4_K takes 6.8
+  // against 8.6.
+  int64_t block_row_int_max_k = 4096;
   // MoeMatMul walks by expert (a block per expert and 8 columns, each expert's units read
   // once per window of 512 pairs) when its step has at least this many (row, chosen
   // expert) pairs per expert on average, and one block per pair below it: 0 walks by
