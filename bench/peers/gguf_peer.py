@@ -338,6 +338,12 @@ def measure(name, path, args):
         [sg, "bench", "--model", path, "--positions", "100", "--ttft-lengths", args.prefill],
         os.path.join(logs, f"{name}-stepgraph.log"), 600, memory=True)
     r["sg"] = parse_stepgraph_bench(text)
+    if args.sg_alt:
+        # The same decode under other flags (e.g. --block-gemv-precision int16).
+        text, _ = run_logged([sg, "bench", "--model", path, "--positions", "100"] +
+                             args.sg_alt.split(),
+                             os.path.join(logs, f"{name}-stepgraph-alt.log"), 600)
+        r["sg_alt_ms"] = parse_stepgraph_bench(text)["positions"].get(100)
     for batch in (4, 16):
         text, _ = run_logged(
             [sg, "bench", "--model", path, "--batch", str(batch), "--positions",
@@ -379,6 +385,7 @@ def run(args):
     results["gpu"] = gpu_name()
     results["prefill_lengths"] = [int(n) for n in args.prefill.split(",")]
     results["llama_source"] = args.llama_source
+    results["sg_alt"] = args.sg_alt
     for name in names:
         path = model_path(args.work, name)
         if name in QUANTS and not os.path.exists(path):
@@ -420,6 +427,7 @@ def table(results):
     stepgraph is faster."""
     rows_decode, rows_prefill, rows_memory = [], [], []
     prefill = results.get("prefill_lengths", [512, 2048])
+    alt = results.get("sg_alt", "")
     for name in FILES:
         r = results["files"].get(name)
         if not r:
@@ -437,6 +445,8 @@ def table(results):
             sg_ts = batch * 1e3 / ms if ms else None
             ll_ts = ll.get("batched_tg", {}).get(str(batch))
             cells += [_rate(sg_ts), _rate(ll_ts), _ratio(sg_ts, ll_ts)]
+        if alt:
+            cells += [_ms(r.get("sg_alt_ms")), _ratio(ll_ms, r.get("sg_alt_ms"))]
         rows_decode.append("| " + " | ".join(cells) + " |")
         cells = [name]
         for n in prefill:
@@ -456,8 +466,9 @@ def table(results):
            "llama-batched-bench -npp 128 -ntg 128 -npl 4,16 -fa on); ratio > 1: stepgraph faster",
            "",
            "| file | sg ms/token | llama ms/token | ratio | sg tok/s b4 | llama tok/s b4 | ratio "
-           "| sg tok/s b16 | llama tok/s b16 | ratio |",
-           "|---|---|---|---|---|---|---|---|---|---|"] + rows_decode + [
+           "| sg tok/s b16 | llama tok/s b16 | ratio |" +
+           (f" sg {alt} ms/token | ratio |" if alt else ""),
+           "|---|---|---|---|---|---|---|---|---|---|" + ("---|---|" if alt else "")] + rows_decode + [
            "",
            "Prefill tokens/s (stepgraph bench's time-to-first-token prefill of a prompt of n "
            "tokens, n - 1 of them in chunks of 256, then the first decode step; llama-bench ppn)",
@@ -604,6 +615,9 @@ def main():
                    help="of the F16 file when it is not written yet")
     r.add_argument("--prefill", default="512,2048", help="prompt lengths of the prefill rows")
     r.add_argument("--llama-source", default="?", help="what llama.cpp was built from")
+    r.add_argument("--sg-alt", default="",
+                   help="flags of a second stepgraph decode run per file, reported beside "
+                        "the first (e.g. '--block-gemv-precision int16')")
     t = sub.add_parser("table")
     t.add_argument("--work", required=True)
     s = sub.add_parser("selftest")

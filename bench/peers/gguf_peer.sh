@@ -26,7 +26,10 @@
 # $SG_PEER_WORK/results.json. Logs go to $OUT (or $SG_PEER_WORK/logs).
 # Environment: SG_PEER_WORK (default /tmp/gguf-peer: files, builds, results),
 # SG_BUILD (stepgraph's build folder, default /tmp/b as tools/gpu_check.sh uses),
-# LLAMA_JOBS (default 10), PYTHON (default python3), LLAMA_BIN (selftest).
+# LLAMA_JOBS (default 10), PYTHON (default python3), LLAMA_BIN (selftest),
+# SG_PEER_PREFILL (prompt lengths of the prefill rows, default 512,2048), SG_PEER_ALT
+# (flags of a second stepgraph decode run per file, reported beside the first, e.g.
+# "--block-gemv-precision int16").
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 root=$PWD
@@ -197,7 +200,8 @@ case ${1:-} in
       "$py" "$helper" write --out "$work/files/f16.gguf" || die "writing the F16 file failed"
     "$py" "$helper" run --work "$work" --logs "$out" --stepgraph "${SG_BUILD:-/tmp/b}/stepgraph" \
       --llama-bin "$llama_build_dir/build/bin" --files "${2:-all}" \
-      --llama-source "$(cut -d' ' -f1 "$deps/SOURCE" 2>/dev/null || echo '?')"
+      --llama-source "$(cut -d' ' -f1 "$deps/SOURCE" 2>/dev/null || echo '?')" \
+      --prefill "${SG_PEER_PREFILL:-512,2048}" --sg-alt "${SG_PEER_ALT:-}"
     cp -f "$work/results.json" "$out/" 2>/dev/null
     ;;
   table)
