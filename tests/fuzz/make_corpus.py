@@ -148,6 +148,21 @@ def make_gguf():
                 "blk.0.ffn_up_exps.weight": (4, 32, 32),
                 "blk.0.ffn_down_exps.weight": (4, 32, 32)}, bf16)
 
+    # The same with Q4_1 gate experts: one quantized tensor makes the file compute in f32,
+    # so every BF16 tensor is widened to F32 at load and the weights take more bytes than
+    # the file (at most twice its float tensors').
+    def q4_1_gate(w, name, x):
+        if name.endswith("ffn_gate_exps.weight"):
+            w.add_tensor(name, gguf.quants.quantize(x, gguf.GGMLQuantizationType.Q4_1),
+                         raw_dtype=gguf.GGMLQuantizationType.Q4_1)
+        else:
+            bf16(w, name, x)
+    tiny_llama(os.path.join(d, "tiny_moe_q4_1_bf16"), rng, 64,
+               {"expert_count": 4, "expert_used_count": 2},
+               {"blk.0.ffn_gate_inp.weight": (4, 32), "blk.0.ffn_gate_exps.weight": (4, 32, 32),
+                "blk.0.ffn_up_exps.weight": (4, 32, 32),
+                "blk.0.ffn_down_exps.weight": (4, 32, 32)}, q4_1_gate)
+
 
 def tiny_llama(path, rng, context, keys, mlp_shapes, add):
     """A one-layer GGUF of architecture llama (hidden 32, 2 heads, 1 KV head, vocab 8)
