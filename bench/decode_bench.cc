@@ -582,12 +582,13 @@ int main(int argc, char** argv) {
         ->Unit(benchmark::kMicrosecond);
   }
   // x as integers in the one-row kernel (CudaOptions::block_gemv_precision).
-  for (const auto& [gemv, gemv_name] : {std::pair{sg::BlockGemvPrecision::kInt16, "int16"},
-                                        std::pair{sg::BlockGemvPrecision::kInt8, "int8"}}) {
+  for (const sg::BlockGemvPrecision gemv :
+       {sg::BlockGemvPrecision::kInt16, sg::BlockGemvPrecision::kInt8}) {
     for (const auto format : {sg::testing::MatrixFormat::kQ8_0, sg::testing::MatrixFormat::kQ4_0,
                               sg::testing::MatrixFormat::kQ4KMix}) {
       benchmark::RegisterBenchmark(
-          absl::StrCat("QuantGemv/", sg::QuantName(format, true), "/", gemv_name, "/pos:100")
+          absl::StrCat("QuantGemv/", sg::QuantName(format, true), "/",
+                       sg::BlockGemvPrecisionName(gemv), "/pos:100")
               .c_str(),
           sg::BM_Quant, format, true, sg::BlockUnitWalkOption::kAuto, true, gemv)
           ->UseManualTime()

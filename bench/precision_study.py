@@ -167,9 +167,9 @@ def bf16x2(a):
     return hi + bf16(np.asarray(a, dtype=np.float32) - hi)
 
 
-def q8(a, top=127.0):
-    """a quantized per 32 values to int8 with one scale (max / 127), as float32; with top
-    32767, to int16."""
+def quantize_x(a, top):
+    """a quantized per 32 values to integers in [-top, top] with one scale (max / top), as
+    float32: top 127 is int8, 32767 int16."""
     s = a.reshape(a.shape[0], -1, 32)
     d = np.abs(s).max(-1, keepdims=True) / top
     q = np.round(np.where(d > 0, s / np.where(d > 0, d, 1), 0))
@@ -182,8 +182,8 @@ MODES = {
     "bf16x2": (lambda x, w: bf16x2(x) @ w.T, np.float32),
     "bf16x": (lambda x, w: bf16(x) @ w.T, np.float32),
     "bf16xw": (lambda x, w: bf16(x) @ bf16(w).T, np.float32),
-    "q8": (lambda x, w: q8(x) @ w.T, np.float32),
-    "q16": (lambda x, w: q8(x, 32767.0) @ w.T, np.float32),
+    "q8": (lambda x, w: quantize_x(x, 127.0) @ w.T, np.float32),
+    "q16": (lambda x, w: quantize_x(x, 32767.0) @ w.T, np.float32),
 }
 
 
@@ -193,14 +193,14 @@ def generate(model, ids, mode, tokens, stop, decode=False):
     logits = model.forward(np.array(ids), cache, 0, mm, dt)
     first = logits
     out = []
-    exact, edt = MODES[mode if decode else "f32"]
+    step_mm, step_dt = MODES[mode if decode else "f32"]
     pos = len(ids)
     for _ in range(tokens):
         nxt = int(np.argmax(logits))
         out.append(nxt)
         if nxt in stop:
             break
-        logits = model.forward(np.array([nxt]), cache, pos, exact, edt)
+        logits = model.forward(np.array([nxt]), cache, pos, step_mm, step_dt)
         pos += 1
     return out, first
 

@@ -390,10 +390,6 @@ __global__ void __launch_bounds__(kRowThreads, 4)
   }
 }
 
-}  // namespace
-
-namespace {
-
 cudaError_t LaunchRow(const void* x, const void* w, const void* w_up, DType w_dtype,
                       const void* residual, void* y, int64_t n, int64_t k, DType dtype,
                       bool w_constant, int sm_count, QuantRowX x_mode, Stream stream) {

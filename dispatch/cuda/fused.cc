@@ -66,7 +66,7 @@ bool TakesRowKernel(const ops::FusedMatMul& op, const kernels::FusedMatmulArgs& 
   if (a.m != 1 || op.norm || !kernels::QuantRowMatmulTakes(a.n[0], a.k, a.w_dtype[0])) {
     return false;
   }
-  const bool integer = options.block_gemv_precision != BlockGemvPrecision::kF32;
+  const bool integer = RowXFor(options) != kernels::QuantRowX::kF32;
   if (op.epilogue == ops::FusedMatMul::Epilogue::kSiluMul) {
     return integer && op.weights == 2 && a.n[1] == a.n[0] && a.w_dtype[1] == a.w_dtype[0];
   }

@@ -552,14 +552,15 @@ PreparedOr Prepare(const ops::MatMul& op, const CudaPrepareContext& c) {
     // fused kernel stays faster there (H200, 1B lm head, f32 x, 2026-11-29: 121 against
     // 138 us; the others 76 to 116 us against 92 to 119 on the kernels they took before);
     // at any width and format under an integer block_gemv_precision.
-    const bool integer = c.options.block_gemv_precision != BlockGemvPrecision::kF32;
+    const kernels::QuantRowX row_x = RowXFor(c.options);
+    const bool integer = row_x != kernels::QuantRowX::kF32;
     if (x.shape[0] == 1 && !op.has_bias &&
         (integer || (c.options.block_row_min_cols > 0 &&
                      w.shape[0] >= c.options.block_row_min_cols && w.dtype != DType::kQ5_K)) &&
         kernels::QuantRowMatmulTakes(w.shape[0], w.shape[1], w.dtype)) {
       state->path = MatmulPath::kBlockRow;
       state->w_constant = w.kind == TensorKind::kWeight;
-      state->row_x = RowXFor(c.options);
+      state->row_x = row_x;
     } else if (BlockMmaTakes(x.shape[0], w.shape[0], x.shape[1], x.dtype, w.dtype, c.options,
                       c.info.compute_capability)) {
       state->path = MatmulPath::kBlockMma;
