@@ -563,6 +563,18 @@ TEST(QuantRowMatmulTest, TakesAndRefusals) {
             cudaErrorMisalignedAddress);
 }
 
+TEST(BlockGemvPrecisionTest, NamesRoundTripAndABadOneIsNamed) {
+  for (BlockGemvPrecision p :
+       {BlockGemvPrecision::kF32, BlockGemvPrecision::kInt16, BlockGemvPrecision::kInt8}) {
+    absl::StatusOr<BlockGemvPrecision> back = ParseBlockGemvPrecision(BlockGemvPrecisionName(p));
+    ASSERT_TRUE(back.ok()) << back.status();
+    EXPECT_EQ(*back, p);
+  }
+  const absl::Status bad = ParseBlockGemvPrecision("int4").status();
+  EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.message().find("'int4'"), absl::string_view::npos) << bad;
+}
+
 TEST(BlockMmaSizesTest, TermsScratchSplitsAndRefusals) {
   EXPECT_EQ(kernels::BlockMmaTerms(DType::kBF16, 3), 1);
   EXPECT_EQ(kernels::BlockMmaTerms(DType::kF16, 3), 2);
