@@ -583,7 +583,8 @@ int main(int argc, char** argv) {
   }
   // x as integers in the one-row kernel (CudaOptions::block_gemv_precision).
   for (const sg::BlockGemvPrecision gemv :
-       {sg::BlockGemvPrecision::kInt16, sg::BlockGemvPrecision::kInt8}) {
+       {sg::BlockGemvPrecision::kInt16, sg::BlockGemvPrecision::kInt8,
+        sg::BlockGemvPrecision::kInt16x2}) {
     for (const auto format : {sg::testing::MatrixFormat::kQ8_0, sg::testing::MatrixFormat::kQ4_0,
                               sg::testing::MatrixFormat::kQ4KMix}) {
       benchmark::RegisterBenchmark(

@@ -14,7 +14,9 @@ f32 rounding, the noise any change of summation order makes), bf16x2 (x as the s
 bf16 parts, 16 significant bits, weights exact: the tensor-core block kernel with two
 parts), bf16x (x rounded to bf16, weights exact: the tensor-core block kernel with one part), bf16xw (x and weights rounded
 to bf16: the block GEMM through cuBLASLt), q8 (x quantized to int8 per 32 values with one
-scale, weights exact: how llama.cpp multiplies quantized weights).
+scale, weights exact: how llama.cpp multiplies quantized weights), q16 (int16, one scale:
+--block-gemv-precision int16), q16x2 (two int16 parts with a power-of-two scale, each
+value held to 2^-30 of its unit's largest: --block-gemv-precision int16x2).
 
 Needs numpy and gguf (PyPI) and the file (tests/models/fetch_smollm2.sh puts it in the
 tests' cache); the prompts' ids come from the stepgraph program's tokenizer:
@@ -176,6 +178,19 @@ def quantize_x(a, top):
     return (q * d).reshape(a.shape).astype(np.float32)
 
 
+def quantize_x2(a):
+    """a per 32 values as two int16 parts with a power-of-two scale 2^(14-e), e the
+    exponent of the largest magnitude (as frexp gives it): the first part rounds a·scale,
+    the second the remainder times 2^15 (--block-gemv-precision int16x2), as float32."""
+    s = a.reshape(a.shape[0], -1, 32).astype(np.float32)
+    _, e = np.frexp(np.abs(s).max(-1, keepdims=True))
+    scale = np.ldexp(np.float32(1), 14 - np.maximum(e, -100)).astype(np.float32)
+    v = s * scale
+    hi = np.round(v)
+    lo = np.round((v - hi) * np.float32(32768))
+    return ((hi + lo / np.float32(32768)) / scale).reshape(a.shape).astype(np.float32)
+
+
 MODES = {
     "f32": (lambda x, w: x.astype(np.float32) @ w.T, np.float32),
     "f64": (lambda x, w: x.astype(np.float64) @ w.T.astype(np.float64), np.float64),
@@ -184,6 +199,7 @@ MODES = {
     "bf16xw": (lambda x, w: bf16(x) @ bf16(w).T, np.float32),
     "q8": (lambda x, w: quantize_x(x, 127.0) @ w.T, np.float32),
     "q16": (lambda x, w: quantize_x(x, 32767.0) @ w.T, np.float32),
+    "q16x2": (lambda x, w: quantize_x2(x) @ w.T, np.float32),
 }
 
 

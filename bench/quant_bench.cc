@@ -153,6 +153,7 @@ enum class Kernel {
   kRow,        // the one-row kernel (persistent warps; a MatMul's path for an lm head)
   kRowInt8,    // the one-row kernel, x as int8 per 32 values (QuantRowX::kInt8)
   kRowInt16,   // the one-row kernel, x as int16 per 32 values (QuantRowX::kInt16)
+  kRowInt16x2, // the one-row kernel, x as two int16 parts (QuantRowX::kInt16x2)
 };
 
 // One case: y[m, n] = x[m, k] · w[n, k]ᵀ with w in `w_dtype` (bf16: the small-M kernel),
@@ -270,10 +271,13 @@ absl::Status RunCase(benchmark::State& state, const std::string& name, DType w_d
       a.shape = plain_ws.shape;  // as the dispatcher launches it (kAuto resolved there)
       return ToStatus(kernels::LaunchBlockMma(a, stream), "block MMA launch");
     }
-    if (kernel == Kernel::kRow || kernel == Kernel::kRowInt8 || kernel == Kernel::kRowInt16) {
-      const kernels::QuantRowX row_x = kernel == Kernel::kRowInt8    ? kernels::QuantRowX::kInt8
-                                       : kernel == Kernel::kRowInt16 ? kernels::QuantRowX::kInt16
-                                                                     : kernels::QuantRowX::kF32;
+    if (kernel == Kernel::kRow || kernel == Kernel::kRowInt8 || kernel == Kernel::kRowInt16 ||
+        kernel == Kernel::kRowInt16x2) {
+      const kernels::QuantRowX row_x =
+          kernel == Kernel::kRowInt8      ? kernels::QuantRowX::kInt8
+          : kernel == Kernel::kRowInt16   ? kernels::QuantRowX::kInt16
+          : kernel == Kernel::kRowInt16x2 ? kernels::QuantRowX::kInt16x2
+                                          : kernels::QuantRowX::kF32;
       return ToStatus(kernels::LaunchQuantRowMatmul(set + x_off, set, w_dtype, nullptr,
                                                     set + y_off, n, k, kT, true, SmCount(),
                                                     row_x, stream),
@@ -421,9 +425,11 @@ int main(int argc, char** argv) {
       add(absl::StrCat("RowF32/", sg::DTypeName(t), "/M=1 N=", s.n, " K=", s.k, " (", s.what,
                        ")"),
           t, s, Kernel::kRow, 1, sg::DType::kF32);
-      // The one-row kernel with x as integers (QuantRowX): RowInt8/..., RowInt16/...
+      // The one-row kernel with x as integers (QuantRowX): RowInt8/..., RowInt16/...,
+      // RowInt16x2/...
       for (const auto& [kind, kernel] : {std::pair{"RowInt8/", Kernel::kRowInt8},
-                                         std::pair{"RowInt16/", Kernel::kRowInt16}}) {
+                                         std::pair{"RowInt16/", Kernel::kRowInt16},
+                                         std::pair{"RowInt16x2/", Kernel::kRowInt16x2}}) {
         add(absl::StrCat(kind, sg::DTypeName(t), "/M=1 N=", s.n, " K=", s.k, " (", s.what, ")"),
             t, s, kernel, 1, sg::DType::kF32);
       }
@@ -462,6 +468,7 @@ int main(int argc, char** argv) {
         add(label("Row"), t, s, Kernel::kRow, 1, sg::DType::kF32);
         add(label("RowInt8"), t, s, Kernel::kRowInt8, 1, sg::DType::kF32);
         add(label("RowInt16"), t, s, Kernel::kRowInt16, 1, sg::DType::kF32);
+        add(label("RowInt16x2"), t, s, Kernel::kRowInt16x2, 1, sg::DType::kF32);
       }
       // The tensor-core kernel at one row (x in three bf16 parts).
       add(label("Mma"), t, s, s.n > 100000 ? Kernel::kPlainMma : Kernel::kFusedMma, 1,

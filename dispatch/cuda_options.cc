@@ -57,17 +57,20 @@ absl::string_view BlockGemvPrecisionName(BlockGemvPrecision p) {
       return "int16";
     case BlockGemvPrecision::kInt8:
       return "int8";
+    case BlockGemvPrecision::kInt16x2:
+      return "int16x2";
   }
   return "?";
 }
 
 absl::StatusOr<BlockGemvPrecision> ParseBlockGemvPrecision(absl::string_view name) {
   for (BlockGemvPrecision p :
-       {BlockGemvPrecision::kF32, BlockGemvPrecision::kInt16, BlockGemvPrecision::kInt8}) {
+       {BlockGemvPrecision::kF32, BlockGemvPrecision::kInt16, BlockGemvPrecision::kInt8,
+        BlockGemvPrecision::kInt16x2}) {
     if (name == BlockGemvPrecisionName(p)) return p;
   }
   return absl::InvalidArgumentError(
-      absl::StrCat("block GEMV precision must be f32, int16 or int8, got '", name, "'"));
+      absl::StrCat("block GEMV precision must be f32, int16, int8 or int16x2, got '", name, "'"));
 }
 
 int64_t BlockGemmMinRows(const CudaOptions& o, DType x_dtype) {

@@ -164,24 +164,48 @@ __device__ __forceinline__ void StagedX8(const float4* stage, int64_t t, int j, 
   out[4] = hi.x, out[5] = hi.y, out[6] = hi.z, out[7] = hi.w;
 }
 
-// ---- x as integers (QuantRowX::kInt8, kInt16) ----------------------------------------
+// ---- x as integers (QuantRowX::kInt8, kInt16, kInt16x2) -----------------------------
 //
 // The staged copy holds each unit's 32 values quantized, kChunks 16-byte chunks a unit
-// (int8: values 0..15, 16..31; int16: eight values a chunk), chunk c of unit t stored at
-// c ^ Swizzle(t) so that the eight lanes of a quarter warp, reading chunk c of eight
-// consecutive units, hit different banks; then a float4 a unit: its scale dx, the exact
-// f32 sum of its 32 values, and the integer sums of its quantized halves (values 0..15
-// and 16..31, as int bits), which take the codes' bias out of the dot products.
+// (int8: values 0..15, 16..31; int16: eight values a chunk; int16x2: the first part's four
+// chunks, then the second's), chunk c of unit t stored at c ^ Swizzle(t) so that the eight
+// lanes of a quarter warp, reading chunk c of eight consecutive units, hit different banks;
+// then kParts float4s a unit: its scale dx, the exact f32 sum of its 32 values and the
+// integer sums of its first part's halves (values 0..15 and 16..31, as int bits), which
+// take the codes' bias out of the dot products; with two parts a second float4 holds the
+// second part's sums.
 template <QuantRowX kX>
 struct IntStage {
-  static constexpr int kChunks = kX == QuantRowX::kInt8 ? 2 : 4;
+  static constexpr int kParts = kX == QuantRowX::kInt16x2 ? 2 : 1;
+  static constexpr int kChunks = kX == QuantRowX::kInt8 ? 2 : 4 * kParts;
   static constexpr float kTop = kX == QuantRowX::kInt8 ? 127.0f : 32767.0f;
   static __device__ __forceinline__ int Swizzle(int64_t t) {
     return static_cast<int>((t / (8 / kChunks)) % kChunks);
   }
   // float4s of shared memory for `units` units.
-  static constexpr int64_t Float4s(int64_t units) { return units * (kChunks + 1); }
+  static constexpr int64_t Float4s(int64_t units) { return units * (kChunks + kParts); }
 };
+
+// Packs int16 values q[0..7] into four words, two values a word.
+__device__ __forceinline__ uint4 PackInt16(const int (&q)[8]) {
+  uint32_t word[4];
+#pragma unroll
+  for (int h = 0; h < 4; ++h) {
+    word[h] = (q[2 * h] & 0xFFFF) | static_cast<uint32_t>(q[2 * h + 1]) << 16;
+  }
+  return make_uint4(word[0], word[1], word[2], word[3]);
+}
+
+// The sum of q over the half (16 values, lanes j and j ^ 1 of a unit's four) in lane j,
+// and in lane j = 0 also the other half's (from lane 2) in *other.
+__device__ __forceinline__ int HalfSums(const int (&q)[8], int* other) {
+  int sum = 0;
+#pragma unroll
+  for (int e = 0; e < 8; ++e) sum += q[e];
+  sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+  *other = __shfl_down_sync(0xffffffffu, sum, 2);
+  return sum;
+}
 
 // Quantizes x's `units` units into the staged copy (every thread of the block calls it;
 // four consecutive lanes take a unit, 8 values each).
@@ -208,15 +232,33 @@ __device__ __forceinline__ void StageIntX(const T* x, bool vec_x, int64_t units,
       amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
       sum += __shfl_xor_sync(0xffffffffu, sum, o);
     }
-    const float inv = amax > 0.0f ? S::kTop / amax : 0.0f;
-    int q[8], qsum = 0;
-#pragma unroll
-    for (int e = 0; e < 8; ++e) {
-      q[e] = __float2int_rn(v[e] * inv);
-      qsum += q[e];
+    float inv, dx;
+    if constexpr (kX == QuantRowX::kInt16x2) {
+      // 2^(14−e) with amax in [2^(e−1), 2^e): amax·inv < 2^14, so both parts fit int16 and
+      // every product with inv is exact (e bounded below: inv stays finite).
+      int e = 0;
+      (void)frexpf(amax, &e);
+      e = max(e, -100);
+      inv = ldexpf(1.0f, 14 - e);
+      dx = ldexpf(1.0f, e - 14);
+    } else {
+      inv = amax > 0.0f ? S::kTop / amax : 0.0f;
+      dx = amax / S::kTop;
     }
-    qsum += __shfl_xor_sync(0xffffffffu, qsum, 1);                 // this half's sum
-    const int qsum_hi = __shfl_down_sync(0xffffffffu, qsum, 2);   // lane j = 0: the other's
+    int q[8];
+#pragma unroll
+    for (int e = 0; e < 8; ++e) q[e] = __float2int_rn(v[e] * inv);
+    int qsum_hi = 0;
+    const int qsum = HalfSums(q, &qsum_hi);
+    // The second part: the remainder v·inv − q (exact) times 2^15, within ±2^14.
+    int r[8], rsum = 0, rsum_hi = 0;
+    if constexpr (S::kParts == 2) {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        r[e] = __float2int_rn((v[e] * inv - static_cast<float>(q[e])) * 32768.0f);
+      }
+      rsum = HalfSums(r, &rsum_hi);
+    }
     if (!active) continue;
     if constexpr (kX == QuantRowX::kInt8) {
       uint32_t word[2];
@@ -228,62 +270,78 @@ __device__ __forceinline__ void StageIntX(const T* x, bool vec_x, int64_t units,
       auto* chunk = reinterpret_cast<uint2*>(stage + t * 2 + ((j >> 1) ^ S::Swizzle(t)));
       chunk[j & 1] = make_uint2(word[0], word[1]);
     } else {
-      uint32_t word[4];
-#pragma unroll
-      for (int h = 0; h < 4; ++h) {
-        word[h] = (q[2 * h] & 0xFFFF) | static_cast<uint32_t>(q[2 * h + 1]) << 16;
-      }
-      reinterpret_cast<uint4*>(stage)[t * 4 + (j ^ S::Swizzle(t))] =
-          make_uint4(word[0], word[1], word[2], word[3]);
+      uint4* chunks = reinterpret_cast<uint4*>(stage) + t * S::kChunks;
+      chunks[j ^ S::Swizzle(t)] = PackInt16(q);
+      if constexpr (S::kParts == 2) chunks[(4 + j) ^ S::Swizzle(t)] = PackInt16(r);
     }
     if (j == 0) {
-      meta[t] = make_float4(amax / S::kTop, sum, __int_as_float(qsum), __int_as_float(qsum_hi));
+      meta[t * S::kParts] =
+          make_float4(dx, sum, __int_as_float(qsum), __int_as_float(qsum_hi));
+      if constexpr (S::kParts == 2) {
+        meta[t * 2 + 1] = make_float4(__int_as_float(rsum), __int_as_float(rsum_hi), 0.0f, 0.0f);
+      }
     }
+  }
+}
+
+// Σ over the unit's halves of 16-bit x (its chunks first .. first + 3, swizzled) times the
+// codes: s_lo over values 0..15, s_hi over 16..31, added to what they hold.
+__device__ __forceinline__ void Int16Dots(const uint4* chunks, int first, int swizzle,
+                                          const uint32_t (&lo)[4], const uint32_t (&hi)[4],
+                                          int& s_lo, int& s_hi) {
+  uint4 c[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) c[i] = chunks[(first + i) ^ swizzle];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int w = 2 * (i & 1);
+    s_lo = __dp2a_lo(static_cast<int>(quant::Word(c[i >> 1], w)), static_cast<int>(lo[i]), s_lo);
+    s_lo = __dp2a_hi(static_cast<int>(quant::Word(c[i >> 1], w + 1)), static_cast<int>(lo[i]),
+                     s_lo);
+    s_hi = __dp2a_lo(static_cast<int>(quant::Word(c[2 + (i >> 1)], w)), static_cast<int>(hi[i]),
+                     s_hi);
+    s_hi = __dp2a_hi(static_cast<int>(quant::Word(c[2 + (i >> 1)], w + 1)),
+                     static_cast<int>(hi[i]), s_hi);
   }
 }
 
 // Unit t's share of the dot product from the staged integers: the codes of values 4i ..
 // 4i+3 and 16+4i .. (QuadCodes, biased by kCodeBias; signed bytes for Q8_0) meet the
 // quantized x in integer dot products per half, then Scale·dx·(Σ − bias·Σq) per half
-// (Q6_K's halves have their own scales) and Min·Σx.
+// (Q6_K's halves have their own scales; with two parts the second's sums over 2^15 added
+// in f32) and Min·Σx.
 template <QuantRowX kX, typename Unit>
 __device__ __forceinline__ float IntDotUnit(const Unit& u, const float4* stage, int64_t units,
                                             int64_t t) {
   using S = IntStage<kX>;
   const uint4* chunks = reinterpret_cast<const uint4*>(stage) + t * S::kChunks;
   const int swizzle = S::Swizzle(t);
+  uint32_t lo_codes[4], hi_codes[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) u.QuadCodes(i, lo_codes[i], hi_codes[i]);
   int s_lo = 0, s_hi = 0;
   if constexpr (kX == QuantRowX::kInt8) {
     const uint4 a = chunks[0 ^ swizzle], b = chunks[1 ^ swizzle];
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      uint32_t lo, hi;
-      u.QuadCodes(i, lo, hi);
-      s_lo = __dp4a(static_cast<int>(lo), static_cast<int>(quant::Word(a, i)), s_lo);
-      s_hi = __dp4a(static_cast<int>(hi), static_cast<int>(quant::Word(b, i)), s_hi);
+      s_lo = __dp4a(static_cast<int>(lo_codes[i]), static_cast<int>(quant::Word(a, i)), s_lo);
+      s_hi = __dp4a(static_cast<int>(hi_codes[i]), static_cast<int>(quant::Word(b, i)), s_hi);
     }
   } else {
-    uint4 c[4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) c[i] = chunks[i ^ swizzle];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      uint32_t lo, hi;
-      u.QuadCodes(i, lo, hi);
-      const int w = 2 * (i & 1);
-      s_lo = __dp2a_lo(static_cast<int>(quant::Word(c[i >> 1], w)), static_cast<int>(lo), s_lo);
-      s_lo = __dp2a_hi(static_cast<int>(quant::Word(c[i >> 1], w + 1)), static_cast<int>(lo),
-                       s_lo);
-      s_hi = __dp2a_lo(static_cast<int>(quant::Word(c[2 + (i >> 1)], w)), static_cast<int>(hi),
-                       s_hi);
-      s_hi = __dp2a_hi(static_cast<int>(quant::Word(c[2 + (i >> 1)], w + 1)),
-                       static_cast<int>(hi), s_hi);
-    }
+    Int16Dots(chunks, 0, swizzle, lo_codes, hi_codes, s_lo, s_hi);
   }
-  const float4 m = stage[units * S::kChunks + t];
+  const float4* meta = stage + units * S::kChunks + t * S::kParts;
+  const float4 m = meta[0];
   constexpr int kBias = Unit::kCodeBias;
-  const float lo = static_cast<float>(s_lo - kBias * __float_as_int(m.z));
-  const float hi = static_cast<float>(s_hi - kBias * __float_as_int(m.w));
+  float lo = static_cast<float>(s_lo - kBias * __float_as_int(m.z));
+  float hi = static_cast<float>(s_hi - kBias * __float_as_int(m.w));
+  if constexpr (S::kParts == 2) {
+    int r_lo = 0, r_hi = 0;
+    Int16Dots(chunks, 4, swizzle, lo_codes, hi_codes, r_lo, r_hi);
+    const float4 m2 = meta[1];
+    lo = fmaf(static_cast<float>(r_lo - kBias * __float_as_int(m2.x)), 1.0f / 32768.0f, lo);
+    hi = fmaf(static_cast<float>(r_hi - kBias * __float_as_int(m2.y)), 1.0f / 32768.0f, hi);
+  }
   float r = m.x * fmaf(u.Scale(0), lo, u.Scale(2) * hi);
   if constexpr (Unit::kHasMin) r = fmaf(u.Min(0), m.y, r);
   return r;
@@ -407,6 +465,15 @@ cudaError_t LaunchRow(const void* x, const void* w, const void* w_up, DType w_dt
         const size_t shared_bytes =
             16 * static_cast<size_t>(kX == QuantRowX::kF32 ? units * 8
                                                            : IntStage<kX>::Float4s(units));
+        // Two parts of a K past 9,830 stage more than the default 48 KiB.
+        if (shared_bytes > 48 * 1024) {
+          const cudaError_t e = cudaFuncSetAttribute(
+              kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared_bytes));
+          if (e != cudaSuccess) {
+            (void)cudaGetLastError();
+            return e;
+          }
+        }
         // As many blocks as fit the GPU at once, and no more than the columns need.
         int per_sm = 0;
         const cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(
@@ -429,6 +496,8 @@ cudaError_t LaunchRow(const void* x, const void* w, const void* w_up, DType w_dt
           return launch(std::integral_constant<QuantRowX, QuantRowX::kInt8>{});
         case QuantRowX::kInt16:
           return launch(std::integral_constant<QuantRowX, QuantRowX::kInt16>{});
+        case QuantRowX::kInt16x2:
+          return launch(std::integral_constant<QuantRowX, QuantRowX::kInt16x2>{});
       }
       return cudaErrorInvalidValue;
     });

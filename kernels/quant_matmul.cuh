@@ -46,8 +46,13 @@ constexpr bool QuantRowMatmulTakes(int64_t n, int64_t k, DType w_dtype) {
 // with it in integer dot products (dp4a: four products an instruction; dp2a: two), then
 // scaled in f32: Scale·dx·(Σ code·q − bias·Σ q) + Min·Σ x. Not the reference's numbers:
 // x carries 8 or 16 bits a value relative to its unit's largest (docs/gguf.md's parity
-// study), for far fewer instructions a weight.
-enum class QuantRowX { kF32, kInt8, kInt16 };
+// study), for far fewer instructions a weight. kInt16x2: x as two int16 parts per unit
+// with a power-of-two scale (2^(14−e) for a largest magnitude in [2^(e−1), 2^e)): the first
+// rounds x·scale, the second the exact remainder times 2^15, so a value is held to 2^-30 of
+// its unit's largest, finer than f32's rounding of the products it meets; each part's dot
+// products summed in integers and the two joined in f32. The reference's numbers to f32's
+// noise (like a change of summation order), at twice kInt16's dot products.
+enum class QuantRowX { kF32, kInt8, kInt16, kInt16x2 };
 
 // y[1, n] = x[1, k] · w[n, k]ᵀ for one row of x (no bias), or with `residual` [1, n]
 // (nullable) y = residual + that product rounded to `dtype` (FusedMatMul's add epilogue);

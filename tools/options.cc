@@ -520,9 +520,9 @@ const Flag kFlags[] = {
        return absl::OkStatus();
      }},
     {"--block-gemv-precision", nullptr, "P", kAll, true,
-     "GPU: one-row block-format (GGUF) matmuls at decode: f32 (default, exact), int16 or "
-     "int8 (x quantized per 32 values, integer dot products; faster, not the reference's "
-     "numbers)",
+     "GPU: one-row block-format (GGUF) matmuls at decode: f32 (default, exact), int16x2 "
+     "(x as two int16 parts per 32 values in integer dot products: f32's precision), int16 "
+     "or int8 (one part; faster, not the reference's numbers)",
      nullptr, EnvRule::kNone,
      [](S v, O& o) {
        SG_ASSIGN_OR_RETURN(o.cuda.block_gemv_precision, ParseBlockGemvPrecision(v));

@@ -459,6 +459,8 @@ kernels::QuantRowX RowXFor(const CudaOptions& options) {
       return kernels::QuantRowX::kInt16;
     case BlockGemvPrecision::kInt8:
       return kernels::QuantRowX::kInt8;
+    case BlockGemvPrecision::kInt16x2:
+      return kernels::QuantRowX::kInt16x2;
     case BlockGemvPrecision::kF32:
       break;
   }

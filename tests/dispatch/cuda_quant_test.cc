@@ -352,13 +352,15 @@ std::vector<OpCase> FusedCases() {
   return cases;
 }
 
-// The one-row kernel with x as integers (CudaOptions::block_gemv_precision int16 and int8,
-// kernels/quant_matmul.cuh's QuantRowX), which takes every one-row MatMul without bias and
-// every one-row FusedMatMul without a norm whose epilogue is none, the add or SiluMul:
-// a decode-shaped MatMul, a MatMul of K three chunks of 64 units with the last one partial
-// and more columns than the grid's warps, the add at K 2048 and gate/up with SiluMul at
-// that odd K (a warp walking the gate row's chunks, then the up row's). Tolerances fit x's
-// bits: int8 per 32 values errs by ~4e-3 of a uniform x's norm, int16 by ~2e-5; where a
+// The one-row kernel with x as integers (CudaOptions::block_gemv_precision int16, int8 and
+// int16x2, kernels/quant_matmul.cuh's QuantRowX), which takes every one-row MatMul without
+// bias and every one-row FusedMatMul without a norm whose epilogue is none, the add or
+// SiluMul: a decode-shaped MatMul, a MatMul of K three chunks of 64 units with the last one
+// partial and more columns than the grid's warps, the add at K 2048 and gate/up with
+// SiluMul at that odd K (a warp walking the gate row's chunks, then the up row's); for
+// int16x2 also the largest K the kernel takes. Tolerances fit x's
+// bits: int8 per 32 values errs by ~4e-3 of a uniform x's norm, int16 by ~2e-5, int16x2
+// (2^-30 of a unit's largest) within f32's tolerance, as the exact kernels; where a
 // format has a min its codes carry the weights' mean, which the min cancels, so x's
 // rounding weighs more (H200, bf16 x at int8, 1x4608x9000: Q4_K, Q5_K, Q4_1 and Q5_1 from
 // 1.5e-2 to 1.73e-2).
@@ -367,14 +369,20 @@ std::vector<OpCase> IntRowCases() {
   for (DType q : kQuantTypes) {
     const int64_t odd_k = (DTypeBlockElems(q) == 32 ? 144 : 18) * DTypeBlockElems(q);
     for (DType t : kFloatTypes) {
-      for (BlockGemvPrecision p : {BlockGemvPrecision::kInt16, BlockGemvPrecision::kInt8}) {
-        const double tol = std::max(Tol(t), p == BlockGemvPrecision::kInt8 ? 3e-2 : 1e-4);
+      for (BlockGemvPrecision p : {BlockGemvPrecision::kInt16, BlockGemvPrecision::kInt8,
+                                   BlockGemvPrecision::kInt16x2}) {
+        const double tol = p == BlockGemvPrecision::kInt16x2
+                               ? Tol(t)
+                               : std::max(Tol(t), p == BlockGemvPrecision::kInt8 ? 3e-2 : 1e-4);
         auto options = [p](CudaOptions& o) {
           o.block_mma_min_rows = 0;
           o.block_gemv_precision = p;
         };
         const std::string suffix = absl::StrCat("/", BlockGemvPrecisionName(p));
-        for (const auto& [k, n] : {std::pair<int64_t, int64_t>{2048, 512}, {odd_k, 9000}}) {
+        // Two parts at the largest K stage more than 48 KiB (the launch raises the limit).
+        std::vector<std::pair<int64_t, int64_t>> shapes = {{2048, 512}, {odd_k, 9000}};
+        if (p == BlockGemvPrecision::kInt16x2) shapes.push_back({kernels::kQuantRowMaxK, 300});
+        for (const auto& [k, n] : shapes) {
           cases.push_back(
               {.name = absl::StrCat("MatMul/", DTypeName(q), "/", DTypeName(t), "/1x", k, "x", n,
                                     suffix),
@@ -564,8 +572,8 @@ TEST(QuantRowMatmulTest, TakesAndRefusals) {
 }
 
 TEST(BlockGemvPrecisionTest, NamesRoundTripAndABadOneIsNamed) {
-  for (BlockGemvPrecision p :
-       {BlockGemvPrecision::kF32, BlockGemvPrecision::kInt16, BlockGemvPrecision::kInt8}) {
+  for (BlockGemvPrecision p : {BlockGemvPrecision::kF32, BlockGemvPrecision::kInt16,
+                              BlockGemvPrecision::kInt8, BlockGemvPrecision::kInt16x2}) {
     absl::StatusOr<BlockGemvPrecision> back = ParseBlockGemvPrecision(BlockGemvPrecisionName(p));
     ASSERT_TRUE(back.ok()) << back.status();
     EXPECT_EQ(*back, p);
@@ -737,7 +745,7 @@ TEST(QuantConformanceCasesTest, EveryFormatAndDTypeIsCovered) {
   EXPECT_EQ(MmaMatmulCases().size(), 8u * (3u * (6u + 3u * 3u + 1u) + 1u + 3u));
   EXPECT_EQ(MmaFusedCases().size(), 8u * 3u * (6u + 1u) + 3u * 2u);
   // Per format, x dtype and integer precision: 2 MatMuls, the add and SiluMul.
-  EXPECT_EQ(IntRowCases().size(), 8u * 3u * 2u * 4u);
+  EXPECT_EQ(IntRowCases().size(), 8u * 3u * (3u * 4u + 1u));
 }
 
 }  // namespace

@@ -47,10 +47,12 @@ absl::StatusOr<BlockGemmPrecision> ParseBlockGemmPrecision(absl::string_view nam
 // with int8; every one-row MatMul without bias and every one-row FusedMatMul without a
 // folded norm whose epilogue is none, the residual add or SiluMul (gate and up in one
 // format) runs the one-row kernel so, at any width; the q/k/v projection with its RoPE
-// epilogue stays f32. Not the reference's numbers: docs/gguf.md's parity study.
-enum class BlockGemvPrecision : uint8_t { kF32, kInt16, kInt8 };
+// epilogue stays f32. Not the reference's numbers: docs/gguf.md's parity study. kInt16x2:
+// the same kernels and routes with x as two int16 parts (QuantRowX::kInt16x2), each value
+// held to 2^-30 of its unit's largest: the reference's numbers to f32's rounding noise.
+enum class BlockGemvPrecision : uint8_t { kF32, kInt16, kInt8, kInt16x2 };
 
-// "f32", "int16", "int8"
+// "f32", "int16", "int8", "int16x2"
 absl::string_view BlockGemvPrecisionName(BlockGemvPrecision p);
 // Inverse of BlockGemvPrecisionName; InvalidArgument naming the choices otherwise.
 absl::StatusOr<BlockGemvPrecision> ParseBlockGemvPrecision(absl::string_view name);
