@@ -178,7 +178,9 @@ template <QuantRowX kX>
 struct IntStage {
   static constexpr int kParts = kX == QuantRowX::kInt16x2 ? 2 : 1;
   static constexpr int kChunks = kX == QuantRowX::kInt8 ? 2 : 4 * kParts;
-  static constexpr float kTop = kX == QuantRowX::kInt8 ? 127.0f : 32767.0f;
+  // The largest code, the scale being the unit's largest over it (int16x2 scales by a power
+  // of two instead).
+  static constexpr float Top() { return kX == QuantRowX::kInt8 ? 127.0f : 32767.0f; }
   static __device__ __forceinline__ int Swizzle(int64_t t) {
     return static_cast<int>((t / (8 / kChunks)) % kChunks);
   }
@@ -242,9 +244,12 @@ __device__ __forceinline__ void StageIntX(const T* x, bool vec_x, int64_t units,
       inv = ldexpf(1.0f, 14 - e);
       dx = ldexpf(1.0f, e - 14);
     } else {
-      inv = amax > 0.0f ? S::kTop / amax : 0.0f;
-      dx = amax / S::kTop;
+      inv = amax > 0.0f ? S::Top() / amax : 0.0f;
+      dx = amax / S::Top();
     }
+    // A NaN or an infinity among the 32 (the sum is then not finite) makes every sum the
+    // unit enters NaN, as the f32 products would, instead of a finite code.
+    if (!isfinite(sum)) dx = __int_as_float(0x7fc00000);
     int q[8];
 #pragma unroll
     for (int e = 0; e < 8; ++e) q[e] = __float2int_rn(v[e] * inv);

@@ -571,6 +571,64 @@ TEST(QuantRowMatmulTest, TakesAndRefusals) {
             cudaErrorMisalignedAddress);
 }
 
+// A NaN or an infinity in x leaves every sum it enters non-finite in every way the one-row
+// kernel reads x (the integer ones would otherwise quantize it to a finite code), and a
+// finite x gives finite sums, on formats with and without a min, of 32 and 256 values.
+TEST(QuantRowMatmulTest, ANonFiniteXLeavesEverySumNonFinite) {
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+    (void)cudaGetLastError();
+    GTEST_SKIP() << "no CUDA device";
+  }
+  int sm_count = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
+  constexpr int64_t n = 40, k = 512;
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<float> value(-1.0f, 1.0f);
+  std::vector<float> x(k), y(n);
+  for (float& v : x) v = value(rng);
+  void *dx = nullptr, *dw = nullptr, *dy = nullptr;
+  ASSERT_EQ(cudaMalloc(&dx, k * sizeof(float)), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&dy, n * sizeof(float)), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&dw, n * k * 2), cudaSuccess);  // more than any format's n × k bytes
+  for (DType q : {DType::kQ4_0, DType::kQ4_1, DType::kQ8_0, DType::kQ4_K, DType::kQ6_K}) {
+    const int64_t row_bytes = k / DTypeBlockElems(q) * DTypeBlockBytes(q);
+    std::vector<std::byte> file(static_cast<size_t>(n * row_bytes)), device(file.size());
+    std::vector<float> row(k);
+    for (int64_t r = 0; r < n; ++r) {
+      for (float& v : row) v = value(rng);
+      ASSERT_TRUE(QuantizeRow(q, row.data(), file.data() + r * row_bytes, k));
+    }
+    ASSERT_TRUE(kernels::RepackBlocksForDevice(q, n * (k / DTypeBlockElems(q)), file.data(),
+                                               device.data()));
+    ASSERT_EQ(cudaMemcpy(dw, device.data(), device.size(), cudaMemcpyHostToDevice), cudaSuccess);
+    for (kernels::QuantRowX mode : {kernels::QuantRowX::kF32, kernels::QuantRowX::kInt8,
+                                    kernels::QuantRowX::kInt16, kernels::QuantRowX::kInt16x2}) {
+      for (float bad : {0.0f, std::nanf(""), INFINITY, -INFINITY}) {
+        SCOPED_TRACE(absl::StrCat(DTypeName(q), " mode ", static_cast<int>(mode), " x[77] ",
+                                  bad));
+        std::vector<float> xb = x;
+        if (bad != 0.0f) xb[77] = bad;  // NaN != 0 too
+        ASSERT_EQ(cudaMemcpy(dx, xb.data(), k * sizeof(float), cudaMemcpyHostToDevice),
+                  cudaSuccess);
+        ASSERT_EQ(cudaMemset(dy, 0x7f, n * sizeof(float)), cudaSuccess);  // finite poison
+        ASSERT_EQ(kernels::LaunchQuantRowMatmul(dx, dw, q, nullptr, dy, n, k, DType::kF32, true,
+                                                sm_count, mode, kernels::Stream{}),
+                  cudaSuccess);
+        ASSERT_EQ(cudaMemcpy(y.data(), dy, n * sizeof(float), cudaMemcpyDeviceToHost),
+                  cudaSuccess);
+        const bool finite_x = xb[77] == x[77];
+        for (int64_t i = 0; i < n; ++i) {
+          ASSERT_EQ(std::isfinite(y[i]), finite_x) << "column " << i << ": " << y[i];
+        }
+      }
+    }
+  }
+  cudaFree(dx);
+  cudaFree(dw);
+  cudaFree(dy);
+}
+
 TEST(BlockGemvPrecisionTest, NamesRoundTripAndABadOneIsNamed) {
   for (BlockGemvPrecision p : {BlockGemvPrecision::kF32, BlockGemvPrecision::kInt16,
                               BlockGemvPrecision::kInt8, BlockGemvPrecision::kInt16x2}) {
