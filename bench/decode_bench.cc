@@ -193,8 +193,9 @@ void TimeQuantSession(benchmark::State& state, std::unique_ptr<DecodeSession>& s
 // computes; otherwise bf16.
 // row_kernel false: the lm head and the o projections on the kernels they took before the
 // one-row kernel (CudaOptions::block_row_min_cols and block_row_fused_max_k 0).
-// gemv: CudaOptions::block_gemv_precision (int16, int8: x as integers in the one-row
-// kernel, which then takes every one-row matmul but q/k/v).
+// gemv: CudaOptions::block_gemv_precision (auto, the default: int16x2 but for Q8_0;
+// int16x2, int16, int8: x as integers in the one-row kernel, which then takes every
+// one-row matmul but q/k/v and a long K's; f32: the f32 kernels throughout).
 void BM_Quant(benchmark::State& state, testing::MatrixFormat format, bool f32,
               BlockUnitWalkOption walk, bool row_kernel, BlockGemvPrecision gemv) {
   SessionOptions o;
@@ -218,7 +219,7 @@ void BM_Quant(benchmark::State& state, testing::MatrixFormat format, bool f32,
                                                return testing::MatrixDType(format, name);
                                              }),
                    o, 1);
-  if (walk == BlockUnitWalkOption::kAuto && row_kernel && gemv == BlockGemvPrecision::kF32) {
+  if (walk == BlockUnitWalkOption::kAuto && row_kernel && gemv == BlockGemvPrecision::kAuto) {
     g->quant_ms[name] = state.counters["median_ms"];
   }
 }
@@ -566,7 +567,7 @@ int main(int argc, char** argv) {
         std::pair{sg::testing::MatrixFormat::kQ4KMix, true}}) {
     benchmark::RegisterBenchmark(
         absl::StrCat("Quant/", sg::QuantName(format, f32), "/pos:100").c_str(), sg::BM_Quant,
-        format, f32, sg::BlockUnitWalkOption::kAuto, true, sg::BlockGemvPrecision::kF32)
+        format, f32, sg::BlockUnitWalkOption::kAuto, true, sg::BlockGemvPrecision::kAuto)
         ->UseManualTime()
         ->Iterations(sg::kSteps)
         ->Unit(benchmark::kMicrosecond);
@@ -583,8 +584,8 @@ int main(int argc, char** argv) {
   }
   // x as integers in the one-row kernel (CudaOptions::block_gemv_precision).
   for (const sg::BlockGemvPrecision gemv :
-       {sg::BlockGemvPrecision::kInt16, sg::BlockGemvPrecision::kInt8,
-        sg::BlockGemvPrecision::kInt16x2}) {
+       {sg::BlockGemvPrecision::kF32, sg::BlockGemvPrecision::kInt16x2,
+        sg::BlockGemvPrecision::kInt16, sg::BlockGemvPrecision::kInt8}) {
     for (const auto format : {sg::testing::MatrixFormat::kQ8_0, sg::testing::MatrixFormat::kQ4_0,
                               sg::testing::MatrixFormat::kQ4KMix}) {
       benchmark::RegisterBenchmark(

@@ -59,6 +59,8 @@ absl::string_view BlockGemvPrecisionName(BlockGemvPrecision p) {
       return "int8";
     case BlockGemvPrecision::kInt16x2:
       return "int16x2";
+    case BlockGemvPrecision::kAuto:
+      return "auto";
   }
   return "?";
 }
@@ -66,11 +68,11 @@ absl::string_view BlockGemvPrecisionName(BlockGemvPrecision p) {
 absl::StatusOr<BlockGemvPrecision> ParseBlockGemvPrecision(absl::string_view name) {
   for (BlockGemvPrecision p :
        {BlockGemvPrecision::kF32, BlockGemvPrecision::kInt16, BlockGemvPrecision::kInt8,
-        BlockGemvPrecision::kInt16x2}) {
+        BlockGemvPrecision::kInt16x2, BlockGemvPrecision::kAuto}) {
     if (name == BlockGemvPrecisionName(p)) return p;
   }
   return absl::InvalidArgumentError(
-      absl::StrCat("block GEMV precision must be f32, int16, int8 or int16x2, got '", name, "'"));
+      absl::StrCat("block GEMV precision must be auto, f32, int16x2, int16 or int8, got '", name, "'"));
 }
 
 int64_t BlockGemmMinRows(const CudaOptions& o, DType x_dtype) {

@@ -520,9 +520,10 @@ const Flag kFlags[] = {
        return absl::OkStatus();
      }},
     {"--block-gemv-precision", nullptr, "P", kAll, true,
-     "GPU: one-row block-format (GGUF) matmuls at decode: f32 (default, exact), int16x2 "
-     "(x as two int16 parts per 32 values in integer dot products: f32's precision), int16 "
-     "or int8 (one part; faster, not the reference's numbers)",
+     "GPU: how one-row block-format (GGUF) matmuls at decode meet x: auto (default: "
+     "int16x2, but f32 for Q8_0), int16x2 (x as two int16 parts per 32 values in integer "
+     "dot products, f32's precision), f32 (f32 products), int16 or int8 (one part; faster, "
+     "not the reference's numbers)",
      nullptr, EnvRule::kNone,
      [](S v, O& o) {
        SG_ASSIGN_OR_RETURN(o.cuda.block_gemv_precision, ParseBlockGemvPrecision(v));

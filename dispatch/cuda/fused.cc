@@ -66,7 +66,7 @@ bool TakesRowKernel(const ops::FusedMatMul& op, const kernels::FusedMatmulArgs& 
   if (a.m != 1 || op.norm || !kernels::QuantRowMatmulTakes(a.n[0], a.k, a.w_dtype[0])) {
     return false;
   }
-  const bool integer = RowXFor(options) != kernels::QuantRowX::kF32;
+  const bool integer = RowXFor(options, a.w_dtype[0]) != kernels::QuantRowX::kF32;
   if (op.epilogue == ops::FusedMatMul::Epilogue::kSiluMul) {
     return integer && op.weights == 2 && a.n[1] == a.n[0] && a.w_dtype[1] == a.w_dtype[0];
   }
@@ -223,7 +223,7 @@ PreparedOr Prepare(const ops::FusedMatMul& op, const CudaPrepareContext& c) {
   }
   if (TakesRowKernel(op, a, c.options)) {
     node_state->row_kernel = true;
-    node_state->row_x = RowXFor(c.options);
+    node_state->row_x = RowXFor(c.options, a.w_dtype[0]);
     return Keep(std::move(node_state));
   }
   // Block formats of enough rows: tensor cores, their products in the shared block

@@ -453,8 +453,10 @@ int BlockMmaTermsFor(DType x_dtype, const CudaOptions& options) {
   }
 }
 
-kernels::QuantRowX RowXFor(const CudaOptions& options) {
+kernels::QuantRowX RowXFor(const CudaOptions& options, DType w_dtype) {
   switch (options.block_gemv_precision) {
+    case BlockGemvPrecision::kAuto:
+      return w_dtype == DType::kQ8_0 ? kernels::QuantRowX::kF32 : kernels::QuantRowX::kInt16x2;
     case BlockGemvPrecision::kInt16:
       return kernels::QuantRowX::kInt16;
     case BlockGemvPrecision::kInt8:
@@ -554,7 +556,7 @@ PreparedOr Prepare(const ops::MatMul& op, const CudaPrepareContext& c) {
     // fused kernel stays faster there (H200, 1B lm head, f32 x, 2026-11-29: 121 against
     // 138 us; the others 76 to 116 us against 92 to 119 on the kernels they took before);
     // at any width and format under an integer block_gemv_precision.
-    const kernels::QuantRowX row_x = RowXFor(c.options);
+    const kernels::QuantRowX row_x = RowXFor(c.options, w.dtype);
     const bool integer = row_x != kernels::QuantRowX::kF32;
     if (x.shape[0] == 1 && !op.has_bias &&
         (integer || (c.options.block_row_min_cols > 0 &&

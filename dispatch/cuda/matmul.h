@@ -84,8 +84,9 @@ absl::StatusOr<BlockGemmLayout> BlockGemmLayoutFor(int64_t m, int64_t n, int64_t
 // (kernels::BlockMmaTerms).
 int BlockMmaTermsFor(DType x_dtype, const CudaOptions& options);
 
-// How the one-row block kernel takes x under `options` (block_gemv_precision).
-kernels::QuantRowX RowXFor(const CudaOptions& options);
+// How the one-row block kernel takes x for weights in `w_dtype` under `options`
+// (block_gemv_precision; kAuto by format).
+kernels::QuantRowX RowXFor(const CudaOptions& options, DType w_dtype);
 
 // The tensor-core block kernel's shape under `options` (kernels::BlockMmaShape).
 kernels::BlockMmaShape BlockMmaShapeFor(const CudaOptions& options);

@@ -75,6 +75,7 @@ std::vector<OpCase> MatmulCases() {
                  o.block_gemm_min_rows = 0;
                  o.block_mma_min_rows = 0;
                  o.block_row_min_cols = 0;
+                 o.block_gemv_precision = BlockGemvPrecision::kF32;
                }});
         }
       }
@@ -94,7 +95,10 @@ std::vector<OpCase> MatmulCases() {
                b.Output("out", b.MatMul(b.Input("x", t, {1, s.k}), b.Weight("w", q, {s.n, s.k})));
              },
              .tolerance = Tol(t),
-             .cuda_options = [](CudaOptions& o) { o.block_row_min_cols = 1; }});
+             .cuda_options = [](CudaOptions& o) {
+               o.block_row_min_cols = 1;
+               o.block_gemv_precision = BlockGemvPrecision::kF32;
+             }});
       }
     }
   }
@@ -215,13 +219,13 @@ struct FusedShape {
   Epilogue e;
 };
 
-// The CUDA-core kernels, or with `mma` the tensor-core path from one row on.
-// The fused kernel on CUDA cores, or (mma) on tensor cores; never the one-row kernel,
-// whose cases force it (RowFusedCases).
+// The fused kernel on CUDA cores, or (mma) on tensor cores from one row on; never the
+// one-row kernel, whose cases force it (the row_kernel and IntRow cases).
 std::function<void(CudaOptions&)> BlockKernels(bool mma) {
   return [mma](CudaOptions& o) {
     o.block_mma_min_rows = mma ? 1 : 0;
     o.block_row_fused_max_k = 0;
+    o.block_gemv_precision = BlockGemvPrecision::kF32;
   };
 }
 
@@ -315,14 +319,15 @@ std::vector<OpCase> FusedCases() {
           o.block_mma_min_rows = 0;
           o.block_row_fused_max_k = 0;
           o.block_unit_walk = BlockUnitWalkOption::kSerial;
+          o.block_gemv_precision = BlockGemvPrecision::kF32;
         };
         cases.push_back(std::move(c));
       }
     }
   }
-  // The one-row kernel, which takes one-row FusedMatMuls of one weight with no norm and
-  // the add epilogue or none (the o projection) at K up to block_row_fused_max_k: the
-  // default options at K 2048, and forced at a K of 3 chunks, the last one partial.
+  // The one-row kernel with f32 products, which takes one-row FusedMatMuls of one weight
+  // with no norm and the add epilogue or none (the o projection) at K up to
+  // block_row_fused_max_k: at K 2048, and forced at a K of 3 chunks, the last one partial.
   for (DType q : kQuantTypes) {
     for (DType t : kFloatTypes) {
       for (const FusedShape& f : {FusedShape{1, 2048, {q}, {300}, false, Epilogue::kAdd},
@@ -331,6 +336,7 @@ std::vector<OpCase> FusedCases() {
         c.name += "/row_kernel";
         c.cuda_options = [k = f.k](CudaOptions& o) {
           o.block_mma_min_rows = 0;
+          o.block_gemv_precision = BlockGemvPrecision::kF32;
           if (k > 2048) o.block_row_fused_max_k = k;
         };
         cases.push_back(std::move(c));
@@ -352,8 +358,9 @@ std::vector<OpCase> FusedCases() {
   return cases;
 }
 
-// The one-row kernel with x as integers (CudaOptions::block_gemv_precision int16, int8 and
-// int16x2, kernels/quant_matmul.cuh's QuantRowX), which takes every one-row MatMul without
+// The one-row kernel with x as integers (CudaOptions::block_gemv_precision int16, int8,
+// int16x2 and auto, the default: int16x2 but for Q8_0, whose nodes keep the f32 kernels;
+// kernels/quant_matmul.cuh's QuantRowX), which takes every one-row MatMul without
 // bias and every one-row FusedMatMul without a norm whose epilogue is none, the add or
 // SiluMul: a decode-shaped MatMul, a MatMul of K three chunks of 64 units with the last one
 // partial and more columns than the grid's warps, the add at K 2048 and gate/up with
@@ -370,8 +377,8 @@ std::vector<OpCase> IntRowCases() {
     const int64_t odd_k = (DTypeBlockElems(q) == 32 ? 144 : 18) * DTypeBlockElems(q);
     for (DType t : kFloatTypes) {
       for (BlockGemvPrecision p : {BlockGemvPrecision::kInt16, BlockGemvPrecision::kInt8,
-                                   BlockGemvPrecision::kInt16x2}) {
-        const double tol = p == BlockGemvPrecision::kInt16x2
+                                   BlockGemvPrecision::kInt16x2, BlockGemvPrecision::kAuto}) {
+        const double tol = p == BlockGemvPrecision::kInt16x2 || p == BlockGemvPrecision::kAuto
                                ? Tol(t)
                                : std::max(Tol(t), p == BlockGemvPrecision::kInt8 ? 3e-2 : 1e-4);
         auto options = [p](CudaOptions& o) {
@@ -630,8 +637,9 @@ TEST(QuantRowMatmulTest, ANonFiniteXLeavesEverySumNonFinite) {
 }
 
 TEST(BlockGemvPrecisionTest, NamesRoundTripAndABadOneIsNamed) {
-  for (BlockGemvPrecision p : {BlockGemvPrecision::kF32, BlockGemvPrecision::kInt16,
-                              BlockGemvPrecision::kInt8, BlockGemvPrecision::kInt16x2}) {
+  for (BlockGemvPrecision p :
+       {BlockGemvPrecision::kF32, BlockGemvPrecision::kInt16, BlockGemvPrecision::kInt8,
+        BlockGemvPrecision::kInt16x2, BlockGemvPrecision::kAuto}) {
     absl::StatusOr<BlockGemvPrecision> back = ParseBlockGemvPrecision(BlockGemvPrecisionName(p));
     ASSERT_TRUE(back.ok()) << back.status();
     EXPECT_EQ(*back, p);
@@ -803,7 +811,7 @@ TEST(QuantConformanceCasesTest, EveryFormatAndDTypeIsCovered) {
   EXPECT_EQ(MmaMatmulCases().size(), 8u * (3u * (6u + 3u * 3u + 1u) + 1u + 3u));
   EXPECT_EQ(MmaFusedCases().size(), 8u * 3u * (6u + 1u) + 3u * 2u);
   // Per format, x dtype and integer precision: 2 MatMuls, the add and SiluMul.
-  EXPECT_EQ(IntRowCases().size(), 8u * 3u * (3u * 4u + 1u));
+  EXPECT_EQ(IntRowCases().size(), 8u * 3u * (4u * 4u + 1u));
 }
 
 }  // namespace

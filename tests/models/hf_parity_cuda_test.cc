@@ -263,8 +263,10 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, GgufBlockGemmCudaTest, ::testing::ValuesIn(Bl
 // the fixture's checked greedy ids equal it (docs/gguf.md's parity study: 24 of 24 real
 // answers unchanged); int8 moves the logits by about 2e-2 (as llama.cpp's int8
 // activations), within the bound of a model run in bf16 throughout, and its ids are only
-// reported. int16x2 (two parts, 2^-30 of a unit's largest) is held to the exact path's
-// bounds: logits within 1e-4 and the greedy ids equal, on every fixture.
+// reported. int16x2 (two parts, 2^-30 of a unit's largest; the default, auto, for every
+// format but Q8_0) is held to the exact path's bounds, logits within 1e-4 and the greedy
+// ids equal, on every fixture, and so is f32 (the exact kernels throughout, which the
+// default keeps for Q8_0).
 struct BlockGemvCase {
   const char* fixture;
   BlockGemvPrecision precision;
@@ -285,7 +287,8 @@ TEST_P(GgufBlockGemvCudaTest, DecodeStaysNearTheCpuReference) {
   CudaOptions cuda;
   cuda.block_gemv_precision = GetParam().precision;
   const BlockGemvPrecision p = GetParam().precision;
-  const double tolerance = p == BlockGemvPrecision::kInt16x2 ? 1e-4
+  const double tolerance = p == BlockGemvPrecision::kInt16x2 || p == BlockGemvPrecision::kF32
+                               ? 1e-4
                            : p == BlockGemvPrecision::kInt16 ? 1e-3
                                                              : 2 * testing::kParityBf16Tolerance;
   ExpectNearTheCpuReference(GetParam().fixture, cuda,
@@ -296,6 +299,7 @@ TEST_P(GgufBlockGemvCudaTest, DecodeStaysNearTheCpuReference) {
 std::vector<BlockGemvCase> BlockGemvCases() {
   std::vector<BlockGemvCase> cases;
   for (const char* f : {"q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k_m"}) {
+    cases.push_back({f, BlockGemvPrecision::kF32});
     cases.push_back({f, BlockGemvPrecision::kInt16});
     cases.push_back({f, BlockGemvPrecision::kInt16x2});
   }

@@ -50,9 +50,12 @@ absl::StatusOr<BlockGemmPrecision> ParseBlockGemmPrecision(absl::string_view nam
 // epilogue stays f32. Not the reference's numbers: docs/gguf.md's parity study. kInt16x2:
 // the same kernels and routes with x as two int16 parts (QuantRowX::kInt16x2), each value
 // held to 2^-30 of its unit's largest: the reference's numbers to f32's rounding noise.
-enum class BlockGemvPrecision : uint8_t { kF32, kInt16, kInt8, kInt16x2 };
+// kAuto (the default): kInt16x2 for every block format but Q8_0, kF32 for Q8_0, whose f32
+// kernels were faster (H200, the 1B step, 2026-11-30: Q4_K_M 0.787 ms against 0.900 f32,
+// Q4_0 0.711 against 0.746; Q8_0 0.726 against 0.675; docs/cuda_kernels.md).
+enum class BlockGemvPrecision : uint8_t { kF32, kInt16, kInt8, kInt16x2, kAuto };
 
-// "f32", "int16", "int8", "int16x2"
+// "f32", "int16", "int8", "int16x2", "auto"
 absl::string_view BlockGemvPrecisionName(BlockGemvPrecision p);
 // Inverse of BlockGemvPrecisionName; InvalidArgument naming the choices otherwise.
 absl::StatusOr<BlockGemvPrecision> ParseBlockGemvPrecision(absl::string_view name);
@@ -129,7 +132,7 @@ struct CudaOptions {
   // fused kernel, Q6_K 2.9 against 3.3, Q8_0 2.6 against 3.9; the Q4_K_M step 0.890 ms
   // against 0.910. Down (K 8192) is slower on it (Q4_0 8.8 against 7.2 us).
   int64_t block_row_fused_max_k = 2048;
-  BlockGemvPrecision block_gemv_precision = BlockGemvPrecision::kF32;
+  BlockGemvPrecision block_gemv_precision = BlockGemvPrecision::kAuto;
   // Under an integer block_gemv_precision, the one-row kernel takes one-weight FusedMatMuls
   // (the o projection; none or the add) up to this K, gate/up with SiluMul and MatMuls up
   // to its own limit. Few columns over a long K leave its warps few: H200, quant_bench,
