@@ -116,6 +116,9 @@ class FieldReader {
         absl::StrCat(source_, ": field '", Path(key), "': ", what));
   }
 
+  // Whether the object holds `key`, null included (where null and absent differ).
+  bool Has(absl::string_view key) const { return object_.contains(std::string(key)); }
+
   // The value of `key`, or nullptr when it is absent or null (both mean "not given").
   const Json* Get(absl::string_view key) {
     seen_.insert(std::string(key));
@@ -315,8 +318,8 @@ constexpr Family kFamilies[] = {
     {"llama", "LlamaForCausalLM", false},   {"mistral", "MistralForCausalLM", false},
     {"qwen2", "Qwen2ForCausalLM", false},   {"qwen3", "Qwen3ForCausalLM", false},
     {"phi3", "Phi3ForCausalLM", false},     {"gemma", "GemmaForCausalLM", true},
-    {"gemma2", "Gemma2ForCausalLM", true}, {"mixtral", "MixtralForCausalLM", false},
-    {"qwen3_moe", "Qwen3MoeForCausalLM", false},
+    {"gemma2", "Gemma2ForCausalLM", true}, {"gemma3_text", "Gemma3ForCausalLM", true},
+    {"mixtral", "MixtralForCausalLM", false}, {"qwen3_moe", "Qwen3MoeForCausalLM", false},
 };
 
 std::string FamilyList(bool architectures) {
@@ -464,13 +467,14 @@ absl::Status ReadExperts(absl::string_view type, FieldReader& r, LlamaConfig& c)
 absl::Status ReadFamilyFields(const Family& family, FieldReader& r, LlamaConfig& c) {
   c.architecture = std::string(family.model_type);
   const absl::string_view type = family.model_type;
-  const bool gemma = type == "gemma" || type == "gemma2";
+  const bool gemma3 = type == "gemma3_text";
+  const bool gemma = type == "gemma" || type == "gemma2" || gemma3;
   c.qkv_bias = type == "qwen2";
-  c.qk_norm = type == "qwen3" || type == "qwen3_moe";
+  c.qk_norm = type == "qwen3" || type == "qwen3_moe" || gemma3;
   if (type == "mixtral" || type == "qwen3_moe") SG_RETURN_IF_ERROR(ReadExperts(type, r, c));
   c.fused_qkv = c.fused_gate_up = type == "phi3";
   c.norm_plus_one = c.embedding_scale = gemma;
-  c.sandwich_norms = type == "gemma2";
+  c.sandwich_norms = type == "gemma2" || gemma3;
 
   // The activation: "hidden_act", or Gemma's "hidden_activation", which wins over it.
   SG_ASSIGN_OR_RETURN(std::optional<std::string> act, r.String("hidden_act"));
@@ -500,7 +504,17 @@ absl::Status ReadFamilyFields(const Family& family, FieldReader& r, LlamaConfig&
       r.Get(k);
     }
   }
-  if (type == "gemma2") r.Get("cache_implementation");  // how transformers caches, not math
+  if (type == "gemma2" || gemma3) {
+    r.Get("cache_implementation");  // how transformers caches, not math
+  }
+  if (gemma3) {
+    // Embedding models' bidirectional attention is not a decoder's.
+    SG_ASSIGN_OR_RETURN(std::optional<bool> bidirectional, r.Bool("use_bidirectional_attention"));
+    if (bidirectional.value_or(false)) {
+      return r.Error("use_bidirectional_attention",
+                     "unsupported value true (stepgraph runs causal decoders)");
+    }
+  }
   if (type == "llama" || type == "gemma") return absl::OkStatus();  // no sliding window
 
   // Sliding windows: "sliding_window" (null: none) in the layers "layer_types" marks, or
@@ -528,8 +542,39 @@ absl::Status ReadFamilyFields(const Family& family, FieldReader& r, LlamaConfig&
       layer_types = std::move(sliding);
     }
   }
-  if (type == "gemma2") {
-    SG_ASSIGN_OR_RETURN(const double scalar, r.RequiredNumber("query_pre_attn_scalar"));
+  if (gemma3) {
+    // Gemma 3's config class: a window of 4096 unless the file says (null: none), and
+    // without layer_types every sliding_window_pattern-th layer global, the others local.
+    // transformers 5 saves the pattern as "_sliding_window_pattern" beside layer_types.
+    if (!r.Has("sliding_window")) window = 4096;
+    std::optional<int64_t> pattern;
+    for (absl::string_view key : {"sliding_window_pattern", "_sliding_window_pattern"}) {
+      SG_ASSIGN_OR_RETURN(std::optional<int64_t> given, r.Int(key));
+      if (!given.has_value()) continue;
+      if (*given < 1) return r.Error(key, absl::StrCat("must be >= 1, got ", *given));
+      if (pattern.has_value() && *pattern != *given) {
+        return r.Error(key, absl::StrCat(*given, " contradicts sliding_window_pattern ",
+                                         *pattern));
+      }
+      pattern = given;
+    }
+    if (!layer_types.has_value()) {
+      std::vector<bool> sliding;
+      for (int64_t l = 0; l < c.num_hidden_layers && l < (int64_t{1} << 20); ++l) {
+        sliding.push_back((l + 1) % pattern.value_or(6) != 0);
+      }
+      layer_types = std::move(sliding);
+    }
+  }
+  if (type == "gemma2" || gemma3) {
+    // Gemma 3's config class defaults the scalar to 256; Gemma 2's file must say it.
+    double scalar = 256.0;
+    if (gemma3) {
+      SG_ASSIGN_OR_RETURN(std::optional<double> given, r.Number("query_pre_attn_scalar"));
+      scalar = given.value_or(256.0);
+    } else {
+      SG_ASSIGN_OR_RETURN(scalar, r.RequiredNumber("query_pre_attn_scalar"));
+    }
     if (!(scalar > 0.0)) {
       return r.Error("query_pre_attn_scalar", absl::StrCat("must be > 0, got ", scalar));
     }
@@ -538,6 +583,11 @@ absl::Status ReadFamilyFields(const Family& family, FieldReader& r, LlamaConfig&
     SG_ASSIGN_OR_RETURN(std::optional<double> final_cap, r.Number("final_logit_softcapping"));
     c.attn_logit_softcap = static_cast<float>(attn_cap.value_or(0.0));
     c.final_logit_softcap = static_cast<float>(final_cap.value_or(0.0));
+    if (c.attn_logit_softcap < 0.0f || c.final_logit_softcap < 0.0f) {
+      return r.Error(c.attn_logit_softcap < 0.0f ? "attn_logit_softcapping"
+                                                 : "final_logit_softcapping",
+                     "must be >= 0 or null");
+    }
     if (!layer_types.has_value()) {
       // transformers' Gemma 2 default: local (sliding) layers first, then alternating.
       std::vector<bool> sliding;
@@ -558,6 +608,95 @@ absl::Status ReadFamilyFields(const Family& family, FieldReader& r, LlamaConfig&
     return r.Error("layer_types", "marks sliding_attention layers, but sliding_window is null");
   }
   return absl::OkStatus();
+}
+
+// Gemma 3's RoPE: its global layers rotate by rope_theta (1e6 by default) with any
+// rope_scaling, its local (sliding) layers by rope_local_base_freq (1e4) without scaling;
+// transformers 5 writes both as "rope_parameters" {"full_attention": {...},
+// "sliding_attention": {...}}. Where both forms are present they must agree.
+absl::Status ReadGemma3Rope(FieldReader& r, absl::string_view source, LlamaConfig& c) {
+  SG_ASSIGN_OR_RETURN(std::optional<double> legacy_theta, r.Number("rope_theta"));
+  SG_ASSIGN_OR_RETURN(std::optional<double> legacy_local, r.Number("rope_local_base_freq"));
+  std::optional<RopeSettings> legacy_scaling, full, local;
+  if (const Json* v = r.Get("rope_scaling")) {
+    if (!v->is_object()) {
+      return r.Error("rope_scaling", absl::StrCat("expected an object or null, got ",
+                                                  TypeName(*v), " ", Render(*v)));
+    }
+    SG_ASSIGN_OR_RETURN(legacy_scaling, ParseRopeObject(*v, "rope_scaling", false, source));
+  }
+  if (const Json* v = r.Get("rope_parameters")) {
+    if (!v->is_object()) {
+      return r.Error("rope_parameters",
+                     absl::StrCat("expected an object, got ", TypeName(*v), " ", Render(*v)));
+    }
+    FieldReader layers(*v, "rope_parameters.", source);
+    for (const auto& [name, out] : {std::pair<const char*, std::optional<RopeSettings>*>{
+                                        "full_attention", &full},
+                                    {"sliding_attention", &local}}) {
+      const Json* o = layers.Get(name);
+      if (o == nullptr) continue;
+      if (!o->is_object()) {
+        return layers.Error(name, absl::StrCat("expected an object, got ", TypeName(*o), " ",
+                                               Render(*o)));
+      }
+      SG_ASSIGN_OR_RETURN(*out, ParseRopeObject(*o, absl::StrCat("rope_parameters.", name),
+                                                true, source));
+    }
+    SG_RETURN_IF_ERROR(layers.CheckNoUnknown({}));
+  }
+  auto theta = [&](const std::optional<RopeSettings>& p, const std::optional<double>& legacy,
+                   absl::string_view legacy_key, absl::string_view layer,
+                   double fallback) -> absl::StatusOr<double> {
+    const std::optional<double> given = p.has_value() ? p->theta : std::nullopt;
+    if (given.has_value() && legacy.has_value() && *given != *legacy) {
+      return r.Error(legacy_key, absl::StrCat(*legacy, " contradicts rope_parameters.", layer,
+                                              ".rope_theta ", *given));
+    }
+    return given.value_or(legacy.value_or(fallback));
+  };
+  SG_ASSIGN_OR_RETURN(const double global,
+                      theta(full, legacy_theta, "rope_theta", "full_attention", 1e6));
+  SG_ASSIGN_OR_RETURN(const double local_theta,
+                      theta(local, legacy_local, "rope_local_base_freq", "sliding_attention",
+                            1e4));
+  if (full.has_value()) {
+    if (legacy_scaling.has_value() && !SameScaling(legacy_scaling->scaling, full->scaling)) {
+      return r.Error("rope_scaling", "contradicts rope_parameters.full_attention");
+    }
+    c.rope_scaling = full->scaling;
+  } else if (legacy_scaling.has_value()) {
+    c.rope_scaling = legacy_scaling->scaling;
+  }
+  if (local.has_value() && local->scaling.type != ops::RopeScaling::Type::kNone) {
+    return r.Error("rope_parameters.sliding_attention",
+                   "scaled RoPE in the sliding layers is not supported (they rotate by "
+                   "rope_type \"default\")");
+  }
+  if (!(global > 0.0) || !(local_theta > 0.0)) {
+    return r.Error(!(global > 0.0) ? "rope_theta" : "rope_local_base_freq", "must be > 0");
+  }
+  c.rope_theta = static_cast<float>(global);
+  c.sliding_rope_theta = static_cast<float>(local_theta);
+  return absl::OkStatus();
+}
+
+// The end of ParseObject: no unknown key left, the metadata keys listed, the description
+// valid.
+absl::StatusOr<LlamaConfig> Finish(FieldReader& r, const Json& root, absl::string_view source,
+                                   LlamaConfig& c) {
+  SG_RETURN_IF_ERROR(r.CheckNoUnknown(kHarmlessKeys));
+  for (const auto& [key, value] : root.items()) {
+    if (std::find(std::begin(kHarmlessKeys), std::end(kHarmlessKeys), key) !=
+        std::end(kHarmlessKeys)) {
+      c.metadata_keys.push_back(key);
+    }
+  }
+  absl::Status valid = c.Validate();
+  if (!valid.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(source, ": ", valid.message()));
+  }
+  return std::move(c);
 }
 
 absl::StatusOr<LlamaConfig> ParseObject(const Json& root, absl::string_view source) {
@@ -640,7 +779,11 @@ absl::StatusOr<LlamaConfig> ParseObject(const Json& root, absl::string_view sour
   }
 
   // RoPE: legacy "rope_theta" + "rope_scaling", or one "rope_parameters" object. When
-  // both forms are present they must agree.
+  // both forms are present they must agree. Gemma 3 has one of each per kind of layer.
+  if (family->model_type == "gemma3_text") {
+    SG_RETURN_IF_ERROR(ReadGemma3Rope(r, source, c));
+    return Finish(r, root, source, c);
+  }
   SG_ASSIGN_OR_RETURN(std::optional<double> legacy_theta, r.Number("rope_theta"));
   std::optional<RopeSettings> legacy_scaling, parameters;
   if (const Json* v = r.Get("rope_scaling")) {
@@ -676,19 +819,7 @@ absl::StatusOr<LlamaConfig> ParseObject(const Json& root, absl::string_view sour
     if (legacy_scaling.has_value()) c.rope_scaling = legacy_scaling->scaling;
   }
   c.rope_theta = static_cast<float>(theta);
-
-  SG_RETURN_IF_ERROR(r.CheckNoUnknown(kHarmlessKeys));
-  for (const auto& [key, value] : root.items()) {
-    if (std::find(std::begin(kHarmlessKeys), std::end(kHarmlessKeys), key) !=
-        std::end(kHarmlessKeys)) {
-      c.metadata_keys.push_back(key);
-    }
-  }
-  absl::Status valid = c.Validate();
-  if (!valid.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat(source, ": ", valid.message()));
-  }
-  return c;
+  return Finish(r, root, source, c);
 }
 
 }  // namespace

@@ -29,8 +29,8 @@ namespace {
 // The architectures stepgraph reads (general.architecture), the model_type each is.
 // llama.cpp's converter writes Mistral models as "llama" (without their sliding window),
 // and Mixtral as "llama" with expert keys and tensors.
-constexpr absl::string_view kArchitectures[] = {"llama", "qwen2", "qwen3",   "phi3",
-                                                "gemma", "gemma2", "qwen3moe"};
+constexpr absl::string_view kArchitectures[] = {"llama",  "qwen2",  "qwen3",  "phi3",
+                                                "gemma",  "gemma2", "gemma3", "qwen3moe"};
 // Bounds on sizes a real Llama can have; they keep every product below far from
 // overflow before the tensors themselves are compared.
 constexpr int64_t kMaxWidth = int64_t{1} << 20;    // hidden, intermediate, head dims
@@ -168,12 +168,41 @@ absl::Status ReadRopeFreqs(const GgufFile& f, const GgufTensor& t, LlamaKeys& ke
 // What the families beside Llama add, from their keys: Gemma's embedding scale, (1 + w)
 // norms (stored with the 1 added) and GELU-tanh; Gemma 2's soft-caps, sandwich norms and
 // alternating windows (its query_pre_attn_scalar is not stored: llama.cpp's rule, the
-// head size except for the 46-layer 27B model); Phi-3's fused gate/up and window.
+// head size except for the 46-layer 27B model); Gemma 3's as llama.cpp reads them (q/k
+// norms come with their tensors); Phi-3's fused gate/up and window.
 absl::Status ReadFamilyKeys(LlamaKeys& k, LlamaConfig& c) {
   const absl::string_view a = c.architecture;
-  if (a == "gemma" || a == "gemma2") {
+  if (a == "gemma" || a == "gemma2" || a == "gemma3") {
     c.embedding_scale = c.norm_plus_one = true;
     c.activation = MlpActivation::kGeluTanh;
+  }
+  if (a == "gemma3") {
+    // llama.cpp: a window only where attention.sliding_window is set and positive, then
+    // every sliding_window_pattern-th layer (6 unless stored) global and the others local,
+    // rotating by rope.freq_base_swa (10,000 unless stored); the 62-layer 27B model scales
+    // its scores by hidden / heads, the others by the head size; a final soft-cap if
+    // stored (Gemma 3 has no attention soft-cap).
+    c.sandwich_norms = true;
+    SG_ASSIGN_OR_RETURN(c.sliding_window,
+                        k.Int("attention.sliding_window", 0, std::numeric_limits<int32_t>::max(),
+                              0));
+    SG_ASSIGN_OR_RETURN(const int64_t pattern,
+                        k.Int("attention.sliding_window_pattern", 1, kMaxLayers, 6));
+    SG_ASSIGN_OR_RETURN(const double local_theta, k.Float("rope.freq_base_swa", 10000.0));
+    if (!(local_theta > 0.0)) return k.Error("rope.freq_base_swa", "must be > 0");
+    SG_ASSIGN_OR_RETURN(const double final_cap, k.Float("final_logit_softcapping", 0.0));
+    if (final_cap < 0.0) return k.Error("final_logit_softcapping", "must be >= 0");
+    c.final_logit_softcap = static_cast<float>(final_cap);
+    c.sliding_layers.clear();
+    if (c.sliding_window > 0) {
+      c.sliding_rope_theta = static_cast<float>(local_theta);
+      for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+        c.sliding_layers.push_back(l % pattern < pattern - 1);
+      }
+    }
+    const int64_t scaled_by = c.num_hidden_layers == 62 ? c.hidden_size / c.num_attention_heads
+                                                        : c.head_dim;
+    c.attention_scale = 1.0f / std::sqrt(static_cast<float>(scaled_by));
   }
   if (a == "phi3") c.fused_gate_up = true;
   if (a == "gemma2" || a == "phi3") {
@@ -265,7 +294,7 @@ absl::StatusOr<LlamaConfig> ReadConfig(const GgufFile& f) {
     return absl::InvalidArgumentError(absl::StrCat(
         f.source(), ": architecture '", arch->substr(0, 64),
         "' is not supported (stepgraph runs 'llama', 'qwen2', 'qwen3', 'phi3', 'gemma', "
-        "'gemma2' and 'qwen3moe' GGUF models)"));
+        "'gemma2', 'gemma3' and 'qwen3moe' GGUF models)"));
   }
   if (const GgufValue* split = f.Find("split.count")) {
     absl::StatusOr<int64_t> n = split->Int();

@@ -115,6 +115,10 @@ absl::Status LlamaConfig::Validate() const {
           "got \"", moe_prefix, "\""));
     }
   }
+  if (!(sliding_rope_theta >= 0.0f) || !std::isfinite(sliding_rope_theta)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "llama config: sliding_rope_theta must be finite and >= 0, got ", sliding_rope_theta));
+  }
   if (!(rms_norm_eps > 0.0f) || !(rope_theta > 0.0f) || !std::isfinite(rms_norm_eps) ||
       !std::isfinite(rope_theta)) {
     return absl::InvalidArgumentError(
@@ -366,8 +370,14 @@ absl::StatusOr<Graph> BuildLlamaDecodeGraph(const LlamaConfig& c,
       if (!kv_only) q = head_norm(q, p + "self_attn.q_norm");
       k = head_norm(k, p + "self_attn.k_norm");
     }
-    if (!kv_only) q = b.Rope(q, pos, rope, p + "self_attn.q_rope");
-    k = b.Rope(k, pos, rope, p + "self_attn.k_rope");
+    // Gemma 3's local layers rotate by a base of their own, without scaling.
+    ops::Rope layer_rope = rope;
+    if (c.sliding_rope_theta > 0.0f && c.SlidingLayer(l)) {
+      layer_rope.theta = c.sliding_rope_theta;
+      layer_rope.scaling = ops::RopeScaling{};
+    }
+    if (!kv_only) q = b.Rope(q, pos, layer_rope, p + "self_attn.q_rope");
+    k = b.Rope(k, pos, layer_rope, p + "self_attn.k_rope");
     TensorId kc = b.State(KCacheName(l), t, {slots, c.num_key_value_heads, seq, d});
     TensorId vc = b.State(VCacheName(l), t, {slots, c.num_key_value_heads, seq, d});
     if (by_slot) {

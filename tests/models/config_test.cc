@@ -379,6 +379,85 @@ TEST(ConfigTest, FamiliesSetTheirFields) {
   EXPECT_TRUE(c->SlidingLayer(1));
 }
 
+// Gemma 3 (model_type gemma3_text): Gemma 2's layer with (1 + w) q/k head norms, its
+// config class's defaults (a window of 4096, every sixth layer global, RoPE bases 1e6
+// global and 1e4 local, query_pre_attn_scalar 256), and its RoPE per kind of layer in
+// either form: legacy rope_theta / rope_local_base_freq / rope_scaling (global only), or
+// transformers 5's rope_parameters {full_attention, sliding_attention}.
+TEST(ConfigTest, Gemma3ReadsItsLayersAndItsRopePerKindOfLayer) {
+  Json gemma3 = FamilyConfig("gemma3_text", "Gemma3ForCausalLM");
+  gemma3["num_hidden_layers"] = 7;
+  absl::StatusOr<LlamaConfig> c = Parse(gemma3);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->qk_norm && c->sandwich_norms && c->norm_plus_one && c->embedding_scale &&
+              c->tie_word_embeddings);
+  EXPECT_EQ(c->activation, MlpActivation::kGeluTanh);
+  EXPECT_EQ(c->sliding_window, 4096);
+  for (int64_t l = 0; l < 7; ++l) EXPECT_EQ(c->SlidingLayer(l), l != 5) << "layer " << l;
+  EXPECT_FLOAT_EQ(c->rope_theta, 1e6f);
+  EXPECT_FLOAT_EQ(c->sliding_rope_theta, 1e4f);
+  EXPECT_FLOAT_EQ(c->attention_scale, 1.0f / 16.0f);
+  EXPECT_EQ(c->attn_logit_softcap, 0.0f);
+  EXPECT_EQ(c->final_logit_softcap, 0.0f);
+
+  Json legacy = gemma3;
+  legacy["rope_theta"] = 500000.0;
+  legacy["rope_local_base_freq"] = 20000.0;
+  legacy["rope_scaling"] = {{"rope_type", "linear"}, {"factor", 8.0}};
+  legacy["sliding_window_pattern"] = 2;
+  legacy["sliding_window"] = 512;
+  legacy["query_pre_attn_scalar"] = 64;
+  c = Parse(legacy);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_FLOAT_EQ(c->rope_theta, 500000.0f);
+  EXPECT_EQ(c->rope_scaling.type, ops::RopeScaling::Type::kLinear);
+  EXPECT_FLOAT_EQ(c->rope_scaling.factor, 8.0f);
+  EXPECT_FLOAT_EQ(c->sliding_rope_theta, 20000.0f);
+  EXPECT_EQ(c->sliding_window, 512);
+  for (int64_t l = 0; l < 7; ++l) EXPECT_EQ(c->SlidingLayer(l), l % 2 == 0) << "layer " << l;
+  EXPECT_FLOAT_EQ(c->attention_scale, 0.125f);
+
+  Json v5 = gemma3;
+  v5["rope_parameters"] = Json::parse(R"({
+    "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0},
+    "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}})");
+  v5["_sliding_window_pattern"] = 6;  // as transformers 5 saves it beside layer_types
+  v5["sliding_window"] = nullptr;
+  v5["layer_types"] = {"full_attention", "full_attention", "full_attention", "full_attention",
+                       "full_attention", "full_attention", "full_attention"};
+  c = Parse(v5);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->sliding_window, 0);  // null: no window anywhere
+  EXPECT_EQ(c->rope_scaling.type, ops::RopeScaling::Type::kLinear);
+  EXPECT_FLOAT_EQ(c->rope_theta, 1e6f);
+  EXPECT_FLOAT_EQ(c->sliding_rope_theta, 1e4f);
+
+  Json bad = v5;
+  bad["rope_parameters"]["sliding_attention"] = {{"rope_type", "linear"}, {"factor", 2.0}};
+  ExpectInvalid(Parse(bad), {"rope_parameters.sliding_attention", "not supported"});
+  bad = v5;
+  bad["rope_theta"] = 10000.0;
+  ExpectInvalid(Parse(bad), {"rope_theta", "contradicts", "full_attention"});
+  bad = v5;
+  bad["rope_parameters"]["chunked_attention"] = {{"rope_type", "default"}};
+  ExpectInvalid(Parse(bad), {"rope_parameters.chunked_attention", "unknown field"});
+  bad = v5;
+  bad["rope_scaling"] = {{"rope_type", "linear"}, {"factor", 4.0}};
+  ExpectInvalid(Parse(bad), {"rope_scaling", "contradicts"});
+  bad = gemma3;
+  bad["use_bidirectional_attention"] = true;
+  ExpectInvalid(Parse(bad), {"use_bidirectional_attention", "unsupported"});
+  bad = gemma3;
+  bad["sliding_window_pattern"] = 0;
+  ExpectInvalid(Parse(bad), {"sliding_window_pattern", "must be >= 1"});
+  bad["sliding_window_pattern"] = 2;
+  bad["_sliding_window_pattern"] = 6;
+  ExpectInvalid(Parse(bad), {"_sliding_window_pattern", "contradicts"});
+  bad = gemma3;
+  bad["final_logit_softcapping"] = -1.0;
+  ExpectInvalid(Parse(bad), {"final_logit_softcapping", "must be >= 0"});
+}
+
 TEST(ConfigTest, FamilyFieldsAreChecked) {
   Json gemma2 = FamilyConfig("gemma2", "Gemma2ForCausalLM");
   ExpectInvalid(Parse(gemma2), {"query_pre_attn_scalar", "missing"});

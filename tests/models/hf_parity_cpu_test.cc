@@ -202,6 +202,31 @@ TEST(HfParityFixturesTest, FamilyFixturesCoverTheirFeatures) {
   EXPECT_FLOAT_EQ(gemma2.attention_scale, 0.25f);  // query_pre_attn_scalar 16
   EXPECT_FLOAT_EQ(gemma2.attn_logit_softcap, 2.0f);
   EXPECT_FLOAT_EQ(gemma2.final_logit_softcap, 3.0f);
+  const LlamaConfig gemma3 = config("gemma3");
+  EXPECT_TRUE(gemma3.sandwich_norms && gemma3.norm_plus_one && gemma3.embedding_scale &&
+              gemma3.qk_norm && gemma3.tie_word_embeddings);
+  for (int64_t l = 0; l < 6; ++l) EXPECT_EQ(gemma3.SlidingLayer(l), l < 5) << "layer " << l;
+  EXPECT_EQ(gemma3.sliding_window, 8);
+  EXPECT_FLOAT_EQ(gemma3.rope_theta, 1e6f);  // global layers
+  EXPECT_FLOAT_EQ(gemma3.sliding_rope_theta, 1e4f);  // local layers
+  EXPECT_FLOAT_EQ(gemma3.attention_scale, 1.0f / std::sqrt(8.0f));
+  EXPECT_EQ(gemma3.attn_logit_softcap, 0.0f);
+  EXPECT_FLOAT_EQ(gemma3.final_logit_softcap, 3.0f);
+  // llama.cpp's converter stores the window, the local base and the final soft-cap; the
+  // pattern (every sixth layer global) and the score scale (the head size) are llama.cpp's
+  // rules, which the fixture's config follows.
+  absl::StatusOr<ModelFiles> gguf =
+      ModelFiles::Open(std::string(SG_FIXTURES_DIR) + "/family_gemma3/model.gguf");
+  ASSERT_TRUE(gguf.ok()) << gguf.status();
+  const LlamaConfig& gemma3_gguf = gguf->config();
+  EXPECT_EQ(gemma3_gguf.architecture, "gemma3");
+  EXPECT_TRUE(gemma3_gguf.qk_norm && gemma3_gguf.sandwich_norms && gemma3_gguf.norm_plus_one);
+  EXPECT_EQ(gemma3_gguf.sliding_layers, gemma3.sliding_layers);
+  EXPECT_EQ(gemma3_gguf.sliding_window, gemma3.sliding_window);
+  EXPECT_FLOAT_EQ(gemma3_gguf.rope_theta, gemma3.rope_theta);
+  EXPECT_FLOAT_EQ(gemma3_gguf.sliding_rope_theta, gemma3.sliding_rope_theta);
+  EXPECT_FLOAT_EQ(gemma3_gguf.attention_scale, gemma3.attention_scale);
+  EXPECT_FLOAT_EQ(gemma3_gguf.final_logit_softcap, gemma3.final_logit_softcap);
   const LlamaConfig linear = config("qwen2_linear_rope");
   EXPECT_EQ(linear.rope_scaling.type, ops::RopeScaling::Type::kLinear);
   EXPECT_FLOAT_EQ(linear.rope_scaling.factor, 4.0f);
@@ -225,10 +250,11 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, HfParityCpuTest,
                          ::testing::Values("f32_gqa", "f32_mha_tied", "f32_llama3_rope",
                                            "bf16_gqa", "f32_sharded", "family_qwen2",
                                            "family_qwen3", "family_mistral", "family_phi3",
-                                           "family_gemma", "family_gemma2",
+                                           "family_gemma", "family_gemma2", "family_gemma3",
                                            "family_qwen2_linear_rope",
                                            "family_qwen2/model.gguf", "family_qwen3/model.gguf",
                                            "family_phi3/model.gguf", "family_gemma/model.gguf",
+                                           "family_gemma3/model.gguf",
                                            "family_qwen2_linear_rope/model.gguf",
                                            "family_mixtral", "family_qwen3_moe",
                                            "family_qwen3_moe_mixed", "family_mixtral/model.gguf",

@@ -66,7 +66,8 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, FusedFixtureTest,
                          ::testing::Values("f32_gqa", "bf16_gqa", "f32_llama3_rope",
                                            "f32_mha_tied", "f32_sharded", "family_qwen2",
                                            "family_qwen3", "family_mistral", "family_phi3",
-                                           "family_gemma", "family_gemma2", "family_mixtral",
+                                           "family_gemma", "family_gemma2", "family_gemma3",
+                                           "family_mixtral",
                                            "family_qwen3_moe", "family_qwen3_moe_mixed"));
 
 TEST(FusedSessionTest, RandomTinyConfigs) {

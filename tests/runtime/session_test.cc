@@ -419,7 +419,8 @@ TEST(SessionCpuTest, FamilyFixtureFoldersMatchTransformers) {
   for (const char* name : {"family_qwen2", "family_qwen3", "family_mistral", "family_phi3",
                            "family_gemma", "family_gemma2", "family_qwen2_linear_rope",
                            "family_qwen3/model.gguf", "family_phi3/model.gguf",
-                           "family_gemma/model.gguf", "family_mixtral", "family_qwen3_moe",
+                           "family_gemma/model.gguf", "family_gemma3",
+                           "family_gemma3/model.gguf", "family_mixtral", "family_qwen3_moe",
                            "family_qwen3_moe_mixed", "family_qwen3_moe/model.gguf",
                            "family_mixtral_q8_0/model.gguf"}) {
     SCOPED_TRACE(name);

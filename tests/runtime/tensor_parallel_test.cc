@@ -242,8 +242,8 @@ std::vector<Fixture> Fixtures() {
   const std::string dir = SG_FIXTURES_DIR;
   for (const char* name :
        {"f32_gqa", "f32_llama3_rope", "f32_mha_tied", "bf16_gqa", "family_gemma",
-        "family_gemma2", "family_mistral", "family_phi3", "family_qwen2", "family_qwen3",
-        "gguf_f32", "gguf_f16", "gguf_bf16"}) {
+        "family_gemma2", "family_gemma3", "family_mistral", "family_phi3", "family_qwen2",
+        "family_qwen3", "gguf_f32", "gguf_f16", "gguf_bf16"}) {
     const std::string folder = dir + "/" + name;
     const Json e = testing::ReadJsonFile(folder + "/expected.json");
     Fixture f{name, absl::StartsWith(name, "gguf_") ? folder + "/model.gguf" : folder, {}};

@@ -45,6 +45,20 @@ inline std::vector<std::pair<std::string, LlamaConfig>> FamilyTinyConfigs(DType 
     c.sliding_window = 4;
     c.sliding_layers = {true, false};
   });
+  // Gemma 3: Gemma 2's layer with q/k head norms and no attention soft-cap; the local
+  // layer rotates by a base of its own without the global layer's scaling.
+  add("gemma3", [](LlamaConfig& c) {
+    c.norm_plus_one = c.embedding_scale = c.tie_word_embeddings = c.sandwich_norms = true;
+    c.qk_norm = true;
+    c.activation = MlpActivation::kGeluTanh;
+    c.attention_scale = 0.125f;
+    c.final_logit_softcap = 3.0f;
+    c.sliding_window = 4;
+    c.sliding_layers = {true, false};
+    c.rope_theta = 1e6f;
+    c.rope_scaling = {ops::RopeScaling::Type::kLinear, 8.0f};
+    c.sliding_rope_theta = 1e4f;
+  });
   return out;
 }
 

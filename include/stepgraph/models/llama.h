@@ -75,6 +75,10 @@ struct LlamaConfig {
   // empty (Gemma 2 alternates; Qwen2 slides above max_window_layers).
   int64_t sliding_window = 0;
   std::vector<bool> sliding_layers;
+  // The RoPE base of the sliding-window layers, which then rotate without rope_scaling
+  // (Gemma 3's local layers: 10,000 where the global ones take rope_theta, 1,000,000);
+  // 0: every layer rotates by rope_theta and rope_scaling.
+  float sliding_rope_theta = 0.0f;
   // Stored fused (Phi-3): "self_attn.qkv_proj.weight" [q + 2·kv, h] and
   // "mlp.gate_up_proj.weight" [2·intermediate, h]. The graph reads q/k/v_proj and
   // gate/up_proj; the loaders hand out the stored rows of each as views, without copies.
