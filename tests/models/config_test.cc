@@ -458,6 +458,38 @@ TEST(ConfigTest, Gemma3ReadsItsLayersAndItsRopePerKindOfLayer) {
   ExpectInvalid(Parse(bad), {"final_logit_softcapping", "must be >= 0"});
 }
 
+// The config.json of Gemma 3 1B as transformers 4.50 saved it (legacy RoPE keys, the
+// pattern, two eos ids, a null soft-cap and rope_scaling).
+TEST(ConfigTest, Gemma3OneBillionsConfigParses) {
+  absl::StatusOr<LlamaConfig> c = Parse(Json::parse(R"({
+    "architectures": ["Gemma3ForCausalLM"], "attention_bias": false,
+    "attention_dropout": 0.0, "attn_logit_softcapping": null, "bos_token_id": 2,
+    "cache_implementation": "hybrid", "eos_token_id": [1, 106],
+    "final_logit_softcapping": null, "head_dim": 256,
+    "hidden_activation": "gelu_pytorch_tanh", "hidden_size": 1152,
+    "initializer_range": 0.02, "intermediate_size": 6912, "max_position_embeddings": 32768,
+    "model_type": "gemma3_text", "num_attention_heads": 4, "num_hidden_layers": 26,
+    "num_key_value_heads": 1, "pad_token_id": 0, "query_pre_attn_scalar": 256,
+    "rms_norm_eps": 1e-06, "rope_local_base_freq": 10000, "rope_scaling": null,
+    "rope_theta": 1000000, "sliding_window": 512, "sliding_window_pattern": 6,
+    "torch_dtype": "bfloat16", "transformers_version": "4.50.0.dev0", "use_cache": true,
+    "vocab_size": 262144})"));
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->dtype, DType::kBF16);
+  EXPECT_EQ(c->head_dim, 256);
+  EXPECT_EQ(c->sliding_window, 512);
+  int64_t global = 0;
+  for (int64_t l = 0; l < 26; ++l) global += c->SlidingLayer(l) ? 0 : 1;
+  EXPECT_EQ(global, 4);  // layers 5, 11, 17 and 23
+  EXPECT_FALSE(c->SlidingLayer(5));
+  EXPECT_FLOAT_EQ(c->rope_theta, 1e6f);
+  EXPECT_FLOAT_EQ(c->sliding_rope_theta, 1e4f);
+  EXPECT_EQ(c->rope_scaling.type, ops::RopeScaling::Type::kNone);
+  EXPECT_FLOAT_EQ(c->attention_scale, 1.0f / 16.0f);
+  EXPECT_EQ(c->final_logit_softcap, 0.0f);
+  EXPECT_TRUE(c->tie_word_embeddings);
+}
+
 TEST(ConfigTest, FamilyFieldsAreChecked) {
   Json gemma2 = FamilyConfig("gemma2", "Gemma2ForCausalLM");
   ExpectInvalid(Parse(gemma2), {"query_pre_attn_scalar", "missing"});
