@@ -340,6 +340,14 @@ absl::StatusOr<const Family*> ReadFamily(FieldReader& r) {
     for (const Family& f : kFamilies) {
       if (f.model_type == *model_type) family = &f;
     }
+    if (family == nullptr && *model_type == "gemma3") {
+      // Gemma 3 4B and larger: text and images, the language model's config nested.
+      return r.Error("model_type",
+                     "unsupported value \"gemma3\" (Gemma3ForConditionalGeneration, text and "
+                     "images; stepgraph runs the text model of \"gemma3_text\" folders and "
+                     "of GGUF files, which llama.cpp's converter writes without the images' "
+                     "part)");
+    }
     if (family == nullptr) {
       return r.Error("model_type", absl::StrCat("unsupported value \"", *model_type,
                                                 "\" (stepgraph runs ", FamilyList(false), ")"));

@@ -456,6 +456,9 @@ TEST(ConfigTest, Gemma3ReadsItsLayersAndItsRopePerKindOfLayer) {
   bad = gemma3;
   bad["final_logit_softcapping"] = -1.0;
   ExpectInvalid(Parse(bad), {"final_logit_softcapping", "must be >= 0"});
+  // The multimodal Gemma 3 is refused with where its text model runs.
+  ExpectInvalid(Parse(FamilyConfig("gemma3", "Gemma3ForConditionalGeneration")),
+                {"model_type", "\"gemma3\"", "gemma3_text", "GGUF"});
 }
 
 // The config.json of Gemma 3 1B as transformers 4.50 saved it (legacy RoPE keys, the
