@@ -527,21 +527,25 @@ absl::Status ReadFamilyFields(const Family& family, FieldReader& r, LlamaConfig&
 
   // Sliding windows: "sliding_window" (null: none) in the layers "layer_types" marks, or
   // where the family's config class puts it when the file has no layer_types.
-  SG_ASSIGN_OR_RETURN(std::optional<int64_t> window, r.Int("sliding_window"));
+  // (A flag and a size rather than an optional: GCC's -O3 flow analysis took the optional,
+  // reset on some paths, for uninitialised.)
+  SG_ASSIGN_OR_RETURN(const std::optional<int64_t> window_key, r.Int("sliding_window"));
+  bool has_window = window_key.has_value();
+  int64_t window = window_key.value_or(0);
   SG_ASSIGN_OR_RETURN(std::optional<std::vector<bool>> layer_types, ReadLayerTypes(r));
   if (type == "qwen3_moe") {
     // transformers: the window in every layer when use_sliding_window, else none
     // (max_window_layers, which old files carry, is not read by its attention).
     SG_ASSIGN_OR_RETURN(std::optional<bool> use, r.Bool("use_sliding_window"));
     r.Get("max_window_layers");
-    if (!use.value_or(false)) window.reset();
+    if (!use.value_or(false)) has_window = false;
   }
   if (type == "qwen2" || type == "qwen3") {
     // transformers: no window unless use_sliding_window, and then from max_window_layers on.
     SG_ASSIGN_OR_RETURN(std::optional<bool> use, r.Bool("use_sliding_window"));
     SG_ASSIGN_OR_RETURN(std::optional<int64_t> max_window_layers, r.Int("max_window_layers"));
-    if (!use.value_or(false)) window.reset();
-    if (window.has_value() && !layer_types.has_value()) {
+    if (!use.value_or(false)) has_window = false;
+    if (has_window && !layer_types.has_value()) {
       const int64_t from = max_window_layers.value_or(c.num_hidden_layers);
       std::vector<bool> sliding;
       for (int64_t l = 0; l < c.num_hidden_layers && l < (int64_t{1} << 20); ++l) {
@@ -554,7 +558,10 @@ absl::Status ReadFamilyFields(const Family& family, FieldReader& r, LlamaConfig&
     // Gemma 3's config class: a window of 4096 unless the file says (null: none), and
     // without layer_types every sliding_window_pattern-th layer global, the others local.
     // transformers 5 saves the pattern as "_sliding_window_pattern" beside layer_types.
-    if (!r.Has("sliding_window")) window = 4096;
+    if (!r.Has("sliding_window")) {
+      has_window = true;
+      window = 4096;
+    }
     std::optional<int64_t> pattern;
     for (absl::string_view key : {"sliding_window_pattern", "_sliding_window_pattern"}) {
       SG_ASSIGN_OR_RETURN(std::optional<int64_t> given, r.Int(key));
@@ -605,11 +612,11 @@ absl::Status ReadFamilyFields(const Family& family, FieldReader& r, LlamaConfig&
       layer_types = std::move(sliding);
     }
   }
-  if (window.has_value()) {
-    if (*window <= 0) {
-      return r.Error("sliding_window", absl::StrCat("must be > 0 or null, got ", *window));
+  if (has_window) {
+    if (window <= 0) {
+      return r.Error("sliding_window", absl::StrCat("must be > 0 or null, got ", window));
     }
-    c.sliding_window = *window;
+    c.sliding_window = window;
     if (layer_types.has_value()) c.sliding_layers = *std::move(layer_types);
   } else if (layer_types.has_value() &&
              std::find(layer_types->begin(), layer_types->end(), true) != layer_types->end()) {
