@@ -71,8 +71,8 @@ absl::StatusOr<BlockGemvPrecision> ParseBlockGemvPrecision(absl::string_view nam
         BlockGemvPrecision::kInt16x2, BlockGemvPrecision::kAuto}) {
     if (name == BlockGemvPrecisionName(p)) return p;
   }
-  return absl::InvalidArgumentError(
-      absl::StrCat("block GEMV precision must be auto, f32, int16x2, int16 or int8, got '", name, "'"));
+  return absl::InvalidArgumentError(absl::StrCat(
+      "block GEMV precision must be auto, f32, int16x2, int16 or int8, got '", name, "'"));
 }
 
 int64_t BlockGemmMinRows(const CudaOptions& o, DType x_dtype) {

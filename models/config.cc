@@ -625,6 +625,51 @@ absl::Status ReadFamilyFields(const Family& family, FieldReader& r, LlamaConfig&
   return absl::OkStatus();
 }
 
+// A RoPE object at `key` (rope_scaling, rope_parameters or one of its entries), or none
+// where the key is absent or null.
+absl::StatusOr<std::optional<RopeSettings>> ReadRopeObject(FieldReader& r,
+                                                           absl::string_view key,
+                                                           bool may_hold_theta,
+                                                           absl::string_view source,
+                                                           absl::string_view path) {
+  const Json* v = r.Get(key);
+  if (v == nullptr) return std::optional<RopeSettings>();
+  if (!v->is_object()) {
+    return r.Error(key, absl::StrCat("expected an object or null, got ", TypeName(*v), " ",
+                                     Render(*v)));
+  }
+  SG_ASSIGN_OR_RETURN(RopeSettings out, ParseRopeObject(*v, path, may_hold_theta, source));
+  return std::optional<RopeSettings>(std::move(out));
+}
+
+// One RoPE as a file's two forms give it: `parameters` (a rope_parameters object, at
+// `path`) wins, and the legacy theta (`theta_key`) and scaling, where also present, must
+// agree with it; `default_theta` where neither says.
+absl::StatusOr<RopeSettings> MergeRope(FieldReader& r,
+                                       const std::optional<RopeSettings>& parameters,
+                                       absl::string_view path,
+                                       const std::optional<double>& legacy_theta,
+                                       absl::string_view theta_key,
+                                       const std::optional<RopeSettings>& legacy_scaling,
+                                       double default_theta) {
+  const std::optional<double> given = parameters.has_value() ? parameters->theta : std::nullopt;
+  if (given.has_value() && legacy_theta.has_value() && *given != *legacy_theta) {
+    return r.Error(theta_key,
+                   absl::StrCat(*legacy_theta, " contradicts ", path, ".rope_theta ", *given));
+  }
+  RopeSettings out;
+  out.theta = given.value_or(legacy_theta.value_or(default_theta));
+  if (parameters.has_value()) {
+    if (legacy_scaling.has_value() && !SameScaling(legacy_scaling->scaling, parameters->scaling)) {
+      return r.Error("rope_scaling", absl::StrCat("contradicts ", path));
+    }
+    out.scaling = parameters->scaling;
+  } else if (legacy_scaling.has_value()) {
+    out.scaling = legacy_scaling->scaling;
+  }
+  return out;
+}
+
 // Gemma 3's RoPE: its global layers rotate by rope_theta (1e6 by default) with any
 // rope_scaling, its local (sliding) layers by rope_local_base_freq (1e4) without scaling;
 // transformers 5 writes both as "rope_parameters" {"full_attention": {...},
@@ -632,67 +677,37 @@ absl::Status ReadFamilyFields(const Family& family, FieldReader& r, LlamaConfig&
 absl::Status ReadGemma3Rope(FieldReader& r, absl::string_view source, LlamaConfig& c) {
   SG_ASSIGN_OR_RETURN(std::optional<double> legacy_theta, r.Number("rope_theta"));
   SG_ASSIGN_OR_RETURN(std::optional<double> legacy_local, r.Number("rope_local_base_freq"));
-  std::optional<RopeSettings> legacy_scaling, full, local;
-  if (const Json* v = r.Get("rope_scaling")) {
-    if (!v->is_object()) {
-      return r.Error("rope_scaling", absl::StrCat("expected an object or null, got ",
-                                                  TypeName(*v), " ", Render(*v)));
-    }
-    SG_ASSIGN_OR_RETURN(legacy_scaling, ParseRopeObject(*v, "rope_scaling", false, source));
-  }
+  SG_ASSIGN_OR_RETURN(std::optional<RopeSettings> legacy_scaling,
+                      ReadRopeObject(r, "rope_scaling", false, source, "rope_scaling"));
+  std::optional<RopeSettings> full, local;
   if (const Json* v = r.Get("rope_parameters")) {
     if (!v->is_object()) {
       return r.Error("rope_parameters",
                      absl::StrCat("expected an object, got ", TypeName(*v), " ", Render(*v)));
     }
     FieldReader layers(*v, "rope_parameters.", source);
-    for (const auto& [name, out] : {std::pair<const char*, std::optional<RopeSettings>*>{
-                                        "full_attention", &full},
-                                    {"sliding_attention", &local}}) {
-      const Json* o = layers.Get(name);
-      if (o == nullptr) continue;
-      if (!o->is_object()) {
-        return layers.Error(name, absl::StrCat("expected an object, got ", TypeName(*o), " ",
-                                               Render(*o)));
-      }
-      SG_ASSIGN_OR_RETURN(*out, ParseRopeObject(*o, absl::StrCat("rope_parameters.", name),
-                                                true, source));
-    }
+    SG_ASSIGN_OR_RETURN(full, ReadRopeObject(layers, "full_attention", true, source,
+                                             "rope_parameters.full_attention"));
+    SG_ASSIGN_OR_RETURN(local, ReadRopeObject(layers, "sliding_attention", true, source,
+                                              "rope_parameters.sliding_attention"));
     SG_RETURN_IF_ERROR(layers.CheckNoUnknown({}));
   }
-  auto theta = [&](const std::optional<RopeSettings>& p, const std::optional<double>& legacy,
-                   absl::string_view legacy_key, absl::string_view layer,
-                   double fallback) -> absl::StatusOr<double> {
-    const std::optional<double> given = p.has_value() ? p->theta : std::nullopt;
-    if (given.has_value() && legacy.has_value() && *given != *legacy) {
-      return r.Error(legacy_key, absl::StrCat(*legacy, " contradicts rope_parameters.", layer,
-                                              ".rope_theta ", *given));
-    }
-    return given.value_or(legacy.value_or(fallback));
-  };
-  SG_ASSIGN_OR_RETURN(const double global,
-                      theta(full, legacy_theta, "rope_theta", "full_attention", 1e6));
-  SG_ASSIGN_OR_RETURN(const double local_theta,
-                      theta(local, legacy_local, "rope_local_base_freq", "sliding_attention",
-                            1e4));
-  if (full.has_value()) {
-    if (legacy_scaling.has_value() && !SameScaling(legacy_scaling->scaling, full->scaling)) {
-      return r.Error("rope_scaling", "contradicts rope_parameters.full_attention");
-    }
-    c.rope_scaling = full->scaling;
-  } else if (legacy_scaling.has_value()) {
-    c.rope_scaling = legacy_scaling->scaling;
-  }
-  if (local.has_value() && local->scaling.type != ops::RopeScaling::Type::kNone) {
+  SG_ASSIGN_OR_RETURN(const RopeSettings global,
+                      MergeRope(r, full, "rope_parameters.full_attention", legacy_theta,
+                                "rope_theta", legacy_scaling, 1e6));
+  SG_ASSIGN_OR_RETURN(const RopeSettings sliding,
+                      MergeRope(r, local, "rope_parameters.sliding_attention", legacy_local,
+                                "rope_local_base_freq", std::nullopt, 1e4));
+  if (sliding.scaling.type != ops::RopeScaling::Type::kNone) {
     return r.Error("rope_parameters.sliding_attention",
                    "scaled RoPE in the sliding layers is not supported (they rotate by "
                    "rope_type \"default\")");
   }
-  if (!(global > 0.0) || !(local_theta > 0.0)) {
-    return r.Error(!(global > 0.0) ? "rope_theta" : "rope_local_base_freq", "must be > 0");
-  }
-  c.rope_theta = static_cast<float>(global);
-  c.sliding_rope_theta = static_cast<float>(local_theta);
+  // 0 would mean "as the global layers" to the description: a stated 0 is refused here.
+  if (!(*sliding.theta > 0.0)) return r.Error("rope_local_base_freq", "must be > 0");
+  c.rope_theta = static_cast<float>(*global.theta);
+  c.rope_scaling = global.scaling;
+  c.sliding_rope_theta = static_cast<float>(*sliding.theta);
   return absl::OkStatus();
 }
 
@@ -800,40 +815,15 @@ absl::StatusOr<LlamaConfig> ParseObject(const Json& root, absl::string_view sour
     return Finish(r, root, source, c);
   }
   SG_ASSIGN_OR_RETURN(std::optional<double> legacy_theta, r.Number("rope_theta"));
-  std::optional<RopeSettings> legacy_scaling, parameters;
-  if (const Json* v = r.Get("rope_scaling")) {
-    if (!v->is_object()) {
-      return r.Error("rope_scaling",
-                     absl::StrCat("expected an object or null, got ", TypeName(*v), " ", Render(*v)));
-    }
-    SG_ASSIGN_OR_RETURN(legacy_scaling, ParseRopeObject(*v, "rope_scaling", false, source));
-  }
-  if (const Json* v = r.Get("rope_parameters")) {
-    if (!v->is_object()) {
-      return r.Error("rope_parameters",
-                     absl::StrCat("expected an object, got ", TypeName(*v), " ", Render(*v)));
-    }
-    SG_ASSIGN_OR_RETURN(parameters, ParseRopeObject(*v, "rope_parameters", true, source));
-  }
-  double theta = 10000.0;
-  if (parameters.has_value()) {
-    if (parameters->theta.has_value()) theta = *parameters->theta;
-    if (legacy_theta.has_value() && parameters->theta.has_value() &&
-        *legacy_theta != *parameters->theta) {
-      return r.Error("rope_theta", absl::StrCat(*legacy_theta,
-                                                " contradicts rope_parameters.rope_theta ",
-                                                *parameters->theta));
-    }
-    if (legacy_theta.has_value() && !parameters->theta.has_value()) theta = *legacy_theta;
-    if (legacy_scaling.has_value() && !SameScaling(legacy_scaling->scaling, parameters->scaling)) {
-      return r.Error("rope_scaling", "contradicts rope_parameters");
-    }
-    c.rope_scaling = parameters->scaling;
-  } else {
-    if (legacy_theta.has_value()) theta = *legacy_theta;
-    if (legacy_scaling.has_value()) c.rope_scaling = legacy_scaling->scaling;
-  }
-  c.rope_theta = static_cast<float>(theta);
+  SG_ASSIGN_OR_RETURN(std::optional<RopeSettings> legacy_scaling,
+                      ReadRopeObject(r, "rope_scaling", false, source, "rope_scaling"));
+  SG_ASSIGN_OR_RETURN(std::optional<RopeSettings> parameters,
+                      ReadRopeObject(r, "rope_parameters", true, source, "rope_parameters"));
+  SG_ASSIGN_OR_RETURN(const RopeSettings rope,
+                      MergeRope(r, parameters, "rope_parameters", legacy_theta, "rope_theta",
+                                legacy_scaling, 10000.0));
+  c.rope_scaling = rope.scaling;
+  c.rope_theta = static_cast<float>(*rope.theta);
   return Finish(r, root, source, c);
 }
 

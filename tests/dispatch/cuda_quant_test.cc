@@ -14,6 +14,7 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -25,6 +26,7 @@
 #include "kernels/quant_matmul.cuh"
 #include "stepgraph/base/quant.h"
 #include "stepgraph/dispatch/cuda_dispatch.h"
+#include "stepgraph/runtime/step_runner.h"
 #include "tests/testing/conformance.h"
 
 namespace sg::testing {
@@ -582,11 +584,7 @@ TEST(QuantRowMatmulTest, TakesAndRefusals) {
 // kernel reads x (the integer ones would otherwise quantize it to a finite code), and a
 // finite x gives finite sums, on formats with and without a min, of 32 and 256 values.
 TEST(QuantRowMatmulTest, ANonFiniteXLeavesEverySumNonFinite) {
-  int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
-    (void)cudaGetLastError();
-    GTEST_SKIP() << "no CUDA device";
-  }
+  if (!CudaDeviceFound()) GTEST_SKIP() << "no CUDA device";
   int sm_count = 0;
   ASSERT_EQ(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
   constexpr int64_t n = 40, k = 512;
@@ -594,10 +592,16 @@ TEST(QuantRowMatmulTest, ANonFiniteXLeavesEverySumNonFinite) {
   std::uniform_real_distribution<float> value(-1.0f, 1.0f);
   std::vector<float> x(k), y(n);
   for (float& v : x) v = value(rng);
-  void *dx = nullptr, *dw = nullptr, *dy = nullptr;
-  ASSERT_EQ(cudaMalloc(&dx, k * sizeof(float)), cudaSuccess);
-  ASSERT_EQ(cudaMalloc(&dy, n * sizeof(float)), cudaSuccess);
-  ASSERT_EQ(cudaMalloc(&dw, n * k * 2), cudaSuccess);  // more than any format's n × k bytes
+  // Freed however the test ends.
+  auto device = [](size_t bytes) {
+    void* p = nullptr;
+    EXPECT_EQ(cudaMalloc(&p, bytes), cudaSuccess);
+    return std::unique_ptr<void, cudaError_t (*)(void*)>(p, cudaFree);
+  };
+  const auto x_buffer = device(k * sizeof(float)), y_buffer = device(n * sizeof(float));
+  const auto w_buffer = device(n * k * 2);  // more than any format's n × k bytes
+  void *dx = x_buffer.get(), *dw = w_buffer.get(), *dy = y_buffer.get();
+  ASSERT_TRUE(dx != nullptr && dw != nullptr && dy != nullptr);
   for (DType q : {DType::kQ4_0, DType::kQ4_1, DType::kQ8_0, DType::kQ4_K, DType::kQ6_K}) {
     const int64_t row_bytes = k / DTypeBlockElems(q) * DTypeBlockBytes(q);
     std::vector<std::byte> file(static_cast<size_t>(n * row_bytes)), device(file.size());
@@ -631,9 +635,6 @@ TEST(QuantRowMatmulTest, ANonFiniteXLeavesEverySumNonFinite) {
       }
     }
   }
-  cudaFree(dx);
-  cudaFree(dw);
-  cudaFree(dy);
 }
 
 TEST(BlockGemvPrecisionTest, NamesRoundTripAndABadOneIsNamed) {

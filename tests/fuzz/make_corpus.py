@@ -163,20 +163,29 @@ def make_gguf():
                 "blk.0.ffn_up_exps.weight": (4, 32, 32),
                 "blk.0.ffn_down_exps.weight": (4, 32, 32)}, q4_1_gate)
 
+    # A tiny Gemma 3 (its q/k head norms and sandwich norms, a window and a layer pattern
+    # of its own): the family keys ReadFamilyKeys reads for it.
+    tiny_llama(os.path.join(d, "tiny_gemma3"), rng, 16,
+               {"attention.sliding_window": 4, "attention.sliding_window_pattern": 2},
+               {"blk.0.ffn_gate.weight": (32, 32), "blk.0.ffn_up.weight": (32, 32),
+                "blk.0.ffn_down.weight": (32, 32), "blk.0.attn_q_norm.weight": (16,),
+                "blk.0.attn_k_norm.weight": (16,), "blk.0.post_attention_norm.weight": (32,),
+                "blk.0.post_ffw_norm.weight": (32,)}, q8_0, arch="gemma3")
 
-def tiny_llama(path, rng, context, keys, mlp_shapes, add):
-    """A one-layer GGUF of architecture llama (hidden 32, 2 heads, 1 KV head, vocab 8)
-    with `keys` beside the usual ones and the MLP tensors `mlp_shapes`; each tensor's
-    random values go to add(writer, name, values)."""
+
+def tiny_llama(path, rng, context, keys, mlp_shapes, add, arch="llama"):
+    """A one-layer GGUF of architecture `arch` (hidden 32, 2 heads, 1 KV head, vocab 8)
+    with `keys` beside the usual ones and the tensors `mlp_shapes` beside Llama's; each
+    tensor's random values go to add(writer, name, values)."""
     import gguf
     import numpy as np
-    w = gguf.GGUFWriter(path, "llama")
+    w = gguf.GGUFWriter(path, arch)
     for key, value in [("context_length", context), ("embedding_length", 32),
                        ("block_count", 1), ("feed_forward_length", 32),
                        ("attention.head_count", 2), ("attention.head_count_kv", 1),
                        *keys.items()]:
-        w.add_uint32(f"llama.{key}", value)
-    w.add_float32("llama.attention.layer_norm_rms_epsilon", 1e-5)
+        w.add_uint32(f"{arch}.{key}", value)
+    w.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)
     w.add_token_list([f"t{i}" for i in range(8)])
     shapes = {"token_embd.weight": (8, 32), "blk.0.attn_norm.weight": (32,),
               "blk.0.attn_q.weight": (32, 32), "blk.0.attn_k.weight": (16, 32),
