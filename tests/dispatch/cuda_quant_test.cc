@@ -637,6 +637,79 @@ TEST(QuantRowMatmulTest, ANonFiniteXLeavesEverySumNonFinite) {
   }
 }
 
+// The tensor-core kernel's readings of f32 x (three exact bf16 parts, two, one): a NaN or
+// an infinity in a row leaves every sum of that row non-finite and the other rows' finite.
+TEST(BlockMmaTest, ANonFiniteXLeavesItsRowNonFinite) {
+  if (!CudaDeviceFound()) GTEST_SKIP() << "no CUDA device";
+  int sm_count = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
+  constexpr int64_t m = 16, n = 40, k = 512, bad_row = 5;
+  std::mt19937 rng(12);
+  std::uniform_real_distribution<float> value(-1.0f, 1.0f);
+  std::vector<float> x(m * k), y(m * n);
+  for (float& v : x) v = value(rng);
+  auto device = [](size_t bytes) {
+    void* p = nullptr;
+    EXPECT_EQ(cudaMalloc(&p, bytes), cudaSuccess);
+    return std::unique_ptr<void, cudaError_t (*)(void*)>(p, cudaFree);
+  };
+  const auto x_buffer = device(m * k * sizeof(float)), y_buffer = device(m * n * sizeof(float));
+  const auto w_buffer = device(n * k * 2);
+  void *dx = x_buffer.get(), *dw = w_buffer.get(), *dy = y_buffer.get();
+  ASSERT_TRUE(dx != nullptr && dw != nullptr && dy != nullptr);
+  for (DType q : {DType::kQ4_0, DType::kQ5_1, DType::kQ8_0, DType::kQ4_K, DType::kQ6_K}) {
+    const int64_t row_bytes = k / DTypeBlockElems(q) * DTypeBlockBytes(q);
+    std::vector<std::byte> file(static_cast<size_t>(n * row_bytes)), repacked(file.size());
+    std::vector<float> row(k);
+    for (int64_t r = 0; r < n; ++r) {
+      for (float& v : row) v = value(rng);
+      ASSERT_TRUE(QuantizeRow(q, row.data(), file.data() + r * row_bytes, k));
+    }
+    ASSERT_TRUE(kernels::RepackBlocksForDevice(q, n * (k / DTypeBlockElems(q)), file.data(),
+                                               repacked.data()));
+    ASSERT_EQ(cudaMemcpy(dw, repacked.data(), repacked.size(), cudaMemcpyHostToDevice),
+              cudaSuccess);
+    for (int terms : {3, 2, 1}) {
+      kernels::BlockMmaWorkspace ws;
+      ASSERT_TRUE(kernels::BlockMmaWorkspaceFor(m, k, &n, 1, q, terms, sm_count, false, &ws));
+      const auto work = device(static_cast<size_t>(ws.bytes));
+      for (float bad : {0.0f, std::nanf(""), INFINITY, -INFINITY}) {
+        SCOPED_TRACE(absl::StrCat(DTypeName(q), " terms ", terms, " x[5, 300] ", bad));
+        std::vector<float> xb = x;
+        if (bad != 0.0f) xb[bad_row * k + 300] = bad;
+        ASSERT_EQ(cudaMemcpy(dx, xb.data(), xb.size() * sizeof(float), cudaMemcpyHostToDevice),
+                  cudaSuccess);
+        ASSERT_EQ(cudaMemset(dy, 0x7f, m * n * sizeof(float)), cudaSuccess);  // finite poison
+        kernels::BlockMmaArgs a;
+        a.x = dx;
+        a.m = m;
+        a.k = k;
+        a.w[0] = dw;
+        a.n[0] = n;
+        a.w_dtype = q;
+        a.terms = terms;
+        a.partials = ws.partial_bytes > 0 ? static_cast<float*>(work.get()) : nullptr;
+        a.scratch = static_cast<uint8_t*>(work.get()) + ws.partial_bytes;
+        a.y = dy;
+        a.ld = n;
+        a.splits = ws.splits;
+        a.shape = ws.shape;
+        ASSERT_EQ(kernels::LaunchBlockMma(a, kernels::Stream{}), cudaSuccess);
+        ASSERT_EQ(cudaMemcpy(y.data(), dy, y.size() * sizeof(float), cudaMemcpyDeviceToHost),
+                  cudaSuccess);
+        for (int64_t r = 0; r < m; ++r) {
+          const bool finite = r != bad_row || bad == 0.0f;
+          for (int64_t i = 0; i < n; ++i) {
+            ASSERT_EQ(std::isfinite(y[r * n + i]), finite)
+                << "row " << r << " column " << i << ": " << y[r * n + i];
+          }
+        }
+      }
+    }
+  }
+}
+
+
 TEST(BlockGemvPrecisionTest, NamesRoundTripAndABadOneIsNamed) {
   for (BlockGemvPrecision p :
        {BlockGemvPrecision::kF32, BlockGemvPrecision::kInt16, BlockGemvPrecision::kInt8,
