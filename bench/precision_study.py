@@ -191,6 +191,25 @@ def quantize_x2(a):
     return ((hi + lo / np.float32(32768)) / scale).reshape(a.shape).astype(np.float32)
 
 
+def quantize_x8(a, parts):
+    """a per 32 values as `parts` int8 parts with a power-of-two scale 2^(5-e), e the
+    exponent of the largest magnitude: the first part rounds a·scale (at most 32), each
+    next one the remainder times 2^7 (the int8-MMA readings of x tried for the tensor-core
+    block kernel: docs/cuda_kernels.md), as float32."""
+    s = a.reshape(a.shape[0], -1, 32).astype(np.float32)
+    _, e = np.frexp(np.abs(s).max(-1, keepdims=True))
+    scale = np.ldexp(np.float32(1), 5 - np.maximum(e, -100)).astype(np.float32)
+    r = s * scale
+    got = np.zeros_like(r)
+    step = np.float32(1)
+    for _ in range(parts):
+        p = np.round(r)
+        got += p * step
+        r = (r - p) * np.float32(128)
+        step = step / np.float32(128)
+    return (got / scale).reshape(a.shape).astype(np.float32)
+
+
 MODES = {
     "f32": (lambda x, w: x.astype(np.float32) @ w.T, np.float32),
     "f64": (lambda x, w: x.astype(np.float64) @ w.T.astype(np.float64), np.float64),
@@ -200,6 +219,8 @@ MODES = {
     "q8": (lambda x, w: quantize_x(x, 127.0) @ w.T, np.float32),
     "q16": (lambda x, w: quantize_x(x, 32767.0) @ w.T, np.float32),
     "q16x2": (lambda x, w: quantize_x2(x) @ w.T, np.float32),
+    "q8x2": (lambda x, w: quantize_x8(x, 2) @ w.T, np.float32),
+    "q8x3": (lambda x, w: quantize_x8(x, 3) @ w.T, np.float32),
 }
 
 
