@@ -22,7 +22,15 @@ namespace {
 
 constexpr int kThreads = 128;
 constexpr int kWarps = kThreads / kWarpSize;
+// Keys a taking-part chunk holds at least: 64, or 16 when a chunk's blocks (rows · kv heads
+// · head tiles) are fewer than kFewBlocks, as at batch 1 of a model with 4 or 8 KV heads:
+// there one chunk of a short context is 4 or 8 blocks on a device of 132 SMs, each walking
+// every key, and more chunks with their merge cost less than that wait (MinKeysPerChunk).
+// The grid's chunks are sized with 64 (ChooseAttentionChunks), so that a long context
+// keeps chunks of 64 keys or more.
 constexpr int kMinKeysPerChunk = 64;
+constexpr int kFewBlocksMinKeys = 16;
+constexpr int64_t kFewBlocks = 32;
 constexpr int kDefaultBlocksPerSm = 4;
 
 constexpr int LargestPow2Divisor(int n, int cap) {
@@ -112,6 +120,7 @@ struct Params {
   int group;       // heads / kv_heads
   int head_tiles;  // group / kTile
   int chunks;
+  int min_keys;  // MinKeysPerChunk of the launch
   uint32_t* counters;  // [rows · kv_heads · head_tiles]
   float2* partial_ml;  // [rows · heads · chunks]: (max in log2 units, sum of 2^(s - max))
   float* partial_o;    // [rows · heads · chunks · head_dim]: Σ 2^(s - max) · v
@@ -204,13 +213,13 @@ __global__ void __launch_bounds__(kThreads) AttentionKernel(const Params p) {
 
   // The chunks that take part follow pos, the grid does not: the grid is sized for the
   // longest context, and at a short one most chunks would hold a few keys each and the
-  // merge would cost more than they save. So `active` chunks of at least kMinKeysPerChunk
-  // keys each take part (one chunk, merging nothing, up to twice that), and the others
-  // leave at once without counting.
+  // merge would cost more than they save. So `active` chunks of at least p.min_keys keys
+  // each take part (one chunk, merging nothing, up to twice that), and the others leave at
+  // once without counting.
   // Keys first .. pos: all of them, or the last `window` with a sliding window.
   const int first = p.window > 0 ? max(0, pos - p.window + 1) : 0;
   const int len = pos + 1 - first;
-  const int active = ActiveChunks(len, p.chunks, kMinKeysPerChunk);
+  const int active = ActiveChunks(len, p.chunks, p.min_keys);
   if (chunk >= active) return;
   const int begin = first + static_cast<int>(static_cast<int64_t>(len) * chunk / active);
   const int end = first + static_cast<int>(static_cast<int64_t>(len) * (chunk + 1) / active);
@@ -479,6 +488,17 @@ int GroupTile(int group) {
   return 1;
 }
 
+// The blocks of one chunk: rows · kv heads · head tiles.
+int64_t BlocksPerChunk(const AttentionShape& s) {
+  const int group = std::max(1, s.heads / std::max(1, s.kv_heads));
+  return static_cast<int64_t>(s.rows) * s.kv_heads * (group / GroupTile(group));
+}
+
+// The fewest keys a taking-part chunk holds (see kMinKeysPerChunk).
+int MinKeysPerChunk(const AttentionShape& s) {
+  return BlocksPerChunk(s) < kFewBlocks ? kFewBlocksMinKeys : kMinKeysPerChunk;
+}
+
 bool AlignedTo(const void* p, int bytes) {
   return (reinterpret_cast<uintptr_t>(p) % static_cast<uintptr_t>(bytes)) == 0;
 }
@@ -523,10 +543,10 @@ const char* AttentionShapeError(const AttentionShape& s) {
 
 int ChooseAttentionChunks(const AttentionShape& s, int sm_count, int target_blocks) {
   if (target_blocks <= 0) target_blocks = std::max(1, sm_count) * kDefaultBlocksPerSm;
-  const int group = std::max(1, s.heads / std::max(1, s.kv_heads));
-  const int64_t blocks_per_chunk =
-      static_cast<int64_t>(s.rows) * s.kv_heads * (group / GroupTile(group));
+  const int64_t blocks_per_chunk = BlocksPerChunk(s);
   int64_t chunks = (target_blocks + blocks_per_chunk - 1) / blocks_per_chunk;
+  // The grid: chunks of 64 keys at least at the longest context (MinKeysPerChunk's smaller
+  // chunks are for short contexts, where the grid has chunks to spare).
   chunks = std::min<int64_t>(chunks, CeilDiv(s.seq_len, kMinKeysPerChunk));
   chunks = std::min<int64_t>(chunks, kAttentionMaxChunks);
   return static_cast<int>(std::max<int64_t>(chunks, 1));
@@ -566,6 +586,7 @@ cudaError_t LaunchAttention(const AttentionArgs& args, const AttentionShape& s, 
   const int tile = GroupTile(p.group);
   p.head_tiles = p.group / tile;
   p.chunks = chunks;
+  p.min_keys = MinKeysPerChunk(s);
   const int64_t row_heads = static_cast<int64_t>(s.rows) * s.heads;
   char* ws = static_cast<char*>(args.workspace);
   p.counters = reinterpret_cast<uint32_t*>(ws);

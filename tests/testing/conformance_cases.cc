@@ -395,12 +395,16 @@ std::vector<OpCase> ConformanceCases() {
          .int_values = {{"pos", {16, 3}}}});
 
     // Attention: GQA and MHA; positions 0, S-1, random; padding and out-of-range rows; the
-    // lengths where one chunk gives way to several (128 keys: one; 129, 130: three).
+    // lengths where one chunk gives way to several: with 32 blocks a chunk or more (rows ·
+    // kv heads · head tiles) 128 keys take one chunk, 129 and 130 three; with fewer, 32
+    // keys one, 33 three (two rows of 2 KV heads; one row of Qwen3-MoE's 4 KV heads of
+    // 128 at position 100: seven chunks of 14 or 15 keys).
     struct At { int64_t m, heads, kv_heads, seq, d; std::vector<int32_t> pos; };
     for (const At& s : {At{1, 32, 8, 4096, 64, {4095}}, At{4, 32, 8, 1024, 64, {0, 1023, 17, 500}},
                         At{3, 8, 8, 256, 128, {255, 0, 100}}, At{8, 32, 8, 512, 64, {}},
                         At{4, 4, 2, 64, 32, {-1, 64, 10, 63}},
-                        At{3, 32, 8, 1024, 64, {127, 128, 129}}}) {
+                        At{4, 32, 8, 1000, 64, {127, 128, 129, 5}},
+                        At{2, 16, 2, 256, 64, {31, 32}}, At{1, 32, 4, 513, 128, {100}}}) {
       add({.name = Name("Attention", t, absl::StrCat("M", s.m, "/h", s.heads, "/kvh", s.kv_heads,
                                                      "/S", s.seq, "/d", s.d)),
            .build = [=](GraphBuilder& b) {
