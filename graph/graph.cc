@@ -1,6 +1,10 @@
 // Graph: validation of hand-made graphs, lookups, DOT and text dumps.
+#include <algorithm>
 #include <atomic>
+#include <cstdint>
+#include <limits>
 #include <string>
+#include <variant>
 #include <vector>
 
 #include "absl/container/flat_hash_set.h"
@@ -292,6 +296,59 @@ std::string Graph::ToString() const {
     absl::StrAppend(&s, "  output ", o.name, " = ", ref(o.tensor), "\n");
   }
   return s;
+}
+
+namespace {
+int64_t SaturatingAdd(int64_t a, int64_t b) {
+  int64_t sum = 0;
+  return CheckedAdd(a, b, &sum) ? sum : std::numeric_limits<int64_t>::max();
+}
+}  // namespace
+
+int64_t StepWeightBytes(const Graph& g) {
+  // Per weight: read whole by some node, the rows Embedding nodes read, and the most experts
+  // a MoeMatMul can choose (0: none reads it that way).
+  struct Use {
+    bool whole = false;
+    int64_t rows = 0;
+    int64_t experts = 0;
+  };
+  std::vector<Use> use(g.tensors().size());
+  for (const Node& node : g.nodes()) {
+    const bool embedding = std::holds_alternative<ops::Embedding>(node.op);
+    const auto* moe = std::get_if<ops::MoeMatMul>(&node.op);
+    for (size_t i = 0; i < node.inputs.size(); ++i) {
+      if (!g.Contains(node.inputs[i])) continue;
+      const Tensor& t = g.tensor(node.inputs[i]);
+      if (t.kind != TensorKind::kWeight) continue;
+      Use& u = use[node.inputs[i].index];
+      if (embedding && i == 0 && node.inputs.size() == 2 && g.Contains(node.inputs[1])) {
+        u.rows = SaturatingAdd(u.rows, g.tensor(node.inputs[1]).shape.NumElements());
+      } else if (moe != nullptr && i >= 1 && i + 1 < node.inputs.size() &&
+                 t.shape.rank() == 3 && g.Contains(node.inputs.back())) {
+        // The stacked experts (w, or w_gate and w_up); ids [M, k] is the last input.
+        u.experts = std::max(u.experts, g.tensor(node.inputs.back()).shape.NumElements());
+      } else {
+        u.whole = true;
+      }
+    }
+  }
+  int64_t total = 0;
+  for (size_t i = 0; i < use.size(); ++i) {
+    const Tensor& t = g.tensors()[i];
+    if (t.kind != TensorKind::kWeight) continue;
+    const int64_t bytes = t.bytes();
+    int64_t read = bytes;
+    const Use& u = use[i];
+    const int64_t first_dim = t.shape.rank() > 0 ? t.shape.dims()[0] : 0;
+    if (!u.whole && first_dim > 0 && (u.rows > 0) != (u.experts > 0)) {
+      // Rows of the table, or experts of the stack: equal slices of the first dimension.
+      const int64_t slices = std::min(first_dim, u.rows > 0 ? u.rows : u.experts);
+      read = bytes / first_dim * slices;
+    }
+    total = SaturatingAdd(total, read);
+  }
+  return total;
 }
 
 }  // namespace sg

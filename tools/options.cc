@@ -142,9 +142,11 @@ intermediates, weight and KV cache bytes. Needs no weights (only config.json).
      R"(usage: stepgraph bench [options]
 
 Decode speed at given context positions: ms/token eager and replayed (GPU), medians of
-CUDA-event times per step, and the ratio to a floor of reading every weight once at the
-device-to-device copy bandwidth measured in the same run. A GPU benchmark: without a GPU
-it runs only with --cpu (the CPU reference, minutes for a 1B model).
+CUDA-event times per step, and the ratio to a floor of reading every weight a step reads
+once (of an untied embedding table the rows of its ids, of a mixture of experts the
+experts its tokens can choose) at the device-to-device copy bandwidth measured in the same
+run. A GPU benchmark: without a GPU it runs only with --cpu (the CPU reference, minutes for
+a 1B model).
 )"},
     {kServe, "an OpenAI-compatible HTTP server with continuous batching",
      R"(usage: stepgraph serve --model PATH [--host 127.0.0.1] [--port 8080] [--slots N]

@@ -401,5 +401,40 @@ TEST(GraphDumpTest, ToStringHasOneLinePerNode) {
   EXPECT_TRUE(absl::StrContains(text, "output out = %")) << text;
 }
 
+// The weight bytes a step reads (the decode floor of `stepgraph bench`): an untied
+// embedding table by the rows of its ids, stacked experts by the ones the routing pairs
+// can reach, a tied table (also the lm head's w) and every other weight whole.
+TEST(StepWeightBytesTest, EmbeddingRowsAndReachableExpertsOnly) {
+  constexpr int64_t kVocab = 100, kHidden = 64, kExperts = 16, kFf = 32, kTopK = 2;
+  for (const int64_t rows : {1, 3, 8}) {
+    for (const bool tied : {false, true}) {
+      SCOPED_TRACE(absl::StrCat(rows, " rows", tied ? ", tied" : ""));
+      GraphBuilder b;
+      auto ids = b.Input("ids", DType::kI32, {rows});
+      auto table = b.Weight("table", DType::kF32, {kVocab, kHidden});
+      auto x = b.Embedding(table, ids);
+      auto logits = b.MatMul(x, b.Weight("router", DType::kF32, {kExperts, kHidden}));
+      auto chosen = b.MoeTopK(logits, kTopK);
+      auto gate = b.Weight("gate", DType::kF32, {kExperts, kFf, kHidden});
+      auto up = b.Weight("up", DType::kF32, {kExperts, kFf, kHidden});
+      auto down = b.Weight("down", DType::kQ8_0, {kExperts, kHidden, kFf});
+      auto h = b.MoeGateUpSiluMul(x, gate, up, chosen);
+      auto y = b.MoeCombine(b.MoeMatMul(h, down, chosen),
+                            b.MoeRouteWeights(logits, chosen, {}), chosen);
+      auto head = tied ? table : b.Weight("head", DType::kF32, {kVocab, kHidden});
+      b.Output("logits", b.MatMul(y, head));
+      absl::StatusOr<Graph> g = std::move(b).Build();
+      ASSERT_TRUE(g.ok()) << g.status();
+      const int64_t reach = std::min(kExperts, kTopK * rows);
+      const int64_t expert_bytes =
+          2 * kFf * kHidden * 4 + TensorBytes(DType::kQ8_0, Shape{kHidden, kFf});
+      const int64_t table_bytes = (tied ? kVocab : rows) * kHidden * 4;
+      const int64_t want = table_bytes + kExperts * kHidden * 4 + reach * expert_bytes +
+                           (tied ? 0 : kVocab * kHidden * 4);
+      EXPECT_EQ(StepWeightBytes(*g), want);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace sg

@@ -97,6 +97,13 @@ class Graph {
   absl::flat_hash_map<std::string, int32_t> tensor_by_name_;
 };
 
+// Bytes of weights one run of `g` reads at most, the floor of a decode step: every weight
+// once, except a table read only by Embedding nodes (one row per id, at most every row) and
+// stacked experts [E, N, K] read only by MoeMatMul (the experts its M·k routing pairs can
+// choose: min(E, M·k) of E, the largest over its nodes). A weight any other node reads
+// counts whole. Saturates at INT64_MAX.
+int64_t StepWeightBytes(const Graph& g);
+
 // Shape and dtype inference, shared by the builder and Validate: the type of `node`'s
 // output given its inputs' tensors, or InvalidArgument naming the node and tensors.
 // For in-place ops the result is the type of the written tensor (their last input), which
