@@ -3,9 +3,15 @@
 against llama.cpp on the same file, decode at batch 1 against the floor of the bytes a
 token actually reads (for a mixture of experts: the chosen experts only).
 
-  write --out DIR [--shapes LIST] [--moe-layers N]   the BF16 files, random weights laid
-                                          out as llama.cpp's convert_hf_to_gguf.py writes
-                                          them (BF16 matrices, F32 norms and router)
+  write --out DIR [--shapes LIST] [--moe-layers N] [--random-q4-k]
+                                          the BF16 files, random weights laid out as
+                                          llama.cpp's convert_hf_to_gguf.py writes them
+                                          (BF16 matrices, F32 norms and router); with
+                                          --random-q4-k <shape>-random-q4_k files instead,
+                                          every matrix whose rows are whole 256-value blocks
+                                          random Q4_K blocks (finite scales), the rest BF16:
+                                          for `stepgraph bench --profile` without
+                                          llama-quantize (not a llama.cpp peer's file)
   run --work DIR --logs DIR --stepgraph BIN --llama-bin DIR [--files LIST]
   table --work DIR
   selftest --work DIR --stepgraph BIN     without a GPU: small files of both families
@@ -53,10 +59,12 @@ def file_name(shape, kind):
     return f"{shape}-{kind}.gguf"
 
 
-def write_gguf(path, shape, moe_layers=None, seed=0):
+def write_gguf(path, shape, moe_layers=None, seed=0, random_q4_k=False):
     """A Qwen3 (dense or MoE) GGUF with random BF16 matrices. The values come from one
     random pool that every matrix is a slice of (a speed benchmark needs finite, varied
-    values, not independent ones; drawing 8 billion would take minutes)."""
+    values, not independent ones; drawing 8 billion would take minutes). With random_q4_k
+    the matrices whose rows are whole 256-value blocks are random Q4_K blocks instead:
+    bytes from the pool, each block's two f16 scales set to small finite values."""
     import gguf
     import numpy as np
     s = dict(SHAPES[shape])
@@ -73,10 +81,30 @@ def write_gguf(path, shape, moe_layers=None, seed=0):
     pool = (pool_f32.view(np.uint32) >> 16).astype(np.uint16)
     del pool_f32
 
-    def matrix(*shape_):
-        n = int(np.prod(shape_))
+    def slice_of_pool(n):
         off = int(rng.integers(0, pool.size - n + 1))
-        return pool[off:off + n].reshape(shape_)
+        return pool[off:off + n]
+
+    bf16 = gguf.GGMLQuantizationType.BF16
+    q4_k = gguf.GGMLQuantizationType.Q4_K
+    block_bytes = 144  # Q4_K: d, dmin (f16), 12 bytes of scales, 128 of quants per 256
+
+    def matrix(*shape_):
+        if random_q4_k and shape_[-1] % 256 == 0:
+            blocks = int(np.prod(shape_)) // 256
+            raw = np.empty((blocks, block_bytes), dtype=np.uint8)
+            flat = raw.reshape(-1)
+            for at in range(0, flat.size, pool.size * 2):
+                n = min(pool.size * 2, flat.size - at)
+                flat[at:at + n] = slice_of_pool((n + 1) // 2).view(np.uint8)[:n]
+            raw[:, 0:2] = np.array([np.float16(0.003)]).view(np.uint8)
+            raw[:, 2:4] = np.array([np.float16(0.002)]).view(np.uint8)
+            return raw.reshape(*shape_[:-1], shape_[-1] // 256 * block_bytes), q4_k
+        return slice_of_pool(int(np.prod(shape_))).reshape(shape_), bf16
+
+    def add_matrix(name, *shape_):
+        data, kind = matrix(*shape_)
+        w.add_tensor(name, data, raw_dtype=kind)
 
     def norm(n):
         return (1.0 + 0.1 * rng.standard_normal(n, dtype=np.float32)).astype(np.float32)
@@ -89,35 +117,35 @@ def write_gguf(path, shape, moe_layers=None, seed=0):
         w.add_expert_count(s["experts"])
         w.add_expert_used_count(s["used"])
         w.add_expert_feed_forward_length(s["expert_ff"])
-    w.add_file_type(gguf.LlamaFileType.MOSTLY_BF16)
+    w.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_K_M if random_q4_k
+                    else gguf.LlamaFileType.MOSTLY_BF16)
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
     gguf_peer.add_byte_vocab(w, v, "qwen2", ("<|im_start|>", "<|im_end|>"))
-    bf16 = gguf.GGMLQuantizationType.BF16
-    w.add_tensor("token_embd.weight", matrix(v, h), raw_dtype=bf16)
+    add_matrix("token_embd.weight", v, h)
     for layer in range(s["layers"]):
         p = f"blk.{layer}."
         w.add_tensor(p + "attn_norm.weight", norm(h))
-        w.add_tensor(p + "attn_q.weight", matrix(q, h), raw_dtype=bf16)
-        w.add_tensor(p + "attn_k.weight", matrix(kv, h), raw_dtype=bf16)
-        w.add_tensor(p + "attn_v.weight", matrix(kv, h), raw_dtype=bf16)
-        w.add_tensor(p + "attn_output.weight", matrix(h, q), raw_dtype=bf16)
+        add_matrix(p + "attn_q.weight", q, h)
+        add_matrix(p + "attn_k.weight", kv, h)
+        add_matrix(p + "attn_v.weight", kv, h)
+        add_matrix(p + "attn_output.weight", h, q)
         w.add_tensor(p + "attn_q_norm.weight", norm(d))
         w.add_tensor(p + "attn_k_norm.weight", norm(d))
         w.add_tensor(p + "ffn_norm.weight", norm(h))
         if "experts" in s:
             e, f = s["experts"], s["expert_ff"]
-            router = (matrix(e, h).astype(np.uint32) << 16).view(np.float32)
+            router = (slice_of_pool(e * h).reshape(e, h).astype(np.uint32) << 16).view(np.float32)
             w.add_tensor(p + "ffn_gate_inp.weight", np.ascontiguousarray(router))
-            w.add_tensor(p + "ffn_gate_exps.weight", matrix(e, f, h), raw_dtype=bf16)
-            w.add_tensor(p + "ffn_up_exps.weight", matrix(e, f, h), raw_dtype=bf16)
-            w.add_tensor(p + "ffn_down_exps.weight", matrix(e, h, f), raw_dtype=bf16)
+            add_matrix(p + "ffn_gate_exps.weight", e, f, h)
+            add_matrix(p + "ffn_up_exps.weight", e, f, h)
+            add_matrix(p + "ffn_down_exps.weight", e, h, f)
         else:
             i = s["intermediate"]
-            w.add_tensor(p + "ffn_gate.weight", matrix(i, h), raw_dtype=bf16)
-            w.add_tensor(p + "ffn_up.weight", matrix(i, h), raw_dtype=bf16)
-            w.add_tensor(p + "ffn_down.weight", matrix(h, i), raw_dtype=bf16)
+            add_matrix(p + "ffn_gate.weight", i, h)
+            add_matrix(p + "ffn_up.weight", i, h)
+            add_matrix(p + "ffn_down.weight", h, i)
     w.add_tensor("output_norm.weight", norm(h))
-    w.add_tensor("output.weight", matrix(v, h), raw_dtype=bf16)
+    add_matrix("output.weight", v, h)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -285,6 +313,16 @@ def selftest(args):
         assert 20 in r["positions"], out
         print(f"family_peer: stepgraph ran {shape} (BF16, {read} of {total} weight bytes a "
               f"token): {r['positions'][20]} ms/token on the CPU reference")
+        # The same shape with random Q4_K blocks where rows are whole blocks (the small
+        # MoE's down experts, 64 values a row, stay BF16: a mixed file).
+        qpath = os.path.join(args.work, file_name(shape, "random-q4_k"))
+        write_gguf(qpath, shape, random_q4_k=True)
+        out, _ = gguf_peer.run_logged(
+            [args.stepgraph, "bench", "--cpu", "--model", qpath, "--positions", "20", "--steps",
+             "4", "--ttft-lengths", "16"], os.path.join(args.work, f"{shape}-q4_k-stepgraph.log"),
+            300)
+        assert 20 in gguf_peer.parse_stepgraph_bench(out)["positions"], out
+        print(f"family_peer: stepgraph ran {shape} with random Q4_K blocks")
 
 
 def main():
@@ -295,6 +333,7 @@ def main():
     w.add_argument("--out", required=True, help="folder of the files")
     w.add_argument("--shapes", default=",".join(BIG))
     w.add_argument("--moe-layers", type=int, default=None)
+    w.add_argument("--random-q4-k", action="store_true")
     r = sub.add_parser("run")
     for flag in ("--work", "--logs", "--stepgraph", "--llama-bin"):
         r.add_argument(flag, required=True)
@@ -310,9 +349,10 @@ def main():
         for shape in args.shapes.split(","):
             if shape not in SHAPES:
                 sys.exit(f"family_peer: unknown shape '{shape}' ({','.join(SHAPES)})")
-            path = os.path.join(args.out, file_name(shape, "bf16"))
+            kind = "random-q4_k" if args.random_q4_k else "bf16"
+            path = os.path.join(args.out, file_name(shape, kind))
             if not os.path.exists(path):
-                write_gguf(path, shape, args.moe_layers)
+                write_gguf(path, shape, args.moe_layers, random_q4_k=args.random_q4_k)
     elif args.command == "run":
         run(args)
     elif args.command == "table":
