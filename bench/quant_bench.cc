@@ -8,7 +8,9 @@
 // MmaPrefillF32 at M = 16, 64 and 512 in both block shapes) take f32 ones, as a GGUF file
 // with block-format weights computes. Big/<kernel>/<format>/... take one row at
 // Qwen3-8B's shapes, every one-row kernel side by side (fused, plain, one-row, tensor
-// cores) beside the bf16 small-M kernel. Block-format weights are repacked into the device
+// cores) beside the bf16 small-M kernel. MoeDecode/<format>/... time a mixture of experts'
+// decode matmul (kernels/moe.cuh: one row, 8 of 128 experts, Qwen3-30B-A3B's shapes)
+// against the chosen experts' bytes. Block-format weights are repacked into the device
 // layout (kernels/quant_layout.h) as the step runner uploads them.
 //
 // How it measures (as kernel_bench): each case captures a CUDA graph of up to kMaxBatch
@@ -39,6 +41,7 @@
 #include "kernels/block_mma.cuh"
 #include "kernels/fused_matmul.cuh"
 #include "kernels/gemv.cuh"
+#include "kernels/moe.cuh"
 #include "kernels/quant_layout.h"
 #include "kernels/quant_matmul.cuh"
 #include "stepgraph/base/half.h"
@@ -158,6 +161,57 @@ enum class Kernel {
 
 // One case: y[m, n] = x[m, k] · w[n, k]ᵀ with w in `w_dtype` (bf16: the small-M kernel),
 // x and y in `act` (bf16, or f32 as a GGUF file computes), through `kernel`.
+// Runs launch(0) once eagerly, captures launch(0 .. batch) into one graph and replays it
+// for the state's iterations (after an L2 flush when `flush`): the median seconds of one
+// launch.
+absl::StatusOr<double> TimeLaunches(benchmark::State& state, int batch, bool flush,
+                                    const std::function<absl::Status(int)>& launch) {
+  cudaStream_t stream = g->stream.get();
+  SG_RETURN_IF_ERROR(launch(0));
+  SG_RETURN_IF_ERROR(ToStatus(cudaStreamSynchronize(stream), "eager run"));
+
+  SG_RETURN_IF_ERROR(ToStatus(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal),
+                              "cudaStreamBeginCapture"));
+  absl::Status captured = absl::OkStatus();
+  for (int s = 0; s < batch && captured.ok(); ++s) captured = launch(s);
+  cudaGraph_t raw_graph = nullptr;
+  const cudaError_t end = cudaStreamEndCapture(stream, &raw_graph);
+  UniqueGraph graph(raw_graph);
+  SG_RETURN_IF_ERROR(captured);
+  SG_RETURN_IF_ERROR(ToStatus(end, "cudaStreamEndCapture"));
+  cudaGraphExec_t raw_exec = nullptr;
+  SG_RETURN_IF_ERROR(ToStatus(cudaGraphInstantiate(&raw_exec, graph.get(), 0), "cudaGraphInstantiate"));
+  UniqueGraphExec exec(raw_exec);
+  SG_RETURN_IF_ERROR(ToStatus(cudaGraphLaunch(exec.get(), stream), "warm-up"));
+  SG_RETURN_IF_ERROR(ToStatus(cudaStreamSynchronize(stream), "cudaStreamSynchronize"));
+
+  std::vector<double> per_launch;
+  for (auto _ : state) {
+    if (flush) {
+      SG_RETURN_IF_ERROR(ToStatus(cudaMemsetAsync(g->flush.get(), static_cast<int>(per_launch.size() & 0x7f) + 1,
+                                                  static_cast<size_t>(g->flush_bytes), stream),
+                                  "cudaMemsetAsync(L2 flush)"));
+    }
+    SG_ASSIGN_OR_RETURN(double seconds, TimeOnce(stream, [&] {
+                          return ToStatus(cudaGraphLaunch(exec.get(), stream), "cudaGraphLaunch");
+                        }));
+    state.SetIterationTime(seconds / batch);
+    per_launch.push_back(seconds / batch);
+  }
+  return Median(per_launch);
+}
+
+// Records a case's row and counters: `bytes` moved by one launch taking `t` seconds.
+void Report(benchmark::State& state, const std::string& name, double t, int64_t bytes,
+            int batch) {
+  const double gbps = t > 0 ? static_cast<double>(bytes) / t * 1e-9 : 0;
+  state.counters["us"] = t * 1e6;
+  state.counters["GB/s"] = gbps;
+  state.counters["of_copy"] = gbps / g->copy_gbps;
+  state.counters["launches_per_graph"] = batch;
+  g->rows.push_back({name, t * 1e6, gbps, gbps / g->copy_gbps});
+}
+
 absl::Status RunCase(benchmark::State& state, const std::string& name, DType w_dtype, int64_t n,
                      int64_t k, Kernel kernel, int64_t m, DType act,
                      kernels::BlockMmaShape shape, kernels::FusedUnitWalk walk) {
@@ -290,45 +344,69 @@ absl::Status RunCase(benchmark::State& state, const std::string& name, DType w_d
             : kernels::LaunchGemv(set + x_off, set, nullptr, set + y_off, m, n, k, kT, stream);
     return ToStatus(e, "launch");
   };
-  SG_RETURN_IF_ERROR(launch(0));
-  SG_RETURN_IF_ERROR(ToStatus(cudaStreamSynchronize(stream), "eager run"));
+  SG_ASSIGN_OR_RETURN(const double t, TimeLaunches(state, batch, flush, launch));
+  Report(state, name, t, w_bytes + (m * k + m * n) * elem, batch);
+  return absl::OkStatus();
+}
 
-  SG_RETURN_IF_ERROR(ToStatus(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal),
-                              "cudaStreamBeginCapture"));
-  absl::Status captured = absl::OkStatus();
-  for (int s = 0; s < batch && captured.ok(); ++s) captured = launch(s);
-  cudaGraph_t raw_graph = nullptr;
-  const cudaError_t end = cudaStreamEndCapture(stream, &raw_graph);
-  UniqueGraph graph(raw_graph);
-  SG_RETURN_IF_ERROR(captured);
-  SG_RETURN_IF_ERROR(ToStatus(end, "cudaStreamEndCapture"));
-  cudaGraphExec_t raw_exec = nullptr;
-  SG_RETURN_IF_ERROR(ToStatus(cudaGraphInstantiate(&raw_exec, graph.get(), 0), "cudaGraphInstantiate"));
-  UniqueGraphExec exec(raw_exec);
-  SG_RETURN_IF_ERROR(ToStatus(cudaGraphLaunch(exec.get(), stream), "warm-up"));
-  SG_RETURN_IF_ERROR(ToStatus(cudaStreamSynchronize(stream), "cudaStreamSynchronize"));
+// A mixture of experts' decode matmul (kernels/moe.cuh) at Qwen3-30B-A3B's shapes: one row,
+// kMoeTopK of kMoeExperts experts [n, k] in `w_dtype` (x in f32 for block formats, in the
+// weights' dtype otherwise), gated (gate and up experts with SiluMul: `w_up`) or per slot
+// (the down experts, each chosen expert its own x). The graph's launches choose disjoint
+// experts, so that together they read every expert (beyond L2); GB/s counts the chosen
+// experts' bytes (twice when gated) and x and y once.
+constexpr int64_t kMoeExperts = 128, kMoeTopK = 8;
 
-  std::vector<double> per_launch;
-  for (auto _ : state) {
-    if (flush) {
-      SG_RETURN_IF_ERROR(ToStatus(cudaMemsetAsync(g->flush.get(), static_cast<int>(per_launch.size() & 0x7f) + 1,
-                                                  static_cast<size_t>(g->flush_bytes), stream),
-                                  "cudaMemsetAsync(L2 flush)"));
-    }
-    SG_ASSIGN_OR_RETURN(double seconds, TimeOnce(stream, [&] {
-                          return ToStatus(cudaGraphLaunch(exec.get(), stream), "cudaGraphLaunch");
-                        }));
-    state.SetIterationTime(seconds / batch);
-    per_launch.push_back(seconds / batch);
+absl::Status RunMoeCase(benchmark::State& state, const std::string& name, DType w_dtype,
+                        int64_t n, int64_t k, bool gated) {
+  const DType act = IsQuantized(w_dtype) ? DType::kF32 : w_dtype;
+  const int64_t elem = DTypeBytes(act);
+  const int64_t row_bytes = DTypeRowBytes(w_dtype, k);
+  const int64_t w_bytes = kMoeExperts * n * row_bytes;
+  const int64_t x_elems = gated ? k : kMoeTopK * k, y_elems = kMoeTopK * n;
+  const int batch = static_cast<int>(kMoeExperts / kMoeTopK);
+  const int64_t ids_off = RoundUp(w_bytes, kAlign) * (gated ? 2 : 1);
+  const int64_t x_off = ids_off + RoundUp(batch * kMoeTopK * 4, kAlign);
+  const int64_t y_off = x_off + RoundUp(x_elems * elem, kAlign);
+  SG_ASSIGN_OR_RETURN(DeviceMemory pool,
+                      AllocateDevice(y_off + RoundUp(y_elems * elem, kAlign), "MoE case"));
+  auto* base = static_cast<uint8_t*>(pool.get());
+  const std::vector<uint8_t> w = WeightBytes(w_dtype, kMoeExperts * n, k);
+  for (int copy = 0; copy < (gated ? 2 : 1); ++copy) {
+    SG_RETURN_IF_ERROR(ToStatus(cudaMemcpy(base + copy * RoundUp(w_bytes, kAlign), w.data(),
+                                           w.size(), cudaMemcpyHostToDevice),
+                                "cudaMemcpy(experts)"));
   }
-  const double t = Median(per_launch);
-  const int64_t bytes = w_bytes + (m * k + m * n) * elem;
-  const double gbps = t > 0 ? static_cast<double>(bytes) / t * 1e-9 : 0;
-  state.counters["us"] = t * 1e6;
-  state.counters["GB/s"] = gbps;
-  state.counters["of_copy"] = gbps / g->copy_gbps;
-  state.counters["launches_per_graph"] = batch;
-  g->rows.push_back({name, t * 1e6, gbps, gbps / g->copy_gbps});
+  // Launch s chooses experts 8s .. 8s+7, shuffled.
+  std::vector<int32_t> ids(static_cast<size_t>(batch * kMoeTopK));
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>(i);
+  std::mt19937 rng(5);
+  for (int s = 0; s < batch; ++s) {
+    std::shuffle(ids.begin() + s * kMoeTopK, ids.begin() + (s + 1) * kMoeTopK, rng);
+  }
+  std::vector<uint8_t> x(static_cast<size_t>(x_elems * elem));
+  for (int64_t i = 0; i < x_elems; ++i) {
+    StoreElement(x.data(), act, i, 0.001f * static_cast<float>(i % 997) - 0.5f);
+  }
+  SG_RETURN_IF_ERROR(ToStatus(cudaMemcpy(base + ids_off, ids.data(), ids.size() * 4,
+                                         cudaMemcpyHostToDevice),
+                              "cudaMemcpy(ids)"));
+  SG_RETURN_IF_ERROR(ToStatus(cudaMemcpy(base + x_off, x.data(), x.size(),
+                                         cudaMemcpyHostToDevice),
+                              "cudaMemcpy(x)"));
+  cudaStream_t stream = g->stream.get();
+  auto launch = [&](int s) {
+    return ToStatus(
+        kernels::LaunchMoeMatMul(base + x_off, base, w_dtype,
+                                 reinterpret_cast<const int32_t*>(base + ids_off) + s * kMoeTopK,
+                                 base + y_off, 1, kMoeExperts, n, k, kMoeTopK, !gated, act,
+                                 nullptr, stream,
+                                 gated ? base + RoundUp(w_bytes, kAlign) : nullptr, 2),
+        "LaunchMoeMatMul");
+  };
+  SG_ASSIGN_OR_RETURN(const double t, TimeLaunches(state, batch, false, launch));
+  Report(state, name, t,
+         (gated ? 2 : 1) * kMoeTopK * n * row_bytes + (x_elems + y_elems) * elem, batch);
   return absl::OkStatus();
 }
 
@@ -473,6 +551,27 @@ int main(int argc, char** argv) {
       // The tensor-core kernel at one row (x in three bf16 parts).
       add(label("Mma"), t, s, s.n > 100000 ? Kernel::kPlainMma : Kernel::kFusedMma, 1,
           sg::DType::kF32);
+    }
+  }
+  // A mixture of experts' decode matmuls at Qwen3-30B-A3B's shapes (hidden 2048, 128
+  // experts of 768, 8 chosen): MoeDecode/<format>/<gate+up|down>.
+  for (sg::DType t : {sg::DType::kBF16, sg::DType::kQ8_0, sg::DType::kQ4_0, sg::DType::kQ4_K,
+                      sg::DType::kQ6_K}) {
+    for (const bool gated : {true, false}) {
+      const std::string name = absl::StrCat("MoeDecode/", sg::DTypeName(t), "/",
+                                            gated ? "gate+up N=768 K=2048" : "down N=2048 K=768");
+      benchmark::RegisterBenchmark(name.c_str(),
+                                   [=](benchmark::State& state) {
+                                     if (absl::Status st = sg::RunMoeCase(
+                                             state, name, t, gated ? 768 : 2048,
+                                             gated ? 2048 : 768, gated);
+                                         !st.ok()) {
+                                       state.SkipWithError(st.ToString().c_str());
+                                     }
+                                   })
+          ->UseManualTime()
+          ->Iterations(sg::kIterations)
+          ->Unit(benchmark::kMicrosecond);
     }
   }
   // The tensor-core kernel at batch and prefill sizes (a MatMul's path, split as the node
