@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "stepgraph/base/status.h"
+#include "stepgraph/graph/graph.h"
 #include "stepgraph/graph/memory_plan.h"
 #include "stepgraph/graph/passes.h"
 #include "stepgraph/graph/shard.h"
@@ -86,8 +87,12 @@ int GraphCommand(const Options& o) {
   std::printf("arena: %s for %s of intermediates (%.1fx reuse)\n", Bytes(m.arena_bytes).c_str(),
               Bytes(m.intermediate_bytes).c_str(),
               m.arena_bytes > 0 ? static_cast<double>(m.intermediate_bytes) / m.arena_bytes : 0.0);
-  std::printf("weights: %s; KV cache: %s (%lld positions x %lld sequence(s))\n",
-              Bytes(*weight_bytes).c_str(), Bytes(kv_bytes).c_str(),
+  // What one step reads of them: an untied embedding's rows, a mixture's reachable experts.
+  const int64_t step_bytes = StepWeightBytes(*graph);
+  const bool part = step_bytes < rank_weight_bytes / 100 * 99;
+  std::printf("weights: %s%s%s; KV cache: %s (%lld positions x %lld sequence(s))\n",
+              Bytes(*weight_bytes).c_str(), part ? ", a step reads " : "",
+              part ? Bytes(step_bytes).c_str() : "", Bytes(kv_bytes).c_str(),
               static_cast<long long>(g.max_seq), static_cast<long long>(o.batch));
   if (!o.dot.empty()) {
     std::ofstream out(o.dot);

@@ -339,6 +339,19 @@ TEST(CliTest, GraphPrintsTheSummaryAndWritesDot) {
   EXPECT_TRUE(absl::StrContains(text, "lm_head")) << "the DOT lacks the lm_head node";
 }
 
+// A mixture of experts reads the chosen experts of a step, not all of them: graph says how
+// much of the weights a step reads (Qwen3-MoE's fixture: 8 experts, 2 chosen a token).
+TEST(CliTest, GraphSaysWhatAStepOfAMixtureReads) {
+  const std::string dir = std::string(SG_FIXTURES_DIR) + "/family_qwen3_moe";
+  const Result one = RunProgram("graph --cpu --model '" + dir + "'");
+  ASSERT_EQ(one.exit_code, 0) << one.err;
+  EXPECT_TRUE(absl::StrContains(one.out, "KiB, a step reads ")) << one.out;
+  // Llama-3.2-1B's lm head is its embedding table: a step reads every weight.
+  const Result dense = RunProgram("graph --cpu --model-preset llama-3.2-1b");
+  ASSERT_EQ(dense.exit_code, 0) << dense.err;
+  EXPECT_FALSE(absl::StrContains(dense.out, "a step reads")) << dense.out;
+}
+
 // A model folder holding `config` (a config.json text) and, unless `with_weights` is
 // false, the f32_gqa fixture's weights (linked, not copied).
 std::string ModelFolder(const std::string& name, const std::string& config, bool with_weights) {
