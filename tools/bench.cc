@@ -423,7 +423,7 @@ int BenchCommand(const Options& o) {
     absl::StatusOr<double> bw = MeasureCopyBandwidth(*session);
     if (!bw.ok()) return Failure(bw.status(), hint);
     copy_bw = *bw;
-    const bool part = step_bytes < session->weight_bytes() * 99 / 100;
+    const bool part = step_bytes < session->weight_bytes() / 100 * 99;
     std::printf("device-to-device copy: %.1f GB/s (read + write); weights %s%s%s: floor %.4f "
                 "ms/step\n",
                 copy_bw * 1e-9, Bytes(session->weight_bytes()).c_str(),

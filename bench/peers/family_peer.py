@@ -87,11 +87,12 @@ def write_gguf(path, shape, moe_layers=None, seed=0, random_q4_k=False):
 
     bf16 = gguf.GGMLQuantizationType.BF16
     q4_k = gguf.GGMLQuantizationType.Q4_K
-    block_bytes = 144  # Q4_K: d, dmin (f16), 12 bytes of scales, 128 of quants per 256
+    # 256 values in 144 bytes: d, dmin (f16), 12 bytes of scales, 128 of quants.
+    block_elems, block_bytes = gguf.GGML_QUANT_SIZES[q4_k]
 
     def matrix(*shape_):
-        if random_q4_k and shape_[-1] % 256 == 0:
-            blocks = int(np.prod(shape_)) // 256
+        if random_q4_k and shape_[-1] % block_elems == 0:
+            blocks = int(np.prod(shape_)) // block_elems
             raw = np.empty((blocks, block_bytes), dtype=np.uint8)
             flat = raw.reshape(-1)
             for at in range(0, flat.size, pool.size * 2):
@@ -99,7 +100,7 @@ def write_gguf(path, shape, moe_layers=None, seed=0, random_q4_k=False):
                 flat[at:at + n] = slice_of_pool((n + 1) // 2).view(np.uint8)[:n]
             raw[:, 0:2] = np.array([np.float16(0.003)]).view(np.uint8)
             raw[:, 2:4] = np.array([np.float16(0.002)]).view(np.uint8)
-            return raw.reshape(*shape_[:-1], shape_[-1] // 256 * block_bytes), q4_k
+            return raw.reshape(*shape_[:-1], shape_[-1] // block_elems * block_bytes), q4_k
         return slice_of_pool(int(np.prod(shape_))).reshape(shape_), bf16
 
     def add_matrix(name, *shape_):

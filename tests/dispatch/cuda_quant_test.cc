@@ -583,6 +583,31 @@ TEST(QuantRowMatmulTest, TakesAndRefusals) {
 // A NaN or an infinity in x leaves every sum it enters non-finite in every way the one-row
 // kernel reads x (the integer ones would otherwise quantize it to a finite code), and a
 // finite x gives finite sums, on formats with and without a min, of 32 and 256 values.
+// Device memory freed however a test ends (null, with a failure recorded, when cudaMalloc
+// fails).
+std::unique_ptr<void, cudaError_t (*)(void*)> DeviceBytes(size_t bytes) {
+  void* p = nullptr;
+  EXPECT_EQ(cudaMalloc(&p, bytes), cudaSuccess);
+  return std::unique_ptr<void, cudaError_t (*)(void*)>(p, cudaFree);
+}
+
+// n rows of k values drawn from `value`, quantized to q, repacked into the device layout
+// and copied to `dw` (at least n × k × 2 bytes). Fatal failures end the calling test.
+void UploadRandomBlocks(DType q, int64_t n, int64_t k, std::mt19937& rng,
+                        std::uniform_real_distribution<float>& value, void* dw) {
+  const int64_t row_bytes = k / DTypeBlockElems(q) * DTypeBlockBytes(q);
+  std::vector<std::byte> file(static_cast<size_t>(n * row_bytes)), repacked(file.size());
+  std::vector<float> row(k);
+  for (int64_t r = 0; r < n; ++r) {
+    for (float& v : row) v = value(rng);
+    ASSERT_TRUE(QuantizeRow(q, row.data(), file.data() + r * row_bytes, k));
+  }
+  ASSERT_TRUE(kernels::RepackBlocksForDevice(q, n * (k / DTypeBlockElems(q)), file.data(),
+                                             repacked.data()));
+  ASSERT_EQ(cudaMemcpy(dw, repacked.data(), repacked.size(), cudaMemcpyHostToDevice),
+            cudaSuccess);
+}
+
 TEST(QuantRowMatmulTest, ANonFiniteXLeavesEverySumNonFinite) {
   if (!CudaDeviceFound()) GTEST_SKIP() << "no CUDA device";
   int sm_count = 0;
@@ -592,27 +617,12 @@ TEST(QuantRowMatmulTest, ANonFiniteXLeavesEverySumNonFinite) {
   std::uniform_real_distribution<float> value(-1.0f, 1.0f);
   std::vector<float> x(k), y(n);
   for (float& v : x) v = value(rng);
-  // Freed however the test ends.
-  auto device = [](size_t bytes) {
-    void* p = nullptr;
-    EXPECT_EQ(cudaMalloc(&p, bytes), cudaSuccess);
-    return std::unique_ptr<void, cudaError_t (*)(void*)>(p, cudaFree);
-  };
-  const auto x_buffer = device(k * sizeof(float)), y_buffer = device(n * sizeof(float));
-  const auto w_buffer = device(n * k * 2);  // more than any format's n × k bytes
+  const auto x_buffer = DeviceBytes(k * sizeof(float)), y_buffer = DeviceBytes(n * sizeof(float));
+  const auto w_buffer = DeviceBytes(n * k * 2);  // more than any format's n × k bytes
   void *dx = x_buffer.get(), *dw = w_buffer.get(), *dy = y_buffer.get();
   ASSERT_TRUE(dx != nullptr && dw != nullptr && dy != nullptr);
   for (DType q : {DType::kQ4_0, DType::kQ4_1, DType::kQ8_0, DType::kQ4_K, DType::kQ6_K}) {
-    const int64_t row_bytes = k / DTypeBlockElems(q) * DTypeBlockBytes(q);
-    std::vector<std::byte> file(static_cast<size_t>(n * row_bytes)), device(file.size());
-    std::vector<float> row(k);
-    for (int64_t r = 0; r < n; ++r) {
-      for (float& v : row) v = value(rng);
-      ASSERT_TRUE(QuantizeRow(q, row.data(), file.data() + r * row_bytes, k));
-    }
-    ASSERT_TRUE(kernels::RepackBlocksForDevice(q, n * (k / DTypeBlockElems(q)), file.data(),
-                                               device.data()));
-    ASSERT_EQ(cudaMemcpy(dw, device.data(), device.size(), cudaMemcpyHostToDevice), cudaSuccess);
+    ASSERT_NO_FATAL_FAILURE(UploadRandomBlocks(q, n, k, rng, value, dw));
     for (kernels::QuantRowX mode : {kernels::QuantRowX::kF32, kernels::QuantRowX::kInt8,
                                     kernels::QuantRowX::kInt16, kernels::QuantRowX::kInt16x2}) {
       for (float bad : {0.0f, std::nanf(""), INFINITY, -INFINITY}) {
@@ -648,31 +658,16 @@ TEST(BlockMmaTest, ANonFiniteXLeavesItsRowNonFinite) {
   std::uniform_real_distribution<float> value(-1.0f, 1.0f);
   std::vector<float> x(m * k), y(m * n);
   for (float& v : x) v = value(rng);
-  auto device = [](size_t bytes) {
-    void* p = nullptr;
-    EXPECT_EQ(cudaMalloc(&p, bytes), cudaSuccess);
-    return std::unique_ptr<void, cudaError_t (*)(void*)>(p, cudaFree);
-  };
-  const auto x_buffer = device(m * k * sizeof(float)), y_buffer = device(m * n * sizeof(float));
-  const auto w_buffer = device(n * k * 2);
+  const auto x_buffer = DeviceBytes(m * k * sizeof(float));
+  const auto y_buffer = DeviceBytes(m * n * sizeof(float)), w_buffer = DeviceBytes(n * k * 2);
   void *dx = x_buffer.get(), *dw = w_buffer.get(), *dy = y_buffer.get();
   ASSERT_TRUE(dx != nullptr && dw != nullptr && dy != nullptr);
   for (DType q : {DType::kQ4_0, DType::kQ5_1, DType::kQ8_0, DType::kQ4_K, DType::kQ6_K}) {
-    const int64_t row_bytes = k / DTypeBlockElems(q) * DTypeBlockBytes(q);
-    std::vector<std::byte> file(static_cast<size_t>(n * row_bytes)), repacked(file.size());
-    std::vector<float> row(k);
-    for (int64_t r = 0; r < n; ++r) {
-      for (float& v : row) v = value(rng);
-      ASSERT_TRUE(QuantizeRow(q, row.data(), file.data() + r * row_bytes, k));
-    }
-    ASSERT_TRUE(kernels::RepackBlocksForDevice(q, n * (k / DTypeBlockElems(q)), file.data(),
-                                               repacked.data()));
-    ASSERT_EQ(cudaMemcpy(dw, repacked.data(), repacked.size(), cudaMemcpyHostToDevice),
-              cudaSuccess);
+    ASSERT_NO_FATAL_FAILURE(UploadRandomBlocks(q, n, k, rng, value, dw));
     for (int terms : {3, 2, 1}) {
       kernels::BlockMmaWorkspace ws;
       ASSERT_TRUE(kernels::BlockMmaWorkspaceFor(m, k, &n, 1, q, terms, sm_count, false, &ws));
-      const auto work = device(static_cast<size_t>(ws.bytes));
+      const auto work = DeviceBytes(static_cast<size_t>(ws.bytes));
       for (float bad : {0.0f, std::nanf(""), INFINITY, -INFINITY}) {
         SCOPED_TRACE(absl::StrCat(DTypeName(q), " terms ", terms, " x[5, 300] ", bad));
         std::vector<float> xb = x;
