@@ -30,6 +30,7 @@
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -357,8 +358,11 @@ absl::Status RunCase(benchmark::State& state, const std::string& name, DType w_d
 // experts' bytes (twice when gated) and x and y once.
 constexpr int64_t kMoeExperts = 128, kMoeTopK = 8;
 
+// `row`: the one-row kernel (LaunchQuantRowMoe) with x taken so, as the dispatcher runs a
+// block-format decode step; none: LaunchMoeMatMul's block per pair.
 absl::Status RunMoeCase(benchmark::State& state, const std::string& name, DType w_dtype,
-                        int64_t n, int64_t k, bool gated) {
+                        int64_t n, int64_t k, bool gated,
+                        std::optional<kernels::QuantRowX> row) {
   const DType act = IsQuantized(w_dtype) ? DType::kF32 : w_dtype;
   const int64_t elem = DTypeBytes(act);
   const int64_t row_bytes = DTypeRowBytes(w_dtype, k);
@@ -396,6 +400,14 @@ absl::Status RunMoeCase(benchmark::State& state, const std::string& name, DType 
                               "cudaMemcpy(x)"));
   cudaStream_t stream = g->stream.get();
   auto launch = [&](int s) {
+    const auto* launch_ids = reinterpret_cast<const int32_t*>(base + ids_off) + s * kMoeTopK;
+    if (row.has_value()) {
+      return ToStatus(kernels::LaunchQuantRowMoe(
+                          base + x_off, base, gated ? base + RoundUp(w_bytes, kAlign) : nullptr,
+                          w_dtype, launch_ids, base + y_off, 1, kMoeExperts, n, k, kMoeTopK,
+                          !gated, act, nullptr, SmCount(), *row, stream),
+                      "LaunchQuantRowMoe");
+    }
     return ToStatus(
         kernels::LaunchMoeMatMul(base + x_off, base, w_dtype,
                                  reinterpret_cast<const int32_t*>(base + ids_off) + s * kMoeTopK,
@@ -554,24 +566,35 @@ int main(int argc, char** argv) {
     }
   }
   // A mixture of experts' decode matmuls at Qwen3-30B-A3B's shapes (hidden 2048, 128
-  // experts of 768, 8 chosen): MoeDecode/<format>/<gate+up|down>.
+  // experts of 768, 8 chosen): MoeDecode/<format>/<gate+up|down>/<kernel>, the block per
+  // pair (pair) and, for block formats, the one-row kernel with f32 products (row) and x as
+  // two int16 parts (row-int16x2).
+  using RowX = std::optional<sg::kernels::QuantRowX>;
   for (sg::DType t : {sg::DType::kBF16, sg::DType::kQ8_0, sg::DType::kQ4_0, sg::DType::kQ4_K,
                       sg::DType::kQ6_K}) {
     for (const bool gated : {true, false}) {
-      const std::string name = absl::StrCat("MoeDecode/", sg::DTypeName(t), "/",
-                                            gated ? "gate+up N=768 K=2048" : "down N=2048 K=768");
-      benchmark::RegisterBenchmark(name.c_str(),
-                                   [=](benchmark::State& state) {
-                                     if (absl::Status st = sg::RunMoeCase(
-                                             state, name, t, gated ? 768 : 2048,
-                                             gated ? 2048 : 768, gated);
-                                         !st.ok()) {
-                                       state.SkipWithError(st.ToString().c_str());
-                                     }
-                                   })
-          ->UseManualTime()
-          ->Iterations(sg::kIterations)
-          ->Unit(benchmark::kMicrosecond);
+      for (const RowX row : {RowX{}, RowX{sg::kernels::QuantRowX::kF32},
+                             RowX{sg::kernels::QuantRowX::kInt16x2}}) {
+        if (row.has_value() && !sg::IsQuantized(t)) continue;
+        const std::string name = absl::StrCat(
+            "MoeDecode/", sg::DTypeName(t), "/",
+            gated ? "gate+up N=768 K=2048" : "down N=2048 K=768", "/",
+            !row.has_value()                              ? "pair"
+            : *row == sg::kernels::QuantRowX::kF32 ? "row"
+                                                          : "row-int16x2");
+        benchmark::RegisterBenchmark(name.c_str(),
+                                     [=](benchmark::State& state) {
+                                       if (absl::Status st = sg::RunMoeCase(
+                                               state, name, t, gated ? 768 : 2048,
+                                               gated ? 2048 : 768, gated, row);
+                                           !st.ok()) {
+                                         state.SkipWithError(st.ToString().c_str());
+                                       }
+                                     })
+            ->UseManualTime()
+            ->Iterations(sg::kIterations)
+            ->Unit(benchmark::kMicrosecond);
+      }
     }
   }
   // The tensor-core kernel at batch and prefill sizes (a MatMul's path, split as the node

@@ -20,6 +20,7 @@
 #include "kernels/common.cuh"
 #include "kernels/quant_blocks.cuh"
 #include "kernels/quant_matmul.cuh"
+#include "stepgraph/base/error_flags.h"
 
 namespace sg::kernels {
 namespace {
@@ -356,21 +357,48 @@ __device__ __forceinline__ float IntDotUnit(const Unit& u, const float4* stage, 
 // 80 to 108 registers at f32 and every format ran slower, 1.1 to 2.1 times (H200, the 1B
 // lm head, both built side by side, 2026-11-29: Q4_0 76 against 127 us, Q8_0 85 against
 // 179, Q6_K 107 against 192).
-template <typename T, typename Q, QuantRowX kX>
+// kMoe: a mixture of experts' matmul (MoeMatMul at decode). blockIdx.y is a (row, slot)
+// pair, whose expert the block reads from `moe.ids` after the wait; x is the pair's row
+// (or with per_slot its own slot's row), y the pair's n outputs, the columns rows
+// expert · n + c of the stacked w (its planes span every expert), and with w_up each
+// product rounded to T before silu(gate)·up, as the op rounds them. A bad id writes zeros
+// and raises kErrorExpertOutOfRange.
+template <typename T, typename Q, QuantRowX kX, bool kMoe>
 __global__ void __launch_bounds__(kRowThreads, 4)
     QuantRowKernel(const T* __restrict__ x, const uint8_t* __restrict__ w,
                    const uint8_t* __restrict__ w_up, const T* __restrict__ residual,
-                   T* __restrict__ y, int64_t n, int64_t k, bool vec_x, bool w_constant) {
+                   T* __restrict__ y, int64_t n, int64_t k, bool vec_x, bool w_constant,
+                   QuantRowMoe moe) {
   extern __shared__ float4 row_x[];  // f32: k / 32 units of 8 chunks; else IntStage
   const int lane = threadIdx.x % kWarpSize;
   const int64_t units = k / quant::kUnitElems;
-  const int64_t blocks = n * (k / Q::kElems);
+  const int64_t blocks = (kMoe ? moe.experts : 1) * n * (k / Q::kElems);
   // With w_up a column walks its gate row's chunks, then its up row's.
   const int64_t row_chunks = CeilDiv(units, int64_t{kRowChunkUnits});
   const int64_t chunks = w_up != nullptr ? 2 * row_chunks : row_chunks;
   const int64_t warps = static_cast<int64_t>(gridDim.x) * kRowWarps;
   int64_t col = static_cast<int64_t>(blockIdx.x) * kRowWarps + threadIdx.x / kWarpSize;
   int64_t chunk = 0;
+  int64_t first_row = 0;  // w's row of column 0: expert · n
+
+  if constexpr (kMoe) {
+    AwaitPrerequisiteGrids();  // the ids are the kernel before's output
+    const int64_t pair = blockIdx.y;
+    const int32_t expert = moe.ids[pair];
+    x += (moe.per_slot ? pair : pair / moe.top_k) * k;
+    y += pair * n;
+    if (expert < 0 || expert >= moe.experts) {
+      for (int64_t c = static_cast<int64_t>(blockIdx.x) * kRowThreads + threadIdx.x; c < n;
+           c += static_cast<int64_t>(gridDim.x) * kRowThreads) {
+        y[c] = FromFloat<T>(0.0f);
+      }
+      if (blockIdx.x == 0 && threadIdx.x == 0 && moe.error_flags != nullptr) {
+        atomicOr(moe.error_flags, static_cast<uint32_t>(kErrorExpertOutOfRange));
+      }
+      return;
+    }
+    first_row = static_cast<int64_t>(expert) * n;
+  }
 
   using Unit = typename Q::Unit;
   // The units of (column c, chunk q) this lane takes; a unit past the row is not loaded.
@@ -380,14 +408,18 @@ __global__ void __launch_bounds__(kRowThreads, 4)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int64_t t = q * kRowChunkUnits + h * kWarpSize + lane;
-      if (t < units) u[h] = Q::Load(wq, blocks, c * units + t);
+      if (t < units) u[h] = Q::Load(wq, blocks, (first_row + c) * units + t);
     }
   };
   Unit cur[2], next[2];
-  // Constant weights: the first chunk is asked for before the wait.
-  if (w_constant && col < n) load(col, 0, cur);
-  AwaitPrerequisiteGrids();
-  if (!w_constant && col < n) load(col, 0, cur);
+  if constexpr (kMoe) {
+    if (col < n) load(col, 0, cur);
+  } else {
+    // Constant weights: the first chunk is asked for before the wait.
+    if (w_constant && col < n) load(col, 0, cur);
+    AwaitPrerequisiteGrids();
+    if (!w_constant && col < n) load(col, 0, cur);
+  }
 
   if constexpr (kX == QuantRowX::kF32) {
     for (int64_t i = threadIdx.x; i < units * 4; i += kRowThreads) {
@@ -418,8 +450,9 @@ __global__ void __launch_bounds__(kRowThreads, 4)
       const int64_t t = (chunk < row_chunks ? chunk : chunk - row_chunks) * kRowChunkUnits +
                         h * kWarpSize + lane;
       if (t >= units) continue;
+      const Unit& unit = cur[h];
       if constexpr (kX != QuantRowX::kF32) {
-        acc += IntDotUnit<kX>(cur[h], row_x, units, t);
+        acc += IntDotUnit<kX>(unit, row_x, units, t);
       } else {
 #pragma unroll
         for (int j = 0; j < quant::kUnitElems / 8; ++j) {
@@ -427,7 +460,7 @@ __global__ void __launch_bounds__(kRowThreads, 4)
           StagedX8(row_x, t, j, xf[0]);
           float xsum[1];
           if constexpr (Unit::kHasMin) quant::XSums8<1>(xf, xsum);
-          quant::AccumulateUnit8<1, 1>(cur[h], j, xf, xsum, &acc);
+          quant::AccumulateUnit8<1, 1>(unit, j, xf, xsum, &acc);
         }
       }
     }
@@ -437,9 +470,11 @@ __global__ void __launch_bounds__(kRowThreads, 4)
       if (lane == 0) {
         // With a residual, as FusedMatMul's add: the product rounded first. With w_up, as
         // its SiluMul: silu(gate)·up of the f32 sums, rounded once.
-        y[col] = w_up != nullptr      ? FromFloat<T>(Silu(gate) * total)
-                 : residual == nullptr ? FromFloat<T>(total)
-                                       : FromFloat<T>(ToFloat(residual[col]) + RoundTo<T>(total));
+        // With kMoe and w_up, as MoeMatMul's silu_mul: each product rounded first.
+        y[col] = w_up != nullptr && kMoe ? FromFloat<T>(Silu(RoundTo<T>(gate)) * RoundTo<T>(total))
+                 : w_up != nullptr       ? FromFloat<T>(Silu(gate) * total)
+                 : residual == nullptr   ? FromFloat<T>(total)
+                                         : FromFloat<T>(ToFloat(residual[col]) + RoundTo<T>(total));
       }
       acc = 0.0f;
     } else if (next_chunk == row_chunks && w_up != nullptr) {  // the gate row is done
@@ -453,9 +488,12 @@ __global__ void __launch_bounds__(kRowThreads, 4)
   }
 }
 
+// The one-row kernel's launch: a plain matmul (moe null) or a mixture of experts' (one
+// grid row of blocks per pair).
 cudaError_t LaunchRow(const void* x, const void* w, const void* w_up, DType w_dtype,
                       const void* residual, void* y, int64_t n, int64_t k, DType dtype,
-                      bool w_constant, int sm_count, QuantRowX x_mode, Stream stream) {
+                      bool w_constant, int sm_count, QuantRowX x_mode, Stream stream,
+                      const QuantRowMoe* moe = nullptr, int64_t pairs = 1) {
   if (!QuantRowMatmulTakes(n, k, w_dtype) || sm_count <= 0) return cudaErrorInvalidValue;
   if (!Aligned16(w) || (w_up != nullptr && !Aligned16(w_up))) return cudaErrorMisalignedAddress;
   const int64_t units = k / quant::kUnitElems;
@@ -464,9 +502,9 @@ cudaError_t LaunchRow(const void* x, const void* w, const void* w_up, DType w_dt
     const bool vec_x = Aligned16(x);
     return quant::DispatchFormat(w_dtype, [&](auto format) {
       using Q = decltype(format);
-      auto launch = [&](auto mode) {
+      auto launch = [&](auto mode, auto is_moe) {
         constexpr QuantRowX kX = decltype(mode)::value;
-        const auto kernel = QuantRowKernel<T, Q, kX>;
+        const auto kernel = QuantRowKernel<T, Q, kX, decltype(is_moe)::value>;
         const size_t shared_bytes =
             16 * static_cast<size_t>(kX == QuantRowX::kF32 ? units * 8
                                                            : IntStage<kX>::Float4s(units));
@@ -479,32 +517,36 @@ cudaError_t LaunchRow(const void* x, const void* w, const void* w_up, DType w_dt
             return e;
           }
         }
-        // As many blocks as fit the GPU at once, and no more than the columns need.
+        // As many blocks as fit the GPU at once (shared by the pairs), and no more than the
+        // columns need.
         int per_sm = 0;
         const cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(
             &per_sm, kernel, kRowThreads, shared_bytes);
         if (e != cudaSuccess) return e;
-        const int64_t blocks =
-            std::min<int64_t>(std::max(per_sm, 1) * static_cast<int64_t>(sm_count),
-                              CeilDiv(n, int64_t{kRowWarps}));
-        return LaunchKernelShared(kernel, dim3(static_cast<unsigned>(blocks)), dim3(kRowThreads),
-                                  shared_bytes, stream, static_cast<const T*>(x),
-                                  static_cast<const uint8_t*>(w),
-                                  static_cast<const uint8_t*>(w_up),
-                                  static_cast<const T*>(residual), static_cast<T*>(y), n, k,
-                                  vec_x, w_constant);
+        const int64_t blocks = std::clamp<int64_t>(
+            std::max(per_sm, 1) * static_cast<int64_t>(sm_count) / pairs, 1,
+            CeilDiv(n, int64_t{kRowWarps}));
+        return LaunchKernelShared(
+            kernel, dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(pairs)),
+            dim3(kRowThreads), shared_bytes, stream, static_cast<const T*>(x),
+            static_cast<const uint8_t*>(w), static_cast<const uint8_t*>(w_up),
+            static_cast<const T*>(residual), static_cast<T*>(y), n, k, vec_x, w_constant,
+            moe != nullptr ? *moe : QuantRowMoe{});
       };
-      switch (x_mode) {
-        case QuantRowX::kF32:
-          return launch(std::integral_constant<QuantRowX, QuantRowX::kF32>{});
-        case QuantRowX::kInt8:
-          return launch(std::integral_constant<QuantRowX, QuantRowX::kInt8>{});
-        case QuantRowX::kInt16:
-          return launch(std::integral_constant<QuantRowX, QuantRowX::kInt16>{});
-        case QuantRowX::kInt16x2:
-          return launch(std::integral_constant<QuantRowX, QuantRowX::kInt16x2>{});
-      }
-      return cudaErrorInvalidValue;
+      auto dispatch_mode = [&](auto is_moe) {
+        switch (x_mode) {
+          case QuantRowX::kF32:
+            return launch(std::integral_constant<QuantRowX, QuantRowX::kF32>{}, is_moe);
+          case QuantRowX::kInt8:
+            return launch(std::integral_constant<QuantRowX, QuantRowX::kInt8>{}, is_moe);
+          case QuantRowX::kInt16:
+            return launch(std::integral_constant<QuantRowX, QuantRowX::kInt16>{}, is_moe);
+          case QuantRowX::kInt16x2:
+            return launch(std::integral_constant<QuantRowX, QuantRowX::kInt16x2>{}, is_moe);
+        }
+        return cudaErrorInvalidValue;
+      };
+      return moe != nullptr ? dispatch_mode(std::true_type{}) : dispatch_mode(std::false_type{});
     });
   });
 }
@@ -526,6 +568,30 @@ cudaError_t LaunchQuantRowSiluMul(const void* x, const void* w_gate, const void*
   if (w_up == nullptr) return cudaErrorInvalidValue;
   return LaunchRow(x, w_gate, w_up, w_dtype, nullptr, y, n, k, dtype, w_constant, sm_count,
                    x_mode, stream);
+}
+
+bool QuantRowMoeTakes(int64_t rows, int64_t experts, int64_t n, int64_t k, int64_t top_k,
+                      DType w_dtype) {
+  if (rows <= 0 || experts <= 0 || top_k <= 0 || experts > 0x7fffffff || top_k > 0x7fffffff) {
+    return false;
+  }
+  if (rows > kQuantRowMoeMaxPairs / top_k || n > 0x7fffffff / experts) return false;
+  return QuantRowMatmulTakes(experts * n, k, w_dtype);
+}
+
+cudaError_t LaunchQuantRowMoe(const void* x, const void* w, const void* w_up, DType w_dtype,
+                              const int32_t* ids, void* y, int64_t rows, int64_t experts,
+                              int64_t n, int64_t k, int64_t top_k, bool per_slot, DType dtype,
+                              uint32_t* error_flags, int sm_count, QuantRowX x_mode,
+                              Stream stream) {
+  if (!QuantRowMoeTakes(rows, experts, n, k, top_k, w_dtype) || ids == nullptr ||
+      (w_up != nullptr && per_slot)) {
+    return cudaErrorInvalidValue;
+  }
+  const QuantRowMoe moe{ids, static_cast<int>(top_k), per_slot, static_cast<int>(experts),
+                        error_flags};
+  return LaunchRow(x, w, w_up, w_dtype, nullptr, y, n, k, dtype, false, sm_count, x_mode,
+                   stream, &moe, rows * top_k);
 }
 
 cudaError_t LaunchQuantMatmul(const void* x, const void* w, DType w_dtype, const void* bias,

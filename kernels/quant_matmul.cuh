@@ -77,6 +77,34 @@ cudaError_t LaunchQuantRowSiluMul(const void* x, const void* w_gate, const void*
                                   bool w_constant, int sm_count, QuantRowX x_mode,
                                   Stream stream);
 
+// A mixture of experts' matmul at decode on the one-row kernel (ops::MoeMatMul: y [rows,
+// top_k · n], y[i, j·n + c] = x_ij · w[ids[i, j], c, :], x_ij row i of x [rows, k] or with
+// per_slot its slot j of x [rows, top_k · k]; with w_up silu(g)·u of the gate and up
+// products, each rounded to `dtype` first). Each (row, slot) pair takes an equal share of
+// the GPU's blocks, stages its x once per block (x_mode as LaunchQuantRowMatmul's) and its
+// warps walk the chosen expert's columns with their next loads in flight; the expert id is
+// read on the device after the wait on the kernel before. w (and w_up) [experts, n, k] in
+// block format `w_dtype`, held whole in the device layout of kernels/quant_blocks.cuh at a
+// 16-byte aligned address. A bad id gives zeros and raises kErrorExpertOutOfRange in
+// *error_flags (nullable). cudaErrorInvalidValue where QuantRowMoeTakes says no, for null
+// ids, sm_count < 1 or w_up with per_slot.
+struct QuantRowMoe {
+  const int32_t* ids = nullptr;
+  int top_k = 1;
+  bool per_slot = false;
+  int experts = 1;
+  uint32_t* error_flags = nullptr;
+};
+// The most (row, slot) pairs LaunchQuantRowMoe takes (a grid dimension).
+inline constexpr int64_t kQuantRowMoeMaxPairs = 65535;
+bool QuantRowMoeTakes(int64_t rows, int64_t experts, int64_t n, int64_t k, int64_t top_k,
+                      DType w_dtype);
+cudaError_t LaunchQuantRowMoe(const void* x, const void* w, const void* w_up, DType w_dtype,
+                              const int32_t* ids, void* y, int64_t rows, int64_t experts,
+                              int64_t n, int64_t k, int64_t top_k, bool per_slot, DType dtype,
+                              uint32_t* error_flags, int sm_count, QuantRowX x_mode,
+                              Stream stream);
+
 // out[i, :] = table[ids[i], :] dequantized and rounded to `out_dtype` (f32, bf16, f16),
 // bit for bit the CPU reference's row. table [vocab, hidden] in block format `table_dtype`.
 // An id outside [0, vocab) writes a zero row and raises kErrorTokenOutOfRange in

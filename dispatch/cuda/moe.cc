@@ -8,14 +8,25 @@
 
 #include "absl/strings/str_cat.h"
 #include "dispatch/cuda/cuda_status.h"
+#include "dispatch/cuda/matmul.h"
 #include "dispatch/cuda/op_units.h"
 #include "kernels/moe.cuh"
+#include "kernels/quant_matmul.cuh"
 #include "kernels/topk.cuh"
 #include "stepgraph/base/status.h"
 
 namespace sg {
 namespace internal {
 namespace {
+
+// How a MoeMatMul node runs: with block-format experts and fewer (row, expert) pairs per
+// expert than CudaOptions::moe_by_expert_pairs (a decode step), on the one-row kernel
+// (kernels/quant_matmul.cuh's LaunchQuantRowMoe; x as block_gemv_precision says, as the
+// dense one-row matmuls), where it takes the sizes; otherwise LaunchMoeMatMul.
+struct MoeMatMulState final : PreparedState<MoeMatMulState> {
+  bool row_kernel = false;
+  kernels::QuantRowX row_x = kernels::QuantRowX::kF32;
+};
 
 // The limits of each kernel over inputs shape inference accepted (op_units.h: logits
 // [M, E], ids [M, k], w [E, N, K], y [M, k·N]); an empty message when they are met.
@@ -89,7 +100,21 @@ PreparedOr Prepare(const ops::MoeMatMul& op, const CudaPrepareContext& c) {
     return absl::InvalidArgumentError(absl::StrCat(
         "CudaOptions::moe_by_expert_pairs must be >= 0, got ", c.options.moe_by_expert_pairs));
   }
-  return RefuseUnless(MatMulLimits(c.input(0), c.input(1), c.input(op.silu_mul ? 3 : 2)));
+  const Tensor& x = c.input(0);
+  const Tensor& w = c.input(1);
+  const Tensor& ids = c.input(op.silu_mul ? 3 : 2);
+  if (std::string limits = MatMulLimits(x, w, ids); !limits.empty()) {
+    return absl::UnimplementedError(limits);
+  }
+  auto state = std::make_unique<MoeMatMulState>();
+  const int64_t rows = x.shape[0], experts = w.shape[0], top_k = ids.shape[1];
+  // MatMulLimits bounded rows · top_k to 32 bits.
+  state->row_kernel = IsQuantized(w.dtype) &&
+                      rows * top_k / experts < c.options.moe_by_expert_pairs &&
+                      kernels::QuantRowMoeTakes(rows, experts, w.shape[1], w.shape[2], top_k,
+                                                w.dtype);
+  state->row_x = RowXFor(c.options, w.dtype);
+  return Keep(std::move(state));
 }
 PreparedOr Prepare(const ops::MoeCombine&, const CudaPrepareContext& c) {
   return RefuseUnless(CombineLimits(c.input(0).shape, c.input(1).shape));
@@ -117,10 +142,20 @@ absl::Status CudaDispatch::Run(const ops::MoeRouteWeights& op, const NodeArgs& a
 }
 
 absl::Status CudaDispatch::Run(const ops::MoeMatMul& op, const NodeArgs& args) {
+  SG_ASSIGN_OR_RETURN(const internal::MoeMatMulState* s,
+                      args.PreparedAs<internal::MoeMatMulState>());
   const TensorArg& x = args.inputs[0];
   const TensorArg& w = args.inputs[1];
   const TensorArg& ids = args.inputs[op.silu_mul ? 3 : 2];
   const int64_t k = w.shape[2];
+  if (s->row_kernel) {
+    return ToStatus(kernels::LaunchQuantRowMoe(
+                        x.data, w.data, op.silu_mul ? args.inputs[2].data : nullptr, w.dtype,
+                        ids.as<const int32_t>(), args.output.data, x.shape[0], w.shape[0],
+                        w.shape[1], k, ids.shape[1], x.shape[1] != k, x.dtype, error_flags_,
+                        info_.sm_count, s->row_x, launch()),
+                    "LaunchQuantRowMoe");
+  }
   return ToStatus(kernels::LaunchMoeMatMul(x.data, w.data, w.dtype, ids.as<const int32_t>(),
                                            args.output.data, x.shape[0], w.shape[0],
                                            w.shape[1], k, ids.shape[1], x.shape[1] != k,

@@ -416,6 +416,71 @@ std::vector<OpCase> IntRowCases() {
   return cases;
 }
 
+// MoeMatMul at decode on the one-row kernel (kernels/quant_matmul.cuh's LaunchQuantRowMoe,
+// which the dispatcher takes for block-format experts below moe_by_expert_pairs) with f32
+// products and x as two int16 parts: gate and up with SiluMul at a K of three chunks, the
+// last partial, and more columns than a pair's share of the grid has warps (each warp
+// walks several); the down experts per slot; 128 experts and top 8 in bf16; a bad id (zeros
+// and the flag, which the conformance run compares). And, per format, the pair kernel the
+// row kernel leaves to K past kQuantRowMaxK.
+std::vector<OpCase> MoeRowCases() {
+  std::vector<OpCase> cases;
+  for (DType q : kQuantTypes) {
+    const int64_t block = DTypeBlockElems(q);
+    const int64_t odd_k = (block == 32 ? 144 : 18) * block;
+    for (BlockGemvPrecision p : {BlockGemvPrecision::kF32, BlockGemvPrecision::kInt16x2}) {
+      const std::string suffix = absl::StrCat("/", BlockGemvPrecisionName(p));
+      auto options = [p](CudaOptions& o) { o.block_gemv_precision = p; };
+      struct S { DType x; int64_t rows, experts, top_k, n, k; bool gated, per_slot; };
+      for (S s : {S{DType::kF32, 1, 16, 4, 70, odd_k, true, false},
+                  S{DType::kF32, 2, 8, 2, 3000, 256, false, false},
+                  S{DType::kF32, 1, 16, 4, 96, 512, false, true},
+                  S{DType::kBF16, 1, 128, 8, 64, 256, true, false}}) {
+        cases.push_back(
+            {.name = absl::StrCat("MoeMatMul/", DTypeName(q), "/", DTypeName(s.x), "/", s.rows,
+                                  "x", s.experts, "x", s.n, "x", s.k, "/top", s.top_k,
+                                  s.gated ? "/silu_mul" : "", s.per_slot ? "/per_slot" : "",
+                                  suffix),
+             .build = [=](GraphBuilder& b) {
+               const int64_t x_cols = s.per_slot ? s.top_k * s.k : s.k;
+               auto x = b.Input("x", s.x, {s.rows, x_cols});
+               auto ids = b.Input("ids", DType::kI32, {s.rows, s.top_k});
+               b.Output("out", s.gated ? b.MoeGateUpSiluMul(
+                                             x, b.Weight("wg", q, {s.experts, s.n, s.k}),
+                                             b.Weight("wu", q, {s.experts, s.n, s.k}), ids)
+                                       : b.MoeMatMul(x, b.Weight("w", q, {s.experts, s.n, s.k}),
+                                                     ids));
+             },
+             .tolerance = Tol(s.x),
+             .int_hi = static_cast<int32_t>(s.experts),
+             .cuda_options = options});
+      }
+      cases.push_back(
+          {.name = absl::StrCat("MoeMatMul/", DTypeName(q), "/f32/silu_mul/bad_ids", suffix),
+           .build = [=](GraphBuilder& b) {
+             b.Output("out", b.MoeGateUpSiluMul(b.Input("x", DType::kF32, {2, 256}),
+                                                b.Weight("wg", q, {4, 40, 256}),
+                                                b.Weight("wu", q, {4, 40, 256}),
+                                                b.Input("ids", DType::kI32, {2, 2})));
+           },
+           .tolerance = Tol(DType::kF32),
+           .int_values = {{"ids", {3, 4, -7, 0}}},
+           .cuda_options = options});
+    }
+    const int64_t long_k = kernels::kQuantRowMaxK + 256;
+    cases.push_back(
+        {.name = absl::StrCat("MoeMatMul/", DTypeName(q), "/f32/2x4x16x", long_k, "/top2/pair"),
+         .build = [=](GraphBuilder& b) {
+           b.Output("out", b.MoeMatMul(b.Input("x", DType::kF32, {2, long_k}),
+                                       b.Weight("w", q, {4, 16, long_k}),
+                                       b.Input("ids", DType::kI32, {2, 2})));
+         },
+         .tolerance = Tol(DType::kF32),
+         .int_hi = 4});
+  }
+  return cases;
+}
+
 // The tensor-core path of FusedMatMul (no folded norm): the products of all rows, then
 // epilogues of up to 64 rows (a 40-row argmax: 32 + 8), every epilogue, split-K (long K,
 // narrow outputs), partial column tiles, and formats mixed in one op (one products launch
@@ -468,6 +533,8 @@ INSTANTIATE_TEST_SUITE_P(QuantEmbedding, QuantConformanceTest,
 INSTANTIATE_TEST_SUITE_P(QuantFusedMatMul, QuantConformanceTest,
                          ::testing::ValuesIn(FusedCases()), CaseName);
 INSTANTIATE_TEST_SUITE_P(QuantIntRow, QuantConformanceTest, ::testing::ValuesIn(IntRowCases()),
+                         CaseName);
+INSTANTIATE_TEST_SUITE_P(QuantMoeRow, QuantConformanceTest, ::testing::ValuesIn(MoeRowCases()),
                          CaseName);
 INSTANTIATE_TEST_SUITE_P(MmaMatMul, QuantConformanceTest, ::testing::ValuesIn(MmaMatmulCases()),
                          CaseName);
@@ -881,6 +948,8 @@ TEST(QuantConformanceCasesTest, EveryFormatAndDTypeIsCovered) {
   EXPECT_EQ(MmaFusedCases().size(), 8u * 3u * (6u + 1u) + 3u * 2u);
   // Per format, x dtype and integer precision: 2 MatMuls, the add and SiluMul.
   EXPECT_EQ(IntRowCases().size(), 8u * 3u * (4u * 4u + 1u));
+  // Per format: 2 precisions of 4 shapes and a bad id; the pair kernel at a long K.
+  EXPECT_EQ(MoeRowCases().size(), 8u * (2u * (4u + 1u) + 1u));
 }
 
 }  // namespace
