@@ -280,7 +280,12 @@ SG_QB_UNROLL
 // Format<t>: kElems, kBytes (as stepgraph/base/quant.h), kUnits = kElems / 32 per block,
 // kPlane0 (bytes of the first plane per block); Unit Load(base, blocks, g): unit g of the
 // tensor (g = row · units per row + unit in the row) of a tensor of `blocks` blocks in the
-// device layout at `base` (16-byte aligned); for the 32-value formats also LoadPart(base,
+// device layout at `base` (16-byte aligned), which is Decode(Fetch(base, blocks, g)): Raw
+// Fetch only loads (the unit's words as stored), Unit Decode turns them into scales, so a
+// kernel that asks for its next units early holds Raws and decodes at the use (a scale
+// computed at the load would make the warp wait for that load right there, and a branch
+// around the loads keeps the compiler from moving it; Q4_K and Q5_K decode at the load all
+// the same, see there); for the 32-value formats also LoadPart(base,
 // blocks, g, j), the same unit with only the quant bytes Codes8(j) reads loaded (8 of them),
 // for a thread that multiplies values 8j .. 8j+7 alone. A unit is read factored: Unit::Codes8(j, c)
 // gives the codes of values 8j .. 8j+7 as exact floats (the format's offset subtracted),
@@ -330,12 +335,26 @@ struct Format<DType::kQ8_0> {
       hi = Word(q[1], t);
     }
   };
-  SG_QB static Unit Load(const uint8_t* base, int64_t blocks, int64_t g) {
+  struct Raw {
+    uint4 q[2];
+    uint32_t d;
+  };
+  SG_QB static Raw Fetch(const uint8_t* base, int64_t blocks, int64_t g) {
+    Raw r;
+    r.q[0] = LoadQuants16(base + 32 * g);
+    r.q[1] = LoadQuants16(base + 32 * g + 16);
+    r.d = Load2(base + 32 * blocks + 2 * g);
+    return r;
+  }
+  SG_QB static Unit Decode(const Raw& r) {
     Unit u;
-    u.q[0] = LoadQuants16(base + 32 * g);
-    u.q[1] = LoadQuants16(base + 32 * g + 16);
-    u.d = F16(Load2(base + 32 * blocks + 2 * g));
+    u.q[0] = r.q[0];
+    u.q[1] = r.q[1];
+    u.d = F16(r.d);
     return u;
+  }
+  SG_QB static Unit Load(const uint8_t* base, int64_t blocks, int64_t g) {
+    return Decode(Fetch(base, blocks, g));
   }
   // Only what Codes8(j) reads: bytes 8j .. 8j+7, in every word Codes8 may pick for any j.
   SG_QB static Unit LoadPart(const uint8_t* base, int64_t blocks, int64_t g, int j) {
@@ -368,10 +387,25 @@ struct Format32 {
       QuadNibbles<kFive ? 5 : 4>(Word(q, t), qh >> (4 * t), qh >> (16 + 4 * t), lo, hi);
     }
   };
-  SG_QB static Unit Load(const uint8_t* base, int64_t blocks, int64_t g) {
-    Unit u = LoadScales(base, blocks, g);
-    u.q = LoadQuants16(base + 16 * g);
+  struct Raw {
+    uint4 q;
+    uint32_t qh, dm;  // high bits; d's f16 bits (and m's above them with a min)
+  };
+  SG_QB static Raw Fetch(const uint8_t* base, int64_t blocks, int64_t g) {
+    Raw r = FetchScales(base, blocks, g);
+    r.q = LoadQuants16(base + 16 * g);
+    return r;
+  }
+  SG_QB static Unit Decode(const Raw& r) {
+    Unit u;
+    u.q = r.q;
+    u.qh = r.qh;
+    u.d = F16(r.dm & 0xFFFFu);
+    u.m = kMin ? F16(r.dm >> 16) : 0.0f;
     return u;
+  }
+  SG_QB static Unit Load(const uint8_t* base, int64_t blocks, int64_t g) {
+    return Decode(Fetch(base, blocks, g));
   }
   // Only what Codes8(j) reads: the 8 quant bytes 8(j & 1) .. (values 8j .. 8j+7 are their
   // low or high nibbles), in both word pairs Nibbles8 may pick, and the unit's scales and
@@ -382,24 +416,21 @@ struct Format32 {
     u.q = uint4{v.x, v.y, v.x, v.y};
     return u;
   }
-  // The unit's fields after its quants: high bits, scale and min.
-  SG_QB static Unit LoadScales(const uint8_t* base, int64_t blocks, int64_t g) {
-    Unit u;
+  // The unit's fields after its quants: high bits, scale and min (q left zero).
+  SG_QB static Raw FetchScales(const uint8_t* base, int64_t blocks, int64_t g) {
+    Raw r;
+    r.q = uint4{0u, 0u, 0u, 0u};
     const uint8_t* after = base + 16 * blocks;
-    u.qh = 0;
+    r.qh = 0;
     if constexpr (kFive) {
-      u.qh = Load4(after + 4 * g);
+      r.qh = Load4(after + 4 * g);
       after += 4 * blocks;
     }
-    if constexpr (kMin) {
-      const uint32_t dm = Load4(after + 4 * g);
-      u.d = F16(dm & 0xFFFFu);
-      u.m = F16(dm >> 16);
-    } else {
-      u.d = F16(Load2(after + 2 * g));
-      u.m = 0.0f;
-    }
-    return u;
+    r.dm = kMin ? Load4(after + 4 * g) : Load2(after + 2 * g);
+    return r;
+  }
+  SG_QB static Unit LoadScales(const uint8_t* base, int64_t blocks, int64_t g) {
+    return Decode(FetchScales(base, blocks, g));
   }
 };
 template <>
@@ -432,6 +463,15 @@ struct FormatK {
       QuadNibbles<kFive ? 5 : 4>(Word(q, t), qh >> (4 * t), qh >> (16 + 4 * t), lo, hi);
     }
   };
+  // Decoded at the load: a Raw that held the block's 16-byte head until the use took more
+  // registers and a branch per lane there, and the one-row kernel ran slower with it
+  // (H200, quant_bench's MoeDecode at one row, int16x2: gate+up 15.0 against 14.4 us, down
+  // 10.6 against 9.8), where the other formats gained (docs/cuda_kernels.md).
+  using Raw = Unit;
+  SG_QB static Unit Decode(const Raw& r) { return r; }
+  SG_QB static Unit Fetch(const uint8_t* base, int64_t blocks, int64_t g) {
+    return Load(base, blocks, g);
+  }
   SG_QB static Unit Load(const uint8_t* base, int64_t, int64_t g) {
     const int64_t b = g >> 3;
     const int s = static_cast<int>(g & 7);
@@ -478,18 +518,33 @@ struct Format<DType::kQ6_K> {
       QuadNibbles<6>(Word(ql, t), qh.x >> (8 * t), qh.y >> (8 * t), lo, hi);
     }
   };
-  SG_QB static Unit Load(const uint8_t* base, int64_t blocks, int64_t g) {
+  struct Raw {
+    uint4 ql;
+    uint2 qh;
+    uint32_t d, scales;  // the block's f16 bits; the unit's two int8 scales
+  };
+  SG_QB static Raw Fetch(const uint8_t* base, int64_t blocks, int64_t g) {
     const int64_t b = g >> 3;
     const int s = static_cast<int>(g & 7);
     const uint8_t* block = base + kPlane0 * b;
-    const float d = F16(Load2(base + kPlane0 * blocks + 2 * b));
-    const uint32_t scales = Load2(block + 192 + 2 * s);
+    Raw r;
+    r.d = Load2(base + kPlane0 * blocks + 2 * b);
+    r.scales = Load2(block + 192 + 2 * s);
+    r.ql = LoadQuants16(block + 16 * s);
+    r.qh = LoadQuants8(block + 128 + 8 * s);
+    return r;
+  }
+  SG_QB static Unit Decode(const Raw& r) {
+    const float d = F16(r.d);
     Unit u;
-    u.d0 = MulRn(d, static_cast<float>(static_cast<int8_t>(scales & 0xFFu)));
-    u.d1 = MulRn(d, static_cast<float>(static_cast<int8_t>(scales >> 8)));
-    u.ql = LoadQuants16(block + 16 * s);
-    u.qh = LoadQuants8(block + 128 + 8 * s);
+    u.d0 = MulRn(d, static_cast<float>(static_cast<int8_t>(r.scales & 0xFFu)));
+    u.d1 = MulRn(d, static_cast<float>(static_cast<int8_t>(r.scales >> 8)));
+    u.ql = r.ql;
+    u.qh = r.qh;
     return u;
+  }
+  SG_QB static Unit Load(const uint8_t* base, int64_t blocks, int64_t g) {
+    return Decode(Fetch(base, blocks, g));
   }
 };
 

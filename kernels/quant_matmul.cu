@@ -401,17 +401,19 @@ __global__ void __launch_bounds__(kRowThreads, 4)
   }
 
   using Unit = typename Q::Unit;
-  // The units of (column c, chunk q) this lane takes; a unit past the row is not loaded.
-  auto load = [&](int64_t c, int64_t q, Unit (&u)[2]) {
+  using Raw = typename Q::Raw;
+  // The units of (column c, chunk q) this lane takes, as loaded (decoded at the use, so
+  // that nothing waits for them before then); a unit past the row is not loaded.
+  auto load = [&](int64_t c, int64_t q, Raw (&u)[2]) {
     const uint8_t* wq = q < row_chunks ? w : w_up;
     if (q >= row_chunks) q -= row_chunks;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int64_t t = q * kRowChunkUnits + h * kWarpSize + lane;
-      if (t < units) u[h] = Q::Load(wq, blocks, (first_row + c) * units + t);
+      if (t < units) u[h] = Q::Fetch(wq, blocks, (first_row + c) * units + t);
     }
   };
-  Unit cur[2], next[2];
+  Raw cur[2], next[2];
   if constexpr (kMoe) {
     if (col < n) load(col, 0, cur);
   } else {
@@ -450,7 +452,7 @@ __global__ void __launch_bounds__(kRowThreads, 4)
       const int64_t t = (chunk < row_chunks ? chunk : chunk - row_chunks) * kRowChunkUnits +
                         h * kWarpSize + lane;
       if (t >= units) continue;
-      const Unit& unit = cur[h];
+      const Unit unit = Q::Decode(cur[h]);
       if constexpr (kX != QuantRowX::kF32) {
         acc += IntDotUnit<kX>(unit, row_x, units, t);
       } else {
