@@ -42,10 +42,11 @@ std::vector<double> LogSoftmax(const HostTensor& logits, int64_t row, int64_t vo
   return out;
 }
 
-// top-k with ties, -0/+0 and a NaN, against a stable sort of the row.
+// top-k with ties, -0/+0 and a NaN, against a stable sort of the row: rows of up to 256
+// (a warp per row, keys in registers; 256 its most) and longer ones (a block per row).
 TEST_F(CApiGpuTest, Topk) {
   for (const int32_t dt : kFloatDTypes) {
-    for (const int64_t n : {int64_t{50}, int64_t{32000}}) {
+    for (const int64_t n : {int64_t{50}, int64_t{256}, int64_t{257}, int64_t{32000}}) {
       for (const int64_t k : {int64_t{1}, int64_t{40}}) {
         SCOPED_TRACE(::testing::Message() << Name(dt) << " n " << n << " k " << k);
         const DType t = ToDType(dt);
