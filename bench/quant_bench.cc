@@ -10,7 +10,9 @@
 // Qwen3-8B's shapes, every one-row kernel side by side (fused, plain, one-row, tensor
 // cores) beside the bf16 small-M kernel. MoeDecode/<format>/... time a mixture of experts'
 // decode matmul (kernels/moe.cuh: one row, 8 of 128 experts, Qwen3-30B-A3B's shapes)
-// against the chosen experts' bytes. Block-format weights are repacked into the device
+// against the chosen experts' bytes, on the block per pair and the one-row kernel;
+// MoePrefill/<format>/... its prefill matmul (256 rows, walking by expert) in TFLOP/s,
+// routed uniformly and skewed. Block-format weights are repacked into the device
 // layout (kernels/quant_layout.h) as the step runner uploads them.
 //
 // How it measures (as kernel_bench): each case captures a CUDA graph of up to kMaxBatch
@@ -422,6 +424,74 @@ absl::Status RunMoeCase(benchmark::State& state, const std::string& name, DType 
   return absl::OkStatus();
 }
 
+// A mixture of experts' prefill matmul (kernels/moe.cuh, walking by expert) at Qwen3-30B-
+// A3B's shapes: `rows` rows (a prefill chunk), each choosing kMoeTopK distinct experts of
+// kMoeExperts at random, uniformly or `skewed` (expert e drawn with weight 1 / (e + 1), so
+// that a few experts take most pairs, as an untrained router's do), gated or per slot as
+// RunMoeCase. TFLOP/s: 2 · rows · top_k · n · k (twice when gated) over the time (the
+// counter `tflops`).
+absl::Status RunMoePrefillCase(benchmark::State& state, const std::string& name,
+                               DType w_dtype, int64_t rows, int64_t n, int64_t k, bool gated,
+                               bool skewed) {
+  const DType act = IsQuantized(w_dtype) ? DType::kF32 : w_dtype;
+  const int64_t elem = DTypeBytes(act);
+  const int64_t w_bytes = kMoeExperts * n * DTypeRowBytes(w_dtype, k);
+  const int64_t pairs = rows * kMoeTopK;
+  const int64_t x_elems = gated ? rows * k : pairs * k, y_elems = pairs * n;
+  const int64_t ids_off = RoundUp(w_bytes, kAlign) * (gated ? 2 : 1);
+  const int64_t x_off = ids_off + RoundUp(pairs * 4, kAlign);
+  const int64_t y_off = x_off + RoundUp(x_elems * elem, kAlign);
+  SG_ASSIGN_OR_RETURN(DeviceMemory pool,
+                      AllocateDevice(y_off + RoundUp(y_elems * elem, kAlign), "MoE prefill"));
+  auto* base = static_cast<uint8_t*>(pool.get());
+  const std::vector<uint8_t> w = WeightBytes(w_dtype, kMoeExperts * n, k);
+  for (int copy = 0; copy < (gated ? 2 : 1); ++copy) {
+    SG_RETURN_IF_ERROR(ToStatus(cudaMemcpy(base + copy * RoundUp(w_bytes, kAlign), w.data(),
+                                           w.size(), cudaMemcpyHostToDevice),
+                                "cudaMemcpy(experts)"));
+  }
+  std::vector<int32_t> ids(static_cast<size_t>(pairs));
+  std::vector<double> weight(kMoeExperts);
+  for (int64_t e = 0; e < kMoeExperts; ++e) {
+    weight[e] = skewed ? 1.0 / static_cast<double>(e + 1) : 1.0;
+  }
+  std::mt19937 rng(7);
+  for (int64_t r = 0; r < rows; ++r) {
+    std::vector<double> left = weight;  // drawn without replacement
+    for (int64_t j = 0; j < kMoeTopK; ++j) {
+      std::discrete_distribution<int32_t> pick(left.begin(), left.end());
+      const int32_t e = pick(rng);
+      ids[r * kMoeTopK + j] = e;
+      left[e] = 0.0;
+    }
+  }
+  std::vector<uint8_t> x(static_cast<size_t>(x_elems * elem));
+  for (int64_t i = 0; i < x_elems; ++i) {
+    StoreElement(x.data(), act, i, 0.001f * static_cast<float>(i % 997) - 0.5f);
+  }
+  SG_RETURN_IF_ERROR(ToStatus(cudaMemcpy(base + ids_off, ids.data(), ids.size() * 4,
+                                         cudaMemcpyHostToDevice),
+                              "cudaMemcpy(ids)"));
+  SG_RETURN_IF_ERROR(ToStatus(cudaMemcpy(base + x_off, x.data(), x.size(),
+                                         cudaMemcpyHostToDevice),
+                              "cudaMemcpy(x)"));
+  cudaStream_t stream = g->stream.get();
+  auto launch = [&](int) {
+    return ToStatus(
+        kernels::LaunchMoeMatMul(base + x_off, base, w_dtype,
+                                 reinterpret_cast<const int32_t*>(base + ids_off),
+                                 base + y_off, rows, kMoeExperts, n, k, kMoeTopK, !gated, act,
+                                 nullptr, stream,
+                                 gated ? base + RoundUp(w_bytes, kAlign) : nullptr, 2),
+        "LaunchMoeMatMul");
+  };
+  SG_ASSIGN_OR_RETURN(const double t, TimeLaunches(state, 1, false, launch));
+  Report(state, name, t, (gated ? 2 : 1) * w_bytes + (x_elems + y_elems) * elem, 1);
+  state.counters["tflops"] =
+      t > 0 ? 2.0 * static_cast<double>(pairs * n * k * (gated ? 2 : 1)) / t * 1e-12 : 0.0;
+  return absl::OkStatus();
+}
+
 absl::Status Setup() {
   SG_ASSIGN_OR_RETURN(g->stream, CreateStream("quant_bench"));
   int device = 0, l2 = 0;
@@ -587,6 +657,30 @@ int main(int argc, char** argv) {
                                        if (absl::Status st = sg::RunMoeCase(
                                                state, name, t, gated ? 768 : 2048,
                                                gated ? 2048 : 768, gated, row);
+                                           !st.ok()) {
+                                         state.SkipWithError(st.ToString().c_str());
+                                       }
+                                     })
+            ->UseManualTime()
+            ->Iterations(sg::kIterations)
+            ->Unit(benchmark::kMicrosecond);
+      }
+    }
+  }
+  // The experts' prefill matmul (by expert) for a chunk of 256 rows, routed uniformly or
+  // skewed: MoePrefill/<format>/<gate+up|down>/rows:256/<uniform|skewed>.
+  for (sg::DType t : {sg::DType::kBF16, sg::DType::kQ4_0, sg::DType::kQ4_K, sg::DType::kQ6_K}) {
+    for (const bool gated : {true, false}) {
+      for (const bool skewed : {false, true}) {
+        const std::string name =
+            absl::StrCat("MoePrefill/", sg::DTypeName(t), "/",
+                         gated ? "gate+up N=768 K=2048" : "down N=2048 K=768", "/rows:256/",
+                         skewed ? "skewed" : "uniform");
+        benchmark::RegisterBenchmark(name.c_str(),
+                                     [=](benchmark::State& state) {
+                                       if (absl::Status st = sg::RunMoePrefillCase(
+                                               state, name, t, 256, gated ? 768 : 2048,
+                                               gated ? 2048 : 768, gated, skewed);
                                            !st.ok()) {
                                          state.SkipWithError(st.ToString().c_str());
                                        }
