@@ -490,8 +490,9 @@ const Flag kFlags[] = {
      [](S v, O& o) { return SetInt(v, 0, int64_t{1} << 30, o.cuda.one_shot_all_reduce_bytes); }},
     {"--moe-by-expert", nullptr, "N", kAll, true,
      "GPU: mixture-of-experts matmuls walk by expert (each expert's weights read once per "
-     "window of rows) from N (row, chosen expert) pairs per expert on average, a block per "
-     "pair below it (default 2: prefill by expert, decode by pair; 0: always by expert)",
+     "window of rows) from N (row, chosen expert) pairs per expert on average; below it "
+     "block-format experts run on the one-row kernel and float ones a block per pair "
+     "(default 2: prefill by expert, decode not; 0: always by expert)",
      nullptr, EnvRule::kNone,
      [](S v, O& o) { return SetInt(v, 0, int64_t{1} << 40, o.cuda.moe_by_expert_pairs); }},
     {"--block-gemm-rows", nullptr, "N|auto", kAll, true,
