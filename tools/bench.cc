@@ -75,19 +75,23 @@ void PrintProfile(const std::vector<std::vector<NodeTime>>& runs, double replaye
   std::printf("profile: %s, device time per node (median of %zu): %.3f ms in all",
               what.c_str(), runs.size(), total);
   if (replayed_ms > 0) std::printf(" (the replayed step takes %.3f ms)", replayed_ms);
-  std::printf("\n  %-12s %6s %10s %7s\n", "op", "nodes", "ms", "share");
+  // The op column as wide as its longest name (MoeRouteWeights), so the numbers line up.
+  int width = 12;
+  for (const auto& [op, v] : by_op) width = std::max(width, static_cast<int>(op.size()));
+  std::printf("\n  %-*s %6s %10s %7s\n", width, "op", "nodes", "ms", "share");
   std::vector<std::pair<double, std::string>> ops;
   for (const auto& [op, v] : by_op) ops.push_back({v.second, op});
   std::sort(ops.rbegin(), ops.rend());
   for (const auto& [ms, op] : ops) {
-    std::printf("  %-12s %6d %10.4f %6.1f%%\n", op.c_str(), by_op[op].first, ms,
+    std::printf("  %-*s %6d %10.4f %6.1f%%\n", width, op.c_str(), by_op[op].first, ms,
                 total > 0 ? 100 * ms / total : 0.0);
   }
   std::sort(by_node.rbegin(), by_node.rend());
   std::printf("  slowest nodes:\n");
   for (size_t k = 0; k < std::min<size_t>(10, by_node.size()); ++k) {
     const NodeTime& n = runs[0][by_node[k].second];
-    std::printf("    %8.4f ms  %-10s %s\n", by_node[k].first, n.op.c_str(), n.name.c_str());
+    std::printf("    %8.4f ms  %-*s %s\n", by_node[k].first, width, n.op.c_str(),
+                n.name.c_str());
   }
 }
 
