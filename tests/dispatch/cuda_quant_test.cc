@@ -647,6 +647,40 @@ TEST(QuantRowMatmulTest, TakesAndRefusals) {
             cudaErrorMisalignedAddress);
 }
 
+// What the one-row kernel takes as a mixture of experts' matmul (its pairs a grid
+// dimension, every expert's columns one stacked tensor), and what its launcher refuses
+// before it touches a device.
+TEST(QuantRowMoeTest, TakesAndRefusals) {
+  using kernels::QuantRowMoeTakes;
+  EXPECT_TRUE(QuantRowMoeTakes(1, 128, 768, 2048, 8, DType::kQ4_K));
+  EXPECT_TRUE(QuantRowMoeTakes(kernels::kQuantRowMoeMaxPairs / 8, 128, 2048, 768, 8,
+                               DType::kQ6_K));
+  EXPECT_FALSE(QuantRowMoeTakes(kernels::kQuantRowMoeMaxPairs / 8 + 1, 128, 2048, 768, 8,
+                                DType::kQ6_K));  // more pairs than a grid dimension
+  EXPECT_FALSE(QuantRowMoeTakes(1, 1 << 20, 4096, 2048, 8, DType::kQ4_0));  // 2^32 rows of w
+  EXPECT_FALSE(QuantRowMoeTakes(1, 8, 64, kernels::kQuantRowMaxK + 256, 2, DType::kQ4_K));
+  EXPECT_FALSE(QuantRowMoeTakes(1, 8, 64, 96, 2, DType::kQ4_K));  // not whole blocks
+  EXPECT_FALSE(QuantRowMoeTakes(1, 8, 64, 256, 2, DType::kBF16));
+  EXPECT_FALSE(QuantRowMoeTakes(0, 8, 64, 256, 2, DType::kQ8_0));
+  EXPECT_FALSE(QuantRowMoeTakes(1, 0, 64, 256, 2, DType::kQ8_0));
+  EXPECT_FALSE(QuantRowMoeTakes(1, 8, 64, 256, 0, DType::kQ8_0));
+  EXPECT_FALSE(QuantRowMoeTakes(int64_t{1} << 40, 8, 64, 256, int64_t{1} << 40, DType::kQ8_0));
+  alignas(16) static float x[4 * 256], y[4 * 64];
+  alignas(16) static uint8_t w[8 * 64 * 272];
+  alignas(16) static int32_t ids[4];
+  const auto launch = [&](const void* wp, const void* w_up, const int32_t* id, bool per_slot,
+                          int sm_count) {
+    return kernels::LaunchQuantRowMoe(x, wp, w_up, DType::kQ8_0, id, y, 1, 8, 64, 256, 2,
+                                      per_slot, DType::kF32, nullptr, sm_count,
+                                      kernels::QuantRowX::kF32, kernels::Stream{});
+  };
+  EXPECT_EQ(launch(w, nullptr, nullptr, false, 132), cudaErrorInvalidValue);  // no ids
+  EXPECT_EQ(launch(w, w, ids, true, 132), cudaErrorInvalidValue);  // gate/up per slot
+  EXPECT_EQ(launch(w, nullptr, ids, false, 0), cudaErrorInvalidValue);  // no SMs
+  EXPECT_EQ(launch(w + 2, nullptr, ids, false, 132), cudaErrorMisalignedAddress);
+  EXPECT_EQ(launch(w, w + 2, ids, false, 132), cudaErrorMisalignedAddress);
+}
+
 // A NaN or an infinity in x leaves every sum it enters non-finite in every way the one-row
 // kernel reads x (the integer ones would otherwise quantize it to a finite code), and a
 // finite x gives finite sums, on formats with and without a min, of 32 and 256 values.
