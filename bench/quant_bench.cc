@@ -360,35 +360,34 @@ absl::Status RunCase(benchmark::State& state, const std::string& name, DType w_d
 // experts' bytes (twice when gated) and x and y once.
 constexpr int64_t kMoeExperts = 128, kMoeTopK = 8;
 
-// `row`: the one-row kernel (LaunchQuantRowMoe) with x taken so, as the dispatcher runs a
-// block-format decode step; none: LaunchMoeMatMul's block per pair.
-absl::Status RunMoeCase(benchmark::State& state, const std::string& name, DType w_dtype,
-                        int64_t n, int64_t k, bool gated,
-                        std::optional<kernels::QuantRowX> row) {
-  const DType act = IsQuantized(w_dtype) ? DType::kF32 : w_dtype;
+// The device side of a MoE case in one allocation: the experts [kMoeExperts, n, k] in
+// `w_dtype` (and with `gated` the same weights again as the up experts), `ids`, x of
+// `x_elems` values of `act` (fixed, varied values) and room for y's `y_elems`.
+struct MoeBuffers {
+  DeviceMemory pool;
+  const uint8_t* w = nullptr;
+  const uint8_t* w_up = nullptr;  // null unless gated
+  const int32_t* ids = nullptr;
+  const uint8_t* x = nullptr;
+  uint8_t* y = nullptr;
+};
+
+absl::StatusOr<MoeBuffers> UploadMoeCase(DType w_dtype, DType act, int64_t n, int64_t k,
+                                         bool gated, const std::vector<int32_t>& ids,
+                                         int64_t x_elems, int64_t y_elems) {
   const int64_t elem = DTypeBytes(act);
-  const int64_t row_bytes = DTypeRowBytes(w_dtype, k);
-  const int64_t w_bytes = kMoeExperts * n * row_bytes;
-  const int64_t x_elems = gated ? k : kMoeTopK * k, y_elems = kMoeTopK * n;
-  const int batch = static_cast<int>(kMoeExperts / kMoeTopK);
-  const int64_t ids_off = RoundUp(w_bytes, kAlign) * (gated ? 2 : 1);
-  const int64_t x_off = ids_off + RoundUp(batch * kMoeTopK * 4, kAlign);
+  const int64_t w_stride = RoundUp(kMoeExperts * n * DTypeRowBytes(w_dtype, k), kAlign);
+  const int64_t ids_off = w_stride * (gated ? 2 : 1);
+  const int64_t x_off = ids_off + RoundUp(static_cast<int64_t>(ids.size()) * 4, kAlign);
   const int64_t y_off = x_off + RoundUp(x_elems * elem, kAlign);
-  SG_ASSIGN_OR_RETURN(DeviceMemory pool,
-                      AllocateDevice(y_off + RoundUp(y_elems * elem, kAlign), "MoE case"));
-  auto* base = static_cast<uint8_t*>(pool.get());
+  MoeBuffers b;
+  SG_ASSIGN_OR_RETURN(b.pool, AllocateDevice(y_off + RoundUp(y_elems * elem, kAlign), "MoE case"));
+  auto* base = static_cast<uint8_t*>(b.pool.get());
   const std::vector<uint8_t> w = WeightBytes(w_dtype, kMoeExperts * n, k);
   for (int copy = 0; copy < (gated ? 2 : 1); ++copy) {
-    SG_RETURN_IF_ERROR(ToStatus(cudaMemcpy(base + copy * RoundUp(w_bytes, kAlign), w.data(),
-                                           w.size(), cudaMemcpyHostToDevice),
+    SG_RETURN_IF_ERROR(ToStatus(cudaMemcpy(base + copy * w_stride, w.data(), w.size(),
+                                           cudaMemcpyHostToDevice),
                                 "cudaMemcpy(experts)"));
-  }
-  // Launch s chooses experts 8s .. 8s+7, shuffled.
-  std::vector<int32_t> ids(static_cast<size_t>(batch * kMoeTopK));
-  for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>(i);
-  std::mt19937 rng(5);
-  for (int s = 0; s < batch; ++s) {
-    std::shuffle(ids.begin() + s * kMoeTopK, ids.begin() + (s + 1) * kMoeTopK, rng);
   }
   std::vector<uint8_t> x(static_cast<size_t>(x_elems * elem));
   for (int64_t i = 0; i < x_elems; ++i) {
@@ -400,23 +399,46 @@ absl::Status RunMoeCase(benchmark::State& state, const std::string& name, DType 
   SG_RETURN_IF_ERROR(ToStatus(cudaMemcpy(base + x_off, x.data(), x.size(),
                                          cudaMemcpyHostToDevice),
                               "cudaMemcpy(x)"));
+  b.w = base;
+  b.w_up = gated ? base + w_stride : nullptr;
+  b.ids = reinterpret_cast<const int32_t*>(base + ids_off);
+  b.x = base + x_off;
+  b.y = base + y_off;
+  return b;
+}
+
+// `row`: the one-row kernel (LaunchQuantRowMoe) with x taken so, as the dispatcher runs a
+// block-format decode step; none: LaunchMoeMatMul's block per pair.
+absl::Status RunMoeCase(benchmark::State& state, const std::string& name, DType w_dtype,
+                        int64_t n, int64_t k, bool gated,
+                        std::optional<kernels::QuantRowX> row) {
+  const DType act = IsQuantized(w_dtype) ? DType::kF32 : w_dtype;
+  const int64_t elem = DTypeBytes(act);
+  const int64_t row_bytes = DTypeRowBytes(w_dtype, k);
+  const int64_t x_elems = gated ? k : kMoeTopK * k, y_elems = kMoeTopK * n;
+  const int batch = static_cast<int>(kMoeExperts / kMoeTopK);
+  // Launch s chooses experts 8s .. 8s+7, shuffled.
+  std::vector<int32_t> ids(static_cast<size_t>(batch * kMoeTopK));
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>(i);
+  std::mt19937 rng(5);
+  for (int s = 0; s < batch; ++s) {
+    std::shuffle(ids.begin() + s * kMoeTopK, ids.begin() + (s + 1) * kMoeTopK, rng);
+  }
+  SG_ASSIGN_OR_RETURN(const MoeBuffers b,
+                      UploadMoeCase(w_dtype, act, n, k, gated, ids, x_elems, y_elems));
   cudaStream_t stream = g->stream.get();
   auto launch = [&](int s) {
-    const auto* launch_ids = reinterpret_cast<const int32_t*>(base + ids_off) + s * kMoeTopK;
+    const int32_t* launch_ids = b.ids + s * kMoeTopK;
     if (row.has_value()) {
-      return ToStatus(kernels::LaunchQuantRowMoe(
-                          base + x_off, base, gated ? base + RoundUp(w_bytes, kAlign) : nullptr,
-                          w_dtype, launch_ids, base + y_off, 1, kMoeExperts, n, k, kMoeTopK,
-                          !gated, act, nullptr, SmCount(), *row, stream),
+      return ToStatus(kernels::LaunchQuantRowMoe(b.x, b.w, b.w_up, w_dtype, launch_ids, b.y, 1,
+                                                 kMoeExperts, n, k, kMoeTopK, !gated, act,
+                                                 nullptr, SmCount(), *row, stream),
                       "LaunchQuantRowMoe");
     }
-    return ToStatus(
-        kernels::LaunchMoeMatMul(base + x_off, base, w_dtype,
-                                 reinterpret_cast<const int32_t*>(base + ids_off) + s * kMoeTopK,
-                                 base + y_off, 1, kMoeExperts, n, k, kMoeTopK, !gated, act,
-                                 nullptr, stream,
-                                 gated ? base + RoundUp(w_bytes, kAlign) : nullptr, 2),
-        "LaunchMoeMatMul");
+    return ToStatus(kernels::LaunchMoeMatMul(b.x, b.w, w_dtype, launch_ids, b.y, 1, kMoeExperts,
+                                             n, k, kMoeTopK, !gated, act, nullptr, stream,
+                                             b.w_up, 2),
+                    "LaunchMoeMatMul");
   };
   SG_ASSIGN_OR_RETURN(const double t, TimeLaunches(state, batch, false, launch));
   Report(state, name, t,
@@ -438,18 +460,6 @@ absl::Status RunMoePrefillCase(benchmark::State& state, const std::string& name,
   const int64_t w_bytes = kMoeExperts * n * DTypeRowBytes(w_dtype, k);
   const int64_t pairs = rows * kMoeTopK;
   const int64_t x_elems = gated ? rows * k : pairs * k, y_elems = pairs * n;
-  const int64_t ids_off = RoundUp(w_bytes, kAlign) * (gated ? 2 : 1);
-  const int64_t x_off = ids_off + RoundUp(pairs * 4, kAlign);
-  const int64_t y_off = x_off + RoundUp(x_elems * elem, kAlign);
-  SG_ASSIGN_OR_RETURN(DeviceMemory pool,
-                      AllocateDevice(y_off + RoundUp(y_elems * elem, kAlign), "MoE prefill"));
-  auto* base = static_cast<uint8_t*>(pool.get());
-  const std::vector<uint8_t> w = WeightBytes(w_dtype, kMoeExperts * n, k);
-  for (int copy = 0; copy < (gated ? 2 : 1); ++copy) {
-    SG_RETURN_IF_ERROR(ToStatus(cudaMemcpy(base + copy * RoundUp(w_bytes, kAlign), w.data(),
-                                           w.size(), cudaMemcpyHostToDevice),
-                                "cudaMemcpy(experts)"));
-  }
   std::vector<int32_t> ids(static_cast<size_t>(pairs));
   std::vector<double> weight(kMoeExperts);
   for (int64_t e = 0; e < kMoeExperts; ++e) {
@@ -465,25 +475,14 @@ absl::Status RunMoePrefillCase(benchmark::State& state, const std::string& name,
       left[e] = 0.0;
     }
   }
-  std::vector<uint8_t> x(static_cast<size_t>(x_elems * elem));
-  for (int64_t i = 0; i < x_elems; ++i) {
-    StoreElement(x.data(), act, i, 0.001f * static_cast<float>(i % 997) - 0.5f);
-  }
-  SG_RETURN_IF_ERROR(ToStatus(cudaMemcpy(base + ids_off, ids.data(), ids.size() * 4,
-                                         cudaMemcpyHostToDevice),
-                              "cudaMemcpy(ids)"));
-  SG_RETURN_IF_ERROR(ToStatus(cudaMemcpy(base + x_off, x.data(), x.size(),
-                                         cudaMemcpyHostToDevice),
-                              "cudaMemcpy(x)"));
+  SG_ASSIGN_OR_RETURN(const MoeBuffers b,
+                      UploadMoeCase(w_dtype, act, n, k, gated, ids, x_elems, y_elems));
   cudaStream_t stream = g->stream.get();
   auto launch = [&](int) {
-    return ToStatus(
-        kernels::LaunchMoeMatMul(base + x_off, base, w_dtype,
-                                 reinterpret_cast<const int32_t*>(base + ids_off),
-                                 base + y_off, rows, kMoeExperts, n, k, kMoeTopK, !gated, act,
-                                 nullptr, stream,
-                                 gated ? base + RoundUp(w_bytes, kAlign) : nullptr, 2),
-        "LaunchMoeMatMul");
+    return ToStatus(kernels::LaunchMoeMatMul(b.x, b.w, w_dtype, b.ids, b.y, rows, kMoeExperts,
+                                             n, k, kMoeTopK, !gated, act, nullptr, stream,
+                                             b.w_up, 2),
+                    "LaunchMoeMatMul");
   };
   SG_ASSIGN_OR_RETURN(const double t, TimeLaunches(state, 1, false, launch));
   Report(state, name, t, (gated ? 2 : 1) * w_bytes + (x_elems + y_elems) * elem, 1);

@@ -398,6 +398,12 @@ bool MoeMatMulTakes(int64_t rows, int64_t experts, int64_t n, int64_t k, int64_t
   return !IsQuantized(w_dtype) || k % DTypeBlockElems(w_dtype) == 0;
 }
 
+bool MoeMatMulWalksByExpert(int64_t pairs, int64_t experts, int64_t k,
+                            int64_t by_expert_pairs) {
+  return experts > 0 && experts < 0x7fffffff && pairs / experts >= by_expert_pairs &&
+         k % quant::kUnitElems == 0;
+}
+
 cudaError_t LaunchMoeMatMul(const void* x, const void* w, DType w_dtype, const int32_t* ids,
                             void* y, int64_t rows, int64_t experts, int64_t n, int64_t k,
                             int64_t top_k, bool per_slot, DType dtype, uint32_t* error_flags,
@@ -416,8 +422,7 @@ cudaError_t LaunchMoeMatMul(const void* x, const void* w, DType w_dtype, const i
   };
   // Enough pairs that an expert's matrix would be read by several: by expert.
   const int64_t pairs = rows * top_k;
-  const bool by_expert = pairs / experts >= by_expert_pairs && k % quant::kUnitElems == 0 &&
-                         experts < 0x7fffffff;
+  const bool by_expert = MoeMatMulWalksByExpert(pairs, experts, k, by_expert_pairs);
   const dim3 expert_grid(static_cast<unsigned>(experts + 1),
                          static_cast<unsigned>(CeilDiv(n, kMoeMatMulCols)));
   if (IsQuantized(w_dtype)) {

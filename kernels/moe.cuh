@@ -55,6 +55,10 @@ cudaError_t LaunchMoeMatMul(const void* x, const void* w, DType w_dtype, const i
                             int64_t top_k, bool per_slot, DType dtype, uint32_t* error_flags,
                             Stream stream, const void* w_up, int64_t by_expert_pairs);
 
+// Whether LaunchMoeMatMul walks by expert for `pairs` (rows · top_k) pairs over `experts`
+// experts and this k (the rule its comment gives); the dispatcher asks it too.
+bool MoeMatMulWalksByExpert(int64_t pairs, int64_t experts, int64_t k, int64_t by_expert_pairs);
+
 // out [rows, n] (`dtype`) = Σ_j weights[i, j] · y[i, j·n ..], y [rows, top_k · n] of
 // `dtype`, weights [rows, top_k] of `weights_dtype` (float dtypes), the terms taken in
 // ascending ids[i, j] (ties by slot), each term and each partial sum rounded to `dtype`:

@@ -110,7 +110,8 @@ PreparedOr Prepare(const ops::MoeMatMul& op, const CudaPrepareContext& c) {
   const int64_t rows = x.shape[0], experts = w.shape[0], top_k = ids.shape[1];
   // MatMulLimits bounded rows · top_k to 32 bits.
   state->row_kernel = IsQuantized(w.dtype) &&
-                      rows * top_k / experts < c.options.moe_by_expert_pairs &&
+                      !kernels::MoeMatMulWalksByExpert(rows * top_k, experts, w.shape[2],
+                                                       c.options.moe_by_expert_pairs) &&
                       kernels::QuantRowMoeTakes(rows, experts, w.shape[1], w.shape[2], top_k,
                                                 w.dtype);
   state->row_x = RowXFor(c.options, w.dtype);
