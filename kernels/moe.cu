@@ -10,9 +10,9 @@
 //   layout (kernels/quant_blocks.cuh; unit g of the stacked tensor is unit g of its rows
 //   e·N + c). Every pair reads its expert's matrix: rows that share an expert share it
 //   through L2, not through one read. With many pairs per expert (a prefill step) the
-//   blocks walk by expert instead (MoeGroupedMatMulKernel): a block per expert and
-//   kMoeMatMulCols columns lists the pairs that chose it and reads each unit once per
-//   window of pairs. (The CUDA dispatcher runs a decode step's block-format experts on the
+//   blocks walk by expert instead (MoeGroupedMatMulKernel): a block per expert and 128
+//   weight rows lists the pairs that chose it and multiplies them 32 at a time as a small
+//   matrix product through shared memory, reading each unit once per tile of pairs. (The CUDA dispatcher runs a decode step's block-format experts on the
 //   one-row kernel instead, kernels/quant_matmul.cuh's LaunchQuantRowMoe: 1.3 to 2 times
 //   faster than the block per pair at Qwen3-30B-A3B's shapes.)
 // MoeCombine: a block per row and 256 columns; the block first ranks the row's slots by
@@ -205,15 +205,31 @@ __global__ void __launch_bounds__(kMatMulThreads)
 // ---- MoeMatMul by expert (prefill) --------------------------------------------------------
 //
 // With many rows a (row, expert) pair per block reads each expert's matrix once per row
-// that chose it. Here a block takes one expert and kMoeMatMulCols columns and finds the
-// pairs that chose its expert (a window of pairs at a time, listed in shared memory), so
-// the expert's units are read once per window: each lane holds one unit of its column (32
-// values, the gate's and the up's with kGated) and multiplies it with every listed pair's
-// x, the partial sums reduced over the warp and added up in shared memory per pair. Block
-// `experts` (one past the last) takes the pairs whose id is out of range: zeros and the
-// error flag, as the pair kernels do.
+// that chose it. Here a block takes one expert and kTileRows rows of its weight
+// (kTileRows output columns, or with kGated kTileRows / 2 columns' gate and up rows,
+// interleaved) and finds the pairs that chose its expert (a window of pairs at a time,
+// listed in shared memory, a tile's worth carried over to the next window); it
+// multiplies them kTilePairs at a time as a small matrix
+// product on CUDA cores: per unit of K (32 values) half the threads decode the block's
+// rows of the unit into shared memory (a thread a row, the CPU reference's values) and the
+// other half copy the tile's pairs' 32 values of x beside them, then each thread adds up a
+// tile of 4 pairs × 4 weight rows, two 16-byte shared loads per 16 FMAs (f32 products,
+// summed in K's order). So an expert's units are read once per tile of pairs and x once
+// per block, where the kernel before this one reread each listed pair's x from memory for
+// every column. Block `experts` (one past the last) takes the pairs whose id is out of
+// range: zeros and the error flag, as the pair kernels do.
 
 constexpr int kGroupedWindow = 512;  // pairs listed per pass
+constexpr int kTilePairs = 32;       // pairs per product tile: 4 per warp
+constexpr int kTileRows = 128;       // weight rows per block: 4 per lane
+static_assert(kMatMulThreads == 2 * kTileRows && kTilePairs * 4 == kTileRows &&
+              kTilePairs == 4 * (kMatMulThreads / kWarpSize));
+
+// Output columns one by-expert block computes.
+template <bool kGated>
+constexpr int64_t GroupedCols() {
+  return kGated ? kTileRows / 2 : kTileRows;
+}
 
 // Unit t (values 32t .. 32t + 31) of row `row` (= expert · n + column) of a block-format w.
 template <typename Q>
@@ -257,76 +273,132 @@ __global__ void __launch_bounds__(kMatMulThreads)
                            int64_t n, int64_t k, int top_k, bool per_slot, int experts,
                            bool vec_x, uint32_t* error_flags) {
   AwaitPrerequisiteGrids();
-  __shared__ int32_t listed[kGroupedWindow];
-  __shared__ float acc[kGated ? 2 : 1][kGroupedWindow][kMoeMatMulCols];
+  // The listed pairs (indices into ids): fewer than kTilePairs left from the windows
+  // before, then this window's.
+  __shared__ int32_t listed[kTilePairs + kGroupedWindow];
   __shared__ int count;
+  __shared__ __align__(16) float ws[quant::kUnitElems][kTileRows];
+  __shared__ __align__(16) float xs[quant::kUnitElems][kTilePairs];
   const int expert = static_cast<int>(blockIdx.x);  // == experts: the bad ids
   const bool bad_ids = expert == experts;
   const int warp = static_cast<int>(threadIdx.x / kWarpSize);
   const int lane = static_cast<int>(threadIdx.x % kWarpSize);
-  const int64_t col = static_cast<int64_t>(blockIdx.y) * kMoeMatMulCols + warp;
+  constexpr int64_t kCols = GroupedCols<kGated>();
+  const int64_t col0 = static_cast<int64_t>(blockIdx.y) * kCols;
   const int64_t units = k / quant::kUnitElems;
+  // The weight row a decoding thread (threadIdx.x < kTileRows) reads: with kGated rows
+  // 2c and 2c + 1 of the tile are column c's gate and up rows. A column past n reads the
+  // last one again and is not written.
+  const int r = static_cast<int>(threadIdx.x);
+  const bool decodes = r < kTileRows;
+  const bool up_row = kGated && (r & 1) != 0;
+  const int64_t row_col = std::min<int64_t>(col0 + (kGated ? r / 2 : r), n - 1);
+  const int64_t w_row = static_cast<int64_t>(expert) * n + row_col;
+  // A copying thread's pair of the tile and its 8 values of each unit.
+  const int copy = static_cast<int>(threadIdx.x) - kTileRows;
+  const int copy_pair = copy % kTilePairs, copy_part = copy / kTilePairs;
+
+  // The product of listed pairs t0 .. t0 + tile − 1 (tile <= kTilePairs), written to y.
+  auto product = [&](int t0, int tile) {
+    const T* xr = nullptr;
+    if (!decodes && copy_pair < tile) {
+      const int64_t pair = listed[t0 + copy_pair];
+      xr = x + (per_slot ? pair : pair / top_k) * k + 8 * copy_part;
+    }
+    float acc[4][4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) acc[i][j] = 0.0f;
+    }
+    for (int64_t u = 0; u < units; ++u) {
+      if (decodes) {
+        float v[quant::kUnitElems];
+        if (up_row) {
+          w2.Load(w_row, units, u, v);
+        } else {
+          w.Load(w_row, units, u, v);
+        }
+#pragma unroll
+        for (int e = 0; e < quant::kUnitElems; ++e) ws[e][r] = v[e];
+      } else {
+        float a[8] = {};
+        if (xr != nullptr) quant::LoadX8(xr + u * quant::kUnitElems, vec_x, a);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) xs[8 * copy_part + e][copy_pair] = a[e];
+      }
+      __syncthreads();
+#pragma unroll 8
+      for (int e = 0; e < quant::kUnitElems; ++e) {
+        const float4 wv = *reinterpret_cast<const float4*>(&ws[e][4 * lane]);
+        const float4 xv = *reinterpret_cast<const float4*>(&xs[e][4 * warp]);
+        const float wf[4] = {wv.x, wv.y, wv.z, wv.w};
+        const float xf[4] = {xv.x, xv.y, xv.z, xv.w};
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+#pragma unroll
+          for (int j = 0; j < 4; ++j) acc[i][j] = fmaf(xf[i], wf[j], acc[i][j]);
+        }
+      }
+      __syncthreads();  // the next unit rewrites the tiles
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int p = 4 * warp + i;
+      if (p >= tile) continue;
+      T* out = y + static_cast<int64_t>(listed[t0 + p]) * n;
+      if constexpr (kGated) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int64_t col = col0 + 2 * lane + h;
+          if (col < n) out[col] = MoeOutput<T, true>(acc[i][2 * h], acc[i][2 * h + 1]);
+        }
+      } else {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const int64_t col = col0 + 4 * lane + j;
+          if (col < n) out[col] = MoeOutput<T, false>(acc[i][j], 0.0f);
+        }
+      }
+    }
+  };
+
+  if (threadIdx.x == 0) count = 0;
+  __syncthreads();
   for (int64_t w0 = 0; w0 < pairs; w0 += kGroupedWindow) {
-    if (threadIdx.x == 0) count = 0;
-    __syncthreads();
     const int64_t w1 = w0 + kGroupedWindow < pairs ? w0 + kGroupedWindow : pairs;
     for (int64_t p = w0 + threadIdx.x; p < w1; p += blockDim.x) {
       const int32_t id = ids[p];
       if (bad_ids ? (id < 0 || id >= experts) : id == expert) {
-        listed[atomicAdd(&count, 1)] = static_cast<int32_t>(p - w0);
+        listed[atomicAdd(&count, 1)] = static_cast<int32_t>(p);
       }
     }
     __syncthreads();
     const int found = count;
-    if (found > 0 && col < n && bad_ids) {
-      for (int r = lane; r < found; r += kWarpSize) y[(w0 + listed[r]) * n + col] = FromFloat<T>(0.0f);
-      if (col == 0 && lane == 0) RaiseExpertOutOfRange(error_flags);
-    } else if (found > 0 && col < n) {
-      for (int r = lane; r < found; r += kWarpSize) {
-        acc[0][r][warp] = 0.0f;
-        if constexpr (kGated) acc[kGated ? 1 : 0][r][warp] = 0.0f;
+    const bool last = w1 == pairs;
+    if (bad_ids) {
+      for (int i = threadIdx.x; i < found * kCols; i += blockDim.x) {
+        const int64_t col = col0 + i % kCols;
+        if (col < n) y[static_cast<int64_t>(listed[i / kCols]) * n + col] = FromFloat<T>(0.0f);
       }
-      __syncwarp();
-      const int64_t row = static_cast<int64_t>(expert) * n + col;
-      for (int64_t u0 = 0; u0 < units; u0 += kWarpSize) {
-        const int64_t t = u0 + lane;
-        const bool have = t < units;
-        float v[32], v2[32];
-        if (have) {
-          w.Load(row, units, t, v);
-          if constexpr (kGated) w2.Load(row, units, t, v2);
-        }
-        for (int r = 0; r < found; ++r) {
-          const int64_t p = w0 + listed[r];
-          const T* xr = x + (per_slot ? p * k : (p / top_k) * k) + t * quant::kUnitElems;
-          float s = 0.0f, s2 = 0.0f;
-          if (have) {
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {
-              float a[8];
-              quant::LoadX8(xr + 8 * j, vec_x, a);
-#pragma unroll
-              for (int i = 0; i < 8; ++i) {
-                s = fmaf(v[8 * j + i], a[i], s);
-                if constexpr (kGated) s2 = fmaf(v2[8 * j + i], a[i], s2);
-              }
-            }
-          }
-          s = WarpSum(s);
-          if constexpr (kGated) s2 = WarpSum(s2);
-          if (lane == 0) {
-            acc[0][r][warp] += s;
-            if constexpr (kGated) acc[kGated ? 1 : 0][r][warp] += s2;
-          }
-        }
+      if (found > 0 && blockIdx.y == 0 && threadIdx.x == 0) RaiseExpertOutOfRange(error_flags);
+      __syncthreads();
+      if (threadIdx.x == 0) count = 0;
+    } else {
+      // Whole tiles; the rest waits for the next window's pairs, but after the last.
+      const int done = last ? found : found / kTilePairs * kTilePairs;
+      for (int t0 = 0; t0 < done; t0 += kTilePairs) {
+        product(t0, found - t0 < kTilePairs ? found - t0 : kTilePairs);
       }
-      __syncwarp();
-      for (int r = lane; r < found; r += kWarpSize) {
-        y[(w0 + listed[r]) * n + col] =
-            MoeOutput<T, kGated>(acc[0][r][warp], acc[kGated ? 1 : 0][r][warp]);
-      }
+      // The rest (fewer than kTilePairs) to the front of the list.
+      const int rest = found - done;
+      int32_t moved = 0;
+      if (done > 0 && static_cast<int>(threadIdx.x) < rest) moved = listed[done + threadIdx.x];
+      __syncthreads();
+      if (done > 0 && static_cast<int>(threadIdx.x) < rest) listed[threadIdx.x] = moved;
+      if (threadIdx.x == 0) count = rest;
     }
-    __syncthreads();  // the next window rewrites the list and the count
+    __syncthreads();  // the next window appends to the list
   }
 }
 
@@ -424,7 +496,8 @@ cudaError_t LaunchMoeMatMul(const void* x, const void* w, DType w_dtype, const i
   const int64_t pairs = rows * top_k;
   const bool by_expert = MoeMatMulWalksByExpert(pairs, experts, k, by_expert_pairs);
   const dim3 expert_grid(static_cast<unsigned>(experts + 1),
-                         static_cast<unsigned>(CeilDiv(n, kMoeMatMulCols)));
+                         static_cast<unsigned>(CeilDiv(n, gated ? GroupedCols<true>()
+                                                                : GroupedCols<false>())));
   if (IsQuantized(w_dtype)) {
     if (!Aligned16(w) || (gated && !Aligned16(w_up))) return cudaErrorMisalignedAddress;
     const int64_t blocks = experts * n * (k / DTypeBlockElems(w_dtype));

@@ -47,9 +47,9 @@ bool MoeMatMulTakes(int64_t rows, int64_t experts, int64_t n, int64_t k, int64_t
 // aligned. With `w_up` (w's shape and format; not per_slot) each output is instead
 // silu(g)·u of the two products (the gate experts w, the up experts w_up), each rounded to
 // `dtype` first, as ops::MoeMatMul's silu_mul. The blocks walk by expert (each expert's
-// matrix read once per window of pairs) when rows · top_k holds at least `by_expert_pairs`
-// pairs per expert (0: always; CudaOptions::moe_by_expert_pairs) and k is a multiple of 32;
-// below it, a block per pair.
+// matrix read once per tile of 32 of its pairs) when rows · top_k holds at least
+// `by_expert_pairs` pairs per expert (0: always; CudaOptions::moe_by_expert_pairs) and k is
+// a multiple of 32; below it, a block per pair.
 cudaError_t LaunchMoeMatMul(const void* x, const void* w, DType w_dtype, const int32_t* ids,
                             void* y, int64_t rows, int64_t experts, int64_t n, int64_t k,
                             int64_t top_k, bool per_slot, DType dtype, uint32_t* error_flags,
