@@ -231,14 +231,20 @@ constexpr int64_t GroupedCols() {
   return kGated ? kTileRows / 2 : kTileRows;
 }
 
-// Unit t (values 32t .. 32t + 31) of row `row` (= expert · n + column) of a block-format w.
+// Unit t (values 32t .. 32t + 31) of row `row` (= expert · n + column) of a block-format w:
+// Fetch loads it (nothing computed from the bytes, so the loads stay in flight until the
+// Decode that needs them), Decode gives its 32 values as the CPU reference dequantizes
+// them.
 template <typename Q>
 struct QuantUnits {
+  using Raw = typename Q::Raw;
   const uint8_t* w;
   int64_t blocks;
-  __device__ __forceinline__ void Load(int64_t row, int64_t units, int64_t t,
-                                       float (&v)[32]) const {
-    const typename Q::Unit unit = Q::Load(w, blocks, row * units + t);
+  __device__ __forceinline__ Raw Fetch(int64_t row, int64_t units, int64_t t) const {
+    return Q::Fetch(w, blocks, row * units + t);
+  }
+  __device__ __forceinline__ void Decode(const Raw& raw, float (&v)[32]) const {
+    const typename Q::Unit unit = Q::Decode(raw);
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       float f[8];
@@ -252,16 +258,23 @@ struct QuantUnits {
 // The same of a float w of x's dtype (k a multiple of 32, w 16-byte aligned).
 template <typename T>
 struct FloatUnits {
+  static constexpr int kW = kVec16<T>;
+  struct Raw {
+    Vec<T, kW> q[quant::kUnitElems / kW];
+  };
   const T* w;
-  __device__ __forceinline__ void Load(int64_t row, int64_t units, int64_t t,
-                                       float (&v)[32]) const {
+  __device__ __forceinline__ Raw Fetch(int64_t row, int64_t units, int64_t t) const {
     const T* p = w + (row * units + t) * quant::kUnitElems;
+    Raw raw;
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      float f[8];
-      quant::LoadX8(p + 8 * j, true, f);
+    for (int i = 0; i < quant::kUnitElems / kW; ++i) raw.q[i] = LoadStreaming<T, kW>(p + i * kW);
+    return raw;
+  }
+  __device__ __forceinline__ void Decode(const Raw& raw, float (&v)[32]) const {
 #pragma unroll
-      for (int i = 0; i < 8; ++i) v[8 * j + i] = f[i];
+    for (int i = 0; i < quant::kUnitElems / kW; ++i) {
+#pragma unroll
+      for (int e = 0; e < kW; ++e) v[i * kW + e] = ToFloat(raw.q[i].v[e]);
     }
   }
 };
@@ -311,23 +324,30 @@ __global__ void __launch_bounds__(kMatMulThreads)
 #pragma unroll
       for (int j = 0; j < 4; ++j) acc[i][j] = 0.0f;
     }
+    // Each thread's part of unit u + 1 is asked for before it multiplies unit u.
+    const Units wu = up_row ? w2 : w;
+    typename Units::Raw raw{};
+    float a[8] = {};
+    auto fetch = [&](int64_t u) {
+      if (decodes) {
+        raw = wu.Fetch(w_row, units, u);
+      } else if (xr != nullptr) {
+        quant::LoadX8(xr + u * quant::kUnitElems, vec_x, a);
+      }
+    };
+    fetch(0);
     for (int64_t u = 0; u < units; ++u) {
       if (decodes) {
         float v[quant::kUnitElems];
-        if (up_row) {
-          w2.Load(w_row, units, u, v);
-        } else {
-          w.Load(w_row, units, u, v);
-        }
+        wu.Decode(raw, v);
 #pragma unroll
         for (int e = 0; e < quant::kUnitElems; ++e) ws[e][r] = v[e];
       } else {
-        float a[8] = {};
-        if (xr != nullptr) quant::LoadX8(xr + u * quant::kUnitElems, vec_x, a);
 #pragma unroll
         for (int e = 0; e < 8; ++e) xs[8 * copy_part + e][copy_pair] = a[e];
       }
       __syncthreads();
+      if (u + 1 < units) fetch(u + 1);
 #pragma unroll 8
       for (int e = 0; e < quant::kUnitElems; ++e) {
         const float4 wv = *reinterpret_cast<const float4*>(&ws[e][4 * lane]);
