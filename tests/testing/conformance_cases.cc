@@ -564,7 +564,10 @@ std::vector<OpCase> ConformanceCases() {
                    MoeQ{DType::kBF16, 5, 16, 1, 40, 256, false},
                    // By expert (a prefill step's pairs).
                    MoeQ{DType::kF32, 48, 16, 4, 48, 256, false},
-                   MoeQ{DType::kF32, 32, 8, 2, 32, 512, true}}) {
+                   MoeQ{DType::kF32, 32, 8, 2, 32, 512, true},
+                   // Pairs past one window of 512 (about 100 an expert): the by-expert
+                   // kernel's tiles carried from one window to the next.
+                   MoeQ{DType::kF32, 200, 8, 4, 40, 256, false}}) {
       add({.name = absl::StrCat("MoeMatMul/", DTypeName(w), "/", DTypeName(s.x), "/", s.rows,
                                 "x", s.experts, "x", s.n, "x", s.k, "/top", s.top_k,
                                 s.per_slot ? "/per_slot" : ""),
