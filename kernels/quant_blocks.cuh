@@ -93,6 +93,24 @@ SG_QB uint32_t Load4(const uint8_t* p) {
   return v;
 #endif
 }
+// One byte and one 4-byte word (4-byte aligned) of a block head, through the read-only
+// cache (the 8 units of a block read the same head).
+SG_QB uint32_t LoadCached1(const uint8_t* p) {
+#ifdef __CUDA_ARCH__
+  return __ldg(p);
+#else
+  return *p;
+#endif
+}
+SG_QB uint32_t LoadCached4(const uint8_t* p) {
+#ifdef __CUDA_ARCH__
+  return __ldg(reinterpret_cast<const unsigned int*>(p));
+#else
+  uint32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+#endif
+}
 SG_QB uint32_t Load2(const uint8_t* p) {
 #ifdef __CUDA_ARCH__
   return __ldcs(reinterpret_cast<const unsigned short*>(p));
@@ -284,8 +302,7 @@ SG_QB_UNROLL
 // Fetch only loads (the unit's words as stored), Unit Decode turns them into scales, so a
 // kernel that asks for its next units early holds Raws and decodes at the use (a scale
 // computed at the load would make the warp wait for that load right there, and a branch
-// around the loads keeps the compiler from moving it; Q4_K and Q5_K decode at the load all
-// the same, see there); for the 32-value formats also LoadPart(base,
+// around the loads keeps the compiler from moving it); for the 32-value formats also LoadPart(base,
 // blocks, g, j), the same unit with only the quant bytes Codes8(j) reads loaded (8 of them),
 // for a thread that multiplies values 8j .. 8j+7 alone. A unit is read factored: Unit::Codes8(j, c)
 // gives the codes of values 8j .. 8j+7 as exact floats (the format's offset subtracted),
@@ -463,35 +480,45 @@ struct FormatK {
       QuadNibbles<kFive ? 5 : 4>(Word(q, t), qh >> (4 * t), qh >> (16 + 4 * t), lo, hi);
     }
   };
-  // Decoded at the load: a Raw that held the block's 16-byte head until the use took more
-  // registers and a branch per lane there, and the one-row kernel ran slower with it
-  // (H200, quant_bench's MoeDecode at one row, int16x2: gate+up 15.0 against 14.4 us, down
-  // 10.6 against 9.8), where the other formats gained (docs/cuda_kernels.md).
-  using Raw = Unit;
-  SG_QB static Unit Decode(const Raw& r) { return r; }
-  SG_QB static Unit Fetch(const uint8_t* base, int64_t blocks, int64_t g) {
-    return Load(base, blocks, g);
+  // Raw: what the unit reads of its block's head (d and dmin, and the three bytes its 6-bit
+  // scale and min are made of) rather than the whole head, decoded without a branch per
+  // lane (a Raw of the 16-byte head decoded with one ran slower than decoding at the load:
+  // docs/cuda_kernels.md).
+  struct Raw {
+    uint4 q;
+    uint32_t qh;
+    uint32_t dm;       // the block's d and dmin (f16 bits)
+    uint32_t a, b, c;  // head bytes 4 + s, 8 + s and s
+    int s;
+  };
+  SG_QB static Raw Fetch(const uint8_t* base, int64_t, int64_t g) {
+    Raw r;
+    r.s = static_cast<int>(g & 7);
+    const uint8_t* block = base + kBytes * (g >> 3);
+    r.dm = LoadCached4(block);
+    r.a = LoadCached1(block + 4 + r.s);
+    r.b = LoadCached1(block + 8 + r.s);
+    r.c = LoadCached1(block + r.s);
+    r.q = LoadQuants16(block + 16 + 16 * r.s);
+    r.qh = kFive ? Load4(block + 144 + 4 * r.s) : 0u;
+    return r;
   }
-  SG_QB static Unit Load(const uint8_t* base, int64_t, int64_t g) {
-    const int64_t b = g >> 3;
-    const int s = static_cast<int>(g & 7);
-    const uint8_t* block = base + kBytes * b;
-    const uint4 head = LoadCached16(block);
-    // Q4KScaleMin over the head's bytes 4..15 (scales[k] is head byte 4 + k).
-    uint32_t sc, mn;
-    if (s < 4) {
-      sc = Byte(head, 4 + s) & 63u;
-      mn = Byte(head, 8 + s) & 63u;
-    } else {
-      sc = (Byte(head, 8 + s) & 0xFu) | ((Byte(head, s) >> 6) << 4);
-      mn = (Byte(head, 8 + s) >> 4) | ((Byte(head, 4 + s) >> 6) << 4);
-    }
+  // Q4KScaleMin over head bytes 4..15 (scales[k] is head byte 4 + k): sub-blocks 0..3 take
+  // the low 6 bits of bytes 4 + s (scale) and 8 + s (min); 4..7 the nibbles of byte 8 + s
+  // below the top 2 bits of bytes s (scale) and 4 + s (min).
+  SG_QB static Unit Decode(const Raw& r) {
+    const bool low = r.s < 4;
+    const uint32_t sc = low ? (r.a & 63u) : ((r.b & 0xFu) | ((r.c >> 6) << 4));
+    const uint32_t mn = low ? (r.b & 63u) : ((r.b >> 4) | ((r.a >> 6) << 4));
     Unit u;
-    u.d = MulRn(F16(head.x & 0xFFFFu), static_cast<float>(sc));
-    u.m = MulRn(F16(head.x >> 16), static_cast<float>(mn));
-    u.q = LoadQuants16(block + 16 + 16 * s);
-    u.qh = kFive ? Load4(block + 144 + 4 * s) : 0u;
+    u.d = MulRn(F16(r.dm & 0xFFFFu), static_cast<float>(sc));
+    u.m = MulRn(F16(r.dm >> 16), static_cast<float>(mn));
+    u.q = r.q;
+    u.qh = r.qh;
     return u;
+  }
+  SG_QB static Unit Load(const uint8_t* base, int64_t blocks, int64_t g) {
+    return Decode(Fetch(base, blocks, g));
   }
 };
 template <>
