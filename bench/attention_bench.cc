@@ -193,32 +193,48 @@ void BM_DeviceCopy(benchmark::State& state) {
   if (!s.ok()) Fail(state, s);
 }
 
-// Attention through CudaDispatch: q [m, 32·64], caches [m, 8, S, 64], pos = S - 1.
-void BM_Attention(benchmark::State& state, int64_t m, int64_t seq) {
+// A decode attention shape: the model's heads and the cache's dtype.
+struct DecodeShape {
+  const char* name;
+  DType dtype;
+  int64_t heads, kv_heads, head_dim;
+};
+// Llama-3.2-1B in bf16, and Qwen3-30B-A3B's attention as a GGUF file computes it (f32).
+constexpr DecodeShape kLlama1B{"", DType::kBF16, kHeads, kKvHeads, kHeadDim};
+constexpr DecodeShape kQwen3Moe{"qwen3moe_f32/", DType::kF32, 32, 4, 128};
+
+// Attention through CudaDispatch: q [m, heads·d], caches [m, kv_heads, S, d], every row at
+// position pos (S - 1 when pos < 0).
+void BM_Attention(benchmark::State& state, const DecodeShape& shape, int64_t m, int64_t seq,
+                  int64_t pos) {
+  if (pos < 0) pos = seq - 1;
   absl::Status s = [&]() -> absl::Status {
+    const DType dt = shape.dtype;
+    const int64_t elem = DTypeBytes(dt);
+    const int64_t q_elems = m * shape.heads * shape.head_dim;
     GraphBuilder b;
-    const TensorId q = b.Input("q", DType::kBF16, {m, kHeads * kHeadDim});
-    const TensorId k = b.State("k_cache", DType::kBF16, {m, kKvHeads, seq, kHeadDim});
-    const TensorId v = b.State("v_cache", DType::kBF16, {m, kKvHeads, seq, kHeadDim});
-    const TensorId pos = b.Input("pos", DType::kI32, {m});
-    b.Output("out", b.Attention(q, k, v, pos));
+    const TensorId q = b.Input("q", dt, {m, shape.heads * shape.head_dim});
+    const TensorId k = b.State("k_cache", dt, {m, shape.kv_heads, seq, shape.head_dim});
+    const TensorId v = b.State("v_cache", dt, {m, shape.kv_heads, seq, shape.head_dim});
+    const TensorId pos_t = b.Input("pos", DType::kI32, {m});
+    b.Output("out", b.Attention(q, k, v, pos_t));
     SG_ASSIGN_OR_RETURN(Graph graph, std::move(b).Build());
     SG_ASSIGN_OR_RETURN(ExecutionPlan plan, ExecutionPlan::Create(std::move(graph)));
     SG_ASSIGN_OR_RETURN(const PreparedPlan prepared, g->dispatch->Prepare(plan));
-    const int64_t cache_elems = m * kKvHeads * seq * kHeadDim;
-    const int n = Copies(2 * cache_elems * 2);
-    SG_ASSIGN_OR_RETURN(DeviceMemory pos_buf, Upload(DType::kI32, m, 0, 0, static_cast<int32_t>(seq - 1)));
+    const int64_t cache_elems = m * shape.kv_heads * seq * shape.head_dim;
+    const int n = Copies(2 * cache_elems * elem);
+    SG_ASSIGN_OR_RETURN(DeviceMemory pos_buf, Upload(DType::kI32, m, 0, 0, static_cast<int32_t>(pos)));
     std::vector<DeviceMemory> memory;
     std::vector<Bindings> binds;
     SG_ASSIGN_OR_RETURN(DeviceMemory arena, AllocateDevice(std::max<int64_t>(plan.arena_bytes(), 256) * n, "arena"));
     for (int i = 0; i < n; ++i) {
       Bindings bind(plan.graph());
-      SG_ASSIGN_OR_RETURN(DeviceMemory qb, Upload(DType::kBF16, m * kHeads * kHeadDim, 3 * i + 1, 1.0f));
-      SG_ASSIGN_OR_RETURN(DeviceMemory kb, Upload(DType::kBF16, cache_elems, 3 * i + 2, 1.0f));
-      SG_ASSIGN_OR_RETURN(DeviceMemory vb, Upload(DType::kBF16, cache_elems, 3 * i + 3, 1.0f));
-      SG_RETURN_IF_ERROR(bind.Bind("q", qb.get(), m * kHeads * kHeadDim * 2));
-      SG_RETURN_IF_ERROR(bind.Bind("k_cache", kb.get(), cache_elems * 2));
-      SG_RETURN_IF_ERROR(bind.Bind("v_cache", vb.get(), cache_elems * 2));
+      SG_ASSIGN_OR_RETURN(DeviceMemory qb, Upload(dt, q_elems, 3 * i + 1, 1.0f));
+      SG_ASSIGN_OR_RETURN(DeviceMemory kb, Upload(dt, cache_elems, 3 * i + 2, 1.0f));
+      SG_ASSIGN_OR_RETURN(DeviceMemory vb, Upload(dt, cache_elems, 3 * i + 3, 1.0f));
+      SG_RETURN_IF_ERROR(bind.Bind("q", qb.get(), q_elems * elem));
+      SG_RETURN_IF_ERROR(bind.Bind("k_cache", kb.get(), cache_elems * elem));
+      SG_RETURN_IF_ERROR(bind.Bind("v_cache", vb.get(), cache_elems * elem));
       SG_RETURN_IF_ERROR(bind.Bind("pos", pos_buf.get(), m * 4));
       bind.SetArena(static_cast<char*>(arena.get()) + i * std::max<int64_t>(plan.arena_bytes(), 256),
                     plan.arena_bytes());
@@ -227,11 +243,14 @@ void BM_Attention(benchmark::State& state, int64_t m, int64_t seq) {
       memory.push_back(std::move(vb));
       binds.push_back(std::move(bind));
     }
-    const double bytes = 2.0 * m * kKvHeads * seq * kHeadDim * 2 + 2.0 * m * kHeads * kHeadDim * 2;
+    // The keys 0..pos read, q read and the output written.
+    const double bytes =
+        (2.0 * m * shape.kv_heads * (pos + 1) * shape.head_dim + 2.0 * q_elems) * elem;
     return TimeCaptured(
         state, n,
         [&](int i) -> absl::Status { return Execute(prepared, binds[i], *g->dispatch).status(); },
-        "Attention", absl::StrCat("M", m, "/S", seq), bytes);
+        "Attention", absl::StrCat(shape.name, "M", m, "/S", seq, pos == seq - 1 ? "" : absl::StrCat("/pos", pos)),
+        bytes);
   }();
   if (!s.ok()) Fail(state, s);
 }
@@ -529,8 +548,18 @@ int main(int argc, char** argv) {
   for (int64_t m : {1, 8}) {
     for (int64_t seq : {512, 1024, 4096, 8192}) {
       reg(absl::StrCat("Attention/M", m, "/S", seq),
-          [m, seq](benchmark::State& s) { sg::BM_Attention(s, m, seq); });
+          [m, seq](benchmark::State& s) { sg::BM_Attention(s, sg::kLlama1B, m, seq, -1); });
     }
+  }
+  // Short contexts in a cache of 2,048 positions (a few chunks take part, each a few keys),
+  // and the Qwen3-MoE shape (4 KV heads: few blocks a chunk; f32 rows of 128).
+  for (int64_t pos : {100, 1000}) {
+    reg(absl::StrCat("Attention/M1/S2048/pos", pos),
+        [pos](benchmark::State& s) { sg::BM_Attention(s, sg::kLlama1B, 1, 2048, pos); });
+  }
+  for (int64_t pos : {100, 1000, 2047}) {
+    reg(absl::StrCat("Attention/", sg::kQwen3Moe.name, "M1/S2048/pos", pos),
+        [pos](benchmark::State& s) { sg::BM_Attention(s, sg::kQwen3Moe, 1, 2048, pos); });
   }
   // bf16 and f32 (GGUF files with quantized matrices) on the tiled kernel.
   // _rows: the same work on the row-by-row kernel (what f32 ran on before its own).
