@@ -193,6 +193,23 @@ void BM_DeviceCopy(benchmark::State& state) {
   if (!s.ok()) Fail(state, s);
 }
 
+// Copy i's q, k_cache and v_cache: random values of `dt` (seeds 3i + 1 .. 3i + 3)
+// uploaded, bound, and kept in `memory` for the bindings' lifetime.
+absl::Status BindRandomQkv(Bindings& bind, DType dt, int64_t q_elems, int64_t cache_elems,
+                           int i, std::vector<DeviceMemory>& memory) {
+  const int64_t e = DTypeBytes(dt);
+  SG_ASSIGN_OR_RETURN(DeviceMemory qb, Upload(dt, q_elems, 3 * i + 1, 1.0f));
+  SG_ASSIGN_OR_RETURN(DeviceMemory kb, Upload(dt, cache_elems, 3 * i + 2, 1.0f));
+  SG_ASSIGN_OR_RETURN(DeviceMemory vb, Upload(dt, cache_elems, 3 * i + 3, 1.0f));
+  SG_RETURN_IF_ERROR(bind.Bind("q", qb.get(), q_elems * e));
+  SG_RETURN_IF_ERROR(bind.Bind("k_cache", kb.get(), cache_elems * e));
+  SG_RETURN_IF_ERROR(bind.Bind("v_cache", vb.get(), cache_elems * e));
+  memory.push_back(std::move(qb));
+  memory.push_back(std::move(kb));
+  memory.push_back(std::move(vb));
+  return absl::OkStatus();
+}
+
 // A decode attention shape: the model's heads and the cache's dtype.
 struct DecodeShape {
   const char* name;
@@ -229,18 +246,10 @@ void BM_Attention(benchmark::State& state, const DecodeShape& shape, int64_t m, 
     SG_ASSIGN_OR_RETURN(DeviceMemory arena, AllocateDevice(std::max<int64_t>(plan.arena_bytes(), 256) * n, "arena"));
     for (int i = 0; i < n; ++i) {
       Bindings bind(plan.graph());
-      SG_ASSIGN_OR_RETURN(DeviceMemory qb, Upload(dt, q_elems, 3 * i + 1, 1.0f));
-      SG_ASSIGN_OR_RETURN(DeviceMemory kb, Upload(dt, cache_elems, 3 * i + 2, 1.0f));
-      SG_ASSIGN_OR_RETURN(DeviceMemory vb, Upload(dt, cache_elems, 3 * i + 3, 1.0f));
-      SG_RETURN_IF_ERROR(bind.Bind("q", qb.get(), q_elems * elem));
-      SG_RETURN_IF_ERROR(bind.Bind("k_cache", kb.get(), cache_elems * elem));
-      SG_RETURN_IF_ERROR(bind.Bind("v_cache", vb.get(), cache_elems * elem));
+      SG_RETURN_IF_ERROR(BindRandomQkv(bind, dt, q_elems, cache_elems, i, memory));
       SG_RETURN_IF_ERROR(bind.Bind("pos", pos_buf.get(), m * 4));
       bind.SetArena(static_cast<char*>(arena.get()) + i * std::max<int64_t>(plan.arena_bytes(), 256),
                     plan.arena_bytes());
-      memory.push_back(std::move(qb));
-      memory.push_back(std::move(kb));
-      memory.push_back(std::move(vb));
       binds.push_back(std::move(bind));
     }
     // The keys 0..pos read, q read and the output written.
@@ -310,18 +319,10 @@ void BM_PrefillAttention(benchmark::State& state, DType dt, int64_t t, int64_t b
     std::vector<Bindings> binds;
     for (int i = 0; i < n; ++i) {
       Bindings bind(plan.graph());
-      SG_ASSIGN_OR_RETURN(DeviceMemory qb, Upload(dt, q_elems, 3 * i + 1, 1.0f));
-      SG_ASSIGN_OR_RETURN(DeviceMemory kb, Upload(dt, cache_elems, 3 * i + 2, 1.0f));
-      SG_ASSIGN_OR_RETURN(DeviceMemory vb, Upload(dt, cache_elems, 3 * i + 3, 1.0f));
-      SG_RETURN_IF_ERROR(bind.Bind("q", qb.get(), q_elems * e));
-      SG_RETURN_IF_ERROR(bind.Bind("k_cache", kb.get(), cache_elems * e));
-      SG_RETURN_IF_ERROR(bind.Bind("v_cache", vb.get(), cache_elems * e));
+      SG_RETURN_IF_ERROR(BindRandomQkv(bind, dt, q_elems, cache_elems, i, memory));
       SG_RETURN_IF_ERROR(bind.Bind("pos", pos_buf.get(), t * 4));
       SG_RETURN_IF_ERROR(bind.Bind("seq_slots", slot_buf.get(), 4));
       bind.SetArena(static_cast<char*>(arena.get()) + i * arena_bytes, plan.arena_bytes());
-      memory.push_back(std::move(qb));
-      memory.push_back(std::move(kb));
-      memory.push_back(std::move(vb));
       binds.push_back(std::move(bind));
     }
     const double bytes = 2.0 * cache_elems * e + 2.0 * q_elems * e;

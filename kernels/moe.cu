@@ -12,9 +12,10 @@
 //   through L2, not through one read. With many pairs per expert (a prefill step) the
 //   blocks walk by expert instead (MoeGroupedMatMulKernel): a block per expert and 128
 //   weight rows lists the pairs that chose it and multiplies them 32 at a time as a small
-//   matrix product through shared memory, reading each unit once per tile of pairs. (The CUDA dispatcher runs a decode step's block-format experts on the
-//   one-row kernel instead, kernels/quant_matmul.cuh's LaunchQuantRowMoe: 1.3 to 2 times
-//   faster than the block per pair at Qwen3-30B-A3B's shapes.)
+//   matrix product through shared memory, reading each unit once per tile of pairs. (The
+//   CUDA dispatcher runs a decode step's block-format experts on the one-row kernel
+//   instead, kernels/quant_matmul.cuh's LaunchQuantRowMoe: 1.3 to 2 times faster than the
+//   block per pair at Qwen3-30B-A3B's shapes.)
 // MoeCombine: a block per row and 256 columns; the block first ranks the row's slots by
 //   expert id in shared memory, then each thread adds its column in that order with the
 //   CPU reference's roundings (explicit _rn operations: no contraction into an FMA).

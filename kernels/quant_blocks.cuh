@@ -74,16 +74,6 @@ SG_QB uint2 LoadQuants8(const uint8_t* p) {
   return v;
 #endif
 }
-// A block's head (d, dmin, scales), read by the 8 units of the block: kept in cache.
-SG_QB uint4 LoadCached16(const uint8_t* p) {
-#ifdef __CUDA_ARCH__
-  return __ldg(reinterpret_cast<const uint4*>(p));
-#else
-  uint4 v;
-  std::memcpy(&v, p, 16);
-  return v;
-#endif
-}
 SG_QB uint32_t Load4(const uint8_t* p) {
 #ifdef __CUDA_ARCH__
   return __ldcs(reinterpret_cast<const unsigned int*>(p));
@@ -180,8 +170,6 @@ SG_QB float CodeValue(uint32_t code) {
 SG_QB uint32_t Word(const uint4& v, int i) {
   return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
 }
-// Byte i (0..15, at run time) of a 16-byte vector.
-SG_QB uint32_t Byte(const uint4& v, int i) { return (Word(v, i >> 2) >> (8 * (i & 3))) & 0xFFu; }
 
 // The 4-bit codes of values 8j .. 8j+7 of a unit whose quants are `q` (value e: the low
 // nibble of byte e for e < 16, the high nibble of byte e - 16 otherwise): the two words
