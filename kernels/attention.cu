@@ -51,9 +51,10 @@ struct Traits {
   static constexpr int kVecsPerThread = kNumVecs / kThreadsPerKey;
   static constexpr int kElems = kVecsPerThread * kVecElems;  // per thread and key
   static constexpr int kKeyGroups = kThreads / kThreadsPerKey;
-  // Keys per key group in flight at once: about four 16-byte loads each of K and V per
-  // thread, fewer when eight heads' accumulators already fill the registers.
-  static constexpr int kUnrollBase = kVecsPerThread >= 4 ? 1 : 4 / kVecsPerThread;
+  // Keys per key group and iteration: two 16-byte loads each of K and V per thread, one
+  // when eight heads' accumulators already fill the registers; with the next iteration's
+  // loads in flight during this one's (the kernel's loop), about four in flight.
+  static constexpr int kUnrollBase = kVecsPerThread >= 2 ? 1 : 2 / kVecsPerThread;
   static constexpr int kUnroll = kTile >= 8 && kUnrollBase > 1 ? kUnrollBase / 2 : kUnrollBase;
   static constexpr int kKeysPerIter = kKeyGroups * kUnroll;
   static constexpr int kWordsPerVec = kVecElems * static_cast<int>(sizeof(T)) / 4;
@@ -238,11 +239,10 @@ __global__ void __launch_bounds__(kThreads) AttentionKernel(const Params p) {
   const T* k_rows = static_cast<const T*>(p.k) + cache_offset;
   const T* v_rows = static_cast<const T*>(p.v) + cache_offset;
 
-  // Every thread runs the same iterations (keys past `end` are masked), so the shuffles
-  // below always see a converged warp.
-  for (int base = begin; base < end; base += Tr::kKeysPerIter) {
-    uint32_t kw[kU][kVpt][kWords], vw[kU][kVpt][kWords];
-    bool valid[kU];
+  // The K and V words of the keys base + u · kKeyGroups + key_group (u < kU); keys past
+  // `end` read nothing and hold zeros.
+  auto load_keys = [&](int base, uint32_t (&kw)[kU][kVpt][kWords],
+                       uint32_t (&vw)[kU][kVpt][kWords], bool (&valid)[kU]) {
 #pragma unroll
     for (int u = 0; u < kU; ++u) {
       const int t = base + u * Tr::kKeyGroups + key_group;
@@ -259,6 +259,32 @@ __global__ void __launch_bounds__(kThreads) AttentionKernel(const Params p) {
         }
       }
     }
+  };
+
+  // Every thread runs the same iterations (keys past `end` are masked), so the shuffles
+  // below always see a converged warp. The next iteration's keys are asked for before this
+  // one's are used, so a chunk of several iterations waits for memory about once rather
+  // than once per iteration (a chunk's keys are read from DRAM: a step's weights pass
+  // through L2 between two steps).
+  uint32_t next_kw[kU][kVpt][kWords], next_vw[kU][kVpt][kWords];
+  bool next_valid[kU];
+  load_keys(begin, next_kw, next_vw, next_valid);
+  for (int base = begin; base < end; base += Tr::kKeysPerIter) {
+    uint32_t kw[kU][kVpt][kWords], vw[kU][kVpt][kWords];
+    bool valid[kU];
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      valid[u] = next_valid[u];
+#pragma unroll
+      for (int v = 0; v < kVpt; ++v) {
+#pragma unroll
+        for (int i = 0; i < kWords; ++i) {
+          kw[u][v][i] = next_kw[u][v][i];
+          vw[u][v][i] = next_vw[u][v][i];
+        }
+      }
+    }
+    load_keys(base + Tr::kKeysPerIter, next_kw, next_vw, next_valid);
 
     float s[kU][kG];
 #pragma unroll
