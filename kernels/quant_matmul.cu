@@ -377,6 +377,15 @@ __global__ void __launch_bounds__(kRowThreads, 4)
   const int64_t row_chunks = CeilDiv(units, int64_t{kRowChunkUnits});
   const int64_t chunks = w_up != nullptr ? 2 * row_chunks : row_chunks;
   const int64_t warps = static_cast<int64_t>(gridDim.x) * kRowWarps;
+  // With kMoe a row of at most 32 units (K up to 1,024, as the down experts' K of 768)
+  // fills half a chunk: a narrow chunk's halves are then two columns' rows, col and col +
+  // warps (lane: unit), so that a warp has as many loads in flight as with a long row and
+  // walks its columns in half the steps (the pairs share the GPU's warps, so each warp has
+  // several columns). Plain matmuls keep one column a chunk: their warps seldom have more
+  // than one column of so short a row, and the second accumulator costs the K formats'
+  // kernels registers.
+  const bool narrow = kMoe && units <= kWarpSize;
+  const int64_t col_step = narrow ? 2 * warps : warps;
   int64_t col = static_cast<int64_t>(blockIdx.x) * kRowWarps + threadIdx.x / kWarpSize;
   int64_t chunk = 0;
   int64_t first_row = 0;  // w's row of column 0: expert · n
@@ -409,8 +418,9 @@ __global__ void __launch_bounds__(kRowThreads, 4)
     if (q >= row_chunks) q -= row_chunks;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const int64_t t = q * kRowChunkUnits + h * kWarpSize + lane;
-      if (t < units) u[h] = Q::Fetch(wq, blocks, (first_row + c) * units + t);
+      const int64_t t = narrow ? lane : q * kRowChunkUnits + h * kWarpSize + lane;
+      const int64_t ch = narrow ? c + h * warps : c;
+      if (t < units && ch < n) u[h] = Q::Fetch(wq, blocks, (first_row + ch) * units + t);
     }
   };
   Raw cur[2], next[2];
@@ -439,22 +449,27 @@ __global__ void __launch_bounds__(kRowThreads, 4)
   }
   __syncthreads();
 
-  float acc = 0.0f, acc_gate = 0.0f;
+  // acc[1] and acc_gate[1]: a narrow chunk's second column.
+  float acc[2] = {0.0f, 0.0f}, acc_gate[2] = {0.0f, 0.0f};
   while (col < n) {
     int64_t next_col = col, next_chunk = chunk + 1;
     if (next_chunk == chunks) {
       next_chunk = 0;
-      next_col += warps;
+      next_col += col_step;
     }
     if (next_col < n) load(next_col, next_chunk, next);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const int64_t t = (chunk < row_chunks ? chunk : chunk - row_chunks) * kRowChunkUnits +
-                        h * kWarpSize + lane;
-      if (t >= units) continue;
+      const int64_t t = narrow ? lane
+                               : (chunk < row_chunks ? chunk : chunk - row_chunks) *
+                                         kRowChunkUnits +
+                                     h * kWarpSize + lane;
+      if (t >= units || (narrow && col + h * warps >= n)) continue;
       const Unit unit = Q::Decode(cur[h]);
+      // A long row's halves add into one sum, in the order of its units.
+      float& sum = narrow ? acc[h] : acc[0];
       if constexpr (kX != QuantRowX::kF32) {
-        acc += IntDotUnit<kX>(unit, row_x, units, t);
+        sum += IntDotUnit<kX>(unit, row_x, units, t);
       } else {
 #pragma unroll
         for (int j = 0; j < quant::kUnitElems / 8; ++j) {
@@ -462,26 +477,32 @@ __global__ void __launch_bounds__(kRowThreads, 4)
           StagedX8(row_x, t, j, xf[0]);
           float xsum[1];
           if constexpr (Unit::kHasMin) quant::XSums8<1>(xf, xsum);
-          quant::AccumulateUnit8<1, 1>(unit, j, xf, xsum, &acc);
+          quant::AccumulateUnit8<1, 1>(unit, j, xf, xsum, &sum);
         }
       }
     }
-    if (next_chunk == 0) {  // the column is done
-      const float total = WarpSum(acc);
-      const float gate = w_up != nullptr ? WarpSum(acc_gate) : 0.0f;
-      if (lane == 0) {
-        // With a residual, as FusedMatMul's add: the product rounded first. With w_up, as
-        // its SiluMul: silu(gate)·up of the f32 sums, rounded once.
-        // With kMoe and w_up, as MoeMatMul's silu_mul: each product rounded first.
-        y[col] = w_up != nullptr && kMoe ? FromFloat<T>(Silu(RoundTo<T>(gate)) * RoundTo<T>(total))
+    if (next_chunk == 0) {  // the column (a narrow chunk: both columns) is done
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int64_t c = col + h * warps;
+        if (h == 1 && (!narrow || c >= n)) break;  // warp-uniform
+        const float total = WarpSum(acc[h]);
+        const float gate = w_up != nullptr ? WarpSum(acc_gate[h]) : 0.0f;
+        if (lane == 0) {
+          // With a residual, as FusedMatMul's add: the product rounded first. With w_up,
+          // as its SiluMul: silu(gate)·up of the f32 sums, rounded once. With kMoe and
+          // w_up, as MoeMatMul's silu_mul: each product rounded first.
+          y[c] = w_up != nullptr && kMoe ? FromFloat<T>(Silu(RoundTo<T>(gate)) * RoundTo<T>(total))
                  : w_up != nullptr       ? FromFloat<T>(Silu(gate) * total)
                  : residual == nullptr   ? FromFloat<T>(total)
-                                         : FromFloat<T>(ToFloat(residual[col]) + RoundTo<T>(total));
+                                         : FromFloat<T>(ToFloat(residual[c]) + RoundTo<T>(total));
+        }
       }
-      acc = 0.0f;
+      acc[0] = acc[1] = 0.0f;
     } else if (next_chunk == row_chunks && w_up != nullptr) {  // the gate row is done
-      acc_gate = acc;
-      acc = 0.0f;
+      acc_gate[0] = acc[0];
+      acc_gate[1] = acc[1];
+      acc[0] = acc[1] = 0.0f;
     }
 #pragma unroll
     for (int h = 0; h < 2; ++h) cur[h] = next[h];

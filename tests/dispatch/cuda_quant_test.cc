@@ -420,7 +420,8 @@ std::vector<OpCase> IntRowCases() {
 // which the dispatcher takes for block-format experts below moe_by_expert_pairs) with f32
 // products and x as two int16 parts: gate and up with SiluMul at a K of three chunks, the
 // last partial, and more columns than a pair's share of the grid has warps (each warp
-// walks several); the down experts per slot; 128 experts and top 8 in bf16; a bad id (zeros
+// walks several); rows of at most 32 units (two columns a chunk), an odd column count
+// leaving a warp's last chunk one column; the down experts per slot; 128 experts and top 8 in bf16; a bad id (zeros
 // and the flag, which the conformance run compares). And, per format, the pair kernel the
 // row kernel leaves to K past kQuantRowMaxK.
 std::vector<OpCase> MoeRowCases() {
@@ -428,12 +429,17 @@ std::vector<OpCase> MoeRowCases() {
   for (DType q : kQuantTypes) {
     const int64_t block = DTypeBlockElems(q);
     const int64_t odd_k = (block == 32 ? 144 : 18) * block;
+    // Rows of 18 or 24 units: a narrow chunk's halves are two columns (the down experts'
+    // K of 768 in Qwen3-30B-A3B).
+    const int64_t narrow_k = block == 32 ? 576 : 768;
     for (BlockGemvPrecision p : {BlockGemvPrecision::kF32, BlockGemvPrecision::kInt16x2}) {
       const std::string suffix = absl::StrCat("/", BlockGemvPrecisionName(p));
       auto options = [p](CudaOptions& o) { o.block_gemv_precision = p; };
       struct S { DType x; int64_t rows, experts, top_k, n, k; bool gated, per_slot; };
       for (S s : {S{DType::kF32, 1, 16, 4, 70, odd_k, true, false},
                   S{DType::kF32, 2, 8, 2, 3000, 256, false, false},
+                  S{DType::kF32, 1, 8, 8, 3001, narrow_k, true, false},
+                  S{DType::kF32, 1, 128, 8, 2049, narrow_k, false, true},
                   S{DType::kF32, 1, 16, 4, 96, 512, false, true},
                   S{DType::kBF16, 1, 128, 8, 64, 256, true, false}}) {
         cases.push_back(
@@ -982,8 +988,8 @@ TEST(QuantConformanceCasesTest, EveryFormatAndDTypeIsCovered) {
   EXPECT_EQ(MmaFusedCases().size(), 8u * 3u * (6u + 1u) + 3u * 2u);
   // Per format, x dtype and integer precision: 2 MatMuls, the add and SiluMul.
   EXPECT_EQ(IntRowCases().size(), 8u * 3u * (4u * 4u + 1u));
-  // Per format: 2 precisions of 4 shapes and a bad id; the pair kernel at a long K.
-  EXPECT_EQ(MoeRowCases().size(), 8u * (2u * (4u + 1u) + 1u));
+  // Per format: 2 precisions of 6 shapes and a bad id; the pair kernel at a long K.
+  EXPECT_EQ(MoeRowCases().size(), 8u * (2u * (6u + 1u) + 1u));
 }
 
 }  // namespace
