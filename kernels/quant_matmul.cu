@@ -353,6 +353,18 @@ __device__ __forceinline__ float IntDotUnit(const Unit& u, const float4* stage, 
   return r;
 }
 
+// The gate and up rows of a mixture's gate/up experts as separate tasks (MoeSplitGateUp):
+// with rows of 33 to 64 units (one chunk each: K from 1,056 to 2,048, as Qwen3-30B-A3B's
+// 2,048), a block takes a run of columns and its warps take their gate and up rows one
+// row a task, round robin, each sum to shared memory, and the block writes silu(gate)·up
+// after a barrier. Walking a column's two rows in one warp left a pair's 528 warps with
+// one or two of its 768 columns each: the launch lasted two columns' walks while a third
+// of the SMs' time went idle (ncu, H200). As tasks the warps take at most three rows each.
+// Rows of at most 32 units keep the narrow walk (two columns a chunk).
+__host__ __device__ constexpr bool MoeSplitGateUp(bool moe, bool gated, int64_t units) {
+  return moe && gated && units > kWarpSize && units <= kRowChunkUnits;
+}
+
 // Four blocks per SM (at most 64 registers a thread): without the bound the compiler took
 // 80 to 108 registers at f32 and every format ran slower, 1.1 to 2.1 times (H200, the 1B
 // lm head, both built side by side, 2026-11-29: Q4_0 76 against 127 us, Q8_0 85 against
@@ -424,8 +436,23 @@ __global__ void __launch_bounds__(kRowThreads, 4)
     }
   };
   Raw cur[2], next[2];
+  // MoeSplitGateUp: the block's columns c0 .. c0 + per_block − 1 as 2 · per_block tasks
+  // (task i: column c0 + i / 2, its gate row for even i, its up row for odd i); this warp
+  // takes tasks warp, warp + kRowWarps, ...
+  const bool split = MoeSplitGateUp(kMoe, w_up != nullptr, units);
+  const int warp = threadIdx.x / kWarpSize;
+  // The block's first column and tasks (computed where used, not held across the staging).
+  auto split_c0 = [&] { return static_cast<int64_t>(blockIdx.x) * CeilDiv(n, int64_t{gridDim.x}); };
+  auto split_tasks = [&](int64_t c0) {
+    return 2 * std::max<int64_t>(0, std::min(n, c0 + CeilDiv(n, int64_t{gridDim.x})) - c0);
+  };
   if constexpr (kMoe) {
-    if (col < n) load(col, 0, cur);
+    if (split) {
+      const int64_t c0 = split_c0();
+      if (warp < split_tasks(c0)) load(c0 + warp / 2, warp % 2, cur);
+    } else if (col < n) {
+      load(col, 0, cur);
+    }
   } else {
     // Constant weights: the first chunk is asked for before the wait.
     if (w_constant && col < n) load(col, 0, cur);
@@ -448,6 +475,47 @@ __global__ void __launch_bounds__(kRowThreads, 4)
     StageIntX<kX>(x, vec_x, units, row_x);
   }
   __syncthreads();
+
+  if (split) {
+    const int64_t c0 = split_c0();
+    const int tasks = static_cast<int>(split_tasks(c0));  // 2 · n / gridDim.x at most
+    // After the staged x: a float per task (each row's sum rounded to T, as the op rounds
+    // each product; the launch sized it).
+    float* sums = reinterpret_cast<float*>(
+        row_x + (kX == QuantRowX::kF32 ? units * 8 : IntStage<kX>::Float4s(units)));
+    for (int task = warp; task < tasks; task += kRowWarps) {
+      const int next_task = task + kRowWarps;
+      if (next_task < tasks) load(c0 + next_task / 2, next_task % 2, next);
+      float sum = 0.0f;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int64_t t = h * kWarpSize + lane;
+        if (t >= units) continue;
+        const Unit unit = Q::Decode(cur[h]);
+        if constexpr (kX != QuantRowX::kF32) {
+          sum += IntDotUnit<kX>(unit, row_x, units, t);
+        } else {
+#pragma unroll
+          for (int j = 0; j < quant::kUnitElems / 8; ++j) {
+            float xf[1][8];
+            StagedX8(row_x, t, j, xf[0]);
+            float xsum[1];
+            if constexpr (Unit::kHasMin) quant::XSums8<1>(xf, xsum);
+            quant::AccumulateUnit8<1, 1>(unit, j, xf, xsum, &sum);
+          }
+        }
+      }
+      const float total = WarpSum(sum);
+      if (lane == 0) sums[task] = RoundTo<T>(total);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) cur[h] = next[h];
+    }
+    __syncthreads();
+    for (int i = static_cast<int>(threadIdx.x); 2 * i < tasks; i += kRowThreads) {
+      y[c0 + i] = FromFloat<T>(Silu(sums[2 * i]) * sums[2 * i + 1]);
+    }
+    return;
+  }
 
   // acc[1] and acc_gate[1]: a narrow chunk's second column.
   float acc[2] = {0.0f, 0.0f}, acc_gate[2] = {0.0f, 0.0f};
@@ -549,9 +617,23 @@ cudaError_t LaunchRow(const void* x, const void* w, const void* w_up, DType w_dt
         const int64_t blocks = std::clamp<int64_t>(
             std::max(per_sm, 1) * static_cast<int64_t>(sm_count) / pairs, 1,
             CeilDiv(n, int64_t{kRowWarps}));
+        size_t launch_bytes = shared_bytes;
+        if (MoeSplitGateUp(moe != nullptr, w_up != nullptr, units)) {
+          // A float per task after the staged x: two a column of the block's run.
+          launch_bytes += 2 * sizeof(float) * static_cast<size_t>(CeilDiv(n, blocks));
+          if (launch_bytes > 48 * 1024) {
+            const cudaError_t a = cudaFuncSetAttribute(
+                kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                static_cast<int>(launch_bytes));
+            if (a != cudaSuccess) {
+              (void)cudaGetLastError();
+              return a;
+            }
+          }
+        }
         return LaunchKernelShared(
             kernel, dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(pairs)),
-            dim3(kRowThreads), shared_bytes, stream, static_cast<const T*>(x),
+            dim3(kRowThreads), launch_bytes, stream, static_cast<const T*>(x),
             static_cast<const uint8_t*>(w), static_cast<const uint8_t*>(w_up),
             static_cast<const T*>(residual), static_cast<T*>(y), n, k, vec_x, w_constant,
             moe != nullptr ? *moe : QuantRowMoe{});

@@ -421,7 +421,9 @@ std::vector<OpCase> IntRowCases() {
 // products and x as two int16 parts: gate and up with SiluMul at a K of three chunks, the
 // last partial, and more columns than a pair's share of the grid has warps (each warp
 // walks several); rows of at most 32 units (two columns a chunk), an odd column count
-// leaving a warp's last chunk one column; the down experts per slot; 128 experts and top 8 in bf16; a bad id (zeros
+// leaving a warp's last chunk one column; gate and up rows of 33 to 64 units as separate
+// tasks of a block's warps (Qwen3-30B-A3B's 768 × 2,048, and 40 units over an odd count
+// of columns); the down experts per slot; 128 experts and top 8 in bf16; a bad id (zeros
 // and the flag, which the conformance run compares). And, per format, the pair kernel the
 // row kernel leaves to K past kQuantRowMaxK.
 std::vector<OpCase> MoeRowCases() {
@@ -439,6 +441,8 @@ std::vector<OpCase> MoeRowCases() {
       for (S s : {S{DType::kF32, 1, 16, 4, 70, odd_k, true, false},
                   S{DType::kF32, 2, 8, 2, 3000, 256, false, false},
                   S{DType::kF32, 1, 8, 8, 3001, narrow_k, true, false},
+                  S{DType::kF32, 1, 128, 8, 768, 2048, true, false},
+                  S{DType::kF32, 2, 16, 4, 1001, 1280, true, false},
                   S{DType::kF32, 1, 128, 8, 2049, narrow_k, false, true},
                   S{DType::kF32, 1, 16, 4, 96, 512, false, true},
                   S{DType::kBF16, 1, 128, 8, 64, 256, true, false}}) {
@@ -988,8 +992,8 @@ TEST(QuantConformanceCasesTest, EveryFormatAndDTypeIsCovered) {
   EXPECT_EQ(MmaFusedCases().size(), 8u * 3u * (6u + 1u) + 3u * 2u);
   // Per format, x dtype and integer precision: 2 MatMuls, the add and SiluMul.
   EXPECT_EQ(IntRowCases().size(), 8u * 3u * (4u * 4u + 1u));
-  // Per format: 2 precisions of 6 shapes and a bad id; the pair kernel at a long K.
-  EXPECT_EQ(MoeRowCases().size(), 8u * (2u * (6u + 1u) + 1u));
+  // Per format: 2 precisions of 8 shapes and a bad id; the pair kernel at a long K.
+  EXPECT_EQ(MoeRowCases().size(), 8u * (2u * (8u + 1u) + 1u));
 }
 
 }  // namespace
