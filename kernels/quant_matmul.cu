@@ -476,6 +476,23 @@ __global__ void __launch_bounds__(kRowThreads, 4)
   }
   __syncthreads();
 
+  // Unit t of a row (its words as loaded) times the staged x, added to sum.
+  auto add_unit = [&](const Raw& raw, int64_t t, float& sum) {
+    const Unit unit = Q::Decode(raw);
+    if constexpr (kX != QuantRowX::kF32) {
+      sum += IntDotUnit<kX>(unit, row_x, units, t);
+    } else {
+#pragma unroll
+      for (int j = 0; j < quant::kUnitElems / 8; ++j) {
+        float xf[1][8];
+        StagedX8(row_x, t, j, xf[0]);
+        float xsum[1];
+        if constexpr (Unit::kHasMin) quant::XSums8<1>(xf, xsum);
+        quant::AccumulateUnit8<1, 1>(unit, j, xf, xsum, &sum);
+      }
+    }
+  };
+
   if (split) {
     const int64_t c0 = split_c0();
     const int tasks = static_cast<int>(split_tasks(c0));  // 2 · n / gridDim.x at most
@@ -491,19 +508,7 @@ __global__ void __launch_bounds__(kRowThreads, 4)
       for (int h = 0; h < 2; ++h) {
         const int64_t t = h * kWarpSize + lane;
         if (t >= units) continue;
-        const Unit unit = Q::Decode(cur[h]);
-        if constexpr (kX != QuantRowX::kF32) {
-          sum += IntDotUnit<kX>(unit, row_x, units, t);
-        } else {
-#pragma unroll
-          for (int j = 0; j < quant::kUnitElems / 8; ++j) {
-            float xf[1][8];
-            StagedX8(row_x, t, j, xf[0]);
-            float xsum[1];
-            if constexpr (Unit::kHasMin) quant::XSums8<1>(xf, xsum);
-            quant::AccumulateUnit8<1, 1>(unit, j, xf, xsum, &sum);
-          }
-        }
+        add_unit(cur[h], t, sum);
       }
       const float total = WarpSum(sum);
       if (lane == 0) sums[task] = RoundTo<T>(total);
@@ -533,21 +538,8 @@ __global__ void __launch_bounds__(kRowThreads, 4)
                                          kRowChunkUnits +
                                      h * kWarpSize + lane;
       if (t >= units || (narrow && col + h * warps >= n)) continue;
-      const Unit unit = Q::Decode(cur[h]);
       // A long row's halves add into one sum, in the order of its units.
-      float& sum = narrow ? acc[h] : acc[0];
-      if constexpr (kX != QuantRowX::kF32) {
-        sum += IntDotUnit<kX>(unit, row_x, units, t);
-      } else {
-#pragma unroll
-        for (int j = 0; j < quant::kUnitElems / 8; ++j) {
-          float xf[1][8];
-          StagedX8(row_x, t, j, xf[0]);
-          float xsum[1];
-          if constexpr (Unit::kHasMin) quant::XSums8<1>(xf, xsum);
-          quant::AccumulateUnit8<1, 1>(unit, j, xf, xsum, &sum);
-        }
-      }
+      add_unit(cur[h], t, narrow ? acc[h] : acc[0]);
     }
     if (next_chunk == 0) {  // the column (a narrow chunk: both columns) is done
 #pragma unroll
