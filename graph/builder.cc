@@ -285,6 +285,16 @@ TensorId GraphBuilder::MoeCombineAdd(TensorId y, TensorId weights, TensorId ids,
   return AddNode(ops::MoeCombine{.residual = true}, name, {y, weights, ids, residual});
 }
 
+TensorId GraphBuilder::MoeCombineRouted(TensorId y, TensorId logits, TensorId ids,
+                                        const ops::MoeRouteWeights& route, TensorId residual,
+                                        absl::string_view name) {
+  const ops::MoeCombine op{.residual = residual.valid(), .route = true,
+                           .renormalize = route.renormalize,
+                           .round_to_dtype = route.round_to_dtype};
+  if (residual.valid()) return AddNode(op, name, {y, logits, ids, residual});
+  return AddNode(op, name, {y, logits, ids});
+}
+
 TensorId GraphBuilder::AllReduce(TensorId x, int32_t ranks, absl::string_view name,
                                  TensorId residual) {
   if (residual.valid()) return AddNode(ops::AllReduce{ranks, true}, name, {x, residual});

@@ -55,7 +55,14 @@ std::string Params(const ops::AllReduce& op) {
 std::string Params(const ops::AllGather& op) { return absl::StrCat("ranks=", op.ranks); }
 std::string Params(const ops::MoeTopK& op) { return absl::StrCat("top_k=", op.top_k); }
 std::string Params(const ops::MoeMatMul& op) { return op.silu_mul ? "silu_mul" : ""; }
-std::string Params(const ops::MoeCombine& op) { return op.residual ? "residual" : ""; }
+std::string Params(const ops::MoeCombine& op) {
+  std::string s = op.residual ? "residual" : "";
+  if (op.route) {
+    absl::StrAppend(&s, s.empty() ? "" : " ", "route renormalize=", op.renormalize ? 1 : 0,
+                    " round_to_dtype=", op.round_to_dtype ? 1 : 0);
+  }
+  return s;
+}
 std::string Params(const ops::MoeRouteWeights& op) {
   std::string s = op.renormalize ? "renormalize" : "";
   if (op.round_to_dtype) absl::StrAppend(&s, s.empty() ? "" : " ", "round_to_dtype");
@@ -725,14 +732,24 @@ Result Infer(const ops::MoeCombine& op, const Checker& c) {
   SG_RETURN_IF_ERROR(c.Arity(op.residual ? 4 : 3));
   SG_RETURN_IF_ERROR(c.Rank(0, 2, "y"));
   SG_RETURN_IF_ERROR(c.Float(0, "y"));
-  SG_RETURN_IF_ERROR(c.Rank(1, 2, "weights"));
-  SG_RETURN_IF_ERROR(c.Float(1, "weights"));
+  const char* second = op.route ? "logits" : "weights";
+  SG_RETURN_IF_ERROR(c.Rank(1, 2, second));
+  SG_RETURN_IF_ERROR(c.Float(1, second));
   SG_RETURN_IF_ERROR(CheckExpertIds(c, 2, c[0].shape[0]));
-  SG_RETURN_IF_ERROR(c.SameShape(1, 2));
-  const int64_t top_k = c[1].shape[1];
+  if (op.route) {
+    if (c[1].shape[0] != c[0].shape[0] || c[1].shape[1] < 1) {
+      return c.Error(absl::StrCat("logits ", Describe(c[1]), " must be [M, E] with the M of y ",
+                                  Describe(c[0])));
+    }
+  } else {
+    SG_RETURN_IF_ERROR(c.SameShape(1, 2));
+  }
+  const int64_t top_k = c[2].shape[1];
   if (c[1].shape[0] != c[0].shape[0] || top_k < 1 || c[0].shape[1] % top_k != 0) {
-    return c.Error(absl::StrCat("weights ", Describe(c[1]), " must be [M, top_k] with top_k ",
-                                "dividing the columns of y ", Describe(c[0])));
+    return c.Error(absl::StrCat(second, " ", Describe(c[1]), " and ids ", Describe(c[2]),
+                                " must be [M, ", op.route ? "E" : "top_k",
+                                "] and [M, top_k] with top_k dividing the columns of y ",
+                                Describe(c[0])));
   }
   const Shape out{c[0].shape[0], c[0].shape[1] / top_k};
   if (op.residual && (c[3].shape != out || c[3].dtype != c[0].dtype)) {

@@ -518,6 +518,47 @@ absl::StatusOr<Graph> FuseMoeCombineAdd(Editor e) {
       });
 }
 
+// MoeRouteWeights read only by MoeCombines of the same ids: each combine computes the
+// weights from the router's logits itself (one launch fewer a routed layer).
+absl::StatusOr<Graph> FuseMoeRouteIntoCombine(Editor e) {
+  for (int32_t r = 0; r < static_cast<int32_t>(e.nodes().size()); ++r) {
+    const auto* route = OpOf<ops::MoeRouteWeights>(e, r);
+    if (route == nullptr) continue;
+    const Node node = e.nodes()[r];
+    const ops::MoeRouteWeights params = *route;
+    if (e.IsOutput(node.output)) continue;
+    const std::vector<int32_t> readers = e.Readers(node.output);
+    std::vector<std::pair<ops::MoeCombine, absl::InlinedVector<TensorId, 4>>> fused;
+    bool all = !readers.empty();
+    for (int32_t m : readers) {
+      const Node& reader = e.nodes()[m];
+      const auto* combine = OpOf<ops::MoeCombine>(e, m);
+      // The weights as the combine's input 1 only, with the route's own ids, and nothing
+      // between that writes the logits or the ids.
+      all = combine != nullptr && !combine->route && reader.inputs[1] == node.output &&
+            reader.inputs[2] == node.inputs[1] &&
+            std::count(reader.inputs.begin(), reader.inputs.end(), node.output) == 1 &&
+            !e.WrittenBetween(r, m, node.inputs);
+      if (!all) break;
+      ops::MoeCombine op = *combine;
+      op.route = true;
+      op.renormalize = params.renormalize;
+      op.round_to_dtype = params.round_to_dtype;
+      absl::InlinedVector<TensorId, 4> inputs = reader.inputs;
+      inputs[1] = node.inputs[0];  // the logits
+      all = e.BackendRuns(op, inputs);
+      if (!all) break;
+      fused.emplace_back(op, std::move(inputs));
+    }
+    if (!all) continue;
+    for (size_t i = 0; i < readers.size(); ++i) {
+      e.Replace(readers[i], fused[i].first, std::move(fused[i].second), std::nullopt, {});
+    }
+    e.Remove(r);
+  }
+  return std::move(e).Finish();
+}
+
 // AllReduce then Add: the o and down projections of a sharded layer, whose AllReduce
 // stands between the matmul and its residual add.
 absl::StatusOr<Graph> FuseAllReduceAdd(Editor e) {
@@ -732,6 +773,7 @@ constexpr PassEntry kPasses[] = {
     {"moe_gate_up_silu_mul", FuseMoeGateUpSiluMul},
     {"residual_add", FuseResidualAdd},
     {"moe_combine_add", FuseMoeCombineAdd},
+    {"moe_route_into_combine", FuseMoeRouteIntoCombine},
     {"all_reduce_add", FuseAllReduceAdd},
     {"norm_into_matmul", FuseNormIntoMatMul},
     {"lm_head_argmax", FuseLmHeadArgmax},

@@ -48,18 +48,16 @@ __device__ __forceinline__ void RaiseExpertOutOfRange(uint32_t* error_flags) {
 
 // ---- MoeRouteWeights ---------------------------------------------------------------------
 
-template <typename T>
-__global__ void __launch_bounds__(kRouteWarps* kWarpSize)
-    MoeRouteWeightsKernel(const T* __restrict__ logits, const int32_t* __restrict__ ids,
-                          float* __restrict__ weights, int64_t rows, int experts, int top_k,
-                          bool renormalize, bool round_to_dtype, uint32_t* error_flags) {
-  AwaitPrerequisiteGrids();
-  const int lane = threadIdx.x % kWarpSize;
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * kRouteWarps + threadIdx.x / kWarpSize;
-  if (row >= rows) return;  // the whole warp: no shuffle is left waiting
-  const T* z = logits + row * experts;
-  const int32_t* chosen_ids = ids + row * top_k;
-  // transformers: softmax(router_logits, dtype=float) over every expert.
+// One warp: the routing weights of a row of logits z (`experts` of them) for its chosen
+// ids, each handed to store(j, weight) by one lane; softmax over every expert in f32
+// (transformers: softmax(router_logits, dtype=float)), divided by the chosen ones' sum
+// when `renormalize`, rounded to T when `round_to_dtype`. A bad id: weight 0 and the flag.
+// MoeRouteWeights and MoeCombine's `route` both call it, so their weights are the same bits.
+template <typename T, typename Store>
+__device__ __forceinline__ void RowRouteWeights(const T* z, const int32_t* chosen_ids,
+                                                int experts, int top_k, bool renormalize,
+                                                bool round_to_dtype, uint32_t* error_flags,
+                                                int lane, Store&& store) {
   float mx = -INFINITY;
   for (int e = lane; e < experts; e += kWarpSize) mx = fmaxf(mx, ToFloat(z[e]));
   mx = WarpMax(mx);
@@ -85,8 +83,22 @@ __global__ void __launch_bounds__(kRouteWarps* kWarpSize)
     if (!valid) RaiseExpertOutOfRange(error_flags);
     float v = renormalize ? p / chosen : p;
     if (round_to_dtype) v = RoundTo<T>(v);
-    weights[row * top_k + j] = v;
+    store(j, v);
   }
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kRouteWarps* kWarpSize)
+    MoeRouteWeightsKernel(const T* __restrict__ logits, const int32_t* __restrict__ ids,
+                          float* __restrict__ weights, int64_t rows, int experts, int top_k,
+                          bool renormalize, bool round_to_dtype, uint32_t* error_flags) {
+  AwaitPrerequisiteGrids();
+  const int lane = threadIdx.x % kWarpSize;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kRouteWarps + threadIdx.x / kWarpSize;
+  if (row >= rows) return;  // the whole warp: no shuffle is left waiting
+  float* out = weights + row * top_k;
+  RowRouteWeights(logits + row * experts, ids + row * top_k, experts, top_k, renormalize,
+                  round_to_dtype, error_flags, lane, [&](int j, float v) { out[j] = v; });
 }
 
 // ---- MoeMatMul ---------------------------------------------------------------------------
@@ -425,11 +437,19 @@ __global__ void __launch_bounds__(kMatMulThreads)
 
 // ---- MoeCombine --------------------------------------------------------------------------
 
-template <typename T, typename TW>
+// With kRoute, `weights` is the router's logits [rows, route.experts] and the block's
+// first warp computes the row's weights (RowRouteWeights, as MoeRouteWeights does).
+struct CombineRoute {
+  int experts = 0;
+  bool renormalize = true, round_to_dtype = false;
+  uint32_t* error_flags = nullptr;
+};
+
+template <typename T, typename TW, bool kRoute>
 __global__ void __launch_bounds__(kCombineThreads)
     MoeCombineKernel(const T* __restrict__ y, const TW* __restrict__ weights,
                      const int32_t* __restrict__ ids, const T* residual, T* out, int64_t n,
-                     int top_k) {
+                     int top_k, CombineRoute route) {
   AwaitPrerequisiteGrids();
   __shared__ int order[kMoeCombineMaxTopK];
   __shared__ float scale[kMoeCombineMaxTopK];
@@ -444,7 +464,16 @@ __global__ void __launch_bounds__(kCombineThreads)
       rank += other < mine || (other == mine && i < j);
     }
     order[rank] = j;
-    scale[j] = ToFloat(weights[row * top_k + j]);
+    if constexpr (!kRoute) scale[j] = ToFloat(weights[row * top_k + j]);
+  }
+  if constexpr (kRoute) {
+    if (threadIdx.x < kWarpSize) {
+      // Every block of the row computes them; one flags a bad id.
+      RowRouteWeights(weights + row * route.experts, row_ids, route.experts, top_k,
+                      route.renormalize, route.round_to_dtype,
+                      blockIdx.y == 0 ? route.error_flags : nullptr,
+                      static_cast<int>(threadIdx.x), [&](int j, float v) { scale[j] = v; });
+    }
   }
   __syncthreads();
   const int64_t c = static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x;
@@ -576,20 +605,33 @@ cudaError_t LaunchMoeMatMul(const void* x, const void* w, DType w_dtype, const i
 
 cudaError_t LaunchMoeCombine(const void* y, DType dtype, const void* weights,
                              DType weights_dtype, const int32_t* ids, void* out, int64_t rows,
-                             int64_t n, int64_t top_k, Stream stream, const void* residual) {
+                             int64_t n, int64_t top_k, Stream stream, const void* residual,
+                             const MoeCombineRoute* route) {
   if (rows <= 0 || rows > 0x7fffffff || n <= 0 || top_k <= 0 || top_k > kMoeCombineMaxTopK ||
       CeilDiv(n, kCombineThreads) > 65535) {
     return cudaErrorInvalidValue;
+  }
+  if (route != nullptr && (route->experts <= 0 || route->experts > 0x7fffffff)) {
+    return cudaErrorInvalidValue;
+  }
+  CombineRoute r;
+  if (route != nullptr) {
+    r = CombineRoute{static_cast<int>(route->experts), route->renormalize,
+                     route->round_to_dtype, route->error_flags};
   }
   const dim3 grid(static_cast<unsigned>(rows), static_cast<unsigned>(CeilDiv(n, kCombineThreads)));
   return DispatchFloat(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     return DispatchFloat(weights_dtype, [&](auto weights_tag) {
       using TW = typename decltype(weights_tag)::type;
-      return LaunchKernel(MoeCombineKernel<T, TW>, grid, dim3(kCombineThreads), stream,
-                          static_cast<const T*>(y), static_cast<const TW*>(weights), ids,
-                          static_cast<const T*>(residual), static_cast<T*>(out), n,
-                          static_cast<int>(top_k));
+      auto launch = [&](auto kernel) {
+        return LaunchKernel(kernel, grid, dim3(kCombineThreads), stream,
+                            static_cast<const T*>(y), static_cast<const TW*>(weights), ids,
+                            static_cast<const T*>(residual), static_cast<T*>(out), n,
+                            static_cast<int>(top_k), r);
+      };
+      return route != nullptr ? launch(MoeCombineKernel<T, TW, true>)
+                              : launch(MoeCombineKernel<T, TW, false>);
     });
   });
 }

@@ -59,16 +59,26 @@ cudaError_t LaunchMoeMatMul(const void* x, const void* w, DType w_dtype, const i
 // experts and this k (the rule its comment gives); the dispatcher asks it too.
 bool MoeMatMulWalksByExpert(int64_t pairs, int64_t experts, int64_t k, int64_t by_expert_pairs);
 
+// MoeCombine's `route`: the weights computed from the router's logits [rows, experts]
+// as LaunchMoeRouteWeights computes them (the same bits); error_flags nullable.
+struct MoeCombineRoute {
+  int64_t experts = 0;
+  bool renormalize = true, round_to_dtype = false;
+  uint32_t* error_flags = nullptr;
+};
+
 // out [rows, n] (`dtype`) = Σ_j weights[i, j] · y[i, j·n ..], y [rows, top_k · n] of
 // `dtype`, weights [rows, top_k] of `weights_dtype` (float dtypes), the terms taken in
 // ascending ids[i, j] (ties by slot), each term and each partial sum rounded to `dtype`:
 // bit for bit the CPU reference. top_k up to kMoeCombineMaxTopK. With `residual` [rows, n]
 // of `dtype` (nullable; it may be out itself): out = residual + that sum, added in f32 and
-// rounded once, as Add.
+// rounded once, as Add. With `route` (nullable), `weights` is the router's logits [rows,
+// route->experts] of `weights_dtype` and the weights are computed from them in the launch.
 cudaError_t LaunchMoeCombine(const void* y, DType dtype, const void* weights,
                              DType weights_dtype, const int32_t* ids, void* out, int64_t rows,
                              int64_t n, int64_t top_k, Stream stream,
-                             const void* residual = nullptr);
+                             const void* residual = nullptr,
+                             const MoeCombineRoute* route = nullptr);
 
 }  // namespace sg::kernels
 

@@ -911,33 +911,49 @@ absl::Status CpuDispatch::Run(const ops::MoeTopK& op, const NodeArgs& args) {
   return absl::OkStatus();
 }
 
+namespace {
+
+// Row i's routing weights (MoeRouteWeights' definition) into w[0 .. top_k); false when
+// an id is out of range (its weight 0).
+bool RouteWeightsOfRow(const TensorArg& logits, int64_t i, const int32_t* ids, int64_t top_k,
+                       bool renormalize, bool round_to_dtype, float* w) {
+  const int64_t experts = logits.shape[1];
+  const std::vector<float> z = LoadRange(logits, i * experts, experts);
+  // transformers: softmax(router_logits, dtype=float) over every expert.
+  float mx = -std::numeric_limits<float>::infinity();
+  for (float v : z) mx = std::max(mx, v);
+  float total = 0.0f;
+  for (float v : z) total += std::exp(v - mx);
+  bool ok = true;
+  float chosen = 0.0f;
+  for (int64_t j = 0; j < top_k; ++j) {
+    const int32_t e = ids[j];
+    w[j] = 0.0f;
+    if (e < 0 || e >= experts) {
+      ok = false;
+      continue;
+    }
+    w[j] = std::exp(z[e] - mx) / total;
+    chosen += w[j];
+  }
+  for (int64_t j = 0; j < top_k; ++j) {
+    const float v = renormalize ? w[j] / chosen : w[j];
+    w[j] = round_to_dtype ? RoundTo(logits.dtype, v) : v;
+  }
+  return ok;
+}
+
+}  // namespace
+
 absl::Status CpuDispatch::Run(const ops::MoeRouteWeights& op, const NodeArgs& args) {
   const TensorArg& logits = args.inputs[0];
-  const int64_t rows = logits.shape[0], experts = logits.shape[1];
+  const int64_t rows = logits.shape[0];
   const int64_t top_k = args.inputs[1].shape[1];
   const int32_t* ids = Ints(args.inputs[1]);
   for (int64_t i = 0; i < rows; ++i) {
-    const std::vector<float> z = LoadRange(logits, i * experts, experts);
-    // transformers: softmax(router_logits, dtype=float) over every expert.
-    float mx = -std::numeric_limits<float>::infinity();
-    for (float v : z) mx = std::max(mx, v);
-    float total = 0.0f;
-    for (float v : z) total += std::exp(v - mx);
-    std::vector<float> w(static_cast<size_t>(top_k), 0.0f);
-    float chosen = 0.0f;
-    for (int64_t j = 0; j < top_k; ++j) {
-      const int32_t e = ids[i * top_k + j];
-      if (e < 0 || e >= experts) {
-        error_flags_ |= kErrorExpertOutOfRange;
-        continue;
-      }
-      w[j] = std::exp(z[e] - mx) / total;
-      chosen += w[j];
-    }
-    float* out = args.output.as<float>() + i * top_k;
-    for (int64_t j = 0; j < top_k; ++j) {
-      const float v = op.renormalize ? w[j] / chosen : w[j];
-      out[j] = op.round_to_dtype ? RoundTo(logits.dtype, v) : v;
+    if (!RouteWeightsOfRow(logits, i, ids + i * top_k, top_k, op.renormalize,
+                           op.round_to_dtype, args.output.as<float>() + i * top_k)) {
+      error_flags_ |= kErrorExpertOutOfRange;
     }
   }
   return absl::OkStatus();
@@ -1013,16 +1029,27 @@ absl::Status CpuDispatch::MoeProducts(const TensorArg& x, const float* xs, const
 
 absl::Status CpuDispatch::Run(const ops::MoeCombine& op, const NodeArgs& args) {
   const TensorArg& y = args.inputs[0];
-  const TensorArg& weights = args.inputs[1];
   const int32_t* ids = Ints(args.inputs[2]);
   const DType t = args.output.dtype;
-  const int64_t m = y.shape[0], top_k = weights.shape[1], n = y.shape[1] / top_k;
+  const int64_t m = y.shape[0], top_k = args.inputs[2].shape[1], n = y.shape[1] / top_k;
   std::vector<int64_t> order;
+  std::vector<float> routed;  // with `route`: the weights, as MoeRouteWeights stores them
   try {
     order.resize(static_cast<size_t>(top_k));
+    if (op.route) routed.resize(static_cast<size_t>(m * top_k));
   } catch (const std::bad_alloc&) {
     return absl::ResourceExhaustedError("CPU reference: no memory for a MoE combine");
   }
+  if (op.route) {
+    for (int64_t i = 0; i < m; ++i) {
+      if (!RouteWeightsOfRow(args.inputs[1], i, ids + i * top_k, top_k, op.renormalize,
+                             op.round_to_dtype, routed.data() + i * top_k)) {
+        error_flags_ |= kErrorExpertOutOfRange;
+      }
+    }
+  }
+  const void* weights = op.route ? routed.data() : args.inputs[1].data;
+  const DType weights_dtype = op.route ? DType::kF32 : args.inputs[1].dtype;
   for (int64_t i = 0; i < m; ++i) {
     // transformers adds the experts' outputs in ascending expert id.
     std::iota(order.begin(), order.end(), 0);
@@ -1032,7 +1059,7 @@ absl::Status CpuDispatch::Run(const ops::MoeCombine& op, const NodeArgs& args) {
     for (int64_t c = 0; c < n; ++c) {
       float sum = 0.0f;
       for (int64_t j : order) {
-        const float w = LoadElement(weights.data, weights.dtype, i * top_k + j);
+        const float w = LoadElement(weights, weights_dtype, i * top_k + j);
         const float term = w * LoadElement(y.data, y.dtype, i * top_k * n + j * n + c);
         sum = RoundTo(t, sum + RoundTo(t, term));
       }

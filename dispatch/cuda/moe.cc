@@ -59,12 +59,14 @@ std::string MatMulLimits(const Tensor& x, const Tensor& w, const Tensor& ids) {
       65535 * kernels::kMoeMatMulCols, " and rows * top_k up to 2^31-1)");
 }
 
-std::string CombineLimits(const Shape& y, const Shape& weights) {
-  const int64_t top_k = weights[1], n = y[1] / top_k;
+// ids [M, top_k] (the weights' shape without `route`; with it the logits are [M, E], E
+// within 32 bits as every shape is).
+std::string CombineLimits(const Shape& y, const Shape& ids) {
+  const int64_t top_k = ids[1], n = y[1] / top_k;
   if (y[0] > INT_MAX || top_k > kernels::kMoeCombineMaxTopK || (n + 255) / 256 > 65535) {
     return absl::StrCat("the CUDA MoeCombine takes up to 2^31-1 rows, top_k up to ",
                         kernels::kMoeCombineMaxTopK, " and N up to ", 65535 * 256, "; got y ",
-                        y.ToString(), " and weights ", weights.ToString());
+                        y.ToString(), " and ids ", ids.ToString());
   }
   return "";
 }
@@ -85,8 +87,9 @@ bool Supports(const ops::MoeRouteWeights&, const CudaSupportQuery& q) {
 bool Supports(const ops::MoeMatMul& op, const CudaSupportQuery& q) {
   return MatMulLimits(q.input(0), q.input(1), q.input(op.silu_mul ? 3 : 2)).empty();
 }
-bool Supports(const ops::MoeCombine&, const CudaSupportQuery& q) {
-  return CombineLimits(q.input(0).shape, q.input(1).shape).empty();
+bool Supports(const ops::MoeCombine& op, const CudaSupportQuery& q) {
+  return CombineLimits(q.input(0).shape, q.input(2).shape).empty() &&
+         (!op.route || RouteLimits(q.input(1).shape, q.input(2).shape).empty());
 }
 
 PreparedOr Prepare(const ops::MoeTopK& op, const CudaPrepareContext& c) {
@@ -117,8 +120,13 @@ PreparedOr Prepare(const ops::MoeMatMul& op, const CudaPrepareContext& c) {
   state->row_x = RowXFor(c.options, w.dtype);
   return Keep(std::move(state));
 }
-PreparedOr Prepare(const ops::MoeCombine&, const CudaPrepareContext& c) {
-  return RefuseUnless(CombineLimits(c.input(0).shape, c.input(1).shape));
+PreparedOr Prepare(const ops::MoeCombine& op, const CudaPrepareContext& c) {
+  if (op.route) {
+    if (std::string limits = RouteLimits(c.input(1).shape, c.input(2).shape); !limits.empty()) {
+      return absl::UnimplementedError(limits);
+    }
+  }
+  return RefuseUnless(CombineLimits(c.input(0).shape, c.input(2).shape));
 }
 
 }  // namespace internal
@@ -168,13 +176,16 @@ absl::Status CudaDispatch::Run(const ops::MoeMatMul& op, const NodeArgs& args) {
 
 absl::Status CudaDispatch::Run(const ops::MoeCombine& op, const NodeArgs& args) {
   const TensorArg& y = args.inputs[0];
-  const TensorArg& weights = args.inputs[1];
-  const int64_t top_k = weights.shape[1];
+  const TensorArg& weights = args.inputs[1];  // with `route`: the logits
+  const int64_t top_k = args.inputs[2].shape[1];
+  const kernels::MoeCombineRoute route{weights.shape[1], op.renormalize, op.round_to_dtype,
+                                       error_flags_};
   return ToStatus(kernels::LaunchMoeCombine(y.data, y.dtype, weights.data, weights.dtype,
                                             args.inputs[2].as<const int32_t>(),
                                             args.output.data, y.shape[0], y.shape[1] / top_k,
                                             top_k, launch(),
-                                            op.residual ? args.inputs[3].data : nullptr),
+                                            op.residual ? args.inputs[3].data : nullptr,
+                                            op.route ? &route : nullptr),
                   "LaunchMoeCombine");
 }
 

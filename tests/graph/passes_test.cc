@@ -165,10 +165,11 @@ TEST(PassesTest, EachPassCanBeSwitchedOff) {
     // Nor does a Llama step leave elementwise_chain anything: its Adds and SiluMuls read
     // matmuls, and each residual sum is read by a norm as well. all_reduce_add needs a
     // sharded step (shard_test).
-    // Nor has it a routed MLP for moe_gate_up_silu_mul and moe_combine_add
-    // (FusedEqualsPlainForMoeFamilies).
+    // Nor has it a routed MLP for moe_gate_up_silu_mul, moe_combine_add and
+    // moe_route_into_combine (FusedEqualsPlainForMoeFamilies).
     if (name != "lm_head_argmax" && name != "elementwise_chain" && name != "all_reduce_add" &&
-        name != "moe_gate_up_silu_mul" && name != "moe_combine_add") {
+        name != "moe_gate_up_silu_mul" && name != "moe_combine_add" &&
+        name != "moe_route_into_combine") {
       EXPECT_LT(one->num_nodes(), before.num_nodes()) << name;
     }
   }
@@ -471,6 +472,14 @@ TEST(PassesTest, FusedEqualsPlainForMoeFamilies) {
         with_residual += combine != nullptr && combine->residual;
       }
       EXPECT_EQ(with_residual, routed) << fused->ToString();
+      // Every combine computes its routing weights (moe_route_into_combine).
+      int with_route = 0;
+      for (const Node& n : fused->nodes()) {
+        const auto* combine = std::get_if<ops::MoeCombine>(&n.op);
+        with_route += combine != nullptr && combine->route;
+      }
+      EXPECT_EQ(with_route, routed) << fused->ToString();
+      EXPECT_EQ(counts["MoeRouteWeights"], 0) << fused->ToString();
       const auto bound = RandomBound(*plain, 31, {5, 77, 300}, {2, 9, 15});
       ExpectSameResults(*plain, *fused, bound);
     }
@@ -1342,6 +1351,14 @@ std::vector<MovePattern> MovePatterns() {
                                           b.Input("experts", DType::kI32, {rows, 2}), "c");
          write();
          b.Output("y", b.Add(b.Input("r", t, {rows, k / 2}), combined, "y"));
+       }},
+      {"moe_route_into_combine", "MoeRouteWeights",
+       [=](GraphBuilder& b, TensorId x, const std::function<void()>& write) {
+         // x as a router's logits over k experts; two chosen a row.
+         TensorId experts = b.Input("experts", DType::kI32, {rows, 2});
+         TensorId w = b.MoeRouteWeights(x, experts, {.renormalize = false}, "w");
+         write();
+         b.Output("y", b.MoeCombine(b.Input("ey", t, {rows, 2 * n}), w, experts, "y"));
        }},
       {"lm_head_argmax", "Argmax",
        [=](GraphBuilder& b, TensorId x, const std::function<void()>& write) {

@@ -335,6 +335,37 @@ std::vector<OpCase> ConformanceCases() {
                                            b.Input("residual", t, {3, 256})));
          },
          .tolerance = Tol(t), .int_hi = 3});
+    // With the routing weights computed in the combine (moe_route_into_combine): 128
+    // experts choosing 8 (each flag of MoeRouteWeights), ties among 3 with the residual,
+    // and a bad id (weight 0 and the flag).
+    for (ops::MoeRouteWeights route : {ops::MoeRouteWeights{false, false},
+                                       ops::MoeRouteWeights{true, false},
+                                       ops::MoeRouteWeights{true, true}}) {
+      const std::string flags = absl::StrCat(route.renormalize ? "/norm" : "",
+                                             route.round_to_dtype ? "/round" : "");
+      add({.name = Name("MoeCombine", t, absl::StrCat("3x8x256/E128/route", flags)),
+           .build = [=](GraphBuilder& b) {
+             b.Output("out", b.MoeCombineRouted(b.Input("y", t, {3, 8 * 256}),
+                                                b.Input("logits", t, {3, 128}),
+                                                b.Input("ids", DType::kI32, {3, 8}), route));
+           },
+           .tolerance = Tol(t), .int_hi = 128, .float_range = 4.0f});
+    }
+    add({.name = Name("MoeCombine", t, "3x8x300/E3/route/residual"),
+         .build = [=](GraphBuilder& b) {
+           b.Output("out", b.MoeCombineRouted(b.Input("y", t, {3, 8 * 300}),
+                                              b.Input("logits", t, {3, 3}),
+                                              b.Input("ids", DType::kI32, {3, 8}),
+                                              {true, true}, b.Input("residual", t, {3, 300})));
+         },
+         .tolerance = Tol(t), .int_hi = 3, .float_range = 4.0f});
+    add({.name = Name("MoeCombine", t, "2x3x64/route/bad_ids"),
+         .build = [=](GraphBuilder& b) {
+           b.Output("out", b.MoeCombineRouted(b.Input("y", t, {2, 3 * 64}),
+                                              b.Input("logits", t, {2, 8}),
+                                              b.Input("ids", DType::kI32, {2, 3}), {true, false}));
+         },
+         .tolerance = Tol(t), .int_values = {{"ids", {0, 9, 3, -1, 7, 7}}}, .float_range = 4.0f});
     add({.name = Name("MoeCombine", t, "5x4x100/residual"),
          .build = [=](GraphBuilder& b) {
            b.Output("out", b.MoeCombineAdd(b.Input("y", t, {5, 4 * 100}),

@@ -116,6 +116,11 @@ class GraphBuilder {
   // ops::MoeCombine with residual: residual + the combined experts' outputs.
   TensorId MoeCombineAdd(TensorId y, TensorId weights, TensorId ids, TensorId residual,
                          absl::string_view name = {});
+  // ops::MoeCombine with route: the weights MoeRouteWeights(logits, ids, route) computed
+  // in the combine (and with a valid `residual`, added to it as MoeCombineAdd).
+  TensorId MoeCombineRouted(TensorId y, TensorId logits, TensorId ids,
+                            const ops::MoeRouteWeights& route, TensorId residual = {},
+                            absl::string_view name = {});
   // Collectives over a group of `ranks` ranks (tensor parallel; docs/parallel.md).
   // With a valid `residual`: Add(residual, AllReduce(x)) in one node (ops.h).
   TensorId AllReduce(TensorId x, int32_t ranks, absl::string_view name = {},

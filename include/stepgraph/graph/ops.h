@@ -329,8 +329,15 @@ struct MoeMatMul {
 // With `residual` (made by the moe_combine_add pass): a fourth input residual [M, N] of
 // y's dtype, and the output residual + that sum, rounded as Add stores it (a routed MLP's
 // combine and the layer's residual add in one node).
+// With `route` (made by the moe_route_into_combine pass): input 1 is the router's logits
+// [M, E] float instead of the weights, and the weights are MoeRouteWeights(logits, ids)
+// with `renormalize` and `round_to_dtype` (its params; unused without `route`): the
+// routing weights and the combine in one node.
 struct MoeCombine {
   bool residual = false;
+  bool route = false;
+  bool renormalize = true;
+  bool round_to_dtype = false;
 };
 
 // ---- Collectives (tensor parallel; docs/parallel.md). A sharded step runs on every rank of

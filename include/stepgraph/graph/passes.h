@@ -15,6 +15,8 @@
 //                      one MoeMatMul with silu_mul
 //   residual_add       MatMul then Add(residual, ·) -> FusedMatMul with kAdd
 //   moe_combine_add    MoeCombine then Add(residual, ·) -> MoeCombine with the residual
+//   moe_route_into_combine  MoeRouteWeights read only by MoeCombines of its ids -> each
+//                      MoeCombine with `route` (the weights from the router's logits)
 //   all_reduce_add     AllReduce then Add(residual, ·) -> AllReduce with the residual
 //                      (tensor parallel: the sum of o's and down's partial sums)
 //   norm_into_matmul   RmsNorm read only by matmuls -> each matmul normalises its input
