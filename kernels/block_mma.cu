@@ -60,34 +60,79 @@ __device__ __forceinline__ void SplitPair(float x0, float x1, uint32_t (&out)[kT
   }
 }
 
-// d += a·b: one m16n8k16 MMA, bf16 operands, f32 accumulators.
+// d += a·b: one m16n8k16 MMA, bf16 operands (f16 with kHalf), f32 accumulators.
+template <bool kHalf = false>
 __device__ __forceinline__ void Mma(float (&d)[4], const uint32_t (&a)[4], uint2 b) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-      "{%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b.x), "r"(b.y));
+  if constexpr (kHalf) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b.x), "r"(b.y));
+  } else {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b.x), "r"(b.y));
+  }
 #endif
+}
+
+// kBlockMmaF16x2 (terms 4): f32 x as two f16 parts of x·2^−e, e per row and unit (its
+// largest magnitude in [2^(e−1), 2^e)), so each value is held to about 2^−23 of its unit's
+// largest, f32's precision for the sums it enters; the codes are exact in f16 as in bf16,
+// and each unit's sum is scaled by 2^e with the weights' scale. Two parts: two thirds of
+// three bf16 parts' MMAs.
+template <int kTerms>
+inline constexpr bool kHalfParts = kTerms == kBlockMmaF16x2;
+template <int kTerms>
+inline constexpr int kParts = kTerms == kBlockMmaF16x2 ? 2 : kTerms;
+
+__device__ __forceinline__ uint32_t Bits(__half2 v) {
+  uint32_t u;
+  memcpy(&u, &v, 4);
+  return u;
+}
+
+// (x0, x1), already scaled, as two f16 pairs: the first rounded, the second the rounded
+// remainder (exact: a difference of f32 values within 2^−11 of each other's magnitude).
+__device__ __forceinline__ void SplitPairHalf(float x0, float x1, uint32_t (&out)[2]) {
+  const __half2 h = __floats2half2_rn(x0, x1);
+  out[0] = Bits(h);
+  out[1] = Bits(__floats2half2_rn(__fsub_rn(x0, __low2float(h)), __fsub_rn(x1, __high2float(h))));
 }
 
 // Bytes kI and kI + 1 of `codes` (each below 128) less kBias, as a bf16 pair, exactly: the
 // byte under 0x43 is the bf16 128 + code, and (128 + code) − (128 + kBias) is an integer
 // of at most 7 bits.
-template <int kI, int kBias>
+// With kHalfCodes the pair is f16: the byte under 0x64 is the f16 1024 + code, and
+// (1024 + code) − (1024 + kBias) is as exact.
+template <int kI, int kBias, bool kHalfCodes = false>
 __device__ __forceinline__ uint32_t CodePair(uint32_t codes) {
   constexpr uint32_t kSelect = 0x4040u | kI | ((kI + 1) << 8);
-  const uint32_t biased = __byte_perm(codes, 0x43u, kSelect);
-  constexpr uint32_t kHalf = 0x4300u | kBias;
-  __nv_bfloat162 v, bias;
-  memcpy(&v, &biased, 4);
-  const uint32_t bias_bits = kHalf | (kHalf << 16);
-  memcpy(&bias, &bias_bits, 4);
-  return Bits(__hsub2(v, bias));
+  if constexpr (kHalfCodes) {
+    const uint32_t biased = __byte_perm(codes, 0x64u, kSelect);
+    // 1024 + kBias in f16: exponent 0x64, kBias in the mantissa's low bits.
+    constexpr uint32_t kOne = 0x6400u | kBias;
+    __half2 v, bias;
+    memcpy(&v, &biased, 4);
+    const uint32_t bias_bits = kOne | (kOne << 16);
+    memcpy(&bias, &bias_bits, 4);
+    return Bits(__hsub2(v, bias));
+  } else {
+    const uint32_t biased = __byte_perm(codes, 0x43u, kSelect);
+    constexpr uint32_t kHalf = 0x4300u | kBias;
+    __nv_bfloat162 v, bias;
+    memcpy(&v, &biased, 4);
+    const uint32_t bias_bits = kHalf | (kHalf << 16);
+    memcpy(&bias, &bias_bits, 4);
+    return Bits(__hsub2(v, bias));
+  }
 }
 
 // The A-fragment registers of one column of a unit: pairs[s][0] values 16s+4t, +1 and
 // pairs[s][1] values 16s+4t+2, +3 (QuadCodes' quarter t).
-template <typename Q>
+template <typename Q, bool kHalfCodes = false>
 __device__ __forceinline__ void ColumnPairs(const typename Q::Unit& u, int t,
                                             uint32_t (&pairs)[2][2]) {
   uint32_t half[2];
@@ -100,11 +145,16 @@ __device__ __forceinline__ void ColumnPairs(const typename Q::Unit& u, int t,
 #ifdef __CUDA_ARCH__
       quant::ByteCodes4<128>(half[s] ^ 0x80808080u, c);
 #endif
-      pairs[s][0] = Bits(__floats2bfloat162_rn(c[0], c[1]));
-      pairs[s][1] = Bits(__floats2bfloat162_rn(c[2], c[3]));
+      if constexpr (kHalfCodes) {
+        pairs[s][0] = Bits(__floats2half2_rn(c[0], c[1]));
+        pairs[s][1] = Bits(__floats2half2_rn(c[2], c[3]));
+      } else {
+        pairs[s][0] = Bits(__floats2bfloat162_rn(c[0], c[1]));
+        pairs[s][1] = Bits(__floats2bfloat162_rn(c[2], c[3]));
+      }
     } else {
-      pairs[s][0] = CodePair<0, Q::Unit::kCodeBias>(half[s]);
-      pairs[s][1] = CodePair<2, Q::Unit::kCodeBias>(half[s]);
+      pairs[s][0] = CodePair<0, Q::Unit::kCodeBias, kHalfCodes>(half[s]);
+      pairs[s][1] = CodePair<2, Q::Unit::kCodeBias, kHalfCodes>(half[s]);
     }
   }
 }
@@ -117,10 +167,12 @@ constexpr int64_t PaddedRows(int64_t m) { return (m + 7) / 8 * 8; }
 // the pair 4t+2, 4t+3, t = l % 4, of row 8r + l / 4) at frags[((u · tiles + r) · kTerms
 // + q) · 32 + l]; and Σ x over the unit of each row at sums[u · rows + row] (rows past m
 // are zeros). One thread per (u, r, l); a quad of lanes holds a row's 32 values.
+// With kBlockMmaF16x2 the parts are f16 of x·2^−e and scales[u · rows + row] = 2^e.
 template <typename T, int kTerms>
 __global__ void __launch_bounds__(256)
     SplitXKernel(const T* __restrict__ x, int64_t m, int64_t k, uint4* __restrict__ frags,
-                 float* __restrict__ sums, bool vec_x) {
+                 float* __restrict__ sums, float* __restrict__ scales, bool vec_x) {
+  constexpr int kP = kParts<kTerms>;
   AwaitPrerequisiteGrids();
   const int64_t tiles = PaddedRows(m) / 8, units = k / quant::kUnitElems;
   const int64_t entries = units * tiles * kWarpSize;  // whole warps
@@ -142,15 +194,37 @@ __global__ void __launch_bounds__(256)
         }
       }
     }
-    uint32_t part[2][2][kTerms];
+    uint32_t part[2][2][kP];
+    if constexpr (kHalfParts<kTerms>) {
+      // The row's largest magnitude over the unit (the quad's 32 values), and 2^−e for it.
+      float amax = 0.0f;
 #pragma unroll
-    for (int step = 0; step < 2; ++step) {
-      SplitPair<kTerms>(v[step][0], v[step][1], part[step][0]);
-      SplitPair<kTerms>(v[step][2], v[step][3], part[step][1]);
+      for (int step = 0; step < 2; ++step) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) amax = fmaxf(amax, fabsf(v[step][i]));
+      }
+      amax = fmaxf(amax, __shfl_xor_sync(kFullMask, amax, 1));
+      amax = fmaxf(amax, __shfl_xor_sync(kFullMask, amax, 2));
+      int e = 0;
+      if (isfinite(amax)) (void)frexpf(amax, &e);  // an infinity or NaN stays one scaled
+      e = max(min(e, 127), -126);
+      const float inv = ldexpf(1.0f, -e);
+#pragma unroll
+      for (int step = 0; step < 2; ++step) {
+        SplitPairHalf(v[step][0] * inv, v[step][1] * inv, part[step][0]);
+        SplitPairHalf(v[step][2] * inv, v[step][3] * inv, part[step][1]);
+      }
+      if (l % 4 == 0) scales[u * tiles * 8 + row] = ldexpf(1.0f, e);
+    } else {
+#pragma unroll
+      for (int step = 0; step < 2; ++step) {
+        SplitPair<kTerms>(v[step][0], v[step][1], part[step][0]);
+        SplitPair<kTerms>(v[step][2], v[step][3], part[step][1]);
+      }
     }
 #pragma unroll
-    for (int q = 0; q < kTerms; ++q) {
-      frags[((u * tiles + tile) * kTerms + q) * kWarpSize + l] =
+    for (int q = 0; q < kP; ++q) {
+      frags[((u * tiles + tile) * kP + q) * kWarpSize + l] =
           make_uint4(part[0][0][q], part[0][1][q], part[1][0][q], part[1][1][q]);
     }
     // The row's sum: this lane's 8 values, then the quad's (same order in every quad).
@@ -210,15 +284,15 @@ struct UnitFragments {
   float ma[kColTiles], mb[kColTiles];
 };
 
-template <typename Q, int kColTiles>
+template <typename Q, int kColTiles, bool kHalfCodes = false>
 __device__ __forceinline__ void DecodeUnit(const typename Q::Unit (&wa)[kColTiles],
                                            const typename Q::Unit (&wb)[kColTiles], int t,
                                            UnitFragments<kColTiles>& f) {
 #pragma unroll
   for (int c = 0; c < kColTiles; ++c) {
     uint32_t pa[2][2], pb[2][2];
-    ColumnPairs<Q>(wa[c], t, pa);
-    ColumnPairs<Q>(wb[c], t, pb);
+    ColumnPairs<Q, kHalfCodes>(wa[c], t, pa);
+    ColumnPairs<Q, kHalfCodes>(wb[c], t, pb);
 #pragma unroll
     for (int s = 0; s < 2; ++s) {
       f.frag[c][s][0] = pa[s][0];
@@ -239,32 +313,42 @@ __device__ __forceinline__ void DecodeUnit(const typename Q::Unit (&wa)[kColTile
 
 // acc[c] += one unit's products for one row tile: x's parts b (both k16 steps) times the
 // unit's codes, summed over the parts, scaled, plus min · Σx (x0, x1: rows 2t, 2t + 1).
+// With kBlockMmaF16x2 the parts' sums are of x·2^−e: times xs0, xs1 = 2^e of rows 2t and
+// 2t + 1 (exact) before the weights' scale.
 template <typename Q, int kColTiles, int kTerms>
 __device__ __forceinline__ void MultiplyTile(const UnitFragments<kColTiles>& f,
-                                             const uint4 (&b)[kTerms], float x0, float x1,
+                                             const uint4 (&b)[kParts<kTerms>], float x0,
+                                             float x1, float xs0, float xs1,
                                              float (&acc)[kColTiles][4]) {
   constexpr bool kHalves = std::is_same_v<Q, quant::Format<DType::kQ6_K>>;
+  constexpr int kP = kParts<kTerms>;
+  constexpr bool kHalf = kHalfParts<kTerms>;
 #pragma unroll
   for (int c = 0; c < kColTiles; ++c) {
     // One accumulator per part, so that the parts' MMAs do not wait on each other.
-    float d0[kTerms][4], d1[kTerms][4];
+    float d0[kP][4], d1[kP][4];
 #pragma unroll
-    for (int q = 0; q < kTerms; ++q) {
+    for (int q = 0; q < kP; ++q) {
 #pragma unroll
       for (int j = 0; j < 4; ++j) d0[q][j] = d1[q][j] = 0.0f;
-      Mma(d0[q], f.frag[c][0], make_uint2(b[q].x, b[q].y));
-      Mma(kHalves ? d1[q] : d0[q], f.frag[c][1], make_uint2(b[q].z, b[q].w));
+      Mma<kHalf>(d0[q], f.frag[c][0], make_uint2(b[q].x, b[q].y));
+      Mma<kHalf>(kHalves ? d1[q] : d0[q], f.frag[c][1], make_uint2(b[q].z, b[q].w));
     }
     float s0[4], s1[4];
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       // The parts from the smallest up (3 parts: exact as long as the sums are).
-      s0[j] = d0[kTerms - 1][j];
-      s1[j] = d1[kTerms - 1][j];
+      s0[j] = d0[kP - 1][j];
+      s1[j] = d1[kP - 1][j];
 #pragma unroll
-      for (int q = kTerms - 2; q >= 0; --q) {
+      for (int q = kP - 2; q >= 0; --q) {
         s0[j] += d0[q][j];
         s1[j] += d1[q][j];
+      }
+      if constexpr (kHalf) {
+        const float xs = (j & 1) ? xs1 : xs0;  // elements 0, 2: row 2t; 1, 3: row 2t + 1
+        s0[j] *= xs;
+        s1[j] *= xs;
       }
     }
     float* o = acc[c];
@@ -326,8 +410,10 @@ __device__ __forceinline__ void SplitUnits(const BlockMmaArgs& a, int64_t units,
 template <typename T, typename Q, int kRowTiles, int kColTiles, int kTerms>
 __global__ void __launch_bounds__(kThreads)
     BlockMmaKernel(BlockMmaArgs a, const uint4* __restrict__ frags,
-                   const float* __restrict__ sums) {
+                   const float* __restrict__ sums, const float* __restrict__ scales) {
   using Unit = typename Q::Unit;
+  constexpr int kP = kParts<kTerms>;
+  constexpr bool kHalf = kHalfParts<kTerms>;
   constexpr int64_t kCols = kBlockMmaCols * kColTiles;
   // x's fragments of a whole unit are loaded a unit ahead with the weights when they are
   // few; the prefill shape loads each row tile's just before its MMAs (from L1: the
@@ -342,16 +428,16 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t tile0 = static_cast<int64_t>(blockIdx.z) * kRowTiles;
   AwaitPrerequisiteGrids();
   // x's fragments of unit u and row tile `tile` of the block (zeros past the last tile).
-  auto load_tile = [&](int64_t u, int tile, uint4 (&b)[kTerms]) {
+  auto load_tile = [&](int64_t u, int tile, uint4 (&b)[kP]) {
 #pragma unroll
-    for (int q = 0; q < kTerms; ++q) {
+    for (int q = 0; q < kP; ++q) {
       b[q] = tile0 + tile < tiles
-                 ? frags[((u * tiles + tile0 + tile) * kTerms + q) * kWarpSize + lane]
+                 ? frags[((u * tiles + tile0 + tile) * kP + q) * kWarpSize + lane]
                  : make_uint4(0, 0, 0, 0);
     }
   };
   Unit next_a[kColTiles], next_b[kColTiles];
-  uint4 next_x[kXAhead ? kRowTiles : 1][kTerms];
+  uint4 next_x[kXAhead ? kRowTiles : 1][kP];
   auto load_unit = [&](int64_t u) {
 #pragma unroll
     for (int c = 0; c < kColTiles; ++c) {
@@ -369,13 +455,13 @@ __global__ void __launch_bounds__(kThreads)
   for (int64_t u = u0; u < u1; ++u) {
     // This unit's fragments, before the next unit's loads take the registers.
     UnitFragments<kColTiles> f;
-    DecodeUnit<Q>(next_a, next_b, t, f);
-    uint4 x_now[kXAhead ? kRowTiles : 1][kTerms];
+    DecodeUnit<Q, kColTiles, kHalf>(next_a, next_b, t, f);
+    uint4 x_now[kXAhead ? kRowTiles : 1][kP];
     if constexpr (kXAhead) {
 #pragma unroll
       for (int tile = 0; tile < kRowTiles; ++tile) {
 #pragma unroll
-        for (int q = 0; q < kTerms; ++q) x_now[tile][q] = next_x[tile][q];
+        for (int q = 0; q < kP; ++q) x_now[tile][q] = next_x[tile][q];
       }
     }
     // The next unit's weights (and x) fly while this one is multiplied.
@@ -383,20 +469,24 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int tile = 0; tile < kRowTiles; ++tile) {
       if (tile0 + tile >= tiles) break;  // the last row group's tiles past m
-      uint4 b[kTerms];
+      uint4 b[kP];
       if constexpr (kXAhead) {
 #pragma unroll
-        for (int q = 0; q < kTerms; ++q) b[q] = x_now[tile][q];
+        for (int q = 0; q < kP; ++q) b[q] = x_now[tile][q];
       } else {
         load_tile(u, tile, b);
       }
-      float x0 = 0.0f, x1 = 0.0f;
+      const int64_t r = (tile0 + tile) * 8 + 2 * t;  // a tile within `tiles`
+      float x0 = 0.0f, x1 = 0.0f, xs0 = 1.0f, xs1 = 1.0f;
       if constexpr (Unit::kHasMin) {
-        const int64_t r = (tile0 + tile) * 8 + 2 * t;  // a tile within `tiles`
         x0 = sums[u * rows + r];
         x1 = sums[u * rows + r + 1];
       }
-      MultiplyTile<Q, kColTiles, kTerms>(f, b, x0, x1, acc[tile]);
+      if constexpr (kHalf) {
+        xs0 = scales[u * rows + r];
+        xs1 = scales[u * rows + r + 1];
+      }
+      MultiplyTile<Q, kColTiles, kTerms>(f, b, x0, x1, xs0, xs1, acc[tile]);
     }
   }
 #pragma unroll
@@ -423,23 +513,28 @@ constexpr int kStages = 3;
 
 template <int kTerms>
 constexpr int StagedEntries() {  // 16-byte fragments of one unit for the block's rows
-  return kStagedRowTiles * kTerms * kWarpSize;
+  return kStagedRowTiles * kParts<kTerms> * kWarpSize;
 }
+// A stage: the unit's fragments, its rows' sums and (kBlockMmaF16x2) their scales.
 template <int kTerms>
 constexpr size_t StagedSmemBytes() {
-  return kStages * (StagedEntries<kTerms>() * size_t{16} + kStagedRowTiles * 8 * sizeof(float));
+  return kStages * (StagedEntries<kTerms>() * size_t{16} +
+                    (kHalfParts<kTerms> ? 2 : 1) * kStagedRowTiles * 8 * sizeof(float));
 }
 
 template <typename T, typename Q, int kTerms>
 __global__ void __launch_bounds__(kStagedThreads, 1)
     BlockMmaStagedKernel(BlockMmaArgs a, const uint4* __restrict__ frags,
-                         const float* __restrict__ sums) {
+                         const float* __restrict__ sums, const float* __restrict__ scales) {
   using Unit = typename Q::Unit;
+  constexpr int kP = kParts<kTerms>;
+  constexpr bool kHalf = kHalfParts<kTerms>;
   constexpr int kEntries = StagedEntries<kTerms>();
   constexpr int kRowsStaged = kStagedRowTiles * 8;
   extern __shared__ uint4 staged[];
   uint4* x_stage = staged;                                                     // [kStages][kEntries]
   float* sum_stage = reinterpret_cast<float*>(staged + kStages * kEntries);  // [kStages][128]
+  float* scale_stage = sum_stage + kStages * kRowsStaged;  // [kStages][128], kHalf only
   const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
   const int g = lane / 4, t = lane % 4;
   const int warp_row = warp / kStagedWarpCols, warp_col = warp % kStagedWarpCols;
@@ -449,11 +544,11 @@ __global__ void __launch_bounds__(kStagedThreads, 1)
   SplitUnits(a, wc.units, u0, u1);
   const int64_t tiles = PaddedRows(a.m) / 8, rows = tiles * 8;
   const int64_t tile0 = static_cast<int64_t>(blockIdx.z) * kStagedRowTiles;
-  const int64_t valid = std::min<int64_t>(kStagedRowTiles, tiles - tile0) * kTerms * kWarpSize;
+  const int64_t valid = std::min<int64_t>(kStagedRowTiles, tiles - tile0) * kP * kWarpSize;
   AwaitPrerequisiteGrids();
   // Unit u's fragments of the block's row tiles (zeros past the last) into stage s.
   auto stage = [&](int64_t u, int s) {
-    const uint4* from = frags + (u * tiles + tile0) * kTerms * kWarpSize;
+    const uint4* from = frags + (u * tiles + tile0) * kP * kWarpSize;
     uint4* to = x_stage + s * kEntries;
     for (int e = static_cast<int>(threadIdx.x); e < kEntries; e += kStagedThreads) {
       CopyAsync16(to + e, e < valid ? from + e : frags, e < valid);
@@ -463,6 +558,14 @@ __global__ void __launch_bounds__(kStagedThreads, 1)
         const int64_t r = tile0 * 8 + 4 * threadIdx.x;
         CopyAsync16(sum_stage + s * kRowsStaged + 4 * threadIdx.x,
                     r < rows ? sums + u * rows + r : sums, r < rows);
+      }
+    }
+    if constexpr (kHalf) {
+      const int i = static_cast<int>(threadIdx.x) - kRowsStaged / 4;  // other threads
+      if (i >= 0 && i < kRowsStaged / 4) {
+        const int64_t r = tile0 * 8 + 4 * i;
+        CopyAsync16(scale_stage + s * kRowsStaged + 4 * i,
+                    r < rows ? scales + u * rows + r : scales, r < rows);
       }
     }
   };
@@ -493,23 +596,28 @@ __global__ void __launch_bounds__(kStagedThreads, 1)
     if (i + kStages - 1 < count) stage(u0 + i + kStages - 1, later);
     CommitCopies();
     UnitFragments<kStagedColTiles> f;
-    DecodeUnit<Q>(next_a, next_b, t, f);
+    DecodeUnit<Q, kStagedColTiles, kHalf>(next_a, next_b, t, f);
     if (i + 1 < count) load_unit(u0 + i + 1);
     const uint4* xs = x_stage + now * kEntries;
     const float* ss = sum_stage + now * kRowsStaged;
+    const float* sc = scale_stage + now * kRowsStaged;
 #pragma unroll
     for (int tile = 0; tile < kStagedWarpRowTiles; ++tile) {
       const int bt = warp_row * kStagedWarpRowTiles + tile;  // the block's row tile
       if (tile0 + bt >= tiles) break;
-      uint4 b[kTerms];
+      uint4 b[kP];
 #pragma unroll
-      for (int q = 0; q < kTerms; ++q) b[q] = xs[(bt * kTerms + q) * kWarpSize + lane];
-      float x0 = 0.0f, x1 = 0.0f;
+      for (int q = 0; q < kP; ++q) b[q] = xs[(bt * kP + q) * kWarpSize + lane];
+      float x0 = 0.0f, x1 = 0.0f, xs0 = 1.0f, xs1 = 1.0f;
       if constexpr (Unit::kHasMin) {
         x0 = ss[bt * 8 + 2 * t];
         x1 = ss[bt * 8 + 2 * t + 1];
       }
-      MultiplyTile<Q, kStagedColTiles, kTerms>(f, b, x0, x1, acc[tile]);
+      if constexpr (kHalf) {
+        xs0 = sc[bt * 8 + 2 * t];
+        xs1 = sc[bt * 8 + 2 * t + 1];
+      }
+      MultiplyTile<Q, kStagedColTiles, kTerms>(f, b, x0, x1, xs0, xs1, acc[tile]);
     }
     now = now + 1 == kStages ? 0 : now + 1;
   }
@@ -570,6 +678,7 @@ cudaError_t DispatchTerms(int terms, F&& f) {
   if constexpr (std::is_same_v<T, float>) {
     if (terms == 1) return f(std::integral_constant<int, 1>{});
     if (terms == 2) return f(std::integral_constant<int, 2>{});
+    if (terms == kBlockMmaF16x2) return f(std::integral_constant<int, kBlockMmaF16x2>{});
     return f(std::integral_constant<int, 3>{});
   } else if constexpr (std::is_same_v<T, __nv_bfloat16>) {
     return f(std::integral_constant<int, 1>{});
@@ -596,7 +705,7 @@ int StagedSplits(int64_t blocks, int64_t k, int sms) {
 int BlockMmaTerms(DType x_dtype, int f32_terms) {
   if (x_dtype == DType::kBF16) return 1;
   if (x_dtype == DType::kF16) return 2;
-  return std::clamp(f32_terms, 1, 3);
+  return f32_terms == kBlockMmaF16x2 ? kBlockMmaF16x2 : std::clamp(f32_terms, 1, 3);
 }
 
 int BlockMmaSplitsFor(int64_t column_blocks, int64_t k, int sm_count, int blocks_per_sm) {
@@ -659,15 +768,19 @@ bool BlockMmaWorkspaceFor(int64_t m, int64_t k, const int64_t* n, int weights, D
 }
 
 int64_t BlockMmaScratchBytes(int64_t m, int64_t k, int terms) {
-  if (m <= 0 || k <= 0 || terms < 1 || terms > 3 || m > (int64_t{1} << 40) ||
+  if (m <= 0 || k <= 0 || terms < 1 || terms > kBlockMmaF16x2 || m > (int64_t{1} << 40) ||
       k > (int64_t{1} << 40)) {
     return -1;
   }
   const int64_t rows = PaddedRows(m), units = CeilDiv(k, quant::kUnitElems);
-  // Per unit and row: terms parts of 32 values at 2 bytes, and one f32 sum.
-  const int64_t per = terms * quant::kUnitElems * 2 + 4;
+  // Per unit and row: the parts of 32 values at 2 bytes, one f32 sum, and with
+  // kBlockMmaF16x2 one f32 scale.
+  const int64_t parts = terms == kBlockMmaF16x2 ? 2 : terms;
+  const int64_t floats = terms == kBlockMmaF16x2 ? 2 : 1;
+  const int64_t per = parts * quant::kUnitElems * 2 + 4 * floats;
   if (units > INT64_MAX / rows / per) return -1;
-  return (units * rows * terms * quant::kUnitElems * 2 + 15) / 16 * 16 + units * rows * 4;
+  return (units * rows * parts * quant::kUnitElems * 2 + 15) / 16 * 16 +
+         units * rows * 4 * floats;
 }
 
 cudaError_t LaunchBlockMma(const BlockMmaArgs& a, Stream stream) {
@@ -690,12 +803,15 @@ cudaError_t LaunchBlockMma(const BlockMmaArgs& a, Stream stream) {
   const BlockMmaTile tile = BlockMmaTileFor(a.m, a.w_dtype, a.shape);
   const int64_t column_blocks = BlockMmaColumnBlocks(a.n, a.weights, tile.cols);
   const int64_t tiles = PaddedRows(a.m) / 8;
-  const int64_t frag_bytes = (tiles * 8 * a.k * a.terms * 2 + 15) / 16 * 16;
+  const int64_t parts = a.terms == kBlockMmaF16x2 ? 2 : a.terms;
+  const int64_t frag_bytes = (tiles * 8 * a.k * parts * 2 + 15) / 16 * 16;
   if (column_blocks > INT32_MAX || a.splits > 65535 || CeilDiv(a.m, tile.rows) > 65535) {
     return cudaErrorInvalidValue;
   }
   auto* frags = static_cast<uint4*>(a.scratch);
   auto* sums = reinterpret_cast<float*>(static_cast<uint8_t*>(a.scratch) + frag_bytes);
+  // kBlockMmaF16x2: the rows' scales per unit after the sums.
+  float* scales = a.terms == kBlockMmaF16x2 ? sums + (a.k / quant::kUnitElems) * tiles * 8 : nullptr;
   return DispatchFloat(a.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     return DispatchTerms<T>(a.terms, [&](auto terms) -> cudaError_t {
@@ -708,7 +824,7 @@ cudaError_t LaunchBlockMma(const BlockMmaArgs& a, Stream stream) {
       if (!a.x_in_scratch) {
         e = LaunchKernel(SplitXKernel<T, kTerms>, dim3(static_cast<unsigned>(split_blocks)),
                          dim3(256), stream, static_cast<const T*>(a.x), a.m, a.k, frags, sums,
-                         Aligned16(a.x));
+                         scales, Aligned16(a.x));
         if (e != cudaSuccess) return e;
       }
       e = quant::DispatchFormat(a.w_dtype, [&](auto format) {
@@ -726,7 +842,8 @@ cudaError_t LaunchBlockMma(const BlockMmaArgs& a, Stream stream) {
                           static_cast<unsigned>(CeilDiv(tiles, kStagedRowTiles)));
           return LaunchKernelShared(kernel, grid, dim3(kStagedThreads), kSmem, stream, a,
                                     static_cast<const uint4*>(frags),
-                                    static_cast<const float*>(sums));
+                                    static_cast<const float*>(sums),
+                                    static_cast<const float*>(scales));
         }
         return DispatchShape(tiles, shape == BlockMmaShape::kPrefill,
                              [&](auto row_tiles, auto col_tiles) {
@@ -737,7 +854,8 @@ cudaError_t LaunchBlockMma(const BlockMmaArgs& a, Stream stream) {
           return LaunchKernel(BlockMmaKernel<T, Q, kRowTiles, kColTiles, kTerms>, grid,
                               dim3(kThreads),
                               stream, a, static_cast<const uint4*>(frags),
-                              static_cast<const float*>(sums));
+                              static_cast<const float*>(sums),
+                              static_cast<const float*>(scales));
         });
       });
       if (e != cudaSuccess || a.y == nullptr || a.splits == 1) return e;

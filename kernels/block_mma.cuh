@@ -21,6 +21,12 @@
 
 namespace sg::kernels {
 
+// BlockMmaArgs::terms for f32 x as two f16 parts of each row's unit scaled by a power of
+// two (2^−e, its largest magnitude in [2^(e−1), 2^e)): each value to about 2^−23 of its
+// unit's largest, f32's precision for the sums it enters, in two MMAs a k16 step where
+// three bf16 parts take three; the unit's sum is scaled back by 2^e (exact).
+inline constexpr int kBlockMmaF16x2 = 4;
+
 // Weights one launch takes (the fused matmul's grouped q/k/v), all of one block format.
 inline constexpr int kBlockMmaMaxWeights = 3;
 // Output columns (weight rows) a thread block computes; a weight's columns never share a
@@ -69,7 +75,7 @@ struct BlockMmaArgs {
   int64_t n[kBlockMmaMaxWeights] = {};
   int weights = 1;
   DType w_dtype = DType::kQ4_0;
-  // Parts x is split into (1, 2 or 3; BlockMmaTerms).
+  // Parts x is split into (1, 2 or 3 bf16 parts, or kBlockMmaF16x2; BlockMmaTerms).
   int terms = 3;
   // x split into its parts, laid out as the MMA's fragments, and its rows' sums per 32
   // values: BlockMmaScratchBytes(m, k, terms) bytes, 16-byte aligned. x_in_scratch: an
@@ -114,7 +120,7 @@ bool BlockMmaWorkspaceFor(int64_t m, int64_t k, const int64_t* n, int weights, D
 inline bool BlockMmaRuns(int compute_capability) { return compute_capability >= 80; }
 
 // The parts x of `x_dtype` is split into for `f32_terms` wished for f32 x: bf16 x is one
-// part exactly, f16 two; f32 takes 1, 2 (16 significant bits) or 3 (exact).
+// part exactly, f16 two; f32 takes 1, 2 (16 significant bits), 3 (exact) or kBlockMmaF16x2.
 // BlockMmaArgs::terms must be one of these.
 int BlockMmaTerms(DType x_dtype, int f32_terms);
 

@@ -515,8 +515,9 @@ const Flag kFlags[] = {
      [](S v, O& o) { return SetInt(v, 0, int64_t{1} << 30, o.cuda.block_mma_min_rows); }},
     {"--block-gemm-precision", nullptr, "P", kAll, true,
      "GPU: block-format matmuls' operands with f32 activations: f32 (default, exact), "
-     "bf16x2 (the tensor-core kernel's x in two bf16 parts: 16 bits), tf32, bf16 (the block "
-     "GEMM's and, as bf16, the tensor-core kernel's x)",
+     "f16x2 (the tensor-core kernel's x in two f16 parts per 32 values scaled by a power of "
+     "two: f32's precision, fewer MMAs), bf16x2 (x in two bf16 parts: 16 bits), tf32, bf16 "
+     "(the block GEMM's and, as bf16, the tensor-core kernel's x)",
      nullptr, EnvRule::kNone,
      [](S v, O& o) {
        SG_ASSIGN_OR_RETURN(o.cuda.block_gemm_precision, ParseBlockGemmPrecision(v));

@@ -448,6 +448,8 @@ int BlockMmaTermsFor(DType x_dtype, const CudaOptions& options) {
       return kernels::BlockMmaTerms(x_dtype, 1);
     case BlockGemmPrecision::kBf16x2:
       return kernels::BlockMmaTerms(x_dtype, 2);
+    case BlockGemmPrecision::kF16x2:
+      return kernels::BlockMmaTerms(x_dtype, kernels::kBlockMmaF16x2);
     default:
       return kernels::BlockMmaTerms(x_dtype, 3);
   }

@@ -114,8 +114,9 @@ std::vector<OpCase> MatmulCases() {
 // forced, and the staged one over 64 units split four ways at 130 rows), odd N (a partial
 // block and a partial warp tile), K of whole and partial stages of 4 units, with bias;
 // f32 x in three bf16 parts (exact products: f32's tolerance), under
-// block_gemm_precision bf16x2 in two (16 significant bits: 5e-5) and under bf16 in one
-// (bf16's).
+// block_gemm_precision bf16x2 in two (16 significant bits: 5e-5), under bf16 in one
+// (bf16's), and under f16x2 in two f16 parts per 32 values scaled by a power of two
+// (f32's tolerance, every shape: its scales pass through the staged shape's copies too).
 std::vector<OpCase> MmaMatmulCases() {
   std::vector<OpCase> cases;
   struct Mm {
@@ -134,10 +135,14 @@ std::vector<OpCase> MmaMatmulCases() {
     constexpr BlockMmaShapeOption kAuto = BlockMmaShapeOption::kAuto;
     for (DType t : kFloatTypes) {
       for (const Mm& s : shapes) {
-        for (BlockGemmPrecision precision : {BlockGemmPrecision::kF32, BlockGemmPrecision::kBf16,
-                                             BlockGemmPrecision::kBf16x2}) {
+        for (BlockGemmPrecision precision :
+             {BlockGemmPrecision::kF32, BlockGemmPrecision::kBf16, BlockGemmPrecision::kBf16x2,
+              BlockGemmPrecision::kF16x2}) {
           const bool bf16_x = precision == BlockGemmPrecision::kBf16;
           const bool parts2 = precision == BlockGemmPrecision::kBf16x2;
+          // Two scaled f16 parts (f32 x only): every shape, at f32's tolerance.
+          const bool f16x2 = precision == BlockGemmPrecision::kF16x2;
+          if (f16x2 && t != DType::kF32) continue;
           if (bf16_x && (t != DType::kF32 || s.m != 16)) continue;
           // Two parts: a decode-shape row count and the staged shape over many units.
           if (parts2 && (t != DType::kF32 || (s.m != 16 && s.k != 2048))) continue;
@@ -156,6 +161,7 @@ std::vector<OpCase> MmaMatmulCases() {
                 {.name = absl::StrCat("MmaMatMul/", DTypeName(q), "/", DTypeName(t), "/", s.m,
                                       "x", s.k, "x", s.n, s.bias ? "+bias" : "",
                                       bf16_x ? "/bf16_x" : "", parts2 ? "/bf16x2_x" : "",
+                                      f16x2 ? "/f16x2_x" : "",
                                       kShapeNames[static_cast<int>(shape)]),
                  .build = [=](GraphBuilder& b) {
                    auto x = b.Input("x", t, {s.m, s.k});
@@ -837,11 +843,18 @@ TEST(BlockMmaSizesTest, TermsScratchSplitsAndRefusals) {
   EXPECT_EQ(kernels::BlockMmaTerms(DType::kF32, 2), 2);  // block_gemm_precision bf16x2
   EXPECT_EQ(kernels::BlockMmaTerms(DType::kF16, 2), 2);
   EXPECT_EQ(kernels::BlockMmaTerms(DType::kBF16, 2), 1);
+  // Two scaled f16 parts for f32 x only (block_gemm_precision f16x2).
+  EXPECT_EQ(kernels::BlockMmaTerms(DType::kF32, kernels::kBlockMmaF16x2), kernels::kBlockMmaF16x2);
+  EXPECT_EQ(kernels::BlockMmaTerms(DType::kBF16, kernels::kBlockMmaF16x2), 1);
+  EXPECT_EQ(kernels::BlockMmaTerms(DType::kF16, kernels::kBlockMmaF16x2), 2);
   // 16 rows, 64 units: 3 parts of 32 bf16 values per row and unit, then 16 × 64 sums.
   EXPECT_EQ(kernels::BlockMmaScratchBytes(16, 2048, 3), 64 * 16 * 3 * 32 * 2 + 64 * 16 * 4);
   EXPECT_EQ(kernels::BlockMmaScratchBytes(5, 32, 1), 8 * 32 * 2 + 8 * 4);
   EXPECT_EQ(kernels::BlockMmaScratchBytes(0, 32, 1), -1);
-  EXPECT_EQ(kernels::BlockMmaScratchBytes(4, 32, 4), -1);
+  // f16x2: 2 parts, then the sums and the scales.
+  EXPECT_EQ(kernels::BlockMmaScratchBytes(16, 2048, kernels::kBlockMmaF16x2),
+            64 * 16 * 2 * 32 * 2 + 2 * 64 * 16 * 4);
+  EXPECT_EQ(kernels::BlockMmaScratchBytes(4, 32, 5), -1);
   EXPECT_EQ(kernels::BlockMmaScratchBytes(int64_t{1} << 40, int64_t{1} << 40, 3), -1);
   // About four blocks per SM of 132, each split at least 4 units, at most 16 splits.
   EXPECT_EQ(kernels::BlockMmaSplitsFor(128, 2048, 132), 5);
@@ -940,15 +953,17 @@ TEST(BlockMmaSizesTest, TermsScratchSplitsAndRefusals) {
   EXPECT_EQ(kernels::LaunchBlockMma(a, {}), cudaErrorInvalidValue);
   a.ld = 1;
   // Parts other than BlockMmaTerms gives for x's dtype (the scratch is sized by them).
-  a.terms = 4;
+  a.terms = 5;
   EXPECT_EQ(kernels::LaunchBlockMma(a, {}), cudaErrorInvalidValue);
-  a.terms = 0;  // f32 x: 1, 2 or 3
+  a.terms = 0;  // f32 x: 1, 2, 3 or kBlockMmaF16x2
   EXPECT_EQ(kernels::LaunchBlockMma(a, {}), cudaErrorInvalidValue);
   a.dtype = DType::kF16;
   a.terms = 1;  // f16 x: 2
   EXPECT_EQ(kernels::LaunchBlockMma(a, {}), cudaErrorInvalidValue);
   a.dtype = DType::kBF16;
   a.terms = 3;  // bf16 x: 1
+  EXPECT_EQ(kernels::LaunchBlockMma(a, {}), cudaErrorInvalidValue);
+  a.terms = kernels::kBlockMmaF16x2;  // f32 x only
   EXPECT_EQ(kernels::LaunchBlockMma(a, {}), cudaErrorInvalidValue);
 }
 
@@ -987,8 +1002,10 @@ TEST(QuantConformanceCasesTest, EveryFormatAndDTypeIsCovered) {
   EXPECT_EQ(EmbeddingCases().size(), 8u * 3u * 3u);
   EXPECT_EQ(FusedCases().size(), 8u * 3u * (7u + 2u + 2u) + 5u * 3u * 2u + 3u * 5u);
   // Per format and x dtype: 6 shapes automatic, 3 of them in 3 forced block shapes, the
-  // long one staged; f32 x rounded to bf16 once, and in two parts three times.
-  EXPECT_EQ(MmaMatmulCases().size(), 8u * (3u * (6u + 3u * 3u + 1u) + 1u + 3u));
+  // long one staged; f32 x rounded to bf16 once, in two parts three times, and in two
+  // scaled f16 parts in every shape.
+  EXPECT_EQ(MmaMatmulCases().size(),
+            8u * (3u * (6u + 3u * 3u + 1u) + 1u + 3u + (6u + 3u * 3u + 1u)));
   EXPECT_EQ(MmaFusedCases().size(), 8u * 3u * (6u + 1u) + 3u * 2u);
   // Per format, x dtype and integer precision: 2 MatMuls, the add and SiluMul.
   EXPECT_EQ(IntRowCases().size(), 8u * 3u * (4u * 4u + 1u));

@@ -31,10 +31,13 @@ absl::StatusOr<MatmulPolicy> ParseMatmulPolicy(absl::string_view name);
 // tensor cores in TF32 (10-bit mantissas); kBf16: weight and x rounded to bf16, the f32
 // result accumulated in f32 (the fastest; 8-bit mantissas). kBf16x2: the tensor-core
 // kernel's x as two bf16 parts (16 significant bits; exact f32 takes three), the weights
-// exact; the block GEMM, where forced, computes as kF32. docs/cuda_kernels.md.
-enum class BlockGemmPrecision : uint8_t { kF32, kTf32, kBf16, kBf16x2 };
+// exact; the block GEMM, where forced, computes as kF32. kF16x2: the tensor-core kernel's x
+// as two f16 parts of each row's 32 values scaled by a power of two (f32's precision
+// relative to the unit's largest value, in two thirds of kF32's MMAs), the weights exact;
+// the block GEMM, where forced, computes as kF32. docs/cuda_kernels.md.
+enum class BlockGemmPrecision : uint8_t { kF32, kTf32, kBf16, kBf16x2, kF16x2 };
 
-// "f32", "tf32", "bf16", "bf16x2"
+// "f32", "tf32", "bf16", "bf16x2", "f16x2"
 absl::string_view BlockGemmPrecisionName(BlockGemmPrecision p);
 // Inverse of BlockGemmPrecisionName; InvalidArgument naming the choices otherwise.
 absl::StatusOr<BlockGemmPrecision> ParseBlockGemmPrecision(absl::string_view name);
