@@ -37,9 +37,9 @@ inline constexpr int kAttentionMaxChunks = 256;
 const char* AttentionShapeError(const AttentionShape& s);
 
 // KV-length chunks for `s` on a device with `sm_count` multiprocessors: enough blocks to
-// fill the device at pos = seq_len - 1, but at least 64 keys per chunk (at a shorter
-// position, where a chunk is fewer than 32 blocks, rows · kv heads · head tiles, the
-// launch lets chunks of 16 keys take part). `target_blocks`
+// fill the device at pos = seq_len - 1, but at least 64 keys per chunk, 16 where a chunk
+// is fewer than 8 blocks, rows · kv heads · head tiles (at a shorter position, where a
+// chunk is fewer than 32 blocks, the launch lets chunks of 16 keys take part). `target_blocks`
 // overrides the block count aimed at (0: the default, 4 blocks per multiprocessor).
 int ChooseAttentionChunks(const AttentionShape& s, int sm_count, int target_blocks = 0);
 

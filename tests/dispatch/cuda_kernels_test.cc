@@ -23,6 +23,7 @@
 #include "dispatch/cuda/cuda_status.h"
 #include "dispatch/cuda/codegen.h"
 #include "dispatch/cuda/matmul.h"
+#include "kernels/attention.cuh"
 #include "kernels/elementwise.cuh"
 #include "kernels/launch.h"
 #include "stepgraph/graph/builder.h"
@@ -234,6 +235,34 @@ TEST(ProgrammaticLaunchTest, EachDispatcherLaunchesAsItsOwnOptionSays) {
   ASSERT_TRUE(later.ok()) << later.status();
   EXPECT_EQ(CapturedEdges(**off, *off_plan, bindings), std::make_pair(0, kEdges));
   EXPECT_EQ(CapturedEdges(**on, *on_plan, bindings), std::make_pair(expect_on, kEdges));
+}
+
+// The decode attention grid's chunks (host side): enough blocks for 4 a multiprocessor,
+// at least 64 keys a chunk at the cache's length, 16 where a chunk has fewer than 8
+// blocks (rows · KV heads · head tiles), at most kAttentionMaxChunks.
+TEST(AttentionChunksTest, GridFollowsBlocksPerChunkAndCacheLength) {
+  using kernels::AttentionShape;
+  using kernels::ChooseAttentionChunks;
+  // Qwen3-30B-A3B at batch 1: 4 KV heads, a group of 8 in one tile: 4 blocks a chunk.
+  const AttentionShape moe{.rows = 1, .heads = 32, .kv_heads = 4, .seq_len = 241, .head_dim = 128};
+  EXPECT_EQ(ChooseAttentionChunks(moe, 132), 16);  // ceil(241 / 16)
+  AttentionShape moe_long = moe;
+  moe_long.seq_len = 4096;
+  EXPECT_EQ(ChooseAttentionChunks(moe_long, 132), 132);  // 528 blocks / 4
+  // Llama-3.2-1B at batch 1: 8 KV heads, a group of 4: 8 blocks a chunk keep 64 keys.
+  const AttentionShape dense{.rows = 1, .heads = 32, .kv_heads = 8, .seq_len = 241, .head_dim = 64};
+  EXPECT_EQ(ChooseAttentionChunks(dense, 132), 4);  // ceil(241 / 64)
+  AttentionShape dense_long = dense;
+  dense_long.seq_len = 8192;
+  EXPECT_EQ(ChooseAttentionChunks(dense_long, 132), 66);  // 528 blocks / 8
+  // Many blocks a chunk: the device is filled with few chunks.
+  AttentionShape batch = dense_long;
+  batch.rows = 16;
+  EXPECT_EQ(ChooseAttentionChunks(batch, 132), 5);  // ceil(528 / 128)
+  // Capped: one KV head of one row on a large device.
+  const AttentionShape one{.rows = 1, .heads = 1, .kv_heads = 1, .seq_len = 65536, .head_dim = 64};
+  EXPECT_EQ(ChooseAttentionChunks(one, 132), kernels::kAttentionMaxChunks);
+  EXPECT_EQ(ChooseAttentionChunks(one, 132, 8), 8);
 }
 
 TEST(MatmulRunnerTest, PathFollowsPolicyAndShape) {
