@@ -562,6 +562,15 @@ int main(int argc, char** argv) {
     reg(absl::StrCat("Attention/", sg::kQwen3Moe.name, "M1/S2048/pos", pos),
         [pos](benchmark::State& s) { sg::BM_Attention(s, sg::kQwen3Moe, 1, 2048, pos); });
   }
+  // Position 100 in caches of 241 (what `stepgraph bench --positions 100` sizes), 2,048
+  // and 4,096 positions: the same keys read, grids of more chunks that find none (the
+  // MoE step took 0.792 ms in the first cache and 0.820 in the last).
+  for (const sg::DecodeShape* shape : {&sg::kLlama1B, &sg::kQwen3Moe}) {
+    for (int64_t seq : {241, 4096}) {
+      reg(absl::StrCat("Attention/", shape->name, "M1/S", seq, "/pos100"),
+          [shape, seq](benchmark::State& s) { sg::BM_Attention(s, *shape, 1, seq, 100); });
+    }
+  }
   // bf16 and f32 (GGUF files with quantized matrices) on the tiled kernel.
   // _rows: the same work on the row-by-row kernel (what f32 ran on before its own).
   for (sg::DType dt : {sg::DType::kBF16, sg::DType::kF32}) {
