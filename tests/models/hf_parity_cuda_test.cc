@@ -257,6 +257,46 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, GgufBlockGemmCudaTest, ::testing::ValuesIn(Bl
                                                BlockGemmPrecisionName(info.param.precision));
                          });
 
+// ---- GGUF fixtures' prompts on the tensor-core block kernel, x in two parts ----
+// The prompt (6 rows: from block_mma_min_rows on, every block-format matmul of it on the
+// tensor-core kernel) under block_gemm_precision f16x2, x as two f16 parts of each row's
+// 32 values scaled by a power of two: f32's precision, so held to the exact path's bounds
+// (logits within 1e-4, the fixture's checked greedy ids equal), the test that decides
+// whether it can be prefill's default. bf16x2 (16 significant bits of x) is held to 1e-3
+// and its ids only reported (near ties among the random fixture's logits may flip).
+class GgufBlockMmaCudaTest : public ::testing::TestWithParam<BlockGemmCase> {
+ protected:
+  void SetUp() override {
+    if (!CudaDeviceFound()) GTEST_SKIP() << "no CUDA device";
+  }
+};
+
+TEST_P(GgufBlockMmaCudaTest, PromptInTwoPartsStaysNearTheCpuReference) {
+  CudaOptions cuda;
+  cuda.block_gemm_precision = GetParam().precision;
+  const bool f16x2 = GetParam().precision == BlockGemmPrecision::kF16x2;
+  ExpectNearTheCpuReference(
+      GetParam().fixture, cuda,
+      absl::StrCat("block MMA ", BlockGemmPrecisionName(GetParam().precision)),
+      f16x2 ? 1e-4 : 1e-3, f16x2);
+}
+
+std::vector<BlockGemmCase> BlockMmaCases() {
+  std::vector<BlockGemmCase> cases;
+  for (const char* f : {"q8_0", "q8_0_bias", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k_m"}) {
+    cases.push_back({f, BlockGemmPrecision::kF16x2});
+  }
+  cases.push_back({"q4_0", BlockGemmPrecision::kBf16x2});
+  cases.push_back({"q4_k_m", BlockGemmPrecision::kBf16x2});
+  return cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, GgufBlockMmaCudaTest, ::testing::ValuesIn(BlockMmaCases()),
+                         [](const ::testing::TestParamInfo<BlockGemmCase>& info) {
+                           return absl::StrCat(info.param.fixture, "_",
+                                               BlockGemmPrecisionName(info.param.precision));
+                         });
+
 // ---- GGUF fixtures with x as integers in the one-row kernel ----
 
 // Decode under CudaOptions::block_gemv_precision int16, int8 and int16x2 (every one-row block
