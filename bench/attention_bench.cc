@@ -17,6 +17,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -393,32 +394,40 @@ void BM_PrefillKernels(benchmark::State& state, DType dt, int64_t t, int64_t beg
   if (!s.ok()) Fail(state, s);
 }
 
-// The attention launcher at a fixed chunk count (M = 1, S = 4096), for tuning.
-void BM_AttentionChunks(benchmark::State& state, int chunks) {
+// The attention launcher at a fixed chunk count (M = 1, S = 4096, position pos), for
+// tuning: the grid's chunks against the keys each walks at the longest context, and what
+// the chunks that find no keys cost at a short one.
+void BM_AttentionChunks(benchmark::State& state, const DecodeShape& shape, int64_t pos,
+                        int chunks) {
   absl::Status s = [&]() -> absl::Status {
     const int64_t m = 1, seq = 4096;
-    kernels::AttentionShape shape{static_cast<int>(m), static_cast<int>(kHeads),
-                                  static_cast<int>(kKvHeads), static_cast<int>(seq),
-                                  static_cast<int>(kHeadDim)};
-    const int64_t cache_elems = m * kKvHeads * seq * kHeadDim;
-    const int n = Copies(2 * cache_elems * 2);
-    SG_ASSIGN_OR_RETURN(DeviceMemory pos_buf, Upload(DType::kI32, m, 0, 0, static_cast<int32_t>(seq - 1)));
-    const int64_t ws_bytes = kernels::AttentionWorkspaceBytes(shape, chunks);
+    const kernels::AttentionShape ashape{static_cast<int>(m), static_cast<int>(shape.heads),
+                                         static_cast<int>(shape.kv_heads),
+                                         static_cast<int>(seq), static_cast<int>(shape.head_dim)};
+    const int64_t elem = DTypeBytes(shape.dtype);
+    const int64_t q_elems = m * shape.heads * shape.head_dim;
+    const int64_t cache_elems = m * shape.kv_heads * seq * shape.head_dim;
+    const int n = Copies(2 * cache_elems * elem);
+    SG_ASSIGN_OR_RETURN(DeviceMemory pos_buf,
+                        Upload(DType::kI32, m, 0, 0, static_cast<int32_t>(pos)));
+    const int64_t ws_bytes = kernels::AttentionWorkspaceBytes(ashape, chunks);
     SG_ASSIGN_OR_RETURN(DeviceMemory ws, AllocateDevice(ws_bytes, "workspace"));
     SG_RETURN_IF_ERROR(ToStatus(cudaMemset(ws.get(), 0, ws_bytes), "cudaMemset"));
     SG_RETURN_IF_ERROR(ToStatus(cudaDeviceSynchronize(), "sync after cudaMemset"));
-    SG_ASSIGN_OR_RETURN(DeviceMemory out, AllocateDevice(m * kHeads * kHeadDim * 2, "out"));
+    SG_ASSIGN_OR_RETURN(DeviceMemory out, AllocateDevice(q_elems * elem, "out"));
     std::vector<DeviceMemory> q, k, v;
     for (int i = 0; i < n; ++i) {
-      SG_ASSIGN_OR_RETURN(DeviceMemory qb, Upload(DType::kBF16, m * kHeads * kHeadDim, 3 * i + 1, 1.0f));
-      SG_ASSIGN_OR_RETURN(DeviceMemory kb, Upload(DType::kBF16, cache_elems, 3 * i + 2, 1.0f));
-      SG_ASSIGN_OR_RETURN(DeviceMemory vb, Upload(DType::kBF16, cache_elems, 3 * i + 3, 1.0f));
+      SG_ASSIGN_OR_RETURN(DeviceMemory qb, Upload(shape.dtype, q_elems, 3 * i + 1, 1.0f));
+      SG_ASSIGN_OR_RETURN(DeviceMemory kb, Upload(shape.dtype, cache_elems, 3 * i + 2, 1.0f));
+      SG_ASSIGN_OR_RETURN(DeviceMemory vb, Upload(shape.dtype, cache_elems, 3 * i + 3, 1.0f));
       q.push_back(std::move(qb));
       k.push_back(std::move(kb));
       v.push_back(std::move(vb));
     }
     SG_ASSIGN_OR_RETURN(DeviceMemory flags, AllocateDevice(4, "flags"));
-    const double bytes = 2.0 * m * kKvHeads * seq * kHeadDim * 2 + 2.0 * m * kHeads * kHeadDim * 2;
+    // The keys 0..pos read, q read and the output written.
+    const double bytes =
+        (2.0 * m * shape.kv_heads * (pos + 1) * shape.head_dim + 2.0 * q_elems) * elem;
     return TimeCaptured(
         state, n,
         [&](int i) -> absl::Status {
@@ -428,13 +437,17 @@ void BM_AttentionChunks(benchmark::State& state, int chunks) {
           a.v_cache = v[i].get();
           a.pos = static_cast<const int32_t*>(pos_buf.get());
           a.out = out.get();
-          a.scale = 0.125f;
+          a.scale = 1.0f / std::sqrt(static_cast<float>(shape.head_dim));
           a.workspace = ws.get();
           a.error_flags = static_cast<uint32_t*>(flags.get());
-          return ToStatus(kernels::LaunchAttention(a, shape, chunks, DType::kBF16, g->stream.get()),
-                          "LaunchAttention");
+          return ToStatus(
+              kernels::LaunchAttention(a, ashape, chunks, shape.dtype, g->stream.get()),
+              "LaunchAttention");
         },
-        "Attention", absl::StrCat("M1/S4096/chunks", chunks), bytes);
+        "Attention",
+        absl::StrCat(shape.name, "M1/S4096", pos == seq - 1 ? "" : absl::StrCat("/pos", pos),
+                     "/chunks", chunks),
+        bytes);
   }();
   if (!s.ok()) Fail(state, s);
 }
@@ -598,8 +611,26 @@ int main(int argc, char** argv) {
     }
   }
   for (int chunks : {8, 16, 32, 48, 64, 96, 128, 192, 256}) {
-    reg(absl::StrCat("Attention/M1/S4096/chunks", chunks),
-        [chunks](benchmark::State& s) { sg::BM_AttentionChunks(s, chunks); });
+    reg(absl::StrCat("Attention/M1/S4096/chunks", chunks), [chunks](benchmark::State& s) {
+      sg::BM_AttentionChunks(s, sg::kLlama1B, 4095, chunks);
+    });
+  }
+  // The grid in a 4,096-position cache: at position 100 (7 chunks of 16 keys take part,
+  // the rest find none) and at the last one, the 1B shape and Qwen3-MoE's (whose default
+  // on 132 SMs is 132 chunks, the 1B's 66).
+  for (int chunks : {8, 16, 32, 66}) {
+    reg(absl::StrCat("Attention/M1/S4096/pos100/chunks", chunks), [chunks](benchmark::State& s) {
+      sg::BM_AttentionChunks(s, sg::kLlama1B, 100, chunks);
+    });
+  }
+  for (int64_t pos : {100, 4095}) {
+    for (int chunks : {8, 16, 32, 64, 132}) {
+      reg(absl::StrCat("Attention/", sg::kQwen3Moe.name, "M1/S4096",
+                       pos == 4095 ? "" : "/pos100", "/chunks", chunks),
+          [pos, chunks](benchmark::State& s) {
+            sg::BM_AttentionChunks(s, sg::kQwen3Moe, pos, chunks);
+          });
+    }
   }
   for (int64_t m : {1, 8}) {
     reg(absl::StrCat("Argmax/M", m, "/V128256"), [m](benchmark::State& s) {
