@@ -192,6 +192,10 @@ void PrintTo(const BlockGemmCase& c, std::ostream* os) {
   *os << c.fixture << " " << BlockGemmPrecisionName(c.precision);
 }
 
+std::string BlockGemmCaseName(const ::testing::TestParamInfo<BlockGemmCase>& info) {
+  return absl::StrCat(info.param.fixture, "_", BlockGemmPrecisionName(info.param.precision));
+}
+
 class GgufBlockGemmCudaTest : public ::testing::TestWithParam<BlockGemmCase> {
  protected:
   void SetUp() override {
@@ -252,10 +256,7 @@ std::vector<BlockGemmCase> BlockGemmCases() {
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, GgufBlockGemmCudaTest, ::testing::ValuesIn(BlockGemmCases()),
-                         [](const ::testing::TestParamInfo<BlockGemmCase>& info) {
-                           return absl::StrCat(info.param.fixture, "_",
-                                               BlockGemmPrecisionName(info.param.precision));
-                         });
+                         BlockGemmCaseName);
 
 // ---- GGUF fixtures' prompts on the tensor-core block kernel, x in two parts ----
 // The prompt (6 rows: from block_mma_min_rows on, every block-format matmul of it on the
@@ -264,12 +265,8 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, GgufBlockGemmCudaTest, ::testing::ValuesIn(Bl
 // (logits within 1e-4, the fixture's checked greedy ids equal), the test that decides
 // whether it can be prefill's default. bf16x2 (16 significant bits of x) is held to 1e-3
 // and its ids only reported (near ties among the random fixture's logits may flip).
-class GgufBlockMmaCudaTest : public ::testing::TestWithParam<BlockGemmCase> {
- protected:
-  void SetUp() override {
-    if (!CudaDeviceFound()) GTEST_SKIP() << "no CUDA device";
-  }
-};
+// Skipped without a GPU, as GgufBlockGemmCudaTest.
+class GgufBlockMmaCudaTest : public GgufBlockGemmCudaTest {};
 
 TEST_P(GgufBlockMmaCudaTest, PromptInTwoPartsStaysNearTheCpuReference) {
   CudaOptions cuda;
@@ -292,10 +289,7 @@ std::vector<BlockGemmCase> BlockMmaCases() {
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, GgufBlockMmaCudaTest, ::testing::ValuesIn(BlockMmaCases()),
-                         [](const ::testing::TestParamInfo<BlockGemmCase>& info) {
-                           return absl::StrCat(info.param.fixture, "_",
-                                               BlockGemmPrecisionName(info.param.precision));
-                         });
+                         BlockGemmCaseName);
 
 // ---- GGUF fixtures with x as integers in the one-row kernel ----
 
