@@ -1839,7 +1839,9 @@ class Renderer {
         return Error(line, "a sequence times a float");
       const size_t unit =
           seq.is_string() ? seq.as_string().size() : seq.as_list().size() * sizeof(Value);
-      if (unit != 0 && static_cast<uint64_t>(times) > limits_.max_output_bytes / unit) {
+      // An empty sequence repeated is empty, however many times: no loop over the count.
+      if (unit == 0 || times == 0) return seq.is_string() ? Value(std::string()) : Value(List());
+      if (static_cast<uint64_t>(times) > limits_.max_output_bytes / unit) {
         return Error(line, absl::StrCat("a repetition past ", limits_.max_output_bytes, " bytes"));
       }
       SG_RETURN_IF_ERROR(Charge(unit * static_cast<size_t>(times), line));
