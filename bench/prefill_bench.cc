@@ -333,6 +333,8 @@ void RegisterQuantCases() {
                                            false},
                                 QuantSetup{format, DType::kF32, BlockGemmPrecision::kF16x2,
                                            false},
+                                QuantSetup{format, DType::kF32, BlockGemmPrecision::kInt8,
+                                           false},
                                 QuantSetup{format, DType::kBF16, BlockGemmPrecision::kF32,
                                            false}}) {
       benchmark::RegisterBenchmark(
@@ -357,6 +359,7 @@ void RegisterQuantCases() {
       {"mma_f32_bf16", DType::kF32, 0, BlockGemmPrecision::kBf16, 1},
       {"mma_f32_bf16x2", DType::kF32, 0, BlockGemmPrecision::kBf16x2, 1},
       {"mma_f32_f16x2", DType::kF32, 0, BlockGemmPrecision::kF16x2, 1},
+      {"mma_f32_int8", DType::kF32, 0, BlockGemmPrecision::kInt8, 1},
       {"gemm_f32_f32", DType::kF32, 1, BlockGemmPrecision::kF32},
       {"gemm_f32_tf32", DType::kF32, 1, BlockGemmPrecision::kTf32},
       {"gemm_f32_bf16", DType::kF32, 1, BlockGemmPrecision::kBf16},

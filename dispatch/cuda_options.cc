@@ -38,6 +38,8 @@ absl::string_view BlockGemmPrecisionName(BlockGemmPrecision p) {
       return "bf16x2";
     case BlockGemmPrecision::kF16x2:
       return "f16x2";
+    case BlockGemmPrecision::kInt8:
+      return "int8";
   }
   return "?";
 }
@@ -45,11 +47,11 @@ absl::string_view BlockGemmPrecisionName(BlockGemmPrecision p) {
 absl::StatusOr<BlockGemmPrecision> ParseBlockGemmPrecision(absl::string_view name) {
   for (BlockGemmPrecision p : {BlockGemmPrecision::kF32, BlockGemmPrecision::kTf32,
                                BlockGemmPrecision::kBf16, BlockGemmPrecision::kBf16x2,
-                               BlockGemmPrecision::kF16x2}) {
+                               BlockGemmPrecision::kF16x2, BlockGemmPrecision::kInt8}) {
     if (name == BlockGemmPrecisionName(p)) return p;
   }
   return absl::InvalidArgumentError(absl::StrCat(
-      "block GEMM precision must be f32, tf32, bf16, bf16x2 or f16x2, got '", name, "'"));
+      "block GEMM precision must be f32, tf32, bf16, bf16x2, f16x2 or int8, got '", name, "'"));
 }
 
 absl::string_view BlockGemvPrecisionName(BlockGemvPrecision p) {
@@ -85,7 +87,8 @@ int64_t BlockGemmMinRows(const CudaOptions& o, DType x_dtype) {
   const bool parts_f32 = x_dtype == DType::kF32 &&
                          (o.block_gemm_precision == BlockGemmPrecision::kF32 ||
                           o.block_gemm_precision == BlockGemmPrecision::kBf16x2 ||
-                          o.block_gemm_precision == BlockGemmPrecision::kF16x2);
+                          o.block_gemm_precision == BlockGemmPrecision::kF16x2 ||
+                          o.block_gemm_precision == BlockGemmPrecision::kInt8);
   return parts_f32 && o.block_mma_min_rows > 0 ? 0 : 32;
 }
 

@@ -21,6 +21,9 @@
 // scales its own columns' sums: per unit acc += Scale·Σ code·x (per half for Q6_K's two
 // sub-blocks), + Min·Σ x. Splits of K write f32 partial sums; SumSplitsKernel adds them
 // in split order for a MatMul (the fused matmul's epilogue reads them itself).
+// kBlockMmaInt8 puts x as int8 codes per row and unit into the same fragments' place (one
+// m16n8k32 int8 MMA a unit and tile: the codes' quarters QuadCodes gives are the int8 A
+// fragment's registers as they are, less the format's offset as signed bytes).
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -85,8 +88,52 @@ __device__ __forceinline__ void Mma(float (&d)[4], const uint32_t (&a)[4], uint2
 // three bf16 parts' MMAs.
 template <int kTerms>
 inline constexpr bool kHalfParts = kTerms == kBlockMmaF16x2;
+// kBlockMmaInt8 (terms 5): x as int8 codes of each row's unit, one 16-byte fragment a lane
+// (SplitXKernel): the unit's 8 codes of row g the B fragment takes, and the scales of the
+// accumulator's rows 2t and 2t + 1, so that no other array is read for them.
 template <int kTerms>
-inline constexpr int kParts = kTerms == kBlockMmaF16x2 ? 2 : kTerms;
+inline constexpr bool kInt8Parts = kTerms == kBlockMmaInt8;
+template <int kTerms>
+inline constexpr int kParts = kTerms == kBlockMmaF16x2 ? 2 : kTerms == kBlockMmaInt8 ? 1 : kTerms;
+// Bytes of x's fragments per row and unit (the scratch's, for every kind of part).
+constexpr int64_t FragBytesPerRowUnit(int terms) {
+  return (terms == kBlockMmaF16x2 ? 2 : terms == kBlockMmaInt8 ? 1 : terms) *
+         quant::kUnitElems * 2;
+}
+
+// d += a·b over int8: one m16n8k32 MMA (a: the A fragment's four registers of four codes,
+// b0/b1: the B fragment's), s32 accumulators.
+__device__ __forceinline__ void MmaS8(int (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                      uint32_t b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
+}
+
+// The same over 16 values (m16n8k16): Q6_K's halves, each with its own scale.
+__device__ __forceinline__ void MmaS8Half(int (&d)[4], uint32_t a0, uint32_t a1, uint32_t b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5}, {%6}, "
+      "{%0,%1,%2,%3};\n"
+      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+      : "r"(a0), "r"(a1), "r"(b));
+#endif
+}
+
+// Four codes (QuadCodes' bytes, each below 2·kBias, or Q8_0's signed bytes with kBias 0)
+// less kBias as signed bytes: 128 + code − kBias borrows from no neighbour, and flipping
+// the top bit makes the byte the two's complement of code − kBias.
+template <int kBias>
+__device__ __forceinline__ uint32_t SignedCodes(uint32_t codes) {
+  if constexpr (kBias == 0) {
+    return codes;
+  } else {
+    return ((codes | 0x80808080u) - kBias * 0x01010101u) ^ 0x80808080u;
+  }
+}
 
 __device__ __forceinline__ uint32_t Bits(__half2 v) {
   uint32_t u;
@@ -167,7 +214,9 @@ constexpr int64_t PaddedRows(int64_t m) { return (m + 7) / 8 * 8; }
 // the pair 4t+2, 4t+3, t = l % 4, of row 8r + l / 4) at frags[((u · tiles + r) · kTerms
 // + q) · 32 + l]; and Σ x over the unit of each row at sums[u · rows + row] (rows past m
 // are zeros). One thread per (u, r, l); a quad of lanes holds a row's 32 values.
-// With kBlockMmaF16x2 the parts are f16 of x·2^−e and scales[u · rows + row] = 2^e.
+// With kBlockMmaF16x2 the parts are f16 of x·2^−e and scales[u · rows + row] = 2^e. With
+// kBlockMmaInt8 the one fragment is the lane's 8 int8 codes (values 4t .. 4t+3, then
+// 16+4t .. 16+4t+3) and the scales of rows 8r + 2t and 8r + 2t + 1, as f32 bits.
 template <typename T, int kTerms>
 __global__ void __launch_bounds__(256)
     SplitXKernel(const T* __restrict__ x, int64_t m, int64_t k, uint4* __restrict__ frags,
@@ -194,38 +243,75 @@ __global__ void __launch_bounds__(256)
         }
       }
     }
-    uint32_t part[2][2][kP];
-    if constexpr (kHalfParts<kTerms>) {
-      // The row's largest magnitude over the unit (the quad's 32 values), and 2^−e for it.
+    if constexpr (kInt8Parts<kTerms>) {
+      // The row's largest magnitude over the unit (the quad's 32 values), its scale
+      // amax / 127 (NaN when a value is not finite, so that the row's sums are not), and
+      // the codes rint(x · 127 / amax), within ±127.
       float amax = 0.0f;
+      int finite = 1;
 #pragma unroll
       for (int step = 0; step < 2; ++step) {
 #pragma unroll
-        for (int i = 0; i < 4; ++i) amax = fmaxf(amax, fabsf(v[step][i]));
+        for (int i = 0; i < 4; ++i) {
+          amax = fmaxf(amax, fabsf(v[step][i]));
+          finite &= isfinite(v[step][i]) ? 1 : 0;
+        }
       }
       amax = fmaxf(amax, __shfl_xor_sync(kFullMask, amax, 1));
       amax = fmaxf(amax, __shfl_xor_sync(kFullMask, amax, 2));
-      int e = 0;
-      if (isfinite(amax)) (void)frexpf(amax, &e);  // an infinity or NaN stays one scaled
-      e = max(min(e, 127), -126);
-      const float inv = ldexpf(1.0f, -e);
+      finite &= __shfl_xor_sync(kFullMask, finite, 1);
+      finite &= __shfl_xor_sync(kFullMask, finite, 2);
+      const float scale = finite ? amax / 127.0f : __int_as_float(0x7fc00000);
+      const float inv = finite && amax > 0.0f ? 127.0f / amax : 0.0f;
+      uint32_t packed[2] = {0, 0};
 #pragma unroll
       for (int step = 0; step < 2; ++step) {
-        SplitPairHalf(v[step][0] * inv, v[step][1] * inv, part[step][0]);
-        SplitPairHalf(v[step][2] * inv, v[step][3] * inv, part[step][1]);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int c = max(-127, min(127, __float2int_rn(v[step][i] * inv)));
+          packed[step] |= (static_cast<uint32_t>(c) & 0xFFu) << (8 * i);
+        }
       }
-      if (l % 4 == 0) scales[u * tiles * 8 + row] = ldexpf(1.0f, e);
+      // The accumulator rows of lane l are 2t and 2t + 1 (t = l % 4): their scales are
+      // those of quads 2t and 2t + 1, lanes 8t and 8t + 4.
+      const float s0 = __shfl_sync(kFullMask, scale, 8 * (l % 4));
+      const float s1 = __shfl_sync(kFullMask, scale, 8 * (l % 4) + 4);
+      frags[(u * tiles + tile) * kWarpSize + l] =
+          make_uint4(packed[0], packed[1], __float_as_uint(s0), __float_as_uint(s1));
     } else {
+      uint32_t part[2][2][kP];
+      if constexpr (kHalfParts<kTerms>) {
+        // The row's largest magnitude over the unit (the quad's 32 values), and 2^−e for it.
+        float amax = 0.0f;
 #pragma unroll
-      for (int step = 0; step < 2; ++step) {
-        SplitPair<kTerms>(v[step][0], v[step][1], part[step][0]);
-        SplitPair<kTerms>(v[step][2], v[step][3], part[step][1]);
+        for (int step = 0; step < 2; ++step) {
+#pragma unroll
+          for (int i = 0; i < 4; ++i) amax = fmaxf(amax, fabsf(v[step][i]));
+        }
+        amax = fmaxf(amax, __shfl_xor_sync(kFullMask, amax, 1));
+        amax = fmaxf(amax, __shfl_xor_sync(kFullMask, amax, 2));
+        int e = 0;
+        if (isfinite(amax)) (void)frexpf(amax, &e);  // an infinity or NaN stays one scaled
+        e = max(min(e, 127), -126);
+        const float inv = ldexpf(1.0f, -e);
+#pragma unroll
+        for (int step = 0; step < 2; ++step) {
+          SplitPairHalf(v[step][0] * inv, v[step][1] * inv, part[step][0]);
+          SplitPairHalf(v[step][2] * inv, v[step][3] * inv, part[step][1]);
+        }
+        if (l % 4 == 0) scales[u * tiles * 8 + row] = ldexpf(1.0f, e);
+      } else {
+#pragma unroll
+        for (int step = 0; step < 2; ++step) {
+          SplitPair<kTerms>(v[step][0], v[step][1], part[step][0]);
+          SplitPair<kTerms>(v[step][2], v[step][3], part[step][1]);
+        }
       }
-    }
 #pragma unroll
-    for (int q = 0; q < kP; ++q) {
-      frags[((u * tiles + tile) * kP + q) * kWarpSize + l] =
-          make_uint4(part[0][0][q], part[0][1][q], part[1][0][q], part[1][1][q]);
+      for (int q = 0; q < kP; ++q) {
+        frags[((u * tiles + tile) * kP + q) * kWarpSize + l] =
+            make_uint4(part[0][0][q], part[0][1][q], part[1][0][q], part[1][1][q]);
+      }
     }
     // The row's sum: this lane's 8 values, then the quad's (same order in every quad).
     float sum = ((v[0][0] + v[0][1]) + (v[0][2] + v[0][3])) +
@@ -284,21 +370,34 @@ struct UnitFragments {
   float ma[kColTiles], mb[kColTiles];
 };
 
-template <typename Q, int kColTiles, bool kHalfCodes = false>
+// With kBlockMmaInt8 frag[c][0] is the int8 MMA's A fragment (signed codes: rows g, g + 8
+// of values 4t.., then of 16+4t..) and frag[c][1] is not used.
+template <typename Q, int kColTiles, int kTerms>
 __device__ __forceinline__ void DecodeUnit(const typename Q::Unit (&wa)[kColTiles],
                                            const typename Q::Unit (&wb)[kColTiles], int t,
                                            UnitFragments<kColTiles>& f) {
 #pragma unroll
   for (int c = 0; c < kColTiles; ++c) {
-    uint32_t pa[2][2], pb[2][2];
-    ColumnPairs<Q, kHalfCodes>(wa[c], t, pa);
-    ColumnPairs<Q, kHalfCodes>(wb[c], t, pb);
+    if constexpr (kInt8Parts<kTerms>) {
+      uint32_t a_lo, a_hi, b_lo, b_hi;
+      wa[c].QuadCodes(t, a_lo, a_hi);
+      wb[c].QuadCodes(t, b_lo, b_hi);
+      constexpr int kBias = Q::Unit::kCodeBias;
+      f.frag[c][0][0] = SignedCodes<kBias>(a_lo);
+      f.frag[c][0][1] = SignedCodes<kBias>(b_lo);
+      f.frag[c][0][2] = SignedCodes<kBias>(a_hi);
+      f.frag[c][0][3] = SignedCodes<kBias>(b_hi);
+    } else {
+      uint32_t pa[2][2], pb[2][2];
+      ColumnPairs<Q, kHalfParts<kTerms>>(wa[c], t, pa);
+      ColumnPairs<Q, kHalfParts<kTerms>>(wb[c], t, pb);
 #pragma unroll
-    for (int s = 0; s < 2; ++s) {
-      f.frag[c][s][0] = pa[s][0];
-      f.frag[c][s][1] = pb[s][0];
-      f.frag[c][s][2] = pa[s][1];
-      f.frag[c][s][3] = pb[s][1];
+      for (int s = 0; s < 2; ++s) {
+        f.frag[c][s][0] = pa[s][0];
+        f.frag[c][s][1] = pb[s][0];
+        f.frag[c][s][2] = pa[s][1];
+        f.frag[c][s][3] = pb[s][1];
+      }
     }
     f.sa0[c] = wa[c].Scale(0);
     f.sb0[c] = wb[c].Scale(0);
@@ -314,7 +413,9 @@ __device__ __forceinline__ void DecodeUnit(const typename Q::Unit (&wa)[kColTile
 // acc[c] += one unit's products for one row tile: x's parts b (both k16 steps) times the
 // unit's codes, summed over the parts, scaled, plus min · Σx (x0, x1: rows 2t, 2t + 1).
 // With kBlockMmaF16x2 the parts' sums are of x·2^−e: times xs0, xs1 = 2^e of rows 2t and
-// 2t + 1 (exact) before the weights' scale.
+// 2t + 1 (exact) before the weights' scale. With kBlockMmaInt8 one int8 MMA a unit (two of
+// 16 values for Q6_K's halves) gives the integer sums, times the rows' scales that the
+// fragment carries (xs0, xs1 are not used).
 template <typename Q, int kColTiles, int kTerms>
 __device__ __forceinline__ void MultiplyTile(const UnitFragments<kColTiles>& f,
                                              const uint4 (&b)[kParts<kTerms>], float x0,
@@ -325,30 +426,55 @@ __device__ __forceinline__ void MultiplyTile(const UnitFragments<kColTiles>& f,
   constexpr bool kHalf = kHalfParts<kTerms>;
 #pragma unroll
   for (int c = 0; c < kColTiles; ++c) {
-    // One accumulator per part, so that the parts' MMAs do not wait on each other.
-    float d0[kP][4], d1[kP][4];
-#pragma unroll
-    for (int q = 0; q < kP; ++q) {
-#pragma unroll
-      for (int j = 0; j < 4; ++j) d0[q][j] = d1[q][j] = 0.0f;
-      Mma<kHalf>(d0[q], f.frag[c][0], make_uint2(b[q].x, b[q].y));
-      Mma<kHalf>(kHalves ? d1[q] : d0[q], f.frag[c][1], make_uint2(b[q].z, b[q].w));
-    }
     float s0[4], s1[4];
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      // The parts from the smallest up (3 parts: exact as long as the sums are).
-      s0[j] = d0[kP - 1][j];
-      s1[j] = d1[kP - 1][j];
-#pragma unroll
-      for (int q = kP - 2; q >= 0; --q) {
-        s0[j] += d0[q][j];
-        s1[j] += d1[q][j];
+    if constexpr (kInt8Parts<kTerms>) {
+      // The integer sums start at the bits of 1.5·2^23: a sum below 2^22 in magnitude (at
+      // most 32 · 128 · 127 here) leaves the exponent alone, so the bits read as a float
+      // are 1.5·2^23 + sum exactly and one subtraction gives it, where a conversion would
+      // run at an eighth of the float rate.
+      constexpr int kMagicBits = 0x4B400000;
+      constexpr float kMagic = 12582912.0f;
+      int d0[4] = {kMagicBits, kMagicBits, kMagicBits, kMagicBits};
+      int d1[4] = {kMagicBits, kMagicBits, kMagicBits, kMagicBits};
+      const uint32_t (&a)[4] = f.frag[c][0];
+      if constexpr (kHalves) {
+        MmaS8Half(d0, a[0], a[1], b[0].x);
+        MmaS8Half(d1, a[2], a[3], b[0].y);
+      } else {
+        MmaS8(d0, a, b[0].x, b[0].y);
       }
-      if constexpr (kHalf) {
-        const float xs = (j & 1) ? xs1 : xs0;  // elements 0, 2: row 2t; 1, 3: row 2t + 1
-        s0[j] *= xs;
-        s1[j] *= xs;
+      const float r0 = __uint_as_float(b[0].z), r1 = __uint_as_float(b[0].w);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const float xs = (j & 1) ? r1 : r0;  // elements 0, 2: row 2t; 1, 3: row 2t + 1
+        s0[j] = (__int_as_float(d0[j]) - kMagic) * xs;
+        s1[j] = (__int_as_float(d1[j]) - kMagic) * xs;
+      }
+    } else {
+      // One accumulator per part, so that the parts' MMAs do not wait on each other.
+      float d0[kP][4], d1[kP][4];
+#pragma unroll
+      for (int q = 0; q < kP; ++q) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) d0[q][j] = d1[q][j] = 0.0f;
+        Mma<kHalf>(d0[q], f.frag[c][0], make_uint2(b[q].x, b[q].y));
+        Mma<kHalf>(kHalves ? d1[q] : d0[q], f.frag[c][1], make_uint2(b[q].z, b[q].w));
+      }
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        // The parts from the smallest up (3 parts: exact as long as the sums are).
+        s0[j] = d0[kP - 1][j];
+        s1[j] = d1[kP - 1][j];
+#pragma unroll
+        for (int q = kP - 2; q >= 0; --q) {
+          s0[j] += d0[q][j];
+          s1[j] += d1[q][j];
+        }
+        if constexpr (kHalf) {
+          const float xs = (j & 1) ? xs1 : xs0;  // elements 0, 2: row 2t; 1, 3: row 2t + 1
+          s0[j] *= xs;
+          s1[j] *= xs;
+        }
       }
     }
     float* o = acc[c];
@@ -455,7 +581,7 @@ __global__ void __launch_bounds__(kThreads)
   for (int64_t u = u0; u < u1; ++u) {
     // This unit's fragments, before the next unit's loads take the registers.
     UnitFragments<kColTiles> f;
-    DecodeUnit<Q, kColTiles, kHalf>(next_a, next_b, t, f);
+    DecodeUnit<Q, kColTiles, kTerms>(next_a, next_b, t, f);
     uint4 x_now[kXAhead ? kRowTiles : 1][kP];
     if constexpr (kXAhead) {
 #pragma unroll
@@ -596,7 +722,7 @@ __global__ void __launch_bounds__(kStagedThreads, 1)
     if (i + kStages - 1 < count) stage(u0 + i + kStages - 1, later);
     CommitCopies();
     UnitFragments<kStagedColTiles> f;
-    DecodeUnit<Q, kStagedColTiles, kHalf>(next_a, next_b, t, f);
+    DecodeUnit<Q, kStagedColTiles, kTerms>(next_a, next_b, t, f);
     if (i + 1 < count) load_unit(u0 + i + 1);
     const uint4* xs = x_stage + now * kEntries;
     const float* ss = sum_stage + now * kRowsStaged;
@@ -671,14 +797,15 @@ cudaError_t DispatchShape(int64_t tiles, bool prefill, F&& f) {
   return f(std::integral_constant<int, kDecodeRowTiles>{}, One{});
 }
 
-// The kernel's (activation type, parts) pairs: f32 x in 1, 2 or 3 parts, bf16 in 1, f16
-// in 2.
+// The kernel's (activation type, parts) pairs: f32 x in 1, 2 or 3 parts, two scaled f16
+// parts or int8, bf16 in 1, f16 in 2.
 template <typename T, typename F>
 cudaError_t DispatchTerms(int terms, F&& f) {
   if constexpr (std::is_same_v<T, float>) {
     if (terms == 1) return f(std::integral_constant<int, 1>{});
     if (terms == 2) return f(std::integral_constant<int, 2>{});
     if (terms == kBlockMmaF16x2) return f(std::integral_constant<int, kBlockMmaF16x2>{});
+    if (terms == kBlockMmaInt8) return f(std::integral_constant<int, kBlockMmaInt8>{});
     return f(std::integral_constant<int, 3>{});
   } else if constexpr (std::is_same_v<T, __nv_bfloat16>) {
     return f(std::integral_constant<int, 1>{});
@@ -705,7 +832,8 @@ int StagedSplits(int64_t blocks, int64_t k, int sms) {
 int BlockMmaTerms(DType x_dtype, int f32_terms) {
   if (x_dtype == DType::kBF16) return 1;
   if (x_dtype == DType::kF16) return 2;
-  return f32_terms == kBlockMmaF16x2 ? kBlockMmaF16x2 : std::clamp(f32_terms, 1, 3);
+  if (f32_terms == kBlockMmaF16x2 || f32_terms == kBlockMmaInt8) return f32_terms;
+  return std::clamp(f32_terms, 1, 3);
 }
 
 int BlockMmaSplitsFor(int64_t column_blocks, int64_t k, int sm_count, int blocks_per_sm) {
@@ -768,19 +896,18 @@ bool BlockMmaWorkspaceFor(int64_t m, int64_t k, const int64_t* n, int weights, D
 }
 
 int64_t BlockMmaScratchBytes(int64_t m, int64_t k, int terms) {
-  if (m <= 0 || k <= 0 || terms < 1 || terms > kBlockMmaF16x2 || m > (int64_t{1} << 40) ||
+  if (m <= 0 || k <= 0 || terms < 1 || terms > kBlockMmaInt8 || m > (int64_t{1} << 40) ||
       k > (int64_t{1} << 40)) {
     return -1;
   }
   const int64_t rows = PaddedRows(m), units = CeilDiv(k, quant::kUnitElems);
-  // Per unit and row: the parts of 32 values at 2 bytes, one f32 sum, and with
-  // kBlockMmaF16x2 one f32 scale.
-  const int64_t parts = terms == kBlockMmaF16x2 ? 2 : terms;
+  // Per unit and row: the fragments (parts of 32 values at 2 bytes; int8's codes and
+  // scales take one part's bytes), one f32 sum, and with kBlockMmaF16x2 one f32 scale.
+  const int64_t frag = FragBytesPerRowUnit(terms);
   const int64_t floats = terms == kBlockMmaF16x2 ? 2 : 1;
-  const int64_t per = parts * quant::kUnitElems * 2 + 4 * floats;
+  const int64_t per = frag + 4 * floats;
   if (units > INT64_MAX / rows / per) return -1;
-  return (units * rows * parts * quant::kUnitElems * 2 + 15) / 16 * 16 +
-         units * rows * 4 * floats;
+  return (units * rows * frag + 15) / 16 * 16 + units * rows * 4 * floats;
 }
 
 cudaError_t LaunchBlockMma(const BlockMmaArgs& a, Stream stream) {
@@ -803,8 +930,8 @@ cudaError_t LaunchBlockMma(const BlockMmaArgs& a, Stream stream) {
   const BlockMmaTile tile = BlockMmaTileFor(a.m, a.w_dtype, a.shape);
   const int64_t column_blocks = BlockMmaColumnBlocks(a.n, a.weights, tile.cols);
   const int64_t tiles = PaddedRows(a.m) / 8;
-  const int64_t parts = a.terms == kBlockMmaF16x2 ? 2 : a.terms;
-  const int64_t frag_bytes = (tiles * 8 * a.k * parts * 2 + 15) / 16 * 16;
+  const int64_t frag_bytes =
+      (tiles * 8 * (a.k / quant::kUnitElems) * FragBytesPerRowUnit(a.terms) + 15) / 16 * 16;
   if (column_blocks > INT32_MAX || a.splits > 65535 || CeilDiv(a.m, tile.rows) > 65535) {
     return cudaErrorInvalidValue;
   }

@@ -26,6 +26,13 @@ namespace sg::kernels {
 // unit's largest, f32's precision for the sums it enters, in two MMAs a k16 step where
 // three bf16 parts take three; the unit's sum is scaled back by 2^e (exact).
 inline constexpr int kBlockMmaF16x2 = 4;
+// BlockMmaArgs::terms for f32 x quantized to int8 per row and 32 values (one f32 scale,
+// its largest magnitude over 127, as llama.cpp quantizes activations for its block
+// matmuls) and multiplied with the signed codes in int8 MMAs (m16n8k32: one a unit where
+// a bf16 part takes two k16 steps, at twice the bf16 MMA's rate); each unit's integer sum
+// is scaled by the row's scale and the weights'. Not the reference's numbers: x is held to
+// half a step of 1/127 of its unit's largest magnitude (docs/cuda_kernels.md).
+inline constexpr int kBlockMmaInt8 = 5;
 
 // Weights one launch takes (the fused matmul's grouped q/k/v), all of one block format.
 inline constexpr int kBlockMmaMaxWeights = 3;
@@ -75,7 +82,8 @@ struct BlockMmaArgs {
   int64_t n[kBlockMmaMaxWeights] = {};
   int weights = 1;
   DType w_dtype = DType::kQ4_0;
-  // Parts x is split into (1, 2 or 3 bf16 parts, or kBlockMmaF16x2; BlockMmaTerms).
+  // Parts x is split into (1, 2 or 3 bf16 parts, kBlockMmaF16x2 or kBlockMmaInt8;
+  // BlockMmaTerms).
   int terms = 3;
   // x split into its parts, laid out as the MMA's fragments, and its rows' sums per 32
   // values: BlockMmaScratchBytes(m, k, terms) bytes, 16-byte aligned. x_in_scratch: an
@@ -120,7 +128,8 @@ bool BlockMmaWorkspaceFor(int64_t m, int64_t k, const int64_t* n, int weights, D
 inline bool BlockMmaRuns(int compute_capability) { return compute_capability >= 80; }
 
 // The parts x of `x_dtype` is split into for `f32_terms` wished for f32 x: bf16 x is one
-// part exactly, f16 two; f32 takes 1, 2 (16 significant bits), 3 (exact) or kBlockMmaF16x2.
+// part exactly, f16 two; f32 takes 1, 2 (16 significant bits), 3 (exact), kBlockMmaF16x2
+// or kBlockMmaInt8.
 // BlockMmaArgs::terms must be one of these.
 int BlockMmaTerms(DType x_dtype, int f32_terms);
 

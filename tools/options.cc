@@ -516,8 +516,10 @@ const Flag kFlags[] = {
     {"--block-gemm-precision", nullptr, "P", kAll, true,
      "GPU: block-format matmuls' operands with f32 activations: f32 (default, exact), "
      "f16x2 (the tensor-core kernel's x in two f16 parts per 32 values scaled by a power of "
-     "two: f32's precision, fewer MMAs), bf16x2 (x in two bf16 parts: 16 bits), tf32, bf16 "
-     "(the block GEMM's and, as bf16, the tensor-core kernel's x)",
+     "two: f32's precision, fewer MMAs), int8 (x quantized to int8 per 32 values in int8 "
+     "MMAs, as llama.cpp does: the fastest, not the reference's numbers), bf16x2 (x in two "
+     "bf16 parts: 16 bits), tf32, bf16 (the block GEMM's and, as bf16, the tensor-core "
+     "kernel's x)",
      nullptr, EnvRule::kNone,
      [](S v, O& o) {
        SG_ASSIGN_OR_RETURN(o.cuda.block_gemm_precision, ParseBlockGemmPrecision(v));

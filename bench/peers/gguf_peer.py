@@ -339,11 +339,14 @@ def measure(name, path, args):
         os.path.join(logs, f"{name}-stepgraph.log"), 600, memory=True)
     r["sg"] = parse_stepgraph_bench(text)
     if args.sg_alt:
-        # The same decode under other flags (e.g. --block-gemv-precision int16).
-        text, _ = run_logged([sg, "bench", "--model", path, "--positions", "100"] +
-                             args.sg_alt.split(),
+        # The same decode and prefills under other flags (e.g. --block-gemv-precision int16,
+        # --block-gemm-precision int8).
+        text, _ = run_logged([sg, "bench", "--model", path, "--positions", "100",
+                              "--ttft-lengths", args.prefill] + args.sg_alt.split(),
                              os.path.join(logs, f"{name}-stepgraph-alt.log"), 600)
-        r["sg_alt_ms"] = parse_stepgraph_bench(text)["positions"].get(100)
+        alt = parse_stepgraph_bench(text)
+        r["sg_alt_ms"] = alt["positions"].get(100)
+        r["sg_alt_prefill"] = alt["prefill"]
     for batch in (4, 16):
         text, _ = run_logged(
             [sg, "bench", "--model", path, "--batch", str(batch), "--positions",
@@ -453,6 +456,10 @@ def table(results):
             sg_pp = sg["prefill"].get(n, sg["prefill"].get(str(n)))
             ll_pp = ll["tests"].get(f"pp{n}")
             cells += [_rate(sg_pp), _rate(ll_pp), _ratio(sg_pp, ll_pp)]
+            if alt:
+                alt_pp = r.get("sg_alt_prefill", {})
+                alt_pp = alt_pp.get(n, alt_pp.get(str(n)))
+                cells += [_rate(alt_pp), _ratio(alt_pp, ll_pp)]
         rows_prefill.append("| " + " | ".join(cells) + " |")
         mib = [r.get("sg_gpu_mib"), r.get("llama_gpu_mib")]
         rows_memory.append("| " + " | ".join(
@@ -473,8 +480,11 @@ def table(results):
            "Prefill tokens/s (stepgraph bench's time-to-first-token prefill of a prompt of n "
            "tokens, n - 1 of them in chunks of 256, then the first decode step; llama-bench ppn)",
            "",
-           "| file | " + " | ".join(f"sg {n} | llama {n} | ratio" for n in prefill) + " |",
-           "|---|" + "---|---|---|" * len(prefill)] + rows_prefill + [
+           "| file | " + " | ".join(f"sg {n} | llama {n} | ratio" +
+                                  (f" | sg {alt} {n} | ratio" if alt else "")
+                                  for n in prefill) + " |",
+           "|---|" + ("---|---|---|---|---|" if alt else "---|---|---|") * len(prefill)
+           ] + rows_prefill + [
            "",
            "Memory (GiB of the file and of the weights each program reports; GPU MiB: peak of "
            "nvidia-smi memory.used during the batch-1 run above the idle GPU, weights, KV "
@@ -577,6 +587,12 @@ def selftest(args):
             in text), text
     assert "| q4_0 | 13,483 | 43,277 | 0.31 | 12,891 | — | — |" in text, text
     assert "| q4_0 | 0.724 | 0.700 | 0.720 | 2,101 | 1,480 |" in text, text
+    # With a second run under other flags: its decode and prefill beside the first.
+    fake["sg_alt"] = "--block-gemm-precision int8"
+    fake["files"]["q4_0"].update(sg_alt_ms=1.0, sg_alt_prefill={"512": 21640.0})
+    text = table(fake)
+    assert "| 0.45 | 1.000 | 1.00 |" in text, text
+    assert "| q4_0 | 13,483 | 43,277 | 0.31 | 21,640 | 0.50 | 12,891 | — | — | — | — |" in text, text
     print("gguf_peer: parsers and table agree with the samples")
 
     # A small file written as the 1B one is, read by stepgraph (its CPU reference here).

@@ -450,6 +450,8 @@ int BlockMmaTermsFor(DType x_dtype, const CudaOptions& options) {
       return kernels::BlockMmaTerms(x_dtype, 2);
     case BlockGemmPrecision::kF16x2:
       return kernels::BlockMmaTerms(x_dtype, kernels::kBlockMmaF16x2);
+    case BlockGemmPrecision::kInt8:
+      return kernels::BlockMmaTerms(x_dtype, kernels::kBlockMmaInt8);
     default:
       return kernels::BlockMmaTerms(x_dtype, 3);
   }

@@ -103,7 +103,7 @@ TEST(BlockGemmLayoutTest, OverflowIsAnError) {
 TEST(BlockGemmPrecisionTest, NamesRoundTrip) {
   for (BlockGemmPrecision p : {BlockGemmPrecision::kF32, BlockGemmPrecision::kTf32,
                                BlockGemmPrecision::kBf16, BlockGemmPrecision::kBf16x2,
-                               BlockGemmPrecision::kF16x2}) {
+                               BlockGemmPrecision::kF16x2, BlockGemmPrecision::kInt8}) {
     absl::StatusOr<BlockGemmPrecision> back = ParseBlockGemmPrecision(BlockGemmPrecisionName(p));
     ASSERT_TRUE(back.ok()) << back.status();
     EXPECT_EQ(*back, p);

@@ -117,6 +117,27 @@ std::vector<OpCase> MatmulCases() {
 // block_gemm_precision bf16x2 in two (16 significant bits: 5e-5), under bf16 in one
 // (bf16's), and under f16x2 in two f16 parts per 32 values scaled by a power of two
 // (f32's tolerance, every shape: its scales pass through the staged shape's copies too).
+// Under int8, every shape with x that int8 holds exactly (each row's 32 values q·2^−e,
+// integers q within ±127, one of them ±127: the kernel's codes are q and its scale 2^−e,
+// so f32's tolerance holds and a code, scale or row out of place shows), and random x where
+// bf16x2 runs (1e-2: x to half of 1/127 of its unit's largest).
+// x [m, k] that int8 per 32 values holds exactly: each unit of a row is q·2^−e, q integers
+// uniform in [−127, 127] and one of them ±127, e in [0, 8) (so that units' scales differ).
+std::vector<float> Int8ExactX(int64_t m, int64_t k, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_int_distribution<int> code(-127, 127), exponent(0, 7), at(0, 31), sign(0, 1);
+  std::vector<float> x(static_cast<size_t>(m * k));
+  for (int64_t u = 0; u < m * k / 32; ++u) {
+    const float scale = std::ldexp(1.0f, -exponent(rng));
+    for (int i = 0; i < 32; ++i) x[u * 32 + i] = static_cast<float>(code(rng)) * scale;
+    x[u * 32 + at(rng)] = (sign(rng) ? 127.0f : -127.0f) * scale;
+  }
+  return x;
+}
+
+// The int8 cases on random x (a precision value of its own in MmaMatmulCases' loop).
+constexpr auto kInt8RandomX = static_cast<BlockGemmPrecision>(255);
+
 std::vector<OpCase> MmaMatmulCases() {
   std::vector<OpCase> cases;
   struct Mm {
@@ -137,12 +158,15 @@ std::vector<OpCase> MmaMatmulCases() {
       for (const Mm& s : shapes) {
         for (BlockGemmPrecision precision :
              {BlockGemmPrecision::kF32, BlockGemmPrecision::kBf16, BlockGemmPrecision::kBf16x2,
-              BlockGemmPrecision::kF16x2}) {
+              BlockGemmPrecision::kF16x2, BlockGemmPrecision::kInt8, kInt8RandomX}) {
           const bool bf16_x = precision == BlockGemmPrecision::kBf16;
           const bool parts2 = precision == BlockGemmPrecision::kBf16x2;
           // Two scaled f16 parts (f32 x only): every shape, at f32's tolerance.
           const bool f16x2 = precision == BlockGemmPrecision::kF16x2;
-          if (f16x2 && t != DType::kF32) continue;
+          const bool int8 = precision == BlockGemmPrecision::kInt8;
+          const bool int8_random = precision == kInt8RandomX;
+          if ((f16x2 || int8 || int8_random) && t != DType::kF32) continue;
+          if (int8_random && s.m != 16 && s.k != 2048) continue;
           if (bf16_x && (t != DType::kF32 || s.m != 16)) continue;
           // Two parts: a decode-shape row count and the staged shape over many units.
           if (parts2 && (t != DType::kF32 || (s.m != 16 && s.k != 2048))) continue;
@@ -153,7 +177,7 @@ std::vector<OpCase> MmaMatmulCases() {
                 BlockMmaShapeOption::kStaged}) {
             const bool long_k = s.k == 2048 && s.m > 100;
             if (long_k ? shape != BlockMmaShapeOption::kStaged
-                       : shape != kAuto && (s.m < 24 || bf16_x || parts2)) {
+                       : shape != kAuto && (s.m < 24 || bf16_x || parts2 || int8_random)) {
               continue;
             }
             static constexpr const char* kShapeNames[] = {"", "/decode", "/prefill", "/staged"};
@@ -161,7 +185,8 @@ std::vector<OpCase> MmaMatmulCases() {
                 {.name = absl::StrCat("MmaMatMul/", DTypeName(q), "/", DTypeName(t), "/", s.m,
                                       "x", s.k, "x", s.n, s.bias ? "+bias" : "",
                                       bf16_x ? "/bf16_x" : "", parts2 ? "/bf16x2_x" : "",
-                                      f16x2 ? "/f16x2_x" : "",
+                                      f16x2 ? "/f16x2_x" : "", int8 ? "/int8_exact_x" : "",
+                                      int8_random ? "/int8_x" : "",
                                       kShapeNames[static_cast<int>(shape)]),
                  .build = [=](GraphBuilder& b) {
                    auto x = b.Input("x", t, {s.m, s.k});
@@ -169,12 +194,16 @@ std::vector<OpCase> MmaMatmulCases() {
                    b.Output("out", s.bias ? b.MatMul(x, w, b.Weight("bias", t, {s.n}))
                                           : b.MatMul(x, w));
                  },
-                 .tolerance = bf16_x ? 1e-2 : parts2 ? 5e-5 : Tol(t),
+                 .tolerance = bf16_x || int8_random ? 1e-2 : parts2 ? 5e-5 : Tol(t),
+                 .float_values = int8 ? std::vector<std::pair<std::string, std::vector<float>>>{
+                                            {"x", Int8ExactX(s.m, s.k, s.m * s.k + s.n)}}
+                                      : std::vector<std::pair<std::string, std::vector<float>>>{},
                  .cuda_options = [=](CudaOptions& o) {
                    o.block_gemm_min_rows = 0;
                    o.block_mma_min_rows = 1;
                    o.block_mma_shape = shape;
-                   o.block_gemm_precision = precision;
+                   o.block_gemm_precision =
+                       int8_random ? BlockGemmPrecision::kInt8 : precision;
                  }});
           }
         }
@@ -764,8 +793,9 @@ TEST(QuantRowMatmulTest, ANonFiniteXLeavesEverySumNonFinite) {
   }
 }
 
-// The tensor-core kernel's readings of f32 x (three exact bf16 parts, two, one): a NaN or
-// an infinity in a row leaves every sum of that row non-finite and the other rows' finite.
+// The tensor-core kernel's readings of f32 x (three exact bf16 parts, two, one, two scaled
+// f16 parts, int8): a NaN or an infinity in a row leaves every sum of that row non-finite
+// and the other rows' finite.
 TEST(BlockMmaTest, ANonFiniteXLeavesItsRowNonFinite) {
   if (!CudaDeviceFound()) GTEST_SKIP() << "no CUDA device";
   int sm_count = 0;
@@ -781,7 +811,7 @@ TEST(BlockMmaTest, ANonFiniteXLeavesItsRowNonFinite) {
   ASSERT_TRUE(dx != nullptr && dw != nullptr && dy != nullptr);
   for (DType q : {DType::kQ4_0, DType::kQ5_1, DType::kQ8_0, DType::kQ4_K, DType::kQ6_K}) {
     ASSERT_NO_FATAL_FAILURE(UploadRandomBlocks(q, n, k, rng, value, dw));
-    for (int terms : {3, 2, 1}) {
+    for (int terms : {3, 2, 1, kernels::kBlockMmaF16x2, kernels::kBlockMmaInt8}) {
       kernels::BlockMmaWorkspace ws;
       ASSERT_TRUE(kernels::BlockMmaWorkspaceFor(m, k, &n, 1, q, terms, sm_count, false, &ws));
       const auto work = DeviceBytes(static_cast<size_t>(ws.bytes));
@@ -847,6 +877,10 @@ TEST(BlockMmaSizesTest, TermsScratchSplitsAndRefusals) {
   EXPECT_EQ(kernels::BlockMmaTerms(DType::kF32, kernels::kBlockMmaF16x2), kernels::kBlockMmaF16x2);
   EXPECT_EQ(kernels::BlockMmaTerms(DType::kBF16, kernels::kBlockMmaF16x2), 1);
   EXPECT_EQ(kernels::BlockMmaTerms(DType::kF16, kernels::kBlockMmaF16x2), 2);
+  // int8 x for f32 x only (block_gemm_precision int8).
+  EXPECT_EQ(kernels::BlockMmaTerms(DType::kF32, kernels::kBlockMmaInt8), kernels::kBlockMmaInt8);
+  EXPECT_EQ(kernels::BlockMmaTerms(DType::kBF16, kernels::kBlockMmaInt8), 1);
+  EXPECT_EQ(kernels::BlockMmaTerms(DType::kF16, kernels::kBlockMmaInt8), 2);
   // 16 rows, 64 units: 3 parts of 32 bf16 values per row and unit, then 16 × 64 sums.
   EXPECT_EQ(kernels::BlockMmaScratchBytes(16, 2048, 3), 64 * 16 * 3 * 32 * 2 + 64 * 16 * 4);
   EXPECT_EQ(kernels::BlockMmaScratchBytes(5, 32, 1), 8 * 32 * 2 + 8 * 4);
@@ -854,7 +888,11 @@ TEST(BlockMmaSizesTest, TermsScratchSplitsAndRefusals) {
   // f16x2: 2 parts, then the sums and the scales.
   EXPECT_EQ(kernels::BlockMmaScratchBytes(16, 2048, kernels::kBlockMmaF16x2),
             64 * 16 * 2 * 32 * 2 + 2 * 64 * 16 * 4);
-  EXPECT_EQ(kernels::BlockMmaScratchBytes(4, 32, 5), -1);
+  // int8: a lane's 8 codes and its rows' two scales, 16 bytes per 8 rows' 32 values (one
+  // bf16 part's bytes), then the sums.
+  EXPECT_EQ(kernels::BlockMmaScratchBytes(16, 2048, kernels::kBlockMmaInt8),
+            64 * 16 * 32 * 2 + 64 * 16 * 4);
+  EXPECT_EQ(kernels::BlockMmaScratchBytes(4, 32, 6), -1);
   EXPECT_EQ(kernels::BlockMmaScratchBytes(int64_t{1} << 40, int64_t{1} << 40, 3), -1);
   // About four blocks per SM of 132, each split at least 4 units, at most 16 splits.
   EXPECT_EQ(kernels::BlockMmaSplitsFor(128, 2048, 132), 5);
@@ -953,9 +991,9 @@ TEST(BlockMmaSizesTest, TermsScratchSplitsAndRefusals) {
   EXPECT_EQ(kernels::LaunchBlockMma(a, {}), cudaErrorInvalidValue);
   a.ld = 1;
   // Parts other than BlockMmaTerms gives for x's dtype (the scratch is sized by them).
-  a.terms = 5;
+  a.terms = 6;
   EXPECT_EQ(kernels::LaunchBlockMma(a, {}), cudaErrorInvalidValue);
-  a.terms = 0;  // f32 x: 1, 2, 3 or kBlockMmaF16x2
+  a.terms = 0;  // f32 x: 1, 2, 3, kBlockMmaF16x2 or kBlockMmaInt8
   EXPECT_EQ(kernels::LaunchBlockMma(a, {}), cudaErrorInvalidValue);
   a.dtype = DType::kF16;
   a.terms = 1;  // f16 x: 2
@@ -964,6 +1002,8 @@ TEST(BlockMmaSizesTest, TermsScratchSplitsAndRefusals) {
   a.terms = 3;  // bf16 x: 1
   EXPECT_EQ(kernels::LaunchBlockMma(a, {}), cudaErrorInvalidValue);
   a.terms = kernels::kBlockMmaF16x2;  // f32 x only
+  EXPECT_EQ(kernels::LaunchBlockMma(a, {}), cudaErrorInvalidValue);
+  a.terms = kernels::kBlockMmaInt8;  // f32 x only
   EXPECT_EQ(kernels::LaunchBlockMma(a, {}), cudaErrorInvalidValue);
 }
 
@@ -1002,10 +1042,10 @@ TEST(QuantConformanceCasesTest, EveryFormatAndDTypeIsCovered) {
   EXPECT_EQ(EmbeddingCases().size(), 8u * 3u * 3u);
   EXPECT_EQ(FusedCases().size(), 8u * 3u * (7u + 2u + 2u) + 5u * 3u * 2u + 3u * 5u);
   // Per format and x dtype: 6 shapes automatic, 3 of them in 3 forced block shapes, the
-  // long one staged; f32 x rounded to bf16 once, in two parts three times, and in two
-  // scaled f16 parts in every shape.
+  // long one staged; f32 x rounded to bf16 once, in two parts three times, in two scaled
+  // f16 parts and as int8 held exactly in every shape, and as int8 of random x three times.
   EXPECT_EQ(MmaMatmulCases().size(),
-            8u * (3u * (6u + 3u * 3u + 1u) + 1u + 3u + (6u + 3u * 3u + 1u)));
+            8u * (3u * (6u + 3u * 3u + 1u) + 1u + 3u + 2u * (6u + 3u * 3u + 1u) + 3u));
   EXPECT_EQ(MmaFusedCases().size(), 8u * 3u * (6u + 1u) + 3u * 2u);
   // Per format, x dtype and integer precision: 2 MatMuls, the add and SiluMul.
   EXPECT_EQ(IntRowCases().size(), 8u * 3u * (4u * 4u + 1u));

@@ -264,7 +264,9 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, GgufBlockGemmCudaTest, ::testing::ValuesIn(Bl
 // 32 values scaled by a power of two: f32's precision, so held to the exact path's bounds
 // (logits within 1e-4, the fixture's checked greedy ids equal), the test that decides
 // whether it can be prefill's default. bf16x2 (16 significant bits of x) is held to 1e-3
-// and its ids only reported (near ties among the random fixture's logits may flip).
+// and its ids only reported (near ties among the random fixture's logits may flip); int8
+// (x quantized per 32 values, as llama.cpp's int8 activations) to twice the bound of a
+// model run in bf16 throughout, as the one-row kernel's int8, ids reported.
 // Skipped without a GPU, as GgufBlockGemmCudaTest.
 class GgufBlockMmaCudaTest : public GgufBlockGemmCudaTest {};
 
@@ -272,10 +274,11 @@ TEST_P(GgufBlockMmaCudaTest, PromptInTwoPartsStaysNearTheCpuReference) {
   CudaOptions cuda;
   cuda.block_gemm_precision = GetParam().precision;
   const bool f16x2 = GetParam().precision == BlockGemmPrecision::kF16x2;
+  const bool int8 = GetParam().precision == BlockGemmPrecision::kInt8;
   ExpectNearTheCpuReference(
       GetParam().fixture, cuda,
       absl::StrCat("block MMA ", BlockGemmPrecisionName(GetParam().precision)),
-      f16x2 ? 1e-4 : 1e-3, f16x2);
+      f16x2 ? 1e-4 : int8 ? 2 * testing::kParityBf16Tolerance : 1e-3, f16x2);
 }
 
 std::vector<BlockGemmCase> BlockMmaCases() {
@@ -285,6 +288,9 @@ std::vector<BlockGemmCase> BlockMmaCases() {
   }
   cases.push_back({"q4_0", BlockGemmPrecision::kBf16x2});
   cases.push_back({"q4_k_m", BlockGemmPrecision::kBf16x2});
+  for (const char* f : {"q8_0", "q4_0", "q4_1", "q5_1", "q4_k_m"}) {
+    cases.push_back({f, BlockGemmPrecision::kInt8});
+  }
   return cases;
 }
 

@@ -34,10 +34,14 @@ absl::StatusOr<MatmulPolicy> ParseMatmulPolicy(absl::string_view name);
 // exact; the block GEMM, where forced, computes as kF32. kF16x2: the tensor-core kernel's x
 // as two f16 parts of each row's 32 values scaled by a power of two (f32's precision
 // relative to the unit's largest value, in two thirds of kF32's MMAs), the weights exact;
-// the block GEMM, where forced, computes as kF32. docs/cuda_kernels.md.
-enum class BlockGemmPrecision : uint8_t { kF32, kTf32, kBf16, kBf16x2, kF16x2 };
+// the block GEMM, where forced, computes as kF32. kInt8: the tensor-core kernel's x
+// quantized to int8 per row and 32 values (one f32 scale each, as llama.cpp's block
+// matmuls quantize activations) in int8 MMAs: the fastest, not the reference's numbers
+// (each x held to half of 1/127 of its unit's largest magnitude); the block GEMM, where
+// forced, computes as kF32. docs/cuda_kernels.md.
+enum class BlockGemmPrecision : uint8_t { kF32, kTf32, kBf16, kBf16x2, kF16x2, kInt8 };
 
-// "f32", "tf32", "bf16", "bf16x2", "f16x2"
+// "f32", "tf32", "bf16", "bf16x2", "f16x2", "int8"
 absl::string_view BlockGemmPrecisionName(BlockGemmPrecision p);
 // Inverse of BlockGemmPrecisionName; InvalidArgument naming the choices otherwise.
 absl::StatusOr<BlockGemmPrecision> ParseBlockGemmPrecision(absl::string_view name);
