@@ -264,14 +264,23 @@ __global__ void __launch_bounds__(256)
       const float scale = finite ? amax / 127.0f : __int_as_float(0x7fc00000);
       const float inv = finite && amax > 0.0f ? 127.0f / amax : 0.0f;
       uint32_t packed[2] = {0, 0};
+      int code_sum = 0;
 #pragma unroll
       for (int step = 0; step < 2; ++step) {
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
           const int c = max(-127, min(127, __float2int_rn(v[step][i] * inv)));
           packed[step] |= (static_cast<uint32_t>(c) & 0xFFu) << (8 * i);
+          code_sum += c;
         }
       }
+      // The row's sum that the formats' mins multiply is the int8 x's (scale · Σ codes),
+      // not x's own: the product is then exactly the weights' with x as rounded, whose
+      // error is Σ w·δx; with x's own sum a min of the weights' whole range would multiply
+      // Σ δx as well (2–4× the error on the Q4_1 and Q5_1 fixtures).
+      code_sum += __shfl_xor_sync(kFullMask, code_sum, 1);
+      code_sum += __shfl_xor_sync(kFullMask, code_sum, 2);
+      if (l % 4 == 0) sums[u * tiles * 8 + row] = scale * static_cast<float>(code_sum);
       // The accumulator rows of lane l are 2t and 2t + 1 (t = l % 4): their scales are
       // those of quads 2t and 2t + 1, lanes 8t and 8t + 4.
       const float s0 = __shfl_sync(kFullMask, scale, 8 * (l % 4));
@@ -313,12 +322,14 @@ __global__ void __launch_bounds__(256)
             make_uint4(part[0][0][q], part[0][1][q], part[1][0][q], part[1][1][q]);
       }
     }
-    // The row's sum: this lane's 8 values, then the quad's (same order in every quad).
-    float sum = ((v[0][0] + v[0][1]) + (v[0][2] + v[0][3])) +
-                ((v[1][0] + v[1][1]) + (v[1][2] + v[1][3]));
-    sum += __shfl_xor_sync(kFullMask, sum, 1);
-    sum += __shfl_xor_sync(kFullMask, sum, 2);
-    if (l % 4 == 0) sums[u * tiles * 8 + row] = sum;
+    if constexpr (!kInt8Parts<kTerms>) {
+      // The row's sum: this lane's 8 values, then the quad's (same order in every quad).
+      float sum = ((v[0][0] + v[0][1]) + (v[0][2] + v[0][3])) +
+                  ((v[1][0] + v[1][1]) + (v[1][2] + v[1][3]));
+      sum += __shfl_xor_sync(kFullMask, sum, 1);
+      sum += __shfl_xor_sync(kFullMask, sum, 2);
+      if (l % 4 == 0) sums[u * tiles * 8 + row] = sum;
+    }
   }
 }
 
