@@ -335,6 +335,8 @@ void RegisterQuantCases() {
                                            false},
                                 QuantSetup{format, DType::kF32, BlockGemmPrecision::kInt8,
                                            false},
+                                QuantSetup{format, DType::kF32, BlockGemmPrecision::kAuto,
+                                           false},
                                 QuantSetup{format, DType::kBF16, BlockGemmPrecision::kF32,
                                            false}}) {
       benchmark::RegisterBenchmark(

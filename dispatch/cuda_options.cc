@@ -40,6 +40,8 @@ absl::string_view BlockGemmPrecisionName(BlockGemmPrecision p) {
       return "f16x2";
     case BlockGemmPrecision::kInt8:
       return "int8";
+    case BlockGemmPrecision::kAuto:
+      return "auto";
   }
   return "?";
 }
@@ -47,11 +49,13 @@ absl::string_view BlockGemmPrecisionName(BlockGemmPrecision p) {
 absl::StatusOr<BlockGemmPrecision> ParseBlockGemmPrecision(absl::string_view name) {
   for (BlockGemmPrecision p : {BlockGemmPrecision::kF32, BlockGemmPrecision::kTf32,
                                BlockGemmPrecision::kBf16, BlockGemmPrecision::kBf16x2,
-                               BlockGemmPrecision::kF16x2, BlockGemmPrecision::kInt8}) {
+                               BlockGemmPrecision::kF16x2, BlockGemmPrecision::kInt8,
+                               BlockGemmPrecision::kAuto}) {
     if (name == BlockGemmPrecisionName(p)) return p;
   }
   return absl::InvalidArgumentError(absl::StrCat(
-      "block GEMM precision must be f32, tf32, bf16, bf16x2, f16x2 or int8, got '", name, "'"));
+      "block GEMM precision must be auto, f32, tf32, bf16, bf16x2, f16x2 or int8, got '", name,
+      "'"));
 }
 
 absl::string_view BlockGemvPrecisionName(BlockGemvPrecision p) {
@@ -86,6 +90,7 @@ int64_t BlockGemmMinRows(const CudaOptions& o, DType x_dtype) {
   // on CUDA cores at every size; tf32 and bf16 GEMMs take over from 32 rows.
   const bool parts_f32 = x_dtype == DType::kF32 &&
                          (o.block_gemm_precision == BlockGemmPrecision::kF32 ||
+                          o.block_gemm_precision == BlockGemmPrecision::kAuto ||
                           o.block_gemm_precision == BlockGemmPrecision::kBf16x2 ||
                           o.block_gemm_precision == BlockGemmPrecision::kF16x2 ||
                           o.block_gemm_precision == BlockGemmPrecision::kInt8);

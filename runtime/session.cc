@@ -556,15 +556,17 @@ absl::StatusOr<std::vector<Graph>> DecodeSession::Impl::BuildGraphs(
     }
     graphs.push_back(std::move(graph));
   }
-  // Prefill steps: rows per sequence chunk, chunk/4, chunk/16, ... (at least
+  // Prefill steps: rows per sequence chunk, chunk/2, chunk/4, ... (at least
   // kMinPrefillRows), each alone and, where shorter than the chunk, as many sequences as
-  // fill a chunk's rows.
+  // fill a chunk's rows. Halving, so that a remainder pads its step by less than 2× (a
+  // ladder of quarters padded a 129-token remainder of a 512 chunk to 512 rows); the
+  // steps share one arena, so more of them cost a capture each, not memory.
   if (prefill_chunk_ > 0) {
-    for (int64_t t = prefill_chunk_;; t /= 4) {
+    for (int64_t t = prefill_chunk_;; t /= 2) {
       prefill_shapes_.push_back({1, t, -1});
       const int64_t seqs = std::min(max_slots(), prefill_chunk_ / t);
       if (seqs > 1) prefill_shapes_.push_back({seqs, t, -1});
-      if (t / 4 < kMinPrefillRows) break;
+      if (t / 2 < kMinPrefillRows) break;
     }
   }
   for (const PrefillShape& shape : prefill_shapes_) {

@@ -129,7 +129,7 @@ absl::StatusOr<int64_t> FusedMmaWorkspaceBytes(const Graph& graph, const Node& n
   }
   a.mma_shape = BlockMmaShapeFor(options);
   SG_ASSIGN_OR_RETURN(const kernels::BlockMmaWorkspace ws,
-                      MmaWorkspace(a, BlockMmaTermsFor(x.dtype, options), info.sm_count));
+                      MmaWorkspace(a, BlockMmaTermsFor(x.dtype, a.m, options), info.sm_count));
   return ws.bytes;
 }
 
@@ -230,7 +230,7 @@ PreparedOr Prepare(const ops::FusedMatMul& op, const CudaPrepareContext& c) {
   // workspace (MatmulRunner::ReserveBlockGemm sized it), no split-K of the fused kernel.
   const bool mma = TakesBlockMma(op, a.m, IsQuantized(a.w_dtype[0]), c.options, c.info);
   if (mma) {
-    a.mma_terms = BlockMmaTermsFor(x.dtype, c.options);
+    a.mma_terms = BlockMmaTermsFor(x.dtype, a.m, c.options);
     a.mma_shape = BlockMmaShapeFor(c.options);
     SG_ASSIGN_OR_RETURN(const kernels::BlockMmaWorkspace ws,
                         MmaWorkspace(a, a.mma_terms, c.info.sm_count));

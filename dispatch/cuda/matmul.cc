@@ -442,8 +442,11 @@ kernels::BlockMmaShape BlockMmaShapeFor(const CudaOptions& options) {
   return static_cast<kernels::BlockMmaShape>(options.block_mma_shape);
 }
 
-int BlockMmaTermsFor(DType x_dtype, const CudaOptions& options) {
+int BlockMmaTermsFor(DType x_dtype, int64_t m, const CudaOptions& options) {
   switch (options.block_gemm_precision) {
+    case BlockGemmPrecision::kAuto:
+      return kernels::BlockMmaTerms(
+          x_dtype, m >= kBlockGemmAutoF16x2Rows ? kernels::kBlockMmaF16x2 : 3);
     case BlockGemmPrecision::kBf16:
       return kernels::BlockMmaTerms(x_dtype, 1);
     case BlockGemmPrecision::kBf16x2:
@@ -484,7 +487,7 @@ absl::Status MatmulRunner::ReserveBlockGemm(const ExecutionPlan& plan, const Cud
       const Tensor& w = graph.tensor(node.inputs[1]);
       SG_ASSIGN_OR_RETURN(const kernels::BlockMmaWorkspace ws,
                           BlockMmaWorkspaceOf(x.shape[0], w.shape[0], x.shape[1], w.dtype,
-                                              BlockMmaTermsFor(x.dtype, options),
+                                              BlockMmaTermsFor(x.dtype, x.shape[0], options),
                                               info_.sm_count, BlockMmaShapeFor(options)));
       need = std::max(need, ws.bytes);
     }
@@ -572,7 +575,7 @@ PreparedOr Prepare(const ops::MatMul& op, const CudaPrepareContext& c) {
     } else if (BlockMmaTakes(x.shape[0], w.shape[0], x.shape[1], x.dtype, w.dtype, c.options,
                       c.info.compute_capability)) {
       state->path = MatmulPath::kBlockMma;
-      state->mma_terms = BlockMmaTermsFor(x.dtype, c.options);
+      state->mma_terms = BlockMmaTermsFor(x.dtype, x.shape[0], c.options);
       SG_ASSIGN_OR_RETURN(state->mma,
                           BlockMmaWorkspaceOf(x.shape[0], w.shape[0], x.shape[1], w.dtype,
                                               state->mma_terms, c.info.sm_count,

@@ -80,9 +80,9 @@ absl::StatusOr<BlockGemmLayout> BlockGemmLayoutFor(int64_t m, int64_t n, int64_t
                                                    DType x_dtype, const CudaOptions& options,
                                                    int64_t l2_bytes);
 
-// The parts the tensor-core block kernel splits x of `x_dtype` into under `options`
-// (kernels::BlockMmaTerms).
-int BlockMmaTermsFor(DType x_dtype, const CudaOptions& options);
+// The parts the tensor-core block kernel splits x [m, k] of `x_dtype` into under `options`
+// (kernels::BlockMmaTerms; block_gemm_precision auto chooses by m).
+int BlockMmaTermsFor(DType x_dtype, int64_t m, const CudaOptions& options);
 
 // How the one-row block kernel takes x for weights in `w_dtype` under `options`
 // (block_gemv_precision; kAuto by format).

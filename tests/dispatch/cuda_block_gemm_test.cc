@@ -33,6 +33,7 @@ constexpr DType kFloatTypes[] = {DType::kF32, DType::kBF16, DType::kF16};
 
 using internal::BlockGemmLayout;
 using internal::BlockGemmLayoutFor;
+using internal::BlockMmaTermsFor;
 
 TEST(BlockGemmLayoutTest, ChunksFillTheWorkspaceInWholeQuanta) {
   CudaOptions o;
@@ -103,12 +104,31 @@ TEST(BlockGemmLayoutTest, OverflowIsAnError) {
 TEST(BlockGemmPrecisionTest, NamesRoundTrip) {
   for (BlockGemmPrecision p : {BlockGemmPrecision::kF32, BlockGemmPrecision::kTf32,
                                BlockGemmPrecision::kBf16, BlockGemmPrecision::kBf16x2,
-                               BlockGemmPrecision::kF16x2, BlockGemmPrecision::kInt8}) {
+                               BlockGemmPrecision::kF16x2, BlockGemmPrecision::kInt8,
+                               BlockGemmPrecision::kAuto}) {
     absl::StatusOr<BlockGemmPrecision> back = ParseBlockGemmPrecision(BlockGemmPrecisionName(p));
     ASSERT_TRUE(back.ok()) << back.status();
     EXPECT_EQ(*back, p);
   }
   EXPECT_EQ(ParseBlockGemmPrecision("fp8").status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// The default, auto: the tensor-core kernel's x in two scaled f16 parts for launches of
+// kBlockGemmAutoF16x2Rows rows or more (prefill steps), three exact bf16 parts below;
+// bf16 and f16 x keep their own parts; explicit choices do not look at the rows.
+TEST(BlockGemmPrecisionTest, AutoTakesF16x2FromItsRows) {
+  const CudaOptions o;
+  ASSERT_EQ(o.block_gemm_precision, BlockGemmPrecision::kAuto);
+  EXPECT_EQ(BlockMmaTermsFor(DType::kF32, 1, o), 3);
+  EXPECT_EQ(BlockMmaTermsFor(DType::kF32, kBlockGemmAutoF16x2Rows - 1, o), 3);
+  EXPECT_EQ(BlockMmaTermsFor(DType::kF32, kBlockGemmAutoF16x2Rows, o), kernels::kBlockMmaF16x2);
+  EXPECT_EQ(BlockMmaTermsFor(DType::kF32, 4096, o), kernels::kBlockMmaF16x2);
+  EXPECT_EQ(BlockMmaTermsFor(DType::kBF16, 4096, o), 1);
+  EXPECT_EQ(BlockMmaTermsFor(DType::kF16, 4096, o), 2);
+  const CudaOptions exact{.block_gemm_precision = BlockGemmPrecision::kF32};
+  EXPECT_EQ(BlockMmaTermsFor(DType::kF32, 4096, exact), 3);
+  const CudaOptions int8{.block_gemm_precision = BlockGemmPrecision::kInt8};
+  EXPECT_EQ(BlockMmaTermsFor(DType::kF32, 2, int8), kernels::kBlockMmaInt8);
 }
 
 // ---- the dequantization kernel ----

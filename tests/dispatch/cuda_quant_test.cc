@@ -120,7 +120,8 @@ std::vector<OpCase> MatmulCases() {
 // Under int8, every shape with x that int8 holds exactly (each row's 32 values q·2^−e,
 // integers q within ±127, one of them ±127: the kernel's codes are q and its scale 2^−e,
 // so f32's tolerance holds and a code, scale or row out of place shows), and random x where
-// bf16x2 runs (1e-2: x to half of 1/127 of its unit's largest).
+// bf16x2 runs (1e-2: x to half of 1/127 of its unit's largest). The default precision,
+// auto, at 130 rows (two scaled f16 parts there) at f32's tolerance.
 // x [m, k] that int8 per 32 values holds exactly: each unit of a row is q·2^−e, q integers
 // uniform in [−127, 127] and one of them ±127, e in [0, 8) (so that units' scales differ).
 std::vector<float> Int8ExactX(int64_t m, int64_t k, uint64_t seed) {
@@ -158,13 +159,17 @@ std::vector<OpCase> MmaMatmulCases() {
       for (const Mm& s : shapes) {
         for (BlockGemmPrecision precision :
              {BlockGemmPrecision::kF32, BlockGemmPrecision::kBf16, BlockGemmPrecision::kBf16x2,
-              BlockGemmPrecision::kF16x2, BlockGemmPrecision::kInt8, kInt8RandomX}) {
+              BlockGemmPrecision::kF16x2, BlockGemmPrecision::kInt8, kInt8RandomX,
+              BlockGemmPrecision::kAuto}) {
           const bool bf16_x = precision == BlockGemmPrecision::kBf16;
           const bool parts2 = precision == BlockGemmPrecision::kBf16x2;
           // Two scaled f16 parts (f32 x only): every shape, at f32's tolerance.
           const bool f16x2 = precision == BlockGemmPrecision::kF16x2;
           const bool int8 = precision == BlockGemmPrecision::kInt8;
           const bool int8_random = precision == kInt8RandomX;
+          // The default, auto, where it takes two f16 parts: 130 rows.
+          const bool automatic = precision == BlockGemmPrecision::kAuto;
+          if (automatic && (t != DType::kF32 || s.m < kBlockGemmAutoF16x2Rows)) continue;
           if ((f16x2 || int8 || int8_random) && t != DType::kF32) continue;
           if (int8_random && s.m != 16 && s.k != 2048) continue;
           if (bf16_x && (t != DType::kF32 || s.m != 16)) continue;
@@ -177,7 +182,8 @@ std::vector<OpCase> MmaMatmulCases() {
                 BlockMmaShapeOption::kStaged}) {
             const bool long_k = s.k == 2048 && s.m > 100;
             if (long_k ? shape != BlockMmaShapeOption::kStaged
-                       : shape != kAuto && (s.m < 24 || bf16_x || parts2 || int8_random)) {
+                       : shape != kAuto &&
+                             (s.m < 24 || bf16_x || parts2 || int8_random || automatic)) {
               continue;
             }
             static constexpr const char* kShapeNames[] = {"", "/decode", "/prefill", "/staged"};
@@ -186,7 +192,7 @@ std::vector<OpCase> MmaMatmulCases() {
                                       "x", s.k, "x", s.n, s.bias ? "+bias" : "",
                                       bf16_x ? "/bf16_x" : "", parts2 ? "/bf16x2_x" : "",
                                       f16x2 ? "/f16x2_x" : "", int8 ? "/int8_exact_x" : "",
-                                      int8_random ? "/int8_x" : "",
+                                      int8_random ? "/int8_x" : "", automatic ? "/auto" : "",
                                       kShapeNames[static_cast<int>(shape)]),
                  .build = [=](GraphBuilder& b) {
                    auto x = b.Input("x", t, {s.m, s.k});
@@ -1043,9 +1049,10 @@ TEST(QuantConformanceCasesTest, EveryFormatAndDTypeIsCovered) {
   EXPECT_EQ(FusedCases().size(), 8u * 3u * (7u + 2u + 2u) + 5u * 3u * 2u + 3u * 5u);
   // Per format and x dtype: 6 shapes automatic, 3 of them in 3 forced block shapes, the
   // long one staged; f32 x rounded to bf16 once, in two parts three times, in two scaled
-  // f16 parts and as int8 held exactly in every shape, and as int8 of random x three times.
+  // f16 parts and as int8 held exactly in every shape, as int8 of random x three times,
+  // and under the default precision at 130 rows twice.
   EXPECT_EQ(MmaMatmulCases().size(),
-            8u * (3u * (6u + 3u * 3u + 1u) + 1u + 3u + 2u * (6u + 3u * 3u + 1u) + 3u));
+            8u * (3u * (6u + 3u * 3u + 1u) + 1u + 3u + 2u * (6u + 3u * 3u + 1u) + 3u + 2u));
   EXPECT_EQ(MmaFusedCases().size(), 8u * 3u * (6u + 1u) + 3u * 2u);
   // Per format, x dtype and integer precision: 2 MatMuls, the add and SiluMul.
   EXPECT_EQ(IntRowCases().size(), 8u * 3u * (4u * 4u + 1u));

@@ -477,7 +477,7 @@ TEST(SessionPrefillTest, PrefillStepsEqualTokenByTokenAtEveryLength) {
   SessionOptions by_token = CpuOptions(1, 160);
   by_token.prefill_chunk = 0;
   SessionOptions chunked = by_token;
-  chunked.prefill_chunk = 32;  // steps of 32 and 8 rows
+  chunked.prefill_chunk = 32;  // steps of 32, 16 and 8 rows
   for (int64_t len : {1, 2, 7, 8, 9, 33, 64, 65, 130}) {
     SCOPED_TRACE(len);
     const std::vector<std::vector<int32_t>> prompts = {Prompt(len, 100 + static_cast<uint32_t>(len))};
@@ -505,8 +505,8 @@ TEST(SessionPrefillTest, ChunkedEqualsOneChunk) {
 }
 
 TEST(SessionPrefillTest, PackedSequencesEqualEachAlone) {
-  // Lengths that land in every step shape of chunk 64 (64, 16 rows; packed 4 x 16), some
-  // sharing a packed step, one spanning two chunks.
+  // Lengths that land in the step shapes of chunk 64 (64, 32, 16 and 8 rows; packed 4 x 16
+  // and 8 x 8), some sharing a packed step, one spanning two chunks.
   SessionOptions o = CpuOptions(1, 200);
   o.prefill_chunk = 64;
   std::vector<std::vector<int32_t>> prompts;
@@ -514,8 +514,8 @@ TEST(SessionPrefillTest, PackedSequencesEqualEachAlone) {
     prompts.push_back(Prompt(len, 300 + static_cast<uint32_t>(len)));
   }
   const PrefillRun packed = RunPrefilled(o, prompts, 5);
-  // Tokens fed (all but the last): 150 -> 2 chunks + 21, and 39: two 64-row steps;
-  // 2, 16, 11, 15, 8: a packed step of 4 x 16 rows and a single 16-row step; 0.
+  // Tokens fed (all but the last): 150 -> 2 chunks + 21 (a 32-row step), 39 (a 64-row
+  // step); 16, 11, 15: a packed step of 4 x 16 rows; 2, 8: a packed step of 8 x 8; 0.
   EXPECT_EQ(packed.prefill_steps, 2 + 1 + 1 + 1 + 1);
   SessionOptions by_token = o;
   by_token.prefill_chunk = 0;
