@@ -148,7 +148,7 @@ class PieceSize {
  public:
   explicit PieceSize(const DecodeSession& s)
       : chunk_(s.prefill_chunk() > 0 ? s.prefill_chunk() : 64), size_(chunk_) {
-    while (size_ / 4 >= 8) size_ /= 4;  // as the session makes its prefill steps
+    while (size_ / 4 >= 8) size_ /= 4;  // a step size of the session's (chunk / 2^i, ≥ 8)
   }
   size_t get() const { return static_cast<size_t>(size_); }
   void Took(double ms) {
