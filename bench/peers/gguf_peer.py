@@ -347,6 +347,12 @@ def measure(name, path, args):
         alt = parse_stepgraph_bench(text)
         r["sg_alt_ms"] = alt["positions"].get(100)
         r["sg_alt_prefill"] = alt["prefill"]
+        # And batch 16, where the block kernels' precision matters too.
+        text, _ = run_logged(
+            [sg, "bench", "--model", path, "--batch", "16", "--positions", str(BATCH_POSITION),
+             "--ttft-lengths", "16"] + args.sg_alt.split(),
+            os.path.join(logs, f"{name}-stepgraph-alt-b16.log"), 600)
+        r["sg_alt_batch16_ms"] = parse_stepgraph_bench(text)["positions"][BATCH_POSITION]
     for batch in (4, 16):
         text, _ = run_logged(
             [sg, "bench", "--model", path, "--batch", str(batch), "--positions",
@@ -450,6 +456,10 @@ def table(results):
             cells += [_rate(sg_ts), _rate(ll_ts), _ratio(sg_ts, ll_ts)]
         if alt:
             cells += [_ms(r.get("sg_alt_ms")), _ratio(ll_ms, r.get("sg_alt_ms"))]
+            alt16 = r.get("sg_alt_batch16_ms")
+            alt16_ts = 16 * 1e3 / alt16 if alt16 else None
+            ll16 = ll.get("batched_tg", {}).get("16")
+            cells += [_rate(alt16_ts), _ratio(alt16_ts, ll16)]
         rows_decode.append("| " + " | ".join(cells) + " |")
         cells = [name]
         for n in prefill:
@@ -474,8 +484,9 @@ def table(results):
            "",
            "| file | sg ms/token | llama ms/token | ratio | sg tok/s b4 | llama tok/s b4 | ratio "
            "| sg tok/s b16 | llama tok/s b16 | ratio |" +
-           (f" sg {alt} ms/token | ratio |" if alt else ""),
-           "|---|---|---|---|---|---|---|---|---|---|" + ("---|---|" if alt else "")] + rows_decode + [
+           (f" sg {alt} ms/token | ratio | sg {alt} tok/s b16 | ratio |" if alt else ""),
+           "|---|---|---|---|---|---|---|---|---|---|" + ("---|---|---|---|" if alt else "")
+           ] + rows_decode + [
            "",
            "Prefill tokens/s (stepgraph bench's time-to-first-token prefill of a prompt of n "
            "tokens, n - 1 of them in chunks of 256, then the first decode step; llama-bench ppn)",
@@ -589,9 +600,10 @@ def selftest(args):
     assert "| q4_0 | 0.724 | 0.700 | 0.720 | 2,101 | 1,480 |" in text, text
     # With a second run under other flags: its decode and prefill beside the first.
     fake["sg_alt"] = "--block-gemm-precision int8"
-    fake["files"]["q4_0"].update(sg_alt_ms=1.0, sg_alt_prefill={"512": 21640.0})
+    fake["files"]["q4_0"].update(sg_alt_ms=1.0, sg_alt_prefill={"512": 21640.0},
+                                 sg_alt_batch16_ms=2.0)
     text = table(fake)
-    assert "| 0.45 | 1.000 | 1.00 |" in text, text
+    assert "| 0.45 | 1.000 | 1.00 | 8,000 | 1.41 |" in text, text
     assert "| q4_0 | 13,483 | 43,277 | 0.31 | 21,640 | 0.50 | 12,891 | — | — | — | — |" in text, text
     print("gguf_peer: parsers and table agree with the samples")
 
