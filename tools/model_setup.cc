@@ -11,7 +11,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "models/model_files.h"
+#include "stepgraph/base/dtype.h"
 #include "stepgraph/base/status.h"
+#include "stepgraph/graph/graph.h"
+#include "stepgraph/graph/memory_plan.h"
 #include "tools/console.h"
 
 namespace sg::cli {
@@ -63,6 +66,28 @@ int ModelFailure(const Options& o, const absl::Status& status, ModelPart part) {
   return Failure(status, ModelHint(o, part));
 }
 
+// On the GPU, for a model with block-format (GGUF) weights: how their matmuls meet x at
+// prefill and at decode, which the times printed after depend on ("" otherwise).
+std::string BlockPrecisions(const Options& o, const DecodeSession& s) {
+  if (s.backend() != Backend::kCuda || s.buckets().empty()) return "";
+  const ExecutionPlan* plan = s.plan(s.buckets().front());
+  if (plan == nullptr) return "";
+  const std::vector<Tensor>& tensors = plan->graph().tensors();
+  if (std::none_of(tensors.begin(), tensors.end(), [](const Tensor& t) {
+        return t.kind == TensorKind::kWeight && IsQuantized(t.dtype);
+      })) {
+    return "";
+  }
+  const BlockGemmPrecision gemm = o.cuda.block_gemm_precision;
+  return absl::StrCat(
+      "; block-format matmuls' x: ", BlockGemmPrecisionName(gemm),
+      gemm == BlockGemmPrecision::kAuto
+          ? absl::StrCat(" (two f16 parts from ", kBlockGemmAutoF16x2Rows, " rows, f32 below)")
+          : std::string(),
+      " on the tensor cores, ", BlockGemvPrecisionName(o.cuda.block_gemv_precision),
+      " at one row");
+}
+
 std::string DescribePath(const Options& o, DecodeSession& s) {
   std::string path;
   if (s.backend() == Backend::kCpu) {
@@ -88,7 +113,7 @@ std::string DescribePath(const Options& o, DecodeSession& s) {
                       : std::string("through decode steps, a token each"),
                   "; weights ", Bytes(s.weight_bytes()), ", KV cache ", s.max_seq(),
                   " positions x ", slots, slots == 1 ? " sequence (" : " sequences (",
-                  Bytes(s.kv_cache_bytes()), ")");
+                  Bytes(s.kv_cache_bytes()), ")", BlockPrecisions(o, s));
   return path;
 }
 
