@@ -88,12 +88,10 @@ int64_t BlockGemmMinRows(const CudaOptions& o, DType x_dtype) {
   if (o.block_gemm_min_rows != CudaOptions::kBlockGemmAuto) return o.block_gemm_min_rows;
   // The tensor-core kernel's f32 x in parts (three exact, two) beats the block GEMM's f32
   // on CUDA cores at every size; tf32 and bf16 GEMMs take over from 32 rows.
+  // Every precision but tf32 and bf16 (the GEMM's own) is the tensor-core kernel's.
   const bool parts_f32 = x_dtype == DType::kF32 &&
-                         (o.block_gemm_precision == BlockGemmPrecision::kF32 ||
-                          o.block_gemm_precision == BlockGemmPrecision::kAuto ||
-                          o.block_gemm_precision == BlockGemmPrecision::kBf16x2 ||
-                          o.block_gemm_precision == BlockGemmPrecision::kF16x2 ||
-                          o.block_gemm_precision == BlockGemmPrecision::kInt8);
+                         o.block_gemm_precision != BlockGemmPrecision::kTf32 &&
+                         o.block_gemm_precision != BlockGemmPrecision::kBf16;
   return parts_f32 && o.block_mma_min_rows > 0 ? 0 : 32;
 }
 

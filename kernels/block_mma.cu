@@ -93,12 +93,28 @@ inline constexpr bool kHalfParts = kTerms == kBlockMmaF16x2;
 // accumulator's rows 2t and 2t + 1, so that no other array is read for them.
 template <int kTerms>
 inline constexpr bool kInt8Parts = kTerms == kBlockMmaInt8;
+// The 16-byte fragments a lane holds per unit and row tile for `terms`.
+constexpr int PartsOf(int terms) {
+  return terms == kBlockMmaF16x2 ? 2 : terms == kBlockMmaInt8 ? 1 : terms;
+}
 template <int kTerms>
-inline constexpr int kParts = kTerms == kBlockMmaF16x2 ? 2 : kTerms == kBlockMmaInt8 ? 1 : kTerms;
+inline constexpr int kParts = PartsOf(kTerms);
 // Bytes of x's fragments per row and unit (the scratch's, for every kind of part).
 constexpr int64_t FragBytesPerRowUnit(int terms) {
-  return (terms == kBlockMmaF16x2 ? 2 : terms == kBlockMmaInt8 ? 1 : terms) *
-         quant::kUnitElems * 2;
+  return PartsOf(terms) * quant::kUnitElems * 2;
+}
+
+// The largest magnitude of a row's unit: this lane's 8 values, then its quad's (the quad
+// of lanes l / 4 holds the row's 32 values).
+__device__ __forceinline__ float QuadAbsMax(const float (&v)[2][4]) {
+  float amax = 0.0f;
+#pragma unroll
+  for (int step = 0; step < 2; ++step) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) amax = fmaxf(amax, fabsf(v[step][i]));
+  }
+  amax = fmaxf(amax, __shfl_xor_sync(kFullMask, amax, 1));
+  return fmaxf(amax, __shfl_xor_sync(kFullMask, amax, 2));
 }
 
 // d += a·b over int8: one m16n8k32 MMA (a: the A fragment's four registers of four codes,
@@ -247,18 +263,13 @@ __global__ void __launch_bounds__(256)
       // The row's largest magnitude over the unit (the quad's 32 values), its scale
       // amax / 127 (NaN when a value is not finite, so that the row's sums are not), and
       // the codes rint(x · 127 / amax), within ±127.
-      float amax = 0.0f;
+      const float amax = QuadAbsMax(v);
       int finite = 1;
 #pragma unroll
       for (int step = 0; step < 2; ++step) {
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          amax = fmaxf(amax, fabsf(v[step][i]));
-          finite &= isfinite(v[step][i]) ? 1 : 0;
-        }
+        for (int i = 0; i < 4; ++i) finite &= isfinite(v[step][i]) ? 1 : 0;
       }
-      amax = fmaxf(amax, __shfl_xor_sync(kFullMask, amax, 1));
-      amax = fmaxf(amax, __shfl_xor_sync(kFullMask, amax, 2));
       finite &= __shfl_xor_sync(kFullMask, finite, 1);
       finite &= __shfl_xor_sync(kFullMask, finite, 2);
       const float scale = finite ? amax / 127.0f : __int_as_float(0x7fc00000);
@@ -291,14 +302,7 @@ __global__ void __launch_bounds__(256)
       uint32_t part[2][2][kP];
       if constexpr (kHalfParts<kTerms>) {
         // The row's largest magnitude over the unit (the quad's 32 values), and 2^−e for it.
-        float amax = 0.0f;
-#pragma unroll
-        for (int step = 0; step < 2; ++step) {
-#pragma unroll
-          for (int i = 0; i < 4; ++i) amax = fmaxf(amax, fabsf(v[step][i]));
-        }
-        amax = fmaxf(amax, __shfl_xor_sync(kFullMask, amax, 1));
-        amax = fmaxf(amax, __shfl_xor_sync(kFullMask, amax, 2));
+        const float amax = QuadAbsMax(v);
         int e = 0;
         if (isfinite(amax)) (void)frexpf(amax, &e);  // an infinity or NaN stays one scaled
         e = max(min(e, 127), -126);
