@@ -745,14 +745,20 @@ std::unique_ptr<void, cudaError_t (*)(void*)> DeviceBytes(size_t bytes) {
 
 // n rows of k values drawn from `value`, quantized to q, repacked into the device layout
 // and copied to `dw` (at least n × k × 2 bytes). Fatal failures end the calling test.
+// With `dequantized`, also the weights' values [n, k] as the reference reads them.
 void UploadRandomBlocks(DType q, int64_t n, int64_t k, std::mt19937& rng,
-                        std::uniform_real_distribution<float>& value, void* dw) {
+                        std::uniform_real_distribution<float>& value, void* dw,
+                        std::vector<float>* dequantized = nullptr) {
   const int64_t row_bytes = k / DTypeBlockElems(q) * DTypeBlockBytes(q);
   std::vector<std::byte> file(static_cast<size_t>(n * row_bytes)), repacked(file.size());
   std::vector<float> row(k);
+  if (dequantized != nullptr) dequantized->resize(static_cast<size_t>(n * k));
   for (int64_t r = 0; r < n; ++r) {
     for (float& v : row) v = value(rng);
     ASSERT_TRUE(QuantizeRow(q, row.data(), file.data() + r * row_bytes, k));
+    if (dequantized != nullptr) {
+      ASSERT_TRUE(DequantizeRow(q, file.data() + r * row_bytes, dequantized->data() + r * k, k));
+    }
   }
   ASSERT_TRUE(kernels::RepackBlocksForDevice(q, n * (k / DTypeBlockElems(q)), file.data(),
                                              repacked.data()));
@@ -857,6 +863,84 @@ TEST(BlockMmaTest, ANonFiniteXLeavesItsRowNonFinite) {
   }
 }
 
+
+// int8 x's scales of any magnitude: a row scaled by 2^e gives exactly 2^e times the sums
+// of the row unscaled (its codes are the same and each unit's integer sum is scaled once),
+// in every block shape, up to rows of 2^118 whose scales times the sums' 1.5·2^23 start
+// would overflow f32; rows with subnormal scales (2^−120) within int8's tolerance of the
+// reference, the unscaled rows too.
+TEST(BlockMmaTest, Int8ScalesOfAnyMagnitudeGiveTheSameSums) {
+  if (!CudaDeviceFound()) GTEST_SKIP() << "no CUDA device";
+  int sm_count = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
+  constexpr int64_t m = 16, n = 40, k = 512, kBases = 4;
+  // Row r is base row r % 4 times 2^exponent[r].
+  constexpr int kExponent[m] = {0, 0, 0, 0, 100, -100, 3, -120,
+                                110, 118, -90, 7, 104, 60, 0, -3};
+  std::mt19937 rng(13);
+  std::uniform_real_distribution<float> value(-1.0f, 1.0f);
+  std::vector<float> base(kBases * k), x(m * k), y(m * n), w;
+  for (float& v : base) v = value(rng);
+  for (int64_t r = 0; r < m; ++r) {
+    for (int64_t i = 0; i < k; ++i) {
+      x[r * k + i] = std::ldexp(base[(r % kBases) * k + i], kExponent[r]);
+    }
+  }
+  const auto x_buffer = DeviceBytes(m * k * sizeof(float));
+  const auto y_buffer = DeviceBytes(m * n * sizeof(float)), w_buffer = DeviceBytes(n * k * 2);
+  void *dx = x_buffer.get(), *dw = w_buffer.get(), *dy = y_buffer.get();
+  ASSERT_TRUE(dx != nullptr && dw != nullptr && dy != nullptr);
+  ASSERT_EQ(cudaMemcpy(dx, x.data(), x.size() * sizeof(float), cudaMemcpyHostToDevice),
+            cudaSuccess);
+  for (DType q : {DType::kQ4_0, DType::kQ5_1, DType::kQ8_0, DType::kQ4_K, DType::kQ6_K}) {
+    ASSERT_NO_FATAL_FAILURE(UploadRandomBlocks(q, n, k, rng, value, dw, &w));
+    for (kernels::BlockMmaShape shape : {kernels::BlockMmaShape::kDecode,
+                                         kernels::BlockMmaShape::kPrefill,
+                                         kernels::BlockMmaShape::kStaged}) {
+      SCOPED_TRACE(absl::StrCat(DTypeName(q), " shape ", static_cast<int>(shape)));
+      kernels::BlockMmaWorkspace ws;
+      ASSERT_TRUE(kernels::BlockMmaWorkspaceFor(m, k, &n, 1, q, kernels::kBlockMmaInt8,
+                                                sm_count, false, &ws, shape));
+      const auto work = DeviceBytes(static_cast<size_t>(ws.bytes));
+      ASSERT_EQ(cudaMemset(dy, 0x7f, m * n * sizeof(float)), cudaSuccess);  // finite poison
+      kernels::BlockMmaArgs a;
+      a.x = dx;
+      a.m = m;
+      a.k = k;
+      a.w[0] = dw;
+      a.n[0] = n;
+      a.w_dtype = q;
+      a.terms = kernels::kBlockMmaInt8;
+      a.partials = ws.partial_bytes > 0 ? static_cast<float*>(work.get()) : nullptr;
+      a.scratch = static_cast<uint8_t*>(work.get()) + ws.partial_bytes;
+      a.y = dy;
+      a.ld = n;
+      a.splits = ws.splits;
+      a.shape = ws.shape;
+      ASSERT_EQ(kernels::LaunchBlockMma(a, kernels::Stream{}), cudaSuccess);
+      ASSERT_EQ(cudaMemcpy(y.data(), dy, y.size() * sizeof(float), cudaMemcpyDeviceToHost),
+                cudaSuccess);
+      for (int64_t r = 0; r < m; ++r) {
+        const int64_t b = r % kBases;
+        if (kExponent[r] > -120) {
+          for (int64_t i = 0; i < n; ++i) {
+            ASSERT_EQ(y[r * n + i], std::ldexp(y[b * n + i], kExponent[r]))
+                << "row " << r << " column " << i;
+          }
+        }
+        // Against the reference's sums of the row as given (int8: 1e-2).
+        double err = 0.0, norm = 0.0;
+        for (int64_t i = 0; i < n; ++i) {
+          double ref = 0.0;
+          for (int64_t j = 0; j < k; ++j) ref += double{w[i * k + j]} * double{x[r * k + j]};
+          err += (y[r * n + i] - ref) * (y[r * n + i] - ref);
+          norm += ref * ref;
+        }
+        EXPECT_LE(std::sqrt(err / norm), 1e-2) << "row " << r;
+      }
+    }
+  }
+}
 
 TEST(BlockGemvPrecisionTest, NamesRoundTripAndABadOneIsNamed) {
   for (BlockGemvPrecision p :
