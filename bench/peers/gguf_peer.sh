@@ -31,7 +31,7 @@
 # (flags of a second stepgraph decode run per file, reported beside the first, e.g.
 # "--block-gemv-precision int16").
 set -uo pipefail
-cd "$(dirname "$0")/../.."
+cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 root=$PWD
 deps=$root/.peer-deps
 work=${SG_PEER_WORK:-/tmp/gguf-peer}
