@@ -106,8 +106,9 @@ std::optional<kernels::AttentionShape> AttentionShapeOf(int64_t rows, int64_t he
 }
 
 // The launcher's preferred split, cut down to what `workspace_bytes` holds.
-int AttentionChunks(const kernels::AttentionShape& s, int sm_count, int64_t workspace_bytes) {
-  int chunks = kernels::ChooseAttentionChunks(s, sm_count);
+int AttentionChunks(const kernels::AttentionShape& s, DType dtype, int sm_count,
+                    int64_t workspace_bytes) {
+  int chunks = kernels::ChooseAttentionChunks(s, dtype, sm_count);
   while (chunks > 1 && kernels::AttentionWorkspaceBytes(s, chunks) > workspace_bytes) {
     --chunks;
   }
@@ -181,7 +182,8 @@ int32_t RunAttentionWorkspaceBytes(int64_t rows, int64_t heads, int64_t kv_heads
   if (!s) return STEPGRAPH_ERROR_INVALID_VALUE;
   int sm_count = 0;
   if (const cudaError_t e = CurrentSmCount(&sm_count); e != cudaSuccess) return ToCode(e);
-  const int chunks = kernels::ChooseAttentionChunks(*s, sm_count);
+  // The query has no dtype: bf16's chunks, the most any dtype's launch takes.
+  const int chunks = kernels::ChooseAttentionChunks(*s, DType::kBF16, sm_count);
   *bytes = chunks > 1 ? kernels::AttentionWorkspaceBytes(*s, chunks) : 0;
   return STEPGRAPH_OK;
 }
@@ -197,7 +199,7 @@ int32_t RunAttention(const void* q, const void* k_cache, const void* v_cache, co
   if (workspace != nullptr) {
     int sm_count = 0;
     if (const cudaError_t e = CurrentSmCount(&sm_count); e != cudaSuccess) return ToCode(e);
-    chunks = AttentionChunks(*s, sm_count, workspace_bytes);
+    chunks = AttentionChunks(*s, DTypeOf(dtype), sm_count, workspace_bytes);
   }
   if (chunks > 1) {
     // The launcher wants its per-(row, head) arrival counters, at the workspace's start,

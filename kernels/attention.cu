@@ -59,9 +59,16 @@ struct Traits {
   static constexpr int kKeyGroups = kThreads / kThreadsPerKey;
   // Keys per key group and iteration: two 16-byte loads each of K and V per thread, one
   // when eight heads' accumulators already fill the registers; with the next iteration's
-  // loads in flight during this one's (the kernel's loop), about four in flight.
+  // loads in flight during this one's (the kernel's loop), about four in flight. Two
+  // where a thread holds four values of a key (f32 rows of up to 128 values, 8 to 32
+  // threads a key) for eight heads, whose q and accumulators take 64 registers: with one
+  // key a group a 16-key chunk of Qwen3-MoE's shape (f32, 128 values, 4 key groups) was
+  // four rounds of loads, waited for about twice; two rounds are in flight together.
+  // (163 registers a thread, three blocks an SM; four keys took 225 and two blocks.)
   static constexpr int kUnrollBase = kVecsPerThread >= 2 ? 1 : 2 / kVecsPerThread;
-  static constexpr int kUnroll = kTile >= 8 && kUnrollBase > 1 ? kUnrollBase / 2 : kUnrollBase;
+  static constexpr int kUnroll = kTile >= 8 && kElems <= 4 ? 2
+                                 : kTile >= 8 && kUnrollBase > 1 ? kUnrollBase / 2
+                                                                 : kUnrollBase;
   static constexpr int kKeysPerIter = kKeyGroups * kUnroll;
   static constexpr int kWordsPerVec = kVecElems * static_cast<int>(sizeof(T)) / 4;
   static_assert(kNumVecs % kThreadsPerKey == 0);
@@ -573,8 +580,17 @@ const char* AttentionShapeError(const AttentionShape& s) {
   return "";
 }
 
-int ChooseAttentionChunks(const AttentionShape& s, int sm_count, int target_blocks) {
-  if (target_blocks <= 0) target_blocks = std::max(1, sm_count) * kDefaultBlocksPerSm;
+int AttentionBlocksPerSm(const AttentionShape& s, DType dtype) {
+  const int group = std::max(1, s.heads / std::max(1, s.kv_heads));
+  const bool f32_rows = dtype == DType::kF32 &&
+                        (s.head_dim == 32 || s.head_dim == 64 || s.head_dim == 128);
+  // Traits<float, d, 8>::kUnroll is 2 for these (the kernel's registers).
+  return f32_rows && GroupTile(group) == 8 ? 2 : kDefaultBlocksPerSm;
+}
+
+int ChooseAttentionChunks(const AttentionShape& s, DType dtype, int sm_count,
+                          int target_blocks) {
+  if (target_blocks <= 0) target_blocks = std::max(1, sm_count) * AttentionBlocksPerSm(s, dtype);
   const int64_t blocks_per_chunk = BlocksPerChunk(s);
   int64_t chunks = (target_blocks + blocks_per_chunk - 1) / blocks_per_chunk;
   // The grid: chunks of 64 keys at least at the longest context (MinKeysPerChunk's smaller

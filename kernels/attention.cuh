@@ -36,12 +36,20 @@ inline constexpr int kAttentionMaxChunks = 256;
 // Empty when the kernels take `s`, else what is wrong with it.
 const char* AttentionShapeError(const AttentionShape& s);
 
-// KV-length chunks for `s` on a device with `sm_count` multiprocessors: enough blocks to
-// fill the device at pos = seq_len - 1, but at least 64 keys per chunk, 16 where a chunk
-// is fewer than 8 blocks, rows · kv heads · head tiles (at a shorter position, where a
-// chunk is fewer than 32 blocks, the launch lets chunks of 16 keys take part). `target_blocks`
-// overrides the block count aimed at (0: the default, 4 blocks per multiprocessor).
-int ChooseAttentionChunks(const AttentionShape& s, int sm_count, int target_blocks = 0);
+// Blocks of the decode kernel for `s` in `dtype` a multiprocessor holds at once, which the
+// grid aims at: 2 for f32 rows of 32, 64 or 128 values whose query heads go eight to a
+// block (their threads take two keys a round: 163 registers, three blocks an SM; H200,
+// Qwen3-MoE's shape at 4,095 keys: 24.2 µs at 64 chunks, 31.7 at 132), 4 otherwise.
+int AttentionBlocksPerSm(const AttentionShape& s, DType dtype);
+
+// KV-length chunks for `s` in `dtype` on a device with `sm_count` multiprocessors: enough
+// blocks to fill the device (AttentionBlocksPerSm) at pos = seq_len - 1, but at least 64
+// keys per chunk, 16 where a chunk is fewer than 8 blocks, rows · kv heads · head tiles
+// (at a shorter position, where a chunk is fewer than 32 blocks, the launch lets chunks of
+// 16 keys take part). `target_blocks` overrides the block count aimed at (0: the
+// default). The chunks never exceed bf16's for the same shape (the most any dtype takes).
+int ChooseAttentionChunks(const AttentionShape& s, DType dtype, int sm_count,
+                          int target_blocks = 0);
 
 // Bytes of device workspace a launch with `chunks` needs: per-(row, head) arrival
 // counters, which must be zero before the first launch (every launch leaves them zero),

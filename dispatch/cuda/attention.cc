@@ -46,8 +46,8 @@ absl::StatusOr<std::unique_ptr<AttentionWorkspace>> AttentionWorkspace::Create(
   return std::unique_ptr<AttentionWorkspace>(new AttentionWorkspace(info));
 }
 
-int AttentionWorkspace::Chunks(const kernels::AttentionShape& shape) const {
-  return kernels::ChooseAttentionChunks(shape, info_.sm_count);
+int AttentionWorkspace::Chunks(const kernels::AttentionShape& shape, DType dtype) const {
+  return kernels::ChooseAttentionChunks(shape, dtype, info_.sm_count);
 }
 
 absl::Status AttentionWorkspace::Reserve(const ExecutionPlan& plan) {
@@ -58,7 +58,8 @@ absl::Status AttentionWorkspace::Reserve(const ExecutionPlan& plan) {
     SG_ASSIGN_OR_RETURN(const kernels::AttentionShape s,
                         AttentionShapeOf(graph.tensor(node.inputs[0]).shape,
                                          graph.tensor(node.inputs[1]).shape, node.name));
-    need = std::max(need, kernels::AttentionWorkspaceBytes(s, Chunks(s)));
+    need = std::max(need, kernels::AttentionWorkspaceBytes(
+                              s, Chunks(s, graph.tensor(node.inputs[0]).dtype)));
   }
   // The arrival counters must start at zero; launches leave them zero.
   return workspace_.Reserve(need, "the attention workspace");
@@ -106,7 +107,7 @@ PreparedOr Prepare(const ops::Attention& op, const CudaPrepareContext& c) {
           kernels::PrefillAttentionSupported(state->shape, q.dtype, state->rows_per_seq);
     }
   }
-  state->chunks = c.attention.Chunks(state->shape);
+  state->chunks = c.attention.Chunks(state->shape, q.dtype);
   const int64_t need = kernels::AttentionWorkspaceBytes(state->shape, state->chunks);
   SG_ASSIGN_OR_RETURN(state->workspace, c.attention.For(need, name));
   return Keep(std::move(state));

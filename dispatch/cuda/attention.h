@@ -31,8 +31,9 @@ class AttentionWorkspace {
   // prepared and graphs captured earlier still point into it.
   absl::Status Reserve(const ExecutionPlan& plan);
 
-  // KV chunks per launch for `shape` on this device; a function of the shape only.
-  int Chunks(const kernels::AttentionShape& shape) const;
+  // KV chunks per launch for `shape` with q and the caches in `dtype` on this device; a
+  // function of the shape and dtype only.
+  int Chunks(const kernels::AttentionShape& shape, DType dtype) const;
   // The workspace for a node that needs `bytes` (Reserve first); Internal naming the node
   // when Reserve did not cover them.
   absl::StatusOr<void*> For(int64_t bytes, absl::string_view node) const {

@@ -237,32 +237,46 @@ TEST(ProgrammaticLaunchTest, EachDispatcherLaunchesAsItsOwnOptionSays) {
   EXPECT_EQ(CapturedEdges(**on, *on_plan, bindings), std::make_pair(expect_on, kEdges));
 }
 
-// The decode attention grid's chunks (host side): enough blocks for 4 a multiprocessor,
-// at least 64 keys a chunk at the cache's length, 16 where a chunk has fewer than 8
-// blocks (rows · KV heads · head tiles), at most kAttentionMaxChunks.
+// The decode attention grid's chunks (host side): enough blocks for 4 a multiprocessor (2
+// for f32 rows of 128 in head tiles of 8, whose kernel holds three), at least 64 keys a
+// chunk at the cache's length, 16 where a chunk has fewer than 8 blocks (rows · KV heads ·
+// head tiles), at most kAttentionMaxChunks.
 TEST(AttentionChunksTest, GridFollowsBlocksPerChunkAndCacheLength) {
   using kernels::AttentionShape;
   using kernels::ChooseAttentionChunks;
+  constexpr DType kBf16 = DType::kBF16, kF32 = DType::kF32;
   // Qwen3-30B-A3B at batch 1: 4 KV heads, a group of 8 in one tile: 4 blocks a chunk.
   const AttentionShape moe{.rows = 1, .heads = 32, .kv_heads = 4, .seq_len = 241, .head_dim = 128};
-  EXPECT_EQ(ChooseAttentionChunks(moe, 132), 16);  // ceil(241 / 16)
+  EXPECT_EQ(ChooseAttentionChunks(moe, kBf16, 132), 16);  // ceil(241 / 16)
+  EXPECT_EQ(ChooseAttentionChunks(moe, kF32, 132), 16);
   AttentionShape moe_long = moe;
   moe_long.seq_len = 4096;
-  EXPECT_EQ(ChooseAttentionChunks(moe_long, 132), 132);  // 528 blocks / 4
+  EXPECT_EQ(ChooseAttentionChunks(moe_long, kBf16, 132), 132);  // 528 blocks / 4
+  EXPECT_EQ(kernels::AttentionBlocksPerSm(moe_long, kF32), 2);
+  EXPECT_EQ(ChooseAttentionChunks(moe_long, kF32, 132), 66);  // 264 blocks / 4
   // Llama-3.2-1B at batch 1: 8 KV heads, a group of 4: 8 blocks a chunk keep 64 keys.
   const AttentionShape dense{.rows = 1, .heads = 32, .kv_heads = 8, .seq_len = 241, .head_dim = 64};
-  EXPECT_EQ(ChooseAttentionChunks(dense, 132), 4);  // ceil(241 / 64)
+  EXPECT_EQ(ChooseAttentionChunks(dense, kBf16, 132), 4);  // ceil(241 / 64)
   AttentionShape dense_long = dense;
   dense_long.seq_len = 8192;
-  EXPECT_EQ(ChooseAttentionChunks(dense_long, 132), 66);  // 528 blocks / 8
+  EXPECT_EQ(ChooseAttentionChunks(dense_long, kBf16, 132), 66);  // 528 blocks / 8
+  // f32 in head tiles of 4 holds four blocks an SM as bf16 does.
+  EXPECT_EQ(kernels::AttentionBlocksPerSm(dense_long, kF32), 4);
+  EXPECT_EQ(ChooseAttentionChunks(dense_long, kF32, 132), 66);
   // Many blocks a chunk: the device is filled with few chunks.
   AttentionShape batch = dense_long;
   batch.rows = 16;
-  EXPECT_EQ(ChooseAttentionChunks(batch, 132), 5);  // ceil(528 / 128)
+  EXPECT_EQ(ChooseAttentionChunks(batch, kBf16, 132), 5);  // ceil(528 / 128)
   // Capped: one KV head of one row on a large device.
   const AttentionShape one{.rows = 1, .heads = 1, .kv_heads = 1, .seq_len = 65536, .head_dim = 64};
-  EXPECT_EQ(ChooseAttentionChunks(one, 132), kernels::kAttentionMaxChunks);
-  EXPECT_EQ(ChooseAttentionChunks(one, 132, 8), 8);
+  EXPECT_EQ(ChooseAttentionChunks(one, kBf16, 132), kernels::kAttentionMaxChunks);
+  EXPECT_EQ(ChooseAttentionChunks(one, kBf16, 132, 8), 8);
+  // Never more chunks than bf16's (the C ABI's workspace query sizes with those).
+  for (const AttentionShape& s : {moe, moe_long, dense, dense_long, batch, one}) {
+    for (DType t : {DType::kF32, DType::kF16}) {
+      EXPECT_LE(ChooseAttentionChunks(s, t, 132), ChooseAttentionChunks(s, kBf16, 132));
+    }
+  }
 }
 
 TEST(MatmulRunnerTest, PathFollowsPolicyAndShape) {

@@ -429,13 +429,15 @@ std::vector<OpCase> ConformanceCases() {
     // lengths where one chunk gives way to several: with 32 blocks a chunk or more (rows ·
     // kv heads · head tiles) 128 keys take one chunk, 129 and 130 three; with fewer, 32
     // keys one, 33 three (two rows of 2 KV heads; one row of Qwen3-MoE's 4 KV heads of
-    // 128 at position 100: seven chunks of 14 or 15 keys).
+    // 128 at position 100: seven chunks of 14 or 15 keys, and at 4,095: chunks of 32 keys,
+    // where f32 takes two rounds of 16 keys a block).
     struct At { int64_t m, heads, kv_heads, seq, d; std::vector<int32_t> pos; };
     for (const At& s : {At{1, 32, 8, 4096, 64, {4095}}, At{4, 32, 8, 1024, 64, {0, 1023, 17, 500}},
                         At{3, 8, 8, 256, 128, {255, 0, 100}}, At{8, 32, 8, 512, 64, {}},
                         At{4, 4, 2, 64, 32, {-1, 64, 10, 63}},
                         At{4, 32, 8, 1000, 64, {127, 128, 129, 5}},
-                        At{2, 16, 2, 256, 64, {31, 32}}, At{1, 32, 4, 513, 128, {100}}}) {
+                        At{2, 16, 2, 256, 64, {31, 32}}, At{1, 32, 4, 513, 128, {100}},
+                        At{1, 32, 4, 4096, 128, {4095}}}) {
       add({.name = Name("Attention", t, absl::StrCat("M", s.m, "/h", s.heads, "/kvh", s.kv_heads,
                                                      "/S", s.seq, "/d", s.d)),
            .build = [=](GraphBuilder& b) {
