@@ -32,6 +32,7 @@
 #include "kernels/block_mma.cuh"
 #include "kernels/common.cuh"
 #include "kernels/quant_blocks.cuh"
+#include "stepgraph/base/error_flags.h"
 
 namespace sg::kernels {
 namespace {
@@ -233,10 +234,19 @@ constexpr int64_t PaddedRows(int64_t m) { return (m + 7) / 8 * 8; }
 // With kBlockMmaF16x2 the parts are f16 of x·2^−e and scales[u · rows + row] = 2^e. With
 // kBlockMmaInt8 the one fragment is the lane's 8 int8 codes (values 4t .. 4t+3, then
 // 16+4t .. 16+4t+3) and the scales of rows 8r + 2t and 8r + 2t + 1, as f32 bits.
-template <typename T, int kTerms>
+// With a row map (MoE: kMapped) row r of the scratch is x's row row_map[r] / top_k, or
+// row_map[r] itself with per_slot, and zeros where row_map[r] < 0.
+struct SplitRowMap {
+  const int32_t* rows = nullptr;
+  int64_t top_k = 1;
+  bool per_slot = false;
+};
+
+template <typename T, int kTerms, bool kMapped = false>
 __global__ void __launch_bounds__(256)
     SplitXKernel(const T* __restrict__ x, int64_t m, int64_t k, uint4* __restrict__ frags,
-                 float* __restrict__ sums, float* __restrict__ scales, bool vec_x) {
+                 float* __restrict__ sums, float* __restrict__ scales, bool vec_x,
+                 SplitRowMap map) {
   constexpr int kP = kParts<kTerms>;
   AwaitPrerequisiteGrids();
   const int64_t tiles = PaddedRows(m) / 8, units = k / quant::kUnitElems;
@@ -246,11 +256,18 @@ __global__ void __launch_bounds__(256)
     const int l = static_cast<int>(e % kWarpSize);
     const int64_t tile = (e / kWarpSize) % tiles, u = e / (kWarpSize * tiles);
     const int64_t row = tile * 8 + l / 4;
+    int64_t source = row < m ? row : -1;  // x's row, or none (zeros)
+    if constexpr (kMapped) {
+      if (source >= 0) {
+        source = map.rows[row];
+        if (source >= 0 && !map.per_slot) source /= map.top_k;
+      }
+    }
     float v[2][4] = {};
-    if (row < m) {
+    if (source >= 0) {
 #pragma unroll
       for (int step = 0; step < 2; ++step) {
-        const T* p = x + row * k + u * quant::kUnitElems + 16 * step + 4 * (l % 4);
+        const T* p = x + source * k + u * quant::kUnitElems + 16 * step + 4 * (l % 4);
         if (vec_x) {
           LoadFloats<T, 4>(p, v[step]);
         } else {
@@ -540,34 +557,23 @@ __device__ __forceinline__ void StoreTile(const BlockMmaArgs& a,
   }
 }
 
-// The units [u0, u1) of split blockIdx.y.
-__device__ __forceinline__ void SplitUnits(const BlockMmaArgs& a, int64_t units, int64_t& u0,
-                                           int64_t& u1) {
-  const int64_t per_split = CeilDiv(units, a.splits);
-  u0 = static_cast<int64_t>(blockIdx.y) * per_split;
-  u1 = std::min<int64_t>(units, u0 + per_split);
-}
-
-template <typename T, typename Q, int kRowTiles, int kColTiles, int kTerms>
-__global__ void __launch_bounds__(kThreads)
-    BlockMmaKernel(BlockMmaArgs a, const uint4* __restrict__ frags,
-                   const float* __restrict__ sums, const float* __restrict__ scales) {
+// A warp's products over units [u0, u1) for row tiles tile0 .. tile0 + kRowTiles (those
+// below `tiles`, the scratch's row tiles) and kColTiles column tiles, added to acc:
+// load_w(u, wa, wb) loads unit u of the columns of A rows g (wa) and g + 8 (wb). Each
+// unit's codes are decoded once for the row tiles, the next unit's weights (and x's
+// fragments with kXAhead, else each row tile's just before its MMAs, from L1: a block's
+// warps read the same ones) in flight while this one's are multiplied.
+template <typename Q, int kRowTiles, int kColTiles, int kTerms, bool kXAhead, typename LoadW>
+__device__ __forceinline__ void MultiplyUnits(LoadW&& load_w, const uint4* __restrict__ frags,
+                                              const float* __restrict__ sums,
+                                              const float* __restrict__ scales, int64_t tiles,
+                                              int64_t tile0, int64_t u0, int64_t u1,
+                                              float (&acc)[kRowTiles][kColTiles][4]) {
   using Unit = typename Q::Unit;
   constexpr int kP = kParts<kTerms>;
   constexpr bool kHalf = kHalfParts<kTerms>;
-  constexpr int64_t kCols = kBlockMmaCols * kColTiles;
-  // x's fragments of a whole unit are loaded a unit ahead with the weights when they are
-  // few; the prefill shape loads each row tile's just before its MMAs (from L1: the
-  // block's four warps read the same ones), or its registers would not fit.
-  constexpr bool kXAhead = kRowTiles <= 4;
-  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
-  const int g = lane / 4, t = lane % 4;
-  const WarpColumns<kColTiles> wc = ColumnsOf<Q, kColTiles>(a, kCols, warp, g);
-  int64_t u0, u1;
-  SplitUnits(a, wc.units, u0, u1);
-  const int64_t tiles = PaddedRows(a.m) / 8, rows = tiles * 8;  // rows of the sums
-  const int64_t tile0 = static_cast<int64_t>(blockIdx.z) * kRowTiles;
-  AwaitPrerequisiteGrids();
+  const int lane = threadIdx.x % kWarpSize, t = lane % 4;
+  const int64_t rows = tiles * 8;  // rows of the sums
   // x's fragments of unit u and row tile `tile` of the block (zeros past the last tile).
   auto load_tile = [&](int64_t u, int tile, uint4 (&b)[kP]) {
 #pragma unroll
@@ -580,19 +586,13 @@ __global__ void __launch_bounds__(kThreads)
   Unit next_a[kColTiles], next_b[kColTiles];
   uint4 next_x[kXAhead ? kRowTiles : 1][kP];
   auto load_unit = [&](int64_t u) {
-#pragma unroll
-    for (int c = 0; c < kColTiles; ++c) {
-      next_a[c] = Q::Load(wc.w, wc.w_blocks, wc.first_a[c] + u);
-      next_b[c] = Q::Load(wc.w, wc.w_blocks, wc.first_b[c] + u);
-    }
+    load_w(u, next_a, next_b);
     if constexpr (kXAhead) {
 #pragma unroll
       for (int tile = 0; tile < kRowTiles; ++tile) load_tile(u, tile, next_x[tile]);
     }
   };
   if (u0 < u1) load_unit(u0);
-
-  float acc[kRowTiles][kColTiles][4] = {};
   for (int64_t u = u0; u < u1; ++u) {
     // This unit's fragments, before the next unit's loads take the registers.
     UnitFragments<kColTiles> f;
@@ -630,6 +630,44 @@ __global__ void __launch_bounds__(kThreads)
       MultiplyTile<Q, kColTiles, kTerms>(f, b, x0, x1, xs0, xs1, acc[tile]);
     }
   }
+}
+
+// The units [u0, u1) of split blockIdx.y.
+__device__ __forceinline__ void SplitUnits(const BlockMmaArgs& a, int64_t units, int64_t& u0,
+                                           int64_t& u1) {
+  const int64_t per_split = CeilDiv(units, a.splits);
+  u0 = static_cast<int64_t>(blockIdx.y) * per_split;
+  u1 = std::min<int64_t>(units, u0 + per_split);
+}
+
+template <typename T, typename Q, int kRowTiles, int kColTiles, int kTerms>
+__global__ void __launch_bounds__(kThreads)
+    BlockMmaKernel(BlockMmaArgs a, const uint4* __restrict__ frags,
+                   const float* __restrict__ sums, const float* __restrict__ scales) {
+  using Unit = typename Q::Unit;
+  constexpr int64_t kCols = kBlockMmaCols * kColTiles;
+  // x's fragments of a whole unit are loaded a unit ahead with the weights when they are
+  // few; the prefill shape loads each row tile's just before its MMAs, or its registers
+  // would not fit.
+  constexpr bool kXAhead = kRowTiles <= 4;
+  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
+  const int g = lane / 4, t = lane % 4;
+  const WarpColumns<kColTiles> wc = ColumnsOf<Q, kColTiles>(a, kCols, warp, g);
+  int64_t u0, u1;
+  SplitUnits(a, wc.units, u0, u1);
+  const int64_t tiles = PaddedRows(a.m) / 8;
+  const int64_t tile0 = static_cast<int64_t>(blockIdx.z) * kRowTiles;
+  AwaitPrerequisiteGrids();
+  float acc[kRowTiles][kColTiles][4] = {};
+  MultiplyUnits<Q, kRowTiles, kColTiles, kTerms, kXAhead>(
+      [&](int64_t u, Unit (&wa)[kColTiles], Unit (&wb)[kColTiles]) {
+#pragma unroll
+        for (int c = 0; c < kColTiles; ++c) {
+          wa[c] = Q::Load(wc.w, wc.w_blocks, wc.first_a[c] + u);
+          wb[c] = Q::Load(wc.w, wc.w_blocks, wc.first_b[c] + u);
+        }
+      },
+      frags, sums, scales, tiles, tile0, u0, u1, acc);
 #pragma unroll
   for (int tile = 0; tile < kRowTiles; ++tile) {
     StoreTile<T>(a, wc, tile0 + tile, t, static_cast<int>(blockIdx.y), acc[tile]);
@@ -796,6 +834,168 @@ BlockMmaShape ShapeFor(int64_t m, DType w_dtype, BlockMmaShape shape) {
     return BlockMmaShape::kPrefill;
   }
   return BlockMmaShape::kDecode;
+}
+
+// ---- MoeMatMul's experts (LaunchMoeBlockMma) -------------------------------------------
+// MoeSortKernel (one block) lists the step's (row, slot) pairs by expert: each expert's
+// segment starts at a multiple of kMoeBlockMmaRows, row_pair[r] is the pair of sorted row r
+// (−1 for padding) and tile_expert[t] the expert of rows 32t .. 32t + 31 (−1 past the last
+// segment); a pair whose id is out of range gets zeros and the error flag. SplitXKernel
+// then reads x through row_pair, and MoeBlockMmaKernel multiplies each tile of 32 sorted
+// rows by its expert's matrix as BlockMmaKernel multiplies a tile by a weight (the same
+// fragments, units and sums), storing each row to its pair. Gated (gate and up experts
+// with silu): a column tile's A rows g and g + 8 are the gate and the up rows of one
+// output column, so each lane holds both products of its column and applies the epilogue
+// itself. Every launch's grid depends on the shapes only: the sort reads the ids.
+constexpr int kMoeSortThreads = 1024;
+constexpr int kMoeRowTiles = static_cast<int>(kMoeBlockMmaRows / 8);
+constexpr int kMoeColTiles = 2;
+
+// Sorted rows a launch may use: every pair, plus up to kMoeBlockMmaRows − 1 of padding per
+// expert, in whole segments.
+int64_t MoeSortedRows(int64_t pairs, int64_t experts) {
+  return CeilDiv(pairs + experts * (kMoeBlockMmaRows - 1), kMoeBlockMmaRows) *
+         kMoeBlockMmaRows;
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kMoeSortThreads)
+    MoeSortKernel(const int32_t* __restrict__ ids, int64_t pairs, int experts,
+                  int64_t sorted_rows, int32_t* __restrict__ row_pair,
+                  int32_t* __restrict__ tile_expert, T* __restrict__ y, int64_t n,
+                  uint32_t* error_flags) {
+  __shared__ int counts[kMoeBlockMmaMaxExperts];
+  __shared__ int starts[kMoeBlockMmaMaxExperts + 1];
+  AwaitPrerequisiteGrids();
+  const int tid = static_cast<int>(threadIdx.x);
+  for (int e = tid; e < experts; e += kMoeSortThreads) counts[e] = 0;
+  for (int64_t r = tid; r < sorted_rows; r += kMoeSortThreads) row_pair[r] = -1;
+  __syncthreads();
+  for (int64_t p = tid; p < pairs; p += kMoeSortThreads) {
+    const int32_t e = ids[p];
+    if (e >= 0 && e < experts) {
+      atomicAdd(&counts[e], 1);
+    } else {
+      for (int64_t c = 0; c < n; ++c) y[p * n + c] = FromFloat<T>(0.0f);
+      if (error_flags != nullptr) {
+        atomicOr(error_flags, static_cast<uint32_t>(kErrorExpertOutOfRange));
+      }
+    }
+  }
+  __syncthreads();
+  if (tid == 0) {
+    int start = 0;
+    for (int e = 0; e < experts; ++e) {
+      starts[e] = start;
+      start += (counts[e] + static_cast<int>(kMoeBlockMmaRows) - 1) /
+               static_cast<int>(kMoeBlockMmaRows) * static_cast<int>(kMoeBlockMmaRows);
+      counts[e] = 0;  // now each segment's cursor
+    }
+    starts[experts] = start;
+  }
+  __syncthreads();
+  const int64_t tiles = sorted_rows / kMoeBlockMmaRows;
+  for (int64_t t = tid; t < tiles; t += kMoeSortThreads) {
+    const int64_t r = t * kMoeBlockMmaRows;
+    int expert = -1;
+    if (r < starts[experts]) {
+      // The last expert whose segment starts at or before r (empty segments start where
+      // the next one does, so it is the one holding r).
+      int lo = 0, hi = experts - 1;
+      while (lo < hi) {
+        const int mid = (lo + hi + 1) / 2;
+        if (starts[mid] <= r) {
+          lo = mid;
+        } else {
+          hi = mid - 1;
+        }
+      }
+      expert = lo;
+    }
+    tile_expert[t] = expert;
+  }
+  for (int64_t p = tid; p < pairs; p += kMoeSortThreads) {
+    const int32_t e = ids[p];
+    if (e >= 0 && e < experts) row_pair[starts[e] + atomicAdd(&counts[e], 1)] = static_cast<int32_t>(p);
+  }
+}
+
+struct MoeKernelArgs {
+  const uint8_t* w = nullptr;
+  const uint8_t* w_up = nullptr;
+  int64_t experts = 0, n = 0, k = 0, sorted_rows = 0;
+  void* y = nullptr;
+};
+
+// One tile of 32 sorted rows (blockIdx.z) of one expert times kMoeColTiles column tiles a
+// warp: 128 output columns a block, or gated 64 (each column tile 8 columns' gate and up).
+template <typename T, typename Q, int kTerms, bool kGated>
+__global__ void __launch_bounds__(kThreads)
+    MoeBlockMmaKernel(MoeKernelArgs a, const uint4* __restrict__ frags,
+                      const float* __restrict__ sums, const float* __restrict__ scales,
+                      const int32_t* __restrict__ row_pair,
+                      const int32_t* __restrict__ tile_expert) {
+  using Unit = typename Q::Unit;
+  constexpr int kP = kParts<kTerms>;
+  constexpr int kRowTiles = kMoeRowTiles, kColTiles = kMoeColTiles;
+  constexpr int64_t kTileCols = kGated ? 8 : 16;  // output columns of a column tile
+  constexpr int64_t kCols = kWarps * kColTiles * kTileCols;
+  AwaitPrerequisiteGrids();
+  const int expert = tile_expert[blockIdx.z];
+  if (expert < 0) return;  // past the last segment
+  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
+  const int g = lane / 4, t = lane % 4;
+  const int64_t units = a.k / quant::kUnitElems;
+  const int64_t w_blocks = a.experts * a.n * (a.k / Q::kElems);
+  const uint8_t* w_b = kGated ? a.w_up : a.w;
+  // Column tile c: A row g is output column col_a[c] (gated: its gate row), row g + 8
+  // column col_a[c] + 8 (gated: the up row of col_a[c]); a column past n reads the last
+  // one again and is not stored.
+  int64_t col_a[kColTiles], first_a[kColTiles], first_b[kColTiles];
+#pragma unroll
+  for (int c = 0; c < kColTiles; ++c) {
+    col_a[c] = static_cast<int64_t>(blockIdx.x) * kCols + (warp * kColTiles + c) * kTileCols + g;
+    const int64_t row0 = static_cast<int64_t>(expert) * a.n;
+    first_a[c] = (row0 + std::min<int64_t>(col_a[c], a.n - 1)) * units;
+    first_b[c] = (row0 + std::min<int64_t>(kGated ? col_a[c] : col_a[c] + 8, a.n - 1)) * units;
+  }
+  const int64_t tile0 = static_cast<int64_t>(blockIdx.z) * kRowTiles;
+  // x's fragments go a unit ahead with the weights' loads where they are one part (int8,
+  // bf16); more parts load each row tile's just before its MMAs, or the registers would
+  // not fit (two column tiles a warp).
+  float acc[kRowTiles][kColTiles][4] = {};
+  MultiplyUnits<Q, kRowTiles, kColTiles, kTerms, kP == 1>(
+      [&](int64_t u, Unit (&wa)[kColTiles], Unit (&wb)[kColTiles]) {
+#pragma unroll
+        for (int c = 0; c < kColTiles; ++c) {
+          wa[c] = Q::Load(a.w, w_blocks, first_a[c] + u);
+          wb[c] = Q::Load(w_b, w_blocks, first_b[c] + u);
+        }
+      },
+      frags, sums, scales, a.sorted_rows / 8, tile0, 0, units, acc);
+  T* y = static_cast<T*>(a.y);
+#pragma unroll
+  for (int tile = 0; tile < kRowTiles; ++tile) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {  // rows 2t and 2t + 1 of the tile
+      const int32_t pair = row_pair[(tile0 + tile) * 8 + 2 * t + i];
+      if (pair < 0) continue;  // padding
+      T* out = y + static_cast<int64_t>(pair) * a.n;
+#pragma unroll
+      for (int c = 0; c < kColTiles; ++c) {
+        if constexpr (kGated) {
+          // The gate and up products, each rounded to T first (ops::MoeMatMul's silu_mul).
+          if (col_a[c] < a.n) {
+            out[col_a[c]] = FromFloat<T>(Silu(RoundTo<T>(acc[tile][c][i])) *
+                                         RoundTo<T>(acc[tile][c][2 + i]));
+          }
+        } else {
+          if (col_a[c] < a.n) out[col_a[c]] = FromFloat<T>(acc[tile][c][i]);
+          if (col_a[c] + 8 < a.n) out[col_a[c] + 8] = FromFloat<T>(acc[tile][c][2 + i]);
+        }
+      }
+    }
+  }
 }
 
 // The block shape for `tiles` tiles of 8 rows: f(row tiles, column tiles a warp) with 1,
@@ -966,7 +1166,7 @@ cudaError_t LaunchBlockMma(const BlockMmaArgs& a, Stream stream) {
       if (!a.x_in_scratch) {
         e = LaunchKernel(SplitXKernel<T, kTerms>, dim3(static_cast<unsigned>(split_blocks)),
                          dim3(256), stream, static_cast<const T*>(a.x), a.m, a.k, frags, sums,
-                         scales, Aligned16(a.x));
+                         scales, Aligned16(a.x), SplitRowMap{});
         if (e != cudaSuccess) return e;
       }
       e = quant::DispatchFormat(a.w_dtype, [&](auto format) {
@@ -1004,6 +1204,101 @@ cudaError_t LaunchBlockMma(const BlockMmaArgs& a, Stream stream) {
       const int64_t sum_blocks = std::min<int64_t>(CeilDiv(a.m * n_total, 256), 8192);
       return LaunchKernel(SumSplitsKernel<T>, dim3(static_cast<unsigned>(sum_blocks)),
                           dim3(256), stream, a, n_total);
+    });
+  });
+}
+
+bool MoeBlockMmaTakes(int64_t rows, int64_t experts, int64_t n, int64_t k, int64_t top_k,
+                      DType dtype, DType w_dtype) {
+  if (!IsFloat(dtype) || !IsQuantized(w_dtype)) return false;
+  if (rows <= 0 || experts <= 0 || n <= 0 || k <= 0 || top_k <= 0) return false;
+  if (experts > kMoeBlockMmaMaxExperts || k % DTypeBlockElems(w_dtype) != 0) return false;
+  if (n > (int64_t{1} << 30) || k > (int64_t{1} << 30) || top_k > (int64_t{1} << 20) ||
+      rows > (int64_t{1} << 30) / top_k) {
+    return false;
+  }
+  // The sorted rows' tiles along the grid's z, pair indices within 32 bits, and the
+  // stacked weight's units (E · n rows of k / 32) within 63 bits.
+  const int64_t pairs = rows * top_k;
+  return MoeSortedRows(pairs, experts) / kMoeBlockMmaRows <= 65535 && pairs <= INT32_MAX &&
+         experts * n <= (int64_t{1} << 40) / std::max<int64_t>(k / quant::kUnitElems, 1);
+}
+
+int64_t MoeBlockMmaWorkspaceBytes(int64_t rows, int64_t experts, int64_t k, int64_t top_k,
+                                  int terms) {
+  if (rows <= 0 || experts <= 0 || experts > kMoeBlockMmaMaxExperts || top_k <= 0 ||
+      top_k > (int64_t{1} << 20) || rows > (int64_t{1} << 30) / top_k) {
+    return -1;
+  }
+  const int64_t sorted = MoeSortedRows(rows * top_k, experts);
+  const int64_t scratch = BlockMmaScratchBytes(sorted, k, terms);
+  if (scratch < 0) return -1;
+  // row_pair [sorted], tile_expert [sorted / 32], then the scratch.
+  return CeilDiv(sorted * 4, 256) * 256 + CeilDiv(sorted / kMoeBlockMmaRows * 4, 256) * 256 +
+         scratch;
+}
+
+cudaError_t LaunchMoeBlockMma(const MoeBlockMmaArgs& a, Stream stream) {
+  if (!MoeBlockMmaTakes(a.rows, a.experts, a.n, a.k, a.top_k, a.dtype, a.w_dtype) ||
+      a.terms != BlockMmaTerms(a.dtype, a.terms) || a.x == nullptr || a.w == nullptr ||
+      a.ids == nullptr || a.y == nullptr || a.workspace == nullptr ||
+      (a.per_slot && a.w_up != nullptr)) {
+    return cudaErrorInvalidValue;
+  }
+  if (!Aligned16(a.w) || (a.w_up != nullptr && !Aligned16(a.w_up)) || !Aligned16(a.workspace)) {
+    return cudaErrorMisalignedAddress;
+  }
+  const bool gated = a.w_up != nullptr;
+  const int64_t pairs = a.rows * a.top_k, sorted = MoeSortedRows(pairs, a.experts);
+  const int64_t tiles = sorted / 8, units = a.k / quant::kUnitElems;
+  auto* row_pair = static_cast<int32_t*>(a.workspace);
+  auto* tile_expert = reinterpret_cast<int32_t*>(static_cast<uint8_t*>(a.workspace) +
+                                                 CeilDiv(sorted * 4, 256) * 256);
+  uint8_t* scratch = reinterpret_cast<uint8_t*>(tile_expert) +
+                     CeilDiv(sorted / kMoeBlockMmaRows * 4, 256) * 256;
+  const int64_t frag_bytes = (sorted * units * FragBytesPerRowUnit(a.terms) + 15) / 16 * 16;
+  auto* frags = reinterpret_cast<uint4*>(scratch);
+  auto* sums = reinterpret_cast<float*>(scratch + frag_bytes);
+  float* scales = a.terms == kBlockMmaF16x2 ? sums + units * sorted : nullptr;
+  const int64_t cols = kWarps * kMoeColTiles * (gated ? 8 : 16);
+  MoeKernelArgs k;
+  k.w = static_cast<const uint8_t*>(a.w);
+  k.w_up = static_cast<const uint8_t*>(a.w_up);
+  k.experts = a.experts;
+  k.n = a.n;
+  k.k = a.k;
+  k.sorted_rows = sorted;
+  k.y = a.y;
+  return DispatchFloat(a.dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    cudaError_t e = LaunchKernel(MoeSortKernel<T>, dim3(1), dim3(kMoeSortThreads), stream,
+                                 a.ids, pairs, static_cast<int>(a.experts), sorted, row_pair,
+                                 tile_expert, static_cast<T*>(a.y), a.n, a.error_flags);
+    if (e != cudaSuccess) return e;
+    return DispatchTerms<T>(a.terms, [&](auto terms) -> cudaError_t {
+      constexpr int kTerms = decltype(terms)::value;
+      const int64_t entries = units * tiles * kWarpSize;
+      const int64_t split_blocks = std::min<int64_t>(CeilDiv(entries, 256), 4096);
+      const SplitRowMap map{row_pair, a.top_k, a.per_slot};
+      cudaError_t split = LaunchKernel(
+          SplitXKernel<T, kTerms, true>, dim3(static_cast<unsigned>(split_blocks)), dim3(256),
+          stream, static_cast<const T*>(a.x), sorted, a.k, frags, sums, scales, Aligned16(a.x),
+          map);
+      if (split != cudaSuccess) return split;
+      const dim3 grid(static_cast<unsigned>(CeilDiv(a.n, cols)), 1,
+                      static_cast<unsigned>(sorted / kMoeBlockMmaRows));
+      return quant::DispatchFormat(a.w_dtype, [&](auto format) {
+        using Q = decltype(format);
+        auto launch = [&](auto kernel) {
+          return LaunchKernel(kernel, grid, dim3(kThreads), stream, k,
+                              static_cast<const uint4*>(frags), static_cast<const float*>(sums),
+                              static_cast<const float*>(scales),
+                              static_cast<const int32_t*>(row_pair),
+                              static_cast<const int32_t*>(tile_expert));
+        };
+        return gated ? launch(MoeBlockMmaKernel<T, Q, kTerms, true>)
+                     : launch(MoeBlockMmaKernel<T, Q, kTerms, false>);
+      });
     });
   });
 }

@@ -149,6 +149,56 @@ int64_t BlockMmaColumnBlocks(const int64_t* n, int weights, int64_t cols);
 // cudaErrorMisalignedAddress for a weight or the scratch not 16-byte aligned.
 cudaError_t LaunchBlockMma(const BlockMmaArgs& a, Stream stream);
 
+// ---- MoeMatMul's experts on the tensor cores (a prefill step's) ----
+// The step's (row, chosen expert) pairs are listed by expert on the device (segments of
+// kMoeBlockMmaRows rows, padded), x's rows split through that list, and each segment's
+// tiles multiplied by its expert's matrix as LaunchBlockMma multiplies by a weight: each
+// expert's units are read once per 32 of its pairs, and its products are exact (terms 3),
+// at f32's precision (kBlockMmaF16x2) or rounded as the dense kernel's terms say.
+
+// Rows of a segment: each expert's pairs are padded to a multiple of it.
+inline constexpr int64_t kMoeBlockMmaRows = 32;
+// The most experts a launch takes (the listing counts them in shared memory).
+inline constexpr int64_t kMoeBlockMmaMaxExperts = 1024;
+
+struct MoeBlockMmaArgs {
+  const void* x = nullptr;  // [rows, k], or with per_slot [rows · top_k, k], of dtype
+  DType dtype = DType::kF32;
+  // [experts, n, k] in block format w_dtype, the device layout of kernels/quant_blocks.cuh
+  // over the whole stacked tensor, 16-byte aligned; w_up (gated; not with per_slot) the up
+  // experts of w's shape and format, w the gate ones.
+  const void* w = nullptr;
+  const void* w_up = nullptr;
+  DType w_dtype = DType::kQ4_0;
+  const int32_t* ids = nullptr;  // [rows, top_k]
+  int64_t rows = 0, experts = 0, n = 0, k = 0, top_k = 0;
+  bool per_slot = false;
+  void* y = nullptr;  // [rows, top_k · n] of dtype
+  int terms = 3;      // BlockMmaTerms(dtype, terms), as BlockMmaArgs::terms
+  void* workspace = nullptr;  // MoeBlockMmaWorkspaceBytes, 16-byte aligned
+  uint32_t* error_flags = nullptr;  // nullable
+};
+
+// Whether LaunchMoeBlockMma takes these sizes and dtypes (x float, w a block format with
+// k a multiple of its block, experts up to kMoeBlockMmaMaxExperts).
+bool MoeBlockMmaTakes(int64_t rows, int64_t experts, int64_t n, int64_t k, int64_t top_k,
+                      DType dtype, DType w_dtype);
+
+// Bytes of MoeBlockMmaArgs::workspace (the listing and x's split); -1 when they overflow
+// or the sizes are out of MoeBlockMmaTakes' range.
+int64_t MoeBlockMmaWorkspaceBytes(int64_t rows, int64_t experts, int64_t k, int64_t top_k,
+                                  int terms);
+
+// y[i, j·n + c] = x_ij · w[ids[i, j], c, :] as LaunchMoeMatMul computes it, each sum of
+// x's parts times the codes in f32 (the order of the additions and, below three parts,
+// x's rounding differ from the CPU reference's), rounded once to dtype; gated, silu(g)·u
+// of the gate and up products, each rounded to dtype first. A pair whose id is outside
+// [0, experts) gets zeros and raises kErrorExpertOutOfRange. Three launches (the listing,
+// x's split, the products). cudaErrorInvalidValue where MoeBlockMmaTakes says no or an
+// argument is missing; cudaErrorMisalignedAddress for a weight or the workspace not
+// 16-byte aligned.
+cudaError_t LaunchMoeBlockMma(const MoeBlockMmaArgs& a, Stream stream);
+
 }  // namespace sg::kernels
 
 #endif  // STEPGRAPH_KERNELS_BLOCK_MMA_CUH_

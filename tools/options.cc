@@ -495,6 +495,15 @@ const Flag kFlags[] = {
      "(default 2: prefill by expert, decode not; 0: always by expert)",
      nullptr, EnvRule::kNone,
      [](S v, O& o) { return SetInt(v, 0, int64_t{1} << 40, o.cuda.moe_by_expert_pairs); }},
+    {"--moe-mma", nullptr, nullptr, kAll, true,
+     "GPU: block-format mixture-of-experts matmuls that walk by expert (prefill) on the "
+     "tensor cores, the experts' rows sorted on the device (experimental; default: CUDA "
+     "cores)",
+     nullptr, EnvRule::kNone,
+     [](S, O& o) {
+       o.cuda.moe_block_mma = true;
+       return absl::OkStatus();
+     }},
     {"--block-gemm-rows", nullptr, "N|auto", kAll, true,
      "GPU: rows from which a block-format (GGUF) matmul dequantizes its weight in chunks and "
      "runs cuBLASLt (0: never; default auto: 32 where that GEMM runs on tensor cores, never "

@@ -482,6 +482,8 @@ absl::Status MatmulRunner::ReserveBlockGemm(const ExecutionPlan& plan, const Cud
   for (const Node& node : graph.nodes()) {
     SG_ASSIGN_OR_RETURN(const int64_t fused, FusedMmaWorkspaceBytes(graph, node, options, info_));
     need = std::max(need, fused);
+    SG_ASSIGN_OR_RETURN(const int64_t moe, MoeMmaWorkspaceBytes(graph, node, options, info_));
+    need = std::max(need, moe);
     if (IsBlockMmaNode(graph, node, options, info_.compute_capability)) {
       const Tensor& x = graph.tensor(node.inputs[0]);
       const Tensor& w = graph.tensor(node.inputs[1]);

@@ -97,6 +97,13 @@ absl::StatusOr<int64_t> FusedMmaWorkspaceBytes(const Graph& graph, const Node& n
                                                const CudaOptions& options,
                                                const CudaDeviceInfo& info);
 
+// Bytes of the block workspace a MoeMatMul node takes on the tensor-core path (moe.cc:
+// CudaOptions::moe_block_mma); 0 for any other node or path. InvalidArgument when they
+// overflow.
+absl::StatusOr<int64_t> MoeMmaWorkspaceBytes(const Graph& graph, const Node& node,
+                                             const CudaOptions& options,
+                                             const CudaDeviceInfo& info);
+
 class MatmulRunner {
  public:
   // Everything one shape needs at Run (opaque outside matmul.cc).

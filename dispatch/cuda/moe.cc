@@ -4,12 +4,15 @@
 // launches depend on the shapes only and a captured step replays any routing. Prepare
 // refuses by name what the kernels do not take (Supports says no to the same), so nothing
 // runs to a silent wrong answer.
+#include <algorithm>
 #include <climits>
+#include <variant>
 
 #include "absl/strings/str_cat.h"
 #include "dispatch/cuda/cuda_status.h"
 #include "dispatch/cuda/matmul.h"
 #include "dispatch/cuda/op_units.h"
+#include "kernels/block_mma.cuh"
 #include "kernels/moe.cuh"
 #include "kernels/quant_matmul.cuh"
 #include "kernels/topk.cuh"
@@ -22,11 +25,33 @@ namespace {
 // How a MoeMatMul node runs: with block-format experts and fewer (row, expert) pairs per
 // expert than CudaOptions::moe_by_expert_pairs (a decode step), on the one-row kernel
 // (kernels/quant_matmul.cuh's LaunchQuantRowMoe; x as block_gemv_precision says, as the
-// dense one-row matmuls), where it takes the sizes; otherwise LaunchMoeMatMul.
+// dense one-row matmuls), where it takes the sizes; with at least that many and
+// CudaOptions::moe_block_mma, on the tensor cores (kernels/block_mma.cuh's
+// LaunchMoeBlockMma: x in `terms` parts, its listing and split in `workspace`);
+// otherwise LaunchMoeMatMul.
 struct MoeMatMulState final : PreparedState<MoeMatMulState> {
   bool row_kernel = false;
   kernels::QuantRowX row_x = kernels::QuantRowX::kF32;
+  bool block_mma = false;
+  int terms = 3;
+  void* workspace = nullptr;
 };
+
+// Whether a MoeMatMul of x, block-format experts w and ids runs on the tensor cores under
+// `options` on a device of compute capability `cc`, and then x's parts.
+bool TakesMoeBlockMma(const Tensor& x, const Tensor& w, const Tensor& ids,
+                      const CudaOptions& options, int cc) {
+  const int64_t rows = x.shape[0], experts = w.shape[0], top_k = ids.shape[1];
+  return options.moe_block_mma && IsQuantized(w.dtype) && kernels::BlockMmaRuns(cc) &&
+         options.moe_by_expert_pairs >= 0 && rows <= INT64_MAX / std::max<int64_t>(top_k, 1) &&
+         kernels::MoeMatMulWalksByExpert(rows * top_k, experts, w.shape[2],
+                                         options.moe_by_expert_pairs) &&
+         kernels::MoeBlockMmaTakes(rows, experts, w.shape[1], w.shape[2], top_k, x.dtype,
+                                   w.dtype);
+}
+int MoeTermsFor(const Tensor& x, const Tensor& ids, const CudaOptions& options) {
+  return BlockMmaTermsFor(x.dtype, x.shape[0] * ids.shape[1], options);
+}
 
 // The limits of each kernel over inputs shape inference accepted (op_units.h: logits
 // [M, E], ids [M, k], w [E, N, K], y [M, k·N]); an empty message when they are met.
@@ -118,6 +143,18 @@ PreparedOr Prepare(const ops::MoeMatMul& op, const CudaPrepareContext& c) {
                       kernels::QuantRowMoeTakes(rows, experts, w.shape[1], w.shape[2], top_k,
                                                 w.dtype);
   state->row_x = RowXFor(c.options, w.dtype);
+  if (TakesMoeBlockMma(x, w, ids, c.options, c.info.compute_capability)) {
+    state->block_mma = true;
+    state->row_kernel = false;
+    state->terms = MoeTermsFor(x, ids, c.options);
+    const int64_t need =
+        kernels::MoeBlockMmaWorkspaceBytes(rows, experts, w.shape[2], top_k, state->terms);
+    if (need < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "MoeMatMul node '", c.node.name, "': its tensor-core workspace overflows"));
+    }
+    SG_ASSIGN_OR_RETURN(state->workspace, c.matmul.BlockWorkspace(need, c.node.name));
+  }
   return Keep(std::move(state));
 }
 PreparedOr Prepare(const ops::MoeCombine& op, const CudaPrepareContext& c) {
@@ -127,6 +164,27 @@ PreparedOr Prepare(const ops::MoeCombine& op, const CudaPrepareContext& c) {
     }
   }
   return RefuseUnless(CombineLimits(c.input(0).shape, c.input(2).shape));
+}
+
+absl::StatusOr<int64_t> MoeMmaWorkspaceBytes(const Graph& graph, const Node& node,
+                                             const CudaOptions& options,
+                                             const CudaDeviceInfo& info) {
+  const auto* op = std::get_if<ops::MoeMatMul>(&node.op);
+  if (op == nullptr || node.inputs.size() < (op->silu_mul ? 4u : 3u)) return 0;
+  const Tensor& x = graph.tensor(node.inputs[0]);
+  const Tensor& w = graph.tensor(node.inputs[1]);
+  const Tensor& ids = graph.tensor(node.inputs[op->silu_mul ? 3 : 2]);
+  if (x.shape.rank() != 2 || w.shape.rank() != 3 || ids.shape.rank() != 2 ||
+      !TakesMoeBlockMma(x, w, ids, options, info.compute_capability)) {
+    return 0;
+  }
+  const int64_t bytes = kernels::MoeBlockMmaWorkspaceBytes(
+      x.shape[0], w.shape[0], w.shape[2], ids.shape[1], MoeTermsFor(x, ids, options));
+  if (bytes < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "MoeMatMul node '", node.name, "': its tensor-core workspace overflows"));
+  }
+  return bytes;
 }
 
 }  // namespace internal
@@ -157,6 +215,26 @@ absl::Status CudaDispatch::Run(const ops::MoeMatMul& op, const NodeArgs& args) {
   const TensorArg& w = args.inputs[1];
   const TensorArg& ids = args.inputs[op.silu_mul ? 3 : 2];
   const int64_t k = w.shape[2];
+  if (s->block_mma) {
+    kernels::MoeBlockMmaArgs a;
+    a.x = x.data;
+    a.dtype = x.dtype;
+    a.w = w.data;
+    a.w_up = op.silu_mul ? args.inputs[2].data : nullptr;
+    a.w_dtype = w.dtype;
+    a.ids = ids.as<const int32_t>();
+    a.rows = x.shape[0];
+    a.experts = w.shape[0];
+    a.n = w.shape[1];
+    a.k = k;
+    a.top_k = ids.shape[1];
+    a.per_slot = x.shape[1] != k;
+    a.y = args.output.data;
+    a.terms = s->terms;
+    a.workspace = s->workspace;
+    a.error_flags = error_flags_;
+    return ToStatus(kernels::LaunchMoeBlockMma(a, launch()), "LaunchMoeBlockMma");
+  }
   if (s->row_kernel) {
     return ToStatus(kernels::LaunchQuantRowMoe(
                         x.data, w.data, op.silu_mul ? args.inputs[2].data : nullptr, w.dtype,

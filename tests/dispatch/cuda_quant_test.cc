@@ -532,6 +532,71 @@ std::vector<OpCase> MoeRowCases() {
   return cases;
 }
 
+// MoeMatMul of a prefill step on the tensor cores (CudaOptions::moe_block_mma; enough
+// (row, expert) pairs per expert to walk by expert): the pairs sorted by expert on the
+// device into segments of 32 rows, x split through that list, each segment's tiles times
+// its expert. Plain and gated (silu_mul) experts, the down experts per slot, 128 experts
+// of which some get no pair (empty segments), an odd column count (a partial block of
+// columns and a partial column tile), bf16 x (one part), and under f32 the exact products
+// (f32's tolerance), the auto precision (two scaled f16 parts from 128 pairs: f32's) and
+// int8 (1e-2); bad ids among the pairs (zeros and the flag, which the run compares).
+std::vector<OpCase> MoeMmaCases() {
+  std::vector<OpCase> cases;
+  for (DType q : kQuantTypes) {
+    const int64_t k = DTypeBlockElems(q) == 32 ? 320 : 512;
+    struct S { DType x; int64_t rows, experts, top_k, n; bool gated, per_slot; };
+    for (S s : {S{DType::kF32, 64, 16, 4, 200, false, false},
+                S{DType::kF32, 40, 8, 2, 48, true, false},
+                S{DType::kF32, 32, 8, 2, 64, false, true},
+                S{DType::kF32, 32, 128, 8, 40, true, false},
+                S{DType::kBF16, 48, 8, 2, 72, true, false}}) {
+      for (BlockGemmPrecision p : {BlockGemmPrecision::kF32, BlockGemmPrecision::kAuto,
+                                   BlockGemmPrecision::kInt8}) {
+        if (s.x != DType::kF32 && p != BlockGemmPrecision::kF32) continue;
+        const bool int8 = p == BlockGemmPrecision::kInt8;
+        cases.push_back(
+            {.name = absl::StrCat("MoeMma/", DTypeName(q), "/", DTypeName(s.x), "/", s.rows,
+                                  "x", s.experts, "x", s.n, "x", k, "/top", s.top_k,
+                                  s.gated ? "/silu_mul" : "", s.per_slot ? "/per_slot" : "",
+                                  "/", BlockGemmPrecisionName(p)),
+             .build = [=](GraphBuilder& b) {
+               auto x = b.Input("x", s.x, {s.rows, s.per_slot ? s.top_k * k : k});
+               auto ids = b.Input("ids", DType::kI32, {s.rows, s.top_k});
+               b.Output("out", s.gated ? b.MoeGateUpSiluMul(
+                                             x, b.Weight("wg", q, {s.experts, s.n, k}),
+                                             b.Weight("wu", q, {s.experts, s.n, k}), ids)
+                                       : b.MoeMatMul(x, b.Weight("w", q, {s.experts, s.n, k}),
+                                                     ids));
+             },
+             .tolerance = int8 ? 1e-2 : Tol(s.x),
+             .int_hi = static_cast<int32_t>(s.experts),
+             .cuda_options = [p](CudaOptions& o) {
+               o.moe_block_mma = true;
+               o.block_gemm_precision = p;
+             }});
+      }
+    }
+    // Bad ids: 16 rows of 2 slots over 4 experts, every fifth id out of range.
+    std::vector<int32_t> ids(32);
+    for (int i = 0; i < 32; ++i) ids[i] = i % 5 == 4 ? (i % 2 == 0 ? -3 : 4) : i % 4;
+    for (bool gated : {false, true}) {
+      cases.push_back(
+          {.name = absl::StrCat("MoeMma/", DTypeName(q), "/f32/bad_ids", gated ? "/silu_mul" : ""),
+           .build = [=](GraphBuilder& b) {
+             auto x = b.Input("x", DType::kF32, {16, k});
+             auto id = b.Input("ids", DType::kI32, {16, 2});
+             b.Output("out", gated ? b.MoeGateUpSiluMul(x, b.Weight("wg", q, {4, 24, k}),
+                                                        b.Weight("wu", q, {4, 24, k}), id)
+                                   : b.MoeMatMul(x, b.Weight("w", q, {4, 24, k}), id));
+           },
+           .tolerance = Tol(DType::kF32),
+           .int_values = {{"ids", ids}},
+           .cuda_options = [](CudaOptions& o) { o.moe_block_mma = true; }});
+    }
+  }
+  return cases;
+}
+
 // The tensor-core path of FusedMatMul (no folded norm): the products of all rows, then
 // epilogues of up to 64 rows (a 40-row argmax: 32 + 8), every epilogue, split-K (long K,
 // narrow outputs), partial column tiles, and formats mixed in one op (one products launch
@@ -584,6 +649,8 @@ INSTANTIATE_TEST_SUITE_P(QuantEmbedding, QuantConformanceTest,
 INSTANTIATE_TEST_SUITE_P(QuantFusedMatMul, QuantConformanceTest,
                          ::testing::ValuesIn(FusedCases()), CaseName);
 INSTANTIATE_TEST_SUITE_P(QuantIntRow, QuantConformanceTest, ::testing::ValuesIn(IntRowCases()),
+                         CaseName);
+INSTANTIATE_TEST_SUITE_P(MoeMma, QuantConformanceTest, ::testing::ValuesIn(MoeMmaCases()),
                          CaseName);
 INSTANTIATE_TEST_SUITE_P(QuantMoeRow, QuantConformanceTest, ::testing::ValuesIn(MoeRowCases()),
                          CaseName);
@@ -701,6 +768,50 @@ TEST(QuantRowMatmulTest, TakesAndRefusals) {
 // What the one-row kernel takes as a mixture of experts' matmul (its pairs a grid
 // dimension, every expert's columns one stacked tensor), and what its launcher refuses
 // before it touches a device.
+// The tensor-core MoE path's sizes and refusals (host side: no launch reaches a device).
+TEST(MoeBlockMmaTest, TakesSizesAndRefusals) {
+  using kernels::MoeBlockMmaTakes;
+  using kernels::MoeBlockMmaWorkspaceBytes;
+  // Qwen3-30B-A3B's experts at a 512-token step: gate/up 768 × 2,048, down 2,048 × 768.
+  EXPECT_TRUE(MoeBlockMmaTakes(512, 128, 768, 2048, 8, DType::kF32, DType::kQ4_K));
+  EXPECT_TRUE(MoeBlockMmaTakes(512, 128, 2048, 768, 8, DType::kF32, DType::kQ6_K));
+  EXPECT_TRUE(MoeBlockMmaTakes(16, 8, 64, 96, 2, DType::kBF16, DType::kQ4_0));
+  EXPECT_FALSE(MoeBlockMmaTakes(16, 8, 64, 96, 2, DType::kF32, DType::kQ4_K));  // not whole blocks
+  EXPECT_FALSE(MoeBlockMmaTakes(16, 8, 64, 256, 2, DType::kF32, DType::kBF16));  // float experts
+  EXPECT_FALSE(MoeBlockMmaTakes(16, kernels::kMoeBlockMmaMaxExperts + 1, 64, 256, 2,
+                                DType::kF32, DType::kQ8_0));
+  EXPECT_FALSE(MoeBlockMmaTakes(0, 8, 64, 256, 2, DType::kF32, DType::kQ8_0));
+  EXPECT_FALSE(MoeBlockMmaTakes(int64_t{1} << 28, 8, 64, 256, 8, DType::kF32, DType::kQ8_0));
+  EXPECT_FALSE(MoeBlockMmaTakes(int64_t{1} << 40, 8, 64, 256, int64_t{1} << 40, DType::kF32,
+                                DType::kQ8_0));
+  // 16 × 2 pairs over 4 experts: 32 + 4 · 31 rows, whole segments of 32 (160); the list
+  // (640 bytes, 768 with its alignment), the tiles' experts (20, 256), then the split of
+  // 160 rows of 256 values in 3 parts.
+  const int64_t sorted = 160;
+  EXPECT_EQ(MoeBlockMmaWorkspaceBytes(16, 4, 256, 2, 3),
+            768 + 256 + kernels::BlockMmaScratchBytes(sorted, 256, 3));
+  EXPECT_EQ(MoeBlockMmaWorkspaceBytes(16, 0, 256, 2, 3), -1);
+  EXPECT_EQ(MoeBlockMmaWorkspaceBytes(int64_t{1} << 40, 8, 256, 8, 3), -1);
+  // Refused before any launch: missing arguments, a terms value x cannot take, gate/up
+  // experts with per-slot x.
+  kernels::MoeBlockMmaArgs a;
+  a.rows = 16;
+  a.experts = 4;
+  a.n = 24;
+  a.k = 256;
+  a.top_k = 2;
+  EXPECT_EQ(kernels::LaunchMoeBlockMma(a, kernels::Stream{}), cudaErrorInvalidValue);
+  alignas(16) static std::byte dummy[64];
+  a.x = a.w = a.y = a.workspace = dummy;
+  a.ids = reinterpret_cast<const int32_t*>(dummy);
+  a.dtype = DType::kBF16;  // one part: terms 3 is not bf16's
+  EXPECT_EQ(kernels::LaunchMoeBlockMma(a, kernels::Stream{}), cudaErrorInvalidValue);
+  a.dtype = DType::kF32;
+  a.w_up = dummy;
+  a.per_slot = true;
+  EXPECT_EQ(kernels::LaunchMoeBlockMma(a, kernels::Stream{}), cudaErrorInvalidValue);
+}
+
 TEST(QuantRowMoeTest, TakesAndRefusals) {
   using kernels::QuantRowMoeTakes;
   EXPECT_TRUE(QuantRowMoeTakes(1, 128, 768, 2048, 8, DType::kQ4_K));
@@ -1142,6 +1253,8 @@ TEST(QuantConformanceCasesTest, EveryFormatAndDTypeIsCovered) {
   EXPECT_EQ(IntRowCases().size(), 8u * 3u * (4u * 4u + 1u));
   // Per format: 2 precisions of 8 shapes and a bad id; the pair kernel at a long K.
   EXPECT_EQ(MoeRowCases().size(), 8u * (2u * (8u + 1u) + 1u));
+  // Per format: 4 f32 shapes in 3 precisions, bf16 once, bad ids plain and gated.
+  EXPECT_EQ(MoeMmaCases().size(), 8u * (4u * 3u + 1u + 2u));
 }
 
 }  // namespace

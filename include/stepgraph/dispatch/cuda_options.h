@@ -161,6 +161,13 @@ struct CudaOptions {
   // shaped BF16 file of 4 layers prefills at 21.7k tokens/s walking by expert, where the
   // pair blocks gave its 12-layer files 2.2k to 3.0k (docs/cuda_kernels.md).
   int64_t moe_by_expert_pairs = 2;
+  // Block-format MoeMatMuls that walk by expert (above) run on the tensor cores
+  // (kernels/block_mma.cuh's LaunchMoeBlockMma: the step's pairs listed by expert on the
+  // device, each expert's units read once per 32 of its pairs, x in block_gemm_precision's
+  // parts by the step's pair count) instead of the by-expert kernel's f32 CUDA-core
+  // products. Off by default until it has been run and timed on a GPU
+  // (`cuda_quant_test`'s MoeMma cases, `stepgraph bench --moe-mma` on a MoE file).
+  bool moe_block_mma = false;
   // Tensor parallel: AllReduce of at most this many bytes runs as stepgraph's one-shot
   // kernel over NVLink peer memory (kernels/collectives.cuh) where the group has its
   // buffers; larger ones, and every one with 0, through NCCL. On 4 H100s (NVLink, 64 in a
