@@ -11,8 +11,8 @@
 // cores) beside the bf16 small-M kernel. MoeDecode/<format>/... time a mixture of experts'
 // decode matmul (kernels/moe.cuh: one row, 8 of 128 experts, Qwen3-30B-A3B's shapes)
 // against the chosen experts' bytes, on the block per pair and the one-row kernel;
-// MoePrefill/<format>/... its prefill matmul (256 rows, walking by expert) in TFLOP/s,
-// routed uniformly and skewed. Block-format weights are repacked into the device
+// MoePrefill/<format>/... its prefill matmul (256 rows, walking by expert, and for block
+// formats on the tensor cores) in TFLOP/s, routed uniformly and skewed. Block-format weights are repacked into the device
 // layout (kernels/quant_layout.h) as the step runner uploads them.
 //
 // How it measures (as kernel_bench): each case captures a CUDA graph of up to kMaxBatch
@@ -451,10 +451,12 @@ absl::Status RunMoeCase(benchmark::State& state, const std::string& name, DType 
 // kMoeExperts at random, uniformly or `skewed` (expert e drawn with weight 1 / (e + 1), so
 // that a few experts take most pairs, as an untrained router's do), gated or per slot as
 // RunMoeCase. TFLOP/s: 2 · rows · top_k · n · k (twice when gated) over the time (the
-// counter `tflops`).
+// counter `tflops`). mma_terms > 0: the tensor-core path (kernels/block_mma.cuh's
+// LaunchMoeBlockMma, x in that many parts: BlockMmaArgs::terms) instead of the by-expert
+// kernel.
 absl::Status RunMoePrefillCase(benchmark::State& state, const std::string& name,
                                DType w_dtype, int64_t rows, int64_t n, int64_t k, bool gated,
-                               bool skewed) {
+                               bool skewed, int mma_terms = 0) {
   const DType act = IsQuantized(w_dtype) ? DType::kF32 : w_dtype;
   const int64_t elem = DTypeBytes(act);
   const int64_t w_bytes = kMoeExperts * n * DTypeRowBytes(w_dtype, k);
@@ -478,7 +480,33 @@ absl::Status RunMoePrefillCase(benchmark::State& state, const std::string& name,
   SG_ASSIGN_OR_RETURN(const MoeBuffers b,
                       UploadMoeCase(w_dtype, act, n, k, gated, ids, x_elems, y_elems));
   cudaStream_t stream = g->stream.get();
+  DeviceMemory workspace;
+  if (mma_terms > 0) {
+    const int64_t bytes =
+        kernels::MoeBlockMmaWorkspaceBytes(rows, kMoeExperts, k, kMoeTopK, mma_terms);
+    if (bytes < 0) return absl::InvalidArgumentError("the MoE MMA workspace overflows");
+    SG_ASSIGN_OR_RETURN(workspace, AllocateDevice(bytes, "the MoE MMA workspace"));
+  }
   auto launch = [&](int) {
+    if (mma_terms > 0) {
+      kernels::MoeBlockMmaArgs a;
+      a.x = b.x;
+      a.dtype = act;
+      a.w = b.w;
+      a.w_up = b.w_up;
+      a.w_dtype = w_dtype;
+      a.ids = b.ids;
+      a.rows = rows;
+      a.experts = kMoeExperts;
+      a.n = n;
+      a.k = k;
+      a.top_k = kMoeTopK;
+      a.per_slot = !gated;
+      a.y = b.y;
+      a.terms = mma_terms;
+      a.workspace = workspace.get();
+      return ToStatus(kernels::LaunchMoeBlockMma(a, stream), "LaunchMoeBlockMma");
+    }
     return ToStatus(kernels::LaunchMoeMatMul(b.x, b.w, w_dtype, b.ids, b.y, rows, kMoeExperts,
                                              n, k, kMoeTopK, !gated, act, nullptr, stream,
                                              b.w_up, 2),
@@ -667,26 +695,35 @@ int main(int argc, char** argv) {
     }
   }
   // The experts' prefill matmul (by expert) for a chunk of 256 rows, routed uniformly or
-  // skewed: MoePrefill/<format>/<gate+up|down>/rows:256/<uniform|skewed>.
+  // skewed, and for block formats the tensor-core path with x in three bf16 parts, two
+  // scaled f16 parts and int8 (/mma_3, /mma_f16x2, /mma_int8; CudaOptions::moe_block_mma):
+  // MoePrefill/<format>/<gate+up|down>/rows:256/<uniform|skewed>[/mma_<x>].
   for (sg::DType t : {sg::DType::kBF16, sg::DType::kQ4_0, sg::DType::kQ4_K, sg::DType::kQ6_K}) {
     for (const bool gated : {true, false}) {
       for (const bool skewed : {false, true}) {
-        const std::string name =
-            absl::StrCat("MoePrefill/", sg::DTypeName(t), "/",
-                         gated ? "gate+up N=768 K=2048" : "down N=2048 K=768", "/rows:256/",
-                         skewed ? "skewed" : "uniform");
-        benchmark::RegisterBenchmark(name.c_str(),
-                                     [=](benchmark::State& state) {
-                                       if (absl::Status st = sg::RunMoePrefillCase(
-                                               state, name, t, 256, gated ? 768 : 2048,
-                                               gated ? 2048 : 768, gated, skewed);
-                                           !st.ok()) {
-                                         state.SkipWithError(st.ToString().c_str());
-                                       }
-                                     })
-            ->UseManualTime()
-            ->Iterations(sg::kIterations)
-            ->Unit(benchmark::kMicrosecond);
+        for (const int terms : {0, 3, sg::kernels::kBlockMmaF16x2, sg::kernels::kBlockMmaInt8}) {
+          if (terms > 0 && !sg::IsQuantized(t)) continue;
+          const std::string name = absl::StrCat(
+              "MoePrefill/", sg::DTypeName(t), "/",
+              gated ? "gate+up N=768 K=2048" : "down N=2048 K=768", "/rows:256/",
+              skewed ? "skewed" : "uniform",
+              terms == 3                             ? "/mma_3"
+              : terms == sg::kernels::kBlockMmaF16x2 ? "/mma_f16x2"
+              : terms == sg::kernels::kBlockMmaInt8  ? "/mma_int8"
+                                                     : "");
+          benchmark::RegisterBenchmark(name.c_str(),
+                                       [=](benchmark::State& state) {
+                                         if (absl::Status st = sg::RunMoePrefillCase(
+                                                 state, name, t, 256, gated ? 768 : 2048,
+                                                 gated ? 2048 : 768, gated, skewed, terms);
+                                             !st.ok()) {
+                                           state.SkipWithError(st.ToString().c_str());
+                                         }
+                                       })
+              ->UseManualTime()
+              ->Iterations(sg::kIterations)
+              ->Unit(benchmark::kMicrosecond);
+        }
       }
     }
   }
