@@ -1261,14 +1261,14 @@ cudaError_t LaunchMoeBlockMma(const MoeBlockMmaArgs& a, Stream stream) {
   auto* sums = reinterpret_cast<float*>(scratch + frag_bytes);
   float* scales = a.terms == kBlockMmaF16x2 ? sums + units * sorted : nullptr;
   const int64_t cols = kWarps * kMoeColTiles * (gated ? 8 : 16);
-  MoeKernelArgs k;
-  k.w = static_cast<const uint8_t*>(a.w);
-  k.w_up = static_cast<const uint8_t*>(a.w_up);
-  k.experts = a.experts;
-  k.n = a.n;
-  k.k = a.k;
-  k.sorted_rows = sorted;
-  k.y = a.y;
+  MoeKernelArgs products;
+  products.w = static_cast<const uint8_t*>(a.w);
+  products.w_up = static_cast<const uint8_t*>(a.w_up);
+  products.experts = a.experts;
+  products.n = a.n;
+  products.k = a.k;
+  products.sorted_rows = sorted;
+  products.y = a.y;
   return DispatchFloat(a.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     cudaError_t e = LaunchKernel(MoeSortKernel<T>, dim3(1), dim3(kMoeSortThreads), stream,
@@ -1290,7 +1290,7 @@ cudaError_t LaunchMoeBlockMma(const MoeBlockMmaArgs& a, Stream stream) {
       return quant::DispatchFormat(a.w_dtype, [&](auto format) {
         using Q = decltype(format);
         auto launch = [&](auto kernel) {
-          return LaunchKernel(kernel, grid, dim3(kThreads), stream, k,
+          return LaunchKernel(kernel, grid, dim3(kThreads), stream, products,
                               static_cast<const uint4*>(frags), static_cast<const float*>(sums),
                               static_cast<const float*>(scales),
                               static_cast<const int32_t*>(row_pair),
