@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <system_error>
 #include <thread>
+#include <variant>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -79,13 +80,21 @@ std::string BlockPrecisions(const Options& o, const DecodeSession& s) {
     return "";
   }
   const BlockGemmPrecision gemm = o.cuda.block_gemm_precision;
+  const std::vector<Node>& nodes = plan->graph().nodes();
+  const bool experts = std::any_of(nodes.begin(), nodes.end(), [&](const Node& n) {
+    return std::holds_alternative<ops::MoeMatMul>(n.op) && n.inputs.size() > 1 &&
+           IsQuantized(plan->graph().tensor(n.inputs[1]).dtype);
+  });
   return absl::StrCat(
       "; block-format matmuls' x: ", BlockGemmPrecisionName(gemm),
       gemm == BlockGemmPrecision::kAuto
           ? absl::StrCat(" (two f16 parts from ", kBlockGemmAutoF16x2Rows, " rows, f32 below)")
           : std::string(),
       " on the tensor cores, ", BlockGemvPrecisionName(o.cuda.block_gemv_precision),
-      " at one row");
+      " at one row",
+      !experts                 ? ""
+      : o.cuda.moe_block_mma ? "; prompts' experts on the tensor cores (--moe-mma)"
+                             : "; prompts' experts by expert on the CUDA cores");
 }
 
 std::string DescribePath(const Options& o, DecodeSession& s) {
