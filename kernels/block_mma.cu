@@ -866,9 +866,11 @@ __global__ void __launch_bounds__(kMoeSortThreads)
                   uint32_t* error_flags) {
   __shared__ int counts[kMoeBlockMmaMaxExperts];
   __shared__ int starts[kMoeBlockMmaMaxExperts + 1];
+  __shared__ int bad;
   AwaitPrerequisiteGrids();
   const int tid = static_cast<int>(threadIdx.x);
   for (int e = tid; e < experts; e += kMoeSortThreads) counts[e] = 0;
+  if (tid == 0) bad = 0;
   for (int64_t r = tid; r < sorted_rows; r += kMoeSortThreads) row_pair[r] = -1;
   __syncthreads();
   for (int64_t p = tid; p < pairs; p += kMoeSortThreads) {
@@ -876,13 +878,21 @@ __global__ void __launch_bounds__(kMoeSortThreads)
     if (e >= 0 && e < experts) {
       atomicAdd(&counts[e], 1);
     } else {
-      for (int64_t c = 0; c < n; ++c) y[p * n + c] = FromFloat<T>(0.0f);
-      if (error_flags != nullptr) {
-        atomicOr(error_flags, static_cast<uint32_t>(kErrorExpertOutOfRange));
-      }
+      bad = 1;
     }
   }
   __syncthreads();
+  if (bad != 0) {
+    // Out-of-range ids (an error path): their pairs' outputs are zeros, written by the
+    // whole block, and the flag is raised once.
+    for (int64_t i = tid; i < pairs * n; i += kMoeSortThreads) {
+      const int32_t e = ids[i / n];
+      if (e < 0 || e >= experts) y[i] = FromFloat<T>(0.0f);
+    }
+    if (tid == 0 && error_flags != nullptr) {
+      atomicOr(error_flags, static_cast<uint32_t>(kErrorExpertOutOfRange));
+    }
+  }
   if (tid == 0) {
     int start = 0;
     for (int e = 0; e < experts; ++e) {

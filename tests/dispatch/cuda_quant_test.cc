@@ -17,9 +17,11 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <variant>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "dispatch/cuda/matmul.h"
 #include "kernels/block_mma.cuh"
 #include "kernels/fused_matmul.cuh"
 #include "kernels/quant_layout.h"
@@ -546,8 +548,8 @@ std::vector<OpCase> MoeMmaCases() {
     const int64_t k = DTypeBlockElems(q) == 32 ? 320 : 512;
     struct S { DType x; int64_t rows, experts, top_k, n; bool gated, per_slot; };
     for (S s : {S{DType::kF32, 64, 16, 4, 200, false, false},
-                S{DType::kF32, 40, 8, 2, 48, true, false},
-                S{DType::kF32, 32, 8, 2, 64, false, true},
+                S{DType::kF32, 64, 8, 2, 48, true, false},
+                S{DType::kF32, 64, 8, 2, 64, false, true},
                 S{DType::kF32, 32, 128, 8, 40, true, false},
                 S{DType::kBF16, 48, 8, 2, 72, true, false}}) {
       for (BlockGemmPrecision p : {BlockGemmPrecision::kF32, BlockGemmPrecision::kAuto,
@@ -575,6 +577,24 @@ std::vector<OpCase> MoeMmaCases() {
                o.block_gemm_precision = p;
              }});
       }
+    }
+    // One expert taking most pairs (its segment four tiles, the last one partial), one
+    // taking none: 64 rows of 2 slots over 4 experts, 100 of the 128 ids expert 0.
+    std::vector<int32_t> skewed(128);
+    for (int i = 0; i < 128; ++i) skewed[i] = i < 100 ? 0 : 1 + i % 2;
+    for (bool gated : {false, true}) {
+      cases.push_back(
+          {.name = absl::StrCat("MoeMma/", DTypeName(q), "/f32/skewed", gated ? "/silu_mul" : ""),
+           .build = [=](GraphBuilder& b) {
+             auto x = b.Input("x", DType::kF32, {64, k});
+             auto id = b.Input("ids", DType::kI32, {64, 2});
+             b.Output("out", gated ? b.MoeGateUpSiluMul(x, b.Weight("wg", q, {4, 40, k}),
+                                                        b.Weight("wu", q, {4, 40, k}), id)
+                                   : b.MoeMatMul(x, b.Weight("w", q, {4, 40, k}), id));
+           },
+           .tolerance = Tol(DType::kF32),
+           .int_values = {{"ids", skewed}},
+           .cuda_options = [](CudaOptions& o) { o.moe_block_mma = true; }});
     }
     // Bad ids: 16 rows of 2 slots over 4 experts, every fifth id out of range.
     std::vector<int32_t> ids(32);
@@ -810,6 +830,36 @@ TEST(MoeBlockMmaTest, TakesSizesAndRefusals) {
   a.w_up = dummy;
   a.per_slot = true;
   EXPECT_EQ(kernels::LaunchMoeBlockMma(a, kernels::Stream{}), cudaErrorInvalidValue);
+}
+
+// Every MoeMma case's MoeMatMul takes the tensor-core path on a Hopper device (its
+// workspace is asked for), and none does with the option off: the cases test that path,
+// not the by-expert kernel behind it.
+TEST(MoeBlockMmaTest, EveryCaseTakesTheTensorCores) {
+  const CudaDeviceInfo hopper{.sm_count = 132, .l2_bytes = 50 << 20, .compute_capability = 90};
+  for (const OpCase& c : MoeMmaCases()) {
+    SCOPED_TRACE(c.name);
+    GraphBuilder b;
+    c.build(b);
+    absl::StatusOr<Graph> graph = std::move(b).Build();
+    ASSERT_TRUE(graph.ok()) << graph.status();
+    CudaOptions on, off;
+    c.cuda_options(on);
+    c.cuda_options(off);
+    off.moe_block_mma = false;
+    int nodes = 0;
+    for (const Node& node : graph->nodes()) {
+      if (!std::holds_alternative<ops::MoeMatMul>(node.op)) continue;
+      ++nodes;
+      absl::StatusOr<int64_t> bytes = internal::MoeMmaWorkspaceBytes(*graph, node, on, hopper);
+      ASSERT_TRUE(bytes.ok()) << bytes.status();
+      EXPECT_GT(*bytes, 0);
+      bytes = internal::MoeMmaWorkspaceBytes(*graph, node, off, hopper);
+      ASSERT_TRUE(bytes.ok()) << bytes.status();
+      EXPECT_EQ(*bytes, 0);
+    }
+    EXPECT_EQ(nodes, 1);
+  }
 }
 
 TEST(QuantRowMoeTest, TakesAndRefusals) {
@@ -1253,8 +1303,9 @@ TEST(QuantConformanceCasesTest, EveryFormatAndDTypeIsCovered) {
   EXPECT_EQ(IntRowCases().size(), 8u * 3u * (4u * 4u + 1u));
   // Per format: 2 precisions of 8 shapes and a bad id; the pair kernel at a long K.
   EXPECT_EQ(MoeRowCases().size(), 8u * (2u * (8u + 1u) + 1u));
-  // Per format: 4 f32 shapes in 3 precisions, bf16 once, bad ids plain and gated.
-  EXPECT_EQ(MoeMmaCases().size(), 8u * (4u * 3u + 1u + 2u));
+  // Per format: 4 f32 shapes in 3 precisions, bf16 once, skewed and bad ids plain and
+  // gated.
+  EXPECT_EQ(MoeMmaCases().size(), 8u * (4u * 3u + 1u + 2u + 2u));
 }
 
 }  // namespace
