@@ -12,7 +12,8 @@
 # fixtures as extras.tgz) and carry the parts in consecutive calls while the machine stays
 # warm; each call keeps what it was given under /tmp/model-parts and installs the file in
 # the tests' cache folder once the parts add up to the checksum.
-# Usage: tools/gpu_check.sh [tests|bench|sanitize|all|none] [ctest -R regex] [benchmark filter]
+# Usage: tools/gpu_check.sh [tests|bench|check|sanitize|all|none] [ctest -R regex]
+#        [benchmark filter]    (check: tests and benchmarks, without the sanitizers)
 # Environment: SG_TARGETS (targets to build), SG_BENCHES (benchmarks to run), SG_CTEST_JOBS
 # (tests at once, default 4),
 # SG_BENCH_TIMEOUT (seconds per benchmark, default 240), SG_SANITIZE_TIMEOUT (seconds per
@@ -60,8 +61,12 @@ cmake -S . -B $b -G Ninja -DCMAKE_BUILD_TYPE=Release "${prefix[@]}" > "$out/conf
 # SG_TARGETS limits the build to some targets (and then the benches run are those built).
 cmake --build $b -j "$(nproc)" ${SG_TARGETS:+--target $SG_TARGETS} > "$out/build.log" 2>&1 || { grep -E "error|FAILED" -A3 "$out/build.log" | head -60; exit 1; }
 echo "build: $(( $(date +%s) - t0 )) s"
+# The build's slowest steps (ninja's log: start and end in ms), to see what a cold build
+# waits for.
+awk -F'\t' 'NR > 1 { printf "%8.1f s  %s\n", ($2 - $1) / 1000, $4 }' $b/.ninja_log 2>/dev/null |
+  sort -rn | head -12 | sed 's/^/slowest step: /' >> "$out/build.log"
 summary=()
-if [[ $what == tests || $what == all ]]; then
+if [[ $what == tests || $what == check || $what == all ]]; then
   (cd $b && ctest --no-tests=error --output-on-failure -j "${SG_CTEST_JOBS:-4}" ${test_filter:+-R "$test_filter"}) > "$out/ctest.log" 2>&1
   rc=$?
   grep -E "tests passed|tests failed|\*\*\*Failed|\*\*\*Exception|Timeout" "$out/ctest.log" | head -40
@@ -101,7 +106,7 @@ if [[ $what == sanitize || $what == all ]]; then
   cat /tmp/sanitize/*.log > "$out/sanitize.txt"
   summary+=("sanitize: $(grep -vc 'rc=0$' /tmp/sanitize/rc) of $(wc -l < /tmp/sanitize/rc) runs not clean")
 fi
-if [[ $what == bench || $what == all ]]; then
+if [[ $what == bench || $what == check || $what == all ]]; then
   # SG_BENCHES names the benchmarks to run (default: every one built). All their output
   # goes to one file, bench.txt, so that a remote run returns few files.
   for name in ${SG_BENCHES:-$(cd $b/bench && ls *_bench)}; do
