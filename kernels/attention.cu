@@ -45,6 +45,25 @@ constexpr int LargestPow2Divisor(int n, int cap) {
   return p;
 }
 
+// Values of a key one thread holds (Traits::kElems) for elements of `elem_bytes` bytes and
+// the head dim a kernel is compiled for (0: the generic path, pairs of elements).
+constexpr int ElemsPerThreadKey(int elem_bytes, int head_dim) {
+  const int vec = head_dim == 0 ? 2 : 16 / elem_bytes;
+  const int vecs = (head_dim == 0 ? kAttentionMaxHeadDim : head_dim) / vec;
+  return vecs / LargestPow2Divisor(vecs, kWarpSize) * vec;
+}
+
+// Whether the kernel for `tile` heads a block keeps two keys a key group a round where
+// eight heads' accumulators would halve it to one: where a thread holds four values of a
+// key (f32 rows of up to 128 values, 8 to 32 threads a key), whose eight heads' q and
+// accumulators take 64 registers. With one key a group a 16-key chunk of Qwen3-MoE's shape
+// (f32, 128 values, 4 key groups) was four rounds of loads, waited for about twice; two
+// rounds are in flight together. It takes 163 registers a thread, three blocks an SM
+// (four keys took 225 and two blocks), which the grid allows for (AttentionBlocksPerSm).
+constexpr bool KeepsTwoKeys(int elem_bytes, int head_dim, int tile) {
+  return tile >= 8 && ElemsPerThreadKey(elem_bytes, head_dim) <= 4;
+}
+
 // How a block of kThreads covers one key row. kHeadDim == 0 is the generic path (any even
 // head dim up to kAttentionMaxHeadDim, pairs of elements per access, predicated on d).
 template <typename T, int kHeadDim, int kTile>
@@ -56,19 +75,17 @@ struct Traits {
   static constexpr int kThreadsPerKey = LargestPow2Divisor(kNumVecs, kWarpSize);
   static constexpr int kVecsPerThread = kNumVecs / kThreadsPerKey;
   static constexpr int kElems = kVecsPerThread * kVecElems;  // per thread and key
+  static_assert(kElems == ElemsPerThreadKey(static_cast<int>(sizeof(T)), kHeadDim));
   static constexpr int kKeyGroups = kThreads / kThreadsPerKey;
   // Keys per key group and iteration: two 16-byte loads each of K and V per thread, one
-  // when eight heads' accumulators already fill the registers; with the next iteration's
-  // loads in flight during this one's (the kernel's loop), about four in flight. Two
-  // where a thread holds four values of a key (f32 rows of up to 128 values, 8 to 32
-  // threads a key) for eight heads, whose q and accumulators take 64 registers: with one
-  // key a group a 16-key chunk of Qwen3-MoE's shape (f32, 128 values, 4 key groups) was
-  // four rounds of loads, waited for about twice; two rounds are in flight together.
-  // (163 registers a thread, three blocks an SM; four keys took 225 and two blocks.)
+  // when eight heads' accumulators already fill the registers (KeepsTwoKeys says where
+  // they do not); with the next iteration's loads in flight during this one's (the
+  // kernel's loop), about four in flight.
   static constexpr int kUnrollBase = kVecsPerThread >= 2 ? 1 : 2 / kVecsPerThread;
-  static constexpr int kUnroll = kTile >= 8 && kElems <= 4 ? 2
-                                 : kTile >= 8 && kUnrollBase > 1 ? kUnrollBase / 2
-                                                                 : kUnrollBase;
+  static constexpr int kUnroll =
+      kTile >= 8 && kUnrollBase > 1 && !KeepsTwoKeys(static_cast<int>(sizeof(T)), kHeadDim, kTile)
+          ? kUnrollBase / 2
+          : kUnrollBase;
   static constexpr int kKeysPerIter = kKeyGroups * kUnroll;
   static constexpr int kWordsPerVec = kVecElems * static_cast<int>(sizeof(T)) / 4;
   static_assert(kNumVecs % kThreadsPerKey == 0);
@@ -580,12 +597,21 @@ const char* AttentionShapeError(const AttentionShape& s) {
   return "";
 }
 
+// The kernels keeping two keys a round (f32 rows of 128 in head tiles of 8, the 1B's bf16
+// rows of 64 in tiles of 4 as before).
+static_assert(Traits<float, 128, 8>::kUnroll == 2 && Traits<float, 128, 4>::kUnroll == 2);
+static_assert(Traits<__nv_bfloat16, 64, 4>::kUnroll == 2 &&
+              Traits<__nv_bfloat16, 128, 8>::kUnroll == 1);
+
 int AttentionBlocksPerSm(const AttentionShape& s, DType dtype) {
   const int group = std::max(1, s.heads / std::max(1, s.kv_heads));
-  const bool f32_rows = dtype == DType::kF32 &&
-                        (s.head_dim == 32 || s.head_dim == 64 || s.head_dim == 128);
-  // Traits<float, d, 8>::kUnroll is 2 for these (the kernel's registers).
-  return f32_rows && GroupTile(group) == 8 ? 2 : kDefaultBlocksPerSm;
+  // The head dim the launcher compiles for (16-byte aligned buffers), else the generic path.
+  const int d = s.head_dim == 32 || s.head_dim == 64 || s.head_dim == 128 || s.head_dim == 256
+                    ? s.head_dim
+                    : 0;
+  return KeepsTwoKeys(static_cast<int>(DTypeBytes(dtype)), d, GroupTile(group))
+             ? 2
+             : kDefaultBlocksPerSm;
 }
 
 int ChooseAttentionChunks(const AttentionShape& s, DType dtype, int sm_count,
