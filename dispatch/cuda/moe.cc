@@ -4,7 +4,6 @@
 // launches depend on the shapes only and a captured step replays any routing. Prepare
 // refuses by name what the kernels do not take (Supports says no to the same), so nothing
 // runs to a silent wrong answer.
-#include <algorithm>
 #include <climits>
 #include <variant>
 
@@ -42,12 +41,12 @@ struct MoeMatMulState final : PreparedState<MoeMatMulState> {
 bool TakesMoeBlockMma(const Tensor& x, const Tensor& w, const Tensor& ids,
                       const CudaOptions& options, int cc) {
   const int64_t rows = x.shape[0], experts = w.shape[0], top_k = ids.shape[1];
+  // MoeBlockMmaTakes bounds rows · top_k before it is formed.
   return options.moe_block_mma && IsQuantized(w.dtype) && kernels::BlockMmaRuns(cc) &&
-         options.moe_by_expert_pairs >= 0 && rows <= INT64_MAX / std::max<int64_t>(top_k, 1) &&
-         kernels::MoeMatMulWalksByExpert(rows * top_k, experts, w.shape[2],
-                                         options.moe_by_expert_pairs) &&
          kernels::MoeBlockMmaTakes(rows, experts, w.shape[1], w.shape[2], top_k, x.dtype,
-                                   w.dtype);
+                                   w.dtype) &&
+         kernels::MoeMatMulWalksByExpert(rows * top_k, experts, w.shape[2],
+                                         options.moe_by_expert_pairs);
 }
 int MoeTermsFor(const Tensor& x, const Tensor& ids, const CudaOptions& options) {
   return BlockMmaTermsFor(x.dtype, x.shape[0] * ids.shape[1], options);
@@ -143,16 +142,13 @@ PreparedOr Prepare(const ops::MoeMatMul& op, const CudaPrepareContext& c) {
                       kernels::QuantRowMoeTakes(rows, experts, w.shape[1], w.shape[2], top_k,
                                                 w.dtype);
   state->row_x = RowXFor(c.options, w.dtype);
-  if (TakesMoeBlockMma(x, w, ids, c.options, c.info.compute_capability)) {
+  // The tensor-core path where the block workspace's Reserve sized it for this node.
+  SG_ASSIGN_OR_RETURN(const int64_t need,
+                      MoeMmaWorkspaceBytes(c.graph, c.node, c.options, c.info));
+  if (need > 0) {
     state->block_mma = true;
     state->row_kernel = false;
     state->terms = MoeTermsFor(x, ids, c.options);
-    const int64_t need =
-        kernels::MoeBlockMmaWorkspaceBytes(rows, experts, w.shape[2], top_k, state->terms);
-    if (need < 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "MoeMatMul node '", c.node.name, "': its tensor-core workspace overflows"));
-    }
     SG_ASSIGN_OR_RETURN(state->workspace, c.matmul.BlockWorkspace(need, c.node.name));
   }
   return Keep(std::move(state));

@@ -578,40 +578,29 @@ std::vector<OpCase> MoeMmaCases() {
              }});
       }
     }
-    // One expert taking most pairs (its segment four tiles, the last one partial), one
-    // taking none: 64 rows of 2 slots over 4 experts, 100 of the 128 ids expert 0.
-    std::vector<int32_t> skewed(128);
+    // Routings of their own, plain and gated, 2 slots a row over 4 experts: one expert
+    // taking most pairs (64 rows, 100 of the 128 ids expert 0: its segment four tiles, the
+    // last one partial; expert 3 none), and bad ids (16 rows, every fifth id out of range).
+    struct Routed { const char* name; int64_t rows, n; std::vector<int32_t> ids; };
+    std::vector<int32_t> skewed(128), bad(32);
     for (int i = 0; i < 128; ++i) skewed[i] = i < 100 ? 0 : 1 + i % 2;
-    for (bool gated : {false, true}) {
-      cases.push_back(
-          {.name = absl::StrCat("MoeMma/", DTypeName(q), "/f32/skewed", gated ? "/silu_mul" : ""),
-           .build = [=](GraphBuilder& b) {
-             auto x = b.Input("x", DType::kF32, {64, k});
-             auto id = b.Input("ids", DType::kI32, {64, 2});
-             b.Output("out", gated ? b.MoeGateUpSiluMul(x, b.Weight("wg", q, {4, 40, k}),
-                                                        b.Weight("wu", q, {4, 40, k}), id)
-                                   : b.MoeMatMul(x, b.Weight("w", q, {4, 40, k}), id));
-           },
-           .tolerance = Tol(DType::kF32),
-           .int_values = {{"ids", skewed}},
-           .cuda_options = [](CudaOptions& o) { o.moe_block_mma = true; }});
-    }
-    // Bad ids: 16 rows of 2 slots over 4 experts, every fifth id out of range.
-    std::vector<int32_t> ids(32);
-    for (int i = 0; i < 32; ++i) ids[i] = i % 5 == 4 ? (i % 2 == 0 ? -3 : 4) : i % 4;
-    for (bool gated : {false, true}) {
-      cases.push_back(
-          {.name = absl::StrCat("MoeMma/", DTypeName(q), "/f32/bad_ids", gated ? "/silu_mul" : ""),
-           .build = [=](GraphBuilder& b) {
-             auto x = b.Input("x", DType::kF32, {16, k});
-             auto id = b.Input("ids", DType::kI32, {16, 2});
-             b.Output("out", gated ? b.MoeGateUpSiluMul(x, b.Weight("wg", q, {4, 24, k}),
-                                                        b.Weight("wu", q, {4, 24, k}), id)
-                                   : b.MoeMatMul(x, b.Weight("w", q, {4, 24, k}), id));
-           },
-           .tolerance = Tol(DType::kF32),
-           .int_values = {{"ids", ids}},
-           .cuda_options = [](CudaOptions& o) { o.moe_block_mma = true; }});
+    for (int i = 0; i < 32; ++i) bad[i] = i % 5 == 4 ? (i % 2 == 0 ? -3 : 4) : i % 4;
+    for (const Routed& r : {Routed{"skewed", 64, 40, skewed}, Routed{"bad_ids", 16, 24, bad}}) {
+      for (bool gated : {false, true}) {
+        cases.push_back(
+            {.name = absl::StrCat("MoeMma/", DTypeName(q), "/f32/", r.name,
+                                  gated ? "/silu_mul" : ""),
+             .build = [=, rows = r.rows, n = r.n](GraphBuilder& b) {
+               auto x = b.Input("x", DType::kF32, {rows, k});
+               auto id = b.Input("ids", DType::kI32, {rows, 2});
+               b.Output("out", gated ? b.MoeGateUpSiluMul(x, b.Weight("wg", q, {4, n, k}),
+                                                          b.Weight("wu", q, {4, n, k}), id)
+                                     : b.MoeMatMul(x, b.Weight("w", q, {4, n, k}), id));
+             },
+             .tolerance = Tol(DType::kF32),
+             .int_values = {{"ids", r.ids}},
+             .cuda_options = [](CudaOptions& o) { o.moe_block_mma = true; }});
+      }
     }
   }
   return cases;
@@ -927,6 +916,28 @@ void UploadRandomBlocks(DType q, int64_t n, int64_t k, std::mt19937& rng,
             cudaSuccess);
 }
 
+// One launch of the tensor-core kernel: f32 x [m, k] times one weight [n, k] in format q
+// (device layout) with x in `terms` parts, into y [m, n], on the workspace ws laid out.
+cudaError_t LaunchOneWeightMma(const void* x, int64_t m, int64_t k, const void* w, int64_t n,
+                               DType q, int terms, const kernels::BlockMmaWorkspace& ws,
+                               void* work, void* y) {
+  kernels::BlockMmaArgs a;
+  a.x = x;
+  a.m = m;
+  a.k = k;
+  a.w[0] = w;
+  a.n[0] = n;
+  a.w_dtype = q;
+  a.terms = terms;
+  a.partials = ws.partial_bytes > 0 ? static_cast<float*>(work) : nullptr;
+  a.scratch = static_cast<uint8_t*>(work) + ws.partial_bytes;
+  a.y = y;
+  a.ld = n;
+  a.splits = ws.splits;
+  a.shape = ws.shape;
+  return kernels::LaunchBlockMma(a, kernels::Stream{});
+}
+
 TEST(QuantRowMatmulTest, ANonFiniteXLeavesEverySumNonFinite) {
   if (!CudaDeviceFound()) GTEST_SKIP() << "no CUDA device";
   int sm_count = 0;
@@ -995,21 +1006,8 @@ TEST(BlockMmaTest, ANonFiniteXLeavesItsRowNonFinite) {
         ASSERT_EQ(cudaMemcpy(dx, xb.data(), xb.size() * sizeof(float), cudaMemcpyHostToDevice),
                   cudaSuccess);
         ASSERT_EQ(cudaMemset(dy, 0x7f, m * n * sizeof(float)), cudaSuccess);  // finite poison
-        kernels::BlockMmaArgs a;
-        a.x = dx;
-        a.m = m;
-        a.k = k;
-        a.w[0] = dw;
-        a.n[0] = n;
-        a.w_dtype = q;
-        a.terms = terms;
-        a.partials = ws.partial_bytes > 0 ? static_cast<float*>(work.get()) : nullptr;
-        a.scratch = static_cast<uint8_t*>(work.get()) + ws.partial_bytes;
-        a.y = dy;
-        a.ld = n;
-        a.splits = ws.splits;
-        a.shape = ws.shape;
-        ASSERT_EQ(kernels::LaunchBlockMma(a, kernels::Stream{}), cudaSuccess);
+        ASSERT_EQ(LaunchOneWeightMma(dx, m, k, dw, n, q, terms, ws, work.get(), dy),
+                  cudaSuccess);
         ASSERT_EQ(cudaMemcpy(y.data(), dy, y.size() * sizeof(float), cudaMemcpyDeviceToHost),
                   cudaSuccess);
         for (int64_t r = 0; r < m; ++r) {
@@ -1064,21 +1062,9 @@ TEST(BlockMmaTest, Int8ScalesOfAnyMagnitudeGiveTheSameSums) {
                                                 sm_count, false, &ws, shape));
       const auto work = DeviceBytes(static_cast<size_t>(ws.bytes));
       ASSERT_EQ(cudaMemset(dy, 0x7f, m * n * sizeof(float)), cudaSuccess);  // finite poison
-      kernels::BlockMmaArgs a;
-      a.x = dx;
-      a.m = m;
-      a.k = k;
-      a.w[0] = dw;
-      a.n[0] = n;
-      a.w_dtype = q;
-      a.terms = kernels::kBlockMmaInt8;
-      a.partials = ws.partial_bytes > 0 ? static_cast<float*>(work.get()) : nullptr;
-      a.scratch = static_cast<uint8_t*>(work.get()) + ws.partial_bytes;
-      a.y = dy;
-      a.ld = n;
-      a.splits = ws.splits;
-      a.shape = ws.shape;
-      ASSERT_EQ(kernels::LaunchBlockMma(a, kernels::Stream{}), cudaSuccess);
+      ASSERT_EQ(LaunchOneWeightMma(dx, m, k, dw, n, q, kernels::kBlockMmaInt8, ws, work.get(),
+                                   dy),
+                cudaSuccess);
       ASSERT_EQ(cudaMemcpy(y.data(), dy, y.size() * sizeof(float), cudaMemcpyDeviceToHost),
                 cudaSuccess);
       for (int64_t r = 0; r < m; ++r) {
