@@ -12,8 +12,9 @@
 // decode matmul (kernels/moe.cuh: one row, 8 of 128 experts, Qwen3-30B-A3B's shapes)
 // against the chosen experts' bytes, on the block per pair and the one-row kernel;
 // MoePrefill/<format>/... its prefill matmul (256 rows, walking by expert, and for block
-// formats on the tensor cores) in TFLOP/s, routed uniformly and skewed. Block-format weights are repacked into the device
-// layout (kernels/quant_layout.h) as the step runner uploads them.
+// formats on the tensor cores; Q4_K also at 32 and 64 rows) in TFLOP/s, routed uniformly
+// and skewed. Block-format weights are repacked into the device layout
+// (kernels/quant_layout.h) as the step runner uploads them.
 //
 // How it measures (as kernel_bench): each case captures a CUDA graph of up to kMaxBatch
 // launches, each on its own copy of the weight, enough copies together to exceed three
@@ -724,6 +725,33 @@ int main(int argc, char** argv) {
               ->Iterations(sg::kIterations)
               ->Unit(benchmark::kMicrosecond);
         }
+      }
+    }
+  }
+  // Few rows a prompt chunk (2 and 4 pairs per expert: where CudaOptions::
+  // moe_by_expert_pairs starts the walk by expert), Q4_K, uniform, by expert on the CUDA
+  // cores and on the tensor cores (x as auto takes it below 128 pairs: three bf16 parts,
+  // and int8): MoePrefill/q4_k/<gate+up|down>/rows:<32|64>/uniform[/mma_<x>].
+  for (const int64_t rows : {32, 64}) {
+    for (const bool gated : {true, false}) {
+      for (const int terms : {0, 3, sg::kernels::kBlockMmaInt8}) {
+        const std::string name = absl::StrCat(
+            "MoePrefill/q4_k/", gated ? "gate+up N=768 K=2048" : "down N=2048 K=768",
+            "/rows:", rows, "/uniform",
+            terms == 3 ? "/mma_3" : terms == sg::kernels::kBlockMmaInt8 ? "/mma_int8" : "");
+        benchmark::RegisterBenchmark(name.c_str(),
+                                     [=](benchmark::State& state) {
+                                       if (absl::Status st = sg::RunMoePrefillCase(
+                                               state, name, sg::DType::kQ4_K, rows,
+                                               gated ? 768 : 2048, gated ? 2048 : 768, gated,
+                                               false, terms);
+                                           !st.ok()) {
+                                         state.SkipWithError(st.ToString().c_str());
+                                       }
+                                     })
+            ->UseManualTime()
+            ->Iterations(sg::kIterations)
+            ->Unit(benchmark::kMicrosecond);
       }
     }
   }

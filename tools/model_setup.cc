@@ -93,8 +93,8 @@ std::string BlockPrecisions(const Options& o, const DecodeSession& s) {
       " on the tensor cores, ", BlockGemvPrecisionName(o.cuda.block_gemv_precision),
       " at one row",
       !experts                 ? ""
-      : o.cuda.moe_block_mma ? "; prompts' experts on the tensor cores (--moe-mma)"
-                             : "; prompts' experts by expert on the CUDA cores");
+      : o.cuda.moe_block_mma ? "; prompts' experts on the tensor cores"
+                             : "; prompts' experts by expert on the CUDA cores (--no-moe-mma)");
 }
 
 std::string DescribePath(const Options& o, DecodeSession& s) {

@@ -216,8 +216,10 @@ TEST(OptionsTest, TensorParallelFlagsAndPresets) {
   // The MoE kernels' walk (CudaOptions::moe_by_expert_pairs).
   EXPECT_EQ(Parse({"bench"})->cuda.moe_by_expert_pairs, 2);
   EXPECT_EQ(Parse({"bench", "--moe-by-expert", "0"})->cuda.moe_by_expert_pairs, 0);
-  EXPECT_FALSE(Parse({"bench"})->cuda.moe_block_mma);
-  EXPECT_TRUE(Parse({"bench", "--moe-mma"})->cuda.moe_block_mma);
+  EXPECT_TRUE(Parse({"bench"})->cuda.moe_block_mma);
+  EXPECT_FALSE(Parse({"bench", "--no-moe-mma"})->cuda.moe_block_mma);
+  EXPECT_TRUE(Parse({"bench", "--no-moe-mma", "--moe-mma"})->cuda.moe_block_mma)
+      << "the last of the two flags wins";
   ExpectRefused({"bench", "--moe-by-expert", "-1"}, "--moe-by-expert");
   ExpectRefused({"bench", "--model-preset", "llama-3.1-405b"}, "unknown preset 'llama-3.1-405b'");
 }
