@@ -558,7 +558,8 @@ __device__ __forceinline__ void StoreTile(const BlockMmaArgs& a,
 }
 
 // A warp's products over units [u0, u1) for row tiles tile0 .. tile0 + kRowTiles (those
-// below `tiles`, the scratch's row tiles) and kColTiles column tiles, added to acc:
+// below `tile_end`, at most `tiles`, the scratch's row tiles: the others are neither read
+// nor multiplied and their acc stays as it was) and kColTiles column tiles, added to acc:
 // load_w(u, wa, wb) loads unit u of the columns of A rows g (wa) and g + 8 (wb). Each
 // unit's codes are decoded once for the row tiles, the next unit's weights (and x's
 // fragments with kXAhead, else each row tile's just before its MMAs, from L1: a block's
@@ -567,18 +568,19 @@ template <typename Q, int kRowTiles, int kColTiles, int kTerms, bool kXAhead, ty
 __device__ __forceinline__ void MultiplyUnits(LoadW&& load_w, const uint4* __restrict__ frags,
                                               const float* __restrict__ sums,
                                               const float* __restrict__ scales, int64_t tiles,
-                                              int64_t tile0, int64_t u0, int64_t u1,
+                                              int64_t tile_end, int64_t tile0, int64_t u0,
+                                              int64_t u1,
                                               float (&acc)[kRowTiles][kColTiles][4]) {
   using Unit = typename Q::Unit;
   constexpr int kP = kParts<kTerms>;
   constexpr bool kHalf = kHalfParts<kTerms>;
   const int lane = threadIdx.x % kWarpSize, t = lane % 4;
   const int64_t rows = tiles * 8;  // rows of the sums
-  // x's fragments of unit u and row tile `tile` of the block (zeros past the last tile).
+  // x's fragments of unit u and row tile `tile` of the block (zeros from tile_end on).
   auto load_tile = [&](int64_t u, int tile, uint4 (&b)[kP]) {
 #pragma unroll
     for (int q = 0; q < kP; ++q) {
-      b[q] = tile0 + tile < tiles
+      b[q] = tile0 + tile < tile_end
                  ? frags[((u * tiles + tile0 + tile) * kP + q) * kWarpSize + lane]
                  : make_uint4(0, 0, 0, 0);
     }
@@ -609,7 +611,7 @@ __device__ __forceinline__ void MultiplyUnits(LoadW&& load_w, const uint4* __res
     if (u + 1 < u1) load_unit(u + 1);
 #pragma unroll
     for (int tile = 0; tile < kRowTiles; ++tile) {
-      if (tile0 + tile >= tiles) break;  // the last row group's tiles past m
+      if (tile0 + tile >= tile_end) break;  // past m, or a MoE tile's empty row groups
       uint4 b[kP];
       if constexpr (kXAhead) {
 #pragma unroll
@@ -667,7 +669,7 @@ __global__ void __launch_bounds__(kThreads)
           wb[c] = Q::Load(wc.w, wc.w_blocks, wc.first_b[c] + u);
         }
       },
-      frags, sums, scales, tiles, tile0, u0, u1, acc);
+      frags, sums, scales, tiles, tiles, tile0, u0, u1, acc);
 #pragma unroll
   for (int tile = 0; tile < kRowTiles; ++tile) {
     StoreTile<T>(a, wc, tile0 + tile, t, static_cast<int>(blockIdx.y), acc[tile]);
@@ -970,6 +972,12 @@ __global__ void __launch_bounds__(kThreads)
     first_b[c] = (row0 + std::min<int64_t>(kGated ? col_a[c] : col_a[c] + 8, a.n - 1)) * units;
   }
   const int64_t tile0 = static_cast<int64_t>(blockIdx.z) * kRowTiles;
+  // A segment's rows are filled from its start, so a tile's pairs are a prefix of its rows:
+  // its row tiles of 8 up to the first whose first row is padding hold every pair (a tile
+  // of an expert with 2 pairs multiplies one row tile, not four).
+  int live = 0;
+#pragma unroll
+  for (int tile = 0; tile < kRowTiles; ++tile) live += row_pair[(tile0 + tile) * 8] >= 0;
   // x's fragments go a unit ahead with the weights' loads where they are one part (int8,
   // bf16); more parts load each row tile's just before its MMAs, or the registers would
   // not fit (two column tiles a warp).
@@ -982,7 +990,7 @@ __global__ void __launch_bounds__(kThreads)
           wb[c] = Q::Load(w_b, w_blocks, first_b[c] + u);
         }
       },
-      frags, sums, scales, a.sorted_rows / 8, tile0, 0, units, acc);
+      frags, sums, scales, a.sorted_rows / 8, tile0 + live, tile0, 0, units, acc);
   T* y = static_cast<T*>(a.y);
 #pragma unroll
   for (int tile = 0; tile < kRowTiles; ++tile) {
