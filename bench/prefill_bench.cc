@@ -325,6 +325,7 @@ void RegisterQuantCases() {
                                 QuantSetup{format, DType::kF32, BlockGemmPrecision::kF32},
                                 QuantSetup{format, DType::kF32, BlockGemmPrecision::kTf32},
                                 QuantSetup{format, DType::kF32, BlockGemmPrecision::kBf16},
+                                QuantSetup{format, DType::kF32, BlockGemmPrecision::kF16},
                                 QuantSetup{format, DType::kF32, BlockGemmPrecision::kF32, false},
                                 QuantSetup{format, DType::kF32, BlockGemmPrecision::kF32, false,
                                            BlockMmaShapeOption::kDecode},

@@ -42,6 +42,8 @@ absl::string_view BlockGemmPrecisionName(BlockGemmPrecision p) {
       return "int8";
     case BlockGemmPrecision::kAuto:
       return "auto";
+    case BlockGemmPrecision::kF16:
+      return "f16";
   }
   return "?";
 }
@@ -50,12 +52,12 @@ absl::StatusOr<BlockGemmPrecision> ParseBlockGemmPrecision(absl::string_view nam
   for (BlockGemmPrecision p : {BlockGemmPrecision::kF32, BlockGemmPrecision::kTf32,
                                BlockGemmPrecision::kBf16, BlockGemmPrecision::kBf16x2,
                                BlockGemmPrecision::kF16x2, BlockGemmPrecision::kInt8,
-                               BlockGemmPrecision::kAuto}) {
+                               BlockGemmPrecision::kAuto, BlockGemmPrecision::kF16}) {
     if (name == BlockGemmPrecisionName(p)) return p;
   }
   return absl::InvalidArgumentError(absl::StrCat(
-      "block GEMM precision must be auto, f32, tf32, bf16, bf16x2, f16x2 or int8, got '", name,
-      "'"));
+      "block GEMM precision must be auto, f32, tf32, bf16, f16, bf16x2, f16x2 or int8, got '",
+      name, "'"));
 }
 
 absl::string_view BlockGemvPrecisionName(BlockGemvPrecision p) {
@@ -87,11 +89,12 @@ absl::StatusOr<BlockGemvPrecision> ParseBlockGemvPrecision(absl::string_view nam
 int64_t BlockGemmMinRows(const CudaOptions& o, DType x_dtype) {
   if (o.block_gemm_min_rows != CudaOptions::kBlockGemmAuto) return o.block_gemm_min_rows;
   // The tensor-core kernel's f32 x in parts (three exact, two) beats the block GEMM's f32
-  // on CUDA cores at every size; tf32 and bf16 GEMMs take over from 32 rows.
-  // Every precision but tf32 and bf16 (the GEMM's own) is the tensor-core kernel's.
+  // on CUDA cores at every size; tf32, bf16 and f16 GEMMs take over from 32 rows.
+  // Every precision but those (the GEMM's own) is the tensor-core kernel's.
   const bool parts_f32 = x_dtype == DType::kF32 &&
                          o.block_gemm_precision != BlockGemmPrecision::kTf32 &&
-                         o.block_gemm_precision != BlockGemmPrecision::kBf16;
+                         o.block_gemm_precision != BlockGemmPrecision::kBf16 &&
+                         o.block_gemm_precision != BlockGemmPrecision::kF16;
   return parts_f32 && o.block_mma_min_rows > 0 ? 0 : 32;
 }
 

@@ -287,8 +287,10 @@ absl::StatusOr<BlockGemmLayout> BlockGemmLayoutFor(int64_t m, int64_t n, int64_t
   l.operand = x_dtype;
   if (x_dtype == DType::kF32) {
     l.tf32 = options.block_gemm_precision == BlockGemmPrecision::kTf32;
-    if (options.block_gemm_precision == BlockGemmPrecision::kBf16) {
-      l.operand = DType::kBF16;
+    if (options.block_gemm_precision == BlockGemmPrecision::kBf16 ||
+        options.block_gemm_precision == BlockGemmPrecision::kF16) {
+      l.operand = options.block_gemm_precision == BlockGemmPrecision::kBf16 ? DType::kBF16
+                                                                           : DType::kF16;
       l.round_x = true;
     }
   }
@@ -452,6 +454,7 @@ int BlockMmaTermsFor(DType x_dtype, int64_t m, const CudaOptions& options) {
     case BlockGemmPrecision::kBf16x2:
       return kernels::BlockMmaTerms(x_dtype, 2);
     case BlockGemmPrecision::kF16x2:
+    case BlockGemmPrecision::kF16:  // below the GEMM's rows
       return kernels::BlockMmaTerms(x_dtype, kernels::kBlockMmaF16x2);
     case BlockGemmPrecision::kInt8:
       return kernels::BlockMmaTerms(x_dtype, kernels::kBlockMmaInt8);

@@ -87,6 +87,16 @@ TEST(BlockGemmLayoutTest, F32ActivationsFollowThePrecision) {
   EXPECT_EQ(l->chunk_offset, 300 * 2048 * 2);
   EXPECT_EQ(l->chunk_rows, 2048);
   EXPECT_EQ(l->bytes, 300 * 2048 * 2 + 2048 * 2048 * 2);
+  // f16: the same layout in f16.
+  o.block_gemm_precision = BlockGemmPrecision::kF16;
+  l = BlockGemmLayoutFor(300, 8192, 2048, DType::kF32, o, 0);
+  ASSERT_TRUE(l.ok()) << l.status();
+  EXPECT_EQ(l->operand, DType::kF16);
+  EXPECT_TRUE(l->round_x);
+  EXPECT_FALSE(l->tf32);
+  EXPECT_EQ(l->chunk_offset, 300 * 2048 * 2);
+  EXPECT_EQ(l->bytes, 300 * 2048 * 2 + 2048 * 2048 * 2);
+  o.block_gemm_precision = BlockGemmPrecision::kBf16;
   // bf16 activations ignore the f32 precision.
   l = BlockGemmLayoutFor(300, 8192, 2048, DType::kBF16, o, 0);
   ASSERT_TRUE(l.ok()) << l.status();
@@ -105,7 +115,7 @@ TEST(BlockGemmPrecisionTest, NamesRoundTrip) {
   for (BlockGemmPrecision p : {BlockGemmPrecision::kF32, BlockGemmPrecision::kTf32,
                                BlockGemmPrecision::kBf16, BlockGemmPrecision::kBf16x2,
                                BlockGemmPrecision::kF16x2, BlockGemmPrecision::kInt8,
-                               BlockGemmPrecision::kAuto}) {
+                               BlockGemmPrecision::kAuto, BlockGemmPrecision::kF16}) {
     absl::StatusOr<BlockGemmPrecision> back = ParseBlockGemmPrecision(BlockGemmPrecisionName(p));
     ASSERT_TRUE(back.ok()) << back.status();
     EXPECT_EQ(*back, p);
@@ -129,6 +139,15 @@ TEST(BlockGemmPrecisionTest, AutoTakesF16x2FromItsRows) {
   EXPECT_EQ(BlockMmaTermsFor(DType::kF32, 4096, exact), 3);
   const CudaOptions int8{.block_gemm_precision = BlockGemmPrecision::kInt8};
   EXPECT_EQ(BlockMmaTermsFor(DType::kF32, 2, int8), kernels::kBlockMmaInt8);
+  // f16 and bf16 hand the GEMM their rows from 32 on (BlockGemmMinRows) and leave the rows
+  // below to the tensor-core kernel, f16 with f32's precision there.
+  const CudaOptions f16{.block_gemm_precision = BlockGemmPrecision::kF16};
+  EXPECT_EQ(BlockMmaTermsFor(DType::kF32, 8, f16), kernels::kBlockMmaF16x2);
+  EXPECT_EQ(BlockGemmMinRows(f16, DType::kF32), 32);
+  EXPECT_EQ(BlockGemmMinRows(CudaOptions{.block_gemm_precision = BlockGemmPrecision::kBf16},
+                             DType::kF32),
+            32);
+  EXPECT_EQ(BlockGemmMinRows(o, DType::kF32), 0) << "auto: the tensor-core kernel at every size";
 }
 
 // ---- the dequantization kernel ----
@@ -268,11 +287,12 @@ struct Variant {
 
 // f32 operands differ from the reference by the order of the additions only; TF32 rounds
 // both operands to 10-bit mantissas (about 5e-4 each), bf16 to 8 bits, f16 to 11 bits
-// plus the output's rounding.
+// (f16 activations: plus the output's rounding).
 constexpr Variant kVariants[] = {
     {DType::kF32, BlockGemmPrecision::kF32, 1e-5},
     {DType::kF32, BlockGemmPrecision::kTf32, 3e-3},
     {DType::kF32, BlockGemmPrecision::kBf16, 1e-2},
+    {DType::kF32, BlockGemmPrecision::kF16, 3e-3},
     {DType::kBF16, BlockGemmPrecision::kF32, 1e-2},
     {DType::kF16, BlockGemmPrecision::kF32, 1e-2},
 };

@@ -29,7 +29,10 @@ absl::StatusOr<MatmulPolicy> ParseMatmulPolicy(absl::string_view name);
 // same. kF32: the weight dequantized to f32 exactly and an f32 GEMM (CUDA cores, the
 // reference's values up to the order of additions); kTf32: the same f32 operands on the
 // tensor cores in TF32 (10-bit mantissas); kBf16: weight and x rounded to bf16, the f32
-// result accumulated in f32 (the fastest; 8-bit mantissas). kBf16x2: the tensor-core
+// result accumulated in f32 (the fastest; 8-bit mantissas); kF16: the same in f16 (11-bit
+// mantissas, as fast; a value of x past f16's 65504 becomes infinite, as in llama.cpp's
+// cuBLAS path, which rounds x to f16 too), the tensor-core kernel below the GEMM's rows
+// taking x as kF16x2 does. kBf16x2: the tensor-core
 // kernel's x as two bf16 parts (16 significant bits; exact f32 takes three), the weights
 // exact; the block GEMM, where forced, computes as kF32. kF16x2: the tensor-core kernel's x
 // as two f16 parts of each row's 32 values scaled by a power of two (f32's precision
@@ -45,10 +48,19 @@ absl::StatusOr<MatmulPolicy> ParseMatmulPolicy(absl::string_view name);
 // bf16 parts) below, where two f16 parts gain nothing (decode batches of 8 and 16 ran
 // 1821 / 2309 µs against exact's 1830 / 2225); everything else computes as kF32.
 // docs/cuda_kernels.md.
-enum class BlockGemmPrecision : uint8_t { kF32, kTf32, kBf16, kBf16x2, kF16x2, kInt8, kAuto };
+enum class BlockGemmPrecision : uint8_t {
+  kF32,
+  kTf32,
+  kBf16,
+  kBf16x2,
+  kF16x2,
+  kInt8,
+  kAuto,
+  kF16,
+};
 inline constexpr int64_t kBlockGemmAutoF16x2Rows = 128;
 
-// "f32", "tf32", "bf16", "bf16x2", "f16x2", "int8", "auto"
+// "f32", "tf32", "bf16", "bf16x2", "f16x2", "int8", "auto", "f16"
 absl::string_view BlockGemmPrecisionName(BlockGemmPrecision p);
 // Inverse of BlockGemmPrecisionName; InvalidArgument naming the choices otherwise.
 absl::StatusOr<BlockGemmPrecision> ParseBlockGemmPrecision(absl::string_view name);
