@@ -12,8 +12,10 @@ greedily in exact f32, and the ids are compared with the exact run's.
 Modes: f32 (exact; the baseline), f64 (the prompt in float64: differences of the size of
 f32 rounding, the noise any change of summation order makes), bf16x2 (x as the sum of two
 bf16 parts, 16 significant bits, weights exact: the tensor-core block kernel with two
-parts), bf16x (x rounded to bf16, weights exact: the tensor-core block kernel with one part), bf16xw (x and weights rounded
-to bf16: the block GEMM through cuBLASLt), q8 (x quantized to int8 per 32 values with one
+parts), bf16x (x rounded to bf16, weights exact: the tensor-core block kernel with one
+part), bf16xw (x and weights rounded to bf16: the block GEMM through cuBLASLt), f16x and
+f16xw (the same rounded to f16: 11 significant bits where bf16 keeps 8, and no value past
+65504), q8 (x quantized to int8 per 32 values with one
 scale, weights exact: how llama.cpp multiplies quantized weights), q16 (int16, one scale:
 --block-gemv-precision int16), q16x2 (two int16 parts with a power-of-two scale, each
 value held to 2^-30 of its unit's largest: --block-gemv-precision int16x2).
@@ -163,6 +165,11 @@ def bf16(a):
     return u.astype(np.uint32).view(np.float32)
 
 
+def f16(a):
+    """a rounded to f16 (round to nearest even; past 65504 infinite), kept in float32."""
+    return np.asarray(a, dtype=np.float32).astype(np.float16).astype(np.float32)
+
+
 def bf16x2(a):
     """a as the sum of two bf16 parts (the first rounded, then what it left), as float32."""
     hi = bf16(a)
@@ -216,6 +223,8 @@ MODES = {
     "bf16x2": (lambda x, w: bf16x2(x) @ w.T, np.float32),
     "bf16x": (lambda x, w: bf16(x) @ w.T, np.float32),
     "bf16xw": (lambda x, w: bf16(x) @ bf16(w).T, np.float32),
+    "f16x": (lambda x, w: f16(x) @ w.T, np.float32),
+    "f16xw": (lambda x, w: f16(x) @ f16(w).T, np.float32),
     "q8": (lambda x, w: quantize_x(x, 127.0) @ w.T, np.float32),
     "q16": (lambda x, w: quantize_x(x, 32767.0) @ w.T, np.float32),
     "q16x2": (lambda x, w: quantize_x2(x) @ w.T, np.float32),
