@@ -5,6 +5,7 @@
 // writes its values as short vectors. Bandwidth-bound: a Q4_0 weight reads
 // 0.56 bytes a value and writes 2 (bf16) or 4 (f32).
 #include <algorithm>
+#include <cfloat>
 
 #include "kernels/common.cuh"
 #include "kernels/dequant.cuh"
@@ -67,6 +68,66 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// Each block's largest finite |in[i]| over its grid-stride share into partial[blockIdx.x]
+// (0 when it has none): LaunchRoundFloatsF16Scaled's first pass.
+__global__ void __launch_bounds__(kThreads)
+    AbsMaxKernel(const float* __restrict__ in, int64_t count, float* __restrict__ partial) {
+  AwaitPrerequisiteGrids();
+  __shared__ float warp_max[kThreads / kWarpSize];
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * kThreads;
+  float m = 0.0f;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; i < count;
+       i += stride) {
+    const float a = fabsf(in[i]);
+    if (a <= FLT_MAX) m = fmaxf(m, a);  // false for infinities and NaN
+  }
+#pragma unroll
+  for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
+    m = fmaxf(m, __shfl_xor_sync(kFullMask, m, offset));
+  }
+  if (threadIdx.x % kWarpSize == 0) warp_max[threadIdx.x / kWarpSize] = m;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int w = 1; w < kThreads / kWarpSize; ++w) m = fmaxf(m, warp_max[w]);
+    partial[blockIdx.x] = m;
+  }
+}
+
+// The second pass: every block reduces the partial maxima to e (the same e in each), then
+// rounds its share of in · 2^-e to f16; block 0 writes the GEMM's alpha 2^e and beta 0.
+__global__ void __launch_bounds__(kThreads)
+    RoundScaledF16Kernel(const float* __restrict__ in, __half* __restrict__ out, int64_t count,
+                         float* __restrict__ scratch) {
+  AwaitPrerequisiteGrids();
+  __shared__ float scale;
+  if (threadIdx.x < kWarpSize) {
+    float m = 0.0f;
+    for (int b = static_cast<int>(threadIdx.x); b < kRoundScaleBlocks; b += kWarpSize) {
+      m = fmaxf(m, scratch[b]);
+    }
+#pragma unroll
+    for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
+      m = fmaxf(m, __shfl_xor_sync(kFullMask, m, offset));
+    }
+    if (threadIdx.x == 0) {
+      // 2^ilogb(m) <= m < 2^(ilogb(m) + 1): e = ilogb(m) - 14 puts m · 2^-e below 2^15.
+      const int e = m >= 32768.0f ? ilogbf(m) - 14 : 0;
+      scale = ldexpf(1.0f, -e);
+      if (blockIdx.x == 0) {
+        scratch[kRoundScaleAlpha] = ldexpf(1.0f, e);
+        scratch[kRoundScaleAlpha + 1] = 0.0f;
+      }
+    }
+  }
+  __syncthreads();
+  const float s = scale;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * kThreads;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; i < count;
+       i += stride) {
+    out[i] = FromFloat<__half>(in[i] * s);  // a power of two: exact but for subnormals
+  }
+}
+
 unsigned GridFor(int64_t work) {
   return static_cast<unsigned>(std::clamp<int64_t>(CeilDiv(work, kThreads), 1, kMaxBlocks));
 }
@@ -109,6 +170,20 @@ cudaError_t LaunchRoundFloats(const float* in, void* out, DType out_dtype, int64
     return LaunchKernel(RoundFloatsKernel<T>, dim3(GridFor(count)), dim3(kThreads), stream, in,
                         static_cast<T*>(out), count);
   });
+}
+
+cudaError_t LaunchRoundFloatsF16Scaled(const float* in, void* out, int64_t count, float* scratch,
+                                       Stream stream) {
+  if (count < 0) return cudaErrorInvalidValue;
+  if (!Aligned16(scratch)) return cudaErrorMisalignedAddress;
+  // With no x the GEMM still reads alpha and beta: the passes run on an empty range.
+  if (cudaError_t e = LaunchKernel(AbsMaxKernel, dim3(kRoundScaleBlocks), dim3(kThreads),
+                                   stream, in, count, scratch);
+      e != cudaSuccess) {
+    return e;
+  }
+  return LaunchKernel(RoundScaledF16Kernel, dim3(GridFor(count)), dim3(kThreads), stream, in,
+                      static_cast<__half*>(out), count, scratch);
 }
 
 }  // namespace sg::kernels

@@ -74,7 +74,8 @@ std::string Describe(const MatmulShape& s) {
   return absl::StrCat("M=", s.m, " N=", s.n, " K=", s.k, " ", DTypeName(s.dtype),
                       s.bias ? " with bias" : "",
                       s.operands ? absl::StrCat(" from ", DTypeName(*s.operands)) : "",
-                      s.tf32 ? " in TF32" : "", s.ld_y != 0 ? absl::StrCat(" ld_y=", s.ld_y) : "");
+                      s.tf32 ? " in TF32" : "", s.ld_y != 0 ? absl::StrCat(" ld_y=", s.ld_y) : "",
+                      s.device_alpha ? " alpha on the device" : "");
 }
 
 // Block GEMM chunks hold a multiple of this many rows of w, so that each chunk's first
@@ -176,6 +177,11 @@ absl::StatusOr<std::unique_ptr<MatmulRunner::Plan>> MatmulRunner::MakeCublasLtPl
                              "cublasLtMatmulDescSetAttribute(TRANSA)"));
   SG_RETURN_IF_ERROR(SetDesc(desc, CUBLASLT_MATMUL_DESC_TRANSB, CUBLAS_OP_N,
                              "cublasLtMatmulDescSetAttribute(TRANSB)"));
+  if (s.device_alpha) {
+    SG_RETURN_IF_ERROR(SetDesc(desc, CUBLASLT_MATMUL_DESC_POINTER_MODE,
+                               static_cast<int32_t>(CUBLASLT_POINTER_MODE_DEVICE),
+                               "cublasLtMatmulDescSetAttribute(POINTER_MODE)"));
+  }
   if (s.bias) {
     SG_RETURN_IF_ERROR(SetDesc(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, CUBLASLT_EPILOGUE_BIAS,
                                "cublasLtMatmulDescSetAttribute(EPILOGUE)"));
@@ -247,7 +253,8 @@ absl::StatusOr<MatmulPath> MatmulRunner::PathFor(const MatmulShape& shape) const
 
 absl::Status MatmulRunner::Launch(const Plan& plan, const MatmulShape& shape, const void* x,
                                   const void* w, const void* bias, void* y,
-                                  const kernels::Stream& stream) const {
+                                  const kernels::Stream& stream,
+                                  const float* device_alpha) const {
   if (plan.path == MatmulPath::kGemv) {
     return ToStatus(kernels::LaunchGemv(x, w, bias, y, shape.m, shape.n, shape.k, shape.dtype,
                                         stream),
@@ -272,10 +279,18 @@ absl::Status MatmulRunner::Launch(const Plan& plan, const MatmulShape& shape, co
     SG_RETURN_IF_ERROR(SetDesc(plan.desc.get(), CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias,
                                "cublasLtMatmulDescSetAttribute(BIAS_POINTER)"));
   }
-  const float alpha = 1.0f, beta = 0.0f;
-  return ToStatus(cublasLtMatmul(handle_.get(), plan.desc.get(), &alpha, w, plan.a.get(), x,
-                                 plan.b.get(), &beta, y, plan.c.get(), y, plan.c.get(), algo,
-                                 workspace_.get(), static_cast<size_t>(workspace_bytes_),
+  const float host_alpha_beta[2] = {1.0f, 0.0f};
+  const float* alpha_beta = host_alpha_beta;
+  if (shape.device_alpha) {
+    if (ABSL_PREDICT_FALSE(device_alpha == nullptr)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the matmul ", Describe(shape), " reads alpha on the device but was given none"));
+    }
+    alpha_beta = device_alpha;
+  }
+  return ToStatus(cublasLtMatmul(handle_.get(), plan.desc.get(), alpha_beta, w, plan.a.get(), x,
+                                 plan.b.get(), alpha_beta + 1, y, plan.c.get(), y, plan.c.get(),
+                                 algo, workspace_.get(), static_cast<size_t>(workspace_bytes_),
                                  stream.stream),
                   "cublasLtMatmul");
 }
@@ -292,6 +307,9 @@ absl::StatusOr<BlockGemmLayout> BlockGemmLayoutFor(int64_t m, int64_t n, int64_t
       l.operand = options.block_gemm_precision == BlockGemmPrecision::kBf16 ? DType::kBF16
                                                                            : DType::kF16;
       l.round_x = true;
+      // f16 holds f32's values only to 65,504: x is scaled into range on the device.
+      l.scale_x = l.operand == DType::kF16;
+      if (l.scale_x) l.x_offset = kernels::kRoundScaleBytes;
     }
   }
   const auto overflow = [&] {
@@ -311,7 +329,7 @@ absl::StatusOr<BlockGemmLayout> BlockGemmLayoutFor(int64_t m, int64_t n, int64_t
   const int64_t rows = std::max(budget / row_bytes / kBlockGemmRowQuantum * kBlockGemmRowQuantum,
                                 kBlockGemmRowQuantum);
   l.chunk_rows = std::min(rows, n);
-  l.chunk_offset = x_bytes;
+  l.chunk_offset = l.x_offset + x_bytes;
   if (!CheckedMul(l.chunk_rows, row_bytes, &chunk_bytes) ||
       !CheckedAdd(x_bytes, chunk_bytes, &l.bytes)) {
     return overflow();
@@ -532,6 +550,7 @@ absl::Status PrepareBlockGemm(const CudaPrepareContext& c, MatmulState& state) {
   chunk.ld_y = s.n;
   chunk.tf32 = state.block.tf32;
   if (state.block.operand != s.dtype) chunk.operands = state.block.operand;
+  chunk.device_alpha = state.block.scale_x;
   SG_ASSIGN_OR_RETURN(state.plan, c.matmul.Prepare(chunk));
   if (const int64_t tail = s.n % state.block.chunk_rows; tail != 0) {
     chunk.n = tail;
@@ -616,12 +635,23 @@ absl::Status RunBlockGemm(const MatmulState& s, const MatmulRunner& runner, cons
   const MatmulShape& shape = s.shape;
   auto* workspace = static_cast<uint8_t*>(s.workspace);
   const void* gemm_x = x;
-  if (s.block.round_x) {
-    SG_RETURN_IF_ERROR(ToStatus(kernels::LaunchRoundFloats(static_cast<const float*>(x), workspace,
+  const float* alpha = nullptr;
+  if (s.block.scale_x) {
+    auto* scratch = reinterpret_cast<float*>(workspace);
+    SG_RETURN_IF_ERROR(ToStatus(
+        kernels::LaunchRoundFloatsF16Scaled(static_cast<const float*>(x),
+                                            workspace + s.block.x_offset, shape.m * shape.k,
+                                            scratch, stream),
+        "LaunchRoundFloatsF16Scaled"));
+    gemm_x = workspace + s.block.x_offset;
+    alpha = scratch + kernels::kRoundScaleAlpha;
+  } else if (s.block.round_x) {
+    SG_RETURN_IF_ERROR(ToStatus(kernels::LaunchRoundFloats(static_cast<const float*>(x),
+                                                           workspace + s.block.x_offset,
                                                            s.block.operand, shape.m * shape.k,
                                                            stream),
                                 "LaunchRoundFloats"));
-    gemm_x = workspace;
+    gemm_x = workspace + s.block.x_offset;
   }
   void* chunk = workspace + s.block.chunk_offset;
   const int64_t y_bytes = DTypeBytes(shape.dtype);
@@ -635,10 +665,11 @@ absl::Status RunBlockGemm(const MatmulState& s, const MatmulRunner& runner, cons
                                 "LaunchDequantize"));
     MatmulShape chunk_shape = shape;
     chunk_shape.n = rows;
+    chunk_shape.device_alpha = s.block.scale_x;  // as the plan was made
     SG_RETURN_IF_ERROR(runner.Launch(
         plan, chunk_shape, gemm_x, chunk,
         bias == nullptr ? nullptr : static_cast<const uint8_t*>(bias) + n0 * y_bytes,
-        static_cast<uint8_t*>(y) + n0 * y_bytes, stream));
+        static_cast<uint8_t*>(y) + n0 * y_bytes, stream, alpha));
   }
   return absl::OkStatus();
 }

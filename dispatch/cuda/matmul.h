@@ -51,14 +51,19 @@ struct MatmulShape {
   int64_t ld_y = 0;
   std::optional<DType> operands;
   bool tf32 = false;
+  // alpha and beta read from device memory (Launch's device_alpha): the f16 chunks' x
+  // scaled down by a power of two, alpha scaling y back.
+  bool device_alpha = false;
 
   friend bool operator==(const MatmulShape& a, const MatmulShape& b) {
     return a.m == b.m && a.n == b.n && a.k == b.k && a.dtype == b.dtype && a.bias == b.bias &&
-           a.ld_y == b.ld_y && a.operands == b.operands && a.tf32 == b.tf32;
+           a.ld_y == b.ld_y && a.operands == b.operands && a.tf32 == b.tf32 &&
+           a.device_alpha == b.device_alpha;
   }
   template <typename H>
   friend H AbslHashValue(H h, const MatmulShape& s) {
-    return H::combine(std::move(h), s.m, s.n, s.k, s.dtype, s.bias, s.ld_y, s.operands, s.tf32);
+    return H::combine(std::move(h), s.m, s.n, s.k, s.dtype, s.bias, s.ld_y, s.operands, s.tf32,
+                      s.device_alpha);
   }
 };
 
@@ -69,6 +74,10 @@ struct BlockGemmLayout {
   DType operand = DType::kF32;
   bool tf32 = false;
   bool round_x = false;       // x is f32 and the GEMM reads it as `operand` from the workspace
+  // f16 x: scaled by a power of two as it is rounded (kernels::LaunchRoundFloatsF16Scaled),
+  // its scratch (alpha and beta among it) at the workspace's start.
+  bool scale_x = false;
+  int64_t x_offset = 0;       // bytes from the workspace's start to the rounded x
   int64_t chunk_rows = 0;     // rows of w per GEMM (the last chunk may hold fewer)
   int64_t chunk_offset = 0;   // bytes from the workspace's start to the dequantized chunk
   int64_t bytes = 0;          // workspace bytes the node needs
@@ -126,9 +135,12 @@ class MatmulRunner {
   // valid while the runner lives.
   absl::StatusOr<const Plan*> Prepare(const MatmulShape& shape);
 
-  // One launch of `plan` (made by Prepare for `shape`) on `stream`.
+  // One launch of `plan` (made by Prepare for `shape`) on `stream`; with
+  // shape.device_alpha, alpha and beta are the two floats at `device_alpha` (device memory,
+  // read when the launch runs).
   absl::Status Launch(const Plan& plan, const MatmulShape& shape, const void* x, const void* w,
-                      const void* bias, void* y, const kernels::Stream& stream) const;
+                      const void* bias, void* y, const kernels::Stream& stream,
+                      const float* device_alpha = nullptr) const;
 
   // The path (kCublasLt or kGemv) Prepare chose for `shape`; NotFound if it was not
   // prepared.

@@ -8,7 +8,10 @@
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
+#include <cfloat>
+#include <cmath>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -87,15 +90,20 @@ TEST(BlockGemmLayoutTest, F32ActivationsFollowThePrecision) {
   EXPECT_EQ(l->chunk_offset, 300 * 2048 * 2);
   EXPECT_EQ(l->chunk_rows, 2048);
   EXPECT_EQ(l->bytes, 300 * 2048 * 2 + 2048 * 2048 * 2);
-  // f16: the same layout in f16.
+  EXPECT_FALSE(l->scale_x);
+  EXPECT_EQ(l->x_offset, 0);
+  // f16: the same in f16, x scaled into f16's range as it is rounded, the scaling's
+  // scratch (alpha and beta among it) first.
   o.block_gemm_precision = BlockGemmPrecision::kF16;
   l = BlockGemmLayoutFor(300, 8192, 2048, DType::kF32, o, 0);
   ASSERT_TRUE(l.ok()) << l.status();
   EXPECT_EQ(l->operand, DType::kF16);
   EXPECT_TRUE(l->round_x);
+  EXPECT_TRUE(l->scale_x);
   EXPECT_FALSE(l->tf32);
-  EXPECT_EQ(l->chunk_offset, 300 * 2048 * 2);
-  EXPECT_EQ(l->bytes, 300 * 2048 * 2 + 2048 * 2048 * 2);
+  EXPECT_EQ(l->x_offset, kernels::kRoundScaleBytes);
+  EXPECT_EQ(l->chunk_offset, kernels::kRoundScaleBytes + 300 * 2048 * 2);
+  EXPECT_EQ(l->bytes, kernels::kRoundScaleBytes + 300 * 2048 * 2 + 2048 * 2048 * 2);
   o.block_gemm_precision = BlockGemmPrecision::kBf16;
   // bf16 activations ignore the f32 precision.
   l = BlockGemmLayoutFor(300, 8192, 2048, DType::kBF16, o, 0);
@@ -277,6 +285,69 @@ TEST(RoundFloatsTest, RoundsAsTheHostDoes) {
             cudaErrorInvalidValue);
 }
 
+// The f16 GEMM's x: scaled by 2^-e, e the least that brings the largest finite magnitude
+// below 2^15, rounded as the host rounds; alpha 2^e and beta 0 in the scratch. Values of
+// every range (e = 0 below 2^15; one element past f16's 65,504; f32's largest), with an
+// infinity and a NaN that neither set e nor stop being what they are.
+TEST(RoundFloatsTest, F16ScaledKeepsTheRangeAndWritesAlpha) {
+  if (!HasCudaDevice()) GTEST_SKIP() << "no CUDA device";
+  constexpr int64_t kCount = 70001;  // more than the first pass's blocks take in one round
+  absl::StatusOr<DeviceMemory> din = AllocateDevice(kCount * 4, "in");
+  absl::StatusOr<DeviceMemory> dout = AllocateDevice(kCount * 2, "out");
+  absl::StatusOr<DeviceMemory> scratch = AllocateDevice(kernels::kRoundScaleBytes, "scratch");
+  ASSERT_TRUE(din.ok() && dout.ok() && scratch.ok());
+  struct Range {
+    float top;       // the largest finite magnitude put in
+    int e;           // the exponent expected
+    bool specials;   // an infinity and a NaN among the values
+  };
+  for (const Range r : {Range{300.0f, 0, false}, Range{32767.0f, 0, true},
+                        Range{70000.0f, 2, false}, Range{3.0e6f, 7, true},
+                        Range{FLT_MAX, 113, false}}) {
+    SCOPED_TRACE(r.top);
+    HostTensor in(DType::kF32, Shape{kCount});
+    in.FillUniform(11, -1.0f, 1.0f);
+    auto* v = static_cast<float*>(in.data());
+    for (int64_t i = 0; i < kCount; ++i) v[i] *= r.top;
+    v[kCount / 3] = -r.top;  // the largest, somewhere in the middle
+    if (r.specials) {
+      v[5] = std::numeric_limits<float>::infinity();
+      v[kCount - 2] = std::numeric_limits<float>::quiet_NaN();
+    }
+    ASSERT_EQ(cudaMemcpy(din->get(), v, kCount * 4, cudaMemcpyHostToDevice), cudaSuccess);
+    ASSERT_EQ(cudaMemset(dout->get(), 0xFF, kCount * 2), cudaSuccess);
+    ASSERT_EQ(cudaMemset(scratch->get(), 0xFF, kernels::kRoundScaleBytes), cudaSuccess);
+    ASSERT_EQ(kernels::LaunchRoundFloatsF16Scaled(static_cast<const float*>(din->get()),
+                                                  dout->get(), kCount,
+                                                  static_cast<float*>(scratch->get()), nullptr),
+              cudaSuccess);
+    std::vector<uint16_t> got(kCount);
+    ASSERT_EQ(cudaMemcpy(got.data(), dout->get(), kCount * 2, cudaMemcpyDeviceToHost),
+              cudaSuccess);
+    float alpha_beta[2];
+    ASSERT_EQ(cudaMemcpy(alpha_beta,
+                         static_cast<float*>(scratch->get()) + kernels::kRoundScaleAlpha,
+                         sizeof(alpha_beta), cudaMemcpyDeviceToHost),
+              cudaSuccess);
+    EXPECT_EQ(alpha_beta[0], std::ldexp(1.0f, r.e));
+    EXPECT_EQ(alpha_beta[1], 0.0f);
+    for (int64_t i = 0; i < kCount; ++i) {
+      if (std::isnan(v[i])) {  // any NaN (the device's and the host's bits may differ)
+        ASSERT_TRUE((got[i] & 0x7C00) == 0x7C00 && (got[i] & 0x3FF) != 0) << "element " << i;
+        continue;
+      }
+      ASSERT_EQ(got[i], FloatToHalf(std::ldexp(v[i], -r.e))) << "element " << i << ": " << v[i];
+    }
+  }
+  EXPECT_EQ(kernels::LaunchRoundFloatsF16Scaled(nullptr, nullptr, -1, nullptr, nullptr),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(kernels::LaunchRoundFloatsF16Scaled(
+                static_cast<const float*>(din->get()), dout->get(), 1,
+                reinterpret_cast<float*>(static_cast<uint8_t*>(scratch->get()) + 4), nullptr),
+            cudaErrorMisalignedAddress);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+}
+
 // ---- MatMul through the block GEMM against the CPU reference ----
 
 struct Variant {
@@ -328,6 +399,25 @@ std::vector<OpCase> BlockGemmCases() {
                }});
         }
       }
+    }
+    // f16 operands with x past f16's range (up to 3·10^5; 65,504 is f16's largest): x is
+    // scaled into range as it is rounded and alpha scales y back, so the products stay
+    // finite and within f16's tolerance of the reference's.
+    for (int64_t m : {17, 300}) {
+      cases.push_back(
+          {.name = absl::StrCat("BlockGemm/", DTypeName(q), "/f32_f16_wide/", m, "x256x200+bias"),
+           .build = [=](GraphBuilder& b) {
+             b.Output("out", b.MatMul(b.Input("x", DType::kF32, {m, 256}),
+                                      b.Weight("w", q, {200, 256}),
+                                      b.Weight("bias", DType::kF32, {200})));
+           },
+           .tolerance = 3e-3,
+           .float_range = 3.0e5f,
+           .cuda_options = [](CudaOptions& o) {
+             o.block_gemm_min_rows = 1;
+             o.block_gemm_workspace_bytes = 1;
+             o.block_gemm_precision = BlockGemmPrecision::kF16;
+           }});
     }
   }
   return cases;
