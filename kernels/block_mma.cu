@@ -87,8 +87,9 @@ __device__ __forceinline__ void Mma(float (&d)[4], const uint32_t (&a)[4], uint2
 // largest, f32's precision for the sums it enters; the codes are exact in f16 as in bf16,
 // and each unit's sum is scaled by 2^e with the weights' scale. Two parts: two thirds of
 // three bf16 parts' MMAs.
+// kBlockMmaF16x1 (terms 6): the first of those parts alone.
 template <int kTerms>
-inline constexpr bool kHalfParts = kTerms == kBlockMmaF16x2;
+inline constexpr bool kHalfParts = BlockMmaScaledTerms(kTerms);
 // kBlockMmaInt8 (terms 5): x as int8 codes of each row's unit, one 16-byte fragment a lane
 // (SplitXKernel): the unit's 8 codes of row g the B fragment takes, and the scales of the
 // accumulator's rows 2t and 2t + 1, so that no other array is read for them.
@@ -96,7 +97,9 @@ template <int kTerms>
 inline constexpr bool kInt8Parts = kTerms == kBlockMmaInt8;
 // The 16-byte fragments a lane holds per unit and row tile for `terms`.
 constexpr int PartsOf(int terms) {
-  return terms == kBlockMmaF16x2 ? 2 : terms == kBlockMmaInt8 ? 1 : terms;
+  return terms == kBlockMmaF16x2                              ? 2
+         : terms == kBlockMmaInt8 || terms == kBlockMmaF16x1 ? 1
+                                                              : terms;
 }
 template <int kTerms>
 inline constexpr int kParts = PartsOf(kTerms);
@@ -326,8 +329,13 @@ __global__ void __launch_bounds__(256)
         const float inv = ldexpf(1.0f, -e);
 #pragma unroll
         for (int step = 0; step < 2; ++step) {
-          SplitPairHalf(v[step][0] * inv, v[step][1] * inv, part[step][0]);
-          SplitPairHalf(v[step][2] * inv, v[step][3] * inv, part[step][1]);
+          if constexpr (kP == 1) {  // kBlockMmaF16x1: the first part alone
+            part[step][0][0] = Bits(__floats2half2_rn(v[step][0] * inv, v[step][1] * inv));
+            part[step][1][0] = Bits(__floats2half2_rn(v[step][2] * inv, v[step][3] * inv));
+          } else {
+            SplitPairHalf(v[step][0] * inv, v[step][1] * inv, part[step][0]);
+            SplitPairHalf(v[step][2] * inv, v[step][3] * inv, part[step][1]);
+          }
         }
         if (l % 4 == 0) scales[u * tiles * 8 + row] = ldexpf(1.0f, e);
       } else {
@@ -696,7 +704,7 @@ template <int kTerms>
 constexpr int StagedEntries() {  // 16-byte fragments of one unit for the block's rows
   return kStagedRowTiles * kParts<kTerms> * kWarpSize;
 }
-// A stage: the unit's fragments, its rows' sums and (kBlockMmaF16x2) their scales.
+// A stage: the unit's fragments, its rows' sums and (scaled f16 parts) their scales.
 template <int kTerms>
 constexpr size_t StagedSmemBytes() {
   return kStages * (StagedEntries<kTerms>() * size_t{16} +
@@ -1038,6 +1046,7 @@ cudaError_t DispatchTerms(int terms, F&& f) {
     if (terms == 1) return f(std::integral_constant<int, 1>{});
     if (terms == 2) return f(std::integral_constant<int, 2>{});
     if (terms == kBlockMmaF16x2) return f(std::integral_constant<int, kBlockMmaF16x2>{});
+    if (terms == kBlockMmaF16x1) return f(std::integral_constant<int, kBlockMmaF16x1>{});
     if (terms == kBlockMmaInt8) return f(std::integral_constant<int, kBlockMmaInt8>{});
     return f(std::integral_constant<int, 3>{});
   } else if constexpr (std::is_same_v<T, __nv_bfloat16>) {
@@ -1065,7 +1074,9 @@ int StagedSplits(int64_t blocks, int64_t k, int sms) {
 int BlockMmaTerms(DType x_dtype, int f32_terms) {
   if (x_dtype == DType::kBF16) return 1;
   if (x_dtype == DType::kF16) return 2;
-  if (f32_terms == kBlockMmaF16x2 || f32_terms == kBlockMmaInt8) return f32_terms;
+  if (f32_terms == kBlockMmaF16x2 || f32_terms == kBlockMmaF16x1 || f32_terms == kBlockMmaInt8) {
+    return f32_terms;
+  }
   return std::clamp(f32_terms, 1, 3);
 }
 
@@ -1129,15 +1140,15 @@ bool BlockMmaWorkspaceFor(int64_t m, int64_t k, const int64_t* n, int weights, D
 }
 
 int64_t BlockMmaScratchBytes(int64_t m, int64_t k, int terms) {
-  if (m <= 0 || k <= 0 || terms < 1 || terms > kBlockMmaInt8 || m > (int64_t{1} << 40) ||
+  if (m <= 0 || k <= 0 || terms < 1 || terms > kBlockMmaF16x1 || m > (int64_t{1} << 40) ||
       k > (int64_t{1} << 40)) {
     return -1;
   }
   const int64_t rows = PaddedRows(m), units = CeilDiv(k, quant::kUnitElems);
   // Per unit and row: the fragments (parts of 32 values at 2 bytes; int8's codes and
-  // scales take one part's bytes), one f32 sum, and with kBlockMmaF16x2 one f32 scale.
+  // scales take one part's bytes), one f32 sum, and with scaled f16 parts one f32 scale.
   const int64_t frag = FragBytesPerRowUnit(terms);
-  const int64_t floats = terms == kBlockMmaF16x2 ? 2 : 1;
+  const int64_t floats = BlockMmaScaledTerms(terms) ? 2 : 1;
   const int64_t per = frag + 4 * floats;
   if (units > INT64_MAX / rows / per) return -1;
   return (units * rows * frag + 15) / 16 * 16 + units * rows * 4 * floats;
@@ -1170,8 +1181,9 @@ cudaError_t LaunchBlockMma(const BlockMmaArgs& a, Stream stream) {
   }
   auto* frags = static_cast<uint4*>(a.scratch);
   auto* sums = reinterpret_cast<float*>(static_cast<uint8_t*>(a.scratch) + frag_bytes);
-  // kBlockMmaF16x2: the rows' scales per unit after the sums.
-  float* scales = a.terms == kBlockMmaF16x2 ? sums + (a.k / quant::kUnitElems) * tiles * 8 : nullptr;
+  // Scaled f16 parts: the rows' scales per unit after the sums.
+  float* scales =
+      BlockMmaScaledTerms(a.terms) ? sums + (a.k / quant::kUnitElems) * tiles * 8 : nullptr;
   return DispatchFloat(a.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     return DispatchTerms<T>(a.terms, [&](auto terms) -> cudaError_t {
@@ -1277,7 +1289,7 @@ cudaError_t LaunchMoeBlockMma(const MoeBlockMmaArgs& a, Stream stream) {
   const int64_t frag_bytes = (sorted * units * FragBytesPerRowUnit(a.terms) + 15) / 16 * 16;
   auto* frags = reinterpret_cast<uint4*>(scratch);
   auto* sums = reinterpret_cast<float*>(scratch + frag_bytes);
-  float* scales = a.terms == kBlockMmaF16x2 ? sums + units * sorted : nullptr;
+  float* scales = BlockMmaScaledTerms(a.terms) ? sums + units * sorted : nullptr;
   const int64_t cols = kWarps * kMoeColTiles * (gated ? 8 : 16);
   MoeKernelArgs products;
   products.w = static_cast<const uint8_t*>(a.w);

@@ -33,6 +33,15 @@ inline constexpr int kBlockMmaF16x2 = 4;
 // is scaled by the row's scale and the weights'. Not the reference's numbers: x is held to
 // half a step of 1/127 of its unit's largest magnitude (docs/cuda_kernels.md).
 inline constexpr int kBlockMmaInt8 = 5;
+// BlockMmaArgs::terms for f32 x as one f16 part of each row's unit scaled as
+// kBlockMmaF16x2 scales it: each value rounded to 2^−12 of its unit's largest magnitude
+// (f16's 11 bits of the largest), one MMA a k16 step. Not the reference's numbers, near
+// them (the parity study's f16 x kept every greedy answer: docs/gguf.md).
+inline constexpr int kBlockMmaF16x1 = 6;
+// Whether `terms` carry a power-of-two scale per row and unit (scaled f16 parts).
+inline constexpr bool BlockMmaScaledTerms(int terms) {
+  return terms == kBlockMmaF16x2 || terms == kBlockMmaF16x1;
+}
 
 // Weights one launch takes (the fused matmul's grouped q/k/v), all of one block format.
 inline constexpr int kBlockMmaMaxWeights = 3;
@@ -128,8 +137,8 @@ bool BlockMmaWorkspaceFor(int64_t m, int64_t k, const int64_t* n, int weights, D
 inline bool BlockMmaRuns(int compute_capability) { return compute_capability >= 80; }
 
 // The parts x of `x_dtype` is split into for `f32_terms` wished for f32 x: bf16 x is one
-// part exactly, f16 two; f32 takes 1, 2 (16 significant bits), 3 (exact), kBlockMmaF16x2
-// or kBlockMmaInt8.
+// part exactly, f16 two; f32 takes 1, 2 (16 significant bits), 3 (exact), kBlockMmaF16x2,
+// kBlockMmaF16x1 or kBlockMmaInt8.
 // BlockMmaArgs::terms must be one of these.
 int BlockMmaTerms(DType x_dtype, int f32_terms);
 
@@ -154,7 +163,8 @@ cudaError_t LaunchBlockMma(const BlockMmaArgs& a, Stream stream);
 // kMoeBlockMmaRows rows, padded), x's rows split through that list, and each segment's
 // tiles multiplied by its expert's matrix as LaunchBlockMma multiplies by a weight: each
 // expert's units are read once per 32 of its pairs, and its products are exact (terms 3),
-// at f32's precision (kBlockMmaF16x2) or rounded as the dense kernel's terms say.
+// at f32's precision (kBlockMmaF16x2) or rounded as the dense kernel's terms say
+// (kBlockMmaF16x1, kBlockMmaInt8, bf16 parts).
 
 // Rows of a segment: each expert's pairs are padded to a multiple of it.
 inline constexpr int64_t kMoeBlockMmaRows = 32;

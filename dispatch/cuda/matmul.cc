@@ -472,8 +472,9 @@ int BlockMmaTermsFor(DType x_dtype, int64_t m, const CudaOptions& options) {
     case BlockGemmPrecision::kBf16x2:
       return kernels::BlockMmaTerms(x_dtype, 2);
     case BlockGemmPrecision::kF16x2:
-    case BlockGemmPrecision::kF16:  // below the GEMM's rows
       return kernels::BlockMmaTerms(x_dtype, kernels::kBlockMmaF16x2);
+    case BlockGemmPrecision::kF16:  // below the GEMM's rows
+      return kernels::BlockMmaTerms(x_dtype, kernels::kBlockMmaF16x1);
     case BlockGemmPrecision::kInt8:
       return kernels::BlockMmaTerms(x_dtype, kernels::kBlockMmaInt8);
     default:

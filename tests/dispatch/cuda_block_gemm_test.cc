@@ -148,9 +148,12 @@ TEST(BlockGemmPrecisionTest, AutoTakesF16x2FromItsRows) {
   const CudaOptions int8{.block_gemm_precision = BlockGemmPrecision::kInt8};
   EXPECT_EQ(BlockMmaTermsFor(DType::kF32, 2, int8), kernels::kBlockMmaInt8);
   // f16 and bf16 hand the GEMM their rows from 32 on (BlockGemmMinRows) and leave the rows
-  // below to the tensor-core kernel, f16 with f32's precision there.
+  // below to the tensor-core kernel, f16 as one scaled f16 part there; bf16 and f16
+  // activations keep their own parts.
   const CudaOptions f16{.block_gemm_precision = BlockGemmPrecision::kF16};
-  EXPECT_EQ(BlockMmaTermsFor(DType::kF32, 8, f16), kernels::kBlockMmaF16x2);
+  EXPECT_EQ(BlockMmaTermsFor(DType::kF32, 8, f16), kernels::kBlockMmaF16x1);
+  EXPECT_EQ(BlockMmaTermsFor(DType::kBF16, 8, f16), 1);
+  EXPECT_EQ(BlockMmaTermsFor(DType::kF16, 8, f16), 2);
   EXPECT_EQ(BlockGemmMinRows(f16, DType::kF32), 32);
   EXPECT_EQ(BlockGemmMinRows(CudaOptions{.block_gemm_precision = BlockGemmPrecision::kBf16},
                              DType::kF32),

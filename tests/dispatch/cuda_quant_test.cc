@@ -118,7 +118,9 @@ std::vector<OpCase> MatmulCases() {
 // f32 x in three bf16 parts (exact products: f32's tolerance), under
 // block_gemm_precision bf16x2 in two (16 significant bits: 5e-5), under bf16 in one
 // (bf16's), and under f16x2 in two f16 parts per 32 values scaled by a power of two
-// (f32's tolerance, every shape: its scales pass through the staged shape's copies too).
+// (f32's tolerance, every shape: its scales pass through the staged shape's copies too);
+// under f16 the first of those parts alone (kBlockMmaF16x1, every shape: each value to
+// 2^-12 of its unit's largest, 3e-3).
 // Under int8, every shape with x that int8 holds exactly (each row's 32 values q·2^−e,
 // integers q within ±127, one of them ±127: the kernel's codes are q and its scale 2^−e,
 // so f32's tolerance holds and a code, scale or row out of place shows), and random x where
@@ -161,18 +163,19 @@ std::vector<OpCase> MmaMatmulCases() {
       for (const Mm& s : shapes) {
         for (BlockGemmPrecision precision :
              {BlockGemmPrecision::kF32, BlockGemmPrecision::kBf16, BlockGemmPrecision::kBf16x2,
-              BlockGemmPrecision::kF16x2, BlockGemmPrecision::kInt8, kInt8RandomX,
-              BlockGemmPrecision::kAuto}) {
+              BlockGemmPrecision::kF16x2, BlockGemmPrecision::kF16, BlockGemmPrecision::kInt8,
+              kInt8RandomX, BlockGemmPrecision::kAuto}) {
           const bool bf16_x = precision == BlockGemmPrecision::kBf16;
           const bool parts2 = precision == BlockGemmPrecision::kBf16x2;
           // Two scaled f16 parts (f32 x only): every shape, at f32's tolerance.
           const bool f16x2 = precision == BlockGemmPrecision::kF16x2;
+          const bool f16x1 = precision == BlockGemmPrecision::kF16;  // one scaled f16 part
           const bool int8 = precision == BlockGemmPrecision::kInt8;
           const bool int8_random = precision == kInt8RandomX;
           // The default, auto, where it takes two f16 parts: 130 rows.
           const bool automatic = precision == BlockGemmPrecision::kAuto;
           if (automatic && (t != DType::kF32 || s.m < kBlockGemmAutoF16x2Rows)) continue;
-          if ((f16x2 || int8 || int8_random) && t != DType::kF32) continue;
+          if ((f16x2 || f16x1 || int8 || int8_random) && t != DType::kF32) continue;
           if (int8_random && s.m != 16 && s.k != 2048) continue;
           if (bf16_x && (t != DType::kF32 || s.m != 16)) continue;
           // Two parts: a decode-shape row count and the staged shape over many units.
@@ -193,7 +196,8 @@ std::vector<OpCase> MmaMatmulCases() {
                 {.name = absl::StrCat("MmaMatMul/", DTypeName(q), "/", DTypeName(t), "/", s.m,
                                       "x", s.k, "x", s.n, s.bias ? "+bias" : "",
                                       bf16_x ? "/bf16_x" : "", parts2 ? "/bf16x2_x" : "",
-                                      f16x2 ? "/f16x2_x" : "", int8 ? "/int8_exact_x" : "",
+                                      f16x2 ? "/f16x2_x" : "", f16x1 ? "/f16_x" : "",
+                                      int8 ? "/int8_exact_x" : "",
                                       int8_random ? "/int8_x" : "", automatic ? "/auto" : "",
                                       kShapeNames[static_cast<int>(shape)]),
                  .build = [=](GraphBuilder& b) {
@@ -202,7 +206,10 @@ std::vector<OpCase> MmaMatmulCases() {
                    b.Output("out", s.bias ? b.MatMul(x, w, b.Weight("bias", t, {s.n}))
                                           : b.MatMul(x, w));
                  },
-                 .tolerance = bf16_x || int8_random ? 1e-2 : parts2 ? 5e-5 : Tol(t),
+                 .tolerance = bf16_x || int8_random ? 1e-2
+                              : f16x1               ? 3e-3
+                              : parts2              ? 5e-5
+                                                    : Tol(t),
                  .float_values = int8 ? std::vector<std::pair<std::string, std::vector<float>>>{
                                             {"x", Int8ExactX(s.m, s.k, s.m * s.k + s.n)}}
                                       : std::vector<std::pair<std::string, std::vector<float>>>{},
@@ -540,8 +547,9 @@ std::vector<OpCase> MoeRowCases() {
 // its expert. Plain and gated (silu_mul) experts, the down experts per slot, 128 experts
 // of which some get no pair (empty segments), an odd column count (a partial block of
 // columns and a partial column tile), bf16 x (one part), and under f32 the exact products
-// (f32's tolerance), the auto precision (two scaled f16 parts from 128 pairs: f32's) and
-// int8 (1e-2); bad ids among the pairs (zeros and the flag, which the run compares).
+// (f32's tolerance), the auto precision (two scaled f16 parts from 128 pairs: f32's), one
+// scaled f16 part (f16: 3e-3) and int8 (1e-2); bad ids among the pairs (zeros and the
+// flag, which the run compares).
 std::vector<OpCase> MoeMmaCases() {
   std::vector<OpCase> cases;
   for (DType q : kQuantTypes) {
@@ -553,9 +561,10 @@ std::vector<OpCase> MoeMmaCases() {
                 S{DType::kF32, 32, 128, 8, 40, true, false},
                 S{DType::kBF16, 48, 8, 2, 72, true, false}}) {
       for (BlockGemmPrecision p : {BlockGemmPrecision::kF32, BlockGemmPrecision::kAuto,
-                                   BlockGemmPrecision::kInt8}) {
+                                   BlockGemmPrecision::kF16, BlockGemmPrecision::kInt8}) {
         if (s.x != DType::kF32 && p != BlockGemmPrecision::kF32) continue;
         const bool int8 = p == BlockGemmPrecision::kInt8;
+        const bool f16 = p == BlockGemmPrecision::kF16;
         cases.push_back(
             {.name = absl::StrCat("MoeMma/", DTypeName(q), "/", DTypeName(s.x), "/", s.rows,
                                   "x", s.experts, "x", s.n, "x", k, "/top", s.top_k,
@@ -570,7 +579,7 @@ std::vector<OpCase> MoeMmaCases() {
                                        : b.MoeMatMul(x, b.Weight("w", q, {s.experts, s.n, k}),
                                                      ids));
              },
-             .tolerance = int8 ? 1e-2 : Tol(s.x),
+             .tolerance = int8 ? 1e-2 : f16 ? 3e-3 : Tol(s.x),
              .int_hi = static_cast<int32_t>(s.experts),
              .cuda_options = [p](CudaOptions& o) {
                o.moe_block_mma = true;
@@ -1280,18 +1289,18 @@ TEST(QuantConformanceCasesTest, EveryFormatAndDTypeIsCovered) {
   EXPECT_EQ(FusedCases().size(), 8u * 3u * (7u + 2u + 2u) + 5u * 3u * 2u + 3u * 5u);
   // Per format and x dtype: 6 shapes automatic, 3 of them in 3 forced block shapes, the
   // long one staged; f32 x rounded to bf16 once, in two parts three times, in two scaled
-  // f16 parts and as int8 held exactly in every shape, as int8 of random x three times,
-  // and under the default precision at 130 rows twice.
+  // f16 parts, in one and as int8 held exactly in every shape, as int8 of random x three
+  // times, and under the default precision at 130 rows twice.
   EXPECT_EQ(MmaMatmulCases().size(),
-            8u * (3u * (6u + 3u * 3u + 1u) + 1u + 3u + 2u * (6u + 3u * 3u + 1u) + 3u + 2u));
+            8u * (3u * (6u + 3u * 3u + 1u) + 1u + 3u + 3u * (6u + 3u * 3u + 1u) + 3u + 2u));
   EXPECT_EQ(MmaFusedCases().size(), 8u * 3u * (6u + 1u) + 3u * 2u);
   // Per format, x dtype and integer precision: 2 MatMuls, the add and SiluMul.
   EXPECT_EQ(IntRowCases().size(), 8u * 3u * (4u * 4u + 1u));
   // Per format: 2 precisions of 8 shapes and a bad id; the pair kernel at a long K.
   EXPECT_EQ(MoeRowCases().size(), 8u * (2u * (8u + 1u) + 1u));
-  // Per format: 4 f32 shapes in 3 precisions, bf16 once, skewed and bad ids plain and
+  // Per format: 4 f32 shapes in 4 precisions, bf16 once, skewed and bad ids plain and
   // gated.
-  EXPECT_EQ(MoeMmaCases().size(), 8u * (4u * 3u + 1u + 2u + 2u));
+  EXPECT_EQ(MoeMmaCases().size(), 8u * (4u * 4u + 1u + 2u + 2u));
 }
 
 }  // namespace

@@ -31,8 +31,8 @@ absl::StatusOr<MatmulPolicy> ParseMatmulPolicy(absl::string_view name);
 // tensor cores in TF32 (10-bit mantissas); kBf16: weight and x rounded to bf16, the f32
 // result accumulated in f32 (the fastest; 8-bit mantissas); kF16: the same in f16 (11-bit
 // mantissas, as fast; x scaled by a power of two into f16's range on the device, the GEMM's
-// alpha scaling y back), the tensor-core kernel below the GEMM's rows taking x as kF16x2
-// does. kBf16x2: the tensor-core
+// alpha scaling y back), the tensor-core kernel below the GEMM's rows taking x as one f16
+// part per 32 values scaled by a power of two (kernels::kBlockMmaF16x1). kBf16x2: the tensor-core
 // kernel's x as two bf16 parts (16 significant bits; exact f32 takes three), the weights
 // exact; the block GEMM, where forced, computes as kF32. kF16x2: the tensor-core kernel's x
 // as two f16 parts of each row's 32 values scaled by a power of two (f32's precision
