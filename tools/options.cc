@@ -536,8 +536,9 @@ const Flag kFlags[] = {
      "two: f32's precision, fewer MMAs), int8 (x quantized to int8 per 32 values in int8 "
      "MMAs, as llama.cpp does: the fastest, not the reference's numbers), bf16x2 (x in two "
      "bf16 parts: 16 bits), tf32, bf16 (the block GEMM's and, as bf16, the tensor-core "
-     "kernel's x), f16 (the block GEMM's x and weights rounded to f16, from 32 rows, as "
-     "llama.cpp's cuBLAS path: fast, not the reference's numbers)",
+     "kernel's x), f16 (x in f16: the block GEMM's operands from 32 rows, as llama.cpp's "
+     "cuBLAS path, one f16 part per 32 values scaled by a power of two in the tensor-core "
+     "kernel below; fast, not the reference's numbers)",
      nullptr, EnvRule::kNone,
      [](S v, O& o) {
        SG_ASSIGN_OR_RETURN(o.cuda.block_gemm_precision, ParseBlockGemmPrecision(v));
