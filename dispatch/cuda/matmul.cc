@@ -331,7 +331,7 @@ absl::StatusOr<BlockGemmLayout> BlockGemmLayoutFor(int64_t m, int64_t n, int64_t
   l.chunk_rows = std::min(rows, n);
   l.chunk_offset = l.x_offset + x_bytes;
   if (!CheckedMul(l.chunk_rows, row_bytes, &chunk_bytes) ||
-      !CheckedAdd(x_bytes, chunk_bytes, &l.bytes)) {
+      !CheckedAdd(l.chunk_offset, chunk_bytes, &l.bytes)) {
     return overflow();
   }
   return l;

@@ -1138,7 +1138,12 @@ TEST(BlockMmaSizesTest, TermsScratchSplitsAndRefusals) {
   // bf16 part's bytes), then the sums.
   EXPECT_EQ(kernels::BlockMmaScratchBytes(16, 2048, kernels::kBlockMmaInt8),
             64 * 16 * 32 * 2 + 64 * 16 * 4);
-  EXPECT_EQ(kernels::BlockMmaScratchBytes(4, 32, 6), -1);
+  // f16 in one scaled part: one part's bytes, then the sums and the scales.
+  EXPECT_EQ(kernels::BlockMmaTerms(DType::kF32, kernels::kBlockMmaF16x1), kernels::kBlockMmaF16x1);
+  EXPECT_EQ(kernels::BlockMmaTerms(DType::kBF16, kernels::kBlockMmaF16x1), 1);
+  EXPECT_EQ(kernels::BlockMmaScratchBytes(16, 2048, kernels::kBlockMmaF16x1),
+            64 * 16 * 32 * 2 + 2 * 64 * 16 * 4);
+  EXPECT_EQ(kernels::BlockMmaScratchBytes(4, 32, 7), -1);
   EXPECT_EQ(kernels::BlockMmaScratchBytes(int64_t{1} << 40, int64_t{1} << 40, 3), -1);
   // About four blocks per SM of 132, each split at least 4 units, at most 16 splits.
   EXPECT_EQ(kernels::BlockMmaSplitsFor(128, 2048, 132), 5);
@@ -1237,9 +1242,9 @@ TEST(BlockMmaSizesTest, TermsScratchSplitsAndRefusals) {
   EXPECT_EQ(kernels::LaunchBlockMma(a, {}), cudaErrorInvalidValue);
   a.ld = 1;
   // Parts other than BlockMmaTerms gives for x's dtype (the scratch is sized by them).
-  a.terms = 6;
+  a.terms = 7;
   EXPECT_EQ(kernels::LaunchBlockMma(a, {}), cudaErrorInvalidValue);
-  a.terms = 0;  // f32 x: 1, 2, 3, kBlockMmaF16x2 or kBlockMmaInt8
+  a.terms = 0;  // f32 x: 1, 2, 3, kBlockMmaF16x2, kBlockMmaInt8 or kBlockMmaF16x1
   EXPECT_EQ(kernels::LaunchBlockMma(a, {}), cudaErrorInvalidValue);
   a.dtype = DType::kF16;
   a.terms = 1;  // f16 x: 2
