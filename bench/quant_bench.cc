@@ -695,35 +695,37 @@ int main(int argc, char** argv) {
       }
     }
   }
-  // The experts' prefill matmul (by expert) for a chunk of 256 rows, routed uniformly or
+  // The experts' prefill matmul (by expert) for a chunk of `rows` rows, routed uniformly or
   // skewed, and for block formats the tensor-core path with x in three bf16 parts, two
   // scaled f16 parts and int8 (/mma_3, /mma_f16x2, /mma_int8; CudaOptions::moe_block_mma):
-  // MoePrefill/<format>/<gate+up|down>/rows:256/<uniform|skewed>[/mma_<x>].
+  // MoePrefill/<format>/<gate+up|down>/rows:<rows>/<uniform|skewed>[/mma_<x>].
+  const auto moe_prefill = [](sg::DType t, int64_t rows, bool gated, bool skewed, int terms) {
+    const std::string name = absl::StrCat(
+        "MoePrefill/", sg::DTypeName(t), "/", gated ? "gate+up N=768 K=2048" : "down N=2048 K=768",
+        "/rows:", rows, "/", skewed ? "skewed" : "uniform",
+        terms == 3                             ? "/mma_3"
+        : terms == sg::kernels::kBlockMmaF16x2 ? "/mma_f16x2"
+        : terms == sg::kernels::kBlockMmaInt8  ? "/mma_int8"
+                                               : "");
+    benchmark::RegisterBenchmark(name.c_str(),
+                                 [=](benchmark::State& state) {
+                                   if (absl::Status st = sg::RunMoePrefillCase(
+                                           state, name, t, rows, gated ? 768 : 2048,
+                                           gated ? 2048 : 768, gated, skewed, terms);
+                                       !st.ok()) {
+                                     state.SkipWithError(st.ToString().c_str());
+                                   }
+                                 })
+        ->UseManualTime()
+        ->Iterations(sg::kIterations)
+        ->Unit(benchmark::kMicrosecond);
+  };
   for (sg::DType t : {sg::DType::kBF16, sg::DType::kQ4_0, sg::DType::kQ4_K, sg::DType::kQ6_K}) {
     for (const bool gated : {true, false}) {
       for (const bool skewed : {false, true}) {
         for (const int terms : {0, 3, sg::kernels::kBlockMmaF16x2, sg::kernels::kBlockMmaInt8}) {
           if (terms > 0 && !sg::IsQuantized(t)) continue;
-          const std::string name = absl::StrCat(
-              "MoePrefill/", sg::DTypeName(t), "/",
-              gated ? "gate+up N=768 K=2048" : "down N=2048 K=768", "/rows:256/",
-              skewed ? "skewed" : "uniform",
-              terms == 3                             ? "/mma_3"
-              : terms == sg::kernels::kBlockMmaF16x2 ? "/mma_f16x2"
-              : terms == sg::kernels::kBlockMmaInt8  ? "/mma_int8"
-                                                     : "");
-          benchmark::RegisterBenchmark(name.c_str(),
-                                       [=](benchmark::State& state) {
-                                         if (absl::Status st = sg::RunMoePrefillCase(
-                                                 state, name, t, 256, gated ? 768 : 2048,
-                                                 gated ? 2048 : 768, gated, skewed, terms);
-                                             !st.ok()) {
-                                           state.SkipWithError(st.ToString().c_str());
-                                         }
-                                       })
-              ->UseManualTime()
-              ->Iterations(sg::kIterations)
-              ->Unit(benchmark::kMicrosecond);
+          moe_prefill(t, 256, gated, skewed, terms);
         }
       }
     }
@@ -731,27 +733,11 @@ int main(int argc, char** argv) {
   // Few rows a prompt chunk (2 and 4 pairs per expert: where CudaOptions::
   // moe_by_expert_pairs starts the walk by expert), Q4_K, uniform, by expert on the CUDA
   // cores and on the tensor cores (x as auto takes it below 128 pairs: three bf16 parts,
-  // and int8): MoePrefill/q4_k/<gate+up|down>/rows:<32|64>/uniform[/mma_<x>].
+  // and int8).
   for (const int64_t rows : {32, 64}) {
     for (const bool gated : {true, false}) {
       for (const int terms : {0, 3, sg::kernels::kBlockMmaInt8}) {
-        const std::string name = absl::StrCat(
-            "MoePrefill/q4_k/", gated ? "gate+up N=768 K=2048" : "down N=2048 K=768",
-            "/rows:", rows, "/uniform",
-            terms == 3 ? "/mma_3" : terms == sg::kernels::kBlockMmaInt8 ? "/mma_int8" : "");
-        benchmark::RegisterBenchmark(name.c_str(),
-                                     [=](benchmark::State& state) {
-                                       if (absl::Status st = sg::RunMoePrefillCase(
-                                               state, name, sg::DType::kQ4_K, rows,
-                                               gated ? 768 : 2048, gated ? 2048 : 768, gated,
-                                               false, terms);
-                                           !st.ok()) {
-                                         state.SkipWithError(st.ToString().c_str());
-                                       }
-                                     })
-            ->UseManualTime()
-            ->Iterations(sg::kIterations)
-            ->Unit(benchmark::kMicrosecond);
+        moe_prefill(sg::DType::kQ4_K, rows, gated, false, terms);
       }
     }
   }

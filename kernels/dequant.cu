@@ -81,10 +81,7 @@ __global__ void __launch_bounds__(kThreads)
     const float a = fabsf(in[i]);
     if (a <= FLT_MAX) m = fmaxf(m, a);  // false for infinities and NaN
   }
-#pragma unroll
-  for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
-    m = fmaxf(m, __shfl_xor_sync(kFullMask, m, offset));
-  }
+  m = WarpMax(m);
   if (threadIdx.x % kWarpSize == 0) warp_max[threadIdx.x / kWarpSize] = m;
   __syncthreads();
   if (threadIdx.x == 0) {
@@ -105,10 +102,7 @@ __global__ void __launch_bounds__(kThreads)
     for (int b = static_cast<int>(threadIdx.x); b < kRoundScaleBlocks; b += kWarpSize) {
       m = fmaxf(m, scratch[b]);
     }
-#pragma unroll
-    for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
-      m = fmaxf(m, __shfl_xor_sync(kFullMask, m, offset));
-    }
+    m = WarpMax(m);
     if (threadIdx.x == 0) {
       // 2^ilogb(m) <= m < 2^(ilogb(m) + 1): e = ilogb(m) - 14 puts m · 2^-e below 2^15.
       const int e = m >= 32768.0f ? ilogbf(m) - 14 : 0;

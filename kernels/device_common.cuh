@@ -152,6 +152,14 @@ __device__ __forceinline__ float WarpSum(float v) {
   return v;
 }
 
+__device__ __forceinline__ float WarpMax(float v) {
+#pragma unroll
+  for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
+    v = fmaxf(v, __shfl_xor_sync(kFullMask, v, offset));
+  }
+  return v;
+}
+
 // Sum over the block, returned to every thread. `scratch` is __shared__ float[33]; calls
 // may follow one another with the same scratch.
 __device__ __forceinline__ float BlockSum(float v, float* scratch) {

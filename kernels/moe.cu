@@ -34,14 +34,6 @@ constexpr int kRouteWarps = 4;
 constexpr int kCombineThreads = 256;
 constexpr int kMatMulThreads = static_cast<int>(kMoeMatMulCols) * kWarpSize;
 
-__device__ __forceinline__ float WarpMax(float v) {
-#pragma unroll
-  for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
-    v = fmaxf(v, __shfl_xor_sync(kFullMask, v, offset));
-  }
-  return v;
-}
-
 __device__ __forceinline__ void RaiseExpertOutOfRange(uint32_t* error_flags) {
   if (error_flags != nullptr) atomicOr(error_flags, static_cast<uint32_t>(kErrorExpertOutOfRange));
 }

@@ -113,6 +113,7 @@ struct MatmulRunner::Plan {
   cublasLtMatmulAlgo_t any_algo{};
   bool has_aligned_algo = false;
   bool has_any_algo = false;
+  bool device_alpha = false;  // made for alpha and beta in device memory
 };
 
 MatmulRunner::MatmulRunner(const CudaDeviceInfo& info, MatmulPolicy policy)
@@ -177,6 +178,7 @@ absl::StatusOr<std::unique_ptr<MatmulRunner::Plan>> MatmulRunner::MakeCublasLtPl
                              "cublasLtMatmulDescSetAttribute(TRANSA)"));
   SG_RETURN_IF_ERROR(SetDesc(desc, CUBLASLT_MATMUL_DESC_TRANSB, CUBLAS_OP_N,
                              "cublasLtMatmulDescSetAttribute(TRANSB)"));
+  plan->device_alpha = s.device_alpha;
   if (s.device_alpha) {
     SG_RETURN_IF_ERROR(SetDesc(desc, CUBLASLT_MATMUL_DESC_POINTER_MODE,
                                static_cast<int32_t>(CUBLASLT_POINTER_MODE_DEVICE),
@@ -281,7 +283,7 @@ absl::Status MatmulRunner::Launch(const Plan& plan, const MatmulShape& shape, co
   }
   const float host_alpha_beta[2] = {1.0f, 0.0f};
   const float* alpha_beta = host_alpha_beta;
-  if (shape.device_alpha) {
+  if (plan.device_alpha) {
     if (ABSL_PREDICT_FALSE(device_alpha == nullptr)) {
       return absl::InvalidArgumentError(absl::StrCat(
           "the matmul ", Describe(shape), " reads alpha on the device but was given none"));
@@ -308,8 +310,7 @@ absl::StatusOr<BlockGemmLayout> BlockGemmLayoutFor(int64_t m, int64_t n, int64_t
                                                                            : DType::kF16;
       l.round_x = true;
       // f16 holds f32's values only to 65,504: x is scaled into range on the device.
-      l.scale_x = l.operand == DType::kF16;
-      if (l.scale_x) l.x_offset = kernels::kRoundScaleBytes;
+      if (l.scale_x()) l.x_offset = kernels::kRoundScaleBytes;
     }
   }
   const auto overflow = [&] {
@@ -551,7 +552,7 @@ absl::Status PrepareBlockGemm(const CudaPrepareContext& c, MatmulState& state) {
   chunk.ld_y = s.n;
   chunk.tf32 = state.block.tf32;
   if (state.block.operand != s.dtype) chunk.operands = state.block.operand;
-  chunk.device_alpha = state.block.scale_x;
+  chunk.device_alpha = state.block.scale_x();
   SG_ASSIGN_OR_RETURN(state.plan, c.matmul.Prepare(chunk));
   if (const int64_t tail = s.n % state.block.chunk_rows; tail != 0) {
     chunk.n = tail;
@@ -637,7 +638,7 @@ absl::Status RunBlockGemm(const MatmulState& s, const MatmulRunner& runner, cons
   auto* workspace = static_cast<uint8_t*>(s.workspace);
   const void* gemm_x = x;
   const float* alpha = nullptr;
-  if (s.block.scale_x) {
+  if (s.block.scale_x()) {
     auto* scratch = reinterpret_cast<float*>(workspace);
     SG_RETURN_IF_ERROR(ToStatus(
         kernels::LaunchRoundFloatsF16Scaled(static_cast<const float*>(x),
@@ -666,7 +667,6 @@ absl::Status RunBlockGemm(const MatmulState& s, const MatmulRunner& runner, cons
                                 "LaunchDequantize"));
     MatmulShape chunk_shape = shape;
     chunk_shape.n = rows;
-    chunk_shape.device_alpha = s.block.scale_x;  // as the plan was made
     SG_RETURN_IF_ERROR(runner.Launch(
         plan, chunk_shape, gemm_x, chunk,
         bias == nullptr ? nullptr : static_cast<const uint8_t*>(bias) + n0 * y_bytes,

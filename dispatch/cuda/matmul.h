@@ -51,8 +51,8 @@ struct MatmulShape {
   int64_t ld_y = 0;
   std::optional<DType> operands;
   bool tf32 = false;
-  // alpha and beta read from device memory (Launch's device_alpha): the f16 chunks' x
-  // scaled down by a power of two, alpha scaling y back.
+  // A plan whose alpha and beta are read from device memory (Launch's device_alpha): the
+  // f16 chunks' x scaled down by a power of two, alpha scaling y back.
   bool device_alpha = false;
 
   friend bool operator==(const MatmulShape& a, const MatmulShape& b) {
@@ -74,13 +74,15 @@ struct BlockGemmLayout {
   DType operand = DType::kF32;
   bool tf32 = false;
   bool round_x = false;       // x is f32 and the GEMM reads it as `operand` from the workspace
-  // f16 x: scaled by a power of two as it is rounded (kernels::LaunchRoundFloatsF16Scaled),
-  // its scratch (alpha and beta among it) at the workspace's start.
-  bool scale_x = false;
   int64_t x_offset = 0;       // bytes from the workspace's start to the rounded x
   int64_t chunk_rows = 0;     // rows of w per GEMM (the last chunk may hold fewer)
   int64_t chunk_offset = 0;   // bytes from the workspace's start to the dequantized chunk
   int64_t bytes = 0;          // workspace bytes the node needs
+
+  // x rounded to f16 is scaled by a power of two as it is rounded
+  // (kernels::LaunchRoundFloatsF16Scaled), its scratch (alpha and beta among it) at the
+  // workspace's start.
+  bool scale_x() const { return round_x && operand == DType::kF16; }
 };
 
 // The layout for these sizes under `options` on a device with `l2_bytes` of L2; no
@@ -135,7 +137,7 @@ class MatmulRunner {
   // valid while the runner lives.
   absl::StatusOr<const Plan*> Prepare(const MatmulShape& shape);
 
-  // One launch of `plan` (made by Prepare for `shape`) on `stream`; with
+  // One launch of `plan` (made by Prepare for `shape`) on `stream`; for a plan made with
   // shape.device_alpha, alpha and beta are the two floats at `device_alpha` (device memory,
   // read when the launch runs).
   absl::Status Launch(const Plan& plan, const MatmulShape& shape, const void* x, const void* w,

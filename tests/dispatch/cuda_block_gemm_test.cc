@@ -90,7 +90,7 @@ TEST(BlockGemmLayoutTest, F32ActivationsFollowThePrecision) {
   EXPECT_EQ(l->chunk_offset, 300 * 2048 * 2);
   EXPECT_EQ(l->chunk_rows, 2048);
   EXPECT_EQ(l->bytes, 300 * 2048 * 2 + 2048 * 2048 * 2);
-  EXPECT_FALSE(l->scale_x);
+  EXPECT_FALSE(l->scale_x());
   EXPECT_EQ(l->x_offset, 0);
   // f16: the same in f16, x scaled into f16's range as it is rounded, the scaling's
   // scratch (alpha and beta among it) first.
@@ -99,7 +99,7 @@ TEST(BlockGemmLayoutTest, F32ActivationsFollowThePrecision) {
   ASSERT_TRUE(l.ok()) << l.status();
   EXPECT_EQ(l->operand, DType::kF16);
   EXPECT_TRUE(l->round_x);
-  EXPECT_TRUE(l->scale_x);
+  EXPECT_TRUE(l->scale_x());
   EXPECT_FALSE(l->tf32);
   EXPECT_EQ(l->x_offset, kernels::kRoundScaleBytes);
   EXPECT_EQ(l->chunk_offset, kernels::kRoundScaleBytes + 300 * 2048 * 2);
