@@ -619,6 +619,7 @@ int main(int argc, char** argv) {
         sg::BatchPath{"mma_plain", 0, sg::BlockGemmPrecision::kF32, 1, false},
         sg::BatchPath{"mma_bf16", 0, sg::BlockGemmPrecision::kBf16, 1, true},
         sg::BatchPath{"mma_f16x2", 0, sg::BlockGemmPrecision::kF16x2, 1, true},
+        sg::BatchPath{"mma_f16", 0, sg::BlockGemmPrecision::kF16, 1, true},
         sg::BatchPath{"mma_int8", 0, sg::BlockGemmPrecision::kInt8, 1, true},
         sg::BatchPath{"gemm_f32", 1, sg::BlockGemmPrecision::kF32},
         sg::BatchPath{"gemm_tf32", 1, sg::BlockGemmPrecision::kTf32},
