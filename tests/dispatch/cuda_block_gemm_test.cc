@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -371,6 +372,15 @@ constexpr Variant kVariants[] = {
     {DType::kF16, BlockGemmPrecision::kF32, 1e-2},
 };
 
+// n values of x uniform in ±3·10^5, past f16's range (seeded by `seed`).
+std::vector<float> WideX(int64_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> u(-3.0e5f, 3.0e5f);
+  std::vector<float> x(static_cast<size_t>(n));
+  for (float& v : x) v = u(rng);
+  return x;
+}
+
 std::vector<OpCase> BlockGemmCases() {
   std::vector<OpCase> cases;
   struct Mm {
@@ -403,9 +413,10 @@ std::vector<OpCase> BlockGemmCases() {
         }
       }
     }
-    // f16 operands with x past f16's range (up to 3·10^5; 65,504 is f16's largest): x is
-    // scaled into range as it is rounded and alpha scales y back, so the products stay
-    // finite and within f16's tolerance of the reference's.
+    // f16 operands with x past f16's range (up to 3·10^5; 65,504 is f16's largest; the
+    // weights and bias in the usual range, as a model's): x is scaled into range as it is
+    // rounded and alpha scales y back, so the products stay finite and within f16's
+    // tolerance of the reference's.
     for (int64_t m : {17, 300}) {
       cases.push_back(
           {.name = absl::StrCat("BlockGemm/", DTypeName(q), "/f32_f16_wide/", m, "x256x200+bias"),
@@ -415,7 +426,7 @@ std::vector<OpCase> BlockGemmCases() {
                                       b.Weight("bias", DType::kF32, {200})));
            },
            .tolerance = 3e-3,
-           .float_range = 3.0e5f,
+           .float_values = {{"x", WideX(m * 256, static_cast<uint32_t>(m))}},
            .cuda_options = [](CudaOptions& o) {
              o.block_gemm_min_rows = 1;
              o.block_gemm_workspace_bytes = 1;
