@@ -89,12 +89,13 @@ absl::StatusOr<BlockGemvPrecision> ParseBlockGemvPrecision(absl::string_view nam
 int64_t BlockGemmMinRows(const CudaOptions& o, DType x_dtype) {
   if (o.block_gemm_min_rows != CudaOptions::kBlockGemmAuto) return o.block_gemm_min_rows;
   // The tensor-core kernel's f32 x in parts (three exact, two) beats the block GEMM's f32
-  // on CUDA cores at every size; tf32, bf16 and f16 GEMMs take over from 32 rows.
-  // Every precision but those (the GEMM's own) is the tensor-core kernel's.
+  // on CUDA cores at every size; tf32, bf16 and f16 GEMMs (auto's is f16) take over from
+  // 32 rows. Every precision but those (the GEMM's own) is the tensor-core kernel's.
   const bool parts_f32 = x_dtype == DType::kF32 &&
                          o.block_gemm_precision != BlockGemmPrecision::kTf32 &&
                          o.block_gemm_precision != BlockGemmPrecision::kBf16 &&
-                         o.block_gemm_precision != BlockGemmPrecision::kF16;
+                         o.block_gemm_precision != BlockGemmPrecision::kF16 &&
+                         o.block_gemm_precision != BlockGemmPrecision::kAuto;
   return parts_f32 && o.block_mma_min_rows > 0 ? 0 : 32;
 }
 

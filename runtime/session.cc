@@ -1317,7 +1317,8 @@ absl::Status DecodeSession::Impl::CheckErrorFlags() {
         steps, " of this session (", where.empty() ? "no live slot" : where,
         ") produced logits holding NaN or infinity (device error flag kErrorNonFiniteLogits): "
         "the model's weights or activations are not finite; SessionOptions::check_weights "
-        "scans the weights"));
+        "scans the weights (block-format weights past f16's 65,504 overflow under "
+        "CudaOptions::block_gemm_precision auto or f16: f32 computes them)"));
   }
   if (flags & kErrorTokenOutOfRange) {
     return absl::OutOfRangeError(absl::StrCat(

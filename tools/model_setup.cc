@@ -88,7 +88,7 @@ std::string BlockPrecisions(const Options& o, const DecodeSession& s) {
   return absl::StrCat(
       "; block-format matmuls' x: ", BlockGemmPrecisionName(gemm),
       gemm == BlockGemmPrecision::kAuto
-          ? absl::StrCat(" (two f16 parts from ", kBlockGemmAutoF16x2Rows, " rows, f32 below)")
+          ? absl::StrCat(" (f16 from ", kBlockGemmAutoF16Rows, " rows, f32 below)")
           : std::string(),
       " on the tensor cores, ", BlockGemvPrecisionName(o.cuda.block_gemv_precision),
       " at one row",

@@ -530,8 +530,8 @@ const Flag kFlags[] = {
      nullptr, EnvRule::kNone,
      [](S v, O& o) { return SetInt(v, 0, int64_t{1} << 30, o.cuda.block_mma_min_rows); }},
     {"--block-gemm-precision", nullptr, "P", kAll, true,
-     "GPU: block-format matmuls' operands with f32 activations: auto (default: f16x2 from "
-     "128 rows, prefill steps, f32 below), f32 (exact), "
+     "GPU: block-format matmuls' operands with f32 activations: auto (default: f16 from "
+     "16 rows, prefill steps and decode batches of 16, f32 below), f32 (exact), "
      "f16x2 (the tensor-core kernel's x in two f16 parts per 32 values scaled by a power of "
      "two: f32's precision, fewer MMAs), int8 (x quantized to int8 per 32 values in int8 "
      "MMAs, as llama.cpp does: the fastest, not the reference's numbers), bf16x2 (x in two "

@@ -304,8 +304,10 @@ absl::StatusOr<BlockGemmLayout> BlockGemmLayoutFor(int64_t m, int64_t n, int64_t
   l.operand = x_dtype;
   if (x_dtype == DType::kF32) {
     l.tf32 = options.block_gemm_precision == BlockGemmPrecision::kTf32;
+    // auto's block GEMM is f16's.
     if (options.block_gemm_precision == BlockGemmPrecision::kBf16 ||
-        options.block_gemm_precision == BlockGemmPrecision::kF16) {
+        options.block_gemm_precision == BlockGemmPrecision::kF16 ||
+        options.block_gemm_precision == BlockGemmPrecision::kAuto) {
       l.operand = options.block_gemm_precision == BlockGemmPrecision::kBf16 ? DType::kBF16
                                                                            : DType::kF16;
       l.round_x = true;
@@ -467,7 +469,7 @@ int BlockMmaTermsFor(DType x_dtype, int64_t m, const CudaOptions& options) {
   switch (options.block_gemm_precision) {
     case BlockGemmPrecision::kAuto:
       return kernels::BlockMmaTerms(
-          x_dtype, m >= kBlockGemmAutoF16x2Rows ? kernels::kBlockMmaF16x2 : 3);
+          x_dtype, m >= kBlockGemmAutoF16Rows ? kernels::kBlockMmaF16x1 : 3);
     case BlockGemmPrecision::kBf16:
       return kernels::BlockMmaTerms(x_dtype, 1);
     case BlockGemmPrecision::kBf16x2:

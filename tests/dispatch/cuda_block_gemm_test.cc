@@ -132,18 +132,24 @@ TEST(BlockGemmPrecisionTest, NamesRoundTrip) {
   EXPECT_EQ(ParseBlockGemmPrecision("fp8").status().code(), absl::StatusCode::kInvalidArgument);
 }
 
-// The default, auto: the tensor-core kernel's x in two scaled f16 parts for launches of
-// kBlockGemmAutoF16x2Rows rows or more (prefill steps), three exact bf16 parts below;
-// bf16 and f16 x keep their own parts; explicit choices do not look at the rows.
-TEST(BlockGemmPrecisionTest, AutoTakesF16x2FromItsRows) {
+// The default, auto: the tensor-core kernel's x as one scaled f16 part for launches of
+// kBlockGemmAutoF16Rows rows or more (decode batches of 16, prompts' experts), three exact
+// bf16 parts below; the block GEMM in f16 from 32 rows (f16's layout); bf16 and f16 x keep
+// their own parts; explicit choices do not look at the rows.
+TEST(BlockGemmPrecisionTest, AutoTakesF16FromItsRows) {
   const CudaOptions o;
   ASSERT_EQ(o.block_gemm_precision, BlockGemmPrecision::kAuto);
   EXPECT_EQ(BlockMmaTermsFor(DType::kF32, 1, o), 3);
-  EXPECT_EQ(BlockMmaTermsFor(DType::kF32, kBlockGemmAutoF16x2Rows - 1, o), 3);
-  EXPECT_EQ(BlockMmaTermsFor(DType::kF32, kBlockGemmAutoF16x2Rows, o), kernels::kBlockMmaF16x2);
-  EXPECT_EQ(BlockMmaTermsFor(DType::kF32, 4096, o), kernels::kBlockMmaF16x2);
+  EXPECT_EQ(BlockMmaTermsFor(DType::kF32, kBlockGemmAutoF16Rows - 1, o), 3);
+  EXPECT_EQ(BlockMmaTermsFor(DType::kF32, kBlockGemmAutoF16Rows, o), kernels::kBlockMmaF16x1);
+  EXPECT_EQ(BlockMmaTermsFor(DType::kF32, 4096, o), kernels::kBlockMmaF16x1);
   EXPECT_EQ(BlockMmaTermsFor(DType::kBF16, 4096, o), 1);
   EXPECT_EQ(BlockMmaTermsFor(DType::kF16, 4096, o), 2);
+  EXPECT_EQ(BlockGemmMinRows(o, DType::kF32), 32);
+  absl::StatusOr<BlockGemmLayout> l = BlockGemmLayoutFor(300, 8192, 2048, DType::kF32, o, 0);
+  ASSERT_TRUE(l.ok()) << l.status();
+  EXPECT_EQ(l->operand, DType::kF16);
+  EXPECT_TRUE(l->scale_x());
   const CudaOptions exact{.block_gemm_precision = BlockGemmPrecision::kF32};
   EXPECT_EQ(BlockMmaTermsFor(DType::kF32, 4096, exact), 3);
   const CudaOptions int8{.block_gemm_precision = BlockGemmPrecision::kInt8};
@@ -159,7 +165,8 @@ TEST(BlockGemmPrecisionTest, AutoTakesF16x2FromItsRows) {
   EXPECT_EQ(BlockGemmMinRows(CudaOptions{.block_gemm_precision = BlockGemmPrecision::kBf16},
                              DType::kF32),
             32);
-  EXPECT_EQ(BlockGemmMinRows(o, DType::kF32), 0) << "auto: the tensor-core kernel at every size";
+  const CudaOptions f16x2{.block_gemm_precision = BlockGemmPrecision::kF16x2};
+  EXPECT_EQ(BlockGemmMinRows(f16x2, DType::kF32), 0) << "f16x2: the tensor-core kernel throughout";
 }
 
 // ---- the dequantization kernel ----

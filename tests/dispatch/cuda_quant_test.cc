@@ -172,9 +172,9 @@ std::vector<OpCase> MmaMatmulCases() {
           const bool f16x1 = precision == BlockGemmPrecision::kF16;  // one scaled f16 part
           const bool int8 = precision == BlockGemmPrecision::kInt8;
           const bool int8_random = precision == kInt8RandomX;
-          // The default, auto, where it takes two f16 parts: 130 rows.
+          // The default, auto, where it takes one scaled f16 part: from 16 rows.
           const bool automatic = precision == BlockGemmPrecision::kAuto;
-          if (automatic && (t != DType::kF32 || s.m < kBlockGemmAutoF16x2Rows)) continue;
+          if (automatic && (t != DType::kF32 || s.m < kBlockGemmAutoF16Rows)) continue;
           if ((f16x2 || f16x1 || int8 || int8_random) && t != DType::kF32) continue;
           if (int8_random && s.m != 16 && s.k != 2048) continue;
           if (bf16_x && (t != DType::kF32 || s.m != 16)) continue;
@@ -207,7 +207,7 @@ std::vector<OpCase> MmaMatmulCases() {
                                           : b.MatMul(x, w));
                  },
                  .tolerance = bf16_x || int8_random ? 1e-2
-                              : f16x1               ? 3e-3
+                              : f16x1 || automatic  ? 3e-3
                               : parts2              ? 5e-5
                                                     : Tol(t),
                  .float_values = int8 ? std::vector<std::pair<std::string, std::vector<float>>>{
@@ -276,6 +276,7 @@ struct FusedShape {
 std::function<void(CudaOptions&)> BlockKernels(bool mma) {
   return [mma](CudaOptions& o) {
     o.block_mma_min_rows = mma ? 1 : 0;
+    o.block_gemm_precision = BlockGemmPrecision::kF32;  // exact x (auto's f16 from 16 rows)
     o.block_row_fused_max_k = 0;
     o.block_gemv_precision = BlockGemvPrecision::kF32;
   };
@@ -547,9 +548,8 @@ std::vector<OpCase> MoeRowCases() {
 // its expert. Plain and gated (silu_mul) experts, the down experts per slot, 128 experts
 // of which some get no pair (empty segments), an odd column count (a partial block of
 // columns and a partial column tile), bf16 x (one part), and under f32 the exact products
-// (f32's tolerance), the auto precision (two scaled f16 parts from 128 pairs: f32's), one
-// scaled f16 part (f16: 3e-3) and int8 (1e-2); bad ids among the pairs (zeros and the
-// flag, which the run compares).
+// (f32's tolerance), one scaled f16 part (f16, and auto from 16 pairs: 3e-3) and int8
+// (1e-2); bad ids among the pairs (zeros and the flag, which the run compares).
 std::vector<OpCase> MoeMmaCases() {
   std::vector<OpCase> cases;
   for (DType q : kQuantTypes) {
@@ -579,7 +579,7 @@ std::vector<OpCase> MoeMmaCases() {
                                        : b.MoeMatMul(x, b.Weight("w", q, {s.experts, s.n, k}),
                                                      ids));
              },
-             .tolerance = int8 ? 1e-2 : f16 ? 3e-3 : Tol(s.x),
+             .tolerance = int8 ? 1e-2 : f16 || p == BlockGemmPrecision::kAuto ? 3e-3 : Tol(s.x),
              .int_hi = static_cast<int32_t>(s.experts),
              .cuda_options = [p](CudaOptions& o) {
                o.moe_block_mma = true;
@@ -608,7 +608,10 @@ std::vector<OpCase> MoeMmaCases() {
              },
              .tolerance = Tol(DType::kF32),
              .int_values = {{"ids", r.ids}},
-             .cuda_options = [](CudaOptions& o) { o.moe_block_mma = true; }});
+             .cuda_options = [](CudaOptions& o) {
+               o.moe_block_mma = true;
+               o.block_gemm_precision = BlockGemmPrecision::kF32;  // the routing, exact
+             }});
       }
     }
   }

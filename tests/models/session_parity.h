@@ -20,14 +20,15 @@ namespace sg::testing {
 // Greedy decoding of fixture `dir` (a folder, or a GGUF file beside an expected.json) on
 // `backend` (replayed or eager) against expected.json: every generated id for f32 (the
 // first 16 for bf16), and the logits at the last prompt position and after the last
-// generated id.
-inline void CheckSessionParity(const std::string& dir, Backend backend, bool eager) {
+// generated id, within kParityBf16Tolerance for bf16 and `f32_tolerance` for f32.
+inline void CheckSessionParity(const std::string& dir, Backend backend, bool eager,
+                               double f32_tolerance = kParityF32Tolerance) {
   const ParityExpected want = ReadParityExpected(ExpectedJsonOf(dir));
   ASSERT_GE(want.prompt.size(), 5u);
   ASSERT_GE(want.generated.size(), 32u);
   const bool bf16 = want.dtype == "bfloat16";
   const size_t checked = bf16 ? kParityBf16Tokens : want.generated.size();
-  const double tolerance = bf16 ? kParityBf16Tolerance : kParityF32Tolerance;
+  const double tolerance = bf16 ? kParityBf16Tolerance : f32_tolerance;
   const int64_t p = static_cast<int64_t>(want.prompt.size());
   const int64_t g = static_cast<int64_t>(want.generated.size());
 

@@ -262,8 +262,8 @@ TEST(OptionsTest, BlockGemmRowsResolve) {
   EXPECT_EQ(BlockGemmMinRows(c, DType::kF32), 0);
   c.block_gemm_precision = BlockGemmPrecision::kInt8;  // x as int8 on the same kernel
   EXPECT_EQ(BlockGemmMinRows(c, DType::kF32), 0);
-  c.block_gemm_precision = BlockGemmPrecision::kAuto;  // the default: exact or f16x2
-  EXPECT_EQ(BlockGemmMinRows(c, DType::kF32), 0);
+  c.block_gemm_precision = BlockGemmPrecision::kAuto;  // the default: f16's GEMM from 32
+  EXPECT_EQ(BlockGemmMinRows(c, DType::kF32), 32);
   c.block_gemm_precision = BlockGemmPrecision::kF32;
   c.block_mma_min_rows = 0;  // no tensor-core kernel: the GEMM beats the CUDA-core one
   EXPECT_EQ(BlockGemmMinRows(c, DType::kF32), 32);

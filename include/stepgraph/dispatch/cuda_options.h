@@ -41,13 +41,16 @@ absl::StatusOr<MatmulPolicy> ParseMatmulPolicy(absl::string_view name);
 // quantized to int8 per row and 32 values (one f32 scale each, as llama.cpp's block
 // matmuls quantize activations) in int8 MMAs: the fastest, not the reference's numbers
 // (each x held to half of 1/127 of its unit's largest magnitude); the block GEMM, where
-// forced, computes as kF32. kAuto (the default): the tensor-core kernel takes kF16x2 for
-// launches of kBlockGemmAutoF16x2Rows rows or more (prefill steps: f32's precision, 1.08–
-// 1.16× the exact prefill on an H200, and the GPU parity fixtures keep every greedy id
-// with the logits within 2e-6 of the CPU reference's, as exact's) and exact f32 (three
-// bf16 parts) below, where two f16 parts gain nothing (decode batches of 8 and 16 ran
-// 1821 / 2309 µs against exact's 1830 / 2225); everything else computes as kF32.
-// docs/cuda_kernels.md.
+// forced, computes as kF32. kAuto (the default): f16 where it gains, exact f32 elsewhere:
+// the block GEMM in f16 from 32 rows (prefill steps: on an H200, 2026-12-01, a 512-token
+// Q4_0 prefill of the 1B shape in 7.9 ms against 14.6 with two f16 parts, 66.6k tokens/s
+// against llama.cpp's 43.9k), the tensor-core kernel's one scaled f16 part from
+// kBlockGemmAutoF16Rows rows (a Q4_K_M decode batch of 16 in 1,957 us against 2,216
+// exact), and exact f32 (three bf16 parts) below, where f16 gains little (batch 8: 1,772
+// against 1,830 us). Its precision: SmolLM2's Q4_1 file with x and weights in f16 gave
+// every one of 24 answers of exact f32 (bench/precision_study.py, docs/gguf.md); weights
+// past f16's range (65,504: no trained model's) overflow and surface as the session's
+// non-finite-logits error. docs/cuda_kernels.md.
 enum class BlockGemmPrecision : uint8_t {
   kF32,
   kTf32,
@@ -58,7 +61,7 @@ enum class BlockGemmPrecision : uint8_t {
   kAuto,
   kF16,
 };
-inline constexpr int64_t kBlockGemmAutoF16x2Rows = 128;
+inline constexpr int64_t kBlockGemmAutoF16Rows = 16;
 
 // "f32", "tf32", "bf16", "bf16x2", "f16x2", "int8", "auto", "f16"
 absl::string_view BlockGemmPrecisionName(BlockGemmPrecision p);
@@ -119,7 +122,7 @@ struct CudaOptions {
   // into a workspace in chunks of its rows and each chunk multiplied by cuBLASLt (the block
   // GEMM); fewer rows run the block-format kernels (block_mma_min_rows). 0: never.
   // kBlockGemmAuto (the default): 32 where the GEMM multiplies on tensor cores (bf16 or f16
-  // x; f32 x under block_gemm_precision tf32 or bf16), never where it would multiply exact
+  // x; f32 x under block_gemm_precision auto, f16, tf32 or bf16), never where it would multiply exact
   // f32 on the CUDA cores (f32 x, precision f32) while the tensor-core kernel runs
   // (block_mma_min_rows > 0): that kernel is exact too and faster at every size measured
   // (H200, 2026-11-29, prefill_bench: 3 layers of Q4_0 matmuls, 512 rows 1.23 ms a layer
