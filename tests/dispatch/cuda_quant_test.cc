@@ -1298,9 +1298,9 @@ TEST(QuantConformanceCasesTest, EveryFormatAndDTypeIsCovered) {
   // Per format and x dtype: 6 shapes automatic, 3 of them in 3 forced block shapes, the
   // long one staged; f32 x rounded to bf16 once, in two parts three times, in two scaled
   // f16 parts, in one and as int8 held exactly in every shape, as int8 of random x three
-  // times, and under the default precision at 130 rows twice.
+  // times, and under the default precision (one f16 part from 16 rows) five times.
   EXPECT_EQ(MmaMatmulCases().size(),
-            8u * (3u * (6u + 3u * 3u + 1u) + 1u + 3u + 3u * (6u + 3u * 3u + 1u) + 3u + 2u));
+            8u * (3u * (6u + 3u * 3u + 1u) + 1u + 3u + 3u * (6u + 3u * 3u + 1u) + 3u + 5u));
   EXPECT_EQ(MmaFusedCases().size(), 8u * 3u * (6u + 1u) + 3u * 2u);
   // Per format, x dtype and integer precision: 2 MatMuls, the add and SiluMul.
   EXPECT_EQ(IntRowCases().size(), 8u * 3u * (4u * 4u + 1u));

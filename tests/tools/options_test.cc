@@ -247,11 +247,12 @@ TEST(OptionsTest, DeviceLoopFlag) {
   ExpectRefused({"tokenize", "--device-loop", "8"}, "--device-loop is not an option of 'tokenize'");
 }
 
-// The block GEMM's rows as the dispatcher resolves them: auto keeps exact f32 on the
-// tensor-core kernel and takes the GEMM from 32 rows where it runs on tensor cores.
+// The block GEMM's rows as the dispatcher resolves them: from 32 rows where it runs on
+// tensor cores (auto's f16 among them); never where exact f32 x stays on the tensor-core
+// kernel.
 TEST(OptionsTest, BlockGemmRowsResolve) {
   CudaOptions c;
-  EXPECT_EQ(BlockGemmMinRows(c, DType::kF32), 0);
+  EXPECT_EQ(BlockGemmMinRows(c, DType::kF32), 32);
   EXPECT_EQ(BlockGemmMinRows(c, DType::kBF16), 32);
   EXPECT_EQ(BlockGemmMinRows(c, DType::kF16), 32);
   c.block_gemm_precision = BlockGemmPrecision::kBf16;
@@ -262,9 +263,8 @@ TEST(OptionsTest, BlockGemmRowsResolve) {
   EXPECT_EQ(BlockGemmMinRows(c, DType::kF32), 0);
   c.block_gemm_precision = BlockGemmPrecision::kInt8;  // x as int8 on the same kernel
   EXPECT_EQ(BlockGemmMinRows(c, DType::kF32), 0);
-  c.block_gemm_precision = BlockGemmPrecision::kAuto;  // the default: f16's GEMM from 32
-  EXPECT_EQ(BlockGemmMinRows(c, DType::kF32), 32);
-  c.block_gemm_precision = BlockGemmPrecision::kF32;
+  c.block_gemm_precision = BlockGemmPrecision::kF32;  // exact: the tensor-core kernel
+  EXPECT_EQ(BlockGemmMinRows(c, DType::kF32), 0);
   c.block_mma_min_rows = 0;  // no tensor-core kernel: the GEMM beats the CUDA-core one
   EXPECT_EQ(BlockGemmMinRows(c, DType::kF32), 32);
   c.block_gemm_min_rows = 7;
