@@ -326,6 +326,8 @@ void RegisterQuantCases() {
                                 QuantSetup{format, DType::kF32, BlockGemmPrecision::kTf32},
                                 QuantSetup{format, DType::kF32, BlockGemmPrecision::kBf16},
                                 QuantSetup{format, DType::kF32, BlockGemmPrecision::kF16},
+                                // The default (f16 from 16 rows, the GEMM from 32).
+                                QuantSetup{format, DType::kF32, BlockGemmPrecision::kAuto},
                                 QuantSetup{format, DType::kF32, BlockGemmPrecision::kF32, false},
                                 QuantSetup{format, DType::kF32, BlockGemmPrecision::kF32, false,
                                            BlockMmaShapeOption::kDecode},

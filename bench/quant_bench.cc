@@ -697,7 +697,8 @@ int main(int argc, char** argv) {
   }
   // The experts' prefill matmul (by expert) for a chunk of `rows` rows, routed uniformly or
   // skewed, and for block formats the tensor-core path with x in three bf16 parts, two
-  // scaled f16 parts and int8 (/mma_3, /mma_f16x2, /mma_int8; CudaOptions::moe_block_mma):
+  // scaled f16 parts, one (auto's from 16 pairs) and int8 (/mma_3, /mma_f16x2, /mma_f16,
+  // /mma_int8; CudaOptions::moe_block_mma):
   // MoePrefill/<format>/<gate+up|down>/rows:<rows>/<uniform|skewed>[/mma_<x>].
   const auto moe_prefill = [](sg::DType t, int64_t rows, bool gated, bool skewed, int terms) {
     const std::string name = absl::StrCat(
@@ -705,6 +706,7 @@ int main(int argc, char** argv) {
         "/rows:", rows, "/", skewed ? "skewed" : "uniform",
         terms == 3                             ? "/mma_3"
         : terms == sg::kernels::kBlockMmaF16x2 ? "/mma_f16x2"
+        : terms == sg::kernels::kBlockMmaF16x1 ? "/mma_f16"
         : terms == sg::kernels::kBlockMmaInt8  ? "/mma_int8"
                                                : "");
     benchmark::RegisterBenchmark(name.c_str(),
@@ -723,7 +725,8 @@ int main(int argc, char** argv) {
   for (sg::DType t : {sg::DType::kBF16, sg::DType::kQ4_0, sg::DType::kQ4_K, sg::DType::kQ6_K}) {
     for (const bool gated : {true, false}) {
       for (const bool skewed : {false, true}) {
-        for (const int terms : {0, 3, sg::kernels::kBlockMmaF16x2, sg::kernels::kBlockMmaInt8}) {
+        for (const int terms : {0, 3, sg::kernels::kBlockMmaF16x2, sg::kernels::kBlockMmaF16x1,
+                                sg::kernels::kBlockMmaInt8}) {
           if (terms > 0 && !sg::IsQuantized(t)) continue;
           moe_prefill(t, 256, gated, skewed, terms);
         }
@@ -732,11 +735,11 @@ int main(int argc, char** argv) {
   }
   // Few rows a prompt chunk (2 and 4 pairs per expert: where CudaOptions::
   // moe_by_expert_pairs starts the walk by expert), Q4_K, uniform, by expert on the CUDA
-  // cores and on the tensor cores (x as auto takes it below 128 pairs: three bf16 parts,
-  // and int8).
+  // cores and on the tensor cores (three bf16 parts; one scaled f16 part, as auto takes it
+  // from 16 pairs; int8).
   for (const int64_t rows : {32, 64}) {
     for (const bool gated : {true, false}) {
-      for (const int terms : {0, 3, sg::kernels::kBlockMmaInt8}) {
+      for (const int terms : {0, 3, sg::kernels::kBlockMmaF16x1, sg::kernels::kBlockMmaInt8}) {
         moe_prefill(sg::DType::kQ4_K, rows, gated, false, terms);
       }
     }
