@@ -340,7 +340,8 @@ void BM_PrefillAttention(benchmark::State& state, DType dt, int64_t t, int64_t b
 }
 
 // The prefill launcher itself for bf16 (or f16) rows: the tensor-core kernel against the
-// CUDA-core one that f32 takes (AttentionArgs::prefill_cuda_cores), one sequence of t rows
+// CUDA-core one that f32 takes (AttentionArgs::prefill_cuda_cores); for f32 rows the
+// tensor-core kernel in f16 (AttentionArgs::prefill_f32_f16) against it; one sequence of t rows
 // at positions begin..begin + t - 1, caches [1, 8, S, 64], S = begin + t.
 void BM_PrefillKernels(benchmark::State& state, DType dt, int64_t t, int64_t begin,
                        bool cuda_cores) {
@@ -367,8 +368,8 @@ void BM_PrefillKernels(benchmark::State& state, DType dt, int64_t t, int64_t beg
       v.push_back(std::move(vb));
       out.push_back(std::move(ob));
     }
-    const std::string name = absl::StrCat(DTypeName(dt), cuda_cores ? "_cuda_cores" : "_mma",
-                                          "/T", t, "/from", begin);
+    const char* path = cuda_cores ? "_cuda_cores" : dt == DType::kF32 ? "_f16_mma" : "_mma";
+    const std::string name = absl::StrCat(DTypeName(dt), path, "/T", t, "/from", begin);
     SG_RETURN_IF_ERROR(TimeCaptured(
         state, n,
         [&](int i) -> absl::Status {
@@ -384,6 +385,7 @@ void BM_PrefillKernels(benchmark::State& state, DType dt, int64_t t, int64_t beg
           a.rows_per_seq = static_cast<int>(t);
           a.slots = 1;
           a.prefill_cuda_cores = cuda_cores;
+          a.prefill_f32_f16 = !cuda_cores;  // f32 rows: the tensor-core kernel in f16
           return ToStatus(kernels::LaunchPrefillAttention(a, shape, dt, g->stream.get()),
                           "LaunchPrefillAttention");
         },
@@ -598,12 +600,15 @@ int main(int argc, char** argv) {
       }
     }
   }
-  for (sg::DType dt : {sg::DType::kBF16, sg::DType::kF16}) {
+  for (sg::DType dt : {sg::DType::kBF16, sg::DType::kF16, sg::DType::kF32}) {
     for (bool cuda_cores : {false, true}) {
       for (const auto& [t, begin] :
            {std::pair<int64_t, int64_t>{256, 0}, {256, 1792}, {2048, 0}}) {
         reg(absl::StrCat("PrefillKernels/", sg::DTypeName(dt),
-                         cuda_cores ? "_cuda_cores" : "_mma", "/T", t, "/from", begin),
+                         cuda_cores                ? "_cuda_cores"
+                         : dt == sg::DType::kF32   ? "_f16_mma"
+                                                   : "_mma",
+                         "/T", t, "/from", begin),
             [dt, t, begin, cuda_cores](benchmark::State& s) {
               sg::BM_PrefillKernels(s, dt, t, begin, cuda_cores);
             });

@@ -79,6 +79,10 @@ struct AttentionArgs {
   // LaunchPrefillAttention: bf16 and f16 on the CUDA-core kernel that f32 takes instead of
   // the tensor-core one (benchmarks compare them).
   bool prefill_cuda_cores = false;
+  // LaunchPrefillAttention: f32 rows on the tensor-core kernel, q, k, v and the softmax's
+  // probabilities rounded to f16 before their products (sums and the output in f32)
+  // instead of the CUDA-core kernel's f32 products (CudaOptions::prefill_attention_f16).
+  bool prefill_f32_f16 = false;
 };
 
 // One launch. Rows with pos < 0 get zeros; rows with pos >= seq_len get zeros and raise

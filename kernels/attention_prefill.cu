@@ -350,7 +350,9 @@ cudaError_t LaunchPrefill(const PrefillParams& p, int tiles, int seqs, Stream st
 // two n8 tiles is the A layout of one k16 step), V's B fragments by ldmatrix.trans, O in
 // f32 accumulators rescaled per row. Q, K and V arrive by cp.async (the next tile in
 // flight); smem rows are padded by 16 bytes, so ldmatrix's eight row addresses hit
-// different banks. A warp whose rows all end before a tile skips its MMAs.
+// different banks. A warp whose rows all end before a tile skips its MMAs. f32 rows
+// (AttentionArgs::prefill_f32_f16) take the same walk in f16: Q, K and V rounded to f16 as
+// they are loaded (plain loads, not cp.async), the output written back in f32.
 constexpr int kMmaKeys = 64;
 constexpr int kMmaWarps = 4;
 constexpr int kMmaThreads = kMmaWarps * kWarpSize;
@@ -415,8 +417,43 @@ __device__ __forceinline__ uint32_t PackPair(float x, float y) {
   return u;
 }
 
-template <typename T, int D>
+// Eight consecutive f32 values rounded to T into `to` (16 bytes of T), or zeros without a
+// read: how f32 rows enter the tensor-core kernel's shared tiles.
+template <typename T>
+__device__ __forceinline__ void ConvertChunk8(T* to, const float* from, bool valid) {
+  float f[8];
+  if (valid) {
+    LoadFloatsVec16<float, 8>(from, f);
+  } else {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) f[i] = 0.0f;
+  }
+  StoreFloatsVec16<T, 8>(to, f);
+}
+
+// LoadKvTile for f32 caches: the keys' rows rounded to T as they are stored (the stores
+// are plain, complete when the block's next barrier is passed).
+template <typename T, int D, int kKeys, int kLd, int kBlockThreads>
+__device__ __forceinline__ void LoadKvTileF32(T* k_s, T* v_s, int stage, int kb, int kmax,
+                                              const float* k_rows, const float* v_rows) {
+  constexpr int kChunks = D / 8;  // 8-value chunks of a row
+  T* ks = k_s + stage * kKeys * kLd;
+  T* vs = v_s + stage * kKeys * kLd;
+  for (int i = static_cast<int>(threadIdx.x); i < kKeys * kChunks; i += kBlockThreads) {
+    const int r = i / kChunks, c = (i % kChunks) * 8;
+    const int key = kb + r;
+    const bool valid = key <= kmax;
+    const int64_t at = static_cast<int64_t>(valid ? key : 0) * D + c;
+    ConvertChunk8(ks + r * kLd + c, k_rows + at, valid);
+    ConvertChunk8(vs + r * kLd + c, v_rows + at, valid);
+  }
+}
+
+// TIn: the rows' dtype in global memory; T: the MMAs' (TIn, or f16 for f32 rows).
+template <typename TIn, typename T, int D>
 __global__ void __launch_bounds__(kMmaThreads) PrefillAttentionMmaKernel(const PrefillParams p) {
+  static_assert(std::is_same_v<TIn, T> || (std::is_same_v<TIn, float> && std::is_same_v<T, __half>));
+  constexpr bool kConvert = !std::is_same_v<TIn, T>;
   AwaitPrerequisiteGrids();
   extern __shared__ __align__(128) unsigned char smem[];
   __shared__ int s_kmax;
@@ -439,18 +476,26 @@ __global__ void __launch_bounds__(kMmaThreads) PrefillAttentionMmaKernel(const P
   for (int i = tid; i < kBQ * kChunks; i += kMmaThreads) {
     const int r = i / kChunks, c = (i % kChunks) * kVec;
     const bool valid = local0 + r < p.rows_per_seq;
-    CopyAsync16(q_s + r * kLd + c,
-                static_cast<const T*>(p.q) + (valid ? (row0 + r) * q_stride : 0) +
-                    static_cast<int64_t>(head) * D + c,
-                valid);
+    const TIn* from = static_cast<const TIn*>(p.q) + (valid ? (row0 + r) * q_stride : 0) +
+                      static_cast<int64_t>(head) * D + c;
+    if constexpr (kConvert) {
+      ConvertChunk8(q_s + r * kLd + c, from, valid);
+    } else {
+      CopyAsync16(q_s + r * kLd + c, from, valid);
+    }
   }
   __syncthreads();
 
   const int kmax = s_kmax;  // block-uniform
-  const T* k_rows = static_cast<const T*>(p.k) + tile.cache_offset;
-  const T* v_rows = static_cast<const T*>(p.v) + tile.cache_offset;
+  const TIn* k_rows = static_cast<const TIn*>(p.k) + tile.cache_offset;
+  const TIn* v_rows = static_cast<const TIn*>(p.v) + tile.cache_offset;
   const auto load_tile = [&](int kb, int stage) {
-    LoadKvTile<T, D, kMmaKeys, kLd, kMmaThreads>(k_s, v_s, stage, kb, kmax, k_rows, v_rows);
+    if constexpr (kConvert) {
+      LoadKvTileF32<T, D, kMmaKeys, kLd, kMmaThreads>(k_s, v_s, stage, kb, kmax, k_rows,
+                                                      v_rows);
+    } else {
+      LoadKvTile<T, D, kMmaKeys, kLd, kMmaThreads>(k_s, v_s, stage, kb, kmax, k_rows, v_rows);
+    }
   };
 
   // This warp's rows g and g + 8: positions, and the largest (its last useful key).
@@ -588,30 +633,36 @@ __global__ void __launch_bounds__(kMmaThreads) PrefillAttentionMmaKernel(const P
   const float inv_lo = pos_lo >= 0 ? 1.0f / l_lo : 0.0f;
   const float inv_hi = pos_hi >= 0 ? 1.0f / l_hi : 0.0f;
   const int r_lo = warp * 16 + g, r_hi = r_lo + 8;
-  T* out = static_cast<T*>(p.out) + static_cast<int64_t>(head) * D + 2 * t4;
+  TIn* out = static_cast<TIn*>(p.out) + static_cast<int64_t>(head) * D + 2 * t4;
+  // Two columns of a row: a T pair in one register, or two f32 values.
+  const auto store_pair = [](TIn* at, float x, float y) {
+    if constexpr (kConvert) {
+      *reinterpret_cast<float2*>(at) = make_float2(x, y);
+    } else {
+      *reinterpret_cast<uint32_t*>(at) = PackPair<T>(x, y);
+    }
+  };
 #pragma unroll
   for (int j = 0; j < kOTiles; ++j) {
     if (local0 + r_lo < p.rows_per_seq) {
-      const uint32_t v = PackPair<T>(pos_lo >= 0 ? o[j][0] * inv_lo : 0.0f,
-                                     pos_lo >= 0 ? o[j][1] * inv_lo : 0.0f);
-      *reinterpret_cast<uint32_t*>(out + (row0 + r_lo) * q_stride + j * 8) = v;
+      store_pair(out + (row0 + r_lo) * q_stride + j * 8, pos_lo >= 0 ? o[j][0] * inv_lo : 0.0f,
+                 pos_lo >= 0 ? o[j][1] * inv_lo : 0.0f);
     }
     if (local0 + r_hi < p.rows_per_seq) {
-      const uint32_t v = PackPair<T>(pos_hi >= 0 ? o[j][2] * inv_hi : 0.0f,
-                                     pos_hi >= 0 ? o[j][3] * inv_hi : 0.0f);
-      *reinterpret_cast<uint32_t*>(out + (row0 + r_hi) * q_stride + j * 8) = v;
+      store_pair(out + (row0 + r_hi) * q_stride + j * 8, pos_hi >= 0 ? o[j][2] * inv_hi : 0.0f,
+                 pos_hi >= 0 ? o[j][3] * inv_hi : 0.0f);
     }
   }
 }
 
-template <typename T, int D>
+template <typename TIn, typename T, int D>
 cudaError_t SetMmaSmem() {
-  return cudaFuncSetAttribute(PrefillAttentionMmaKernel<T, D>,
+  return cudaFuncSetAttribute(PrefillAttentionMmaKernel<TIn, T, D>,
                               cudaFuncAttributeMaxDynamicSharedMemorySize,
                               static_cast<int>(MmaSmemBytes<D>()));
 }
 
-template <typename T, int D>
+template <typename TIn, typename T, int D>
 cudaError_t LaunchPrefillMma(const PrefillParams& p, int tiles, int seqs, Stream stream) {
   cudaLaunchAttribute attribute[1];
   const cudaLaunchConfig_t config = MakeLaunchConfig(
@@ -619,21 +670,24 @@ cudaError_t LaunchPrefillMma(const PrefillParams& p, int tiles, int seqs, Stream
            static_cast<unsigned>(seqs)),
       dim3(kMmaThreads), static_cast<size_t>(MmaSmemBytes<D>()), stream,
       stream.programmatic && ProgrammaticLaunchSupported(), attribute);
-  const cudaError_t e = cudaLaunchKernelEx(&config, PrefillAttentionMmaKernel<T, D>, p);
+  const cudaError_t e = cudaLaunchKernelEx(&config, PrefillAttentionMmaKernel<TIn, T, D>, p);
   if (e != cudaSuccess) (void)cudaGetLastError();
   return e;
 }
 
 template <int D>
-cudaError_t LaunchFor(const PrefillParams& p, DType dtype, bool tensor_cores, int tiles,
-                      int seqs, Stream stream) {
+cudaError_t LaunchFor(const PrefillParams& p, DType dtype, bool tensor_cores, bool f32_f16,
+                      int tiles, int seqs, Stream stream) {
   switch (dtype) {
-    case DType::kF32: return LaunchPrefill<float, D>(p, tiles, seqs, stream);
+    case DType::kF32:
+      return tensor_cores && f32_f16 ? LaunchPrefillMma<float, __half, D>(p, tiles, seqs, stream)
+                                     : LaunchPrefill<float, D>(p, tiles, seqs, stream);
     case DType::kBF16:
-      return tensor_cores ? LaunchPrefillMma<__nv_bfloat16, D>(p, tiles, seqs, stream)
-                          : LaunchPrefill<__nv_bfloat16, D>(p, tiles, seqs, stream);
+      return tensor_cores
+                 ? LaunchPrefillMma<__nv_bfloat16, __nv_bfloat16, D>(p, tiles, seqs, stream)
+                 : LaunchPrefill<__nv_bfloat16, D>(p, tiles, seqs, stream);
     default:
-      return tensor_cores ? LaunchPrefillMma<__half, D>(p, tiles, seqs, stream)
+      return tensor_cores ? LaunchPrefillMma<__half, __half, D>(p, tiles, seqs, stream)
                           : LaunchPrefill<__half, D>(p, tiles, seqs, stream);
   }
 }
@@ -651,8 +705,12 @@ cudaError_t PreparePrefillAttention() {
   const cudaError_t errors[] = {SetSmem<float, 64>(),         SetSmem<float, 128>(),
                                 SetSmem<__nv_bfloat16, 64>(), SetSmem<__nv_bfloat16, 128>(),
                                 SetSmem<__half, 64>(),        SetSmem<__half, 128>(),
-                                SetMmaSmem<__nv_bfloat16, 64>(), SetMmaSmem<__nv_bfloat16, 128>(),
-                                SetMmaSmem<__half, 64>(),     SetMmaSmem<__half, 128>()};
+                                SetMmaSmem<__nv_bfloat16, __nv_bfloat16, 64>(),
+                                SetMmaSmem<__nv_bfloat16, __nv_bfloat16, 128>(),
+                                SetMmaSmem<__half, __half, 64>(),
+                                SetMmaSmem<__half, __half, 128>(),
+                                SetMmaSmem<float, __half, 64>(),
+                                SetMmaSmem<float, __half, 128>()};
   for (const cudaError_t e : errors) {
     if (e != cudaSuccess) return e;
   }
@@ -686,8 +744,10 @@ cudaError_t LaunchPrefillAttention(const AttentionArgs& args, const AttentionSha
   const int tiles = (args.rows_per_seq + kBQ - 1) / kBQ;
   const int seqs = s.rows / args.rows_per_seq;
   const bool tensor_cores = !args.prefill_cuda_cores;
-  return s.head_dim == 64 ? LaunchFor<64>(p, dtype, tensor_cores, tiles, seqs, stream)
-                          : LaunchFor<128>(p, dtype, tensor_cores, tiles, seqs, stream);
+  const bool f32_f16 = args.prefill_f32_f16;
+  return s.head_dim == 64
+             ? LaunchFor<64>(p, dtype, tensor_cores, f32_f16, tiles, seqs, stream)
+             : LaunchFor<128>(p, dtype, tensor_cores, f32_f16, tiles, seqs, stream);
 }
 
 }  // namespace sg::kernels

@@ -511,6 +511,15 @@ const Flag kFlags[] = {
        o.cuda.moe_block_mma = false;
        return absl::OkStatus();
      }},
+    {"--prefill-attention-f16", nullptr, nullptr, kAll, true,
+     "GPU: a prompt's attention with f32 activations (GGUF files with quantized matrices) "
+     "on the tensor cores, q, k, v and the probabilities rounded to f16, sums in f32 "
+     "(default: f32 products on the CUDA cores)",
+     nullptr, EnvRule::kNone,
+     [](S, O& o) {
+       o.cuda.prefill_attention_f16 = true;
+       return absl::OkStatus();
+     }},
     {"--block-gemm-rows", nullptr, "N|auto", kAll, true,
      "GPU: rows from which a block-format (GGUF) matmul dequantizes its weight in chunks and "
      "runs cuBLASLt (0: never; default auto: 32 where that GEMM runs on tensor cores, never "

@@ -472,19 +472,29 @@ std::vector<OpCase> ConformanceCases() {
           pos.push_back(j < s.count[b] ? static_cast<int32_t>(s.begin[b] + j) : -1);
         }
       }
-      add({.name = Name("Attention", t, absl::StrCat("prefill/B", s.seqs, "xT", s.rows, "/h",
-                                                     s.heads, "/kvh", s.kv_heads, "/S", s.seq,
-                                                     "/d", s.d)),
-           .build = [=](GraphBuilder& b) {
-             const int64_t m = s.seqs * s.rows;
-             auto q = b.Input("q", t, {m, s.heads * s.d});
-             auto kc = b.State("k_cache", t, {s.slots, s.kv_heads, s.seq, s.d});
-             auto vc = b.State("v_cache", t, {s.slots, s.kv_heads, s.seq, s.d});
-             b.Output("out", b.Attention(q, kc, vc, b.Input("pos", DType::kI32, {m}),
-                                         b.Input("seq_slots", DType::kI32, {s.seqs})));
-           },
+      const auto build = [=](GraphBuilder& b) {
+        const int64_t m = s.seqs * s.rows;
+        auto q = b.Input("q", t, {m, s.heads * s.d});
+        auto kc = b.State("k_cache", t, {s.slots, s.kv_heads, s.seq, s.d});
+        auto vc = b.State("v_cache", t, {s.slots, s.kv_heads, s.seq, s.d});
+        b.Output("out", b.Attention(q, kc, vc, b.Input("pos", DType::kI32, {m}),
+                                    b.Input("seq_slots", DType::kI32, {s.seqs})));
+      };
+      const std::string shape = absl::StrCat("B", s.seqs, "xT", s.rows, "/h", s.heads, "/kvh",
+                                             s.kv_heads, "/S", s.seq, "/d", s.d);
+      add({.name = Name("Attention", t, absl::StrCat("prefill/", shape)),
+           .build = build,
            .tolerance = Tol(t),
            .int_values = {{"pos", pos}, {"seq_slots", s.seq_slots}}});
+      // f32 rows on the tensor-core kernel in f16 (CudaOptions::prefill_attention_f16), where
+      // the tiled kernel runs: f16's tolerance.
+      if (t == DType::kF32 && s.d >= 64 && s.rows >= 16) {
+        add({.name = Name("Attention", t, absl::StrCat("prefill_f16/", shape)),
+             .build = build,
+             .tolerance = 3e-3,
+             .int_values = {{"pos", pos}, {"seq_slots", s.seq_slots}},
+             .cuda_options = [](CudaOptions& o) { o.prefill_attention_f16 = true; }});
+      }
     }
     // Sliding windows (Mistral, Gemma 2's local layers) and score soft-capping (Gemma 2):
     // windows shorter and longer than the positions, one chunk and several, decode and
@@ -521,19 +531,24 @@ std::vector<OpCase> ConformanceCases() {
          .int_lo = 0,
          .int_hi = 128,
          .int_values = {{"seq_slots", {1, 0}}}});
-    // A slot out of range: zeros and the error flag, on both.
-    add({.name = Name("Attention", t, "prefill/bad_slot"),
-         .build = [=](GraphBuilder& b) {
-           auto q = b.Input("q", t, {32, 4 * 64});
-           auto kc = b.State("k_cache", t, {2, 4, 64, 64});
-           auto vc = b.State("v_cache", t, {2, 4, 64, 64});
-           b.Output("out", b.Attention(q, kc, vc, b.Input("pos", DType::kI32, {32}),
-                                       b.Input("seq_slots", DType::kI32, {2})));
-         },
-         .tolerance = Tol(t),
-         .int_lo = 0,
-         .int_hi = 64,
-         .int_values = {{"seq_slots", {1, 7}}}});
+    // A slot out of range: zeros and the error flag, on both (for f32 on the f16 tensor-core
+    // kernel too).
+    for (const bool f16 : {false, true}) {
+      if (f16 && t != DType::kF32) continue;
+      add({.name = Name("Attention", t, f16 ? "prefill_f16/bad_slot" : "prefill/bad_slot"),
+           .build = [=](GraphBuilder& b) {
+             auto q = b.Input("q", t, {32, 4 * 64});
+             auto kc = b.State("k_cache", t, {2, 4, 64, 64});
+             auto vc = b.State("v_cache", t, {2, 4, 64, 64});
+             b.Output("out", b.Attention(q, kc, vc, b.Input("pos", DType::kI32, {32}),
+                                         b.Input("seq_slots", DType::kI32, {2})));
+           },
+           .tolerance = f16 ? 3e-3 : Tol(t),
+           .int_lo = 0,
+           .int_hi = 64,
+           .int_values = {{"seq_slots", {1, 7}}},
+           .cuda_options = [f16](CudaOptions& o) { o.prefill_attention_f16 = f16; }});
+    }
     // KvWrite of a prefill step: rows to their sequences' slots.
     add({.name = Name("KvWrite", t, "prefill/B3xT8/slots4"),
          .build = [=](GraphBuilder& b) {

@@ -184,6 +184,14 @@ struct CudaOptions {
   // tokens at 23.2k tokens/s with it and 6.1k without (llama.cpp 36.7k); decode, which
   // does not walk by expert, unchanged (0.833 ms). false: the by-expert kernel.
   bool moe_block_mma = true;
+  // Prefill attention of f32 activations (a GGUF file with quantized matrices) on the
+  // tensor-core kernel, q, k, v and the softmax's probabilities rounded to f16 before their
+  // products, sums and the output in f32, instead of the CUDA-core kernel's f32 products
+  // (kernels/attention.cuh's AttentionArgs::prefill_f32_f16). Off by default until timed
+  // and held to the parity fixtures on a GPU: bench/precision_study.py's f16att mode
+  // (SmolLM2, the prompt's attention in f16) is the CPU side of that decision
+  // (docs/gguf.md).
+  bool prefill_attention_f16 = false;
   // Tensor parallel: AllReduce of at most this many bytes runs as stepgraph's one-shot
   // kernel over NVLink peer memory (kernels/collectives.cuh) where the group has its
   // buffers; larger ones, and every one with 0, through NCCL. On 4 H100s (NVLink, 64 in a
