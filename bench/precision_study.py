@@ -18,7 +18,11 @@ f16xw (the same rounded to f16: 11 significant bits where bf16 keeps 8, and no v
 65504), q8 (x quantized to int8 per 32 values with one
 scale, weights exact: how llama.cpp multiplies quantized weights), q16 (int16, one scale:
 --block-gemv-precision int16), q16x2 (two int16 parts with a power-of-two scale, each
-value held to 2^-30 of its unit's largest: --block-gemv-precision int16x2).
+value held to 2^-30 of its unit's largest: --block-gemv-precision int16x2). Attention
+too: f16xw_f16att (the matmuls as f16xw, and the prompt's attention with q, k, v and the
+softmax's probabilities rounded to f16 before their products, sums in f32: a tensor-core
+prefill attention for f32 models, or an f16 KV cache), f16att (that attention alone, the
+matmuls exact).
 
 Needs numpy and gguf (PyPI) and the file (tests/models/fetch_smollm2.sh puts it in the
 tests' cache); the prompts' ids come from the stepgraph program's tokenizer:
@@ -115,9 +119,12 @@ class Model:
         out[..., 1::2] = a * s + b * c
         return out
 
-    def forward(self, ids, cache, start, mm, dt):
-        """ids [t] at positions start..; cache: per layer (k, v) lists; returns last logits."""
+    def forward(self, ids, cache, start, mm, dt, att=None):
+        """ids [t] at positions start..; cache: per layer (k, v) lists; returns last logits.
+        att, when given, rounds the attention's q, k, v and probabilities before their
+        products."""
         w = self.w
+        att = att or (lambda a: a)
         x = w["token_embd.weight"][ids].astype(dt)
         pos = np.arange(start, start + len(ids))
         t = len(ids)
@@ -136,14 +143,14 @@ class Model:
             rep = self.heads // self.kv_heads
             K = np.repeat(K, rep, axis=1)
             V = np.repeat(V, rep, axis=1)
-            sc = np.einsum("thd,shd->hts", q, K) / np.sqrt(self.hd).astype(dt)
+            sc = np.einsum("thd,shd->hts", att(q), att(K)) / np.sqrt(self.hd).astype(dt)
             total = K.shape[0]
             mask = np.arange(total)[None, :] > (pos[:, None])
             sc = np.where(mask[None], -np.inf, sc)
             sc = sc - sc.max(-1, keepdims=True)
             e = np.exp(sc)
             a = e / e.sum(-1, keepdims=True)
-            o = np.einsum("hts,shd->thd", a, V).reshape(t, self.dim)
+            o = np.einsum("hts,shd->thd", att(a), att(V)).reshape(t, self.dim)
             x = x + mm(o, w[p + "attn_output.weight"])
             h = rms(x, w[p + "ffn_norm.weight"], self.eps, dt)
             g = mm(h, w[p + "ffn_gate.weight"])
@@ -230,23 +237,25 @@ MODES = {
     "q16x2": (lambda x, w: quantize_x2(x) @ w.T, np.float32),
     "q8x2": (lambda x, w: quantize_x8(x, 2) @ w.T, np.float32),
     "q8x3": (lambda x, w: quantize_x8(x, 3) @ w.T, np.float32),
+    "f16xw_f16att": (lambda x, w: f16(x) @ f16(w).T, np.float32, f16),
+    "f16att": (lambda x, w: x.astype(np.float32) @ w.T, np.float32, f16),
 }
 
 
 def generate(model, ids, mode, tokens, stop, decode=False):
-    mm, dt = MODES[mode]
+    mm, dt, *att = MODES[mode]
     cache = [([], []) for _ in range(model.layers)]
-    logits = model.forward(np.array(ids), cache, 0, mm, dt)
+    logits = model.forward(np.array(ids), cache, 0, mm, dt, *att)
     first = logits
     out = []
-    step_mm, step_dt = MODES[mode if decode else "f32"]
+    step_mm, step_dt, *step_att = MODES[mode if decode else "f32"]
     pos = len(ids)
     for _ in range(tokens):
         nxt = int(np.argmax(logits))
         out.append(nxt)
         if nxt in stop:
             break
-        logits = model.forward(np.array([nxt]), cache, pos, step_mm, step_dt)
+        logits = model.forward(np.array([nxt]), cache, pos, step_mm, step_dt, *step_att)
         pos += 1
     return out, first
 
