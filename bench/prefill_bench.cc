@@ -23,7 +23,9 @@
 //                         (CudaOptions::block_gemm_precision); _mma: the tensor-core
 //                         kernel instead of the block GEMM (x in 3 bf16 parts, 2 with
 //                         bf16x2 precision, 1 with bf16; _decode_shape: its blocks never in the staged
-//                         shape). Counters as Ttft's:
+//                         shape); _att_f32: the prompt's attention in f32 (the session's
+//                         auto takes f16 for f32 activations under an inexact precision).
+//                         Counters as Ttft's:
 //                         prefill tokens/s, TFLOP/s and of_matmul (over the bf16 rate).
 //   BlockMatMul/<fmt>/<path>/m:<m>
 //                         the matmuls of 3 Llama-3.2-1B layers alone (q, k, v, o, gate,
@@ -130,6 +132,8 @@ struct QuantSetup {
   bool gemm = true;  // the block GEMM from 32 rows; false: the tensor-core kernel at every size
   // The tensor-core kernel's block shape (kDecode: without the staged shape).
   BlockMmaShapeOption shape = BlockMmaShapeOption::kAuto;
+  // The prompt's attention (the session resolves auto: f16 under an inexact precision).
+  PrefillAttentionPrecision attention = PrefillAttentionPrecision::kAuto;
 };
 
 std::string SetupName(const QuantSetup& q) {
@@ -137,7 +141,10 @@ std::string SetupName(const QuantSetup& q) {
                           ? "bf16"
                           : absl::StrCat("f32_", BlockGemmPrecisionName(q.precision)),
                       q.gemm ? "" : "_mma",
-                      q.shape == BlockMmaShapeOption::kDecode ? "_decode_shape" : "");
+                      q.shape == BlockMmaShapeOption::kDecode ? "_decode_shape" : "",
+                      q.attention == PrefillAttentionPrecision::kAuto
+                          ? ""
+                          : absl::StrCat("_att_", PrefillAttentionPrecisionName(q.attention)));
 }
 
 DType FormatDType(const std::string& format, const std::string& name) {
@@ -176,6 +183,7 @@ absl::StatusOr<DecodeSession*> QuantSessionFor(const QuantSetup& q) {
   o.cuda.block_gemm_precision = q.precision;
   o.cuda.block_gemm_min_rows = q.gemm ? 32 : 0;
   o.cuda.block_mma_shape = q.shape;
+  o.cuda.prefill_attention = q.attention;
   SG_ASSIGN_OR_RETURN(quant->session, DecodeSession::Create(o));
   quant->key = key;
   return quant->session.get();
@@ -326,8 +334,12 @@ void RegisterQuantCases() {
                                 QuantSetup{format, DType::kF32, BlockGemmPrecision::kTf32},
                                 QuantSetup{format, DType::kF32, BlockGemmPrecision::kBf16},
                                 QuantSetup{format, DType::kF32, BlockGemmPrecision::kF16},
-                                // The default (f16 from 16 rows, the GEMM from 32).
+                                // The default (f16 from 16 rows, the GEMM from 32, the
+                                // attention in f16), and with the attention in f32.
                                 QuantSetup{format, DType::kF32, BlockGemmPrecision::kAuto},
+                                QuantSetup{format, DType::kF32, BlockGemmPrecision::kAuto, true,
+                                           BlockMmaShapeOption::kAuto,
+                                           PrefillAttentionPrecision::kF32},
                                 QuantSetup{format, DType::kF32, BlockGemmPrecision::kF32, false},
                                 QuantSetup{format, DType::kF32, BlockGemmPrecision::kF32, false,
                                            BlockMmaShapeOption::kDecode},

@@ -86,6 +86,36 @@ absl::StatusOr<BlockGemvPrecision> ParseBlockGemvPrecision(absl::string_view nam
       "block GEMV precision must be auto, f32, int16x2, int16 or int8, got '", name, "'"));
 }
 
+absl::string_view PrefillAttentionPrecisionName(PrefillAttentionPrecision p) {
+  switch (p) {
+    case PrefillAttentionPrecision::kAuto:
+      return "auto";
+    case PrefillAttentionPrecision::kF32:
+      return "f32";
+    case PrefillAttentionPrecision::kF16:
+      return "f16";
+  }
+  return "?";
+}
+
+absl::StatusOr<PrefillAttentionPrecision> ParsePrefillAttentionPrecision(absl::string_view name) {
+  for (PrefillAttentionPrecision p : {PrefillAttentionPrecision::kAuto,
+                                      PrefillAttentionPrecision::kF32,
+                                      PrefillAttentionPrecision::kF16}) {
+    if (name == PrefillAttentionPrecisionName(p)) return p;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("prefill attention precision must be auto, f32 or f16, got '", name, "'"));
+}
+
+PrefillAttentionPrecision ResolvePrefillAttention(const CudaOptions& o, bool block_f32) {
+  if (o.prefill_attention != PrefillAttentionPrecision::kAuto) return o.prefill_attention;
+  const bool exact_matmuls = o.block_gemm_precision == BlockGemmPrecision::kF32 ||
+                             o.block_gemm_precision == BlockGemmPrecision::kF16x2;
+  return block_f32 && !exact_matmuls ? PrefillAttentionPrecision::kF16
+                                     : PrefillAttentionPrecision::kF32;
+}
+
 int64_t BlockGemmMinRows(const CudaOptions& o, DType x_dtype) {
   if (o.block_gemm_min_rows != CudaOptions::kBlockGemmAuto) return o.block_gemm_min_rows;
   // The tensor-core kernel's f32 x in parts (three exact, two) beats the block GEMM's f32

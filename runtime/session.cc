@@ -516,6 +516,14 @@ absl::Status DecodeSession::Impl::MakeRunner(const SessionOptions& options) {
   ro.device = backend_ == Backend::kCuda ? DeviceKind::kCuda : DeviceKind::kCpu;
   ro.eager = options.eager;
   ro.cuda = options.cuda;
+  // A GGUF file's quantized matrices already meet x rounded to f16 (auto's matmuls), so its
+  // prompts' attention takes the tensor cores in f16 too (docs/gguf.md).
+  bool block_weights = false;
+  for (const auto& [name, dtype] : config_.weight_dtypes) {
+    block_weights = block_weights || IsQuantized(dtype);
+  }
+  ro.cuda.prefill_attention =
+      ResolvePrefillAttention(options.cuda, block_weights && config_.dtype == DType::kF32);
   ro.cpu_threads = options.cpu_threads;
   ro.cuda_device = ro.device == DeviceKind::kCuda ? rank_ : 0;
   ro.collectives = group_;

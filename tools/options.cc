@@ -511,13 +511,15 @@ const Flag kFlags[] = {
        o.cuda.moe_block_mma = false;
        return absl::OkStatus();
      }},
-    {"--prefill-attention-f16", nullptr, nullptr, kAll, true,
-     "GPU: a prompt's attention with f32 activations (GGUF files with quantized matrices) "
-     "on the tensor cores, q, k, v and the probabilities rounded to f16, sums in f32 "
-     "(default: f32 products on the CUDA cores)",
+    {"--prefill-attention", nullptr, "P", kAll, true,
+     "GPU: a prompt's attention with f32 activations: auto (default: f16 for GGUF files with "
+     "quantized matrices, whose matmuls round x to f16 already, unless "
+     "--block-gemm-precision is f32 or f16x2; f32 otherwise), f16 (the tensor cores, q, k, v "
+     "and the probabilities rounded to f16, sums in f32; about 3.5x faster), f32 (f32 "
+     "products on the CUDA cores)",
      nullptr, EnvRule::kNone,
-     [](S, O& o) {
-       o.cuda.prefill_attention_f16 = true;
+     [](S v, O& o) {
+       SG_ASSIGN_OR_RETURN(o.cuda.prefill_attention, ParsePrefillAttentionPrecision(v));
        return absl::OkStatus();
      }},
     {"--block-gemm-rows", nullptr, "N|auto", kAll, true,

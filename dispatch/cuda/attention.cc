@@ -136,7 +136,7 @@ absl::Status CudaDispatch::Run(const ops::Attention& op, const NodeArgs& args) {
     a.rows_per_seq = node->rows_per_seq;
     a.slots = node->slots;
     if (node->prefill_kernel) {
-      a.prefill_f32_f16 = options_.prefill_attention_f16;
+      a.prefill_f32_f16 = options_.prefill_attention == PrefillAttentionPrecision::kF16;
       return ToStatus(kernels::LaunchPrefillAttention(a, node->shape, q.dtype, launch()),
                       "LaunchPrefillAttention");
     }

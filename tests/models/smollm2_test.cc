@@ -109,8 +109,10 @@ TEST(SmolLM2, GreedyIdsEqualTransformersOnTheCpuReference) {
 
 // The quantized file on the GPU (its block-format kernels, graph capture, the default
 // passes) gives the CPU reference's greedy ids, 32 per prompt: with x exact (block GEMM
-// precision f32) and with the default's f16 operands from 16 rows (the prompts' steps;
-// bench/precision_study.py found every answer of exact f32's with x and weights in f16).
+// precision f32, the prompt's attention in f32 with it) and with the default's f16
+// operands from 16 rows and the prompt's attention on the tensor cores in f16 (the
+// 37-token prompt's step of 64 rows; bench/precision_study.py found every answer of exact
+// f32's with x and weights in f16, and with the attention's q, k, v and probabilities too).
 TEST(SmolLM2, GreedyIdsOnTheGpuEqualTheCpuReference) {
   SKIP_WITHOUT_MODEL();
   if (!CudaDeviceFound()) GTEST_SKIP() << "no CUDA device";

@@ -166,6 +166,57 @@ TEST(QuantSessionCudaMixedTest, MixedFormats) {
   ExpectCudaEqualsCpu(Quantized(SmallConfig(), testing::Q4KMixDType));
 }
 
+// The logits after a 40-token prompt (its 39 rows in one prefill step of 64, where the
+// tiled prefill attention runs: head_dim 64) and one new token, on `backend`, with the
+// defaults but `attention`.
+std::vector<float> PromptLogits(const LlamaConfig& config, Backend backend,
+                                PrefillAttentionPrecision attention) {
+  SessionOptions o;
+  o.config = config;
+  o.weight_seed = 11;
+  o.backend = backend;
+  o.cuda.prefill_attention = attention;
+  o.max_seq = 64;
+  absl::StatusOr<std::unique_ptr<DecodeSession>> s = DecodeSession::Create(o);
+  EXPECT_TRUE(s.ok()) << s.status();
+  if (!s.ok()) return {};
+  std::mt19937 rng(9);
+  std::uniform_int_distribution<int32_t> id(0, static_cast<int32_t>(config.vocab_size - 1));
+  std::vector<int32_t> prompt(40);
+  for (int32_t& p : prompt) p = id(rng);
+  EXPECT_TRUE((*s)->Prefill(0, prompt).ok());
+  EXPECT_TRUE((*s)->Generate(0, 1).ok());
+  absl::StatusOr<std::vector<float>> logits = (*s)->Logits(0);
+  EXPECT_TRUE(logits.ok()) << logits.status();
+  return logits.ok() ? *std::move(logits) : std::vector<float>{};
+}
+
+// The session resolves CudaOptions::prefill_attention auto: f16 (the tensor cores) for a
+// model whose block-format matrices compute in f32, as their matmuls' x is rounded to f16
+// already; f32 for an f32 model of float matrices. Each side equals the explicit choice
+// bit for bit and differs from the other one, and both stay near the CPU reference.
+TEST(QuantSessionCudaPrefillAttentionTest, AutoFollowsTheModel) {
+  if (!CudaDeviceFound()) GTEST_SKIP() << "no CUDA device";
+  using P = PrefillAttentionPrecision;
+  LlamaConfig base = SmallConfig();
+  base.num_attention_heads = 4;
+  base.head_dim = 64;
+  for (const bool block : {true, false}) {
+    SCOPED_TRACE(block ? "Q4_0 matrices" : "f32 matrices");
+    const LlamaConfig config =
+        block ? Quantized(base, [](const std::string&) { return DType::kQ4_0; }) : base;
+    const std::vector<float> cpu = PromptLogits(config, Backend::kCpu, P::kAuto);
+    const std::vector<float> automatic = PromptLogits(config, Backend::kCuda, P::kAuto);
+    const std::vector<float> f16 = PromptLogits(config, Backend::kCuda, P::kF16);
+    const std::vector<float> f32 = PromptLogits(config, Backend::kCuda, P::kF32);
+    ASSERT_EQ(automatic.size(), static_cast<size_t>(config.vocab_size));
+    EXPECT_EQ(automatic, block ? f16 : f32);
+    EXPECT_NE(f16, f32) << "the two attentions gave the same logits: the option did nothing";
+    EXPECT_LE(testing::NormalizedError(f16, cpu), 1e-2);
+    EXPECT_LE(testing::NormalizedError(f32, cpu), block ? 1e-2 : 1e-4);
+  }
+}
+
 // The Llama-3.2-1B shape (16 layers, a 128256-id vocabulary, tied embeddings) as
 // decode_bench's Quant rows time it: every matrix in Q8_0 or Q4_0, or the Q4_K_M mix;
 // 32 greedy ids on the GPU against the CPU reference's (f32 activations, as above). Most

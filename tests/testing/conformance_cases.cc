@@ -486,14 +486,15 @@ std::vector<OpCase> ConformanceCases() {
            .build = build,
            .tolerance = Tol(t),
            .int_values = {{"pos", pos}, {"seq_slots", s.seq_slots}}});
-      // f32 rows on the tensor-core kernel in f16 (CudaOptions::prefill_attention_f16), where
+      // f32 rows on the tensor-core kernel in f16 (CudaOptions::prefill_attention kF16), where
       // the tiled kernel runs: f16's tolerance.
       if (t == DType::kF32 && s.d >= 64 && s.rows >= 16) {
         add({.name = Name("Attention", t, absl::StrCat("prefill_f16/", shape)),
              .build = build,
              .tolerance = 3e-3,
              .int_values = {{"pos", pos}, {"seq_slots", s.seq_slots}},
-             .cuda_options = [](CudaOptions& o) { o.prefill_attention_f16 = true; }});
+             .cuda_options =
+                 [](CudaOptions& o) { o.prefill_attention = PrefillAttentionPrecision::kF16; }});
       }
     }
     // Sliding windows (Mistral, Gemma 2's local layers) and score soft-capping (Gemma 2):
@@ -547,7 +548,10 @@ std::vector<OpCase> ConformanceCases() {
            .int_lo = 0,
            .int_hi = 64,
            .int_values = {{"seq_slots", {1, 7}}},
-           .cuda_options = [f16](CudaOptions& o) { o.prefill_attention_f16 = f16; }});
+           .cuda_options = [f16](CudaOptions& o) {
+             o.prefill_attention =
+                 f16 ? PrefillAttentionPrecision::kF16 : PrefillAttentionPrecision::kF32;
+           }});
     }
     // KvWrite of a prefill step: rows to their sequences' slots.
     add({.name = Name("KvWrite", t, "prefill/B3xT8/slots4"),

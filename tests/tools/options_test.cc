@@ -273,6 +273,41 @@ TEST(OptionsTest, BlockGemmRowsResolve) {
   EXPECT_EQ(BlockGemmMinRows(c, DType::kBF16), 0);
 }
 
+TEST(OptionsTest, PrefillAttentionFlag) {
+  EXPECT_EQ(Parse({"run"})->cuda.prefill_attention, PrefillAttentionPrecision::kAuto);
+  EXPECT_EQ(Parse({"bench", "--prefill-attention", "f32"})->cuda.prefill_attention,
+            PrefillAttentionPrecision::kF32);
+  EXPECT_EQ(Parse({"serve", "--prefill-attention", "f16"})->cuda.prefill_attention,
+            PrefillAttentionPrecision::kF16);
+  ExpectRefused({"run", "--prefill-attention", "bf16"}, "must be auto, f32 or f16, got 'bf16'");
+}
+
+// The session's choice for a prompt's attention: f16 only for block-format matrices with
+// f32 activations whose matmuls already round x (auto's f16, bf16, tf32, int8), f32 for
+// every other model and where the matmuls keep f32's precision; an explicit choice stays.
+TEST(OptionsTest, PrefillAttentionResolves) {
+  using P = PrefillAttentionPrecision;
+  CudaOptions c;
+  EXPECT_EQ(ResolvePrefillAttention(c, true), P::kF16);
+  EXPECT_EQ(ResolvePrefillAttention(c, false), P::kF32);
+  for (BlockGemmPrecision p : {BlockGemmPrecision::kF16, BlockGemmPrecision::kBf16,
+                               BlockGemmPrecision::kTf32, BlockGemmPrecision::kInt8,
+                               BlockGemmPrecision::kBf16x2}) {
+    c.block_gemm_precision = p;
+    EXPECT_EQ(ResolvePrefillAttention(c, true), P::kF16) << BlockGemmPrecisionName(p);
+    EXPECT_EQ(ResolvePrefillAttention(c, false), P::kF32) << BlockGemmPrecisionName(p);
+  }
+  for (BlockGemmPrecision p : {BlockGemmPrecision::kF32, BlockGemmPrecision::kF16x2}) {
+    c.block_gemm_precision = p;
+    EXPECT_EQ(ResolvePrefillAttention(c, true), P::kF32) << BlockGemmPrecisionName(p);
+  }
+  c.prefill_attention = P::kF16;
+  EXPECT_EQ(ResolvePrefillAttention(c, false), P::kF16);
+  c.prefill_attention = P::kF32;
+  c.block_gemm_precision = BlockGemmPrecision::kAuto;
+  EXPECT_EQ(ResolvePrefillAttention(c, true), P::kF32);
+}
+
 TEST(OptionsTest, TheEnvironmentMapsOntoOptionsAndFlagsOverrideIt) {
   absl::StatusOr<Options> o = Parse({"run"}, {{"STEPGRAPH_EAGER", "1"},
                                               {"STEPGRAPH_PDL", "0"},

@@ -89,6 +89,12 @@ absl::string_view BlockGemvPrecisionName(BlockGemvPrecision p);
 // Inverse of BlockGemvPrecisionName; InvalidArgument naming the choices otherwise.
 absl::StatusOr<BlockGemvPrecision> ParseBlockGemvPrecision(absl::string_view name);
 
+// How a prompt's attention meets f32 activations (CudaOptions::prefill_attention).
+enum class PrefillAttentionPrecision : uint8_t { kAuto, kF32, kF16 };
+// "auto", "f32", "f16"; Parse is its inverse.
+absl::string_view PrefillAttentionPrecisionName(PrefillAttentionPrecision p);
+absl::StatusOr<PrefillAttentionPrecision> ParsePrefillAttentionPrecision(absl::string_view name);
+
 // The tensor-core block kernel's thread-block shape (kernels/block_mma.cuh's BlockMmaShape,
 // in the same order): kAuto picks one by rows and format; the others force one, for tests
 // and benchmarks.
@@ -184,14 +190,14 @@ struct CudaOptions {
   // tokens at 23.2k tokens/s with it and 6.1k without (llama.cpp 36.7k); decode, which
   // does not walk by expert, unchanged (0.833 ms). false: the by-expert kernel.
   bool moe_block_mma = true;
-  // Prefill attention of f32 activations (a GGUF file with quantized matrices) on the
-  // tensor-core kernel, q, k, v and the softmax's probabilities rounded to f16 before their
-  // products, sums and the output in f32, instead of the CUDA-core kernel's f32 products
-  // (kernels/attention.cuh's AttentionArgs::prefill_f32_f16). Off by default until timed
-  // and held to the parity fixtures on a GPU: bench/precision_study.py's f16att mode
-  // (SmolLM2, the prompt's attention in f16) is the CPU side of that decision
-  // (docs/gguf.md).
-  bool prefill_attention_f16 = false;
+  // Prefill attention of f32 activations (a GGUF file with quantized matrices): kF16 runs
+  // it on the tensor-core kernel, q, k, v and the softmax's probabilities rounded to f16
+  // before their products, sums and the output in f32 (kernels/attention.cuh's
+  // AttentionArgs::prefill_f32_f16); kF32 on the CUDA-core kernel's f32 products. The
+  // dispatcher runs kAuto as kF32 (an attention node cannot see the model's weights);
+  // DecodeSession resolves it with ResolvePrefillAttention. H200, 2026-12-01,
+  // attention_bench: 2,048 rows of 32 heads 197 us against 704.
+  PrefillAttentionPrecision prefill_attention = PrefillAttentionPrecision::kAuto;
   // Tensor parallel: AllReduce of at most this many bytes runs as stepgraph's one-shot
   // kernel over NVLink peer memory (kernels/collectives.cuh) where the group has its
   // buffers; larger ones, and every one with 0, through NCCL. On 4 H100s (NVLink, 64 in a
@@ -205,6 +211,12 @@ struct CudaOptions {
 // The rows from which a block-format MatMul of x in `x_dtype` takes the block GEMM under
 // `o` (0: never): block_gemm_min_rows resolved where it is kBlockGemmAuto.
 int64_t BlockGemmMinRows(const CudaOptions& o, DType x_dtype);
+
+// prefill_attention for a model whose matrices are (some of them) block formats computing
+// in f32 activations (`block_f32`): kAuto is kF16 there unless block_gemm_precision keeps
+// f32's precision (f32, f16x2), since its matmuls' x is already rounded to 16 bits, and
+// kF32 for every other model (f32 safetensors, f16 and bf16 files); kF32 and kF16 stay.
+PrefillAttentionPrecision ResolvePrefillAttention(const CudaOptions& o, bool block_f32);
 
 }  // namespace sg
 
