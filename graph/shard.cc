@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -16,8 +17,13 @@
 namespace sg {
 namespace {
 
-// How the ranks hold an activation.
-enum class Dist : uint8_t { kWhole, kSplit };
+// How the ranks hold an activation: whole; its own columns ([M, N / ranks], rank r's
+// slice of N); or, for the routed experts' outputs, its own columns of each chosen
+// expert's slot ([M, k · N / ranks], the slot-major layout MoeMatMul writes: no AllGather
+// makes the whole of it, so only column-local ops and the down MoeMatMul may read it); or a
+// partial sum of the whole (the down MoeMatMul over its rank's share of K), which only
+// MoeCombine may read, before the AllReduce that its output takes.
+enum class Dist : uint8_t { kWhole, kSplit, kSlotSplit, kPartial };
 
 // Ops that compute each column (or each head) from the same columns of their inputs, so a
 // rank holding some columns of every input computes those columns of the output.
@@ -44,7 +50,7 @@ class Sharder {
     std::vector<GraphOutput> outputs;
     for (const GraphOutput& o : g_.outputs()) {
       int32_t t = o.tensor.index;
-      if (dist_[t] == Dist::kSplit) {
+      if (dist_[t] != Dist::kWhole) {
         SG_ASSIGN_OR_RETURN(t, Gather(t));
       }
       outputs.push_back(GraphOutput{o.name, Id(t)});
@@ -99,6 +105,14 @@ class Sharder {
   absl::StatusOr<int32_t> Gather(int32_t t) {
     if (gathered_[t] >= 0) return gathered_[t];
     const Tensor& in = tensors_[t];
+    if (dist_[t] == Dist::kSlotSplit || dist_[t] == Dist::kPartial) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tensor parallel: '", in.name, "' holds each rank's ",
+          dist_[t] == Dist::kSlotSplit ? "columns of the chosen experts"
+                                       : "partial sums of the experts' down projection",
+          " and is read by an op that needs it whole; only column-local ops, the down "
+          "MoeMatMul and MoeCombine read it"));
+    }
     if (in.shape.rank() != 2) {
       return absl::InvalidArgumentError(absl::StrCat(
           "tensor parallel: '", in.name, "' ", in.shape.ToString(),
@@ -117,7 +131,7 @@ class Sharder {
     Dist out_dist = Dist::kWhole;
     bool reduce = false;  // each rank's output is a partial sum: an AllReduce follows
     auto whole = [&](size_t i) -> absl::Status {
-      if (dist_[in[i]] == Dist::kSplit) {
+      if (dist_[in[i]] != Dist::kWhole) {
         SG_ASSIGN_OR_RETURN(in[i], Gather(in[i]));
       }
       return absl::OkStatus();
@@ -160,6 +174,38 @@ class Sharder {
         }
         SG_RETURN_IF_ERROR(whole(0));
       }
+    } else if (const auto* moe = std::get_if<ops::MoeMatMul>(&node.op)) {
+      // x, w [E, N, K], ids: the experts split like a MatMul's weight, each expert alike.
+      if (moe->silu_mul) return NodeError(node, "fused nodes are not sharded: shard before fusing");
+      const int32_t w = in[1];
+      SG_RETURN_IF_ERROR(whole(2));
+      if (SplitOn(w, 1)) {  // each expert's output columns: x whole
+        SG_RETURN_IF_ERROR(whole(0));
+        out_dist = Dist::kSlotSplit;
+      } else if (SplitOn(w, 2)) {  // each expert's input features: partial sums out
+        if (dist_[in[0]] != Dist::kSlotSplit) {
+          return NodeError(node, absl::StrCat("the experts '", tensors_[w].name,
+                                              "' are split by columns, but their input '",
+                                              tensors_[in[0]].name,
+                                              "' is not the chosen experts' split columns"));
+        }
+        out_dist = Dist::kPartial;
+      } else {
+        SG_RETURN_IF_ERROR(no_split_bound(1));
+        SG_RETURN_IF_ERROR(whole(0));
+      }
+    } else if (const auto* combine = std::get_if<ops::MoeCombine>(&node.op)) {
+      // y, weights (or the router's logits), ids: linear in y, so partial sums of y give
+      // partial sums of the output, which an AllReduce then adds.
+      if (combine->residual) {
+        return NodeError(node, "fused nodes are not sharded: shard before fusing");
+      }
+      for (size_t i = 1; i < in.size(); ++i) SG_RETURN_IF_ERROR(whole(i));
+      if (dist_[in[0]] == Dist::kPartial) {
+        reduce = true;
+      } else {
+        SG_RETURN_IF_ERROR(whole(0));
+      }
     } else if (std::holds_alternative<ops::KvWrite>(node.op)) {
       // kv, pos, (slots,) cache: the cache split by heads takes the rank's heads.
       const int32_t cache = in.back();
@@ -184,21 +230,24 @@ class Sharder {
         SG_RETURN_IF_ERROR(whole(0));
       }
     } else if (ColumnLocal(node.op)) {
-      // Split when every activation input is split; otherwise all whole. Weights (a head
-      // norm's) must be whole.
-      bool all_split = true, any_split = false;
+      // Split when every activation input is split the same way (its own columns, or its
+      // own columns of each chosen expert); otherwise all whole. Weights (a head norm's)
+      // must be whole.
+      std::optional<Dist> common;
+      bool same = true;
       for (size_t i = 0; i < in.size(); ++i) {
         const Tensor& t = tensors_[in[i]];
         if (t.kind == TensorKind::kWeight || t.kind == TensorKind::kState ||
             t.dtype == DType::kI32) {
           continue;
         }
-        all_split = all_split && dist_[in[i]] == Dist::kSplit;
-        any_split = any_split || dist_[in[i]] == Dist::kSplit;
+        if (!common.has_value()) common = dist_[in[i]];
+        same = same && dist_[in[i]] == *common;
       }
       SG_RETURN_IF_ERROR(no_split_bound(0));
-      if (any_split && all_split) {
-        out_dist = Dist::kSplit;
+      if (same && common.has_value() &&
+          (*common == Dist::kSplit || *common == Dist::kSlotSplit)) {
+        out_dist = *common;
       } else {
         for (size_t i = 0; i < in.size(); ++i) SG_RETURN_IF_ERROR(whole(i));
       }

@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "stepgraph/graph/builder.h"
@@ -237,15 +238,14 @@ absl::StatusOr<ShardPlan> LlamaShardPlan(const LlamaConfig& c, int ranks) {
   }
   ShardPlan plan;
   if (ranks == 1) return plan;
-  if (c.num_experts > 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "tensor parallel: ", c.architecture, " routes over experts, and sharding routed "
-        "layers is not supported yet; run it on one GPU"));
-  }
-  for (const auto& [field, v] :
-       {std::pair<const char*, int64_t>{"num_attention_heads", c.num_attention_heads},
-        {"num_key_value_heads", c.num_key_value_heads},
-        {"intermediate_size", c.intermediate_size}}) {
+  bool dense_layers = false;
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) dense_layers = dense_layers || !c.MoeLayer(l);
+  std::vector<std::pair<const char*, int64_t>> shares = {
+      {"num_attention_heads", c.num_attention_heads},
+      {"num_key_value_heads", c.num_key_value_heads}};
+  if (dense_layers) shares.push_back({"intermediate_size", c.intermediate_size});
+  if (c.num_experts > 0) shares.push_back({"moe_intermediate_size", c.moe_intermediate_size});
+  for (const auto& [field, v] : shares) {
     if (v % ranks != 0) {
       return absl::InvalidArgumentError(absl::StrCat(
           "tensor parallel over ", ranks, " ranks: ", field, " (", v, ") does not divide by ",
@@ -269,6 +269,15 @@ absl::StatusOr<ShardPlan> LlamaShardPlan(const LlamaConfig& c, int ranks) {
     }
     set(p + "mlp.down_proj.weight", K::kSplit, 1);
     if (c.mlp_bias) set(p + "mlp.down_proj.bias", K::kFirstRank, 0);
+    if (c.MoeLayer(l)) {
+      // Every expert split as the dense MLP is (its intermediate rows for gate and up, its
+      // columns for down); the router stays whole, so every rank routes alike, and the
+      // AllReduce follows the routed sum (MoeCombine).
+      const std::string e = p + c.moe_prefix + ".experts.";
+      set(e + "gate_proj.weight", K::kSplit, 1);
+      set(e + "up_proj.weight", K::kSplit, 1);
+      set(e + "down_proj.weight", K::kSplit, 2);
+    }
     set(KCacheName(l), K::kSplit, 1);
     set(VCacheName(l), K::kSplit, 1);
   }

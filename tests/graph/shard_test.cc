@@ -88,6 +88,59 @@ TEST(ShardGraph, OneRankIsTheGraphItselfAndTiedHeadsStayWhole) {
   EXPECT_EQ(OpCounts(*two)["AllGather"], 0);  // the tied head is whole on every rank
 }
 
+// A routed layer over two ranks: every expert split as the dense MLP is, the router whole
+// (every rank routes alike), and one AllReduce after the routed sum, not after the down
+// experts; Qwen3-MoE's dense first layer keeps its own MLP split.
+TEST(ShardGraph, RoutedLayersOverTwoRanks) {
+  LlamaConfig c = TinyLlamaConfig();
+  c.num_hidden_layers = 2;
+  c.num_experts = 8;
+  c.experts_per_token = 3;
+  c.moe_intermediate_size = 96;
+  c.moe_layers = {false, true};
+  absl::StatusOr<Graph> whole = BuildLlamaDecodeGraph(c, {.batch = 2, .max_seq = 16});
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  absl::StatusOr<Graph> g = ShardGraph(*whole, *LlamaShardPlan(c, 2), 2);
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_EQ(OpCounts(*g)["AllReduce"], 2 * c.num_hidden_layers);
+  const std::string e = "model.layers.1.mlp.";
+  EXPECT_EQ(Named(*g, e + "gate.weight").shape, (Shape{8, c.hidden_size}));
+  EXPECT_EQ(Named(*g, e + "experts.gate_proj.weight").shape, (Shape{8, 48, c.hidden_size}));
+  EXPECT_EQ(Named(*g, e + "experts.up_proj.weight").shape, (Shape{8, 48, c.hidden_size}));
+  EXPECT_EQ(Named(*g, e + "experts.down_proj.weight").shape, (Shape{8, c.hidden_size, 48}));
+  EXPECT_EQ(Named(*g, "model.layers.0.mlp.down_proj.weight").shape,
+            (Shape{c.hidden_size, c.intermediate_size / 2}));
+  // The chosen experts' columns: each rank's 48 of every slot's 96.
+  EXPECT_EQ(Named(*g, e + "experts.act").shape, (Shape{2, 3 * 48}));
+  const Tensor& combined = Named(*g, e + "combine");
+  EXPECT_EQ(combined.shape, (Shape{2, c.hidden_size}));
+  // The AllReduce writes the routed sum under its own name, from the combine's partial sums.
+  const Node* reduce = nullptr;
+  for (const Node& n : g->nodes()) {
+    if (g->tensor(n.output).name == e + "combine") reduce = &n;
+  }
+  ASSERT_NE(reduce, nullptr);
+  ASSERT_TRUE(std::holds_alternative<ops::AllReduce>(reduce->op)) << OpName(reduce->op);
+  EXPECT_EQ(g->tensor(reduce->inputs[0]).name, e + "combine.partial");
+  // Fused after sharding: the passes still make the experts' gate/up SiluMul node.
+  absl::StatusOr<Graph> fused = RunPasses(*g);
+  ASSERT_TRUE(fused.ok()) << fused.status();
+  // The split experts' columns are never gathered: a reader that needs them whole is
+  // refused by name.
+  GraphBuilder b;
+  const TensorId x = b.Input("x", DType::kF32, {1, 64});
+  const TensorId ids = b.Input("ids", DType::kI32, {1, 2});
+  const TensorId y = b.MoeMatMul(x, b.Weight("experts", DType::kF32, {4, 32, 64}), ids, "up");
+  b.Output("y", b.RmsNorm(y, b.Weight("n", DType::kF32, {64}), 1e-5f, "norm"));
+  ShardPlan plan;
+  plan.tensors["experts"] = {ShardSpec::Kind::kSplit, 1};
+  absl::StatusOr<Graph> r = ShardGraph(*std::move(b).Build(), plan, 2);
+  ASSERT_FALSE(r.ok());
+  EXPECT_TRUE(absl::StrContains(r.status().message(), "'up'")) << r.status();
+  EXPECT_TRUE(absl::StrContains(r.status().message(), "columns of the chosen experts"))
+      << r.status();
+}
+
 TEST(ShardGraph, RefusesWhatDoesNotDivideOrCannotSplit) {
   const LlamaConfig c = TinyLlamaConfig();
   absl::StatusOr<ShardPlan> four = LlamaShardPlan(c, 4);  // 2 KV heads
@@ -97,10 +150,20 @@ TEST(ShardGraph, RefusesWhatDoesNotDivideOrCannotSplit) {
   LlamaConfig moe = c;
   moe.num_experts = 4;
   moe.experts_per_token = 2;
-  moe.moe_intermediate_size = 64;
-  absl::StatusOr<ShardPlan> routed = LlamaShardPlan(moe, 2);
+  moe.moe_intermediate_size = 66;  // 16.5 a rank over 4
+  moe.num_key_value_heads = 4;
+  moe.intermediate_size = 690;  // no dense layer reads it: not checked
+  absl::StatusOr<ShardPlan> routed = LlamaShardPlan(moe, 4);
   ASSERT_FALSE(routed.ok());
-  EXPECT_TRUE(absl::StrContains(routed.status().message(), "experts")) << routed.status();
+  EXPECT_TRUE(absl::StrContains(routed.status().message(), "moe_intermediate_size (66)"))
+      << routed.status();
+  moe.moe_intermediate_size = 64;
+  EXPECT_TRUE(LlamaShardPlan(moe, 4).ok());
+  moe.moe_layers = {false, true, true, true};  // a dense first layer reads it
+  routed = LlamaShardPlan(moe, 4);
+  ASSERT_FALSE(routed.ok());
+  EXPECT_TRUE(absl::StrContains(routed.status().message(), "intermediate_size (690)"))
+      << routed.status();
   EXPECT_FALSE(LlamaShardPlan(c, 0).ok());
   EXPECT_FALSE(ShardGraph(*BuildLlamaDecodeGraph(c, {.max_seq = 16}), {}, 65).ok());
 

@@ -206,9 +206,12 @@ absl::StatusOr<Graph> BuildLlamaDecodeGraph(const LlamaConfig& config,
 // rank, KV heads too), o and down by columns (an AllReduce after each), the k and v caches
 // by KV heads, o's and down's biases on the first rank, and a separate lm head by rows of
 // its vocabulary when the vocabulary divides (its logits gathered before the token choice).
-// The embedding, the norms and a tied lm head are held whole by every rank.
-// InvalidArgument saying why when the heads, KV heads or intermediate size do not divide by
-// `ranks`, or when the model routes over experts (not sharded yet).
+// The embedding, the norms and a tied lm head are held whole by every rank. Routed layers
+// split every expert as the dense MLP splits (gate and up experts by their rows, down by
+// its columns) and keep the router whole, so that every rank chooses the same experts; the
+// AllReduce follows the routed sum. InvalidArgument saying why when the heads, KV heads,
+// intermediate size (of a model with dense layers) or the experts' intermediate size do not
+// divide by `ranks`.
 absl::StatusOr<ShardPlan> LlamaShardPlan(const LlamaConfig& config, int ranks);
 
 // FLOPs of prefilling `tokens` tokens into an empty cache, counted as the model defines
