@@ -94,7 +94,12 @@ std::string BlockPrecisions(const Options& o, const DecodeSession& s) {
       " at one row",
       !experts                 ? ""
       : o.cuda.moe_block_mma ? "; prompts' experts on the tensor cores"
-                             : "; prompts' experts by expert on the CUDA cores (--no-moe-mma)");
+                             : "; prompts' experts by expert on the CUDA cores (--no-moe-mma)",
+      // The session's own resolution of --prefill-attention for this model.
+      s.config().dtype != DType::kF32 ? ""
+      : ResolvePrefillAttention(o.cuda, true) == PrefillAttentionPrecision::kF16
+          ? "; prompts' attention in f16 on the tensor cores"
+          : "; prompts' attention in f32 on the CUDA cores");
 }
 
 std::string DescribePath(const Options& o, DecodeSession& s) {
