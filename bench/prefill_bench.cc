@@ -24,7 +24,8 @@
 //                         kernel instead of the block GEMM (x in 3 bf16 parts, 2 with
 //                         bf16x2 precision, 1 with bf16; _decode_shape: its blocks never in the staged
 //                         shape); _att_f32: the prompt's attention in f32 (the session's
-//                         auto takes f16 for f32 activations under an inexact precision).
+//                         auto takes f16 for f32 activations under an inexact precision);
+//                         _chunk<n>: steps of up to n rows instead of 512.
 //                         Counters as Ttft's:
 //                         prefill tokens/s, TFLOP/s and of_matmul (over the bf16 rate).
 //   BlockMatMul/<fmt>/<path>/m:<m>
@@ -134,6 +135,7 @@ struct QuantSetup {
   BlockMmaShapeOption shape = BlockMmaShapeOption::kAuto;
   // The prompt's attention (the session resolves auto: f16 under an inexact precision).
   PrefillAttentionPrecision attention = PrefillAttentionPrecision::kAuto;
+  int64_t chunk = 512;  // rows of the longest prefill step (SessionOptions::prefill_chunk)
 };
 
 std::string SetupName(const QuantSetup& q) {
@@ -144,7 +146,8 @@ std::string SetupName(const QuantSetup& q) {
                       q.shape == BlockMmaShapeOption::kDecode ? "_decode_shape" : "",
                       q.attention == PrefillAttentionPrecision::kAuto
                           ? ""
-                          : absl::StrCat("_att_", PrefillAttentionPrecisionName(q.attention)));
+                          : absl::StrCat("_att_", PrefillAttentionPrecisionName(q.attention)),
+                      q.chunk == 512 ? "" : absl::StrCat("_chunk", q.chunk));
 }
 
 DType FormatDType(const std::string& format, const std::string& name) {
@@ -179,7 +182,7 @@ absl::StatusOr<DecodeSession*> QuantSessionFor(const QuantSetup& q) {
   o.backend = Backend::kCuda;
   o.max_seq = 2048 + 8;
   o.buckets = {1};
-  o.prefill_chunk = 512;
+  o.prefill_chunk = q.chunk;
   o.cuda.block_gemm_precision = q.precision;
   o.cuda.block_gemm_min_rows = q.gemm ? 32 : 0;
   o.cuda.block_mma_shape = q.shape;
@@ -340,6 +343,14 @@ void RegisterQuantCases() {
                                 QuantSetup{format, DType::kF32, BlockGemmPrecision::kAuto, true,
                                            BlockMmaShapeOption::kAuto,
                                            PrefillAttentionPrecision::kF32},
+                                // Longer prefill steps: each step dequantizes every matrix
+                                // once, so fewer steps a prompt dequantize less.
+                                QuantSetup{format, DType::kF32, BlockGemmPrecision::kAuto, true,
+                                           BlockMmaShapeOption::kAuto,
+                                           PrefillAttentionPrecision::kAuto, 1024},
+                                QuantSetup{format, DType::kF32, BlockGemmPrecision::kAuto, true,
+                                           BlockMmaShapeOption::kAuto,
+                                           PrefillAttentionPrecision::kAuto, 2048},
                                 QuantSetup{format, DType::kF32, BlockGemmPrecision::kF32, false},
                                 QuantSetup{format, DType::kF32, BlockGemmPrecision::kF32, false,
                                            BlockMmaShapeOption::kDecode},
