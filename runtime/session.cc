@@ -301,6 +301,10 @@ class DecodeSession::Impl {
   // The single-sequence prefill step (index in prefill_shapes_) with the fewest rows that
   // hold `rows` tokens (at most a chunk).
   size_t PrefillShapeFor(int64_t rows) const;
+  // The rows of a single-sequence step to split off a rest of `rows` tokens (less than a
+  // chunk) before the step that covers the remainder: the longest step it fills, when the
+  // step covering all of it would pad it by more than prefill_max_pad_rows_; 0 otherwise.
+  int64_t PrefillSplitRows(int64_t rows) const;
   // Runs prefill step `shape` (index in prefill_shapes_) over `pieces`, one per sequence.
   absl::Status RunPrefillStep(size_t shape, absl::Span<const PrefillPiece> pieces);
   absl::Status CheckSlot(int64_t slot, absl::string_view what) const;
@@ -362,6 +366,7 @@ class DecodeSession::Impl {
   // when it wraps).
   std::vector<PrefillShape> prefill_shapes_;
   int64_t prefill_chunk_ = 0;
+  int64_t prefill_max_pad_rows_ = 0;
   int32_t* prefill_inputs_ = nullptr;
   int32_t* prefill_staging_ = nullptr;
   int64_t prefill_staged_ = 0;  // areas of the ring used since the last wait
@@ -508,6 +513,11 @@ absl::Status DecodeSession::Impl::ResolveOptions(const SessionOptions& options) 
         "] (0: prompts go through decode steps), got ", options.prefill_chunk));
   }
   prefill_chunk_ = std::min(options.prefill_chunk, max_seq_);
+  if (options.prefill_max_pad_rows < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "session: prefill_max_pad_rows must be >= 0, got ", options.prefill_max_pad_rows));
+  }
+  prefill_max_pad_rows_ = options.prefill_max_pad_rows;
   return absl::OkStatus();
 }
 
@@ -861,6 +871,12 @@ absl::Status DecodeSession::Impl::Prefill(absl::Span<const PrefillRequest> reque
         SG_RETURN_IF_ERROR(RunPrefillStep(0, absl::MakeConstSpan(&piece, 1)));
         fed[i] += chunk;
       }
+      // Then shorter steps it fills, while the step covering the rest would pad it by
+      // more than prefill_max_pad_rows.
+      for (int64_t rows; (rows = PrefillSplitRows(feed - fed[i])) > 0; fed[i] += rows) {
+        const PrefillPiece piece{&requests[i], fed[i], rows};
+        SG_RETURN_IF_ERROR(RunPrefillStep(PrefillShapeFor(rows), absl::MakeConstSpan(&piece, 1)));
+      }
     }
     // Each remainder (shorter than a chunk) goes to the single-sequence step with the
     // fewest rows that cover it; prefill_shapes_ runs from the longest rows to the
@@ -939,6 +955,17 @@ size_t DecodeSession::Impl::PrefillShapeFor(int64_t rows) const {
   return best;
 }
 
+int64_t DecodeSession::Impl::PrefillSplitRows(int64_t rows) const {
+  if (rows <= 0) return 0;
+  const int64_t cover = prefill_shapes_[PrefillShapeFor(rows)].rows_per_seq;
+  if (cover - rows <= prefill_max_pad_rows_) return 0;
+  int64_t fill = 0;  // the longest single-sequence step of at most `rows` rows
+  for (const PrefillShape& shape : prefill_shapes_) {
+    if (shape.seqs == 1 && shape.rows_per_seq <= rows) fill = std::max(fill, shape.rows_per_seq);
+  }
+  return fill;
+}
+
 absl::Status DecodeSession::Impl::Append(int64_t slot, absl::Span<const int32_t> tokens) {
   SG_RETURN_IF_ERROR(CheckSlot(slot, "Append"));
   if (!slots_[slot].live) {
@@ -976,11 +1003,16 @@ absl::Status DecodeSession::Impl::Append(int64_t slot, absl::Span<const int32_t>
   if (prefill_chunk_ == 0) {
     SG_RETURN_IF_ERROR(PrefillByDecodeSteps(request, pos));
   } else {
-    // Whole chunks, then the rest in the smallest step that holds it.
+    // Whole chunks, shorter steps it fills (as Prefill), then the rest in the smallest step
+    // that holds it.
     int64_t fed = 0;
     for (; n - fed >= prefill_chunk_; fed += prefill_chunk_) {
       const PrefillPiece piece{&request, fed, prefill_chunk_, pos};
       SG_RETURN_IF_ERROR(RunPrefillStep(0, absl::MakeConstSpan(&piece, 1)));
+    }
+    for (int64_t rows; (rows = PrefillSplitRows(n - fed)) > 0; fed += rows) {
+      const PrefillPiece piece{&request, fed, rows, pos};
+      SG_RETURN_IF_ERROR(RunPrefillStep(PrefillShapeFor(rows), absl::MakeConstSpan(&piece, 1)));
     }
     if (n > fed) {
       const PrefillPiece piece{&request, fed, n - fed, pos};

@@ -401,7 +401,7 @@ const Flag kFlags[] = {
      "prefill steps (device time per node)", nullptr, EnvRule::kNone,
      &SetSwitch<&Options::profile>},
     {"--prefill-chunk", nullptr, "N", kRun | kChat | kBench | kServe, false,
-     "prompt tokens per prefill step (default 512; 0: one token per decode step)", nullptr,
+     "prompt tokens per prefill step (default 2048; 0: one token per decode step)", nullptr,
      EnvRule::kNone, [](S v, O& o) { return SetInt(v, 0, 16384, o.prefill_chunk); }},
     {"--ttft-lengths", nullptr, "L1,...", kBench, false,
      "prompt lengths whose time to first token is measured (default 128,512,2048; each must "

@@ -49,7 +49,7 @@ struct Options {
   CudaOptions cuda;
   PassOptions passes = DefaultPassOptions();
   int64_t max_seq = 0;  // 0: what the command needs
-  int64_t prefill_chunk = 512;
+  int64_t prefill_chunk = 2048;
   // SessionOptions::device_loop_steps (run): decode steps per launch on the device; 0: one
   // launch per step.
   int64_t device_loop = 0;

@@ -491,6 +491,43 @@ TEST(SessionPrefillTest, PrefillStepsEqualTokenByTokenAtEveryLength) {
   }
 }
 
+// A rest that its covering step would pad by more than prefill_max_pad_rows splits into
+// the steps it fills first (chunk 64, so steps of 64, 32, 16 and 8 rows; at most 4 rows
+// of padding here), with the same ids and logits as token by token.
+TEST(SessionPrefillTest, ARestThatWouldPadManyRowsGoesInTheStepsItFills) {
+  SessionOptions by_token = CpuOptions(1, 160);
+  by_token.prefill_chunk = 0;
+  SessionOptions split = by_token;
+  split.prefill_chunk = 64;
+  split.prefill_max_pad_rows = 4;
+  SessionOptions padded = split;
+  padded.prefill_max_pad_rows = 256;
+  // Prompt length (every token but the last is fed), then the steps the rule gives:
+  const std::pair<int64_t, int64_t> cases[] = {
+      {2, 1},    // 1 row: no step fills it, the step of 8 pads it
+      {20, 2},   // 19 rows: 32 would pad 13; 16, then 3 rows in a step of 8
+      {42, 3},   // 41 rows: 32, then 9 (16 would pad 7): 8, then 1 in a step of 8
+      {62, 1},   // 61 rows: 64 pads 3
+      {100, 3},  // 99 rows: a chunk of 64, then 35: 32, then 3 in a step of 8
+      {130, 3}}; // 129 rows: two chunks, then 1 in a step of 8
+  for (const auto& [len, steps] : cases) {
+    SCOPED_TRACE(len);
+    const std::vector<std::vector<int32_t>> prompts = {Prompt(len, 300 + static_cast<uint32_t>(len))};
+    const PrefillRun want = RunPrefilled(by_token, prompts, 6);
+    const PrefillRun got = RunPrefilled(split, prompts, 6);
+    ExpectSameRuns(got, want);
+    EXPECT_EQ(got.prefill_steps, steps);
+    const int64_t feed = len - 1;
+    EXPECT_EQ(RunPrefilled(padded, prompts, 1).prefill_steps,
+              feed / 64 + (feed % 64 != 0 ? 1 : 0));
+  }
+  SessionOptions bad = split;
+  bad.prefill_max_pad_rows = -1;
+  absl::StatusOr<std::unique_ptr<DecodeSession>> refused = DecodeSession::Create(bad);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_TRUE(absl::StrContains(refused.status().message(), "prefill_max_pad_rows")) << refused.status();
+}
+
 TEST(SessionPrefillTest, ChunkedEqualsOneChunk) {
   SessionOptions one = CpuOptions(1, 256);
   one.prefill_chunk = 256;
@@ -905,6 +942,17 @@ TEST(SessionAppendTest, AppendedTurnEqualsTheWholeHistoryPrefilled) {
       EXPECT_EQ(got.neighbour, Alone(alone, Prompt(5, 77), 11, 2));
     }
   }
+}
+
+// Append splits a turn's rest as Prefill does: 21 tokens with chunk 32 and at most 4
+// padding rows go in steps of 16 and 8, and the turn equals the whole history prefilled.
+TEST(SessionAppendTest, AnAppendedRestSplitsAsAPromptDoes) {
+  SessionOptions o = CpuOptions(2, 96);
+  o.prefill_chunk = 32;
+  o.prefill_max_pad_rows = 4;
+  const AppendRun got = RunAppended(o, Prompt(7, 11), Prompt(21, 33), 6, 5);
+  EXPECT_EQ(got.append_steps, 2);
+  EXPECT_EQ(got.after_append, Alone(o, got.history, 5, 1));
 }
 
 TEST(SessionAppendTest, BadAppendsAreRefusedBeforeAnythingRuns) {

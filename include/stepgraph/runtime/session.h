@@ -82,9 +82,17 @@ struct SessionOptions {
   // tokens). Shorter prompts use steps of chunk/2, chunk/4, ... rows (down to 8), alone
   // or several sequences to a step, so a handful of graphs, each captured once, cover
   // every prompt. 0: feed prompts one token per decode step (slow; for comparison).
-  // 512 by default: on an H200 the 1B Q4_0 file's prefill of 2,048 tokens took 77.9 ms in
-  // steps of 512 against 90.4 in steps of 256 (docs/prefill.md).
-  int64_t prefill_chunk = 512;
+  // 2,048 by default: each step reads every weight once (and dequantizes a GGUF file's
+  // block matrices once), so longer steps amortise that: on an H200 (2026-12-02) the 1B
+  // Q4_0 shape's prompt of 2,048 tokens took 17.6 ms in one step against 29.5 in steps of
+  // 512, and 512 tokens the same 6.7 ms either way (docs/prefill.md).
+  int64_t prefill_chunk = 2048;
+  // A rest shorter than a chunk goes in the step that covers it when that pads it by at
+  // most this many rows; otherwise the longest step it fills goes first and the rest
+  // follows likewise (a 1,100-token prompt: steps of 1,024 and 128 rows rather than one of
+  // 2,048). A padding row costs a row's products; a step costs a pass over the weights,
+  // about as much as 256 to 500 rows of the 1B shape's (H200).
+  int64_t prefill_max_pad_rows = 256;
   // Steps whose ids are buffered on the host side before the session waits to drain them
   // (a Generate of more steps than this waits once per this many steps).
   int64_t id_ring_steps = 4096;
