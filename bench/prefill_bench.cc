@@ -16,8 +16,9 @@
 //   QuantPrefill/<fmt>/<act>/len:<n>
 //                         Llama-3.2-1B's shape with every matrix in <fmt> (q4_0, q8_0,
 //                         q4_k, q6_k, or q4_k_m: a Q4_K_M file's mix), a prompt of n
-//                         tokens (512, 2048) prefilled in steps of 512 rows (llama.cpp's
-//                         default micro-batch), host clock around Prefill and its wait.
+//                         tokens (512, 1100, 2048) prefilled in steps of 512 rows
+//                         (llama.cpp's default micro-batch; the session's default is 2,048:
+//                         the _chunk rows), host clock around Prefill and its wait.
 //                         <act>: bf16 activations, or f32 as GGUF files with quantized
 //                         matrices compute, with the block GEMM in f32, TF32 or bf16
 //                         (CudaOptions::block_gemm_precision); _mma: the tensor-core
@@ -369,6 +370,7 @@ void RegisterQuantCases() {
           absl::StrCat("QuantPrefill/", format, "/", SetupName(q)).c_str(), QuantPrefill, q)
           ->ArgName("len")
           ->Arg(512)
+          ->Arg(1100)  // a rest the 2,048-row step would pad by 949 rows (prefill_max_pad_rows)
           ->Arg(2048)
           ->UseManualTime()
           ->Iterations(5)
