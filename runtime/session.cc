@@ -528,12 +528,8 @@ absl::Status DecodeSession::Impl::MakeRunner(const SessionOptions& options) {
   ro.cuda = options.cuda;
   // A GGUF file's quantized matrices already meet x rounded to f16 (auto's matmuls), so its
   // prompts' attention takes the tensor cores in f16 too (docs/gguf.md).
-  bool block_weights = false;
-  for (const auto& [name, dtype] : config_.weight_dtypes) {
-    block_weights = block_weights || IsQuantized(dtype);
-  }
-  ro.cuda.prefill_attention =
-      ResolvePrefillAttention(options.cuda, block_weights && config_.dtype == DType::kF32);
+  ro.cuda.prefill_attention = ResolvePrefillAttention(
+      options.cuda, config_.HasBlockWeights() && config_.dtype == DType::kF32);
   ro.cpu_threads = options.cpu_threads;
   ro.cuda_device = ro.device == DeviceKind::kCuda ? rank_ : 0;
   ro.collectives = group_;
@@ -561,12 +557,9 @@ absl::StatusOr<std::vector<Graph>> DecodeSession::Impl::BuildGraphs(
     // weights are cut from.
     if (bucket == buckets_.back()) whole_largest_ = graph;
     SG_ASSIGN_OR_RETURN(graph, Shard(std::move(graph)));
-    bool block_formats = false;
-    for (const Tensor& t : graph.tensors()) {
-      block_formats = block_formats || (t.kind == TensorKind::kWeight && IsQuantized(t.dtype));
-    }
     const int64_t fused_rows =
-        backend_ == Backend::kCuda && block_formats && options.cuda.block_mma_min_rows > 0
+        backend_ == Backend::kCuda && config_.HasBlockWeights() &&
+                options.cuda.block_mma_min_rows > 0
             ? std::max(options.passes_max_rows, options.passes_max_rows_block_formats)
             : options.passes_max_rows;
     if (bucket <= fused_rows) {

@@ -72,13 +72,7 @@ int ModelFailure(const Options& o, const absl::Status& status, ModelPart part) {
 std::string BlockPrecisions(const Options& o, const DecodeSession& s) {
   if (s.backend() != Backend::kCuda || s.buckets().empty()) return "";
   const ExecutionPlan* plan = s.plan(s.buckets().front());
-  if (plan == nullptr) return "";
-  const std::vector<Tensor>& tensors = plan->graph().tensors();
-  if (std::none_of(tensors.begin(), tensors.end(), [](const Tensor& t) {
-        return t.kind == TensorKind::kWeight && IsQuantized(t.dtype);
-      })) {
-    return "";
-  }
+  if (plan == nullptr || !s.config().HasBlockWeights()) return "";
   const BlockGemmPrecision gemm = o.cuda.block_gemm_precision;
   const std::vector<Node>& nodes = plan->graph().nodes();
   const bool experts = std::any_of(nodes.begin(), nodes.end(), [&](const Node& n) {
@@ -95,7 +89,7 @@ std::string BlockPrecisions(const Options& o, const DecodeSession& s) {
       !experts                 ? ""
       : o.cuda.moe_block_mma ? "; prompts' experts on the tensor cores"
                              : "; prompts' experts by expert on the CUDA cores (--no-moe-mma)",
-      // The session's own resolution of --prefill-attention for this model.
+      // The session's own resolution of --prefill-attention for this model (block weights).
       s.config().dtype != DType::kF32 ? ""
       : ResolvePrefillAttention(o.cuda, true) == PrefillAttentionPrecision::kF16
           ? "; prompts' attention in f16 on the tensor cores"

@@ -14,6 +14,7 @@
 #include "stepgraph/graph/builder.h"
 #include "stepgraph/graph/passes.h"
 #include "stepgraph/models/llama.h"
+#include "tests/testing/family_configs.h"
 
 namespace sg {
 namespace {
@@ -92,12 +93,9 @@ TEST(ShardGraph, OneRankIsTheGraphItselfAndTiedHeadsStayWhole) {
 // (every rank routes alike), and one AllReduce after the routed sum, not after the down
 // experts; Qwen3-MoE's dense first layer keeps its own MLP split.
 TEST(ShardGraph, RoutedLayersOverTwoRanks) {
-  LlamaConfig c = TinyLlamaConfig();
-  c.num_hidden_layers = 2;
-  c.num_experts = 8;
-  c.experts_per_token = 3;
-  c.moe_intermediate_size = 96;
-  c.moe_layers = {false, true};
+  // Qwen3-MoE's routing: 8 experts of 96, 3 a token, a dense first layer.
+  const LlamaConfig c = testing::MoeTinyConfigs(DType::kF32)[1].second;
+  ASSERT_EQ(c.architecture, "qwen3_moe");
   absl::StatusOr<Graph> whole = BuildLlamaDecodeGraph(c, {.batch = 2, .max_seq = 16});
   ASSERT_TRUE(whole.ok()) << whole.status();
   absl::StatusOr<Graph> g = ShardGraph(*whole, *LlamaShardPlan(c, 2), 2);

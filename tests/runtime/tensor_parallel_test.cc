@@ -300,17 +300,21 @@ TEST(TensorParallelCpu, ShardedEqualsUnshardedOnEveryFixture) {
   CheckFixtures(DeviceKind::kCpu, 2, false);
 }
 
+// Names every weight of `rank` dimensions of `c`'s graph in weight_dtypes as `t` (the
+// matrices 2, the stacked experts 3), for CheckRandomWeights to pick their formats.
+void NameWeights(LlamaConfig& c, int rank, DType t) {
+  const Graph g = *BuildLlamaDecodeGraph(c, {.max_seq = 8});
+  for (const Tensor& w : g.tensors()) {
+    if (w.kind == TensorKind::kWeight && w.shape.rank() == rank) c.weight_dtypes[w.name] = t;
+  }
+}
+
 // Block-format experts whose down matrices would split inside a block are refused by the
 // tensor's name: 96 intermediate values are 48 a rank, not whole Q8_0 blocks of 32. (The
 // Mixtral Q8_0 fixture is refused too, by its first such matrix: o's 32 columns.)
 TEST(TensorParallelCpu, RoutedBlocksThatDoNotSplitAreRefusedByName) {
   LlamaConfig c = testing::MoeTinyConfigs(DType::kF32)[0].second;
-  const Graph whole = *BuildLlamaDecodeGraph(c, {.max_seq = 8});
-  for (const Tensor& w : whole.tensors()) {
-    if (w.kind == TensorKind::kWeight && w.shape.rank() == 3) {
-      c.weight_dtypes[w.name] = DType::kQ8_0;
-    }
-  }
+  NameWeights(c, 3, DType::kQ8_0);
   absl::StatusOr<Graph> g = ShardGraph(*BuildLlamaDecodeGraph(c, {.max_seq = 8}),
                                        *LlamaShardPlan(c, 2), 2);
   ASSERT_FALSE(g.ok());
@@ -392,10 +396,7 @@ TEST(TensorParallelCpu, BlockFormatsOverTwoRanks) {
   c.head_dim = 64;
   c.intermediate_size = 1024;
   c.num_hidden_layers = 2;
-  const Graph g = *BuildLlamaDecodeGraph(c, {.max_seq = 12});
-  for (const Tensor& w : g.tensors()) {
-    if (w.kind == TensorKind::kWeight && w.shape.rank() == 2) c.weight_dtypes[w.name] = DType::kF32;
-  }
+  NameWeights(c, 2, DType::kF32);
   for (DType t : {DType::kQ8_0, DType::kQ4_0, DType::kQ4_1, DType::kQ5_0, DType::kQ5_1,
                   DType::kQ4_K, DType::kQ5_K, DType::kQ6_K}) {
     CheckRandomWeights(c, 2, [t](const std::string&) { return t; },
@@ -415,12 +416,7 @@ TEST(TensorParallelCpu, RoutedLayersOverTwoAndFourRanks) {
     CheckRandomWeights(c, 4, [](const std::string&) { return DType::kF32; },
                        name + " over 4 ranks");
     c.moe_intermediate_size = 128;
-    const Graph g = *BuildLlamaDecodeGraph(c, {.max_seq = 12});
-    for (const Tensor& w : g.tensors()) {
-      if (w.kind == TensorKind::kWeight && w.shape.rank() == 3) {
-        c.weight_dtypes[w.name] = DType::kF32;
-      }
-    }
+    NameWeights(c, 3, DType::kF32);
     for (DType t : {DType::kQ8_0, DType::kQ4_0, DType::kQ5_1}) {
       CheckRandomWeights(c, 2, [t](const std::string&) { return t; },
                          absl::StrCat(name, ", ", DTypeName(t), " experts over 2 ranks"));

@@ -12,6 +12,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
+#include "stepgraph/base/dtype.h"
 #include "stepgraph/graph/graph.h"
 #include "stepgraph/graph/ops.h"
 #include "stepgraph/graph/shard.h"
@@ -125,6 +126,13 @@ struct LlamaConfig {
   // for matrices that MatMul and Embedding read (a quantized model). Activations, the KV
   // cache and every other weight stay in `dtype`.
   absl::flat_hash_map<std::string, DType> weight_dtypes;
+  // Whether any weight is stored in a block format (weight_dtypes).
+  bool HasBlockWeights() const {
+    for (const auto& [name, t] : weight_dtypes) {
+      if (IsQuantized(t)) return true;
+    }
+    return false;
+  }
   // Keys of config.json accepted as metadata (token ids, writer names, training-only
   // settings: nothing the computation reads), in file order, for the program's --verbose.
   std::vector<std::string> metadata_keys;
