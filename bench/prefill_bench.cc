@@ -38,7 +38,8 @@
 //                         bf16 parts;
 //                         _decode, _prefill, _staged: its block shape forced),
 //                         gemm_<x>_<precision> (the block GEMM: dequantized chunks through
-//                         cuBLASLt), and fmt bf16 for the same matmuls on bf16 weights.
+//                         cuBLASLt; gemm_f32_f16 is auto's path from 32 rows), and fmt
+//                         bf16 for the same matmuls on bf16 weights.
 //                         us per layer, TFLOP/s and of_matmul: where the block GEMM
 //                         overtakes the kernel is CudaOptions::block_gemm_min_rows.
 //
@@ -393,6 +394,7 @@ void RegisterQuantCases() {
       {"gemm_f32_f32", DType::kF32, 1, BlockGemmPrecision::kF32},
       {"gemm_f32_tf32", DType::kF32, 1, BlockGemmPrecision::kTf32},
       {"gemm_f32_bf16", DType::kF32, 1, BlockGemmPrecision::kBf16},
+      {"gemm_f32_f16", DType::kF32, 1, BlockGemmPrecision::kF16},
   };
   for (DType q : {DType::kQ4_0, DType::kQ8_0, DType::kQ4_K, DType::kQ6_K}) {
     for (const MatmulPathSetup& p : paths) {

@@ -11,6 +11,7 @@
 // cores) beside the bf16 small-M kernel. MoeDecode/<format>/... time a mixture of experts'
 // decode matmul (kernels/moe.cuh: one row, 8 of 128 experts, Qwen3-30B-A3B's shapes)
 // against the chosen experts' bytes, on the block per pair and the one-row kernel;
+// Dequantize/<format> the block GEMM's dequantization into f16 at the copy rate's terms;
 // MoePrefill/<format>/... its prefill matmul (256 rows, walking by expert, and for block
 // formats on the tensor cores; Q4_K also at 32 and 64 rows) in TFLOP/s, routed uniformly
 // and skewed. Block-format weights are repacked into the device layout
@@ -43,6 +44,7 @@
 #include "dispatch/cuda/cuda_handles.h"
 #include "dispatch/cuda/cuda_status.h"
 #include "kernels/block_mma.cuh"
+#include "kernels/dequant.cuh"
 #include "kernels/fused_matmul.cuh"
 #include "kernels/gemv.cuh"
 #include "kernels/moe.cuh"
@@ -214,6 +216,30 @@ void Report(benchmark::State& state, const std::string& name, double t, int64_t 
   state.counters["of_copy"] = gbps / g->copy_gbps;
   state.counters["launches_per_graph"] = batch;
   g->rows.push_back({name, t * 1e6, gbps, gbps / g->copy_gbps});
+}
+
+// Dequantize/<format>: kernels::LaunchDequantize of an [n, k] weight into f16, as the
+// block GEMM dequantizes a prompt step's chunk, with n rows enough that weight and output
+// exceed L2 several times over (no flush needed): GB/s counts the blocks read and the f16
+// values written, against the copy's read + write.
+absl::Status RunDequantCase(benchmark::State& state, const std::string& name, DType w_dtype,
+                            int64_t n, int64_t k) {
+  const int64_t w_bytes = n * DTypeRowBytes(w_dtype, k);
+  const int64_t out_bytes = n * k * 2;
+  SG_ASSIGN_OR_RETURN(DeviceMemory w, AllocateDevice(RoundUp(w_bytes, kAlign), "weight"));
+  SG_ASSIGN_OR_RETURN(DeviceMemory out, AllocateDevice(out_bytes, "f16 output"));
+  const std::vector<uint8_t> bytes = WeightBytes(w_dtype, n, k);
+  SG_RETURN_IF_ERROR(ToStatus(cudaMemcpy(w.get(), bytes.data(), bytes.size(),
+                                         cudaMemcpyHostToDevice),
+                              "cudaMemcpy(weight)"));
+  SG_ASSIGN_OR_RETURN(double t, TimeLaunches(state, 1, false, [&](int) {
+                        return ToStatus(kernels::LaunchDequantize(w.get(), w_dtype, n, 0, n, k,
+                                                                  out.get(), DType::kF16,
+                                                                  g->stream.get()),
+                                        "LaunchDequantize");
+                      }));
+  Report(state, name, t, w_bytes + out_bytes, 1);
+  return absl::OkStatus();
 }
 
 absl::Status RunCase(benchmark::State& state, const std::string& name, DType w_dtype, int64_t n,
@@ -763,6 +789,23 @@ int main(int argc, char** argv) {
         }
       }
     }
+  }
+  // The block GEMM's dequantization into f16 (a prompt step's per-weight pass): 32,768
+  // rows of 2,048 (128 MiB of f16, the Llama-3.2-1B gate/up shape four times over).
+  for (sg::DType t : kFormats) {
+    if (!sg::IsQuantized(t)) continue;
+    const std::string name = absl::StrCat("Dequantize/", sg::DTypeName(t), "/N=32768 K=2048");
+    benchmark::RegisterBenchmark(name.c_str(),
+                                 [=](benchmark::State& state) {
+                                   if (absl::Status st =
+                                           sg::RunDequantCase(state, name, t, 32768, 2048);
+                                       !st.ok()) {
+                                     state.SkipWithError(st.ToString().c_str());
+                                   }
+                                 })
+        ->UseManualTime()
+        ->Iterations(sg::kIterations)
+        ->Unit(benchmark::kMicrosecond);
   }
   benchmark::RunSpecifiedBenchmarks();
   std::printf("\n%-56s %10s %9s %8s\n", "case", "us", "GB/s", "of copy");

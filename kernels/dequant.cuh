@@ -22,8 +22,7 @@ namespace sg::kernels {
 // reference's DequantizeRow value bit for bit, then rounded to `out_dtype` (f32:
 // unchanged; bf16, f16: to nearest even, as base/half.h rounds). cudaErrorInvalidValue for
 // a dtype or size out of range (k not a multiple of the block, rows past w_rows);
-// cudaErrorMisalignedAddress for a w not 16-byte aligned or an `out` not aligned to 4 of
-// its elements.
+// cudaErrorMisalignedAddress for a w or an `out` not 16-byte aligned.
 cudaError_t LaunchDequantize(const void* w, DType w_dtype, int64_t w_rows, int64_t first_row,
                              int64_t rows, int64_t k, void* out, DType out_dtype, Stream stream);
 

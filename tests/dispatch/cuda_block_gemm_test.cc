@@ -263,6 +263,9 @@ TEST_P(DequantizeTest, RefusesWhatItCannotRead) {
             cudaErrorMisalignedAddress);
   EXPECT_EQ(kernels::LaunchDequantize(p, q, 1, 0, 1, k, p + 2050, DType::kF32, nullptr),
             cudaErrorMisalignedAddress);
+  // Eight 16-bit values are one 16-byte store: 8-byte alignment is not enough.
+  EXPECT_EQ(kernels::LaunchDequantize(p, q, 1, 0, 1, k, p + 2056, DType::kF16, nullptr),
+            cudaErrorMisalignedAddress);
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
 }
 
@@ -281,15 +284,25 @@ TEST(RoundFloatsTest, RoundsAsTheHostDoes) {
   ASSERT_TRUE(din.ok() && dout.ok());
   ASSERT_EQ(cudaMemcpy(din->get(), in.data(), in.bytes(), cudaMemcpyHostToDevice), cudaSuccess);
   const auto* v = static_cast<const float*>(in.data());
-  for (DType t : {DType::kBF16, DType::kF16}) {
-    ASSERT_EQ(cudaMemset(dout->get(), 0xFF, 2 * 1001), cudaSuccess);
-    ASSERT_EQ(kernels::LaunchRoundFloats(static_cast<const float*>(din->get()), dout->get(), t,
-                                         1001, nullptr),
-              cudaSuccess);
-    std::vector<uint16_t> got(1001);
-    ASSERT_EQ(cudaMemcpy(got.data(), dout->get(), 2 * 1001, cudaMemcpyDeviceToHost), cudaSuccess);
-    for (int i = 0; i < 1001; ++i) {
-      ASSERT_EQ(got[i], ReferenceBits(v[i], t)) << DTypeName(t) << " element " << i;
+  // From element 0 (four at a time, the last value alone) and from element 1 (x and out
+  // not aligned: one at a time); the element before the start keeps its poison.
+  for (int first : {0, 1}) {
+    for (DType t : {DType::kBF16, DType::kF16}) {
+      SCOPED_TRACE(absl::StrCat(DTypeName(t), " from element ", first));
+      ASSERT_EQ(cudaMemset(dout->get(), 0xFF, 2 * 1001), cudaSuccess);
+      ASSERT_EQ(kernels::LaunchRoundFloats(static_cast<const float*>(din->get()) + first,
+                                           static_cast<uint16_t*>(dout->get()) + first, t,
+                                           1001 - first, nullptr),
+                cudaSuccess);
+      std::vector<uint16_t> got(1001);
+      ASSERT_EQ(cudaMemcpy(got.data(), dout->get(), 2 * 1001, cudaMemcpyDeviceToHost),
+                cudaSuccess);
+      if (first > 0) {
+        ASSERT_EQ(got[0], 0xFFFFu);
+      }
+      for (int i = first; i < 1001; ++i) {
+        ASSERT_EQ(got[i], ReferenceBits(v[i], t)) << "element " << i;
+      }
     }
   }
   EXPECT_EQ(kernels::LaunchRoundFloats(nullptr, nullptr, DType::kF32, 1, nullptr),
@@ -326,28 +339,38 @@ TEST(RoundFloatsTest, F16ScaledKeepsTheRangeAndWritesAlpha) {
       v[kCount - 2] = std::numeric_limits<float>::quiet_NaN();
     }
     ASSERT_EQ(cudaMemcpy(din->get(), v, kCount * 4, cudaMemcpyHostToDevice), cudaSuccess);
-    ASSERT_EQ(cudaMemset(dout->get(), 0xFF, kCount * 2), cudaSuccess);
-    ASSERT_EQ(cudaMemset(scratch->get(), 0xFF, kernels::kRoundScaleBytes), cudaSuccess);
-    ASSERT_EQ(kernels::LaunchRoundFloatsF16Scaled(static_cast<const float*>(din->get()),
-                                                  dout->get(), kCount,
-                                                  static_cast<float*>(scratch->get()), nullptr),
-              cudaSuccess);
-    std::vector<uint16_t> got(kCount);
-    ASSERT_EQ(cudaMemcpy(got.data(), dout->get(), kCount * 2, cudaMemcpyDeviceToHost),
-              cudaSuccess);
-    float alpha_beta[2];
-    ASSERT_EQ(cudaMemcpy(alpha_beta,
-                         static_cast<float*>(scratch->get()) + kernels::kRoundScaleAlpha,
-                         sizeof(alpha_beta), cudaMemcpyDeviceToHost),
-              cudaSuccess);
-    EXPECT_EQ(alpha_beta[0], std::ldexp(1.0f, r.e));
-    EXPECT_EQ(alpha_beta[1], 0.0f);
-    for (int64_t i = 0; i < kCount; ++i) {
-      if (std::isnan(v[i])) {  // any NaN (the device's and the host's bits may differ)
-        ASSERT_TRUE((got[i] & 0x7C00) == 0x7C00 && (got[i] & 0x3FF) != 0) << "element " << i;
-        continue;
+    // From element 0 (four at a time) and from element 1 (unaligned: one at a time).
+    for (int64_t first : {0, 1}) {
+      SCOPED_TRACE(absl::StrCat("from element ", first));
+      ASSERT_EQ(cudaMemset(dout->get(), 0xFF, kCount * 2), cudaSuccess);
+      ASSERT_EQ(cudaMemset(scratch->get(), 0xFF, kernels::kRoundScaleBytes), cudaSuccess);
+      ASSERT_EQ(kernels::LaunchRoundFloatsF16Scaled(
+                    static_cast<const float*>(din->get()) + first,
+                    static_cast<uint16_t*>(dout->get()) + first, kCount - first,
+                    static_cast<float*>(scratch->get()), nullptr),
+                cudaSuccess);
+      std::vector<uint16_t> got(kCount);
+      ASSERT_EQ(cudaMemcpy(got.data(), dout->get(), kCount * 2, cudaMemcpyDeviceToHost),
+                cudaSuccess);
+      float alpha_beta[2];
+      ASSERT_EQ(cudaMemcpy(alpha_beta,
+                           static_cast<float*>(scratch->get()) + kernels::kRoundScaleAlpha,
+                           sizeof(alpha_beta), cudaMemcpyDeviceToHost),
+                cudaSuccess);
+      EXPECT_EQ(alpha_beta[0], std::ldexp(1.0f, r.e));
+      EXPECT_EQ(alpha_beta[1], 0.0f);
+      if (first > 0) {
+        ASSERT_EQ(got[0], 0xFFFFu);
       }
-      ASSERT_EQ(got[i], FloatToHalf(std::ldexp(v[i], -r.e))) << "element " << i << ": " << v[i];
+      for (int64_t i = first; i < kCount; ++i) {
+        if (std::isnan(v[i])) {  // any NaN (the device's and the host's bits may differ)
+          ASSERT_TRUE((got[i] & 0x7C00) == 0x7C00 && (got[i] & 0x3FF) != 0)
+              << "element " << i;
+          continue;
+        }
+        ASSERT_EQ(got[i], FloatToHalf(std::ldexp(v[i], -r.e)))
+            << "element " << i << ": " << v[i];
+      }
     }
   }
   EXPECT_EQ(kernels::LaunchRoundFloatsF16Scaled(nullptr, nullptr, -1, nullptr, nullptr),
