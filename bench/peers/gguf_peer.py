@@ -489,8 +489,8 @@ def table(results):
            ] + rows_decode + [
            "",
            "Prefill tokens/s (stepgraph bench's time-to-first-token prefill of a prompt of n "
-           "tokens, n - 1 of them in steps of up to 512 (the default), then the first decode step; "
-           "llama-bench ppn)",
+           "tokens, n - 1 of them in steps of up to 2,048 (the default), then the first decode "
+           "step; llama-bench ppn)",
            "",
            "| file | " + " | ".join(f"sg {n} | llama {n} | ratio" +
                                   (f" | sg {alt} {n} | ratio" if alt else "")
