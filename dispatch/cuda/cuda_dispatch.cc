@@ -145,9 +145,9 @@ absl::StatusOr<PreparedPlan> CudaDispatch::Prepare(const ExecutionPlan& plan) {
   std::vector<std::unique_ptr<PreparedNode>> nodes(static_cast<size_t>(graph.num_nodes()));
   for (int32_t i = 0; i < graph.num_nodes(); ++i) {
     const Node& node = graph.nodes()[i];
-    const internal::CudaPrepareContext context{graph,    node,        info_,      options_,
-                                               *matmul_, *rope_,      *attention_, *sampling_,
-                                               *modules_};
+    const internal::CudaPrepareContext context{graph,      node,        info_,      options_,
+                                               *matmul_,   *rope_,      *attention_, *sampling_,
+                                               *modules_,  i > 0 ? nodes[i - 1].get() : nullptr};
     internal::PreparedOr state =
         std::visit([&](const auto& op) { return internal::Prepare(op, context); }, node.op);
     if (!state.ok()) {

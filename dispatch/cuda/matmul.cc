@@ -356,6 +356,8 @@ struct MatmulState final : PreparedState<MatmulState> {
   BlockGemmLayout block;
   const MatmulRunner::Plan* tail_plan = nullptr;
   void* workspace = nullptr;
+  int32_t x_tensor = -1;           // x's index in the graph
+  bool x_rounded_before = false;   // the node before rounded this x into the workspace
   // kBlockMma: the parts x is split into and the workspace's layout (partial sums when
   // split, then the kernel's scratch).
   int mma_terms = 3;
@@ -543,6 +545,34 @@ bool Supports(const ops::MatMul& op, const CudaSupportQuery& q) {
 
 namespace {
 
+// Whether the node before (its state `previous`) is a block GEMM that rounded the same x
+// into the same place of the workspace as `state` would: q, k and v (and gate and up)
+// read one x, and the executor runs a plan's nodes in order on one stream with nothing
+// between two neighbours, so the rounded x (and its alpha) is still there and need not be
+// made again. Only the chunk region after it is rewritten by the dequantization.
+bool RoundedBefore(const PreparedNode* previous, const MatmulState& state) {
+  if (!state.block.round_x || previous == nullptr ||
+      previous->tag() != PreparedState<MatmulState>::Tag()) {
+    return false;
+  }
+  const auto& p = static_cast<const MatmulState&>(*previous);
+  return p.path == MatmulPath::kBlockGemm && p.x_tensor == state.x_tensor &&
+         p.workspace == state.workspace && p.block.round_x &&
+         p.block.operand == state.block.operand && p.block.x_offset == state.block.x_offset &&
+         p.shape.m == state.shape.m && p.shape.k == state.shape.k &&
+         p.shape.dtype == state.shape.dtype;
+}
+
+}  // namespace
+
+bool BlockGemmReusesX(const PreparedNode* state) {
+  if (state == nullptr || state->tag() != PreparedState<MatmulState>::Tag()) return false;
+  const auto& s = static_cast<const MatmulState&>(*state);
+  return s.path == MatmulPath::kBlockGemm && s.x_rounded_before;
+}
+
+namespace {
+
 // The block GEMM's state: the chunking, the workspace and a cuBLASLt plan per chunk width.
 absl::Status PrepareBlockGemm(const CudaPrepareContext& c, MatmulState& state) {
   const MatmulShape& s = state.shape;
@@ -561,6 +591,8 @@ absl::Status PrepareBlockGemm(const CudaPrepareContext& c, MatmulState& state) {
     SG_ASSIGN_OR_RETURN(state.tail_plan, c.matmul.Prepare(chunk));
   }
   state.path = MatmulPath::kBlockGemm;
+  state.x_tensor = c.node.inputs[0].index;
+  state.x_rounded_before = RoundedBefore(c.previous, state);
   return absl::OkStatus();
 }
 
@@ -640,21 +672,26 @@ absl::Status RunBlockGemm(const MatmulState& s, const MatmulRunner& runner, cons
   auto* workspace = static_cast<uint8_t*>(s.workspace);
   const void* gemm_x = x;
   const float* alpha = nullptr;
+  // x rounded into the workspace, unless the node before left this x there.
   if (s.block.scale_x()) {
     auto* scratch = reinterpret_cast<float*>(workspace);
-    SG_RETURN_IF_ERROR(ToStatus(
-        kernels::LaunchRoundFloatsF16Scaled(static_cast<const float*>(x),
-                                            workspace + s.block.x_offset, shape.m * shape.k,
-                                            scratch, stream),
-        "LaunchRoundFloatsF16Scaled"));
+    if (!s.x_rounded_before) {
+      SG_RETURN_IF_ERROR(ToStatus(
+          kernels::LaunchRoundFloatsF16Scaled(static_cast<const float*>(x),
+                                              workspace + s.block.x_offset, shape.m * shape.k,
+                                              scratch, stream),
+          "LaunchRoundFloatsF16Scaled"));
+    }
     gemm_x = workspace + s.block.x_offset;
     alpha = scratch + kernels::kRoundScaleAlpha;
   } else if (s.block.round_x) {
-    SG_RETURN_IF_ERROR(ToStatus(kernels::LaunchRoundFloats(static_cast<const float*>(x),
-                                                           workspace + s.block.x_offset,
-                                                           s.block.operand, shape.m * shape.k,
-                                                           stream),
-                                "LaunchRoundFloats"));
+    if (!s.x_rounded_before) {
+      SG_RETURN_IF_ERROR(ToStatus(kernels::LaunchRoundFloats(static_cast<const float*>(x),
+                                                             workspace + s.block.x_offset,
+                                                             s.block.operand, shape.m * shape.k,
+                                                             stream),
+                                  "LaunchRoundFloats"));
+    }
     gemm_x = workspace + s.block.x_offset;
   }
   void* chunk = workspace + s.block.chunk_offset;

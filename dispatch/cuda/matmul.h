@@ -91,6 +91,10 @@ absl::StatusOr<BlockGemmLayout> BlockGemmLayoutFor(int64_t m, int64_t n, int64_t
                                                    DType x_dtype, const CudaOptions& options,
                                                    int64_t l2_bytes);
 
+// Whether a MatMul node's prepared state (its PreparedPlan::node) runs the block GEMM on
+// the x its predecessor rounded into the workspace, rounding none itself (for tests).
+bool BlockGemmReusesX(const PreparedNode* state);
+
 // The parts the tensor-core block kernel splits x [m, k] of `x_dtype` into under `options`
 // (kernels::BlockMmaTerms; block_gemm_precision auto chooses by m).
 int BlockMmaTermsFor(DType x_dtype, int64_t m, const CudaOptions& options);

@@ -47,6 +47,11 @@ struct CudaPrepareContext {
   const AttentionWorkspace& attention;
   const SamplingWorkspace& sampling;
   CudaModuleCache& modules;
+  // The state of the node just before this one in the plan (null for the first node and
+  // after a node without state). The executor runs a plan's nodes in order on one stream,
+  // so a unit may rely on what that node's Run left in a workspace they share (a MatMul
+  // reuses the x its predecessor rounded: matmul.cc).
+  const PreparedNode* previous = nullptr;
 
   const Tensor& input(int i) const { return graph.tensor(node.inputs[i]); }
 };

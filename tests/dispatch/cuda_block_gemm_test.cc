@@ -467,6 +467,39 @@ std::vector<OpCase> BlockGemmCases() {
   return cases;
 }
 
+// Matmuls that read one x in a row share its rounding (the later ones read what the first
+// left in the workspace): x [m, 256] into w1, w2 (sharing), then x2 into w3 (which rounds
+// x2 over it), then x into w4 (which must round x again, and with it x's own scale). x
+// reaches past f16's range and x2 does not, so a w4 that read x2's rounding or scale
+// would be far off. Formats mixed, as a Q4_K_M file's layers are.
+std::vector<OpCase> SharedXCases() {
+  std::vector<OpCase> cases;
+  for (const Variant& v : kVariants) {
+    if (v.x != DType::kF32) continue;
+    for (int64_t m : {40, 300}) {
+      cases.push_back(
+          {.name = absl::StrCat("BlockGemmSharedX/", BlockGemmPrecisionName(v.precision), "/",
+                                m),
+           .build = [=](GraphBuilder& b) {
+             auto x = b.Input("x", DType::kF32, {m, 256});
+             auto x2 = b.Input("x2", DType::kF32, {m, 256});
+             b.Output("y1", b.MatMul(x, b.Weight("w1", DType::kQ4_K, {200, 256})));
+             b.Output("y2", b.MatMul(x, b.Weight("w2", DType::kQ6_K, {72, 256}),
+                                     b.Weight("b2", DType::kF32, {72})));
+             b.Output("y3", b.MatMul(x2, b.Weight("w3", DType::kQ4_0, {128, 256})));
+             b.Output("y4", b.MatMul(x, b.Weight("w4", DType::kQ8_0, {96, 256})));
+           },
+           .tolerance = v.tolerance,
+           .float_values = {{"x", WideX(m * 256, static_cast<uint32_t>(m + 5))}},
+           .cuda_options = [=](CudaOptions& o) {
+             o.block_gemm_min_rows = 1;
+             o.block_gemm_precision = v.precision;
+           }});
+    }
+  }
+  return cases;
+}
+
 class BlockGemmConformanceTest : public ::testing::TestWithParam<OpCase> {};
 
 TEST_P(BlockGemmConformanceTest, CpuAndCudaAgree) {
@@ -476,6 +509,45 @@ TEST_P(BlockGemmConformanceTest, CpuAndCudaAgree) {
 
 INSTANTIATE_TEST_SUITE_P(MatMul, BlockGemmConformanceTest, ::testing::ValuesIn(BlockGemmCases()),
                          OpCaseTestName{});
+INSTANTIATE_TEST_SUITE_P(SharedX, BlockGemmConformanceTest, ::testing::ValuesIn(SharedXCases()),
+                         OpCaseTestName{});
+
+// Which nodes of the shared-x graph reuse the rounding: only the second matmul on x right
+// after the first (f16 and bf16 round x; f32 and TF32 read it as it is, so none does).
+TEST(BlockGemmSharedXTest, OnlyAMatmulRightAfterOneOnTheSameXReusesItsRounding) {
+  if (!HasCudaDevice()) GTEST_SKIP() << "no CUDA device";
+  for (const BlockGemmPrecision precision :
+       {BlockGemmPrecision::kF16, BlockGemmPrecision::kBf16, BlockGemmPrecision::kF32}) {
+    SCOPED_TRACE(BlockGemmPrecisionName(precision));
+    GraphBuilder b;
+    auto x = b.Input("x", DType::kF32, {64, 256});
+    auto x2 = b.Input("x2", DType::kF32, {64, 256});
+    b.Output("y1", b.MatMul(x, b.Weight("w1", DType::kQ4_0, {128, 256})));
+    b.Output("y2", b.MatMul(x, b.Weight("w2", DType::kQ4_0, {128, 256})));
+    b.Output("y3", b.MatMul(x2, b.Weight("w3", DType::kQ4_0, {128, 256})));
+    b.Output("y4", b.MatMul(x, b.Weight("w4", DType::kQ4_0, {128, 256})));
+    b.Output("y5", b.MatMul(b.Add(x, x2), b.Weight("w5", DType::kQ4_0, {128, 256})));
+    absl::StatusOr<Graph> g = std::move(b).Build();
+    ASSERT_TRUE(g.ok()) << g.status();
+    absl::StatusOr<ExecutionPlan> plan = ExecutionPlan::Create(*std::move(g));
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    CudaDispatch::Options options;
+    options.cuda.block_gemm_min_rows = 1;
+    options.cuda.block_gemm_precision = precision;
+    absl::StatusOr<std::unique_ptr<CudaDispatch>> gpu = CudaDispatch::Create(options);
+    ASSERT_TRUE(gpu.ok()) << gpu.status();
+    absl::StatusOr<PreparedPlan> prepared = (*gpu)->Prepare(*plan);
+    ASSERT_TRUE(prepared.ok()) << prepared.status();
+    std::vector<bool> reuses;
+    for (int32_t i = 0; i < plan->graph().num_nodes(); ++i) {
+      if (std::holds_alternative<ops::MatMul>(plan->graph().nodes()[i].op)) {
+        reuses.push_back(internal::BlockGemmReusesX(prepared->node(i)));
+      }
+    }
+    const bool rounds = precision != BlockGemmPrecision::kF32;
+    EXPECT_EQ(reuses, (std::vector<bool>{false, rounds, false, false, false}));
+  }
+}
 
 TEST(BlockGemmCasesTest, EveryFormatVariantAndRowCountIsCovered) {
   // Per format: 6 variants × 2 shapes × 4 row counts, and f16 with wide x at 2 row counts.
