@@ -1,9 +1,9 @@
 // Dequantization of block-format weights into float matrices (kernels/dequant.cuh). Blocks
 // are read only through kernels/quant_blocks.cuh's Format<t>::Load, the one definition of
 // their device layout: four threads take a unit (32 values), consecutive quartets the
-// consecutive units of the tensor, so a warp reads contiguous runs of
-// each plane and writes contiguous 16-byte vectors. Bandwidth-bound: a Q4_0 weight reads
-// 0.56 bytes a value and writes 2 (bf16) or 4 (f32).
+// consecutive units of the tensor, so a warp reads contiguous runs of each plane and
+// writes contiguous 16-byte vectors. Bandwidth-bound: a Q4_0 weight reads 0.56 bytes a
+// value and writes 2 (bf16) or 4 (f32).
 #include <algorithm>
 #include <cfloat>
 
@@ -98,8 +98,8 @@ __device__ __forceinline__ void StoreFour(T* __restrict__ out, int64_t q, float4
   }
 }
 
-// out = in · s rounded to T over [0, count), s a power of two (1 for the plain rounding:
-// exact but for subnormals).
+// out = in · s rounded to T over [0, count), s a power of two (1 for the plain rounding),
+// so in · s is exact unless it falls below f32's normal range.
 template <typename T, bool kVec>
 __device__ __forceinline__ void RoundScaledRange(const float* __restrict__ in, T* __restrict__ out,
                                                  int64_t count, float s) {
