@@ -25,6 +25,7 @@
 # all): a run that does not fit one call can be split, the results add up in
 # $SG_PEER_WORK/results.json. Logs go to $OUT (or $SG_PEER_WORK/logs).
 # Environment: SG_PEER_WORK (default /tmp/gguf-peer: files, builds, results),
+# SG_TARGETS (more of stepgraph's targets for `build` to build beside the program),
 # SG_BUILD (stepgraph's build folder, default /tmp/b as tools/gpu_check.sh uses),
 # LLAMA_JOBS (default 10), PYTHON (default python3), LLAMA_BIN (selftest),
 # SG_PEER_PREFILL (prompt lengths of the prefill rows, default 512,2048), SG_PEER_ALT
@@ -148,8 +149,10 @@ wait_llama_build() {
 
 build_stepgraph() {
   # tools/gpu_check.sh unpacks the carried Debian packages, installs the SmolLM2 parts
-  # carried in .device-model/ and builds; 'none' runs no test.
-  SG_TARGETS=stepgraph OUT=$out tools/gpu_check.sh none > "$out/stepgraph-build.log" 2>&1 ||
+  # carried in .device-model/ and builds; 'none' runs no test. SG_TARGETS adds targets
+  # (test programs, benches) to the same build, so that one call builds what the lease
+  # runs beside the peers.
+  SG_TARGETS="stepgraph ${SG_TARGETS:-}" OUT=$out tools/gpu_check.sh none > "$out/stepgraph-build.log" 2>&1 ||
     { tail -30 "$out/stepgraph-build.log"; die "stepgraph build failed"; }
   grep -E "^build:|^model:" "$out/stepgraph-build.log"
 }
