@@ -18,22 +18,6 @@ constexpr int kThreads = 256;
 // Grid-stride loops over more work than this many blocks would launch.
 constexpr int64_t kMaxBlocks = int64_t{1} << 20;
 
-// Eight values as one 16-byte store (two for f32): `p` is 16-byte aligned.
-template <typename T>
-__device__ __forceinline__ void StoreEight(T* p, const float (&v)[8]) {
-  if constexpr (sizeof(T) == 4) {
-    reinterpret_cast<float4*>(p)[0] = make_float4(v[0], v[1], v[2], v[3]);
-    reinterpret_cast<float4*>(p)[1] = make_float4(v[4], v[5], v[6], v[7]);
-  } else {
-    struct alignas(16) Eight {
-      T e[8];
-    } eight;
-#pragma unroll
-    for (int i = 0; i < 8; ++i) eight.e[i] = FromFloat<T>(v[i]);
-    *reinterpret_cast<Eight*>(p) = eight;
-  }
-}
-
 template <typename Q>
 concept LoadsParts = requires(const uint8_t* b) { Q::LoadPart(b, int64_t{0}, int64_t{0}, 0); };
 
@@ -62,7 +46,7 @@ __global__ void __launch_bounds__(kThreads)
     }
     float v[8];
     unit.Values8(j, v);
-    StoreEight(out + 8 * t, v);
+    StoreFloatsVec16<T, 8>(out + 8 * t, v);  // one 16-byte store of 16-bit T, two of f32
   }
 }
 
@@ -75,7 +59,8 @@ __global__ void __launch_bounds__(kThreads)
 template <bool kVec>
 __device__ __forceinline__ float4 LoadFour(const float* __restrict__ in, int64_t q) {
   if constexpr (kVec) {
-    return reinterpret_cast<const float4*>(in)[q];
+    const Vec<float, 4> v = LoadVec<float, 4>(in + 4 * q);
+    return make_float4(v.v[0], v.v[1], v.v[2], v.v[3]);
   } else {
     return make_float4(in[4 * q], in[4 * q + 1], in[4 * q + 2], in[4 * q + 3]);
   }
@@ -86,10 +71,7 @@ __device__ __forceinline__ void StoreFour(T* __restrict__ out, int64_t q, float4
   const T a = FromFloat<T>(v.x * s), b = FromFloat<T>(v.y * s), c = FromFloat<T>(v.z * s),
           d = FromFloat<T>(v.w * s);
   if constexpr (kVec) {
-    struct alignas(4 * sizeof(T)) Four {
-      T e[4];
-    };
-    reinterpret_cast<Four*>(out)[q] = Four{{a, b, c, d}};
+    StoreVec<T, 4>(out + 4 * q, Vec<T, 4>{{a, b, c, d}});
   } else {
     out[4 * q] = a;
     out[4 * q + 1] = b;
