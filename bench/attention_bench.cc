@@ -400,7 +400,8 @@ void BM_PrefillKernels(benchmark::State& state, DType dt, int64_t t, int64_t beg
 // tuning: the grid's chunks against the keys each walks at the longest context, and what
 // the chunks that find no keys cost at a short one.
 void BM_AttentionChunks(benchmark::State& state, const DecodeShape& shape, int64_t pos,
-                        int chunks) {
+                        int chunks,
+                        kernels::AttentionClusters clusters = kernels::AttentionClusters::kAuto) {
   absl::Status s = [&]() -> absl::Status {
     const int64_t m = 1, seq = 4096;
     const kernels::AttentionShape ashape{static_cast<int>(m), static_cast<int>(shape.heads),
@@ -442,13 +443,17 @@ void BM_AttentionChunks(benchmark::State& state, const DecodeShape& shape, int64
           a.scale = 1.0f / std::sqrt(static_cast<float>(shape.head_dim));
           a.workspace = ws.get();
           a.error_flags = static_cast<uint32_t*>(flags.get());
+          a.clusters = clusters;
           return ToStatus(
               kernels::LaunchAttention(a, ashape, chunks, shape.dtype, g->stream.get()),
               "LaunchAttention");
         },
         "Attention",
         absl::StrCat(shape.name, "M1/S4096", pos == seq - 1 ? "" : absl::StrCat("/pos", pos),
-                     "/chunks", chunks),
+                     "/chunks", chunks,
+                     clusters == kernels::AttentionClusters::kAlways  ? "/clusters"
+                     : clusters == kernels::AttentionClusters::kNever ? "/no_clusters"
+                                                                      : ""),
         bytes);
   }();
   if (!s.ok()) Fail(state, s);
@@ -627,6 +632,26 @@ int main(int argc, char** argv) {
     reg(absl::StrCat("Attention/M1/S4096/pos100/chunks", chunks), [chunks](benchmark::State& s) {
       sg::BM_AttentionChunks(s, sg::kLlama1B, 100, chunks);
     });
+  }
+  // The chunks' merge within thread block clusters and through the workspace alone
+  // (kernels::AttentionClusters kAlways, kNever), on a grid of 72 chunks (clusters of 8) in
+  // a 4,096-position cache, at positions whose chunks fit one cluster (100), take two (200:
+  // 13 of 16 keys) or many. (H200, 2026-12-02, us with / without: the 1B 4.98 / 6.47, 7.96 /
+  // 6.79, 12.6 / 8.59, 16.5 / 14.8; Qwen3-MoE f32 7.39 / 10.7, 11.7 / 11.3, 13.2 / 14.7,
+  // 22.7 / 24.9: kAuto takes clusters for the latter's 4 blocks a chunk only.)
+  for (const sg::DecodeShape* shape : {&sg::kLlama1B, &sg::kQwen3Moe}) {
+    for (int64_t pos : {100, 200, 1000, 4095}) {
+      for (const auto clusters : {sg::kernels::AttentionClusters::kAlways,
+                                  sg::kernels::AttentionClusters::kNever}) {
+        reg(absl::StrCat("Attention/", shape->name, "M1/S4096",
+                         pos == 4095 ? "" : absl::StrCat("/pos", pos), "/chunks72",
+                         clusters == sg::kernels::AttentionClusters::kAlways ? "/clusters"
+                                                                             : "/no_clusters"),
+            [shape, pos, clusters](benchmark::State& s) {
+              sg::BM_AttentionChunks(s, *shape, pos, 72, clusters);
+            });
+      }
+    }
   }
   for (int64_t pos : {100, 4095}) {
     for (int chunks : {8, 16, 32, 64, 132}) {

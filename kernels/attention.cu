@@ -7,6 +7,14 @@
 // block then writes its partial (max, sum, unnormalised output); the last block of a
 // (row, kv head, tile) to arrive, counted with an atomic in the workspace, merges the
 // chunks and writes the output, then resets the counter for the next launch.
+//
+// With AttentionClusters (sm_90 and later) the chunks of a row go to the device in thread
+// block clusters of up to 8 (Params::cluster): the blocks of a cluster merge their partials
+// through distributed shared memory, each block a share of the output's elements, so that
+// a context whose chunks fit one cluster (up to 128 keys in 16-key chunks) is done without
+// the workspace round trip (write, fence, count, read back); longer ones write one partial
+// a cluster and the last block merges those as above.
+#include <cooperative_groups.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -20,7 +28,12 @@
 namespace sg::kernels {
 namespace {
 
+namespace cg = cooperative_groups;
+
 constexpr int kThreads = 128;
+// The most chunks a cluster takes (the portable cluster size).
+constexpr int kMaxCluster = 8;
+static_assert(kAttentionMaxChunks % kMaxCluster == 0);
 constexpr int kWarps = kThreads / kWarpSize;
 // Keys a taking-part chunk holds at least: 64, or 16 when a chunk's blocks (rows · kv heads
 // · head tiles) are fewer than kFewBlocks, as at batch 1 of a model with 4 or 8 KV heads:
@@ -152,6 +165,7 @@ struct Params {
   int head_tiles;  // group / kTile
   int chunks;
   int min_keys;  // MinKeysPerChunk of the launch
+  int cluster;   // chunks a thread block cluster (1: no clusters; divides chunks)
   uint32_t* counters;  // [rows · kv_heads · head_tiles]
   float2* partial_ml;  // [rows · heads · chunks]: (max in log2 units, sum of 2^(s - max))
   float* partial_o;    // [rows · heads · chunks · head_dim]: Σ 2^(s - max) · v
@@ -184,6 +198,8 @@ __global__ void __launch_bounds__(kThreads) AttentionKernel(const Params p) {
   __shared__ float s_acc[kWarps][kG][kMaxDim];
   __shared__ float s_weight[kG][kAttentionMaxChunks];
   __shared__ float s_merge[kThreads * 4];
+  __shared__ float s_cluster_max[kG];  // with clusters: this block's partial per head
+  __shared__ float s_cluster_sum[kG];
   __shared__ bool s_last;
 
   const int d = Tr::kGeneric ? p.head_dim : kHeadDim;
@@ -251,9 +267,20 @@ __global__ void __launch_bounds__(kThreads) AttentionKernel(const Params p) {
   const int first = p.window > 0 ? max(0, pos - p.window + 1) : 0;
   const int len = pos + 1 - first;
   const int active = ActiveChunks(len, p.chunks, p.min_keys);
-  if (chunk >= active) return;
-  const int begin = first + static_cast<int>(static_cast<int64_t>(len) * chunk / active);
-  const int end = first + static_cast<int>(static_cast<int64_t>(len) * (chunk + 1) / active);
+  // With clusters (and more than one chunk taking part) every block of a cluster that holds
+  // a taking-part chunk joins the cluster's merge, the ones past `active` with no keys. The
+  // decision depends on the row and the cluster only, so a cluster's blocks agree.
+  const bool clustered = p.cluster > 1 && active > 1;
+  const int cl = clustered ? p.cluster : 1;
+  // Partials the last block merges: one a chunk, or with clusters one a cluster.
+  const int units = (active + cl - 1) / cl;
+  if (chunk >= units * cl) return;
+  const bool keyless = chunk >= active;
+  const int begin =
+      keyless ? first + len : first + static_cast<int>(static_cast<int64_t>(len) * chunk / active);
+  const int end = keyless
+                      ? first + len
+                      : first + static_cast<int>(static_cast<int64_t>(len) * (chunk + 1) / active);
 
   float m[kG], l[kG], acc[kG][kE];
 #pragma unroll
@@ -414,33 +441,105 @@ __global__ void __launch_bounds__(kThreads) AttentionKernel(const Params p) {
   __syncthreads();
 
   const int64_t part = (static_cast<int64_t>(row) * p.heads + head0) * p.chunks;
-  for (int i = threadIdx.x; i < kG * d; i += kThreads) {
-    const int g = i / d, e = i % d;
-    float o = 0.0f, sum = 0.0f, block_max = -INFINITY;
+  // The block's partial of element (g, e): its warps' sums and their max, merged.
+  auto block_partial = [&](int g, int e, float& o, float& sum, float& block_max) {
+    o = 0.0f;
+    sum = 0.0f;
+    block_max = -INFINITY;
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) {
       o += s_acc[w][g][e];
       sum += s_l[w][g];
       block_max = fmaxf(block_max, s_m[w][g]);
     }
-    if (active == 1) {
-      out[i] = FromFloat<T>(o / sum);  // sum > 0: the only chunk holds every key
-    } else {
-      p.partial_o[(part + static_cast<int64_t>(g) * p.chunks + chunk) * d + e] = o;
+  };
+  if (clustered) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    // This block's partial in its own shared memory: the unnormalised output over s_acc[0]
+    // (a thread reads its elements' warp sums before it writes them, and no other thread
+    // touches them), the max and sum per head beside it.
+    for (int i = threadIdx.x; i < kG * d; i += kThreads) {
+      const int g = i / d, e = i % d;
+      float o, sum, block_max;
+      block_partial(g, e, o, sum, block_max);
+      s_acc[0][g][e] = o;
       if (e == 0) {
-        p.partial_ml[part + static_cast<int64_t>(g) * p.chunks + chunk] =
-            make_float2(block_max, sum);
+        s_cluster_max[g] = block_max;
+        s_cluster_sum[g] = sum;
       }
     }
+    cg::cluster_group cluster = cg::this_cluster();
+    cluster.sync();  // every block's partial is visible to the cluster
+    // Block r of the cluster merges elements r · kThreads + t, then every cl · kThreads on,
+    // reading each block's partial of them: at the Qwen3-MoE shape (8 heads of 128 a
+    // block) one element a thread from eight blocks.
+    const int rank = static_cast<int>(cluster.block_rank());
+    for (int i = rank * kThreads + threadIdx.x; i < kG * d; i += cl * kThreads) {
+      const int g = i / d, e = i % d;
+      float mq[kMaxCluster], lq[kMaxCluster], oq[kMaxCluster];
+#pragma unroll
+      for (int q = 0; q < kMaxCluster; ++q) {
+        if (q < cl) {
+          mq[q] = *cluster.map_shared_rank(&s_cluster_max[g], q);
+          lq[q] = *cluster.map_shared_rank(&s_cluster_sum[g], q);
+          oq[q] = *cluster.map_shared_rank(&s_acc[0][g][e], q);
+        } else {
+          mq[q] = -INFINITY;
+          lq[q] = 0.0f;
+          oq[q] = 0.0f;
+        }
+      }
+      float mx = -INFINITY;
+#pragma unroll
+      for (int q = 0; q < kMaxCluster; ++q) mx = fmaxf(mx, mq[q]);
+      // mx is finite: the cluster's first block holds keys (chunk cl · j < active).
+      float sum = 0.0f, o = 0.0f;
+#pragma unroll
+      for (int q = 0; q < kMaxCluster; ++q) {
+        const float w = lq[q] == 0.0f ? 0.0f : exp2f(mq[q] - mx);
+        sum = fmaf(lq[q], w, sum);
+        o = fmaf(oq[q], w, o);
+      }
+      if (units == 1) {
+        out[i] = FromFloat<T>(o / sum);
+      } else {
+        const int unit = chunk / cl;
+        p.partial_o[(part + static_cast<int64_t>(g) * p.chunks + unit) * d + e] = o;
+        if (e == 0) {
+          p.partial_ml[part + static_cast<int64_t>(g) * p.chunks + unit] = make_float2(mx, sum);
+        }
+      }
+    }
+    // No block leaves while another still reads its shared memory.
+    cluster.sync();
+#endif
+    if (units == 1) return;
+  } else {
+    for (int i = threadIdx.x; i < kG * d; i += kThreads) {
+      const int g = i / d, e = i % d;
+      float o, sum, block_max;
+      block_partial(g, e, o, sum, block_max);
+      if (active == 1) {
+        out[i] = FromFloat<T>(o / sum);  // sum > 0: the only chunk holds every key
+      } else {
+        p.partial_o[(part + static_cast<int64_t>(g) * p.chunks + chunk) * d + e] = o;
+        if (e == 0) {
+          p.partial_ml[part + static_cast<int64_t>(g) * p.chunks + chunk] =
+              make_float2(block_max, sum);
+        }
+      }
+    }
+    if (active == 1) return;
   }
-  if (active == 1) return;
 
-  // Publish the partial, then count arrivals; the last block merges.
+  // Publish the partial, then count arrivals (every block of the taking-part clusters, or
+  // every taking-part chunk); the last block merges the `units` partials.
   __threadfence();
   __syncthreads();
   uint32_t* counter =
       p.counters + (static_cast<int64_t>(row) * p.kv_heads + kv_head) * p.head_tiles + tile;
-  if (threadIdx.x == 0) s_last = atomicAdd(counter, 1u) == static_cast<uint32_t>(active - 1);
+  const int arrivals = units * cl;
+  if (threadIdx.x == 0) s_last = atomicAdd(counter, 1u) == static_cast<uint32_t>(arrivals - 1);
   __syncthreads();
   if (!s_last) return;
   __threadfence();
@@ -456,7 +555,7 @@ __global__ void __launch_bounds__(kThreads) AttentionKernel(const Params p) {
 #pragma unroll
     for (int i = 0; i < kMlPerLane; ++i) {
       const int c = lane + i * kWarpSize;
-      x[i] = c < active ? __ldcg(&ml[c]) : make_float2(-INFINITY, 0.0f);
+      x[i] = c < units ? __ldcg(&ml[c]) : make_float2(-INFINITY, 0.0f);
     }
     float mx = -INFINITY;
 #pragma unroll
@@ -474,7 +573,7 @@ __global__ void __launch_bounds__(kThreads) AttentionKernel(const Params p) {
 #pragma unroll
     for (int i = 0; i < kMlPerLane; ++i) {
       const int c = lane + i * kWarpSize;
-      if (c < active) s_weight[g][c] = x[i].y == 0.0f ? 0.0f : exp2f(x[i].x - mx) * inv_total;
+      if (c < units) s_weight[g][c] = x[i].y == 0.0f ? 0.0f : exp2f(x[i].x - mx) * inv_total;
     }
   }
   __syncthreads();
@@ -495,13 +594,13 @@ __global__ void __launch_bounds__(kThreads) AttentionKernel(const Params p) {
     if (lane_c < lanes) {
       const int g = col * kW / d, e = col * kW % d;
       const float* po = p.partial_o + (part + static_cast<int64_t>(g) * p.chunks) * d + e;
-      for (int c0 = lane_c; c0 < active; c0 += lanes * kBatch) {
+      for (int c0 = lane_c; c0 < units; c0 += lanes * kBatch) {
         Col v[kBatch];
         float w[kBatch];
 #pragma unroll
         for (int i = 0; i < kBatch; ++i) {
           const int c = c0 + i * lanes;
-          if (c < active) {
+          if (c < units) {
             v[i] = __ldcg(reinterpret_cast<const Col*>(po + static_cast<int64_t>(c) * d));
             w[i] = s_weight[g][c];
           } else {
@@ -562,7 +661,36 @@ bool AlignedTo(const void* p, int bytes) {
 template <typename T, int kHeadDim, int kTile>
 cudaError_t Launch(const Params& p, int rows, Stream stream) {
   const dim3 grid(p.chunks, p.kv_heads * p.head_tiles, rows);
-  return LaunchKernel(AttentionKernel<T, kHeadDim, kTile>, grid, dim3(kThreads), stream, p);
+  const auto kernel = AttentionKernel<T, kHeadDim, kTile>;
+  if (p.cluster == 1) return LaunchKernel(kernel, grid, dim3(kThreads), stream, p);
+  // Clusters of p.cluster consecutive chunks of one (row, kv head, tile).
+  cudaLaunchAttribute attributes[2];
+  cudaLaunchConfig_t config = MakeLaunchConfig(grid, dim3(kThreads), 0, stream,
+                                               ProgrammaticLaunchSupported(), attributes);
+  cudaLaunchAttribute& cluster = attributes[config.numAttrs];
+  cluster.id = cudaLaunchAttributeClusterDimension;
+  cluster.val.clusterDim.x = static_cast<unsigned>(p.cluster);
+  cluster.val.clusterDim.y = 1;
+  cluster.val.clusterDim.z = 1;
+  ++config.numAttrs;
+  const cudaError_t e = cudaLaunchKernelEx(&config, kernel, p);
+  if (e != cudaSuccess) (void)cudaGetLastError();
+  return e;
+}
+
+// The chunks a cluster takes for a launch of `chunks` of `s` (AttentionClusters): the
+// largest divisor of chunks up to kMaxCluster (ChooseAttentionChunks makes a kAuto grid's
+// chunks a multiple of it where they exceed it), or 1 (no clusters) for a single chunk,
+// where `mode` says none or where the build or the device predates them (sm_90: the build
+// flag and the device that programmatic launch needs).
+int ClusterFor(const AttentionShape& s, int chunks, AttentionClusters mode) {
+  const bool wanted = mode == AttentionClusters::kAlways ||
+                      (mode == AttentionClusters::kAuto && BlocksPerChunk(s) < kFewestBlocks);
+  if (!wanted || chunks < 2 || !ProgrammaticLaunchSupported()) return 1;
+  for (int c = kMaxCluster; c >= 2; --c) {
+    if (chunks % c == 0) return c;
+  }
+  return 1;
 }
 
 template <typename T, int kHeadDim>
@@ -625,6 +753,12 @@ int ChooseAttentionChunks(const AttentionShape& s, DType dtype, int sm_count,
   const int grid_min_keys =
       blocks_per_chunk < kFewestBlocks ? MinKeysPerChunk(s) : kMinKeysPerChunk;
   chunks = std::min<int64_t>(chunks, CeilDiv(s.seq_len, grid_min_keys));
+  // Where kAuto merges in clusters, more than a cluster's worth of chunks is a multiple of
+  // the cluster (ClusterFor), so that the first eight chunks, which take short contexts,
+  // share one cluster.
+  if (blocks_per_chunk < kFewestBlocks && chunks > kMaxCluster) {
+    chunks = CeilDiv(chunks, int64_t{kMaxCluster}) * kMaxCluster;
+  }
   chunks = std::min<int64_t>(chunks, kAttentionMaxChunks);
   return static_cast<int>(std::max<int64_t>(chunks, 1));
 }
@@ -664,6 +798,7 @@ cudaError_t LaunchAttention(const AttentionArgs& args, const AttentionShape& s, 
   p.head_tiles = p.group / tile;
   p.chunks = chunks;
   p.min_keys = MinKeysPerChunk(s);
+  p.cluster = ClusterFor(s, chunks, args.clusters);
   const int64_t row_heads = static_cast<int64_t>(s.rows) * s.heads;
   char* ws = static_cast<char*>(args.workspace);
   p.counters = reinterpret_cast<uint32_t*>(ws);

@@ -46,8 +46,9 @@ int AttentionBlocksPerSm(const AttentionShape& s, DType dtype);
 // blocks to fill the device (AttentionBlocksPerSm) at pos = seq_len - 1, but at least 64
 // keys per chunk, 16 where a chunk is fewer than 8 blocks, rows · kv heads · head tiles
 // (at a shorter position, where a chunk is fewer than 32 blocks, the launch lets chunks of
-// 16 keys take part). `target_blocks` overrides the block count aimed at (0: the
-// default). The chunks never exceed bf16's for the same shape (the most any dtype takes).
+// 16 keys take part); above 8 where a chunk has fewer than 8 blocks, a multiple of 8 (the
+// chunks of a thread block cluster, AttentionClusters). `target_blocks` overrides the block count aimed at (0: the default). The chunks never
+// exceed bf16's for the same shape (the most any dtype takes).
 int ChooseAttentionChunks(const AttentionShape& s, DType dtype, int sm_count,
                           int target_blocks = 0);
 
@@ -55,6 +56,20 @@ int ChooseAttentionChunks(const AttentionShape& s, DType dtype, int sm_count,
 // counters, which must be zero before the first launch (every launch leaves them zero),
 // then the chunks' partial softmax states.
 int64_t AttentionWorkspaceBytes(const AttentionShape& s, int chunks);
+
+// How decode attention merges a row's chunks. Within thread block clusters of up to 8
+// chunks (sm_90 and later; a single chunk never merges): each cluster's blocks merge their
+// partials through distributed shared memory, so that a context whose chunks fit one
+// cluster skips the workspace's write, fence, count and read back, and longer ones merge
+// one partial a cluster there. kAuto does so where a chunk has fewer than 8 blocks (rows ·
+// KV heads · head tiles: Qwen3-MoE's 4 KV heads at batch 1), whose grid ChooseAttentionChunks
+// makes a multiple of 8 chunks; elsewhere every chunk merges through the workspace. H200,
+// 2026-12-02: the 12-layer Qwen3-MoE Q4_K_M step at position 1,000 took 0.878 ms with
+// clusters against 0.913 without (0.840 against 0.837 at 100); the 1B bf16 step (8
+// blocks a chunk), 1.060 against 1.043 at 1,000 and 1.025 against 1.009 at 100, so it
+// keeps the workspace. kAlways: clusters wherever a row has several chunks (tests,
+// benchmarks); kNever: the workspace alone.
+enum class AttentionClusters : uint8_t { kAuto, kAlways, kNever };
 
 struct AttentionArgs {
   const void* q = nullptr;
@@ -76,6 +91,8 @@ struct AttentionArgs {
   const int32_t* seq_slots = nullptr;
   int rows_per_seq = 1;
   int slots = 0;
+  // LaunchAttention: how a row's chunks merge (AttentionClusters).
+  AttentionClusters clusters = AttentionClusters::kAuto;
   // LaunchPrefillAttention: bf16 and f16 on the CUDA-core kernel that f32 takes instead of
   // the tensor-core one (benchmarks compare them).
   bool prefill_cuda_cores = false;

@@ -511,6 +511,15 @@ const Flag kFlags[] = {
        o.cuda.moe_block_mma = false;
        return absl::OkStatus();
      }},
+    {"--no-attention-clusters", nullptr, nullptr, kAll, true,
+     "GPU: decode attention merges a row's KV chunks through device memory only, not "
+     "within thread block clusters first (the default on sm_90 and later where a chunk has "
+     "fewer than 8 blocks, as a model with 4 KV heads at batch 1)",
+     nullptr, EnvRule::kNone,
+     [](S, O& o) {
+       o.cuda.attention_clusters = false;
+       return absl::OkStatus();
+     }},
     {"--prefill-attention", nullptr, "P", kAll, true,
      "GPU: a prompt's attention with f32 activations: auto (default: f16 for GGUF files with "
      "quantized matrices, whose matmuls round x to f16 already, unless "

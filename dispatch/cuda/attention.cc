@@ -131,6 +131,8 @@ absl::Status CudaDispatch::Run(const ops::Attention& op, const NodeArgs& args) {
   a.softcap = op.softcap;
   a.workspace = node->workspace;
   a.error_flags = error_flags_;
+  a.clusters = options_.attention_clusters ? kernels::AttentionClusters::kAuto
+                                             : kernels::AttentionClusters::kNever;
   if (op.has_slots) {
     a.seq_slots = args.inputs[4].as<const int32_t>();
     a.rows_per_seq = node->rows_per_seq;

@@ -7,12 +7,15 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <map>
+#include <memory>
 #include <ostream>
+#include <random>
 #include <string>
 #include <utility>
 #include <vector>
@@ -26,6 +29,7 @@
 #include "kernels/attention.cuh"
 #include "kernels/elementwise.cuh"
 #include "kernels/launch.h"
+#include "stepgraph/base/half.h"
 #include "stepgraph/graph/builder.h"
 #include "stepgraph/dispatch/cpu_dispatch.h"
 #include "stepgraph/dispatch/cuda_dispatch.h"
@@ -240,7 +244,8 @@ TEST(ProgrammaticLaunchTest, EachDispatcherLaunchesAsItsOwnOptionSays) {
 // The decode attention grid's chunks (host side): enough blocks for 4 a multiprocessor (2
 // for f32 rows of 128 in head tiles of 8, whose kernel holds three), at least 64 keys a
 // chunk at the cache's length, 16 where a chunk has fewer than 8 blocks (rows · KV heads ·
-// head tiles), at most kAttentionMaxChunks.
+// head tiles) and there, above 8, a multiple of 8 (a thread block cluster's chunks), at
+// most kAttentionMaxChunks.
 TEST(AttentionChunksTest, GridFollowsBlocksPerChunkAndCacheLength) {
   using kernels::AttentionShape;
   using kernels::ChooseAttentionChunks;
@@ -251,9 +256,9 @@ TEST(AttentionChunksTest, GridFollowsBlocksPerChunkAndCacheLength) {
   EXPECT_EQ(ChooseAttentionChunks(moe, kF32, 132), 16);
   AttentionShape moe_long = moe;
   moe_long.seq_len = 4096;
-  EXPECT_EQ(ChooseAttentionChunks(moe_long, kBf16, 132), 132);  // 528 blocks / 4
+  EXPECT_EQ(ChooseAttentionChunks(moe_long, kBf16, 132), 136);  // 528 blocks / 4, to 8s
   EXPECT_EQ(kernels::AttentionBlocksPerSm(moe_long, kF32), 2);
-  EXPECT_EQ(ChooseAttentionChunks(moe_long, kF32, 132), 66);  // 264 blocks / 4
+  EXPECT_EQ(ChooseAttentionChunks(moe_long, kF32, 132), 72);  // 264 blocks / 4, to 8s
   // Llama-3.2-1B at batch 1: 8 KV heads, a group of 4: 8 blocks a chunk keep 64 keys.
   const AttentionShape dense{.rows = 1, .heads = 32, .kv_heads = 8, .seq_len = 241, .head_dim = 64};
   EXPECT_EQ(ChooseAttentionChunks(dense, kBf16, 132), 4);  // ceil(241 / 64)
@@ -276,6 +281,101 @@ TEST(AttentionChunksTest, GridFollowsBlocksPerChunkAndCacheLength) {
     for (DType t : {DType::kF32, DType::kF16}) {
       EXPECT_LE(ChooseAttentionChunks(s, t, 132), ChooseAttentionChunks(s, kBf16, 132));
     }
+  }
+}
+
+// Decode attention merges a row's chunks within thread block clusters (sm_90;
+// AttentionClusters::kAlways). Against the merge of every chunk through the workspace
+// (kNever), on the same
+// random inputs: grids of 8, 7, 66 and 72 chunks (clusters of 8, 7, 6 and 8), rows at
+// positions where one cluster holds every taking-part chunk (100 and 128 at 16 keys a
+// chunk), where the last taking-part cluster holds keyless blocks (129 of 8-chunk
+// clusters; 100 of 6-chunk ones), where many clusters meet in the workspace (1,000,
+// 4,095), one chunk alone (16) and a padding row (-1), in f32 rows of 128 (Qwen3-MoE's
+// heads, eight to a block) and bf16 rows of 64 (the 1B's, four). The sums meet in another
+// order, so the outputs agree to f32's rounding (bf16: to its own); the output is poisoned
+// before each launch.
+TEST(AttentionClustersTest, ClusterMergeMatchesTheWorkspaceMerge) {
+  if (!CudaDeviceAvailable()) GTEST_SKIP() << "no CUDA device";
+  if (ComputeCapabilityMajor() < 9) GTEST_SKIP() << "thread block clusters need sm_90";
+  struct Shape {
+    DType dtype;
+    int heads, kv_heads, head_dim;
+    double tolerance;
+  };
+  const std::vector<int32_t> positions = {100, 128, 129, -1, 1000, 4095, 16};
+  const int rows = static_cast<int>(positions.size());
+  constexpr int kSeq = 4096;
+  auto device = [](size_t bytes) {
+    void* p = nullptr;
+    EXPECT_EQ(cudaMalloc(&p, bytes), cudaSuccess);
+    return std::unique_ptr<void, cudaError_t (*)(void*)>(p, cudaFree);
+  };
+  std::mt19937 rng(29);
+  std::uniform_real_distribution<float> value(-1.0f, 1.0f);
+  for (const Shape& shape : {Shape{DType::kF32, 32, 4, 128, 1e-6}, Shape{DType::kBF16, 32, 8, 64, 2e-3}}) {
+    const kernels::AttentionShape as{.rows = rows, .heads = shape.heads, .kv_heads = shape.kv_heads,
+                                     .seq_len = kSeq, .head_dim = shape.head_dim};
+    const size_t elem = DTypeBytes(shape.dtype);
+    const int64_t q_elems = int64_t{rows} * shape.heads * shape.head_dim;
+    const int64_t cache_elems = int64_t{rows} * shape.kv_heads * kSeq * shape.head_dim;
+    auto random_bytes = [&](int64_t n) {
+      std::vector<uint8_t> bytes(static_cast<size_t>(n) * elem);
+      for (int64_t i = 0; i < n; ++i) StoreElement(bytes.data(), shape.dtype, i, value(rng));
+      return bytes;
+    };
+    auto q = device(q_elems * elem), k = device(cache_elems * elem), v = device(cache_elems * elem);
+    auto out = device(q_elems * elem), pos = device(positions.size() * 4), flags = device(4);
+    ASSERT_TRUE(q && k && v && out && pos && flags);
+    for (auto* buffer : {&q, &k, &v}) {
+      const std::vector<uint8_t> bytes =
+          random_bytes(buffer == &q ? q_elems : cache_elems);
+      ASSERT_EQ(cudaMemcpy(buffer->get(), bytes.data(), bytes.size(), cudaMemcpyHostToDevice),
+                cudaSuccess);
+    }
+    ASSERT_EQ(cudaMemcpy(pos.get(), positions.data(), positions.size() * 4, cudaMemcpyHostToDevice),
+              cudaSuccess);
+    ASSERT_EQ(cudaMemset(flags.get(), 0, 4), cudaSuccess);
+    for (const int chunks : {8, 7, 66, 72}) {
+      SCOPED_TRACE(::testing::Message() << DTypeName(shape.dtype) << " chunks " << chunks);
+      const int64_t ws_bytes = kernels::AttentionWorkspaceBytes(as, chunks);
+      auto ws = device(static_cast<size_t>(ws_bytes));
+      ASSERT_TRUE(ws);
+      ASSERT_EQ(cudaMemset(ws.get(), 0, static_cast<size_t>(ws_bytes)), cudaSuccess);
+      std::vector<float> got[2];
+      for (const bool clusters : {false, true}) {
+        ASSERT_EQ(cudaMemset(out.get(), 0xff, q_elems * elem), cudaSuccess);  // NaN
+        kernels::AttentionArgs a;
+        a.q = q.get();
+        a.k_cache = k.get();
+        a.v_cache = v.get();
+        a.pos = static_cast<const int32_t*>(pos.get());
+        a.out = out.get();
+        a.scale = 1.0f / std::sqrt(static_cast<float>(shape.head_dim));
+        a.workspace = ws.get();
+        a.error_flags = static_cast<uint32_t*>(flags.get());
+        a.clusters = clusters ? kernels::AttentionClusters::kAlways
+                              : kernels::AttentionClusters::kNever;
+        ASSERT_EQ(kernels::LaunchAttention(a, as, chunks, shape.dtype, kernels::Stream{}),
+                  cudaSuccess);
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        std::vector<uint8_t> bytes(static_cast<size_t>(q_elems) * elem);
+        ASSERT_EQ(cudaMemcpy(bytes.data(), out.get(), bytes.size(), cudaMemcpyDeviceToHost),
+                  cudaSuccess);
+        got[clusters].resize(static_cast<size_t>(q_elems));
+        for (int64_t i = 0; i < q_elems; ++i) got[clusters][i] = LoadElement(bytes.data(), shape.dtype, i);
+      }
+      // Every element written (the padding row with zeros), and the two merges agree.
+      for (int c = 0; c < 2; ++c) {
+        for (float x : got[c]) ASSERT_TRUE(std::isfinite(x)) << "clusters " << c;
+      }
+      const int64_t row_elems = q_elems / rows;
+      for (int64_t i = 3 * row_elems; i < 4 * row_elems; ++i) ASSERT_EQ(got[1][i], 0.0f);
+      EXPECT_LE(NormalizedError(got[1], got[0]), shape.tolerance);
+    }
+    uint32_t raised = 1;
+    ASSERT_EQ(cudaMemcpy(&raised, flags.get(), 4, cudaMemcpyDeviceToHost), cudaSuccess);
+    EXPECT_EQ(raised, 0u);
   }
 }
 

@@ -432,6 +432,15 @@ std::vector<OpCase> ConformanceCases() {
     // 128 at position 100: seven chunks of 14 or 15 keys, and at 4,095: chunks of 32 keys,
     // where f32 takes two rounds of 16 keys a block).
     struct At { int64_t m, heads, kv_heads, seq, d; std::vector<int32_t> pos; };
+    // Decode attention of shape s: q [m, heads·d] against caches [m, kv_heads, seq, d].
+    const auto decode_attention = [t](const At& s) {
+      return [=](GraphBuilder& b) {
+        auto q = b.Input("q", t, {s.m, s.heads * s.d});
+        auto kc = b.State("k_cache", t, {s.m, s.kv_heads, s.seq, s.d});
+        auto vc = b.State("v_cache", t, {s.m, s.kv_heads, s.seq, s.d});
+        b.Output("out", b.Attention(q, kc, vc, b.Input("pos", DType::kI32, {s.m})));
+      };
+    };
     for (const At& s : {At{1, 32, 8, 4096, 64, {4095}}, At{4, 32, 8, 1024, 64, {0, 1023, 17, 500}},
                         At{3, 8, 8, 256, 128, {255, 0, 100}}, At{8, 32, 8, 512, 64, {}},
                         At{4, 4, 2, 64, 32, {-1, 64, 10, 63}},
@@ -440,16 +449,30 @@ std::vector<OpCase> ConformanceCases() {
                         At{1, 32, 4, 4096, 128, {4095}}}) {
       add({.name = Name("Attention", t, absl::StrCat("M", s.m, "/h", s.heads, "/kvh", s.kv_heads,
                                                      "/S", s.seq, "/d", s.d)),
-           .build = [=](GraphBuilder& b) {
-             auto q = b.Input("q", t, {s.m, s.heads * s.d});
-             auto kc = b.State("k_cache", t, {s.m, s.kv_heads, s.seq, s.d});
-             auto vc = b.State("v_cache", t, {s.m, s.kv_heads, s.seq, s.d});
-             b.Output("out", b.Attention(q, kc, vc, b.Input("pos", DType::kI32, {s.m})));
-           },
+           .build = decode_attention(s),
            .tolerance = Tol(t),
            .int_lo = 0,
            .int_hi = static_cast<int32_t>(s.seq),
            .int_values = {{"pos", s.pos}}});
+    }
+
+    // The chunks' merge within thread block clusters (CudaOptions::attention_clusters: on
+    // where a chunk has fewer than 8 blocks, as one row of 4 or 2 KV heads) and through the
+    // workspace alone, one row at a time in a 4,096-position cache (grids of 72 and 256
+    // chunks, clusters of 8): positions whose 16-key chunks fit one cluster (100, 127), take
+    // two, the second with keyless blocks (128), many (1,000, 4,095), and one chunk (16).
+    for (bool clusters : {true, false}) {
+      for (const At& s : {At{1, 32, 4, 4096, 128, {}}, At{1, 16, 2, 4096, 64, {}}}) {
+        for (int32_t pos : {100, 127, 128, 1000, 4095, 16}) {
+          add({.name = Name("Attention", t, absl::StrCat("M1/h", s.heads, "/kvh", s.kv_heads,
+                                                         "/S", s.seq, "/d", s.d, "/pos", pos,
+                                                         clusters ? "/clusters" : "/no_clusters")),
+               .build = decode_attention(s),
+               .tolerance = Tol(t),
+               .int_values = {{"pos", {pos}}},
+               .cuda_options = [clusters](CudaOptions& o) { o.attention_clusters = clusters; }});
+        }
+      }
     }
 
     // Prefill attention (seq_slots: B sequences of T rows): chunks that continue a cached

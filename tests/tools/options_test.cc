@@ -221,6 +221,9 @@ TEST(OptionsTest, TensorParallelFlagsAndPresets) {
   EXPECT_TRUE(Parse({"bench", "--no-moe-mma", "--moe-mma"})->cuda.moe_block_mma)
       << "the last of the two flags wins";
   ExpectRefused({"bench", "--moe-by-expert", "-1"}, "--moe-by-expert");
+  // Decode attention's merge within thread block clusters (CudaOptions::attention_clusters).
+  EXPECT_TRUE(Parse({"bench"})->cuda.attention_clusters);
+  EXPECT_FALSE(Parse({"run", "--no-attention-clusters"})->cuda.attention_clusters);
   ExpectRefused({"bench", "--model-preset", "llama-3.1-405b"}, "unknown preset 'llama-3.1-405b'");
 }
 

@@ -198,6 +198,13 @@ struct CudaOptions {
   // DecodeSession resolves it with ResolvePrefillAttention. H200, 2026-12-01,
   // attention_bench: 2,048 rows of 32 heads 197 us against 704.
   PrefillAttentionPrecision prefill_attention = PrefillAttentionPrecision::kAuto;
+  // Decode attention merges the KV chunks of a row within thread block clusters of up to 8
+  // chunks through distributed shared memory (sm_90 and later) where a chunk has fewer than
+  // 8 blocks (Qwen3-MoE's 4 KV heads at batch 1: its Q4_K_M step 4% shorter at position
+  // 1,000), so that a context of up to eight chunks skips the workspace's round trip
+  // (kernels/attention.cuh's AttentionClusters::kAuto). false: every chunk through the
+  // workspace (kNever).
+  bool attention_clusters = true;
   // Tensor parallel: AllReduce of at most this many bytes runs as stepgraph's one-shot
   // kernel over NVLink peer memory (kernels/collectives.cuh) where the group has its
   // buffers; larger ones, and every one with 0, through NCCL. On 4 H100s (NVLink, 64 in a
