@@ -9,6 +9,9 @@
 //   Decode/all_passes/pos:<p>         batch 1, replayed, with every graph pass
 //   Decode/no_rope_epilogue/pos:<p>   batch 1, replayed, default passes but
 //                                     rope_kv_write_epilogue (a RopeKvWrite node per layer)
+//   Decode/min_blocks_<5|6>/pos:<p>   batch 1, replayed, default passes, the float
+//                                     FusedMatMuls on the kernel compiled to hold 5 or 6
+//                                     blocks an SM (CudaOptions::fused_float_min_blocks)
 //   Decode/compiled_norm/pos:<p>      batch 1, replayed, default passes, RmsNorm through
 //                                     the kernel compiled for the plan (NVRTC)
 //   GenerateLoop/<per_step|device_loop>/batch:<b>
@@ -93,6 +96,8 @@ struct Context {
   std::unique_ptr<DecodeSession> no_rope_epilogue;
   // Batch 1 with the default passes and RmsNorm compiled for the plan.
   std::unique_ptr<DecodeSession> compiled_norm;
+  // Batch 1 with the fused kernel held to 5 or 6 blocks an SM.
+  std::unique_ptr<DecodeSession> min_blocks_5, min_blocks_6;
   // Buckets 1 and 4, Generate on the device loop (SessionOptions::device_loop_steps),
   // made on first use.
   std::unique_ptr<DecodeSession> device_loop;
@@ -487,6 +492,12 @@ absl::Status Setup() {
   o.passes = DefaultPassOptions();
   o.cuda.compiled_norm = true;
   SG_ASSIGN_OR_RETURN(g->compiled_norm, DecodeSession::Create(o));
+  o.cuda.compiled_norm = false;
+  o.cuda.fused_float_min_blocks = 5;
+  SG_ASSIGN_OR_RETURN(g->min_blocks_5, DecodeSession::Create(o));
+  o.cuda.fused_float_min_blocks = 6;
+  SG_ASSIGN_OR_RETURN(g->min_blocks_6, DecodeSession::Create(o));
+  o.cuda.fused_float_min_blocks = 0;
   const ExecutionPlan* fused_plan = g->session->plan(1);
   const ExecutionPlan* plain_plan = g->unfused->plan(1);
   if (fused_plan == nullptr || plain_plan == nullptr) return absl::InternalError("no bucket 1");
@@ -533,7 +544,9 @@ int main(int argc, char** argv) {
          {std::pair<const char*, sg::DecodeSession*>{"replayed_unfused", context.unfused.get()},
           {"all_passes", context.all_passes.get()},
           {"no_rope_epilogue", context.no_rope_epilogue.get()},
-          {"compiled_norm", context.compiled_norm.get()}}) {
+          {"compiled_norm", context.compiled_norm.get()},
+          {"min_blocks_5", context.min_blocks_5.get()},
+          {"min_blocks_6", context.min_blocks_6.get()}}) {
       benchmark::RegisterBenchmark(absl::StrCat("Decode/", name, "/pos:", position).c_str(),
                                    sg::BM_DecodeOther, position, other)
           ->UseManualTime()
@@ -657,6 +670,8 @@ int main(int argc, char** argv) {
   context.all_passes.reset();
   context.no_rope_epilogue.reset();
   context.compiled_norm.reset();
+  context.min_blocks_5.reset();
+  context.min_blocks_6.reset();
   context.device_loop.reset();
   context.quant.clear();
   context.quant_batch.clear();

@@ -868,6 +868,14 @@ cudaError_t LaunchRows(const FusedMatmulArgs& a, Stream stream) {
         const int64_t warps = std::clamp<int64_t>(CeilDiv(per_split, kWarpSize), 1, kMaxWarps);
         const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>(a.splits));
         const dim3 block(static_cast<unsigned>(warps * kWarpSize));
+        if constexpr (kRows == 1 && W == kVec16<T>) {
+          if (a.min_blocks == 5) {
+            return LaunchKernel(FusedMatmulKernel<T, W, 1, DType::kF32, 5>, grid, block, stream, a);
+          }
+          if (a.min_blocks == 6) {
+            return LaunchKernel(FusedMatmulKernel<T, W, 1, DType::kF32, 6>, grid, block, stream, a);
+          }
+        }
         return LaunchKernel(FusedMatmulKernel<T, W, kRows>, grid, block, stream, a);
       });
     });

@@ -83,6 +83,9 @@ struct FusedMatmulArgs {
   // its first weight vectors before waiting on the kernels it depends on, so the loads
   // overlap the predecessor's tail.
   bool weights_constant = false;
+  // Float weights at one row, 16-byte vectors: the kernel compiled to hold this many blocks
+  // an SM, 5 or 6, or 0 for the one without a bound (CudaOptions::fused_float_min_blocks).
+  int min_blocks = 0;
   // Block formats of 32-value blocks at one row (four threads to a unit): how a block's
   // threads walk its units (FusedUnitWalk).
   FusedUnitWalk walk = FusedArgsDefaultWalk();

@@ -36,6 +36,10 @@ absl::StatusOr<std::unique_ptr<CudaDispatch>> CudaDispatch::Create(const Options
     return absl::InvalidArgumentError(absl::StrCat("CudaDispatch: matmul workspace must be >= 0 bytes, got ",
                                                    options.cuda.matmul_workspace_bytes));
   }
+  if (const int b = options.cuda.fused_float_min_blocks; b != 0 && b != 5 && b != 6) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "CudaDispatch: fused_float_min_blocks must be 0, 5 or 6, got ", b));
+  }
   CudaDeviceInfo info;
   SG_RETURN_IF_ERROR(ToStatus(cudaGetDevice(&info.device), "cudaGetDevice"));
   int value = 0;

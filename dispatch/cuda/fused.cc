@@ -244,6 +244,7 @@ PreparedOr Prepare(const ops::FusedMatMul& op, const CudaPrepareContext& c) {
   }
   a.splits = mma ? 1 : kernels::FusedSplitsFor(a, c.info.sm_count);
   a.walk = UnitWalkFor(c.options.block_unit_walk, a, c.info.sm_count);
+  a.min_blocks = c.options.fused_float_min_blocks;
   const int64_t blocks = kernels::FusedColumnBlocks(a);
   const int64_t rows =
       std::min<int64_t>(a.m, mma ? kernels::kFusedMaxMmaRows : kernels::kFusedMaxRows);

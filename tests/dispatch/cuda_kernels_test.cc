@@ -379,6 +379,24 @@ TEST(AttentionClustersTest, ClusterMergeMatchesTheWorkspaceMerge) {
   }
 }
 
+// The fused kernel's block bound is one of the instantiations there are (0, 5, 6); any
+// other value is refused by name when the dispatcher is made.
+TEST(CudaDispatchTest, FusedMinBlocksOutsideTheCompiledOnesIsRefused) {
+  if (!CudaDeviceAvailable()) GTEST_SKIP() << "no CUDA device";
+  for (const int blocks : {0, 5, 6}) {
+    CudaDispatch::Options o;
+    o.cuda.fused_float_min_blocks = blocks;
+    EXPECT_TRUE(CudaDispatch::Create(o).ok()) << blocks;
+  }
+  for (const int blocks : {-1, 1, 4, 7, 8}) {
+    CudaDispatch::Options o;
+    o.cuda.fused_float_min_blocks = blocks;
+    const absl::Status s = CudaDispatch::Create(o).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << blocks;
+    EXPECT_NE(s.message().find("fused_float_min_blocks"), absl::string_view::npos) << s;
+  }
+}
+
 TEST(MatmulRunnerTest, PathFollowsPolicyAndShape) {
   if (!CudaDeviceAvailable()) GTEST_SKIP() << "no CUDA device";
   using internal::MatmulPath;

@@ -746,24 +746,35 @@ std::vector<OpCase> ConformanceCases() {
       for (int64_t n : f.n) absl::StrAppend(&shape, n, "_");
       absl::StrAppend(&shape, f.norm ? "norm_" : "", static_cast<int>(f.e));
       const bool ids = f.e == Epilogue::kArgmax;
+      const auto build = [=](GraphBuilder& b) {
+        ops::FusedMatMul op{.norm = f.norm, .eps = 1e-5f,
+                            .weights = static_cast<int32_t>(f.n.size()), .epilogue = f.e};
+        std::vector<TensorId> in = {b.Input("x", t, {f.m, f.k})};
+        if (f.norm) in.push_back(b.Weight("norm_w", t, {f.k}));
+        int64_t total = 0;
+        for (size_t g = 0; g < f.n.size(); ++g) {
+          in.push_back(b.Weight(absl::StrCat("w", g), t, {f.n[g], f.k}));
+          total += f.n[g];
+        }
+        if (f.e == Epilogue::kAdd) in.push_back(b.Input("residual", t, {f.m, total}));
+        b.Output("out", b.FusedMatMul(op, in));
+      };
+      // bf16/f16 products rounded to 8 or 11 bits tie often; sums in another order may
+      // break a tie the other way.
       add({.name = Name("FusedMatMul", t, shape),
-           .build = [=](GraphBuilder& b) {
-             ops::FusedMatMul op{.norm = f.norm, .eps = 1e-5f,
-                                 .weights = static_cast<int32_t>(f.n.size()), .epilogue = f.e};
-             std::vector<TensorId> in = {b.Input("x", t, {f.m, f.k})};
-             if (f.norm) in.push_back(b.Weight("norm_w", t, {f.k}));
-             int64_t total = 0;
-             for (size_t g = 0; g < f.n.size(); ++g) {
-               in.push_back(b.Weight(absl::StrCat("w", g), t, {f.n[g], f.k}));
-               total += f.n[g];
-             }
-             if (f.e == Epilogue::kAdd) in.push_back(b.Input("residual", t, {f.m, total}));
-             b.Output("out", b.FusedMatMul(op, in));
-           },
+           .build = build,
            .tolerance = Tol(t),
-           // bf16/f16 products rounded to 8 or 11 bits tie often; sums in another order
-           // may break a tie the other way.
            .exact_ids = !ids || t == DType::kF32});
+      // One row on the kernel held to 5 or 6 blocks an SM (CudaOptions::
+      // fused_float_min_blocks), which spills registers.
+      if (f.m != 1) continue;
+      for (int blocks : {5, 6}) {
+        add({.name = Name("FusedMatMul", t, absl::StrCat(shape, "/min_blocks_", blocks)),
+             .build = build,
+             .tolerance = Tol(t),
+             .exact_ids = !ids || t == DType::kF32,
+             .cuda_options = [blocks](CudaOptions& o) { o.fused_float_min_blocks = blocks; }});
+      }
     }
     // The rope_kv_write epilogue: q, k and v of a Llama-3.2-1B layer (q/k/v at 2048 x
     // 2048/512/512, d 64, llama3 scaling) at M = 1 and 2 (with the folded norm), a narrow
@@ -776,32 +787,42 @@ std::vector<OpCase> ConformanceCases() {
         {1, 256, 2, 1, 128, false, true},   {10, 128, 4, 2, 16, true, false},
     };
     for (const Rk& f : rope_shapes) {
-      add({.name = Name("FusedMatMul", t,
-                        absl::StrCat("rope_kv_write/", f.m, "x", f.k, "/h", f.h, "kv", f.kvh,
-                                     "d", f.d, f.norm ? "/norm" : "",
-                                     f.interleaved ? "/interleaved" : "")),
-           .build = [=](GraphBuilder& b) {
-             ops::Rope rope{.head_dim = static_cast<int32_t>(f.d), .theta = 500000.0f,
-                            .interleaved = f.interleaved};
-             rope.scaling = {ops::RopeScaling::Type::kLlama3, 32.0f, 1.0f, 4.0f, 8192};
-             ops::FusedMatMul op{.norm = f.norm, .eps = 1e-5f, .weights = 3,
-                                 .epilogue = Epilogue::kRopeKvWrite, .rope = rope};
-             std::vector<TensorId> in = {b.Input("x", t, {f.m, f.k})};
-             if (f.norm) in.push_back(b.Weight("norm_w", t, {f.k}));
-             in.push_back(b.Weight("wq", t, {f.h * f.d, f.k}));
-             in.push_back(b.Weight("wk", t, {f.kvh * f.d, f.k}));
-             in.push_back(b.Weight("wv", t, {f.kvh * f.d, f.k}));
-             in.push_back(b.Input("pos", DType::kI32, {f.m}));
-             TensorId kc = b.State("kc", t, {f.m + 1, f.kvh, 32, f.d});
-             TensorId vc = b.State("vc", t, {f.m + 1, f.kvh, 32, f.d});
-             in.push_back(kc);
-             in.push_back(vc);
-             b.Output("q", b.FusedMatMul(op, in));
-             b.Output("kc_out", kc);
-             b.Output("vc_out", vc);
-           },
+      const std::string shape =
+          absl::StrCat("rope_kv_write/", f.m, "x", f.k, "/h", f.h, "kv", f.kvh, "d", f.d,
+                       f.norm ? "/norm" : "", f.interleaved ? "/interleaved" : "");
+      const auto build = [=](GraphBuilder& b) {
+        ops::Rope rope{.head_dim = static_cast<int32_t>(f.d), .theta = 500000.0f,
+                       .interleaved = f.interleaved};
+        rope.scaling = {ops::RopeScaling::Type::kLlama3, 32.0f, 1.0f, 4.0f, 8192};
+        ops::FusedMatMul op{.norm = f.norm, .eps = 1e-5f, .weights = 3,
+                            .epilogue = Epilogue::kRopeKvWrite, .rope = rope};
+        std::vector<TensorId> in = {b.Input("x", t, {f.m, f.k})};
+        if (f.norm) in.push_back(b.Weight("norm_w", t, {f.k}));
+        in.push_back(b.Weight("wq", t, {f.h * f.d, f.k}));
+        in.push_back(b.Weight("wk", t, {f.kvh * f.d, f.k}));
+        in.push_back(b.Weight("wv", t, {f.kvh * f.d, f.k}));
+        in.push_back(b.Input("pos", DType::kI32, {f.m}));
+        TensorId kc = b.State("kc", t, {f.m + 1, f.kvh, 32, f.d});
+        TensorId vc = b.State("vc", t, {f.m + 1, f.kvh, 32, f.d});
+        in.push_back(kc);
+        in.push_back(vc);
+        b.Output("q", b.FusedMatMul(op, in));
+        b.Output("kc_out", kc);
+        b.Output("vc_out", vc);
+      };
+      const std::vector<int32_t> pos = {7, -1, 40, 31, 0, 12, 5, -1, 30, 2};
+      add({.name = Name("FusedMatMul", t, shape),
+           .build = build,
            .tolerance = Tol(t),
-           .int_values = {{"pos", std::vector<int32_t>{7, -1, 40, 31, 0, 12, 5, -1, 30, 2}}}});
+           .int_values = {{"pos", pos}}});
+      if (f.m != 1) continue;
+      for (int blocks : {5, 6}) {
+        add({.name = Name("FusedMatMul", t, absl::StrCat(shape, "/min_blocks_", blocks)),
+             .build = build,
+             .tolerance = Tol(t),
+             .int_values = {{"pos", pos}},
+             .cuda_options = [blocks](CudaOptions& o) { o.fused_float_min_blocks = blocks; }});
+      }
     }
     // Plain, and with Qwen3's head norms (head_dim 128 as Qwen3's, interleaved pairs too).
     for (int64_t rows : {1, 3}) {

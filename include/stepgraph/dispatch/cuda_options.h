@@ -154,6 +154,15 @@ struct CudaOptions {
   int64_t block_mma_min_rows = 4;
   BlockMmaShapeOption block_mma_shape = BlockMmaShapeOption::kAuto;
   BlockUnitWalkOption block_unit_walk = BlockUnitWalkOption::kAuto;
+  // At one row, FusedMatMuls of float weights run the fused kernel compiled to hold this
+  // many blocks of 256 threads an SM: 0 (no bound: 58 registers at bf16, so four blocks,
+  // 64 KiB of weight loads in flight an SM), 5 (48 registers, 16 bytes spilled) or 6 (40
+  // registers, 88 bytes spilled). The 1B step's matmuls under ncu (H200, 2026-12-02, each
+  // kernel alone): gate/up 26.5 us for 67 MB (2.5 TB/s), q/k/v 10.4, o 6.2, down 11.7,
+  // where the plain small-M kernel, 40 registers and six blocks an SM, streams the lm head
+  // at 4.5 TB/s. Whether more blocks an SM gain despite the spills is what this option
+  // lets decode_bench measure (Decode/min_blocks_<n>); not yet measured, so 0.
+  int fused_float_min_blocks = 0;
   // A MatMul of one row of x (no bias) with a block-format w of at least this many
   // columns (rows of w: an lm head), in any format but Q5_K, runs the one-row kernel
   // (kernels/quant_matmul.cuh's LaunchQuantRowMatmul: persistent warps, each walking whole
