@@ -661,21 +661,9 @@ bool AlignedTo(const void* p, int bytes) {
 template <typename T, int kHeadDim, int kTile>
 cudaError_t Launch(const Params& p, int rows, Stream stream) {
   const dim3 grid(p.chunks, p.kv_heads * p.head_tiles, rows);
-  const auto kernel = AttentionKernel<T, kHeadDim, kTile>;
-  if (p.cluster == 1) return LaunchKernel(kernel, grid, dim3(kThreads), stream, p);
-  // Clusters of p.cluster consecutive chunks of one (row, kv head, tile).
-  cudaLaunchAttribute attributes[2];
-  cudaLaunchConfig_t config = MakeLaunchConfig(grid, dim3(kThreads), 0, stream,
-                                               ProgrammaticLaunchSupported(), attributes);
-  cudaLaunchAttribute& cluster = attributes[config.numAttrs];
-  cluster.id = cudaLaunchAttributeClusterDimension;
-  cluster.val.clusterDim.x = static_cast<unsigned>(p.cluster);
-  cluster.val.clusterDim.y = 1;
-  cluster.val.clusterDim.z = 1;
-  ++config.numAttrs;
-  const cudaError_t e = cudaLaunchKernelEx(&config, kernel, p);
-  if (e != cudaSuccess) (void)cudaGetLastError();
-  return e;
+  // Clusters (p.cluster > 1) of consecutive chunks of one (row, kv head, tile).
+  return LaunchKernelClustered(AttentionKernel<T, kHeadDim, kTile>, grid, dim3(kThreads), 0,
+                               static_cast<unsigned>(p.cluster), stream, p);
 }
 
 // The chunks a cluster takes for a launch of `chunks` of `s` (AttentionClusters): the

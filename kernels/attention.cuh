@@ -47,8 +47,9 @@ int AttentionBlocksPerSm(const AttentionShape& s, DType dtype);
 // keys per chunk, 16 where a chunk is fewer than 8 blocks, rows · kv heads · head tiles
 // (at a shorter position, where a chunk is fewer than 32 blocks, the launch lets chunks of
 // 16 keys take part); above 8 where a chunk has fewer than 8 blocks, a multiple of 8 (the
-// chunks of a thread block cluster, AttentionClusters). `target_blocks` overrides the block count aimed at (0: the default). The chunks never
-// exceed bf16's for the same shape (the most any dtype takes).
+// chunks of a thread block cluster, AttentionClusters). `target_blocks` overrides the
+// block count aimed at (0: the default). The chunks never exceed bf16's for the same shape
+// (the most any dtype takes).
 int ChooseAttentionChunks(const AttentionShape& s, DType dtype, int sm_count,
                           int target_blocks = 0);
 

@@ -65,18 +65,35 @@ cudaError_t DispatchRows(int64_t m, F&& f) {
   }
 }
 
+// LaunchKernelShared in thread block clusters of `cluster` consecutive blocks along x
+// (sm_90 and later; grid.x a multiple of it), or without clusters for 1.
+template <typename... Params, typename... Args>
+cudaError_t LaunchKernelClustered(void (*kernel)(Params...), dim3 grid, dim3 block,
+                                  size_t shared_bytes, unsigned cluster, const Stream& stream,
+                                  Args&&... args) {
+  cudaLaunchAttribute attributes[2];
+  cudaLaunchConfig_t config =
+      MakeLaunchConfig(grid, block, shared_bytes, stream,
+                       stream.programmatic && ProgrammaticLaunchSupported(), attributes);
+  if (cluster > 1) {
+    cudaLaunchAttribute& c = attributes[config.numAttrs++];
+    c.id = cudaLaunchAttributeClusterDimension;
+    c.val.clusterDim.x = cluster;
+    c.val.clusterDim.y = 1;
+    c.val.clusterDim.z = 1;
+  }
+  const cudaError_t e = cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+  if (e != cudaSuccess) (void)cudaGetLastError();
+  return e;
+}
+
 // LaunchKernel with `shared_bytes` of dynamic shared memory (above 48 KiB the caller sets
 // the kernel's cudaFuncAttributeMaxDynamicSharedMemorySize first).
 template <typename... Params, typename... Args>
 cudaError_t LaunchKernelShared(void (*kernel)(Params...), dim3 grid, dim3 block,
                                size_t shared_bytes, const Stream& stream, Args&&... args) {
-  cudaLaunchAttribute attribute[1];
-  const cudaLaunchConfig_t config =
-      MakeLaunchConfig(grid, block, shared_bytes, stream,
-                       stream.programmatic && ProgrammaticLaunchSupported(), attribute);
-  const cudaError_t e = cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
-  if (e != cudaSuccess) (void)cudaGetLastError();
-  return e;
+  return LaunchKernelClustered(kernel, grid, block, shared_bytes, 1, stream,
+                               std::forward<Args>(args)...);
 }
 
 // Launches `kernel` on `stream`, programmatically serialised when the caller allows it and
