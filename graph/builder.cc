@@ -295,6 +295,15 @@ TensorId GraphBuilder::MoeCombineRouted(TensorId y, TensorId logits, TensorId id
   return AddNode(op, name, {y, logits, ids});
 }
 
+TensorId GraphBuilder::MoeDownCombine(TensorId x, TensorId w, TensorId weights, TensorId ids,
+                                      ops::MoeCombine op, TensorId residual,
+                                      absl::string_view name) {
+  op.matmul = true;
+  op.residual = residual.valid();
+  if (residual.valid()) return AddNode(op, name, {x, weights, ids, residual, w});
+  return AddNode(op, name, {x, weights, ids, w});
+}
+
 TensorId GraphBuilder::AllReduce(TensorId x, int32_t ranks, absl::string_view name,
                                  TensorId residual) {
   if (residual.valid()) return AddNode(ops::AllReduce{ranks, true}, name, {x, residual});

@@ -307,7 +307,8 @@ int64_t SaturatingAdd(int64_t a, int64_t b) {
 
 int64_t StepWeightBytes(const Graph& g) {
   // Per weight: read whole by some node, the rows Embedding nodes read, and the most experts
-  // a MoeMatMul can choose (0: none reads it that way).
+  // a MoeMatMul (or a MoeCombine with matmul, its last input) can choose (0: none reads it
+  // that way).
   struct Use {
     bool whole = false;
     int64_t rows = 0;
@@ -317,6 +318,9 @@ int64_t StepWeightBytes(const Graph& g) {
   for (const Node& node : g.nodes()) {
     const bool embedding = std::holds_alternative<ops::Embedding>(node.op);
     const auto* moe = std::get_if<ops::MoeMatMul>(&node.op);
+    const auto* combine = std::get_if<ops::MoeCombine>(&node.op);
+    const bool down = combine != nullptr && combine->matmul && node.inputs.size() >= 4 &&
+                      g.Contains(node.inputs[2]);
     for (size_t i = 0; i < node.inputs.size(); ++i) {
       if (!g.Contains(node.inputs[i])) continue;
       const Tensor& t = g.tensor(node.inputs[i]);
@@ -328,6 +332,9 @@ int64_t StepWeightBytes(const Graph& g) {
                  t.shape.rank() == 3 && g.Contains(node.inputs.back())) {
         // The stacked experts (w, or w_gate and w_up); ids [M, k] is the last input.
         u.experts = std::max(u.experts, g.tensor(node.inputs.back()).shape.NumElements());
+      } else if (down && i + 1 == node.inputs.size() && t.shape.rank() == 3) {
+        // The down experts; ids [M, k] is input 2.
+        u.experts = std::max(u.experts, g.tensor(node.inputs[2]).shape.NumElements());
       } else {
         u.whole = true;
       }

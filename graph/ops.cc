@@ -56,7 +56,8 @@ std::string Params(const ops::AllGather& op) { return absl::StrCat("ranks=", op.
 std::string Params(const ops::MoeTopK& op) { return absl::StrCat("top_k=", op.top_k); }
 std::string Params(const ops::MoeMatMul& op) { return op.silu_mul ? "silu_mul" : ""; }
 std::string Params(const ops::MoeCombine& op) {
-  std::string s = op.residual ? "residual" : "";
+  std::string s = op.matmul ? "matmul" : "";
+  if (op.residual) absl::StrAppend(&s, s.empty() ? "" : " ", "residual");
   if (op.route) {
     absl::StrAppend(&s, s.empty() ? "" : " ", "route renormalize=", op.renormalize ? 1 : 0,
                     " round_to_dtype=", op.round_to_dtype ? 1 : 0);
@@ -729,33 +730,52 @@ Result Infer(const ops::MoeMatMul& op, const Checker& c) {
 }
 
 Result Infer(const ops::MoeCombine& op, const Checker& c) {
-  SG_RETURN_IF_ERROR(c.Arity(op.residual ? 4 : 3));
-  SG_RETURN_IF_ERROR(c.Rank(0, 2, "y"));
-  SG_RETURN_IF_ERROR(c.Float(0, "y"));
+  const int w = op.residual ? 4 : 3;  // with `matmul`: the down experts' input
+  SG_RETURN_IF_ERROR(c.Arity(op.matmul ? w + 1 : w));
+  const char* first = op.matmul ? "x" : "y";
+  SG_RETURN_IF_ERROR(c.Rank(0, 2, first));
+  SG_RETURN_IF_ERROR(c.Float(0, first));
   const char* second = op.route ? "logits" : "weights";
   SG_RETURN_IF_ERROR(c.Rank(1, 2, second));
   SG_RETURN_IF_ERROR(c.Float(1, second));
   SG_RETURN_IF_ERROR(CheckExpertIds(c, 2, c[0].shape[0]));
   if (op.route) {
     if (c[1].shape[0] != c[0].shape[0] || c[1].shape[1] < 1) {
-      return c.Error(absl::StrCat("logits ", Describe(c[1]), " must be [M, E] with the M of y ",
-                                  Describe(c[0])));
+      return c.Error(absl::StrCat("logits ", Describe(c[1]), " must be [M, E] with the M of ",
+                                  first, " ", Describe(c[0])));
     }
   } else {
     SG_RETURN_IF_ERROR(c.SameShape(1, 2));
   }
   const int64_t top_k = c[2].shape[1];
-  if (c[1].shape[0] != c[0].shape[0] || top_k < 1 || c[0].shape[1] % top_k != 0) {
+  // y's columns: y's own, or with `matmul` the top_k · N that w makes of x.
+  int64_t cols = c[0].shape[1];
+  if (op.matmul) {
+    SG_RETURN_IF_ERROR(c.Rank(w, 3, "w"));
+    SG_RETURN_IF_ERROR(c.FloatOrQuantizedWeight(w, "w"));
+    if (!IsQuantized(c[w].dtype)) SG_RETURN_IF_ERROR(c.SameDType(0, w));
+    int64_t per_slot = 0;
+    if (!CheckedMul(top_k, c[w].shape[2], &per_slot) ||
+        !CheckedMul(top_k, c[w].shape[1], &cols)) {
+      return c.Error("top_k * N or top_k * K overflows");
+    }
+    if (c[0].shape[1] != per_slot) {
+      return c.Error(absl::StrCat("matmul: x ", Describe(c[0]), " must have top_k*K=", per_slot,
+                                  " columns (one input per chosen expert) for w ",
+                                  Describe(c[w]), " [E,N,K] and ids ", Describe(c[2])));
+    }
+  }
+  const char* y = op.matmul ? "x·w" : "y";
+  if (c[1].shape[0] != c[0].shape[0] || top_k < 1 || cols % top_k != 0) {
     return c.Error(absl::StrCat(second, " ", Describe(c[1]), " and ids ", Describe(c[2]),
                                 " must be [M, ", op.route ? "E" : "top_k",
-                                "] and [M, top_k] with top_k dividing the columns of y ",
-                                Describe(c[0])));
+                                "] and [M, top_k] with top_k dividing the columns of ", y,
+                                " (", cols, ")"));
   }
-  const Shape out{c[0].shape[0], c[0].shape[1] / top_k};
+  const Shape out{c[0].shape[0], cols / top_k};
   if (op.residual && (c[3].shape != out || c[3].dtype != c[0].dtype)) {
     return c.Error(absl::StrCat("residual ", Describe(c[3]), " must be ", out.ToString(), " ",
-                                DTypeName(c[0].dtype), ", the combined output of y ",
-                                Describe(c[0])));
+                                DTypeName(c[0].dtype), ", the combined output of ", y));
   }
   return TensorType{c[0].dtype, out};
 }

@@ -762,6 +762,47 @@ absl::StatusOr<Graph> FuseElementwiseChains(Editor e) {
   return std::move(e).Finish();
 }
 
+// MoeCombine of a MoeMatMul's output that nothing else reads, of the same ids and each
+// chosen expert's own input (the down projection): one MoeCombine with `matmul`, which
+// computes the products it sums (y is never stored: one launch and one round trip of y
+// fewer a routed layer). Only where the step has fewer (row, expert) pairs than experts
+// (a decode step): the fused node reads a row's experts for that row alone, where a
+// separate MoeMatMul over many rows may read each expert's matrix once for all the rows
+// that chose it. Last of the MoE passes, so it takes the combine with its residual and
+// route already folded in.
+absl::StatusOr<Graph> FuseMoeDownIntoCombine(Editor e) {
+  for (int32_t s = 0; s < static_cast<int32_t>(e.nodes().size()); ++s) {
+    const auto* combine = OpOf<ops::MoeCombine>(e, s);
+    if (combine == nullptr || combine->matmul) continue;
+    const Node& node = e.nodes()[s];
+    const int32_t p = e.Producer(node.inputs[0]);
+    const auto* down = OpOf<ops::MoeMatMul>(e, p);
+    if (down == nullptr || down->silu_mul) continue;
+    const Node& producer = e.nodes()[p];
+    const Tensor& x = e.tensor(producer.inputs[0]);
+    const Tensor& w = e.tensor(producer.inputs[1]);
+    const int64_t top_k = e.tensor(node.inputs[2]).shape[1];
+    // The combine's own ids, each slot its own input (top_k · K columns: shape inference
+    // checked the product), and y read by the combine alone.
+    if (producer.inputs[2] != node.inputs[2] || x.shape[1] != top_k * w.shape[2] ||
+        x.shape[0] * top_k >= w.shape[0] ||
+        !e.OnlyReadBy(producer.output, s) ||
+        std::count(node.inputs.begin(), node.inputs.end(), producer.output) != 1) {
+      continue;
+    }
+    ops::MoeCombine op = *combine;
+    op.matmul = true;
+    absl::InlinedVector<TensorId, 4> inputs = node.inputs;
+    inputs[0] = producer.inputs[0];
+    inputs.push_back(producer.inputs[1]);
+    // The products move from p to s: nothing between may write x, w or the ids.
+    if (e.WrittenBetween(p, s, producer.inputs)) continue;
+    if (!e.BackendRuns(op, inputs)) continue;
+    e.Replace(s, op, std::move(inputs), std::nullopt, {p});
+  }
+  return std::move(e).Finish();
+}
+
 struct PassEntry {
   const char* name;
   absl::StatusOr<Graph> (*run)(Editor);
@@ -774,6 +815,7 @@ constexpr PassEntry kPasses[] = {
     {"residual_add", FuseResidualAdd},
     {"moe_combine_add", FuseMoeCombineAdd},
     {"moe_route_into_combine", FuseMoeRouteIntoCombine},
+    {"moe_down_into_combine", FuseMoeDownIntoCombine},
     {"all_reduce_add", FuseAllReduceAdd},
     {"norm_into_matmul", FuseNormIntoMatMul},
     {"lm_head_argmax", FuseLmHeadArgmax},
@@ -819,6 +861,7 @@ absl::StatusOr<Graph> RunPasses(Graph graph, const PassOptions& options) {
 PassOptions DefaultPassOptions() {
   PassOptions o;
   o.disabled.insert("norm_into_matmul");
+  o.disabled.insert("moe_down_into_combine");
   return o;
 }
 

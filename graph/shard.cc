@@ -197,7 +197,7 @@ class Sharder {
     } else if (const auto* combine = std::get_if<ops::MoeCombine>(&node.op)) {
       // y, weights (or the router's logits), ids: linear in y, so partial sums of y give
       // partial sums of the output, which an AllReduce then adds.
-      if (combine->residual) {
+      if (combine->residual || combine->matmul) {
         return NodeError(node, "fused nodes are not sharded: shard before fusing");
       }
       for (size_t i = 1; i < in.size(); ++i) SG_RETURN_IF_ERROR(whole(i));

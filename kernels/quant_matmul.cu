@@ -18,6 +18,7 @@
 #include <type_traits>
 
 #include "kernels/common.cuh"
+#include "kernels/moe_units.cuh"
 #include "kernels/quant_blocks.cuh"
 #include "kernels/quant_matmul.cuh"
 #include "stepgraph/base/error_flags.h"
@@ -210,14 +211,14 @@ __device__ __forceinline__ int HalfSums(const int (&q)[8], int* other) {
   return sum;
 }
 
-// Quantizes x's `units` units into the staged copy (every thread of the block calls it;
-// four consecutive lanes take a unit, 8 values each).
-template <QuantRowX kX, typename T>
+// Quantizes x's `units` units into the staged copy (every thread of the block, kThreads of
+// them, calls it; four consecutive lanes take a unit, 8 values each).
+template <QuantRowX kX, typename T, int kThreads = kRowThreads>
 __device__ __forceinline__ void StageIntX(const T* x, bool vec_x, int64_t units,
                                           float4* stage) {
   using S = IntStage<kX>;
   float4* meta = stage + units * S::kChunks;
-  for (int64_t base = 0; base < units * 4; base += kRowThreads) {
+  for (int64_t base = 0; base < units * 4; base += kThreads) {
     const int64_t i = base + threadIdx.x;
     const bool active = i < units * 4;  // the four lanes of a unit are active together
     const int64_t t = i >> 2;
@@ -571,6 +572,24 @@ __global__ void __launch_bounds__(kRowThreads, 4)
   }
 }
 
+// Dynamic shared memory of a one-row kernel that stages `units` units of x as kX says.
+template <QuantRowX kX>
+size_t StagedXBytes(int64_t units) {
+  return 16 * static_cast<size_t>(kX == QuantRowX::kF32 ? units * 8
+                                                         : IntStage<kX>::Float4s(units));
+}
+
+// Lets `kernel` take `bytes` of dynamic shared memory, which past the default 48 KiB it
+// must ask for.
+template <typename Kernel>
+cudaError_t AllowSharedBytes(Kernel kernel, size_t bytes) {
+  if (bytes <= 48 * 1024) return cudaSuccess;
+  const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             static_cast<int>(bytes));
+  if (e != cudaSuccess) (void)cudaGetLastError();
+  return e;
+}
+
 // The one-row kernel's launch: a plain matmul (moe null) or a mixture of experts' (one
 // grid row of blocks per pair).
 cudaError_t LaunchRow(const void* x, const void* w, const void* w_up, DType w_dtype,
@@ -588,17 +607,10 @@ cudaError_t LaunchRow(const void* x, const void* w, const void* w_up, DType w_dt
       auto launch = [&](auto mode, auto is_moe) {
         constexpr QuantRowX kX = decltype(mode)::value;
         const auto kernel = QuantRowKernel<T, Q, kX, decltype(is_moe)::value>;
-        const size_t shared_bytes =
-            16 * static_cast<size_t>(kX == QuantRowX::kF32 ? units * 8
-                                                           : IntStage<kX>::Float4s(units));
         // Two parts of a K past 9,830 stage more than the default 48 KiB.
-        if (shared_bytes > 48 * 1024) {
-          const cudaError_t e = cudaFuncSetAttribute(
-              kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared_bytes));
-          if (e != cudaSuccess) {
-            (void)cudaGetLastError();
-            return e;
-          }
+        const size_t shared_bytes = StagedXBytes<kX>(units);
+        if (const cudaError_t e = AllowSharedBytes(kernel, shared_bytes); e != cudaSuccess) {
+          return e;
         }
         // As many blocks as fit the GPU at once (shared by the pairs), and no more than the
         // columns need.
@@ -613,14 +625,8 @@ cudaError_t LaunchRow(const void* x, const void* w, const void* w_up, DType w_dt
         if (MoeSplitGateUp(moe != nullptr, w_up != nullptr, units)) {
           // A float per task after the staged x: two a column of the block's run.
           launch_bytes += 2 * sizeof(float) * static_cast<size_t>(CeilDiv(n, blocks));
-          if (launch_bytes > 48 * 1024) {
-            const cudaError_t a = cudaFuncSetAttribute(
-                kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                static_cast<int>(launch_bytes));
-            if (a != cudaSuccess) {
-              (void)cudaGetLastError();
-              return a;
-            }
+          if (const cudaError_t a = AllowSharedBytes(kernel, launch_bytes); a != cudaSuccess) {
+            return a;
           }
         }
         return LaunchKernelShared(
@@ -646,6 +652,241 @@ cudaError_t LaunchRow(const void* x, const void* w, const void* w_up, DType w_dt
       return moe != nullptr ? dispatch_mode(std::true_type{}) : dispatch_mode(std::false_type{});
     });
   });
+}
+
+
+// ---- a mixture's down experts and their combine (MoeCombine's matmul) ---------------------
+//
+// A block per (row, run of up to kMoeCombineMaxCols columns). Its first warp ranks the
+// row's slots by expert id (ties by slot: the order of MoeCombine's sum) into shared
+// memory, with each slot's weight given, or computed from the router's logits by the last
+// warp (RowRouteWeights, the bits MoeRouteWeights stores); meanwhile the block stages the
+// row's top_k slices of x as one row of top_k · units units (slot j's unit t is staged unit
+// j · units + t), as the one-row kernel stages its x. Then the block's (column, slot) rows
+// are tasks, round robin over its warps (rank r of column c is task c · top_k + r), each
+// walked as the one-row kernel walks a row: chunks of 64 units, lane l taking units l and
+// 32 + l, the next chunk's (or the next task's) loads in flight while this one's are
+// multiplied; each task's sum, rounded to T as MoeMatMul stores y, goes to shared memory.
+// After a barrier a thread per column adds its column's terms in rank order with
+// MoeCombine's roundings (explicit _rn operations), then the residual. The products never
+// reach memory, and the block's warps all stream weights: a warp per column instead
+// walked its top_k rows alone, 18 µs a Qwen3-30B-A3B layer against 12 for the launch pair
+// (H200).
+constexpr int kMoeCombineMaxTopK = static_cast<int>(kQuantRowMoeCombineMaxTopK);
+constexpr int kMoeCombineMaxCols = 64;
+constexpr int kMoeCombineWarps = 16;
+constexpr int kMoeCombineThreads = kMoeCombineWarps * kWarpSize;
+static_assert(kMoeCombineMaxTopK <= kWarpSize && kMoeCombineMaxCols <= kMoeCombineThreads);
+
+// The routing of a row as the block holds it: rank r is slot slot[r] of expert expert[r]
+// (−1: an id out of range, whose products are zeros); scale[j] is slot j's weight.
+struct MoeCombineRouting {
+  int slot[kMoeCombineMaxTopK];
+  int32_t expert[kMoeCombineMaxTopK];
+  float scale[kMoeCombineMaxTopK];
+};
+
+__device__ __forceinline__ float LoadAsFloat(const void* p, DType t, int64_t i) {
+  switch (t) {
+    case DType::kBF16: return ToFloat(static_cast<const __nv_bfloat16*>(p)[i]);
+    case DType::kF16: return ToFloat(static_cast<const __half*>(p)[i]);
+    default: return static_cast<const float*>(p)[i];
+  }
+}
+
+// Float experts of x's dtype read as a block format of one unit a block (Fetch, Decode,
+// and a Unit whose codes are the values, scale 1 and no min), so that the f32 path of the
+// kernel below takes them: AccumulateUnit8's fmaf(1, Σ, acc) is Σ + acc exactly.
+template <typename T>
+struct FloatExperts {
+  static constexpr int kElems = quant::kUnitElems;
+  static constexpr int kW = kVec16<T>;
+  struct Raw {
+    Vec<T, kW> q[quant::kUnitElems / kW];
+  };
+  struct Unit {
+    static constexpr bool kHasMin = false;
+    Raw r;
+    __device__ __forceinline__ void Codes8(int j, float (&c)[8]) const {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) c[i] = ToFloat(r.q[(8 * j + i) / kW].v[(8 * j + i) % kW]);
+    }
+    __device__ __forceinline__ float Scale(int) const { return 1.0f; }
+    __device__ __forceinline__ float Min(int) const { return 0.0f; }
+  };
+  static __device__ __forceinline__ Raw Fetch(const uint8_t* base, int64_t, int64_t g) {
+    const T* p = reinterpret_cast<const T*>(base) + g * quant::kUnitElems;
+    Raw raw;
+#pragma unroll
+    for (int i = 0; i < quant::kUnitElems / kW; ++i) raw.q[i] = LoadStreaming<T, kW>(p + i * kW);
+    return raw;
+  }
+  static __device__ __forceinline__ Unit Decode(const Raw& raw) { return Unit{raw}; }
+};
+
+// The launch's fixed arguments.
+struct MoeCombineParams {
+  const int32_t* ids;
+  const void* weights;
+  DType weights_dtype;
+  int route_experts;  // > 0: weights are the router's logits
+  bool renormalize, round_to_dtype;
+  int n, k, top_k, experts;
+  int cols;  // columns a block takes (the last block of a row fewer)
+  bool vec_x;
+  uint32_t* error_flags;
+};
+
+// Two blocks an SM (at most 64 registers a thread), as the one-row kernel's four of 256;
+// one for float experts, whose two chunks of units in flight are 64 or 128 bytes a lane
+// (at two blocks they spilled 482 and 740 bytes, ptxas -v, sm_90).
+template <typename Q>
+constexpr int MoeCombineMinBlocks() {
+  return sizeof(typename Q::Raw) <= 48 ? 2 : 1;
+}
+
+template <typename T, typename Q, QuantRowX kX>
+__global__ void __launch_bounds__(kMoeCombineThreads, MoeCombineMinBlocks<Q>())
+    QuantRowMoeCombineKernel(const T* __restrict__ x, const uint8_t* __restrict__ w,
+                             const T* residual, T* out, MoeCombineParams p) {
+  extern __shared__ float4 row_x[];  // as QuantRowKernel's, for top_k · units units
+  __shared__ MoeCombineRouting routing;
+  __shared__ float sums[kMoeCombineMaxTopK][kMoeCombineMaxCols];  // by rank and column
+  const int lane = static_cast<int>(threadIdx.x) % kWarpSize;
+  const int warp = static_cast<int>(threadIdx.x) / kWarpSize;
+  const int64_t row = blockIdx.y;
+  const int units = p.k / quant::kUnitElems;
+  const int staged = p.top_k * units;  // within 31 bits: QuantRowMoeCombineTakes
+  const int64_t blocks = static_cast<int64_t>(p.experts) * p.n * (p.k / Q::kElems);
+  const int c0 = static_cast<int>(blockIdx.x) * p.cols;
+  const int cols = min(p.cols, p.n - c0);
+  AwaitPrerequisiteGrids();  // the ids, the weights and x are the kernels before's outputs
+  const int32_t* row_ids = p.ids + row * p.top_k;
+  uint32_t* flags = blockIdx.x == 0 ? p.error_flags : nullptr;  // one block of the row
+  if (warp == 0 && lane < p.top_k) {
+    const int32_t mine = row_ids[lane];
+    int rank = 0;
+    for (int i = 0; i < p.top_k; ++i) {
+      const int32_t other = row_ids[i];
+      rank += other < mine || (other == mine && i < lane);
+    }
+    const bool valid = mine >= 0 && mine < p.experts;
+    if (!valid) RaiseExpertOutOfRange(flags);
+    routing.slot[rank] = lane;
+    routing.expert[rank] = valid ? mine : -1;
+    if (p.route_experts == 0) {
+      routing.scale[lane] = LoadAsFloat(p.weights, p.weights_dtype, row * p.top_k + lane);
+    }
+  }
+  if (p.route_experts > 0 && warp == kMoeCombineWarps - 1) {
+    auto store = [&](int j, float v) { routing.scale[j] = v; };
+    const int64_t at = row * p.route_experts;
+    switch (p.weights_dtype) {
+      case DType::kBF16:
+        RowRouteWeights(static_cast<const __nv_bfloat16*>(p.weights) + at, row_ids,
+                        p.route_experts, p.top_k, p.renormalize, p.round_to_dtype, flags, lane,
+                        store);
+        break;
+      case DType::kF16:
+        RowRouteWeights(static_cast<const __half*>(p.weights) + at, row_ids, p.route_experts,
+                        p.top_k, p.renormalize, p.round_to_dtype, flags, lane, store);
+        break;
+      default:
+        RowRouteWeights(static_cast<const float*>(p.weights) + at, row_ids, p.route_experts,
+                        p.top_k, p.renormalize, p.round_to_dtype, flags, lane, store);
+        break;
+    }
+  }
+  const T* xr = x + row * staged * quant::kUnitElems;
+  if constexpr (kX == QuantRowX::kF32) {
+    for (int i = static_cast<int>(threadIdx.x); i < staged * 4; i += kMoeCombineThreads) {
+      const int t = i >> 2, j = i & 3;
+      float v[8];
+      quant::LoadX8(xr + t * quant::kUnitElems + 8 * j, p.vec_x, v);
+      float4* unit = row_x + t * 8;
+      const int swizzle = t & 7;
+      unit[(2 * j) ^ swizzle] = make_float4(v[0], v[1], v[2], v[3]);
+      unit[(2 * j + 1) ^ swizzle] = make_float4(v[4], v[5], v[6], v[7]);
+    }
+  } else {
+    StageIntX<kX, T, kMoeCombineThreads>(xr, p.vec_x, staged, row_x);
+  }
+  __syncthreads();
+
+  // Task i: rank i % top_k of column c0 + i / top_k; its row walked in chunks of
+  // kRowChunkUnits units (lane l: units l and 32 + l of the chunk).
+  const int tasks = cols * p.top_k;
+  const int chunks = (units + kRowChunkUnits - 1) / kRowChunkUnits;
+  using Raw = typename Q::Raw;
+  auto load = [&](int task, int chunk, Raw (&u)[2]) {
+    const int r = task % p.top_k;
+    const int32_t e = routing.expert[r];
+    if (e < 0) return;  // a bad id: nothing loaded, its sum zero
+    const int64_t first = (static_cast<int64_t>(e) * p.n + c0 + task / p.top_k) * units;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int t = chunk * kRowChunkUnits + h * kWarpSize + lane;
+      if (t < units) u[h] = Q::Fetch(w, blocks, first + t);
+    }
+  };
+  Raw cur[2], next[2];
+  int task = warp, chunk = 0;
+  if (task < tasks) load(task, 0, cur);
+  float sum = 0.0f;
+  while (task < tasks) {
+    int next_task = task, next_chunk = chunk + 1;
+    if (next_chunk == chunks) {
+      next_chunk = 0;
+      next_task += kMoeCombineWarps;
+    }
+    if (next_task < tasks) load(next_task, next_chunk, next);
+    const int r = task % p.top_k;
+    if (routing.expert[r] >= 0) {
+      const int at = routing.slot[r] * units;  // the slot's first staged unit
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int t = chunk * kRowChunkUnits + h * kWarpSize + lane;
+        if (t >= units) continue;
+        const typename Q::Unit unit = Q::Decode(cur[h]);
+        if constexpr (kX != QuantRowX::kF32) {
+          sum += IntDotUnit<kX>(unit, row_x, staged, at + t);
+        } else {
+#pragma unroll
+          for (int j = 0; j < quant::kUnitElems / 8; ++j) {
+            float xf[1][8];
+            StagedX8(row_x, at + t, j, xf[0]);
+            float xsum[1];
+            if constexpr (Q::Unit::kHasMin) quant::XSums8<1>(xf, xsum);
+            quant::AccumulateUnit8<1, 1>(unit, j, xf, xsum, &sum);
+          }
+        }
+      }
+    }
+    if (next_chunk == 0) {  // the task's row is done: y as MoeMatMul stores it
+      const float total = WarpSum(sum);
+      if (lane == 0) {
+        sums[r][task / p.top_k] = routing.expert[r] >= 0 ? RoundTo<T>(total) : 0.0f;
+      }
+      sum = 0.0f;
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) cur[h] = next[h];
+    task = next_task;
+    chunk = next_chunk;
+  }
+  __syncthreads();
+  const int i = static_cast<int>(threadIdx.x);
+  if (i >= cols) return;
+  float total = 0.0f;
+  for (int r = 0; r < p.top_k; ++r) {
+    const float term = RoundTo<T>(__fmul_rn(routing.scale[routing.slot[r]], sums[r][i]));
+    total = RoundTo<T>(__fadd_rn(total, term));
+  }
+  // The residual add as Add computes it (out may be residual itself: this thread alone
+  // reads and writes the element).
+  const int64_t at = row * p.n + c0 + i;
+  if (residual != nullptr) total = __fadd_rn(total, ToFloat(residual[at]));
+  out[at] = FromFloat<T>(total);
 }
 
 }  // namespace
@@ -689,6 +930,92 @@ cudaError_t LaunchQuantRowMoe(const void* x, const void* w, const void* w_up, DT
                         error_flags};
   return LaunchRow(x, w, w_up, w_dtype, nullptr, y, n, k, dtype, false, sm_count, x_mode,
                    stream, &moe, rows * top_k);
+}
+
+bool QuantRowMoeCombineTakes(int64_t rows, int64_t experts, int64_t n, int64_t k,
+                             int64_t top_k, DType dtype, DType w_dtype) {
+  if (!IsFloat(dtype) || rows <= 0 || rows > 65535 || experts <= 0 || top_k <= 0 ||
+      top_k > kQuantRowMoeCombineMaxTopK || k > kQuantRowMoeCombineMaxXs / top_k) {
+    return false;
+  }
+  // experts · n within 31 bits; a grid row of at most 65535 blocks of kMoeCombineMaxCols.
+  if (n <= 0 || n > 65535 * kMoeCombineMaxCols || experts > 0x7fffffff / n) return false;
+  if (w_dtype == dtype) return k % quant::kUnitElems == 0 && k <= kQuantRowMaxK;
+  return QuantRowMatmulTakes(experts * n, k, w_dtype);
+}
+
+cudaError_t LaunchQuantRowMoeCombine(const QuantRowMoeCombine& a, int sm_count,
+                                     QuantRowX x_mode, Stream stream) {
+  if (!QuantRowMoeCombineTakes(a.rows, a.experts, a.n, a.k, a.top_k, a.dtype, a.w_dtype) ||
+      a.x == nullptr || a.w == nullptr || a.ids == nullptr || a.weights == nullptr ||
+      a.out == nullptr || !IsFloat(a.weights_dtype) || a.route_experts < 0 ||
+      a.route_experts > 0x7fffffff || sm_count <= 0) {
+    return cudaErrorInvalidValue;
+  }
+  if (!Aligned16(a.w)) return cudaErrorMisalignedAddress;
+  const int staged = static_cast<int>(a.top_k * (a.k / quant::kUnitElems));
+  MoeCombineParams params{a.ids,
+                                a.weights,
+                                a.weights_dtype,
+                                static_cast<int>(a.route_experts),
+                                a.renormalize,
+                                a.round_to_dtype,
+                                static_cast<int>(a.n),
+                                static_cast<int>(a.k),
+                                static_cast<int>(a.top_k),
+                                static_cast<int>(a.experts),
+                                0,
+                                // Every unit starts at a multiple of 32 elements of x.
+                                Aligned16(a.x),
+                                a.error_flags};
+  return DispatchFloat(a.dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    auto with_format = [&](auto format) -> cudaError_t {
+      using Q = decltype(format);
+      auto launch = [&](auto mode) {
+        constexpr QuantRowX kX = decltype(mode)::value;
+        const auto kernel = QuantRowMoeCombineKernel<T, Q, kX>;
+        const size_t shared_bytes = StagedXBytes<kX>(staged);
+        if (const cudaError_t e = AllowSharedBytes(kernel, shared_bytes); e != cudaSuccess) {
+          return e;
+        }
+        // As many blocks as the GPU holds at once over the rows (each stages its row's x),
+        // each at most kMoeCombineMaxCols columns.
+        int per_sm = 0;
+        const cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+            &per_sm, kernel, kMoeCombineThreads, shared_bytes);
+        if (e != cudaSuccess) return e;
+        const int64_t blocks = std::clamp<int64_t>(
+            std::max(per_sm, 1) * static_cast<int64_t>(sm_count) / a.rows,
+            CeilDiv(a.n, int64_t{kMoeCombineMaxCols}), a.n);
+        params.cols = static_cast<int>(CeilDiv(a.n, blocks));
+        const dim3 grid(static_cast<unsigned>(CeilDiv(a.n, int64_t{params.cols})),
+                        static_cast<unsigned>(a.rows));
+        return LaunchKernelShared(kernel, grid, dim3(kMoeCombineThreads), shared_bytes, stream,
+                                  static_cast<const T*>(a.x), static_cast<const uint8_t*>(a.w),
+                                  static_cast<const T*>(a.residual), static_cast<T*>(a.out),
+                                  params);
+      };
+      // Float experts meet x in f32 only.
+      if constexpr (std::is_same_v<Q, FloatExperts<T>>) {
+        return launch(std::integral_constant<QuantRowX, QuantRowX::kF32>{});
+      } else {
+        switch (x_mode) {
+          case QuantRowX::kF32:
+            return launch(std::integral_constant<QuantRowX, QuantRowX::kF32>{});
+          case QuantRowX::kInt8:
+            return launch(std::integral_constant<QuantRowX, QuantRowX::kInt8>{});
+          case QuantRowX::kInt16:
+            return launch(std::integral_constant<QuantRowX, QuantRowX::kInt16>{});
+          case QuantRowX::kInt16x2:
+            return launch(std::integral_constant<QuantRowX, QuantRowX::kInt16x2>{});
+        }
+        return cudaErrorInvalidValue;
+      }
+    };
+    if (a.w_dtype == a.dtype) return with_format(FloatExperts<T>{});
+    return quant::DispatchFormat(a.w_dtype, with_format);
+  });
 }
 
 cudaError_t LaunchQuantMatmul(const void* x, const void* w, DType w_dtype, const void* bias,

@@ -105,6 +105,51 @@ cudaError_t LaunchQuantRowMoe(const void* x, const void* w, const void* w_up, DT
                               uint32_t* error_flags, int sm_count, QuantRowX x_mode,
                               Stream stream);
 
+// MoeCombine with `matmul` on the one-row kernel (a routed MLP's down experts and their
+// weighted sum in one launch, for decode): out [rows, n] = Σ_j weights[i, j] · y[i, j·n ..]
+// of y = MoeMatMul(x, w, ids) with per_slot (x [rows, top_k · k], each slot its own k
+// values; each product rounded to `dtype` as MoeMatMul stores it, a bad id's zeros and
+// kErrorExpertOutOfRange), summed as LaunchMoeCombine sums (kernels/moe.cuh: ascending
+// expert id, each term and partial sum rounded to `dtype`; `residual` added, rounded once;
+// with route_experts > 0 `weights` is the router's logits [rows, route_experts] and the
+// weights are computed from them as LaunchMoeRouteWeights does). y is never stored: a
+// block takes a row and a run of columns, stages the row's top_k slices of x once (x_mode
+// as LaunchQuantRowMatmul's), its warps walk the run's (column, slot) expert rows with
+// their next loads in flight, and the products meet in shared memory, where a thread per
+// column sums them. w [experts, n, k] in block format `w_dtype` (or of x's dtype: then x
+// meets it in f32), held whole in the device layout at a 16-byte aligned address.
+struct QuantRowMoeCombine {
+  const void* x = nullptr;
+  const void* w = nullptr;
+  DType w_dtype = DType::kQ8_0;
+  const int32_t* ids = nullptr;  // [rows, top_k]
+  const void* weights = nullptr;  // [rows, top_k] of weights_dtype, or the logits
+  DType weights_dtype = DType::kF32;
+  int64_t route_experts = 0;  // > 0: weights are the router's logits [rows, route_experts]
+  bool renormalize = true, round_to_dtype = false;  // the route's (MoeRouteWeights')
+  const void* residual = nullptr;  // [rows, n] of dtype, nullable; may be out itself
+  void* out = nullptr;             // [rows, n] of dtype
+  int64_t rows = 0, experts = 0, n = 0, k = 0, top_k = 0;
+  DType dtype = DType::kF32;
+  uint32_t* error_flags = nullptr;  // nullable
+};
+// The most chosen experts a row LaunchQuantRowMoeCombine takes (a block keeps their
+// products in shared memory), and the most top_k · k (its row of x staged there too).
+inline constexpr int64_t kQuantRowMoeCombineMaxTopK = 8;
+inline constexpr int64_t kQuantRowMoeCombineMaxXs = 4 * kQuantRowMaxK;
+// Whether LaunchQuantRowMoeCombine takes these sizes: w in a block format with k a
+// multiple of its block, or of x's dtype with k a multiple of 32; k at most
+// kQuantRowMaxK; rows up to 65535; top_k up to kQuantRowMoeCombineMaxTopK; top_k · k up to
+// kQuantRowMoeCombineMaxXs; n up to 65535 · 64; experts · n within 31 bits; x's dtype f32,
+// bf16 or f16.
+bool QuantRowMoeCombineTakes(int64_t rows, int64_t experts, int64_t n, int64_t k,
+                             int64_t top_k, DType dtype, DType w_dtype);
+// cudaErrorInvalidValue where QuantRowMoeCombineTakes says no, for a null pointer (but
+// residual and error_flags), a weights_dtype not float, route_experts past 2^31 − 1 or
+// sm_count < 1; cudaErrorMisalignedAddress for a w not 16-byte aligned.
+cudaError_t LaunchQuantRowMoeCombine(const QuantRowMoeCombine& args, int sm_count,
+                                     QuantRowX x_mode, Stream stream);
+
 // out[i, :] = table[ids[i], :] dequantized and rounded to `out_dtype` (f32, bf16, f16),
 // bit for bit the CPU reference's row. table [vocab, hidden] in block format `table_dtype`.
 // An id outside [0, vocab) writes a zero row and raises kErrorTokenOutOfRange in

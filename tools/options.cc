@@ -575,8 +575,9 @@ const Flag kFlags[] = {
        return absl::OkStatus();
      }},
     {"--passes", nullptr, "LIST", kAll, true,
-     "graph passes: default (every pass but norm_into_matmul, the fastest measured), all, "
-     "none, names to run, or -name,... to skip from all (see stepgraph/graph/passes.h)",
+     "graph passes: default (every pass but norm_into_matmul and moe_down_into_combine, the "
+     "fastest measured), all, none, names to run, or -name,... to skip from all (see "
+     "stepgraph/graph/passes.h)",
      nullptr, EnvRule::kNone,
      [](S v, O& o) {
        SG_ASSIGN_OR_RETURN(o.passes, ParsePassList(v));

@@ -1028,18 +1028,37 @@ absl::Status CpuDispatch::MoeProducts(const TensorArg& x, const float* xs, const
 }
 
 absl::Status CpuDispatch::Run(const ops::MoeCombine& op, const NodeArgs& args) {
-  const TensorArg& y = args.inputs[0];
+  const TensorArg& y = args.inputs[0];  // with `matmul`: x, the down experts' input
   const int32_t* ids = Ints(args.inputs[2]);
   const DType t = args.output.dtype;
-  const int64_t m = y.shape[0], top_k = args.inputs[2].shape[1], n = y.shape[1] / top_k;
+  const int64_t m = y.shape[0], top_k = args.inputs[2].shape[1], n = args.output.shape[1];
   std::vector<int64_t> order;
   std::vector<float> routed;  // with `route`: the weights, as MoeRouteWeights stores them
+  std::vector<float> products;  // with `matmul`: y, as MoeMatMul stores it
+  int64_t y_elems = 0;           // top_k · n is within bounds: shape inference formed it
+  if (!CheckedMul(m, top_k * n, &y_elems)) {
+    return absl::ResourceExhaustedError("CPU reference: a MoE combine's products overflow");
+  }
   try {
     order.resize(static_cast<size_t>(top_k));
     if (op.route) routed.resize(static_cast<size_t>(m * top_k));
+    if (op.matmul) products.resize(static_cast<size_t>(y_elems));
   } catch (const std::bad_alloc&) {
     return absl::ResourceExhaustedError("CPU reference: no memory for a MoE combine");
   }
+  if (op.matmul) {
+    const TensorArg& ids_arg = args.inputs[2];
+    const TensorArg& w = args.inputs[op.residual ? 4 : 3];
+    for (int64_t s = 0; s < ids_arg.shape.NumElements(); ++s) {
+      if (ids[s] < 0 || ids[s] >= w.shape[0]) error_flags_ |= kErrorExpertOutOfRange;
+    }
+    SG_ASSIGN_OR_RETURN(const float* xs, F32Input(y, x_f32_));
+    SG_RETURN_IF_ERROR(MoeProducts(y, xs, w, ids_arg, products.data()));
+    for (float& v : products) v = RoundTo(t, v);
+  }
+  auto y_at = [&](int64_t index) {
+    return op.matmul ? products[static_cast<size_t>(index)] : LoadElement(y.data, y.dtype, index);
+  };
   if (op.route) {
     for (int64_t i = 0; i < m; ++i) {
       if (!RouteWeightsOfRow(args.inputs[1], i, ids + i * top_k, top_k, op.renormalize,
@@ -1060,7 +1079,7 @@ absl::Status CpuDispatch::Run(const ops::MoeCombine& op, const NodeArgs& args) {
       float sum = 0.0f;
       for (int64_t j : order) {
         const float w = LoadElement(weights, weights_dtype, i * top_k + j);
-        const float term = w * LoadElement(y.data, y.dtype, i * top_k * n + j * n + c);
+        const float term = w * y_at(i * top_k * n + j * n + c);
         sum = RoundTo(t, sum + RoundTo(t, term));
       }
       // The residual add as Add computes it: the f32 sum of the two, rounded once.

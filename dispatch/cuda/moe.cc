@@ -1,11 +1,13 @@
 // The mixture-of-experts unit of CudaDispatch: MoeTopK (kernels/topk.cuh, whose order and
-// ties are the op's), MoeRouteWeights, MoeMatMul and MoeCombine (kernels/moe.cuh), one
+// ties are the op's), MoeRouteWeights, MoeMatMul and MoeCombine (kernels/moe.cuh; with
+// `matmul` the one-row kernel's LaunchQuantRowMoeCombine), one
 // launch per node and no state. The kernels read the expert ids from device memory, so the
 // launches depend on the shapes only and a captured step replays any routing. Prepare
 // refuses by name what the kernels do not take (Supports says no to the same), so nothing
 // runs to a silent wrong answer.
 #include <climits>
 #include <variant>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "dispatch/cuda/cuda_status.h"
@@ -95,6 +97,36 @@ std::string CombineLimits(const Shape& y, const Shape& ids) {
   return "";
 }
 
+// MoeCombine with `matmul`: x [M, k·K], w [E, N, K], ids [M, k]: block-format experts on
+// the one-row kernel (kernels/quant_matmul.cuh's LaunchQuantRowMoeCombine).
+std::string DownCombineLimits(const Tensor& x, const Tensor& w, const Tensor& ids) {
+  if (kernels::QuantRowMoeCombineTakes(x.shape[0], w.shape[0], w.shape[1], w.shape[2],
+                                       ids.shape[1], x.dtype, w.dtype)) {
+    return "";
+  }
+  return absl::StrCat(
+      "no CUDA MoeCombine with matmul for x ", x.shape.ToString(), " ", DTypeName(x.dtype),
+      " with w ", w.shape.ToString(), " ", DTypeName(w.dtype), " and ids ",
+      ids.shape.ToString(), " (it takes block-format experts with K up to ",
+      kernels::kQuantRowMaxK, ", top_k up to ", kernels::kQuantRowMoeCombineMaxTopK,
+      ", top_k * K up to ", kernels::kQuantRowMoeCombineMaxXs, " and up to 65535 rows)");
+}
+
+// The limits of a MoeCombine node of these inputs, whichever its params.
+std::string CombineNodeLimits(const ops::MoeCombine& op, const std::vector<const Tensor*>& in) {
+  const Tensor& ids = *in[2];
+  if (op.route) {
+    if (std::string limits = RouteLimits(in[1]->shape, ids.shape); !limits.empty()) return limits;
+  }
+  if (op.matmul) return DownCombineLimits(*in[0], *in[op.residual ? 4 : 3], ids);
+  return CombineLimits(in[0]->shape, ids.shape);
+}
+
+// MoeCombine with `matmul`: how x meets the experts (as the one-row MoeMatMul's).
+struct MoeCombineState final : PreparedState<MoeCombineState> {
+  kernels::QuantRowX row_x = kernels::QuantRowX::kF32;
+};
+
 PreparedOr RefuseUnless(const std::string& limits) {
   if (limits.empty()) return NoState();
   return absl::UnimplementedError(limits);
@@ -112,8 +144,7 @@ bool Supports(const ops::MoeMatMul& op, const CudaSupportQuery& q) {
   return MatMulLimits(q.input(0), q.input(1), q.input(op.silu_mul ? 3 : 2)).empty();
 }
 bool Supports(const ops::MoeCombine& op, const CudaSupportQuery& q) {
-  return CombineLimits(q.input(0).shape, q.input(2).shape).empty() &&
-         (!op.route || RouteLimits(q.input(1).shape, q.input(2).shape).empty());
+  return CombineNodeLimits(op, {q.inputs.begin(), q.inputs.end()}).empty();
 }
 
 PreparedOr Prepare(const ops::MoeTopK& op, const CudaPrepareContext& c) {
@@ -154,12 +185,15 @@ PreparedOr Prepare(const ops::MoeMatMul& op, const CudaPrepareContext& c) {
   return Keep(std::move(state));
 }
 PreparedOr Prepare(const ops::MoeCombine& op, const CudaPrepareContext& c) {
-  if (op.route) {
-    if (std::string limits = RouteLimits(c.input(1).shape, c.input(2).shape); !limits.empty()) {
-      return absl::UnimplementedError(limits);
-    }
+  std::vector<const Tensor*> in;
+  for (int i = 0; i < static_cast<int>(c.node.inputs.size()); ++i) in.push_back(&c.input(i));
+  if (std::string limits = CombineNodeLimits(op, in); !limits.empty()) {
+    return absl::UnimplementedError(limits);
   }
-  return RefuseUnless(CombineLimits(c.input(0).shape, c.input(2).shape));
+  if (!op.matmul) return NoState();
+  auto state = std::make_unique<MoeCombineState>();
+  state->row_x = RowXFor(c.options, in.back()->dtype);
+  return Keep(std::move(state));
 }
 
 absl::StatusOr<int64_t> MoeMmaWorkspaceBytes(const Graph& graph, const Node& node,
@@ -249,11 +283,39 @@ absl::Status CudaDispatch::Run(const ops::MoeMatMul& op, const NodeArgs& args) {
 }
 
 absl::Status CudaDispatch::Run(const ops::MoeCombine& op, const NodeArgs& args) {
-  const TensorArg& y = args.inputs[0];
+  const TensorArg& y = args.inputs[0];  // with `matmul`: x
   const TensorArg& weights = args.inputs[1];  // with `route`: the logits
   const int64_t top_k = args.inputs[2].shape[1];
   const kernels::MoeCombineRoute route{weights.shape[1], op.renormalize, op.round_to_dtype,
                                        error_flags_};
+  if (op.matmul) {
+    SG_ASSIGN_OR_RETURN(const internal::MoeCombineState* s,
+                        args.PreparedAs<internal::MoeCombineState>());
+    const TensorArg& w = args.inputs[op.residual ? 4 : 3];
+    kernels::QuantRowMoeCombine a;
+    a.x = y.data;
+    a.w = w.data;
+    a.w_dtype = w.dtype;
+    a.ids = args.inputs[2].as<const int32_t>();
+    a.weights = weights.data;
+    a.weights_dtype = weights.dtype;
+    if (op.route) {
+      a.route_experts = weights.shape[1];
+      a.renormalize = op.renormalize;
+      a.round_to_dtype = op.round_to_dtype;
+    }
+    a.residual = op.residual ? args.inputs[3].data : nullptr;
+    a.out = args.output.data;
+    a.rows = y.shape[0];
+    a.experts = w.shape[0];
+    a.n = w.shape[1];
+    a.k = w.shape[2];
+    a.top_k = top_k;
+    a.dtype = y.dtype;
+    a.error_flags = error_flags_;
+    return ToStatus(kernels::LaunchQuantRowMoeCombine(a, info_.sm_count, s->row_x, launch()),
+                    "LaunchQuantRowMoeCombine");
+  }
   return ToStatus(kernels::LaunchMoeCombine(y.data, y.dtype, weights.data, weights.dtype,
                                             args.inputs[2].as<const int32_t>(),
                                             args.output.data, y.shape[0], y.shape[1] / top_k,

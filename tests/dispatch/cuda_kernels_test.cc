@@ -817,5 +817,25 @@ TEST(CudaSupportTest, PassesMakeOnlyWhatCudaRuns) {
   EXPECT_EQ(silu_epilogues(*split_cpu), split.num_hidden_layers);
 }
 
+// MoeCombine with matmul (moe_down_into_combine) on CUDA: block-format experts or float
+// ones of x's dtype, at any row count (the pass makes it at decode only), top_k up to 8.
+TEST(CudaSupportTest, DownIntoCombineLimits) {
+  auto inputs = [](int64_t rows, int64_t top_k, DType w_dtype) {
+    return std::vector<Tensor>{
+        Make("x", TensorKind::kInput, DType::kBF16, {rows, top_k * 768}),
+        Make("logits", TensorKind::kInput, DType::kBF16, {rows, 128}),
+        Make("ids", TensorKind::kInput, DType::kI32, {rows, top_k}),
+        Make("w", TensorKind::kWeight, w_dtype, {128, 2048, 768})};
+  };
+  const ops::MoeCombine op{.route = true, .matmul = true};
+  const CudaSupport cuda;
+  EXPECT_TRUE(Asks(cuda, op, inputs(1, 8, DType::kQ6_K)));
+  EXPECT_TRUE(Asks(cuda, op, inputs(4, 8, DType::kBF16)));
+  EXPECT_TRUE(Asks(cuda, op, inputs(512, 8, DType::kQ4_K)));
+  EXPECT_FALSE(Asks(cuda, op, inputs(1, 9, DType::kQ6_K)));  // past the register sums
+  EXPECT_FALSE(Asks(cuda, op, inputs(1, 8, DType::kF32)));   // not x's dtype
+  EXPECT_FALSE(Asks(cuda, op, inputs(65536, 1, DType::kQ6_K)));  // a grid row a row
+}
+
 }  // namespace
 }  // namespace sg::testing

@@ -17,6 +17,7 @@
 #include "stepgraph/graph/builder.h"
 #include "stepgraph/graph/ops.h"
 #include "stepgraph/graph/memory_plan.h"
+#include "stepgraph/graph/passes.h"
 #include "tests/testing/status_matchers.h"
 
 namespace sg {
@@ -432,6 +433,11 @@ TEST(StepWeightBytesTest, EmbeddingRowsAndReachableExpertsOnly) {
       const int64_t want = table_bytes + kExperts * kHidden * 4 + reach * expert_bytes +
                            (tied ? 0 : kVocab * kHidden * 4);
       EXPECT_EQ(StepWeightBytes(*g), want);
+      // The same with the down experts summed in the combine (moe_down_into_combine).
+      absl::StatusOr<Graph> fused = RunPass("moe_down_into_combine", *g);
+      ASSERT_TRUE(fused.ok()) << fused.status();
+      EXPECT_EQ(fused->num_nodes(), g->num_nodes() - (kTopK * rows < kExperts ? 1 : 0));
+      EXPECT_EQ(StepWeightBytes(*fused), want);
     }
   }
 }

@@ -166,10 +166,10 @@ TEST(PassesTest, EachPassCanBeSwitchedOff) {
     // matmuls, and each residual sum is read by a norm as well. all_reduce_add needs a
     // sharded step (shard_test).
     // Nor has it a routed MLP for moe_gate_up_silu_mul, moe_combine_add and
-    // moe_route_into_combine (FusedEqualsPlainForMoeFamilies).
+    // moe_route_into_combine and moe_down_into_combine (FusedEqualsPlainForMoeFamilies).
     if (name != "lm_head_argmax" && name != "elementwise_chain" && name != "all_reduce_add" &&
         name != "moe_gate_up_silu_mul" && name != "moe_combine_add" &&
-        name != "moe_route_into_combine") {
+        name != "moe_route_into_combine" && name != "moe_down_into_combine") {
       EXPECT_LT(one->num_nodes(), before.num_nodes()) << name;
     }
   }
@@ -437,51 +437,86 @@ TEST(PassesTest, FusedEqualsPlainForEveryFamily) {
   }
 }
 
+// The nodes of `g` whose op is an Op for which pred(op) holds.
+template <typename Op, typename Pred>
+int CountOps(const Graph& g, Pred pred) {
+  int n = 0;
+  for (const Node& node : g.nodes()) {
+    const auto* op = std::get_if<Op>(&node.op);
+    n += op != nullptr && pred(*op);
+  }
+  return n;
+}
+
 // The routed MLPs keep their routing ops; the gate and up experts and their SiluMul
 // become one MoeMatMul, everything around them fuses, and the fused step computes what the
 // plain one does.
 TEST(PassesTest, FusedEqualsPlainForMoeFamilies) {
   for (DType t : {DType::kF32, DType::kBF16}) {
     for (const auto& [name, config] : testing::MoeTinyConfigs(t)) {
-      SCOPED_TRACE(absl::StrCat(name, " ", DTypeName(t)));
-      LlamaGraphOptions o;
-      o.batch = 3;
-      o.max_seq = 16;
+      for (int64_t batch : {2, 3}) {
+        SCOPED_TRACE(absl::StrCat(name, " ", DTypeName(t), " batch ", batch));
+        LlamaGraphOptions o;
+        o.batch = batch;
+        o.max_seq = 16;
+        absl::StatusOr<Graph> plain = BuildLlamaDecodeGraph(config, o);
+        ASSERT_TRUE(plain.ok()) << plain.status();
+        absl::StatusOr<Graph> fused = RunPasses(*plain);
+        ASSERT_TRUE(fused.ok()) << fused.status();
+        EXPECT_LT(fused->num_nodes(), plain->num_nodes());
+        auto counts = OpCounts(*fused);
+        int64_t routed = 0;
+        for (int64_t l = 0; l < config.num_hidden_layers; ++l) routed += config.MoeLayer(l);
+        EXPECT_EQ(counts["MoeTopK"], routed);
+        // Gate and up with their SiluMul in one (moe_gate_up_silu_mul); down goes into the
+        // combine (moe_down_into_combine) where the step has fewer (row, expert) pairs than
+        // experts.
+        const int64_t down_fused = batch * config.experts_per_token < config.num_experts;
+        EXPECT_EQ(counts["MoeMatMul"], (2 - down_fused) * routed);
+        EXPECT_EQ(CountOps<ops::MoeMatMul>(*fused, [](const auto& op) { return op.silu_mul; }),
+                  routed)
+            << fused->ToString();
+        EXPECT_EQ(counts["MoeCombine"], routed);
+        // Every combine took its layer's residual add (moe_combine_add) and computes its
+        // routing weights (moe_route_into_combine).
+        EXPECT_EQ(CountOps<ops::MoeCombine>(*fused, [](const auto& op) { return op.residual; }),
+                  routed)
+            << fused->ToString();
+        EXPECT_EQ(CountOps<ops::MoeCombine>(*fused, [](const auto& op) { return op.route; }),
+                  routed)
+            << fused->ToString();
+        EXPECT_EQ(counts["MoeRouteWeights"], 0) << fused->ToString();
+        EXPECT_EQ(CountOps<ops::MoeCombine>(*fused, [](const auto& op) { return op.matmul; }),
+                  down_fused * routed)
+            << fused->ToString();
+        const auto bound = RandomBound(*plain, 31, {5, 77, 300}, {2, 9, 15});
+        ExpectSameResults(*plain, *fused, bound);
+      }
+    }
+  }
+}
+
+// The down experts go into the combine only where a step has fewer (row, expert) pairs
+// than experts: a decode step of three rows of the tiny Mixtral (top 2 of 8: 6 pairs), not
+// the tiny Qwen3-MoE's (top 3: 9), nor a prefill of two sequences of 8 rows, whose
+// MoeMatMul may read an expert once for many rows.
+TEST(PassesTest, DownIntoCombineOnlyWithFewerPairsThanExperts) {
+  for (const auto& [name, config] : testing::MoeTinyConfigs(DType::kF32)) {
+    SCOPED_TRACE(name);
+    for (int64_t rows : {1, 8}) {
+      LlamaGraphOptions o{.batch = rows == 1 ? 3 : 2, .max_seq = 64};
+      o.rows_per_seq = rows;
       absl::StatusOr<Graph> plain = BuildLlamaDecodeGraph(config, o);
       ASSERT_TRUE(plain.ok()) << plain.status();
       absl::StatusOr<Graph> fused = RunPasses(*plain);
       ASSERT_TRUE(fused.ok()) << fused.status();
-      EXPECT_LT(fused->num_nodes(), plain->num_nodes());
-      auto counts = OpCounts(*fused);
-      int64_t routed = 0;
-      for (int64_t l = 0; l < config.num_hidden_layers; ++l) routed += config.MoeLayer(l);
-      EXPECT_EQ(counts["MoeTopK"], routed);
-      // Gate and up with their SiluMul in one (moe_gate_up_silu_mul), then down.
-      EXPECT_EQ(counts["MoeMatMul"], 2 * routed);
-      int gated = 0;
-      for (const Node& n : fused->nodes()) {
-        const auto* mm = std::get_if<ops::MoeMatMul>(&n.op);
-        gated += mm != nullptr && mm->silu_mul;
-      }
-      EXPECT_EQ(gated, routed) << fused->ToString();
-      EXPECT_EQ(counts["MoeCombine"], routed);
-      // Every combine took its layer's residual add (moe_combine_add).
-      int with_residual = 0;
-      for (const Node& n : fused->nodes()) {
-        const auto* combine = std::get_if<ops::MoeCombine>(&n.op);
-        with_residual += combine != nullptr && combine->residual;
-      }
-      EXPECT_EQ(with_residual, routed) << fused->ToString();
-      // Every combine computes its routing weights (moe_route_into_combine).
-      int with_route = 0;
-      for (const Node& n : fused->nodes()) {
-        const auto* combine = std::get_if<ops::MoeCombine>(&n.op);
-        with_route += combine != nullptr && combine->route;
-      }
-      EXPECT_EQ(with_route, routed) << fused->ToString();
-      EXPECT_EQ(counts["MoeRouteWeights"], 0) << fused->ToString();
-      const auto bound = RandomBound(*plain, 31, {5, 77, 300}, {2, 9, 15});
-      ExpectSameResults(*plain, *fused, bound);
+      const int routed = CountOps<ops::MoeCombine>(*fused, [](const auto&) { return true; });
+      const int with_matmul =
+          CountOps<ops::MoeCombine>(*fused, [](const auto& op) { return op.matmul; });
+      ASSERT_GT(routed, 0);
+      const int64_t pairs = o.batch * rows * config.experts_per_token;
+      EXPECT_EQ(with_matmul, pairs < config.num_experts ? routed : 0)
+          << rows << " rows a sequence";
     }
   }
 }
@@ -1136,6 +1171,25 @@ TEST(PassesTest, FusedOpsRejectBadShapes) {
       << combine(Shape{2, 32}, DType::kF32);
   EXPECT_NE(combine(Shape{2, 16}, DType::kBF16).message().find("residual"), std::string::npos)
       << combine(Shape{2, 16}, DType::kBF16);
+
+  // MoeCombine's matmul: x [M, top_k·K] for w [E, N, K], w of x's dtype or quantized, and
+  // the residual of the combined [M, N].
+  auto down = [&](int64_t x_cols, DType w_dtype, Shape residual) {
+    GraphBuilder c;
+    const TensorId r =
+        residual.rank() == 0 ? TensorId{} : c.Input("residual", DType::kF32, residual);
+    c.MoeDownCombine(c.Input("x", DType::kF32, {2, x_cols}),
+                     c.Weight("w", w_dtype, {4, 16, 32}), c.Input("w8", DType::kF32, {2, 2}),
+                     c.Input("ids", DType::kI32, {2, 2}), {}, r);
+    return c.status();
+  };
+  EXPECT_TRUE(down(64, DType::kF32, Shape{}).ok()) << down(64, DType::kF32, Shape{});
+  EXPECT_TRUE(down(64, DType::kQ8_0, Shape{2, 16}).ok()) << down(64, DType::kQ8_0, Shape{2, 16});
+  EXPECT_NE(down(32, DType::kF32, Shape{}).message().find("top_k*K=64"), std::string::npos)
+      << down(32, DType::kF32, Shape{});  // one input for every expert
+  EXPECT_EQ(down(64, DType::kBF16, Shape{}).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(down(64, DType::kF32, Shape{2, 32}).message().find("residual"), std::string::npos)
+      << down(64, DType::kF32, Shape{2, 32});
 }
 
 // ---- elementwise_chain -------------------------------------------------------------------
@@ -1359,6 +1413,14 @@ std::vector<MovePattern> MovePatterns() {
          TensorId w = b.MoeRouteWeights(x, experts, {.renormalize = false}, "w");
          write();
          b.Output("y", b.MoeCombine(b.Input("ey", t, {rows, 2 * n}), w, experts, "y"));
+       }},
+      {"moe_down_into_combine", "MoeMatMul",
+       [=](GraphBuilder& b, TensorId x, const std::function<void()>& write) {
+         // x as two chosen experts' own inputs of k / 2 columns each.
+         TensorId experts = b.Input("experts", DType::kI32, {rows, 2});
+         TensorId y = b.MoeMatMul(x, b.Weight("w", t, {128, n, k / 2}), experts, "down");
+         write();
+         b.Output("y", b.MoeCombine(y, b.Input("route", t, {rows, 2}), experts, "y"));
        }},
       {"lm_head_argmax", "Argmax",
        [=](GraphBuilder& b, TensorId x, const std::function<void()>& write) {

@@ -374,6 +374,46 @@ std::vector<OpCase> ConformanceCases() {
                                            b.Input("residual", t, {5, 100})));
          },
          .tolerance = Tol(t), .int_hi = 6});
+    // The down experts' products summed where they are made (MoeCombine with matmul, the
+    // moe_down_into_combine pass): Qwen3-MoE's 128 experts and top 8 with the weights
+    // from the logits (each flag of MoeRouteWeights) and the residual, Mixtral's top 2 with
+    // given weights and an odd N over three rows, ties among 3 of 8 experts, top 1, and bad
+    // ids (zeros and the flag).
+    struct Md { int64_t rows, experts, top_k, n, k; int32_t ids_below; };
+    for (Md s : {Md{1, 128, 8, 128, 128, 128}, Md{3, 8, 2, 33, 96, 8}, Md{1, 8, 8, 64, 64, 3},
+                 Md{2, 16, 1, 40, 32, 16}}) {
+      const std::string shape = absl::StrCat("matmul/", s.rows, "x", s.experts, "x", s.n, "x",
+                                             s.k, "/top", s.top_k, "/ids", s.ids_below);
+      for (int route = 0; route < 3; ++route) {  // given weights; route; rounded, + residual
+        const char* what = route == 0 ? "" : route == 1 ? "/route" : "/route/round/residual";
+        add({.name = Name("MoeCombine", t, absl::StrCat(shape, what)),
+             .build = [=](GraphBuilder& b) {
+               const TensorId x = b.Input("x", t, {s.rows, s.top_k * s.k});
+               const TensorId w = b.Weight("w", t, {s.experts, s.n, s.k});
+               const TensorId ids = b.Input("ids", DType::kI32, {s.rows, s.top_k});
+               if (route == 0) {
+                 const TensorId weights = b.Input("weights", DType::kF32, {s.rows, s.top_k});
+                 b.Output("out", b.MoeDownCombine(x, w, weights, ids, {}));
+                 return;
+               }
+               const ops::MoeCombine op{.route = true, .round_to_dtype = route == 2};
+               const TensorId logits = b.Input("logits", t, {s.rows, s.experts});
+               const TensorId residual =
+                   route == 2 ? b.Input("residual", t, {s.rows, s.n}) : TensorId{};
+               b.Output("out", b.MoeDownCombine(x, w, logits, ids, op, residual));
+             },
+             .tolerance = Tol(t), .int_hi = s.ids_below});
+      }
+    }
+    add({.name = Name("MoeCombine", t, "matmul/bad_ids"),
+         .build = [=](GraphBuilder& b) {
+           b.Output("out", b.MoeDownCombine(b.Input("x", t, {2, 3 * 64}),
+                                            b.Weight("w", t, {4, 16, 64}),
+                                            b.Input("logits", t, {2, 4}),
+                                            b.Input("ids", DType::kI32, {2, 3}), {.route = true},
+                                            b.Input("residual", t, {2, 16})));
+         },
+         .tolerance = Tol(t), .int_values = {{"ids", {0, -1, 3, 4, 2, 1000}}}});
     // Linear RoPE scaling.
     add({.name = Name("Rope", t, "4x8x64/linear"),
          .build = [=](GraphBuilder& b) {
@@ -669,6 +709,51 @@ std::vector<OpCase> ConformanceCases() {
                                                 b.Input("ids", DType::kI32, {rows, 4})));
            },
            .tolerance = Tol(DType::kF32), .int_hi = 16, .cuda_options = ExactExperts});
+    }
+    // The down experts summed in the combine (MoeCombine with matmul): f32 and bf16
+    // activations, 128 experts and top 8 with the routing from the logits and the residual,
+    // and given weights over ties, with bad ids.
+    add({.name = absl::StrCat("MoeCombine/", DTypeName(w), "/bf16/matmul/1x128x96x256/top8"),
+         .build = [=](GraphBuilder& b) {
+           b.Output("out", b.MoeDownCombine(b.Input("x", DType::kBF16, {1, 8 * 256}),
+                                            b.Weight("w", w, {128, 96, 256}),
+                                            b.Input("logits", DType::kBF16, {1, 128}),
+                                            b.Input("ids", DType::kI32, {1, 8}),
+                                            {.route = true},
+                                            b.Input("residual", DType::kBF16, {1, 96})));
+         },
+         .tolerance = Tol(DType::kBF16), .int_hi = 128, .float_range = 4.0f});
+    add({.name = absl::StrCat("MoeCombine/", DTypeName(w), "/f32/matmul/3x8x40x512/top4/bad_ids"),
+         .build = [=](GraphBuilder& b) {
+           b.Output("out", b.MoeDownCombine(b.Input("x", DType::kF32, {3, 4 * 512}),
+                                            b.Weight("w", w, {8, 40, 512}),
+                                            b.Input("weights", DType::kF32, {3, 4}),
+                                            b.Input("ids", DType::kI32, {3, 4}), {}));
+         },
+         .tolerance = Tol(DType::kF32),
+         .int_values = {{"ids", {2, 2, 5, 0, 7, -1, 7, 3, 8, 1, 1, 1}}}});
+    // Each way the one-row kernel meets x (the default's is above): exact f32, and x as
+    // int8 and int16 (8 and 16 bits a value against its unit's largest).
+    for (BlockGemvPrecision precision :
+         {BlockGemvPrecision::kF32, BlockGemvPrecision::kInt8, BlockGemvPrecision::kInt16}) {
+      const char* name = precision == BlockGemvPrecision::kF32    ? "x_f32"
+                         : precision == BlockGemvPrecision::kInt8 ? "x_int8"
+                                                                  : "x_int16";
+      add({.name = absl::StrCat("MoeCombine/", DTypeName(w), "/f32/matmul/2x16x64x256/top4/", name),
+           .build = [=](GraphBuilder& b) {
+             b.Output("out", b.MoeDownCombine(b.Input("x", DType::kF32, {2, 4 * 256}),
+                                              b.Weight("w", w, {16, 64, 256}),
+                                              b.Input("logits", DType::kF32, {2, 16}),
+                                              b.Input("ids", DType::kI32, {2, 4}),
+                                              {.route = true},
+                                              b.Input("residual", DType::kF32, {2, 64})));
+           },
+           // As cuda_quant_test's one-row cases: x in 8 bits 3e-2, in 16 bits 1e-4.
+           .tolerance = precision == BlockGemvPrecision::kF32    ? Tol(DType::kF32)
+                        : precision == BlockGemvPrecision::kInt8 ? 3e-2
+                                                                 : 1e-4,
+           .int_hi = 16,
+           .cuda_options = [precision](CudaOptions& o) { o.block_gemv_precision = precision; }});
     }
     add({.name = absl::StrCat("MoeMatMul/", DTypeName(w), "/f32/bad_ids"),
          .build = [=](GraphBuilder& b) {

@@ -121,6 +121,13 @@ class GraphBuilder {
   TensorId MoeCombineRouted(TensorId y, TensorId logits, TensorId ids,
                             const ops::MoeRouteWeights& route, TensorId residual = {},
                             absl::string_view name = {});
+  // ops::MoeCombine with matmul (and `op`'s route params): the combine of MoeMatMul(x, w,
+  // ids) computed in the node (x [M, k·K]), its weights given or with op.route the
+  // router's logits, and with a valid `residual` added to it. op.matmul and op.residual
+  // are set here.
+  TensorId MoeDownCombine(TensorId x, TensorId w, TensorId weights, TensorId ids,
+                          ops::MoeCombine op, TensorId residual = {},
+                          absl::string_view name = {});
   // Collectives over a group of `ranks` ranks (tensor parallel; docs/parallel.md).
   // With a valid `residual`: Add(residual, AllReduce(x)) in one node (ops.h).
   TensorId AllReduce(TensorId x, int32_t ranks, absl::string_view name = {},

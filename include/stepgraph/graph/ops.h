@@ -333,11 +333,17 @@ struct MoeMatMul {
 // [M, E] float instead of the weights, and the weights are MoeRouteWeights(logits, ids)
 // with `renormalize` and `round_to_dtype` (its params; unused without `route`): the
 // routing weights and the combine in one node.
+// With `matmul` (made by the moe_down_into_combine pass): input 0 is x [M, k·K] instead of
+// y (each chosen expert's own input, as the down projection's MoeMatMul takes it), and a
+// last input w [E, N, K] (x's dtype or a quantized Weight) follows the others; y =
+// MoeMatMul(x, w, ids) is computed in the node, rounded as MoeMatMul stores it (a bad id's
+// y zeros), and never stored: a routed MLP's down projection and its combine in one node.
 struct MoeCombine {
   bool residual = false;
   bool route = false;
   bool renormalize = true;
   bool round_to_dtype = false;
+  bool matmul = false;
 };
 
 // ---- Collectives (tensor parallel; docs/parallel.md). A sharded step runs on every rank of
