@@ -10,7 +10,8 @@
 // Qwen3-8B's shapes, every one-row kernel side by side (fused, plain, one-row, tensor
 // cores) beside the bf16 small-M kernel. MoeDecode/<format>/... time a mixture of experts'
 // decode matmul (kernels/moe.cuh: one row, 8 of 128 experts, Qwen3-30B-A3B's shapes)
-// against the chosen experts' bytes, on the block per pair and the one-row kernel;
+// against the chosen experts' bytes, on the block per pair and the one-row kernel, and the
+// down experts with their combine as two launches and as one;
 // Dequantize/<format> the block GEMM's dequantization into f16 at the copy rate's terms;
 // MoePrefill/<format>/... its prefill matmul (256 rows, walking by expert, and for block
 // formats on the tensor cores; Q4_K also at 32 and 64 rows) in TFLOP/s, routed uniformly
@@ -473,6 +474,77 @@ absl::Status RunMoeCase(benchmark::State& state, const std::string& name, DType 
   return absl::OkStatus();
 }
 
+// A mixture of experts' down experts and their weighted sum at decode (Qwen3-30B-A3B's
+// shapes: one row, kMoeTopK of kMoeExperts experts [2048, 768], the routing weights from
+// 128 router logits, the residual added), as two launches (`fused` false: the one-row
+// kernel's MoeMatMul per slot, then LaunchMoeCombine with the route, as the default passes
+// leave them) or one (LaunchQuantRowMoeCombine: MoeCombine's matmul, the
+// moe_down_into_combine pass). x as two int16 parts (the default at one row). GB/s counts
+// the chosen experts' bytes, x, the logits and the output.
+absl::Status RunMoeCombineCase(benchmark::State& state, const std::string& name,
+                               DType w_dtype, bool fused) {
+  constexpr int64_t n = 2048, k = 768;
+  const DType act = DType::kF32;
+  const int batch = static_cast<int>(kMoeExperts / kMoeTopK);
+  std::vector<int32_t> ids(static_cast<size_t>(batch * kMoeTopK));
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>(i);
+  std::mt19937 rng(5);
+  for (int s = 0; s < batch; ++s) {
+    std::shuffle(ids.begin() + s * kMoeTopK, ids.begin() + (s + 1) * kMoeTopK, rng);
+  }
+  SG_ASSIGN_OR_RETURN(const MoeBuffers b, UploadMoeCase(w_dtype, act, n, k, false, ids,
+                                                        kMoeTopK * k, kMoeTopK * n));
+  // The router's logits (varied values) and the output, which is also the residual.
+  std::vector<float> logits(kMoeExperts);
+  for (int64_t e = 0; e < kMoeExperts; ++e) logits[e] = 0.01f * static_cast<float>(e % 37);
+  SG_ASSIGN_OR_RETURN(DeviceMemory route, AllocateDevice(RoundUp(kMoeExperts * 4, kAlign) +
+                                                             n * 4, "logits and output"));
+  auto* logits_d = static_cast<float*>(route.get());
+  auto* out = reinterpret_cast<float*>(static_cast<uint8_t*>(route.get()) +
+                                       RoundUp(kMoeExperts * 4, kAlign));
+  SG_RETURN_IF_ERROR(ToStatus(cudaMemcpy(logits_d, logits.data(), logits.size() * 4,
+                                         cudaMemcpyHostToDevice),
+                              "cudaMemcpy(logits)"));
+  SG_RETURN_IF_ERROR(ToStatus(cudaMemset(out, 0, n * 4), "cudaMemset(output)"));
+  cudaStream_t stream = g->stream.get();
+  const kernels::QuantRowX x_mode = kernels::QuantRowX::kInt16x2;
+  auto launch = [&](int s) {
+    const int32_t* launch_ids = b.ids + s * kMoeTopK;
+    if (fused) {
+      kernels::QuantRowMoeCombine a;
+      a.x = b.x;
+      a.w = b.w;
+      a.w_dtype = w_dtype;
+      a.ids = launch_ids;
+      a.weights = logits_d;
+      a.weights_dtype = DType::kF32;
+      a.route_experts = kMoeExperts;
+      a.residual = out;
+      a.out = out;
+      a.rows = 1;
+      a.experts = kMoeExperts;
+      a.n = n;
+      a.k = k;
+      a.top_k = kMoeTopK;
+      a.dtype = act;
+      return ToStatus(kernels::LaunchQuantRowMoeCombine(a, SmCount(), x_mode, stream),
+                      "LaunchQuantRowMoeCombine");
+    }
+    SG_RETURN_IF_ERROR(ToStatus(
+        kernels::LaunchQuantRowMoe(b.x, b.w, nullptr, w_dtype, launch_ids, b.y, 1, kMoeExperts,
+                                   n, k, kMoeTopK, true, act, nullptr, SmCount(), x_mode, stream),
+        "LaunchQuantRowMoe"));
+    const kernels::MoeCombineRoute r{kMoeExperts, true, false, nullptr};
+    return ToStatus(kernels::LaunchMoeCombine(b.y, act, logits_d, DType::kF32, launch_ids, out, 1,
+                                              n, kMoeTopK, stream, out, &r),
+                    "LaunchMoeCombine");
+  };
+  SG_ASSIGN_OR_RETURN(const double t, TimeLaunches(state, batch, false, launch));
+  Report(state, name, t,
+         kMoeTopK * n * DTypeRowBytes(w_dtype, k) + (kMoeTopK * k + kMoeExperts + n) * 4, batch);
+  return absl::OkStatus();
+}
+
 // A mixture of experts' prefill matmul (kernels/moe.cuh, walking by expert) at Qwen3-30B-
 // A3B's shapes: `rows` rows (a prefill chunk), each choosing kMoeTopK distinct experts of
 // kMoeExperts at random, uniformly or `skewed` (expert e drawn with weight 1 / (e + 1), so
@@ -719,6 +791,26 @@ int main(int argc, char** argv) {
             ->Iterations(sg::kIterations)
             ->Unit(benchmark::kMicrosecond);
       }
+    }
+  }
+  // The down experts and their combine, two launches against one:
+  // MoeDecode/<format>/down+combine N=2048 K=768/<pair+combine|fused>.
+  for (sg::DType t : {sg::DType::kQ4_K, sg::DType::kQ6_K}) {
+    for (const bool fused : {false, true}) {
+      const std::string name = absl::StrCat("MoeDecode/", sg::DTypeName(t),
+                                            "/down+combine N=2048 K=768/",
+                                            fused ? "fused" : "pair+combine");
+      benchmark::RegisterBenchmark(name.c_str(),
+                                   [=](benchmark::State& state) {
+                                     if (absl::Status st = sg::RunMoeCombineCase(state, name, t,
+                                                                                 fused);
+                                         !st.ok()) {
+                                       state.SkipWithError(st.ToString().c_str());
+                                     }
+                                   })
+          ->UseManualTime()
+          ->Iterations(sg::kIterations)
+          ->Unit(benchmark::kMicrosecond);
     }
   }
   // The experts' prefill matmul (by expert) for a chunk of `rows` rows, routed uniformly or
