@@ -435,6 +435,18 @@ absl::StatusOr<MoeBuffers> UploadMoeCase(DType w_dtype, DType act, int64_t n, in
   return b;
 }
 
+// The ids of `batch` launches of kMoeTopK experts each: launch s chooses experts 8s ..
+// 8s+7, shuffled, so that together the launches read every expert.
+std::vector<int32_t> DisjointExpertIds(int batch) {
+  std::vector<int32_t> ids(static_cast<size_t>(batch * kMoeTopK));
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>(i);
+  std::mt19937 rng(5);
+  for (int s = 0; s < batch; ++s) {
+    std::shuffle(ids.begin() + s * kMoeTopK, ids.begin() + (s + 1) * kMoeTopK, rng);
+  }
+  return ids;
+}
+
 // `row`: the one-row kernel (LaunchQuantRowMoe) with x taken so, as the dispatcher runs a
 // block-format decode step; none: LaunchMoeMatMul's block per pair.
 absl::Status RunMoeCase(benchmark::State& state, const std::string& name, DType w_dtype,
@@ -445,13 +457,7 @@ absl::Status RunMoeCase(benchmark::State& state, const std::string& name, DType 
   const int64_t row_bytes = DTypeRowBytes(w_dtype, k);
   const int64_t x_elems = gated ? k : kMoeTopK * k, y_elems = kMoeTopK * n;
   const int batch = static_cast<int>(kMoeExperts / kMoeTopK);
-  // Launch s chooses experts 8s .. 8s+7, shuffled.
-  std::vector<int32_t> ids(static_cast<size_t>(batch * kMoeTopK));
-  for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>(i);
-  std::mt19937 rng(5);
-  for (int s = 0; s < batch; ++s) {
-    std::shuffle(ids.begin() + s * kMoeTopK, ids.begin() + (s + 1) * kMoeTopK, rng);
-  }
+  const std::vector<int32_t> ids = DisjointExpertIds(batch);
   SG_ASSIGN_OR_RETURN(const MoeBuffers b,
                       UploadMoeCase(w_dtype, act, n, k, gated, ids, x_elems, y_elems));
   cudaStream_t stream = g->stream.get();
@@ -486,12 +492,7 @@ absl::Status RunMoeCombineCase(benchmark::State& state, const std::string& name,
   constexpr int64_t n = 2048, k = 768;
   const DType act = DType::kF32;
   const int batch = static_cast<int>(kMoeExperts / kMoeTopK);
-  std::vector<int32_t> ids(static_cast<size_t>(batch * kMoeTopK));
-  for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>(i);
-  std::mt19937 rng(5);
-  for (int s = 0; s < batch; ++s) {
-    std::shuffle(ids.begin() + s * kMoeTopK, ids.begin() + (s + 1) * kMoeTopK, rng);
-  }
+  const std::vector<int32_t> ids = DisjointExpertIds(batch);
   SG_ASSIGN_OR_RETURN(const MoeBuffers b, UploadMoeCase(w_dtype, act, n, k, false, ids,
                                                         kMoeTopK * k, kMoeTopK * n));
   // The router's logits (varied values) and the output, which is also the residual.

@@ -405,15 +405,8 @@ __global__ void __launch_bounds__(kCombineThreads)
   __shared__ float scale[kMoeCombineMaxTopK];
   const int64_t row = blockIdx.x;
   const int32_t* row_ids = ids + row * top_k;
-  // Slot j's place in ascending id order, ties by slot (a stable sort of the slots).
   for (int j = threadIdx.x; j < top_k; j += blockDim.x) {
-    const int32_t mine = row_ids[j];
-    int rank = 0;
-    for (int i = 0; i < top_k; ++i) {
-      const int32_t other = row_ids[i];
-      rank += other < mine || (other == mine && i < j);
-    }
-    order[rank] = j;
+    order[SlotRank(row_ids, top_k, j)] = j;
     if constexpr (!kRoute) scale[j] = ToFloat(weights[row * top_k + j]);
   }
   if constexpr (kRoute) {
@@ -432,8 +425,7 @@ __global__ void __launch_bounds__(kCombineThreads)
   float sum = 0.0f;
   for (int r = 0; r < top_k; ++r) {
     const int j = order[r];
-    const float term = RoundTo<T>(__fmul_rn(scale[j], ToFloat(yr[j * n])));
-    sum = RoundTo<T>(__fadd_rn(sum, term));
+    sum = AddCombineTerm<T>(sum, scale[j], ToFloat(yr[j * n]));
   }
   // The residual add as Add computes it (out may be residual itself: this thread alone
   // reads and writes the element).

@@ -1,6 +1,7 @@
 // Device pieces the mixture-of-experts kernels share (kernels/moe.cu, and the one-row
 // kernel's down experts with their combine in kernels/quant_matmul.cu): the expert-id
-// error flag and a row's routing weights. .cu files only.
+// error flag, a row's routing weights, the order of its slots and the combine's sum. .cu
+// files only.
 #ifndef STEPGRAPH_KERNELS_MOE_UNITS_CUH_
 #define STEPGRAPH_KERNELS_MOE_UNITS_CUH_
 
@@ -52,6 +53,26 @@ __device__ __forceinline__ void RowRouteWeights(const T* z, const int32_t* chose
     if (round_to_dtype) v = RoundTo<T>(v);
     store(j, v);
   }
+}
+
+// Slot j's place among a row's top_k ids in ascending id order, ties by slot (a stable
+// sort of the slots): the order in which MoeCombine adds the experts' terms.
+__device__ __forceinline__ int SlotRank(const int32_t* row_ids, int top_k, int j) {
+  const int32_t mine = row_ids[j];
+  int rank = 0;
+  for (int i = 0; i < top_k; ++i) {
+    const int32_t other = row_ids[i];
+    rank += other < mine || (other == mine && i < j);
+  }
+  return rank;
+}
+
+// MoeCombine's running sum after one more term, weight · y with y as stored in T: the term
+// and the sum each rounded to T, explicit _rn operations (no contraction into an FMA), bit
+// for bit the CPU reference.
+template <typename T>
+__device__ __forceinline__ float AddCombineTerm(float sum, float weight, float y) {
+  return RoundTo<T>(__fadd_rn(sum, RoundTo<T>(__fmul_rn(weight, y))));
 }
 
 }  // namespace sg::kernels

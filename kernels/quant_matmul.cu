@@ -291,6 +291,27 @@ __device__ __forceinline__ void StageIntX(const T* x, bool vec_x, int64_t units,
   }
 }
 
+// Stages x's `units` units as the one-row kernels hold them: f32 (each unit's eight
+// 16-byte chunks stored in the order q ^ (unit & 7)), or quantized as StageIntX says
+// (every thread of the block, kThreads of them, calls it).
+template <QuantRowX kX, typename T, int kThreads = kRowThreads>
+__device__ __forceinline__ void StageX(const T* x, bool vec_x, int64_t units, float4* stage) {
+  if constexpr (kX == QuantRowX::kF32) {
+    for (int64_t i = threadIdx.x; i < units * 4; i += kThreads) {
+      const int64_t t = i >> 2;
+      const int j = static_cast<int>(i & 3);
+      float v[8];
+      quant::LoadX8(x + t * quant::kUnitElems + 8 * j, vec_x, v);
+      float4* unit = stage + t * 8;
+      const int swizzle = static_cast<int>(t & 7);
+      unit[(2 * j) ^ swizzle] = make_float4(v[0], v[1], v[2], v[3]);
+      unit[(2 * j + 1) ^ swizzle] = make_float4(v[4], v[5], v[6], v[7]);
+    }
+  } else {
+    StageIntX<kX, T, kThreads>(x, vec_x, units, stage);
+  }
+}
+
 // Σ over the unit's halves of 16-bit x (its chunks first .. first + 3, swizzled) times the
 // codes: s_lo over values 0..15, s_hi over 16..31, added to what they hold.
 __device__ __forceinline__ void Int16Dots(const uint4* chunks, int first, int swizzle,
@@ -461,20 +482,7 @@ __global__ void __launch_bounds__(kRowThreads, 4)
     if (!w_constant && col < n) load(col, 0, cur);
   }
 
-  if constexpr (kX == QuantRowX::kF32) {
-    for (int64_t i = threadIdx.x; i < units * 4; i += kRowThreads) {
-      const int64_t t = i >> 2;
-      const int j = static_cast<int>(i & 3);
-      float v[8];
-      quant::LoadX8(x + t * quant::kUnitElems + 8 * j, vec_x, v);
-      float4* unit = row_x + t * 8;
-      const int swizzle = static_cast<int>(t & 7);
-      unit[(2 * j) ^ swizzle] = make_float4(v[0], v[1], v[2], v[3]);
-      unit[(2 * j + 1) ^ swizzle] = make_float4(v[4], v[5], v[6], v[7]);
-    }
-  } else {
-    StageIntX<kX>(x, vec_x, units, row_x);
-  }
+  StageX<kX>(x, vec_x, units, row_x);
   __syncthreads();
 
   // Unit t of a row (its words as loaded) times the staged x, added to sum.
@@ -572,6 +580,19 @@ __global__ void __launch_bounds__(kRowThreads, 4)
   }
 }
 
+// f(std::integral_constant<QuantRowX, mode>) for the run-time mode.
+template <typename F>
+cudaError_t DispatchRowX(QuantRowX mode, F&& f) {
+  switch (mode) {
+    case QuantRowX::kF32: return f(std::integral_constant<QuantRowX, QuantRowX::kF32>{});
+    case QuantRowX::kInt8: return f(std::integral_constant<QuantRowX, QuantRowX::kInt8>{});
+    case QuantRowX::kInt16: return f(std::integral_constant<QuantRowX, QuantRowX::kInt16>{});
+    case QuantRowX::kInt16x2:
+      return f(std::integral_constant<QuantRowX, QuantRowX::kInt16x2>{});
+  }
+  return cudaErrorInvalidValue;
+}
+
 // Dynamic shared memory of a one-row kernel that stages `units` units of x as kX says.
 template <QuantRowX kX>
 size_t StagedXBytes(int64_t units) {
@@ -637,23 +658,12 @@ cudaError_t LaunchRow(const void* x, const void* w, const void* w_up, DType w_dt
             moe != nullptr ? *moe : QuantRowMoe{});
       };
       auto dispatch_mode = [&](auto is_moe) {
-        switch (x_mode) {
-          case QuantRowX::kF32:
-            return launch(std::integral_constant<QuantRowX, QuantRowX::kF32>{}, is_moe);
-          case QuantRowX::kInt8:
-            return launch(std::integral_constant<QuantRowX, QuantRowX::kInt8>{}, is_moe);
-          case QuantRowX::kInt16:
-            return launch(std::integral_constant<QuantRowX, QuantRowX::kInt16>{}, is_moe);
-          case QuantRowX::kInt16x2:
-            return launch(std::integral_constant<QuantRowX, QuantRowX::kInt16x2>{}, is_moe);
-        }
-        return cudaErrorInvalidValue;
+        return DispatchRowX(x_mode, [&](auto mode) { return launch(mode, is_moe); });
       };
       return moe != nullptr ? dispatch_mode(std::true_type{}) : dispatch_mode(std::false_type{});
     });
   });
 }
-
 
 // ---- a mixture's down experts and their combine (MoeCombine's matmul) ---------------------
 //
@@ -669,9 +679,10 @@ cudaError_t LaunchRow(const void* x, const void* w, const void* w_up, DType w_dt
 // multiplied; each task's sum, rounded to T as MoeMatMul stores y, goes to shared memory.
 // After a barrier a thread per column adds its column's terms in rank order with
 // MoeCombine's roundings (explicit _rn operations), then the residual. The products never
-// reach memory, and the block's warps all stream weights: a warp per column instead
-// walked its top_k rows alone, 18 µs a Qwen3-30B-A3B layer against 12 for the launch pair
-// (H200).
+// reach memory, and the block's warps all stream weights (a warp per column walking its
+// top_k rows alone took 18 µs). Still 17 µs a Qwen3-30B-A3B layer against 8 + 5 for the
+// launch pair (H200, eager): the pass that makes this node is off by default
+// (stepgraph/graph/passes.h).
 constexpr int kMoeCombineMaxTopK = static_cast<int>(kQuantRowMoeCombineMaxTopK);
 constexpr int kMoeCombineMaxCols = 64;
 constexpr int kMoeCombineWarps = 16;
@@ -726,15 +737,15 @@ struct FloatExperts {
 
 // The launch's fixed arguments.
 struct MoeCombineParams {
-  const int32_t* ids;
-  const void* weights;
-  DType weights_dtype;
-  int route_experts;  // > 0: weights are the router's logits
-  bool renormalize, round_to_dtype;
-  int n, k, top_k, experts;
-  int cols;  // columns a block takes (the last block of a row fewer)
-  bool vec_x;
-  uint32_t* error_flags;
+  const int32_t* ids = nullptr;
+  const void* weights = nullptr;
+  DType weights_dtype = DType::kF32;
+  int route_experts = 0;  // > 0: weights are the router's logits
+  bool renormalize = true, round_to_dtype = false;
+  int n = 0, k = 0, top_k = 0, experts = 0;
+  int cols = 0;  // columns a block takes (the last block of a row fewer)
+  bool vec_x = false;
+  uint32_t* error_flags = nullptr;
 };
 
 // Two blocks an SM (at most 64 registers a thread), as the one-row kernel's four of 256;
@@ -765,11 +776,7 @@ __global__ void __launch_bounds__(kMoeCombineThreads, MoeCombineMinBlocks<Q>())
   uint32_t* flags = blockIdx.x == 0 ? p.error_flags : nullptr;  // one block of the row
   if (warp == 0 && lane < p.top_k) {
     const int32_t mine = row_ids[lane];
-    int rank = 0;
-    for (int i = 0; i < p.top_k; ++i) {
-      const int32_t other = row_ids[i];
-      rank += other < mine || (other == mine && i < lane);
-    }
+    const int rank = SlotRank(row_ids, p.top_k, lane);
     const bool valid = mine >= 0 && mine < p.experts;
     if (!valid) RaiseExpertOutOfRange(flags);
     routing.slot[rank] = lane;
@@ -797,20 +804,8 @@ __global__ void __launch_bounds__(kMoeCombineThreads, MoeCombineMinBlocks<Q>())
         break;
     }
   }
-  const T* xr = x + row * staged * quant::kUnitElems;
-  if constexpr (kX == QuantRowX::kF32) {
-    for (int i = static_cast<int>(threadIdx.x); i < staged * 4; i += kMoeCombineThreads) {
-      const int t = i >> 2, j = i & 3;
-      float v[8];
-      quant::LoadX8(xr + t * quant::kUnitElems + 8 * j, p.vec_x, v);
-      float4* unit = row_x + t * 8;
-      const int swizzle = t & 7;
-      unit[(2 * j) ^ swizzle] = make_float4(v[0], v[1], v[2], v[3]);
-      unit[(2 * j + 1) ^ swizzle] = make_float4(v[4], v[5], v[6], v[7]);
-    }
-  } else {
-    StageIntX<kX, T, kMoeCombineThreads>(xr, p.vec_x, staged, row_x);
-  }
+  StageX<kX, T, kMoeCombineThreads>(x + row * staged * quant::kUnitElems, p.vec_x, staged,
+                                     row_x);
   __syncthreads();
 
   // Task i: rank i % top_k of column c0 + i / top_k; its row walked in chunks of
@@ -879,8 +874,7 @@ __global__ void __launch_bounds__(kMoeCombineThreads, MoeCombineMinBlocks<Q>())
   if (i >= cols) return;
   float total = 0.0f;
   for (int r = 0; r < p.top_k; ++r) {
-    const float term = RoundTo<T>(__fmul_rn(routing.scale[routing.slot[r]], sums[r][i]));
-    total = RoundTo<T>(__fadd_rn(total, term));
+    total = AddCombineTerm<T>(total, routing.scale[routing.slot[r]], sums[r][i]);
   }
   // The residual add as Add computes it (out may be residual itself: this thread alone
   // reads and writes the element).
@@ -954,20 +948,19 @@ cudaError_t LaunchQuantRowMoeCombine(const QuantRowMoeCombine& a, int sm_count,
   }
   if (!Aligned16(a.w)) return cudaErrorMisalignedAddress;
   const int staged = static_cast<int>(a.top_k * (a.k / quant::kUnitElems));
-  MoeCombineParams params{a.ids,
-                                a.weights,
-                                a.weights_dtype,
-                                static_cast<int>(a.route_experts),
-                                a.renormalize,
-                                a.round_to_dtype,
-                                static_cast<int>(a.n),
-                                static_cast<int>(a.k),
-                                static_cast<int>(a.top_k),
-                                static_cast<int>(a.experts),
-                                0,
-                                // Every unit starts at a multiple of 32 elements of x.
-                                Aligned16(a.x),
-                                a.error_flags};
+  MoeCombineParams params;
+  params.ids = a.ids;
+  params.weights = a.weights;
+  params.weights_dtype = a.weights_dtype;
+  params.route_experts = static_cast<int>(a.route_experts);
+  params.renormalize = a.renormalize;
+  params.round_to_dtype = a.round_to_dtype;
+  params.n = static_cast<int>(a.n);
+  params.k = static_cast<int>(a.k);
+  params.top_k = static_cast<int>(a.top_k);
+  params.experts = static_cast<int>(a.experts);
+  params.vec_x = Aligned16(a.x);  // every unit starts at a multiple of 32 elements of x
+  params.error_flags = a.error_flags;
   return DispatchFloat(a.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     auto with_format = [&](auto format) -> cudaError_t {
@@ -1000,17 +993,7 @@ cudaError_t LaunchQuantRowMoeCombine(const QuantRowMoeCombine& a, int sm_count,
       if constexpr (std::is_same_v<Q, FloatExperts<T>>) {
         return launch(std::integral_constant<QuantRowX, QuantRowX::kF32>{});
       } else {
-        switch (x_mode) {
-          case QuantRowX::kF32:
-            return launch(std::integral_constant<QuantRowX, QuantRowX::kF32>{});
-          case QuantRowX::kInt8:
-            return launch(std::integral_constant<QuantRowX, QuantRowX::kInt8>{});
-          case QuantRowX::kInt16:
-            return launch(std::integral_constant<QuantRowX, QuantRowX::kInt16>{});
-          case QuantRowX::kInt16x2:
-            return launch(std::integral_constant<QuantRowX, QuantRowX::kInt16x2>{});
-        }
-        return cudaErrorInvalidValue;
+        return DispatchRowX(x_mode, launch);
       }
     };
     if (a.w_dtype == a.dtype) return with_format(FloatExperts<T>{});

@@ -962,11 +962,6 @@ absl::Status CpuDispatch::Run(const ops::MoeRouteWeights& op, const NodeArgs& ar
 absl::Status CpuDispatch::Run(const ops::MoeMatMul& op, const NodeArgs& args) {
   const TensorArg& x = args.inputs[0];
   const TensorArg& ids_arg = args.inputs[op.silu_mul ? 3 : 2];
-  const int32_t* ids = Ints(ids_arg);
-  const int64_t experts = args.inputs[1].shape[0];
-  for (int64_t s = 0; s < ids_arg.shape.NumElements(); ++s) {
-    if (ids[s] < 0 || ids[s] >= experts) error_flags_ |= kErrorExpertOutOfRange;
-  }
   SG_ASSIGN_OR_RETURN(const float* xs, F32Input(x, x_f32_));
   if (!op.silu_mul) {
     SG_ASSIGN_OR_RETURN(float* out, F32Output(args.output, out_f32_));
@@ -998,6 +993,9 @@ absl::Status CpuDispatch::MoeProducts(const TensorArg& x, const float* xs, const
   const int64_t top_k = ids_arg.shape[1];
   const bool per_slot = x.shape[1] != k;
   const int32_t* ids = Ints(ids_arg);
+  for (int64_t s = 0; s < m * top_k; ++s) {
+    if (ids[s] < 0 || ids[s] >= experts) error_flags_ |= kErrorExpertOutOfRange;
+  }
   const bool quantized = IsQuantized(w.dtype);
   const int64_t w_row_bytes = DTypeRowBytes(w.dtype, k);
   SG_RETURN_IF_ERROR(PrepareScratch(quantized ? 0 : k));
@@ -1047,13 +1045,9 @@ absl::Status CpuDispatch::Run(const ops::MoeCombine& op, const NodeArgs& args) {
     return absl::ResourceExhaustedError("CPU reference: no memory for a MoE combine");
   }
   if (op.matmul) {
-    const TensorArg& ids_arg = args.inputs[2];
-    const TensorArg& w = args.inputs[op.residual ? 4 : 3];
-    for (int64_t s = 0; s < ids_arg.shape.NumElements(); ++s) {
-      if (ids[s] < 0 || ids[s] >= w.shape[0]) error_flags_ |= kErrorExpertOutOfRange;
-    }
     SG_ASSIGN_OR_RETURN(const float* xs, F32Input(y, x_f32_));
-    SG_RETURN_IF_ERROR(MoeProducts(y, xs, w, ids_arg, products.data()));
+    SG_RETURN_IF_ERROR(
+        MoeProducts(y, xs, args.inputs[op.residual ? 4 : 3], args.inputs[2], products.data()));
     for (float& v : products) v = RoundTo(t, v);
   }
   auto y_at = [&](int64_t index) {

@@ -97,8 +97,8 @@ std::string CombineLimits(const Shape& y, const Shape& ids) {
   return "";
 }
 
-// MoeCombine with `matmul`: x [M, k·K], w [E, N, K], ids [M, k]: block-format experts on
-// the one-row kernel (kernels/quant_matmul.cuh's LaunchQuantRowMoeCombine).
+// MoeCombine with `matmul`: x [M, k·K], w [E, N, K], ids [M, k]: the one-row kernel's
+// family (kernels/quant_matmul.cuh's LaunchQuantRowMoeCombine).
 std::string DownCombineLimits(const Tensor& x, const Tensor& w, const Tensor& ids) {
   if (kernels::QuantRowMoeCombineTakes(x.shape[0], w.shape[0], w.shape[1], w.shape[2],
                                        ids.shape[1], x.dtype, w.dtype)) {
@@ -107,7 +107,7 @@ std::string DownCombineLimits(const Tensor& x, const Tensor& w, const Tensor& id
   return absl::StrCat(
       "no CUDA MoeCombine with matmul for x ", x.shape.ToString(), " ", DTypeName(x.dtype),
       " with w ", w.shape.ToString(), " ", DTypeName(w.dtype), " and ids ",
-      ids.shape.ToString(), " (it takes block-format experts with K up to ",
+      ids.shape.ToString(), " (it takes experts in a block format or in x's dtype, K up to ",
       kernels::kQuantRowMaxK, ", top_k up to ", kernels::kQuantRowMoeCombineMaxTopK,
       ", top_k * K up to ", kernels::kQuantRowMoeCombineMaxXs, " and up to 65535 rows)");
 }

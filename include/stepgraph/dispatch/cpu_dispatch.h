@@ -67,7 +67,7 @@ class CpuDispatch final : public KernelDispatch {
   // loop, so that no part allocates.
   absl::Status PrepareScratch(int64_t floats_per_thread);
   // MoeMatMul's products x·w[ids]ᵀ into out [M, k·N] as f32 (not yet rounded to x's dtype);
-  // xs is x as f32.
+  // xs is x as f32. An id outside [0, E) gives zeros and raises kErrorExpertOutOfRange.
   absl::Status MoeProducts(const TensorArg& x, const float* xs, const TensorArg& w,
                            const TensorArg& ids, float* out);
 
